@@ -1,0 +1,32 @@
+//! The kairos scheduling core: cluster state, the commands that change it, and the planner.
+//!
+//! Architecture invariant: this crate is pure. It never reads the clock, draws random numbers,
+//! awaits, spawns or does IO. Time arrives inside each `Command`; the same commands in the same
+//! order give a byte-identical `ClusterState` on every replica. Iteration order that can reach a
+//! command, a plan or output is always `BTreeMap` order or an explicit sort.
+//!
+//! - `model`: nodes, GPUs, jobs, events (plain domain types)
+//! - `state`: `ClusterState::apply(&Command) -> Outcome`, the replicated state machine
+//! - `planner`: `plan(&ClusterState) -> PlanOutput`, placements and pending reasons
+//! - `qos`: the QoS classes shipped with every cluster
+//! - `validate`: size limits and validity checks shared by the API edge and apply
+
+pub mod model;
+pub mod planner;
+pub mod qos;
+pub mod state;
+pub mod validate;
+
+#[cfg(test)]
+mod testing;
+
+pub use model::{
+    Allocation, Gpu, GpuIndex, Job, JobEvent, JobId, JobSpec, JobState, Node, NodeInfo, NodeState,
+    Profile, StopReason,
+};
+pub use planner::{plan, PendingReason, PlanOutput};
+pub use state::{ClusterState, Command, Op, Outcome, Placement, Plan, Rejection, RunExit};
+pub use validate::{validate_node, validate_spec, ValidationError};
+
+#[cfg(test)]
+mod state_tests;

@@ -1,0 +1,196 @@
+//! Domain types of the cluster: nodes, GPUs, jobs and their events.
+//!
+//! These are plain Rust types owned by the scheduling core. They are serialised only as part of
+//! the replicated state (Raft log entries and snapshots), which is a versioned persistent format:
+//! add fields with `#[serde(default)]`, never change the meaning of an existing one.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A job's identifier, assigned in submit order by the state machine.
+pub type JobId = u64;
+
+/// A GPU's index on its node (as NVML and `CUDA_VISIBLE_DEVICES` number them).
+pub type GpuIndex = u32;
+
+/// Most events kept per job; older ones are dropped first.
+pub const JOB_EVENTS_MAX: usize = 64;
+
+/// What kind of work a job is; selects the default QoS and later policies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Profile {
+    Training,
+    Inference,
+    Batch,
+}
+
+impl Profile {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Profile::Training => "training",
+            Profile::Inference => "inference",
+            Profile::Batch => "batch",
+        }
+    }
+}
+
+/// One GPU of a node as the agent discovered it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpu {
+    pub index: GpuIndex,
+    pub uuid: String,
+    pub model: String,
+    pub memory_mib: u64,
+    /// GPUs with the same group share an NVLink/PCIe domain.
+    pub link_group: u32,
+}
+
+/// A node as its agent describes itself when registering.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    /// Address of the agent's log service.
+    pub addr: String,
+    pub gpus: Vec<Gpu>,
+    pub cpus: u32,
+    pub memory_mib: u64,
+    pub labels: BTreeMap<String, String>,
+    pub gpu_backend: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeState {
+    Up,
+    Draining,
+    Down,
+}
+
+/// A GPU machine known to the cluster, with the GPUs currently granted to jobs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    pub info: NodeInfo,
+    pub state: NodeState,
+    /// Why the node is not Up (empty when it is).
+    pub reason: String,
+    /// GPU index -> the job holding it. The only record of GPU ownership.
+    pub allocated: BTreeMap<GpuIndex, JobId>,
+}
+
+impl Node {
+    pub fn gpu_count(&self) -> u32 {
+        self.info.gpus.len() as u32
+    }
+
+    /// Indices of GPUs not held by any job, in ascending order.
+    pub fn free_gpus(&self) -> Vec<GpuIndex> {
+        self.info
+            .gpus
+            .iter()
+            .map(|g| g.index)
+            .filter(|i| !self.allocated.contains_key(i))
+            .collect()
+    }
+}
+
+/// What a user asked for. Only fields the core honours today are here; the API edge rejects
+/// requests that use anything else.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    pub name: String,
+    pub user: String,
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub workdir: String,
+    pub gpus: u32,
+    /// Resolved QoS name (the API edge fills in the profile's default).
+    pub qos: String,
+    pub profile: Profile,
+    /// Wall-clock limit; `None` means the QoS maximum.
+    pub time_limit_s: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum JobState {
+    Pending,
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+    Timeout,
+    NodeFail,
+}
+
+impl JobState {
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, JobState::Pending | JobState::Running)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "PENDING",
+            JobState::Running => "RUNNING",
+            JobState::Completed => "COMPLETED",
+            JobState::Failed => "FAILED",
+            JobState::Cancelled => "CANCELLED",
+            JobState::Timeout => "TIMEOUT",
+            JobState::NodeFail => "NODE_FAIL",
+        }
+    }
+}
+
+/// Why a running job is being stopped by the cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StopReason {
+    Cancelled,
+    TimeLimit,
+}
+
+/// Where and how a job runs right now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    pub node: String,
+    pub gpus: Vec<GpuIndex>,
+    /// The agent reported the process started; it must never be launched again.
+    pub started: bool,
+    /// Set when the cluster asked the agent to stop the process.
+    pub stop: Option<StopReason>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobEvent {
+    pub time_ms: i64,
+    pub kind: String,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: JobId,
+    pub spec: JobSpec,
+    pub priority: i64,
+    pub state: JobState,
+    /// Why the job ended (for terminal states); pending reasons are derived by the planner.
+    pub reason: String,
+    /// Starts at 0; incremented each time the job is requeued.
+    pub attempt: u32,
+    pub allocation: Option<Allocation>,
+    /// Node and GPUs of the last allocation, kept after the job ends for `show` and logs.
+    pub last_node: String,
+    pub last_gpus: Vec<GpuIndex>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub submit_time_ms: i64,
+    pub start_time_ms: Option<i64>,
+    pub end_time_ms: Option<i64>,
+    pub events: Vec<JobEvent>,
+}
+
+impl Job {
+    pub(crate) fn record(&mut self, time_ms: i64, kind: &str, message: String) {
+        if self.events.len() >= JOB_EVENTS_MAX {
+            self.events.remove(0);
+        }
+        self.events.push(JobEvent { time_ms, kind: kind.to_string(), message });
+    }
+}

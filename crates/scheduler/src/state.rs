@@ -1,0 +1,471 @@
+//! The replicated cluster state and the commands that change it.
+//!
+//! `ClusterState::apply` is the state machine of the Raft log: a pure function of the state and
+//! one command. Everything non-deterministic (the time, the command itself) is decided by the
+//! leader and travels inside the command, so every replica applying the same log reaches a
+//! byte-identical state.
+//!
+//! Architecture invariant: apply re-validates everything it is given. A plan computed from a
+//! stale snapshot, a report from an agent about an old attempt, or a cancel of a finished job
+//! is turned into a `Rejected`/`Ignored` outcome here, never into a double allocation.
+//!
+//! ```text
+//!   Command { now_ms, op } ──▶ apply ──▶ (new state, Outcome)
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{
+    Allocation, GpuIndex, Job, JobId, JobSpec, JobState, Node, NodeInfo, NodeState, StopReason,
+};
+use crate::qos::find_qos;
+use crate::validate::{validate_node, validate_spec};
+
+/// Most placements one plan may carry.
+pub const PLAN_PLACEMENTS_MAX: usize = 1024;
+
+/// One GPU grant the planner proposes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub job: JobId,
+    pub node: String,
+    pub gpus: Vec<GpuIndex>,
+}
+
+/// The planner's proposal, applied through the log and re-validated there.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    pub placements: Vec<Placement>,
+}
+
+/// A change to the cluster, stamped by the leader with the time it was decided.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Command {
+    pub now_ms: i64,
+    pub op: Op,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    Submit { spec: JobSpec },
+    Cancel { job: JobId, by: String },
+    RegisterNode { info: NodeInfo },
+    NodeDown { node: String, reason: String },
+    ApplyPlan { plan: Plan },
+    JobStarted { job: JobId, attempt: u32, node: String },
+    JobExited { job: JobId, attempt: u32, node: String, exit: RunExit },
+    EnforceTimeLimit { job: JobId, attempt: u32 },
+}
+
+/// How a job's process ended, as its agent saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RunExit {
+    /// The process exited with this code.
+    Code(i32),
+    /// The process was killed by this signal.
+    Signal(i32),
+    /// The agent could not start the process, or no longer has it.
+    Lost(String),
+}
+
+/// Why a command changed nothing. Rejection is a normal outcome, not an error.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Rejection {
+    NotFound(String),
+    Invalid(String),
+    FailedPrecondition(String),
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rejection::NotFound(m) | Rejection::Invalid(m) | Rejection::FailedPrecondition(m) => {
+                f.write_str(m)
+            }
+        }
+    }
+}
+
+/// What applying one command did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Submitted { job: JobId },
+    Cancelled { job: JobId, was_running: bool },
+    NodeRegistered { node: String },
+    NodeDown { node: String, failed_jobs: Vec<JobId> },
+    PlanApplied { accepted: Vec<JobId>, rejected: Vec<(JobId, String)> },
+    RunUpdated { job: JobId, state: JobState },
+    /// A stale or duplicate report: nothing to do.
+    Ignored(String),
+    Rejected(Rejection),
+}
+
+/// Everything the controller cluster agrees on.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterState {
+    /// The latest time stamped into an applied command; never goes backwards.
+    pub now_ms: i64,
+    pub next_job_id: JobId,
+    pub jobs: BTreeMap<JobId, Job>,
+    pub nodes: BTreeMap<String, Node>,
+}
+
+impl ClusterState {
+    pub fn new() -> Self {
+        ClusterState { now_ms: 0, next_job_id: 1, jobs: BTreeMap::new(), nodes: BTreeMap::new() }
+    }
+
+    /// Applies one committed command.
+    pub fn apply(&mut self, cmd: &Command) -> Outcome {
+        // A new leader's clock may lag the old one's: time in the state never goes backwards.
+        self.now_ms = self.now_ms.max(cmd.now_ms);
+        let now = self.now_ms;
+        match &cmd.op {
+            Op::Submit { spec } => self.submit(spec, now),
+            Op::Cancel { job, by } => self.cancel(*job, by, now),
+            Op::RegisterNode { info } => self.register_node(info, now),
+            Op::NodeDown { node, reason } => self.node_down(node, reason, now),
+            Op::ApplyPlan { plan } => self.apply_plan(plan, now),
+            Op::JobStarted { job, attempt, node } => self.job_started(*job, *attempt, node, now),
+            Op::JobExited { job, attempt, node, exit } => {
+                self.job_exited(*job, *attempt, node, exit, now)
+            }
+            Op::EnforceTimeLimit { job, attempt } => self.enforce_time_limit(*job, *attempt, now),
+        }
+    }
+
+    /// The largest GPU count of any registered node (0 when there is none).
+    pub fn largest_node_gpus(&self) -> u32 {
+        self.nodes.values().map(Node::gpu_count).max().unwrap_or(0)
+    }
+
+    /// A job's effective wall-clock limit in seconds.
+    pub fn time_limit_s(job: &Job) -> Option<u64> {
+        job.spec.time_limit_s.or_else(|| find_qos(&job.spec.qos).map(|q| q.max_wall_s))
+    }
+
+    /// Running jobs past their time limit at `now_ms` that have not been asked to stop yet.
+    pub fn expired_runs(&self, now_ms: i64) -> Vec<(JobId, u32)> {
+        self.jobs
+            .values()
+            .filter(|j| j.state == JobState::Running)
+            .filter(|j| j.allocation.as_ref().is_some_and(|a| a.stop.is_none()))
+            .filter(|j| Self::past_limit(j, now_ms))
+            .map(|j| (j.id, j.attempt))
+            .collect()
+    }
+
+    fn past_limit(job: &Job, now_ms: i64) -> bool {
+        match (Self::time_limit_s(job), job.start_time_ms) {
+            (Some(limit_s), Some(start)) => {
+                now_ms.saturating_sub(start) >= (limit_s as i64).saturating_mul(1000)
+            }
+            _ => false,
+        }
+    }
+
+    fn submit(&mut self, spec: &JobSpec, now: i64) -> Outcome {
+        if let Err(e) = validate_spec(spec) {
+            return Outcome::Rejected(Rejection::Invalid(e.to_string()));
+        }
+        let Some(qos) = find_qos(&spec.qos) else {
+            return Outcome::Rejected(Rejection::Invalid(format!("unknown qos \"{}\"", spec.qos)));
+        };
+        let largest = self.largest_node_gpus();
+        if largest > 0 && spec.gpus > largest {
+            return Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                "job requests {} GPUs but the largest node has {largest}",
+                spec.gpus
+            )));
+        }
+        let id = self.next_job_id;
+        self.next_job_id += 1;
+        let mut job = Job {
+            id,
+            spec: spec.clone(),
+            priority: qos.priority,
+            state: JobState::Pending,
+            reason: String::new(),
+            attempt: 0,
+            allocation: None,
+            last_node: String::new(),
+            last_gpus: Vec::new(),
+            exit_code: None,
+            signal: None,
+            submit_time_ms: now,
+            start_time_ms: None,
+            end_time_ms: None,
+            events: Vec::new(),
+        };
+        job.record(now, "submitted", format!("by \"{}\", qos \"{}\"", spec.user, spec.qos));
+        self.jobs.insert(id, job);
+        Outcome::Submitted { job: id }
+    }
+
+    fn cancel(&mut self, id: JobId, by: &str, now: i64) -> Outcome {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return Outcome::Rejected(Rejection::NotFound(format!("job {id} not found")));
+        };
+        match job.state {
+            JobState::Pending => {
+                job.state = JobState::Cancelled;
+                job.reason = format!("cancelled by \"{by}\"");
+                job.end_time_ms = Some(now);
+                job.record(now, "cancelled", format!("by \"{by}\" while pending"));
+                Outcome::Cancelled { job: id, was_running: false }
+            }
+            JobState::Running => {
+                if let Some(alloc) = job.allocation.as_mut() {
+                    if alloc.stop.is_none() {
+                        alloc.stop = Some(StopReason::Cancelled);
+                        job.record(now, "cancel-requested", format!("by \"{by}\""));
+                    }
+                }
+                Outcome::Cancelled { job: id, was_running: true }
+            }
+            state => Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                "job {id} already ended ({})",
+                state.as_str()
+            ))),
+        }
+    }
+
+    fn register_node(&mut self, info: &NodeInfo, now: i64) -> Outcome {
+        if let Err(e) = validate_node(info) {
+            return Outcome::Rejected(Rejection::Invalid(e.to_string()));
+        }
+        let present: BTreeSet<GpuIndex> = info.gpus.iter().map(|g| g.index).collect();
+        let lost: Vec<JobId> = match self.nodes.get(&info.name) {
+            Some(node) => node
+                .allocated
+                .iter()
+                .filter(|(gpu, _)| !present.contains(gpu))
+                .map(|(_, job)| *job)
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+            None => Vec::new(),
+        };
+        for job in lost {
+            self.end_run(job, JobState::NodeFail, "GPU vanished from its node".into(), now);
+        }
+        match self.nodes.get_mut(&info.name) {
+            Some(node) => {
+                node.info = info.clone();
+                node.state = NodeState::Up;
+                node.reason.clear();
+            }
+            None => {
+                let node = Node {
+                    info: info.clone(),
+                    state: NodeState::Up,
+                    reason: String::new(),
+                    allocated: BTreeMap::new(),
+                };
+                self.nodes.insert(info.name.clone(), node);
+            }
+        }
+        Outcome::NodeRegistered { node: info.name.clone() }
+    }
+
+    fn node_down(&mut self, name: &str, reason: &str, now: i64) -> Outcome {
+        let Some(node) = self.nodes.get_mut(name) else {
+            return Outcome::Rejected(Rejection::NotFound(format!("node \"{name}\" not found")));
+        };
+        if node.state == NodeState::Down {
+            return Outcome::Ignored(format!("node \"{name}\" is already down"));
+        }
+        node.state = NodeState::Down;
+        node.reason = reason.to_string();
+        let jobs: BTreeSet<JobId> = node.allocated.values().copied().collect();
+        for &job in &jobs {
+            self.end_run(job, JobState::NodeFail, format!("node \"{name}\" down: {reason}"), now);
+        }
+        Outcome::NodeDown { node: name.to_string(), failed_jobs: jobs.into_iter().collect() }
+    }
+
+    fn apply_plan(&mut self, plan: &Plan, now: i64) -> Outcome {
+        let mut accepted = Vec::new();
+        let mut rejected = Vec::new();
+        for (i, p) in plan.placements.iter().enumerate() {
+            if i >= PLAN_PLACEMENTS_MAX {
+                rejected.push((p.job, "plan too large".to_string()));
+                continue;
+            }
+            match self.check_placement(p) {
+                Ok(()) => {
+                    self.place(p, now);
+                    accepted.push(p.job);
+                }
+                Err(why) => rejected.push((p.job, why)),
+            }
+        }
+        Outcome::PlanApplied { accepted, rejected }
+    }
+
+    /// Re-validates one placement against the current state.
+    fn check_placement(&self, p: &Placement) -> Result<(), String> {
+        let job = self.jobs.get(&p.job).ok_or_else(|| format!("job {} not found", p.job))?;
+        if job.state != JobState::Pending {
+            return Err(format!("job {} is {}, not pending", p.job, job.state.as_str()));
+        }
+        let node = self.nodes.get(&p.node).ok_or_else(|| format!("node \"{}\" not found", p.node))?;
+        if node.state != NodeState::Up {
+            return Err(format!("node \"{}\" is not up", p.node));
+        }
+        let wanted: BTreeSet<GpuIndex> = p.gpus.iter().copied().collect();
+        if wanted.len() != p.gpus.len() || wanted.len() != job.spec.gpus as usize {
+            return Err(format!(
+                "job {} needs {} distinct GPUs, plan gives {:?}",
+                p.job, job.spec.gpus, p.gpus
+            ));
+        }
+        for gpu in &wanted {
+            if !node.info.gpus.iter().any(|g| g.index == *gpu) {
+                return Err(format!("node \"{}\" has no GPU {gpu}", p.node));
+            }
+            if let Some(holder) = node.allocated.get(gpu) {
+                return Err(format!("GPU {gpu} of \"{}\" is held by job {holder}", p.node));
+            }
+        }
+        Ok(())
+    }
+
+    fn place(&mut self, p: &Placement, now: i64) {
+        let node = self.nodes.get_mut(&p.node).expect("placement was validated");
+        for gpu in &p.gpus {
+            node.allocated.insert(*gpu, p.job);
+        }
+        let job = self.jobs.get_mut(&p.job).expect("placement was validated");
+        job.state = JobState::Running;
+        job.reason.clear();
+        job.allocation =
+            Some(Allocation { node: p.node.clone(), gpus: p.gpus.clone(), started: false, stop: None });
+        job.last_node = p.node.clone();
+        job.last_gpus = p.gpus.clone();
+        job.start_time_ms = Some(now);
+        job.record(now, "allocated", format!("node \"{}\" GPUs {:?}", p.node, p.gpus));
+    }
+
+    /// The running job's allocation, if `job`/`attempt`/`node` name its current run.
+    fn current_run(&mut self, id: JobId, attempt: u32, node: &str) -> Result<&mut Job, String> {
+        let job = self.jobs.get_mut(&id).ok_or_else(|| format!("job {id} not found"))?;
+        let matches = job.state == JobState::Running
+            && job.attempt == attempt
+            && job.allocation.as_ref().is_some_and(|a| a.node == node);
+        if matches {
+            Ok(job)
+        } else {
+            Err(format!("job {id} attempt {attempt} on \"{node}\" is not a current run"))
+        }
+    }
+
+    fn job_started(&mut self, id: JobId, attempt: u32, node: &str, now: i64) -> Outcome {
+        let job = match self.current_run(id, attempt, node) {
+            Ok(job) => job,
+            Err(why) => return Outcome::Ignored(why),
+        };
+        let alloc = job.allocation.as_mut().expect("current run has an allocation");
+        if alloc.started {
+            return Outcome::Ignored(format!("job {id} already started"));
+        }
+        alloc.started = true;
+        job.start_time_ms = Some(now);
+        job.record(now, "started", format!("on \"{node}\""));
+        Outcome::RunUpdated { job: id, state: JobState::Running }
+    }
+
+    fn job_exited(&mut self, id: JobId, attempt: u32, node: &str, exit: &RunExit, now: i64) -> Outcome {
+        let job = match self.current_run(id, attempt, node) {
+            Ok(job) => job,
+            Err(why) => return Outcome::Ignored(why),
+        };
+        let stop = job.allocation.as_ref().and_then(|a| a.stop);
+        let (state, reason) = match (stop, exit) {
+            (Some(StopReason::Cancelled), _) => (JobState::Cancelled, "cancelled".to_string()),
+            (Some(StopReason::TimeLimit), _) => (JobState::Timeout, "time limit reached".to_string()),
+            (None, RunExit::Code(0)) => (JobState::Completed, String::new()),
+            (None, RunExit::Code(c)) => (JobState::Failed, format!("exit code {c}")),
+            (None, RunExit::Signal(s)) => (JobState::Failed, format!("killed by signal {s}")),
+            (None, RunExit::Lost(m)) => (JobState::Failed, format!("lost: {m}")),
+        };
+        match exit {
+            RunExit::Code(c) => job.exit_code = Some(*c),
+            RunExit::Signal(s) => job.signal = Some(*s),
+            RunExit::Lost(_) => {}
+        }
+        self.end_run(id, state, reason, now);
+        Outcome::RunUpdated { job: id, state }
+    }
+
+    fn enforce_time_limit(&mut self, id: JobId, attempt: u32, now: i64) -> Outcome {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return Outcome::Ignored(format!("job {id} not found"));
+        };
+        if job.state != JobState::Running || job.attempt != attempt || !Self::past_limit(job, now) {
+            return Outcome::Ignored(format!("job {id} attempt {attempt} is not past its limit"));
+        }
+        let Some(alloc) = job.allocation.as_mut() else {
+            return Outcome::Ignored(format!("job {id} has no allocation"));
+        };
+        if alloc.stop.is_some() {
+            return Outcome::Ignored(format!("job {id} is already stopping"));
+        }
+        alloc.stop = Some(StopReason::TimeLimit);
+        job.record(now, "time-limit", "wall-clock limit reached, stopping".into());
+        Outcome::RunUpdated { job: id, state: JobState::Running }
+    }
+
+    /// Ends a job's current run in a terminal state and releases its GPUs.
+    fn end_run(&mut self, id: JobId, state: JobState, reason: String, now: i64) {
+        debug_assert!(state.is_terminal());
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        if let Some(alloc) = job.allocation.take() {
+            if let Some(node) = self.nodes.get_mut(&alloc.node) {
+                node.allocated.retain(|_, holder| *holder != id);
+            }
+        }
+        job.state = state;
+        job.end_time_ms = Some(now);
+        job.record(now, &state.as_str().to_ascii_lowercase(), reason.clone());
+        job.reason = reason;
+    }
+
+    /// Checks the ownership invariants; used by tests and debug assertions.
+    ///
+    /// - every allocated GPU exists on its node and is held by a running job that lists it;
+    /// - every running job's GPUs are held by it, on an existing node;
+    /// - no GPU is held by two jobs (by construction of the per-node map, checked both ways).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        for (name, node) in &self.nodes {
+            for (gpu, holder) in &node.allocated {
+                if !node.info.gpus.iter().any(|g| g.index == *gpu) {
+                    return Err(format!("node {name} allocates missing GPU {gpu}"));
+                }
+                let job = self.jobs.get(holder).ok_or(format!("GPU held by unknown job {holder}"))?;
+                let alloc = job.allocation.as_ref().ok_or(format!("job {holder} holds GPU {gpu} without allocation"))?;
+                if job.state != JobState::Running || alloc.node != *name || !alloc.gpus.contains(gpu) {
+                    return Err(format!("GPU {gpu} of {name} held by job {holder} which does not own it"));
+                }
+            }
+        }
+        for job in self.jobs.values() {
+            match (&job.allocation, job.state) {
+                (Some(alloc), JobState::Running) => {
+                    let node = self.nodes.get(&alloc.node).ok_or(format!("job {} on unknown node", job.id))?;
+                    for gpu in &alloc.gpus {
+                        if node.allocated.get(gpu) != Some(&job.id) {
+                            return Err(format!("job {} lists GPU {gpu} it does not hold", job.id));
+                        }
+                    }
+                }
+                (None, JobState::Running) => return Err(format!("running job {} has no allocation", job.id)),
+                (Some(_), _) => return Err(format!("job {} is not running but has an allocation", job.id)),
+                (None, _) => {}
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,265 @@
+//! Tests of `ClusterState::apply`: unit cases and the property tests of its invariants.
+
+use proptest::prelude::*;
+
+use crate::model::{JobState, NodeState, StopReason};
+use crate::planner::plan;
+use crate::state::{ClusterState, Command, Op, Outcome, Placement, Plan, Rejection, RunExit};
+use crate::testing::{node_info, spec};
+
+fn cmd(now_ms: i64, op: Op) -> Command {
+    Command { now_ms, op }
+}
+
+fn submitted(out: Outcome) -> u64 {
+    match out {
+        Outcome::Submitted { job } => job,
+        other => panic!("expected a submit, got {other:?}"),
+    }
+}
+
+fn cluster(gpus: u32) -> ClusterState {
+    let mut s = ClusterState::new();
+    s.apply(&cmd(1, Op::RegisterNode { info: node_info("n1", gpus) }));
+    s
+}
+
+fn run_plan(s: &mut ClusterState, now: i64) -> Outcome {
+    let p = plan(s).plan;
+    s.apply(&cmd(now, Op::ApplyPlan { plan: p }))
+}
+
+#[test]
+fn submit_assigns_ids_in_order_and_rejects_bad_specs_without_change() {
+    let mut s = cluster(8);
+    assert_eq!(submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch") }))), 1);
+    let before = s.clone();
+    let zero = s.apply(&cmd(3, Op::Submit { spec: spec(0, "batch") }));
+    assert!(matches!(zero, Outcome::Rejected(Rejection::Invalid(m)) if m.contains("gpus")));
+    let too_big = s.apply(&cmd(3, Op::Submit { spec: spec(9, "batch") }));
+    assert_eq!(
+        too_big,
+        Outcome::Rejected(Rejection::FailedPrecondition(
+            "job requests 9 GPUs but the largest node has 8".into()
+        ))
+    );
+    let mut empty = spec(1, "batch");
+    empty.argv.clear();
+    assert!(matches!(s.apply(&cmd(3, Op::Submit { spec: empty })), Outcome::Rejected(_)));
+    assert!(matches!(
+        s.apply(&cmd(3, Op::Submit { spec: spec(1, "nope") })),
+        Outcome::Rejected(Rejection::Invalid(m)) if m.contains("unknown qos")
+    ));
+    let mut s2 = s.clone();
+    s2.now_ms = before.now_ms;
+    assert_eq!(s2, before, "rejected submits change nothing but the clock");
+    assert_eq!(submitted(s.apply(&cmd(4, Op::Submit { spec: spec(1, "batch") }))), 2);
+}
+
+#[test]
+fn stale_plan_is_rejected_and_cannot_double_allocate() {
+    let mut s = cluster(2);
+    let a = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch") })));
+    let b = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch") })));
+    let stale = Plan { placements: vec![Placement { job: b, node: "n1".into(), gpus: vec![0, 1] }] };
+    assert_eq!(run_plan(&mut s, 3), Outcome::PlanApplied { accepted: vec![a], rejected: vec![] });
+    let out = s.apply(&cmd(4, Op::ApplyPlan { plan: stale.clone() }));
+    let Outcome::PlanApplied { accepted, rejected } = out else { panic!("{out:?}") };
+    assert!(accepted.is_empty());
+    assert_eq!(rejected, vec![(b, format!("GPU 0 of \"n1\" is held by job {a}"))]);
+    // Re-applying the plan that already took effect is rejected too: the job is no longer pending.
+    let replay = Plan { placements: vec![Placement { job: a, node: "n1".into(), gpus: vec![0, 1] }] };
+    let Outcome::PlanApplied { accepted, .. } = s.apply(&cmd(5, Op::ApplyPlan { plan: replay })) else {
+        panic!()
+    };
+    assert!(accepted.is_empty());
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn run_lifecycle_completed_failed_cancelled_timeout() {
+    let mut s = cluster(4);
+    let ok = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch") })));
+    let bad = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch") })));
+    let cancel = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch") })));
+    let mut limited = spec(1, "batch");
+    limited.time_limit_s = Some(10);
+    let timeout = submitted(s.apply(&cmd(2, Op::Submit { spec: limited })));
+    run_plan(&mut s, 3);
+    for j in [ok, bad, cancel, timeout] {
+        s.apply(&cmd(4, Op::JobStarted { job: j, attempt: 0, node: "n1".into() }));
+        assert!(s.jobs[&j].allocation.as_ref().unwrap().started);
+    }
+    // A report about another attempt or node is ignored.
+    let stale = s.apply(&cmd(5, Op::JobExited { job: ok, attempt: 1, node: "n1".into(), exit: RunExit::Code(0) }));
+    assert!(matches!(stale, Outcome::Ignored(_)));
+    s.apply(&cmd(5, Op::JobExited { job: ok, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) }));
+    s.apply(&cmd(5, Op::JobExited { job: bad, attempt: 0, node: "n1".into(), exit: RunExit::Code(3) }));
+    assert_eq!(s.jobs[&ok].state, JobState::Completed);
+    assert_eq!(s.jobs[&bad].state, JobState::Failed);
+    assert_eq!(s.jobs[&bad].exit_code, Some(3));
+
+    assert_eq!(s.apply(&cmd(6, Op::Cancel { job: cancel, by: "alice".into() })), Outcome::Cancelled { job: cancel, was_running: true });
+    assert_eq!(s.jobs[&cancel].state, JobState::Running, "stays running until the agent confirms");
+    assert_eq!(s.jobs[&cancel].allocation.as_ref().unwrap().stop, Some(StopReason::Cancelled));
+    s.apply(&cmd(7, Op::JobExited { job: cancel, attempt: 0, node: "n1".into(), exit: RunExit::Signal(9) }));
+    assert_eq!(s.jobs[&cancel].state, JobState::Cancelled);
+    assert!(matches!(s.apply(&cmd(8, Op::Cancel { job: cancel, by: "a".into() })), Outcome::Rejected(Rejection::FailedPrecondition(_))));
+    assert!(matches!(s.apply(&cmd(8, Op::Cancel { job: 999, by: "a".into() })), Outcome::Rejected(Rejection::NotFound(_))));
+
+    // Started at 4 ms with a 10 s limit: not expired at 10.003 s, expired at 10.004 s.
+    assert!(s.expired_runs(10_003).is_empty());
+    assert_eq!(s.expired_runs(10_004), vec![(timeout, 0)]);
+    assert!(matches!(s.apply(&cmd(10_000, Op::EnforceTimeLimit { job: timeout, attempt: 0 })), Outcome::Ignored(_)));
+    s.apply(&cmd(14_004, Op::EnforceTimeLimit { job: timeout, attempt: 0 }));
+    assert!(s.expired_runs(20_000).is_empty(), "a stopping job is not reported again");
+    s.apply(&cmd(14_100, Op::JobExited { job: timeout, attempt: 0, node: "n1".into(), exit: RunExit::Signal(9) }));
+    assert_eq!(s.jobs[&timeout].state, JobState::Timeout);
+    assert!(s.nodes["n1"].allocated.is_empty());
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn node_down_fails_its_jobs_and_frees_gpus() {
+    let mut s = cluster(2);
+    let j = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch") })));
+    run_plan(&mut s, 3);
+    let out = s.apply(&cmd(4, Op::NodeDown { node: "n1".into(), reason: "silent".into() }));
+    assert_eq!(out, Outcome::NodeDown { node: "n1".into(), failed_jobs: vec![j] });
+    assert_eq!(s.jobs[&j].state, JobState::NodeFail);
+    assert_eq!(s.nodes["n1"].state, NodeState::Down);
+    assert!(s.nodes["n1"].allocated.is_empty());
+    s.apply(&cmd(5, Op::RegisterNode { info: node_info("n1", 2) }));
+    assert_eq!(s.nodes["n1"].state, NodeState::Up);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn clock_never_goes_backwards() {
+    let mut s = cluster(1);
+    s.apply(&cmd(100, Op::Submit { spec: spec(1, "batch") }));
+    s.apply(&cmd(50, Op::Submit { spec: spec(1, "batch") }));
+    assert_eq!(s.now_ms, 100);
+    assert_eq!(s.jobs[&2].submit_time_ms, 100);
+}
+
+/// An abstract step of the property tests; indices are resolved against the current state.
+#[derive(Clone, Debug)]
+enum Step {
+    Register { node: u8, gpus: u32 },
+    Submit { gpus: u32, qos: u8 },
+    Cancel { job: u8 },
+    Plan,
+    /// A plan computed now but applied after a few more steps.
+    SavePlan,
+    ApplySaved,
+    /// A hand-made placement, often invalid.
+    Forge { job: u8, node: u8, gpus: Vec<u32> },
+    Started { job: u8 },
+    Exited { job: u8, code: i32 },
+    NodeDown { node: u8 },
+    TimeLimit { job: u8 },
+    Tick { ms: u32 },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        (0u8..3, 1u32..9).prop_map(|(node, gpus)| Step::Register { node, gpus }),
+        (1u32..10, 0u8..5).prop_map(|(gpus, qos)| Step::Submit { gpus, qos }),
+        (0u8..24).prop_map(|job| Step::Cancel { job }),
+        Just(Step::Plan),
+        Just(Step::SavePlan),
+        Just(Step::ApplySaved),
+        (0u8..24, 0u8..3, proptest::collection::vec(0u32..9, 0..4))
+            .prop_map(|(job, node, gpus)| Step::Forge { job, node, gpus }),
+        (0u8..24).prop_map(|job| Step::Started { job }),
+        (0u8..24, 0i32..3).prop_map(|(job, code)| Step::Exited { job, code }),
+        (0u8..3).prop_map(|node| Step::NodeDown { node }),
+        (0u8..24).prop_map(|job| Step::TimeLimit { job }),
+        (0u32..100_000).prop_map(|ms| Step::Tick { ms }),
+    ]
+}
+
+const QOS: [&str; 5] = ["urgent", "premium", "inference", "training", "batch"];
+
+/// Turns abstract steps into concrete commands, applying them as it goes.
+fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
+    let mut s = ClusterState::new();
+    let mut log = Vec::new();
+    let mut now = 0i64;
+    let mut saved = Plan::default();
+    for step in steps {
+        let job_id = |j: &u8| u64::from(*j) + 1;
+        let node_name = |n: &u8| format!("n{n}");
+        let op = match step {
+            Step::Register { node, gpus } => Some(Op::RegisterNode { info: node_info(&node_name(node), *gpus) }),
+            Step::Submit { gpus, qos } => {
+                let mut sp = spec(*gpus, QOS[*qos as usize]);
+                sp.time_limit_s = Some(60);
+                Some(Op::Submit { spec: sp })
+            }
+            Step::Cancel { job } => Some(Op::Cancel { job: job_id(job), by: "bob".into() }),
+            Step::Plan => Some(Op::ApplyPlan { plan: plan(&s).plan }),
+            Step::SavePlan => {
+                saved = plan(&s).plan;
+                None
+            }
+            Step::ApplySaved => Some(Op::ApplyPlan { plan: saved.clone() }),
+            Step::Forge { job, node, gpus } => Some(Op::ApplyPlan {
+                plan: Plan { placements: vec![Placement { job: job_id(job), node: node_name(node), gpus: gpus.clone() }] },
+            }),
+            Step::Started { job } | Step::Exited { job, .. } => {
+                let id = job_id(job);
+                s.jobs.get(&id).and_then(|j| j.allocation.as_ref().map(|a| (j.attempt, a.node.clone()))).map(
+                    |(attempt, node)| match step {
+                        Step::Exited { code, .. } => Op::JobExited { job: id, attempt, node, exit: RunExit::Code(*code) },
+                        _ => Op::JobStarted { job: id, attempt, node },
+                    },
+                )
+            }
+            Step::NodeDown { node } => Some(Op::NodeDown { node: node_name(node), reason: "test".into() }),
+            Step::TimeLimit { job } => Some(Op::EnforceTimeLimit { job: job_id(job), attempt: 0 }),
+            Step::Tick { ms } => {
+                now += i64::from(*ms);
+                None
+            }
+        };
+        if let Some(op) = op {
+            let c = Command { now_ms: now, op };
+            s.apply(&c);
+            log.push(c);
+            if let Err(e) = s.check_invariants() {
+                panic!("invariant broken after {step:?}: {e}");
+            }
+        }
+    }
+    (s, log)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn no_gpu_is_ever_held_by_two_jobs(steps in proptest::collection::vec(step(), 1..80)) {
+        let (s, _) = drive(&steps);
+        let mut owners = std::collections::BTreeMap::new();
+        for job in s.jobs.values().filter(|j| j.state == JobState::Running) {
+            let a = job.allocation.as_ref().unwrap();
+            for g in &a.gpus {
+                prop_assert!(owners.insert((a.node.clone(), *g), job.id).is_none(), "GPU {g} of {} held twice", a.node);
+            }
+        }
+    }
+
+    #[test]
+    fn replaying_the_log_gives_an_identical_state(steps in proptest::collection::vec(step(), 1..80)) {
+        let (s, log) = drive(&steps);
+        let mut replica = ClusterState::new();
+        for c in &log {
+            replica.apply(c);
+        }
+        prop_assert_eq!(&replica, &s);
+        // Byte-identical once serialised, as snapshots are.
+        prop_assert_eq!(serde_json::to_vec(&replica).unwrap(), serde_json::to_vec(&s).unwrap());
+    }
+}

@@ -1,0 +1,41 @@
+//! Small builders for tests.
+
+use std::collections::BTreeMap;
+
+use crate::model::{Gpu, JobSpec, NodeInfo, Profile};
+
+/// A node with `gpus` fake H100s in link groups of four.
+pub fn node_info(name: &str, gpus: u32) -> NodeInfo {
+    NodeInfo {
+        name: name.to_string(),
+        addr: format!("{name}:1"),
+        gpus: (0..gpus)
+            .map(|i| Gpu {
+                index: i,
+                uuid: format!("GPU-{name}-{i}"),
+                model: "H100".into(),
+                memory_mib: 81920,
+                link_group: i / 4,
+            })
+            .collect(),
+        cpus: 64,
+        memory_mib: 512 * 1024,
+        labels: BTreeMap::new(),
+        gpu_backend: "fake".into(),
+    }
+}
+
+/// A job asking for `gpus` GPUs under `qos`.
+pub fn spec(gpus: u32, qos: &str) -> JobSpec {
+    JobSpec {
+        name: "job".into(),
+        user: "alice".into(),
+        argv: vec!["true".into()],
+        env: BTreeMap::new(),
+        workdir: String::new(),
+        gpus,
+        qos: qos.into(),
+        profile: Profile::Batch,
+        time_limit_s: None,
+    }
+}

@@ -1,0 +1,131 @@
+//! Size limits and validity checks for what users and agents send.
+//!
+//! The API edge calls these to answer bad input with a precise error before anything is
+//! proposed; apply calls them again, so an entry that bypassed the edge still changes nothing.
+
+use std::collections::BTreeSet;
+
+use thiserror::Error;
+
+use crate::model::{JobSpec, NodeInfo};
+
+pub const NAME_LEN_MAX: usize = 256;
+pub const ARGV_LEN_MAX: usize = 1024;
+pub const ENV_LEN_MAX: usize = 256;
+/// Upper bound on the bytes of argv, env and workdir together.
+pub const SPEC_BYTES_MAX: usize = 128 * 1024;
+pub const GPUS_PER_JOB_MAX: u32 = 1024;
+pub const GPUS_PER_NODE_MAX: usize = 64;
+pub const TIME_LIMIT_S_MAX: u64 = 365 * 24 * 3600;
+
+/// Why a job spec or node description is not acceptable; each names the offending field.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ValidationError {
+    #[error("gpus: must be at least 1")]
+    NoGpus,
+    #[error("gpus: {0} is more than the limit of {GPUS_PER_JOB_MAX}")]
+    TooManyGpus(u32),
+    #[error("argv: the command is empty")]
+    EmptyCommand,
+    #[error("argv: the program name is empty")]
+    EmptyProgram,
+    #[error("{field}: too long ({len} > {max})")]
+    TooLong { field: &'static str, len: usize, max: usize },
+    #[error("{field}: contains a NUL byte")]
+    NulByte { field: &'static str },
+    #[error("env: invalid variable name \"{0}\"")]
+    BadEnvName(String),
+    #[error("time_limit_s: must be between 1 and {TIME_LIMIT_S_MAX}")]
+    BadTimeLimit,
+    #[error("time_limit_s: {asked}s is more than qos \"{qos}\" allows ({max}s)")]
+    TimeLimitOverQos { asked: u64, qos: String, max: u64 },
+    #[error("name: must not be empty")]
+    EmptyName,
+    #[error("gpus: duplicate GPU index {0}")]
+    DuplicateGpu(u32),
+}
+
+fn check_len(field: &'static str, len: usize, max: usize) -> Result<(), ValidationError> {
+    if len > max {
+        return Err(ValidationError::TooLong { field, len, max });
+    }
+    Ok(())
+}
+
+fn check_text(field: &'static str, s: &str, max: usize) -> Result<(), ValidationError> {
+    check_len(field, s.len(), max)?;
+    if s.contains('\0') {
+        return Err(ValidationError::NulByte { field });
+    }
+    Ok(())
+}
+
+/// Checks a job spec's shape and size. The QoS itself is checked by the caller that knows it.
+pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
+    if spec.gpus == 0 {
+        return Err(ValidationError::NoGpus);
+    }
+    if spec.gpus > GPUS_PER_JOB_MAX {
+        return Err(ValidationError::TooManyGpus(spec.gpus));
+    }
+    let program = spec.argv.first().ok_or(ValidationError::EmptyCommand)?;
+    if program.is_empty() {
+        return Err(ValidationError::EmptyProgram);
+    }
+    check_text("name", &spec.name, NAME_LEN_MAX)?;
+    check_text("user", &spec.user, NAME_LEN_MAX)?;
+    check_text("workdir", &spec.workdir, 4096)?;
+    check_len("argv", spec.argv.len(), ARGV_LEN_MAX)?;
+    check_len("env", spec.env.len(), ENV_LEN_MAX)?;
+    let mut bytes = spec.workdir.len();
+    for arg in &spec.argv {
+        check_text("argv", arg, SPEC_BYTES_MAX)?;
+        bytes += arg.len();
+    }
+    for (k, v) in &spec.env {
+        let valid_name = !k.is_empty()
+            && !k.starts_with(|c: char| c.is_ascii_digit())
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid_name {
+            return Err(ValidationError::BadEnvName(k.chars().take(64).collect()));
+        }
+        check_text("env", v, SPEC_BYTES_MAX)?;
+        bytes += k.len() + v.len();
+    }
+    check_len("argv+env+workdir bytes", bytes, SPEC_BYTES_MAX)?;
+    if let Some(limit) = spec.time_limit_s {
+        if limit == 0 || limit > TIME_LIMIT_S_MAX {
+            return Err(ValidationError::BadTimeLimit);
+        }
+        if let Some(qos) = crate::qos::find_qos(&spec.qos) {
+            if limit > qos.max_wall_s {
+                return Err(ValidationError::TimeLimitOverQos {
+                    asked: limit,
+                    qos: qos.name.to_string(),
+                    max: qos.max_wall_s,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks a node description sent by an agent.
+pub fn validate_node(info: &NodeInfo) -> Result<(), ValidationError> {
+    if info.name.is_empty() {
+        return Err(ValidationError::EmptyName);
+    }
+    check_text("name", &info.name, 128)?;
+    check_text("addr", &info.addr, 256)?;
+    check_len("gpus", info.gpus.len(), GPUS_PER_NODE_MAX)?;
+    check_len("labels", info.labels.len(), 64)?;
+    let mut seen = BTreeSet::new();
+    for gpu in &info.gpus {
+        if !seen.insert(gpu.index) {
+            return Err(ValidationError::DuplicateGpu(gpu.index));
+        }
+        check_text("gpu uuid", &gpu.uuid, 128)?;
+        check_text("gpu model", &gpu.model, 128)?;
+    }
+    Ok(())
+}
