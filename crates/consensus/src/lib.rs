@@ -1,1 +1,236 @@
+//! Replication of the scheduling core: openraft's type config, the sled-backed log and state
+//! machine stores, and the Raft RPCs over tonic.
+//!
+//! Owns: durability (fsync before acknowledging), snapshots and log compaction, and turning
+//! committed entries into `ClusterState::apply` calls. Must not: decide anything. Every
+//! command arrives fully formed (time stamped by the leader); this crate only orders and
+//! persists commands and applies them.
+//!
+//! ```text
+//!   Replica::write(commands) ─▶ openraft ─▶ LogStore::append (sled, flush)
+//!                                         ─▶ commit ─▶ StateMachineStore::apply ─▶ ClusterState::apply
+//!                                                                            └─▶ applied index (watch)
+//! ```
 
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use kairos_scheduler::{ClusterState, Command, Outcome};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, Config, Raft, ServerState, SnapshotPolicy};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use tokio::sync::watch;
+
+pub mod network;
+pub mod service;
+pub mod store;
+
+pub use store::{Applied, SharedState};
+
+/// Raft member identifier. Raft members are *replicas*; GPU machines are *nodes*.
+pub type ReplicaId = u64;
+pub(crate) type NodeId = ReplicaId;
+
+/// Format version of log entries; a replica stops on an entry of another version.
+pub const ENTRY_FORMAT_VERSION: u16 = 1;
+/// Format version of snapshots.
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
+
+/// One Raft log entry: a batch of commands applied in order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    pub version: u16,
+    pub commands: Vec<Command>,
+}
+
+/// The outcomes of one entry's commands, in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    pub outcomes: Vec<Outcome>,
+}
+
+openraft::declare_raft_types!(
+    pub TypeConfig:
+        D = Request,
+        R = Response,
+        NodeId = ReplicaId,
+        Node = BasicNode,
+        SnapshotData = std::io::Cursor<Vec<u8>>,
+);
+
+pub type KairosRaft = Raft<TypeConfig>;
+
+#[derive(Debug, Error)]
+pub enum ConsensusError {
+    #[error("storage: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("decoding stored data: {0}")]
+    Decode(#[from] serde_json::Error),
+    #[error("stored data: {0}")]
+    Format(String),
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+/// Why a write did not commit.
+#[derive(Debug, Error)]
+pub enum WriteError {
+    /// This replica is not the leader; `leader` is where to go, when known.
+    #[error("not the leader (leader: {leader_addr:?})")]
+    NotLeader { leader: Option<ReplicaId>, leader_addr: Option<String> },
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+/// Settings of one replica.
+#[derive(Clone, Debug)]
+pub struct ReplicaConfig {
+    pub id: ReplicaId,
+    /// The address other replicas reach this one's Raft service at.
+    pub addr: String,
+    /// Take a snapshot (and compact the log) after this many applied entries.
+    pub snapshot_logs: u64,
+}
+
+/// A running replica: the Raft handle plus read access to the applied state.
+#[derive(Clone)]
+pub struct Replica {
+    pub id: ReplicaId,
+    pub raft: KairosRaft,
+    pub state: SharedState,
+    /// The index of the last applied entry; changes after every apply.
+    pub applied: watch::Receiver<u64>,
+}
+
+impl Replica {
+    /// Opens (or creates) the replica's data under `data_dir` and starts Raft.
+    ///
+    /// A fresh replica whose `members` name only itself initialises a one-member cluster; a
+    /// replica with existing data never re-initialises.
+    pub async fn open(
+        config: &ReplicaConfig,
+        data_dir: &Path,
+        members: &BTreeMap<ReplicaId, String>,
+    ) -> Result<Replica, ConsensusError> {
+        std::fs::create_dir_all(data_dir)
+            .map_err(|e| ConsensusError::Format(format!("creating {}: {e}", data_dir.display())))?;
+        let db = sled::Config::new().path(data_dir.join("raft.sled")).open()?;
+        let log_store = store::LogStore::new(&db)?;
+        let (applied_tx, applied_rx) = watch::channel(0);
+        let sm = store::StateMachineStore::new(&db, applied_tx)?;
+        let shared = sm.shared();
+        let raft_config = Config {
+            cluster_name: "kairos".into(),
+            heartbeat_interval: 100,
+            election_timeout_min: 400,
+            election_timeout_max: 800,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_logs),
+            max_in_snapshot_log_to_keep: 100,
+            ..Config::default()
+        };
+        let raft_config = Arc::new(raft_config.validate().map_err(|e| ConsensusError::Raft(e.to_string()))?);
+        let raft = Raft::new(config.id, raft_config, network::Network::default(), log_store, sm)
+            .await
+            .map_err(|e| ConsensusError::Raft(e.to_string()))?;
+        let initialized = raft.is_initialized().await.map_err(|e| ConsensusError::Raft(e.to_string()))?;
+        let lowest = members.keys().next().copied().unwrap_or(config.id);
+        if !initialized && lowest == config.id {
+            let nodes: BTreeMap<ReplicaId, BasicNode> =
+                members.iter().map(|(id, addr)| (*id, BasicNode::new(addr))).collect();
+            let nodes = if nodes.is_empty() {
+                BTreeMap::from([(config.id, BasicNode::new(&config.addr))])
+            } else {
+                nodes
+            };
+            raft.initialize(nodes).await.map_err(|e| ConsensusError::Raft(e.to_string()))?;
+        }
+        Ok(Replica { id: config.id, raft, state: shared, applied: applied_rx })
+    }
+
+    /// Proposes commands as one log entry and waits until it is committed (on a quorum's disks)
+    /// and applied here. Returns one outcome per command.
+    pub async fn write(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, WriteError> {
+        let req = Request { version: ENTRY_FORMAT_VERSION, commands };
+        match self.raft.client_write(req).await {
+            Ok(resp) => Ok(resp.data.outcomes),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(WriteError::NotLeader {
+                leader: f.leader_id,
+                leader_addr: f.leader_node.map(|n| n.addr),
+            }),
+            Err(e) => Err(WriteError::Raft(e.to_string())),
+        }
+    }
+
+    /// Reads the applied state.
+    pub fn read<T>(&self, f: impl FnOnce(&Applied) -> T) -> T {
+        let guard = self.state.read().unwrap_or_else(|p| p.into_inner());
+        f(&guard)
+    }
+
+    /// Whether this replica currently leads.
+    pub fn is_leader(&self) -> bool {
+        let m = self.raft.metrics().borrow().clone();
+        m.state == ServerState::Leader && m.current_leader == Some(self.id)
+    }
+
+    /// A status summary for operators.
+    pub fn status(&self) -> ReplicaStatus {
+        let m = self.raft.metrics().borrow().clone();
+        let (digest, applied_index) = self.read(|a| (state_digest(&a.state), a.last_applied.map(|l| l.index)));
+        let members: BTreeMap<ReplicaId, String> =
+            m.membership_config.nodes().map(|(id, n)| (*id, n.addr.clone())).collect();
+        let voters: Vec<ReplicaId> = m.membership_config.voter_ids().collect();
+        let replicas = members
+            .iter()
+            .map(|(id, addr)| {
+                let role = if m.current_leader == Some(*id) {
+                    "leader"
+                } else if !voters.contains(id) {
+                    "learner"
+                } else if *id == self.id && m.state == ServerState::Candidate {
+                    "candidate"
+                } else {
+                    "follower"
+                };
+                (*id, addr.clone(), role.to_string())
+            })
+            .collect();
+        ReplicaStatus {
+            id: self.id,
+            leader: m.current_leader,
+            leader_addr: m.current_leader.and_then(|l| members.get(&l).cloned()),
+            term: m.current_term,
+            last_log_index: m.last_log_index.unwrap_or(0),
+            applied_index: applied_index.unwrap_or(0),
+            state_digest: digest,
+            replicas,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ReplicaStatus {
+    pub id: ReplicaId,
+    pub leader: Option<ReplicaId>,
+    pub leader_addr: Option<String>,
+    pub term: u64,
+    pub last_log_index: u64,
+    pub applied_index: u64,
+    pub state_digest: String,
+    /// (id, address, role)
+    pub replicas: Vec<(ReplicaId, String, String)>,
+}
+
+/// A digest of the state: equal on replicas that applied the same log (FNV-1a 64 of the
+/// snapshot encoding, which is deterministic because the state holds only ordered maps).
+pub fn state_digest(state: &ClusterState) -> String {
+    let bytes = store::encode_snapshot(state).unwrap_or_default();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}

@@ -1,0 +1,110 @@
+//! The client side of the Raft RPCs: openraft's network over tonic.
+//!
+//! Each openraft message travels as JSON inside a `RaftMessage`. A peer that cannot be reached
+//! is reported as `Unreachable` so openraft backs off; a remote Raft error is passed through.
+//! Snapshots go as openraft's chunked `InstallSnapshot` calls, so no message grows with the state.
+
+use kairos_proto::v1::raft_service_client::RaftServiceClient;
+use kairos_proto::v1::RaftMessage;
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::{NodeId, TypeConfig};
+
+/// Creates one connection per peer.
+#[derive(Clone, Default)]
+pub struct Network;
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Connection;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Connection {
+        Connection { target, addr: node.addr.clone(), client: None }
+    }
+}
+
+/// A lazily connected client to one peer; reconnects after a failure.
+pub struct Connection {
+    target: NodeId,
+    addr: String,
+    client: Option<RaftServiceClient<Channel>>,
+}
+
+type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
+
+impl Connection {
+    async fn call<Req, Resp, E>(&mut self, kind: RpcKind, req: &Req, option: &RPCOption) -> RpcResult<Resp, E>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let payload = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let mut client = match self.client.take() {
+            Some(c) => c,
+            None => {
+                let endpoint = Endpoint::from_shared(format!("http://{}", self.addr))
+                    .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?
+                    .connect_timeout(option.hard_ttl())
+                    .timeout(option.hard_ttl());
+                let channel = endpoint.connect().await.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+                RaftServiceClient::new(channel).max_decoding_message_size(crate::service::RAFT_MESSAGE_BYTES_MAX)
+            }
+        };
+        let msg = RaftMessage { payload };
+        let result = match kind {
+            RpcKind::Append => client.append_entries(msg).await,
+            RpcKind::Vote => client.vote(msg).await,
+            RpcKind::Snapshot => client.install_snapshot(msg).await,
+        };
+        let reply = match result {
+            Ok(r) => r.into_inner(),
+            Err(status) => return Err(RPCError::Unreachable(Unreachable::new(&status))),
+        };
+        self.client = Some(client);
+        let decoded: Result<Resp, RaftError<NodeId, E>> =
+            serde_json::from_slice(&reply.payload).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        decoded.map_err(|e| RPCError::RemoteError(RemoteError::new_with_node(self.target, BasicNode::new(&self.addr), e)))
+    }
+}
+
+#[derive(Clone, Copy)]
+enum RpcKind {
+    Append,
+    Vote,
+    Snapshot,
+}
+
+impl RaftNetwork<TypeConfig> for Connection {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
+        self.call(RpcKind::Append, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
+        self.call(RpcKind::Snapshot, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
+        self.call(RpcKind::Vote, &rpc, &option).await
+    }
+}

@@ -1,0 +1,364 @@
+//! sled-backed Raft storage: the log and vote (`LogStore`) and the state machine with its
+//! snapshots (`StateMachineStore`).
+//!
+//! Durability: every append, truncate, purge and vote is followed by a sled flush (fsync)
+//! before openraft is told it is done, so a vote or an append is acknowledged only once it is on
+//! disk. The state machine itself lives in memory; its durable form is the latest snapshot plus
+//! the log after it. The committed log id is persisted too, so a restarted replica re-applies
+//! its committed tail at once instead of waiting for a new leader.
+//!
+//! Keys of the log tree are big-endian `u64` indices, so sled's order is the log's order.
+
+use std::fmt::Debug;
+use std::io::Cursor;
+use std::ops::RangeBounds;
+use std::sync::{Arc, RwLock};
+
+use kairos_scheduler::ClusterState;
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
+use openraft::{
+    Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, RaftSnapshotBuilder, SnapshotMeta,
+    StorageError, StorageIOError, StoredMembership, Vote,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::{NodeId, Response, TypeConfig, SNAPSHOT_FORMAT_VERSION};
+
+type StorageResult<T> = Result<T, StorageError<NodeId>>;
+
+const KEY_VOTE: &[u8] = b"vote";
+const KEY_COMMITTED: &[u8] = b"committed";
+const KEY_LAST_PURGED: &[u8] = b"last_purged";
+const KEY_SNAPSHOT: &[u8] = b"current";
+
+fn read_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
+    StorageIOError::read(&e).into()
+}
+
+fn write_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
+    StorageIOError::write(&e).into()
+}
+
+fn to_io(e: sled::Error) -> std::io::Error {
+    std::io::Error::other(e)
+}
+
+/// The Raft log and vote in sled.
+#[derive(Clone)]
+pub struct LogStore {
+    db: sled::Db,
+    log: sled::Tree,
+    meta: sled::Tree,
+}
+
+impl LogStore {
+    pub fn new(db: &sled::Db) -> Result<Self, sled::Error> {
+        Ok(LogStore { db: db.clone(), log: db.open_tree("raft_log")?, meta: db.open_tree("raft_meta")? })
+    }
+
+    fn get_meta<T: for<'de> Deserialize<'de>>(&self, key: &[u8]) -> StorageResult<Option<T>> {
+        match self.meta.get(key).map_err(read_err)? {
+            Some(bytes) => Ok(Some(serde_json::from_slice(&bytes).map_err(read_err)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn put_meta<T: Serialize>(&self, key: &[u8], value: &T) -> StorageResult<()> {
+        let bytes = serde_json::to_vec(value).map_err(write_err)?;
+        self.meta.insert(key, bytes).map_err(write_err)?;
+        self.db.flush_async().await.map_err(write_err)?;
+        Ok(())
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> StorageResult<Vec<Entry<TypeConfig>>> {
+        use std::ops::Bound;
+        let start = match range.start_bound() {
+            Bound::Included(i) => *i,
+            Bound::Excluded(i) => i.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let mut entries = Vec::new();
+        for item in self.log.range(start.to_be_bytes()..) {
+            let (key, value) = item.map_err(read_err)?;
+            let index = u64::from_be_bytes(key.as_ref().try_into().map_err(|_| {
+                read_err(std::io::Error::other("log key is not 8 bytes"))
+            })?);
+            if !range.contains(&index) {
+                break;
+            }
+            entries.push(serde_json::from_slice(&value).map_err(read_err)?);
+        }
+        Ok(entries)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> StorageResult<LogState<TypeConfig>> {
+        let last_purged: Option<LogId<NodeId>> = self.get_meta(KEY_LAST_PURGED)?;
+        let last = match self.log.last().map_err(read_err)? {
+            Some((_, value)) => {
+                let entry: Entry<TypeConfig> = serde_json::from_slice(&value).map_err(read_err)?;
+                Some(entry.log_id)
+            }
+            None => last_purged,
+        };
+        Ok(LogState { last_purged_log_id: last_purged, last_log_id: last })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StorageResult<()> {
+        // Flushed before the vote is acknowledged.
+        self.put_meta(KEY_VOTE, vote).await
+    }
+
+    async fn read_vote(&mut self) -> StorageResult<Option<Vote<NodeId>>> {
+        self.get_meta(KEY_VOTE)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
+        self.put_meta(KEY_COMMITTED, &committed).await
+    }
+
+    async fn read_committed(&mut self) -> StorageResult<Option<LogId<NodeId>>> {
+        Ok(self.get_meta::<Option<LogId<NodeId>>>(KEY_COMMITTED)?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut batch = sled::Batch::default();
+        for entry in entries {
+            let bytes = serde_json::to_vec(&entry).map_err(write_err)?;
+            batch.insert(&entry.log_id.index.to_be_bytes(), bytes);
+        }
+        self.log.apply_batch(batch).map_err(write_err)?;
+        // The entries are readable now; they count as appended only once flushed.
+        let result = self.db.flush_async().await.map(|_| ()).map_err(to_io);
+        callback.log_io_completed(result);
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+        let mut batch = sled::Batch::default();
+        for item in self.log.range(log_id.index.to_be_bytes()..) {
+            let (key, _) = item.map_err(write_err)?;
+            batch.remove(key);
+        }
+        self.log.apply_batch(batch).map_err(write_err)?;
+        self.db.flush_async().await.map_err(write_err)?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+        // Record the purge point first: a crash in between leaves extra entries, never a hole.
+        self.put_meta(KEY_LAST_PURGED, &log_id).await?;
+        let mut batch = sled::Batch::default();
+        for item in self.log.range(..=log_id.index.to_be_bytes()) {
+            let (key, _) = item.map_err(write_err)?;
+            batch.remove(key);
+        }
+        self.log.apply_batch(batch).map_err(write_err)?;
+        self.db.flush_async().await.map_err(write_err)?;
+        Ok(())
+    }
+}
+
+/// The applied state, shared with the server's read paths.
+#[derive(Debug, Default)]
+pub struct Applied {
+    pub state: ClusterState,
+    pub last_applied: Option<LogId<NodeId>>,
+    pub membership: StoredMembership<NodeId, openraft::BasicNode>,
+}
+
+pub type SharedState = Arc<RwLock<Applied>>;
+
+/// The persistent form of a snapshot. Versioned: a replica refuses a format it does not know.
+#[derive(Serialize, Deserialize)]
+struct SnapshotFile {
+    format: u32,
+    state: ClusterState,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta<NodeId, openraft::BasicNode>,
+    data: Vec<u8>,
+}
+
+/// The scheduling core as openraft's state machine, with snapshots kept in sled.
+#[derive(Clone)]
+pub struct StateMachineStore {
+    db: sled::Db,
+    snapshots: sled::Tree,
+    shared: SharedState,
+    applied_tx: watch::Sender<u64>,
+}
+
+impl StateMachineStore {
+    /// Opens the store, loading the latest snapshot when there is one.
+    pub fn new(db: &sled::Db, applied_tx: watch::Sender<u64>) -> Result<Self, crate::ConsensusError> {
+        let snapshots = db.open_tree("snapshots")?;
+        let mut applied = Applied { state: ClusterState::new(), ..Applied::default() };
+        if let Some(bytes) = snapshots.get(KEY_SNAPSHOT)? {
+            let stored: StoredSnapshot = serde_json::from_slice(&bytes)?;
+            applied.state = decode_snapshot(&stored.data)?;
+            applied.last_applied = stored.meta.last_log_id;
+            applied.membership = stored.meta.last_membership.clone();
+        }
+        let index = applied.last_applied.map(|l| l.index).unwrap_or(0);
+        applied_tx.send_replace(index);
+        Ok(StateMachineStore { db: db.clone(), snapshots, shared: Arc::new(RwLock::new(applied)), applied_tx })
+    }
+
+    pub fn shared(&self) -> SharedState {
+        self.shared.clone()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Applied> {
+        self.shared.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Applied> {
+        self.shared.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn save_snapshot(&self, stored: &StoredSnapshot) -> StorageResult<()> {
+        let bytes = serde_json::to_vec(stored).map_err(write_err)?;
+        self.snapshots.insert(KEY_SNAPSHOT, bytes).map_err(write_err)?;
+        // A snapshot may let openraft purge the log behind it: it must be on disk first.
+        self.db.flush_async().await.map_err(write_err)?;
+        Ok(())
+    }
+}
+
+pub(crate) fn encode_snapshot(state: &ClusterState) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(&SnapshotFile { format: SNAPSHOT_FORMAT_VERSION, state: state.clone() })
+}
+
+fn decode_snapshot(data: &[u8]) -> Result<ClusterState, crate::ConsensusError> {
+    let file: SnapshotFile = serde_json::from_slice(data)?;
+    if file.format != SNAPSHOT_FORMAT_VERSION {
+        return Err(crate::ConsensusError::Format(format!("unknown snapshot format {}", file.format)));
+    }
+    Ok(file.state)
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
+        let (data, last_applied, membership) = {
+            let applied = self.read();
+            let data = encode_snapshot(&applied.state).map_err(read_err)?;
+            (data, applied.last_applied, applied.membership.clone())
+        };
+        let snapshot_id = match last_applied {
+            Some(l) => format!("{}-{}-{}", l.leader_id, l.index, data.len()),
+            None => format!("empty-{}", data.len()),
+        };
+        let meta = SnapshotMeta { last_log_id: last_applied, last_membership: membership, snapshot_id };
+        let stored = StoredSnapshot { meta: meta.clone(), data };
+        self.save_snapshot(&stored).await?;
+        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(stored.data)) })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(
+        &mut self,
+    ) -> StorageResult<(Option<LogId<NodeId>>, StoredMembership<NodeId, openraft::BasicNode>)> {
+        let applied = self.read();
+        Ok((applied.last_applied, applied.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> StorageResult<Vec<Response>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut responses = Vec::new();
+        let mut last = None;
+        {
+            let mut applied = self.write();
+            for entry in entries {
+                applied.last_applied = Some(entry.log_id);
+                last = Some(entry.log_id.index);
+                match entry.payload {
+                    EntryPayload::Blank => responses.push(Response::default()),
+                    EntryPayload::Normal(req) => {
+                        // A committed entry we cannot understand is fatal: stop rather than diverge.
+                        assert_eq!(
+                            req.version,
+                            crate::ENTRY_FORMAT_VERSION,
+                            "log entry {} has unknown format version {}",
+                            entry.log_id.index,
+                            req.version
+                        );
+                        let outcomes = req.commands.iter().map(|c| applied.state.apply(c)).collect();
+                        debug_assert_eq!(applied.state.check_invariants(), Ok(()));
+                        responses.push(Response { outcomes });
+                    }
+                    EntryPayload::Membership(m) => {
+                        applied.membership = StoredMembership::new(Some(entry.log_id), m);
+                        responses.push(Response::default());
+                    }
+                }
+            }
+        }
+        if let Some(index) = last {
+            self.applied_tx.send_replace(index);
+        }
+        Ok(responses)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<Cursor<Vec<u8>>>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> StorageResult<()> {
+        let data = snapshot.into_inner();
+        let state = decode_snapshot(&data).map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
+        let stored = StoredSnapshot { meta: meta.clone(), data };
+        self.save_snapshot(&stored).await?;
+        {
+            let mut applied = self.write();
+            applied.state = state;
+            applied.last_applied = meta.last_log_id;
+            applied.membership = meta.last_membership.clone();
+        }
+        self.applied_tx.send_replace(meta.last_log_id.map(|l| l.index).unwrap_or(0));
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {
+        match self.snapshots.get(KEY_SNAPSHOT).map_err(read_err)? {
+            Some(bytes) => {
+                let stored: StoredSnapshot = serde_json::from_slice(&bytes).map_err(read_err)?;
+                Ok(Some(Snapshot { meta: stored.meta, snapshot: Box::new(Cursor::new(stored.data)) }))
+            }
+            None => Ok(None),
+        }
+    }
+}
