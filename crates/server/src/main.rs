@@ -1,1 +1,155 @@
-fn main() {}
+//! kairosd: the controller daemon. Wiring only: it opens the replica, serves the job, agent,
+//! admin, Raft, health and reflection services, and runs the leader loop.
+
+mod admin;
+mod agents;
+mod context;
+mod convert;
+mod jobs;
+mod leader;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use kairos_consensus::service::{RaftRpc, RAFT_MESSAGE_BYTES_MAX};
+use kairos_consensus::{Replica, ReplicaConfig, ReplicaId};
+use kairos_proto::v1::admin_service_server::AdminServiceServer;
+use kairos_proto::v1::agent_service_server::AgentServiceServer;
+use kairos_proto::v1::job_service_server::JobServiceServer;
+use kairos_proto::v1::raft_service_server::RaftServiceServer;
+use tokio::sync::Notify;
+
+use crate::context::{Ctx, Timing};
+
+/// Largest request a client may send (job specs are bounded far below this).
+const API_MESSAGE_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+#[derive(Parser, Debug)]
+#[command(name = "kairosd", version, about = "kairos controller replica")]
+struct Args {
+    /// This replica's id.
+    #[arg(long, default_value_t = 1)]
+    id: ReplicaId,
+    /// Address to serve the API and Raft on.
+    #[arg(long, default_value = "127.0.0.1:7001")]
+    addr: String,
+    /// Where the Raft log, vote and snapshots live.
+    #[arg(long, default_value = "kairos-data/controller-1")]
+    data_dir: PathBuf,
+    /// Cluster members as ID=HOST:PORT,... (default: this replica alone).
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<String>,
+    /// Snapshot and compact the log after this many entries.
+    #[arg(long, default_value_t = 5000)]
+    snapshot_logs: u64,
+    /// Agents heartbeat at this interval (ms).
+    #[arg(long, default_value_t = 2000)]
+    heartbeat_ms: u64,
+    /// A node silent this long (ms) is declared down.
+    #[arg(long, default_value_t = 20_000)]
+    node_timeout_ms: u64,
+    /// Period of the scheduling pass (ms) when no event wakes it.
+    #[arg(long, default_value_t = 1000)]
+    tick_ms: u64,
+}
+
+fn parse_peers(args: &Args) -> anyhow::Result<BTreeMap<ReplicaId, String>> {
+    let mut members = BTreeMap::new();
+    for p in &args.peers {
+        let (id, addr) = p.split_once('=').with_context(|| format!("peer \"{p}\" is not ID=HOST:PORT"))?;
+        let id: ReplicaId = id.parse().with_context(|| format!("peer id \"{id}\" is not a number"))?;
+        members.insert(id, addr.to_string());
+    }
+    if members.is_empty() {
+        members.insert(args.id, args.addr.clone());
+    }
+    match members.get(&args.id) {
+        Some(addr) if *addr == args.addr => Ok(members),
+        Some(addr) => bail!("--peers gives replica {} the address {addr}, but --addr is {}", args.id, args.addr),
+        None => bail!("--peers does not include this replica ({})", args.id),
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGTERM");
+            return std::future::pending().await;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("KAIROS_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn,sled=warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let members = parse_peers(&args)?;
+    let listen: std::net::SocketAddr =
+        args.addr.parse().with_context(|| format!("--addr \"{}\" is not HOST:PORT", args.addr))?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+
+    let config = ReplicaConfig { id: args.id, addr: args.addr.clone(), snapshot_logs: args.snapshot_logs };
+    let replica = Replica::open(&config, &args.data_dir, &members)
+        .await
+        .with_context(|| format!("opening replica data in {}", args.data_dir.display()))?;
+    let ctx = Ctx {
+        replica: replica.clone(),
+        kick: Arc::new(Notify::new()),
+        heartbeats: Arc::new(Mutex::new(BTreeMap::new())),
+        timing: Timing {
+            heartbeat_interval: Duration::from_millis(args.heartbeat_ms),
+            node_timeout: Duration::from_millis(args.node_timeout_ms),
+            tick: Duration::from_millis(args.tick_ms),
+        },
+    };
+    let leader_task = tokio::spawn(leader::run(ctx.clone()));
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<JobServiceServer<jobs::Jobs>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kairos_proto::v1::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the reflection service")?;
+
+    tracing::info!(id = args.id, addr = %args.addr, data_dir = %args.data_dir.display(), "kairosd serving");
+    println!("kairosd {} listening on {}", args.id, args.addr);
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(
+            JobServiceServer::new(jobs::Jobs { ctx: ctx.clone() }).max_decoding_message_size(API_MESSAGE_BYTES_MAX),
+        )
+        .add_service(AgentServiceServer::new(agents::Agents { ctx: ctx.clone() }).max_decoding_message_size(API_MESSAGE_BYTES_MAX))
+        .add_service(AdminServiceServer::new(admin::Admin { ctx: ctx.clone() }))
+        .add_service(
+            RaftServiceServer::new(RaftRpc::new(replica.raft.clone())).max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX),
+        )
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown_signal())
+        .await
+        .context("serving gRPC")?;
+
+    tracing::info!("shutting down");
+    leader_task.abort();
+    if let Err(e) = replica.raft.shutdown().await {
+        tracing::warn!(error = %e, "raft shutdown");
+    }
+    Ok(())
+}

@@ -1,0 +1,149 @@
+//! The agent service: node registration, heartbeats, assignment streams and run reports.
+//!
+//! Assignments are level-triggered: each time the applied state changes, an agent's stream
+//! carries the full set of runs its node should have (with a `started` flag so a run is never
+//! launched twice, and a `kill` flag for cancel and time limits). An agent that reconnects
+//! simply receives the current set and reconciles.
+
+use std::pin::Pin;
+
+use futures::Stream;
+use kairos_proto::v1 as pb;
+use kairos_proto::v1::agent_service_server::AgentService;
+use kairos_scheduler::{ClusterState, JobState, Op, Outcome, RunExit};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::context::{rejection_status, Ctx};
+use crate::convert::node_info_from_pb;
+
+/// Grace between the stop signal and SIGKILL for cancels and time limits.
+const KILL_GRACE_S: u32 = 10;
+
+pub struct Agents {
+    pub ctx: Ctx,
+}
+
+/// The runs `node` should have in `state`, in job id order.
+pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> {
+    state
+        .jobs
+        .values()
+        .filter(|j| j.state == JobState::Running)
+        .filter_map(|j| j.allocation.as_ref().filter(|a| a.node == node).map(|a| (j, a)))
+        .map(|(j, a)| pb::Assignment {
+            job_id: j.id,
+            attempt: j.attempt,
+            argv: j.spec.argv.clone(),
+            env: j.spec.env.clone().into_iter().collect(),
+            workdir: j.spec.workdir.clone(),
+            gpu_ids: a.gpus.clone(),
+            started: a.started,
+            kill: a.stop.is_some(),
+            kill_grace_s: KILL_GRACE_S,
+        })
+        .collect()
+}
+
+fn check_node(ctx: &Ctx, node: &str) -> Result<(), Status> {
+    ctx.replica.read(|a| {
+        if a.state.nodes.contains_key(node) {
+            Ok(())
+        } else {
+            Err(Status::not_found(format!("node \"{node}\" is not registered")))
+        }
+    })
+}
+
+#[tonic::async_trait]
+impl AgentService for Agents {
+    async fn register(&self, request: Request<pb::RegisterRequest>) -> Result<Response<pb::RegisterResponse>, Status> {
+        let info = node_info_from_pb(request.into_inner().node)?;
+        let name = info.name.clone();
+        match self.ctx.write(Op::RegisterNode { info }).await? {
+            Outcome::NodeRegistered { .. } => {
+                self.ctx.record_heartbeat(&name);
+                self.ctx.kick.notify_one();
+                tracing::info!(node = %name, "node registered");
+                Ok(Response::new(pb::RegisterResponse {
+                    node_id: name,
+                    heartbeat_interval_ms: self.ctx.timing.heartbeat_interval.as_millis() as u64,
+                }))
+            }
+            Outcome::Rejected(r) => Err(rejection_status(r)),
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
+    async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let req = request.into_inner();
+        check_node(&self.ctx, &req.node_id)?;
+        let down = self.ctx.replica.read(|a| {
+            a.state.nodes.get(&req.node_id).is_some_and(|n| n.state == kairos_scheduler::NodeState::Down)
+        });
+        if down {
+            return Err(Status::failed_precondition(format!("node \"{}\" is down; register again", req.node_id)));
+        }
+        self.ctx.record_heartbeat(&req.node_id);
+        Ok(Response::new(pb::HeartbeatResponse {}))
+    }
+
+    type AssignmentsStream = Pin<Box<dyn Stream<Item = Result<pb::AssignmentSet, Status>> + Send>>;
+
+    async fn assignments(&self, request: Request<pb::AssignmentsRequest>) -> Result<Response<Self::AssignmentsStream>, Status> {
+        let node = request.into_inner().node_id;
+        check_node(&self.ctx, &node)?;
+        let replica = self.ctx.replica.clone();
+        let mut applied = replica.applied.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut last: Option<Vec<pb::Assignment>> = None;
+            loop {
+                let (runs, index) = replica.read(|a| {
+                    (assignments_for(&a.state, &node), a.last_applied.map(|l| l.index).unwrap_or(0))
+                });
+                if last.as_ref() != Some(&runs) {
+                    let set = pb::AssignmentSet { runs: runs.clone(), applied_index: index };
+                    if tx.send(Ok(set)).await.is_err() {
+                        return;
+                    }
+                    last = Some(runs);
+                }
+                if applied.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn report_status(&self, request: Request<pb::StatusReport>) -> Result<Response<pb::StatusAck>, Status> {
+        let r = request.into_inner();
+        check_node(&self.ctx, &r.node_id)?;
+        let op = match pb::RunStatus::try_from(r.status) {
+            Ok(pb::RunStatus::Started) => Op::JobStarted { job: r.job_id, attempt: r.attempt, node: r.node_id },
+            Ok(pb::RunStatus::Exited) => {
+                let exit = if r.signal != 0 { RunExit::Signal(r.signal) } else { RunExit::Code(r.exit_code) };
+                Op::JobExited { job: r.job_id, attempt: r.attempt, node: r.node_id, exit }
+            }
+            Ok(pb::RunStatus::Lost) => {
+                let message: String = r.message.chars().take(512).collect();
+                Op::JobExited { job: r.job_id, attempt: r.attempt, node: r.node_id, exit: RunExit::Lost(message) }
+            }
+            _ => return Err(Status::invalid_argument(format!("status: unknown run status {}", r.status))),
+        };
+        let exited = matches!(op, Op::JobExited { .. });
+        match self.ctx.write(op).await? {
+            Outcome::Rejected(rej) => Err(rejection_status(rej)),
+            outcome => {
+                if let Outcome::Ignored(why) = &outcome {
+                    tracing::debug!(%why, "stale run report");
+                }
+                if exited {
+                    self.ctx.kick.notify_one();
+                }
+                Ok(Response::new(pb::StatusAck {}))
+            }
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! What every service of the daemon shares: the replica, the scheduler's wake-up, node
+//! heartbeats (leader memory only), and the mapping of write failures to gRPC statuses.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use kairos_consensus::{Replica, WriteError};
+use kairos_scheduler::{Command, Op, Outcome, Rejection};
+use tokio::sync::Notify;
+use tonic::Status;
+
+/// Metadata key naming the calling user (until token authentication lands).
+pub const USER_HEADER: &str = "kairos-user";
+/// Metadata key carrying the leader's address on an `UNAVAILABLE` answer.
+pub const LEADER_HEADER: &str = "kairos-leader";
+
+#[derive(Clone, Debug)]
+pub struct Timing {
+    /// How often agents are told to heartbeat.
+    pub heartbeat_interval: Duration,
+    /// A node silent this long is declared down.
+    pub node_timeout: Duration,
+    /// Period of the scheduling pass when nothing wakes it.
+    pub tick: Duration,
+}
+
+#[derive(Clone)]
+pub struct Ctx {
+    pub replica: Replica,
+    /// Wakes the scheduling loop (submit, job exit, node join).
+    pub kick: Arc<Notify>,
+    /// Last heartbeat per node, as seen by this replica. Never replicated.
+    pub heartbeats: Arc<Mutex<BTreeMap<String, (Instant, i64)>>>,
+    pub timing: Timing,
+}
+
+/// Wall-clock time in Unix milliseconds; read only at the edge and stamped into commands.
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+impl Ctx {
+    /// Commits one command and returns its outcome.
+    pub async fn write(&self, op: Op) -> Result<Outcome, Status> {
+        let outcomes = self
+            .replica
+            .write(vec![Command { now_ms: now_ms(), op }])
+            .await
+            .map_err(write_status)?;
+        outcomes.into_iter().next().ok_or_else(|| Status::internal("commit returned no outcome"))
+    }
+
+    pub fn record_heartbeat(&self, node: &str) {
+        let mut hb = self.heartbeats.lock().unwrap_or_else(|p| p.into_inner());
+        hb.insert(node.to_string(), (Instant::now(), now_ms()));
+    }
+}
+
+pub fn write_status(e: WriteError) -> Status {
+    match e {
+        WriteError::NotLeader { leader_addr, .. } => {
+            let mut status = Status::unavailable(match &leader_addr {
+                Some(addr) => format!("not the leader; the leader is at {addr}"),
+                None => "not the leader and no leader is known yet; retry shortly".to_string(),
+            });
+            if let Some(addr) = leader_addr.and_then(|a| a.parse().ok()) {
+                status.metadata_mut().insert(LEADER_HEADER, addr);
+            }
+            status
+        }
+        WriteError::Raft(m) => Status::unavailable(format!("replication failed: {m}")),
+    }
+}
+
+pub fn rejection_status(r: Rejection) -> Status {
+    match r {
+        Rejection::NotFound(m) => Status::not_found(m),
+        Rejection::Invalid(m) => Status::invalid_argument(m),
+        Rejection::FailedPrecondition(m) => Status::failed_precondition(m),
+    }
+}
+
+/// The calling user, from request metadata.
+pub fn caller<T>(req: &tonic::Request<T>) -> Result<String, Status> {
+    match req.metadata().get(USER_HEADER) {
+        None => Ok("anonymous".to_string()),
+        Some(v) => {
+            let user = v.to_str().map_err(|_| Status::invalid_argument("kairos-user: not ASCII"))?;
+            if user.is_empty() || user.len() > 64 || !user.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
+                return Err(Status::invalid_argument("kairos-user: 1-64 characters of [A-Za-z0-9._-]"));
+            }
+            Ok(user.to_string())
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! Conversions between domain types (`kairos_scheduler`) and the `kairos.v1` protobuf types.
+//!
+//! Request conversions validate at the API edge: a field the server cannot honour yet is
+//! rejected with `UNIMPLEMENTED` naming the field, never silently dropped.
+
+use kairos_proto::v1 as pb;
+use kairos_scheduler::qos::{default_qos, find_qos};
+use kairos_scheduler::{validate_spec, Gpu, Job, JobSpec, JobState, Node, NodeInfo, NodeState, PendingReason, Profile};
+use tonic::Status;
+
+fn unimplemented(field: &str, what: &str) -> Status {
+    Status::unimplemented(format!("{field}: {what} is not supported yet"))
+}
+
+/// Turns a submitted spec into a domain spec for `user`, or says precisely what is wrong.
+pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec, Status> {
+    let spec = spec.ok_or_else(|| Status::invalid_argument("spec: required"))?;
+    let res = spec.resources.unwrap_or_default();
+    if res.tasks > 1 {
+        return Err(unimplemented("resources.tasks", "gang jobs over several nodes"));
+    }
+    if res.min_gpus != 0 {
+        return Err(unimplemented("resources.min_gpus", "elastic jobs"));
+    }
+    if !res.gpu_model.is_empty() {
+        return Err(unimplemented("resources.gpu_model", "GPU model constraints"));
+    }
+    if res.cpus != 0 || res.memory_mib != 0 {
+        return Err(unimplemented("resources.cpus/memory_mib", "CPU and memory requests"));
+    }
+    if !spec.partition.is_empty() {
+        return Err(unimplemented("partition", "partitions"));
+    }
+    if !spec.account.is_empty() {
+        return Err(unimplemented("account", "accounts"));
+    }
+    if spec.checkpoint.is_some() {
+        return Err(unimplemented("checkpoint", "checkpoint specs"));
+    }
+    if spec.requeue == Some(true) {
+        return Err(unimplemented("requeue", "requeue"));
+    }
+    if spec.burstable {
+        return Err(unimplemented("burstable", "cloud burst"));
+    }
+    if !spec.after_ok.is_empty() {
+        return Err(unimplemented("after_ok", "job dependencies"));
+    }
+    if spec.hold {
+        return Err(unimplemented("hold", "held jobs"));
+    }
+    if spec.suspendable {
+        return Err(unimplemented("suspendable", "suspension"));
+    }
+    let profile = match pb::Profile::try_from(spec.profile) {
+        Ok(pb::Profile::Unspecified) | Ok(pb::Profile::Batch) => Profile::Batch,
+        Ok(pb::Profile::Training) => Profile::Training,
+        Ok(pb::Profile::Inference) => Profile::Inference,
+        Err(_) => return Err(Status::invalid_argument(format!("profile: unknown value {}", spec.profile))),
+    };
+    let qos = if spec.qos.is_empty() {
+        default_qos(profile).name.to_string()
+    } else {
+        find_qos(&spec.qos)
+            .ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "qos: unknown qos \"{}\" (known: urgent, premium, inference, training, batch)",
+                    spec.qos.chars().take(64).collect::<String>()
+                ))
+            })?
+            .name
+            .to_string()
+    };
+    let out = JobSpec {
+        name: spec.name,
+        user: user.to_string(),
+        argv: spec.argv,
+        env: spec.env.into_iter().collect(),
+        workdir: spec.workdir,
+        gpus: res.gpus,
+        qos,
+        profile,
+        time_limit_s: (spec.time_limit_s != 0).then_some(spec.time_limit_s),
+    };
+    validate_spec(&out).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok(out)
+}
+
+fn profile_to_pb(p: Profile) -> pb::Profile {
+    match p {
+        Profile::Training => pb::Profile::Training,
+        Profile::Inference => pb::Profile::Inference,
+        Profile::Batch => pb::Profile::Batch,
+    }
+}
+
+pub fn job_state_to_pb(s: JobState) -> pb::JobState {
+    match s {
+        JobState::Pending => pb::JobState::Pending,
+        JobState::Running => pb::JobState::Running,
+        JobState::Completed => pb::JobState::Completed,
+        JobState::Failed => pb::JobState::Failed,
+        JobState::Cancelled => pb::JobState::Cancelled,
+        JobState::Timeout => pb::JobState::Timeout,
+        JobState::NodeFail => pb::JobState::NodeFail,
+    }
+}
+
+/// The API view of a job; `pending` is its derived pending reason, if it waits.
+pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>) -> pb::Job {
+    let reason = match (job.state, pending) {
+        (JobState::Pending, Some(r)) => r.to_string(),
+        (JobState::Pending, None) => "Scheduling".to_string(),
+        (JobState::Running, _) if job.allocation.as_ref().is_some_and(|a| a.stop.is_some()) => {
+            "Stopping".to_string()
+        }
+        _ => job.reason.clone(),
+    };
+    let (node, gpus) = match &job.allocation {
+        Some(a) => (a.node.clone(), a.gpus.clone()),
+        None => (job.last_node.clone(), job.last_gpus.clone()),
+    };
+    let s = &job.spec;
+    pb::Job {
+        id: job.id,
+        spec: Some(pb::JobSpec {
+            name: s.name.clone(),
+            argv: s.argv.clone(),
+            env: s.env.clone().into_iter().collect(),
+            workdir: s.workdir.clone(),
+            qos: s.qos.clone(),
+            profile: profile_to_pb(s.profile) as i32,
+            resources: Some(pb::Resources { gpus: s.gpus, ..Default::default() }),
+            time_limit_s: s.time_limit_s.unwrap_or(0),
+            ..Default::default()
+        }),
+        user: s.user.clone(),
+        state: job_state_to_pb(job.state) as i32,
+        reason,
+        node,
+        gpu_ids: gpus,
+        exit_code: job.exit_code,
+        attempt: job.attempt,
+        submit_time_ms: job.submit_time_ms,
+        start_time_ms: job.start_time_ms.unwrap_or(0),
+        end_time_ms: job.end_time_ms.unwrap_or(0),
+        priority: job.priority,
+        qos: s.qos.clone(),
+        profile: profile_to_pb(s.profile) as i32,
+        events: job
+            .events
+            .iter()
+            .map(|e| pb::JobEvent { time_ms: e.time_ms, kind: e.kind.clone(), message: e.message.clone() })
+            .collect(),
+        signal: job.signal.unwrap_or(0),
+    }
+}
+
+pub fn node_info_from_pb(info: Option<pb::NodeInfo>) -> Result<NodeInfo, Status> {
+    let info = info.ok_or_else(|| Status::invalid_argument("node: required"))?;
+    let out = NodeInfo {
+        name: info.name,
+        addr: info.addr,
+        gpus: info
+            .gpus
+            .into_iter()
+            .map(|g| Gpu { index: g.index, uuid: g.uuid, model: g.model, memory_mib: g.memory_mib, link_group: g.link_group })
+            .collect(),
+        cpus: info.cpus,
+        memory_mib: info.memory_mib,
+        labels: info.labels.into_iter().collect(),
+        gpu_backend: info.gpu_backend,
+    };
+    kairos_scheduler::validate_node(&out).map_err(|e| Status::invalid_argument(format!("node.{e}")))?;
+    Ok(out)
+}
+
+pub fn node_info_to_pb(info: &NodeInfo) -> pb::NodeInfo {
+    pb::NodeInfo {
+        name: info.name.clone(),
+        addr: info.addr.clone(),
+        gpus: info
+            .gpus
+            .iter()
+            .map(|g| pb::Gpu {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                model: g.model.clone(),
+                memory_mib: g.memory_mib,
+                link_group: g.link_group,
+            })
+            .collect(),
+        cpus: info.cpus,
+        memory_mib: info.memory_mib,
+        labels: info.labels.clone().into_iter().collect(),
+        gpu_backend: info.gpu_backend.clone(),
+    }
+}
+
+pub fn node_to_pb(node: &Node, last_heartbeat_ms: i64) -> pb::Node {
+    let state = match node.state {
+        NodeState::Up => pb::NodeState::Up,
+        NodeState::Draining => pb::NodeState::Draining,
+        NodeState::Down => pb::NodeState::Down,
+    };
+    pb::Node {
+        name: node.info.name.clone(),
+        info: Some(node_info_to_pb(&node.info)),
+        state: state as i32,
+        allocated: node.allocated.iter().map(|(g, j)| (*g, *j)).collect(),
+        last_heartbeat_ms,
+        reason: node.reason.clone(),
+    }
+}

@@ -1,0 +1,174 @@
+//! The job service: submit, get, list, cancel, watch and logs.
+//!
+//! Writes go through Raft and answer only once committed; reads are served from this replica's
+//! applied state. Pending reasons are derived on read by running the (pure) planner, so they
+//! never need log entries of their own.
+
+use std::pin::Pin;
+
+use futures::Stream;
+use kairos_proto::v1 as pb;
+use kairos_proto::v1::agent_log_service_client::AgentLogServiceClient;
+use kairos_proto::v1::job_service_server::JobService;
+use kairos_scheduler::{plan, ClusterState, JobId, JobState, Op, Outcome};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+use tonic::{Request, Response, Status};
+
+use crate::context::{caller, rejection_status, Ctx};
+use crate::convert::{job_spec_from_pb, job_state_to_pb, job_to_pb};
+
+/// Most jobs one list answer carries.
+const LIST_LIMIT_MAX: usize = 10_000;
+const LIST_LIMIT_DEFAULT: usize = 1_000;
+
+pub struct Jobs {
+    pub ctx: Ctx,
+}
+
+fn job_view(state: &ClusterState, id: JobId) -> Result<pb::Job, Status> {
+    let job = state.jobs.get(&id).ok_or_else(|| Status::not_found(format!("job {id} not found")))?;
+    let pending = if job.state == JobState::Pending { plan(state).pending.remove(&id) } else { None };
+    Ok(job_to_pb(job, pending.as_ref()))
+}
+
+fn check_id(id: u64) -> Result<u64, Status> {
+    if id == 0 {
+        return Err(Status::invalid_argument("job_id: required"));
+    }
+    Ok(id)
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl JobService for Jobs {
+    async fn submit(&self, request: Request<pb::SubmitRequest>) -> Result<Response<pb::SubmitResponse>, Status> {
+        let user = caller(&request)?;
+        let spec = job_spec_from_pb(request.into_inner().spec, &user)?;
+        match self.ctx.write(Op::Submit { spec }).await? {
+            Outcome::Submitted { job } => {
+                self.ctx.kick.notify_one();
+                let view = self.ctx.replica.read(|a| job_view(&a.state, job))?;
+                Ok(Response::new(pb::SubmitResponse { job_id: job, job: Some(view) }))
+            }
+            Outcome::Rejected(r) => Err(rejection_status(r)),
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
+    async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
+        let id = check_id(request.into_inner().job_id)?;
+        Ok(Response::new(self.ctx.replica.read(|a| job_view(&a.state, id))?))
+    }
+
+    async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let req = request.into_inner();
+        let limit = match req.limit as usize {
+            0 => LIST_LIMIT_DEFAULT,
+            n => n.min(LIST_LIMIT_MAX),
+        };
+        let mut states = Vec::new();
+        for s in &req.states {
+            match pb::JobState::try_from(*s) {
+                Ok(pb::JobState::Unspecified) | Err(_) => {
+                    return Err(Status::invalid_argument(format!("states: unknown job state {s}")))
+                }
+                Ok(state) => states.push(state),
+            }
+        }
+        let jobs = self.ctx.replica.read(|a| {
+            let reasons = plan(&a.state).pending;
+            a.state
+                .jobs
+                .values()
+                .filter(|j| {
+                    let s = job_state_to_pb(j.state);
+                    if states.is_empty() {
+                        req.all || !j.state.is_terminal()
+                    } else {
+                        states.contains(&s)
+                    }
+                })
+                .take(limit)
+                .map(|j| job_to_pb(j, reasons.get(&j.id)))
+                .collect()
+        });
+        Ok(Response::new(pb::ListJobsResponse { jobs }))
+    }
+
+    async fn cancel_job(&self, request: Request<pb::CancelJobRequest>) -> Result<Response<pb::Job>, Status> {
+        let user = caller(&request)?;
+        let id = check_id(request.into_inner().job_id)?;
+        match self.ctx.write(Op::Cancel { job: id, by: user }).await? {
+            Outcome::Cancelled { .. } => Ok(Response::new(self.ctx.replica.read(|a| job_view(&a.state, id))?)),
+            Outcome::Rejected(r) => Err(rejection_status(r)),
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
+    type WatchJobStream = BoxStream<pb::Job>;
+
+    async fn watch_job(&self, request: Request<pb::WatchJobRequest>) -> Result<Response<Self::WatchJobStream>, Status> {
+        let id = check_id(request.into_inner().job_id)?;
+        let mut applied = self.ctx.replica.applied.clone();
+        let first = self.ctx.replica.read(|a| job_view(&a.state, id))?;
+        let replica = self.ctx.replica.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            let mut last = first;
+            if tx.send(Ok(last.clone())).await.is_err() {
+                return;
+            }
+            loop {
+                if is_terminal(&last) || applied.changed().await.is_err() {
+                    return;
+                }
+                let Ok(view) = replica.read(|a| job_view(&a.state, id)) else { return };
+                if view != last {
+                    last = view;
+                    if tx.send(Ok(last.clone())).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    type StreamLogsStream = BoxStream<pb::LogChunk>;
+
+    async fn stream_logs(&self, request: Request<pb::LogsRequest>) -> Result<Response<Self::StreamLogsStream>, Status> {
+        let mut req = request.into_inner();
+        let id = check_id(req.job_id)?;
+        let (node, attempt) = self.ctx.replica.read(|a| {
+            let job = a.state.jobs.get(&id).ok_or_else(|| Status::not_found(format!("job {id} not found")))?;
+            if job.last_node.is_empty() {
+                return Err(Status::failed_precondition(format!("job {id} has not started yet; it has no logs")));
+            }
+            let node = a
+                .state
+                .nodes
+                .get(&job.last_node)
+                .ok_or_else(|| Status::unavailable(format!("node \"{}\" is unknown", job.last_node)))?;
+            Ok((node.info.clone(), job.attempt))
+        })?;
+        req.attempt = attempt;
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", node.addr))
+            .map_err(|e| Status::internal(format!("node \"{}\" has a bad address: {e}", node.name)))?
+            .connect_timeout(std::time::Duration::from_secs(5));
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| Status::unavailable(format!("cannot reach node \"{}\" at {} for logs: {e}", node.name, node.addr)))?;
+        let stream = AgentLogServiceClient::new(channel).read_logs(req).await?.into_inner();
+        Ok(Response::new(Box::pin(stream.map(|r| r))))
+    }
+}
+
+fn is_terminal(job: &pb::Job) -> bool {
+    !matches!(
+        pb::JobState::try_from(job.state),
+        Ok(pb::JobState::Pending | pb::JobState::Running | pb::JobState::Preempting | pb::JobState::Suspended)
+    )
+}
