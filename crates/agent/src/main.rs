@@ -1,1 +1,257 @@
-fn main() {}
+//! kairos-agent: registers this node with the controllers, heartbeats, follows its assignment
+//! stream and runs jobs. Reconnects (to any listed controller, following leader hints) for as
+//! long as it lives; on SIGTERM/SIGINT it stops every job's process group before exiting.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Parser, ValueEnum};
+use kairos_agent::gpu::{FakeInventory, GpuInventory, NvmlInventory};
+use kairos_agent::logs::Logs;
+use kairos_agent::runner::Runner;
+use kairos_proto::v1 as pb;
+use kairos_proto::v1::agent_log_service_server::AgentLogServiceServer;
+use kairos_proto::v1::agent_service_client::AgentServiceClient;
+use tokio::sync::{mpsc, watch};
+use tonic::transport::{Channel, Endpoint};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Backend {
+    /// NVML when the NVIDIA library loads, else fake GPUs.
+    Auto,
+    Nvml,
+    Fake,
+}
+
+#[derive(Parser, Debug)]
+#[command(name = "kairos-agent", version, about = "kairos node agent")]
+struct Args {
+    /// Controller addresses, HOST:PORT[,HOST:PORT...].
+    #[arg(long, env = "KAIROS_CONTROLLERS", default_value = "127.0.0.1:7001", value_delimiter = ',')]
+    controllers: Vec<String>,
+    /// This node's name (default: the host name).
+    #[arg(long)]
+    name: Option<String>,
+    /// Address of this agent's log service; the controller connects here for `kairos logs`.
+    #[arg(long, default_value = "127.0.0.1:7101")]
+    addr: String,
+    /// Where job logs and working directories live.
+    #[arg(long, default_value = "kairos-data/agent")]
+    state_dir: PathBuf,
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    gpu_backend: Backend,
+    /// Fake GPUs: COUNT or COUNTxMODEL, e.g. 8 or 8xH100.
+    #[arg(long, default_value = "8")]
+    fake_gpus: String,
+    #[arg(long, default_value = "H100")]
+    fake_gpu_model: String,
+    #[arg(long, default_value_t = 81920)]
+    fake_gpu_memory_mib: u64,
+}
+
+fn host_name() -> String {
+    nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "node".into())
+}
+
+fn inventory(args: &Args, name: &str) -> anyhow::Result<Box<dyn GpuInventory>> {
+    let fake = || -> anyhow::Result<Box<dyn GpuInventory>> {
+        Ok(Box::new(FakeInventory::parse(name, &args.fake_gpus, &args.fake_gpu_model, args.fake_gpu_memory_mib)?))
+    };
+    match args.gpu_backend {
+        Backend::Fake => fake(),
+        Backend::Nvml => Ok(Box::new(NvmlInventory::open()?)),
+        Backend::Auto => match NvmlInventory::open() {
+            Ok(nvml) => {
+                tracing::info!(driver = ?nvml.driver_version(), "using NVML");
+                Ok(Box::new(nvml))
+            }
+            Err(e) => {
+                tracing::info!(reason = %e, fake = %args.fake_gpus, "NVML not available; using fake GPUs");
+                fake()
+            }
+        },
+    }
+}
+
+/// The controller addresses to try, preferred (leader hint) first.
+struct Controllers {
+    addrs: Vec<String>,
+    next: usize,
+    hint: Option<String>,
+}
+
+impl Controllers {
+    async fn connect(&mut self) -> Option<(String, Channel)> {
+        let n = self.addrs.len();
+        let order: Vec<String> =
+            self.hint.take().into_iter().chain((0..n).map(|i| self.addrs[(self.next + i) % n].clone())).collect();
+        self.next = self.next.wrapping_add(1);
+        for addr in order {
+            let Ok(endpoint) = Endpoint::from_shared(format!("http://{addr}")) else { continue };
+            let endpoint = endpoint.connect_timeout(Duration::from_secs(2)).tcp_keepalive(Some(Duration::from_secs(10)));
+            if let Ok(channel) = endpoint.connect().await {
+                return Some((addr, channel));
+            }
+        }
+        None
+    }
+}
+
+fn leader_hint(status: &tonic::Status) -> Option<String> {
+    status.metadata().get("kairos-leader").and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+/// One connection to a controller: register, heartbeat, follow assignments until it breaks.
+async fn session(
+    channel: Channel,
+    node: &pb::NodeInfo,
+    runner: &Runner,
+    client_tx: &watch::Sender<Option<AgentServiceClient<Channel>>>,
+) -> Result<(), tonic::Status> {
+    let mut client = AgentServiceClient::new(channel);
+    let reg = client.register(pb::RegisterRequest { node: Some(node.clone()) }).await?.into_inner();
+    tracing::info!(node = %reg.node_id, "registered");
+    client_tx.send_replace(Some(client.clone()));
+    let interval = Duration::from_millis(reg.heartbeat_interval_ms.clamp(100, 60_000));
+    let mut stream = client.assignments(pb::AssignmentsRequest { node_id: reg.node_id.clone() }).await?.into_inner();
+    let mut heartbeat = tokio::time::interval(interval);
+    loop {
+        tokio::select! {
+            msg = stream.message() => match msg? {
+                Some(set) => runner.reconcile(&set),
+                None => return Err(tonic::Status::unavailable("assignment stream ended")),
+            },
+            _ = heartbeat.tick() => {
+                let running = runner.running().into_iter().map(|(job_id, attempt)| pb::RunRef { job_id, attempt }).collect();
+                client.heartbeat(pb::HeartbeatRequest { node_id: reg.node_id.clone(), running }).await?;
+            }
+        }
+    }
+}
+
+/// Delivers run reports, retrying with capped backoff until the controller takes them.
+async fn deliver_reports(
+    mut rx: mpsc::Receiver<pb::StatusReport>,
+    mut client_rx: watch::Receiver<Option<AgentServiceClient<Channel>>>,
+) {
+    while let Some(report) = rx.recv().await {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            let client = client_rx.borrow_and_update().clone();
+            let result = match client {
+                Some(mut c) => c.report_status(report.clone()).await.map(|_| ()),
+                None => Err(tonic::Status::unavailable("not connected")),
+            };
+            match result {
+                Ok(()) => break,
+                Err(s) if s.code() == tonic::Code::InvalidArgument => {
+                    tracing::error!(status = %s, "controller refused a run report");
+                    break;
+                }
+                Err(s) => {
+                    tracing::debug!(status = %s, "run report not delivered; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+}
+
+async fn shutdown_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("KAIROS_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    if args.controllers.is_empty() {
+        bail!("--controllers: at least one address is required");
+    }
+    let name = args.name.clone().unwrap_or_else(host_name);
+    let inv = inventory(&args, &name)?;
+    let gpus = inv.discover().context("discovering GPUs")?;
+    std::fs::create_dir_all(&args.state_dir).with_context(|| format!("creating {}", args.state_dir.display()))?;
+    let state_dir = std::fs::canonicalize(&args.state_dir).context("resolving --state-dir")?;
+
+    let listen: std::net::SocketAddr = args.addr.parse().with_context(|| format!("--addr \"{}\" is not HOST:PORT", args.addr))?;
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+    let addr = listener.local_addr().context("reading the log service address")?.to_string();
+
+    let node = pb::NodeInfo {
+        name: name.clone(),
+        addr: addr.clone(),
+        gpus,
+        cpus: std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1),
+        memory_mib: 0,
+        labels: Default::default(),
+        gpu_backend: inv.backend().to_string(),
+    };
+    let (report_tx, report_rx) = mpsc::channel(1024);
+    let runner = Runner::new(&name, &state_dir, report_tx);
+    let (client_tx, client_rx) = watch::channel(None);
+    let reporter = tokio::spawn(deliver_reports(report_rx, client_rx));
+    let logs = Logs { runner: runner.clone() };
+    let log_server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AgentLogServiceServer::new(logs))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    println!("kairos-agent {name} ({} {} GPUs) logs on {addr}", node.gpus.len(), inv.backend());
+    tracing::info!(node = %name, gpus = node.gpus.len(), backend = inv.backend(), %addr, "agent starting");
+
+    let controllers = Arc::new(tokio::sync::Mutex::new(Controllers { addrs: args.controllers.clone(), next: 0, hint: None }));
+    let sessions = {
+        let runner = runner.clone();
+        async move {
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                let connected = controllers.lock().await.connect().await;
+                match connected {
+                    Some((addr, channel)) => match session(channel, &node, &runner, &client_tx).await {
+                        Ok(()) => {}
+                        Err(status) => {
+                            client_tx.send_replace(None);
+                            tracing::warn!(controller = %addr, status = %status.message(), "controller session ended");
+                            if let Some(hint) = leader_hint(&status) {
+                                controllers.lock().await.hint = Some(hint);
+                                continue;
+                            }
+                            if status.code() != tonic::Code::Unavailable {
+                                backoff = Duration::from_millis(100);
+                            }
+                        }
+                    },
+                    None => tracing::debug!("no controller reachable"),
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    };
+    tokio::select! {
+        r = shutdown_signal() => r?,
+        _ = sessions => {}
+    }
+    tracing::info!("stopping all runs");
+    runner.stop_all(Duration::from_secs(5)).await;
+    reporter.abort();
+    log_server.abort();
+    Ok(())
+}

@@ -1,0 +1,59 @@
+//! The agent's log service: streams a run's log file, optionally following it until the run ends.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::Stream;
+use kairos_proto::v1 as pb;
+use kairos_proto::v1::agent_log_service_server::AgentLogService;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::runner::{log_path, Runner};
+
+const CHUNK_BYTES: usize = 64 * 1024;
+
+pub struct Logs {
+    pub runner: Runner,
+}
+
+#[tonic::async_trait]
+impl AgentLogService for Logs {
+    type ReadLogsStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
+
+    async fn read_logs(&self, request: Request<pb::LogsRequest>) -> Result<Response<Self::ReadLogsStream>, Status> {
+        let req = request.into_inner();
+        let path = log_path(self.runner.state_dir(), req.job_id, req.attempt);
+        let mut file = tokio::fs::File::open(&path).await.map_err(|e| {
+            Status::not_found(format!("no log for job {} attempt {} on this node: {e}", req.job_id, req.attempt))
+        })?;
+        file.seek(std::io::SeekFrom::Start(req.offset))
+            .await
+            .map_err(|e| Status::internal(format!("seeking the log: {e}")))?;
+        let runner = self.runner.clone();
+        let key = (req.job_id, req.attempt);
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; CHUNK_BYTES];
+            loop {
+                // Check before reading, so the bytes written before the run ended are all sent.
+                let done = !req.follow || runner.finished(key);
+                match file.read(&mut buf).await {
+                    Ok(0) if done => return,
+                    Ok(0) => tokio::time::sleep(Duration::from_millis(200)).await,
+                    Ok(n) => {
+                        if tx.send(Ok(pb::LogChunk { data: buf[..n].to_vec() })).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::internal(format!("reading the log: {e}")))).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

@@ -1,0 +1,268 @@
+//! Job processes on this node: launch, stop, and report.
+//!
+//! Each run (job id + attempt) is a real child process in its own process group, with
+//! `CUDA_VISIBLE_DEVICES` set to its GPUs and stdout/stderr appended to a per-run log file.
+//! Stopping a run signals the whole group (SIGTERM, then SIGKILL after the grace time); when
+//! the main process exits, whatever is left of its group is killed too, so no stray child keeps
+//! a GPU busy.
+//!
+//! `reconcile` makes the local runs match the controller's level-triggered assignment set:
+//!
+//! ```text
+//!   assigned, not started, unknown here  ─▶ launch
+//!   assigned with kill                   ─▶ stop (or report "lost" if it never ran)
+//!   assigned, started, unknown here      ─▶ report "lost" (never relaunched)
+//!   running here, not assigned           ─▶ SIGKILL its group (the controller gave it up)
+//!   exited here, still assigned          ─▶ report the exit again
+//! ```
+
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kairos_proto::v1 as pb;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::sync::mpsc;
+
+/// A run is a job attempt.
+pub type RunKey = (u64, u32);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+    Lost,
+}
+
+#[derive(Debug)]
+struct Run {
+    pgid: Option<i32>,
+    exit: Option<Exit>,
+    stopping: bool,
+    lost_message: String,
+}
+
+/// The runs of this node and the channel their reports leave through.
+#[derive(Clone)]
+pub struct Runner {
+    node: String,
+    state_dir: PathBuf,
+    runs: Arc<Mutex<BTreeMap<RunKey, Run>>>,
+    reports: mpsc::Sender<pb::StatusReport>,
+}
+
+/// Where a run's log lives.
+pub fn log_path(state_dir: &Path, job: u64, attempt: u32) -> PathBuf {
+    state_dir.join("jobs").join(job.to_string()).join(format!("attempt-{attempt}.log"))
+}
+
+fn signal_group(pgid: i32, signal: Signal) {
+    // ESRCH (the group is already gone) is the expected end of a stop.
+    let _ = killpg(Pid::from_raw(pgid), signal);
+}
+
+impl Runner {
+    pub fn new(node: &str, state_dir: &Path, reports: mpsc::Sender<pb::StatusReport>) -> Self {
+        Runner { node: node.to_string(), state_dir: state_dir.to_path_buf(), runs: Arc::default(), reports }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<RunKey, Run>> {
+        self.runs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    /// Runs whose process is alive, for heartbeats.
+    pub fn running(&self) -> Vec<RunKey> {
+        self.lock().iter().filter(|(_, r)| r.exit.is_none()).map(|(k, _)| *k).collect()
+    }
+
+    /// Whether `key` is known here and has finished (or is not known at all).
+    pub fn finished(&self, key: RunKey) -> bool {
+        self.lock().get(&key).is_none_or(|r| r.exit.is_some())
+    }
+
+    fn report(&self, key: RunKey, exit: Option<Exit>, message: String) {
+        let (status, exit_code, signal) = match exit {
+            None => (pb::RunStatus::Started, 0, 0),
+            Some(Exit::Code(c)) => (pb::RunStatus::Exited, c, 0),
+            Some(Exit::Signal(s)) => (pb::RunStatus::Exited, 0, s),
+            Some(Exit::Lost) => (pb::RunStatus::Lost, 0, 0),
+        };
+        let report = pb::StatusReport {
+            node_id: self.node.clone(),
+            job_id: key.0,
+            attempt: key.1,
+            status: status as i32,
+            exit_code,
+            signal,
+            message,
+        };
+        if let Err(mpsc::error::TrySendError::Full(report)) = self.reports.try_send(report) {
+            let tx = self.reports.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(report).await;
+            });
+        }
+    }
+
+    /// Makes the local runs match the controller's assignment set.
+    pub fn reconcile(&self, set: &pb::AssignmentSet) {
+        let assigned: BTreeMap<RunKey, &pb::Assignment> =
+            set.runs.iter().map(|a| ((a.job_id, a.attempt), a)).collect();
+        let mut launch = Vec::new();
+        let mut stop = Vec::new();
+        let mut reports = Vec::new();
+        {
+            let mut runs = self.lock();
+            for (key, a) in &assigned {
+                match runs.get(key) {
+                    Some(run) => match run.exit {
+                        Some(exit) => reports.push((*key, Some(exit), run.lost_message.clone())),
+                        None if a.kill && !run.stopping => stop.push((*key, a.kill_grace_s)),
+                        None => {}
+                    },
+                    None if a.kill => {
+                        reports.push((*key, Some(Exit::Lost), "stopped before it started".into()))
+                    }
+                    None if a.started => reports.push((
+                        *key,
+                        Some(Exit::Lost),
+                        format!("node \"{}\" has no process for this run (agent restarted?)", self.node),
+                    )),
+                    None => launch.push((*a).clone()),
+                }
+            }
+            let mut forget = Vec::new();
+            for (key, run) in runs.iter_mut() {
+                if assigned.contains_key(key) {
+                    continue;
+                }
+                match (run.exit, run.pgid) {
+                    (None, Some(pgid)) => {
+                        tracing::warn!(job = key.0, attempt = key.1, "killing a run the controller no longer assigns");
+                        signal_group(pgid, Signal::SIGKILL);
+                    }
+                    _ => forget.push(*key),
+                }
+            }
+            for key in forget {
+                runs.remove(&key);
+            }
+        }
+        for (key, exit, message) in reports {
+            self.report(key, exit, message);
+        }
+        for (key, grace) in stop {
+            self.stop(key, Duration::from_secs(u64::from(grace)));
+        }
+        for a in launch {
+            self.launch(&a);
+        }
+    }
+
+    /// Starts a run. Failures to start are reported as a lost run with the reason.
+    fn launch(&self, a: &pb::Assignment) {
+        let key = (a.job_id, a.attempt);
+        let path = log_path(&self.state_dir, a.job_id, a.attempt);
+        let job_dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| self.state_dir.clone());
+        let spawned = (|| -> std::io::Result<tokio::process::Child> {
+            std::fs::create_dir_all(&job_dir)?;
+            let log = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+            let gpus: Vec<String> = a.gpu_ids.iter().map(u32::to_string).collect();
+            let program = a.argv.first().ok_or_else(|| std::io::Error::other("empty command"))?;
+            let mut cmd = tokio::process::Command::new(program);
+            cmd.args(&a.argv[1..])
+                .envs(&a.env)
+                .env("KAIROS_JOB_ID", a.job_id.to_string())
+                .env("KAIROS_RESTART_COUNT", a.attempt.to_string())
+                .env("KAIROS_NODE", &self.node)
+                .env("CUDA_VISIBLE_DEVICES", gpus.join(","))
+                .current_dir(if a.workdir.is_empty() { job_dir.as_path() } else { Path::new(&a.workdir) })
+                .stdin(std::process::Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .process_group(0)
+                .kill_on_drop(false);
+            cmd.spawn()
+        })();
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                let message = format!("starting {:?}: {e}", a.argv.first().cloned().unwrap_or_default());
+                tracing::warn!(job = a.job_id, %message, "launch failed");
+                let _ = std::fs::write(&path, format!("kairos-agent: {message}\n"));
+                self.lock().insert(key, Run { pgid: None, exit: Some(Exit::Lost), stopping: false, lost_message: message.clone() });
+                self.report(key, Some(Exit::Lost), message);
+                return;
+            }
+        };
+        let pgid = child.id().map(|p| p as i32);
+        tracing::info!(job = a.job_id, attempt = a.attempt, ?pgid, gpus = ?a.gpu_ids, "run started");
+        self.lock().insert(key, Run { pgid, exit: None, stopping: false, lost_message: String::new() });
+        self.report(key, None, String::new());
+        let runner = self.clone();
+        tokio::spawn(async move {
+            let exit = match child.wait().await {
+                Ok(status) => match (status.code(), status.signal()) {
+                    (Some(code), _) => Exit::Code(code),
+                    (None, Some(sig)) => Exit::Signal(sig),
+                    (None, None) => Exit::Lost,
+                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "waiting for a run");
+                    Exit::Lost
+                }
+            };
+            if let Some(pgid) = pgid {
+                // The main process is gone: nothing of its group may outlive it.
+                signal_group(pgid, Signal::SIGKILL);
+            }
+            tracing::info!(job = key.0, attempt = key.1, ?exit, "run exited");
+            if let Some(run) = runner.lock().get_mut(&key) {
+                run.exit = Some(exit);
+            }
+            runner.report(key, Some(exit), String::new());
+        });
+    }
+
+    /// Asks a run's process group to stop: SIGTERM now, SIGKILL after `grace`.
+    fn stop(&self, key: RunKey, grace: Duration) {
+        let pgid = {
+            let mut runs = self.lock();
+            let Some(run) = runs.get_mut(&key) else { return };
+            run.stopping = true;
+            run.pgid
+        };
+        let Some(pgid) = pgid else { return };
+        tracing::info!(job = key.0, attempt = key.1, "stopping run");
+        signal_group(pgid, Signal::SIGTERM);
+        let runner = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            if !runner.finished(key) {
+                signal_group(pgid, Signal::SIGKILL);
+            }
+        });
+    }
+
+    /// Stops every run (agent shutdown): SIGTERM, then SIGKILL after `grace`.
+    pub async fn stop_all(&self, grace: Duration) {
+        let groups: Vec<i32> = self.lock().values().filter(|r| r.exit.is_none()).filter_map(|r| r.pgid).collect();
+        for pgid in &groups {
+            signal_group(*pgid, Signal::SIGTERM);
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        while !self.running().is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for pgid in &groups {
+            signal_group(*pgid, Signal::SIGKILL);
+        }
+    }
+}
