@@ -1,1 +1,336 @@
-fn main() {}
+//! kairos: the command-line client. Its flags, output and exit codes are a contract that users'
+//! scripts rely on: exit 0 on success; on any error a one-line message on stderr and exit 1
+//! (2 for a command line that does not parse).
+
+mod client;
+mod output;
+mod up;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use kairos_proto::v1 as pb;
+use kairos_proto::v1::admin_service_client::AdminServiceClient;
+use kairos_proto::v1::job_service_client::JobServiceClient;
+use tokio_stream::StreamExt;
+
+use crate::client::{CallError, Client};
+use crate::output::{job_json, job_row, node_json, node_row, print_job_details, table, JOB_HEADER, NODE_HEADER};
+
+#[derive(Parser, Debug)]
+#[command(name = "kairos", version, about = "kairos GPU cluster scheduler client")]
+struct Cli {
+    /// Controller addresses, HOST:PORT[,HOST:PORT...].
+    #[arg(long, global = true, env = "KAIROS_CONTROLLERS", default_value = "127.0.0.1:7001", value_delimiter = ',')]
+    controllers: Vec<String>,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ProfileArg {
+    Training,
+    Inference,
+    Batch,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Submit a job; prints its id.
+    Submit {
+        /// GPUs the job needs (on one node).
+        #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = parse_gpus)]
+        gpus: u32,
+        #[arg(long, default_value = "")]
+        name: String,
+        /// Wall-clock limit: 90s, 30m, 2h, 1h30m, HH:MM:SS, or whole minutes.
+        #[arg(long, value_parser = parse_time)]
+        time: Option<u64>,
+        #[arg(long)]
+        qos: Option<String>,
+        #[arg(long, value_enum)]
+        profile: Option<ProfileArg>,
+        /// Extra environment variables, KEY=VALUE (repeatable).
+        #[arg(long = "env", value_parser = parse_env)]
+        env: Vec<(String, String)>,
+        /// Working directory of the job on its node.
+        #[arg(long)]
+        workdir: Option<String>,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
+    /// List pending and running jobs (all jobs with --all).
+    Queue {
+        #[arg(long)]
+        all: bool,
+    },
+    /// Show one job.
+    Show { id: u64 },
+    /// Cancel a job.
+    Cancel { id: u64 },
+    /// Print a job's output.
+    Logs {
+        id: u64,
+        /// Keep printing until the job ends.
+        #[arg(long, short)]
+        follow: bool,
+    },
+    /// Wait until a job ends; exits 0 if it completed, 1 otherwise.
+    Wait { id: u64 },
+    /// List GPU nodes.
+    Nodes,
+    /// The controller cluster.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCmd,
+    },
+    /// Start a local cluster in the foreground: one controller and one agent.
+    Up {
+        /// Controller address.
+        #[arg(long, default_value = "127.0.0.1:7001")]
+        addr: String,
+        /// The agent's log-service address.
+        #[arg(long, default_value = "127.0.0.1:7101")]
+        agent_addr: String,
+        #[arg(long, default_value = "kairos-data")]
+        data_dir: PathBuf,
+        /// Fake GPUs for the agent when NVML is absent: COUNT or COUNTxMODEL.
+        #[arg(long, default_value = "8")]
+        fake_gpus: String,
+        #[arg(long, default_value = "local")]
+        node_name: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterCmd {
+    /// Replicas, leader, term and indices.
+    Status,
+}
+
+/// Parses a wall-clock limit into seconds.
+fn parse_time(s: &str) -> Result<u64, String> {
+    let err = || format!("cannot parse \"{s}\" as a duration (use e.g. 90s, 30m, 2h, 1h30m, 1:30:00)");
+    let secs = if s.contains(':') {
+        let parts: Vec<&str> = s.split(':').collect();
+        if parts.len() > 3 || parts.iter().any(|p| p.is_empty() || !p.chars().all(|c| c.is_ascii_digit())) {
+            return Err(err());
+        }
+        parts.iter().try_fold(0u64, |acc, p| Some(acc.checked_mul(60)? + p.parse::<u64>().ok()?)).ok_or_else(err)?
+    } else if !s.is_empty() && s.chars().all(|c| c.is_ascii_digit()) {
+        s.parse::<u64>().ok().and_then(|m| m.checked_mul(60)).ok_or_else(err)?
+    } else {
+        humantime::parse_duration(s).map_err(|_| err())?.as_secs()
+    };
+    if secs == 0 {
+        return Err(format!("\"{s}\" is zero; a time limit must be at least one second"));
+    }
+    Ok(secs)
+}
+
+fn parse_gpus(s: &str) -> Result<u32, String> {
+    match s.parse::<i64>() {
+        Ok(n) if n < 0 => Err(format!("{n} is negative; a job needs at least 1 GPU")),
+        Ok(n) => u32::try_from(n).map_err(|_| format!("{n} is too large")),
+        Err(_) => Err(format!("\"{s}\" is not a whole number")),
+    }
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("\"{s}\" is not KEY=VALUE"))
+}
+
+fn print_json(v: &serde_json::Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+async fn get_job(client: &Client, id: u64) -> Result<pb::Job, CallError> {
+    client
+        .call(|ch| async move { JobServiceClient::new(ch).get_job(client.request(pb::GetJobRequest { job_id: id })).await })
+        .await
+        .map(|r| r.into_inner())
+}
+
+async fn run(cli: Cli) -> anyhow::Result<i32> {
+    let client = Client::new(cli.controllers.clone());
+    let client = &client;
+    match cli.command {
+        Cmd::Submit { gpus, name, time, qos, profile, env, workdir, command } => {
+            let profile = match profile {
+                None => pb::Profile::Unspecified,
+                Some(ProfileArg::Training) => pb::Profile::Training,
+                Some(ProfileArg::Inference) => pb::Profile::Inference,
+                Some(ProfileArg::Batch) => pb::Profile::Batch,
+            };
+            let name = if name.is_empty() {
+                command.first().map(|c| c.rsplit('/').next().unwrap_or(c).to_string()).unwrap_or_default()
+            } else {
+                name
+            };
+            let spec = pb::JobSpec {
+                name,
+                argv: command,
+                env: env.into_iter().collect(),
+                workdir: workdir.unwrap_or_default(),
+                qos: qos.unwrap_or_default(),
+                profile: profile as i32,
+                resources: Some(pb::Resources { gpus, ..Default::default() }),
+                time_limit_s: time.unwrap_or(0),
+                ..Default::default()
+            };
+            let resp = client
+                .call(|ch| {
+                    let req = client.request(pb::SubmitRequest { spec: Some(spec.clone()) });
+                    async move { JobServiceClient::new(ch).submit(req).await }
+                })
+                .await?
+                .into_inner();
+            match (cli.json, resp.job) {
+                (true, Some(job)) => print_json(&job_json(&job)),
+                _ => println!("{}", resp.job_id),
+            }
+        }
+        Cmd::Queue { all } => {
+            let jobs = client
+                .call(|ch| async move {
+                    JobServiceClient::new(ch).list_jobs(client.request(pb::ListJobsRequest { all, ..Default::default() })).await
+                })
+                .await?
+                .into_inner()
+                .jobs;
+            if cli.json {
+                print_json(&serde_json::Value::Array(jobs.iter().map(job_json).collect()));
+            } else {
+                table(&JOB_HEADER, &jobs.iter().map(job_row).collect::<Vec<_>>());
+            }
+        }
+        Cmd::Show { id } => {
+            let job = get_job(client, id).await?;
+            if cli.json {
+                print_json(&job_json(&job));
+            } else {
+                print_job_details(&job);
+            }
+        }
+        Cmd::Cancel { id } => {
+            let job = client
+                .call(|ch| async move {
+                    JobServiceClient::new(ch).cancel_job(client.request(pb::CancelJobRequest { job_id: id })).await
+                })
+                .await?
+                .into_inner();
+            if cli.json {
+                print_json(&job_json(&job));
+            } else if job.state == pb::JobState::Running as i32 {
+                println!("job {id}: cancel requested; its processes are being stopped");
+            } else {
+                println!("job {id}: cancelled");
+            }
+        }
+        Cmd::Logs { id, follow } => {
+            let mut stream = client
+                .call(|ch| async move {
+                    JobServiceClient::new(ch)
+                        .stream_logs(client.request(pb::LogsRequest { job_id: id, follow, ..Default::default() }))
+                        .await
+                })
+                .await?
+                .into_inner();
+            let mut out = std::io::stdout().lock();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|s| CallError(format!("reading logs of job {id}: {}", s.message())))?;
+                out.write_all(&chunk.data)?;
+            }
+            out.flush()?;
+        }
+        Cmd::Wait { id } => {
+            let mut stream = client
+                .call(|ch| async move {
+                    JobServiceClient::new(ch).watch_job(client.request(pb::WatchJobRequest { job_id: id })).await
+                })
+                .await?
+                .into_inner();
+            let mut last = None;
+            while let Some(job) = stream.next().await {
+                last = Some(job.map_err(|s| CallError(format!("watching job {id}: {}", s.message())))?);
+            }
+            let job = last.ok_or_else(|| CallError(format!("watching job {id}: stream ended early")))?;
+            let state = output::job_state_name(job.state);
+            if cli.json {
+                print_json(&job_json(&job));
+            } else {
+                println!("job {id}: {state}");
+            }
+            if state != "COMPLETED" {
+                return Ok(1);
+            }
+        }
+        Cmd::Nodes => {
+            let nodes = client
+                .call(|ch| async move { AdminServiceClient::new(ch).list_nodes(client.request(pb::ListNodesRequest {})).await })
+                .await?
+                .into_inner()
+                .nodes;
+            if cli.json {
+                print_json(&serde_json::Value::Array(nodes.iter().map(node_json).collect()));
+            } else {
+                table(&NODE_HEADER, &nodes.iter().map(node_row).collect::<Vec<_>>());
+            }
+        }
+        Cmd::Cluster { command: ClusterCmd::Status } => {
+            let status = client
+                .call(|ch| async move {
+                    AdminServiceClient::new(ch).cluster_status(client.request(pb::ClusterStatusRequest {})).await
+                })
+                .await?
+                .into_inner();
+            let j = output::cluster_json(&status);
+            if cli.json {
+                print_json(&j);
+            } else {
+                println!("leader: {} ({})  term: {}  applied index: {}  digest: {}", j["leader"], status.leader_addr, status.term, status.applied_index, status.state_digest);
+                table(
+                    &["ID", "ADDR", "ROLE"],
+                    &status.replicas.iter().map(|r| vec![r.id.to_string(), r.addr.clone(), r.role.clone()]).collect::<Vec<_>>(),
+                );
+            }
+        }
+        Cmd::Up { addr, agent_addr, data_dir, fake_gpus, node_name } => {
+            up::run(up::UpArgs { addr, agent_addr, data_dir, fake_gpus, node_name }).await?;
+        }
+    }
+    Ok(0)
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+                let _ = e.print();
+                std::process::exit(if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand { 2 } else { 0 });
+            }
+            // One line: clap's first line, without its usage block.
+            let rendered = e.render().to_string();
+            let line = rendered.lines().next().unwrap_or("invalid command line").trim_start_matches("error: ");
+            eprintln!("kairos: {line}");
+            std::process::exit(2);
+        }
+    };
+    match run(cli).await {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("kairos: {}", e.to_string().lines().next().unwrap_or("error"));
+            std::process::exit(1);
+        }
+    }
+}

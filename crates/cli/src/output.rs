@@ -1,0 +1,189 @@
+//! How the CLI prints things: JSON objects for scripts (`--json`), tables and key/value lists
+//! for people. The JSON keys are a contract users' scripts rely on; add keys, never rename.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use kairos_proto::v1 as pb;
+use serde_json::{json, Value};
+
+pub fn job_state_name(state: i32) -> &'static str {
+    match pb::JobState::try_from(state) {
+        Ok(pb::JobState::Pending) => "PENDING",
+        Ok(pb::JobState::Running) => "RUNNING",
+        Ok(pb::JobState::Completed) => "COMPLETED",
+        Ok(pb::JobState::Failed) => "FAILED",
+        Ok(pb::JobState::Cancelled) => "CANCELLED",
+        Ok(pb::JobState::Timeout) => "TIMEOUT",
+        Ok(pb::JobState::NodeFail) => "NODE_FAIL",
+        Ok(pb::JobState::Preempting) => "PREEMPTING",
+        Ok(pb::JobState::Suspended) => "SUSPENDED",
+        _ => "UNKNOWN",
+    }
+}
+
+fn profile_name(p: i32) -> &'static str {
+    match pb::Profile::try_from(p) {
+        Ok(pb::Profile::Training) => "training",
+        Ok(pb::Profile::Inference) => "inference",
+        Ok(pb::Profile::Batch) => "batch",
+        _ => "",
+    }
+}
+
+fn node_state_name(s: i32) -> &'static str {
+    match pb::NodeState::try_from(s) {
+        Ok(pb::NodeState::Up) => "UP",
+        Ok(pb::NodeState::Draining) => "DRAINING",
+        Ok(pb::NodeState::Down) => "DOWN",
+        _ => "UNKNOWN",
+    }
+}
+
+/// RFC 3339 time, or null for "not yet" (0).
+fn time(ms: i64) -> Value {
+    if ms <= 0 {
+        return Value::Null;
+    }
+    let t = UNIX_EPOCH + Duration::from_millis(ms as u64);
+    Value::String(humantime::format_rfc3339_millis(t).to_string())
+}
+
+pub fn job_json(job: &pb::Job) -> Value {
+    let spec = job.spec.clone().unwrap_or_default();
+    let gpus = spec.resources.as_ref().map(|r| r.gpus).unwrap_or(0);
+    json!({
+        "id": job.id,
+        "name": spec.name,
+        "user": job.user,
+        "state": job_state_name(job.state),
+        "reason": job.reason,
+        "gpus": gpus,
+        "node": if job.node.is_empty() { Value::Null } else { Value::String(job.node.clone()) },
+        "gpu_ids": job.gpu_ids,
+        "exit_code": job.exit_code,
+        "signal": if job.signal == 0 { Value::Null } else { json!(job.signal) },
+        "attempt": job.attempt,
+        "qos": job.qos,
+        "profile": profile_name(job.profile),
+        "priority": job.priority,
+        "time_limit_s": if spec.time_limit_s == 0 { Value::Null } else { json!(spec.time_limit_s) },
+        "command": spec.argv,
+        "submit_time": time(job.submit_time_ms),
+        "start_time": time(job.start_time_ms),
+        "end_time": time(job.end_time_ms),
+        "events": job.events.iter().map(|e| json!({"time": time(e.time_ms), "kind": e.kind, "message": e.message})).collect::<Vec<_>>(),
+    })
+}
+
+pub fn node_json(node: &pb::Node) -> Value {
+    let info = node.info.clone().unwrap_or_default();
+    let mut allocated: Vec<(u32, u64)> = node.allocated.iter().map(|(g, j)| (*g, *j)).collect();
+    allocated.sort();
+    json!({
+        "name": node.name,
+        "state": node_state_name(node.state),
+        "reason": node.reason,
+        "addr": info.addr,
+        "gpu_backend": info.gpu_backend,
+        "gpus": info.gpus.iter().map(|g| json!({
+            "index": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib, "link_group": g.link_group,
+        })).collect::<Vec<_>>(),
+        "gpus_total": info.gpus.len(),
+        "gpus_allocated": allocated.len(),
+        "allocated": allocated.iter().map(|(g, j)| json!({"gpu": g, "job": j})).collect::<Vec<_>>(),
+        "last_heartbeat": time(node.last_heartbeat_ms),
+    })
+}
+
+pub fn cluster_json(s: &pb::ClusterStatusResponse) -> Value {
+    json!({
+        "id": s.id,
+        "leader": s.leader,
+        "leader_addr": s.leader_addr,
+        "term": s.term,
+        "last_log_index": s.last_log_index,
+        "applied_index": s.applied_index,
+        "state_digest": s.state_digest,
+        "replicas": s.replicas.iter().map(|r| json!({"id": r.id, "addr": r.addr, "role": r.role})).collect::<Vec<_>>(),
+    })
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) if s.is_empty() => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Prints rows as a left-aligned table with a header.
+pub fn table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let parts: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();
+        println!("{}", parts.join("  ").trim_end());
+    };
+    line(header.iter().map(|h| h.to_string()).collect());
+    for row in rows {
+        line(row.clone());
+    }
+}
+
+pub fn job_row(job: &pb::Job) -> Vec<String> {
+    let j = job_json(job);
+    let gpus = if job.gpu_ids.is_empty() {
+        text(&j["gpus"])
+    } else {
+        format!("{}[{}]", text(&j["gpus"]), job.gpu_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
+    };
+    vec![
+        text(&j["id"]),
+        text(&j["name"]),
+        text(&j["user"]),
+        text(&j["qos"]),
+        text(&j["state"]),
+        gpus,
+        text(&j["node"]),
+        text(&j["reason"]),
+    ]
+}
+
+pub const JOB_HEADER: [&str; 8] = ["ID", "NAME", "USER", "QOS", "STATE", "GPUS", "NODE", "REASON"];
+
+pub fn print_job_details(job: &pb::Job) {
+    let j = job_json(job);
+    for key in [
+        "id", "name", "user", "state", "reason", "qos", "profile", "priority", "gpus", "node", "gpu_ids",
+        "exit_code", "signal", "attempt", "time_limit_s", "command", "submit_time", "start_time", "end_time",
+    ] {
+        println!("{key:>13}: {}", text(&j[key]));
+    }
+    if !job.events.is_empty() {
+        println!("{:>13}:", "events");
+        for e in &job.events {
+            println!("    {}  {:<16} {}", text(&time(e.time_ms)), e.kind, e.message);
+        }
+    }
+}
+
+pub fn node_row(node: &pb::Node) -> Vec<String> {
+    let n = node_json(node);
+    let model = node.info.as_ref().and_then(|i| i.gpus.first()).map(|g| g.model.clone()).unwrap_or_default();
+    vec![
+        text(&n["name"]),
+        text(&n["state"]),
+        format!("{}/{}", n["gpus_allocated"], n["gpus_total"]),
+        if model.is_empty() { "-".into() } else { model },
+        text(&n["gpu_backend"]),
+        text(&n["addr"]),
+        text(&n["reason"]),
+    ]
+}
+
+pub const NODE_HEADER: [&str; 7] = ["NAME", "STATE", "GPUS(USED/ALL)", "MODEL", "BACKEND", "ADDR", "REASON"];

@@ -1,0 +1,122 @@
+//! `kairos up`: a local cluster in the foreground — one controller and one agent (fake GPUs
+//! unless NVML finds real ones), data under `./kairos-data`. Ctrl-C or SIGTERM stops both; the
+//! agent stops every job's process group before it exits, so nothing is left behind.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+pub struct UpArgs {
+    pub addr: String,
+    pub agent_addr: String,
+    pub data_dir: PathBuf,
+    pub fake_gpus: String,
+    pub node_name: String,
+}
+
+/// Finds a sibling binary of this executable (they are built together), else relies on PATH.
+fn sibling(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join(name)))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+fn spawn(program: &Path, args: &[String]) -> anyhow::Result<Child> {
+    let mut cmd = Command::new(program);
+    cmd.args(args).stdin(Stdio::null());
+    // SAFETY: prctl is async-signal-safe; this only asks the kernel to SIGTERM the child if
+    // `kairos up` itself dies, so a killed `up` leaves no daemons behind.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().with_context(|| format!("starting {}", program.display()))
+}
+
+fn stop(children: &mut [(&str, Child)]) {
+    for (_, child) in children.iter() {
+        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for (name, child) in children.iter_mut() {
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) | Err(_) => break,
+                Ok(None) if Instant::now() >= deadline => {
+                    eprintln!("kairos: {name} did not stop in time; killing it");
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+}
+
+pub async fn run(args: UpArgs) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    std::fs::create_dir_all(&args.data_dir).with_context(|| format!("creating {}", args.data_dir.display()))?;
+    let data = |sub: &str| args.data_dir.join(sub).display().to_string();
+
+    let controller = spawn(
+        &sibling("kairosd"),
+        &["--id".into(), "1".into(), "--addr".into(), args.addr.clone(), "--data-dir".into(), data("controller-1")],
+    )?;
+    let mut children = vec![("kairosd", controller)];
+    let agent = spawn(
+        &sibling("kairos-agent"),
+        &[
+            "--controllers".into(),
+            args.addr.clone(),
+            "--addr".into(),
+            args.agent_addr.clone(),
+            "--state-dir".into(),
+            data("agent"),
+            "--name".into(),
+            args.node_name.clone(),
+            "--fake-gpus".into(),
+            args.fake_gpus.clone(),
+        ],
+    );
+    match agent {
+        Ok(a) => children.push(("kairos-agent", a)),
+        Err(e) => {
+            stop(&mut children);
+            return Err(e);
+        }
+    }
+    println!("kairos up: controller {} (data {}), agent \"{}\" (logs service {})", args.addr, data("controller-1"), args.node_name, args.agent_addr);
+    println!("kairos up: try `kairos submit --gpus 1 -- nvidia-smi -L`, `kairos queue`; Ctrl-C stops the cluster");
+
+    let exited = loop {
+        tokio::select! {
+            _ = term.recv() => break None,
+            _ = int.recv() => break None,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                if let Some(name) = children.iter_mut().find_map(|(n, c)| matches!(c.try_wait(), Ok(Some(_))).then_some(*n)) {
+                    break Some(name);
+                }
+            }
+        }
+    };
+    println!("kairos up: stopping");
+    stop(&mut children);
+    if let Some(name) = exited {
+        bail!("{name} exited unexpectedly; the cluster was stopped");
+    }
+    Ok(())
+}
