@@ -1,0 +1,222 @@
+//! A real local cluster for tests: `kairosd` and `kairos-agent` as child processes on loopback
+//! ports, data in a temporary directory, driven through the `kairos` binary.
+//!
+//! Everything started here is stopped in `Drop` (SIGTERM, then SIGKILL), and every wait is
+//! bounded, so a failing test neither hangs nor leaves processes behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// Upper bound of any wait in these tests; generous for a loaded 2-core CI machine.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+pub fn bin(name: &str) -> PathBuf {
+    let kairos = PathBuf::from(env!("CARGO_BIN_EXE_kairos"));
+    let path = kairos.parent().expect("target dir").join(name);
+    assert!(path.exists(), "{} is missing: run `cargo build --bins` before the tests", path.display());
+    path
+}
+
+pub fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local addr").to_string()
+}
+
+/// Polls `f` until it returns `Some`, or panics with `what` after `WAIT`.
+pub fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) on a pid we started; no memory is involved.
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+/// Whether a process exists and is not a zombie.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next());
+            !matches!(state, Some("Z") | Some("X") | None)
+        }
+        Err(_) => false,
+    }
+}
+
+fn stop_child(child: &mut Child) {
+    if let Ok(None) = child.try_wait() {
+        signal(child.id(), libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+    }
+    let _ = child.wait();
+}
+
+pub struct Cluster {
+    pub dir: TempDir,
+    pub addr: String,
+    pub controller: Option<Child>,
+    pub agent: Option<Child>,
+    gpus: u32,
+}
+
+impl Cluster {
+    /// A controller and one agent with `gpus` fake GPUs.
+    pub fn start(gpus: u32) -> Cluster {
+        let dir = tempfile::Builder::new().prefix("kairos-e2e-").tempdir().expect("temp dir");
+        let mut c = Cluster { addr: free_addr(), dir, controller: None, agent: None, gpus };
+        c.start_controller();
+        c.start_agent();
+        c.wait_node_up();
+        c
+    }
+
+    pub fn path(&self, sub: &str) -> PathBuf {
+        self.dir.path().join(sub)
+    }
+
+    fn log_file(&self, name: &str) -> Stdio {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path(name))
+            .expect("daemon log file");
+        Stdio::from(f)
+    }
+
+    pub fn start_controller(&mut self) {
+        let child = Command::new(bin("kairosd"))
+            .args(["--id", "1", "--addr", &self.addr, "--tick-ms", "200", "--heartbeat-ms", "300"])
+            .args(["--node-timeout-ms", "3000"])
+            .arg("--data-dir")
+            .arg(self.path("controller"))
+            .stdin(Stdio::null())
+            .stdout(self.log_file("kairosd.log"))
+            .stderr(self.log_file("kairosd.log"))
+            .spawn()
+            .expect("start kairosd");
+        self.controller = Some(child);
+    }
+
+    pub fn start_agent(&mut self) {
+        let child = Command::new(bin("kairos-agent"))
+            .args(["--controllers", &self.addr, "--addr", "127.0.0.1:0", "--name", "node-a"])
+            .args(["--gpu-backend", "fake", "--fake-gpus", &self.gpus.to_string()])
+            .arg("--state-dir")
+            .arg(self.path("agent"))
+            .stdin(Stdio::null())
+            .stdout(self.log_file("agent.log"))
+            .stderr(self.log_file("agent.log"))
+            .spawn()
+            .expect("start kairos-agent");
+        self.agent = Some(child);
+    }
+
+    pub fn wait_node_up(&self) {
+        wait_for("the node to be up", || {
+            let out = self.kairos(&["nodes", "--json"]);
+            let nodes: Value = serde_json::from_slice(&out.stdout).ok()?;
+            (nodes[0]["state"] == "UP").then_some(())
+        });
+    }
+
+    pub fn kill_controller(&mut self) {
+        if let Some(mut c) = self.controller.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn kill_agent(&mut self) {
+        if let Some(mut a) = self.agent.take() {
+            let _ = a.kill();
+            let _ = a.wait();
+        }
+    }
+
+    /// Runs the CLI against this cluster.
+    pub fn kairos(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_kairos"))
+            .arg("--controllers")
+            .arg(&self.addr)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run kairos")
+    }
+
+    /// Runs the CLI and returns its stdout, panicking with its stderr on failure.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.kairos(args);
+        assert!(out.status.success(), "kairos {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).expect("utf-8 output")
+    }
+
+    pub fn submit(&self, args: &[&str]) -> u64 {
+        let mut full = vec!["submit"];
+        full.extend_from_slice(args);
+        let out = self.ok(&full);
+        out.trim().parse().unwrap_or_else(|_| panic!("submit printed {out:?}, not a job id"))
+    }
+
+    pub fn job(&self, id: u64) -> Value {
+        serde_json::from_str(&self.ok(&["show", &id.to_string(), "--json"])).expect("job JSON")
+    }
+
+    pub fn jobs(&self) -> Vec<Value> {
+        let v: Value = serde_json::from_str(&self.ok(&["queue", "--all", "--json"])).expect("queue JSON");
+        v.as_array().cloned().unwrap_or_default()
+    }
+
+    /// Waits until the job is in a terminal state and returns it.
+    pub fn wait_done(&self, id: u64) -> Value {
+        wait_for(&format!("job {id} to end"), || {
+            let job = self.job(id);
+            let state = job["state"].as_str().unwrap_or("").to_string();
+            (!["PENDING", "RUNNING", "PREEMPTING", "SUSPENDED"].contains(&state.as_str())).then_some(job)
+        })
+    }
+
+    pub fn wait_state(&self, id: u64, state: &str) -> Value {
+        wait_for(&format!("job {id} to be {state}"), || {
+            let job = self.job(id);
+            (job["state"] == state).then_some(job)
+        })
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // The agent first: on SIGTERM it stops every job's process group.
+        if let Some(mut a) = self.agent.take() {
+            stop_child(&mut a);
+        }
+        if let Some(mut c) = self.controller.take() {
+            stop_child(&mut c);
+        }
+    }
+}
+
+/// Reads a pid a job wrote to a file.
+pub fn read_pid(path: &Path) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}

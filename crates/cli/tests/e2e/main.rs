@@ -1,0 +1,235 @@
+//! End-to-end tests of the vertical slice: real `kairosd`, `kairos-agent` and `kairos`
+//! processes over loopback sockets, real sled files and real job processes.
+
+mod harness;
+
+use std::collections::BTreeSet;
+
+use harness::{alive, read_pid, signal, wait_for, Cluster};
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+#[test]
+fn two_gpu_job_sees_two_distinct_gpus_and_exit_codes_are_kept() {
+    let c = Cluster::start(8);
+    let id = c.submit(&["--gpus", "2", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES"]);
+    let job = c.wait_done(id);
+    assert_eq!(job["state"], "COMPLETED", "{job}");
+    assert_eq!(job["exit_code"], 0);
+    assert_eq!(job["gpus"], 2);
+    let logs = c.ok(&["logs", &id.to_string()]);
+    let gpus: Vec<&str> = logs.trim().split(',').collect();
+    let distinct: BTreeSet<&str> = gpus.iter().copied().collect();
+    assert_eq!(gpus.len(), 2, "logs: {logs:?}");
+    assert_eq!(distinct.len(), 2, "logs: {logs:?}");
+    let allotted: Vec<String> = job["gpu_ids"].as_array().unwrap().iter().map(|g| g.to_string()).collect();
+    assert_eq!(gpus, allotted.iter().map(String::as_str).collect::<Vec<_>>());
+
+    let failing = c.submit(&["--", "sh", "-c", "exit 3"]);
+    let job = c.wait_done(failing);
+    assert_eq!(job["state"], "FAILED");
+    assert_eq!(job["exit_code"], 3);
+    // `kairos wait` reflects the outcome in its exit code.
+    assert!(c.kairos(&["wait", &id.to_string()]).status.success());
+    assert_eq!(c.kairos(&["wait", &failing.to_string()]).status.code(), Some(1));
+}
+
+#[test]
+fn nine_one_gpu_jobs_on_eight_gpus_never_overlap_past_capacity() {
+    let c = Cluster::start(8);
+    let stamps = c.path("stamps");
+    std::fs::create_dir_all(&stamps).unwrap();
+    let script = format!(
+        "d={}; echo \"$(date +%s%N) $CUDA_VISIBLE_DEVICES\" > $d/$KAIROS_JOB_ID.start; sleep 1.5; date +%s%N > $d/$KAIROS_JOB_ID.end",
+        stamps.display()
+    );
+    let ids: Vec<u64> = (0..9).map(|_| c.submit(&["--gpus", "1", "--", "sh", "-c", &script])).collect();
+    for id in &ids {
+        assert_eq!(c.wait_done(*id)["state"], "COMPLETED");
+    }
+    // Intervals from the processes' own clocks.
+    let mut intervals = Vec::new();
+    for id in &ids {
+        let start = std::fs::read_to_string(stamps.join(format!("{id}.start"))).unwrap();
+        let mut parts = start.split_whitespace();
+        let t0: u128 = parts.next().unwrap().parse().unwrap();
+        let gpu: String = parts.next().unwrap().to_string();
+        let t1: u128 = std::fs::read_to_string(stamps.join(format!("{id}.end"))).unwrap().trim().parse().unwrap();
+        intervals.push((t0, t1, gpu));
+    }
+    let mut peak = 0;
+    for (t0, _, _) in &intervals {
+        let overlapping: Vec<&(u128, u128, String)> =
+            intervals.iter().filter(|(s, e, _)| s <= t0 && t0 < e).collect();
+        peak = peak.max(overlapping.len());
+        let gpus: BTreeSet<&String> = overlapping.iter().map(|(_, _, g)| g).collect();
+        assert_eq!(gpus.len(), overlapping.len(), "two live jobs shared a GPU: {overlapping:?}");
+    }
+    assert!(peak <= 8, "{peak} jobs ran at once on 8 GPUs");
+    assert!(peak >= 2, "jobs did not run concurrently at all (peak {peak})");
+}
+
+#[test]
+fn controller_kill_9_and_restart_keeps_every_acknowledged_job() {
+    let mut c = Cluster::start(2);
+    let ids: Vec<u64> = (0..4).map(|_| c.submit(&["--", "sh", "-c", "sleep 3"])).collect();
+    wait_for("two jobs running", || {
+        let running = c.jobs().iter().filter(|j| j["state"] == "RUNNING").count();
+        (running == 2).then_some(())
+    });
+    let before: Vec<(u64, String)> =
+        c.jobs().iter().map(|j| (j["id"].as_u64().unwrap(), j["state"].as_str().unwrap().to_string())).collect();
+    assert!(before.iter().any(|(_, s)| s == "PENDING"), "{before:?}");
+    c.kill_controller();
+    c.start_controller();
+    // Every acknowledged job is back, none lost, none invented.
+    let after = wait_for("the restarted controller to answer", || {
+        let out = c.kairos(&["queue", "--all", "--json"]);
+        out.status.success().then(|| serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap())
+    });
+    let after_ids: Vec<u64> = after.as_array().unwrap().iter().map(|j| j["id"].as_u64().unwrap()).collect();
+    assert_eq!(after_ids, ids);
+    for (id, state) in &before {
+        let now = c.job(*id)["state"].as_str().unwrap().to_string();
+        // States only move forward across the restart.
+        let ok = now == *state || (state == "PENDING" && now != "PENDING") || (state == "RUNNING" && now == "COMPLETED");
+        assert!(ok, "job {id} was {state} before the restart and is {now} after");
+    }
+    // The agent reconnects and the queue drains.
+    for id in &ids {
+        assert_eq!(c.wait_done(*id)["state"], "COMPLETED", "job {id}");
+    }
+    let next = c.submit(&["--", "true"]);
+    assert_eq!(next, ids[ids.len() - 1] + 1, "job ids continue after a restart");
+}
+
+#[test]
+fn cancel_kills_the_whole_process_group() {
+    let c = Cluster::start(1);
+    let pidfile = c.path("child.pid");
+    let script = format!("sleep 300 & echo $! > {}; wait", pidfile.display());
+    let id = c.submit(&["--", "sh", "-c", &script]);
+    let child = wait_for("the job's child to start", || read_pid(&pidfile));
+    assert!(alive(child));
+    c.ok(&["cancel", &id.to_string()]);
+    let job = c.wait_done(id);
+    assert_eq!(job["state"], "CANCELLED");
+    wait_for("the job's child to be gone", || (!alive(child)).then_some(()));
+    // The GPU is free again: the next job starts.
+    let next = c.submit(&["--", "true"]);
+    assert_eq!(c.wait_done(next)["state"], "COMPLETED");
+    // Cancelling again is refused with a clear message.
+    let again = c.kairos(&["cancel", &id.to_string()]);
+    assert!(!again.status.success());
+    assert!(stderr(&again).contains("already ended"), "{}", stderr(&again));
+}
+
+#[test]
+fn time_limit_stops_the_job_as_timeout() {
+    let c = Cluster::start(1);
+    let id = c.submit(&["--time", "1s", "--", "sleep", "300"]);
+    let job = c.wait_done(id);
+    assert_eq!(job["state"], "TIMEOUT", "{job}");
+    assert_eq!(job["time_limit_s"], 1);
+}
+
+#[test]
+fn bad_input_gets_a_one_line_error_and_changes_nothing() {
+    let c = Cluster::start(8);
+    let before = c.jobs().len();
+    let cases: &[(&[&str], &str)] = &[
+        (&["submit", "--gpus", "0", "--", "true"], "gpus: must be at least 1"),
+        (&["submit", "--gpus", "-1", "--", "true"], "negative"),
+        (&["submit", "--gpus", "9", "--", "true"], "largest node has 8"),
+        (&["submit", "--gpus", "1", "--"], "command is empty"),
+        (&["submit", "--time", "soon", "--", "true"], "cannot parse \"soon\""),
+        (&["submit", "--qos", "gold", "--", "true"], "unknown qos \"gold\""),
+        (&["show", "424242"], "job 424242 not found"),
+        (&["cancel", "424242"], "job 424242 not found"),
+        (&["logs", "424242"], "job 424242 not found"),
+        (&["show", "abc"], "invalid value 'abc'"),
+    ];
+    for (args, expected) in cases {
+        let out = c.kairos(args);
+        let err = stderr(&out);
+        assert!(!out.status.success(), "kairos {args:?} succeeded");
+        assert_eq!(err.trim_end().lines().count(), 1, "kairos {args:?}: not one line: {err:?}");
+        assert!(err.contains(expected), "kairos {args:?}: {err:?} lacks {expected:?}");
+        assert!(out.stdout.is_empty(), "kairos {args:?} printed to stdout");
+    }
+    assert_eq!(c.jobs().len(), before, "bad input created jobs");
+
+    // No controller at all: a clear message, not a panic.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+        .args(["--controllers", "127.0.0.1:1", "queue"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.starts_with("kairos: cannot reach controller at 127.0.0.1:1"), "{err:?}");
+    assert_eq!(err.trim_end().lines().count(), 1);
+}
+
+#[test]
+fn silent_node_goes_down_and_its_jobs_end_node_fail() {
+    let mut c = Cluster::start(1);
+    let pidfile = c.path("job.pid");
+    let id = c.submit(&["--", "sh", "-c", &format!("echo $$ > {}; exec sleep 300", pidfile.display())]);
+    let pid = wait_for("the job to start", || read_pid(&pidfile));
+    c.kill_agent();
+    let job = c.wait_state(id, "NODE_FAIL");
+    assert!(job["reason"].as_str().unwrap().contains("down"), "{job}");
+    let nodes: serde_json::Value = serde_json::from_str(&c.ok(&["nodes", "--json"])).unwrap();
+    assert_eq!(nodes[0]["state"], "DOWN");
+    // SIGKILL of the agent leaves its job behind; clean it up ourselves.
+    signal(pid, libc::SIGKILL);
+    // The agent comes back: the node is up again and takes new work.
+    c.start_agent();
+    c.wait_node_up();
+    let next = c.submit(&["--", "true"]);
+    assert_eq!(c.wait_done(next)["state"], "COMPLETED");
+}
+
+#[test]
+fn kairos_up_stops_cleanly_on_sigterm_leaving_no_processes() {
+    let dir = tempfile::Builder::new().prefix("kairos-up-").tempdir().unwrap();
+    let addr = harness::free_addr();
+    let agent_addr = harness::free_addr();
+    let mut up = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+        .args(["up", "--addr", &addr, "--agent-addr", &agent_addr, "--fake-gpus", "2"])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let cli = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kairos")).arg("--controllers").arg(&addr).args(args).output().unwrap()
+    };
+    wait_for("kairos up to serve", || {
+        let out = cli(&["nodes", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        (v[0]["state"] == "UP").then_some(())
+    });
+    let pidfile = dir.path().join("job.pid");
+    let out = cli(&["submit", "--", "sh", "-c", &format!("echo $$ > {}; exec sleep 300", pidfile.display())]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let job_pid = wait_for("the job to start", || read_pid(&pidfile));
+
+    signal(up.id(), libc::SIGTERM);
+    let status = wait_for("kairos up to exit", || up.try_wait().unwrap());
+    assert!(status.success(), "kairos up exited with {status}");
+    assert!(!alive(job_pid), "the job outlived kairos up");
+    // No daemon of this cluster is left: nothing runs with this data directory on its command line.
+    let marker = dir.path().display().to_string();
+    let leftovers: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&marker) && !c.contains("cargo"))
+        .collect();
+    assert!(leftovers.is_empty(), "left running: {leftovers:?}");
+}
