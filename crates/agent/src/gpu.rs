@@ -87,7 +87,12 @@ pub struct FakeInventory {
 
 impl FakeInventory {
     /// Parses `COUNT` or `COUNTxMODEL` (e.g. `8xH100`).
-    pub fn parse(node: &str, spec: &str, default_model: &str, memory_mib: u64) -> Result<Self, InventoryError> {
+    pub fn parse(
+        node: &str,
+        spec: &str,
+        default_model: &str,
+        memory_mib: u64,
+    ) -> Result<Self, InventoryError> {
         let bad = || InventoryError::BadFakeSpec(spec.chars().take(64).collect());
         let (count, model) = match spec.split_once(['x', 'X']) {
             Some((c, m)) if !m.is_empty() => (c, m.to_string()),

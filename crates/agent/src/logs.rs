@@ -22,11 +22,17 @@ pub struct Logs {
 impl AgentLogService for Logs {
     type ReadLogsStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
 
-    async fn read_logs(&self, request: Request<pb::LogsRequest>) -> Result<Response<Self::ReadLogsStream>, Status> {
+    async fn read_logs(
+        &self,
+        request: Request<pb::LogsRequest>,
+    ) -> Result<Response<Self::ReadLogsStream>, Status> {
         let req = request.into_inner();
         let path = log_path(self.runner.state_dir(), req.job_id, req.attempt);
         let mut file = tokio::fs::File::open(&path).await.map_err(|e| {
-            Status::not_found(format!("no log for job {} attempt {} on this node: {e}", req.job_id, req.attempt))
+            Status::not_found(format!(
+                "no log for job {} attempt {} on this node: {e}",
+                req.job_id, req.attempt
+            ))
         })?;
         file.seek(std::io::SeekFrom::Start(req.offset))
             .await

@@ -57,7 +57,12 @@ fn host_name() -> String {
 
 fn inventory(args: &Args, name: &str) -> anyhow::Result<Box<dyn GpuInventory>> {
     let fake = || -> anyhow::Result<Box<dyn GpuInventory>> {
-        Ok(Box::new(FakeInventory::parse(name, &args.fake_gpus, &args.fake_gpu_model, args.fake_gpu_memory_mib)?))
+        Ok(Box::new(FakeInventory::parse(
+            name,
+            &args.fake_gpus,
+            &args.fake_gpu_model,
+            args.fake_gpu_memory_mib,
+        )?))
     };
     match args.gpu_backend {
         Backend::Fake => fake(),
@@ -85,12 +90,17 @@ struct Controllers {
 impl Controllers {
     async fn connect(&mut self) -> Option<(String, Channel)> {
         let n = self.addrs.len();
-        let order: Vec<String> =
-            self.hint.take().into_iter().chain((0..n).map(|i| self.addrs[(self.next + i) % n].clone())).collect();
+        let order: Vec<String> = self
+            .hint
+            .take()
+            .into_iter()
+            .chain((0..n).map(|i| self.addrs[(self.next + i) % n].clone()))
+            .collect();
         self.next = self.next.wrapping_add(1);
         for addr in order {
             let Ok(endpoint) = Endpoint::from_shared(format!("http://{addr}")) else { continue };
-            let endpoint = endpoint.connect_timeout(Duration::from_secs(2)).tcp_keepalive(Some(Duration::from_secs(10)));
+            let endpoint =
+                endpoint.connect_timeout(Duration::from_secs(2)).tcp_keepalive(Some(Duration::from_secs(10)));
             if let Ok(channel) = endpoint.connect().await {
                 return Some((addr, channel));
             }
@@ -115,7 +125,8 @@ async fn session(
     tracing::info!(node = %reg.node_id, "registered");
     client_tx.send_replace(Some(client.clone()));
     let interval = Duration::from_millis(reg.heartbeat_interval_ms.clamp(100, 60_000));
-    let mut stream = client.assignments(pb::AssignmentsRequest { node_id: reg.node_id.clone() }).await?.into_inner();
+    let mut stream =
+        client.assignments(pb::AssignmentsRequest { node_id: reg.node_id.clone() }).await?.into_inner();
     let mut heartbeat = tokio::time::interval(interval);
     loop {
         tokio::select! {
@@ -187,11 +198,14 @@ async fn main() -> anyhow::Result<()> {
     let name = args.name.clone().unwrap_or_else(host_name);
     let inv = inventory(&args, &name)?;
     let gpus = inv.discover().context("discovering GPUs")?;
-    std::fs::create_dir_all(&args.state_dir).with_context(|| format!("creating {}", args.state_dir.display()))?;
+    std::fs::create_dir_all(&args.state_dir)
+        .with_context(|| format!("creating {}", args.state_dir.display()))?;
     let state_dir = std::fs::canonicalize(&args.state_dir).context("resolving --state-dir")?;
 
-    let listen: std::net::SocketAddr = args.addr.parse().with_context(|| format!("--addr \"{}\" is not HOST:PORT", args.addr))?;
-    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+    let listen: std::net::SocketAddr =
+        args.addr.parse().with_context(|| format!("--addr \"{}\" is not HOST:PORT", args.addr))?;
+    let listener =
+        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     let addr = listener.local_addr().context("reading the log service address")?.to_string();
 
     let node = pb::NodeInfo {
@@ -216,7 +230,11 @@ async fn main() -> anyhow::Result<()> {
     println!("kairos-agent {name} ({} {} GPUs) logs on {addr}", node.gpus.len(), inv.backend());
     tracing::info!(node = %name, gpus = node.gpus.len(), backend = inv.backend(), %addr, "agent starting");
 
-    let controllers = Arc::new(tokio::sync::Mutex::new(Controllers { addrs: args.controllers.clone(), next: 0, hint: None }));
+    let controllers = Arc::new(tokio::sync::Mutex::new(Controllers {
+        addrs: args.controllers.clone(),
+        next: 0,
+        hint: None,
+    }));
     let sessions = {
         let runner = runner.clone();
         async move {

@@ -145,7 +145,11 @@ impl Runner {
                 }
                 match (run.exit, run.pgid) {
                     (None, Some(pgid)) => {
-                        tracing::warn!(job = key.0, attempt = key.1, "killing a run the controller no longer assigns");
+                        tracing::warn!(
+                            job = key.0,
+                            attempt = key.1,
+                            "killing a run the controller no longer assigns"
+                        );
                         signal_group(pgid, Signal::SIGKILL);
                     }
                     _ => forget.push(*key),
@@ -197,7 +201,15 @@ impl Runner {
                 let message = format!("starting {:?}: {e}", a.argv.first().cloned().unwrap_or_default());
                 tracing::warn!(job = a.job_id, %message, "launch failed");
                 let _ = std::fs::write(&path, format!("kairos-agent: {message}\n"));
-                self.lock().insert(key, Run { pgid: None, exit: Some(Exit::Lost), stopping: false, lost_message: message.clone() });
+                self.lock().insert(
+                    key,
+                    Run {
+                        pgid: None,
+                        exit: Some(Exit::Lost),
+                        stopping: false,
+                        lost_message: message.clone(),
+                    },
+                );
                 self.report(key, Some(Exit::Lost), message);
                 return;
             }
@@ -253,7 +265,8 @@ impl Runner {
 
     /// Stops every run (agent shutdown): SIGTERM, then SIGKILL after `grace`.
     pub async fn stop_all(&self, grace: Duration) {
-        let groups: Vec<i32> = self.lock().values().filter(|r| r.exit.is_none()).filter_map(|r| r.pgid).collect();
+        let groups: Vec<i32> =
+            self.lock().values().filter(|r| r.exit.is_none()).filter_map(|r| r.pgid).collect();
         for pgid in &groups {
             signal_group(*pgid, Signal::SIGTERM);
         }

@@ -16,13 +16,21 @@ use kairos_proto::v1::job_service_client::JobServiceClient;
 use tokio_stream::StreamExt;
 
 use crate::client::{CallError, Client};
-use crate::output::{job_json, job_row, node_json, node_row, print_job_details, table, JOB_HEADER, NODE_HEADER};
+use crate::output::{
+    job_json, job_row, node_json, node_row, print_job_details, table, JOB_HEADER, NODE_HEADER,
+};
 
 #[derive(Parser, Debug)]
 #[command(name = "kairos", version, about = "kairos GPU cluster scheduler client")]
 struct Cli {
     /// Controller addresses, HOST:PORT[,HOST:PORT...].
-    #[arg(long, global = true, env = "KAIROS_CONTROLLERS", default_value = "127.0.0.1:7001", value_delimiter = ',')]
+    #[arg(
+        long,
+        global = true,
+        env = "KAIROS_CONTROLLERS",
+        default_value = "127.0.0.1:7001",
+        value_delimiter = ','
+    )]
     controllers: Vec<String>,
     /// Print JSON instead of text.
     #[arg(long, global = true)]
@@ -121,7 +129,10 @@ fn parse_time(s: &str) -> Result<u64, String> {
         if parts.len() > 3 || parts.iter().any(|p| p.is_empty() || !p.chars().all(|c| c.is_ascii_digit())) {
             return Err(err());
         }
-        parts.iter().try_fold(0u64, |acc, p| Some(acc.checked_mul(60)? + p.parse::<u64>().ok()?)).ok_or_else(err)?
+        parts
+            .iter()
+            .try_fold(0u64, |acc, p| Some(acc.checked_mul(60)? + p.parse::<u64>().ok()?))
+            .ok_or_else(err)?
     } else if !s.is_empty() && s.chars().all(|c| c.is_ascii_digit()) {
         s.parse::<u64>().ok().and_then(|m| m.checked_mul(60)).ok_or_else(err)?
     } else {
@@ -153,7 +164,9 @@ fn print_json(v: &serde_json::Value) {
 
 async fn get_job(client: &Client, id: u64) -> Result<pb::Job, CallError> {
     client
-        .call(|ch| async move { JobServiceClient::new(ch).get_job(client.request(pb::GetJobRequest { job_id: id })).await })
+        .call(|ch| async move {
+            JobServiceClient::new(ch).get_job(client.request(pb::GetJobRequest { job_id: id })).await
+        })
         .await
         .map(|r| r.into_inner())
 }
@@ -200,7 +213,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Queue { all } => {
             let jobs = client
                 .call(|ch| async move {
-                    JobServiceClient::new(ch).list_jobs(client.request(pb::ListJobsRequest { all, ..Default::default() })).await
+                    JobServiceClient::new(ch)
+                        .list_jobs(client.request(pb::ListJobsRequest { all, ..Default::default() }))
+                        .await
                 })
                 .await?
                 .into_inner()
@@ -222,7 +237,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Cancel { id } => {
             let job = client
                 .call(|ch| async move {
-                    JobServiceClient::new(ch).cancel_job(client.request(pb::CancelJobRequest { job_id: id })).await
+                    JobServiceClient::new(ch)
+                        .cancel_job(client.request(pb::CancelJobRequest { job_id: id }))
+                        .await
                 })
                 .await?
                 .into_inner();
@@ -238,14 +255,19 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             let mut stream = client
                 .call(|ch| async move {
                     JobServiceClient::new(ch)
-                        .stream_logs(client.request(pb::LogsRequest { job_id: id, follow, ..Default::default() }))
+                        .stream_logs(client.request(pb::LogsRequest {
+                            job_id: id,
+                            follow,
+                            ..Default::default()
+                        }))
                         .await
                 })
                 .await?
                 .into_inner();
             let mut out = std::io::stdout().lock();
             while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|s| CallError(format!("reading logs of job {id}: {}", s.message())))?;
+                let chunk =
+                    chunk.map_err(|s| CallError(format!("reading logs of job {id}: {}", s.message())))?;
                 out.write_all(&chunk.data)?;
             }
             out.flush()?;
@@ -253,7 +275,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Wait { id } => {
             let mut stream = client
                 .call(|ch| async move {
-                    JobServiceClient::new(ch).watch_job(client.request(pb::WatchJobRequest { job_id: id })).await
+                    JobServiceClient::new(ch)
+                        .watch_job(client.request(pb::WatchJobRequest { job_id: id }))
+                        .await
                 })
                 .await?
                 .into_inner();
@@ -274,7 +298,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Nodes => {
             let nodes = client
-                .call(|ch| async move { AdminServiceClient::new(ch).list_nodes(client.request(pb::ListNodesRequest {})).await })
+                .call(|ch| async move {
+                    AdminServiceClient::new(ch).list_nodes(client.request(pb::ListNodesRequest {})).await
+                })
                 .await?
                 .into_inner()
                 .nodes;
@@ -287,7 +313,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Cluster { command: ClusterCmd::Status } => {
             let status = client
                 .call(|ch| async move {
-                    AdminServiceClient::new(ch).cluster_status(client.request(pb::ClusterStatusRequest {})).await
+                    AdminServiceClient::new(ch)
+                        .cluster_status(client.request(pb::ClusterStatusRequest {}))
+                        .await
                 })
                 .await?
                 .into_inner();
@@ -295,10 +323,17 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             if cli.json {
                 print_json(&j);
             } else {
-                println!("leader: {} ({})  term: {}  applied index: {}  digest: {}", j["leader"], status.leader_addr, status.term, status.applied_index, status.state_digest);
+                println!(
+                    "leader: {} ({})  term: {}  applied index: {}  digest: {}",
+                    j["leader"], status.leader_addr, status.term, status.applied_index, status.state_digest
+                );
                 table(
                     &["ID", "ADDR", "ROLE"],
-                    &status.replicas.iter().map(|r| vec![r.id.to_string(), r.addr.clone(), r.role.clone()]).collect::<Vec<_>>(),
+                    &status
+                        .replicas
+                        .iter()
+                        .map(|r| vec![r.id.to_string(), r.addr.clone(), r.role.clone()])
+                        .collect::<Vec<_>>(),
                 );
             }
         }
@@ -315,13 +350,23 @@ async fn main() {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind;
-            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
                 let _ = e.print();
-                std::process::exit(if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand { 2 } else { 0 });
+                std::process::exit(if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                    2
+                } else {
+                    0
+                });
             }
             // One line: clap's first line, without its usage block.
             let rendered = e.render().to_string();
-            let line = rendered.lines().next().unwrap_or("invalid command line").trim_start_matches("error: ");
+            let line =
+                rendered.lines().next().unwrap_or("invalid command line").trim_start_matches("error: ");
             eprintln!("kairos: {line}");
             std::process::exit(2);
         }

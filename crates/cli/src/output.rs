@@ -126,7 +126,8 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) {
         }
     }
     let line = |cells: Vec<String>| {
-        let parts: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();
+        let parts: Vec<String> =
+            cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();
         println!("{}", parts.join("  ").trim_end());
     };
     line(header.iter().map(|h| h.to_string()).collect());
@@ -140,7 +141,11 @@ pub fn job_row(job: &pb::Job) -> Vec<String> {
     let gpus = if job.gpu_ids.is_empty() {
         text(&j["gpus"])
     } else {
-        format!("{}[{}]", text(&j["gpus"]), job.gpu_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
+        format!(
+            "{}[{}]",
+            text(&j["gpus"]),
+            job.gpu_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+        )
     };
     vec![
         text(&j["id"]),
@@ -159,8 +164,25 @@ pub const JOB_HEADER: [&str; 8] = ["ID", "NAME", "USER", "QOS", "STATE", "GPUS",
 pub fn print_job_details(job: &pb::Job) {
     let j = job_json(job);
     for key in [
-        "id", "name", "user", "state", "reason", "qos", "profile", "priority", "gpus", "node", "gpu_ids",
-        "exit_code", "signal", "attempt", "time_limit_s", "command", "submit_time", "start_time", "end_time",
+        "id",
+        "name",
+        "user",
+        "state",
+        "reason",
+        "qos",
+        "profile",
+        "priority",
+        "gpus",
+        "node",
+        "gpu_ids",
+        "exit_code",
+        "signal",
+        "attempt",
+        "time_limit_s",
+        "command",
+        "submit_time",
+        "start_time",
+        "end_time",
     ] {
         println!("{key:>13}: {}", text(&j[key]));
     }

@@ -69,12 +69,20 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
-    std::fs::create_dir_all(&args.data_dir).with_context(|| format!("creating {}", args.data_dir.display()))?;
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating {}", args.data_dir.display()))?;
     let data = |sub: &str| args.data_dir.join(sub).display().to_string();
 
     let controller = spawn(
         &sibling("kairosd"),
-        &["--id".into(), "1".into(), "--addr".into(), args.addr.clone(), "--data-dir".into(), data("controller-1")],
+        &[
+            "--id".into(),
+            "1".into(),
+            "--addr".into(),
+            args.addr.clone(),
+            "--data-dir".into(),
+            data("controller-1"),
+        ],
     )?;
     let mut children = vec![("kairosd", controller)];
     let agent = spawn(
@@ -99,8 +107,16 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             return Err(e);
         }
     }
-    println!("kairos up: controller {} (data {}), agent \"{}\" (logs service {})", args.addr, data("controller-1"), args.node_name, args.agent_addr);
-    println!("kairos up: try `kairos submit --gpus 1 -- nvidia-smi -L`, `kairos queue`; Ctrl-C stops the cluster");
+    println!(
+        "kairos up: controller {} (data {}), agent \"{}\" (logs service {})",
+        args.addr,
+        data("controller-1"),
+        args.node_name,
+        args.agent_addr
+    );
+    println!(
+        "kairos up: try `kairos submit --gpus 1 -- nvidia-smi -L`, `kairos queue`; Ctrl-C stops the cluster"
+    );
 
     let exited = loop {
         tokio::select! {

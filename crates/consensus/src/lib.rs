@@ -131,7 +131,7 @@ impl Replica {
             ..Config::default()
         };
         let raft_config = Arc::new(raft_config.validate().map_err(|e| ConsensusError::Raft(e.to_string()))?);
-        let raft = Raft::new(config.id, raft_config, network::Network::default(), log_store, sm)
+        let raft = Raft::new(config.id, raft_config, network::Network, log_store, sm)
             .await
             .map_err(|e| ConsensusError::Raft(e.to_string()))?;
         let initialized = raft.is_initialized().await.map_err(|e| ConsensusError::Raft(e.to_string()))?;
@@ -155,10 +155,9 @@ impl Replica {
         let req = Request { version: ENTRY_FORMAT_VERSION, commands };
         match self.raft.client_write(req).await {
             Ok(resp) => Ok(resp.data.outcomes),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(WriteError::NotLeader {
-                leader: f.leader_id,
-                leader_addr: f.leader_node.map(|n| n.addr),
-            }),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(WriteError::NotLeader { leader: f.leader_id, leader_addr: f.leader_node.map(|n| n.addr) })
+            }
             Err(e) => Err(WriteError::Raft(e.to_string())),
         }
     }
@@ -178,7 +177,8 @@ impl Replica {
     /// A status summary for operators.
     pub fn status(&self) -> ReplicaStatus {
         let m = self.raft.metrics().borrow().clone();
-        let (digest, applied_index) = self.read(|a| (state_digest(&a.state), a.last_applied.map(|l| l.index)));
+        let (digest, applied_index) =
+            self.read(|a| (state_digest(&a.state), a.last_applied.map(|l| l.index)));
         let members: BTreeMap<ReplicaId, String> =
             m.membership_config.nodes().map(|(id, n)| (*id, n.addr.clone())).collect();
         let voters: Vec<ReplicaId> = m.membership_config.voter_ids().collect();

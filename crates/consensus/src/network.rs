@@ -55,8 +55,10 @@ impl Connection {
                     .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?
                     .connect_timeout(option.hard_ttl())
                     .timeout(option.hard_ttl());
-                let channel = endpoint.connect().await.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
-                RaftServiceClient::new(channel).max_decoding_message_size(crate::service::RAFT_MESSAGE_BYTES_MAX)
+                let channel =
+                    endpoint.connect().await.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+                RaftServiceClient::new(channel)
+                    .max_decoding_message_size(crate::service::RAFT_MESSAGE_BYTES_MAX)
             }
         };
         let msg = RaftMessage { payload };
@@ -72,7 +74,9 @@ impl Connection {
         self.client = Some(client);
         let decoded: Result<Resp, RaftError<NodeId, E>> =
             serde_json::from_slice(&reply.payload).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        decoded.map_err(|e| RPCError::RemoteError(RemoteError::new_with_node(self.target, BasicNode::new(&self.addr), e)))
+        decoded.map_err(|e| {
+            RPCError::RemoteError(RemoteError::new_with_node(self.target, BasicNode::new(&self.addr), e))
+        })
     }
 }
 

@@ -22,11 +22,13 @@ impl RaftRpc {
 }
 
 fn decode<T: DeserializeOwned>(msg: &RaftMessage) -> Result<T, Status> {
-    serde_json::from_slice(&msg.payload).map_err(|e| Status::invalid_argument(format!("decoding raft message: {e}")))
+    serde_json::from_slice(&msg.payload)
+        .map_err(|e| Status::invalid_argument(format!("decoding raft message: {e}")))
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Response<RaftMessage>, Status> {
-    let payload = serde_json::to_vec(value).map_err(|e| Status::internal(format!("encoding raft reply: {e}")))?;
+    let payload =
+        serde_json::to_vec(value).map_err(|e| Status::internal(format!("encoding raft reply: {e}")))?;
     Ok(Response::new(RaftMessage { payload }))
 }
 

@@ -9,6 +9,9 @@
 //!
 //! Keys of the log tree are big-endian `u64` indices, so sled's order is the log's order.
 
+// openraft's traits fix `StorageError` as the error type; its size is not ours to choose.
+#![allow(clippy::result_large_err)]
+
 use std::fmt::Debug;
 use std::io::Cursor;
 use std::ops::RangeBounds;
@@ -17,8 +20,8 @@ use std::sync::{Arc, RwLock};
 use kairos_scheduler::ClusterState;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
 use openraft::{
-    Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, RaftSnapshotBuilder, SnapshotMeta,
-    StorageError, StorageIOError, StoredMembership, Vote,
+    Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, RaftSnapshotBuilder, SnapshotMeta, StorageError,
+    StorageIOError, StoredMembership, Vote,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -86,9 +89,11 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let mut entries = Vec::new();
         for item in self.log.range(start.to_be_bytes()..) {
             let (key, value) = item.map_err(read_err)?;
-            let index = u64::from_be_bytes(key.as_ref().try_into().map_err(|_| {
-                read_err(std::io::Error::other("log key is not 8 bytes"))
-            })?);
+            let index = u64::from_be_bytes(
+                key.as_ref()
+                    .try_into()
+                    .map_err(|_| read_err(std::io::Error::other("log key is not 8 bytes")))?,
+            );
             if !range.contains(&index) {
                 break;
             }
@@ -221,7 +226,12 @@ impl StateMachineStore {
         }
         let index = applied.last_applied.map(|l| l.index).unwrap_or(0);
         applied_tx.send_replace(index);
-        Ok(StateMachineStore { db: db.clone(), snapshots, shared: Arc::new(RwLock::new(applied)), applied_tx })
+        Ok(StateMachineStore {
+            db: db.clone(),
+            snapshots,
+            shared: Arc::new(RwLock::new(applied)),
+            applied_tx,
+        })
     }
 
     pub fn shared(&self) -> SharedState {
@@ -339,7 +349,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> StorageResult<()> {
         let data = snapshot.into_inner();
-        let state = decode_snapshot(&data).map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
+        let state =
+            decode_snapshot(&data).map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
         let stored = StoredSnapshot { meta: meta.clone(), data };
         self.save_snapshot(&stored).await?;
         {

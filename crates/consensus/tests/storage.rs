@@ -63,7 +63,10 @@ async fn acknowledged_writes_survive_restart_through_snapshot_and_log_tail() {
         let replica = Replica::open(&config, dir.path(), &members).await.unwrap();
         wait_leader(&replica).await;
         for n in 0..25 {
-            let outcomes = replica.write(vec![Command { now_ms: n as i64, op: Op::Submit { spec: spec(n) } }]).await.unwrap();
+            let outcomes = replica
+                .write(vec![Command { now_ms: n as i64, op: Op::Submit { spec: spec(n) } }])
+                .await
+                .unwrap();
             match &outcomes[..] {
                 [Outcome::Submitted { job }] => assert!(acked.insert(*job)),
                 other => panic!("unexpected outcomes {other:?}"),
@@ -108,7 +111,8 @@ async fn acknowledged_writes_survive_restart_through_snapshot_and_log_tail() {
     assert_eq!(replica.read(|a| a.state.jobs.len()), 25);
     assert_eq!(replica.status().state_digest, digest_before);
     // Ids continue after the restart instead of being reused.
-    let outcomes = replica.write(vec![Command { now_ms: 99, op: Op::Submit { spec: spec(99) } }]).await.unwrap();
+    let outcomes =
+        replica.write(vec![Command { now_ms: 99, op: Op::Submit { spec: spec(99) } }]).await.unwrap();
     assert_eq!(outcomes, vec![Outcome::Submitted { job: 26 }]);
     replica.raft.shutdown().await.unwrap();
 }

@@ -21,8 +21,8 @@ pub mod validate;
 mod testing;
 
 pub use model::{
-    Allocation, Gpu, GpuIndex, Job, JobEvent, JobId, JobSpec, JobState, Node, NodeInfo, NodeState,
-    Profile, StopReason,
+    Allocation, Gpu, GpuIndex, Job, JobEvent, JobId, JobSpec, JobState, Node, NodeInfo, NodeState, Profile,
+    StopReason,
 };
 pub use planner::{plan, PendingReason, PlanOutput};
 pub use state::{ClusterState, Command, Op, Outcome, Placement, Plan, Rejection, RunExit};

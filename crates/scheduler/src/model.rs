@@ -84,12 +84,7 @@ impl Node {
 
     /// Indices of GPUs not held by any job, in ascending order.
     pub fn free_gpus(&self) -> Vec<GpuIndex> {
-        self.info
-            .gpus
-            .iter()
-            .map(|g| g.index)
-            .filter(|i| !self.allocated.contains_key(i))
-            .collect()
+        self.info.gpus.iter().map(|g| g.index).filter(|i| !self.allocated.contains_key(i)).collect()
     }
 }
 

@@ -52,8 +52,7 @@ struct FreeNode<'a> {
 
 /// Pending jobs in the order the planner considers them.
 pub fn queue_order(state: &ClusterState) -> Vec<&Job> {
-    let mut pending: Vec<&Job> =
-        state.jobs.values().filter(|j| j.state == JobState::Pending).collect();
+    let mut pending: Vec<&Job> = state.jobs.values().filter(|j| j.state == JobState::Pending).collect();
     pending.sort_by_key(|j| (std::cmp::Reverse(j.priority), j.id));
     pending
 }
@@ -75,13 +74,8 @@ pub fn plan(state: &ClusterState) -> PlanOutput {
                 .collect(),
         })
         .collect();
-    let largest_up = state
-        .nodes
-        .values()
-        .filter(|n| n.state == NodeState::Up)
-        .map(|n| n.gpu_count())
-        .max()
-        .unwrap_or(0);
+    let largest_up =
+        state.nodes.values().filter(|n| n.state == NodeState::Up).map(|n| n.gpu_count()).max().unwrap_or(0);
 
     let mut out = PlanOutput::default();
     let mut blocked = false;
@@ -113,10 +107,7 @@ pub fn plan(state: &ClusterState) -> PlanOutput {
 /// Picks a node and GPUs for `count` GPUs, and takes them from `nodes`.
 fn place(nodes: &mut [FreeNode], count: u32) -> Option<(String, Vec<GpuIndex>)> {
     let count = count as usize;
-    let node = nodes
-        .iter_mut()
-        .filter(|n| n.free.len() >= count)
-        .min_by_key(|n| (n.free.len(), n.name))?;
+    let node = nodes.iter_mut().filter(|n| n.free.len() >= count).min_by_key(|n| (n.free.len(), n.name))?;
     let gpus = pick_gpus(&node.free, count);
     node.free.retain(|(i, _)| !gpus.contains(i));
     Some((node.name.to_string(), gpus))
@@ -139,8 +130,8 @@ fn pick_gpus(free: &[(GpuIndex, u32)], count: usize) -> Vec<GpuIndex> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{node_info, spec};
     use crate::state::{Command, Op, Outcome};
+    use crate::testing::{node_info, spec};
 
     fn state_with(nodes: &[(&str, u32)]) -> ClusterState {
         let mut s = ClusterState::new();
@@ -199,8 +190,10 @@ mod tests {
         let mut s = state_with(&[("a", 8), ("b", 8)]);
         let j1 = submit(&mut s, 6, "batch");
         let out = plan(&s);
-        assert_eq!(s.apply(&Command { now_ms: 3, op: Op::ApplyPlan { plan: out.plan } }),
-            Outcome::PlanApplied { accepted: vec![j1], rejected: vec![] });
+        assert_eq!(
+            s.apply(&Command { now_ms: 3, op: Op::ApplyPlan { plan: out.plan } }),
+            Outcome::PlanApplied { accepted: vec![j1], rejected: vec![] }
+        );
         let j2 = submit(&mut s, 2, "batch");
         let out = plan(&s);
         // "a" has 2 free GPUs left: the 2-GPU job goes there, keeping "b" whole.
@@ -209,7 +202,10 @@ mod tests {
         let j3 = submit(&mut s, 4, "batch");
         let mut out = plan(&s);
         out.plan.placements.retain(|p| p.job == j3);
-        assert_eq!(out.plan.placements, vec![Placement { job: j3, node: "b".into(), gpus: vec![0, 1, 2, 3] }]);
+        assert_eq!(
+            out.plan.placements,
+            vec![Placement { job: j3, node: "b".into(), gpus: vec![0, 1, 2, 3] }]
+        );
     }
 
     #[test]

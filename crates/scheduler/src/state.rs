@@ -91,12 +91,28 @@ impl std::fmt::Display for Rejection {
 /// What applying one command did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
-    Submitted { job: JobId },
-    Cancelled { job: JobId, was_running: bool },
-    NodeRegistered { node: String },
-    NodeDown { node: String, failed_jobs: Vec<JobId> },
-    PlanApplied { accepted: Vec<JobId>, rejected: Vec<(JobId, String)> },
-    RunUpdated { job: JobId, state: JobState },
+    Submitted {
+        job: JobId,
+    },
+    Cancelled {
+        job: JobId,
+        was_running: bool,
+    },
+    NodeRegistered {
+        node: String,
+    },
+    NodeDown {
+        node: String,
+        failed_jobs: Vec<JobId>,
+    },
+    PlanApplied {
+        accepted: Vec<JobId>,
+        rejected: Vec<(JobId, String)>,
+    },
+    RunUpdated {
+        job: JobId,
+        state: JobState,
+    },
     /// A stale or duplicate report: nothing to do.
     Ignored(String),
     Rejected(Rejection),
@@ -129,9 +145,7 @@ impl ClusterState {
             Op::NodeDown { node, reason } => self.node_down(node, reason, now),
             Op::ApplyPlan { plan } => self.apply_plan(plan, now),
             Op::JobStarted { job, attempt, node } => self.job_started(*job, *attempt, node, now),
-            Op::JobExited { job, attempt, node, exit } => {
-                self.job_exited(*job, *attempt, node, exit, now)
-            }
+            Op::JobExited { job, attempt, node, exit } => self.job_exited(*job, *attempt, node, exit, now),
             Op::EnforceTimeLimit { job, attempt } => self.enforce_time_limit(*job, *attempt, now),
         }
     }
@@ -445,7 +459,10 @@ impl ClusterState {
                     return Err(format!("node {name} allocates missing GPU {gpu}"));
                 }
                 let job = self.jobs.get(holder).ok_or(format!("GPU held by unknown job {holder}"))?;
-                let alloc = job.allocation.as_ref().ok_or(format!("job {holder} holds GPU {gpu} without allocation"))?;
+                let alloc = job
+                    .allocation
+                    .as_ref()
+                    .ok_or(format!("job {holder} holds GPU {gpu} without allocation"))?;
                 if job.state != JobState::Running || alloc.node != *name || !alloc.gpus.contains(gpu) {
                     return Err(format!("GPU {gpu} of {name} held by job {holder} which does not own it"));
                 }
@@ -454,7 +471,8 @@ impl ClusterState {
         for job in self.jobs.values() {
             match (&job.allocation, job.state) {
                 (Some(alloc), JobState::Running) => {
-                    let node = self.nodes.get(&alloc.node).ok_or(format!("job {} on unknown node", job.id))?;
+                    let node =
+                        self.nodes.get(&alloc.node).ok_or(format!("job {} on unknown node", job.id))?;
                     for gpu in &alloc.gpus {
                         if node.allocated.get(gpu) != Some(&job.id) {
                             return Err(format!("job {} lists GPU {gpu} it does not hold", job.id));

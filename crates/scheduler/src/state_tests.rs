@@ -91,7 +91,8 @@ fn run_lifecycle_completed_failed_cancelled_timeout() {
         assert!(s.jobs[&j].allocation.as_ref().unwrap().started);
     }
     // A report about another attempt or node is ignored.
-    let stale = s.apply(&cmd(5, Op::JobExited { job: ok, attempt: 1, node: "n1".into(), exit: RunExit::Code(0) }));
+    let stale =
+        s.apply(&cmd(5, Op::JobExited { job: ok, attempt: 1, node: "n1".into(), exit: RunExit::Code(0) }));
     assert!(matches!(stale, Outcome::Ignored(_)));
     s.apply(&cmd(5, Op::JobExited { job: ok, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) }));
     s.apply(&cmd(5, Op::JobExited { job: bad, attempt: 0, node: "n1".into(), exit: RunExit::Code(3) }));
@@ -99,21 +100,36 @@ fn run_lifecycle_completed_failed_cancelled_timeout() {
     assert_eq!(s.jobs[&bad].state, JobState::Failed);
     assert_eq!(s.jobs[&bad].exit_code, Some(3));
 
-    assert_eq!(s.apply(&cmd(6, Op::Cancel { job: cancel, by: "alice".into() })), Outcome::Cancelled { job: cancel, was_running: true });
+    assert_eq!(
+        s.apply(&cmd(6, Op::Cancel { job: cancel, by: "alice".into() })),
+        Outcome::Cancelled { job: cancel, was_running: true }
+    );
     assert_eq!(s.jobs[&cancel].state, JobState::Running, "stays running until the agent confirms");
     assert_eq!(s.jobs[&cancel].allocation.as_ref().unwrap().stop, Some(StopReason::Cancelled));
     s.apply(&cmd(7, Op::JobExited { job: cancel, attempt: 0, node: "n1".into(), exit: RunExit::Signal(9) }));
     assert_eq!(s.jobs[&cancel].state, JobState::Cancelled);
-    assert!(matches!(s.apply(&cmd(8, Op::Cancel { job: cancel, by: "a".into() })), Outcome::Rejected(Rejection::FailedPrecondition(_))));
-    assert!(matches!(s.apply(&cmd(8, Op::Cancel { job: 999, by: "a".into() })), Outcome::Rejected(Rejection::NotFound(_))));
+    assert!(matches!(
+        s.apply(&cmd(8, Op::Cancel { job: cancel, by: "a".into() })),
+        Outcome::Rejected(Rejection::FailedPrecondition(_))
+    ));
+    assert!(matches!(
+        s.apply(&cmd(8, Op::Cancel { job: 999, by: "a".into() })),
+        Outcome::Rejected(Rejection::NotFound(_))
+    ));
 
     // Started at 4 ms with a 10 s limit: not expired at 10.003 s, expired at 10.004 s.
     assert!(s.expired_runs(10_003).is_empty());
     assert_eq!(s.expired_runs(10_004), vec![(timeout, 0)]);
-    assert!(matches!(s.apply(&cmd(10_000, Op::EnforceTimeLimit { job: timeout, attempt: 0 })), Outcome::Ignored(_)));
+    assert!(matches!(
+        s.apply(&cmd(10_000, Op::EnforceTimeLimit { job: timeout, attempt: 0 })),
+        Outcome::Ignored(_)
+    ));
     s.apply(&cmd(14_004, Op::EnforceTimeLimit { job: timeout, attempt: 0 }));
     assert!(s.expired_runs(20_000).is_empty(), "a stopping job is not reported again");
-    s.apply(&cmd(14_100, Op::JobExited { job: timeout, attempt: 0, node: "n1".into(), exit: RunExit::Signal(9) }));
+    s.apply(&cmd(
+        14_100,
+        Op::JobExited { job: timeout, attempt: 0, node: "n1".into(), exit: RunExit::Signal(9) },
+    ));
     assert_eq!(s.jobs[&timeout].state, JobState::Timeout);
     assert!(s.nodes["n1"].allocated.is_empty());
     s.check_invariants().unwrap();
@@ -146,20 +162,43 @@ fn clock_never_goes_backwards() {
 /// An abstract step of the property tests; indices are resolved against the current state.
 #[derive(Clone, Debug)]
 enum Step {
-    Register { node: u8, gpus: u32 },
-    Submit { gpus: u32, qos: u8 },
-    Cancel { job: u8 },
+    Register {
+        node: u8,
+        gpus: u32,
+    },
+    Submit {
+        gpus: u32,
+        qos: u8,
+    },
+    Cancel {
+        job: u8,
+    },
     Plan,
     /// A plan computed now but applied after a few more steps.
     SavePlan,
     ApplySaved,
     /// A hand-made placement, often invalid.
-    Forge { job: u8, node: u8, gpus: Vec<u32> },
-    Started { job: u8 },
-    Exited { job: u8, code: i32 },
-    NodeDown { node: u8 },
-    TimeLimit { job: u8 },
-    Tick { ms: u32 },
+    Forge {
+        job: u8,
+        node: u8,
+        gpus: Vec<u32>,
+    },
+    Started {
+        job: u8,
+    },
+    Exited {
+        job: u8,
+        code: i32,
+    },
+    NodeDown {
+        node: u8,
+    },
+    TimeLimit {
+        job: u8,
+    },
+    Tick {
+        ms: u32,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -192,7 +231,9 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
         let job_id = |j: &u8| u64::from(*j) + 1;
         let node_name = |n: &u8| format!("n{n}");
         let op = match step {
-            Step::Register { node, gpus } => Some(Op::RegisterNode { info: node_info(&node_name(node), *gpus) }),
+            Step::Register { node, gpus } => {
+                Some(Op::RegisterNode { info: node_info(&node_name(node), *gpus) })
+            }
             Step::Submit { gpus, qos } => {
                 let mut sp = spec(*gpus, QOS[*qos as usize]);
                 sp.time_limit_s = Some(60);
@@ -206,13 +247,21 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
             }
             Step::ApplySaved => Some(Op::ApplyPlan { plan: saved.clone() }),
             Step::Forge { job, node, gpus } => Some(Op::ApplyPlan {
-                plan: Plan { placements: vec![Placement { job: job_id(job), node: node_name(node), gpus: gpus.clone() }] },
+                plan: Plan {
+                    placements: vec![Placement {
+                        job: job_id(job),
+                        node: node_name(node),
+                        gpus: gpus.clone(),
+                    }],
+                },
             }),
             Step::Started { job } | Step::Exited { job, .. } => {
                 let id = job_id(job);
                 s.jobs.get(&id).and_then(|j| j.allocation.as_ref().map(|a| (j.attempt, a.node.clone()))).map(
                     |(attempt, node)| match step {
-                        Step::Exited { code, .. } => Op::JobExited { job: id, attempt, node, exit: RunExit::Code(*code) },
+                        Step::Exited { code, .. } => {
+                            Op::JobExited { job: id, attempt, node, exit: RunExit::Code(*code) }
+                        }
                         _ => Op::JobStarted { job: id, attempt, node },
                     },
                 )

@@ -13,7 +13,10 @@ pub struct Admin {
 
 #[tonic::async_trait]
 impl AdminService for Admin {
-    async fn list_nodes(&self, _request: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
+    async fn list_nodes(
+        &self,
+        _request: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
         let heartbeats = self.ctx.heartbeats.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let nodes = self.ctx.replica.read(|a| {
             a.state
@@ -38,11 +41,7 @@ impl AdminService for Admin {
             last_log_index: s.last_log_index,
             applied_index: s.applied_index,
             state_digest: s.state_digest,
-            replicas: s
-                .replicas
-                .into_iter()
-                .map(|(id, addr, role)| pb::Replica { id, addr, role })
-                .collect(),
+            replicas: s.replicas.into_iter().map(|(id, addr, role)| pb::Replica { id, addr, role }).collect(),
         }))
     }
 }

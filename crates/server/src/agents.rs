@@ -57,7 +57,10 @@ fn check_node(ctx: &Ctx, node: &str) -> Result<(), Status> {
 
 #[tonic::async_trait]
 impl AgentService for Agents {
-    async fn register(&self, request: Request<pb::RegisterRequest>) -> Result<Response<pb::RegisterResponse>, Status> {
+    async fn register(
+        &self,
+        request: Request<pb::RegisterRequest>,
+    ) -> Result<Response<pb::RegisterResponse>, Status> {
         let info = node_info_from_pb(request.into_inner().node)?;
         let name = info.name.clone();
         match self.ctx.write(Op::RegisterNode { info }).await? {
@@ -75,14 +78,20 @@ impl AgentService for Agents {
         }
     }
 
-    async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
+    async fn heartbeat(
+        &self,
+        request: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         let req = request.into_inner();
         check_node(&self.ctx, &req.node_id)?;
         let down = self.ctx.replica.read(|a| {
             a.state.nodes.get(&req.node_id).is_some_and(|n| n.state == kairos_scheduler::NodeState::Down)
         });
         if down {
-            return Err(Status::failed_precondition(format!("node \"{}\" is down; register again", req.node_id)));
+            return Err(Status::failed_precondition(format!(
+                "node \"{}\" is down; register again",
+                req.node_id
+            )));
         }
         self.ctx.record_heartbeat(&req.node_id);
         Ok(Response::new(pb::HeartbeatResponse {}))
@@ -90,7 +99,10 @@ impl AgentService for Agents {
 
     type AssignmentsStream = Pin<Box<dyn Stream<Item = Result<pb::AssignmentSet, Status>> + Send>>;
 
-    async fn assignments(&self, request: Request<pb::AssignmentsRequest>) -> Result<Response<Self::AssignmentsStream>, Status> {
+    async fn assignments(
+        &self,
+        request: Request<pb::AssignmentsRequest>,
+    ) -> Result<Response<Self::AssignmentsStream>, Status> {
         let node = request.into_inner().node_id;
         check_node(&self.ctx, &node)?;
         let replica = self.ctx.replica.clone();
@@ -117,18 +129,28 @@ impl AgentService for Agents {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
-    async fn report_status(&self, request: Request<pb::StatusReport>) -> Result<Response<pb::StatusAck>, Status> {
+    async fn report_status(
+        &self,
+        request: Request<pb::StatusReport>,
+    ) -> Result<Response<pb::StatusAck>, Status> {
         let r = request.into_inner();
         check_node(&self.ctx, &r.node_id)?;
         let op = match pb::RunStatus::try_from(r.status) {
-            Ok(pb::RunStatus::Started) => Op::JobStarted { job: r.job_id, attempt: r.attempt, node: r.node_id },
+            Ok(pb::RunStatus::Started) => {
+                Op::JobStarted { job: r.job_id, attempt: r.attempt, node: r.node_id }
+            }
             Ok(pb::RunStatus::Exited) => {
                 let exit = if r.signal != 0 { RunExit::Signal(r.signal) } else { RunExit::Code(r.exit_code) };
                 Op::JobExited { job: r.job_id, attempt: r.attempt, node: r.node_id, exit }
             }
             Ok(pb::RunStatus::Lost) => {
                 let message: String = r.message.chars().take(512).collect();
-                Op::JobExited { job: r.job_id, attempt: r.attempt, node: r.node_id, exit: RunExit::Lost(message) }
+                Op::JobExited {
+                    job: r.job_id,
+                    attempt: r.attempt,
+                    node: r.node_id,
+                    exit: RunExit::Lost(message),
+                }
             }
             _ => return Err(Status::invalid_argument(format!("status: unknown run status {}", r.status))),
         };

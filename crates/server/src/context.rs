@@ -43,11 +43,8 @@ pub fn now_ms() -> i64 {
 impl Ctx {
     /// Commits one command and returns its outcome.
     pub async fn write(&self, op: Op) -> Result<Outcome, Status> {
-        let outcomes = self
-            .replica
-            .write(vec![Command { now_ms: now_ms(), op }])
-            .await
-            .map_err(write_status)?;
+        let outcomes =
+            self.replica.write(vec![Command { now_ms: now_ms(), op }]).await.map_err(write_status)?;
         outcomes.into_iter().next().ok_or_else(|| Status::internal("commit returned no outcome"))
     }
 
@@ -87,7 +84,10 @@ pub fn caller<T>(req: &tonic::Request<T>) -> Result<String, Status> {
         None => Ok("anonymous".to_string()),
         Some(v) => {
             let user = v.to_str().map_err(|_| Status::invalid_argument("kairos-user: not ASCII"))?;
-            if user.is_empty() || user.len() > 64 || !user.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
+            if user.is_empty()
+                || user.len() > 64
+                || !user.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+            {
                 return Err(Status::invalid_argument("kairos-user: 1-64 characters of [A-Za-z0-9._-]"));
             }
             Ok(user.to_string())

@@ -5,7 +5,9 @@
 
 use kairos_proto::v1 as pb;
 use kairos_scheduler::qos::{default_qos, find_qos};
-use kairos_scheduler::{validate_spec, Gpu, Job, JobSpec, JobState, Node, NodeInfo, NodeState, PendingReason, Profile};
+use kairos_scheduler::{
+    validate_spec, Gpu, Job, JobSpec, JobState, Node, NodeInfo, NodeState, PendingReason, Profile,
+};
 use tonic::Status;
 
 fn unimplemented(field: &str, what: &str) -> Status {
@@ -164,7 +166,13 @@ pub fn node_info_from_pb(info: Option<pb::NodeInfo>) -> Result<NodeInfo, Status>
         gpus: info
             .gpus
             .into_iter()
-            .map(|g| Gpu { index: g.index, uuid: g.uuid, model: g.model, memory_mib: g.memory_mib, link_group: g.link_group })
+            .map(|g| Gpu {
+                index: g.index,
+                uuid: g.uuid,
+                model: g.model,
+                memory_mib: g.memory_mib,
+                link_group: g.link_group,
+            })
             .collect(),
         cpus: info.cpus,
         memory_mib: info.memory_mib,

@@ -43,7 +43,10 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl JobService for Jobs {
-    async fn submit(&self, request: Request<pb::SubmitRequest>) -> Result<Response<pb::SubmitResponse>, Status> {
+    async fn submit(
+        &self,
+        request: Request<pb::SubmitRequest>,
+    ) -> Result<Response<pb::SubmitResponse>, Status> {
         let user = caller(&request)?;
         let spec = job_spec_from_pb(request.into_inner().spec, &user)?;
         match self.ctx.write(Op::Submit { spec }).await? {
@@ -62,7 +65,10 @@ impl JobService for Jobs {
         Ok(Response::new(self.ctx.replica.read(|a| job_view(&a.state, id))?))
     }
 
-    async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
+    async fn list_jobs(
+        &self,
+        request: Request<pb::ListJobsRequest>,
+    ) -> Result<Response<pb::ListJobsResponse>, Status> {
         let req = request.into_inner();
         let limit = match req.limit as usize {
             0 => LIST_LIMIT_DEFAULT,
@@ -101,7 +107,9 @@ impl JobService for Jobs {
         let user = caller(&request)?;
         let id = check_id(request.into_inner().job_id)?;
         match self.ctx.write(Op::Cancel { job: id, by: user }).await? {
-            Outcome::Cancelled { .. } => Ok(Response::new(self.ctx.replica.read(|a| job_view(&a.state, id))?)),
+            Outcome::Cancelled { .. } => {
+                Ok(Response::new(self.ctx.replica.read(|a| job_view(&a.state, id))?))
+            }
             Outcome::Rejected(r) => Err(rejection_status(r)),
             other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
         }
@@ -109,7 +117,10 @@ impl JobService for Jobs {
 
     type WatchJobStream = BoxStream<pb::Job>;
 
-    async fn watch_job(&self, request: Request<pb::WatchJobRequest>) -> Result<Response<Self::WatchJobStream>, Status> {
+    async fn watch_job(
+        &self,
+        request: Request<pb::WatchJobRequest>,
+    ) -> Result<Response<Self::WatchJobStream>, Status> {
         let id = check_id(request.into_inner().job_id)?;
         let mut applied = self.ctx.replica.applied.clone();
         let first = self.ctx.replica.read(|a| job_view(&a.state, id))?;
@@ -138,13 +149,19 @@ impl JobService for Jobs {
 
     type StreamLogsStream = BoxStream<pb::LogChunk>;
 
-    async fn stream_logs(&self, request: Request<pb::LogsRequest>) -> Result<Response<Self::StreamLogsStream>, Status> {
+    async fn stream_logs(
+        &self,
+        request: Request<pb::LogsRequest>,
+    ) -> Result<Response<Self::StreamLogsStream>, Status> {
         let mut req = request.into_inner();
         let id = check_id(req.job_id)?;
         let (node, attempt) = self.ctx.replica.read(|a| {
-            let job = a.state.jobs.get(&id).ok_or_else(|| Status::not_found(format!("job {id} not found")))?;
+            let job =
+                a.state.jobs.get(&id).ok_or_else(|| Status::not_found(format!("job {id} not found")))?;
             if job.last_node.is_empty() {
-                return Err(Status::failed_precondition(format!("job {id} has not started yet; it has no logs")));
+                return Err(Status::failed_precondition(format!(
+                    "job {id} has not started yet; it has no logs"
+                )));
             }
             let node = a
                 .state
@@ -157,10 +174,9 @@ impl JobService for Jobs {
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", node.addr))
             .map_err(|e| Status::internal(format!("node \"{}\" has a bad address: {e}", node.name)))?
             .connect_timeout(std::time::Duration::from_secs(5));
-        let channel = endpoint
-            .connect()
-            .await
-            .map_err(|e| Status::unavailable(format!("cannot reach node \"{}\" at {} for logs: {e}", node.name, node.addr)))?;
+        let channel = endpoint.connect().await.map_err(|e| {
+            Status::unavailable(format!("cannot reach node \"{}\" at {} for logs: {e}", node.name, node.addr))
+        })?;
         let stream = AgentLogServiceClient::new(channel).read_logs(req).await?.into_inner();
         Ok(Response::new(Box::pin(stream.map(|r| r))))
     }
@@ -169,6 +185,9 @@ impl JobService for Jobs {
 fn is_terminal(job: &pb::Job) -> bool {
     !matches!(
         pb::JobState::try_from(job.state),
-        Ok(pb::JobState::Pending | pb::JobState::Running | pb::JobState::Preempting | pb::JobState::Suspended)
+        Ok(pb::JobState::Pending
+            | pb::JobState::Running
+            | pb::JobState::Preempting
+            | pb::JobState::Suspended)
     )
 }

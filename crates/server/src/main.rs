@@ -69,7 +69,9 @@ fn parse_peers(args: &Args) -> anyhow::Result<BTreeMap<ReplicaId, String>> {
     }
     match members.get(&args.id) {
         Some(addr) if *addr == args.addr => Ok(members),
-        Some(addr) => bail!("--peers gives replica {} the address {addr}, but --addr is {}", args.id, args.addr),
+        Some(addr) => {
+            bail!("--peers gives replica {} the address {addr}, but --addr is {}", args.id, args.addr)
+        }
         None => bail!("--peers does not include this replica ({})", args.id),
     }
 }
@@ -102,9 +104,8 @@ async fn main() -> anyhow::Result<()> {
     let members = parse_peers(&args)?;
     let listen: std::net::SocketAddr =
         args.addr.parse().with_context(|| format!("--addr \"{}\" is not HOST:PORT", args.addr))?;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("binding {listen}"))?;
+    let listener =
+        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
 
     let config = ReplicaConfig { id: args.id, addr: args.addr.clone(), snapshot_logs: args.snapshot_logs };
     let replica = Replica::open(&config, &args.data_dir, &members)
@@ -135,14 +136,22 @@ async fn main() -> anyhow::Result<()> {
         .add_service(health_service)
         .add_service(reflection)
         .add_service(
-            JobServiceServer::new(jobs::Jobs { ctx: ctx.clone() }).max_decoding_message_size(API_MESSAGE_BYTES_MAX),
+            JobServiceServer::new(jobs::Jobs { ctx: ctx.clone() })
+                .max_decoding_message_size(API_MESSAGE_BYTES_MAX),
         )
-        .add_service(AgentServiceServer::new(agents::Agents { ctx: ctx.clone() }).max_decoding_message_size(API_MESSAGE_BYTES_MAX))
+        .add_service(
+            AgentServiceServer::new(agents::Agents { ctx: ctx.clone() })
+                .max_decoding_message_size(API_MESSAGE_BYTES_MAX),
+        )
         .add_service(AdminServiceServer::new(admin::Admin { ctx: ctx.clone() }))
         .add_service(
-            RaftServiceServer::new(RaftRpc::new(replica.raft.clone())).max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX),
+            RaftServiceServer::new(RaftRpc::new(replica.raft.clone()))
+                .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX),
         )
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown_signal())
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown_signal(),
+        )
         .await
         .context("serving gRPC")?;
 

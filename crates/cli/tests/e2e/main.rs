@@ -56,7 +56,8 @@ fn nine_one_gpu_jobs_on_eight_gpus_never_overlap_past_capacity() {
         let mut parts = start.split_whitespace();
         let t0: u128 = parts.next().unwrap().parse().unwrap();
         let gpu: String = parts.next().unwrap().to_string();
-        let t1: u128 = std::fs::read_to_string(stamps.join(format!("{id}.end"))).unwrap().trim().parse().unwrap();
+        let t1: u128 =
+            std::fs::read_to_string(stamps.join(format!("{id}.end"))).unwrap().trim().parse().unwrap();
         intervals.push((t0, t1, gpu));
     }
     let mut peak = 0;
@@ -79,8 +80,11 @@ fn controller_kill_9_and_restart_keeps_every_acknowledged_job() {
         let running = c.jobs().iter().filter(|j| j["state"] == "RUNNING").count();
         (running == 2).then_some(())
     });
-    let before: Vec<(u64, String)> =
-        c.jobs().iter().map(|j| (j["id"].as_u64().unwrap(), j["state"].as_str().unwrap().to_string())).collect();
+    let before: Vec<(u64, String)> = c
+        .jobs()
+        .iter()
+        .map(|j| (j["id"].as_u64().unwrap(), j["state"].as_str().unwrap().to_string()))
+        .collect();
     assert!(before.iter().any(|(_, s)| s == "PENDING"), "{before:?}");
     c.kill_controller();
     c.start_controller();
@@ -94,7 +98,9 @@ fn controller_kill_9_and_restart_keeps_every_acknowledged_job() {
     for (id, state) in &before {
         let now = c.job(*id)["state"].as_str().unwrap().to_string();
         // States only move forward across the restart.
-        let ok = now == *state || (state == "PENDING" && now != "PENDING") || (state == "RUNNING" && now == "COMPLETED");
+        let ok = now == *state
+            || (state == "PENDING" && now != "PENDING")
+            || (state == "RUNNING" && now == "COMPLETED");
         assert!(ok, "job {id} was {state} before the restart and is {now} after");
     }
     // The agent reconnects and the queue drains.
@@ -206,7 +212,12 @@ fn kairos_up_stops_cleanly_on_sigterm_leaving_no_processes() {
         .spawn()
         .unwrap();
     let cli = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_kairos")).arg("--controllers").arg(&addr).args(args).output().unwrap()
+        std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+            .arg("--controllers")
+            .arg(&addr)
+            .args(args)
+            .output()
+            .unwrap()
     };
     wait_for("kairos up to serve", || {
         let out = cli(&["nodes", "--json"]);
