@@ -279,3 +279,96 @@ impl Runner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assignment(job: u64, argv: &[&str], started: bool, kill: bool) -> pb::Assignment {
+        pb::Assignment {
+            job_id: job,
+            attempt: 0,
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            env: Default::default(),
+            workdir: String::new(),
+            gpu_ids: vec![3, 5],
+            started,
+            kill,
+            kill_grace_s: 1,
+        }
+    }
+
+    async fn next(rx: &mut mpsc::Receiver<pb::StatusReport>) -> pb::StatusReport {
+        tokio::time::timeout(Duration::from_secs(20), rx.recv())
+            .await
+            .expect("a report in time")
+            .expect("open")
+    }
+
+    fn set(runs: Vec<pb::Assignment>) -> pb::AssignmentSet {
+        pb::AssignmentSet { runs, applied_index: 1 }
+    }
+
+    #[tokio::test]
+    async fn launches_once_reports_exit_and_never_relaunches() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = mpsc::channel(16);
+        let runner = Runner::new("n1", dir.path(), tx);
+        let a =
+            assignment(7, &["sh", "-c", "echo $CUDA_VISIBLE_DEVICES $KAIROS_JOB_ID; exit 4"], false, false);
+        runner.reconcile(&set(vec![a.clone()]));
+        let started = next(&mut rx).await;
+        assert_eq!((started.job_id, started.status), (7, pb::RunStatus::Started as i32));
+        let exited = next(&mut rx).await;
+        assert_eq!((exited.status, exited.exit_code), (pb::RunStatus::Exited as i32, 4));
+        let log = std::fs::read_to_string(log_path(dir.path(), 7, 0)).unwrap();
+        assert_eq!(log, "3,5 7\n");
+        // The same set again (the controller has not applied the exit yet): the exit is
+        // reported again, and the run is not launched a second time.
+        runner.reconcile(&set(vec![a]));
+        let again = next(&mut rx).await;
+        assert_eq!((again.status, again.exit_code), (pb::RunStatus::Exited as i32, 4));
+        assert_eq!(std::fs::read_to_string(log_path(dir.path(), 7, 0)).unwrap(), "3,5 7\n");
+    }
+
+    #[tokio::test]
+    async fn a_started_run_this_agent_lacks_is_lost_not_relaunched() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = mpsc::channel(16);
+        let runner = Runner::new("n1", dir.path(), tx);
+        runner.reconcile(&set(vec![assignment(9, &["true"], true, false)]));
+        let r = next(&mut rx).await;
+        assert_eq!((r.job_id, r.status), (9, pb::RunStatus::Lost as i32));
+        assert!(!log_path(dir.path(), 9, 0).exists(), "the run was launched");
+    }
+
+    #[tokio::test]
+    async fn kill_stops_the_group_and_unassigned_runs_are_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = mpsc::channel(16);
+        let runner = Runner::new("n1", dir.path(), tx);
+        let a = assignment(1, &["sleep", "300"], false, false);
+        let b = assignment(2, &["sleep", "300"], false, false);
+        runner.reconcile(&set(vec![a.clone(), b]));
+        next(&mut rx).await;
+        next(&mut rx).await;
+        assert_eq!(runner.running().len(), 2);
+        // Job 1 is to be killed; job 2 is no longer assigned at all.
+        runner.reconcile(&set(vec![pb::Assignment { kill: true, ..a }]));
+        let mut exits = vec![next(&mut rx).await, next(&mut rx).await];
+        exits.sort_by_key(|r| r.job_id);
+        assert_eq!(exits.iter().map(|r| (r.job_id, r.signal)).collect::<Vec<_>>(), vec![(1, 15), (2, 9)]);
+        assert!(runner.running().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_command_that_cannot_start_is_reported_lost_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = mpsc::channel(16);
+        let runner = Runner::new("n1", dir.path(), tx);
+        runner.reconcile(&set(vec![assignment(3, &["/no/such/program"], false, false)]));
+        let r = next(&mut rx).await;
+        assert_eq!(r.status, pb::RunStatus::Lost as i32);
+        assert!(r.message.contains("/no/such/program"), "{}", r.message);
+    }
+}
