@@ -80,9 +80,16 @@ pub enum WriteError {
     /// This replica is not the leader; `leader` is where to go, when known.
     #[error("not the leader (leader: {leader_addr:?})")]
     NotLeader { leader: Option<ReplicaId>, leader_addr: Option<String> },
+    /// Not committed in time: most likely no quorum of replicas is reachable. The entry may
+    /// still commit later.
+    #[error("not committed within {0:?}; is a quorum of replicas up?")]
+    Timeout(std::time::Duration),
     #[error("raft: {0}")]
     Raft(String),
 }
+
+/// How long a write may wait for its commit before the caller is told.
+pub const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Settings of one replica.
 #[derive(Clone, Debug)]
@@ -153,7 +160,10 @@ impl Replica {
     /// and applied here. Returns one outcome per command.
     pub async fn write(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, WriteError> {
         let req = Request { version: ENTRY_FORMAT_VERSION, commands };
-        match self.raft.client_write(req).await {
+        let result = tokio::time::timeout(WRITE_TIMEOUT, self.raft.client_write(req))
+            .await
+            .map_err(|_| WriteError::Timeout(WRITE_TIMEOUT))?;
+        match result {
             Ok(resp) => Ok(resp.data.outcomes),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                 Err(WriteError::NotLeader { leader: f.leader_id, leader_addr: f.leader_node.map(|n| n.addr) })

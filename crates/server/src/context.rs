@@ -10,6 +10,8 @@ use kairos_scheduler::{Command, Op, Outcome, Rejection};
 use tokio::sync::Notify;
 use tonic::Status;
 
+use crate::batch::Batcher;
+
 /// Metadata key naming the calling user (until token authentication lands).
 pub const USER_HEADER: &str = "kairos-user";
 /// Metadata key carrying the leader's address on an `UNAVAILABLE` answer.
@@ -33,6 +35,7 @@ pub struct Ctx {
     /// Last heartbeat per node, as seen by this replica. Never replicated.
     pub heartbeats: Arc<Mutex<BTreeMap<String, (Instant, i64)>>>,
     pub timing: Timing,
+    pub batcher: Batcher,
 }
 
 /// Wall-clock time in Unix milliseconds; read only at the edge and stamped into commands.
@@ -41,11 +44,9 @@ pub fn now_ms() -> i64 {
 }
 
 impl Ctx {
-    /// Commits one command and returns its outcome.
+    /// Commits one command (batched with concurrent ones) and returns its outcome.
     pub async fn write(&self, op: Op) -> Result<Outcome, Status> {
-        let outcomes =
-            self.replica.write(vec![Command { now_ms: now_ms(), op }]).await.map_err(write_status)?;
-        outcomes.into_iter().next().ok_or_else(|| Status::internal("commit returned no outcome"))
+        self.batcher.write(Command { now_ms: now_ms(), op }).await
     }
 
     pub fn record_heartbeat(&self, node: &str) {
@@ -59,13 +60,14 @@ pub fn write_status(e: WriteError) -> Status {
         WriteError::NotLeader { leader_addr, .. } => {
             let mut status = Status::unavailable(match &leader_addr {
                 Some(addr) => format!("not the leader; the leader is at {addr}"),
-                None => "not the leader and no leader is known yet; retry shortly".to_string(),
+                None => "no leader is elected (is a quorum of replicas up?)".to_string(),
             });
             if let Some(addr) = leader_addr.and_then(|a| a.parse().ok()) {
                 status.metadata_mut().insert(LEADER_HEADER, addr);
             }
             status
         }
+        WriteError::Timeout(_) => Status::unavailable(e.to_string()),
         WriteError::Raft(m) => Status::unavailable(format!("replication failed: {m}")),
     }
 }

@@ -3,6 +3,7 @@
 
 mod admin;
 mod agents;
+mod batch;
 mod context;
 mod convert;
 mod jobs;
@@ -115,6 +116,7 @@ async fn main() -> anyhow::Result<()> {
         replica: replica.clone(),
         kick: Arc::new(Notify::new()),
         heartbeats: Arc::new(Mutex::new(BTreeMap::new())),
+        batcher: batch::Batcher::start(replica.clone()),
         timing: Timing {
             heartbeat_interval: Duration::from_millis(args.heartbeat_ms),
             node_timeout: Duration::from_millis(args.node_timeout_ms),

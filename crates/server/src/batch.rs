@@ -1,0 +1,89 @@
+//! Write batching (group commit): concurrent commands share one Raft entry, so one fsync on a
+//! quorum serves many clients. Each caller still gets its own outcome.
+//!
+//! ```text
+//!   write(cmd) ─▶ queue (bounded) ─▶ [up to BATCH_COMMANDS_MAX commands] ─▶ Replica::write
+//!        ▲                                                                       │
+//!        └──────────────── its own Outcome (or the batch's error) ◀──────────────┘
+//! ```
+//!
+//! No artificial delay: while up to `IN_FLIGHT_MAX` entries are being committed, new commands
+//! queue up and form the next batch, so batches grow exactly when the log is the bottleneck.
+
+use std::sync::Arc;
+
+use kairos_consensus::Replica;
+use kairos_scheduler::{Command, Outcome};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tonic::Status;
+
+use crate::context::write_status;
+
+/// Most commands in one log entry.
+pub const BATCH_COMMANDS_MAX: usize = 512;
+/// Most entries being committed at once.
+const IN_FLIGHT_MAX: usize = 4;
+/// Most commands waiting for a batch; beyond this, callers wait.
+const QUEUE_MAX: usize = 8192;
+
+type Reply = oneshot::Sender<Result<Outcome, Status>>;
+
+#[derive(Clone)]
+pub struct Batcher {
+    tx: mpsc::Sender<(Command, Reply)>,
+}
+
+impl Batcher {
+    /// Starts the batching task for `replica`.
+    pub fn start(replica: Replica) -> Batcher {
+        let (tx, rx) = mpsc::channel(QUEUE_MAX);
+        tokio::spawn(run(replica, rx));
+        Batcher { tx }
+    }
+
+    pub async fn write(&self, cmd: Command) -> Result<Outcome, Status> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send((cmd, reply)).await.map_err(|_| Status::unavailable("the controller is shutting down"))?;
+        rx.await.map_err(|_| Status::unavailable("the controller is shutting down"))?
+    }
+}
+
+async fn run(replica: Replica, mut rx: mpsc::Receiver<(Command, Reply)>) {
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT_MAX));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else { return };
+        let Some(first) = rx.recv().await else { return };
+        let mut batch = vec![first];
+        while batch.len() < BATCH_COMMANDS_MAX {
+            match rx.try_recv() {
+                Ok(item) => batch.push(item),
+                Err(_) => break,
+            }
+        }
+        let replica = replica.clone();
+        tokio::spawn(async move {
+            let (commands, replies): (Vec<Command>, Vec<Reply>) = batch.into_iter().unzip();
+            let count = commands.len();
+            match replica.write(commands).await {
+                Ok(outcomes) if outcomes.len() == count => {
+                    for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                        let _ = reply.send(Ok(outcome));
+                    }
+                }
+                Ok(outcomes) => {
+                    let status = Status::internal(format!("{count} commands gave {} outcomes", outcomes.len()));
+                    for reply in replies {
+                        let _ = reply.send(Err(status.clone()));
+                    }
+                }
+                Err(e) => {
+                    let status = write_status(e);
+                    for reply in replies {
+                        let _ = reply.send(Err(status.clone()));
+                    }
+                }
+            }
+            drop(permit);
+        });
+    }
+}
