@@ -14,6 +14,7 @@
 //!   assigned, started, unknown here      ─▶ report "lost" (never relaunched)
 //!   running here, not assigned           ─▶ SIGKILL its group (the controller gave it up)
 //!   exited here, still assigned          ─▶ report the exit again
+//!   running here, assigned as not started ─▶ report "started" again
 //! ```
 
 use std::collections::BTreeMap;
@@ -125,6 +126,8 @@ impl Runner {
                     Some(run) => match run.exit {
                         Some(exit) => reports.push((*key, Some(exit), run.lost_message.clone())),
                         None if a.kill && !run.stopping => stop.push((*key, a.kill_grace_s)),
+                        // Our "started" report was lost (e.g. in a failover): say it again.
+                        None if !a.started => reports.push((*key, None, String::new())),
                         None => {}
                     },
                     None if a.kill => {

@@ -10,8 +10,8 @@ use tonic::{Code, Status};
 /// Header naming the calling user (until token authentication lands).
 const USER_HEADER: &str = "kairos-user";
 const LEADER_HEADER: &str = "kairos-leader";
-/// How many times a call follows a leader hint or waits for an election.
-const LEADER_RETRIES: usize = 20;
+/// How long a call keeps following leader hints and waiting for an election.
+const LEADER_WAIT: Duration = Duration::from_secs(10);
 
 pub struct Client {
     addrs: Vec<String>,
@@ -84,23 +84,26 @@ impl Client {
     {
         let mut hint: Option<String> = None;
         let mut last_err = String::from("no controller address given");
-        for attempt in 0..LEADER_RETRIES {
+        let deadline = tokio::time::Instant::now() + LEADER_WAIT;
+        let mut delay = Duration::from_millis(50);
+        loop {
             let candidates: Vec<String> = hint.take().into_iter().chain(self.addrs.iter().cloned()).collect();
-            let mut unreachable = 0;
+            let mut reached = false;
             for addr in &candidates {
                 let channel = match Self::connect(addr).await {
                     Ok(c) => c,
                     Err(e) => {
                         last_err = e;
-                        unreachable += 1;
                         continue;
                     }
                 };
+                reached = true;
                 match call(channel).await {
                     Ok(v) => return Ok(v),
                     Err(status) if status.code() == Code::Unavailable => {
                         last_err = describe(&status);
-                        if let Some(h) = status.metadata().get(LEADER_HEADER).and_then(|v| v.to_str().ok()) {
+                        let leader = status.metadata().get(LEADER_HEADER).and_then(|v| v.to_str().ok());
+                        if let Some(h) = leader.filter(|h| *h != addr) {
                             hint = Some(h.to_string());
                             break;
                         }
@@ -108,13 +111,13 @@ impl Client {
                     Err(status) => return Err(CallError(describe(&status))),
                 }
             }
-            if unreachable == candidates.len() {
+            // Nothing answers at all: say so at once rather than wait for an election.
+            if !reached || tokio::time::Instant::now() >= deadline {
                 return Err(CallError(last_err));
             }
-            if hint.is_none() {
-                tokio::time::sleep(Duration::from_millis(100 * (attempt as u64 + 1).min(5))).await;
-            }
+            // A leader may be being elected: wait a little (longer each time) and try again.
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(500));
         }
-        Err(CallError(last_err))
     }
 }

@@ -97,9 +97,12 @@ enum Cmd {
         #[command(subcommand)]
         command: ClusterCmd,
     },
-    /// Start a local cluster in the foreground: one controller and one agent.
+    /// Start a local cluster in the foreground: controller replicas and one agent.
+    ///
+    /// `--controllers N` starts N replicas on consecutive ports from `--addr`;
+    /// `--controllers A,B,C` starts one replica at each address.
     Up {
-        /// Controller address.
+        /// Address of the first controller replica (with `--controllers N`).
         #[arg(long, default_value = "127.0.0.1:7001")]
         addr: String,
         /// The agent's log-service address.
@@ -119,6 +122,10 @@ enum Cmd {
 enum ClusterCmd {
     /// Replicas, leader, term and indices.
     Status,
+    /// Add a replica (started with `kairosd --join`): a learner until caught up, then a voter.
+    Add { id: u64, addr: String },
+    /// Remove a replica; removing the leader hands leadership over.
+    Remove { id: u64 },
 }
 
 /// Parses a wall-clock limit into seconds.
@@ -156,6 +163,28 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .ok_or_else(|| format!("\"{s}\" is not KEY=VALUE"))
+}
+
+/// `kairos up --controllers`: a replica count (consecutive ports from `base`) or addresses.
+fn up_controllers(controllers: &[String], base: &str) -> anyhow::Result<Vec<String>> {
+    let default = controllers.len() == 1 && controllers[0] == "127.0.0.1:7001";
+    let count = match controllers {
+        _ if default => 1,
+        [n] if n.chars().all(|c| c.is_ascii_digit()) => n.parse::<u16>().unwrap_or(0),
+        addrs => return Ok(addrs.to_vec()),
+    };
+    if !(1..=7).contains(&count) {
+        anyhow::bail!("--controllers: a local cluster has 1 to 7 replicas");
+    }
+    let base: std::net::SocketAddr =
+        base.parse().map_err(|_| anyhow::anyhow!("--addr \"{base}\" is not HOST:PORT"))?;
+    (0..count)
+        .map(|i| {
+            let port =
+                base.port().checked_add(i).ok_or_else(|| anyhow::anyhow!("--addr: port out of range"))?;
+            Ok(std::net::SocketAddr::new(base.ip(), port).to_string())
+        })
+        .collect()
 }
 
 fn print_json(v: &serde_json::Value) {
@@ -310,12 +339,27 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 table(&NODE_HEADER, &nodes.iter().map(node_row).collect::<Vec<_>>());
             }
         }
-        Cmd::Cluster { command: ClusterCmd::Status } => {
+        Cmd::Cluster { command } => {
             let status = client
-                .call(|ch| async move {
-                    AdminServiceClient::new(ch)
-                        .cluster_status(client.request(pb::ClusterStatusRequest {}))
-                        .await
+                .call(|ch| {
+                    let mut admin = AdminServiceClient::new(ch);
+                    let command = &command;
+                    async move {
+                        match command {
+                            ClusterCmd::Status => {
+                                admin.cluster_status(client.request(pb::ClusterStatusRequest {})).await
+                            }
+                            ClusterCmd::Add { id, addr } => {
+                                let req = pb::AddReplicaRequest { id: *id, addr: addr.clone() };
+                                admin.add_replica(client.request(req)).await
+                            }
+                            ClusterCmd::Remove { id } => {
+                                admin
+                                    .remove_replica(client.request(pb::RemoveReplicaRequest { id: *id }))
+                                    .await
+                            }
+                        }
+                    }
                 })
                 .await?
                 .into_inner();
@@ -327,18 +371,17 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     "leader: {} ({})  term: {}  applied index: {}  digest: {}",
                     j["leader"], status.leader_addr, status.term, status.applied_index, status.state_digest
                 );
-                table(
-                    &["ID", "ADDR", "ROLE"],
-                    &status
-                        .replicas
-                        .iter()
-                        .map(|r| vec![r.id.to_string(), r.addr.clone(), r.role.clone()])
-                        .collect::<Vec<_>>(),
-                );
+                let rows: Vec<Vec<String>> = status
+                    .replicas
+                    .iter()
+                    .map(|r| vec![r.id.to_string(), r.addr.clone(), r.role.clone()])
+                    .collect();
+                table(&["ID", "ADDR", "ROLE"], &rows);
             }
         }
         Cmd::Up { addr, agent_addr, data_dir, fake_gpus, node_name } => {
-            up::run(up::UpArgs { addr, agent_addr, data_dir, fake_gpus, node_name }).await?;
+            let controllers = up_controllers(&cli.controllers, &addr)?;
+            up::run(up::UpArgs { controllers, agent_addr, data_dir, fake_gpus, node_name }).await?;
         }
     }
     Ok(0)

@@ -12,7 +12,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 pub struct UpArgs {
-    pub addr: String,
+    /// One address per controller replica.
+    pub controllers: Vec<String>,
     pub agent_addr: String,
     pub data_dir: PathBuf,
     pub fake_gpus: String,
@@ -73,23 +74,29 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
     let data = |sub: &str| args.data_dir.join(sub).display().to_string();
 
-    let controller = spawn(
-        &sibling("kairosd"),
-        &[
-            "--id".into(),
-            "1".into(),
-            "--addr".into(),
-            args.addr.clone(),
-            "--data-dir".into(),
-            data("controller-1"),
-        ],
-    )?;
-    let mut children = vec![("kairosd", controller)];
+    let peers: Vec<String> =
+        args.controllers.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
+    let mut children = Vec::new();
+    for (i, addr) in args.controllers.iter().enumerate() {
+        let id = (i + 1).to_string();
+        let dir = data(&format!("controller-{id}"));
+        let mut argv = vec!["--id".to_string(), id, "--addr".into(), addr.clone(), "--data-dir".into(), dir];
+        if args.controllers.len() > 1 {
+            argv.extend(["--peers".to_string(), peers.join(",")]);
+        }
+        match spawn(&sibling("kairosd"), &argv) {
+            Ok(c) => children.push(("kairosd", c)),
+            Err(e) => {
+                stop(&mut children);
+                return Err(e);
+            }
+        }
+    }
     let agent = spawn(
         &sibling("kairos-agent"),
         &[
             "--controllers".into(),
-            args.addr.clone(),
+            args.controllers.join(","),
             "--addr".into(),
             args.agent_addr.clone(),
             "--state-dir".into(),
@@ -108,9 +115,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         }
     }
     println!(
-        "kairos up: controller {} (data {}), agent \"{}\" (logs service {})",
-        args.addr,
-        data("controller-1"),
+        "kairos up: controllers {} (data under {}), agent \"{}\" (log service {})",
+        args.controllers.join(","),
+        args.data_dir.display(),
         args.node_name,
         args.agent_addr
     );
@@ -118,13 +125,26 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         "kairos up: try `kairos submit --gpus 1 -- nvidia-smi -L`, `kairos queue`; Ctrl-C stops the cluster"
     );
 
+    // A replica that dies is reported and the rest keep running (that is what HA is for); the
+    // cluster stops when the agent or every replica is gone.
+    let mut reported = vec![false; children.len()];
     let exited = loop {
         tokio::select! {
             _ = term.recv() => break None,
             _ = int.recv() => break None,
             _ = tokio::time::sleep(Duration::from_millis(200)) => {
-                if let Some(name) = children.iter_mut().find_map(|(n, c)| matches!(c.try_wait(), Ok(Some(_))).then_some(*n)) {
-                    break Some(name);
+                for (i, (name, child)) in children.iter_mut().enumerate() {
+                    if !reported[i] {
+                        if let Ok(Some(status)) = child.try_wait() {
+                            eprintln!("kairos up: {name} (pid {}) exited: {status}", child.id());
+                            reported[i] = true;
+                        }
+                    }
+                }
+                let agent_gone = children.iter().zip(&reported).any(|((n, _), r)| *r && *n == "kairos-agent");
+                let controllers_gone = children.iter().zip(&reported).all(|((n, _), r)| *r || *n != "kairosd");
+                if agent_gone || controllers_gone {
+                    break Some(if agent_gone { "kairos-agent" } else { "every kairosd" });
                 }
             }
         }

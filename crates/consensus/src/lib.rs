@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::sync::watch;
 
+pub mod membership;
 pub mod network;
 pub mod service;
 pub mod store;
@@ -70,6 +71,8 @@ pub enum ConsensusError {
     Decode(#[from] serde_json::Error),
     #[error("stored data: {0}")]
     Format(String),
+    #[error("data directory {0} is in use by another kairosd")]
+    DataDirInUse(String),
     #[error("raft: {0}")]
     Raft(String),
 }
@@ -99,6 +102,8 @@ pub struct ReplicaConfig {
     pub addr: String,
     /// Take a snapshot (and compact the log) after this many applied entries.
     pub snapshot_logs: u64,
+    /// Never initialise a cluster: wait for an existing one to add this replica.
+    pub join: bool,
 }
 
 /// A running replica: the Raft handle plus read access to the applied state.
@@ -114,8 +119,9 @@ pub struct Replica {
 impl Replica {
     /// Opens (or creates) the replica's data under `data_dir` and starts Raft.
     ///
-    /// A fresh replica whose `members` name only itself initialises a one-member cluster; a
-    /// replica with existing data never re-initialises.
+    /// A fresh replica initialises the cluster of `members` when it has the lowest id among them
+    /// (the others wait to be contacted); a replica with existing data, or one started with
+    /// `join`, never initialises.
     pub async fn open(
         config: &ReplicaConfig,
         data_dir: &Path,
@@ -123,7 +129,14 @@ impl Replica {
     ) -> Result<Replica, ConsensusError> {
         std::fs::create_dir_all(data_dir)
             .map_err(|e| ConsensusError::Format(format!("creating {}: {e}", data_dir.display())))?;
-        let db = sled::Config::new().path(data_dir.join("raft.sled")).open()?;
+        let db = sled::Config::new().path(data_dir.join("raft.sled")).open().map_err(|e| match e {
+            sled::Error::Io(io)
+                if io.kind() == std::io::ErrorKind::WouldBlock || io.to_string().contains("lock") =>
+            {
+                ConsensusError::DataDirInUse(data_dir.display().to_string())
+            }
+            other => ConsensusError::Sled(other),
+        })?;
         let log_store = store::LogStore::new(&db)?;
         let (applied_tx, applied_rx) = watch::channel(0);
         let sm = store::StateMachineStore::new(&db, applied_tx)?;
@@ -143,7 +156,7 @@ impl Replica {
             .map_err(|e| ConsensusError::Raft(e.to_string()))?;
         let initialized = raft.is_initialized().await.map_err(|e| ConsensusError::Raft(e.to_string()))?;
         let lowest = members.keys().next().copied().unwrap_or(config.id);
-        if !initialized && lowest == config.id {
+        if !initialized && !config.join && lowest == config.id {
             let nodes: BTreeMap<ReplicaId, BasicNode> =
                 members.iter().map(|(id, addr)| (*id, BasicNode::new(addr))).collect();
             let nodes = if nodes.is_empty() {

@@ -55,7 +55,7 @@ async fn wait_leader(replica: &Replica) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_restart_through_snapshot_and_log_tail() {
     let dir = TempDir::new().unwrap();
-    let config = ReplicaConfig { id: 1, addr: "127.0.0.1:1".into(), snapshot_logs: 10 };
+    let config = ReplicaConfig { id: 1, addr: "127.0.0.1:1".into(), snapshot_logs: 10, join: false };
     let members = BTreeMap::from([(1, config.addr.clone())]);
     let mut acked = BTreeSet::new();
     let digest_before;
@@ -98,6 +98,14 @@ async fn acknowledged_writes_survive_restart_through_snapshot_and_log_tail() {
         }
     }
     let replica = reopened.expect("reopening the data dir");
+    // A second instance on the same data dir is refused with a clear error.
+    match Replica::open(&config, dir.path(), &members).await {
+        Err(e) => assert_eq!(
+            e.to_string(),
+            format!("data directory {} is in use by another kairosd", dir.path().display())
+        ),
+        Ok(_) => panic!("two replicas opened one data dir"),
+    }
     wait_leader(&replica).await;
     let mut applied_all = false;
     for _ in 0..200 {

@@ -4,7 +4,10 @@ use kairos_proto::v1 as pb;
 use kairos_proto::v1::admin_service_server::AdminService;
 use tonic::{Request, Response, Status};
 
-use crate::context::Ctx;
+use kairos_consensus::membership::MembershipError;
+use kairos_consensus::WriteError;
+
+use crate::context::{write_status, Ctx};
 use crate::convert::node_to_pb;
 
 pub struct Admin {
@@ -32,8 +35,47 @@ impl AdminService for Admin {
         &self,
         _request: Request<pb::ClusterStatusRequest>,
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
+        Ok(Response::new(self.status()))
+    }
+
+    async fn add_replica(
+        &self,
+        request: Request<pb::AddReplicaRequest>,
+    ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
+        let req = request.into_inner();
+        self.ctx.replica.add_replica(req.id, &req.addr).await.map_err(membership_status)?;
+        Ok(Response::new(self.status()))
+    }
+
+    async fn remove_replica(
+        &self,
+        request: Request<pb::RemoveReplicaRequest>,
+    ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
+        let req = request.into_inner();
+        self.ctx.replica.remove_replica(req.id).await.map_err(membership_status)?;
+        Ok(Response::new(self.status()))
+    }
+}
+
+fn membership_status(e: MembershipError) -> Status {
+    match e {
+        MembershipError::NotLeader { leader_addr } => {
+            write_status(WriteError::NotLeader { leader: None, leader_addr })
+        }
+        MembershipError::BadAddr(_) | MembershipError::ZeroId => Status::invalid_argument(e.to_string()),
+        MembershipError::NotMember(_) => Status::not_found(e.to_string()),
+        MembershipError::IdTaken { .. }
+        | MembershipError::AddrTaken { .. }
+        | MembershipError::LastVoter(_) => Status::failed_precondition(e.to_string()),
+        MembershipError::CatchUpTimeout(_) => Status::deadline_exceeded(e.to_string()),
+        MembershipError::Raft(_) => Status::unavailable(e.to_string()),
+    }
+}
+
+impl Admin {
+    fn status(&self) -> pb::ClusterStatusResponse {
         let s = self.ctx.replica.status();
-        Ok(Response::new(pb::ClusterStatusResponse {
+        pb::ClusterStatusResponse {
             id: s.id,
             leader: s.leader,
             leader_addr: s.leader_addr.unwrap_or_default(),
@@ -42,6 +84,6 @@ impl AdminService for Admin {
             applied_index: s.applied_index,
             state_digest: s.state_digest,
             replicas: s.replicas.into_iter().map(|(id, addr, role)| pb::Replica { id, addr, role }).collect(),
-        }))
+        }
     }
 }

@@ -14,7 +14,9 @@ use kairos_scheduler::{ClusterState, JobState, Op, Outcome, RunExit};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::context::{rejection_status, Ctx};
+use kairos_consensus::WriteError;
+
+use crate::context::{rejection_status, write_status, Ctx};
 use crate::convert::node_info_from_pb;
 
 /// Grace between the stop signal and SIGKILL for cancels and time limits.
@@ -83,6 +85,15 @@ impl AgentService for Agents {
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         let req = request.into_inner();
+        // Heartbeats count only on the leader: an agent talking to a deposed or partitioned
+        // replica must move to the leader, or the leader would judge its node silent.
+        if !self.ctx.replica.is_leader() {
+            let status = self.ctx.replica.status();
+            return Err(write_status(WriteError::NotLeader {
+                leader: status.leader,
+                leader_addr: status.leader_addr,
+            }));
+        }
         check_node(&self.ctx, &req.node_id)?;
         let down = self.ctx.replica.read(|a| {
             a.state.nodes.get(&req.node_id).is_some_and(|n| n.state == kairos_scheduler::NodeState::Down)

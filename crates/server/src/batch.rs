@@ -43,7 +43,10 @@ impl Batcher {
 
     pub async fn write(&self, cmd: Command) -> Result<Outcome, Status> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send((cmd, reply)).await.map_err(|_| Status::unavailable("the controller is shutting down"))?;
+        self.tx
+            .send((cmd, reply))
+            .await
+            .map_err(|_| Status::unavailable("the controller is shutting down"))?;
         rx.await.map_err(|_| Status::unavailable("the controller is shutting down"))?
     }
 }
@@ -71,7 +74,8 @@ async fn run(replica: Replica, mut rx: mpsc::Receiver<(Command, Reply)>) {
                     }
                 }
                 Ok(outcomes) => {
-                    let status = Status::internal(format!("{count} commands gave {} outcomes", outcomes.len()));
+                    let status =
+                        Status::internal(format!("{count} commands gave {} outcomes", outcomes.len()));
                     for reply in replies {
                         let _ = reply.send(Err(status.clone()));
                     }

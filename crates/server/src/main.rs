@@ -41,9 +41,13 @@ struct Args {
     /// Where the Raft log, vote and snapshots live.
     #[arg(long, default_value = "kairos-data/controller-1")]
     data_dir: PathBuf,
-    /// Cluster members as ID=HOST:PORT,... (default: this replica alone).
+    /// Cluster members as ID=HOST:PORT,... (default: this replica alone). On first start the
+    /// member with the lowest id initialises the cluster; the others wait for it.
     #[arg(long, value_delimiter = ',')]
     peers: Vec<String>,
+    /// Start empty and wait to be added to an existing cluster (`kairos cluster add`).
+    #[arg(long, conflicts_with = "peers")]
+    join: bool,
     /// Snapshot and compact the log after this many entries.
     #[arg(long, default_value_t = 5000)]
     snapshot_logs: u64,
@@ -69,6 +73,7 @@ fn parse_peers(args: &Args) -> anyhow::Result<BTreeMap<ReplicaId, String>> {
         members.insert(args.id, args.addr.clone());
     }
     match members.get(&args.id) {
+        _ if args.id == 0 => bail!("--id 0 is reserved; replica ids start at 1"),
         Some(addr) if *addr == args.addr => Ok(members),
         Some(addr) => {
             bail!("--peers gives replica {} the address {addr}, but --addr is {}", args.id, args.addr)
@@ -93,7 +98,14 @@ async fn shutdown_signal() {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() {
+    if let Err(e) = run().await {
+        eprintln!("kairosd: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("KAIROS_LOG")
@@ -108,7 +120,12 @@ async fn main() -> anyhow::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
 
-    let config = ReplicaConfig { id: args.id, addr: args.addr.clone(), snapshot_logs: args.snapshot_logs };
+    let config = ReplicaConfig {
+        id: args.id,
+        addr: args.addr.clone(),
+        snapshot_logs: args.snapshot_logs,
+        join: args.join,
+    };
     let replica = Replica::open(&config, &args.data_dir, &members)
         .await
         .with_context(|| format!("opening replica data in {}", args.data_dir.display()))?;
