@@ -358,7 +358,7 @@ mod tests {
         assert_eq!(runner.running().len(), 2);
         // Job 1 is to be killed; job 2 is no longer assigned at all.
         runner.reconcile(&set(vec![pb::Assignment { kill: true, ..a }]));
-        let mut exits = vec![next(&mut rx).await, next(&mut rx).await];
+        let mut exits = [next(&mut rx).await, next(&mut rx).await];
         exits.sort_by_key(|r| r.job_id);
         assert_eq!(exits.iter().map(|r| (r.job_id, r.signal)).collect::<Vec<_>>(), vec![(1, 15), (2, 9)]);
         assert!(runner.running().is_empty());

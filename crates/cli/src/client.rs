@@ -83,7 +83,9 @@ impl Client {
         Fut: Future<Output = Result<T, Status>>,
     {
         let mut hint: Option<String> = None;
-        let mut last_err = String::from("no controller address given");
+        // What a replica answered beats "cannot connect": it says why (no quorum, no leader).
+        let mut answered: Option<String> = None;
+        let mut unreachable = String::from("no controller address given");
         let deadline = tokio::time::Instant::now() + LEADER_WAIT;
         let mut delay = Duration::from_millis(50);
         loop {
@@ -93,7 +95,7 @@ impl Client {
                 let channel = match Self::connect(addr).await {
                     Ok(c) => c,
                     Err(e) => {
-                        last_err = e;
+                        unreachable = e;
                         continue;
                     }
                 };
@@ -101,7 +103,7 @@ impl Client {
                 match call(channel).await {
                     Ok(v) => return Ok(v),
                     Err(status) if status.code() == Code::Unavailable => {
-                        last_err = describe(&status);
+                        answered = Some(describe(&status));
                         let leader = status.metadata().get(LEADER_HEADER).and_then(|v| v.to_str().ok());
                         if let Some(h) = leader.filter(|h| *h != addr) {
                             hint = Some(h.to_string());
@@ -113,7 +115,7 @@ impl Client {
             }
             // Nothing answers at all: say so at once rather than wait for an election.
             if !reached || tokio::time::Instant::now() >= deadline {
-                return Err(CallError(last_err));
+                return Err(CallError(answered.unwrap_or(unreachable)));
             }
             // A leader may be being elected: wait a little (longer each time) and try again.
             tokio::time::sleep(delay).await;

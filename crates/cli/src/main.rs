@@ -187,6 +187,15 @@ fn up_controllers(controllers: &[String], base: &str) -> anyhow::Result<Vec<Stri
         .collect()
 }
 
+/// A practically unique id for one `kairos submit` invocation.
+fn request_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    format!("cli-{}-{nanos:x}-{random:016x}", std::process::id())
+}
+
 fn print_json(v: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -227,9 +236,14 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 time_limit_s: time.unwrap_or(0),
                 ..Default::default()
             };
+            // Retries (leader changes) reuse this id, so a submit is never applied twice.
+            let request_id = request_id();
             let resp = client
                 .call(|ch| {
-                    let req = client.request(pb::SubmitRequest { spec: Some(spec.clone()) });
+                    let req = client.request(pb::SubmitRequest {
+                        spec: Some(spec.clone()),
+                        request_id: request_id.clone(),
+                    });
                     async move { JobServiceClient::new(ch).submit(req).await }
                 })
                 .await?

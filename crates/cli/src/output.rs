@@ -104,6 +104,7 @@ pub fn cluster_json(s: &pb::ClusterStatusResponse) -> Value {
         "last_log_index": s.last_log_index,
         "applied_index": s.applied_index,
         "state_digest": s.state_digest,
+        "snapshot_index": s.snapshot_index,
         "replicas": s.replicas.iter().map(|r| json!({"id": r.id, "addr": r.addr, "role": r.role})).collect::<Vec<_>>(),
     })
 }

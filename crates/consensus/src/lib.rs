@@ -147,7 +147,9 @@ impl Replica {
             election_timeout_min: 400,
             election_timeout_max: 800,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_logs),
-            max_in_snapshot_log_to_keep: 100,
+            // Keep a tail of the log behind each snapshot so briefly lagging replicas catch up from
+            // the log; anything further behind gets the snapshot.
+            max_in_snapshot_log_to_keep: config.snapshot_logs / 10,
             ..Config::default()
         };
         let raft_config = Arc::new(raft_config.validate().map_err(|e| ConsensusError::Raft(e.to_string()))?);
@@ -191,10 +193,13 @@ impl Replica {
         f(&guard)
     }
 
-    /// Whether this replica currently leads.
+    /// Whether this replica currently leads a cluster it is a voter of. (A leader that removed
+    /// itself keeps openraft's leader state for a while; it must not act as leader.)
     pub fn is_leader(&self) -> bool {
         let m = self.raft.metrics().borrow().clone();
-        m.state == ServerState::Leader && m.current_leader == Some(self.id)
+        m.state == ServerState::Leader
+            && m.current_leader == Some(self.id)
+            && m.membership_config.voter_ids().any(|v| v == self.id)
     }
 
     /// A status summary for operators.
@@ -205,10 +210,12 @@ impl Replica {
         let members: BTreeMap<ReplicaId, String> =
             m.membership_config.nodes().map(|(id, n)| (*id, n.addr.clone())).collect();
         let voters: Vec<ReplicaId> = m.membership_config.voter_ids().collect();
+        // A replica removed from the membership knows no current leader.
+        let leader = m.current_leader.filter(|_| members.contains_key(&self.id));
         let replicas = members
             .iter()
             .map(|(id, addr)| {
-                let role = if m.current_leader == Some(*id) {
+                let role = if leader == Some(*id) {
                     "leader"
                 } else if !voters.contains(id) {
                     "learner"
@@ -222,12 +229,13 @@ impl Replica {
             .collect();
         ReplicaStatus {
             id: self.id,
-            leader: m.current_leader,
-            leader_addr: m.current_leader.and_then(|l| members.get(&l).cloned()),
+            leader,
+            leader_addr: leader.and_then(|l| members.get(&l).cloned()),
             term: m.current_term,
             last_log_index: m.last_log_index.unwrap_or(0),
             applied_index: applied_index.unwrap_or(0),
             state_digest: digest,
+            snapshot_index: m.snapshot.map(|l| l.index),
             replicas,
         }
     }
@@ -242,6 +250,8 @@ pub struct ReplicaStatus {
     pub last_log_index: u64,
     pub applied_index: u64,
     pub state_digest: String,
+    /// Last log index covered by this replica's snapshot (built or installed).
+    pub snapshot_index: Option<u64>,
     /// (id, address, role)
     pub replicas: Vec<(ReplicaId, String, String)>,
 }

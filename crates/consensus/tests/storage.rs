@@ -64,7 +64,7 @@ async fn acknowledged_writes_survive_restart_through_snapshot_and_log_tail() {
         wait_leader(&replica).await;
         for n in 0..25 {
             let outcomes = replica
-                .write(vec![Command { now_ms: n as i64, op: Op::Submit { spec: spec(n) } }])
+                .write(vec![Command { now_ms: n as i64, op: Op::Submit { spec: spec(n), request_id: None } }])
                 .await
                 .unwrap();
             match &outcomes[..] {
@@ -119,8 +119,10 @@ async fn acknowledged_writes_survive_restart_through_snapshot_and_log_tail() {
     assert_eq!(replica.read(|a| a.state.jobs.len()), 25);
     assert_eq!(replica.status().state_digest, digest_before);
     // Ids continue after the restart instead of being reused.
-    let outcomes =
-        replica.write(vec![Command { now_ms: 99, op: Op::Submit { spec: spec(99) } }]).await.unwrap();
+    let outcomes = replica
+        .write(vec![Command { now_ms: 99, op: Op::Submit { spec: spec(99), request_id: None } }])
+        .await
+        .unwrap();
     assert_eq!(outcomes, vec![Outcome::Submitted { job: 26 }]);
     replica.raft.shutdown().await.unwrap();
 }

@@ -49,14 +49,42 @@ pub struct Command {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Op {
-    Submit { spec: JobSpec },
-    Cancel { job: JobId, by: String },
-    RegisterNode { info: NodeInfo },
-    NodeDown { node: String, reason: String },
-    ApplyPlan { plan: Plan },
-    JobStarted { job: JobId, attempt: u32, node: String },
-    JobExited { job: JobId, attempt: u32, node: String, exit: RunExit },
-    EnforceTimeLimit { job: JobId, attempt: u32 },
+    /// `request_id`, when given, makes the submit idempotent per user: a retry of a submit
+    /// that already committed returns the first job instead of creating another.
+    Submit {
+        spec: JobSpec,
+        #[serde(default)]
+        request_id: Option<String>,
+    },
+    Cancel {
+        job: JobId,
+        by: String,
+    },
+    RegisterNode {
+        info: NodeInfo,
+    },
+    NodeDown {
+        node: String,
+        reason: String,
+    },
+    ApplyPlan {
+        plan: Plan,
+    },
+    JobStarted {
+        job: JobId,
+        attempt: u32,
+        node: String,
+    },
+    JobExited {
+        job: JobId,
+        attempt: u32,
+        node: String,
+        exit: RunExit,
+    },
+    EnforceTimeLimit {
+        job: JobId,
+        attempt: u32,
+    },
 }
 
 /// How a job's process ended, as its agent saw it.
@@ -126,11 +154,20 @@ pub struct ClusterState {
     pub next_job_id: JobId,
     pub jobs: BTreeMap<JobId, Job>,
     pub nodes: BTreeMap<String, Node>,
+    /// user → request id → the job that submit created; makes retried submits idempotent.
+    #[serde(default)]
+    pub submit_requests: BTreeMap<String, BTreeMap<String, JobId>>,
 }
 
 impl ClusterState {
     pub fn new() -> Self {
-        ClusterState { now_ms: 0, next_job_id: 1, jobs: BTreeMap::new(), nodes: BTreeMap::new() }
+        ClusterState {
+            now_ms: 0,
+            next_job_id: 1,
+            jobs: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            submit_requests: BTreeMap::new(),
+        }
     }
 
     /// Applies one committed command.
@@ -139,7 +176,7 @@ impl ClusterState {
         self.now_ms = self.now_ms.max(cmd.now_ms);
         let now = self.now_ms;
         match &cmd.op {
-            Op::Submit { spec } => self.submit(spec, now),
+            Op::Submit { spec, request_id } => self.submit(spec, request_id.as_deref(), now),
             Op::Cancel { job, by } => self.cancel(*job, by, now),
             Op::RegisterNode { info } => self.register_node(info, now),
             Op::NodeDown { node, reason } => self.node_down(node, reason, now),
@@ -180,7 +217,14 @@ impl ClusterState {
         }
     }
 
-    fn submit(&mut self, spec: &JobSpec, now: i64) -> Outcome {
+    fn submit(&mut self, spec: &JobSpec, request_id: Option<&str>, now: i64) -> Outcome {
+        if request_id.is_some_and(|r| r.is_empty() || r.len() > crate::validate::REQUEST_ID_LEN_MAX) {
+            let max = crate::validate::REQUEST_ID_LEN_MAX;
+            return Outcome::Rejected(Rejection::Invalid(format!("request_id: must be 1 to {max} bytes")));
+        }
+        if let Some(job) = request_id.and_then(|r| self.submit_requests.get(&spec.user)?.get(r)) {
+            return Outcome::Submitted { job: *job };
+        }
         if let Err(e) = validate_spec(spec) {
             return Outcome::Rejected(Rejection::Invalid(e.to_string()));
         }
@@ -215,6 +259,9 @@ impl ClusterState {
         };
         job.record(now, "submitted", format!("by \"{}\", qos \"{}\"", spec.user, spec.qos));
         self.jobs.insert(id, job);
+        if let Some(r) = request_id {
+            self.submit_requests.entry(spec.user.clone()).or_default().insert(r.to_string(), id);
+        }
         Outcome::Submitted { job: id }
     }
 

@@ -32,11 +32,11 @@ fn run_plan(s: &mut ClusterState, now: i64) -> Outcome {
 #[test]
 fn submit_assigns_ids_in_order_and_rejects_bad_specs_without_change() {
     let mut s = cluster(8);
-    assert_eq!(submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch") }))), 1);
+    assert_eq!(submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None }))), 1);
     let before = s.clone();
-    let zero = s.apply(&cmd(3, Op::Submit { spec: spec(0, "batch") }));
+    let zero = s.apply(&cmd(3, Op::Submit { spec: spec(0, "batch"), request_id: None }));
     assert!(matches!(zero, Outcome::Rejected(Rejection::Invalid(m)) if m.contains("gpus")));
-    let too_big = s.apply(&cmd(3, Op::Submit { spec: spec(9, "batch") }));
+    let too_big = s.apply(&cmd(3, Op::Submit { spec: spec(9, "batch"), request_id: None }));
     assert_eq!(
         too_big,
         Outcome::Rejected(Rejection::FailedPrecondition(
@@ -45,22 +45,22 @@ fn submit_assigns_ids_in_order_and_rejects_bad_specs_without_change() {
     );
     let mut empty = spec(1, "batch");
     empty.argv.clear();
-    assert!(matches!(s.apply(&cmd(3, Op::Submit { spec: empty })), Outcome::Rejected(_)));
+    assert!(matches!(s.apply(&cmd(3, Op::Submit { spec: empty, request_id: None })), Outcome::Rejected(_)));
     assert!(matches!(
-        s.apply(&cmd(3, Op::Submit { spec: spec(1, "nope") })),
+        s.apply(&cmd(3, Op::Submit { spec: spec(1, "nope"), request_id: None })),
         Outcome::Rejected(Rejection::Invalid(m)) if m.contains("unknown qos")
     ));
     let mut s2 = s.clone();
     s2.now_ms = before.now_ms;
     assert_eq!(s2, before, "rejected submits change nothing but the clock");
-    assert_eq!(submitted(s.apply(&cmd(4, Op::Submit { spec: spec(1, "batch") }))), 2);
+    assert_eq!(submitted(s.apply(&cmd(4, Op::Submit { spec: spec(1, "batch"), request_id: None }))), 2);
 }
 
 #[test]
 fn stale_plan_is_rejected_and_cannot_double_allocate() {
     let mut s = cluster(2);
-    let a = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch") })));
-    let b = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch") })));
+    let a = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None })));
+    let b = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None })));
     let stale = Plan { placements: vec![Placement { job: b, node: "n1".into(), gpus: vec![0, 1] }] };
     assert_eq!(run_plan(&mut s, 3), Outcome::PlanApplied { accepted: vec![a], rejected: vec![] });
     let out = s.apply(&cmd(4, Op::ApplyPlan { plan: stale.clone() }));
@@ -79,12 +79,12 @@ fn stale_plan_is_rejected_and_cannot_double_allocate() {
 #[test]
 fn run_lifecycle_completed_failed_cancelled_timeout() {
     let mut s = cluster(4);
-    let ok = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch") })));
-    let bad = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch") })));
-    let cancel = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch") })));
+    let ok = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None })));
+    let bad = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None })));
+    let cancel = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None })));
     let mut limited = spec(1, "batch");
     limited.time_limit_s = Some(10);
-    let timeout = submitted(s.apply(&cmd(2, Op::Submit { spec: limited })));
+    let timeout = submitted(s.apply(&cmd(2, Op::Submit { spec: limited, request_id: None })));
     run_plan(&mut s, 3);
     for j in [ok, bad, cancel, timeout] {
         s.apply(&cmd(4, Op::JobStarted { job: j, attempt: 0, node: "n1".into() }));
@@ -138,7 +138,7 @@ fn run_lifecycle_completed_failed_cancelled_timeout() {
 #[test]
 fn node_down_fails_its_jobs_and_frees_gpus() {
     let mut s = cluster(2);
-    let j = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch") })));
+    let j = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None })));
     run_plan(&mut s, 3);
     let out = s.apply(&cmd(4, Op::NodeDown { node: "n1".into(), reason: "silent".into() }));
     assert_eq!(out, Outcome::NodeDown { node: "n1".into(), failed_jobs: vec![j] });
@@ -151,10 +151,32 @@ fn node_down_fails_its_jobs_and_frees_gpus() {
 }
 
 #[test]
+fn a_retried_submit_with_the_same_request_id_returns_the_first_job() {
+    let mut s = cluster(1);
+    let submit = |s: &mut ClusterState, user: &str, rid: &str| {
+        let mut sp = spec(1, "batch");
+        sp.user = user.into();
+        s.apply(&cmd(2, Op::Submit { spec: sp, request_id: Some(rid.into()) }))
+    };
+    let first = submitted(submit(&mut s, "alice", "r1"));
+    assert_eq!(submitted(submit(&mut s, "alice", "r1")), first);
+    assert_eq!(s.jobs.len(), 1);
+    // Request ids are per user.
+    assert_ne!(submitted(submit(&mut s, "bob", "r1")), first);
+    assert!(matches!(submit(&mut s, "alice", ""), Outcome::Rejected(Rejection::Invalid(_))));
+    assert!(matches!(submit(&mut s, "alice", &"x".repeat(129)), Outcome::Rejected(Rejection::Invalid(_))));
+    assert_eq!(s.jobs.len(), 2);
+    // The dedup index is part of the replicated state: it must survive a snapshot round trip.
+    let bytes = serde_json::to_vec(&s).expect("state serialises");
+    let back: ClusterState = serde_json::from_slice(&bytes).expect("state deserialises");
+    assert_eq!(back, s);
+}
+
+#[test]
 fn clock_never_goes_backwards() {
     let mut s = cluster(1);
-    s.apply(&cmd(100, Op::Submit { spec: spec(1, "batch") }));
-    s.apply(&cmd(50, Op::Submit { spec: spec(1, "batch") }));
+    s.apply(&cmd(100, Op::Submit { spec: spec(1, "batch"), request_id: None }));
+    s.apply(&cmd(50, Op::Submit { spec: spec(1, "batch"), request_id: None }));
     assert_eq!(s.now_ms, 100);
     assert_eq!(s.jobs[&2].submit_time_ms, 100);
 }
@@ -169,6 +191,7 @@ enum Step {
     Submit {
         gpus: u32,
         qos: u8,
+        rid: Option<u8>,
     },
     Cancel {
         job: u8,
@@ -204,7 +227,11 @@ enum Step {
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         (0u8..3, 1u32..9).prop_map(|(node, gpus)| Step::Register { node, gpus }),
-        (1u32..10, 0u8..5).prop_map(|(gpus, qos)| Step::Submit { gpus, qos }),
+        (1u32..10, 0u8..5, proptest::option::of(0u8..4)).prop_map(|(gpus, qos, rid)| Step::Submit {
+            gpus,
+            qos,
+            rid
+        }),
         (0u8..24).prop_map(|job| Step::Cancel { job }),
         Just(Step::Plan),
         Just(Step::SavePlan),
@@ -234,10 +261,10 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
             Step::Register { node, gpus } => {
                 Some(Op::RegisterNode { info: node_info(&node_name(node), *gpus) })
             }
-            Step::Submit { gpus, qos } => {
+            Step::Submit { gpus, qos, rid } => {
                 let mut sp = spec(*gpus, QOS[*qos as usize]);
                 sp.time_limit_s = Some(60);
-                Some(Op::Submit { spec: sp })
+                Some(Op::Submit { spec: sp, request_id: rid.map(|r| format!("r{r}")) })
             }
             Step::Cancel { job } => Some(Op::Cancel { job: job_id(job), by: "bob".into() }),
             Step::Plan => Some(Op::ApplyPlan { plan: plan(&s).plan }),

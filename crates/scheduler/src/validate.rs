@@ -17,6 +17,8 @@ pub const SPEC_BYTES_MAX: usize = 128 * 1024;
 pub const GPUS_PER_JOB_MAX: u32 = 1024;
 pub const GPUS_PER_NODE_MAX: usize = 64;
 pub const TIME_LIMIT_S_MAX: u64 = 365 * 24 * 3600;
+/// Longest client-chosen submit request id.
+pub const REQUEST_ID_LEN_MAX: usize = 128;
 
 /// Why a job spec or node description is not acceptable; each names the offending field.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

@@ -83,6 +83,7 @@ impl Admin {
             last_log_index: s.last_log_index,
             applied_index: s.applied_index,
             state_digest: s.state_digest,
+            snapshot_index: s.snapshot_index,
             replicas: s.replicas.into_iter().map(|(id, addr, role)| pb::Replica { id, addr, role }).collect(),
         }
     }

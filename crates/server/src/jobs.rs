@@ -48,8 +48,10 @@ impl JobService for Jobs {
         request: Request<pb::SubmitRequest>,
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         let user = caller(&request)?;
-        let spec = job_spec_from_pb(request.into_inner().spec, &user)?;
-        match self.ctx.write(Op::Submit { spec }).await? {
+        let req = request.into_inner();
+        let spec = job_spec_from_pb(req.spec, &user)?;
+        let request_id = (!req.request_id.is_empty()).then_some(req.request_id);
+        match self.ctx.write(Op::Submit { spec, request_id }).await? {
             Outcome::Submitted { job } => {
                 self.ctx.kick.notify_one();
                 let view = self.ctx.replica.read(|a| job_view(&a.state, job))?;

@@ -71,20 +71,42 @@ fn stop_child(child: &mut Child) {
     let _ = child.wait();
 }
 
+pub struct Controller {
+    pub id: u64,
+    pub addr: String,
+    pub child: Option<Child>,
+}
+
 pub struct Cluster {
     pub dir: TempDir,
-    pub addr: String,
-    pub controller: Option<Child>,
+    pub controllers: Vec<Controller>,
     pub agent: Option<Child>,
     gpus: u32,
+    /// Extra flags for every kairosd (e.g. a small snapshot threshold).
+    pub controller_flags: Vec<String>,
 }
 
 impl Cluster {
     /// A controller and one agent with `gpus` fake GPUs.
     pub fn start(gpus: u32) -> Cluster {
+        Cluster::start_with(1, gpus, &[])
+    }
+
+    /// `replicas` controllers forming one Raft cluster, and one agent with `gpus` fake GPUs.
+    pub fn start_with(replicas: u64, gpus: u32, flags: &[&str]) -> Cluster {
         let dir = tempfile::Builder::new().prefix("kairos-e2e-").tempdir().expect("temp dir");
-        let mut c = Cluster { addr: free_addr(), dir, controller: None, agent: None, gpus };
-        c.start_controller();
+        let controllers =
+            (1..=replicas).map(|id| Controller { id, addr: free_addr(), child: None }).collect();
+        let mut c = Cluster {
+            dir,
+            controllers,
+            agent: None,
+            gpus,
+            controller_flags: flags.iter().map(|f| f.to_string()).collect(),
+        };
+        for i in 0..c.controllers.len() {
+            c.start_controller(i);
+        }
         c.start_agent();
         c.wait_node_up();
         c
@@ -92,6 +114,15 @@ impl Cluster {
 
     pub fn path(&self, sub: &str) -> PathBuf {
         self.dir.path().join(sub)
+    }
+
+    /// All controller addresses, comma-separated, as clients take them.
+    pub fn addrs(&self) -> String {
+        self.controllers.iter().map(|c| c.addr.as_str()).collect::<Vec<_>>().join(",")
+    }
+
+    pub fn peers(&self) -> String {
+        self.controllers.iter().map(|c| format!("{}={}", c.id, c.addr)).collect::<Vec<_>>().join(",")
     }
 
     fn log_file(&self, name: &str) -> Stdio {
@@ -103,23 +134,32 @@ impl Cluster {
         Stdio::from(f)
     }
 
-    pub fn start_controller(&mut self) {
-        let child = Command::new(bin("kairosd"))
-            .args(["--id", "1", "--addr", &self.addr, "--tick-ms", "200", "--heartbeat-ms", "300"])
+    /// The kairosd command line for replica `id` at `addr` (without starting it).
+    pub fn controller_command(&self, id: u64, addr: &str) -> Command {
+        let mut cmd = Command::new(bin("kairosd"));
+        cmd.args(["--id", &id.to_string(), "--addr", addr, "--tick-ms", "200", "--heartbeat-ms", "300"])
             .args(["--node-timeout-ms", "3000"])
             .arg("--data-dir")
-            .arg(self.path("controller"))
+            .arg(self.path(&format!("controller-{id}")))
+            .args(&self.controller_flags)
             .stdin(Stdio::null())
-            .stdout(self.log_file("kairosd.log"))
-            .stderr(self.log_file("kairosd.log"))
-            .spawn()
-            .expect("start kairosd");
-        self.controller = Some(child);
+            .stdout(self.log_file(&format!("kairosd-{id}.log")))
+            .stderr(self.log_file(&format!("kairosd-{id}.log")));
+        cmd
+    }
+
+    pub fn start_controller(&mut self, index: usize) {
+        let (id, addr) = (self.controllers[index].id, self.controllers[index].addr.clone());
+        let mut cmd = self.controller_command(id, &addr);
+        if self.controllers.len() > 1 {
+            cmd.args(["--peers", &self.peers()]);
+        }
+        self.controllers[index].child = Some(cmd.spawn().expect("start kairosd"));
     }
 
     pub fn start_agent(&mut self) {
         let child = Command::new(bin("kairos-agent"))
-            .args(["--controllers", &self.addr, "--addr", "127.0.0.1:0", "--name", "node-a"])
+            .args(["--controllers", &self.addrs(), "--addr", "127.0.0.1:0", "--name", "node-a"])
             .args(["--gpu-backend", "fake", "--fake-gpus", &self.gpus.to_string()])
             .arg("--state-dir")
             .arg(self.path("agent"))
@@ -139,11 +179,46 @@ impl Cluster {
         });
     }
 
-    pub fn kill_controller(&mut self) {
-        if let Some(mut c) = self.controller.take() {
+    /// SIGKILL of one replica.
+    pub fn kill_controller(&mut self, index: usize) {
+        if let Some(mut c) = self.controllers[index].child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// `cluster status --json` as one replica sees it (None if it does not answer).
+    pub fn status_of(&self, index: usize) -> Option<Value> {
+        let out = Command::new(env!("CARGO_BIN_EXE_kairos"))
+            .args(["--controllers", &self.controllers[index].addr, "cluster", "status", "--json"])
+            .output()
+            .ok()?;
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// The index of the replica that leads, once one does (as the leader itself reports).
+    pub fn leader(&self) -> usize {
+        wait_for("a leader", || {
+            (0..self.controllers.len()).find(|i| {
+                self.controllers[*i].child.is_some()
+                    && self.status_of(*i).is_some_and(|s| s["leader"] == self.controllers[*i].id)
+            })
+        })
+    }
+
+    /// Waits until every running replica reports the same applied index and state digest.
+    pub fn wait_converged(&self) -> Value {
+        wait_for("replicas to converge", || {
+            let statuses: Vec<Value> = (0..self.controllers.len())
+                .filter(|i| self.controllers[*i].child.is_some())
+                .map(|i| self.status_of(i))
+                .collect::<Option<Vec<_>>>()?;
+            let first = &statuses[0];
+            let same = statuses.iter().all(|s| {
+                s["applied_index"] == first["applied_index"] && s["state_digest"] == first["state_digest"]
+            });
+            same.then(|| first.clone())
+        })
     }
 
     pub fn kill_agent(&mut self) {
@@ -157,7 +232,7 @@ impl Cluster {
     pub fn kairos(&self, args: &[&str]) -> Output {
         Command::new(env!("CARGO_BIN_EXE_kairos"))
             .arg("--controllers")
-            .arg(&self.addr)
+            .arg(self.addrs())
             .args(args)
             .stdin(Stdio::null())
             .output()
@@ -210,8 +285,10 @@ impl Drop for Cluster {
         if let Some(mut a) = self.agent.take() {
             stop_child(&mut a);
         }
-        if let Some(mut c) = self.controller.take() {
-            stop_child(&mut c);
+        for c in &mut self.controllers {
+            if let Some(mut child) = c.child.take() {
+                stop_child(&mut child);
+            }
         }
     }
 }

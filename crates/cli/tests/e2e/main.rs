@@ -1,6 +1,7 @@
 //! End-to-end tests of the vertical slice: real `kairosd`, `kairos-agent` and `kairos`
 //! processes over loopback sockets, real sled files and real job processes.
 
+mod ha;
 mod harness;
 
 use std::collections::BTreeSet;
@@ -86,8 +87,8 @@ fn controller_kill_9_and_restart_keeps_every_acknowledged_job() {
         .map(|j| (j["id"].as_u64().unwrap(), j["state"].as_str().unwrap().to_string()))
         .collect();
     assert!(before.iter().any(|(_, s)| s == "PENDING"), "{before:?}");
-    c.kill_controller();
-    c.start_controller();
+    c.kill_controller(0);
+    c.start_controller(0);
     // Every acknowledged job is back, none lost, none invented.
     let after = wait_for("the restarted controller to answer", || {
         let out = c.kairos(&["queue", "--all", "--json"]);

@@ -1,0 +1,227 @@
+//! High availability: three (and more) kairosd replicas as real processes on loopback.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde_json::Value;
+
+use crate::harness::{bin, free_addr, wait_for, Cluster};
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+/// Submits `true` jobs one after another until `stop`, recording each acknowledged id with the
+/// time it was acknowledged.
+fn submit_loop(addrs: String, stop: Arc<AtomicBool>, acked: Arc<Mutex<Vec<(u64, Instant)>>>) {
+    while !stop.load(Ordering::Relaxed) {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+            .args(["--controllers", &addrs, "submit", "--", "true"])
+            .output()
+            .expect("run kairos");
+        if out.status.success() {
+            let id: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("a job id");
+            acked.lock().unwrap().push((id, Instant::now()));
+        }
+    }
+}
+
+#[test]
+fn leader_kill_9_under_continuous_submits_loses_no_acknowledged_submit() {
+    let mut c = Cluster::start_with(3, 8, &[]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let writer = {
+        let (addrs, stop, acked) = (c.addrs(), stop.clone(), acked.clone());
+        std::thread::spawn(move || submit_loop(addrs, stop, acked))
+    };
+    wait_for("submits before the kill", || (acked.lock().unwrap().len() >= 5).then_some(()));
+    let leader = c.leader();
+    c.kill_controller(leader);
+    let killed_at = Instant::now();
+    wait_for("submits acknowledged after the kill", || {
+        let after = acked.lock().unwrap().iter().filter(|(_, t)| *t > killed_at).count();
+        (after >= 5).then_some(())
+    });
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+
+    let new_leader = c.leader();
+    assert_ne!(new_leader, leader, "the killed replica cannot lead");
+    let present: BTreeSet<u64> = c.jobs().iter().map(|j| j["id"].as_u64().unwrap()).collect();
+    let acked: Vec<u64> = acked.lock().unwrap().iter().map(|(id, _)| *id).collect();
+    let acked_set: BTreeSet<u64> = acked.iter().copied().collect();
+    assert_eq!(acked_set.len(), acked.len(), "one job id acknowledged twice: {acked:?}");
+    let lost: Vec<&u64> = acked_set.difference(&present).collect();
+    assert!(lost.is_empty(), "acknowledged submits lost: {lost:?}");
+
+    // The killed replica comes back from its data dir, catches up, and all three agree.
+    c.start_controller(leader);
+    for id in &acked {
+        assert_eq!(c.wait_done(*id)["state"], "COMPLETED", "job {id}");
+    }
+    let status = c.wait_converged();
+    assert!(status["applied_index"].as_u64().unwrap() > 0);
+    assert_eq!(status["replicas"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn follower_loss_is_invisible_and_losing_quorum_stops_writes_but_not_reads() {
+    let mut c = Cluster::start_with(3, 2, &[]);
+    let leader = c.leader();
+    let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    c.kill_controller(followers[0]);
+    let id = c.submit(&["--", "true"]);
+    assert_eq!(c.wait_done(id)["state"], "COMPLETED");
+
+    c.kill_controller(followers[1]);
+    let out = c.kairos(&["submit", "--", "true"]);
+    assert_eq!(out.status.code(), Some(1), "a write without quorum succeeded");
+    let err = stderr(&out);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
+    assert!(err.contains("quorum"), "{err:?}");
+    assert!(err.contains("Unavailable"), "{err:?}");
+    // Reads still answer from the surviving replica.
+    let queue = c.ok(&["queue", "--all", "--json"]);
+    assert!(queue.contains(&format!("\"id\": {id}")), "{queue}");
+    assert_eq!(c.job(id)["state"], "COMPLETED");
+
+    // One replica back: quorum again, writes succeed.
+    c.start_controller(followers[1]);
+    let next = c.submit(&["--", "true"]);
+    assert_eq!(c.wait_done(next)["state"], "COMPLETED");
+}
+
+#[test]
+fn a_running_job_survives_leader_failover_and_completes_once() {
+    let mut c = Cluster::start_with(3, 1, &[]);
+    let starts = c.path("starts");
+    let script = format!("echo $KAIROS_RESTART_COUNT >> {}; sleep 3", starts.display());
+    let id = c.submit(&["--", "sh", "-c", &script]);
+    wait_for("the job to start", || std::fs::metadata(&starts).ok().map(|_| ()));
+    let leader = c.leader();
+    c.kill_controller(leader);
+    let job = c.wait_done(id);
+    assert_eq!(job["state"], "COMPLETED", "{job}");
+    assert_eq!(job["attempt"], 0);
+    assert_eq!(std::fs::read_to_string(&starts).unwrap(), "0\n", "the job was started again");
+    let kinds: Vec<&str> =
+        job["events"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds.iter().filter(|k| **k == "started").count(), 1, "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| **k == "completed").count(), 1, "{kinds:?}");
+    assert!(!kinds.contains(&"node_fail"), "{kinds:?}");
+}
+
+#[test]
+fn added_replica_installs_a_snapshot_becomes_voter_and_removing_the_leader_hands_over() {
+    let mut c = Cluster::start_with(3, 8, &["--snapshot-logs", "5"]);
+    let ids: Vec<u64> = (0..12).map(|_| c.submit(&["--", "true"])).collect();
+    for id in &ids {
+        c.wait_done(*id);
+    }
+    // Wait until the leader has compacted its log behind a snapshot.
+    let leader = c.leader();
+    wait_for("a snapshot on the leader", || {
+        c.status_of(leader)?["snapshot_index"].as_u64().filter(|i| *i > 5)
+    });
+
+    let addr = free_addr();
+    let mut joiner = c.controller_command(4, &addr);
+    joiner.arg("--join");
+    c.controllers.push(crate::harness::Controller {
+        id: 4,
+        addr: addr.clone(),
+        child: Some(joiner.spawn().unwrap()),
+    });
+    let status: Value = serde_json::from_str(&c.ok(&["cluster", "add", "4", &addr, "--json"])).unwrap();
+    let role = |s: &Value, id: u64| {
+        s["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == id)
+            .map(|r| r["role"].as_str().unwrap().to_string())
+    };
+    assert_eq!(role(&status, 4).as_deref(), Some("follower"), "{status}");
+    // The new replica was brought up to date by a snapshot, not by replaying the whole log.
+    let new = wait_for("the new replica to have a snapshot", || {
+        c.status_of(3).filter(|s| s["snapshot_index"].is_u64())
+    });
+    assert!(new["snapshot_index"].as_u64().unwrap() > 0, "{new}");
+    let converged = c.wait_converged();
+    assert_eq!(converged["replicas"].as_array().unwrap().len(), 4);
+    assert_eq!(c.status_of(3).unwrap()["state_digest"], converged["state_digest"]);
+
+    // Removing the leader hands leadership to another voter.
+    let leader = c.leader();
+    let leader_id = c.controllers[leader].id.to_string();
+    c.ok(&["cluster", "remove", &leader_id]);
+    let removed = leader;
+    let next = wait_for("a new leader", || {
+        let l = c.leader();
+        (l != removed).then_some(l)
+    });
+    let status = c.status_of(next).unwrap();
+    assert!(role(&status, c.controllers[removed].id).is_none(), "removed replica still listed: {status}");
+    c.kill_controller(removed);
+    let id = c.submit(&["--", "true"]);
+    assert_eq!(c.wait_done(id)["state"], "COMPLETED");
+}
+
+#[test]
+fn bad_membership_input_is_refused_and_changes_nothing() {
+    let c = Cluster::start_with(3, 1, &[]);
+    let before = c.wait_converged()["replicas"].clone();
+    let taken = c.controllers[1].addr.clone();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["cluster".into(), "add".into(), "2".into(), free_addr()], "replica 2 is already a member"),
+        (vec!["cluster".into(), "add".into(), "9".into(), taken], "already belongs to replica 2"),
+        (vec!["cluster".into(), "add".into(), "9".into(), "nowhere".into()], "is not HOST:PORT"),
+        (vec!["cluster".into(), "remove".into(), "7".into()], "replica 7 is not a member"),
+    ];
+    for (args, expected) in &cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = c.kairos(&args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr(&out).contains(expected), "{args:?}: {}", stderr(&out));
+    }
+    assert_eq!(c.wait_converged()["replicas"], before);
+
+    // The last voter of a one-replica cluster cannot be removed.
+    let single = Cluster::start(1);
+    let out = single.kairos(&["cluster", "remove", "1"]);
+    assert!(stderr(&out).contains("last voter"), "{}", stderr(&out));
+
+    // kairosd refuses a peers list without itself, and a data dir already in use.
+    let out = std::process::Command::new(bin("kairosd"))
+        .args(["--id", "5", "--addr", &free_addr(), "--peers", &c.peers()])
+        .arg("--data-dir")
+        .arg(c.path("never-used"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("--peers does not include this replica (5)"), "{}", stderr(&out));
+    let out = c
+        .controller_command(1, &free_addr())
+        .args(["--peers", &c.peers()])
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("--addr is"), "{}", stderr(&out));
+    let out = std::process::Command::new(bin("kairosd"))
+        .args(["--id", "1", "--addr", &free_addr()])
+        .arg("--data-dir")
+        .arg(c.path("controller-1"))
+        .stdout(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("is in use by another kairosd"), "{}", stderr(&out));
+    // The refused processes changed nothing: the cluster still serves.
+    let id = c.submit(&["--", "true"]);
+    assert_eq!(c.wait_done(id)["state"], "COMPLETED");
+    assert_eq!(c.wait_converged()["replicas"], before);
+}
