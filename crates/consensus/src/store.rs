@@ -255,8 +255,14 @@ impl StateMachineStore {
     }
 }
 
+#[derive(Serialize)]
+struct SnapshotFileRef<'a> {
+    format: u32,
+    state: &'a ClusterState,
+}
+
 pub(crate) fn encode_snapshot(state: &ClusterState) -> Result<Vec<u8>, serde_json::Error> {
-    serde_json::to_vec(&SnapshotFile { format: SNAPSHOT_FORMAT_VERSION, state: state.clone() })
+    serde_json::to_vec(&SnapshotFileRef { format: SNAPSHOT_FORMAT_VERSION, state })
 }
 
 fn decode_snapshot(data: &[u8]) -> Result<ClusterState, crate::ConsensusError> {
@@ -269,11 +275,12 @@ fn decode_snapshot(data: &[u8]) -> Result<ClusterState, crate::ConsensusError> {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
-        let (data, last_applied, membership) = {
+        // Copy under the lock, encode outside it, so applies are not held up by the encoding.
+        let (state, last_applied, membership) = {
             let applied = self.read();
-            let data = encode_snapshot(&applied.state).map_err(read_err)?;
-            (data, applied.last_applied, applied.membership.clone())
+            (applied.state.clone(), applied.last_applied, applied.membership.clone())
         };
+        let data = encode_snapshot(&state).map_err(read_err)?;
         let snapshot_id = match last_applied {
             Some(l) => format!("{}-{}-{}", l.leader_id, l.index, data.len()),
             None => format!("empty-{}", data.len()),

@@ -197,10 +197,24 @@ impl ClusterState {
         job.spec.time_limit_s.or_else(|| find_qos(&job.spec.qos).map(|q| q.max_wall_s))
     }
 
+    /// The jobs holding GPUs on `node`, in id order: O(GPUs of the node), not O(jobs).
+    pub fn jobs_on(&self, node: &str) -> Vec<&Job> {
+        let Some(n) = self.nodes.get(node) else { return Vec::new() };
+        let ids: BTreeSet<JobId> = n.allocated.values().copied().collect();
+        ids.iter().filter_map(|id| self.jobs.get(id)).collect()
+    }
+
+    /// Whether any Up node has a free GPU (if not, no plan can place anything).
+    pub fn has_free_gpus(&self) -> bool {
+        self.nodes.values().any(|n| n.state == NodeState::Up && n.allocated.len() < n.info.gpus.len())
+    }
+
     /// Running jobs past their time limit at `now_ms` that have not been asked to stop yet.
     pub fn expired_runs(&self, now_ms: i64) -> Vec<(JobId, u32)> {
-        self.jobs
-            .values()
+        let running: BTreeSet<JobId> = self.nodes.values().flat_map(|n| n.allocated.values().copied()).collect();
+        running
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
             .filter(|j| j.state == JobState::Running)
             .filter(|j| j.allocation.as_ref().is_some_and(|a| a.stop.is_none()))
             .filter(|j| Self::past_limit(j, now_ms))

@@ -29,8 +29,8 @@ pub struct Agents {
 /// The runs `node` should have in `state`, in job id order.
 pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> {
     state
-        .jobs
-        .values()
+        .jobs_on(node)
+        .into_iter()
         .filter(|j| j.state == JobState::Running)
         .filter_map(|j| j.allocation.as_ref().filter(|a| a.node == node).map(|a| (j, a)))
         .map(|(j, a)| pb::Assignment {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kairos_consensus::{Replica, WriteError};
-use kairos_scheduler::{Command, Op, Outcome, Rejection};
+use kairos_scheduler::{plan, Command, JobId, Op, Outcome, PendingReason, Rejection};
 use tokio::sync::Notify;
 use tonic::Status;
 
@@ -27,6 +27,16 @@ pub struct Timing {
     pub tick: Duration,
 }
 
+/// Pending reasons by job, as the planner derives them.
+pub type PendingReasons = BTreeMap<JobId, PendingReason>;
+
+/// The pending reasons of one applied state, shared by all readers of that state.
+#[derive(Default)]
+pub struct ReasonCache {
+    applied_index: Option<u64>,
+    reasons: Arc<PendingReasons>,
+}
+
 #[derive(Clone)]
 pub struct Ctx {
     pub replica: Replica,
@@ -36,6 +46,8 @@ pub struct Ctx {
     pub heartbeats: Arc<Mutex<BTreeMap<String, (Instant, i64)>>>,
     pub timing: Timing,
     pub batcher: Batcher,
+    /// At most one planning pass per applied index for all read paths together.
+    pub reasons: Arc<Mutex<ReasonCache>>,
 }
 
 /// Wall-clock time in Unix milliseconds; read only at the edge and stamped into commands.
@@ -47,6 +59,23 @@ impl Ctx {
     /// Commits one command (batched with concurrent ones) and returns its outcome.
     pub async fn write(&self, op: Op) -> Result<Outcome, Status> {
         self.batcher.write(Command { now_ms: now_ms(), op }).await
+    }
+
+    /// The current pending reasons (computed once per applied index).
+    pub fn pending_reasons(&self) -> Arc<PendingReasons> {
+        let mut cache = self.reasons.lock().unwrap_or_else(|p| p.into_inner());
+        let (index, reasons) = self.replica.read(|a| {
+            let index = a.last_applied.map(|l| l.index);
+            if cache.applied_index.is_some() && cache.applied_index == index {
+                (index, None)
+            } else {
+                (index, Some(plan(&a.state).pending))
+            }
+        });
+        if let Some(reasons) = reasons {
+            *cache = ReasonCache { applied_index: index, reasons: Arc::new(reasons) };
+        }
+        cache.reasons.clone()
     }
 
     pub fn record_heartbeat(&self, node: &str) {

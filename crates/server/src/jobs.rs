@@ -10,12 +10,12 @@ use futures::Stream;
 use kairos_proto::v1 as pb;
 use kairos_proto::v1::agent_log_service_client::AgentLogServiceClient;
 use kairos_proto::v1::job_service_server::JobService;
-use kairos_scheduler::{plan, ClusterState, JobId, JobState, Op, Outcome};
+use kairos_scheduler::{ClusterState, JobId, JobState, Op, Outcome};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status};
 
-use crate::context::{caller, rejection_status, Ctx};
+use crate::context::{caller, rejection_status, Ctx, PendingReasons};
 use crate::convert::{job_spec_from_pb, job_state_to_pb, job_to_pb};
 
 /// Most jobs one list answer carries.
@@ -26,10 +26,11 @@ pub struct Jobs {
     pub ctx: Ctx,
 }
 
-fn job_view(state: &ClusterState, id: JobId) -> Result<pb::Job, Status> {
+/// The API view of job `id`, with its pending reason from `reasons` when it waits.
+fn job_view(state: &ClusterState, reasons: &PendingReasons, id: JobId) -> Result<pb::Job, Status> {
     let job = state.jobs.get(&id).ok_or_else(|| Status::not_found(format!("job {id} not found")))?;
-    let pending = if job.state == JobState::Pending { plan(state).pending.remove(&id) } else { None };
-    Ok(job_to_pb(job, pending.as_ref()))
+    let pending = if job.state == JobState::Pending { reasons.get(&id) } else { None };
+    Ok(job_to_pb(job, pending))
 }
 
 fn check_id(id: u64) -> Result<u64, Status> {
@@ -54,7 +55,8 @@ impl JobService for Jobs {
         match self.ctx.write(Op::Submit { spec, request_id }).await? {
             Outcome::Submitted { job } => {
                 self.ctx.kick.notify_one();
-                let view = self.ctx.replica.read(|a| job_view(&a.state, job))?;
+                // No pending reason in the answer: a submit must not pay for a planning pass.
+                let view = self.ctx.replica.read(|a| job_view(&a.state, &PendingReasons::new(), job))?;
                 Ok(Response::new(pb::SubmitResponse { job_id: job, job: Some(view) }))
             }
             Outcome::Rejected(r) => Err(rejection_status(r)),
@@ -64,7 +66,8 @@ impl JobService for Jobs {
 
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
         let id = check_id(request.into_inner().job_id)?;
-        Ok(Response::new(self.ctx.replica.read(|a| job_view(&a.state, id))?))
+        let reasons = self.ctx.pending_reasons();
+        Ok(Response::new(self.ctx.replica.read(|a| job_view(&a.state, &reasons, id))?))
     }
 
     async fn list_jobs(
@@ -85,8 +88,8 @@ impl JobService for Jobs {
                 Ok(state) => states.push(state),
             }
         }
+        let reasons = self.ctx.pending_reasons();
         let jobs = self.ctx.replica.read(|a| {
-            let reasons = plan(&a.state).pending;
             a.state
                 .jobs
                 .values()
@@ -110,7 +113,8 @@ impl JobService for Jobs {
         let id = check_id(request.into_inner().job_id)?;
         match self.ctx.write(Op::Cancel { job: id, by: user }).await? {
             Outcome::Cancelled { .. } => {
-                Ok(Response::new(self.ctx.replica.read(|a| job_view(&a.state, id))?))
+                let reasons = self.ctx.pending_reasons();
+                Ok(Response::new(self.ctx.replica.read(|a| job_view(&a.state, &reasons, id))?))
             }
             Outcome::Rejected(r) => Err(rejection_status(r)),
             other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
@@ -125,8 +129,8 @@ impl JobService for Jobs {
     ) -> Result<Response<Self::WatchJobStream>, Status> {
         let id = check_id(request.into_inner().job_id)?;
         let mut applied = self.ctx.replica.applied.clone();
-        let first = self.ctx.replica.read(|a| job_view(&a.state, id))?;
-        let replica = self.ctx.replica.clone();
+        let first = self.ctx.replica.read(|a| job_view(&a.state, &self.ctx.pending_reasons(), id))?;
+        let ctx = self.ctx.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         tokio::spawn(async move {
             let mut last = first;
@@ -137,7 +141,8 @@ impl JobService for Jobs {
                 if is_terminal(&last) || applied.changed().await.is_err() {
                     return;
                 }
-                let Ok(view) = replica.read(|a| job_view(&a.state, id)) else { return };
+                let reasons = ctx.pending_reasons();
+                let Ok(view) = ctx.replica.read(|a| job_view(&a.state, &reasons, id)) else { return };
                 if view != last {
                     last = view;
                     if tx.send(Ok(last.clone())).await.is_err() {

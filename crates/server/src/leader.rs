@@ -69,9 +69,12 @@ fn pass(ctx: &Ctx, leader_since: Instant) -> Vec<Op> {
         for (job, attempt) in a.state.expired_runs(now) {
             ops.push(Op::EnforceTimeLimit { job, attempt });
         }
-        let placements = plan(&a.state).plan;
-        if !placements.placements.is_empty() {
-            ops.push(Op::ApplyPlan { plan: placements });
+        // Without a free GPU no placement is possible: skip the (O(pending)) pass.
+        if a.state.has_free_gpus() {
+            let placements = plan(&a.state).plan;
+            if !placements.placements.is_empty() {
+                ops.push(Op::ApplyPlan { plan: placements });
+            }
         }
         ops
     })

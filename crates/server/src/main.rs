@@ -134,6 +134,7 @@ async fn run() -> anyhow::Result<()> {
         kick: Arc::new(Notify::new()),
         heartbeats: Arc::new(Mutex::new(BTreeMap::new())),
         batcher: batch::Batcher::start(replica.clone()),
+        reasons: Arc::default(),
         timing: Timing {
             heartbeat_interval: Duration::from_millis(args.heartbeat_ms),
             node_timeout: Duration::from_millis(args.node_timeout_ms),

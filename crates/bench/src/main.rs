@@ -1,0 +1,346 @@
+//! kairos-bench: benchmarks against a fresh multi-replica cluster of real `kairosd` processes on
+//! loopback (real sled files, fsync on). Each prints one JSON object on stdout.
+//!
+//! - `submit`: C concurrent gRPC clients submit jobs that stay pending (no agents) for S seconds;
+//!   prints throughput and latency percentiles of acknowledged submits.
+//! - `failover`: under a steady submit stream, SIGKILLs the leader each round and measures the
+//!   gap from the kill to the first acknowledged submit.
+//!
+//! Build in release first: `cargo build --release --bins`; kairosd is taken from beside this
+//! binary.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use hdrhistogram::Histogram;
+use kairos_proto::v1 as pb;
+use kairos_proto::v1::admin_service_client::AdminServiceClient;
+use kairos_proto::v1::job_service_client::JobServiceClient;
+use serde_json::json;
+use tonic::transport::{Channel, Endpoint};
+
+#[derive(Parser)]
+#[command(name = "kairos-bench", about = "kairos benchmarks (JSON on stdout)")]
+struct Args {
+    #[command(subcommand)]
+    command: Bench,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Submit throughput and latency on a fresh cluster.
+    Submit {
+        #[arg(long, default_value_t = 3)]
+        controllers: u64,
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+    },
+    /// Leader-failover gap under a steady submit stream.
+    Failover {
+        #[arg(long, default_value_t = 3)]
+        controllers: u64,
+        #[arg(long, default_value_t = 10)]
+        rounds: usize,
+        /// Concurrent submitters during the test.
+        #[arg(long, default_value_t = 4)]
+        clients: usize,
+    },
+}
+
+fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating kairos-bench")?;
+    let path = exe.parent().map(|d| d.join(name)).context("locating the binaries' directory")?;
+    if !path.exists() {
+        bail!("{} not found: run `cargo build --release --bins` first", path.display());
+    }
+    Ok(path)
+}
+
+fn free_addr() -> anyhow::Result<String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("binding an ephemeral port")?;
+    Ok(l.local_addr()?.to_string())
+}
+
+/// A fresh cluster of kairosd processes; stopped on drop.
+struct Cluster {
+    dir: tempfile::TempDir,
+    addrs: Vec<String>,
+    children: Vec<Option<Child>>,
+    kairosd: PathBuf,
+}
+
+impl Cluster {
+    fn start(replicas: u64) -> anyhow::Result<Cluster> {
+        let dir = tempfile::Builder::new().prefix("kairos-bench-").tempdir()?;
+        let addrs = (0..replicas).map(|_| free_addr()).collect::<anyhow::Result<Vec<_>>>()?;
+        let mut c = Cluster { dir, addrs, children: Vec::new(), kairosd: sibling("kairosd")? };
+        for i in 0..replicas as usize {
+            let child = c.spawn(i)?;
+            c.children.push(Some(child));
+        }
+        Ok(c)
+    }
+
+    fn spawn(&self, i: usize) -> anyhow::Result<Child> {
+        let peers: Vec<String> = self.addrs.iter().enumerate().map(|(j, a)| format!("{}={a}", j + 1)).collect();
+        let log = std::fs::File::create(self.dir.path().join(format!("kairosd-{}.log", i + 1)))?;
+        let mut cmd = Command::new(&self.kairosd);
+        cmd.args(["--id", &(i + 1).to_string(), "--addr", &self.addrs[i]])
+            .arg("--data-dir")
+            .arg(self.dir.path().join(format!("controller-{}", i + 1)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        if self.addrs.len() > 1 {
+            cmd.args(["--peers", &peers.join(",")]);
+        }
+        cmd.spawn().context("starting kairosd")
+    }
+
+    fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.children[i].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn restart(&mut self, i: usize) -> anyhow::Result<()> {
+        let child = self.spawn(i)?;
+        self.children[i] = Some(child);
+        Ok(())
+    }
+
+    /// The index of the replica that reports itself leader.
+    async fn leader(&self, within: Duration) -> anyhow::Result<usize> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            for (i, addr) in self.addrs.iter().enumerate() {
+                if self.children[i].is_none() {
+                    continue;
+                }
+                let Ok(ch) = connect(addr).await else { continue };
+                if let Ok(s) = AdminServiceClient::new(ch).cluster_status(pb::ClusterStatusRequest {}).await {
+                    let s = s.into_inner();
+                    if s.leader == Some(s.id) {
+                        return Ok(i);
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        bail!("no leader within {within:?}")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.children.len() {
+            self.kill(i);
+        }
+    }
+}
+
+async fn connect(addr: &str) -> Result<Channel, tonic::transport::Error> {
+    Endpoint::from_shared(format!("http://{addr}"))?.connect_timeout(Duration::from_millis(500)).connect().await
+}
+
+fn spec() -> pb::JobSpec {
+    pb::JobSpec {
+        name: "bench".into(),
+        argv: vec!["true".into()],
+        resources: Some(pb::Resources { gpus: 1, ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+/// One client: submits in a loop until `stop`, following leader hints, recording latencies of
+/// acknowledged submits.
+async fn client_loop(
+    addrs: Vec<String>,
+    client: usize,
+    stop: Arc<AtomicBool>,
+    hist: Arc<Mutex<Histogram<u64>>>,
+    acked: Arc<AtomicU64>,
+    last_ack: Arc<Mutex<Instant>>,
+) {
+    let mut target = client % addrs.len();
+    let mut conn: Option<JobServiceClient<Channel>> = None;
+    let mut seq = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let mut jobs = match conn.take() {
+            Some(c) => c,
+            None => match connect(&addrs[target]).await {
+                Ok(ch) => JobServiceClient::new(ch),
+                Err(_) => {
+                    target = (target + 1) % addrs.len();
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+        };
+        seq += 1;
+        let req = pb::SubmitRequest { spec: Some(spec()), request_id: format!("bench-{client}-{seq}") };
+        let t0 = Instant::now();
+        let result = tokio::time::timeout(Duration::from_secs(10), jobs.submit(req)).await;
+        match result {
+            Ok(Ok(_)) => {
+                let us = t0.elapsed().as_micros() as u64;
+                if let Ok(mut h) = hist.lock() {
+                    let _ = h.record(us.max(1));
+                }
+                acked.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut t) = last_ack.lock() {
+                    *t = Instant::now();
+                }
+                conn = Some(jobs);
+            }
+            Ok(Err(status)) => {
+                let hint = status.metadata().get("kairos-leader").and_then(|v| v.to_str().ok());
+                match hint.and_then(|h| addrs.iter().position(|a| a == h)) {
+                    Some(i) if i != target => target = i,
+                    _ => {
+                        target = (target + 1) % addrs.len();
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            }
+            Err(_) => target = (target + 1) % addrs.len(),
+        }
+    }
+}
+
+struct Load {
+    stop: Arc<AtomicBool>,
+    hist: Arc<Mutex<Histogram<u64>>>,
+    acked: Arc<AtomicU64>,
+    last_ack: Arc<Mutex<Instant>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+fn start_load(addrs: &[String], clients: usize) -> anyhow::Result<Load> {
+    let hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?));
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicU64::new(0));
+    let last_ack = Arc::new(Mutex::new(Instant::now()));
+    let tasks = (0..clients)
+        .map(|c| {
+            tokio::spawn(client_loop(
+                addrs.to_vec(),
+                c,
+                stop.clone(),
+                hist.clone(),
+                acked.clone(),
+                last_ack.clone(),
+            ))
+        })
+        .collect();
+    Ok(Load { stop, hist, acked, last_ack, tasks })
+}
+
+impl Load {
+    async fn finish(self) -> Histogram<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        let h = self.hist.lock().map(|h| h.clone());
+        h.unwrap_or_else(|_| Histogram::new(3).expect("histogram"))
+    }
+}
+
+async fn bench_submit(controllers: u64, clients: usize, seconds: u64) -> anyhow::Result<serde_json::Value> {
+    let cluster = Cluster::start(controllers)?;
+    cluster.leader(Duration::from_secs(20)).await?;
+    // Warm up connections and the leader, then measure.
+    let warm = start_load(&cluster.addrs, clients)?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    warm.finish().await;
+    let load = start_load(&cluster.addrs, clients)?;
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let acked = load.acked.clone();
+    let hist = load.finish().await;
+    let elapsed = t0.elapsed().as_secs_f64();
+    let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    Ok(json!({
+        "bench": "submit",
+        "controllers": controllers,
+        "clients": clients,
+        "seconds": seconds,
+        "acknowledged": acked.load(Ordering::Relaxed),
+        "submits_per_s": (hist.len() as f64 / elapsed).round(),
+        "p50_ms": ms(0.50),
+        "p99_ms": ms(0.99),
+        "max_ms": hist.max() as f64 / 1000.0,
+    }))
+}
+
+async fn bench_failover(controllers: u64, rounds: usize, clients: usize) -> anyhow::Result<serde_json::Value> {
+    let mut cluster = Cluster::start(controllers)?;
+    cluster.leader(Duration::from_secs(20)).await?;
+    let load = start_load(&cluster.addrs, clients)?;
+    let mut gaps_ms: Vec<f64> = Vec::new();
+    for _ in 0..rounds {
+        // Steady state: every replica up, a leader, submits flowing.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let leader = cluster.leader(Duration::from_secs(20)).await?;
+        let before = load.acked.load(Ordering::Relaxed);
+        cluster.kill(leader);
+        let killed = Instant::now();
+        let deadline = killed + Duration::from_secs(30);
+        loop {
+            let after_kill = load.last_ack.lock().map(|t| *t > killed).unwrap_or(false);
+            if after_kill && load.acked.load(Ordering::Relaxed) > before {
+                let gap = load.last_ack.lock().map(|t| t.duration_since(killed)).unwrap_or_default();
+                gaps_ms.push(gap.as_secs_f64() * 1000.0);
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("no submit acknowledged within 30s of killing the leader");
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        cluster.restart(leader)?;
+    }
+    load.finish().await;
+    gaps_ms.sort_by(|a, b| a.total_cmp(b));
+    let p50 = gaps_ms[gaps_ms.len() / 2];
+    let max = gaps_ms.last().copied().unwrap_or(0.0);
+    Ok(json!({
+        "bench": "failover",
+        "controllers": controllers,
+        "rounds": rounds,
+        "gap_ms_p50": p50.round(),
+        "gap_ms_max": max.round(),
+        "gaps_ms": gaps_ms.iter().map(|g| g.round()).collect::<Vec<_>>(),
+    }))
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let result = match args.command {
+        Bench::Submit { controllers, clients, seconds } => bench_submit(controllers, clients.max(1), seconds).await,
+        Bench::Failover { controllers, rounds, clients } => {
+            if controllers < 3 {
+                eprintln!("kairos-bench: failover needs at least 3 controllers");
+                std::process::exit(2);
+            }
+            bench_failover(controllers, rounds.max(1), clients.max(1)).await
+        }
+    };
+    match result {
+        Ok(v) => println!("{v}"),
+        Err(e) => {
+            eprintln!("kairos-bench: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
