@@ -89,7 +89,8 @@ impl Cluster {
     }
 
     fn spawn(&self, i: usize) -> anyhow::Result<Child> {
-        let peers: Vec<String> = self.addrs.iter().enumerate().map(|(j, a)| format!("{}={a}", j + 1)).collect();
+        let peers: Vec<String> =
+            self.addrs.iter().enumerate().map(|(j, a)| format!("{}={a}", j + 1)).collect();
         let log = std::fs::File::create(self.dir.path().join(format!("kairosd-{}.log", i + 1)))?;
         let mut cmd = Command::new(&self.kairosd);
         cmd.args(["--id", &(i + 1).to_string(), "--addr", &self.addrs[i]])
@@ -115,6 +116,16 @@ impl Cluster {
         let child = self.spawn(i)?;
         self.children[i] = Some(child);
         Ok(())
+    }
+
+    /// The leader's term (0 when no leader answers).
+    async fn term(&self) -> u64 {
+        let Ok(i) = self.leader(Duration::from_secs(5)).await else { return 0 };
+        let Ok(ch) = connect(&self.addrs[i]).await else { return 0 };
+        match AdminServiceClient::new(ch).cluster_status(pb::ClusterStatusRequest {}).await {
+            Ok(s) => s.into_inner().term,
+            Err(_) => 0,
+        }
     }
 
     /// The index of the replica that reports itself leader.
@@ -148,7 +159,10 @@ impl Drop for Cluster {
 }
 
 async fn connect(addr: &str) -> Result<Channel, tonic::transport::Error> {
-    Endpoint::from_shared(format!("http://{addr}"))?.connect_timeout(Duration::from_millis(500)).connect().await
+    Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_millis(500))
+        .connect()
+        .await
 }
 
 fn spec() -> pb::JobSpec {
@@ -262,12 +276,14 @@ async fn bench_submit(controllers: u64, clients: usize, seconds: u64) -> anyhow:
     let warm = start_load(&cluster.addrs, clients)?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     warm.finish().await;
+    let term_before = cluster.term().await;
     let load = start_load(&cluster.addrs, clients)?;
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     let acked = load.acked.clone();
     let hist = load.finish().await;
     let elapsed = t0.elapsed().as_secs_f64();
+    let term_after = cluster.term().await;
     let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
     Ok(json!({
         "bench": "submit",
@@ -279,10 +295,15 @@ async fn bench_submit(controllers: u64, clients: usize, seconds: u64) -> anyhow:
         "p50_ms": ms(0.50),
         "p99_ms": ms(0.99),
         "max_ms": hist.max() as f64 / 1000.0,
+        "elections_during_run": term_after.saturating_sub(term_before),
     }))
 }
 
-async fn bench_failover(controllers: u64, rounds: usize, clients: usize) -> anyhow::Result<serde_json::Value> {
+async fn bench_failover(
+    controllers: u64,
+    rounds: usize,
+    clients: usize,
+) -> anyhow::Result<serde_json::Value> {
     let mut cluster = Cluster::start(controllers)?;
     cluster.leader(Duration::from_secs(20)).await?;
     let load = start_load(&cluster.addrs, clients)?;
@@ -327,7 +348,9 @@ async fn bench_failover(controllers: u64, rounds: usize, clients: usize) -> anyh
 async fn main() {
     let args = Args::parse();
     let result = match args.command {
-        Bench::Submit { controllers, clients, seconds } => bench_submit(controllers, clients.max(1), seconds).await,
+        Bench::Submit { controllers, clients, seconds } => {
+            bench_submit(controllers, clients.max(1), seconds).await
+        }
         Bench::Failover { controllers, rounds, clients } => {
             if controllers < 3 {
                 eprintln!("kairos-bench: failover needs at least 3 controllers");

@@ -139,7 +139,7 @@ impl Replica {
         })?;
         let log_store = store::LogStore::new(&db)?;
         let (applied_tx, applied_rx) = watch::channel(0);
-        let sm = store::StateMachineStore::new(&db, applied_tx)?;
+        let sm = store::StateMachineStore::new(data_dir, applied_tx)?;
         let shared = sm.shared();
         let raft_config = Config {
             cluster_name: "kairos".into(),

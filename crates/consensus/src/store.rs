@@ -1,11 +1,16 @@
-//! sled-backed Raft storage: the log and vote (`LogStore`) and the state machine with its
+//! Raft storage: the log and vote in sled (`LogStore`), and the state machine with its
 //! snapshots (`StateMachineStore`).
 //!
 //! Durability: every append, truncate, purge and vote is followed by a sled flush (fsync)
 //! before openraft is told it is done, so a vote or an append is acknowledged only once it is on
 //! disk. The state machine itself lives in memory; its durable form is the latest snapshot plus
-//! the log after it. The committed log id is persisted too, so a restarted replica re-applies
-//! its committed tail at once instead of waiting for a new leader.
+//! the log after it. The committed log id is persisted too (without a flush of its own), so a
+//! restarted replica re-applies its committed tail at once instead of waiting for a leader.
+//!
+//! Snapshots are files beside the sled database (`snapshot`, written to a temporary file,
+//! fsync'd, renamed, directory fsync'd): a snapshot of a large state is tens of megabytes, and
+//! flushing such a value through sled would stall the log's own flushes behind it. The file is a
+//! JSON line of metadata followed by the snapshot bytes.
 //!
 //! Keys of the log tree are big-endian `u64` indices, so sled's order is the log's order.
 
@@ -33,7 +38,8 @@ type StorageResult<T> = Result<T, StorageError<NodeId>>;
 const KEY_VOTE: &[u8] = b"vote";
 const KEY_COMMITTED: &[u8] = b"committed";
 const KEY_LAST_PURGED: &[u8] = b"last_purged";
-const KEY_SNAPSHOT: &[u8] = b"current";
+const SNAPSHOT_FILE: &str = "snapshot";
+const SNAPSHOT_TMP: &str = "snapshot.tmp";
 
 fn read_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
     StorageIOError::read(&e).into()
@@ -132,7 +138,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
-        self.put_meta(KEY_COMMITTED, &committed).await
+        // No flush of its own: a committed index that is a little stale after a crash is allowed
+        // (the tail is re-committed by the next leader); it reaches disk with the next append.
+        let bytes = serde_json::to_vec(&committed).map_err(write_err)?;
+        self.meta.insert(KEY_COMMITTED, bytes).map_err(write_err)?;
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> StorageResult<Option<LogId<NodeId>>> {
@@ -198,40 +208,69 @@ struct SnapshotFile {
     state: ClusterState,
 }
 
-#[derive(Serialize, Deserialize)]
 struct StoredSnapshot {
     meta: SnapshotMeta<NodeId, openraft::BasicNode>,
     data: Vec<u8>,
 }
 
-/// The scheduling core as openraft's state machine, with snapshots kept in sled.
+impl StoredSnapshot {
+    fn encode(&self) -> Result<Vec<u8>, serde_json::Error> {
+        let mut out = serde_json::to_vec(&self.meta)?;
+        out.push(b'\n');
+        out.extend_from_slice(&self.data);
+        Ok(out)
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, crate::ConsensusError> {
+        let split = bytes
+            .iter()
+            .position(|b| *b == b'\n')
+            .ok_or_else(|| crate::ConsensusError::Format("snapshot file has no metadata line".into()))?;
+        let meta = serde_json::from_slice(&bytes[..split])?;
+        Ok(StoredSnapshot { meta, data: bytes[split + 1..].to_vec() })
+    }
+}
+
+/// Reads the current snapshot file, if there is one.
+fn read_snapshot(dir: &std::path::Path) -> Result<Option<StoredSnapshot>, crate::ConsensusError> {
+    match std::fs::read(dir.join(SNAPSHOT_FILE)) {
+        Ok(bytes) => Ok(Some(StoredSnapshot::decode(&bytes)?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(crate::ConsensusError::Format(format!("reading the snapshot: {e}"))),
+    }
+}
+
+/// Replaces the snapshot file atomically and durably.
+fn write_snapshot(dir: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = dir.join(SNAPSHOT_TMP);
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(SNAPSHOT_FILE))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// The scheduling core as openraft's state machine, with snapshots kept as files.
 #[derive(Clone)]
 pub struct StateMachineStore {
-    db: sled::Db,
-    snapshots: sled::Tree,
+    dir: std::path::PathBuf,
     shared: SharedState,
     applied_tx: watch::Sender<u64>,
 }
 
 impl StateMachineStore {
     /// Opens the store, loading the latest snapshot when there is one.
-    pub fn new(db: &sled::Db, applied_tx: watch::Sender<u64>) -> Result<Self, crate::ConsensusError> {
-        let snapshots = db.open_tree("snapshots")?;
+    pub fn new(dir: &std::path::Path, applied_tx: watch::Sender<u64>) -> Result<Self, crate::ConsensusError> {
         let mut applied = Applied { state: ClusterState::new(), ..Applied::default() };
-        if let Some(bytes) = snapshots.get(KEY_SNAPSHOT)? {
-            let stored: StoredSnapshot = serde_json::from_slice(&bytes)?;
+        if let Some(stored) = read_snapshot(dir)? {
             applied.state = decode_snapshot(&stored.data)?;
             applied.last_applied = stored.meta.last_log_id;
             applied.membership = stored.meta.last_membership.clone();
         }
         let index = applied.last_applied.map(|l| l.index).unwrap_or(0);
         applied_tx.send_replace(index);
-        Ok(StateMachineStore {
-            db: db.clone(),
-            snapshots,
-            shared: Arc::new(RwLock::new(applied)),
-            applied_tx,
-        })
+        Ok(StateMachineStore { dir: dir.to_path_buf(), shared: Arc::new(RwLock::new(applied)), applied_tx })
     }
 
     pub fn shared(&self) -> SharedState {
@@ -247,10 +286,13 @@ impl StateMachineStore {
     }
 
     async fn save_snapshot(&self, stored: &StoredSnapshot) -> StorageResult<()> {
-        let bytes = serde_json::to_vec(stored).map_err(write_err)?;
-        self.snapshots.insert(KEY_SNAPSHOT, bytes).map_err(write_err)?;
+        let bytes = stored.encode().map_err(write_err)?;
+        let dir = self.dir.clone();
         // A snapshot may let openraft purge the log behind it: it must be on disk first.
-        self.db.flush_async().await.map_err(write_err)?;
+        tokio::task::spawn_blocking(move || write_snapshot(&dir, &bytes))
+            .await
+            .map_err(write_err)?
+            .map_err(write_err)?;
         Ok(())
     }
 }
@@ -371,9 +413,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {
-        match self.snapshots.get(KEY_SNAPSHOT).map_err(read_err)? {
-            Some(bytes) => {
-                let stored: StoredSnapshot = serde_json::from_slice(&bytes).map_err(read_err)?;
+        match read_snapshot(&self.dir).map_err(read_err)? {
+            Some(stored) => {
                 Ok(Some(Snapshot { meta: stored.meta, snapshot: Box::new(Cursor::new(stored.data)) }))
             }
             None => Ok(None),

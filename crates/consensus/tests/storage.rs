@@ -15,10 +15,10 @@ struct SledBuilder;
 impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for SledBuilder {
     async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<u64>> {
         let dir = TempDir::new().expect("temp dir");
-        let db = sled::Config::new().path(dir.path()).open().expect("open sled");
+        let db = sled::Config::new().path(dir.path().join("raft.sled")).open().expect("open sled");
         let (tx, _rx) = tokio::sync::watch::channel(0);
         let log = LogStore::new(&db).expect("log store");
-        let sm = StateMachineStore::new(&db, tx).expect("state machine");
+        let sm = StateMachineStore::new(dir.path(), tx).expect("state machine");
         Ok((dir, log, sm))
     }
 }

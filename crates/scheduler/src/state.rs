@@ -211,7 +211,8 @@ impl ClusterState {
 
     /// Running jobs past their time limit at `now_ms` that have not been asked to stop yet.
     pub fn expired_runs(&self, now_ms: i64) -> Vec<(JobId, u32)> {
-        let running: BTreeSet<JobId> = self.nodes.values().flat_map(|n| n.allocated.values().copied()).collect();
+        let running: BTreeSet<JobId> =
+            self.nodes.values().flat_map(|n| n.allocated.values().copied()).collect();
         running
             .iter()
             .filter_map(|id| self.jobs.get(id))
