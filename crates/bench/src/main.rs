@@ -308,6 +308,7 @@ async fn bench_failover(
     cluster.leader(Duration::from_secs(20)).await?;
     let load = start_load(&cluster.addrs, clients)?;
     let mut gaps_ms: Vec<f64> = Vec::new();
+    let mut elections_ms: Vec<f64> = Vec::new();
     for _ in 0..rounds {
         // Steady state: every replica up, a leader, submits flowing.
         tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -315,12 +316,42 @@ async fn bench_failover(
         let before = load.acked.load(Ordering::Relaxed);
         cluster.kill(leader);
         let killed = Instant::now();
+        // In parallel: when does a replica claim leadership (the election part of the gap)?
+        let elected = {
+            let addrs: Vec<String> = cluster
+                .addrs
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != leader)
+                .map(|(_, a)| a.clone())
+                .collect();
+            tokio::spawn(async move {
+                loop {
+                    for addr in &addrs {
+                        if let Ok(ch) = connect(addr).await {
+                            if let Ok(s) =
+                                AdminServiceClient::new(ch).cluster_status(pb::ClusterStatusRequest {}).await
+                            {
+                                let s = s.into_inner();
+                                if s.leader == Some(s.id) {
+                                    return killed.elapsed();
+                                }
+                            }
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+        };
         let deadline = killed + Duration::from_secs(30);
         loop {
             let after_kill = load.last_ack.lock().map(|t| *t > killed).unwrap_or(false);
             if after_kill && load.acked.load(Ordering::Relaxed) > before {
                 let gap = load.last_ack.lock().map(|t| t.duration_since(killed)).unwrap_or_default();
                 gaps_ms.push(gap.as_secs_f64() * 1000.0);
+                if let Ok(Ok(e)) = tokio::time::timeout(Duration::from_secs(5), elected).await {
+                    elections_ms.push(e.as_secs_f64() * 1000.0);
+                }
                 break;
             }
             if Instant::now() > deadline {
@@ -341,6 +372,7 @@ async fn bench_failover(
         "gap_ms_p50": p50.round(),
         "gap_ms_max": max.round(),
         "gaps_ms": gaps_ms.iter().map(|g| g.round()).collect::<Vec<_>>(),
+        "elected_ms": elections_ms.iter().map(|g| g.round()).collect::<Vec<_>>(),
     }))
 }
 

@@ -27,6 +27,7 @@ pub mod membership;
 pub mod network;
 pub mod service;
 pub mod store;
+pub mod watchdog;
 
 pub use store::{Applied, SharedState};
 
@@ -104,6 +105,17 @@ pub struct ReplicaConfig {
     pub snapshot_logs: u64,
     /// Never initialise a cluster: wait for an existing one to add this replica.
     pub join: bool,
+    /// The leader's heartbeat period to followers.
+    pub heartbeat_ms: u64,
+    /// A follower that hears nothing for a random time in [this, 2 × this] starts an election.
+    /// It also bounds the failover gap: a follower refuses votes while its leader's lease
+    /// (2 × this) has not expired.
+    pub election_timeout_ms: u64,
+}
+
+impl ReplicaConfig {
+    pub const HEARTBEAT_MS_DEFAULT: u64 = 50;
+    pub const ELECTION_TIMEOUT_MS_DEFAULT: u64 = 150;
 }
 
 /// A running replica: the Raft handle plus read access to the applied state.
@@ -143,9 +155,9 @@ impl Replica {
         let shared = sm.shared();
         let raft_config = Config {
             cluster_name: "kairos".into(),
-            heartbeat_interval: 100,
-            election_timeout_min: 400,
-            election_timeout_max: 800,
+            heartbeat_interval: config.heartbeat_ms,
+            election_timeout_min: config.election_timeout_ms,
+            election_timeout_max: config.election_timeout_ms * 2,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_logs),
             // Keep a tail of the log behind each snapshot so briefly lagging replicas catch up from
             // the log; anything further behind gets the snapshot.

@@ -55,7 +55,14 @@ async fn wait_leader(replica: &Replica) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_restart_through_snapshot_and_log_tail() {
     let dir = TempDir::new().unwrap();
-    let config = ReplicaConfig { id: 1, addr: "127.0.0.1:1".into(), snapshot_logs: 10, join: false };
+    let config = ReplicaConfig {
+        id: 1,
+        addr: "127.0.0.1:1".into(),
+        snapshot_logs: 10,
+        join: false,
+        heartbeat_ms: 50,
+        election_timeout_ms: 150,
+    };
     let members = BTreeMap::from([(1, config.addr.clone())]);
     let mut acked = BTreeSet::new();
     let digest_before;

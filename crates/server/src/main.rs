@@ -51,6 +51,14 @@ struct Args {
     /// Snapshot and compact the log after this many entries.
     #[arg(long, default_value_t = 5000)]
     snapshot_logs: u64,
+    /// Raft heartbeat period from the leader to followers (ms).
+    #[arg(long, default_value_t = ReplicaConfig::HEARTBEAT_MS_DEFAULT)]
+    raft_heartbeat_ms: u64,
+    /// Raft election timeout (ms): a follower waits a random time in [T, 2T] without hearing
+    /// from a leader before it stands for election. Lower is a faster failover; too low for the
+    /// machine's scheduling and disk latency causes needless elections.
+    #[arg(long, default_value_t = ReplicaConfig::ELECTION_TIMEOUT_MS_DEFAULT)]
+    election_timeout_ms: u64,
     /// Agents heartbeat at this interval (ms).
     #[arg(long, default_value_t = 2000)]
     heartbeat_ms: u64,
@@ -125,7 +133,12 @@ async fn run() -> anyhow::Result<()> {
         addr: args.addr.clone(),
         snapshot_logs: args.snapshot_logs,
         join: args.join,
+        heartbeat_ms: args.raft_heartbeat_ms,
+        election_timeout_ms: args.election_timeout_ms,
     };
+    if config.heartbeat_ms == 0 || config.election_timeout_ms <= config.heartbeat_ms {
+        bail!("--election-timeout-ms must be larger than --raft-heartbeat-ms (and both above 0)");
+    }
     let replica = Replica::open(&config, &args.data_dir, &members)
         .await
         .with_context(|| format!("opening replica data in {}", args.data_dir.display()))?;
@@ -142,6 +155,7 @@ async fn run() -> anyhow::Result<()> {
         },
     };
     let leader_task = tokio::spawn(leader::run(ctx.clone()));
+    let watchdog_task = tokio::spawn(kairos_consensus::watchdog::run(replica.clone()));
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<JobServiceServer<jobs::Jobs>>().await;
@@ -177,6 +191,7 @@ async fn run() -> anyhow::Result<()> {
 
     tracing::info!("shutting down");
     leader_task.abort();
+    watchdog_task.abort();
     if let Err(e) = replica.raft.shutdown().await {
         tracing::warn!(error = %e, "raft shutdown");
     }
