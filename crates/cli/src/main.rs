@@ -68,6 +68,9 @@ enum Cmd {
         /// Working directory of the job on its node.
         #[arg(long)]
         workdir: Option<String>,
+        /// Requeue the job (next attempt) if its node fails, instead of ending it NODE_FAIL.
+        #[arg(long)]
+        requeue: bool,
         /// The command and its arguments, after `--`.
         #[arg(last = true)]
         command: Vec<String>,
@@ -213,7 +216,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     let client = Client::new(cli.controllers.clone());
     let client = &client;
     match cli.command {
-        Cmd::Submit { gpus, name, time, qos, profile, env, workdir, command } => {
+        Cmd::Submit { gpus, name, time, qos, profile, env, workdir, requeue, command } => {
             let profile = match profile {
                 None => pb::Profile::Unspecified,
                 Some(ProfileArg::Training) => pb::Profile::Training,
@@ -234,6 +237,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 profile: profile as i32,
                 resources: Some(pb::Resources { gpus, ..Default::default() }),
                 time_limit_s: time.unwrap_or(0),
+                requeue: requeue.then_some(true),
                 ..Default::default()
             };
             // Retries (leader changes) reuse this id, so a submit is never applied twice.

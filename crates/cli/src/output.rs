@@ -67,6 +67,7 @@ pub fn job_json(job: &pb::Job) -> Value {
         "profile": profile_name(job.profile),
         "priority": job.priority,
         "time_limit_s": if spec.time_limit_s == 0 { Value::Null } else { json!(spec.time_limit_s) },
+        "requeue": spec.requeue.unwrap_or(false),
         "command": spec.argv,
         "submit_time": time(job.submit_time_ms),
         "start_time": time(job.start_time_ms),

@@ -39,6 +39,7 @@ fn spec(n: usize) -> JobSpec {
         qos: "batch".into(),
         profile: Profile::Batch,
         time_limit_s: None,
+        requeue: false,
     }
 }
 

@@ -103,6 +103,9 @@ pub struct JobSpec {
     pub profile: Profile,
     /// Wall-clock limit; `None` means the QoS maximum.
     pub time_limit_s: Option<u64>,
+    /// Requeue (next attempt) instead of ending when the cluster loses the run (node failure).
+    #[serde(default)]
+    pub requeue: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

@@ -23,6 +23,9 @@ use crate::model::{
 use crate::qos::find_qos;
 use crate::validate::{validate_node, validate_spec};
 
+/// Most attempts of one job; a job requeued this often ends instead.
+pub const ATTEMPTS_MAX: u32 = 10;
+
 /// Most placements one plan may carry.
 pub const PLAN_PLACEMENTS_MAX: usize = 1024;
 
@@ -325,7 +328,7 @@ impl ClusterState {
             None => Vec::new(),
         };
         for job in lost {
-            self.end_run(job, JobState::NodeFail, "GPU vanished from its node".into(), now);
+            self.fail_run(job, JobState::NodeFail, "GPU vanished from its node".into(), now);
         }
         match self.nodes.get_mut(&info.name) {
             Some(node) => {
@@ -357,7 +360,7 @@ impl ClusterState {
         node.reason = reason.to_string();
         let jobs: BTreeSet<JobId> = node.allocated.values().copied().collect();
         for &job in &jobs {
-            self.end_run(job, JobState::NodeFail, format!("node \"{name}\" down: {reason}"), now);
+            self.fail_run(job, JobState::NodeFail, format!("node \"{name}\" down: {reason}"), now);
         }
         Outcome::NodeDown { node: name.to_string(), failed_jobs: jobs.into_iter().collect() }
     }
@@ -472,7 +475,13 @@ impl ClusterState {
             RunExit::Signal(s) => job.signal = Some(*s),
             RunExit::Lost(_) => {}
         }
-        self.end_run(id, state, reason, now);
+        let state = if matches!(exit, RunExit::Lost(_)) && stop.is_none() {
+            // The cluster, not the job, lost this run: requeue it where the job allows.
+            self.fail_run(id, state, reason, now)
+        } else {
+            self.end_run(id, state, reason, now);
+            state
+        };
         Outcome::RunUpdated { job: id, state }
     }
 
@@ -492,6 +501,31 @@ impl ClusterState {
         alloc.stop = Some(StopReason::TimeLimit);
         job.record(now, "time-limit", "wall-clock limit reached, stopping".into());
         Outcome::RunUpdated { job: id, state: JobState::Running }
+    }
+
+    /// Ends a run the cluster lost (node down, run lost): the job goes back to Pending with the
+    /// next attempt when it allows requeue and has attempts left, else ends in `state`.
+    /// Returns the job's new state.
+    fn fail_run(&mut self, id: JobId, state: JobState, reason: String, now: i64) -> JobState {
+        let requeue = self.jobs.get(&id).is_some_and(|j| j.spec.requeue && j.attempt + 1 < ATTEMPTS_MAX);
+        if !requeue {
+            self.end_run(id, state, reason, now);
+            return state;
+        }
+        let Some(job) = self.jobs.get_mut(&id) else { return state };
+        if let Some(alloc) = job.allocation.take() {
+            if let Some(node) = self.nodes.get_mut(&alloc.node) {
+                node.allocated.retain(|_, holder| *holder != id);
+            }
+        }
+        job.attempt += 1;
+        job.state = JobState::Pending;
+        job.exit_code = None;
+        job.signal = None;
+        job.start_time_ms = None;
+        job.reason.clear();
+        job.record(now, "requeued", format!("{reason}; attempt {} follows", job.attempt));
+        JobState::Pending
     }
 
     /// Ends a job's current run in a terminal state and releases its GPUs.

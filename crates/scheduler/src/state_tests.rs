@@ -173,6 +173,35 @@ fn a_retried_submit_with_the_same_request_id_returns_the_first_job() {
 }
 
 #[test]
+fn requeueable_jobs_go_back_to_pending_with_the_next_attempt_when_their_node_fails() {
+    let mut s = cluster(2);
+    let mut sp = spec(1, "batch");
+    sp.requeue = true;
+    let requeued = submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None })));
+    let ended = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None })));
+    run_plan(&mut s, 3);
+    s.apply(&cmd(4, Op::NodeDown { node: "n1".into(), reason: "silent".into() }));
+    assert_eq!(s.jobs[&requeued].state, JobState::Pending);
+    assert_eq!(s.jobs[&requeued].attempt, 1);
+    assert_eq!(s.jobs[&ended].state, JobState::NodeFail);
+    // A report from the old attempt is stale now.
+    let stale = s.apply(&cmd(5, Op::JobExited { job: requeued, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) }));
+    assert!(matches!(stale, Outcome::Ignored(_)));
+    s.apply(&cmd(6, Op::RegisterNode { info: node_info("n1", 2) }));
+    run_plan(&mut s, 7);
+    assert_eq!(s.jobs[&requeued].state, JobState::Running);
+    // Attempts are bounded: a job that keeps losing its node ends after ATTEMPTS_MAX.
+    for t in 0..20 {
+        s.apply(&cmd(10 + 2 * t, Op::NodeDown { node: "n1".into(), reason: "flapping".into() }));
+        s.apply(&cmd(11 + 2 * t, Op::RegisterNode { info: node_info("n1", 2) }));
+        run_plan(&mut s, 11 + 2 * t);
+    }
+    assert_eq!(s.jobs[&requeued].state, JobState::NodeFail);
+    assert_eq!(s.jobs[&requeued].attempt, crate::state::ATTEMPTS_MAX - 1);
+    s.check_invariants().unwrap();
+}
+
+#[test]
 fn clock_never_goes_backwards() {
     let mut s = cluster(1);
     s.apply(&cmd(100, Op::Submit { spec: spec(1, "batch"), request_id: None }));
@@ -264,6 +293,7 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
             Step::Submit { gpus, qos, rid } => {
                 let mut sp = spec(*gpus, QOS[*qos as usize]);
                 sp.time_limit_s = Some(60);
+                sp.requeue = gpus % 2 == 0;
                 Some(Op::Submit { spec: sp, request_id: rid.map(|r| format!("r{r}")) })
             }
             Step::Cancel { job } => Some(Op::Cancel { job: job_id(job), by: "bob".into() }),

@@ -37,5 +37,6 @@ pub fn spec(gpus: u32, qos: &str) -> JobSpec {
         qos: qos.into(),
         profile: Profile::Batch,
         time_limit_s: None,
+        requeue: false,
     }
 }

@@ -39,9 +39,6 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
     if spec.checkpoint.is_some() {
         return Err(unimplemented("checkpoint", "checkpoint specs"));
     }
-    if spec.requeue == Some(true) {
-        return Err(unimplemented("requeue", "requeue"));
-    }
     if spec.burstable {
         return Err(unimplemented("burstable", "cloud burst"));
     }
@@ -83,6 +80,7 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
         qos,
         profile,
         time_limit_s: (spec.time_limit_s != 0).then_some(spec.time_limit_s),
+        requeue: spec.requeue.unwrap_or(false),
     };
     validate_spec(&out).map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok(out)
@@ -134,6 +132,7 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>) -> pb::Job {
             profile: profile_to_pb(s.profile) as i32,
             resources: Some(pb::Resources { gpus: s.gpus, ..Default::default() }),
             time_limit_s: s.time_limit_s.unwrap_or(0),
+            requeue: Some(s.requeue),
             ..Default::default()
         }),
         user: s.user.clone(),

@@ -180,21 +180,34 @@ fn bad_input_gets_a_one_line_error_and_changes_nothing() {
 }
 
 #[test]
-fn silent_node_goes_down_and_its_jobs_end_node_fail() {
-    let mut c = Cluster::start(1);
+fn silent_node_goes_down_its_jobs_end_node_fail_or_are_requeued() {
+    let mut c = Cluster::start(2);
     let pidfile = c.path("job.pid");
     let id = c.submit(&["--", "sh", "-c", &format!("echo $$ > {}; exec sleep 300", pidfile.display())]);
     let pid = wait_for("the job to start", || read_pid(&pidfile));
+    // A requeueable job: its second attempt succeeds at once.
+    let pidfile2 = c.path("requeued.pid");
+    let script = format!(
+        "[ \"$KAIROS_RESTART_COUNT\" = 1 ] && exit 0; echo $$ > {}; exec sleep 300",
+        pidfile2.display()
+    );
+    let requeued = c.submit(&["--requeue", "--", "sh", "-c", &script]);
+    let pid2 = wait_for("the requeueable job to start", || read_pid(&pidfile2));
     c.kill_agent();
     let job = c.wait_state(id, "NODE_FAIL");
     assert!(job["reason"].as_str().unwrap().contains("down"), "{job}");
+    let job = c.wait_state(requeued, "PENDING");
+    assert_eq!(job["attempt"], 1, "{job}");
     let nodes: serde_json::Value = serde_json::from_str(&c.ok(&["nodes", "--json"])).unwrap();
     assert_eq!(nodes[0]["state"], "DOWN");
-    // SIGKILL of the agent leaves its job behind; clean it up ourselves.
+    // SIGKILL of the agent leaves its jobs behind; clean them up ourselves.
     signal(pid, libc::SIGKILL);
-    // The agent comes back: the node is up again and takes new work.
+    signal(pid2, libc::SIGKILL);
+    // The agent comes back: the node is up again, the requeued job runs its next attempt.
     c.start_agent();
     c.wait_node_up();
+    let job = c.wait_done(requeued);
+    assert_eq!((job["state"].as_str(), job["attempt"].as_u64()), (Some("COMPLETED"), Some(1)), "{job}");
     let next = c.submit(&["--", "true"]);
     assert_eq!(c.wait_done(next)["state"], "COMPLETED");
 }
