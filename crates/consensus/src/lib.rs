@@ -165,7 +165,7 @@ impl Replica {
             ..Config::default()
         };
         let raft_config = Arc::new(raft_config.validate().map_err(|e| ConsensusError::Raft(e.to_string()))?);
-        let raft = Raft::new(config.id, raft_config, network::Network, log_store, sm)
+        let raft = Raft::new(config.id, raft_config, network::Network { from: config.id }, log_store, sm)
             .await
             .map_err(|e| ConsensusError::Raft(e.to_string()))?;
         let initialized = raft.is_initialized().await.map_err(|e| ConsensusError::Raft(e.to_string()))?;

@@ -19,20 +19,27 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::{NodeId, TypeConfig};
 
+/// Metadata key naming the sending replica on every Raft RPC.
+pub const FROM_HEADER: &str = "kairos-replica-from";
+
 /// Creates one connection per peer.
-#[derive(Clone, Default)]
-pub struct Network;
+#[derive(Clone)]
+pub struct Network {
+    /// This replica, named on every RPC so peers can refuse non-members.
+    pub from: NodeId,
+}
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Connection;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Connection {
-        Connection { target, addr: node.addr.clone(), client: None }
+        Connection { from: self.from, target, addr: node.addr.clone(), client: None }
     }
 }
 
 /// A lazily connected client to one peer; reconnects after a failure.
 pub struct Connection {
+    from: NodeId,
     target: NodeId,
     addr: String,
     client: Option<RaftServiceClient<Channel>>,
@@ -61,7 +68,10 @@ impl Connection {
                     .max_decoding_message_size(crate::service::RAFT_MESSAGE_BYTES_MAX)
             }
         };
-        let msg = RaftMessage { payload };
+        let mut msg = tonic::Request::new(RaftMessage { payload });
+        if let Ok(v) = self.from.to_string().parse() {
+            msg.metadata_mut().insert(FROM_HEADER, v);
+        }
         let result = match kind {
             RpcKind::Append => client.append_entries(msg).await,
             RpcKind::Vote => client.vote(msg).await,

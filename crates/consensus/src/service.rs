@@ -6,18 +6,44 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Request, Response, Status};
 
-use crate::KairosRaft;
+use std::collections::BTreeSet;
+
+use crate::network::FROM_HEADER;
+use crate::{KairosRaft, ReplicaId};
 
 /// Largest Raft message accepted (snapshots are chunked well below this).
 pub const RAFT_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
 
+/// Serves Raft RPCs, only to cluster members.
+///
+/// A caller must name itself (`kairos-replica-from`) and be a member of the current membership
+/// or of the configured peers. A replica with no membership yet (waiting to be added) accepts
+/// any caller, since it cannot know the cluster. This keeps removed replicas and stray clients
+/// out; it is not authentication (the cluster secret / mTLS of the security work is).
 pub struct RaftRpc {
     raft: KairosRaft,
+    peers: BTreeSet<ReplicaId>,
 }
 
 impl RaftRpc {
-    pub fn new(raft: KairosRaft) -> Self {
-        RaftRpc { raft }
+    pub fn new(raft: KairosRaft, peers: BTreeSet<ReplicaId>) -> Self {
+        RaftRpc { raft, peers }
+    }
+
+    fn check_member<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let from: ReplicaId = request
+            .metadata()
+            .get(FROM_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| Status::permission_denied("raft: the caller does not name its replica id"))?;
+        let membership = self.raft.metrics().borrow().membership_config.clone();
+        let members: BTreeSet<ReplicaId> = membership.nodes().map(|(id, _)| *id).collect();
+        if members.is_empty() || members.contains(&from) || self.peers.contains(&from) {
+            Ok(())
+        } else {
+            Err(Status::permission_denied(format!("raft: replica {from} is not a member of this cluster")))
+        }
     }
 }
 
@@ -35,16 +61,19 @@ fn encode<T: Serialize>(value: &T) -> Result<Response<RaftMessage>, Status> {
 #[tonic::async_trait]
 impl RaftService for RaftRpc {
     async fn append_entries(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        self.check_member(&request)?;
         let req = decode(request.get_ref())?;
         encode(&self.raft.append_entries(req).await)
     }
 
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        self.check_member(&request)?;
         let req = decode(request.get_ref())?;
         encode(&self.raft.vote(req).await)
     }
 
     async fn install_snapshot(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        self.check_member(&request)?;
         let req = decode(request.get_ref())?;
         encode(&self.raft.install_snapshot(req).await)
     }

@@ -185,7 +185,10 @@ fn requeueable_jobs_go_back_to_pending_with_the_next_attempt_when_their_node_fai
     assert_eq!(s.jobs[&requeued].attempt, 1);
     assert_eq!(s.jobs[&ended].state, JobState::NodeFail);
     // A report from the old attempt is stale now.
-    let stale = s.apply(&cmd(5, Op::JobExited { job: requeued, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) }));
+    let stale = s.apply(&cmd(
+        5,
+        Op::JobExited { job: requeued, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) },
+    ));
     assert!(matches!(stale, Outcome::Ignored(_)));
     s.apply(&cmd(6, Op::RegisterNode { info: node_info("n1", 2) }));
     run_plan(&mut s, 7);

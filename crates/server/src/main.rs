@@ -179,7 +179,7 @@ async fn run() -> anyhow::Result<()> {
         )
         .add_service(AdminServiceServer::new(admin::Admin { ctx: ctx.clone() }))
         .add_service(
-            RaftServiceServer::new(RaftRpc::new(replica.raft.clone()))
+            RaftServiceServer::new(RaftRpc::new(replica.raft.clone(), members.keys().copied().collect()))
                 .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX),
         )
         .serve_with_incoming_shutdown(
