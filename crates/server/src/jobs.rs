@@ -15,7 +15,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status};
 
-use crate::context::{caller, rejection_status, Ctx, PendingReasons};
+use kairos_consensus::WriteError;
+
+use crate::context::{caller, rejection_status, write_status, Ctx, PendingReasons};
 use crate::convert::{job_spec_from_pb, job_state_to_pb, job_to_pb};
 
 /// Most jobs one list answer carries.
@@ -31,6 +33,24 @@ fn job_view(state: &ClusterState, reasons: &PendingReasons, id: JobId) -> Result
     let job = state.jobs.get(&id).ok_or_else(|| Status::not_found(format!("job {id} not found")))?;
     let pending = if job.state == JobState::Pending { reasons.get(&id) } else { None };
     Ok(job_to_pb(job, pending))
+}
+
+impl Jobs {
+    /// Reads are served by any replica; a follower that does not know a job yet (it may have
+    /// been submitted a moment ago through the leader) sends the client to the leader rather
+    /// than answer "not found", so a client always reads its own writes.
+    fn redirect_unknown<T>(&self, result: Result<T, Status>) -> Result<T, Status> {
+        match result {
+            Err(s) if s.code() == tonic::Code::NotFound && !self.ctx.replica.is_leader() => {
+                let status = self.ctx.replica.status();
+                match status.leader_addr {
+                    Some(addr) => Err(write_status(WriteError::NotLeader { leader: status.leader, leader_addr: Some(addr) })),
+                    None => Err(s),
+                }
+            }
+            other => other,
+        }
+    }
 }
 
 fn check_id(id: u64) -> Result<u64, Status> {
@@ -67,7 +87,8 @@ impl JobService for Jobs {
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
         let id = check_id(request.into_inner().job_id)?;
         let reasons = self.ctx.pending_reasons();
-        Ok(Response::new(self.ctx.replica.read(|a| job_view(&a.state, &reasons, id))?))
+        let view = self.ctx.replica.read(|a| job_view(&a.state, &reasons, id));
+        Ok(Response::new(self.redirect_unknown(view)?))
     }
 
     async fn list_jobs(
@@ -129,7 +150,8 @@ impl JobService for Jobs {
     ) -> Result<Response<Self::WatchJobStream>, Status> {
         let id = check_id(request.into_inner().job_id)?;
         let mut applied = self.ctx.replica.applied.clone();
-        let first = self.ctx.replica.read(|a| job_view(&a.state, &self.ctx.pending_reasons(), id))?;
+        let first =
+            self.redirect_unknown(self.ctx.replica.read(|a| job_view(&a.state, &self.ctx.pending_reasons(), id)))?;
         let ctx = self.ctx.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         tokio::spawn(async move {
@@ -162,7 +184,7 @@ impl JobService for Jobs {
     ) -> Result<Response<Self::StreamLogsStream>, Status> {
         let mut req = request.into_inner();
         let id = check_id(req.job_id)?;
-        let (node, attempt) = self.ctx.replica.read(|a| {
+        let found = self.ctx.replica.read(|a| {
             let job =
                 a.state.jobs.get(&id).ok_or_else(|| Status::not_found(format!("job {id} not found")))?;
             if job.last_node.is_empty() {
@@ -176,7 +198,8 @@ impl JobService for Jobs {
                 .get(&job.last_node)
                 .ok_or_else(|| Status::unavailable(format!("node \"{}\" is unknown", job.last_node)))?;
             Ok((node.info.clone(), job.attempt))
-        })?;
+        });
+        let (node, attempt) = self.redirect_unknown(found)?;
         req.attempt = attempt;
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", node.addr))
             .map_err(|e| Status::internal(format!("node \"{}\" has a bad address: {e}", node.name)))?
