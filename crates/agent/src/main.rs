@@ -225,7 +225,9 @@ async fn main() -> anyhow::Result<()> {
     let log_server = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(AgentLogServiceServer::new(logs))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+            .serve_with_incoming(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            ),
     );
     println!("kairos-agent {name} ({} {} GPUs) logs on {addr}", node.gpus.len(), inv.backend());
     tracing::info!(node = %name, gpus = node.gpus.len(), backend = inv.backend(), %addr, "agent starting");

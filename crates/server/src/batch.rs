@@ -22,7 +22,7 @@ use crate::context::write_status;
 /// Most commands in one log entry.
 pub const BATCH_COMMANDS_MAX: usize = 512;
 /// Most entries being committed at once.
-const IN_FLIGHT_MAX: usize = 4;
+const IN_FLIGHT_MAX: usize = 2;
 /// Most commands waiting for a batch; beyond this, callers wait.
 const QUEUE_MAX: usize = 8192;
 

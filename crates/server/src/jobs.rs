@@ -44,7 +44,10 @@ impl Jobs {
             Err(s) if s.code() == tonic::Code::NotFound && !self.ctx.replica.is_leader() => {
                 let status = self.ctx.replica.status();
                 match status.leader_addr {
-                    Some(addr) => Err(write_status(WriteError::NotLeader { leader: status.leader, leader_addr: Some(addr) })),
+                    Some(addr) => Err(write_status(WriteError::NotLeader {
+                        leader: status.leader,
+                        leader_addr: Some(addr),
+                    })),
                     None => Err(s),
                 }
             }
@@ -150,8 +153,9 @@ impl JobService for Jobs {
     ) -> Result<Response<Self::WatchJobStream>, Status> {
         let id = check_id(request.into_inner().job_id)?;
         let mut applied = self.ctx.replica.applied.clone();
-        let first =
-            self.redirect_unknown(self.ctx.replica.read(|a| job_view(&a.state, &self.ctx.pending_reasons(), id)))?;
+        let first = self.redirect_unknown(
+            self.ctx.replica.read(|a| job_view(&a.state, &self.ctx.pending_reasons(), id)),
+        )?;
         let ctx = self.ctx.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         tokio::spawn(async move {

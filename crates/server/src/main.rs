@@ -183,7 +183,7 @@ async fn run() -> anyhow::Result<()> {
                 .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX),
         )
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown_signal(),
         )
         .await
