@@ -386,8 +386,13 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 print_json(&j);
             } else {
                 println!(
-                    "leader: {} ({})  term: {}  applied index: {}  digest: {}",
-                    j["leader"], status.leader_addr, status.term, status.applied_index, status.state_digest
+                    "leader: {} ({})  term: {}  commit index: {}  applied index: {}  digest: {}",
+                    j["leader"],
+                    status.leader_addr,
+                    status.term,
+                    status.commit_index,
+                    status.applied_index,
+                    status.state_digest
                 );
                 let rows: Vec<Vec<String>> = status
                     .replicas

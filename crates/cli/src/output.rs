@@ -103,6 +103,7 @@ pub fn cluster_json(s: &pb::ClusterStatusResponse) -> Value {
         "leader_addr": s.leader_addr,
         "term": s.term,
         "last_log_index": s.last_log_index,
+        "commit_index": s.commit_index,
         "applied_index": s.applied_index,
         "state_digest": s.state_digest,
         "snapshot_index": s.snapshot_index,

@@ -126,6 +126,8 @@ pub struct Replica {
     pub state: SharedState,
     /// The index of the last applied entry; changes after every apply.
     pub applied: watch::Receiver<u64>,
+    /// The latest commit index this replica knows.
+    pub commit_index: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Replica {
@@ -150,6 +152,7 @@ impl Replica {
             other => ConsensusError::Sled(other),
         })?;
         let log_store = store::LogStore::new(&db)?;
+        let commit_index = log_store.commit_index();
         let (applied_tx, applied_rx) = watch::channel(0);
         let sm = store::StateMachineStore::new(data_dir, applied_tx)?;
         let shared = sm.shared();
@@ -180,7 +183,7 @@ impl Replica {
             };
             raft.initialize(nodes).await.map_err(|e| ConsensusError::Raft(e.to_string()))?;
         }
-        Ok(Replica { id: config.id, raft, state: shared, applied: applied_rx })
+        Ok(Replica { id: config.id, raft, state: shared, applied: applied_rx, commit_index })
     }
 
     /// Proposes commands as one log entry and waits until it is committed (on a quorum's disks)
@@ -245,6 +248,7 @@ impl Replica {
             leader_addr: leader.and_then(|l| members.get(&l).cloned()),
             term: m.current_term,
             last_log_index: m.last_log_index.unwrap_or(0),
+            commit_index: self.commit_index.load(std::sync::atomic::Ordering::Relaxed),
             applied_index: applied_index.unwrap_or(0),
             state_digest: digest,
             snapshot_index: m.snapshot.map(|l| l.index),
@@ -260,6 +264,7 @@ pub struct ReplicaStatus {
     pub leader_addr: Option<String>,
     pub term: u64,
     pub last_log_index: u64,
+    pub commit_index: u64,
     pub applied_index: u64,
     pub state_digest: String,
     /// Last log index covered by this replica's snapshot (built or installed).

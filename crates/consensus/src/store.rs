@@ -59,11 +59,23 @@ pub struct LogStore {
     db: sled::Db,
     log: sled::Tree,
     meta: sled::Tree,
+    /// The latest committed index openraft told us about, for status reports.
+    committed: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl LogStore {
     pub fn new(db: &sled::Db) -> Result<Self, sled::Error> {
-        Ok(LogStore { db: db.clone(), log: db.open_tree("raft_log")?, meta: db.open_tree("raft_meta")? })
+        Ok(LogStore {
+            db: db.clone(),
+            log: db.open_tree("raft_log")?,
+            meta: db.open_tree("raft_meta")?,
+            committed: Arc::default(),
+        })
+    }
+
+    /// A handle that always holds the latest known commit index.
+    pub fn commit_index(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.committed.clone()
     }
 
     fn get_meta<T: for<'de> Deserialize<'de>>(&self, key: &[u8]) -> StorageResult<Option<T>> {
@@ -142,6 +154,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // (the tail is re-committed by the next leader); it reaches disk with the next append.
         let bytes = serde_json::to_vec(&committed).map_err(write_err)?;
         self.meta.insert(KEY_COMMITTED, bytes).map_err(write_err)?;
+        if let Some(c) = committed {
+            self.committed.fetch_max(c.index, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(())
     }
 

@@ -82,6 +82,7 @@ impl Admin {
             term: s.term,
             last_log_index: s.last_log_index,
             applied_index: s.applied_index,
+            commit_index: s.commit_index,
             state_digest: s.state_digest,
             snapshot_index: s.snapshot_index,
             replicas: s.replicas.into_iter().map(|(id, addr, role)| pb::Replica { id, addr, role }).collect(),
