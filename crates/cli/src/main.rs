@@ -4,6 +4,7 @@
 
 mod client;
 mod output;
+mod policy_file;
 mod up;
 
 use std::io::Write;
@@ -100,6 +101,16 @@ enum Cmd {
         #[command(subcommand)]
         command: ClusterCmd,
     },
+    /// QoS classes: list, show, create, update, delete.
+    Qos {
+        #[command(subcommand)]
+        command: QosCmd,
+    },
+    /// The whole scheduling policy as a TOML file.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCmd,
+    },
     /// Start a local cluster in the foreground: controller replicas and one agent.
     ///
     /// `--controllers N` starts N replicas on consecutive ports from `--addr`;
@@ -119,6 +130,69 @@ enum Cmd {
         #[arg(long, default_value = "local")]
         node_name: String,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum QosCmd {
+    List,
+    Show {
+        name: String,
+    },
+    /// Create a QoS (needs --priority and --max-wall).
+    Create {
+        name: String,
+        #[command(flatten)]
+        flags: QosFlags,
+    },
+    /// Change the given settings of a QoS.
+    Update {
+        name: String,
+        #[command(flatten)]
+        flags: QosFlags,
+    },
+    /// Delete a QoS that no unfinished job uses.
+    Delete {
+        name: String,
+    },
+}
+
+#[derive(clap::Args, Debug, Default)]
+struct QosFlags {
+    #[arg(long, allow_negative_numbers = true)]
+    priority: Option<i64>,
+    /// QoS classes this one may preempt, comma-separated ("" for none).
+    #[arg(long)]
+    preempt: Option<String>,
+    /// off | cancel | requeue | suspend
+    #[arg(long)]
+    preempt_mode: Option<String>,
+    /// Grace between the stop signal and SIGKILL when preempted (e.g. 5m).
+    #[arg(long)]
+    grace: Option<String>,
+    /// Minimum run time before a job may be preempted.
+    #[arg(long)]
+    preempt_exempt: Option<String>,
+    #[arg(long)]
+    max_wall: Option<String>,
+    /// GPUs of all running jobs together ("none" for no limit).
+    #[arg(long)]
+    grp_gpus: Option<String>,
+    /// GPUs per user ("none" for no limit).
+    #[arg(long)]
+    user_gpus: Option<String>,
+    /// Running jobs per user ("none" for no limit).
+    #[arg(long)]
+    user_jobs: Option<String>,
+    #[arg(long)]
+    burstable: Option<bool>,
+}
+
+#[derive(Subcommand, Debug)]
+enum PolicyCmd {
+    /// Replace the whole policy with a TOML file (validated whole; nothing half-applied).
+    Apply { file: PathBuf },
+    /// Print the policy as TOML.
+    Export,
 }
 
 #[derive(Subcommand, Debug)]
@@ -167,6 +241,199 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .ok_or_else(|| format!("\"{s}\" is not KEY=VALUE"))
 }
+
+fn parse_limit(field: &str, v: &str) -> anyhow::Result<Option<u32>> {
+    if v == "none" {
+        return Ok(None);
+    }
+    v.parse::<u32>()
+        .map(Some)
+        .map_err(|_| anyhow::anyhow!("--{field}: \"{v}\" is not a whole number or \"none\""))
+}
+
+impl QosFlags {
+    /// Applies the given flags to `q`.
+    fn apply_to(&self, q: &mut pb::Qos) -> anyhow::Result<()> {
+        use policy_file::{parse_mode, parse_secs};
+        if let Some(p) = self.priority {
+            q.priority = p;
+        }
+        if let Some(p) = &self.preempt {
+            q.preempt = p.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+        }
+        if let Some(m) = &self.preempt_mode {
+            q.preempt_mode = parse_mode(m).map_err(|e| anyhow::anyhow!("--preempt-mode: {e}"))? as i32;
+        }
+        if let Some(g) = &self.grace {
+            q.grace_s = parse_secs("--grace", g).map_err(anyhow::Error::msg)?;
+        }
+        if let Some(g) = &self.preempt_exempt {
+            q.preempt_exempt_s = parse_secs("--preempt-exempt", g).map_err(anyhow::Error::msg)?;
+        }
+        if let Some(w) = &self.max_wall {
+            q.max_wall_s = parse_secs("--max-wall", w).map_err(anyhow::Error::msg)?;
+        }
+        if let Some(v) = &self.grp_gpus {
+            q.grp_gpus = parse_limit("grp-gpus", v)?;
+        }
+        if let Some(v) = &self.user_gpus {
+            q.user_gpus = parse_limit("user-gpus", v)?;
+        }
+        if let Some(v) = &self.user_jobs {
+            q.user_jobs = parse_limit("user-jobs", v)?;
+        }
+        if let Some(b) = self.burstable {
+            q.burstable = b;
+        }
+        Ok(())
+    }
+}
+
+fn qos_row(q: &pb::Qos) -> Vec<String> {
+    let limit = |l: Option<u32>| l.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+    vec![
+        q.name.clone(),
+        q.priority.to_string(),
+        if q.preempt.is_empty() { "-".into() } else { q.preempt.join(",") },
+        policy_file::mode_name(q.preempt_mode).into(),
+        policy_file::format_secs(q.grace_s),
+        policy_file::format_secs(q.max_wall_s),
+        limit(q.grp_gpus),
+        limit(q.user_gpus),
+        limit(q.user_jobs),
+        q.burstable.to_string(),
+    ]
+}
+
+fn qos_json(q: &pb::Qos) -> serde_json::Value {
+    serde_json::json!({
+        "name": q.name,
+        "priority": q.priority,
+        "preempt": q.preempt,
+        "preempt_mode": policy_file::mode_name(q.preempt_mode),
+        "grace_s": q.grace_s,
+        "preempt_exempt_s": q.preempt_exempt_s,
+        "max_wall_s": q.max_wall_s,
+        "grp_gpus": q.grp_gpus,
+        "user_gpus": q.user_gpus,
+        "user_jobs": q.user_jobs,
+        "burstable": q.burstable,
+    })
+}
+
+async fn get_policy(client: &Client) -> Result<pb::Policy, CallError> {
+    client
+        .call(|ch| async move {
+            AdminServiceClient::new(ch).get_policy(client.request(pb::GetPolicyRequest {})).await
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+async fn put_qos(client: &Client, qos: pb::Qos, mode: pb::PutMode) -> Result<pb::Qos, CallError> {
+    client
+        .call(|ch| {
+            let req = client.request(pb::PutQosRequest { qos: Some(qos.clone()), mode: mode as i32 });
+            async move { AdminServiceClient::new(ch).put_qos(req).await }
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+async fn qos_command(client: &Client, command: QosCmd, json: bool) -> anyhow::Result<i32> {
+    let show = |q: &pb::Qos| {
+        if json {
+            print_json(&qos_json(q));
+        } else {
+            table(&QOS_HEADER, &[qos_row(q)]);
+        }
+    };
+    match command {
+        QosCmd::List => {
+            let policy = get_policy(client).await?;
+            if json {
+                print_json(&serde_json::Value::Array(policy.qos.iter().map(qos_json).collect()));
+            } else {
+                table(&QOS_HEADER, &policy.qos.iter().map(qos_row).collect::<Vec<_>>());
+            }
+        }
+        QosCmd::Show { name } => {
+            let policy = get_policy(client).await?;
+            let q = policy
+                .qos
+                .iter()
+                .find(|q| q.name == name)
+                .ok_or_else(|| CallError(format!("qos \"{name}\" not found")))?;
+            show(q);
+        }
+        QosCmd::Create { name, flags } => {
+            if flags.priority.is_none() || flags.max_wall.is_none() {
+                anyhow::bail!("qos create: --priority and --max-wall are required");
+            }
+            let mut q = pb::Qos { name, preempt_mode: pb::PreemptMode::Off as i32, ..Default::default() };
+            flags.apply_to(&mut q)?;
+            show(&put_qos(client, q, pb::PutMode::Create).await?);
+        }
+        QosCmd::Update { name, flags } => {
+            let policy = get_policy(client).await?;
+            let mut q = policy
+                .qos
+                .into_iter()
+                .find(|q| q.name == name)
+                .ok_or_else(|| CallError(format!("qos \"{name}\" not found")))?;
+            flags.apply_to(&mut q)?;
+            show(&put_qos(client, q, pb::PutMode::Update).await?);
+        }
+        QosCmd::Delete { name } => {
+            client
+                .call(|ch| {
+                    let req = client.request(pb::DeleteQosRequest { name: name.clone() });
+                    async move { AdminServiceClient::new(ch).delete_qos(req).await }
+                })
+                .await?;
+            println!("qos \"{name}\" deleted");
+        }
+    }
+    Ok(0)
+}
+
+async fn policy_command(client: &Client, command: PolicyCmd) -> anyhow::Result<i32> {
+    match command {
+        PolicyCmd::Apply { file } => {
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?;
+            let parsed = policy_file::PolicyFile::parse(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            let policy = parsed.to_pb().map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            let applied = client
+                .call(|ch| {
+                    let req = client.request(policy.clone());
+                    async move { AdminServiceClient::new(ch).apply_policy(req).await }
+                })
+                .await?
+                .into_inner();
+            println!("policy applied: {} qos classes", applied.qos.len());
+        }
+        PolicyCmd::Export => {
+            let policy = get_policy(client).await?;
+            print!("{}", policy_file::PolicyFile::from_pb(&policy).to_toml().map_err(anyhow::Error::msg)?);
+        }
+    }
+    Ok(0)
+}
+
+const QOS_HEADER: [&str; 10] = [
+    "NAME",
+    "PRIORITY",
+    "PREEMPT",
+    "MODE",
+    "GRACE",
+    "MAX_WALL",
+    "GRP_GPUS",
+    "USER_GPUS",
+    "USER_JOBS",
+    "BURSTABLE",
+];
 
 /// `kairos up --controllers`: a replica count (consecutive ports from `base`) or addresses.
 fn up_controllers(controllers: &[String], base: &str) -> anyhow::Result<Vec<String>> {
@@ -402,6 +669,8 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 table(&["ID", "ADDR", "ROLE"], &rows);
             }
         }
+        Cmd::Qos { command } => return qos_command(client, command, cli.json).await,
+        Cmd::Policy { command } => return policy_command(client, command).await,
         Cmd::Up { addr, agent_addr, data_dir, fake_gpus, node_name } => {
             let controllers = up_controllers(&cli.controllers, &addr)?;
             up::run(up::UpArgs { controllers, agent_addr, data_dir, fake_gpus, node_name }).await?;

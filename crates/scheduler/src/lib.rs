@@ -8,12 +8,14 @@
 //! - `model`: nodes, GPUs, jobs, events (plain domain types)
 //! - `state`: `ClusterState::apply(&Command) -> Outcome`, the replicated state machine
 //! - `planner`: `plan(&ClusterState) -> PlanOutput`, placements and pending reasons
-//! - `qos`: the QoS classes shipped with every cluster
+//! - `policy`: QoS classes and submit rules (replicated, with the shipped defaults)
+//! - `limits`: QoS usage limits, checked by the planner and again on apply
 //! - `validate`: size limits and validity checks shared by the API edge and apply
 
+pub mod limits;
 pub mod model;
 pub mod planner;
-pub mod qos;
+pub mod policy;
 pub mod state;
 pub mod validate;
 

@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::limits::Usage;
 use crate::model::{GpuIndex, Job, JobId, JobState, NodeState};
 use crate::state::{ClusterState, Placement, Plan, PLAN_PLACEMENTS_MAX};
 
@@ -25,6 +26,12 @@ pub enum PendingReason {
     Priority,
     /// No Up node has enough GPUs in total.
     ReqNodeNotAvail(String),
+    /// Starting it would exceed its QoS's GPU limit for all jobs together.
+    QosGrpGpuLimit,
+    /// Starting it would exceed its QoS's per-user GPU limit.
+    QosUserGpuLimit,
+    /// Starting it would exceed its QoS's per-user running-job limit.
+    QosUserJobLimit,
 }
 
 impl std::fmt::Display for PendingReason {
@@ -33,6 +40,9 @@ impl std::fmt::Display for PendingReason {
             PendingReason::Resources => f.write_str("Resources"),
             PendingReason::Priority => f.write_str("Priority"),
             PendingReason::ReqNodeNotAvail(why) => write!(f, "ReqNodeNotAvail: {why}"),
+            PendingReason::QosGrpGpuLimit => f.write_str("QosGrpGpuLimit"),
+            PendingReason::QosUserGpuLimit => f.write_str("QosUserGpuLimit"),
+            PendingReason::QosUserJobLimit => f.write_str("QosUserJobLimit"),
         }
     }
 }
@@ -77,9 +87,15 @@ pub fn plan(state: &ClusterState) -> PlanOutput {
     let largest_up =
         state.nodes.values().filter(|n| n.state == NodeState::Up).map(|n| n.gpu_count()).max().unwrap_or(0);
 
+    let mut usage = Usage::of(state.jobs_running());
     let mut out = PlanOutput::default();
     let mut blocked = false;
     for job in queue_order(state) {
+        // A job held by a QoS limit waits without holding back the jobs behind it.
+        if let Err(reason) = usage.admits(job, &state.policy) {
+            out.pending.insert(job.id, reason);
+            continue;
+        }
         if job.spec.gpus > largest_up {
             let why = if largest_up == 0 {
                 "no node is up".to_string()
@@ -94,7 +110,10 @@ pub fn plan(state: &ClusterState) -> PlanOutput {
             continue;
         }
         match place(&mut nodes, job.spec.gpus) {
-            Some((node, gpus)) => out.plan.placements.push(Placement { job: job.id, node, gpus }),
+            Some((node, gpus)) => {
+                usage.add(job);
+                out.plan.placements.push(Placement { job: job.id, node, gpus });
+            }
             None => {
                 out.pending.insert(job.id, PendingReason::Resources);
                 blocked = true;

@@ -17,10 +17,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::limits::Usage;
 use crate::model::{
     Allocation, GpuIndex, Job, JobId, JobSpec, JobState, Node, NodeInfo, NodeState, StopReason,
 };
-use crate::qos::find_qos;
+use crate::policy::{Policy, Qos};
 use crate::validate::{validate_node, validate_spec};
 
 /// Most attempts of one job; a job requeued this often ends instead.
@@ -88,6 +89,19 @@ pub enum Op {
         job: JobId,
         attempt: u32,
     },
+    /// Replaces the whole policy (validated first; nothing half-applied).
+    SetPolicy {
+        policy: Policy,
+    },
+    /// Creates or replaces one QoS; `must_exist` = Some(true) updates only, Some(false) creates only.
+    PutQos {
+        qos: Qos,
+        #[serde(default)]
+        must_exist: Option<bool>,
+    },
+    DeleteQos {
+        name: String,
+    },
 }
 
 /// How a job's process ended, as its agent saw it.
@@ -144,6 +158,7 @@ pub enum Outcome {
         job: JobId,
         state: JobState,
     },
+    PolicyChanged,
     /// A stale or duplicate report: nothing to do.
     Ignored(String),
     Rejected(Rejection),
@@ -160,6 +175,9 @@ pub struct ClusterState {
     /// user → request id → the job that submit created; makes retried submits idempotent.
     #[serde(default)]
     pub submit_requests: BTreeMap<String, BTreeMap<String, JobId>>,
+    /// QoS classes and submit rules.
+    #[serde(default)]
+    pub policy: Policy,
 }
 
 impl ClusterState {
@@ -170,6 +188,7 @@ impl ClusterState {
             jobs: BTreeMap::new(),
             nodes: BTreeMap::new(),
             submit_requests: BTreeMap::new(),
+            policy: Policy::default(),
         }
     }
 
@@ -187,6 +206,47 @@ impl ClusterState {
             Op::JobStarted { job, attempt, node } => self.job_started(*job, *attempt, node, now),
             Op::JobExited { job, attempt, node, exit } => self.job_exited(*job, *attempt, node, exit, now),
             Op::EnforceTimeLimit { job, attempt } => self.enforce_time_limit(*job, *attempt, now),
+            Op::SetPolicy { policy } => self.set_policy(policy),
+            Op::PutQos { qos, must_exist } => {
+                match (must_exist, self.policy.qos.contains_key(&qos.name)) {
+                    (Some(true), false) => {
+                        return Outcome::Rejected(Rejection::NotFound(format!(
+                            "qos \"{}\" not found",
+                            qos.name
+                        )))
+                    }
+                    (Some(false), true) => {
+                        return Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                            "qos \"{}\" already exists",
+                            qos.name
+                        )))
+                    }
+                    _ => {}
+                }
+                let mut policy = self.policy.clone();
+                policy.qos.insert(qos.name.clone(), qos.clone());
+                self.set_policy(&policy)
+            }
+            Op::DeleteQos { name } => {
+                if !self.policy.qos.contains_key(name) {
+                    return Outcome::Rejected(Rejection::NotFound(format!("qos \"{name}\" not found")));
+                }
+                let mut policy = self.policy.clone();
+                policy.qos.remove(name);
+                if let Some((profile, _)) = policy.profile_qos.iter().find(|(_, q)| *q == name) {
+                    return Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                        "qos \"{name}\" is the default of profile {}; change the submit rule first",
+                        profile.as_str()
+                    )));
+                }
+                if let Some(user) = policy.qos.values().find(|q| q.preempt.contains(name)) {
+                    return Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                        "qos \"{name}\" is preempted by qos \"{}\"; change that first",
+                        user.name
+                    )));
+                }
+                self.set_policy(&policy)
+            }
         }
     }
 
@@ -195,9 +255,9 @@ impl ClusterState {
         self.nodes.values().map(Node::gpu_count).max().unwrap_or(0)
     }
 
-    /// A job's effective wall-clock limit in seconds.
-    pub fn time_limit_s(job: &Job) -> Option<u64> {
-        job.spec.time_limit_s.or_else(|| find_qos(&job.spec.qos).map(|q| q.max_wall_s))
+    /// A job's effective wall-clock limit in seconds: its own, else its QoS's maximum.
+    pub fn time_limit_s(&self, job: &Job) -> Option<u64> {
+        job.spec.time_limit_s.or_else(|| self.policy.qos(&job.spec.qos).map(|q| q.max_wall_s))
     }
 
     /// The jobs holding GPUs on `node`, in id order: O(GPUs of the node), not O(jobs).
@@ -205,6 +265,12 @@ impl ClusterState {
         let Some(n) = self.nodes.get(node) else { return Vec::new() };
         let ids: BTreeSet<JobId> = n.allocated.values().copied().collect();
         ids.iter().filter_map(|id| self.jobs.get(id)).collect()
+    }
+
+    /// The running jobs, found through the nodes' GPU maps: O(running), not O(jobs).
+    pub fn jobs_running(&self) -> impl Iterator<Item = &Job> {
+        let ids: BTreeSet<JobId> = self.nodes.values().flat_map(|n| n.allocated.values().copied()).collect();
+        ids.into_iter().filter_map(|id| self.jobs.get(&id))
     }
 
     /// Whether any Up node has a free GPU (if not, no plan can place anything).
@@ -221,13 +287,13 @@ impl ClusterState {
             .filter_map(|id| self.jobs.get(id))
             .filter(|j| j.state == JobState::Running)
             .filter(|j| j.allocation.as_ref().is_some_and(|a| a.stop.is_none()))
-            .filter(|j| Self::past_limit(j, now_ms))
+            .filter(|j| self.past_limit(j, now_ms))
             .map(|j| (j.id, j.attempt))
             .collect()
     }
 
-    fn past_limit(job: &Job, now_ms: i64) -> bool {
-        match (Self::time_limit_s(job), job.start_time_ms) {
+    fn past_limit(&self, job: &Job, now_ms: i64) -> bool {
+        match (self.time_limit_s(job), job.start_time_ms) {
             (Some(limit_s), Some(start)) => {
                 now_ms.saturating_sub(start) >= (limit_s as i64).saturating_mul(1000)
             }
@@ -246,9 +312,23 @@ impl ClusterState {
         if let Err(e) = validate_spec(spec) {
             return Outcome::Rejected(Rejection::Invalid(e.to_string()));
         }
-        let Some(qos) = find_qos(&spec.qos) else {
-            return Outcome::Rejected(Rejection::Invalid(format!("unknown qos \"{}\"", spec.qos)));
+        let qos = if spec.qos.is_empty() {
+            self.policy.default_qos(spec.profile)
+        } else {
+            self.policy.qos(&spec.qos)
         };
+        let Some(qos) = qos else {
+            let known: Vec<&str> = self.policy.qos.keys().map(String::as_str).collect();
+            let name: String = spec.qos.chars().take(64).collect();
+            return Outcome::Rejected(Rejection::Invalid(format!(
+                "qos: unknown qos \"{name}\" (known: {})",
+                known.join(", ")
+            )));
+        };
+        if let Err(why) = Self::check_qos_fit(spec, qos) {
+            return Outcome::Rejected(why);
+        }
+        let (qos_name, priority) = (qos.name.clone(), qos.priority);
         let largest = self.largest_node_gpus();
         if largest > 0 && spec.gpus > largest {
             return Outcome::Rejected(Rejection::FailedPrecondition(format!(
@@ -258,10 +338,12 @@ impl ClusterState {
         }
         let id = self.next_job_id;
         self.next_job_id += 1;
+        let mut spec = spec.clone();
+        spec.qos = qos_name;
         let mut job = Job {
             id,
-            spec: spec.clone(),
-            priority: qos.priority,
+            spec,
+            priority,
             state: JobState::Pending,
             reason: String::new(),
             attempt: 0,
@@ -275,12 +357,57 @@ impl ClusterState {
             end_time_ms: None,
             events: Vec::new(),
         };
-        job.record(now, "submitted", format!("by \"{}\", qos \"{}\"", spec.user, spec.qos));
-        self.jobs.insert(id, job);
+        job.record(now, "submitted", format!("by \"{}\", qos \"{}\"", job.spec.user, job.spec.qos));
         if let Some(r) = request_id {
-            self.submit_requests.entry(spec.user.clone()).or_default().insert(r.to_string(), id);
+            self.submit_requests.entry(job.spec.user.clone()).or_default().insert(r.to_string(), id);
         }
+        self.jobs.insert(id, job);
         Outcome::Submitted { job: id }
+    }
+
+    /// Whether a job could ever run under `qos`: its time limit and size within the QoS maxima.
+    fn check_qos_fit(spec: &JobSpec, qos: &Qos) -> Result<(), Rejection> {
+        if let Some(limit) = spec.time_limit_s {
+            if limit > qos.max_wall_s {
+                return Err(Rejection::Invalid(format!(
+                    "time_limit_s: {limit}s is more than qos \"{}\" allows ({}s)",
+                    qos.name, qos.max_wall_s
+                )));
+            }
+        }
+        for (what, limit) in [("in total", qos.grp_gpus), ("per user", qos.user_gpus)] {
+            if let Some(max) = limit.filter(|max| spec.gpus > *max) {
+                return Err(Rejection::FailedPrecondition(format!(
+                    "job requests {} GPUs but qos \"{}\" allows {max} GPUs {what}",
+                    spec.gpus, qos.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces the policy after validating it whole; a QoS still used by an unfinished job
+    /// cannot disappear.
+    fn set_policy(&mut self, policy: &Policy) -> Outcome {
+        if let Err(e) = policy.validate() {
+            return Outcome::Rejected(Rejection::Invalid(e.to_string()));
+        }
+        if let Some(job) =
+            self.jobs.values().find(|j| !j.state.is_terminal() && !policy.qos.contains_key(&j.spec.qos))
+        {
+            return Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                "qos \"{}\" is in use by job {}",
+                job.spec.qos, job.id
+            )));
+        }
+        self.policy = policy.clone();
+        // Priorities follow the QoS; pending and running jobs take the new values.
+        for job in self.jobs.values_mut().filter(|j| !j.state.is_terminal()) {
+            if let Some(q) = self.policy.qos.get(&job.spec.qos) {
+                job.priority = q.priority;
+            }
+        }
+        Outcome::PolicyChanged
     }
 
     fn cancel(&mut self, id: JobId, by: &str, now: i64) -> Outcome {
@@ -368,12 +495,19 @@ impl ClusterState {
     fn apply_plan(&mut self, plan: &Plan, now: i64) -> Outcome {
         let mut accepted = Vec::new();
         let mut rejected = Vec::new();
+        let mut usage = Usage::of(self.jobs_running());
         for (i, p) in plan.placements.iter().enumerate() {
             if i >= PLAN_PLACEMENTS_MAX {
                 rejected.push((p.job, "plan too large".to_string()));
                 continue;
             }
-            match self.check_placement(p) {
+            let checked = self.check_placement(p).and_then(|()| {
+                let job = &self.jobs[&p.job];
+                usage.admits(job, &self.policy).map_err(|r| format!("job {}: {r}", p.job))?;
+                usage.add(job);
+                Ok(())
+            });
+            match checked {
                 Ok(()) => {
                     self.place(p, now);
                     accepted.push(p.job);
@@ -486,10 +620,11 @@ impl ClusterState {
     }
 
     fn enforce_time_limit(&mut self, id: JobId, attempt: u32, now: i64) -> Outcome {
+        let past = self.jobs.get(&id).is_some_and(|j| self.past_limit(j, now));
         let Some(job) = self.jobs.get_mut(&id) else {
             return Outcome::Ignored(format!("job {id} not found"));
         };
-        if job.state != JobState::Running || job.attempt != attempt || !Self::past_limit(job, now) {
+        if job.state != JobState::Running || job.attempt != attempt || !past {
             return Outcome::Ignored(format!("job {id} attempt {attempt} is not past its limit"));
         }
         let Some(alloc) = job.allocation.as_mut() else {

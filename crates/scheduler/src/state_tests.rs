@@ -205,6 +205,120 @@ fn requeueable_jobs_go_back_to_pending_with_the_next_attempt_when_their_node_fai
 }
 
 #[test]
+fn an_inference_job_starts_before_a_queue_of_pending_training_jobs() {
+    let mut s = cluster(8);
+    let mut training = Vec::new();
+    for _ in 0..20 {
+        let mut sp = spec(8, "");
+        sp.profile = crate::model::Profile::Training;
+        training.push(submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None }))));
+    }
+    run_plan(&mut s, 3);
+    assert_eq!(s.jobs[&training[0]].state, JobState::Running);
+    let mut sp = spec(1, "");
+    sp.profile = crate::model::Profile::Inference;
+    let inference = submitted(s.apply(&cmd(4, Op::Submit { spec: sp, request_id: None })));
+    assert_eq!(s.jobs[&inference].spec.qos, "inference", "the submit rule picks the profile's QoS");
+    // The training job finishes; the freed node goes to the inference job, not the next training job.
+    s.apply(&cmd(
+        5,
+        Op::JobExited { job: training[0], attempt: 0, node: "n1".into(), exit: RunExit::Code(0) },
+    ));
+    let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, 6) else { panic!() };
+    assert_eq!(accepted, vec![inference]);
+}
+
+#[test]
+fn qos_limits_hold_jobs_with_a_reason_and_max_wall_rejects() {
+    let mut s = cluster(8);
+    let mut policy = s.policy.clone();
+    let batch = policy.qos.get_mut("batch").unwrap();
+    batch.grp_gpus = Some(4);
+    batch.user_jobs = Some(2);
+    assert_eq!(s.apply(&cmd(1, Op::SetPolicy { policy })), Outcome::PolicyChanged);
+    // More GPUs than the group limit could ever allow: rejected at submit.
+    assert!(matches!(
+        s.apply(&cmd(2, Op::Submit { spec: spec(5, "batch"), request_id: None })),
+        Outcome::Rejected(Rejection::FailedPrecondition(m)) if m.contains("allows 4 GPUs in total")
+    ));
+    // Over the QoS's max wall: rejected.
+    let mut long = spec(1, "batch");
+    long.time_limit_s = Some(25 * 3600);
+    assert!(matches!(
+        s.apply(&cmd(2, Op::Submit { spec: long, request_id: None })),
+        Outcome::Rejected(Rejection::Invalid(m)) if m.contains("more than qos \"batch\" allows")
+    ));
+    let a = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(3, "batch"), request_id: None })));
+    let b = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None })));
+    let mut bob = spec(1, "batch");
+    bob.user = "bob".into();
+    let c = submitted(s.apply(&cmd(2, Op::Submit { spec: bob, request_id: None })));
+    let d = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None })));
+    let out = plan(&s);
+    // a (3 GPUs) starts; b would make 5 > 4 (group limit); c fits (4); d would be alice's third
+    // job... but first the group limit (3 + 1 + 1 > 4) holds it.
+    let placed: Vec<u64> = out.plan.placements.iter().map(|p| p.job).collect();
+    assert_eq!(placed, vec![a, c]);
+    assert_eq!(out.pending[&b], crate::planner::PendingReason::QosGrpGpuLimit);
+    assert_eq!(out.pending[&d], crate::planner::PendingReason::QosGrpGpuLimit);
+    // A forged plan that ignores the limit is rejected on apply.
+    let forged = Plan {
+        placements: vec![
+            Placement { job: a, node: "n1".into(), gpus: vec![0, 1, 2] },
+            Placement { job: b, node: "n1".into(), gpus: vec![3, 4] },
+        ],
+    };
+    let Outcome::PlanApplied { accepted, rejected } = s.apply(&cmd(3, Op::ApplyPlan { plan: forged })) else {
+        panic!()
+    };
+    assert_eq!(accepted, vec![a]);
+    assert!(rejected[0].1.contains("QosGrpGpuLimit"), "{rejected:?}");
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn policy_changes_are_validated_whole_and_refuse_removing_a_qos_in_use() {
+    let mut s = cluster(1);
+    let before = s.policy.clone();
+    let j = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "premium"), request_id: None })));
+    let mut without_premium = s.policy.clone();
+    without_premium.qos.remove("premium");
+    assert!(matches!(
+        s.apply(&cmd(3, Op::SetPolicy { policy: without_premium })),
+        Outcome::Rejected(Rejection::FailedPrecondition(m)) if m == format!("qos \"premium\" is in use by job {j}")
+    ));
+    assert!(matches!(s.apply(&cmd(3, Op::DeleteQos { name: "premium".into() })), Outcome::Rejected(_)));
+    assert!(
+        matches!(s.apply(&cmd(3, Op::DeleteQos { name: "batch".into() })), Outcome::Rejected(Rejection::FailedPrecondition(m)) if m.contains("default of profile batch"))
+    );
+    assert!(matches!(
+        s.apply(&cmd(3, Op::DeleteQos { name: "gold".into() })),
+        Outcome::Rejected(Rejection::NotFound(_))
+    ));
+    let mut cyclic = s.policy.clone();
+    cyclic.qos.get_mut("training").unwrap().preempt.insert("batch".into());
+    cyclic.qos.get_mut("batch").unwrap().preempt.insert("training".into());
+    assert!(matches!(
+        s.apply(&cmd(3, Op::SetPolicy { policy: cyclic })),
+        Outcome::Rejected(Rejection::Invalid(_))
+    ));
+    assert_eq!(s.policy, before, "refused changes changed nothing");
+    // A new QoS, then a priority change that pending jobs follow.
+    let mut gold = before.qos["premium"].clone();
+    gold.name = "gold".into();
+    gold.priority = 999;
+    assert_eq!(s.apply(&cmd(4, Op::PutQos { qos: gold, must_exist: Some(false) })), Outcome::PolicyChanged);
+    let g = submitted(s.apply(&cmd(5, Op::Submit { spec: spec(1, "gold"), request_id: None })));
+    assert_eq!(s.jobs[&g].priority, 999);
+    let mut premium = s.policy.qos["premium"].clone();
+    premium.priority = 7;
+    s.apply(&cmd(6, Op::PutQos { qos: premium, must_exist: Some(true) }));
+    assert_eq!(s.jobs[&j].priority, 7);
+    s.apply(&cmd(7, Op::Cancel { job: j, by: "a".into() }));
+    assert_eq!(s.apply(&cmd(8, Op::DeleteQos { name: "premium".into() })), Outcome::PolicyChanged);
+}
+
+#[test]
 fn clock_never_goes_backwards() {
     let mut s = cluster(1);
     s.apply(&cmd(100, Op::Submit { spec: spec(1, "batch"), request_id: None }));
@@ -284,6 +398,16 @@ const QOS: [&str; 5] = ["urgent", "premium", "inference", "training", "batch"];
 fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
     let mut s = ClusterState::new();
     let mut log = Vec::new();
+    // Tight limits, so the generated streams hit them.
+    let mut policy = s.policy.clone();
+    for (name, q) in policy.qos.iter_mut() {
+        q.grp_gpus = Some(if name == "batch" { 6 } else { 9 });
+        q.user_gpus = Some(5);
+        q.user_jobs = Some(3);
+    }
+    let c = Command { now_ms: 0, op: Op::SetPolicy { policy } };
+    assert_eq!(s.apply(&c), Outcome::PolicyChanged);
+    log.push(c);
     let mut now = 0i64;
     let mut saved = Plan::default();
     for step in steps {
@@ -297,6 +421,7 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                 let mut sp = spec(*gpus, QOS[*qos as usize]);
                 sp.time_limit_s = Some(60);
                 sp.requeue = gpus % 2 == 0;
+                sp.user = if qos % 2 == 0 { "alice".into() } else { "bob".into() };
                 Some(Op::Submit { spec: sp, request_id: rid.map(|r| format!("r{r}")) })
             }
             Step::Cancel { job } => Some(Op::Cancel { job: job_id(job), by: "bob".into() }),
@@ -340,9 +465,32 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
             if let Err(e) = s.check_invariants() {
                 panic!("invariant broken after {step:?}: {e}");
             }
+            check_limits(&s);
         }
     }
     (s, log)
+}
+
+/// No QoS limit is exceeded by the running jobs.
+fn check_limits(s: &ClusterState) {
+    use std::collections::BTreeMap;
+    let mut qos_gpus: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut user_gpus: BTreeMap<(&str, &str), u32> = BTreeMap::new();
+    let mut user_jobs: BTreeMap<(&str, &str), u32> = BTreeMap::new();
+    for j in s.jobs.values().filter(|j| j.state == JobState::Running) {
+        *qos_gpus.entry(&j.spec.qos).or_default() += j.spec.gpus;
+        *user_gpus.entry((&j.spec.qos, &j.spec.user)).or_default() += j.spec.gpus;
+        *user_jobs.entry((&j.spec.qos, &j.spec.user)).or_default() += 1;
+    }
+    for (qos, used) in qos_gpus {
+        assert!(used <= s.policy.qos[qos].grp_gpus.unwrap_or(u32::MAX), "qos {qos} holds {used} GPUs");
+    }
+    for ((qos, user), used) in user_gpus {
+        assert!(used <= s.policy.qos[qos].user_gpus.unwrap_or(u32::MAX), "{user} holds {used} GPUs of {qos}");
+    }
+    for ((qos, user), used) in user_jobs {
+        assert!(used <= s.policy.qos[qos].user_jobs.unwrap_or(u32::MAX), "{user} runs {used} jobs of {qos}");
+    }
 }
 
 proptest! {

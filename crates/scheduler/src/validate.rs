@@ -39,8 +39,6 @@ pub enum ValidationError {
     BadEnvName(String),
     #[error("time_limit_s: must be between 1 and {TIME_LIMIT_S_MAX}")]
     BadTimeLimit,
-    #[error("time_limit_s: {asked}s is more than qos \"{qos}\" allows ({max}s)")]
-    TimeLimitOverQos { asked: u64, qos: String, max: u64 },
     #[error("name: must not be empty")]
     EmptyName,
     #[error("gpus: duplicate GPU index {0}")]
@@ -98,15 +96,6 @@ pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
     if let Some(limit) = spec.time_limit_s {
         if limit == 0 || limit > TIME_LIMIT_S_MAX {
             return Err(ValidationError::BadTimeLimit);
-        }
-        if let Some(qos) = crate::qos::find_qos(&spec.qos) {
-            if limit > qos.max_wall_s {
-                return Err(ValidationError::TimeLimitOverQos {
-                    asked: limit,
-                    qos: qos.name.to_string(),
-                    max: qos.max_wall_s,
-                });
-            }
         }
     }
     Ok(())

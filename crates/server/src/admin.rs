@@ -7,8 +7,11 @@ use tonic::{Request, Response, Status};
 use kairos_consensus::membership::MembershipError;
 use kairos_consensus::WriteError;
 
-use crate::context::{write_status, Ctx};
+use kairos_scheduler::{Op, Outcome};
+
+use crate::context::{rejection_status, write_status, Ctx};
 use crate::convert::node_to_pb;
+use crate::convert_policy::{policy_from_pb, policy_to_pb, qos_from_pb, qos_to_pb};
 
 pub struct Admin {
     pub ctx: Ctx,
@@ -54,6 +57,56 @@ impl AdminService for Admin {
         let req = request.into_inner();
         self.ctx.replica.remove_replica(req.id).await.map_err(membership_status)?;
         Ok(Response::new(self.status()))
+    }
+
+    async fn get_policy(
+        &self,
+        _request: Request<pb::GetPolicyRequest>,
+    ) -> Result<Response<pb::Policy>, Status> {
+        Ok(Response::new(self.ctx.replica.read(|a| policy_to_pb(&a.state.policy))))
+    }
+
+    async fn apply_policy(&self, request: Request<pb::Policy>) -> Result<Response<pb::Policy>, Status> {
+        let policy = policy_from_pb(request.into_inner())?;
+        self.policy_write(Op::SetPolicy { policy }).await?;
+        Ok(Response::new(self.ctx.replica.read(|a| policy_to_pb(&a.state.policy))))
+    }
+
+    async fn put_qos(&self, request: Request<pb::PutQosRequest>) -> Result<Response<pb::Qos>, Status> {
+        let req = request.into_inner();
+        let qos = qos_from_pb(req.qos.ok_or_else(|| Status::invalid_argument("qos: required"))?)?;
+        let must_exist = match pb::PutMode::try_from(req.mode) {
+            Ok(pb::PutMode::Upsert) => None,
+            Ok(pb::PutMode::Create) => Some(false),
+            Ok(pb::PutMode::Update) => Some(true),
+            Err(_) => return Err(Status::invalid_argument(format!("mode: unknown value {}", req.mode))),
+        };
+        let name = qos.name.clone();
+        self.policy_write(Op::PutQos { qos, must_exist }).await?;
+        let stored = self.ctx.replica.read(|a| a.state.policy.qos(&name).map(qos_to_pb));
+        stored.map(Response::new).ok_or_else(|| Status::not_found(format!("qos \"{name}\" not found")))
+    }
+
+    async fn delete_qos(
+        &self,
+        request: Request<pb::DeleteQosRequest>,
+    ) -> Result<Response<pb::DeleteQosResponse>, Status> {
+        let name = request.into_inner().name;
+        self.policy_write(Op::DeleteQos { name }).await?;
+        Ok(Response::new(pb::DeleteQosResponse {}))
+    }
+}
+
+impl Admin {
+    async fn policy_write(&self, op: Op) -> Result<(), Status> {
+        match self.ctx.write(op).await? {
+            Outcome::PolicyChanged => {
+                self.ctx.kick.notify_one();
+                Ok(())
+            }
+            Outcome::Rejected(r) => Err(rejection_status(r)),
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
     }
 }
 

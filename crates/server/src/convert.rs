@@ -4,7 +4,6 @@
 //! rejected with `UNIMPLEMENTED` naming the field, never silently dropped.
 
 use kairos_proto::v1 as pb;
-use kairos_scheduler::qos::{default_qos, find_qos};
 use kairos_scheduler::{
     validate_spec, Gpu, Job, JobSpec, JobState, Node, NodeInfo, NodeState, PendingReason, Profile,
 };
@@ -57,19 +56,8 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
         Ok(pb::Profile::Inference) => Profile::Inference,
         Err(_) => return Err(Status::invalid_argument(format!("profile: unknown value {}", spec.profile))),
     };
-    let qos = if spec.qos.is_empty() {
-        default_qos(profile).name.to_string()
-    } else {
-        find_qos(&spec.qos)
-            .ok_or_else(|| {
-                Status::invalid_argument(format!(
-                    "qos: unknown qos \"{}\" (known: urgent, premium, inference, training, batch)",
-                    spec.qos.chars().take(64).collect::<String>()
-                ))
-            })?
-            .name
-            .to_string()
-    };
+    // An empty QoS is resolved from the profile by the cluster's submit rules, on apply.
+    let qos = spec.qos;
     let out = JobSpec {
         name: spec.name,
         user: user.to_string(),

@@ -6,6 +6,7 @@ mod agents;
 mod batch;
 mod context;
 mod convert;
+mod convert_policy;
 mod jobs;
 mod leader;
 

@@ -3,6 +3,7 @@
 
 mod ha;
 mod harness;
+mod policy;
 
 use std::collections::BTreeSet;
 

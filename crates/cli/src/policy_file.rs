@@ -1,0 +1,225 @@
+//! The policy file format of `kairos policy apply|export` (TOML), and QoS flags of
+//! `kairos qos create|update`.
+//!
+//! ```toml
+//! [submit_rules]            # profile -> default QoS
+//! training = "training"
+//! inference = "inference"
+//! batch = "batch"
+//!
+//! [qos.inference]
+//! priority = 200
+//! preempt = []              # QoS whose jobs this one may preempt
+//! preempt_mode = "off"      # off | cancel | requeue | suspend
+//! grace = "0s"
+//! preempt_exempt = "0s"
+//! max_wall = "2h"
+//! grp_gpus = 64             # optional
+//! user_gpus = 8             # optional
+//! user_jobs = 4             # optional
+//! burstable = true
+//! ```
+//!
+//! Unknown keys are errors, so a typo never silently drops a setting.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kairos_proto::v1 as pb;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyFile {
+    #[serde(default)]
+    pub submit_rules: BTreeMap<String, String>,
+    #[serde(default)]
+    pub qos: BTreeMap<String, QosEntry>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QosEntry {
+    pub priority: i64,
+    #[serde(default)]
+    pub preempt: Vec<String>,
+    #[serde(default = "off")]
+    pub preempt_mode: String,
+    #[serde(default = "zero")]
+    pub grace: String,
+    #[serde(default = "zero")]
+    pub preempt_exempt: String,
+    pub max_wall: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grp_gpus: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_gpus: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_jobs: Option<u32>,
+    #[serde(default)]
+    pub burstable: bool,
+}
+
+fn off() -> String {
+    "off".into()
+}
+
+fn zero() -> String {
+    "0s".into()
+}
+
+pub fn parse_mode(s: &str) -> Result<pb::PreemptMode, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "off" => Ok(pb::PreemptMode::Off),
+        "cancel" => Ok(pb::PreemptMode::Cancel),
+        "requeue" => Ok(pb::PreemptMode::Requeue),
+        "suspend" => Ok(pb::PreemptMode::Suspend),
+        _ => Err(format!("preempt mode \"{s}\" is not one of off, cancel, requeue, suspend")),
+    }
+}
+
+pub fn mode_name(mode: i32) -> &'static str {
+    match pb::PreemptMode::try_from(mode) {
+        Ok(pb::PreemptMode::Cancel) => "cancel",
+        Ok(pb::PreemptMode::Requeue) => "requeue",
+        Ok(pb::PreemptMode::Suspend) => "suspend",
+        _ => "off",
+    }
+}
+
+/// Parses a duration such as `90s`, `5m`, `2h`, `0s` into seconds.
+pub fn parse_secs(field: &str, s: &str) -> Result<u64, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    humantime::parse_duration(s)
+        .map(|d| d.as_secs())
+        .map_err(|_| format!("{field}: cannot parse \"{s}\" as a duration (e.g. 0s, 90s, 5m, 2h)"))
+}
+
+pub fn format_secs(secs: u64) -> String {
+    if secs == 0 {
+        return "0s".into();
+    }
+    humantime::format_duration(Duration::from_secs(secs)).to_string().replace(' ', "")
+}
+
+impl PolicyFile {
+    /// Parses a policy file; errors name the line and column.
+    pub fn parse(text: &str) -> Result<PolicyFile, String> {
+        // toml's message is "TOML parse error at line L, column C", a source excerpt, then the
+        // reason: keep the first and the last line.
+        toml::from_str(text).map_err(|e| {
+            let text = e.to_string();
+            let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+            match (lines.first(), lines.last()) {
+                (Some(first), Some(last)) if lines.len() > 1 => format!("{first}: {last}"),
+                _ => text.trim().to_string(),
+            }
+        })
+    }
+
+    pub fn to_pb(&self) -> Result<pb::Policy, String> {
+        let mut qos = Vec::new();
+        for (name, q) in &self.qos {
+            let field = |f: &str| format!("qos.{name}.{f}");
+            qos.push(pb::Qos {
+                name: name.clone(),
+                priority: q.priority,
+                preempt: q.preempt.clone(),
+                preempt_mode: parse_mode(&q.preempt_mode)
+                    .map_err(|e| format!("{}: {e}", field("preempt_mode")))?
+                    as i32,
+                grace_s: parse_secs(&field("grace"), &q.grace)?,
+                preempt_exempt_s: parse_secs(&field("preempt_exempt"), &q.preempt_exempt)?,
+                max_wall_s: parse_secs(&field("max_wall"), &q.max_wall)?,
+                grp_gpus: q.grp_gpus,
+                user_gpus: q.user_gpus,
+                user_jobs: q.user_jobs,
+                burstable: q.burstable,
+            });
+        }
+        Ok(pb::Policy { qos, submit_rules: self.submit_rules.clone().into_iter().collect() })
+    }
+
+    pub fn from_pb(p: &pb::Policy) -> PolicyFile {
+        let qos = p
+            .qos
+            .iter()
+            .map(|q| {
+                let entry = QosEntry {
+                    priority: q.priority,
+                    preempt: q.preempt.clone(),
+                    preempt_mode: mode_name(q.preempt_mode).to_string(),
+                    grace: format_secs(q.grace_s),
+                    preempt_exempt: format_secs(q.preempt_exempt_s),
+                    max_wall: format_secs(q.max_wall_s),
+                    grp_gpus: q.grp_gpus,
+                    user_gpus: q.user_gpus,
+                    user_jobs: q.user_jobs,
+                    burstable: q.burstable,
+                };
+                (q.name.clone(), entry)
+            })
+            .collect();
+        PolicyFile { submit_rules: p.submit_rules.clone().into_iter().collect(), qos }
+    }
+
+    pub fn to_toml(&self) -> Result<String, String> {
+        toml::to_string(self).map_err(|e| format!("writing the policy as TOML: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = r#"
+[submit_rules]
+training = "training"
+inference = "inference"
+batch = "batch"
+
+[qos.inference]
+priority = 200
+max_wall = "2h"
+grp_gpus = 64
+burstable = true
+
+[qos.training]
+priority = 100
+preempt_mode = "requeue"
+grace = "5m"
+max_wall = "48h"
+
+[qos.batch]
+priority = 10
+preempt_mode = "requeue"
+max_wall = "1day"
+"#;
+
+    #[test]
+    fn round_trips_through_protobuf_and_back() {
+        let file = PolicyFile::parse(EXAMPLE).unwrap();
+        let pb = file.to_pb().unwrap();
+        assert_eq!(pb.qos.len(), 3);
+        let training = pb.qos.iter().find(|q| q.name == "training").unwrap();
+        assert_eq!((training.grace_s, training.max_wall_s), (300, 48 * 3600));
+        let again = PolicyFile::parse(&PolicyFile::from_pb(&pb).to_toml().unwrap()).unwrap();
+        assert_eq!(again.to_pb().unwrap(), pb);
+    }
+
+    #[test]
+    fn errors_name_the_line_and_column_or_the_field() {
+        let err = PolicyFile::parse("[qos.batch]\npriority = \"high\"\nmax_wall = \"1h\"\n").unwrap_err();
+        assert!(err.contains("line 2") && err.contains("column"), "{err}");
+        let err = PolicyFile::parse("[qos.batch]\npriority = 1\nmax_wall = \"1h\"\ncolour = \"red\"\n")
+            .unwrap_err();
+        assert!(err.contains("unknown field") && err.contains("line 4"), "{err}");
+        let file = PolicyFile::parse("[qos.batch]\npriority = 1\nmax_wall = \"soon\"\n").unwrap();
+        assert_eq!(
+            file.to_pb().unwrap_err(),
+            "qos.batch.max_wall: cannot parse \"soon\" as a duration (e.g. 0s, 90s, 5m, 2h)"
+        );
+    }
+}

@@ -1,0 +1,122 @@
+//! Scheduling policy through the CLI on a real cluster.
+
+use crate::harness::{wait_for, Cluster};
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+#[test]
+fn policy_apply_round_trips_and_limits_show_as_pending_reasons() {
+    let c = Cluster::start(4);
+    let file = c.path("policy.toml");
+    std::fs::write(
+        &file,
+        r#"
+[submit_rules]
+training = "training"
+inference = "inference"
+batch = "small"
+
+[qos.small]
+priority = 20
+preempt_mode = "requeue"
+max_wall = "1h"
+user_jobs = 1
+
+[qos.training]
+priority = 100
+preempt_mode = "requeue"
+grace = "5m"
+max_wall = "48h"
+grp_gpus = 512
+
+[qos.inference]
+priority = 200
+max_wall = "2h"
+grp_gpus = 64
+burstable = true
+"#,
+    )
+    .unwrap();
+    assert!(c.ok(&["policy", "apply", file.to_str().unwrap()]).contains("3 qos classes"));
+    // Applying the same file again is a no-op that succeeds.
+    c.ok(&["policy", "apply", file.to_str().unwrap()]);
+    let small: serde_json::Value = serde_json::from_str(&c.ok(&["qos", "show", "small", "--json"])).unwrap();
+    assert_eq!(small["priority"], 20);
+    assert_eq!(small["user_jobs"], 1);
+    assert_eq!(small["max_wall_s"], 3600);
+    assert_eq!(small["preempt_mode"], "requeue");
+    // Export gives back what was applied (apply of the export is the identity).
+    let exported = c.ok(&["policy", "export"]);
+    let again = c.path("exported.toml");
+    std::fs::write(&again, &exported).unwrap();
+    c.ok(&["policy", "apply", again.to_str().unwrap()]);
+    assert_eq!(c.ok(&["policy", "export"]), exported);
+
+    // A job without QoS gets the profile's default (batch → small); the second of one user
+    // waits on the per-user job limit while GPUs are free.
+    let first = c.submit(&["--", "sleep", "30"]);
+    let second = c.submit(&["--", "sleep", "30"]);
+    c.wait_state(first, "RUNNING");
+    let job = wait_for("the limit reason", || {
+        let j = c.job(second);
+        (j["reason"] == "QosUserJobLimit").then_some(j)
+    });
+    assert_eq!(job["qos"], "small");
+    assert_eq!(job["state"], "PENDING");
+    // Deleting a QoS in use is refused; the limit lifts when the first job ends.
+    let out = c.kairos(&["qos", "delete", "small"]);
+    assert!(stderr(&out).contains("is the default of profile batch"), "{}", stderr(&out));
+    c.ok(&["cancel", &first.to_string()]);
+    c.wait_state(second, "RUNNING");
+    c.ok(&["cancel", &second.to_string()]);
+}
+
+#[test]
+fn bad_policy_input_is_refused_and_changes_nothing() {
+    let c = Cluster::start(1);
+    let before = c.ok(&["policy", "export"]);
+    let cases: &[(&str, &str)] = &[
+        ("[qos.batch]\npriority = \"high\"\nmax_wall = \"1h\"\n", "line 2, column 12"),
+        ("[qos.batch]\npriority = 1\nmax_wall = \"1h\"\ncolour = 1\n", "unknown field"),
+        (
+            "[submit_rules]\ntraining = \"a\"\ninference = \"a\"\nbatch = \"a\"\n[qos.a]\npriority = 1\nmax_wall = \"1h\"\npreempt = [\"a\"]\npreempt_mode = \"requeue\"\n",
+            "qos \"a\" preempts itself",
+        ),
+        (
+            "[submit_rules]\ntraining = \"a\"\ninference = \"a\"\nbatch = \"b\"\n[qos.a]\npriority = 1\nmax_wall = \"1h\"\npreempt = [\"b\"]\npreempt_mode = \"requeue\"\n[qos.b]\npriority = 1\nmax_wall = \"1h\"\npreempt = [\"a\"]\npreempt_mode = \"requeue\"\n",
+            "preempts it back",
+        ),
+        (
+            "[submit_rules]\ntraining = \"a\"\ninference = \"a\"\nbatch = \"gold\"\n[qos.a]\npriority = 1\nmax_wall = \"1h\"\n",
+            "unknown qos \"gold\"",
+        ),
+        (
+            "[submit_rules]\ntraining = \"a\"\ninference = \"a\"\nbatch = \"a\"\n[qos.a]\npriority = -5\nmax_wall = \"1h\"\n",
+            "priority -5",
+        ),
+    ];
+    for (i, (text, expected)) in cases.iter().enumerate() {
+        let file = c.path(&format!("bad-{i}.toml"));
+        std::fs::write(&file, text).unwrap();
+        let out = c.kairos(&["policy", "apply", file.to_str().unwrap()]);
+        assert!(!out.status.success(), "case {i} was applied");
+        let err = stderr(&out);
+        assert_eq!(err.trim_end().lines().count(), 1, "case {i}: {err:?}");
+        assert!(err.contains(expected), "case {i}: {err:?} lacks {expected:?}");
+    }
+    for (args, expected) in [
+        (vec!["qos", "show", "gold"], "qos \"gold\" not found"),
+        (vec!["qos", "delete", "gold"], "qos \"gold\" not found"),
+        (vec!["qos", "create", "batch", "--priority", "1", "--max-wall", "1h"], "already exists"),
+        (vec!["qos", "update", "urgent", "--preempt", "premium"], "whose preempt mode is off"),
+        (vec!["qos", "update", "batch", "--grp-gpus", "0"], "grp_gpus must be at least 1"),
+        (vec!["submit", "--qos", "gold", "--", "true"], "unknown qos \"gold\""),
+    ] {
+        let out = c.kairos(&args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr(&out).contains(expected), "{args:?}: {}", stderr(&out));
+    }
+    assert_eq!(c.ok(&["policy", "export"]), before, "refused input changed the policy");
+}

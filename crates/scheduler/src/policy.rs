@@ -1,0 +1,326 @@
+//! Scheduling policy objects, replicated with the rest of the state: QoS classes and the submit
+//! rules that map a job's profile to a default QoS.
+//!
+//! A policy is validated as a whole before it replaces the current one, so a bad update changes
+//! nothing. The defaults shipped on a new cluster come from the source articles (SPEC "Defaults
+//! shipped").
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::model::Profile;
+
+/// Longest name of a policy object.
+pub const POLICY_NAME_LEN_MAX: usize = 64;
+/// Most QoS classes one cluster may define.
+pub const QOS_COUNT_MAX: usize = 256;
+pub const QOS_PRIORITY_MAX: i64 = 1_000_000;
+/// Longest wall time any QoS may allow (one year).
+pub const MAX_WALL_S_MAX: u64 = 365 * 24 * 3600;
+
+const HOUR_S: u64 = 3600;
+
+/// What happens to a running job of a QoS when it is preempted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum PreemptMode {
+    /// Never preempted.
+    Off,
+    Cancel,
+    Requeue,
+    Suspend,
+}
+
+impl PreemptMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PreemptMode::Off => "off",
+            PreemptMode::Cancel => "cancel",
+            PreemptMode::Requeue => "requeue",
+            PreemptMode::Suspend => "suspend",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<PreemptMode> {
+        match s.to_ascii_lowercase().as_str() {
+            "off" => Some(PreemptMode::Off),
+            "cancel" => Some(PreemptMode::Cancel),
+            "requeue" => Some(PreemptMode::Requeue),
+            "suspend" => Some(PreemptMode::Suspend),
+            _ => None,
+        }
+    }
+}
+
+/// A quality-of-service class (Slurm semantics).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Qos {
+    pub name: String,
+    pub priority: i64,
+    /// QoS classes whose running jobs this QoS's jobs may preempt.
+    pub preempt: BTreeSet<String>,
+    /// How this QoS's own jobs are preempted.
+    pub preempt_mode: PreemptMode,
+    /// Time between the checkpoint/stop signal and SIGKILL when preempted.
+    pub grace_s: u64,
+    /// A job runs at least this long before it may be preempted.
+    pub preempt_exempt_s: u64,
+    /// Longest wall time a job may ask for, and the default time limit.
+    pub max_wall_s: u64,
+    /// All running jobs of this QoS together hold at most this many GPUs.
+    pub grp_gpus: Option<u32>,
+    /// One user's running jobs of this QoS hold at most this many GPUs.
+    pub user_gpus: Option<u32>,
+    /// One user runs at most this many jobs of this QoS at once.
+    pub user_jobs: Option<u32>,
+    /// Jobs of this QoS may run on cloud burst capacity.
+    pub burstable: bool,
+}
+
+impl Qos {
+    fn named(name: &str, priority: i64, max_wall_s: u64) -> Qos {
+        Qos {
+            name: name.to_string(),
+            priority,
+            preempt: BTreeSet::new(),
+            preempt_mode: PreemptMode::Off,
+            grace_s: 0,
+            preempt_exempt_s: 0,
+            max_wall_s,
+            grp_gpus: None,
+            user_gpus: None,
+            user_jobs: None,
+            burstable: false,
+        }
+    }
+}
+
+/// The whole replicated policy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    pub qos: BTreeMap<String, Qos>,
+    /// Submit rules: the QoS a job of each profile gets when the user names none.
+    pub profile_qos: BTreeMap<Profile, String>,
+}
+
+impl Default for Policy {
+    /// The defaults shipped on a new cluster.
+    fn default() -> Policy {
+        let mut inference = Qos::named("inference", 200, 2 * HOUR_S);
+        inference.grp_gpus = Some(64);
+        inference.burstable = true;
+        let mut training = Qos::named("training", 100, 48 * HOUR_S);
+        training.grp_gpus = Some(512);
+        training.preempt_mode = PreemptMode::Requeue;
+        training.grace_s = 300;
+        let mut urgent = Qos::named("urgent", 300, 4 * HOUR_S);
+        urgent.preempt = ["training".to_string(), "batch".to_string()].into();
+        let mut batch = Qos::named("batch", 10, 24 * HOUR_S);
+        batch.preempt_mode = PreemptMode::Requeue;
+        let premium = Qos::named("premium", 250, 48 * HOUR_S);
+        let qos =
+            [inference, training, urgent, batch, premium].into_iter().map(|q| (q.name.clone(), q)).collect();
+        let profile_qos = [
+            (Profile::Training, "training".to_string()),
+            (Profile::Inference, "inference".to_string()),
+            (Profile::Batch, "batch".to_string()),
+        ]
+        .into();
+        Policy { qos, profile_qos }
+    }
+}
+
+/// Why a policy is not acceptable.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PolicyError {
+    #[error("qos name \"{0}\": use 1-{POLICY_NAME_LEN_MAX} characters of [a-z0-9_-]")]
+    BadName(String),
+    #[error("qos \"{0}\": the map key and the name differ")]
+    NameMismatch(String),
+    #[error("qos: at most {QOS_COUNT_MAX} classes")]
+    TooMany,
+    #[error("qos \"{name}\": priority {priority} is outside 0..={QOS_PRIORITY_MAX}")]
+    BadPriority { name: String, priority: i64 },
+    #[error("qos \"{0}\": max_wall must be between 1 s and one year")]
+    BadMaxWall(String),
+    #[error("qos \"{name}\": {field} must be at least 1 when set")]
+    ZeroLimit { name: String, field: &'static str },
+    #[error("qos \"{0}\" preempts itself")]
+    PreemptsItself(String),
+    #[error("qos \"{name}\" preempts unknown qos \"{target}\"")]
+    UnknownPreemptTarget { name: String, target: String },
+    #[error("qos \"{0}\" preempts a qos that (directly or not) preempts it back")]
+    PreemptCycle(String),
+    #[error("qos \"{name}\" preempts \"{target}\", whose preempt mode is off")]
+    PreemptsUnpreemptable { name: String, target: String },
+    #[error("submit rule for profile {profile}: unknown qos \"{qos}\"")]
+    UnknownProfileQos { profile: &'static str, qos: String },
+    #[error("submit rules: profile {0} has no default qos")]
+    MissingProfileQos(&'static str),
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= POLICY_NAME_LEN_MAX
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+}
+
+impl Policy {
+    pub fn qos(&self, name: &str) -> Option<&Qos> {
+        self.qos.get(name)
+    }
+
+    /// The QoS a job of `profile` gets when it names none.
+    pub fn default_qos(&self, profile: Profile) -> Option<&Qos> {
+        self.profile_qos.get(&profile).and_then(|n| self.qos.get(n))
+    }
+
+    /// Checks the whole policy.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if self.qos.len() > QOS_COUNT_MAX {
+            return Err(PolicyError::TooMany);
+        }
+        for (key, q) in &self.qos {
+            if !valid_name(&q.name) {
+                return Err(PolicyError::BadName(q.name.chars().take(POLICY_NAME_LEN_MAX + 1).collect()));
+            }
+            if *key != q.name {
+                return Err(PolicyError::NameMismatch(q.name.clone()));
+            }
+            if !(0..=QOS_PRIORITY_MAX).contains(&q.priority) {
+                return Err(PolicyError::BadPriority { name: q.name.clone(), priority: q.priority });
+            }
+            if q.max_wall_s == 0 || q.max_wall_s > MAX_WALL_S_MAX {
+                return Err(PolicyError::BadMaxWall(q.name.clone()));
+            }
+            for (field, value) in
+                [("grp_gpus", q.grp_gpus), ("user_gpus", q.user_gpus), ("user_jobs", q.user_jobs)]
+            {
+                if value == Some(0) {
+                    return Err(PolicyError::ZeroLimit { name: q.name.clone(), field });
+                }
+            }
+            for target in &q.preempt {
+                if *target == q.name {
+                    return Err(PolicyError::PreemptsItself(q.name.clone()));
+                }
+                let Some(t) = self.qos.get(target) else {
+                    return Err(PolicyError::UnknownPreemptTarget {
+                        name: q.name.clone(),
+                        target: target.clone(),
+                    });
+                };
+                if t.preempt_mode == PreemptMode::Off {
+                    return Err(PolicyError::PreemptsUnpreemptable {
+                        name: q.name.clone(),
+                        target: target.clone(),
+                    });
+                }
+            }
+        }
+        if let Some(name) = self.preempt_cycle() {
+            return Err(PolicyError::PreemptCycle(name));
+        }
+        for profile in [Profile::Training, Profile::Inference, Profile::Batch] {
+            match self.profile_qos.get(&profile) {
+                None => return Err(PolicyError::MissingProfileQos(profile.as_str())),
+                Some(q) if !self.qos.contains_key(q) => {
+                    return Err(PolicyError::UnknownProfileQos { profile: profile.as_str(), qos: q.clone() })
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// A QoS on a cycle of the preempt graph, if there is one (deterministic: first by name).
+    fn preempt_cycle(&self) -> Option<String> {
+        // Depth-first search with colours; the graph is small (≤ QOS_COUNT_MAX nodes).
+        #[derive(Clone, Copy, PartialEq)]
+        enum Mark {
+            Open,
+            Done,
+        }
+        fn visit(p: &Policy, q: &str, marks: &mut BTreeMap<String, Mark>) -> bool {
+            match marks.get(q) {
+                Some(Mark::Open) => return true,
+                Some(Mark::Done) => return false,
+                None => {}
+            }
+            marks.insert(q.to_string(), Mark::Open);
+            let targets =
+                p.qos.get(q).map(|x| x.preempt.iter().cloned().collect::<Vec<_>>()).unwrap_or_default();
+            for t in targets {
+                if visit(p, &t, marks) {
+                    return true;
+                }
+            }
+            marks.insert(q.to_string(), Mark::Done);
+            false
+        }
+        let mut marks = BTreeMap::new();
+        self.qos.keys().find(|q| visit(self, q, &mut marks)).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_follow_the_articles() {
+        let p = Policy::default();
+        p.validate().unwrap();
+        assert_eq!(p.qos["inference"].priority, 200);
+        assert_eq!(p.qos["inference"].grp_gpus, Some(64));
+        assert_eq!(p.qos["inference"].max_wall_s, 2 * 3600);
+        assert_eq!(p.qos["inference"].preempt_mode, PreemptMode::Off);
+        assert!(p.qos["inference"].burstable);
+        assert_eq!(p.qos["training"].priority, 100);
+        assert_eq!(p.qos["training"].grp_gpus, Some(512));
+        assert_eq!(p.qos["training"].preempt_mode, PreemptMode::Requeue);
+        assert!(p.qos["urgent"].preempt.contains("training") && p.qos["urgent"].preempt.contains("batch"));
+        assert_eq!(p.qos["premium"].preempt_mode, PreemptMode::Off);
+        assert!(p.qos["batch"].priority < p.qos["training"].priority);
+        assert_eq!(p.default_qos(Profile::Inference).unwrap().name, "inference");
+    }
+
+    #[test]
+    fn bad_policies_are_refused_with_a_reason() {
+        let mut p = Policy::default();
+        p.qos.get_mut("urgent").unwrap().preempt.insert("urgent".into());
+        assert_eq!(p.validate(), Err(PolicyError::PreemptsItself("urgent".into())));
+
+        let mut p = Policy::default();
+        p.qos.get_mut("batch").unwrap().preempt.insert("training".into());
+        p.qos.get_mut("training").unwrap().preempt.insert("batch".into());
+        assert!(matches!(p.validate(), Err(PolicyError::PreemptCycle(_))));
+
+        let mut p = Policy::default();
+        p.qos.get_mut("urgent").unwrap().preempt.insert("premium".into());
+        assert!(matches!(p.validate(), Err(PolicyError::PreemptsUnpreemptable { .. })));
+
+        let mut p = Policy::default();
+        p.qos.get_mut("urgent").unwrap().preempt.insert("gold".into());
+        assert!(matches!(p.validate(), Err(PolicyError::UnknownPreemptTarget { .. })));
+
+        let mut p = Policy::default();
+        p.qos.get_mut("batch").unwrap().priority = -1;
+        assert!(matches!(p.validate(), Err(PolicyError::BadPriority { .. })));
+
+        let mut p = Policy::default();
+        p.qos.get_mut("batch").unwrap().grp_gpus = Some(0);
+        assert!(matches!(p.validate(), Err(PolicyError::ZeroLimit { .. })));
+
+        let mut p = Policy::default();
+        p.profile_qos.insert(Profile::Batch, "gold".into());
+        assert!(matches!(p.validate(), Err(PolicyError::UnknownProfileQos { .. })));
+
+        let mut p = Policy::default();
+        let mut q = p.qos["batch"].clone();
+        q.name = "Bad Name".into();
+        p.qos.insert(q.name.clone(), q);
+        assert!(matches!(p.validate(), Err(PolicyError::BadName(_))));
+    }
+}

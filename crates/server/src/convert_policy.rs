@@ -1,0 +1,94 @@
+//! Conversions between the policy domain types and `kairos.v1` protobuf messages.
+
+use std::collections::BTreeMap;
+
+use kairos_proto::v1 as pb;
+use kairos_scheduler::policy::{Policy, PreemptMode, Qos};
+use kairos_scheduler::Profile;
+use tonic::Status;
+
+fn mode_from_pb(mode: i32, qos: &str) -> Result<PreemptMode, Status> {
+    match pb::PreemptMode::try_from(mode) {
+        Ok(pb::PreemptMode::Unspecified) | Ok(pb::PreemptMode::Off) => Ok(PreemptMode::Off),
+        Ok(pb::PreemptMode::Cancel) => Ok(PreemptMode::Cancel),
+        Ok(pb::PreemptMode::Requeue) => Ok(PreemptMode::Requeue),
+        Ok(pb::PreemptMode::Suspend) => Ok(PreemptMode::Suspend),
+        Err(_) => Err(Status::invalid_argument(format!("qos \"{qos}\": unknown preempt_mode {mode}"))),
+    }
+}
+
+fn mode_to_pb(mode: PreemptMode) -> pb::PreemptMode {
+    match mode {
+        PreemptMode::Off => pb::PreemptMode::Off,
+        PreemptMode::Cancel => pb::PreemptMode::Cancel,
+        PreemptMode::Requeue => pb::PreemptMode::Requeue,
+        PreemptMode::Suspend => pb::PreemptMode::Suspend,
+    }
+}
+
+pub fn qos_from_pb(q: pb::Qos) -> Result<Qos, Status> {
+    let preempt_mode = mode_from_pb(q.preempt_mode, &q.name)?;
+    Ok(Qos {
+        preempt: q.preempt.into_iter().collect(),
+        preempt_mode,
+        priority: q.priority,
+        grace_s: q.grace_s,
+        preempt_exempt_s: q.preempt_exempt_s,
+        max_wall_s: q.max_wall_s,
+        grp_gpus: q.grp_gpus,
+        user_gpus: q.user_gpus,
+        user_jobs: q.user_jobs,
+        burstable: q.burstable,
+        name: q.name,
+    })
+}
+
+pub fn qos_to_pb(q: &Qos) -> pb::Qos {
+    pb::Qos {
+        name: q.name.clone(),
+        priority: q.priority,
+        preempt: q.preempt.iter().cloned().collect(),
+        preempt_mode: mode_to_pb(q.preempt_mode) as i32,
+        grace_s: q.grace_s,
+        preempt_exempt_s: q.preempt_exempt_s,
+        max_wall_s: q.max_wall_s,
+        grp_gpus: q.grp_gpus,
+        user_gpus: q.user_gpus,
+        user_jobs: q.user_jobs,
+        burstable: q.burstable,
+    }
+}
+
+fn profile_from_name(name: &str) -> Result<Profile, Status> {
+    match name {
+        "training" => Ok(Profile::Training),
+        "inference" => Ok(Profile::Inference),
+        "batch" => Ok(Profile::Batch),
+        other => Err(Status::invalid_argument(format!(
+            "submit_rules: unknown profile \"{}\" (training, inference, batch)",
+            other.chars().take(64).collect::<String>()
+        ))),
+    }
+}
+
+pub fn policy_from_pb(p: pb::Policy) -> Result<Policy, Status> {
+    let mut qos = BTreeMap::new();
+    for q in p.qos {
+        let q = qos_from_pb(q)?;
+        if qos.insert(q.name.clone(), q).is_some() {
+            return Err(Status::invalid_argument("qos: a name appears twice"));
+        }
+    }
+    let mut profile_qos = BTreeMap::new();
+    for (profile, q) in p.submit_rules {
+        profile_qos.insert(profile_from_name(&profile)?, q);
+    }
+    Ok(Policy { qos, profile_qos })
+}
+
+pub fn policy_to_pb(p: &Policy) -> pb::Policy {
+    pb::Policy {
+        qos: p.qos.values().map(qos_to_pb).collect(),
+        submit_rules: p.profile_qos.iter().map(|(k, v)| (k.as_str().to_string(), v.clone())).collect(),
+    }
+}
