@@ -72,6 +72,15 @@ enum Cmd {
         /// Requeue the job (next attempt) if its node fails, instead of ending it NODE_FAIL.
         #[arg(long)]
         requeue: bool,
+        /// Start only after these jobs completed successfully (repeatable or comma-separated).
+        #[arg(long = "after-ok", value_delimiter = ',')]
+        after_ok: Vec<u64>,
+        /// Submit held: the job waits until `kairos release`.
+        #[arg(long)]
+        hold: bool,
+        /// Only GPUs of this model, e.g. H100 or A100.
+        #[arg(long)]
+        gpu_model: Option<String>,
         /// The command and its arguments, after `--`.
         #[arg(last = true)]
         command: Vec<String>,
@@ -85,6 +94,10 @@ enum Cmd {
     Show { id: u64 },
     /// Cancel a job.
     Cancel { id: u64 },
+    /// Keep a pending job from starting.
+    Hold { id: u64 },
+    /// Let a held job start.
+    Release { id: u64 },
     /// Print a job's output.
     Logs {
         id: u64,
@@ -483,7 +496,20 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     let client = Client::new(cli.controllers.clone());
     let client = &client;
     match cli.command {
-        Cmd::Submit { gpus, name, time, qos, profile, env, workdir, requeue, command } => {
+        Cmd::Submit {
+            gpus,
+            name,
+            time,
+            qos,
+            profile,
+            env,
+            workdir,
+            requeue,
+            after_ok,
+            hold,
+            gpu_model,
+            command,
+        } => {
             let profile = match profile {
                 None => pb::Profile::Unspecified,
                 Some(ProfileArg::Training) => pb::Profile::Training,
@@ -502,9 +528,15 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 workdir: workdir.unwrap_or_default(),
                 qos: qos.unwrap_or_default(),
                 profile: profile as i32,
-                resources: Some(pb::Resources { gpus, ..Default::default() }),
+                resources: Some(pb::Resources {
+                    gpus,
+                    gpu_model: gpu_model.unwrap_or_default(),
+                    ..Default::default()
+                }),
                 time_limit_s: time.unwrap_or(0),
                 requeue: requeue.then_some(true),
+                after_ok,
+                hold,
                 ..Default::default()
             };
             // Retries (leader changes) reuse this id, so a submit is never applied twice.
@@ -563,6 +595,26 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 println!("job {id}: cancel requested; its processes are being stopped");
             } else {
                 println!("job {id}: cancelled");
+            }
+        }
+        Cmd::Hold { id } | Cmd::Release { id } => {
+            let hold = matches!(cli.command, Cmd::Hold { .. });
+            let job = client
+                .call(|ch| async move {
+                    let req = client.request(pb::HoldJobRequest { job_id: id });
+                    let mut jobs = JobServiceClient::new(ch);
+                    if hold {
+                        jobs.hold_job(req).await
+                    } else {
+                        jobs.release_job(req).await
+                    }
+                })
+                .await?
+                .into_inner();
+            if cli.json {
+                print_json(&job_json(&job));
+            } else {
+                println!("job {id}: {}", if hold { "held" } else { "released" });
             }
         }
         Cmd::Logs { id, follow } => {

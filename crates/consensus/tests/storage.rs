@@ -40,6 +40,8 @@ fn spec(n: usize) -> JobSpec {
         profile: Profile::Batch,
         time_limit_s: None,
         requeue: false,
+        after_ok: Vec::new(),
+        gpu_model: None,
     }
 }
 
@@ -72,7 +74,10 @@ async fn acknowledged_writes_survive_restart_through_snapshot_and_log_tail() {
         wait_leader(&replica).await;
         for n in 0..25 {
             let outcomes = replica
-                .write(vec![Command { now_ms: n as i64, op: Op::Submit { spec: spec(n), request_id: None } }])
+                .write(vec![Command {
+                    now_ms: n as i64,
+                    op: Op::Submit { spec: spec(n), request_id: None, hold: false },
+                }])
                 .await
                 .unwrap();
             match &outcomes[..] {
@@ -128,7 +133,7 @@ async fn acknowledged_writes_survive_restart_through_snapshot_and_log_tail() {
     assert_eq!(replica.status().state_digest, digest_before);
     // Ids continue after the restart instead of being reused.
     let outcomes = replica
-        .write(vec![Command { now_ms: 99, op: Op::Submit { spec: spec(99), request_id: None } }])
+        .write(vec![Command { now_ms: 99, op: Op::Submit { spec: spec(99), request_id: None, hold: false } }])
         .await
         .unwrap();
     assert_eq!(outcomes, vec![Outcome::Submitted { job: 26 }]);

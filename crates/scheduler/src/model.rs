@@ -106,6 +106,21 @@ pub struct JobSpec {
     /// Requeue (next attempt) instead of ending when the cluster loses the run (node failure).
     #[serde(default)]
     pub requeue: bool,
+    /// Start only after all these jobs completed successfully.
+    #[serde(default)]
+    pub after_ok: Vec<JobId>,
+    /// Only GPUs whose model contains this (case-insensitive), e.g. "H100".
+    #[serde(default)]
+    pub gpu_model: Option<String>,
+}
+
+/// Whether a GPU model name satisfies a job's model constraint ("H100" matches
+/// "NVIDIA H100 80GB HBM3").
+pub fn model_matches(constraint: Option<&str>, model: &str) -> bool {
+    match constraint {
+        None => true,
+        Some(c) => model.to_ascii_lowercase().contains(&c.to_ascii_lowercase()),
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -182,6 +197,9 @@ pub struct Job {
     pub start_time_ms: Option<i64>,
     pub end_time_ms: Option<i64>,
     pub events: Vec<JobEvent>,
+    /// Held by a user: stays pending until released.
+    #[serde(default)]
+    pub held: bool,
 }
 
 impl Job {

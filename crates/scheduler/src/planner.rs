@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 
 use crate::limits::Usage;
-use crate::model::{GpuIndex, Job, JobId, JobState, NodeState};
+use crate::model::{model_matches, GpuIndex, Job, JobId, JobState, NodeState};
 use crate::state::{ClusterState, Placement, Plan, PLAN_PLACEMENTS_MAX};
 
 /// Why a pending job is not starting now.
@@ -32,6 +32,12 @@ pub enum PendingReason {
     QosUserGpuLimit,
     /// Starting it would exceed its QoS's per-user running-job limit.
     QosUserJobLimit,
+    /// Held by a user (`kairos hold`); `kairos release` lets it start.
+    JobHeldUser,
+    /// Waiting for the jobs it depends on to complete.
+    Dependency,
+    /// A job it depends on ended without completing: it can never start.
+    DependencyNeverSatisfied(JobId),
 }
 
 impl std::fmt::Display for PendingReason {
@@ -43,6 +49,11 @@ impl std::fmt::Display for PendingReason {
             PendingReason::QosGrpGpuLimit => f.write_str("QosGrpGpuLimit"),
             PendingReason::QosUserGpuLimit => f.write_str("QosUserGpuLimit"),
             PendingReason::QosUserJobLimit => f.write_str("QosUserJobLimit"),
+            PendingReason::JobHeldUser => f.write_str("JobHeldUser"),
+            PendingReason::Dependency => f.write_str("Dependency"),
+            PendingReason::DependencyNeverSatisfied(dep) => {
+                write!(f, "DependencyNeverSatisfied: job {dep} did not complete")
+            }
         }
     }
 }
@@ -57,7 +68,8 @@ pub struct PlanOutput {
 /// Free GPUs of one Up node during planning: (index, link group), ascending by index.
 struct FreeNode<'a> {
     name: &'a str,
-    free: Vec<(GpuIndex, u32)>,
+    /// (index, link group, model) of each free GPU, ascending by index.
+    free: Vec<(GpuIndex, u32, &'a str)>,
 }
 
 /// Pending jobs in the order the planner considers them.
@@ -80,27 +92,47 @@ pub fn plan(state: &ClusterState) -> PlanOutput {
                 .gpus
                 .iter()
                 .filter(|g| !n.allocated.contains_key(&g.index))
-                .map(|g| (g.index, g.link_group))
+                .map(|g| (g.index, g.link_group, g.model.as_str()))
                 .collect(),
         })
         .collect();
-    let largest_up =
-        state.nodes.values().filter(|n| n.state == NodeState::Up).map(|n| n.gpu_count()).max().unwrap_or(0);
+    // The most GPUs of a model (constraint) one Up node has, per constraint seen.
+    let mut largest: BTreeMap<Option<String>, u32> = BTreeMap::new();
+    let mut largest_up = |model: Option<&str>| -> u32 {
+        *largest.entry(model.map(str::to_string)).or_insert_with(|| {
+            let up = state.nodes.values().filter(|n| n.state == NodeState::Up);
+            up.map(|n| n.info.gpus.iter().filter(|g| model_matches(model, &g.model)).count() as u32)
+                .max()
+                .unwrap_or(0)
+        })
+    };
 
     let mut usage = Usage::of(state.jobs_running());
     let mut out = PlanOutput::default();
     let mut blocked = false;
     for job in queue_order(state) {
-        // A job held by a QoS limit waits without holding back the jobs behind it.
+        // Held jobs, unmet dependencies and QoS limits: the job waits without holding back
+        // the jobs behind it.
+        if job.held {
+            out.pending.insert(job.id, PendingReason::JobHeldUser);
+            continue;
+        }
+        if let Err(reason) = state.dependency_state(job) {
+            out.pending.insert(job.id, reason);
+            continue;
+        }
         if let Err(reason) = usage.admits(job, &state.policy) {
             out.pending.insert(job.id, reason);
             continue;
         }
+        let model = job.spec.gpu_model.as_deref();
+        let largest_up = largest_up(model);
         if job.spec.gpus > largest_up {
+            let of = model.map(|m| format!(" {m}")).unwrap_or_default();
             let why = if largest_up == 0 {
-                "no node is up".to_string()
+                format!("no up node has{of} GPUs")
             } else {
-                format!("no up node has {} GPUs", job.spec.gpus)
+                format!("no up node has {}{of} GPUs", job.spec.gpus)
             };
             out.pending.insert(job.id, PendingReason::ReqNodeNotAvail(why));
             continue;
@@ -109,7 +141,7 @@ pub fn plan(state: &ClusterState) -> PlanOutput {
             out.pending.insert(job.id, PendingReason::Priority);
             continue;
         }
-        match place(&mut nodes, job.spec.gpus) {
+        match place(&mut nodes, job.spec.gpus, model) {
             Some((node, gpus)) => {
                 usage.add(job);
                 out.plan.placements.push(Placement { job: job.id, node, gpus });
@@ -124,11 +156,21 @@ pub fn plan(state: &ClusterState) -> PlanOutput {
 }
 
 /// Picks a node and GPUs for `count` GPUs, and takes them from `nodes`.
-fn place(nodes: &mut [FreeNode], count: u32) -> Option<(String, Vec<GpuIndex>)> {
+fn place(nodes: &mut [FreeNode], count: u32, model: Option<&str>) -> Option<(String, Vec<GpuIndex>)> {
     let count = count as usize;
-    let node = nodes.iter_mut().filter(|n| n.free.len() >= count).min_by_key(|n| (n.free.len(), n.name))?;
-    let gpus = pick_gpus(&node.free, count);
-    node.free.retain(|(i, _)| !gpus.contains(i));
+    let eligible = |n: &FreeNode| -> Vec<(GpuIndex, u32)> {
+        n.free.iter().filter(|(_, _, m)| model_matches(model, m)).map(|(i, g, _)| (*i, *g)).collect()
+    };
+    let (node, free) = nodes
+        .iter_mut()
+        .map(|n| {
+            let free = eligible(n);
+            (n, free)
+        })
+        .filter(|(_, free)| free.len() >= count)
+        .min_by_key(|(n, free)| (free.len(), n.name))?;
+    let gpus = pick_gpus(&free, count);
+    node.free.retain(|(i, _, _)| !gpus.contains(i));
     Some((node.name.to_string(), gpus))
 }
 
@@ -161,7 +203,10 @@ mod tests {
     }
 
     fn submit(s: &mut ClusterState, gpus: u32, qos: &str) -> JobId {
-        match s.apply(&Command { now_ms: 2, op: Op::Submit { spec: spec(gpus, qos), request_id: None } }) {
+        match s.apply(&Command {
+            now_ms: 2,
+            op: Op::Submit { spec: spec(gpus, qos), request_id: None, hold: false },
+        }) {
             Outcome::Submitted { job } => job,
             other => panic!("submit failed: {other:?}"),
         }

@@ -59,6 +59,9 @@ pub enum Op {
         spec: JobSpec,
         #[serde(default)]
         request_id: Option<String>,
+        /// Submit held (pending until released).
+        #[serde(default)]
+        hold: bool,
     },
     Cancel {
         job: JobId,
@@ -101,6 +104,15 @@ pub enum Op {
     },
     DeleteQos {
         name: String,
+    },
+    /// Keeps a pending job from starting until released.
+    Hold {
+        job: JobId,
+        by: String,
+    },
+    Release {
+        job: JobId,
+        by: String,
     },
 }
 
@@ -159,6 +171,10 @@ pub enum Outcome {
         state: JobState,
     },
     PolicyChanged,
+    HoldChanged {
+        job: JobId,
+        held: bool,
+    },
     /// A stale or duplicate report: nothing to do.
     Ignored(String),
     Rejected(Rejection),
@@ -198,7 +214,7 @@ impl ClusterState {
         self.now_ms = self.now_ms.max(cmd.now_ms);
         let now = self.now_ms;
         match &cmd.op {
-            Op::Submit { spec, request_id } => self.submit(spec, request_id.as_deref(), now),
+            Op::Submit { spec, request_id, hold } => self.submit(spec, request_id.as_deref(), *hold, now),
             Op::Cancel { job, by } => self.cancel(*job, by, now),
             Op::RegisterNode { info } => self.register_node(info, now),
             Op::NodeDown { node, reason } => self.node_down(node, reason, now),
@@ -207,6 +223,8 @@ impl ClusterState {
             Op::JobExited { job, attempt, node, exit } => self.job_exited(*job, *attempt, node, exit, now),
             Op::EnforceTimeLimit { job, attempt } => self.enforce_time_limit(*job, *attempt, now),
             Op::SetPolicy { policy } => self.set_policy(policy),
+            Op::Hold { job, by } => self.set_held(*job, true, by, now),
+            Op::Release { job, by } => self.set_held(*job, false, by, now),
             Op::PutQos { qos, must_exist } => {
                 match (must_exist, self.policy.qos.contains_key(&qos.name)) {
                     (Some(true), false) => {
@@ -301,7 +319,7 @@ impl ClusterState {
         }
     }
 
-    fn submit(&mut self, spec: &JobSpec, request_id: Option<&str>, now: i64) -> Outcome {
+    fn submit(&mut self, spec: &JobSpec, request_id: Option<&str>, hold: bool, now: i64) -> Outcome {
         if request_id.is_some_and(|r| r.is_empty() || r.len() > crate::validate::REQUEST_ID_LEN_MAX) {
             let max = crate::validate::REQUEST_ID_LEN_MAX;
             return Outcome::Rejected(Rejection::Invalid(format!("request_id: must be 1 to {max} bytes")));
@@ -327,6 +345,9 @@ impl ClusterState {
         };
         if let Err(why) = Self::check_qos_fit(spec, qos) {
             return Outcome::Rejected(why);
+        }
+        if let Some(dep) = spec.after_ok.iter().find(|d| !self.jobs.contains_key(d)) {
+            return Outcome::Rejected(Rejection::NotFound(format!("after_ok: job {dep} not found")));
         }
         let (qos_name, priority) = (qos.name.clone(), qos.priority);
         let largest = self.largest_node_gpus();
@@ -356,6 +377,7 @@ impl ClusterState {
             start_time_ms: None,
             end_time_ms: None,
             events: Vec::new(),
+            held: hold,
         };
         job.record(now, "submitted", format!("by \"{}\", qos \"{}\"", job.spec.user, job.spec.qos));
         if let Some(r) = request_id {
@@ -408,6 +430,37 @@ impl ClusterState {
             }
         }
         Outcome::PolicyChanged
+    }
+
+    fn set_held(&mut self, id: JobId, held: bool, by: &str, now: i64) -> Outcome {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return Outcome::Rejected(Rejection::NotFound(format!("job {id} not found")));
+        };
+        if job.state != JobState::Pending {
+            let verb = if held { "held" } else { "released" };
+            return Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                "job {id} is {}; only pending jobs can be {verb}",
+                job.state.as_str()
+            )));
+        }
+        if job.held != held {
+            job.held = held;
+            job.record(now, if held { "held" } else { "released" }, format!("by \"{by}\""));
+        }
+        Outcome::HoldChanged { job: id, held }
+    }
+
+    /// Whether the job's dependencies let it start: `Ok` when all completed, else the reason.
+    pub fn dependency_state(&self, job: &Job) -> Result<(), crate::planner::PendingReason> {
+        use crate::planner::PendingReason;
+        for dep in &job.spec.after_ok {
+            match self.jobs.get(dep).map(|d| d.state) {
+                Some(JobState::Completed) => {}
+                Some(s) if s.is_terminal() => return Err(PendingReason::DependencyNeverSatisfied(*dep)),
+                _ => return Err(PendingReason::Dependency),
+            }
+        }
+        Ok(())
     }
 
     fn cancel(&mut self, id: JobId, by: &str, now: i64) -> Outcome {
@@ -524,6 +577,10 @@ impl ClusterState {
         if job.state != JobState::Pending {
             return Err(format!("job {} is {}, not pending", p.job, job.state.as_str()));
         }
+        if job.held {
+            return Err(format!("job {} is held", p.job));
+        }
+        self.dependency_state(job).map_err(|r| format!("job {}: {r}", p.job))?;
         let node = self.nodes.get(&p.node).ok_or_else(|| format!("node \"{}\" not found", p.node))?;
         if node.state != NodeState::Up {
             return Err(format!("node \"{}\" is not up", p.node));
@@ -536,8 +593,14 @@ impl ClusterState {
             ));
         }
         for gpu in &wanted {
-            if !node.info.gpus.iter().any(|g| g.index == *gpu) {
+            let Some(g) = node.info.gpus.iter().find(|g| g.index == *gpu) else {
                 return Err(format!("node \"{}\" has no GPU {gpu}", p.node));
+            };
+            if !crate::model::model_matches(job.spec.gpu_model.as_deref(), &g.model) {
+                return Err(format!(
+                    "GPU {gpu} of \"{}\" is a {}, not a {:?}",
+                    p.node, g.model, job.spec.gpu_model
+                ));
             }
             if let Some(holder) = node.allocated.get(gpu) {
                 return Err(format!("GPU {gpu} of \"{}\" is held by job {holder}", p.node));

@@ -4,8 +4,9 @@ use proptest::prelude::*;
 
 use crate::model::{JobState, NodeState, StopReason};
 use crate::planner::plan;
+use crate::planner::PendingReason;
 use crate::state::{ClusterState, Command, Op, Outcome, Placement, Plan, Rejection, RunExit};
-use crate::testing::{node_info, spec};
+use crate::testing::{node_info, node_info_model, spec};
 
 fn cmd(now_ms: i64, op: Op) -> Command {
     Command { now_ms, op }
@@ -32,11 +33,14 @@ fn run_plan(s: &mut ClusterState, now: i64) -> Outcome {
 #[test]
 fn submit_assigns_ids_in_order_and_rejects_bad_specs_without_change() {
     let mut s = cluster(8);
-    assert_eq!(submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None }))), 1);
+    assert_eq!(
+        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false }))),
+        1
+    );
     let before = s.clone();
-    let zero = s.apply(&cmd(3, Op::Submit { spec: spec(0, "batch"), request_id: None }));
+    let zero = s.apply(&cmd(3, Op::Submit { spec: spec(0, "batch"), request_id: None, hold: false }));
     assert!(matches!(zero, Outcome::Rejected(Rejection::Invalid(m)) if m.contains("gpus")));
-    let too_big = s.apply(&cmd(3, Op::Submit { spec: spec(9, "batch"), request_id: None }));
+    let too_big = s.apply(&cmd(3, Op::Submit { spec: spec(9, "batch"), request_id: None, hold: false }));
     assert_eq!(
         too_big,
         Outcome::Rejected(Rejection::FailedPrecondition(
@@ -45,22 +49,28 @@ fn submit_assigns_ids_in_order_and_rejects_bad_specs_without_change() {
     );
     let mut empty = spec(1, "batch");
     empty.argv.clear();
-    assert!(matches!(s.apply(&cmd(3, Op::Submit { spec: empty, request_id: None })), Outcome::Rejected(_)));
     assert!(matches!(
-        s.apply(&cmd(3, Op::Submit { spec: spec(1, "nope"), request_id: None })),
+        s.apply(&cmd(3, Op::Submit { spec: empty, request_id: None, hold: false })),
+        Outcome::Rejected(_)
+    ));
+    assert!(matches!(
+        s.apply(&cmd(3, Op::Submit { spec: spec(1, "nope"), request_id: None, hold: false })),
         Outcome::Rejected(Rejection::Invalid(m)) if m.contains("unknown qos")
     ));
     let mut s2 = s.clone();
     s2.now_ms = before.now_ms;
     assert_eq!(s2, before, "rejected submits change nothing but the clock");
-    assert_eq!(submitted(s.apply(&cmd(4, Op::Submit { spec: spec(1, "batch"), request_id: None }))), 2);
+    assert_eq!(
+        submitted(s.apply(&cmd(4, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false }))),
+        2
+    );
 }
 
 #[test]
 fn stale_plan_is_rejected_and_cannot_double_allocate() {
     let mut s = cluster(2);
-    let a = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None })));
-    let b = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None })));
+    let a = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false })));
+    let b = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false })));
     let stale = Plan { placements: vec![Placement { job: b, node: "n1".into(), gpus: vec![0, 1] }] };
     assert_eq!(run_plan(&mut s, 3), Outcome::PlanApplied { accepted: vec![a], rejected: vec![] });
     let out = s.apply(&cmd(4, Op::ApplyPlan { plan: stale.clone() }));
@@ -79,12 +89,15 @@ fn stale_plan_is_rejected_and_cannot_double_allocate() {
 #[test]
 fn run_lifecycle_completed_failed_cancelled_timeout() {
     let mut s = cluster(4);
-    let ok = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None })));
-    let bad = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None })));
-    let cancel = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None })));
+    let ok =
+        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
+    let bad =
+        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
+    let cancel =
+        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
     let mut limited = spec(1, "batch");
     limited.time_limit_s = Some(10);
-    let timeout = submitted(s.apply(&cmd(2, Op::Submit { spec: limited, request_id: None })));
+    let timeout = submitted(s.apply(&cmd(2, Op::Submit { spec: limited, request_id: None, hold: false })));
     run_plan(&mut s, 3);
     for j in [ok, bad, cancel, timeout] {
         s.apply(&cmd(4, Op::JobStarted { job: j, attempt: 0, node: "n1".into() }));
@@ -138,7 +151,7 @@ fn run_lifecycle_completed_failed_cancelled_timeout() {
 #[test]
 fn node_down_fails_its_jobs_and_frees_gpus() {
     let mut s = cluster(2);
-    let j = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None })));
+    let j = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false })));
     run_plan(&mut s, 3);
     let out = s.apply(&cmd(4, Op::NodeDown { node: "n1".into(), reason: "silent".into() }));
     assert_eq!(out, Outcome::NodeDown { node: "n1".into(), failed_jobs: vec![j] });
@@ -156,7 +169,7 @@ fn a_retried_submit_with_the_same_request_id_returns_the_first_job() {
     let submit = |s: &mut ClusterState, user: &str, rid: &str| {
         let mut sp = spec(1, "batch");
         sp.user = user.into();
-        s.apply(&cmd(2, Op::Submit { spec: sp, request_id: Some(rid.into()) }))
+        s.apply(&cmd(2, Op::Submit { spec: sp, request_id: Some(rid.into()), hold: false }))
     };
     let first = submitted(submit(&mut s, "alice", "r1"));
     assert_eq!(submitted(submit(&mut s, "alice", "r1")), first);
@@ -177,8 +190,9 @@ fn requeueable_jobs_go_back_to_pending_with_the_next_attempt_when_their_node_fai
     let mut s = cluster(2);
     let mut sp = spec(1, "batch");
     sp.requeue = true;
-    let requeued = submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None })));
-    let ended = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None })));
+    let requeued = submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None, hold: false })));
+    let ended =
+        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
     run_plan(&mut s, 3);
     s.apply(&cmd(4, Op::NodeDown { node: "n1".into(), reason: "silent".into() }));
     assert_eq!(s.jobs[&requeued].state, JobState::Pending);
@@ -211,13 +225,13 @@ fn an_inference_job_starts_before_a_queue_of_pending_training_jobs() {
     for _ in 0..20 {
         let mut sp = spec(8, "");
         sp.profile = crate::model::Profile::Training;
-        training.push(submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None }))));
+        training.push(submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None, hold: false }))));
     }
     run_plan(&mut s, 3);
     assert_eq!(s.jobs[&training[0]].state, JobState::Running);
     let mut sp = spec(1, "");
     sp.profile = crate::model::Profile::Inference;
-    let inference = submitted(s.apply(&cmd(4, Op::Submit { spec: sp, request_id: None })));
+    let inference = submitted(s.apply(&cmd(4, Op::Submit { spec: sp, request_id: None, hold: false })));
     assert_eq!(s.jobs[&inference].spec.qos, "inference", "the submit rule picks the profile's QoS");
     // The training job finishes; the freed node goes to the inference job, not the next training job.
     s.apply(&cmd(
@@ -238,22 +252,22 @@ fn qos_limits_hold_jobs_with_a_reason_and_max_wall_rejects() {
     assert_eq!(s.apply(&cmd(1, Op::SetPolicy { policy })), Outcome::PolicyChanged);
     // More GPUs than the group limit could ever allow: rejected at submit.
     assert!(matches!(
-        s.apply(&cmd(2, Op::Submit { spec: spec(5, "batch"), request_id: None })),
+        s.apply(&cmd(2, Op::Submit { spec: spec(5, "batch"), request_id: None, hold: false })),
         Outcome::Rejected(Rejection::FailedPrecondition(m)) if m.contains("allows 4 GPUs in total")
     ));
     // Over the QoS's max wall: rejected.
     let mut long = spec(1, "batch");
     long.time_limit_s = Some(25 * 3600);
     assert!(matches!(
-        s.apply(&cmd(2, Op::Submit { spec: long, request_id: None })),
+        s.apply(&cmd(2, Op::Submit { spec: long, request_id: None, hold: false })),
         Outcome::Rejected(Rejection::Invalid(m)) if m.contains("more than qos \"batch\" allows")
     ));
-    let a = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(3, "batch"), request_id: None })));
-    let b = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None })));
+    let a = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(3, "batch"), request_id: None, hold: false })));
+    let b = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false })));
     let mut bob = spec(1, "batch");
     bob.user = "bob".into();
-    let c = submitted(s.apply(&cmd(2, Op::Submit { spec: bob, request_id: None })));
-    let d = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None })));
+    let c = submitted(s.apply(&cmd(2, Op::Submit { spec: bob, request_id: None, hold: false })));
+    let d = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
     let out = plan(&s);
     // a (3 GPUs) starts; b would make 5 > 4 (group limit); c fits (4); d would be alice's third
     // job... but first the group limit (3 + 1 + 1 > 4) holds it.
@@ -280,7 +294,8 @@ fn qos_limits_hold_jobs_with_a_reason_and_max_wall_rejects() {
 fn policy_changes_are_validated_whole_and_refuse_removing_a_qos_in_use() {
     let mut s = cluster(1);
     let before = s.policy.clone();
-    let j = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "premium"), request_id: None })));
+    let j =
+        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "premium"), request_id: None, hold: false })));
     let mut without_premium = s.policy.clone();
     without_premium.qos.remove("premium");
     assert!(matches!(
@@ -308,7 +323,7 @@ fn policy_changes_are_validated_whole_and_refuse_removing_a_qos_in_use() {
     gold.name = "gold".into();
     gold.priority = 999;
     assert_eq!(s.apply(&cmd(4, Op::PutQos { qos: gold, must_exist: Some(false) })), Outcome::PolicyChanged);
-    let g = submitted(s.apply(&cmd(5, Op::Submit { spec: spec(1, "gold"), request_id: None })));
+    let g = submitted(s.apply(&cmd(5, Op::Submit { spec: spec(1, "gold"), request_id: None, hold: false })));
     assert_eq!(s.jobs[&g].priority, 999);
     let mut premium = s.policy.qos["premium"].clone();
     premium.priority = 7;
@@ -319,10 +334,88 @@ fn policy_changes_are_validated_whole_and_refuse_removing_a_qos_in_use() {
 }
 
 #[test]
+fn after_ok_waits_for_its_parent_and_a_failed_parent_never_satisfies_it() {
+    let mut s = cluster(4);
+    let parent =
+        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
+    let failing =
+        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
+    let mut child_spec = spec(1, "batch");
+    child_spec.after_ok = vec![parent];
+    let child = submitted(s.apply(&cmd(2, Op::Submit { spec: child_spec, request_id: None, hold: false })));
+    let mut orphan_spec = spec(1, "batch");
+    orphan_spec.after_ok = vec![failing];
+    let orphan = submitted(s.apply(&cmd(2, Op::Submit { spec: orphan_spec, request_id: None, hold: false })));
+    let mut unknown = spec(1, "batch");
+    unknown.after_ok = vec![999];
+    assert_eq!(
+        s.apply(&cmd(2, Op::Submit { spec: unknown, request_id: None, hold: false })),
+        Outcome::Rejected(Rejection::NotFound("after_ok: job 999 not found".into()))
+    );
+    run_plan(&mut s, 3);
+    assert_eq!(plan(&s).pending[&child], PendingReason::Dependency);
+    // A forged plan cannot start the child early.
+    let forged = Plan { placements: vec![Placement { job: child, node: "n1".into(), gpus: vec![3] }] };
+    let Outcome::PlanApplied { accepted, .. } = s.apply(&cmd(4, Op::ApplyPlan { plan: forged })) else {
+        panic!()
+    };
+    assert!(accepted.is_empty());
+    s.apply(&cmd(5, Op::JobExited { job: parent, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) }));
+    s.apply(&cmd(5, Op::JobExited { job: failing, attempt: 0, node: "n1".into(), exit: RunExit::Code(1) }));
+    assert_eq!(plan(&s).pending[&orphan], PendingReason::DependencyNeverSatisfied(failing));
+    let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, 6) else { panic!() };
+    assert_eq!(accepted, vec![child]);
+}
+
+#[test]
+fn held_jobs_wait_until_released_and_only_pending_jobs_can_be_held() {
+    let mut s = cluster(2);
+    let held =
+        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "urgent"), request_id: None, hold: true })));
+    let other =
+        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
+    assert_eq!(plan(&s).pending[&held], PendingReason::JobHeldUser);
+    let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, 3) else { panic!() };
+    assert_eq!(accepted, vec![other], "a held job does not block the queue");
+    assert!(matches!(
+        s.apply(&cmd(4, Op::Hold { job: other, by: "a".into() })),
+        Outcome::Rejected(Rejection::FailedPrecondition(_))
+    ));
+    assert_eq!(
+        s.apply(&cmd(4, Op::Release { job: held, by: "a".into() })),
+        Outcome::HoldChanged { job: held, held: false }
+    );
+    let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, 5) else { panic!() };
+    assert_eq!(accepted, vec![held]);
+}
+
+#[test]
+fn a_gpu_model_constraint_is_honoured_by_plan_and_apply() {
+    let mut s = ClusterState::new();
+    s.apply(&cmd(1, Op::RegisterNode { info: node_info_model("h", 4, "NVIDIA H100 80GB HBM3") }));
+    s.apply(&cmd(1, Op::RegisterNode { info: node_info_model("a", 8, "NVIDIA A100-SXM4-40GB") }));
+    let mut sp = spec(2, "batch");
+    sp.gpu_model = Some("a100".into());
+    let j = submitted(s.apply(&cmd(2, Op::Submit { spec: sp.clone(), request_id: None, hold: false })));
+    let forged = Plan { placements: vec![Placement { job: j, node: "h".into(), gpus: vec![0, 1] }] };
+    let Outcome::PlanApplied { accepted, .. } = s.apply(&cmd(3, Op::ApplyPlan { plan: forged })) else {
+        panic!()
+    };
+    assert!(accepted.is_empty(), "placed on H100s");
+    run_plan(&mut s, 4);
+    assert_eq!(s.jobs[&j].allocation.as_ref().unwrap().node, "a");
+    // More of a model than any node has: waits with a reason naming the model.
+    sp.gpus = 6;
+    sp.gpu_model = Some("H100".into());
+    let big = submitted(s.apply(&cmd(5, Op::Submit { spec: sp, request_id: None, hold: false })));
+    assert_eq!(plan(&s).pending[&big], PendingReason::ReqNodeNotAvail("no up node has 6 H100 GPUs".into()));
+}
+
+#[test]
 fn clock_never_goes_backwards() {
     let mut s = cluster(1);
-    s.apply(&cmd(100, Op::Submit { spec: spec(1, "batch"), request_id: None }));
-    s.apply(&cmd(50, Op::Submit { spec: spec(1, "batch"), request_id: None }));
+    s.apply(&cmd(100, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false }));
+    s.apply(&cmd(50, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false }));
     assert_eq!(s.now_ms, 100);
     assert_eq!(s.jobs[&2].submit_time_ms, 100);
 }
@@ -365,6 +458,10 @@ enum Step {
     TimeLimit {
         job: u8,
     },
+    Hold {
+        job: u8,
+        held: bool,
+    },
     Tick {
         ms: u32,
     },
@@ -388,6 +485,7 @@ fn step() -> impl Strategy<Value = Step> {
         (0u8..24, 0i32..3).prop_map(|(job, code)| Step::Exited { job, code }),
         (0u8..3).prop_map(|node| Step::NodeDown { node }),
         (0u8..24).prop_map(|job| Step::TimeLimit { job }),
+        (0u8..24, any::<bool>()).prop_map(|(job, held)| Step::Hold { job, held }),
         (0u32..100_000).prop_map(|ms| Step::Tick { ms }),
     ]
 }
@@ -415,14 +513,26 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
         let node_name = |n: &u8| format!("n{n}");
         let op = match step {
             Step::Register { node, gpus } => {
-                Some(Op::RegisterNode { info: node_info(&node_name(node), *gpus) })
+                let model = if *node == 1 { "A100" } else { "H100" };
+                Some(Op::RegisterNode { info: node_info_model(&node_name(node), *gpus, model) })
             }
+            Step::Hold { job, held } => Some(if *held {
+                Op::Hold { job: job_id(job), by: "bob".into() }
+            } else {
+                Op::Release { job: job_id(job), by: "bob".into() }
+            }),
             Step::Submit { gpus, qos, rid } => {
                 let mut sp = spec(*gpus, QOS[*qos as usize]);
                 sp.time_limit_s = Some(60);
                 sp.requeue = gpus % 2 == 0;
                 sp.user = if qos % 2 == 0 { "alice".into() } else { "bob".into() };
-                Some(Op::Submit { spec: sp, request_id: rid.map(|r| format!("r{r}")) })
+                if gpus % 3 == 0 {
+                    sp.gpu_model = Some("a100".into());
+                }
+                if gpus % 4 == 1 && s.next_job_id > 1 {
+                    sp.after_ok = vec![s.next_job_id - 1];
+                }
+                Some(Op::Submit { spec: sp, request_id: rid.map(|r| format!("r{r}")), hold: false })
             }
             Step::Cancel { job } => Some(Op::Cancel { job: job_id(job), by: "bob".into() }),
             Step::Plan => Some(Op::ApplyPlan { plan: plan(&s).plan }),
@@ -471,13 +581,26 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
     (s, log)
 }
 
-/// No QoS limit is exceeded by the running jobs.
+/// Policy invariants of the running jobs: QoS limits, dependencies, GPU models.
 fn check_limits(s: &ClusterState) {
     use std::collections::BTreeMap;
     let mut qos_gpus: BTreeMap<&str, u32> = BTreeMap::new();
     let mut user_gpus: BTreeMap<(&str, &str), u32> = BTreeMap::new();
     let mut user_jobs: BTreeMap<(&str, &str), u32> = BTreeMap::new();
     for j in s.jobs.values().filter(|j| j.state == JobState::Running) {
+        // Every running job met its dependencies and runs on GPUs of its model.
+        for dep in &j.spec.after_ok {
+            assert_eq!(s.jobs[dep].state, JobState::Completed, "job {} started before job {dep}", j.id);
+        }
+        let alloc = j.allocation.as_ref().unwrap();
+        for g in &alloc.gpus {
+            let model = &s.nodes[&alloc.node].info.gpus.iter().find(|x| x.index == *g).unwrap().model;
+            assert!(
+                crate::model::model_matches(j.spec.gpu_model.as_deref(), model),
+                "job {} on a {model}",
+                j.id
+            );
+        }
         *qos_gpus.entry(&j.spec.qos).or_default() += j.spec.gpus;
         *user_gpus.entry((&j.spec.qos, &j.spec.user)).or_default() += j.spec.gpus;
         *user_jobs.entry((&j.spec.qos, &j.spec.user)).or_default() += 1;

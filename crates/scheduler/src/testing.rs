@@ -25,6 +25,15 @@ pub fn node_info(name: &str, gpus: u32) -> NodeInfo {
     }
 }
 
+/// A node with `gpus` GPUs of `model`.
+pub fn node_info_model(name: &str, gpus: u32, model: &str) -> NodeInfo {
+    let mut info = node_info(name, gpus);
+    for g in &mut info.gpus {
+        g.model = model.to_string();
+    }
+    info
+}
+
 /// A job asking for `gpus` GPUs under `qos`.
 pub fn spec(gpus: u32, qos: &str) -> JobSpec {
     JobSpec {
@@ -38,5 +47,7 @@ pub fn spec(gpus: u32, qos: &str) -> JobSpec {
         profile: Profile::Batch,
         time_limit_s: None,
         requeue: false,
+        after_ok: Vec::new(),
+        gpu_model: None,
     }
 }

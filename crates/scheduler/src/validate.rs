@@ -17,6 +17,8 @@ pub const SPEC_BYTES_MAX: usize = 128 * 1024;
 pub const GPUS_PER_JOB_MAX: u32 = 1024;
 pub const GPUS_PER_NODE_MAX: usize = 64;
 pub const TIME_LIMIT_S_MAX: u64 = 365 * 24 * 3600;
+/// Most jobs one job may depend on.
+pub const AFTER_OK_MAX: usize = 64;
 /// Longest client-chosen submit request id.
 pub const REQUEST_ID_LEN_MAX: usize = 128;
 
@@ -43,6 +45,10 @@ pub enum ValidationError {
     EmptyName,
     #[error("gpus: duplicate GPU index {0}")]
     DuplicateGpu(u32),
+    #[error("after_ok: at most {AFTER_OK_MAX} jobs")]
+    TooManyDependencies,
+    #[error("gpu_model: 1 to 64 characters")]
+    BadGpuModel,
 }
 
 fn check_len(field: &'static str, len: usize, max: usize) -> Result<(), ValidationError> {
@@ -93,6 +99,12 @@ pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
         bytes += k.len() + v.len();
     }
     check_len("argv+env+workdir bytes", bytes, SPEC_BYTES_MAX)?;
+    if spec.after_ok.len() > AFTER_OK_MAX {
+        return Err(ValidationError::TooManyDependencies);
+    }
+    if spec.gpu_model.as_ref().is_some_and(|m| m.is_empty() || m.len() > 64 || m.contains('\0')) {
+        return Err(ValidationError::BadGpuModel);
+    }
     if let Some(limit) = spec.time_limit_s {
         if limit == 0 || limit > TIME_LIMIT_S_MAX {
             return Err(ValidationError::BadTimeLimit);

@@ -23,9 +23,6 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
     if res.min_gpus != 0 {
         return Err(unimplemented("resources.min_gpus", "elastic jobs"));
     }
-    if !res.gpu_model.is_empty() {
-        return Err(unimplemented("resources.gpu_model", "GPU model constraints"));
-    }
     if res.cpus != 0 || res.memory_mib != 0 {
         return Err(unimplemented("resources.cpus/memory_mib", "CPU and memory requests"));
     }
@@ -40,12 +37,6 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
     }
     if spec.burstable {
         return Err(unimplemented("burstable", "cloud burst"));
-    }
-    if !spec.after_ok.is_empty() {
-        return Err(unimplemented("after_ok", "job dependencies"));
-    }
-    if spec.hold {
-        return Err(unimplemented("hold", "held jobs"));
     }
     if spec.suspendable {
         return Err(unimplemented("suspendable", "suspension"));
@@ -69,6 +60,8 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
         profile,
         time_limit_s: (spec.time_limit_s != 0).then_some(spec.time_limit_s),
         requeue: spec.requeue.unwrap_or(false),
+        after_ok: spec.after_ok,
+        gpu_model: (!res.gpu_model.is_empty()).then_some(res.gpu_model),
     };
     validate_spec(&out).map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok(out)
@@ -118,7 +111,13 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>) -> pb::Job {
             workdir: s.workdir.clone(),
             qos: s.qos.clone(),
             profile: profile_to_pb(s.profile) as i32,
-            resources: Some(pb::Resources { gpus: s.gpus, ..Default::default() }),
+            resources: Some(pb::Resources {
+                gpus: s.gpus,
+                gpu_model: s.gpu_model.clone().unwrap_or_default(),
+                ..Default::default()
+            }),
+            after_ok: s.after_ok.clone(),
+            hold: job.held,
             time_limit_s: s.time_limit_s.unwrap_or(0),
             requeue: Some(s.requeue),
             ..Default::default()

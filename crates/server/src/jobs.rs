@@ -36,6 +36,25 @@ fn job_view(state: &ClusterState, reasons: &PendingReasons, id: JobId) -> Result
 }
 
 impl Jobs {
+    async fn set_held(
+        &self,
+        request: Request<pb::HoldJobRequest>,
+        held: bool,
+    ) -> Result<Response<pb::Job>, Status> {
+        let by = caller(&request)?;
+        let id = check_id(request.into_inner().job_id)?;
+        let op = if held { Op::Hold { job: id, by } } else { Op::Release { job: id, by } };
+        match self.ctx.write(op).await? {
+            Outcome::HoldChanged { .. } => {
+                self.ctx.kick.notify_one();
+                let reasons = self.ctx.pending_reasons();
+                Ok(Response::new(self.ctx.replica.read(|a| job_view(&a.state, &reasons, id))?))
+            }
+            Outcome::Rejected(r) => Err(rejection_status(r)),
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
     /// Reads are served by any replica; a follower that does not know a job yet (it may have
     /// been submitted a moment ago through the leader) sends the client to the leader rather
     /// than answer "not found", so a client always reads its own writes.
@@ -73,9 +92,10 @@ impl JobService for Jobs {
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         let user = caller(&request)?;
         let req = request.into_inner();
-        let spec = job_spec_from_pb(req.spec, &user)?;
+        let spec = job_spec_from_pb(req.spec.clone(), &user)?;
         let request_id = (!req.request_id.is_empty()).then_some(req.request_id);
-        match self.ctx.write(Op::Submit { spec, request_id }).await? {
+        let hold = req.spec.as_ref().is_some_and(|s| s.hold);
+        match self.ctx.write(Op::Submit { spec, request_id, hold }).await? {
             Outcome::Submitted { job } => {
                 self.ctx.kick.notify_one();
                 // No pending reason in the answer: a submit must not pay for a planning pass.
@@ -143,6 +163,14 @@ impl JobService for Jobs {
             Outcome::Rejected(r) => Err(rejection_status(r)),
             other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
         }
+    }
+
+    async fn hold_job(&self, request: Request<pb::HoldJobRequest>) -> Result<Response<pb::Job>, Status> {
+        self.set_held(request, true).await
+    }
+
+    async fn release_job(&self, request: Request<pb::HoldJobRequest>) -> Result<Response<pb::Job>, Status> {
+        self.set_held(request, false).await
     }
 
     type WatchJobStream = BoxStream<pb::Job>;

@@ -120,3 +120,42 @@ fn bad_policy_input_is_refused_and_changes_nothing() {
     }
     assert_eq!(c.ok(&["policy", "export"]), before, "refused input changed the policy");
 }
+
+#[test]
+fn after_ok_waits_for_its_parent_and_hold_release_work() {
+    let c = Cluster::start(4);
+    let marker = c.path("parent-done");
+    let parent = c.submit(&["--", "sh", "-c", &format!("sleep 1; touch {}", marker.display())]);
+    let check = format!("test -e {}", marker.display());
+    let child = c.submit(&["--after-ok", &parent.to_string(), "--", "sh", "-c", &check]);
+    // While the parent runs, the child waits on it.
+    let waiting = c.job(child);
+    if waiting["state"] == "PENDING" {
+        assert_eq!(waiting["reason"], "Dependency", "{waiting}");
+    }
+    let job = c.wait_done(child);
+    assert_eq!(job["state"], "COMPLETED", "the child ran before its parent finished: {job}");
+    assert_eq!(job["after_ok"][0], parent);
+
+    // Held at submit: waits with JobHeldUser until released.
+    let held = c.submit(&["--hold", "--", "true"]);
+    let job = wait_for("the hold reason", || {
+        let j = c.job(held);
+        (j["reason"] == "JobHeldUser").then_some(j)
+    });
+    assert_eq!(job["held"], true);
+    c.ok(&["release", &held.to_string()]);
+    assert_eq!(c.wait_done(held)["state"], "COMPLETED");
+    let out = c.kairos(&["hold", &held.to_string()]);
+    assert!(stderr(&out).contains("only pending jobs can be held"), "{}", stderr(&out));
+
+    // A GPU model nobody has: waits with a reason that names it; unknown parents are refused.
+    let a100 = c.submit(&["--gpu-model", "A100", "--", "true"]);
+    let job = c.job(a100);
+    assert_eq!(job["reason"], "ReqNodeNotAvail: no up node has A100 GPUs", "{job}");
+    c.ok(&["cancel", &a100.to_string()]);
+    let out = c.kairos(&["submit", "--after-ok", "4242", "--", "true"]);
+    assert!(stderr(&out).contains("after_ok: job 4242 not found"), "{}", stderr(&out));
+    let h100 = c.submit(&["--gpu-model", "h100", "--", "true"]);
+    assert_eq!(c.wait_done(h100)["state"], "COMPLETED");
+}
