@@ -26,9 +26,12 @@ pub use model::{
     Allocation, Gpu, GpuIndex, Job, JobEvent, JobId, JobSpec, JobState, Node, NodeInfo, NodeState, Profile,
     StopReason,
 };
-pub use planner::{plan, PendingReason, PlanOutput};
+pub use planner::{plan, plan_with, PendingReason, PlanConfig, PlanOutput, Reservation};
 pub use state::{ClusterState, Command, Op, Outcome, Placement, Plan, Rejection, RunExit};
 pub use validate::{validate_node, validate_spec, ValidationError};
 
 #[cfg(test)]
 mod state_tests;
+
+#[cfg(test)]
+mod backfill_tests;

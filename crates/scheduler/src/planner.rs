@@ -1,17 +1,24 @@
 //! The planner: from a state snapshot, which pending jobs start where, and why the rest wait.
 //!
-//! Pure: the same state gives the same plan. Jobs are taken by priority, then submit order.
-//! The first job that does not fit blocks every job behind it (no backfill yet), except jobs
-//! that no Up node could ever hold, which wait without blocking others.
+//! Pure: the same state gives the same plan; "now" is the state's own clock. Jobs are taken by
+//! priority, then submit order. Held jobs, jobs with unmet dependencies, jobs over a QoS limit
+//! and jobs no Up node could ever hold wait without holding back the jobs behind them.
+//!
+//! **EASY backfill**: the first job that does not fit gets a reservation — the node and GPUs
+//! where it can start earliest, and that time, computed from the running (and just placed)
+//! jobs' time limits. A lower-priority job may then start only where it does not touch the
+//! reserved GPUs, or if its own time limit ends before the reservation starts. So backfill never
+//! delays the top blocked job past its reservation (property-tested with virtual time).
 //!
 //! Placement is inside one node: the node whose free GPUs fit most tightly (packing keeps whole
-//! nodes free for large jobs), and within it GPUs of one link group when possible.
+//! nodes free for large jobs), and within it GPUs of one link group when possible. Nodes are
+//! indexed by free-GPU count, so a pass over 100k jobs and 10k nodes stays cheap.
 //!
 //! ```text
 //!   &ClusterState ──▶ plan ──▶ PlanOutput { plan (proposed through Raft), pending reasons }
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::limits::Usage;
 use crate::model::{model_matches, GpuIndex, Job, JobId, JobState, NodeState};
@@ -63,13 +70,42 @@ pub struct PlanOutput {
     pub plan: Plan,
     /// Every pending job that is not in the plan, with its reason.
     pub pending: BTreeMap<JobId, PendingReason>,
+    /// The top blocked job's reservation (EASY backfill), if any.
+    pub reservation: Option<Reservation>,
 }
 
-/// Free GPUs of one Up node during planning: (index, link group), ascending by index.
+/// Free GPUs of one Up node during planning.
 struct FreeNode<'a> {
     name: &'a str,
     /// (index, link group, model) of each free GPU, ascending by index.
     free: Vec<(GpuIndex, u32, &'a str)>,
+    /// GPUs the reservation holds on this node (free now or freed by then).
+    reserved: Vec<GpuIndex>,
+}
+
+impl FreeNode<'_> {
+    /// Free GPUs usable by a job of `model`, excluding reserved ones unless `may_use_reserved`.
+    fn usable(&self, model: Option<&str>, may_use_reserved: bool) -> Vec<(GpuIndex, u32)> {
+        self.free
+            .iter()
+            .filter(|(i, _, m)| model_matches(model, m) && (may_use_reserved || !self.reserved.contains(i)))
+            .map(|(i, g, _)| (*i, *g))
+            .collect()
+    }
+
+    /// The count the index files this node under: free GPUs outside the reservation.
+    fn indexed_free(&self) -> usize {
+        self.free.iter().filter(|(i, _, _)| !self.reserved.contains(i)).count()
+    }
+}
+
+/// Where and when the top blocked job will start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub job: JobId,
+    pub node: String,
+    pub gpus: Vec<GpuIndex>,
+    pub start_ms: i64,
 }
 
 /// Pending jobs in the order the planner considers them.
@@ -79,23 +115,165 @@ pub fn queue_order(state: &ClusterState) -> Vec<&Job> {
     pending
 }
 
-/// Computes a plan for the current state.
+/// Planner settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanConfig {
+    /// EASY backfill on (else the first blocked job holds back everything behind it).
+    pub backfill: bool,
+}
+
+impl Default for PlanConfig {
+    fn default() -> Self {
+        PlanConfig { backfill: true }
+    }
+}
+
+/// Computes a plan for the current state with the default settings.
 pub fn plan(state: &ClusterState) -> PlanOutput {
-    let mut nodes: Vec<FreeNode> = state
-        .nodes
-        .iter()
-        .filter(|(_, n)| n.state == NodeState::Up)
-        .map(|(name, n)| FreeNode {
-            name,
-            free: n
-                .info
-                .gpus
-                .iter()
-                .filter(|g| !n.allocated.contains_key(&g.index))
-                .map(|g| (g.index, g.link_group, g.model.as_str()))
-                .collect(),
-        })
-        .collect();
+    plan_with(state, PlanConfig::default())
+}
+
+struct Pass<'a> {
+    state: &'a ClusterState,
+    nodes: Vec<FreeNode<'a>>,
+    /// (free GPUs outside the reservation, node position): best fit is the first entry ≥ need.
+    by_free: BTreeSet<(usize, usize)>,
+    /// Expected end of each GPU that is busy now or placed in this pass: node position → (end, gpu).
+    busy_until: BTreeMap<usize, Vec<(i64, GpuIndex, &'a str)>>,
+}
+
+impl<'a> Pass<'a> {
+    fn new(state: &'a ClusterState) -> Pass<'a> {
+        let now = state.now_ms;
+        let mut nodes = Vec::new();
+        let mut busy_until: BTreeMap<usize, Vec<(i64, GpuIndex, &'a str)>> = BTreeMap::new();
+        for (name, n) in state.nodes.iter().filter(|(_, n)| n.state == NodeState::Up) {
+            let pos = nodes.len();
+            let mut free = Vec::new();
+            for g in &n.info.gpus {
+                match n.allocated.get(&g.index) {
+                    None => free.push((g.index, g.link_group, g.model.as_str())),
+                    Some(job) => {
+                        let end = state.jobs.get(job).map(|j| state.expected_end_ms(j)).unwrap_or(now);
+                        busy_until.entry(pos).or_default().push((end.max(now), g.index, g.model.as_str()));
+                    }
+                }
+            }
+            nodes.push(FreeNode { name, free, reserved: Vec::new() });
+        }
+        let by_free = nodes.iter().enumerate().map(|(i, n)| (n.free.len(), i)).collect();
+        Pass { state, nodes, by_free, busy_until }
+    }
+
+    /// Picks the best-fitting node and GPUs for `count` GPUs of `model` now. `ends_ms` is when
+    /// the job would end: it may use reserved GPUs only if it ends before the reservation.
+    fn find(
+        &self,
+        count: usize,
+        model: Option<&str>,
+        ends_ms: i64,
+        res: Option<&Reservation>,
+    ) -> Option<(usize, Vec<GpuIndex>)> {
+        let may_use_reserved = res.is_none_or(|r| ends_ms <= r.start_ms);
+        let mut best: Option<(usize, usize, Vec<(GpuIndex, u32)>)> = None;
+        let consider = |pos: usize, best: &mut Option<(usize, usize, Vec<(GpuIndex, u32)>)>| {
+            let usable =
+                self.nodes[pos].usable(model, may_use_reserved || self.nodes[pos].reserved.is_empty());
+            if usable.len() < count {
+                return;
+            }
+            let key = (usable.len(), pos);
+            if best.as_ref().is_none_or(|(n, p, _)| key < (*n, *p)) {
+                *best = Some((usable.len(), pos, usable));
+            }
+        };
+        if model.is_none() {
+            // Best fit without a model constraint: the first indexed node with enough free GPUs.
+            // Nodes names are in BTreeMap order, so position order is name order (deterministic).
+            let mut seen = 0;
+            for &(free, pos) in self.by_free.range((count, 0)..) {
+                consider(pos, &mut best);
+                seen += 1;
+                // Entries with more free GPUs than the best found cannot fit tighter.
+                if best.as_ref().is_some_and(|(n, _, _)| free > *n) || seen > 64 {
+                    break;
+                }
+            }
+            if let Some(r) = res.filter(|_| may_use_reserved) {
+                if let Some(pos) = self.nodes.iter().position(|n| n.name == r.node) {
+                    consider(pos, &mut best);
+                }
+            }
+        } else {
+            for pos in 0..self.nodes.len() {
+                consider(pos, &mut best);
+            }
+        }
+        best.map(|(_, pos, usable)| (pos, pick_gpus(&usable, count)))
+    }
+
+    fn take(&mut self, pos: usize, gpus: &[GpuIndex], until_ms: i64) {
+        let node = &mut self.nodes[pos];
+        self.by_free.remove(&(node.indexed_free(), pos));
+        let taken: Vec<(GpuIndex, &'a str)> =
+            node.free.iter().filter(|(i, _, _)| gpus.contains(i)).map(|(i, _, m)| (*i, *m)).collect();
+        node.free.retain(|(i, _, _)| !gpus.contains(i));
+        self.by_free.insert((node.indexed_free(), pos));
+        let busy = self.busy_until.entry(pos).or_default();
+        for (gpu, model) in taken {
+            busy.push((until_ms, gpu, model));
+        }
+    }
+
+    /// The earliest node, GPUs and time at which `job` could start, from expected ends.
+    fn reserve(&mut self, job: &Job) -> Option<Reservation> {
+        let now = self.state.now_ms;
+        let count = job.spec.gpus as usize;
+        let model = job.spec.gpu_model.as_deref();
+        let mut best: Option<(i64, usize, Vec<GpuIndex>)> = None;
+        for (pos, node) in self.nodes.iter().enumerate() {
+            let mut gpus: Vec<GpuIndex> = node.usable(model, true).into_iter().map(|(i, _)| i).collect();
+            let mut at = now;
+            if gpus.len() < count {
+                let mut ends: Vec<(i64, GpuIndex)> = self
+                    .busy_until
+                    .get(&pos)
+                    .map(|b| {
+                        b.iter()
+                            .filter(|(_, _, m)| model_matches(model, m))
+                            .map(|(e, g, _)| (*e, *g))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                ends.sort();
+                for (end, gpu) in ends {
+                    gpus.push(gpu);
+                    at = end;
+                    if gpus.len() >= count {
+                        break;
+                    }
+                }
+            }
+            if gpus.len() < count {
+                continue;
+            }
+            gpus.truncate(count);
+            if best.as_ref().is_none_or(|(t, p, _)| (at, pos) < (*t, *p)) {
+                best = Some((at, pos, gpus));
+            }
+        }
+        let (start_ms, pos, gpus) = best?;
+        let node = &mut self.nodes[pos];
+        self.by_free.remove(&(node.indexed_free(), pos));
+        node.reserved = gpus.clone();
+        self.by_free.insert((node.indexed_free(), pos));
+        Some(Reservation { job: job.id, node: node.name.to_string(), gpus, start_ms })
+    }
+}
+
+/// Computes a plan for the current state.
+pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
+    let mut pass = Pass::new(state);
     // The most GPUs of a model (constraint) one Up node has, per constraint seen.
     let mut largest: BTreeMap<Option<String>, u32> = BTreeMap::new();
     let mut largest_up = |model: Option<&str>| -> u32 {
@@ -106,7 +284,6 @@ pub fn plan(state: &ClusterState) -> PlanOutput {
                 .unwrap_or(0)
         })
     };
-
     let mut usage = Usage::of(state.jobs_running());
     let mut out = PlanOutput::default();
     let mut blocked = false;
@@ -137,41 +314,31 @@ pub fn plan(state: &ClusterState) -> PlanOutput {
             out.pending.insert(job.id, PendingReason::ReqNodeNotAvail(why));
             continue;
         }
-        if blocked || out.plan.placements.len() >= PLAN_PLACEMENTS_MAX {
+        if out.plan.placements.len() >= PLAN_PLACEMENTS_MAX || (blocked && !config.backfill) {
             out.pending.insert(job.id, PendingReason::Priority);
             continue;
         }
-        match place(&mut nodes, job.spec.gpus, model) {
-            Some((node, gpus)) => {
+        let ends_ms = state.now_ms.saturating_add(state.time_limit_ms(job));
+        match pass.find(job.spec.gpus as usize, model, ends_ms, out.reservation.as_ref()) {
+            Some((pos, gpus)) => {
+                pass.take(pos, &gpus, ends_ms);
                 usage.add(job);
+                let node = pass.nodes[pos].name.to_string();
                 out.plan.placements.push(Placement { job: job.id, node, gpus });
             }
-            None => {
-                out.pending.insert(job.id, PendingReason::Resources);
+            None if !blocked => {
                 blocked = true;
+                out.pending.insert(job.id, PendingReason::Resources);
+                if config.backfill {
+                    out.reservation = pass.reserve(job);
+                }
+            }
+            None => {
+                out.pending.insert(job.id, PendingReason::Priority);
             }
         }
     }
     out
-}
-
-/// Picks a node and GPUs for `count` GPUs, and takes them from `nodes`.
-fn place(nodes: &mut [FreeNode], count: u32, model: Option<&str>) -> Option<(String, Vec<GpuIndex>)> {
-    let count = count as usize;
-    let eligible = |n: &FreeNode| -> Vec<(GpuIndex, u32)> {
-        n.free.iter().filter(|(_, _, m)| model_matches(model, m)).map(|(i, g, _)| (*i, *g)).collect()
-    };
-    let (node, free) = nodes
-        .iter_mut()
-        .map(|n| {
-            let free = eligible(n);
-            (n, free)
-        })
-        .filter(|(_, free)| free.len() >= count)
-        .min_by_key(|(n, free)| (free.len(), n.name))?;
-    let gpus = pick_gpus(&free, count);
-    node.free.retain(|(i, _, _)| !gpus.contains(i));
-    Some((node.name.to_string(), gpus))
 }
 
 /// Chooses `count` GPUs from `free`: all from the tightest-fitting link group when one can hold
@@ -242,11 +409,19 @@ mod tests {
         let first = submit(&mut s, 3, "batch");
         let second = submit(&mut s, 2, "batch");
         let third = submit(&mut s, 1, "batch");
-        let out = plan(&s);
+        // Without backfill the blocked job holds back everything behind it.
+        let out = plan_with(&s, PlanConfig { backfill: false });
         assert_eq!(out.plan.placements.len(), 1);
         assert_eq!(out.plan.placements[0].job, first);
         assert_eq!(out.pending.get(&second), Some(&PendingReason::Resources));
         assert_eq!(out.pending.get(&third), Some(&PendingReason::Priority));
+        // With backfill the third job may use the reserved GPU: its limit ends no later than
+        // the reservation starts (all have the same 24 h limit).
+        let out = plan(&s);
+        let placed: Vec<JobId> = out.plan.placements.iter().map(|p| p.job).collect();
+        assert_eq!(placed, vec![first, third]);
+        let r = out.reservation.unwrap();
+        assert_eq!((r.job, r.node.as_str(), r.start_ms), (second, "a", s.now_ms + 24 * 3600 * 1000));
     }
 
     #[test]

@@ -296,6 +296,17 @@ impl ClusterState {
         self.nodes.values().any(|n| n.state == NodeState::Up && n.allocated.len() < n.info.gpus.len())
     }
 
+    /// A job's time limit in milliseconds (its QoS maximum when it set none; a year at most).
+    pub fn time_limit_ms(&self, job: &Job) -> i64 {
+        let secs = self.time_limit_s(job).unwrap_or(crate::validate::TIME_LIMIT_S_MAX);
+        (secs.min(crate::validate::TIME_LIMIT_S_MAX) as i64).saturating_mul(1000)
+    }
+
+    /// When a running job will have ended at the latest: its start plus its time limit.
+    pub fn expected_end_ms(&self, job: &Job) -> i64 {
+        job.start_time_ms.unwrap_or(self.now_ms).saturating_add(self.time_limit_ms(job))
+    }
+
     /// Running jobs past their time limit at `now_ms` that have not been asked to stop yet.
     pub fn expired_runs(&self, now_ms: i64) -> Vec<(JobId, u32)> {
         let running: BTreeSet<JobId> =
