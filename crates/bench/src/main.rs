@@ -42,6 +42,19 @@ enum Bench {
         #[arg(long, default_value_t = 10)]
         seconds: u64,
     },
+    /// Full scheduling passes of the pure core on a large synthetic cluster.
+    Schedule {
+        #[arg(long, default_value_t = 10_000)]
+        nodes: u32,
+        #[arg(long, default_value_t = 8)]
+        gpus_per_node: u32,
+        #[arg(long, default_value_t = 100_000)]
+        pending: u32,
+        #[arg(long, default_value_t = 50_000)]
+        running: u32,
+        #[arg(long, default_value_t = 10)]
+        passes: usize,
+    },
     /// Leader-failover gap under a steady submit stream.
     Failover {
         #[arg(long, default_value_t = 3)]
@@ -376,12 +389,139 @@ async fn bench_failover(
     }))
 }
 
+fn rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    (kb / 1024.0).round()
+}
+
+/// Builds the state through the same commands a cluster applies, then times `plan`.
+fn bench_schedule(
+    nodes: u32,
+    gpus_per_node: u32,
+    pending: u32,
+    running: u32,
+    passes: usize,
+) -> anyhow::Result<serde_json::Value> {
+    use kairos_scheduler::{ClusterState, Command, Gpu, JobSpec, NodeInfo, Op, Placement, Plan, Profile};
+    let mut state = ClusterState::new();
+    let now = 1_000_000i64;
+    let apply = |state: &mut ClusterState, op: Op| state.apply(&Command { now_ms: now, op });
+    for n in 0..nodes {
+        let gpus = (0..gpus_per_node)
+            .map(|i| Gpu {
+                index: i,
+                uuid: format!("GPU-{n}-{i}"),
+                model: if n % 5 == 0 { "A100".into() } else { "H100".into() },
+                memory_mib: 81920,
+                link_group: i / 4,
+            })
+            .collect();
+        let info = NodeInfo {
+            name: format!("node-{n:05}"),
+            addr: format!("10.0.{}.{}:7101", n / 256, n % 256),
+            gpus,
+            cpus: 128,
+            memory_mib: 1 << 20,
+            labels: Default::default(),
+            gpu_backend: "fake".into(),
+        };
+        apply(&mut state, Op::RegisterNode { info });
+    }
+    let profiles =
+        [("training", Profile::Training), ("inference", Profile::Inference), ("batch", Profile::Batch)];
+    let spec = |i: u32, gpus: u32| {
+        let (qos, profile) = profiles[(i % 3) as usize];
+        JobSpec {
+            name: format!("job-{i}"),
+            user: format!("user-{}", i % 200),
+            argv: vec!["train.py".into()],
+            env: Default::default(),
+            workdir: String::new(),
+            gpus,
+            qos: qos.into(),
+            profile,
+            time_limit_s: Some(600 + u64::from(i % 3600)),
+            requeue: false,
+            after_ok: Vec::new(),
+            gpu_model: (i % 17 == 0).then(|| "A100".to_string()),
+        }
+    };
+    // Running jobs: placed GPU by GPU across the nodes with explicit plans.
+    let mut placements = Vec::new();
+    let (mut node, mut gpu) = (0u32, 0u32);
+    let mut placed = 0u32;
+    for i in 0..running {
+        let want = [1, 1, 2, 1][(i % 4) as usize].min(gpus_per_node);
+        if gpu + want > gpus_per_node {
+            node += 1;
+            gpu = 0;
+        }
+        if node >= nodes {
+            break;
+        }
+        let mut sp = spec(i, want);
+        sp.gpu_model = None;
+        // Running work under no QoS limit, so the setup is not refused by one.
+        sp.qos = "premium".into();
+        if let kairos_scheduler::Outcome::Submitted { job } =
+            apply(&mut state, Op::Submit { spec: sp, request_id: None, hold: false })
+        {
+            placements.push(Placement {
+                job,
+                node: format!("node-{node:05}"),
+                gpus: (gpu..gpu + want).collect(),
+            });
+            placed += 1;
+        }
+        gpu += want;
+        if placements.len() == 1000 {
+            apply(&mut state, Op::ApplyPlan { plan: Plan { placements: std::mem::take(&mut placements) } });
+        }
+    }
+    apply(&mut state, Op::ApplyPlan { plan: Plan { placements } });
+    for i in 0..pending {
+        let gpus = [1, 1, 2, 4, 8, 1, 2, 8][(i % 8) as usize].min(gpus_per_node);
+        apply(&mut state, Op::Submit { spec: spec(running + i, gpus), request_id: None, hold: false });
+    }
+    let mut times = Vec::new();
+    let mut last = None;
+    for _ in 0..passes {
+        let t0 = Instant::now();
+        let out = kairos_scheduler::plan(&state);
+        times.push(t0.elapsed().as_secs_f64() * 1000.0);
+        last = Some(out);
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    let out = last.context("no pass ran")?;
+    Ok(json!({
+        "bench": "schedule",
+        "nodes": nodes,
+        "gpus_per_node": gpus_per_node,
+        "running": placed,
+        "pending": pending,
+        "pass_ms_p50": (times[times.len() / 2] * 10.0).round() / 10.0,
+        "pass_ms_max": (times[times.len() - 1] * 10.0).round() / 10.0,
+        "placed": out.plan.placements.len(),
+        "reservation": out.reservation.is_some(),
+        "rss_mb": rss_mb(),
+    }))
+}
+
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
     let result = match args.command {
         Bench::Submit { controllers, clients, seconds } => {
             bench_submit(controllers, clients.max(1), seconds).await
+        }
+        Bench::Schedule { nodes, gpus_per_node, pending, running, passes } => {
+            bench_schedule(nodes, gpus_per_node, pending, running, passes.max(1))
         }
         Bench::Failover { controllers, rounds, clients } => {
             if controllers < 3 {

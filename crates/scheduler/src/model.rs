@@ -117,10 +117,10 @@ pub struct JobSpec {
 /// Whether a GPU model name satisfies a job's model constraint ("H100" matches
 /// "NVIDIA H100 80GB HBM3").
 pub fn model_matches(constraint: Option<&str>, model: &str) -> bool {
-    match constraint {
-        None => true,
-        Some(c) => model.to_ascii_lowercase().contains(&c.to_ascii_lowercase()),
-    }
+    let Some(c) = constraint else { return true };
+    // Case-insensitive substring test without allocating.
+    let (m, c) = (model.as_bytes(), c.as_bytes());
+    c.len() <= m.len() && m.windows(c.len()).any(|w| w.eq_ignore_ascii_case(c))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

@@ -111,7 +111,8 @@ pub struct Reservation {
 /// Pending jobs in the order the planner considers them.
 pub fn queue_order(state: &ClusterState) -> Vec<&Job> {
     let mut pending: Vec<&Job> = state.jobs.values().filter(|j| j.state == JobState::Pending).collect();
-    pending.sort_by_key(|j| (std::cmp::Reverse(j.priority), j.id));
+    // Keys are unique (ids are), so an unstable sort gives the same order.
+    pending.sort_unstable_by_key(|j| (std::cmp::Reverse(j.priority), j.id));
     pending
 }
 
@@ -275,31 +276,42 @@ impl<'a> Pass<'a> {
 pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
     let mut pass = Pass::new(state);
     // The most GPUs of a model (constraint) one Up node has, per constraint seen.
-    let mut largest: BTreeMap<Option<String>, u32> = BTreeMap::new();
-    let mut largest_up = |model: Option<&str>| -> u32 {
-        *largest.entry(model.map(str::to_string)).or_insert_with(|| {
-            let up = state.nodes.values().filter(|n| n.state == NodeState::Up);
-            up.map(|n| n.info.gpus.iter().filter(|g| model_matches(model, &g.model)).count() as u32)
-                .max()
-                .unwrap_or(0)
-        })
+    let largest_of = |model: Option<&str>| -> u32 {
+        let up = state.nodes.values().filter(|n| n.state == NodeState::Up);
+        up.map(|n| n.info.gpus.iter().filter(|g| model_matches(model, &g.model)).count() as u32)
+            .max()
+            .unwrap_or(0)
     };
-    let mut usage = Usage::of(state.jobs_running());
+    let largest_any = largest_of(None);
+    let mut largest_by_model: Vec<(String, u32)> = Vec::new();
+    let mut largest_up = |model: Option<&'_ str>| -> u32 {
+        let Some(m) = model else { return largest_any };
+        if let Some((_, n)) = largest_by_model.iter().find(|(k, _)| k.eq_ignore_ascii_case(m)) {
+            return *n;
+        }
+        let n = largest_of(model);
+        largest_by_model.push((m.to_string(), n));
+        n
+    };
+    let mut usage = Usage::of(state.jobs_running(), &state.policy);
     let mut out = PlanOutput::default();
+    // Reasons are collected in queue order and sorted once at the end (a bulk build of the map
+    // is far cheaper than 100k single inserts).
+    let mut pending: Vec<(JobId, PendingReason)> = Vec::new();
     let mut blocked = false;
     for job in queue_order(state) {
         // Held jobs, unmet dependencies and QoS limits: the job waits without holding back
         // the jobs behind it.
         if job.held {
-            out.pending.insert(job.id, PendingReason::JobHeldUser);
+            pending.push((job.id, PendingReason::JobHeldUser));
             continue;
         }
         if let Err(reason) = state.dependency_state(job) {
-            out.pending.insert(job.id, reason);
+            pending.push((job.id, reason));
             continue;
         }
         if let Err(reason) = usage.admits(job, &state.policy) {
-            out.pending.insert(job.id, reason);
+            pending.push((job.id, reason));
             continue;
         }
         let model = job.spec.gpu_model.as_deref();
@@ -311,33 +323,35 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             } else {
                 format!("no up node has {}{of} GPUs", job.spec.gpus)
             };
-            out.pending.insert(job.id, PendingReason::ReqNodeNotAvail(why));
+            pending.push((job.id, PendingReason::ReqNodeNotAvail(why)));
             continue;
         }
         if out.plan.placements.len() >= PLAN_PLACEMENTS_MAX || (blocked && !config.backfill) {
-            out.pending.insert(job.id, PendingReason::Priority);
+            pending.push((job.id, PendingReason::Priority));
             continue;
         }
         let ends_ms = state.now_ms.saturating_add(state.time_limit_ms(job));
         match pass.find(job.spec.gpus as usize, model, ends_ms, out.reservation.as_ref()) {
             Some((pos, gpus)) => {
                 pass.take(pos, &gpus, ends_ms);
-                usage.add(job);
+                usage.add(job, &state.policy);
                 let node = pass.nodes[pos].name.to_string();
                 out.plan.placements.push(Placement { job: job.id, node, gpus });
             }
             None if !blocked => {
                 blocked = true;
-                out.pending.insert(job.id, PendingReason::Resources);
+                pending.push((job.id, PendingReason::Resources));
                 if config.backfill {
                     out.reservation = pass.reserve(job);
                 }
             }
             None => {
-                out.pending.insert(job.id, PendingReason::Priority);
+                pending.push((job.id, PendingReason::Priority));
             }
         }
     }
+    pending.sort_unstable_by_key(|(id, _)| *id);
+    out.pending = pending.into_iter().collect();
     out
 }
 

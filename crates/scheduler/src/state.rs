@@ -194,6 +194,9 @@ pub struct ClusterState {
     /// QoS classes and submit rules.
     #[serde(default)]
     pub policy: Policy,
+    /// The most GPUs any registered node has (kept on registration; every submit checks it).
+    #[serde(default)]
+    largest_node_gpus: u32,
 }
 
 impl ClusterState {
@@ -205,6 +208,7 @@ impl ClusterState {
             nodes: BTreeMap::new(),
             submit_requests: BTreeMap::new(),
             policy: Policy::default(),
+            largest_node_gpus: 0,
         }
     }
 
@@ -270,7 +274,7 @@ impl ClusterState {
 
     /// The largest GPU count of any registered node (0 when there is none).
     pub fn largest_node_gpus(&self) -> u32 {
-        self.nodes.values().map(Node::gpu_count).max().unwrap_or(0)
+        self.largest_node_gpus
     }
 
     /// A job's effective wall-clock limit in seconds: its own, else its QoS's maximum.
@@ -287,7 +291,9 @@ impl ClusterState {
 
     /// The running jobs, found through the nodes' GPU maps: O(running), not O(jobs).
     pub fn jobs_running(&self) -> impl Iterator<Item = &Job> {
-        let ids: BTreeSet<JobId> = self.nodes.values().flat_map(|n| n.allocated.values().copied()).collect();
+        let mut ids: Vec<JobId> = self.nodes.values().flat_map(|n| n.allocated.values().copied()).collect();
+        ids.sort_unstable();
+        ids.dedup();
         ids.into_iter().filter_map(|id| self.jobs.get(&id))
     }
 
@@ -537,6 +543,7 @@ impl ClusterState {
                 self.nodes.insert(info.name.clone(), node);
             }
         }
+        self.largest_node_gpus = self.nodes.values().map(Node::gpu_count).max().unwrap_or(0);
         Outcome::NodeRegistered { node: info.name.clone() }
     }
 
@@ -559,7 +566,7 @@ impl ClusterState {
     fn apply_plan(&mut self, plan: &Plan, now: i64) -> Outcome {
         let mut accepted = Vec::new();
         let mut rejected = Vec::new();
-        let mut usage = Usage::of(self.jobs_running());
+        let mut usage = Usage::of(self.jobs_running(), &self.policy);
         for (i, p) in plan.placements.iter().enumerate() {
             if i >= PLAN_PLACEMENTS_MAX {
                 rejected.push((p.job, "plan too large".to_string()));
@@ -568,7 +575,7 @@ impl ClusterState {
             let checked = self.check_placement(p).and_then(|()| {
                 let job = &self.jobs[&p.job];
                 usage.admits(job, &self.policy).map_err(|r| format!("job {}: {r}", p.job))?;
-                usage.add(job);
+                usage.add(job, &self.policy);
                 Ok(())
             });
             match checked {
