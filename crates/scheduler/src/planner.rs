@@ -99,6 +99,9 @@ impl FreeNode<'_> {
     }
 }
 
+/// A placement candidate: (usable GPUs, node position, the usable GPUs with their link groups).
+type Candidate = (usize, usize, Vec<(GpuIndex, u32)>);
+
 /// Where and when the top blocked job will start.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reservation {
@@ -176,8 +179,8 @@ impl<'a> Pass<'a> {
         res: Option<&Reservation>,
     ) -> Option<(usize, Vec<GpuIndex>)> {
         let may_use_reserved = res.is_none_or(|r| ends_ms <= r.start_ms);
-        let mut best: Option<(usize, usize, Vec<(GpuIndex, u32)>)> = None;
-        let consider = |pos: usize, best: &mut Option<(usize, usize, Vec<(GpuIndex, u32)>)>| {
+        let mut best: Option<Candidate> = None;
+        let consider = |pos: usize, best: &mut Option<Candidate>| {
             let usable =
                 self.nodes[pos].usable(model, may_use_reserved || self.nodes[pos].reserved.is_empty());
             if usable.len() < count {
