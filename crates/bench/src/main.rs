@@ -417,7 +417,7 @@ fn bench_schedule(
             .map(|i| Gpu {
                 index: i,
                 uuid: format!("GPU-{n}-{i}"),
-                model: if n % 5 == 0 { "A100".into() } else { "H100".into() },
+                model: if n.is_multiple_of(5) { "A100".into() } else { "H100".into() },
                 memory_mib: 81920,
                 link_group: i / 4,
             })
@@ -449,7 +449,7 @@ fn bench_schedule(
             time_limit_s: Some(600 + u64::from(i % 3600)),
             requeue: false,
             after_ok: Vec::new(),
-            gpu_model: (i % 17 == 0).then(|| "A100".to_string()),
+            gpu_model: i.is_multiple_of(17).then(|| "A100".to_string()),
         }
     };
     // Running jobs: placed GPU by GPU across the nodes with explicit plans.
