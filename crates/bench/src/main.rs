@@ -450,6 +450,7 @@ fn bench_schedule(
             requeue: false,
             after_ok: Vec::new(),
             gpu_model: i.is_multiple_of(17).then(|| "A100".to_string()),
+            account: String::new(),
         }
     };
     // Running jobs: placed GPU by GPU across the nodes with explicit plans.

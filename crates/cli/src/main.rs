@@ -81,6 +81,9 @@ enum Cmd {
         /// Only GPUs of this model, e.g. H100 or A100.
         #[arg(long)]
         gpu_model: Option<String>,
+        /// Fairshare account (default: your default account).
+        #[arg(long)]
+        account: Option<String>,
         /// The command and its arguments, after `--`.
         #[arg(last = true)]
         command: Vec<String>,
@@ -114,6 +117,10 @@ enum Cmd {
         #[command(subcommand)]
         command: ClusterCmd,
     },
+    /// Pending jobs' priorities and their factors (like sprio).
+    Priority { id: Option<u64> },
+    /// Accounts' shares, usage and fairshare factor (like sshare).
+    Share,
     /// QoS classes: list, show, create, update, delete.
     Qos {
         #[command(subcommand)]
@@ -508,6 +515,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             after_ok,
             hold,
             gpu_model,
+            account,
             command,
         } => {
             let profile = match profile {
@@ -537,6 +545,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 requeue: requeue.then_some(true),
                 after_ok,
                 hold,
+                account: account.unwrap_or_default(),
                 ..Default::default()
             };
             // Retries (leader changes) reuse this id, so a submit is never applied twice.
@@ -719,6 +728,94 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     .map(|r| vec![r.id.to_string(), r.addr.clone(), r.role.clone()])
                     .collect();
                 table(&["ID", "ADDR", "ROLE"], &rows);
+            }
+        }
+        Cmd::Priority { id } => {
+            let resp = client
+                .call(|ch| async move {
+                    let req = client.request(pb::GetPrioritiesRequest { job_id: id.unwrap_or(0) });
+                    AdminServiceClient::new(ch).get_priorities(req).await
+                })
+                .await?
+                .into_inner();
+            let mut jobs = resp.jobs;
+            jobs.sort_by_key(|j| (std::cmp::Reverse(j.priority), j.job_id));
+            let round = |x: f64| (x * 10_000.0).round() / 10_000.0;
+            if cli.json {
+                let v: Vec<serde_json::Value> = jobs
+                    .iter()
+                    .map(|j| {
+                        serde_json::json!({
+                            "id": j.job_id, "user": j.user, "account": j.account, "qos": j.qos,
+                            "priority": j.priority, "qos_factor": round(j.qos_factor),
+                            "age_factor": round(j.age_factor), "fairshare_factor": round(j.fairshare_factor),
+                            "job_size_factor": round(j.job_size_factor),
+                        })
+                    })
+                    .collect();
+                print_json(&serde_json::Value::Array(v));
+            } else {
+                let w = resp.weights.unwrap_or_default();
+                println!(
+                    "weights: qos {} age {} fairshare {} job size {}",
+                    w.qos, w.age, w.fairshare, w.job_size
+                );
+                let rows: Vec<Vec<String>> = jobs
+                    .iter()
+                    .map(|j| {
+                        vec![
+                            j.job_id.to_string(),
+                            j.user.clone(),
+                            j.account.clone(),
+                            j.qos.clone(),
+                            j.priority.to_string(),
+                            format!("{:.4}", j.qos_factor),
+                            format!("{:.4}", j.age_factor),
+                            format!("{:.4}", j.fairshare_factor),
+                            format!("{:.4}", j.job_size_factor),
+                        ]
+                    })
+                    .collect();
+                table(
+                    &["ID", "USER", "ACCOUNT", "QOS", "PRIORITY", "QOS", "AGE", "FAIRSHARE", "SIZE"],
+                    &rows,
+                );
+            }
+        }
+        Cmd::Share => {
+            let accounts = client
+                .call(|ch| async move {
+                    AdminServiceClient::new(ch).get_shares(client.request(pb::GetSharesRequest {})).await
+                })
+                .await?
+                .into_inner()
+                .accounts;
+            if cli.json {
+                let v: Vec<serde_json::Value> = accounts
+                    .iter()
+                    .map(|a| {
+                        serde_json::json!({
+                            "account": a.name, "parent": if a.parent.is_empty() { serde_json::Value::Null } else { a.parent.clone().into() },
+                            "shares": a.shares, "usage_gpu_s": (a.usage_gpu_s * 1000.0).round() / 1000.0,
+                            "fairshare_factor": (a.fairshare_factor * 10_000.0).round() / 10_000.0,
+                        })
+                    })
+                    .collect();
+                print_json(&serde_json::Value::Array(v));
+            } else {
+                let rows: Vec<Vec<String>> = accounts
+                    .iter()
+                    .map(|a| {
+                        vec![
+                            a.name.clone(),
+                            if a.parent.is_empty() { "-".into() } else { a.parent.clone() },
+                            a.shares.to_string(),
+                            format!("{:.1}", a.usage_gpu_s),
+                            format!("{:.4}", a.fairshare_factor),
+                        ]
+                    })
+                    .collect();
+                table(&["ACCOUNT", "PARENT", "SHARES", "USAGE(GPU-s)", "FAIRSHARE"], &rows);
             }
         }
         Cmd::Qos { command } => return qos_command(client, command, cli.json).await,

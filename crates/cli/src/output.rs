@@ -55,6 +55,7 @@ pub fn job_json(job: &pb::Job) -> Value {
         "id": job.id,
         "name": spec.name,
         "user": job.user,
+        "account": spec.account,
         "state": job_state_name(job.state),
         "reason": job.reason,
         "gpus": gpus,

@@ -7,6 +7,21 @@
 //! inference = "inference"
 //! batch = "batch"
 //!
+//! [weights]               # multifactor priority; omitted keys keep the defaults
+//! qos = 10000
+//! age = 1000
+//! fairshare = 5000
+//! job_size = 500
+//! age_max = "7days"
+//! fairshare_half_life = "7days"
+//!
+//! [accounts.root]           # the fairshare account tree
+//! shares = 1
+//! [accounts.vision]
+//! parent = "root"
+//! shares = 2
+//! users = ["alice", "bob"]  # empty = open to every user
+//!
 //! [qos.inference]
 //! priority = 200
 //! preempt = []              # QoS whose jobs this one may preempt
@@ -33,8 +48,39 @@ use serde::{Deserialize, Serialize};
 pub struct PolicyFile {
     #[serde(default)]
     pub submit_rules: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<WeightsEntry>,
     #[serde(default)]
     pub qos: BTreeMap<String, QosEntry>,
+    #[serde(default)]
+    pub accounts: BTreeMap<String, AccountEntry>,
+}
+
+/// Multifactor priority weights; omitted ones keep the shipped defaults.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightsEntry {
+    pub qos: Option<u32>,
+    pub age: Option<u32>,
+    pub fairshare: Option<u32>,
+    pub job_size: Option<u32>,
+    pub age_max: Option<String>,
+    pub fairshare_half_life: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccountEntry {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    #[serde(default = "one")]
+    pub shares: u32,
+    #[serde(default)]
+    pub users: Vec<String>,
+}
+
+fn one() -> u32 {
+    1
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -139,7 +185,47 @@ impl PolicyFile {
                 burstable: q.burstable,
             });
         }
-        Ok(pb::Policy { qos, submit_rules: self.submit_rules.clone().into_iter().collect() })
+        let accounts = self
+            .accounts
+            .iter()
+            .map(|(name, a)| pb::Account {
+                name: name.clone(),
+                parent: a.parent.clone().unwrap_or_default(),
+                shares: a.shares,
+                users: a.users.clone(),
+            })
+            .collect();
+        let weights = match &self.weights {
+            None => None,
+            Some(w) => {
+                // Defaults as shipped (7 days for both periods) where the file is silent.
+                let week = 7 * 24 * 3600;
+                Some(pb::PriorityWeights {
+                    qos: w.qos.unwrap_or(10_000),
+                    age: w.age.unwrap_or(1_000),
+                    fairshare: w.fairshare.unwrap_or(5_000),
+                    job_size: w.job_size.unwrap_or(500),
+                    age_max_s: w
+                        .age_max
+                        .as_deref()
+                        .map(|v| parse_secs("weights.age_max", v))
+                        .transpose()?
+                        .unwrap_or(week),
+                    fairshare_half_life_s: w
+                        .fairshare_half_life
+                        .as_deref()
+                        .map(|v| parse_secs("weights.fairshare_half_life", v))
+                        .transpose()?
+                        .unwrap_or(week),
+                })
+            }
+        };
+        Ok(pb::Policy {
+            qos,
+            submit_rules: self.submit_rules.clone().into_iter().collect(),
+            accounts,
+            weights,
+        })
     }
 
     pub fn from_pb(p: &pb::Policy) -> PolicyFile {
@@ -162,7 +248,27 @@ impl PolicyFile {
                 (q.name.clone(), entry)
             })
             .collect();
-        PolicyFile { submit_rules: p.submit_rules.clone().into_iter().collect(), qos }
+        let accounts = p
+            .accounts
+            .iter()
+            .map(|a| {
+                let entry = AccountEntry {
+                    parent: (!a.parent.is_empty()).then(|| a.parent.clone()),
+                    shares: a.shares,
+                    users: a.users.clone(),
+                };
+                (a.name.clone(), entry)
+            })
+            .collect();
+        let weights = p.weights.as_ref().map(|w| WeightsEntry {
+            qos: Some(w.qos),
+            age: Some(w.age),
+            fairshare: Some(w.fairshare),
+            job_size: Some(w.job_size),
+            age_max: Some(format_secs(w.age_max_s)),
+            fairshare_half_life: Some(format_secs(w.fairshare_half_life_s)),
+        });
+        PolicyFile { submit_rules: p.submit_rules.clone().into_iter().collect(), weights, qos, accounts }
     }
 
     pub fn to_toml(&self) -> Result<String, String> {

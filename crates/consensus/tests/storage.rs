@@ -42,6 +42,7 @@ fn spec(n: usize) -> JobSpec {
         requeue: false,
         after_ok: Vec::new(),
         gpu_model: None,
+        account: String::new(),
     }
 }
 

@@ -16,6 +16,11 @@ use crate::testing::{node_info, spec};
 fn simulate(nodes: &[u32], jobs: &[(u32, u64)], backfill: bool) -> (BTreeMap<JobId, i64>, Vec<(JobId, i64)>) {
     let mut s = ClusterState::new();
     let mut now = 0i64;
+    // Submit order decides: no job-size or age factor in these scenarios.
+    let mut policy = s.policy.clone();
+    policy.weights.job_size = 0;
+    policy.weights.age = 0;
+    s.apply(&Command { now_ms: now, op: Op::SetPolicy { policy } });
     for (i, gpus) in nodes.iter().enumerate() {
         s.apply(&Command { now_ms: now, op: Op::RegisterNode { info: node_info(&format!("n{i}"), *gpus) } });
     }

@@ -9,6 +9,7 @@
 //! - `state`: `ClusterState::apply(&Command) -> Outcome`, the replicated state machine
 //! - `planner`: `plan(&ClusterState) -> PlanOutput`, placements and pending reasons
 //! - `policy`: QoS classes and submit rules (replicated, with the shipped defaults)
+//! - `priority`: multifactor priority and fairshare (fixed point)
 //! - `limits`: QoS usage limits, checked by the planner and again on apply
 //! - `validate`: size limits and validity checks shared by the API edge and apply
 
@@ -16,6 +17,7 @@ pub mod limits;
 pub mod model;
 pub mod planner;
 pub mod policy;
+pub mod priority;
 pub mod state;
 pub mod validate;
 

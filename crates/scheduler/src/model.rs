@@ -112,6 +112,9 @@ pub struct JobSpec {
     /// Only GPUs whose model contains this (case-insensitive), e.g. "H100".
     #[serde(default)]
     pub gpu_model: Option<String>,
+    /// Fairshare account (resolved at submit; "" asks for the user's default).
+    #[serde(default)]
+    pub account: String,
 }
 
 /// Whether a GPU model name satisfies a job's model constraint ("H100" matches

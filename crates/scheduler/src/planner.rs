@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::limits::Usage;
 use crate::model::{model_matches, GpuIndex, Job, JobId, JobState, NodeState};
+use crate::priority::Prioritizer;
 use crate::state::{ClusterState, Placement, Plan, PLAN_PLACEMENTS_MAX};
 
 /// Why a pending job is not starting now.
@@ -111,12 +112,18 @@ pub struct Reservation {
     pub start_ms: i64,
 }
 
-/// Pending jobs in the order the planner considers them.
+/// Pending jobs in the order the planner considers them: multifactor priority, then submit order.
 pub fn queue_order(state: &ClusterState) -> Vec<&Job> {
-    let mut pending: Vec<&Job> = state.jobs.values().filter(|j| j.state == JobState::Pending).collect();
+    let prioritizer = Prioritizer::new(state);
+    let mut pending: Vec<(i64, &Job)> = state
+        .jobs
+        .values()
+        .filter(|j| j.state == JobState::Pending)
+        .map(|j| (prioritizer.priority(j), j))
+        .collect();
     // Keys are unique (ids are), so an unstable sort gives the same order.
-    pending.sort_unstable_by_key(|j| (std::cmp::Reverse(j.priority), j.id));
-    pending
+    pending.sort_unstable_by_key(|(p, j)| (std::cmp::Reverse(*p), j.id));
+    pending.into_iter().map(|(_, j)| j).collect()
 }
 
 /// Planner settings.

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::model::Profile;
+use crate::priority::PriorityWeights;
 
 /// Longest name of a policy object.
 pub const POLICY_NAME_LEN_MAX: usize = 64;
@@ -96,12 +97,35 @@ impl Qos {
     }
 }
 
+/// A fairshare account: a node of the account tree.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Account {
+    pub name: String,
+    pub parent: Option<String>,
+    /// Fairshare shares relative to its siblings.
+    pub shares: u32,
+    /// Users who may submit under it; empty = open to every user.
+    pub users: BTreeSet<String>,
+}
+
+/// The account every cluster starts with, open to every user.
+pub const ROOT_ACCOUNT: &str = "root";
+
 /// The whole replicated policy.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Policy {
     pub qos: BTreeMap<String, Qos>,
     /// Submit rules: the QoS a job of each profile gets when the user names none.
     pub profile_qos: BTreeMap<Profile, String>,
+    #[serde(default = "default_accounts")]
+    pub accounts: BTreeMap<String, Account>,
+    #[serde(default)]
+    pub weights: PriorityWeights,
+}
+
+fn default_accounts() -> BTreeMap<String, Account> {
+    let root = Account { name: ROOT_ACCOUNT.into(), parent: None, shares: 1, users: BTreeSet::new() };
+    [(root.name.clone(), root)].into()
 }
 
 impl Default for Policy {
@@ -127,7 +151,7 @@ impl Default for Policy {
             (Profile::Batch, "batch".to_string()),
         ]
         .into();
-        Policy { qos, profile_qos }
+        Policy { qos, profile_qos, accounts: default_accounts(), weights: PriorityWeights::default() }
     }
 }
 
@@ -158,6 +182,18 @@ pub enum PolicyError {
     UnknownProfileQos { profile: &'static str, qos: String },
     #[error("submit rules: profile {0} has no default qos")]
     MissingProfileQos(&'static str),
+    #[error("account name \"{0}\": use 1-{POLICY_NAME_LEN_MAX} characters of [a-z0-9_-]")]
+    BadAccountName(String),
+    #[error("account \"{name}\": parent \"{parent}\" does not exist")]
+    UnknownParent { name: String, parent: String },
+    #[error("account \"{0}\" is its own ancestor")]
+    AccountCycle(String),
+    #[error("account \"{0}\": shares must be at least 1")]
+    ZeroShares(String),
+    #[error("accounts: at least one account is needed")]
+    NoAccounts,
+    #[error("weights: age_max and fairshare_half_life must be at least 1 s, and not every weight 0")]
+    BadWeights,
 }
 
 fn valid_name(name: &str) -> bool {
@@ -222,6 +258,12 @@ impl Policy {
         if let Some(name) = self.preempt_cycle() {
             return Err(PolicyError::PreemptCycle(name));
         }
+        self.validate_accounts()?;
+        let w = &self.weights;
+        if w.age_max_s == 0 || w.fairshare_half_life_s == 0 || (w.qos | w.age | w.fairshare | w.job_size) == 0
+        {
+            return Err(PolicyError::BadWeights);
+        }
         for profile in [Profile::Training, Profile::Inference, Profile::Batch] {
             match self.profile_qos.get(&profile) {
                 None => return Err(PolicyError::MissingProfileQos(profile.as_str())),
@@ -232,6 +274,77 @@ impl Policy {
             }
         }
         Ok(())
+    }
+
+    fn validate_accounts(&self) -> Result<(), PolicyError> {
+        if self.accounts.is_empty() {
+            return Err(PolicyError::NoAccounts);
+        }
+        for (key, a) in &self.accounts {
+            if !valid_name(&a.name) || *key != a.name {
+                return Err(PolicyError::BadAccountName(
+                    a.name.chars().take(POLICY_NAME_LEN_MAX + 1).collect(),
+                ));
+            }
+            if a.shares == 0 {
+                return Err(PolicyError::ZeroShares(a.name.clone()));
+            }
+            if let Some(p) = &a.parent {
+                if !self.accounts.contains_key(p) {
+                    return Err(PolicyError::UnknownParent { name: a.name.clone(), parent: p.clone() });
+                }
+            }
+            // Walk up: a chain longer than the number of accounts is a cycle.
+            let mut at = a.parent.clone();
+            for _ in 0..=self.accounts.len() {
+                match at {
+                    None => break,
+                    Some(p) if p == a.name => return Err(PolicyError::AccountCycle(a.name.clone())),
+                    Some(p) => at = self.accounts.get(&p).and_then(|x| x.parent.clone()),
+                }
+            }
+            if at.is_some() {
+                return Err(PolicyError::AccountCycle(a.name.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The account a job of `user` gets when it names `requested` ("" = the user's default:
+    /// the first account listing the user, else an open root account).
+    pub fn resolve_account(&self, user: &str, requested: &str) -> Result<String, String> {
+        if !requested.is_empty() {
+            let a = self
+                .accounts
+                .get(requested)
+                .ok_or_else(|| format!("account: unknown account \"{requested}\""))?;
+            if !a.users.is_empty() && !a.users.contains(user) {
+                return Err(format!("account: user \"{user}\" does not belong to account \"{requested}\""));
+            }
+            return Ok(a.name.clone());
+        }
+        if let Some(a) = self.accounts.values().find(|a| a.users.contains(user)) {
+            return Ok(a.name.clone());
+        }
+        self.accounts
+            .values()
+            .find(|a| a.parent.is_none() && a.users.is_empty())
+            .map(|a| a.name.clone())
+            .ok_or_else(|| format!("account: user \"{user}\" belongs to no account"))
+    }
+
+    /// `account` and its ancestors, nearest first.
+    pub fn account_chain(&self, account: &str) -> Vec<String> {
+        let mut chain = Vec::new();
+        let mut at = Some(account.to_string());
+        while let Some(name) = at {
+            if chain.len() > self.accounts.len() {
+                break;
+            }
+            at = self.accounts.get(&name).and_then(|a| a.parent.clone());
+            chain.push(name);
+        }
+        chain
     }
 
     /// A QoS on a cycle of the preempt graph, if there is one (deterministic: first by name).

@@ -194,6 +194,9 @@ pub struct ClusterState {
     /// QoS classes and submit rules.
     #[serde(default)]
     pub policy: Policy,
+    /// Decayed GPU usage per account, for fairshare.
+    #[serde(default)]
+    pub usage: BTreeMap<String, crate::priority::AccountUsage>,
     /// The most GPUs any registered node has (kept on registration; every submit checks it).
     #[serde(default)]
     largest_node_gpus: u32,
@@ -209,6 +212,7 @@ impl ClusterState {
             submit_requests: BTreeMap::new(),
             policy: Policy::default(),
             largest_node_gpus: 0,
+            usage: BTreeMap::new(),
         }
     }
 
@@ -367,6 +371,13 @@ impl ClusterState {
             return Outcome::Rejected(Rejection::NotFound(format!("after_ok: job {dep} not found")));
         }
         let (qos_name, priority) = (qos.name.clone(), qos.priority);
+        let account = match self.policy.resolve_account(&spec.user, &spec.account) {
+            Ok(a) => a,
+            Err(why) if spec.account.is_empty() => {
+                return Outcome::Rejected(Rejection::FailedPrecondition(why))
+            }
+            Err(why) => return Outcome::Rejected(Rejection::Invalid(why)),
+        };
         let largest = self.largest_node_gpus();
         if largest > 0 && spec.gpus > largest {
             return Outcome::Rejected(Rejection::FailedPrecondition(format!(
@@ -378,6 +389,7 @@ impl ClusterState {
         self.next_job_id += 1;
         let mut spec = spec.clone();
         spec.qos = qos_name;
+        spec.account = account;
         let mut job = Job {
             id,
             spec,
@@ -437,6 +449,16 @@ impl ClusterState {
             return Outcome::Rejected(Rejection::FailedPrecondition(format!(
                 "qos \"{}\" is in use by job {}",
                 job.spec.qos, job.id
+            )));
+        }
+        if let Some(job) = self
+            .jobs
+            .values()
+            .find(|j| !j.state.is_terminal() && !policy.accounts.contains_key(&j.spec.account))
+        {
+            return Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                "account \"{}\" is in use by job {}",
+                job.spec.account, job.id
             )));
         }
         self.policy = policy.clone();
@@ -728,6 +750,7 @@ impl ClusterState {
             self.end_run(id, state, reason, now);
             return state;
         }
+        self.charge_run(id, now);
         let Some(job) = self.jobs.get_mut(&id) else { return state };
         if let Some(alloc) = job.allocation.take() {
             if let Some(node) = self.nodes.get_mut(&alloc.node) {
@@ -744,9 +767,26 @@ impl ClusterState {
         JobState::Pending
     }
 
+    /// Charges the GPU time of `job`'s current run to its account and the account's ancestors.
+    fn charge_run(&mut self, id: JobId, now: i64) {
+        let Some(job) = self.jobs.get(&id) else { return };
+        let Some(start) = job.start_time_ms else { return };
+        let gpu_ms = u128::from(job.spec.gpus) * now.saturating_sub(start).max(0) as u128;
+        if gpu_ms == 0 {
+            return;
+        }
+        let half_life = self.policy.weights.fairshare_half_life_s;
+        for account in self.policy.account_chain(&job.spec.account) {
+            self.usage.entry(account).or_default().charge(gpu_ms, now, half_life);
+        }
+    }
+
     /// Ends a job's current run in a terminal state and releases its GPUs.
     fn end_run(&mut self, id: JobId, state: JobState, reason: String, now: i64) {
         debug_assert!(state.is_terminal());
+        if self.jobs.get(&id).is_some_and(|j| j.allocation.is_some()) {
+            self.charge_run(id, now);
+        }
         let Some(job) = self.jobs.get_mut(&id) else { return };
         if let Some(alloc) = job.allocation.take() {
             if let Some(node) = self.nodes.get_mut(&alloc.node) {

@@ -411,6 +411,87 @@ fn a_gpu_model_constraint_is_honoured_by_plan_and_apply() {
     assert_eq!(plan(&s).pending[&big], PendingReason::ReqNodeNotAvail("no up node has 6 H100 GPUs".into()));
 }
 
+fn two_accounts() -> crate::policy::Policy {
+    use crate::policy::Account;
+    let mut policy = crate::policy::Policy::default();
+    for (name, user) in [("a", "alice"), ("b", "bob")] {
+        let account = Account {
+            name: name.into(),
+            parent: Some("root".into()),
+            shares: 1,
+            users: [user.to_string()].into(),
+        };
+        policy.accounts.insert(name.into(), account);
+    }
+    policy
+}
+
+#[test]
+fn fairshare_favours_the_account_with_less_past_usage() {
+    let mut s = cluster(1);
+    assert_eq!(s.apply(&cmd(1, Op::SetPolicy { policy: two_accounts() })), Outcome::PolicyChanged);
+    // Alice's account uses the GPU for ten hours.
+    let mut heavy = spec(1, "batch");
+    heavy.user = "alice".into();
+    let j = submitted(s.apply(&cmd(2, Op::Submit { spec: heavy.clone(), request_id: None, hold: false })));
+    assert_eq!(s.jobs[&j].spec.account, "a", "the user's default account");
+    run_plan(&mut s, 2);
+    s.apply(&cmd(2, Op::JobStarted { job: j, attempt: 0, node: "n1".into() }));
+    let ten_hours = 10 * 3600 * 1000;
+    s.apply(&cmd(ten_hours, Op::JobExited { job: j, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) }));
+    assert!(s.usage["a"].gpu_ms > 0 && s.usage["root"].gpu_ms == s.usage["a"].gpu_ms);
+    // Both submit now, Alice first: Bob's job starts first.
+    let alice =
+        submitted(s.apply(&cmd(ten_hours, Op::Submit { spec: heavy, request_id: None, hold: false })));
+    let mut light = spec(1, "batch");
+    light.user = "bob".into();
+    let bob = submitted(s.apply(&cmd(ten_hours, Op::Submit { spec: light, request_id: None, hold: false })));
+    let factors = crate::priority::fairshare_factors(&s);
+    assert!(factors["b"] > factors["a"], "{factors:?}");
+    let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, ten_hours) else { panic!() };
+    assert_eq!(accepted, vec![bob]);
+    assert_eq!(plan(&s).pending[&alice], PendingReason::Resources);
+}
+
+#[test]
+fn accounts_are_checked_at_submit_and_cannot_vanish_under_jobs() {
+    let mut s = cluster(1);
+    s.apply(&cmd(1, Op::SetPolicy { policy: two_accounts() }));
+    let mut sp = spec(1, "batch");
+    sp.user = "bob".into();
+    sp.account = "a".into();
+    assert!(matches!(
+        s.apply(&cmd(2, Op::Submit { spec: sp.clone(), request_id: None, hold: false })),
+        Outcome::Rejected(Rejection::Invalid(m)) if m.contains("does not belong to account \"a\"")
+    ));
+    sp.account = "zz".into();
+    assert!(matches!(
+        s.apply(&cmd(2, Op::Submit { spec: sp.clone(), request_id: None, hold: false })),
+        Outcome::Rejected(Rejection::Invalid(m)) if m.contains("unknown account")
+    ));
+    sp.account = "b".into();
+    submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None, hold: false })));
+    let mut without_b = two_accounts();
+    without_b.accounts.remove("b");
+    assert!(matches!(
+        s.apply(&cmd(3, Op::SetPolicy { policy: without_b })),
+        Outcome::Rejected(Rejection::FailedPrecondition(m)) if m.contains("account \"b\" is in use")
+    ));
+    let mut cyclic = two_accounts();
+    cyclic.accounts.get_mut("root").unwrap().parent = Some("a".into());
+    assert!(matches!(
+        s.apply(&cmd(3, Op::SetPolicy { policy: cyclic })),
+        Outcome::Rejected(Rejection::Invalid(_))
+    ));
+    let mut no_weights = two_accounts();
+    no_weights.weights =
+        crate::priority::PriorityWeights { qos: 0, age: 0, fairshare: 0, job_size: 0, ..Default::default() };
+    assert!(matches!(
+        s.apply(&cmd(3, Op::SetPolicy { policy: no_weights })),
+        Outcome::Rejected(Rejection::Invalid(_))
+    ));
+}
+
 #[test]
 fn clock_never_goes_backwards() {
     let mut s = cluster(1);

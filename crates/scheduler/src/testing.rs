@@ -49,5 +49,6 @@ pub fn spec(gpus: u32, qos: &str) -> JobSpec {
         requeue: false,
         after_ok: Vec::new(),
         gpu_model: None,
+        account: String::new(),
     }
 }

@@ -11,7 +11,7 @@ use kairos_scheduler::{Op, Outcome};
 
 use crate::context::{rejection_status, write_status, Ctx};
 use crate::convert::node_to_pb;
-use crate::convert_policy::{policy_from_pb, policy_to_pb, qos_from_pb, qos_to_pb};
+use crate::convert_policy::{policy_from_pb, policy_to_pb, qos_from_pb, qos_to_pb, weights_to_pb};
 
 pub struct Admin {
     pub ctx: Ctx,
@@ -87,6 +87,43 @@ impl AdminService for Admin {
         stored.map(Response::new).ok_or_else(|| Status::not_found(format!("qos \"{name}\" not found")))
     }
 
+    async fn get_priorities(
+        &self,
+        request: Request<pb::GetPrioritiesRequest>,
+    ) -> Result<Response<pb::GetPrioritiesResponse>, Status> {
+        Ok(Response::new(self.priorities(request.into_inner().job_id)?))
+    }
+
+    async fn get_shares(
+        &self,
+        _request: Request<pb::GetSharesRequest>,
+    ) -> Result<Response<pb::GetSharesResponse>, Status> {
+        use kairos_scheduler::priority::{fairshare_factors, ONE};
+        let accounts = self.ctx.replica.read(|a| {
+            let factors = fairshare_factors(&a.state);
+            let half_life = a.state.policy.weights.fairshare_half_life_s;
+            a.state
+                .policy
+                .accounts
+                .values()
+                .map(|acc| pb::AccountShare {
+                    name: acc.name.clone(),
+                    parent: acc.parent.clone().unwrap_or_default(),
+                    shares: acc.shares,
+                    usage_gpu_s: a
+                        .state
+                        .usage
+                        .get(&acc.name)
+                        .map(|u| u.at(a.state.now_ms, half_life))
+                        .unwrap_or(0) as f64
+                        / 1000.0,
+                    fairshare_factor: factors.get(&acc.name).copied().unwrap_or(ONE) as f64 / ONE as f64,
+                })
+                .collect()
+        });
+        Ok(Response::new(pb::GetSharesResponse { accounts }))
+    }
+
     async fn delete_qos(
         &self,
         request: Request<pb::DeleteQosRequest>,
@@ -98,6 +135,42 @@ impl AdminService for Admin {
 }
 
 impl Admin {
+    fn priorities(&self, job_id: u64) -> Result<pb::GetPrioritiesResponse, Status> {
+        use kairos_scheduler::priority::{Prioritizer, ONE};
+        let f = |x: u64| x as f64 / ONE as f64;
+        self.ctx.replica.read(|a| {
+            let p = Prioritizer::new(&a.state);
+            let pending = a.state.jobs.values().filter(|j| j.state == kairos_scheduler::JobState::Pending);
+            let jobs: Vec<pb::JobPriority> = pending
+                .filter(|j| job_id == 0 || j.id == job_id)
+                .map(|j| {
+                    let x = p.factors(j);
+                    pb::JobPriority {
+                        job_id: j.id,
+                        user: j.spec.user.clone(),
+                        account: j.spec.account.clone(),
+                        qos: j.spec.qos.clone(),
+                        priority: x.priority,
+                        qos_factor: f(x.qos),
+                        age_factor: f(x.age),
+                        fairshare_factor: f(x.fairshare),
+                        job_size_factor: f(x.job_size),
+                    }
+                })
+                .collect();
+            if job_id != 0 && jobs.is_empty() {
+                return Err(match a.state.jobs.get(&job_id) {
+                    Some(j) => Status::failed_precondition(format!(
+                        "job {job_id} is {}, not pending",
+                        j.state.as_str()
+                    )),
+                    None => Status::not_found(format!("job {job_id} not found")),
+                });
+            }
+            Ok(pb::GetPrioritiesResponse { jobs, weights: Some(weights_to_pb(&a.state.policy.weights)) })
+        })
+    }
+
     async fn policy_write(&self, op: Op) -> Result<(), Status> {
         match self.ctx.write(op).await? {
             Outcome::PolicyChanged => {

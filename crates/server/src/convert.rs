@@ -29,9 +29,6 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
     if !spec.partition.is_empty() {
         return Err(unimplemented("partition", "partitions"));
     }
-    if !spec.account.is_empty() {
-        return Err(unimplemented("account", "accounts"));
-    }
     if spec.checkpoint.is_some() {
         return Err(unimplemented("checkpoint", "checkpoint specs"));
     }
@@ -62,6 +59,7 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
         requeue: spec.requeue.unwrap_or(false),
         after_ok: spec.after_ok,
         gpu_model: (!res.gpu_model.is_empty()).then_some(res.gpu_model),
+        account: spec.account,
     };
     validate_spec(&out).map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok(out)
@@ -87,8 +85,9 @@ pub fn job_state_to_pb(s: JobState) -> pb::JobState {
     }
 }
 
-/// The API view of a job; `pending` is its derived pending reason, if it waits.
-pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>) -> pb::Job {
+/// The API view of a job; `pending` is its derived pending reason, if it waits, and `priority`
+/// its current multifactor priority (pending jobs) or the one it started with.
+pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> pb::Job {
     let reason = match (job.state, pending) {
         (JobState::Pending, Some(r)) => r.to_string(),
         (JobState::Pending, None) => "Scheduling".to_string(),
@@ -118,6 +117,7 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>) -> pb::Job {
             }),
             after_ok: s.after_ok.clone(),
             hold: job.held,
+            account: s.account.clone(),
             time_limit_s: s.time_limit_s.unwrap_or(0),
             requeue: Some(s.requeue),
             ..Default::default()
@@ -132,7 +132,7 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>) -> pb::Job {
         submit_time_ms: job.submit_time_ms,
         start_time_ms: job.start_time_ms.unwrap_or(0),
         end_time_ms: job.end_time_ms.unwrap_or(0),
-        priority: job.priority,
+        priority,
         qos: s.qos.clone(),
         profile: profile_to_pb(s.profile) as i32,
         events: job

@@ -3,7 +3,8 @@
 use std::collections::BTreeMap;
 
 use kairos_proto::v1 as pb;
-use kairos_scheduler::policy::{Policy, PreemptMode, Qos};
+use kairos_scheduler::policy::{Account, Policy, PreemptMode, Qos};
+use kairos_scheduler::priority::PriorityWeights;
 use kairos_scheduler::Profile;
 use tonic::Status;
 
@@ -71,6 +72,31 @@ fn profile_from_name(name: &str) -> Result<Profile, Status> {
     }
 }
 
+fn weights_from_pb(w: Option<pb::PriorityWeights>) -> PriorityWeights {
+    match w {
+        None => PriorityWeights::default(),
+        Some(w) => PriorityWeights {
+            qos: w.qos,
+            age: w.age,
+            fairshare: w.fairshare,
+            job_size: w.job_size,
+            age_max_s: w.age_max_s,
+            fairshare_half_life_s: w.fairshare_half_life_s,
+        },
+    }
+}
+
+pub fn weights_to_pb(w: &PriorityWeights) -> pb::PriorityWeights {
+    pb::PriorityWeights {
+        qos: w.qos,
+        age: w.age,
+        fairshare: w.fairshare,
+        job_size: w.job_size,
+        age_max_s: w.age_max_s,
+        fairshare_half_life_s: w.fairshare_half_life_s,
+    }
+}
+
 pub fn policy_from_pb(p: pb::Policy) -> Result<Policy, Status> {
     let mut qos = BTreeMap::new();
     for q in p.qos {
@@ -83,12 +109,38 @@ pub fn policy_from_pb(p: pb::Policy) -> Result<Policy, Status> {
     for (profile, q) in p.submit_rules {
         profile_qos.insert(profile_from_name(&profile)?, q);
     }
-    Ok(Policy { qos, profile_qos })
+    let mut accounts = BTreeMap::new();
+    for a in p.accounts {
+        let account = Account {
+            parent: (!a.parent.is_empty()).then_some(a.parent),
+            shares: a.shares,
+            users: a.users.into_iter().collect(),
+            name: a.name,
+        };
+        if accounts.insert(account.name.clone(), account).is_some() {
+            return Err(Status::invalid_argument("accounts: a name appears twice"));
+        }
+    }
+    if accounts.is_empty() {
+        accounts = Policy::default().accounts;
+    }
+    Ok(Policy { qos, profile_qos, accounts, weights: weights_from_pb(p.weights) })
 }
 
 pub fn policy_to_pb(p: &Policy) -> pb::Policy {
     pb::Policy {
         qos: p.qos.values().map(qos_to_pb).collect(),
         submit_rules: p.profile_qos.iter().map(|(k, v)| (k.as_str().to_string(), v.clone())).collect(),
+        accounts: p
+            .accounts
+            .values()
+            .map(|a| pb::Account {
+                name: a.name.clone(),
+                parent: a.parent.clone().unwrap_or_default(),
+                shares: a.shares,
+                users: a.users.iter().cloned().collect(),
+            })
+            .collect(),
+        weights: Some(weights_to_pb(&p.weights)),
     }
 }

@@ -10,6 +10,7 @@ use futures::Stream;
 use kairos_proto::v1 as pb;
 use kairos_proto::v1::agent_log_service_client::AgentLogServiceClient;
 use kairos_proto::v1::job_service_server::JobService;
+use kairos_scheduler::priority::Prioritizer;
 use kairos_scheduler::{ClusterState, JobId, JobState, Op, Outcome};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
@@ -32,7 +33,9 @@ pub struct Jobs {
 fn job_view(state: &ClusterState, reasons: &PendingReasons, id: JobId) -> Result<pb::Job, Status> {
     let job = state.jobs.get(&id).ok_or_else(|| Status::not_found(format!("job {id} not found")))?;
     let pending = if job.state == JobState::Pending { reasons.get(&id) } else { None };
-    Ok(job_to_pb(job, pending))
+    let priority =
+        if job.state == JobState::Pending { Prioritizer::new(state).priority(job) } else { job.priority };
+    Ok(job_to_pb(job, pending, priority))
 }
 
 impl Jobs {
@@ -134,6 +137,7 @@ impl JobService for Jobs {
         }
         let reasons = self.ctx.pending_reasons();
         let jobs = self.ctx.replica.read(|a| {
+            let prioritizer = Prioritizer::new(&a.state);
             a.state
                 .jobs
                 .values()
@@ -146,7 +150,11 @@ impl JobService for Jobs {
                     }
                 })
                 .take(limit)
-                .map(|j| job_to_pb(j, reasons.get(&j.id)))
+                .map(|j| {
+                    let priority =
+                        if j.state == JobState::Pending { prioritizer.priority(j) } else { j.priority };
+                    job_to_pb(j, reasons.get(&j.id), priority)
+                })
                 .collect()
         });
         Ok(Response::new(pb::ListJobsResponse { jobs }))

@@ -159,3 +159,80 @@ fn after_ok_waits_for_its_parent_and_hold_release_work() {
     let h100 = c.submit(&["--gpu-model", "h100", "--", "true"]);
     assert_eq!(c.wait_done(h100)["state"], "COMPLETED");
 }
+
+#[test]
+fn fairshare_orders_users_by_past_usage_and_priority_share_explain_it() {
+    let c = Cluster::start(1);
+    let file = c.path("accounts.toml");
+    std::fs::write(
+        &file,
+        r#"
+[submit_rules]
+training = "batch"
+inference = "batch"
+batch = "batch"
+
+[weights]
+age = 0
+job_size = 0
+
+[qos.batch]
+priority = 10
+max_wall = "1h"
+
+[accounts.root]
+shares = 1
+
+[accounts.a]
+parent = "root"
+shares = 1
+users = ["alice"]
+
+[accounts.b]
+parent = "root"
+shares = 1
+users = ["bob"]
+"#,
+    )
+    .unwrap();
+    c.ok(&["policy", "apply", file.to_str().unwrap()]);
+    let as_user = |user: &str, args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+            .env("USER", user)
+            .arg("--controllers")
+            .arg(c.addrs())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{user} {args:?}: {}", stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // Alice's account uses the GPU for a while.
+    let used: u64 = as_user("alice", &["submit", "--", "sleep", "2"]).trim().parse().unwrap();
+    assert_eq!(c.wait_done(used)["account"], "a");
+    // A blocker keeps the GPU busy; then Alice and Bob submit, Alice first.
+    let blocker = c.submit(&["--", "sleep", "30"]);
+    c.wait_state(blocker, "RUNNING");
+    let alice: u64 = as_user("alice", &["submit", "--", "true"]).trim().parse().unwrap();
+    let bob: u64 = as_user("bob", &["submit", "--", "true"]).trim().parse().unwrap();
+    let prio: serde_json::Value = serde_json::from_str(&c.ok(&["priority", "--json"])).unwrap();
+    let of = |id: u64| prio.as_array().unwrap().iter().find(|j| j["id"] == id).cloned().unwrap();
+    assert!(of(bob)["priority"].as_i64() > of(alice)["priority"].as_i64(), "{prio}");
+    assert!(of(bob)["fairshare_factor"].as_f64() > of(alice)["fairshare_factor"].as_f64(), "{prio}");
+    let share: serde_json::Value = serde_json::from_str(&c.ok(&["share", "--json"])).unwrap();
+    let acct = |n: &str| share.as_array().unwrap().iter().find(|a| a["account"] == n).cloned().unwrap();
+    assert!(acct("a")["usage_gpu_s"].as_f64().unwrap() > 1.0, "{share}");
+    assert_eq!(acct("b")["usage_gpu_s"].as_f64(), Some(0.0));
+    // The GPU frees up: Bob's job goes first although Alice submitted first.
+    c.ok(&["cancel", &blocker.to_string()]);
+    let bob_job = c.wait_done(bob);
+    let alice_job = c.wait_done(alice);
+    assert!(bob_job["start_time"].as_str() <= alice_job["start_time"].as_str(), "{bob_job} {alice_job}");
+    // Submitting under an account one does not belong to is refused.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+        .env("USER", "bob")
+        .args(["--controllers", &c.addrs(), "submit", "--account", "a", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(stderr(&out).contains("does not belong to account \"a\""), "{}", stderr(&out));
+}
