@@ -41,7 +41,7 @@ pub fn pow2_neg(x_q16: u64) -> u64 {
     let step = (frac >> 12) as usize; // sixteenths
     let rest = frac & 0xFFF; // within the sixteenth, in 1/4096
     let (a, b) = (POW2_NEG_SIXTEENTHS[step], POW2_NEG_SIXTEENTHS[step + 1]);
-    let q32 = a - ((a - b) * rest >> 12);
+    let q32 = a - (((a - b) * rest) >> 12);
     (q32 >> whole) >> 16
 }
 
@@ -145,12 +145,13 @@ pub fn fairshare_factors(state: &ClusterState) -> BTreeMap<String, u64> {
     }
     norm.iter()
         .map(|(name, shares)| {
-            let factor = if total == 0 {
-                ONE
-            } else {
-                let usage_norm = usage(name) * u128::from(ONE) / total;
-                let x = usage_norm * u128::from(ONE) / (*shares).max(1);
-                pow2_neg(x.min(u128::from(u64::MAX)) as u64)
+            // No usage anywhere yet: every account is at its full share.
+            let factor = match (usage(name) * u128::from(ONE)).checked_div(total) {
+                None => ONE,
+                Some(usage_norm) => {
+                    let x = usage_norm * u128::from(ONE) / (*shares).max(1);
+                    pow2_neg(x.min(u128::from(u64::MAX)) as u64)
+                }
             };
             (name.clone(), factor)
         })
