@@ -30,6 +30,13 @@ impl Usage {
     /// Counts the running jobs among `jobs`, for the QoS classes of `policy` that have limits.
     pub fn of<'a>(jobs: impl IntoIterator<Item = &'a Job>, policy: &Policy) -> Usage {
         let mut usage = Usage::default();
+        let limited = policy
+            .qos
+            .values()
+            .any(|q| q.grp_gpus.is_some() || q.user_gpus.is_some() || q.user_jobs.is_some());
+        if !limited {
+            return usage;
+        }
         for job in jobs.into_iter().filter(|j| j.state == JobState::Running) {
             usage.add(job, policy);
         }

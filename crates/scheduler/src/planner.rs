@@ -85,6 +85,14 @@ struct FreeNode<'a> {
 }
 
 impl FreeNode<'_> {
+    /// How many free GPUs a job of `model` could use (no allocation; the hot path).
+    fn usable_count(&self, model: Option<&str>, may_use_reserved: bool) -> usize {
+        self.free
+            .iter()
+            .filter(|(i, _, m)| model_matches(model, m) && (may_use_reserved || !self.reserved.contains(i)))
+            .count()
+    }
+
     /// Free GPUs usable by a job of `model`, excluding reserved ones unless `may_use_reserved`.
     fn usable(&self, model: Option<&str>, may_use_reserved: bool) -> Vec<(GpuIndex, u32)> {
         self.free
@@ -188,15 +196,13 @@ impl<'a> Pass<'a> {
         let may_use_reserved = res.is_none_or(|r| ends_ms <= r.start_ms);
         let mut best: Option<Candidate> = None;
         let consider = |pos: usize, best: &mut Option<Candidate>| {
-            let usable =
-                self.nodes[pos].usable(model, may_use_reserved || self.nodes[pos].reserved.is_empty());
-            if usable.len() < count {
+            let node = &self.nodes[pos];
+            let may = may_use_reserved || node.reserved.is_empty();
+            let n = node.usable_count(model, may);
+            if n < count || best.as_ref().is_some_and(|(bn, bp, _)| (n, pos) >= (*bn, *bp)) {
                 return;
             }
-            let key = (usable.len(), pos);
-            if best.as_ref().is_none_or(|(n, p, _)| key < (*n, *p)) {
-                *best = Some((usable.len(), pos, usable));
-            }
+            *best = Some((n, pos, node.usable(model, may)));
         };
         if model.is_none() {
             // Best fit without a model constraint: the first indexed node with enough free GPUs.
