@@ -49,6 +49,16 @@ struct Args {
     fake_gpu_model: String,
     #[arg(long, default_value_t = 81920)]
     fake_gpu_memory_mib: u64,
+    /// Node labels for partition selectors, KEY=VALUE (repeatable), e.g. rack=r2.
+    #[arg(long = "label", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("\"{s}\" is not KEY=VALUE")),
+    }
 }
 
 fn host_name() -> String {
@@ -214,7 +224,7 @@ async fn main() -> anyhow::Result<()> {
         gpus,
         cpus: std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1),
         memory_mib: 0,
-        labels: Default::default(),
+        labels: args.labels.iter().cloned().collect(),
         gpu_backend: inv.backend().to_string(),
     };
     let (report_tx, report_rx) = mpsc::channel(1024);

@@ -451,6 +451,7 @@ fn bench_schedule(
             after_ok: Vec::new(),
             gpu_model: i.is_multiple_of(17).then(|| "A100".to_string()),
             account: String::new(),
+            partition: String::new(),
         }
     };
     // Running jobs: placed GPU by GPU across the nodes with explicit plans.

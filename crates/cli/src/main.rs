@@ -84,6 +84,9 @@ enum Cmd {
         /// Fairshare account (default: your default account).
         #[arg(long)]
         account: Option<String>,
+        /// Partition (default: the cluster's default partition).
+        #[arg(long)]
+        partition: Option<String>,
         /// The command and its arguments, after `--`.
         #[arg(last = true)]
         command: Vec<String>,
@@ -125,6 +128,11 @@ enum Cmd {
     Qos {
         #[command(subcommand)]
         command: QosCmd,
+    },
+    /// Partitions: their nodes, tiers and rules.
+    Partition {
+        #[command(subcommand)]
+        command: PartitionCmd,
     },
     /// The whole scheduling policy as a TOML file.
     Policy {
@@ -205,6 +213,12 @@ struct QosFlags {
     user_jobs: Option<String>,
     #[arg(long)]
     burstable: Option<bool>,
+}
+
+#[derive(Subcommand, Debug)]
+enum PartitionCmd {
+    /// List partitions (change them with `kairos policy apply`).
+    List,
 }
 
 #[derive(Subcommand, Debug)]
@@ -516,6 +530,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             hold,
             gpu_model,
             account,
+            partition,
             command,
         } => {
             let profile = match profile {
@@ -546,6 +561,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 after_ok,
                 hold,
                 account: account.unwrap_or_default(),
+                partition: partition.unwrap_or_default(),
                 ..Default::default()
             };
             // Retries (leader changes) reuse this id, so a submit is never applied twice.
@@ -819,6 +835,54 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
         }
         Cmd::Qos { command } => return qos_command(client, command, cli.json).await,
+        Cmd::Partition { command: PartitionCmd::List } => {
+            let policy = get_policy(client).await?;
+            if cli.json {
+                let v: Vec<serde_json::Value> = policy
+                    .partitions
+                    .iter()
+                    .map(|p| {
+                        serde_json::json!({
+                            "name": p.name, "default": p.name == policy.default_partition, "nodes": p.nodes,
+                            "selector": p.selector, "priority_tier": p.priority_tier, "allowed_qos": p.allowed_qos,
+                            "default_qos": (!p.default_qos.is_empty()).then(|| p.default_qos.clone()),
+                            "max_wall_s": p.max_wall_s,
+                        })
+                    })
+                    .collect();
+                print_json(&serde_json::Value::Array(v));
+            } else {
+                let rows: Vec<Vec<String>> = policy
+                    .partitions
+                    .iter()
+                    .map(|p| {
+                        let mut sel: Vec<String> =
+                            p.selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                        sel.sort();
+                        let nodes = if !p.nodes.is_empty() {
+                            p.nodes.join(",")
+                        } else if !sel.is_empty() {
+                            sel.join(",")
+                        } else {
+                            "all".into()
+                        };
+                        vec![
+                            format!(
+                                "{}{}",
+                                p.name,
+                                if p.name == policy.default_partition { "*" } else { "" }
+                            ),
+                            nodes,
+                            p.priority_tier.to_string(),
+                            if p.allowed_qos.is_empty() { "all".into() } else { p.allowed_qos.join(",") },
+                            if p.default_qos.is_empty() { "-".into() } else { p.default_qos.clone() },
+                            p.max_wall_s.map(policy_file::format_secs).unwrap_or_else(|| "-".into()),
+                        ]
+                    })
+                    .collect();
+                table(&["PARTITION", "NODES", "TIER", "QOS", "DEFAULT_QOS", "MAX_WALL"], &rows);
+            }
+        }
         Cmd::Policy { command } => return policy_command(client, command).await,
         Cmd::Up { addr, agent_addr, data_dir, fake_gpus, node_name } => {
             let controllers = up_controllers(&cli.controllers, &addr)?;

@@ -56,6 +56,7 @@ pub fn job_json(job: &pb::Job) -> Value {
         "name": spec.name,
         "user": job.user,
         "account": spec.account,
+        "partition": spec.partition,
         "state": job_state_name(job.state),
         "reason": job.reason,
         "gpus": gpus,

@@ -22,6 +22,16 @@
 //! shares = 2
 //! users = ["alice", "bob"]  # empty = open to every user
 //!
+//! default_partition = "default"   # (top level, before any table)
+//! [partitions.default]      # nodes = [..] by name, or a label selector; neither = all nodes
+//! priority_tier = 1
+//! [partitions.big]
+//! selector = { rack = "r2" }
+//! priority_tier = 5
+//! allowed_qos = ["training"]
+//! default_qos = "training"
+//! max_wall = "72h"
+//!
 //! [qos.inference]
 //! priority = 200
 //! preempt = []              # QoS whose jobs this one may preempt
@@ -54,6 +64,28 @@ pub struct PolicyFile {
     pub qos: BTreeMap<String, QosEntry>,
     #[serde(default)]
     pub accounts: BTreeMap<String, AccountEntry>,
+    /// Partition of jobs that name none (default "default").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_partition: Option<String>,
+    #[serde(default)]
+    pub partitions: BTreeMap<String, PartitionEntry>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartitionEntry {
+    #[serde(default)]
+    pub nodes: Vec<String>,
+    #[serde(default)]
+    pub selector: BTreeMap<String, String>,
+    #[serde(default = "one")]
+    pub priority_tier: u32,
+    #[serde(default)]
+    pub allowed_qos: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_qos: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_wall: Option<String>,
 }
 
 /// Multifactor priority weights; omitted ones keep the shipped defaults.
@@ -64,6 +96,7 @@ pub struct WeightsEntry {
     pub age: Option<u32>,
     pub fairshare: Option<u32>,
     pub job_size: Option<u32>,
+    pub partition: Option<u32>,
     pub age_max: Option<String>,
     pub fairshare_half_life: Option<String>,
 }
@@ -205,6 +238,7 @@ impl PolicyFile {
                     age: w.age.unwrap_or(1_000),
                     fairshare: w.fairshare.unwrap_or(5_000),
                     job_size: w.job_size.unwrap_or(500),
+                    partition: w.partition.unwrap_or(1_000),
                     age_max_s: w
                         .age_max
                         .as_deref()
@@ -220,11 +254,29 @@ impl PolicyFile {
                 })
             }
         };
+        let mut partitions = Vec::new();
+        for (name, p) in &self.partitions {
+            let max_wall_s = match &p.max_wall {
+                None => None,
+                Some(w) => Some(parse_secs(&format!("partitions.{name}.max_wall"), w)?),
+            };
+            partitions.push(pb::Partition {
+                name: name.clone(),
+                nodes: p.nodes.clone(),
+                selector: p.selector.clone().into_iter().collect(),
+                priority_tier: p.priority_tier,
+                allowed_qos: p.allowed_qos.clone(),
+                default_qos: p.default_qos.clone().unwrap_or_default(),
+                max_wall_s,
+            });
+        }
         Ok(pb::Policy {
             qos,
             submit_rules: self.submit_rules.clone().into_iter().collect(),
             accounts,
             weights,
+            partitions,
+            default_partition: self.default_partition.clone().unwrap_or_default(),
         })
     }
 
@@ -265,10 +317,33 @@ impl PolicyFile {
             age: Some(w.age),
             fairshare: Some(w.fairshare),
             job_size: Some(w.job_size),
+            partition: Some(w.partition),
             age_max: Some(format_secs(w.age_max_s)),
             fairshare_half_life: Some(format_secs(w.fairshare_half_life_s)),
         });
-        PolicyFile { submit_rules: p.submit_rules.clone().into_iter().collect(), weights, qos, accounts }
+        let partitions = p
+            .partitions
+            .iter()
+            .map(|part| {
+                let entry = PartitionEntry {
+                    nodes: part.nodes.clone(),
+                    selector: part.selector.clone().into_iter().collect(),
+                    priority_tier: part.priority_tier,
+                    allowed_qos: part.allowed_qos.clone(),
+                    default_qos: (!part.default_qos.is_empty()).then(|| part.default_qos.clone()),
+                    max_wall: part.max_wall_s.map(format_secs),
+                };
+                (part.name.clone(), entry)
+            })
+            .collect();
+        PolicyFile {
+            submit_rules: p.submit_rules.clone().into_iter().collect(),
+            weights,
+            qos,
+            accounts,
+            default_partition: (!p.default_partition.is_empty()).then(|| p.default_partition.clone()),
+            partitions,
+        }
     }
 
     pub fn to_toml(&self) -> Result<String, String> {

@@ -43,6 +43,7 @@ fn spec(n: usize) -> JobSpec {
         after_ok: Vec::new(),
         gpu_model: None,
         account: String::new(),
+        partition: String::new(),
     }
 }
 

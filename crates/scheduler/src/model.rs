@@ -115,6 +115,9 @@ pub struct JobSpec {
     /// Fairshare account (resolved at submit; "" asks for the user's default).
     #[serde(default)]
     pub account: String,
+    /// Partition (resolved at submit; "" asks for the cluster's default).
+    #[serde(default)]
+    pub partition: String,
 }
 
 /// Whether a GPU model name satisfies a job's model constraint ("H100" matches

@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::limits::Usage;
 use crate::model::{model_matches, GpuIndex, Job, JobId, JobState, NodeState};
+use crate::policy::Partition;
 use crate::priority::Prioritizer;
 use crate::state::{ClusterState, Placement, Plan, PLAN_PLACEMENTS_MAX};
 
@@ -46,6 +47,8 @@ pub enum PendingReason {
     Dependency,
     /// A job it depends on ended without completing: it can never start.
     DependencyNeverSatisfied(JobId),
+    /// Its time limit is longer than its partition allows.
+    PartitionTimeLimit,
 }
 
 impl std::fmt::Display for PendingReason {
@@ -59,6 +62,7 @@ impl std::fmt::Display for PendingReason {
             PendingReason::QosUserJobLimit => f.write_str("QosUserJobLimit"),
             PendingReason::JobHeldUser => f.write_str("JobHeldUser"),
             PendingReason::Dependency => f.write_str("Dependency"),
+            PendingReason::PartitionTimeLimit => f.write_str("PartitionTimeLimit"),
             PendingReason::DependencyNeverSatisfied(dep) => {
                 write!(f, "DependencyNeverSatisfied: job {dep} did not complete")
             }
@@ -78,6 +82,7 @@ pub struct PlanOutput {
 /// Free GPUs of one Up node during planning.
 struct FreeNode<'a> {
     name: &'a str,
+    labels: &'a BTreeMap<String, String>,
     /// (index, link group, model) of each free GPU, ascending by index.
     free: Vec<(GpuIndex, u32, &'a str)>,
     /// GPUs the reservation holds on this node (free now or freed by then).
@@ -178,7 +183,7 @@ impl<'a> Pass<'a> {
                     }
                 }
             }
-            nodes.push(FreeNode { name, free, reserved: Vec::new() });
+            nodes.push(FreeNode { name, labels: &n.info.labels, free, reserved: Vec::new() });
         }
         let by_free = nodes.iter().enumerate().map(|(i, n)| (n.free.len(), i)).collect();
         Pass { state, nodes, by_free, busy_until }
@@ -190,6 +195,7 @@ impl<'a> Pass<'a> {
         &self,
         count: usize,
         model: Option<&str>,
+        part: Option<&Partition>,
         ends_ms: i64,
         res: Option<&Reservation>,
     ) -> Option<(usize, Vec<GpuIndex>)> {
@@ -197,6 +203,9 @@ impl<'a> Pass<'a> {
         let mut best: Option<Candidate> = None;
         let consider = |pos: usize, best: &mut Option<Candidate>| {
             let node = &self.nodes[pos];
+            if part.is_some_and(|p| !p.contains(node.name, node.labels)) {
+                return;
+            }
             let may = may_use_reserved || node.reserved.is_empty();
             let n = node.usable_count(model, may);
             if n < count || best.as_ref().is_some_and(|(bn, bp, _)| (n, pos) >= (*bn, *bp)) {
@@ -204,8 +213,8 @@ impl<'a> Pass<'a> {
             }
             *best = Some((n, pos, node.usable(model, may)));
         };
-        if model.is_none() {
-            // Best fit without a model constraint: the first indexed node with enough free GPUs.
+        if model.is_none() && part.is_none_or(Partition::is_everything) {
+            // Best fit without a model or partition constraint: the first indexed node with enough free GPUs.
             // Nodes names are in BTreeMap order, so position order is name order (deterministic).
             let mut seen = 0;
             for &(free, pos) in self.by_free.range((count, 0)..) {
@@ -247,8 +256,12 @@ impl<'a> Pass<'a> {
         let now = self.state.now_ms;
         let count = job.spec.gpus as usize;
         let model = job.spec.gpu_model.as_deref();
+        let part = self.state.partition_of(job);
         let mut best: Option<(i64, usize, Vec<GpuIndex>)> = None;
         for (pos, node) in self.nodes.iter().enumerate() {
+            if part.is_some_and(|p| !p.contains(node.name, node.labels)) {
+                continue;
+            }
             let mut gpus: Vec<GpuIndex> = node.usable(model, true).into_iter().map(|(i, _)| i).collect();
             let mut at = now;
             if gpus.len() < count {
@@ -291,22 +304,32 @@ impl<'a> Pass<'a> {
 /// Computes a plan for the current state.
 pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
     let mut pass = Pass::new(state);
-    // The most GPUs of a model (constraint) one Up node has, per constraint seen.
-    let largest_of = |model: Option<&str>| -> u32 {
+    // The most GPUs of a model (constraint) one Up node of a partition has, per pair seen.
+    let largest_of = |model: Option<&str>, part: Option<&Partition>| -> u32 {
         let up = state.nodes.values().filter(|n| n.state == NodeState::Up);
-        up.map(|n| n.info.gpus.iter().filter(|g| model_matches(model, &g.model)).count() as u32)
+        let inside = up.filter(|n| part.is_none_or(|p| p.contains(&n.info.name, &n.info.labels)));
+        inside
+            .map(|n| n.info.gpus.iter().filter(|g| model_matches(model, &g.model)).count() as u32)
             .max()
             .unwrap_or(0)
     };
-    let largest_any = largest_of(None);
-    let mut largest_by_model: Vec<(String, u32)> = Vec::new();
-    let mut largest_up = |model: Option<&'_ str>| -> u32 {
-        let Some(m) = model else { return largest_any };
-        if let Some((_, n)) = largest_by_model.iter().find(|(k, _)| k.eq_ignore_ascii_case(m)) {
+    let largest_any = largest_of(None, None);
+    let mut largest_by: Vec<(Option<String>, String, u32)> = Vec::new();
+    let mut largest_up = |model: Option<&'_ str>, part: Option<&Partition>| -> u32 {
+        if model.is_none() && part.is_none_or(Partition::is_everything) {
+            return largest_any;
+        }
+        let part_name = part.map(|p| p.name.as_str()).unwrap_or("");
+        let same_model = |k: &Option<String>| match (k, model) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.eq_ignore_ascii_case(b),
+            _ => false,
+        };
+        if let Some((_, _, n)) = largest_by.iter().find(|(m, p, _)| same_model(m) && p == part_name) {
             return *n;
         }
-        let n = largest_of(model);
-        largest_by_model.push((m.to_string(), n));
+        let n = largest_of(model, part);
+        largest_by.push((model.map(str::to_string), part_name.to_string(), n));
         n
     };
     let mut usage = Usage::of(state.jobs_running(), &state.policy);
@@ -331,13 +354,25 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             continue;
         }
         let model = job.spec.gpu_model.as_deref();
-        let largest_up = largest_up(model);
+        let part = state.partition_of(job);
+        if part
+            .and_then(|p| p.max_wall_s)
+            .is_some_and(|max| state.time_limit_ms(job) > (max as i64).saturating_mul(1000))
+        {
+            pending.push((job.id, PendingReason::PartitionTimeLimit));
+            continue;
+        }
+        let largest_up = largest_up(model, part);
         if job.spec.gpus > largest_up {
             let of = model.map(|m| format!(" {m}")).unwrap_or_default();
+            let within = part
+                .filter(|p| !p.is_everything())
+                .map(|p| format!(" in partition \"{}\"", p.name))
+                .unwrap_or_default();
             let why = if largest_up == 0 {
-                format!("no up node has{of} GPUs")
+                format!("no up node{within} has{of} GPUs")
             } else {
-                format!("no up node has {}{of} GPUs", job.spec.gpus)
+                format!("no up node{within} has {}{of} GPUs", job.spec.gpus)
             };
             pending.push((job.id, PendingReason::ReqNodeNotAvail(why)));
             continue;
@@ -347,7 +382,7 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             continue;
         }
         let ends_ms = state.now_ms.saturating_add(state.time_limit_ms(job));
-        match pass.find(job.spec.gpus as usize, model, ends_ms, out.reservation.as_ref()) {
+        match pass.find(job.spec.gpus as usize, model, part, ends_ms, out.reservation.as_ref()) {
             Some((pos, gpus)) => {
                 pass.take(pos, &gpus, ends_ms);
                 usage.add(job, &state.policy);

@@ -108,6 +108,42 @@ pub struct Account {
     pub users: BTreeSet<String>,
 }
 
+/// A partition: a set of nodes with its own rules.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partition {
+    pub name: String,
+    /// Nodes by name; empty = every node whose labels match `selector`.
+    pub nodes: BTreeSet<String>,
+    /// Label selector (all must match); with no `nodes` and no selector, every node.
+    pub selector: BTreeMap<String, String>,
+    /// Higher tiers go first (a priority factor) and, later, may preempt lower tiers.
+    pub priority_tier: u32,
+    /// QoS classes allowed here; empty = all.
+    pub allowed_qos: BTreeSet<String>,
+    /// The QoS a job here gets when it names none (before the profile's submit rule).
+    pub default_qos: Option<String>,
+    /// Longest wall time a job may run here (jobs asking more wait: PartitionTimeLimit).
+    pub max_wall_s: Option<u64>,
+}
+
+impl Partition {
+    /// Whether the node named `name` with `labels` belongs to this partition.
+    pub fn contains(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
+        if !self.nodes.is_empty() {
+            return self.nodes.contains(name);
+        }
+        self.selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+    }
+
+    /// Every node belongs (the common case: the planner's fast path).
+    pub fn is_everything(&self) -> bool {
+        self.nodes.is_empty() && self.selector.is_empty()
+    }
+}
+
+/// The partition every cluster starts with: every node.
+pub const DEFAULT_PARTITION: &str = "default";
+
 /// The account every cluster starts with, open to every user.
 pub const ROOT_ACCOUNT: &str = "root";
 
@@ -121,6 +157,28 @@ pub struct Policy {
     pub accounts: BTreeMap<String, Account>,
     #[serde(default)]
     pub weights: PriorityWeights,
+    #[serde(default = "default_partitions")]
+    pub partitions: BTreeMap<String, Partition>,
+    /// The partition of jobs that name none.
+    #[serde(default = "default_partition_name")]
+    pub default_partition: String,
+}
+
+fn default_partitions() -> BTreeMap<String, Partition> {
+    let all = Partition {
+        name: DEFAULT_PARTITION.into(),
+        nodes: BTreeSet::new(),
+        selector: BTreeMap::new(),
+        priority_tier: 1,
+        allowed_qos: BTreeSet::new(),
+        default_qos: None,
+        max_wall_s: None,
+    };
+    [(all.name.clone(), all)].into()
+}
+
+fn default_partition_name() -> String {
+    DEFAULT_PARTITION.into()
 }
 
 fn default_accounts() -> BTreeMap<String, Account> {
@@ -151,7 +209,14 @@ impl Default for Policy {
             (Profile::Batch, "batch".to_string()),
         ]
         .into();
-        Policy { qos, profile_qos, accounts: default_accounts(), weights: PriorityWeights::default() }
+        Policy {
+            qos,
+            profile_qos,
+            accounts: default_accounts(),
+            weights: PriorityWeights::default(),
+            partitions: default_partitions(),
+            default_partition: default_partition_name(),
+        }
     }
 }
 
@@ -194,6 +259,16 @@ pub enum PolicyError {
     NoAccounts,
     #[error("weights: age_max and fairshare_half_life must be at least 1 s, and not every weight 0")]
     BadWeights,
+    #[error("partition name \"{0}\": use 1-{POLICY_NAME_LEN_MAX} characters of [a-z0-9_-]")]
+    BadPartitionName(String),
+    #[error("partition \"{name}\": unknown qos \"{qos}\"")]
+    PartitionUnknownQos { name: String, qos: String },
+    #[error("partition \"{name}\": default qos \"{qos}\" is not among its allowed qos")]
+    PartitionDefaultNotAllowed { name: String, qos: String },
+    #[error("partition \"{0}\": max_wall must be between 1 s and one year")]
+    PartitionBadMaxWall(String),
+    #[error("default_partition: unknown partition \"{0}\"")]
+    UnknownDefaultPartition(String),
 }
 
 fn valid_name(name: &str) -> bool {
@@ -259,8 +334,11 @@ impl Policy {
             return Err(PolicyError::PreemptCycle(name));
         }
         self.validate_accounts()?;
+        self.validate_partitions()?;
         let w = &self.weights;
-        if w.age_max_s == 0 || w.fairshare_half_life_s == 0 || (w.qos | w.age | w.fairshare | w.job_size) == 0
+        if w.age_max_s == 0
+            || w.fairshare_half_life_s == 0
+            || (w.qos | w.age | w.fairshare | w.job_size | w.partition) == 0
         {
             return Err(PolicyError::BadWeights);
         }
@@ -272,6 +350,36 @@ impl Policy {
                 }
                 Some(_) => {}
             }
+        }
+        Ok(())
+    }
+
+    fn validate_partitions(&self) -> Result<(), PolicyError> {
+        for (key, p) in &self.partitions {
+            if !valid_name(&p.name) || *key != p.name {
+                return Err(PolicyError::BadPartitionName(
+                    p.name.chars().take(POLICY_NAME_LEN_MAX + 1).collect(),
+                ));
+            }
+            for q in p.allowed_qos.iter().chain(p.default_qos.iter()) {
+                if !self.qos.contains_key(q) {
+                    return Err(PolicyError::PartitionUnknownQos { name: p.name.clone(), qos: q.clone() });
+                }
+            }
+            if let Some(d) = &p.default_qos {
+                if !p.allowed_qos.is_empty() && !p.allowed_qos.contains(d) {
+                    return Err(PolicyError::PartitionDefaultNotAllowed {
+                        name: p.name.clone(),
+                        qos: d.clone(),
+                    });
+                }
+            }
+            if p.max_wall_s.is_some_and(|w| w == 0 || w > MAX_WALL_S_MAX) {
+                return Err(PolicyError::PartitionBadMaxWall(p.name.clone()));
+            }
+        }
+        if !self.partitions.contains_key(&self.default_partition) {
+            return Err(PolicyError::UnknownDefaultPartition(self.default_partition.clone()));
         }
         Ok(())
     }

@@ -2,11 +2,12 @@
 //! so every replica computes the same numbers.
 //!
 //! ```text
-//!   priority = ( w_qos·qos + w_age·age + w_fairshare·fairshare + w_size·size ) / ONE
+//!   priority = ( w_qos·qos + w_age·age + w_fairshare·fairshare + w_size·size + w_part·partition ) / ONE
 //!   each factor in [0, ONE]:  qos = qos priority / highest qos priority
 //!                             age = min(waited, age_max) / age_max
 //!                             fairshare = 2^(−usage_share / shares_share)   (account tree aware)
 //!                             size = gpus / largest node's gpus
+//!                             partition = its priority tier / highest tier
 //! ```
 //!
 //! Usage is GPU-milliseconds charged to a job's account and every ancestor when a run ends,
@@ -52,6 +53,9 @@ pub struct PriorityWeights {
     pub age: u32,
     pub fairshare: u32,
     pub job_size: u32,
+    /// Weight of the partition's priority tier.
+    #[serde(default)]
+    pub partition: u32,
     /// Age stops counting after this long.
     pub age_max_s: u64,
     /// Usage halves every this long.
@@ -65,6 +69,7 @@ impl Default for PriorityWeights {
             age: 1_000,
             fairshare: 5_000,
             job_size: 500,
+            partition: 1_000,
             age_max_s: 7 * 24 * 3600,
             fairshare_half_life_s: 7 * 24 * 3600,
         }
@@ -102,6 +107,7 @@ pub struct Factors {
     pub age: u64,
     pub fairshare: u64,
     pub job_size: u64,
+    pub partition: u64,
 }
 
 /// The fairshare factor of every account, in Q16.
@@ -165,6 +171,7 @@ pub struct Prioritizer<'a> {
     qos_max: i64,
     largest_node_gpus: u32,
     fairshare: BTreeMap<String, u64>,
+    tier_max: u32,
 }
 
 impl<'a> Prioritizer<'a> {
@@ -176,6 +183,7 @@ impl<'a> Prioritizer<'a> {
             qos_max,
             largest_node_gpus: state.largest_node_gpus().max(1),
             fairshare: fairshare_factors(state),
+            tier_max: state.policy.partitions.values().map(|p| p.priority_tier).max().unwrap_or(1).max(1),
         }
     }
 
@@ -189,11 +197,14 @@ impl<'a> Prioritizer<'a> {
         let fairshare = self.fairshare.get(&job.spec.account).copied().unwrap_or(ONE);
         let job_size = (u64::from(job.spec.gpus).min(u64::from(self.largest_node_gpus)) * ONE)
             / u64::from(self.largest_node_gpus);
+        let tier = self.policy.partitions.get(&job.spec.partition).map(|p| p.priority_tier).unwrap_or(0);
+        let partition = u64::from(tier.min(self.tier_max)) * ONE / u64::from(self.tier_max);
         let sum = u64::from(w.qos) * qos
             + u64::from(w.age) * age
             + u64::from(w.fairshare) * fairshare
-            + u64::from(w.job_size) * job_size;
-        Factors { priority: (sum / ONE) as i64, qos, age, fairshare, job_size }
+            + u64::from(w.job_size) * job_size
+            + u64::from(w.partition) * partition;
+        Factors { priority: (sum / ONE) as i64, qos, age, fairshare, job_size, partition }
     }
 
     pub fn priority(&self, job: &Job) -> i64 {

@@ -306,6 +306,13 @@ impl ClusterState {
         self.nodes.values().any(|n| n.state == NodeState::Up && n.allocated.len() < n.info.gpus.len())
     }
 
+    /// The partition a job runs in (None only for jobs from before partitions existed).
+    pub fn partition_of(&self, job: &Job) -> Option<&crate::policy::Partition> {
+        let name =
+            if job.spec.partition.is_empty() { &self.policy.default_partition } else { &job.spec.partition };
+        self.policy.partitions.get(name)
+    }
+
     /// A job's time limit in milliseconds (its QoS maximum when it set none; a year at most).
     pub fn time_limit_ms(&self, job: &Job) -> i64 {
         let secs = self.time_limit_s(job).unwrap_or(crate::validate::TIME_LIMIT_S_MAX);
@@ -351,10 +358,16 @@ impl ClusterState {
         if let Err(e) = validate_spec(spec) {
             return Outcome::Rejected(Rejection::Invalid(e.to_string()));
         }
-        let qos = if spec.qos.is_empty() {
-            self.policy.default_qos(spec.profile)
-        } else {
-            self.policy.qos(&spec.qos)
+        let partition_name =
+            if spec.partition.is_empty() { &self.policy.default_partition } else { &spec.partition };
+        let Some(partition) = self.policy.partitions.get(partition_name) else {
+            let name: String = spec.partition.chars().take(64).collect();
+            return Outcome::Rejected(Rejection::Invalid(format!("partition: unknown partition \"{name}\"")));
+        };
+        let qos = match (spec.qos.is_empty(), &partition.default_qos) {
+            (false, _) => self.policy.qos(&spec.qos),
+            (true, Some(d)) => self.policy.qos(d),
+            (true, None) => self.policy.default_qos(spec.profile),
         };
         let Some(qos) = qos else {
             let known: Vec<&str> = self.policy.qos.keys().map(String::as_str).collect();
@@ -367,6 +380,13 @@ impl ClusterState {
         if let Err(why) = Self::check_qos_fit(spec, qos) {
             return Outcome::Rejected(why);
         }
+        if !partition.allowed_qos.is_empty() && !partition.allowed_qos.contains(&qos.name) {
+            return Outcome::Rejected(Rejection::Invalid(format!(
+                "qos \"{}\" is not allowed in partition \"{}\"",
+                qos.name, partition.name
+            )));
+        }
+        let partition_name = partition.name.clone();
         if let Some(dep) = spec.after_ok.iter().find(|d| !self.jobs.contains_key(d)) {
             return Outcome::Rejected(Rejection::NotFound(format!("after_ok: job {dep} not found")));
         }
@@ -390,6 +410,7 @@ impl ClusterState {
         let mut spec = spec.clone();
         spec.qos = qos_name;
         spec.account = account;
+        spec.partition = partition_name;
         let mut job = Job {
             id,
             spec,
@@ -443,22 +464,29 @@ impl ClusterState {
         if let Err(e) = policy.validate() {
             return Outcome::Rejected(Rejection::Invalid(e.to_string()));
         }
-        if let Some(job) =
-            self.jobs.values().find(|j| !j.state.is_terminal() && !policy.qos.contains_key(&j.spec.qos))
-        {
+        // Nothing an unfinished job refers to may disappear.
+        let unfinished = || self.jobs.values().filter(|j| !j.state.is_terminal());
+        let missing = unfinished()
+            .find_map(|j| (!policy.qos.contains_key(&j.spec.qos)).then_some(("qos", &j.spec.qos, j.id)))
+            .or_else(|| {
+                unfinished().find_map(|j| {
+                    (!policy.accounts.contains_key(&j.spec.account)).then_some((
+                        "account",
+                        &j.spec.account,
+                        j.id,
+                    ))
+                })
+            })
+            .or_else(|| {
+                unfinished().find_map(|j| {
+                    let gone =
+                        !j.spec.partition.is_empty() && !policy.partitions.contains_key(&j.spec.partition);
+                    gone.then_some(("partition", &j.spec.partition, j.id))
+                })
+            });
+        if let Some((what, name, job)) = missing {
             return Outcome::Rejected(Rejection::FailedPrecondition(format!(
-                "qos \"{}\" is in use by job {}",
-                job.spec.qos, job.id
-            )));
-        }
-        if let Some(job) = self
-            .jobs
-            .values()
-            .find(|j| !j.state.is_terminal() && !policy.accounts.contains_key(&j.spec.account))
-        {
-            return Outcome::Rejected(Rejection::FailedPrecondition(format!(
-                "account \"{}\" is in use by job {}",
-                job.spec.account, job.id
+                "{what} \"{name}\" is in use by job {job}"
             )));
         }
         self.policy = policy.clone();
@@ -624,6 +652,15 @@ impl ClusterState {
         let node = self.nodes.get(&p.node).ok_or_else(|| format!("node \"{}\" not found", p.node))?;
         if node.state != NodeState::Up {
             return Err(format!("node \"{}\" is not up", p.node));
+        }
+        if let Some(part) = self.partition_of(job) {
+            if !part.contains(&node.info.name, &node.info.labels) {
+                return Err(format!("node \"{}\" is not in partition \"{}\"", p.node, part.name));
+            }
+            if part.max_wall_s.is_some_and(|max| self.time_limit_ms(job) > (max as i64).saturating_mul(1000))
+            {
+                return Err(format!("job {}: PartitionTimeLimit", p.job));
+            }
         }
         let wanted: BTreeSet<GpuIndex> = p.gpus.iter().copied().collect();
         if wanted.len() != p.gpus.len() || wanted.len() != job.spec.gpus as usize {

@@ -484,11 +484,81 @@ fn accounts_are_checked_at_submit_and_cannot_vanish_under_jobs() {
         Outcome::Rejected(Rejection::Invalid(_))
     ));
     let mut no_weights = two_accounts();
-    no_weights.weights =
-        crate::priority::PriorityWeights { qos: 0, age: 0, fairshare: 0, job_size: 0, ..Default::default() };
+    no_weights.weights = crate::priority::PriorityWeights {
+        qos: 0,
+        age: 0,
+        fairshare: 0,
+        job_size: 0,
+        partition: 0,
+        ..Default::default()
+    };
     assert!(matches!(
         s.apply(&cmd(3, Op::SetPolicy { policy: no_weights })),
         Outcome::Rejected(Rejection::Invalid(_))
+    ));
+}
+
+fn with_partition(mut policy: crate::policy::Policy) -> crate::policy::Policy {
+    let part = crate::policy::Partition {
+        name: "big".into(),
+        nodes: Default::default(),
+        selector: [("rack".to_string(), "r2".to_string())].into(),
+        priority_tier: 5,
+        allowed_qos: ["training".to_string(), "batch".to_string()].into(),
+        default_qos: Some("training".into()),
+        max_wall_s: Some(3600),
+    };
+    policy.partitions.insert(part.name.clone(), part);
+    policy
+}
+
+#[test]
+fn partitions_confine_jobs_to_their_nodes_and_apply_their_rules() {
+    let mut s = ClusterState::new();
+    s.apply(&cmd(1, Op::RegisterNode { info: node_info("n1", 4) }));
+    let mut r2 = node_info("n2", 4);
+    r2.labels.insert("rack".into(), "r2".into());
+    s.apply(&cmd(1, Op::RegisterNode { info: r2 }));
+    assert_eq!(
+        s.apply(&cmd(1, Op::SetPolicy { policy: with_partition(s.policy.clone()) })),
+        Outcome::PolicyChanged
+    );
+    let mut sp = spec(1, "");
+    sp.partition = "big".into();
+    sp.time_limit_s = Some(600);
+    let j = submitted(s.apply(&cmd(2, Op::Submit { spec: sp.clone(), request_id: None, hold: false })));
+    assert_eq!(s.jobs[&j].spec.qos, "training", "the partition's default qos");
+    // A forged plan onto a node outside the partition is rejected; the planner picks n2.
+    let forged = Plan { placements: vec![Placement { job: j, node: "n1".into(), gpus: vec![0] }] };
+    let Outcome::PlanApplied { accepted, .. } = s.apply(&cmd(3, Op::ApplyPlan { plan: forged })) else {
+        panic!()
+    };
+    assert!(accepted.is_empty());
+    run_plan(&mut s, 3);
+    assert_eq!(s.jobs[&j].allocation.as_ref().unwrap().node, "n2");
+    // A QoS the partition does not allow is refused; a limit over its max wall waits.
+    let mut urgent = sp.clone();
+    urgent.qos = "urgent".into();
+    assert!(matches!(
+        s.apply(&cmd(4, Op::Submit { spec: urgent, request_id: None, hold: false })),
+        Outcome::Rejected(Rejection::Invalid(m)) if m.contains("not allowed in partition")
+    ));
+    let mut long = sp.clone();
+    long.time_limit_s = Some(7200);
+    let l = submitted(s.apply(&cmd(4, Op::Submit { spec: long, request_id: None, hold: false })));
+    assert_eq!(plan(&s).pending[&l], PendingReason::PartitionTimeLimit);
+    let mut unknown = sp;
+    unknown.partition = "nope".into();
+    assert!(matches!(
+        s.apply(&cmd(4, Op::Submit { spec: unknown, request_id: None, hold: false })),
+        Outcome::Rejected(_)
+    ));
+    // A partition in use cannot be removed.
+    let mut without = s.policy.clone();
+    without.partitions.remove("big");
+    assert!(matches!(
+        s.apply(&cmd(5, Op::SetPolicy { policy: without })),
+        Outcome::Rejected(Rejection::FailedPrecondition(_))
     ));
 }
 
@@ -584,6 +654,18 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
         q.user_gpus = Some(5);
         q.user_jobs = Some(3);
     }
+    policy.partitions.insert(
+        "p2".into(),
+        crate::policy::Partition {
+            name: "p2".into(),
+            nodes: ["n2".to_string()].into(),
+            selector: Default::default(),
+            priority_tier: 3,
+            allowed_qos: Default::default(),
+            default_qos: None,
+            max_wall_s: None,
+        },
+    );
     let c = Command { now_ms: 0, op: Op::SetPolicy { policy } };
     assert_eq!(s.apply(&c), Outcome::PolicyChanged);
     log.push(c);
@@ -609,6 +691,9 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                 sp.user = if qos % 2 == 0 { "alice".into() } else { "bob".into() };
                 if gpus % 3 == 0 {
                     sp.gpu_model = Some("a100".into());
+                }
+                if gpus % 5 == 2 {
+                    sp.partition = "p2".into();
                 }
                 if gpus % 4 == 1 && s.next_job_id > 1 {
                     sp.after_ok = vec![s.next_job_id - 1];
@@ -674,6 +759,9 @@ fn check_limits(s: &ClusterState) {
             assert_eq!(s.jobs[dep].state, JobState::Completed, "job {} started before job {dep}", j.id);
         }
         let alloc = j.allocation.as_ref().unwrap();
+        if j.spec.partition == "p2" {
+            assert_eq!(alloc.node, "n2", "job {} ran outside its partition", j.id);
+        }
         for g in &alloc.gpus {
             let model = &s.nodes[&alloc.node].info.gpus.iter().find(|x| x.index == *g).unwrap().model;
             assert!(

@@ -50,5 +50,6 @@ pub fn spec(gpus: u32, qos: &str) -> JobSpec {
         after_ok: Vec::new(),
         gpu_model: None,
         account: String::new(),
+        partition: String::new(),
     }
 }

@@ -26,9 +26,6 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
     if res.cpus != 0 || res.memory_mib != 0 {
         return Err(unimplemented("resources.cpus/memory_mib", "CPU and memory requests"));
     }
-    if !spec.partition.is_empty() {
-        return Err(unimplemented("partition", "partitions"));
-    }
     if spec.checkpoint.is_some() {
         return Err(unimplemented("checkpoint", "checkpoint specs"));
     }
@@ -60,6 +57,7 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
         after_ok: spec.after_ok,
         gpu_model: (!res.gpu_model.is_empty()).then_some(res.gpu_model),
         account: spec.account,
+        partition: spec.partition,
     };
     validate_spec(&out).map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok(out)
@@ -118,6 +116,7 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
             after_ok: s.after_ok.clone(),
             hold: job.held,
             account: s.account.clone(),
+            partition: s.partition.clone(),
             time_limit_s: s.time_limit_s.unwrap_or(0),
             requeue: Some(s.requeue),
             ..Default::default()

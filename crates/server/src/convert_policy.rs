@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use kairos_proto::v1 as pb;
-use kairos_scheduler::policy::{Account, Policy, PreemptMode, Qos};
+use kairos_scheduler::policy::{Account, Partition, Policy, PreemptMode, Qos};
 use kairos_scheduler::priority::PriorityWeights;
 use kairos_scheduler::Profile;
 use tonic::Status;
@@ -80,6 +80,7 @@ fn weights_from_pb(w: Option<pb::PriorityWeights>) -> PriorityWeights {
             age: w.age,
             fairshare: w.fairshare,
             job_size: w.job_size,
+            partition: w.partition,
             age_max_s: w.age_max_s,
             fairshare_half_life_s: w.fairshare_half_life_s,
         },
@@ -92,6 +93,7 @@ pub fn weights_to_pb(w: &PriorityWeights) -> pb::PriorityWeights {
         age: w.age,
         fairshare: w.fairshare,
         job_size: w.job_size,
+        partition: w.partition,
         age_max_s: w.age_max_s,
         fairshare_half_life_s: w.fairshare_half_life_s,
     }
@@ -124,7 +126,35 @@ pub fn policy_from_pb(p: pb::Policy) -> Result<Policy, Status> {
     if accounts.is_empty() {
         accounts = Policy::default().accounts;
     }
-    Ok(Policy { qos, profile_qos, accounts, weights: weights_from_pb(p.weights) })
+    let mut partitions = BTreeMap::new();
+    for part in p.partitions {
+        let partition = Partition {
+            nodes: part.nodes.into_iter().collect(),
+            selector: part.selector.into_iter().collect(),
+            priority_tier: part.priority_tier,
+            allowed_qos: part.allowed_qos.into_iter().collect(),
+            default_qos: (!part.default_qos.is_empty()).then_some(part.default_qos),
+            max_wall_s: part.max_wall_s,
+            name: part.name,
+        };
+        if partitions.insert(partition.name.clone(), partition).is_some() {
+            return Err(Status::invalid_argument("partitions: a name appears twice"));
+        }
+    }
+    let defaults = Policy::default();
+    if partitions.is_empty() {
+        partitions = defaults.partitions;
+    }
+    let default_partition =
+        if p.default_partition.is_empty() { defaults.default_partition } else { p.default_partition };
+    Ok(Policy {
+        qos,
+        profile_qos,
+        accounts,
+        weights: weights_from_pb(p.weights),
+        partitions,
+        default_partition,
+    })
 }
 
 pub fn policy_to_pb(p: &Policy) -> pb::Policy {
@@ -142,5 +172,19 @@ pub fn policy_to_pb(p: &Policy) -> pb::Policy {
             })
             .collect(),
         weights: Some(weights_to_pb(&p.weights)),
+        partitions: p
+            .partitions
+            .values()
+            .map(|part| pb::Partition {
+                name: part.name.clone(),
+                nodes: part.nodes.iter().cloned().collect(),
+                selector: part.selector.clone().into_iter().collect(),
+                priority_tier: part.priority_tier,
+                allowed_qos: part.allowed_qos.iter().cloned().collect(),
+                default_qos: part.default_qos.clone().unwrap_or_default(),
+                max_wall_s: part.max_wall_s,
+            })
+            .collect(),
+        default_partition: p.default_partition.clone(),
     }
 }

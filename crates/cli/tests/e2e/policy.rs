@@ -236,3 +236,45 @@ users = ["bob"]
         .unwrap();
     assert!(stderr(&out).contains("does not belong to account \"a\""), "{}", stderr(&out));
 }
+
+#[test]
+fn partitions_confine_jobs_and_round_trip_through_the_policy_file() {
+    let c = Cluster::start(2);
+    let mut policy = c.ok(&["policy", "export"]);
+    assert!(policy.starts_with("default_partition = \"default\""), "{policy}");
+    policy.push_str(
+        r#"
+[partitions.named]
+nodes = ["node-a"]
+priority_tier = 3
+max_wall = "1h"
+
+[partitions.rack9]
+selector = { rack = "r9" }
+"#,
+    );
+    let file = c.path("partitions.toml");
+    std::fs::write(&file, &policy).unwrap();
+    c.ok(&["policy", "apply", file.to_str().unwrap()]);
+    let parts: serde_json::Value = serde_json::from_str(&c.ok(&["partition", "list", "--json"])).unwrap();
+    let names: Vec<&str> = parts.as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, vec!["default", "named", "rack9"]);
+    let exported = c.ok(&["policy", "export"]);
+    assert!(exported.contains("[partitions.rack9]") && exported.contains("r9"), "{exported}");
+
+    let ok = c.submit(&["--partition", "named", "--time", "10m", "--", "true"]);
+    let job = c.wait_done(ok);
+    assert_eq!((job["state"].as_str(), job["partition"].as_str()), (Some("COMPLETED"), Some("named")));
+    let nowhere = c.submit(&["--partition", "rack9", "--", "true"]);
+    let job = c.job(nowhere);
+    assert_eq!(job["reason"], "ReqNodeNotAvail: no up node in partition \"rack9\" has GPUs", "{job}");
+    let too_long = c.submit(&["--partition", "named", "--time", "2h", "--", "true"]);
+    assert_eq!(c.job(too_long)["reason"], "PartitionTimeLimit");
+    let out = c.kairos(&["submit", "--partition", "gold", "--", "true"]);
+    assert!(stderr(&out).contains("unknown partition \"gold\""), "{}", stderr(&out));
+    // A partition in use cannot disappear.
+    std::fs::write(&file, c.ok(&["policy", "export"]).replace("partitions.rack9", "partitions.rack8"))
+        .unwrap();
+    let out = c.kairos(&["policy", "apply", file.to_str().unwrap()]);
+    assert!(stderr(&out).contains("partition \"rack9\" is in use"), "{}", stderr(&out));
+}
