@@ -491,6 +491,10 @@ fn bench_schedule(
         let gpus = [1, 1, 2, 4, 8, 1, 2, 8][(i % 8) as usize].min(gpus_per_node);
         apply(&mut state, Op::Submit { spec: spec(running + i, gpus), request_id: None, hold: false });
     }
+    // Fragmentation after applying one pass: free GPUs stranded on partly used nodes.
+    let mut after = state.clone();
+    after.apply(&Command { now_ms: now, op: Op::ApplyPlan { plan: kairos_scheduler::plan(&state).plan } });
+    let (free, whole) = after.fragmentation();
     let mut times = Vec::new();
     let mut last = None;
     for _ in 0..passes {
@@ -511,6 +515,8 @@ fn bench_schedule(
         "pass_ms_max": (times[times.len() - 1] * 10.0).round() / 10.0,
         "placed": out.plan.placements.len(),
         "reservation": out.reservation.is_some(),
+        "free_gpus_after_pass": free,
+        "free_gpus_on_whole_nodes": whole,
         "rss_mb": rss_mb(),
     }))
 }

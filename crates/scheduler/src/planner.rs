@@ -502,6 +502,8 @@ mod tests {
         let out = plan(&s);
         // "a" has 2 free GPUs left: the 2-GPU job goes there, keeping "b" whole.
         assert_eq!(out.plan.placements, vec![Placement { job: j2, node: "a".into(), gpus: vec![6, 7] }]);
+        // Packing kept node "b" whole: no free GPU is stranded on a partly used node.
+        assert_eq!(s.fragmentation(), (10, 8));
         // Four GPUs on an empty 8-GPU node with link groups of 4 come from one group.
         let j3 = submit(&mut s, 4, "batch");
         let mut out = plan(&s);

@@ -301,6 +301,17 @@ impl ClusterState {
         ids.into_iter().filter_map(|id| self.jobs.get(&id))
     }
 
+    /// GPU fragmentation of the Up nodes: (free GPUs, free GPUs on nodes that are entirely
+    /// free). Packing small jobs keeps the second close to the first, so whole nodes stay
+    /// available for large jobs.
+    pub fn fragmentation(&self) -> (u32, u32) {
+        let up = self.nodes.values().filter(|n| n.state == NodeState::Up);
+        up.fold((0, 0), |(free, whole), n| {
+            let f = n.gpu_count() - n.allocated.len() as u32;
+            (free + f, whole + if n.allocated.is_empty() { f } else { 0 })
+        })
+    }
+
     /// Whether any Up node has a free GPU (if not, no plan can place anything).
     pub fn has_free_gpus(&self) -> bool {
         self.nodes.values().any(|n| n.state == NodeState::Up && n.allocated.len() < n.info.gpus.len())
