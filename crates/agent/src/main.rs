@@ -167,7 +167,13 @@ async fn deliver_reports(
             };
             match result {
                 Ok(()) => break,
-                Err(s) if s.code() == tonic::Code::InvalidArgument => {
+                Err(s)
+                    if matches!(
+                        s.code(),
+                        tonic::Code::InvalidArgument | tonic::Code::NotFound | tonic::Code::PermissionDenied
+                    ) =>
+                {
+                    // Retrying cannot help; the next assignment set re-reports what still matters.
                     tracing::error!(status = %s, "controller refused a run report");
                     break;
                 }
