@@ -262,10 +262,19 @@ impl Cluster {
         v.as_array().cloned().unwrap_or_default()
     }
 
+    /// The job, or None while the cluster cannot answer (e.g. during an election).
+    pub fn try_job(&self, id: u64) -> Option<Value> {
+        let out = self.kairos(&["show", &id.to_string(), "--json"]);
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
     /// Waits until the job is in a terminal state and returns it.
     pub fn wait_done(&self, id: u64) -> Value {
         wait_for(&format!("job {id} to end"), || {
-            let job = self.job(id);
+            let job = self.try_job(id)?;
             let state = job["state"].as_str().unwrap_or("").to_string();
             (!["PENDING", "RUNNING", "PREEMPTING", "SUSPENDED"].contains(&state.as_str())).then_some(job)
         })
@@ -273,7 +282,7 @@ impl Cluster {
 
     pub fn wait_state(&self, id: u64, state: &str) -> Value {
         wait_for(&format!("job {id} to be {state}"), || {
-            let job = self.job(id);
+            let job = self.try_job(id)?;
             (job["state"] == state).then_some(job)
         })
     }
