@@ -452,6 +452,7 @@ fn bench_schedule(
             gpu_model: i.is_multiple_of(17).then(|| "A100".to_string()),
             account: String::new(),
             partition: String::new(),
+            tasks: 1,
         }
     };
     // Running jobs: placed GPU by GPU across the nodes with explicit plans.

@@ -44,6 +44,7 @@ fn spec(n: usize) -> JobSpec {
         gpu_model: None,
         account: String::new(),
         partition: String::new(),
+        tasks: 1,
     }
 }
 

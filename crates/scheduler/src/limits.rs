@@ -51,7 +51,7 @@ impl Usage {
         if !limited {
             return;
         }
-        let gpus = u64::from(job.spec.gpus);
+        let gpus = u64::from(job.spec.total_gpus());
         if !self.qos.contains_key(&job.spec.qos) {
             self.qos.insert(job.spec.qos.clone(), QosUsage::default());
         }
@@ -74,7 +74,7 @@ impl Usage {
         if qos.grp_gpus.is_none() && qos.user_gpus.is_none() && qos.user_jobs.is_none() {
             return Ok(());
         }
-        let gpus = u64::from(job.spec.gpus);
+        let gpus = u64::from(job.spec.total_gpus());
         let used = self.qos.get(&job.spec.qos);
         let (user_gpus, user_jobs) =
             used.and_then(|q| q.users.get(&job.spec.user)).copied().unwrap_or((0, 0));

@@ -118,6 +118,20 @@ pub struct JobSpec {
     /// Partition (resolved at submit; "" asks for the cluster's default).
     #[serde(default)]
     pub partition: String,
+    /// Gang jobs: this many tasks, each on its own node with `gpus` GPUs (all or nothing).
+    #[serde(default = "one_task")]
+    pub tasks: u32,
+}
+
+fn one_task() -> u32 {
+    1
+}
+
+impl JobSpec {
+    /// GPUs of all tasks together.
+    pub fn total_gpus(&self) -> u32 {
+        self.gpus.saturating_mul(self.tasks.max(1))
+    }
 }
 
 /// Whether a GPU model name satisfies a job's model constraint ("H100" matches
@@ -163,17 +177,53 @@ impl JobState {
 pub enum StopReason {
     Cancelled,
     TimeLimit,
+    /// A task of a gang failed (or lost its node): the other tasks are stopped.
+    TaskFailed,
+}
+
+/// One task of a gang job (ranks after the first).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskPlacement {
+    pub node: String,
+    pub gpus: Vec<GpuIndex>,
 }
 
 /// Where and how a job runs right now.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocation {
+    /// Rank 0's node and GPUs (the only task of a single-node job).
     pub node: String,
     pub gpus: Vec<GpuIndex>,
-    /// The agent reported the process started; it must never be launched again.
+    /// Ranks 1.. of a gang job, each on its own node.
+    #[serde(default)]
+    pub more: Vec<TaskPlacement>,
+    /// An agent reported a task started; the run must never be launched again.
     pub started: bool,
-    /// Set when the cluster asked the agent to stop the process.
+    /// Set when the cluster asked the agents to stop the run.
     pub stop: Option<StopReason>,
+    /// Gangs: how each rank that already ended ended (code, or negative signal).
+    #[serde(default)]
+    pub exits: BTreeMap<u32, i32>,
+    /// Gangs: why the run failed, from the first rank that failed.
+    #[serde(default)]
+    pub failure: Option<String>,
+}
+
+impl Allocation {
+    /// (rank, node, GPUs) of every task.
+    pub fn tasks(&self) -> impl Iterator<Item = (u32, &str, &[GpuIndex])> {
+        std::iter::once((0, self.node.as_str(), self.gpus.as_slice()))
+            .chain(self.more.iter().enumerate().map(|(i, t)| (i as u32 + 1, t.node.as_str(), t.gpus.as_slice())))
+    }
+
+    /// The rank running on `node`, if any.
+    pub fn rank_on(&self, node: &str) -> Option<u32> {
+        self.tasks().find(|(_, n, _)| *n == node).map(|(r, _, _)| r)
+    }
+
+    pub fn task_count(&self) -> u32 {
+        1 + self.more.len() as u32
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -24,6 +24,7 @@ use crate::limits::Usage;
 use crate::model::{model_matches, GpuIndex, Job, JobId, JobState, NodeState};
 use crate::policy::Partition;
 use crate::priority::Prioritizer;
+use crate::model::TaskPlacement;
 use crate::state::{ClusterState, Placement, Plan, PLAN_PLACEMENTS_MAX};
 
 /// Why a pending job is not starting now.
@@ -251,6 +252,36 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// `tasks` distinct nodes with `count` usable GPUs each, tightest first (all or nothing).
+    fn find_gang(
+        &self,
+        tasks: usize,
+        count: usize,
+        model: Option<&str>,
+        part: Option<&Partition>,
+        ends_ms: i64,
+        res: Option<&Reservation>,
+    ) -> Option<Vec<(usize, Vec<GpuIndex>)>> {
+        let may_use_reserved = res.is_none_or(|r| ends_ms <= r.start_ms);
+        let mut candidates: Vec<(usize, usize)> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| part.is_none_or(|p| p.contains(n.name, n.labels)))
+            .map(|(pos, n)| (n.usable_count(model, may_use_reserved || n.reserved.is_empty()), pos))
+            .filter(|(usable, _)| *usable >= count)
+            .collect();
+        if candidates.len() < tasks {
+            return None;
+        }
+        candidates.sort_unstable();
+        let chosen = candidates.into_iter().take(tasks).map(|(_, pos)| {
+            let n = &self.nodes[pos];
+            (pos, pick_gpus(&n.usable(model, may_use_reserved || n.reserved.is_empty()), count))
+        });
+        Some(chosen.collect())
+    }
+
     /// The earliest node, GPUs and time at which `job` could start, from expected ends.
     fn reserve(&mut self, job: &Job) -> Option<Reservation> {
         let now = self.state.now_ms;
@@ -338,6 +369,7 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
     // is far cheaper than 100k single inserts).
     let mut pending: Vec<(JobId, PendingReason)> = Vec::new();
     let mut blocked = false;
+    let mut strict = false;
     for job in queue_order(state) {
         // Held jobs, unmet dependencies and QoS limits: the job waits without holding back
         // the jobs behind it.
@@ -377,22 +409,43 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             pending.push((job.id, PendingReason::ReqNodeNotAvail(why)));
             continue;
         }
-        if out.plan.placements.len() >= PLAN_PLACEMENTS_MAX || (blocked && !config.backfill) {
+        let tasks = job.spec.tasks.max(1) as usize;
+        if tasks > 1 {
+            let total = largest_gang(state, job.spec.gpus as usize, model, part);
+            if total < tasks {
+                let of = model.map(|m| format!("{m} ")).unwrap_or_default();
+                let why = format!("only {total} up nodes have {} {of}GPUs; the job needs {tasks}", job.spec.gpus);
+                pending.push((job.id, PendingReason::ReqNodeNotAvail(why)));
+                continue;
+            }
+        }
+        if out.plan.placements.len() >= PLAN_PLACEMENTS_MAX || (blocked && (!config.backfill || strict)) {
             pending.push((job.id, PendingReason::Priority));
             continue;
         }
         let ends_ms = state.now_ms.saturating_add(state.time_limit_ms(job));
-        match pass.find(job.spec.gpus as usize, model, part, ends_ms, out.reservation.as_ref()) {
-            Some((pos, gpus)) => {
-                pass.take(pos, &gpus, ends_ms);
+        let found = if tasks > 1 {
+            pass.find_gang(tasks, job.spec.gpus as usize, model, part, ends_ms, out.reservation.as_ref())
+        } else {
+            pass.find(job.spec.gpus as usize, model, part, ends_ms, out.reservation.as_ref()).map(|t| vec![t])
+        };
+        match found {
+            Some(placed) => {
+                for (pos, gpus) in &placed {
+                    pass.take(*pos, gpus, ends_ms);
+                }
                 usage.add(job, &state.policy);
-                let node = pass.nodes[pos].name.to_string();
-                out.plan.placements.push(Placement { job: job.id, node, gpus });
+                let mut tasks_placed = placed.into_iter().map(|(pos, gpus)| (pass.nodes[pos].name.to_string(), gpus));
+                let (node, gpus) = tasks_placed.next().expect("at least one task");
+                let more = tasks_placed.map(|(node, gpus)| TaskPlacement { node, gpus }).collect();
+                out.plan.placements.push(Placement { job: job.id, node, gpus, more });
             }
             None if !blocked => {
                 blocked = true;
                 pending.push((job.id, PendingReason::Resources));
-                if config.backfill {
+                // A blocked gang gets no reservation yet: protect it by backfilling nothing.
+                strict = tasks > 1;
+                if config.backfill && !strict {
                     out.reservation = pass.reserve(job);
                 }
             }
@@ -404,6 +457,14 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
     pending.sort_unstable_by_key(|(id, _)| *id);
     out.pending = pending.into_iter().collect();
     out
+}
+
+/// How many Up nodes (in `part`) have at least `count` GPUs of `model` at all.
+fn largest_gang(state: &ClusterState, count: usize, model: Option<&str>, part: Option<&Partition>) -> usize {
+    let up = state.nodes.values().filter(|n| n.state == NodeState::Up);
+    up.filter(|n| part.is_none_or(|p| p.contains(&n.info.name, &n.info.labels)))
+        .filter(|n| n.info.gpus.iter().filter(|g| model_matches(model, &g.model)).count() >= count)
+        .count()
 }
 
 /// Chooses `count` GPUs from `free`: all from the tightest-fitting link group when one can hold
@@ -468,7 +529,7 @@ mod tests {
         let out = plan(&s);
         assert!(matches!(out.pending.get(&first), Some(PendingReason::ReqNodeNotAvail(_))));
         assert!(matches!(out.pending.get(&big), Some(PendingReason::ReqNodeNotAvail(_))));
-        assert_eq!(out.plan.placements, vec![Placement { job: small, node: "b".into(), gpus: vec![0] }]);
+        assert_eq!(out.plan.placements, vec![Placement::single(small, "b".into(), vec![0])]);
 
         let mut s = state_with(&[("a", 4)]);
         let first = submit(&mut s, 3, "batch");
@@ -501,7 +562,7 @@ mod tests {
         let j2 = submit(&mut s, 2, "batch");
         let out = plan(&s);
         // "a" has 2 free GPUs left: the 2-GPU job goes there, keeping "b" whole.
-        assert_eq!(out.plan.placements, vec![Placement { job: j2, node: "a".into(), gpus: vec![6, 7] }]);
+        assert_eq!(out.plan.placements, vec![Placement::single(j2, "a".into(), vec![6, 7])]);
         // Packing kept node "b" whole: no free GPU is stranded on a partly used node.
         assert_eq!(s.fragmentation(), (10, 8));
         // Four GPUs on an empty 8-GPU node with link groups of 4 come from one group.
@@ -510,7 +571,7 @@ mod tests {
         out.plan.placements.retain(|p| p.job == j3);
         assert_eq!(
             out.plan.placements,
-            vec![Placement { job: j3, node: "b".into(), gpus: vec![0, 1, 2, 3] }]
+            vec![Placement::single(j3, "b".into(), vec![0, 1, 2, 3])]
         );
     }
 

@@ -195,7 +195,7 @@ impl<'a> Prioritizer<'a> {
         let age_max_ms = w.age_max_s.max(1) * 1000;
         let age = waited.min(age_max_ms) * ONE / age_max_ms;
         let fairshare = self.fairshare.get(&job.spec.account).copied().unwrap_or(ONE);
-        let job_size = (u64::from(job.spec.gpus).min(u64::from(self.largest_node_gpus)) * ONE)
+        let job_size = (u64::from(job.spec.total_gpus()).min(u64::from(self.largest_node_gpus)) * ONE)
             / u64::from(self.largest_node_gpus);
         let tier = self.policy.partitions.get(&job.spec.partition).map(|p| p.priority_tier).unwrap_or(0);
         let partition = u64::from(tier.min(self.tier_max)) * ONE / u64::from(self.tier_max);

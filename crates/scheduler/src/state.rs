@@ -19,10 +19,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::limits::Usage;
 use crate::model::{
-    Allocation, GpuIndex, Job, JobId, JobSpec, JobState, Node, NodeInfo, NodeState, StopReason,
+    Allocation, TaskPlacement, GpuIndex, Job, JobId, JobSpec, JobState, Node, NodeInfo, NodeState, StopReason,
 };
 use crate::policy::{Policy, Qos};
 use crate::validate::{validate_node, validate_spec};
+
+/// How a gang task the cluster lost is recorded among the ranks' exits.
+const LOST_EXIT: i32 = i32::MIN;
 
 /// Most attempts of one job; a job requeued this often ends instead.
 pub const ATTEMPTS_MAX: u32 = 10;
@@ -34,8 +37,23 @@ pub const PLAN_PLACEMENTS_MAX: usize = 1024;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {
     pub job: JobId,
+    /// Rank 0's node and GPUs.
     pub node: String,
     pub gpus: Vec<GpuIndex>,
+    /// Ranks 1.. of a gang job, each on a different node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more: Vec<TaskPlacement>,
+}
+
+impl Placement {
+    pub fn single(job: JobId, node: String, gpus: Vec<GpuIndex>) -> Placement {
+        Placement { job, node, gpus, more: Vec::new() }
+    }
+
+    fn tasks(&self) -> impl Iterator<Item = (&str, &[GpuIndex])> {
+        std::iter::once((self.node.as_str(), self.gpus.as_slice()))
+            .chain(self.more.iter().map(|t| (t.node.as_str(), t.gpus.as_slice())))
+    }
 }
 
 /// The planner's proposal, applied through the log and re-validated there.
@@ -459,10 +477,11 @@ impl ClusterState {
             }
         }
         for (what, limit) in [("in total", qos.grp_gpus), ("per user", qos.user_gpus)] {
-            if let Some(max) = limit.filter(|max| spec.gpus > *max) {
+            if let Some(max) = limit.filter(|max| spec.total_gpus() > *max) {
                 return Err(Rejection::FailedPrecondition(format!(
                     "job requests {} GPUs but qos \"{}\" allows {max} GPUs {what}",
-                    spec.gpus, qos.name
+                    spec.total_gpus(),
+                    qos.name
                 )));
             }
         }
@@ -619,7 +638,14 @@ impl ClusterState {
         node.reason = reason.to_string();
         let jobs: BTreeSet<JobId> = node.allocated.values().copied().collect();
         for &job in &jobs {
-            self.fail_run(job, JobState::NodeFail, format!("node \"{name}\" down: {reason}"), now);
+            let gang = self.jobs.get(&job).and_then(|j| j.allocation.as_ref()).is_some_and(|a| a.task_count() > 1);
+            if gang {
+                // Its task here is lost; the tasks on healthy nodes are stopped and release
+                // their GPUs as they exit.
+                self.gang_task_exited(job, name, &RunExit::Lost(format!("node \"{name}\" down: {reason}")), now);
+            } else {
+                self.fail_run(job, JobState::NodeFail, format!("node \"{name}\" down: {reason}"), now);
+            }
         }
         Outcome::NodeDown { node: name.to_string(), failed_jobs: jobs.into_iter().collect() }
     }
@@ -660,53 +686,75 @@ impl ClusterState {
             return Err(format!("job {} is held", p.job));
         }
         self.dependency_state(job).map_err(|r| format!("job {}: {r}", p.job))?;
-        let node = self.nodes.get(&p.node).ok_or_else(|| format!("node \"{}\" not found", p.node))?;
-        if node.state != NodeState::Up {
-            return Err(format!("node \"{}\" is not up", p.node));
+        let tasks: Vec<(&str, &[GpuIndex])> = p.tasks().collect();
+        if tasks.len() != job.spec.tasks.max(1) as usize {
+            return Err(format!("job {} needs {} tasks, plan gives {}", p.job, job.spec.tasks, tasks.len()));
+        }
+        let distinct: BTreeSet<&str> = tasks.iter().map(|(n, _)| *n).collect();
+        if distinct.len() != tasks.len() {
+            return Err(format!("job {}: two tasks on one node", p.job));
         }
         if let Some(part) = self.partition_of(job) {
-            if !part.contains(&node.info.name, &node.info.labels) {
-                return Err(format!("node \"{}\" is not in partition \"{}\"", p.node, part.name));
-            }
-            if part.max_wall_s.is_some_and(|max| self.time_limit_ms(job) > (max as i64).saturating_mul(1000))
-            {
+            if part.max_wall_s.is_some_and(|max| self.time_limit_ms(job) > (max as i64).saturating_mul(1000)) {
                 return Err(format!("job {}: PartitionTimeLimit", p.job));
             }
         }
-        let wanted: BTreeSet<GpuIndex> = p.gpus.iter().copied().collect();
-        if wanted.len() != p.gpus.len() || wanted.len() != job.spec.gpus as usize {
-            return Err(format!(
-                "job {} needs {} distinct GPUs, plan gives {:?}",
-                p.job, job.spec.gpus, p.gpus
-            ));
+        for (name, gpus) in tasks {
+            self.check_task(job, name, gpus)?;
+        }
+        Ok(())
+    }
+
+    /// One task of a placement: its node is up and in the job's partition, and its GPUs exist,
+    /// match the model constraint and are free.
+    fn check_task(&self, job: &Job, name: &str, gpus: &[GpuIndex]) -> Result<(), String> {
+        let node = self.nodes.get(name).ok_or_else(|| format!("node \"{name}\" not found"))?;
+        if node.state != NodeState::Up {
+            return Err(format!("node \"{name}\" is not up"));
+        }
+        if let Some(part) = self.partition_of(job) {
+            if !part.contains(&node.info.name, &node.info.labels) {
+                return Err(format!("node \"{name}\" is not in partition \"{}\"", part.name));
+            }
+        }
+        let wanted: BTreeSet<GpuIndex> = gpus.iter().copied().collect();
+        if wanted.len() != gpus.len() || wanted.len() != job.spec.gpus as usize {
+            return Err(format!("job {} needs {} distinct GPUs per task, plan gives {gpus:?}", job.id, job.spec.gpus));
         }
         for gpu in &wanted {
             let Some(g) = node.info.gpus.iter().find(|g| g.index == *gpu) else {
-                return Err(format!("node \"{}\" has no GPU {gpu}", p.node));
+                return Err(format!("node \"{name}\" has no GPU {gpu}"));
             };
             if !crate::model::model_matches(job.spec.gpu_model.as_deref(), &g.model) {
-                return Err(format!(
-                    "GPU {gpu} of \"{}\" is a {}, not a {:?}",
-                    p.node, g.model, job.spec.gpu_model
-                ));
+                return Err(format!("GPU {gpu} of \"{name}\" is a {}, not a {:?}", g.model, job.spec.gpu_model));
             }
             if let Some(holder) = node.allocated.get(gpu) {
-                return Err(format!("GPU {gpu} of \"{}\" is held by job {holder}", p.node));
+                return Err(format!("GPU {gpu} of \"{name}\" is held by job {holder}"));
             }
         }
         Ok(())
     }
 
     fn place(&mut self, p: &Placement, now: i64) {
-        let node = self.nodes.get_mut(&p.node).expect("placement was validated");
-        for gpu in &p.gpus {
-            node.allocated.insert(*gpu, p.job);
+        for (name, gpus) in p.tasks() {
+            let node = self.nodes.get_mut(name).expect("placement was validated");
+            for gpu in gpus {
+                node.allocated.insert(*gpu, p.job);
+            }
         }
         let job = self.jobs.get_mut(&p.job).expect("placement was validated");
         job.state = JobState::Running;
         job.reason.clear();
         job.allocation =
-            Some(Allocation { node: p.node.clone(), gpus: p.gpus.clone(), started: false, stop: None });
+            Some(Allocation {
+                node: p.node.clone(),
+                gpus: p.gpus.clone(),
+                more: p.more.clone(),
+                started: false,
+                stop: None,
+                exits: BTreeMap::new(),
+                failure: None,
+            });
         job.last_node = p.node.clone();
         job.last_gpus = p.gpus.clone();
         job.start_time_ms = Some(now);
@@ -718,7 +766,7 @@ impl ClusterState {
         let job = self.jobs.get_mut(&id).ok_or_else(|| format!("job {id} not found"))?;
         let matches = job.state == JobState::Running
             && job.attempt == attempt
-            && job.allocation.as_ref().is_some_and(|a| a.node == node);
+            && job.allocation.as_ref().is_some_and(|a| a.rank_on(node).is_some());
         if matches {
             Ok(job)
         } else {
@@ -746,10 +794,14 @@ impl ClusterState {
             Ok(job) => job,
             Err(why) => return Outcome::Ignored(why),
         };
+        if job.allocation.as_ref().is_some_and(|a| a.task_count() > 1) {
+            return self.gang_task_exited(id, node, exit, now);
+        }
         let stop = job.allocation.as_ref().and_then(|a| a.stop);
         let (state, reason) = match (stop, exit) {
             (Some(StopReason::Cancelled), _) => (JobState::Cancelled, "cancelled".to_string()),
             (Some(StopReason::TimeLimit), _) => (JobState::Timeout, "time limit reached".to_string()),
+            (Some(StopReason::TaskFailed), _) => (JobState::Failed, "a task failed".to_string()),
             (None, RunExit::Code(0)) => (JobState::Completed, String::new()),
             (None, RunExit::Code(c)) => (JobState::Failed, format!("exit code {c}")),
             (None, RunExit::Signal(s)) => (JobState::Failed, format!("killed by signal {s}")),
@@ -763,6 +815,66 @@ impl ClusterState {
         let state = if matches!(exit, RunExit::Lost(_)) && stop.is_none() {
             // The cluster, not the job, lost this run: requeue it where the job allows.
             self.fail_run(id, state, reason, now)
+        } else {
+            self.end_run(id, state, reason, now);
+            state
+        };
+        Outcome::RunUpdated { job: id, state }
+    }
+
+    /// One task of a gang ended. Its GPUs are released at once (its process is gone); the
+    /// first failure stops the other tasks; the job ends when every task has ended.
+    fn gang_task_exited(&mut self, id: JobId, node: &str, exit: &RunExit, now: i64) -> Outcome {
+        let Some(job) = self.jobs.get_mut(&id) else { return Outcome::Ignored(format!("job {id} not found")) };
+        let Some(alloc) = job.allocation.as_mut() else { return Outcome::Ignored(format!("job {id} has no run")) };
+        let Some(rank) = alloc.rank_on(node) else { return Outcome::Ignored(format!("no task of job {id} on \"{node}\"")) };
+        if alloc.exits.contains_key(&rank) {
+            return Outcome::Ignored(format!("rank {rank} of job {id} already ended"));
+        }
+        let (code, failure) = match exit {
+            RunExit::Code(0) => (0, None),
+            RunExit::Code(c) => (*c, Some(format!("rank {rank} on \"{node}\" exited with code {c}"))),
+            RunExit::Signal(s) => (-*s, Some(format!("rank {rank} on \"{node}\" was killed by signal {s}"))),
+            RunExit::Lost(m) => (LOST_EXIT, Some(format!("rank {rank} on \"{node}\" lost: {m}"))),
+        };
+        alloc.exits.insert(rank, code);
+        let first_failure = failure.filter(|_| alloc.failure.is_none() && alloc.stop.is_none());
+        if let Some(f) = &first_failure {
+            alloc.stop = Some(StopReason::TaskFailed);
+            alloc.failure = Some(f.clone());
+        }
+        let done = alloc.exits.len() as u32 == alloc.task_count();
+        let (stop, failure) = (alloc.stop, alloc.failure.clone());
+        if let Some(f) = first_failure {
+            match exit {
+                RunExit::Code(c) => job.exit_code = Some(*c),
+                RunExit::Signal(s) => job.signal = Some(*s),
+                RunExit::Lost(_) => {}
+            }
+            job.record(now, "task-failed", format!("{f}; stopping the other tasks"));
+        }
+        // The cluster lost a task (node down, agent lost it): requeue where the job allows.
+        let lost = stop == Some(StopReason::TaskFailed)
+            && self.jobs.get(&id).and_then(|j| j.allocation.as_ref()).is_some_and(|a| a.exits.values().any(|c| *c == LOST_EXIT));
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.allocated.retain(|_, holder| *holder != id);
+        }
+        if !done {
+            return Outcome::RunUpdated { job: id, state: JobState::Running };
+        }
+        let (state, reason) = match stop {
+            Some(StopReason::Cancelled) => (JobState::Cancelled, "cancelled".to_string()),
+            Some(StopReason::TimeLimit) => (JobState::Timeout, "time limit reached".to_string()),
+            Some(StopReason::TaskFailed) => (JobState::Failed, failure.unwrap_or_default()),
+            None => {
+                if let Some(j) = self.jobs.get_mut(&id) {
+                    j.exit_code = Some(0);
+                }
+                (JobState::Completed, String::new())
+            }
+        };
+        let state = if lost && state == JobState::Failed {
+            self.fail_run(id, JobState::NodeFail, reason, now)
         } else {
             self.end_run(id, state, reason, now);
             state
@@ -801,8 +913,10 @@ impl ClusterState {
         self.charge_run(id, now);
         let Some(job) = self.jobs.get_mut(&id) else { return state };
         if let Some(alloc) = job.allocation.take() {
-            if let Some(node) = self.nodes.get_mut(&alloc.node) {
-                node.allocated.retain(|_, holder| *holder != id);
+            for (_, name, _) in alloc.tasks() {
+                if let Some(node) = self.nodes.get_mut(name) {
+                    node.allocated.retain(|_, holder| *holder != id);
+                }
             }
         }
         job.attempt += 1;
@@ -837,8 +951,10 @@ impl ClusterState {
         }
         let Some(job) = self.jobs.get_mut(&id) else { return };
         if let Some(alloc) = job.allocation.take() {
-            if let Some(node) = self.nodes.get_mut(&alloc.node) {
-                node.allocated.retain(|_, holder| *holder != id);
+            for (_, name, _) in alloc.tasks() {
+                if let Some(node) = self.nodes.get_mut(name) {
+                    node.allocated.retain(|_, holder| *holder != id);
+                }
             }
         }
         job.state = state;
@@ -859,11 +975,12 @@ impl ClusterState {
                     return Err(format!("node {name} allocates missing GPU {gpu}"));
                 }
                 let job = self.jobs.get(holder).ok_or(format!("GPU held by unknown job {holder}"))?;
-                let alloc = job
-                    .allocation
-                    .as_ref()
-                    .ok_or(format!("job {holder} holds GPU {gpu} without allocation"))?;
-                if job.state != JobState::Running || alloc.node != *name || !alloc.gpus.contains(gpu) {
+                let alloc =
+                    job.allocation.as_ref().ok_or(format!("job {holder} holds GPU {gpu} without allocation"))?;
+                let listed = alloc.tasks().any(|(rank, n, gpus)| {
+                    n == name.as_str() && gpus.contains(gpu) && !alloc.exits.contains_key(&rank)
+                });
+                if job.state != JobState::Running || !listed {
                     return Err(format!("GPU {gpu} of {name} held by job {holder} which does not own it"));
                 }
             }
@@ -871,11 +988,22 @@ impl ClusterState {
         for job in self.jobs.values() {
             match (&job.allocation, job.state) {
                 (Some(alloc), JobState::Running) => {
-                    let node =
-                        self.nodes.get(&alloc.node).ok_or(format!("job {} on unknown node", job.id))?;
-                    for gpu in &alloc.gpus {
-                        if node.allocated.get(gpu) != Some(&job.id) {
-                            return Err(format!("job {} lists GPU {gpu} it does not hold", job.id));
+                    if alloc.task_count() != job.spec.tasks.max(1) {
+                        return Err(format!("job {} runs {} of {} tasks", job.id, alloc.task_count(), job.spec.tasks));
+                    }
+                    let nodes: BTreeSet<&str> = alloc.tasks().map(|(_, n, _)| n).collect();
+                    if nodes.len() != alloc.task_count() as usize {
+                        return Err(format!("job {} has two tasks on one node", job.id));
+                    }
+                    for (rank, name, gpus) in alloc.tasks().filter(|(r, _, _)| !alloc.exits.contains_key(r)) {
+                        let node = self.nodes.get(name).ok_or(format!("job {} on unknown node", job.id))?;
+                        if gpus.len() != job.spec.gpus as usize {
+                            return Err(format!("job {} rank {rank} has {} GPUs", job.id, gpus.len()));
+                        }
+                        for gpu in gpus {
+                            if node.allocated.get(gpu) != Some(&job.id) {
+                                return Err(format!("job {} lists GPU {gpu} it does not hold", job.id));
+                            }
                         }
                     }
                 }

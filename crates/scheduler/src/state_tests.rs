@@ -71,14 +71,14 @@ fn stale_plan_is_rejected_and_cannot_double_allocate() {
     let mut s = cluster(2);
     let a = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false })));
     let b = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false })));
-    let stale = Plan { placements: vec![Placement { job: b, node: "n1".into(), gpus: vec![0, 1] }] };
+    let stale = Plan { placements: vec![Placement::single(b, "n1".into(), vec![0, 1])] };
     assert_eq!(run_plan(&mut s, 3), Outcome::PlanApplied { accepted: vec![a], rejected: vec![] });
     let out = s.apply(&cmd(4, Op::ApplyPlan { plan: stale.clone() }));
     let Outcome::PlanApplied { accepted, rejected } = out else { panic!("{out:?}") };
     assert!(accepted.is_empty());
     assert_eq!(rejected, vec![(b, format!("GPU 0 of \"n1\" is held by job {a}"))]);
     // Re-applying the plan that already took effect is rejected too: the job is no longer pending.
-    let replay = Plan { placements: vec![Placement { job: a, node: "n1".into(), gpus: vec![0, 1] }] };
+    let replay = Plan { placements: vec![Placement::single(a, "n1".into(), vec![0, 1])] };
     let Outcome::PlanApplied { accepted, .. } = s.apply(&cmd(5, Op::ApplyPlan { plan: replay })) else {
         panic!()
     };
@@ -278,8 +278,8 @@ fn qos_limits_hold_jobs_with_a_reason_and_max_wall_rejects() {
     // A forged plan that ignores the limit is rejected on apply.
     let forged = Plan {
         placements: vec![
-            Placement { job: a, node: "n1".into(), gpus: vec![0, 1, 2] },
-            Placement { job: b, node: "n1".into(), gpus: vec![3, 4] },
+            Placement::single(a, "n1".into(), vec![0, 1, 2]),
+            Placement::single(b, "n1".into(), vec![3, 4]),
         ],
     };
     let Outcome::PlanApplied { accepted, rejected } = s.apply(&cmd(3, Op::ApplyPlan { plan: forged })) else {
@@ -355,7 +355,7 @@ fn after_ok_waits_for_its_parent_and_a_failed_parent_never_satisfies_it() {
     run_plan(&mut s, 3);
     assert_eq!(plan(&s).pending[&child], PendingReason::Dependency);
     // A forged plan cannot start the child early.
-    let forged = Plan { placements: vec![Placement { job: child, node: "n1".into(), gpus: vec![3] }] };
+    let forged = Plan { placements: vec![Placement::single(child, "n1".into(), vec![3])] };
     let Outcome::PlanApplied { accepted, .. } = s.apply(&cmd(4, Op::ApplyPlan { plan: forged })) else {
         panic!()
     };
@@ -397,7 +397,7 @@ fn a_gpu_model_constraint_is_honoured_by_plan_and_apply() {
     let mut sp = spec(2, "batch");
     sp.gpu_model = Some("a100".into());
     let j = submitted(s.apply(&cmd(2, Op::Submit { spec: sp.clone(), request_id: None, hold: false })));
-    let forged = Plan { placements: vec![Placement { job: j, node: "h".into(), gpus: vec![0, 1] }] };
+    let forged = Plan { placements: vec![Placement::single(j, "h".into(), vec![0, 1])] };
     let Outcome::PlanApplied { accepted, .. } = s.apply(&cmd(3, Op::ApplyPlan { plan: forged })) else {
         panic!()
     };
@@ -529,7 +529,7 @@ fn partitions_confine_jobs_to_their_nodes_and_apply_their_rules() {
     let j = submitted(s.apply(&cmd(2, Op::Submit { spec: sp.clone(), request_id: None, hold: false })));
     assert_eq!(s.jobs[&j].spec.qos, "training", "the partition's default qos");
     // A forged plan onto a node outside the partition is rejected; the planner picks n2.
-    let forged = Plan { placements: vec![Placement { job: j, node: "n1".into(), gpus: vec![0] }] };
+    let forged = Plan { placements: vec![Placement::single(j, "n1".into(), vec![0])] };
     let Outcome::PlanApplied { accepted, .. } = s.apply(&cmd(3, Op::ApplyPlan { plan: forged })) else {
         panic!()
     };
@@ -560,6 +560,61 @@ fn partitions_confine_jobs_to_their_nodes_and_apply_their_rules() {
         s.apply(&cmd(5, Op::SetPolicy { policy: without })),
         Outcome::Rejected(Rejection::FailedPrecondition(_))
     ));
+}
+
+#[test]
+fn a_gang_is_placed_whole_on_distinct_nodes_and_ends_when_every_task_has() {
+    let mut s = ClusterState::new();
+    for n in ["n1", "n2", "n3"] {
+        s.apply(&cmd(1, Op::RegisterNode { info: node_info(n, 4) }));
+    }
+    let small = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
+    run_plan(&mut s, 2);
+    let mut gang = spec(4, "batch");
+    gang.tasks = 3;
+    let g = submitted(s.apply(&cmd(3, Op::Submit { spec: gang.clone(), request_id: None, hold: false })));
+    // n1 has only 3 free GPUs: three whole 4-GPU nodes are not available, so nothing is placed.
+    let out = plan(&s);
+    assert!(out.plan.placements.is_empty());
+    assert_eq!(out.pending[&g], PendingReason::Resources);
+    // A forged partial gang is rejected.
+    let partial = Plan { placements: vec![Placement::single(g, "n2".into(), vec![0, 1, 2, 3])] };
+    let Outcome::PlanApplied { accepted, .. } = s.apply(&cmd(4, Op::ApplyPlan { plan: partial })) else { panic!() };
+    assert!(accepted.is_empty());
+    s.apply(&cmd(5, Op::JobExited { job: small, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) }));
+    let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, 6) else { panic!() };
+    assert_eq!(accepted, vec![g]);
+    let alloc = s.jobs[&g].allocation.clone().unwrap();
+    let nodes: Vec<&str> = alloc.tasks().map(|(_, n, _)| n).collect();
+    assert_eq!(nodes, vec!["n1", "n2", "n3"]);
+    // Rank 1 fails: its GPUs are free at once, the others are asked to stop.
+    s.apply(&cmd(7, Op::JobExited { job: g, attempt: 0, node: "n2".into(), exit: RunExit::Code(2) }));
+    assert_eq!(s.jobs[&g].state, JobState::Running);
+    assert_eq!(s.jobs[&g].allocation.as_ref().unwrap().stop, Some(StopReason::TaskFailed));
+    assert!(s.nodes["n2"].allocated.is_empty());
+    assert_eq!(s.nodes["n1"].allocated.len(), 4, "rank 0 still holds its GPUs until it exits");
+    s.check_invariants().unwrap();
+    s.apply(&cmd(8, Op::JobExited { job: g, attempt: 0, node: "n1".into(), exit: RunExit::Signal(15) }));
+    s.apply(&cmd(8, Op::JobExited { job: g, attempt: 0, node: "n3".into(), exit: RunExit::Signal(15) }));
+    let job = &s.jobs[&g];
+    assert_eq!(job.state, JobState::Failed);
+    assert_eq!(job.exit_code, Some(2));
+    assert!(job.reason.contains("rank 1 on \"n2\" exited with code 2"), "{}", job.reason);
+    assert!(s.nodes.values().all(|n| n.allocated.is_empty()));
+
+    // A requeueable gang that loses a node comes back as its next attempt once all tasks ended.
+    gang.requeue = true;
+    let g2 = submitted(s.apply(&cmd(9, Op::Submit { spec: gang, request_id: None, hold: false })));
+    run_plan(&mut s, 9);
+    s.apply(&cmd(10, Op::NodeDown { node: "n3".into(), reason: "silent".into() }));
+    assert_eq!(s.jobs[&g2].state, JobState::Running, "the healthy tasks are still stopping");
+    assert!(s.nodes["n3"].allocated.is_empty());
+    s.apply(&cmd(11, Op::JobExited { job: g2, attempt: 0, node: "n1".into(), exit: RunExit::Signal(15) }));
+    s.apply(&cmd(11, Op::JobExited { job: g2, attempt: 0, node: "n2".into(), exit: RunExit::Signal(15) }));
+    assert_eq!((s.jobs[&g2].state, s.jobs[&g2].attempt), (JobState::Pending, 1));
+    s.check_invariants().unwrap();
+    // Only two nodes are up now: the gang waits for a third.
+    assert!(matches!(plan(&s).pending[&g2], PendingReason::ReqNodeNotAvail(_)));
 }
 
 #[test]
@@ -613,6 +668,11 @@ enum Step {
         job: u8,
         held: bool,
     },
+    RankExited {
+        job: u8,
+        rank: u8,
+        code: i32,
+    },
     Tick {
         ms: u32,
     },
@@ -637,6 +697,7 @@ fn step() -> impl Strategy<Value = Step> {
         (0u8..3).prop_map(|node| Step::NodeDown { node }),
         (0u8..24).prop_map(|job| Step::TimeLimit { job }),
         (0u8..24, any::<bool>()).prop_map(|(job, held)| Step::Hold { job, held }),
+        (0u8..24, 0u8..3, 0i32..2).prop_map(|(job, rank, code)| Step::RankExited { job, rank, code }),
         (0u32..100_000).prop_map(|ms| Step::Tick { ms }),
     ]
 }
@@ -695,6 +756,10 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                 if gpus % 5 == 2 {
                     sp.partition = "p2".into();
                 }
+                if gpus % 7 == 3 {
+                    sp.tasks = 2;
+                    sp.gpus = 2;
+                }
                 if gpus % 4 == 1 && s.next_job_id > 1 {
                     sp.after_ok = vec![s.next_job_id - 1];
                 }
@@ -707,15 +772,24 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                 None
             }
             Step::ApplySaved => Some(Op::ApplyPlan { plan: saved.clone() }),
-            Step::Forge { job, node, gpus } => Some(Op::ApplyPlan {
-                plan: Plan {
-                    placements: vec![Placement {
-                        job: job_id(job),
-                        node: node_name(node),
-                        gpus: gpus.clone(),
-                    }],
-                },
-            }),
+            Step::Forge { job, node, gpus } => {
+                // Even-sized forgeries also claim a second task on the next node (gang forgery).
+                let more = if gpus.len() % 2 == 0 {
+                    vec![crate::model::TaskPlacement { node: node_name(&((node + 1) % 3)), gpus: gpus.clone() }]
+                } else {
+                    Vec::new()
+                };
+                let placement = Placement { job: job_id(job), node: node_name(node), gpus: gpus.clone(), more };
+                Some(Op::ApplyPlan { plan: Plan { placements: vec![placement] } })
+            }
+            Step::RankExited { job, rank, code } => {
+                let id = job_id(job);
+                s.jobs.get(&id).and_then(|j| {
+                    let a = j.allocation.as_ref()?;
+                    let (_, node, _) = a.tasks().nth(*rank as usize % a.task_count() as usize)?;
+                    Some(Op::JobExited { job: id, attempt: j.attempt, node: node.to_string(), exit: RunExit::Code(*code) })
+                })
+            }
             Step::Started { job } | Step::Exited { job, .. } => {
                 let id = job_id(job);
                 s.jobs.get(&id).and_then(|j| j.allocation.as_ref().map(|a| (j.attempt, a.node.clone()))).map(
@@ -770,8 +844,8 @@ fn check_limits(s: &ClusterState) {
                 j.id
             );
         }
-        *qos_gpus.entry(&j.spec.qos).or_default() += j.spec.gpus;
-        *user_gpus.entry((&j.spec.qos, &j.spec.user)).or_default() += j.spec.gpus;
+        *qos_gpus.entry(&j.spec.qos).or_default() += j.spec.total_gpus();
+        *user_gpus.entry((&j.spec.qos, &j.spec.user)).or_default() += j.spec.total_gpus();
         *user_jobs.entry((&j.spec.qos, &j.spec.user)).or_default() += 1;
     }
     for (qos, used) in qos_gpus {

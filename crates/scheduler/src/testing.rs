@@ -51,5 +51,6 @@ pub fn spec(gpus: u32, qos: &str) -> JobSpec {
         gpu_model: None,
         account: String::new(),
         partition: String::new(),
+        tasks: 1,
     }
 }

@@ -17,6 +17,8 @@ pub const SPEC_BYTES_MAX: usize = 128 * 1024;
 pub const GPUS_PER_JOB_MAX: u32 = 1024;
 pub const GPUS_PER_NODE_MAX: usize = 64;
 pub const TIME_LIMIT_S_MAX: u64 = 365 * 24 * 3600;
+/// Most nodes one gang job may span.
+pub const TASKS_MAX: u32 = 256;
 /// Most jobs one job may depend on.
 pub const AFTER_OK_MAX: usize = 64;
 /// Longest client-chosen submit request id.
@@ -45,6 +47,8 @@ pub enum ValidationError {
     EmptyName,
     #[error("gpus: duplicate GPU index {0}")]
     DuplicateGpu(u32),
+    #[error("tasks: 1 to {TASKS_MAX} nodes")]
+    BadTasks,
     #[error("after_ok: at most {AFTER_OK_MAX} jobs")]
     TooManyDependencies,
     #[error("gpu_model: 1 to 64 characters")]
@@ -99,6 +103,9 @@ pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
         bytes += k.len() + v.len();
     }
     check_len("argv+env+workdir bytes", bytes, SPEC_BYTES_MAX)?;
+    if spec.tasks == 0 || spec.tasks > TASKS_MAX {
+        return Err(ValidationError::BadTasks);
+    }
     if spec.after_ok.len() > AFTER_OK_MAX {
         return Err(ValidationError::TooManyDependencies);
     }
