@@ -190,6 +190,16 @@ impl Runner {
                 .env("KAIROS_RESTART_COUNT", a.attempt.to_string())
                 .env("KAIROS_NODE", &self.node)
                 .env("CUDA_VISIBLE_DEVICES", gpus.join(","))
+                // torchrun-compatible gang environment (one task per node).
+                .env("RANK", a.rank.to_string())
+                .env("WORLD_SIZE", a.world_size.max(1).to_string())
+                .env("LOCAL_RANK", "0")
+                .env("LOCAL_WORLD_SIZE", "1")
+                .env(
+                    "MASTER_ADDR",
+                    if a.master_addr.is_empty() { "127.0.0.1" } else { a.master_addr.as_str() },
+                )
+                .env("MASTER_PORT", a.master_port.to_string())
                 .current_dir(if a.workdir.is_empty() { job_dir.as_path() } else { Path::new(&a.workdir) })
                 .stdin(std::process::Stdio::null())
                 .stdout(log.try_clone()?)
@@ -298,6 +308,10 @@ mod tests {
             started,
             kill,
             kill_grace_s: 1,
+            rank: 0,
+            world_size: 1,
+            master_addr: String::new(),
+            master_port: 29500,
         }
     }
 

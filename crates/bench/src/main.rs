@@ -475,11 +475,7 @@ fn bench_schedule(
         if let kairos_scheduler::Outcome::Submitted { job } =
             apply(&mut state, Op::Submit { spec: sp, request_id: None, hold: false })
         {
-            placements.push(Placement {
-                job,
-                node: format!("node-{node:05}"),
-                gpus: (gpu..gpu + want).collect(),
-            });
+            placements.push(Placement::single(job, format!("node-{node:05}"), (gpu..gpu + want).collect()));
             placed += 1;
         }
         gpu += want;

@@ -51,9 +51,13 @@ enum ProfileArg {
 enum Cmd {
     /// Submit a job; prints its id.
     Submit {
-        /// GPUs the job needs (on one node).
-        #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = parse_gpus)]
+        /// GPUs the job needs on each node.
+        #[arg(long, alias = "gpus-per-node", default_value_t = 1, allow_negative_numbers = true, value_parser = parse_gpus)]
         gpus: u32,
+        /// Gang job: run one task on each of this many nodes, all or nothing (torchrun-style
+        /// RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment).
+        #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = parse_gpus)]
+        nodes: u32,
         #[arg(long, default_value = "")]
         name: String,
         /// Wall-clock limit: 90s, 30m, 2h, 1h30m, HH:MM:SS, or whole minutes.
@@ -519,6 +523,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Cmd::Submit {
             gpus,
+            nodes,
             name,
             time,
             qos,
@@ -553,6 +558,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 profile: profile as i32,
                 resources: Some(pb::Resources {
                     gpus,
+                    tasks: nodes,
                     gpu_model: gpu_model.unwrap_or_default(),
                     ..Default::default()
                 }),

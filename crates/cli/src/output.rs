@@ -62,6 +62,8 @@ pub fn job_json(job: &pb::Job) -> Value {
         "gpus": gpus,
         "node": if job.node.is_empty() { Value::Null } else { Value::String(job.node.clone()) },
         "gpu_ids": job.gpu_ids,
+        "nodes": spec.resources.as_ref().map(|r| r.tasks.max(1)).unwrap_or(1),
+        "tasks": job.tasks.iter().map(|t| json!({"rank": t.rank, "node": t.node, "gpu_ids": t.gpu_ids})).collect::<Vec<_>>(),
         "exit_code": job.exit_code,
         "signal": if job.signal == 0 { Value::Null } else { json!(job.signal) },
         "attempt": job.attempt,

@@ -212,8 +212,9 @@ pub struct Allocation {
 impl Allocation {
     /// (rank, node, GPUs) of every task.
     pub fn tasks(&self) -> impl Iterator<Item = (u32, &str, &[GpuIndex])> {
-        std::iter::once((0, self.node.as_str(), self.gpus.as_slice()))
-            .chain(self.more.iter().enumerate().map(|(i, t)| (i as u32 + 1, t.node.as_str(), t.gpus.as_slice())))
+        std::iter::once((0, self.node.as_str(), self.gpus.as_slice())).chain(
+            self.more.iter().enumerate().map(|(i, t)| (i as u32 + 1, t.node.as_str(), t.gpus.as_slice())),
+        )
     }
 
     /// The rank running on `node`, if any.
@@ -247,6 +248,9 @@ pub struct Job {
     /// Node and GPUs of the last allocation, kept after the job ends for `show` and logs.
     pub last_node: String,
     pub last_gpus: Vec<GpuIndex>,
+    /// Ranks 1.. of the last allocation of a gang job.
+    #[serde(default)]
+    pub last_more: Vec<TaskPlacement>,
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub submit_time_ms: i64,

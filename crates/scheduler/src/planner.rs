@@ -21,10 +21,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::limits::Usage;
+use crate::model::TaskPlacement;
 use crate::model::{model_matches, GpuIndex, Job, JobId, JobState, NodeState};
 use crate::policy::Partition;
 use crate::priority::Prioritizer;
-use crate::model::TaskPlacement;
 use crate::state::{ClusterState, Placement, Plan, PLAN_PLACEMENTS_MAX};
 
 /// Why a pending job is not starting now.
@@ -414,7 +414,8 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             let total = largest_gang(state, job.spec.gpus as usize, model, part);
             if total < tasks {
                 let of = model.map(|m| format!("{m} ")).unwrap_or_default();
-                let why = format!("only {total} up nodes have {} {of}GPUs; the job needs {tasks}", job.spec.gpus);
+                let why =
+                    format!("only {total} up nodes have {} {of}GPUs; the job needs {tasks}", job.spec.gpus);
                 pending.push((job.id, PendingReason::ReqNodeNotAvail(why)));
                 continue;
             }
@@ -435,7 +436,8 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
                     pass.take(*pos, gpus, ends_ms);
                 }
                 usage.add(job, &state.policy);
-                let mut tasks_placed = placed.into_iter().map(|(pos, gpus)| (pass.nodes[pos].name.to_string(), gpus));
+                let mut tasks_placed =
+                    placed.into_iter().map(|(pos, gpus)| (pass.nodes[pos].name.to_string(), gpus));
                 let (node, gpus) = tasks_placed.next().expect("at least one task");
                 let more = tasks_placed.map(|(node, gpus)| TaskPlacement { node, gpus }).collect();
                 out.plan.placements.push(Placement { job: job.id, node, gpus, more });
@@ -569,10 +571,7 @@ mod tests {
         let j3 = submit(&mut s, 4, "batch");
         let mut out = plan(&s);
         out.plan.placements.retain(|p| p.job == j3);
-        assert_eq!(
-            out.plan.placements,
-            vec![Placement::single(j3, "b".into(), vec![0, 1, 2, 3])]
-        );
+        assert_eq!(out.plan.placements, vec![Placement::single(j3, "b".into(), vec![0, 1, 2, 3])]);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::limits::Usage;
 use crate::model::{
-    Allocation, TaskPlacement, GpuIndex, Job, JobId, JobSpec, JobState, Node, NodeInfo, NodeState, StopReason,
+    Allocation, GpuIndex, Job, JobId, JobSpec, JobState, Node, NodeInfo, NodeState, StopReason, TaskPlacement,
 };
 use crate::policy::{Policy, Qos};
 use crate::validate::{validate_node, validate_spec};
@@ -450,6 +450,7 @@ impl ClusterState {
             allocation: None,
             last_node: String::new(),
             last_gpus: Vec::new(),
+            last_more: Vec::new(),
             exit_code: None,
             signal: None,
             submit_time_ms: now,
@@ -638,11 +639,17 @@ impl ClusterState {
         node.reason = reason.to_string();
         let jobs: BTreeSet<JobId> = node.allocated.values().copied().collect();
         for &job in &jobs {
-            let gang = self.jobs.get(&job).and_then(|j| j.allocation.as_ref()).is_some_and(|a| a.task_count() > 1);
+            let gang =
+                self.jobs.get(&job).and_then(|j| j.allocation.as_ref()).is_some_and(|a| a.task_count() > 1);
             if gang {
                 // Its task here is lost; the tasks on healthy nodes are stopped and release
                 // their GPUs as they exit.
-                self.gang_task_exited(job, name, &RunExit::Lost(format!("node \"{name}\" down: {reason}")), now);
+                self.gang_task_exited(
+                    job,
+                    name,
+                    &RunExit::Lost(format!("node \"{name}\" down: {reason}")),
+                    now,
+                );
             } else {
                 self.fail_run(job, JobState::NodeFail, format!("node \"{name}\" down: {reason}"), now);
             }
@@ -695,7 +702,8 @@ impl ClusterState {
             return Err(format!("job {}: two tasks on one node", p.job));
         }
         if let Some(part) = self.partition_of(job) {
-            if part.max_wall_s.is_some_and(|max| self.time_limit_ms(job) > (max as i64).saturating_mul(1000)) {
+            if part.max_wall_s.is_some_and(|max| self.time_limit_ms(job) > (max as i64).saturating_mul(1000))
+            {
                 return Err(format!("job {}: PartitionTimeLimit", p.job));
             }
         }
@@ -719,14 +727,20 @@ impl ClusterState {
         }
         let wanted: BTreeSet<GpuIndex> = gpus.iter().copied().collect();
         if wanted.len() != gpus.len() || wanted.len() != job.spec.gpus as usize {
-            return Err(format!("job {} needs {} distinct GPUs per task, plan gives {gpus:?}", job.id, job.spec.gpus));
+            return Err(format!(
+                "job {} needs {} distinct GPUs per task, plan gives {gpus:?}",
+                job.id, job.spec.gpus
+            ));
         }
         for gpu in &wanted {
             let Some(g) = node.info.gpus.iter().find(|g| g.index == *gpu) else {
                 return Err(format!("node \"{name}\" has no GPU {gpu}"));
             };
             if !crate::model::model_matches(job.spec.gpu_model.as_deref(), &g.model) {
-                return Err(format!("GPU {gpu} of \"{name}\" is a {}, not a {:?}", g.model, job.spec.gpu_model));
+                return Err(format!(
+                    "GPU {gpu} of \"{name}\" is a {}, not a {:?}",
+                    g.model, job.spec.gpu_model
+                ));
             }
             if let Some(holder) = node.allocated.get(gpu) {
                 return Err(format!("GPU {gpu} of \"{name}\" is held by job {holder}"));
@@ -745,20 +759,24 @@ impl ClusterState {
         let job = self.jobs.get_mut(&p.job).expect("placement was validated");
         job.state = JobState::Running;
         job.reason.clear();
-        job.allocation =
-            Some(Allocation {
-                node: p.node.clone(),
-                gpus: p.gpus.clone(),
-                more: p.more.clone(),
-                started: false,
-                stop: None,
-                exits: BTreeMap::new(),
-                failure: None,
-            });
+        job.allocation = Some(Allocation {
+            node: p.node.clone(),
+            gpus: p.gpus.clone(),
+            more: p.more.clone(),
+            started: false,
+            stop: None,
+            exits: BTreeMap::new(),
+            failure: None,
+        });
         job.last_node = p.node.clone();
         job.last_gpus = p.gpus.clone();
+        job.last_more = p.more.clone();
         job.start_time_ms = Some(now);
-        job.record(now, "allocated", format!("node \"{}\" GPUs {:?}", p.node, p.gpus));
+        let mut msg = format!("node \"{}\" GPUs {:?}", p.node, p.gpus);
+        for t in &p.more {
+            msg.push_str(&format!(", node \"{}\" GPUs {:?}", t.node, t.gpus));
+        }
+        job.record(now, "allocated", msg);
     }
 
     /// The running job's allocation, if `job`/`attempt`/`node` name its current run.
@@ -825,9 +843,15 @@ impl ClusterState {
     /// One task of a gang ended. Its GPUs are released at once (its process is gone); the
     /// first failure stops the other tasks; the job ends when every task has ended.
     fn gang_task_exited(&mut self, id: JobId, node: &str, exit: &RunExit, now: i64) -> Outcome {
-        let Some(job) = self.jobs.get_mut(&id) else { return Outcome::Ignored(format!("job {id} not found")) };
-        let Some(alloc) = job.allocation.as_mut() else { return Outcome::Ignored(format!("job {id} has no run")) };
-        let Some(rank) = alloc.rank_on(node) else { return Outcome::Ignored(format!("no task of job {id} on \"{node}\"")) };
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return Outcome::Ignored(format!("job {id} not found"));
+        };
+        let Some(alloc) = job.allocation.as_mut() else {
+            return Outcome::Ignored(format!("job {id} has no run"));
+        };
+        let Some(rank) = alloc.rank_on(node) else {
+            return Outcome::Ignored(format!("no task of job {id} on \"{node}\""));
+        };
         if alloc.exits.contains_key(&rank) {
             return Outcome::Ignored(format!("rank {rank} of job {id} already ended"));
         }
@@ -855,7 +879,11 @@ impl ClusterState {
         }
         // The cluster lost a task (node down, agent lost it): requeue where the job allows.
         let lost = stop == Some(StopReason::TaskFailed)
-            && self.jobs.get(&id).and_then(|j| j.allocation.as_ref()).is_some_and(|a| a.exits.values().any(|c| *c == LOST_EXIT));
+            && self
+                .jobs
+                .get(&id)
+                .and_then(|j| j.allocation.as_ref())
+                .is_some_and(|a| a.exits.values().any(|c| *c == LOST_EXIT));
         if let Some(n) = self.nodes.get_mut(node) {
             n.allocated.retain(|_, holder| *holder != id);
         }
@@ -975,8 +1003,10 @@ impl ClusterState {
                     return Err(format!("node {name} allocates missing GPU {gpu}"));
                 }
                 let job = self.jobs.get(holder).ok_or(format!("GPU held by unknown job {holder}"))?;
-                let alloc =
-                    job.allocation.as_ref().ok_or(format!("job {holder} holds GPU {gpu} without allocation"))?;
+                let alloc = job
+                    .allocation
+                    .as_ref()
+                    .ok_or(format!("job {holder} holds GPU {gpu} without allocation"))?;
                 let listed = alloc.tasks().any(|(rank, n, gpus)| {
                     n == name.as_str() && gpus.contains(gpu) && !alloc.exits.contains_key(&rank)
                 });
@@ -989,7 +1019,12 @@ impl ClusterState {
             match (&job.allocation, job.state) {
                 (Some(alloc), JobState::Running) => {
                     if alloc.task_count() != job.spec.tasks.max(1) {
-                        return Err(format!("job {} runs {} of {} tasks", job.id, alloc.task_count(), job.spec.tasks));
+                        return Err(format!(
+                            "job {} runs {} of {} tasks",
+                            job.id,
+                            alloc.task_count(),
+                            job.spec.tasks
+                        ));
                     }
                     let nodes: BTreeSet<&str> = alloc.tasks().map(|(_, n, _)| n).collect();
                     if nodes.len() != alloc.task_count() as usize {

@@ -568,7 +568,8 @@ fn a_gang_is_placed_whole_on_distinct_nodes_and_ends_when_every_task_has() {
     for n in ["n1", "n2", "n3"] {
         s.apply(&cmd(1, Op::RegisterNode { info: node_info(n, 4) }));
     }
-    let small = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
+    let small =
+        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
     run_plan(&mut s, 2);
     let mut gang = spec(4, "batch");
     gang.tasks = 3;
@@ -579,7 +580,9 @@ fn a_gang_is_placed_whole_on_distinct_nodes_and_ends_when_every_task_has() {
     assert_eq!(out.pending[&g], PendingReason::Resources);
     // A forged partial gang is rejected.
     let partial = Plan { placements: vec![Placement::single(g, "n2".into(), vec![0, 1, 2, 3])] };
-    let Outcome::PlanApplied { accepted, .. } = s.apply(&cmd(4, Op::ApplyPlan { plan: partial })) else { panic!() };
+    let Outcome::PlanApplied { accepted, .. } = s.apply(&cmd(4, Op::ApplyPlan { plan: partial })) else {
+        panic!()
+    };
     assert!(accepted.is_empty());
     s.apply(&cmd(5, Op::JobExited { job: small, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) }));
     let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, 6) else { panic!() };
@@ -775,11 +778,15 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
             Step::Forge { job, node, gpus } => {
                 // Even-sized forgeries also claim a second task on the next node (gang forgery).
                 let more = if gpus.len() % 2 == 0 {
-                    vec![crate::model::TaskPlacement { node: node_name(&((node + 1) % 3)), gpus: gpus.clone() }]
+                    vec![crate::model::TaskPlacement {
+                        node: node_name(&((node + 1) % 3)),
+                        gpus: gpus.clone(),
+                    }]
                 } else {
                     Vec::new()
                 };
-                let placement = Placement { job: job_id(job), node: node_name(node), gpus: gpus.clone(), more };
+                let placement =
+                    Placement { job: job_id(job), node: node_name(node), gpus: gpus.clone(), more };
                 Some(Op::ApplyPlan { plan: Plan { placements: vec![placement] } })
             }
             Step::RankExited { job, rank, code } => {
@@ -787,7 +794,12 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                 s.jobs.get(&id).and_then(|j| {
                     let a = j.allocation.as_ref()?;
                     let (_, node, _) = a.tasks().nth(*rank as usize % a.task_count() as usize)?;
-                    Some(Op::JobExited { job: id, attempt: j.attempt, node: node.to_string(), exit: RunExit::Code(*code) })
+                    Some(Op::JobExited {
+                        job: id,
+                        attempt: j.attempt,
+                        node: node.to_string(),
+                        exit: RunExit::Code(*code),
+                    })
                 })
             }
             Step::Started { job } | Step::Exited { job, .. } => {

@@ -28,24 +28,40 @@ pub struct Agents {
 
 /// The runs `node` should have in `state`, in job id order.
 pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> {
-    state
-        .jobs_on(node)
-        .into_iter()
-        .filter(|j| j.state == JobState::Running)
-        .filter_map(|j| j.allocation.as_ref().filter(|a| a.node == node).map(|a| (j, a)))
-        .map(|(j, a)| pb::Assignment {
+    let mut out = Vec::new();
+    for j in state.jobs_on(node).into_iter().filter(|j| j.state == JobState::Running) {
+        let Some(a) = j.allocation.as_ref() else { continue };
+        let Some((rank, _, gpus)) = a.tasks().find(|(_, n, _)| *n == node) else { continue };
+        if a.exits.contains_key(&rank) {
+            continue; // this task already ended; its GPUs are free
+        }
+        // Rank 0 listens where its agent lives (the agent's host), on a port derived from the job.
+        let master_host = state
+            .nodes
+            .get(&a.node)
+            .and_then(|n| n.info.addr.rsplit_once(':').map(|(h, _)| h.to_string()))
+            .unwrap_or_default();
+        out.push(pb::Assignment {
             job_id: j.id,
             attempt: j.attempt,
             argv: j.spec.argv.clone(),
             env: j.spec.env.clone().into_iter().collect(),
             workdir: j.spec.workdir.clone(),
-            gpu_ids: a.gpus.clone(),
+            gpu_ids: gpus.to_vec(),
             started: a.started,
             kill: a.stop.is_some(),
             kill_grace_s: KILL_GRACE_S,
-        })
-        .collect()
+            rank,
+            world_size: a.task_count(),
+            master_addr: master_host,
+            master_port: MASTER_PORT_BASE + (j.id % 10_000) as u32,
+        });
+    }
+    out
 }
+
+/// Gang rank 0 listens on MASTER_PORT_BASE + (job id mod 10000).
+const MASTER_PORT_BASE: u32 = 29_500;
 
 fn check_node(ctx: &Ctx, node: &str) -> Result<(), Status> {
     ctx.replica.read(|a| {

@@ -17,9 +17,6 @@ fn unimplemented(field: &str, what: &str) -> Status {
 pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec, Status> {
     let spec = spec.ok_or_else(|| Status::invalid_argument("spec: required"))?;
     let res = spec.resources.unwrap_or_default();
-    if res.tasks > 1 {
-        return Err(unimplemented("resources.tasks", "gang jobs over several nodes"));
-    }
     if res.min_gpus != 0 {
         return Err(unimplemented("resources.min_gpus", "elastic jobs"));
     }
@@ -58,6 +55,7 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
         gpu_model: (!res.gpu_model.is_empty()).then_some(res.gpu_model),
         account: spec.account,
         partition: spec.partition,
+        tasks: res.tasks.max(1),
     };
     validate_spec(&out).map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok(out)
@@ -98,6 +96,27 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
         Some(a) => (a.node.clone(), a.gpus.clone()),
         None => (job.last_node.clone(), job.last_gpus.clone()),
     };
+    let tasks = match &job.allocation {
+        Some(a) => a
+            .tasks()
+            .map(|(rank, node, gpus)| pb::TaskAllocation {
+                rank,
+                node: node.to_string(),
+                gpu_ids: gpus.to_vec(),
+            })
+            .collect(),
+        None if !job.last_node.is_empty() => {
+            let first =
+                pb::TaskAllocation { rank: 0, node: job.last_node.clone(), gpu_ids: job.last_gpus.clone() };
+            let more = job.last_more.iter().enumerate().map(|(i, t)| pb::TaskAllocation {
+                rank: i as u32 + 1,
+                node: t.node.clone(),
+                gpu_ids: t.gpus.clone(),
+            });
+            std::iter::once(first).chain(more).collect()
+        }
+        None => Vec::new(),
+    };
     let s = &job.spec;
     pb::Job {
         id: job.id,
@@ -110,6 +129,7 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
             profile: profile_to_pb(s.profile) as i32,
             resources: Some(pb::Resources {
                 gpus: s.gpus,
+                tasks: s.tasks,
                 gpu_model: s.gpu_model.clone().unwrap_or_default(),
                 ..Default::default()
             }),
@@ -140,6 +160,7 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
             .map(|e| pb::JobEvent { time_ms: e.time_ms, kind: e.kind.clone(), message: e.message.clone() })
             .collect(),
         signal: job.signal.unwrap_or(0),
+        tasks,
     }
 }
 

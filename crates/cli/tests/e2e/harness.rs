@@ -81,6 +81,8 @@ pub struct Cluster {
     pub dir: TempDir,
     pub controllers: Vec<Controller>,
     pub agent: Option<Child>,
+    /// More agents (nodes) started with `add_agent`.
+    pub more_agents: Vec<Child>,
     gpus: u32,
     /// Extra flags for every kairosd (e.g. a small snapshot threshold).
     pub controller_flags: Vec<String>,
@@ -101,6 +103,7 @@ impl Cluster {
             dir,
             controllers,
             agent: None,
+            more_agents: Vec::new(),
             gpus,
             controller_flags: flags.iter().map(|f| f.to_string()).collect(),
         };
@@ -169,6 +172,26 @@ impl Cluster {
             .spawn()
             .expect("start kairos-agent");
         self.agent = Some(child);
+    }
+
+    /// Starts another agent (node) called `name` with `gpus` fake GPUs and waits until it is up.
+    pub fn add_agent(&mut self, name: &str, gpus: u32) {
+        let child = Command::new(bin("kairos-agent"))
+            .args(["--controllers", &self.addrs(), "--addr", "127.0.0.1:0", "--name", name])
+            .args(["--gpu-backend", "fake", "--fake-gpus", &gpus.to_string()])
+            .arg("--state-dir")
+            .arg(self.path(&format!("agent-{name}")))
+            .stdin(Stdio::null())
+            .stdout(self.log_file(&format!("agent-{name}.log")))
+            .stderr(self.log_file(&format!("agent-{name}.log")))
+            .spawn()
+            .expect("start kairos-agent");
+        self.more_agents.push(child);
+        wait_for(&format!("node {name} to be up"), || {
+            let out = self.kairos(&["nodes", "--json"]);
+            let nodes: Value = serde_json::from_slice(&out.stdout).ok()?;
+            nodes.as_array()?.iter().any(|n| n["name"] == name && n["state"] == "UP").then_some(())
+        });
     }
 
     pub fn wait_node_up(&self) {
@@ -290,8 +313,11 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        // The agent first: on SIGTERM it stops every job's process group.
+        // The agents first: on SIGTERM they stop every job's process group.
         if let Some(mut a) = self.agent.take() {
+            stop_child(&mut a);
+        }
+        for mut a in self.more_agents.drain(..) {
             stop_child(&mut a);
         }
         for c in &mut self.controllers {
