@@ -138,6 +138,11 @@ enum Cmd {
         #[command(subcommand)]
         command: PartitionCmd,
     },
+    /// Fairshare accounts: the tree, shares and members.
+    Account {
+        #[command(subcommand)]
+        command: AccountCmd,
+    },
     /// The whole scheduling policy as a TOML file.
     Policy {
         #[command(subcommand)]
@@ -217,6 +222,12 @@ struct QosFlags {
     user_jobs: Option<String>,
     #[arg(long)]
     burstable: Option<bool>,
+}
+
+#[derive(Subcommand, Debug)]
+enum AccountCmd {
+    /// List accounts (change them with `kairos policy apply`; usage with `kairos share`).
+    List,
 }
 
 #[derive(Subcommand, Debug)]
@@ -841,6 +852,38 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
         }
         Cmd::Qos { command } => return qos_command(client, command, cli.json).await,
+        Cmd::Account { command: AccountCmd::List } => {
+            let policy = get_policy(client).await?;
+            if cli.json {
+                let v: Vec<serde_json::Value> = policy
+                    .accounts
+                    .iter()
+                    .map(|a| {
+                        serde_json::json!({
+                            "name": a.name,
+                            "parent": (!a.parent.is_empty()).then(|| a.parent.clone()),
+                            "shares": a.shares,
+                            "users": a.users,
+                        })
+                    })
+                    .collect();
+                print_json(&serde_json::Value::Array(v));
+            } else {
+                let rows: Vec<Vec<String>> = policy
+                    .accounts
+                    .iter()
+                    .map(|a| {
+                        vec![
+                            a.name.clone(),
+                            if a.parent.is_empty() { "-".into() } else { a.parent.clone() },
+                            a.shares.to_string(),
+                            if a.users.is_empty() { "(open)".into() } else { a.users.join(",") },
+                        ]
+                    })
+                    .collect();
+                table(&["ACCOUNT", "PARENT", "SHARES", "USERS"], &rows);
+            }
+        }
         Cmd::Partition { command: PartitionCmd::List } => {
             let policy = get_policy(client).await?;
             if cli.json {
