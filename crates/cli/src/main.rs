@@ -400,11 +400,7 @@ async fn qos_command(client: &Client, command: QosCmd, json: bool) -> anyhow::Re
     match command {
         QosCmd::List => {
             let policy = get_policy(client).await?;
-            if json {
-                print_json(&serde_json::Value::Array(policy.qos.iter().map(qos_json).collect()));
-            } else {
-                table(&QOS_HEADER, &policy.qos.iter().map(qos_row).collect::<Vec<_>>());
-            }
+            print_list(json, &policy.qos, qos_json, &QOS_HEADER, qos_row);
         }
         QosCmd::Show { name } => {
             let policy = get_policy(client).await?;
@@ -519,6 +515,21 @@ fn print_json(v: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
+/// Prints a listing: a JSON array with `--json`, else a table.
+fn print_list<T>(
+    json: bool,
+    items: &[T],
+    to_json: impl Fn(&T) -> serde_json::Value,
+    header: &[&str],
+    to_row: impl Fn(&T) -> Vec<String>,
+) {
+    if json {
+        print_json(&serde_json::Value::Array(items.iter().map(to_json).collect()));
+    } else {
+        table(header, &items.iter().map(to_row).collect::<Vec<_>>());
+    }
+}
+
 async fn get_job(client: &Client, id: u64) -> Result<pb::Job, CallError> {
     client
         .call(|ch| async move {
@@ -608,11 +619,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .await?
                 .into_inner()
                 .jobs;
-            if cli.json {
-                print_json(&serde_json::Value::Array(jobs.iter().map(job_json).collect()));
-            } else {
-                table(&JOB_HEADER, &jobs.iter().map(job_row).collect::<Vec<_>>());
-            }
+            print_list(cli.json, &jobs, job_json, &JOB_HEADER, job_row);
         }
         Cmd::Show { id } => {
             let job = get_job(client, id).await?;
@@ -712,11 +719,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .await?
                 .into_inner()
                 .nodes;
-            if cli.json {
-                print_json(&serde_json::Value::Array(nodes.iter().map(node_json).collect()));
-            } else {
-                table(&NODE_HEADER, &nodes.iter().map(node_row).collect::<Vec<_>>());
-            }
+            print_list(cli.json, &nodes, node_json, &NODE_HEADER, node_row);
         }
         Cmd::Cluster { command } => {
             let status = client
@@ -854,35 +857,17 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Qos { command } => return qos_command(client, command, cli.json).await,
         Cmd::Account { command: AccountCmd::List } => {
             let policy = get_policy(client).await?;
-            if cli.json {
-                let v: Vec<serde_json::Value> = policy
-                    .accounts
-                    .iter()
-                    .map(|a| {
-                        serde_json::json!({
-                            "name": a.name,
-                            "parent": (!a.parent.is_empty()).then(|| a.parent.clone()),
-                            "shares": a.shares,
-                            "users": a.users,
-                        })
-                    })
-                    .collect();
-                print_json(&serde_json::Value::Array(v));
-            } else {
-                let rows: Vec<Vec<String>> = policy
-                    .accounts
-                    .iter()
-                    .map(|a| {
-                        vec![
-                            a.name.clone(),
-                            if a.parent.is_empty() { "-".into() } else { a.parent.clone() },
-                            a.shares.to_string(),
-                            if a.users.is_empty() { "(open)".into() } else { a.users.join(",") },
-                        ]
-                    })
-                    .collect();
-                table(&["ACCOUNT", "PARENT", "SHARES", "USERS"], &rows);
-            }
+            let parent = |a: &pb::Account| (!a.parent.is_empty()).then(|| a.parent.clone());
+            print_list(
+                cli.json,
+                &policy.accounts,
+                |a| serde_json::json!({"name": a.name, "parent": parent(a), "shares": a.shares, "users": a.users}),
+                &["ACCOUNT", "PARENT", "SHARES", "USERS"],
+                |a| {
+                    let users = if a.users.is_empty() { "(open)".into() } else { a.users.join(",") };
+                    vec![a.name.clone(), parent(a).unwrap_or_else(|| "-".into()), a.shares.to_string(), users]
+                },
+            );
         }
         Cmd::Partition { command: PartitionCmd::List } => {
             let policy = get_policy(client).await?;
