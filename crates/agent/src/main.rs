@@ -217,6 +217,11 @@ async fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("creating {}", args.state_dir.display()))?;
     let state_dir = std::fs::canonicalize(&args.state_dir).context("resolving --state-dir")?;
+    // Before taking any work: nothing a previous (crashed) agent started may keep running.
+    let orphans = kairos_agent::runner::kill_orphans(&state_dir).await;
+    if orphans > 0 {
+        tracing::warn!(orphans, "killed runs left by a previous agent");
+    }
 
     let listen: std::net::SocketAddr =
         args.addr.parse().with_context(|| format!("--addr \"{}\" is not HOST:PORT", args.addr))?;

@@ -65,6 +65,69 @@ fn signal_group(pgid: i32, signal: Signal) {
     let _ = killpg(Pid::from_raw(pgid), signal);
 }
 
+/// The live-run journal: one file per running process group, so an agent that crashed and
+/// restarted can kill what its predecessor left running before it takes any new work.
+fn journal_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("live")
+}
+
+fn journal_add(state_dir: &Path, key: RunKey, pgid: i32) {
+    let dir = journal_dir(state_dir);
+    let start = proc_starttime(pgid).unwrap_or(0);
+    let result = std::fs::create_dir_all(&dir)
+        .and_then(|_| std::fs::write(dir.join(format!("{}-{}", key.0, key.1)), format!("{pgid} {start}\n")));
+    if let Err(e) = result {
+        tracing::warn!(error = %e, job = key.0, "cannot journal a live run");
+    }
+}
+
+fn journal_remove(state_dir: &Path, key: RunKey) {
+    let _ = std::fs::remove_file(journal_dir(state_dir).join(format!("{}-{}", key.0, key.1)));
+}
+
+/// A process's start time in clock ticks since boot (field 22 of /proc/PID/stat).
+fn proc_starttime(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+}
+
+fn group_alive(pgid: i32) -> bool {
+    killpg(Pid::from_raw(pgid), None).is_ok()
+}
+
+/// Kills every process group a previous agent journaled as live and waits (bounded) until they
+/// are gone. Returns how many groups were killed.
+///
+/// A group is ours if its leader still has the recorded start time, or if the leader is gone but
+/// the group still exists (the kernel does not reuse a pid that is still some group's id).
+pub async fn kill_orphans(state_dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(journal_dir(state_dir)) else { return 0 };
+    let mut killed = Vec::new();
+    for entry in entries.flatten() {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        let mut fields = text.split_whitespace();
+        let pgid: Option<i32> = fields.next().and_then(|v| v.parse().ok());
+        let start: Option<u64> = fields.next().and_then(|v| v.parse().ok());
+        if let Some(pgid) = pgid.filter(|p| *p > 1) {
+            let ours = match proc_starttime(pgid) {
+                Some(now) => Some(now) == start,
+                None => group_alive(pgid),
+            };
+            if ours && group_alive(pgid) {
+                tracing::warn!(pgid, file = %entry.path().display(), "killing a run left by a previous agent");
+                signal_group(pgid, Signal::SIGKILL);
+                killed.push(pgid);
+            }
+        }
+        let _ = std::fs::remove_file(entry.path());
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while killed.iter().any(|p| group_alive(*p)) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    killed.len()
+}
+
 impl Runner {
     pub fn new(node: &str, state_dir: &Path, reports: mpsc::Sender<pb::StatusReport>) -> Self {
         Runner { node: node.to_string(), state_dir: state_dir.to_path_buf(), runs: Arc::default(), reports }
@@ -230,6 +293,9 @@ impl Runner {
         let pgid = child.id().map(|p| p as i32);
         tracing::info!(job = a.job_id, attempt = a.attempt, ?pgid, gpus = ?a.gpu_ids, "run started");
         self.lock().insert(key, Run { pgid, exit: None, stopping: false, lost_message: String::new() });
+        if let Some(pgid) = pgid {
+            journal_add(&self.state_dir, key, pgid);
+        }
         self.report(key, None, String::new());
         let runner = self.clone();
         tokio::spawn(async move {
@@ -249,6 +315,7 @@ impl Runner {
                 signal_group(pgid, Signal::SIGKILL);
             }
             tracing::info!(job = key.0, attempt = key.1, ?exit, "run exited");
+            journal_remove(runner.state_dir(), key);
             if let Some(run) = runner.lock().get_mut(&key) {
                 run.exit = Some(exit);
             }
@@ -376,6 +443,30 @@ mod tests {
         exits.sort_by_key(|r| r.job_id);
         assert_eq!(exits.iter().map(|r| (r.job_id, r.signal)).collect::<Vec<_>>(), vec![(1, 15), (2, 9)]);
         assert!(runner.running().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_restarted_agent_kills_the_runs_its_predecessor_left_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = mpsc::channel(16);
+        let runner = Runner::new("n1", dir.path(), tx);
+        runner.reconcile(&set(vec![assignment(
+            4,
+            &["sh", "-c", "sleep 300 & exec sleep 300"],
+            false,
+            false,
+        )]));
+        next(&mut rx).await;
+        let pgid = {
+            let runs = runner.lock();
+            runs[&(4, 0)].pgid.unwrap()
+        };
+        assert!(group_alive(pgid));
+        // The agent "crashes": its runner is gone but the processes live on.
+        drop(runner);
+        assert_eq!(kill_orphans(dir.path()).await, 1);
+        assert!(!group_alive(pgid), "the orphaned group survived");
+        assert_eq!(kill_orphans(dir.path()).await, 0, "the journal was cleared");
     }
 
     #[tokio::test]

@@ -202,12 +202,12 @@ fn silent_node_goes_down_its_jobs_end_node_fail_or_are_requeued() {
     assert_eq!(job["attempt"], 1, "{job}");
     let nodes: serde_json::Value = serde_json::from_str(&c.ok(&["nodes", "--json"])).unwrap();
     assert_eq!(nodes[0]["state"], "DOWN");
-    // SIGKILL of the agent leaves its jobs behind; clean them up ourselves.
-    signal(pid, libc::SIGKILL);
-    signal(pid2, libc::SIGKILL);
-    // The agent comes back: the node is up again, the requeued job runs its next attempt.
+    // SIGKILL of the agent left its jobs running; the restarted agent kills them before it
+    // takes new work, so the requeued attempt never runs beside the old one.
+    assert!(alive(pid) && alive(pid2));
     c.start_agent();
     c.wait_node_up();
+    wait_for("the orphaned jobs to be killed", || (!alive(pid) && !alive(pid2)).then_some(()));
     let job = c.wait_done(requeued);
     assert_eq!((job["state"].as_str(), job["attempt"].as_u64()), (Some("COMPLETED"), Some(1)), "{job}");
     let next = c.submit(&["--", "true"]);
