@@ -122,7 +122,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         args.agent_addr
     );
     println!(
-        "kairos up: try `kairos submit --gpus 1 -- nvidia-smi -L`, `kairos queue`; Ctrl-C stops the cluster"
+        "kairos up: try `kairos submit --gpus 2 -- sh -c 'echo $CUDA_VISIBLE_DEVICES'`, `kairos queue`; Ctrl-C stops the cluster"
     );
 
     // A replica that dies is reported and the rest keep running (that is what HA is for); the

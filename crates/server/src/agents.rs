@@ -148,8 +148,10 @@ impl AgentService for Agents {
                     }
                     last = Some(runs);
                 }
-                if applied.changed().await.is_err() {
-                    return;
+                // Wake on the next apply, or end as soon as the agent goes away.
+                tokio::select! {
+                    changed = applied.changed() => if changed.is_err() { return },
+                    _ = tx.closed() => return,
                 }
             }
         });

@@ -200,8 +200,13 @@ impl JobService for Jobs {
                 return;
             }
             loop {
-                if is_terminal(&last) || applied.changed().await.is_err() {
+                if is_terminal(&last) {
                     return;
+                }
+                // Wake on the next apply, or end as soon as the client goes away.
+                tokio::select! {
+                    changed = applied.changed() => if changed.is_err() { return },
+                    _ = tx.closed() => return,
                 }
                 let reasons = ctx.pending_reasons();
                 let Ok(view) = ctx.replica.read(|a| job_view(&a.state, &reasons, id)) else { return };

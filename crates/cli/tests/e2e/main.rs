@@ -260,3 +260,21 @@ fn kairos_up_stops_cleanly_on_sigterm_leaving_no_processes() {
         .collect();
     assert!(leftovers.is_empty(), "left running: {leftovers:?}");
 }
+
+#[test]
+fn logs_follow_streams_until_the_job_ends_and_wait_reports_the_outcome() {
+    let c = Cluster::start(1);
+    let id = c.submit(&["--", "sh", "-c", "echo first; sleep 1; echo second >&2"]);
+    c.wait_state(id, "RUNNING");
+    // Follows the running job's log and returns by itself once the job has ended.
+    let out = c.ok(&["logs", "--follow", &id.to_string()]);
+    assert_eq!(out, "first\nsecond\n");
+    let out = c.kairos(&["wait", &id.to_string(), "--json"]);
+    assert!(out.status.success());
+    let job: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(job["state"], "COMPLETED");
+    // A job that never started has no logs yet: a clear error.
+    let held = c.submit(&["--hold", "--", "true"]);
+    let out = c.kairos(&["logs", &held.to_string()]);
+    assert!(stderr(&out).contains("has not started yet"), "{}", stderr(&out));
+}
