@@ -436,3 +436,31 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Whatever lies in a snapshot file (corruption, a foreign file), decoding it is a clean
+        /// error, never a panic.
+        #[test]
+        fn decoding_arbitrary_snapshot_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            if let Ok(stored) = StoredSnapshot::decode(&bytes) {
+                let _ = decode_snapshot(&stored.data);
+            }
+            let _ = decode_snapshot(&bytes);
+        }
+    }
+
+    #[test]
+    fn a_snapshot_round_trips_and_a_foreign_format_is_refused() {
+        let state = ClusterState::new();
+        let data = encode_snapshot(&state).unwrap();
+        assert_eq!(decode_snapshot(&data).unwrap(), state);
+        let foreign = serde_json::to_vec(&serde_json::json!({"format": 99, "state": state})).unwrap();
+        assert!(matches!(decode_snapshot(&foreign), Err(crate::ConsensusError::Format(_))));
+    }
+}

@@ -57,6 +57,14 @@ fn submit_assigns_ids_in_order_and_rejects_bad_specs_without_change() {
         s.apply(&cmd(3, Op::Submit { spec: spec(1, "nope"), request_id: None, hold: false })),
         Outcome::Rejected(Rejection::Invalid(m)) if m.contains("unknown qos")
     ));
+    for reserved in ["CUDA_VISIBLE_DEVICES", "KAIROS_JOB_ID", "RANK"] {
+        let mut sneaky = spec(1, "batch");
+        sneaky.env.insert(reserved.into(), "0".into());
+        assert!(matches!(
+            s.apply(&cmd(3, Op::Submit { spec: sneaky, request_id: None, hold: false })),
+            Outcome::Rejected(Rejection::Invalid(m)) if m.contains("cannot be overridden")
+        ));
+    }
     let mut s2 = s.clone();
     s2.now_ms = before.now_ms;
     assert_eq!(s2, before, "rejected submits change nothing but the clock");

@@ -41,6 +41,8 @@ pub enum ValidationError {
     NulByte { field: &'static str },
     #[error("env: invalid variable name \"{0}\"")]
     BadEnvName(String),
+    #[error("env: {0} is set by kairos for every job and cannot be overridden")]
+    ReservedEnv(String),
     #[error("time_limit_s: must be between 1 and {TIME_LIMIT_S_MAX}")]
     BadTimeLimit,
     #[error("name: must not be empty")]
@@ -70,6 +72,22 @@ fn check_text(field: &'static str, s: &str, max: usize) -> Result<(), Validation
     Ok(())
 }
 
+/// Variables the agent sets for every job (GPU binding, identity, gang rendezvous).
+pub const RESERVED_ENV: &[&str] = &[
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+];
+
+fn is_reserved_env(name: &str) -> bool {
+    name.starts_with("KAIROS_") || RESERVED_ENV.contains(&name)
+}
+
 /// Checks a job spec's shape and size. The QoS itself is checked by the caller that knows it.
 pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
     if spec.gpus == 0 {
@@ -93,6 +111,9 @@ pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
         bytes += arg.len();
     }
     for (k, v) in &spec.env {
+        if is_reserved_env(k) {
+            return Err(ValidationError::ReservedEnv(k.clone()));
+        }
         let valid_name = !k.is_empty()
             && !k.starts_with(|c: char| c.is_ascii_digit())
             && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');

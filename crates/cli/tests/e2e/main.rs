@@ -155,6 +155,7 @@ fn bad_input_gets_a_one_line_error_and_changes_nothing() {
         (&["submit", "--gpus", "1", "--"], "command is empty"),
         (&["submit", "--time", "soon", "--", "true"], "cannot parse \"soon\""),
         (&["submit", "--qos", "gold", "--", "true"], "unknown qos \"gold\""),
+        (&["submit", "--env", "CUDA_VISIBLE_DEVICES=7", "--", "true"], "cannot be overridden"),
         (&["show", "424242"], "job 424242 not found"),
         (&["cancel", "424242"], "job 424242 not found"),
         (&["logs", "424242"], "job 424242 not found"),
