@@ -10,6 +10,7 @@ mod up;
 use std::io::Write;
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use kairos_proto::v1 as pb;
 use kairos_proto::v1::admin_service_client::AdminServiceClient;
@@ -226,14 +227,162 @@ struct QosFlags {
 
 #[derive(Subcommand, Debug)]
 enum AccountCmd {
-    /// List accounts (change them with `kairos policy apply`; usage with `kairos share`).
+    /// List accounts (usage and fairshare factors: `kairos share`).
     List,
+    /// Create an account.
+    Create {
+        name: String,
+        #[command(flatten)]
+        flags: AccountFlags,
+    },
+    /// Change the given settings of an account.
+    Update {
+        name: String,
+        #[command(flatten)]
+        flags: AccountFlags,
+    },
+    /// Delete an account no unfinished job uses.
+    Delete { name: String },
+}
+
+#[derive(clap::Args, Debug)]
+struct AccountFlags {
+    /// Parent account ("" for a root account).
+    #[arg(long)]
+    parent: Option<String>,
+    #[arg(long)]
+    shares: Option<u32>,
+    /// Members, comma-separated ("" = open to every user).
+    #[arg(long)]
+    users: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
 enum PartitionCmd {
-    /// List partitions (change them with `kairos policy apply`).
     List,
+    /// Create a partition.
+    Create {
+        name: String,
+        #[command(flatten)]
+        flags: PartitionFlags,
+    },
+    /// Change the given settings of a partition.
+    Update {
+        name: String,
+        #[command(flatten)]
+        flags: PartitionFlags,
+    },
+    /// Delete a partition no unfinished job uses.
+    Delete {
+        name: String,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct PartitionFlags {
+    /// Nodes by name, comma-separated ("" = use the selector).
+    #[arg(long)]
+    nodes: Option<String>,
+    /// Label selector KEY=VALUE[,KEY=VALUE] ("" = no selector).
+    #[arg(long)]
+    selector: Option<String>,
+    #[arg(long)]
+    tier: Option<u32>,
+    /// Allowed QoS, comma-separated ("" = all).
+    #[arg(long)]
+    allowed_qos: Option<String>,
+    /// Default QoS ("" = none).
+    #[arg(long)]
+    default_qos: Option<String>,
+    /// Max wall time, e.g. 72h ("" = none).
+    #[arg(long)]
+    max_wall: Option<String>,
+}
+
+fn csv(s: &str) -> Vec<String> {
+    s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect()
+}
+
+impl AccountFlags {
+    fn apply_to(&self, a: &mut pb::Account) {
+        if let Some(p) = &self.parent {
+            a.parent = p.clone();
+        }
+        if let Some(sh) = self.shares {
+            a.shares = sh;
+        }
+        if let Some(u) = &self.users {
+            a.users = csv(u);
+        }
+    }
+}
+
+impl PartitionFlags {
+    fn apply_to(&self, p: &mut pb::Partition) -> anyhow::Result<()> {
+        if let Some(n) = &self.nodes {
+            p.nodes = csv(n);
+        }
+        if let Some(sel) = &self.selector {
+            p.selector = csv(sel)
+                .into_iter()
+                .map(|kv| {
+                    kv.split_once('=')
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .ok_or_else(|| anyhow::anyhow!("--selector: \"{kv}\" is not KEY=VALUE"))
+                })
+                .collect::<anyhow::Result<_>>()?;
+        }
+        if let Some(t) = self.tier {
+            p.priority_tier = t;
+        }
+        if let Some(q) = &self.allowed_qos {
+            p.allowed_qos = csv(q);
+        }
+        if let Some(q) = &self.default_qos {
+            p.default_qos = q.clone();
+        }
+        if let Some(w) = &self.max_wall {
+            p.max_wall_s = if w.is_empty() {
+                None
+            } else {
+                Some(policy_file::parse_secs("--max-wall", w).map_err(anyhow::Error::msg)?)
+            };
+        }
+        Ok(())
+    }
+}
+
+/// Changes the policy by reading it, editing it and applying the whole (validated on apply).
+async fn edit_policy(
+    client: &Client,
+    edit: impl FnOnce(&mut pb::Policy) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut policy = get_policy(client).await?;
+    edit(&mut policy)?;
+    client
+        .call(|ch| {
+            let req = client.request(policy.clone());
+            async move { AdminServiceClient::new(ch).apply_policy(req).await }
+        })
+        .await?;
+    Ok(())
+}
+
+/// Finds `name` among `items`: refuses to create a name that exists (`must_exist` false) or to
+/// change one that does not (true); returns its position when it exists.
+fn edit_named<T>(
+    items: &mut Vec<T>,
+    name: &str,
+    what: &str,
+    must_exist: bool,
+    name_of: impl Fn(&T) -> &str,
+) -> anyhow::Result<Option<usize>> {
+    let at = items.iter().position(|x| name_of(x) == name);
+    match (at, must_exist) {
+        (Some(_), false) => anyhow::bail!("{what} \"{name}\" already exists"),
+        (None, true) => anyhow::bail!("{what} \"{name}\" not found"),
+        (at, _) => Ok(at),
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -855,6 +1004,67 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
         }
         Cmd::Qos { command } => return qos_command(client, command, cli.json).await,
+        Cmd::Account { command: AccountCmd::Create { name, flags } } => {
+            edit_policy(client, |p| {
+                edit_named(&mut p.accounts, &name, "account", false, |a| &a.name)?;
+                let mut a = pb::Account { name: name.clone(), shares: 1, ..Default::default() };
+                flags.apply_to(&mut a);
+                p.accounts.push(a);
+                Ok(())
+            })
+            .await?;
+            println!("account \"{name}\" created");
+        }
+        Cmd::Account { command: AccountCmd::Update { name, flags } } => {
+            edit_policy(client, |p| {
+                let at =
+                    edit_named(&mut p.accounts, &name, "account", true, |a| &a.name)?.context("not found")?;
+                flags.apply_to(&mut p.accounts[at]);
+                Ok(())
+            })
+            .await?;
+            println!("account \"{name}\" updated");
+        }
+        Cmd::Account { command: AccountCmd::Delete { name } } => {
+            edit_policy(client, |p| {
+                let at =
+                    edit_named(&mut p.accounts, &name, "account", true, |a| &a.name)?.context("not found")?;
+                p.accounts.remove(at);
+                Ok(())
+            })
+            .await?;
+            println!("account \"{name}\" deleted");
+        }
+        Cmd::Partition { command: PartitionCmd::Create { name, flags } } => {
+            edit_policy(client, |p| {
+                edit_named(&mut p.partitions, &name, "partition", false, |x| &x.name)?;
+                let mut part = pb::Partition { name: name.clone(), priority_tier: 1, ..Default::default() };
+                flags.apply_to(&mut part)?;
+                p.partitions.push(part);
+                Ok(())
+            })
+            .await?;
+            println!("partition \"{name}\" created");
+        }
+        Cmd::Partition { command: PartitionCmd::Update { name, flags } } => {
+            edit_policy(client, |p| {
+                let at = edit_named(&mut p.partitions, &name, "partition", true, |x| &x.name)?
+                    .context("not found")?;
+                flags.apply_to(&mut p.partitions[at])
+            })
+            .await?;
+            println!("partition \"{name}\" updated");
+        }
+        Cmd::Partition { command: PartitionCmd::Delete { name } } => {
+            edit_policy(client, |p| {
+                let at = edit_named(&mut p.partitions, &name, "partition", true, |x| &x.name)?
+                    .context("not found")?;
+                p.partitions.remove(at);
+                Ok(())
+            })
+            .await?;
+            println!("partition \"{name}\" deleted");
+        }
         Cmd::Account { command: AccountCmd::List } => {
             let policy = get_policy(client).await?;
             let parent = |a: &pb::Account| (!a.parent.is_empty()).then(|| a.parent.clone());

@@ -299,9 +299,17 @@ impl ClusterState {
         self.largest_node_gpus
     }
 
-    /// A job's effective wall-clock limit in seconds: its own, else its QoS's maximum.
+    /// A job's effective wall-clock limit in seconds.
+    /// Without its own limit a job gets the tighter of its QoS's and its partition's max wall.
     pub fn time_limit_s(&self, job: &Job) -> Option<u64> {
-        job.spec.time_limit_s.or_else(|| self.policy.qos(&job.spec.qos).map(|q| q.max_wall_s))
+        job.spec.time_limit_s.or_else(|| {
+            let qos = self.policy.qos(&job.spec.qos).map(|q| q.max_wall_s);
+            let part = self.partition_of(job).and_then(|p| p.max_wall_s);
+            match (qos, part) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+        })
     }
 
     /// The jobs holding GPUs on `node`, in id order: O(GPUs of the node), not O(jobs).

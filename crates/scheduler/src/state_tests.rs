@@ -555,6 +555,12 @@ fn partitions_confine_jobs_to_their_nodes_and_apply_their_rules() {
     long.time_limit_s = Some(7200);
     let l = submitted(s.apply(&cmd(4, Op::Submit { spec: long, request_id: None, hold: false })));
     assert_eq!(plan(&s).pending[&l], PendingReason::PartitionTimeLimit);
+    // Without its own limit, a job gets the partition's tighter max wall (not PartitionTimeLimit).
+    let mut unlimited = sp.clone();
+    unlimited.time_limit_s = None;
+    let u = submitted(s.apply(&cmd(4, Op::Submit { spec: unlimited, request_id: None, hold: false })));
+    assert_eq!(s.time_limit_s(&s.jobs[&u]), Some(3600));
+    assert_ne!(plan(&s).pending.get(&u), Some(&PendingReason::PartitionTimeLimit));
     let mut unknown = sp;
     unknown.partition = "nope".into();
     assert!(matches!(

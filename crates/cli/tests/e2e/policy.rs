@@ -278,3 +278,33 @@ selector = { rack = "r9" }
     let out = c.kairos(&["policy", "apply", file.to_str().unwrap()]);
     assert!(stderr(&out).contains("partition \"rack9\" is in use"), "{}", stderr(&out));
 }
+
+#[test]
+fn accounts_and_partitions_are_managed_from_the_cli() {
+    let c = Cluster::start(1);
+    c.ok(&["account", "create", "vision", "--parent", "root", "--shares", "3", "--users", "alice,bob"]);
+    c.ok(&["account", "update", "vision", "--shares", "5"]);
+    let accounts: serde_json::Value = serde_json::from_str(&c.ok(&["account", "list", "--json"])).unwrap();
+    let vision = accounts.as_array().unwrap().iter().find(|a| a["name"] == "vision").cloned().unwrap();
+    assert_eq!((vision["shares"].as_u64(), vision["parent"].as_str()), (Some(5), Some("root")));
+    assert_eq!(vision["users"], serde_json::json!(["alice", "bob"]));
+    for (args, expected) in [
+        (vec!["account", "create", "vision"], "already exists"),
+        (vec!["account", "update", "nope", "--shares", "1"], "account \"nope\" not found"),
+        (vec!["account", "create", "orphan", "--parent", "ghost"], "parent \"ghost\" does not exist"),
+        (vec!["account", "update", "vision", "--shares", "0"], "shares must be at least 1"),
+        (vec!["partition", "create", "bad", "--default-qos", "gold"], "unknown qos \"gold\""),
+        (vec!["partition", "delete", "nope"], "partition \"nope\" not found"),
+    ] {
+        let out = c.kairos(&args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr(&out).contains(expected), "{args:?}: {}", stderr(&out));
+    }
+    c.ok(&["partition", "create", "fast", "--nodes", "node-a", "--tier", "4", "--max-wall", "2h"]);
+    let job = c.submit(&["--partition", "fast", "--", "true"]);
+    assert_eq!(c.wait_done(job)["state"], "COMPLETED");
+    c.ok(&["partition", "delete", "fast"]);
+    c.ok(&["account", "delete", "vision"]);
+    let parts: serde_json::Value = serde_json::from_str(&c.ok(&["partition", "list", "--json"])).unwrap();
+    assert_eq!(parts.as_array().unwrap().len(), 1);
+}
