@@ -371,7 +371,7 @@ async fn edit_policy(
 /// Finds `name` among `items`: refuses to create a name that exists (`must_exist` false) or to
 /// change one that does not (true); returns its position when it exists.
 fn edit_named<T>(
-    items: &mut Vec<T>,
+    items: &[T],
     name: &str,
     what: &str,
     must_exist: bool,
