@@ -1006,7 +1006,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Qos { command } => return qos_command(client, command, cli.json).await,
         Cmd::Account { command: AccountCmd::Create { name, flags } } => {
             edit_policy(client, |p| {
-                edit_named(&mut p.accounts, &name, "account", false, |a| &a.name)?;
+                edit_named(&p.accounts, &name, "account", false, |a| &a.name)?;
                 let mut a = pb::Account { name: name.clone(), shares: 1, ..Default::default() };
                 flags.apply_to(&mut a);
                 p.accounts.push(a);
@@ -1018,7 +1018,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Account { command: AccountCmd::Update { name, flags } } => {
             edit_policy(client, |p| {
                 let at =
-                    edit_named(&mut p.accounts, &name, "account", true, |a| &a.name)?.context("not found")?;
+                    edit_named(&p.accounts, &name, "account", true, |a| &a.name)?.context("not found")?;
                 flags.apply_to(&mut p.accounts[at]);
                 Ok(())
             })
@@ -1028,7 +1028,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Account { command: AccountCmd::Delete { name } } => {
             edit_policy(client, |p| {
                 let at =
-                    edit_named(&mut p.accounts, &name, "account", true, |a| &a.name)?.context("not found")?;
+                    edit_named(&p.accounts, &name, "account", true, |a| &a.name)?.context("not found")?;
                 p.accounts.remove(at);
                 Ok(())
             })
@@ -1037,7 +1037,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Partition { command: PartitionCmd::Create { name, flags } } => {
             edit_policy(client, |p| {
-                edit_named(&mut p.partitions, &name, "partition", false, |x| &x.name)?;
+                edit_named(&p.partitions, &name, "partition", false, |x| &x.name)?;
                 let mut part = pb::Partition { name: name.clone(), priority_tier: 1, ..Default::default() };
                 flags.apply_to(&mut part)?;
                 p.partitions.push(part);
@@ -1048,8 +1048,8 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Partition { command: PartitionCmd::Update { name, flags } } => {
             edit_policy(client, |p| {
-                let at = edit_named(&mut p.partitions, &name, "partition", true, |x| &x.name)?
-                    .context("not found")?;
+                let at =
+                    edit_named(&p.partitions, &name, "partition", true, |x| &x.name)?.context("not found")?;
                 flags.apply_to(&mut p.partitions[at])
             })
             .await?;
@@ -1057,8 +1057,8 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Partition { command: PartitionCmd::Delete { name } } => {
             edit_policy(client, |p| {
-                let at = edit_named(&mut p.partitions, &name, "partition", true, |x| &x.name)?
-                    .context("not found")?;
+                let at =
+                    edit_named(&p.partitions, &name, "partition", true, |x| &x.name)?.context("not found")?;
                 p.partitions.remove(at);
                 Ok(())
             })
