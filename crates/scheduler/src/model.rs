@@ -75,6 +75,9 @@ pub struct Node {
     pub reason: String,
     /// GPU index -> the job holding it. The only record of GPU ownership.
     pub allocated: BTreeMap<GpuIndex, JobId>,
+    /// GPU index -> the pending preemptor it is promised to (no other job may take it).
+    #[serde(default)]
+    pub claimed: BTreeMap<GpuIndex, JobId>,
 }
 
 impl Node {
@@ -179,6 +182,18 @@ pub enum StopReason {
     TimeLimit,
     /// A task of a gang failed (or lost its node): the other tasks are stopped.
     TaskFailed,
+    /// Preempted by job `by`; `mode` says what happens once the process is gone.
+    Preempted {
+        by: JobId,
+        mode: crate::policy::PreemptMode,
+    },
+}
+
+/// GPUs freed by preemption and promised to the preemptor until it starts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    pub node: String,
+    pub gpus: Vec<GpuIndex>,
 }
 
 /// One task of a gang job (ranks after the first).
@@ -260,6 +275,12 @@ pub struct Job {
     /// Held by a user: stays pending until released.
     #[serde(default)]
     pub held: bool,
+    /// A preemptor's claim on the GPUs its victims are freeing.
+    #[serde(default)]
+    pub claim: Option<Claim>,
+    /// When this job was preempted (most recent last, bounded): the anti-thrash window.
+    #[serde(default)]
+    pub preempted_at: Vec<i64>,
 }
 
 impl Job {

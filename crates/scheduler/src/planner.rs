@@ -44,6 +44,8 @@ pub enum PendingReason {
     QosUserJobLimit,
     /// Held by a user (`kairos hold`); `kairos release` lets it start.
     JobHeldUser,
+    /// Its preemption victims are stopping; the GPUs they free are claimed for it.
+    Preempting,
     /// Waiting for the jobs it depends on to complete.
     Dependency,
     /// A job it depends on ended without completing: it can never start.
@@ -62,6 +64,7 @@ impl std::fmt::Display for PendingReason {
             PendingReason::QosUserGpuLimit => f.write_str("QosUserGpuLimit"),
             PendingReason::QosUserJobLimit => f.write_str("QosUserJobLimit"),
             PendingReason::JobHeldUser => f.write_str("JobHeldUser"),
+            PendingReason::Preempting => f.write_str("Preempting"),
             PendingReason::Dependency => f.write_str("Dependency"),
             PendingReason::PartitionTimeLimit => f.write_str("PartitionTimeLimit"),
             PendingReason::DependencyNeverSatisfied(dep) => {
@@ -78,6 +81,17 @@ pub struct PlanOutput {
     pub pending: BTreeMap<JobId, PendingReason>,
     /// The top blocked job's reservation (EASY backfill), if any.
     pub reservation: Option<Reservation>,
+    /// Running jobs to preempt so the top blocked job can start, if its QoS may.
+    pub preemption: Option<PreemptPlan>,
+}
+
+/// A proposed preemption: stop `victims` on `node` and give `gpus` there to `preemptor`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreemptPlan {
+    pub preemptor: JobId,
+    pub node: String,
+    pub victims: Vec<JobId>,
+    pub gpus: Vec<GpuIndex>,
 }
 
 /// Free GPUs of one Up node during planning.
@@ -175,7 +189,7 @@ impl<'a> Pass<'a> {
         for (name, n) in state.nodes.iter().filter(|(_, n)| n.state == NodeState::Up) {
             let pos = nodes.len();
             let mut free = Vec::new();
-            for g in &n.info.gpus {
+            for g in n.info.gpus.iter().filter(|g| !n.claimed.contains_key(&g.index)) {
                 match n.allocated.get(&g.index) {
                     None => free.push((g.index, g.link_group, g.model.as_str())),
                     Some(job) => {
@@ -282,6 +296,69 @@ impl<'a> Pass<'a> {
         Some(chosen.collect())
     }
 
+    /// The least damaging preemption that lets `job` start now: per node, victims its QoS may
+    /// preempt, cheapest first (GPU-time lost, then priority, then id), until enough GPUs are
+    /// free; across nodes, the least total damage, then the fewest victims.
+    fn preempt_for(&self, job: &Job) -> Option<PreemptPlan> {
+        let state = self.state;
+        let now = state.now_ms;
+        let qos = state.policy.qos(&job.spec.qos)?;
+        if qos.preempt.is_empty() {
+            return None;
+        }
+        let need = job.spec.gpus as usize;
+        let model = job.spec.gpu_model.as_deref();
+        let mut best: Option<((u128, usize, &str), PreemptPlan)> = None;
+        for node in &self.nodes {
+            if state.partition_of(job).is_some_and(|p| !p.contains(node.name, node.labels)) {
+                continue;
+            }
+            let mut gpus: Vec<GpuIndex> = node.usable(model, true).into_iter().map(|(i, _)| i).collect();
+            let Some(n) = state.nodes.get(node.name) else { continue };
+            let mut candidates: Vec<(u128, i64, JobId, Vec<GpuIndex>)> = state
+                .jobs_on(node.name)
+                .into_iter()
+                .filter(|v| state.preemptible(job, v, now).is_ok())
+                .filter_map(|v| {
+                    let a = v.allocation.as_ref()?;
+                    let matching: Vec<GpuIndex> = a
+                        .gpus
+                        .iter()
+                        .copied()
+                        .filter(|g| {
+                            n.info.gpus.iter().any(|x| x.index == *g && model_matches(model, &x.model))
+                        })
+                        .filter(|g| !n.claimed.contains_key(g))
+                        .collect();
+                    let ran_ms = now.saturating_sub(v.start_time_ms.unwrap_or(now)).max(0) as u128;
+                    let damage = u128::from(v.spec.gpus) * ran_ms;
+                    Some((damage, v.priority, v.id, matching))
+                })
+                .collect();
+            candidates.sort();
+            let mut victims = Vec::new();
+            let mut damage = 0u128;
+            for (d, _, id, freed) in candidates {
+                if gpus.len() >= need {
+                    break;
+                }
+                damage += d;
+                victims.push(id);
+                gpus.extend(freed);
+            }
+            if gpus.len() < need || victims.is_empty() {
+                continue;
+            }
+            gpus.truncate(need);
+            let key = (damage, victims.len(), node.name);
+            if best.as_ref().is_none_or(|(k, _)| key < *k) {
+                let plan = PreemptPlan { preemptor: job.id, node: node.name.to_string(), victims, gpus };
+                best = Some((key, plan));
+            }
+        }
+        best.map(|(_, p)| p)
+    }
+
     /// The earliest node, GPUs and time at which `job` could start, from expected ends.
     fn reserve(&mut self, job: &Job) -> Option<Reservation> {
         let now = self.state.now_ms;
@@ -385,6 +462,19 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             pending.push((job.id, reason));
             continue;
         }
+        if let Some(claim) = &job.claim {
+            // A preemptor starts exactly on the GPUs its victims free, as soon as they are free.
+            let free = state.nodes.get(&claim.node).is_some_and(|n| {
+                n.state == NodeState::Up && claim.gpus.iter().all(|g| !n.allocated.contains_key(g))
+            });
+            if free && out.plan.placements.len() < PLAN_PLACEMENTS_MAX {
+                usage.add(job, &state.policy);
+                out.plan.placements.push(Placement::single(job.id, claim.node.clone(), claim.gpus.clone()));
+            } else {
+                pending.push((job.id, PendingReason::Preempting));
+            }
+            continue;
+        }
         let model = job.spec.gpu_model.as_deref();
         let part = state.partition_of(job);
         if part
@@ -447,7 +537,19 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
                 pending.push((job.id, PendingReason::Resources));
                 // A blocked gang gets no reservation yet: protect it by backfilling nothing.
                 strict = tasks > 1;
-                if config.backfill && !strict {
+                if let Some(p) = (tasks == 1).then(|| pass.preempt_for(job)).flatten() {
+                    // The free GPUs it will use are kept from the jobs behind it in this pass.
+                    if let Some(pos) = pass.nodes.iter().position(|n| n.name == p.node) {
+                        let free: Vec<GpuIndex> = p
+                            .gpus
+                            .iter()
+                            .copied()
+                            .filter(|g| pass.nodes[pos].free.iter().any(|(i, _, _)| i == g))
+                            .collect();
+                        pass.take(pos, &free, i64::MAX);
+                    }
+                    out.preemption = Some(p);
+                } else if config.backfill && !strict {
                     out.reservation = pass.reserve(job);
                 }
             }

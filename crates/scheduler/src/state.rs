@@ -123,6 +123,14 @@ pub enum Op {
     DeleteQos {
         name: String,
     },
+    /// Stops `victims` on `node` so that `preemptor` can take `gpus` there (claimed for it
+    /// until it starts). Re-validated whole on apply.
+    Preempt {
+        preemptor: JobId,
+        node: String,
+        victims: Vec<JobId>,
+        gpus: Vec<GpuIndex>,
+    },
     /// Keeps a pending job from starting until released.
     Hold {
         job: JobId,
@@ -144,6 +152,24 @@ pub enum RunExit {
     /// The agent could not start the process, or no longer has it.
     Lost(String),
 }
+
+/// One preemption, kept for `kairos preemptions`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreemptionRecord {
+    pub time_ms: i64,
+    pub preemptor: JobId,
+    pub victim: JobId,
+    pub mode: crate::policy::PreemptMode,
+    pub node: String,
+    /// GPU-seconds of the victim's run that are lost (since it started).
+    pub gpu_s_lost: u64,
+}
+
+/// Most preemption records kept.
+pub const PREEMPTION_RECORDS_MAX: usize = 1000;
+/// A job preempted this often within `THRASH_WINDOW_MS` is not preempted again.
+pub const THRASH_PREEMPTIONS_MAX: usize = 3;
+pub const THRASH_WINDOW_MS: i64 = 3600 * 1000;
 
 /// Why a command changed nothing. Rejection is a normal outcome, not an error.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -189,6 +215,10 @@ pub enum Outcome {
         state: JobState,
     },
     PolicyChanged,
+    Preempted {
+        preemptor: JobId,
+        victims: Vec<JobId>,
+    },
     HoldChanged {
         job: JobId,
         held: bool,
@@ -212,6 +242,9 @@ pub struct ClusterState {
     /// QoS classes and submit rules.
     #[serde(default)]
     pub policy: Policy,
+    /// The latest preemptions (bounded), for operators.
+    #[serde(default)]
+    pub preemptions: std::collections::VecDeque<PreemptionRecord>,
     /// Decayed GPU usage per account, for fairshare.
     #[serde(default)]
     pub usage: BTreeMap<String, crate::priority::AccountUsage>,
@@ -231,6 +264,7 @@ impl ClusterState {
             policy: Policy::default(),
             largest_node_gpus: 0,
             usage: BTreeMap::new(),
+            preemptions: Default::default(),
         }
     }
 
@@ -250,6 +284,9 @@ impl ClusterState {
             Op::EnforceTimeLimit { job, attempt } => self.enforce_time_limit(*job, *attempt, now),
             Op::SetPolicy { policy } => self.set_policy(policy),
             Op::Hold { job, by } => self.set_held(*job, true, by, now),
+            Op::Preempt { preemptor, node, victims, gpus } => {
+                self.preempt(*preemptor, node, victims, gpus, now)
+            }
             Op::Release { job, by } => self.set_held(*job, false, by, now),
             Op::PutQos { qos, must_exist } => {
                 match (must_exist, self.policy.qos.contains_key(&qos.name)) {
@@ -466,6 +503,8 @@ impl ClusterState {
             end_time_ms: None,
             events: Vec::new(),
             held: hold,
+            claim: None,
+            preempted_at: Vec::new(),
         };
         job.record(now, "submitted", format!("by \"{}\", qos \"{}\"", job.spec.user, job.spec.qos));
         if let Some(r) = request_id {
@@ -538,6 +577,173 @@ impl ClusterState {
         Outcome::PolicyChanged
     }
 
+    /// Whether running job `victim` may be preempted by `preemptor` at `now`, else why not.
+    pub fn preemptible(&self, preemptor: &Job, victim: &Job, now: i64) -> Result<(), String> {
+        let (p_qos, v_qos) = (self.policy.qos(&preemptor.spec.qos), self.policy.qos(&victim.spec.qos));
+        let (Some(p_qos), Some(v_qos)) = (p_qos, v_qos) else { return Err("unknown qos".into()) };
+        let alloc = victim.allocation.as_ref().ok_or("not running")?;
+        if victim.state != JobState::Running || alloc.stop.is_some() {
+            return Err(format!("job {} is not running undisturbed", victim.id));
+        }
+        if !p_qos.preempt.contains(&v_qos.name) {
+            return Err(format!("qos \"{}\" may not preempt qos \"{}\"", p_qos.name, v_qos.name));
+        }
+        if matches!(v_qos.preempt_mode, crate::policy::PreemptMode::Off | crate::policy::PreemptMode::Suspend)
+        {
+            return Err(format!("qos \"{}\" is not preempted by requeue or cancel", v_qos.name));
+        }
+        if alloc.task_count() > 1 {
+            return Err(format!("job {} is a gang", victim.id));
+        }
+        let ran_ms = now.saturating_sub(victim.start_time_ms.unwrap_or(now));
+        if ran_ms < (v_qos.preempt_exempt_s as i64).saturating_mul(1000) {
+            return Err(format!("job {} is inside its preempt-exempt time", victim.id));
+        }
+        let recent = victim.preempted_at.iter().filter(|t| now - **t < THRASH_WINDOW_MS).count();
+        if recent >= THRASH_PREEMPTIONS_MAX {
+            return Err(format!("job {} was preempted {recent} times in the last hour", victim.id));
+        }
+        Ok(())
+    }
+
+    fn preempt(
+        &mut self,
+        preemptor: JobId,
+        node: &str,
+        victims: &[JobId],
+        gpus: &[GpuIndex],
+        now: i64,
+    ) -> Outcome {
+        let reject = |m: String| Outcome::Rejected(Rejection::FailedPrecondition(m));
+        let Some(p) = self.jobs.get(&preemptor) else {
+            return Outcome::Rejected(Rejection::NotFound(format!("job {preemptor} not found")));
+        };
+        if p.state != JobState::Pending || p.claim.is_some() || p.held || p.spec.tasks > 1 {
+            return reject(format!("job {preemptor} cannot preempt now"));
+        }
+        let Some(n) = self.nodes.get(node).filter(|n| n.state == NodeState::Up) else {
+            return reject(format!("node \"{node}\" is not up"));
+        };
+        if victims.is_empty() || gpus.len() != p.spec.gpus as usize {
+            return reject("a preemption needs victims and exactly the preemptor's GPU count".into());
+        }
+        if self.partition_of(p).is_some_and(|part| !part.contains(&n.info.name, &n.info.labels)) {
+            return reject(format!("node \"{node}\" is not in job {preemptor}'s partition"));
+        }
+        for v in victims {
+            let Some(victim) = self.jobs.get(v) else { return reject(format!("job {v} not found")) };
+            if let Err(why) = self.preemptible(p, victim, now) {
+                return reject(why);
+            }
+            if victim.allocation.as_ref().is_none_or(|a| a.node != node) {
+                return reject(format!("job {v} does not run on \"{node}\""));
+            }
+        }
+        // Every GPU is free or held by a victim, unclaimed, and of the preemptor's model.
+        let distinct: BTreeSet<GpuIndex> = gpus.iter().copied().collect();
+        if distinct.len() != gpus.len() {
+            return reject("duplicate GPUs".into());
+        }
+        for g in gpus {
+            let Some(info) = n.info.gpus.iter().find(|x| x.index == *g) else {
+                return reject(format!("node \"{node}\" has no GPU {g}"));
+            };
+            if !crate::model::model_matches(p.spec.gpu_model.as_deref(), &info.model) {
+                return reject(format!("GPU {g} is a {}", info.model));
+            }
+            if n.claimed.contains_key(g) {
+                return reject(format!("GPU {g} of \"{node}\" is already claimed"));
+            }
+            if let Some(holder) = n.allocated.get(g) {
+                if !victims.contains(holder) {
+                    return reject(format!("GPU {g} of \"{node}\" is held by job {holder}, not a victim"));
+                }
+            }
+        }
+        // Commit: victims stop, the GPUs are claimed for the preemptor.
+        for v in victims {
+            let qos_mode =
+                self.jobs.get(v).and_then(|j| self.policy.qos(&j.spec.qos)).map(|q| q.preempt_mode);
+            let mode = qos_mode.unwrap_or(crate::policy::PreemptMode::Cancel);
+            let victim = self.jobs.get_mut(v).expect("validated");
+            let gpus_held = victim.spec.gpus;
+            let started = victim.start_time_ms.unwrap_or(now);
+            let gpu_s_lost = u64::from(gpus_held) * (now.saturating_sub(started).max(0) as u64) / 1000;
+            if let Some(a) = victim.allocation.as_mut() {
+                a.stop = Some(StopReason::Preempted { by: preemptor, mode });
+            }
+            victim.preempted_at.push(now);
+            if victim.preempted_at.len() > 16 {
+                victim.preempted_at.remove(0);
+            }
+            victim.record(
+                now,
+                "preempted",
+                format!("by job {preemptor}, mode {}, {gpu_s_lost} GPU-s lost", mode.as_str()),
+            );
+            self.preemptions.push_back(PreemptionRecord {
+                time_ms: now,
+                preemptor,
+                victim: *v,
+                mode,
+                node: node.to_string(),
+                gpu_s_lost,
+            });
+            if self.preemptions.len() > PREEMPTION_RECORDS_MAX {
+                self.preemptions.pop_front();
+            }
+        }
+        let n = self.nodes.get_mut(node).expect("validated");
+        for g in gpus {
+            n.claimed.insert(*g, preemptor);
+        }
+        let p = self.jobs.get_mut(&preemptor).expect("validated");
+        p.claim = Some(crate::model::Claim { node: node.to_string(), gpus: gpus.to_vec() });
+        p.record(now, "preempting", format!("jobs {victims:?} on \"{node}\" for GPUs {gpus:?}"));
+        Outcome::Preempted { preemptor, victims: victims.to_vec() }
+    }
+
+    /// A preempted run's process is gone: requeue it (next attempt) or cancel it, by mode.
+    fn preempted_run_ended(
+        &mut self,
+        id: JobId,
+        by: JobId,
+        mode: crate::policy::PreemptMode,
+        now: i64,
+    ) -> Outcome {
+        let reason = format!("preempted by job {by}");
+        if mode == crate::policy::PreemptMode::Requeue {
+            // Requeue regardless of --requeue: the cluster, not the job, stopped it.
+            let Some(job) = self.jobs.get_mut(&id) else {
+                return Outcome::Ignored(format!("job {id} not found"));
+            };
+            if let Some(alloc) = job.allocation.take() {
+                for (_, name, _) in alloc.tasks() {
+                    if let Some(node) = self.nodes.get_mut(name) {
+                        node.allocated.retain(|_, holder| *holder != id);
+                    }
+                }
+            }
+            job.attempt += 1;
+            job.state = JobState::Pending;
+            job.exit_code = None;
+            job.signal = None;
+            job.start_time_ms = None;
+            job.record(now, "requeued", format!("{reason}; attempt {} follows", job.attempt));
+            return Outcome::RunUpdated { job: id, state: JobState::Pending };
+        }
+        self.end_run(id, JobState::Cancelled, reason, now);
+        Outcome::RunUpdated { job: id, state: JobState::Cancelled }
+    }
+
+    /// Drops a pending job's claim (it was cancelled, or its node went down).
+    fn drop_claim(&mut self, id: JobId) {
+        let Some(claim) = self.jobs.get_mut(&id).and_then(|j| j.claim.take()) else { return };
+        if let Some(node) = self.nodes.get_mut(&claim.node) {
+            node.claimed.retain(|_, holder| *holder != id);
+        }
+    }
+
     fn set_held(&mut self, id: JobId, held: bool, by: &str, now: i64) -> Outcome {
         let Some(job) = self.jobs.get_mut(&id) else {
             return Outcome::Rejected(Rejection::NotFound(format!("job {id} not found")));
@@ -575,10 +781,14 @@ impl ClusterState {
         };
         match job.state {
             JobState::Pending => {
+                let claim = job.claim.take();
                 job.state = JobState::Cancelled;
                 job.reason = format!("cancelled by \"{by}\"");
                 job.end_time_ms = Some(now);
                 job.record(now, "cancelled", format!("by \"{by}\" while pending"));
+                if let Some(node) = claim.and_then(|c| self.nodes.get_mut(&c.node)) {
+                    node.claimed.retain(|_, holder| *holder != id);
+                }
                 Outcome::Cancelled { job: id, was_running: false }
             }
             JobState::Running => {
@@ -628,6 +838,7 @@ impl ClusterState {
                     state: NodeState::Up,
                     reason: String::new(),
                     allocated: BTreeMap::new(),
+                    claimed: BTreeMap::new(),
                 };
                 self.nodes.insert(info.name.clone(), node);
             }
@@ -645,6 +856,11 @@ impl ClusterState {
         }
         node.state = NodeState::Down;
         node.reason = reason.to_string();
+        let claimers: BTreeSet<JobId> = node.claimed.values().copied().collect();
+        for c in claimers {
+            self.drop_claim(c);
+        }
+        let Some(node) = self.nodes.get_mut(name) else { return Outcome::Ignored(String::new()) };
         let jobs: BTreeSet<JobId> = node.allocated.values().copied().collect();
         for &job in &jobs {
             let gang =
@@ -753,11 +969,15 @@ impl ClusterState {
             if let Some(holder) = node.allocated.get(gpu) {
                 return Err(format!("GPU {gpu} of \"{name}\" is held by job {holder}"));
             }
+            if let Some(claimer) = node.claimed.get(gpu).filter(|c| **c != job.id) {
+                return Err(format!("GPU {gpu} of \"{name}\" is claimed by job {claimer}"));
+            }
         }
         Ok(())
     }
 
     fn place(&mut self, p: &Placement, now: i64) {
+        self.drop_claim(p.job);
         for (name, gpus) in p.tasks() {
             let node = self.nodes.get_mut(name).expect("placement was validated");
             for gpu in gpus {
@@ -824,10 +1044,14 @@ impl ClusterState {
             return self.gang_task_exited(id, node, exit, now);
         }
         let stop = job.allocation.as_ref().and_then(|a| a.stop);
+        if let Some(StopReason::Preempted { by, mode }) = stop {
+            return self.preempted_run_ended(id, by, mode, now);
+        }
         let (state, reason) = match (stop, exit) {
             (Some(StopReason::Cancelled), _) => (JobState::Cancelled, "cancelled".to_string()),
             (Some(StopReason::TimeLimit), _) => (JobState::Timeout, "time limit reached".to_string()),
             (Some(StopReason::TaskFailed), _) => (JobState::Failed, "a task failed".to_string()),
+            (Some(StopReason::Preempted { .. }), _) => unreachable!("handled above"),
             (None, RunExit::Code(0)) => (JobState::Completed, String::new()),
             (None, RunExit::Code(c)) => (JobState::Failed, format!("exit code {c}")),
             (None, RunExit::Signal(s)) => (JobState::Failed, format!("killed by signal {s}")),
@@ -902,6 +1126,7 @@ impl ClusterState {
             Some(StopReason::Cancelled) => (JobState::Cancelled, "cancelled".to_string()),
             Some(StopReason::TimeLimit) => (JobState::Timeout, "time limit reached".to_string()),
             Some(StopReason::TaskFailed) => (JobState::Failed, failure.unwrap_or_default()),
+            Some(StopReason::Preempted { by, .. }) => (JobState::Cancelled, format!("preempted by job {by}")),
             None => {
                 if let Some(j) = self.jobs.get_mut(&id) {
                     j.exit_code = Some(0);
@@ -1020,6 +1245,19 @@ impl ClusterState {
                 });
                 if job.state != JobState::Running || !listed {
                     return Err(format!("GPU {gpu} of {name} held by job {holder} which does not own it"));
+                }
+            }
+        }
+        for (name, node) in &self.nodes {
+            for (gpu, claimer) in &node.claimed {
+                let ok = self.jobs.get(claimer).is_some_and(|j| {
+                    j.state == JobState::Pending
+                        && j.claim.as_ref().is_some_and(|c| c.node == *name && c.gpus.contains(gpu))
+                });
+                if !ok {
+                    return Err(format!(
+                        "GPU {gpu} of {name} is claimed by job {claimer} which has no such claim"
+                    ));
                 }
             }
         }

@@ -635,6 +635,105 @@ fn a_gang_is_placed_whole_on_distinct_nodes_and_ends_when_every_task_has() {
 }
 
 #[test]
+fn urgent_work_preempts_the_cheapest_training_victim_which_requeues() {
+    let mut s = cluster(4);
+    let older =
+        submitted(s.apply(&cmd(0, Op::Submit { spec: spec(2, "training"), request_id: None, hold: false })));
+    run_plan(&mut s, 0);
+    s.apply(&cmd(0, Op::JobStarted { job: older, attempt: 0, node: "n1".into() }));
+    let newer = submitted(
+        s.apply(&cmd(600_000, Op::Submit { spec: spec(2, "training"), request_id: None, hold: false })),
+    );
+    run_plan(&mut s, 600_000);
+    s.apply(&cmd(600_000, Op::JobStarted { job: newer, attempt: 0, node: "n1".into() }));
+    let mut inf = spec(1, "inference");
+    inf.user = "svc".into();
+    let urgent = submitted(
+        s.apply(&cmd(700_000, Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false })),
+    );
+    let out = plan(&s);
+    let p = out.preemption.clone().expect("a preemption");
+    assert_eq!((p.preemptor, p.victims.clone()), (urgent, vec![newer]), "the victim that lost least work");
+    let op = Op::Preempt {
+        preemptor: urgent,
+        node: p.node.clone(),
+        victims: p.victims.clone(),
+        gpus: p.gpus.clone(),
+    };
+    assert!(matches!(s.apply(&cmd(700_001, op.clone())), Outcome::Preempted { .. }));
+    // Applying it again (a deposed leader's duplicate) is refused.
+    assert!(matches!(s.apply(&cmd(700_002, op)), Outcome::Rejected(_)));
+    assert_eq!(plan(&s).pending[&urgent], PendingReason::Preempting);
+    assert!(
+        matches!(s.jobs[&newer].allocation.as_ref().unwrap().stop, Some(StopReason::Preempted { by, .. }) if by == urgent)
+    );
+    // Nobody else may take the claimed GPUs, even through a forged plan.
+    let other = submitted(
+        s.apply(&cmd(700_003, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false })),
+    );
+    s.apply(&cmd(
+        700_004,
+        Op::JobExited { job: newer, attempt: 0, node: "n1".into(), exit: RunExit::Signal(10) },
+    ));
+    assert_eq!(
+        (s.jobs[&newer].state, s.jobs[&newer].attempt),
+        (JobState::Pending, 1),
+        "requeued, next attempt"
+    );
+    let forged = Plan { placements: vec![Placement::single(other, "n1".into(), p.gpus.clone())] };
+    let Outcome::PlanApplied { accepted, .. } = s.apply(&cmd(700_005, Op::ApplyPlan { plan: forged })) else {
+        panic!()
+    };
+    assert!(accepted.is_empty());
+    let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, 700_006) else { panic!() };
+    assert_eq!(accepted, vec![urgent]);
+    assert_eq!(s.jobs[&urgent].allocation.as_ref().unwrap().gpus, p.gpus);
+    assert!(s.nodes["n1"].claimed.is_empty());
+    assert_eq!(s.preemptions.len(), 1);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn never_preempted_qos_exempt_time_and_anti_thrash_are_respected() {
+    let mut s = cluster(2);
+    let inf =
+        submitted(s.apply(&cmd(0, Op::Submit { spec: spec(2, "inference"), request_id: None, hold: false })));
+    run_plan(&mut s, 0);
+    s.apply(&cmd(0, Op::JobStarted { job: inf, attempt: 0, node: "n1".into() }));
+    let urgent = submitted(
+        s.apply(&cmd(10_000, Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false })),
+    );
+    assert!(plan(&s).preemption.is_none(), "inference is never preempted");
+    let forced = Op::Preempt { preemptor: urgent, node: "n1".into(), victims: vec![inf], gpus: vec![0, 1] };
+    assert!(matches!(s.apply(&cmd(10_001, forced)), Outcome::Rejected(_)));
+    s.apply(&cmd(10_002, Op::Cancel { job: inf, by: "a".into() }));
+    s.apply(&cmd(
+        10_003,
+        Op::JobExited { job: inf, attempt: 0, node: "n1".into(), exit: RunExit::Signal(15) },
+    ));
+    // A training job inside its exempt time is safe.
+    let mut policy = s.policy.clone();
+    policy.qos.get_mut("training").unwrap().preempt_exempt_s = 60;
+    s.apply(&cmd(10_004, Op::SetPolicy { policy }));
+    s.apply(&cmd(10_005, Op::Cancel { job: urgent, by: "a".into() }));
+    let t = submitted(
+        s.apply(&cmd(10_006, Op::Submit { spec: spec(2, "training"), request_id: None, hold: false })),
+    );
+    run_plan(&mut s, 10_006);
+    s.apply(&cmd(10_006, Op::JobStarted { job: t, attempt: 0, node: "n1".into() }));
+    let u2 = submitted(
+        s.apply(&cmd(20_000, Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false })),
+    );
+    assert!(plan(&s).preemption.is_none(), "inside the exempt time");
+    s.now_ms = 80_000;
+    assert!(plan(&s).preemption.is_some(), "past the exempt time");
+    // Three recent preemptions protect a job from a fourth.
+    s.jobs.get_mut(&t).unwrap().preempted_at = vec![70_000, 75_000, 79_000];
+    assert!(plan(&s).preemption.is_none(), "anti-thrash");
+    let _ = u2;
+}
+
+#[test]
 fn clock_never_goes_backwards() {
     let mut s = cluster(1);
     s.apply(&cmd(100, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false }));
@@ -690,6 +789,8 @@ enum Step {
         rank: u8,
         code: i32,
     },
+    /// Applies the planner's preemption, if it proposes one.
+    Preempt,
     Tick {
         ms: u32,
     },
@@ -715,6 +816,7 @@ fn step() -> impl Strategy<Value = Step> {
         (0u8..24).prop_map(|job| Step::TimeLimit { job }),
         (0u8..24, any::<bool>()).prop_map(|(job, held)| Step::Hold { job, held }),
         (0u8..24, 0u8..3, 0i32..2).prop_map(|(job, rank, code)| Step::RankExited { job, rank, code }),
+        Just(Step::Preempt),
         (0u32..100_000).prop_map(|ms| Step::Tick { ms }),
     ]
 }
@@ -789,6 +891,12 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                 None
             }
             Step::ApplySaved => Some(Op::ApplyPlan { plan: saved.clone() }),
+            Step::Preempt => plan(&s).preemption.map(|p| Op::Preempt {
+                preemptor: p.preemptor,
+                node: p.node,
+                victims: p.victims,
+                gpus: p.gpus,
+            }),
             Step::Forge { job, node, gpus } => {
                 // Even-sized forgeries also claim a second task on the next node (gang forgery).
                 let more = if gpus.len() % 2 == 0 {
