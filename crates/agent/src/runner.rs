@@ -188,7 +188,9 @@ impl Runner {
                 match runs.get(key) {
                     Some(run) => match run.exit {
                         Some(exit) => reports.push((*key, Some(exit), run.lost_message.clone())),
-                        None if a.kill && !run.stopping => stop.push((*key, a.kill_grace_s)),
+                        None if a.kill && !run.stopping => {
+                            stop.push((*key, a.kill_grace_s, a.kill_signal.clone()))
+                        }
                         // Our "started" report was lost (e.g. in a failover): say it again.
                         None if !a.started => reports.push((*key, None, String::new())),
                         None => {}
@@ -228,8 +230,9 @@ impl Runner {
         for (key, exit, message) in reports {
             self.report(key, exit, message);
         }
-        for (key, grace) in stop {
-            self.stop(key, Duration::from_secs(u64::from(grace)));
+        for (key, grace, signal) in stop {
+            let signal = signal.parse::<Signal>().unwrap_or(Signal::SIGTERM);
+            self.stop(key, signal, Duration::from_secs(u64::from(grace)));
         }
         for a in launch {
             self.launch(&a);
@@ -241,8 +244,9 @@ impl Runner {
         let key = (a.job_id, a.attempt);
         let path = log_path(&self.state_dir, a.job_id, a.attempt);
         let job_dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| self.state_dir.clone());
+        let checkpoint_dir = job_dir.join("checkpoint");
         let spawned = (|| -> std::io::Result<tokio::process::Child> {
-            std::fs::create_dir_all(&job_dir)?;
+            std::fs::create_dir_all(&checkpoint_dir)?;
             let log = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
             let gpus: Vec<String> = a.gpu_ids.iter().map(u32::to_string).collect();
             let program = a.argv.first().ok_or_else(|| std::io::Error::other("empty command"))?;
@@ -252,6 +256,8 @@ impl Runner {
                 .env("KAIROS_JOB_ID", a.job_id.to_string())
                 .env("KAIROS_RESTART_COUNT", a.attempt.to_string())
                 .env("KAIROS_NODE", &self.node)
+                // Survives attempts (on this node): where the job keeps checkpoints to resume from.
+                .env("KAIROS_CHECKPOINT_DIR", &checkpoint_dir)
                 .env("CUDA_VISIBLE_DEVICES", gpus.join(","))
                 // torchrun-compatible gang environment (one task per node).
                 .env("RANK", a.rank.to_string())
@@ -323,8 +329,9 @@ impl Runner {
         });
     }
 
-    /// Asks a run's process group to stop: SIGTERM now, SIGKILL after `grace`.
-    fn stop(&self, key: RunKey, grace: Duration) {
+    /// Asks a run's process group to stop: `signal` now (SIGTERM, or SIGUSR1 to checkpoint
+    /// before a preemption), SIGKILL after `grace` unless it has exited.
+    fn stop(&self, key: RunKey, signal: Signal, grace: Duration) {
         let pgid = {
             let mut runs = self.lock();
             let Some(run) = runs.get_mut(&key) else { return };
@@ -332,8 +339,8 @@ impl Runner {
             run.pgid
         };
         let Some(pgid) = pgid else { return };
-        tracing::info!(job = key.0, attempt = key.1, "stopping run");
-        signal_group(pgid, Signal::SIGTERM);
+        tracing::info!(job = key.0, attempt = key.1, %signal, "stopping run");
+        signal_group(pgid, signal);
         let runner = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
@@ -379,6 +386,7 @@ mod tests {
             world_size: 1,
             master_addr: String::new(),
             master_port: 29500,
+            kill_signal: "SIGTERM".into(),
         }
     }
 

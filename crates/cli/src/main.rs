@@ -129,6 +129,12 @@ enum Cmd {
     Priority { id: Option<u64> },
     /// Accounts' shares, usage and fairshare factor (like sshare).
     Share,
+    /// Recent preemptions: who preempted whom, how, and the work lost.
+    Preemptions {
+        /// Only those in the last DURATION (e.g. 1h).
+        #[arg(long, value_parser = parse_time)]
+        since: Option<u64>,
+    },
     /// QoS classes: list, show, create, update, delete.
     Qos {
         #[command(subcommand)]
@@ -966,6 +972,42 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     &rows,
                 );
             }
+        }
+        Cmd::Preemptions { since } => {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0);
+            let since_ms = since.map(|s| now_ms - (s as i64) * 1000).unwrap_or(0);
+            let list = client
+                .call(|ch| async move {
+                    let req = client.request(pb::ListPreemptionsRequest { since_ms });
+                    AdminServiceClient::new(ch).list_preemptions(req).await
+                })
+                .await?
+                .into_inner()
+                .preemptions;
+            print_list(
+                cli.json,
+                &list,
+                |r| {
+                    serde_json::json!({
+                        "time": output::time_json(r.time_ms), "preemptor": r.preemptor, "victim": r.victim,
+                        "mode": r.mode, "node": r.node, "gpu_s_lost": r.gpu_s_lost,
+                    })
+                },
+                &["TIME", "PREEMPTOR", "VICTIM", "MODE", "NODE", "GPU-S LOST"],
+                |r| {
+                    vec![
+                        output::time_json(r.time_ms).as_str().unwrap_or("-").to_string(),
+                        r.preemptor.to_string(),
+                        r.victim.to_string(),
+                        r.mode.clone(),
+                        r.node.clone(),
+                        r.gpu_s_lost.to_string(),
+                    ]
+                },
+            );
         }
         Cmd::Share => {
             let accounts = client

@@ -40,7 +40,7 @@ fn node_state_name(s: i32) -> &'static str {
 }
 
 /// RFC 3339 time, or null for "not yet" (0).
-fn time(ms: i64) -> Value {
+pub fn time_json(ms: i64) -> Value {
     if ms <= 0 {
         return Value::Null;
     }
@@ -76,10 +76,10 @@ pub fn job_json(job: &pb::Job) -> Value {
         "held": spec.hold,
         "gpu_model": spec.resources.as_ref().map(|r| r.gpu_model.clone()).filter(|m| !m.is_empty()),
         "command": spec.argv,
-        "submit_time": time(job.submit_time_ms),
-        "start_time": time(job.start_time_ms),
-        "end_time": time(job.end_time_ms),
-        "events": job.events.iter().map(|e| json!({"time": time(e.time_ms), "kind": e.kind, "message": e.message})).collect::<Vec<_>>(),
+        "submit_time": time_json(job.submit_time_ms),
+        "start_time": time_json(job.start_time_ms),
+        "end_time": time_json(job.end_time_ms),
+        "events": job.events.iter().map(|e| json!({"time": time_json(e.time_ms), "kind": e.kind, "message": e.message})).collect::<Vec<_>>(),
     })
 }
 
@@ -99,7 +99,7 @@ pub fn node_json(node: &pb::Node) -> Value {
         "gpus_total": info.gpus.len(),
         "gpus_allocated": allocated.len(),
         "allocated": allocated.iter().map(|(g, j)| json!({"gpu": g, "job": j})).collect::<Vec<_>>(),
-        "last_heartbeat": time(node.last_heartbeat_ms),
+        "last_heartbeat": time_json(node.last_heartbeat_ms),
     })
 }
 
@@ -199,7 +199,7 @@ pub fn print_job_details(job: &pb::Job) {
     if !job.events.is_empty() {
         println!("{:>13}:", "events");
         for e in &job.events {
-            println!("    {}  {:<16} {}", text(&time(e.time_ms)), e.kind, e.message);
+            println!("    {}  {:<16} {}", text(&time_json(e.time_ms)), e.kind, e.message);
         }
     }
 }

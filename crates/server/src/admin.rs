@@ -124,6 +124,29 @@ impl AdminService for Admin {
         Ok(Response::new(pb::GetSharesResponse { accounts }))
     }
 
+    async fn list_preemptions(
+        &self,
+        request: Request<pb::ListPreemptionsRequest>,
+    ) -> Result<Response<pb::ListPreemptionsResponse>, Status> {
+        let since = request.into_inner().since_ms;
+        let preemptions = self.ctx.replica.read(|a| {
+            a.state
+                .preemptions
+                .iter()
+                .filter(|r| r.time_ms >= since)
+                .map(|r| pb::PreemptionRecord {
+                    time_ms: r.time_ms,
+                    preemptor: r.preemptor,
+                    victim: r.victim,
+                    mode: r.mode.as_str().to_string(),
+                    node: r.node.clone(),
+                    gpu_s_lost: r.gpu_s_lost,
+                })
+                .collect()
+        });
+        Ok(Response::new(pb::ListPreemptionsResponse { preemptions }))
+    }
+
     async fn delete_qos(
         &self,
         request: Request<pb::DeleteQosRequest>,

@@ -41,6 +41,19 @@ pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> 
             .get(&a.node)
             .and_then(|n| n.info.addr.rsplit_once(':').map(|(h, _)| h.to_string()))
             .unwrap_or_default();
+        let (kill_signal, kill_grace_s) = match a.stop {
+            Some(kairos_scheduler::StopReason::Preempted { mode, .. }) => {
+                let grace = state.policy.qos(&j.spec.qos).map(|q| q.grace_s).unwrap_or(0);
+                // REQUEUE asks the job to checkpoint first; CANCEL just asks it to stop.
+                let signal = if mode == kairos_scheduler::policy::PreemptMode::Requeue {
+                    "SIGUSR1"
+                } else {
+                    "SIGTERM"
+                };
+                (signal, grace.min(u64::from(u32::MAX)) as u32)
+            }
+            _ => ("SIGTERM", KILL_GRACE_S),
+        };
         out.push(pb::Assignment {
             job_id: j.id,
             attempt: j.attempt,
@@ -50,7 +63,8 @@ pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> 
             gpu_ids: gpus.to_vec(),
             started: a.started,
             kill: a.stop.is_some(),
-            kill_grace_s: KILL_GRACE_S,
+            kill_grace_s,
+            kill_signal: kill_signal.to_string(),
             rank,
             world_size: a.task_count(),
             master_addr: master_host,

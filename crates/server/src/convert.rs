@@ -69,6 +69,18 @@ fn profile_to_pb(p: Profile) -> pb::Profile {
     }
 }
 
+/// The API state: a running job being preempted shows as PREEMPTING.
+pub fn job_view_state(job: &Job) -> pb::JobState {
+    let preempting = job
+        .allocation
+        .as_ref()
+        .is_some_and(|a| matches!(a.stop, Some(kairos_scheduler::StopReason::Preempted { .. })));
+    if job.state == JobState::Running && preempting {
+        return pb::JobState::Preempting;
+    }
+    job_state_to_pb(job.state)
+}
+
 pub fn job_state_to_pb(s: JobState) -> pb::JobState {
     match s {
         JobState::Pending => pb::JobState::Pending,
@@ -87,9 +99,11 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
     let reason = match (job.state, pending) {
         (JobState::Pending, Some(r)) => r.to_string(),
         (JobState::Pending, None) => "Scheduling".to_string(),
-        (JobState::Running, _) if job.allocation.as_ref().is_some_and(|a| a.stop.is_some()) => {
-            "Stopping".to_string()
-        }
+        (JobState::Running, _) => match job.allocation.as_ref().and_then(|a| a.stop) {
+            Some(kairos_scheduler::StopReason::Preempted { by, .. }) => format!("preempted by job {by}"),
+            Some(_) => "Stopping".to_string(),
+            None => String::new(),
+        },
         _ => job.reason.clone(),
     };
     let (node, gpus) = match &job.allocation {
@@ -142,7 +156,7 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
             ..Default::default()
         }),
         user: s.user.clone(),
-        state: job_state_to_pb(job.state) as i32,
+        state: job_view_state(job) as i32,
         reason,
         node,
         gpu_ids: gpus,

@@ -69,11 +69,24 @@ fn pass(ctx: &Ctx, leader_since: Instant) -> Vec<Op> {
         for (job, attempt) in a.state.expired_runs(now) {
             ops.push(Op::EnforceTimeLimit { job, attempt });
         }
-        // Without a free GPU no placement is possible: skip the (O(pending)) pass.
-        if a.state.has_free_gpus() {
-            let placements = plan(&a.state).plan;
-            if !placements.placements.is_empty() {
-                ops.push(Op::ApplyPlan { plan: placements });
+        // Without a free GPU nothing can be placed, but preemption can still make room.
+        let preempting = a.state.jobs.values().any(|j| {
+            j.state == kairos_scheduler::JobState::Pending
+                && (j.claim.is_some()
+                    || a.state.policy.qos(&j.spec.qos).is_some_and(|q| !q.preempt.is_empty()))
+        });
+        if a.state.has_free_gpus() || preempting {
+            let out = plan(&a.state);
+            if let Some(p) = out.preemption {
+                ops.push(Op::Preempt {
+                    preemptor: p.preemptor,
+                    node: p.node,
+                    victims: p.victims,
+                    gpus: p.gpus,
+                });
+            }
+            if !out.plan.placements.is_empty() {
+                ops.push(Op::ApplyPlan { plan: out.plan });
             }
         }
         ops

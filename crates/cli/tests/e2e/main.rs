@@ -5,6 +5,7 @@ mod gang;
 mod ha;
 mod harness;
 mod policy;
+mod preempt;
 
 use std::collections::BTreeSet;
 
