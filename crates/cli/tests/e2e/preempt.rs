@@ -61,3 +61,54 @@ fn urgent_job_preempts_a_training_job_which_resumes_from_its_checkpoint() {
     let want: Vec<u32> = (1..=40).collect();
     assert_eq!(got, want, "steps lost or repeated across the preemption");
 }
+
+#[test]
+fn a_preemption_interrupted_by_leader_failover_completes_exactly_once() {
+    let mut c = Cluster::start_with(3, 1, &[]);
+    let marks = c.path("marks");
+    // A victim that takes a while to checkpoint: it leaves time to kill the leader mid-preemption.
+    let script = format!(
+        "echo \"start $KAIROS_RESTART_COUNT $(date +%s%N)\" >> {m}; trap 'sleep 1; echo \"stop $(date +%s%N)\" >> {m}; exit 0' USR1; \
+         while :; do sleep 0.1; done",
+        m = marks.display()
+    );
+    let victim = c.submit(&["--qos", "training", "--", "sh", "-c", &script]);
+    c.wait_state(victim, "RUNNING");
+    wait_for("the victim to start", || std::fs::read_to_string(&marks).ok().filter(|s| s.contains("start")));
+    let urgent_mark = c.path("urgent");
+    let urgent = c.submit(&[
+        "--qos",
+        "urgent",
+        "--",
+        "sh",
+        "-c",
+        &format!("echo \"urgent $(date +%s%N)\" >> {}", urgent_mark.display()),
+    ]);
+    c.wait_state(victim, "PREEMPTING");
+    let leader = c.leader();
+    c.kill_controller(leader);
+    assert_eq!(c.wait_done(urgent)["state"], "COMPLETED");
+    // The urgent process ran once, and only after the victim's process had stopped.
+    let urgent_runs = std::fs::read_to_string(&urgent_mark).unwrap();
+    assert_eq!(urgent_runs.lines().count(), 1, "{urgent_runs}");
+    let urgent_at: u128 = urgent_runs.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let log = std::fs::read_to_string(&marks).unwrap();
+    let stop_at: u128 = log
+        .lines()
+        .find(|l| l.starts_with("stop"))
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(stop_at <= urgent_at, "the urgent job started before the victim stopped: {log} / {urgent_runs}");
+    // One preemption, one requeue: the victim runs again as attempt 1.
+    wait_for("the victim's second attempt", || {
+        let j = c.try_job(victim)?;
+        (j["attempt"] == 1 && j["state"] == "RUNNING").then_some(())
+    });
+    let list: serde_json::Value = serde_json::from_str(&c.ok(&["preemptions", "--json"])).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    c.ok(&["cancel", &victim.to_string()]);
+}
