@@ -141,7 +141,7 @@ impl Cluster {
     pub fn controller_command(&self, id: u64, addr: &str) -> Command {
         let mut cmd = Command::new(bin("kairosd"));
         cmd.args(["--id", &id.to_string(), "--addr", addr, "--tick-ms", "200", "--heartbeat-ms", "300"])
-            .args(["--node-timeout-ms", "3000"])
+            .args(["--node-timeout-ms", "5000"])
             .arg("--data-dir")
             .arg(self.path(&format!("controller-{id}")))
             .args(&self.controller_flags)
