@@ -42,6 +42,17 @@ enum Bench {
         #[arg(long, default_value_t = 10)]
         seconds: u64,
     },
+    /// Urgent-job time to start under preemption: agents full of REQUEUE jobs (grace 0).
+    Preempt {
+        #[arg(long, default_value_t = 3)]
+        controllers: u64,
+        #[arg(long, default_value_t = 2)]
+        agents: u32,
+        #[arg(long, default_value_t = 8)]
+        gpus_per_agent: u32,
+        #[arg(long, default_value_t = 50)]
+        rounds: usize,
+    },
     /// Full scheduling passes of the pure core on a large synthetic cluster.
     Schedule {
         #[arg(long, default_value_t = 10_000)]
@@ -389,6 +400,162 @@ async fn bench_failover(
     }))
 }
 
+/// A connected job client to whichever replica leads.
+async fn leader_jobs(
+    cluster: &Cluster,
+) -> anyhow::Result<(JobServiceClient<Channel>, AdminServiceClient<Channel>)> {
+    let i = cluster.leader(Duration::from_secs(20)).await?;
+    let ch = connect(&cluster.addrs[i]).await?;
+    Ok((JobServiceClient::new(ch.clone()), AdminServiceClient::new(ch)))
+}
+
+async fn wait_state(
+    jobs: &mut JobServiceClient<Channel>,
+    id: u64,
+    state: pb::JobState,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let job = jobs.get_job(pb::GetJobRequest { job_id: id }).await?.into_inner();
+        if job.state == state as i32 {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    bail!("job {id} did not reach {state:?}")
+}
+
+async fn bench_preempt(
+    controllers: u64,
+    agents: u32,
+    gpus: u32,
+    rounds: usize,
+) -> anyhow::Result<serde_json::Value> {
+    let cluster = Cluster::start(controllers)?;
+    let (mut jobs, mut admin) = leader_jobs(&cluster).await?;
+    // REQUEUE victims with no grace: the measurement is the scheduler's path, not the job's.
+    let mut policy = admin.get_policy(pb::GetPolicyRequest {}).await?.into_inner();
+    for q in policy.qos.iter_mut().filter(|q| q.name == "training") {
+        q.grace_s = 0;
+    }
+    admin.apply_policy(policy).await?;
+    let agent_bin = sibling("kairos-agent")?;
+    let mut children = Vec::new();
+    for a in 0..agents {
+        let log = std::fs::File::create(cluster.dir.path().join(format!("agent-{a}.log")))?;
+        let child = Command::new(&agent_bin)
+            .args([
+                "--controllers",
+                &cluster.addrs.join(","),
+                "--addr",
+                "127.0.0.1:0",
+                "--name",
+                &format!("node-{a}"),
+            ])
+            .args(["--gpu-backend", "fake", "--fake-gpus", &gpus.to_string()])
+            .arg("--state-dir")
+            .arg(cluster.dir.path().join(format!("agent-{a}")))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting kairos-agent")?;
+        children.push(child);
+    }
+    let result = async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let nodes = admin.list_nodes(pb::ListNodesRequest {}).await?.into_inner().nodes;
+            if nodes.iter().filter(|n| n.state == pb::NodeState::Up as i32).count() == agents as usize {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("agents did not register");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let training = |i: usize| pb::SubmitRequest {
+            spec: Some(pb::JobSpec {
+                name: format!("train-{i}"),
+                argv: vec!["sleep".into(), "3600".into()],
+                qos: "training".into(),
+                resources: Some(pb::Resources { gpus: 1, ..Default::default() }),
+                ..Default::default()
+            }),
+            request_id: String::new(),
+        };
+        let mut filler = 0usize;
+        let mut running: Vec<u64> = Vec::new();
+        let mut samples = Vec::new();
+        let stamp = cluster.dir.path().join("urgent-start");
+        for round in 0..rounds {
+            // Refill: every GPU busy with a fresh training job (fresh, so anti-thrash never applies).
+            while running.len() < (agents * gpus) as usize {
+                filler += 1;
+                let id = jobs.submit(training(filler)).await?.into_inner().job_id;
+                wait_state(&mut jobs, id, pb::JobState::Running).await?;
+                running.push(id);
+            }
+            let _ = std::fs::remove_file(&stamp);
+            let script = format!("date +%s%N > {}", stamp.display());
+            let urgent = pb::SubmitRequest {
+                spec: Some(pb::JobSpec {
+                    name: format!("urgent-{round}"),
+                    argv: vec!["sh".into(), "-c".into(), script],
+                    qos: "urgent".into(),
+                    resources: Some(pb::Resources { gpus: 2, ..Default::default() }),
+                    ..Default::default()
+                }),
+                request_id: String::new(),
+            };
+            let id = jobs.submit(urgent).await?.into_inner().job_id;
+            let acked = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos();
+            wait_state(&mut jobs, id, pb::JobState::Completed).await?;
+            let started: u128 = std::fs::read_to_string(&stamp)?.trim().parse()?;
+            samples.push(started.saturating_sub(acked) as f64 / 1e6);
+            // The victims went back to the queue: cancel them; the next round refills.
+            let mut still = Vec::new();
+            for j in running.drain(..) {
+                let job = jobs.get_job(pb::GetJobRequest { job_id: j }).await?.into_inner();
+                if job.state == pb::JobState::Running as i32 && job.attempt == 0 {
+                    still.push(j);
+                } else {
+                    let _ = jobs.cancel_job(pb::CancelJobRequest { job_id: j }).await;
+                }
+            }
+            running = still;
+        }
+        samples.sort_by(|a, b| a.total_cmp(b));
+        let q = |p: f64| samples[((samples.len() as f64 - 1.0) * p).round() as usize];
+        Ok(json!({
+            "bench": "preempt",
+            "controllers": controllers,
+            "agents": agents,
+            "gpus_per_agent": gpus,
+            "rounds": rounds,
+            "start_ms_p50": (q(0.5) * 10.0).round() / 10.0,
+            "start_ms_p99": (q(0.99) * 10.0).round() / 10.0,
+            "start_ms_max": (samples[samples.len() - 1] * 10.0).round() / 10.0,
+        }))
+    }
+    .await;
+    for mut c in children {
+        // SIGTERM: the agent stops its jobs' process groups before exiting.
+        // SAFETY: kill(2) on our own child.
+        unsafe {
+            libc::kill(c.id() as i32, libc::SIGTERM);
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), async {
+            while c.try_wait().ok().flatten().is_none() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        let _ = c.kill();
+    }
+    result
+}
+
 fn rss_mb() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let kb: f64 = status
@@ -524,6 +691,9 @@ async fn main() {
     let result = match args.command {
         Bench::Submit { controllers, clients, seconds } => {
             bench_submit(controllers, clients.max(1), seconds).await
+        }
+        Bench::Preempt { controllers, agents, gpus_per_agent, rounds } => {
+            bench_preempt(controllers, agents, gpus_per_agent, rounds.max(1)).await
         }
         Bench::Schedule { nodes, gpus_per_node, pending, running, passes } => {
             bench_schedule(nodes, gpus_per_node, pending, running, passes.max(1))
