@@ -31,6 +31,9 @@ use tokio::sync::mpsc;
 /// A run is a job attempt.
 pub type RunKey = (u64, u32);
 
+/// How often a running job's checkpoint marker is looked at.
+const CHECKPOINT_POLL: Duration = Duration::from_millis(500);
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exit {
     Code(i32),
@@ -303,6 +306,7 @@ impl Runner {
             journal_add(&self.state_dir, key, pgid);
         }
         self.report(key, None, String::new());
+        self.watch_checkpoints(key, checkpoint_dir.join(".kairos-checkpoint"));
         let runner = self.clone();
         tokio::spawn(async move {
             let exit = match child.wait().await {
@@ -326,6 +330,32 @@ impl Runner {
                 run.exit = Some(exit);
             }
             runner.report(key, Some(exit), String::new());
+        });
+    }
+
+    /// Reports each new checkpoint the run announces by touching `marker`, while it runs.
+    fn watch_checkpoints(&self, key: RunKey, marker: PathBuf) {
+        let runner = self.clone();
+        let launched = std::time::SystemTime::now();
+        tokio::spawn(async move {
+            let mut seen = launched;
+            while !runner.finished(key) {
+                tokio::time::sleep(CHECKPOINT_POLL).await;
+                let Ok(modified) = std::fs::metadata(&marker).and_then(|m| m.modified()) else { continue };
+                if modified > seen {
+                    seen = modified;
+                    let report = pb::StatusReport {
+                        node_id: runner.node.clone(),
+                        job_id: key.0,
+                        attempt: key.1,
+                        status: pb::RunStatus::Checkpointed as i32,
+                        exit_code: 0,
+                        signal: 0,
+                        message: String::new(),
+                    };
+                    let _ = runner.reports.send(report).await;
+                }
+            }
         });
     }
 
@@ -475,6 +505,19 @@ mod tests {
         assert_eq!(kill_orphans(dir.path()).await, 1);
         assert!(!group_alive(pgid), "the orphaned group survived");
         assert_eq!(kill_orphans(dir.path()).await, 0, "the journal was cleared");
+    }
+
+    #[tokio::test]
+    async fn a_touched_checkpoint_marker_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = mpsc::channel(16);
+        let runner = Runner::new("n1", dir.path(), tx);
+        let script = "sleep 0.7; touch $KAIROS_CHECKPOINT_DIR/.kairos-checkpoint; sleep 300";
+        runner.reconcile(&set(vec![assignment(5, &["sh", "-c", script], false, false)]));
+        assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+        let r = next(&mut rx).await;
+        assert_eq!((r.job_id, r.status), (5, pb::RunStatus::Checkpointed as i32));
+        runner.stop_all(Duration::from_secs(1)).await;
     }
 
     #[tokio::test]

@@ -129,6 +129,9 @@ enum Cmd {
     Priority { id: Option<u64> },
     /// Accounts' shares, usage and fairshare factor (like sshare).
     Share,
+    /// Inside a job: report that a checkpoint has just been written (preemption then spares the
+    /// work before it).
+    CheckpointDone,
     /// Recent preemptions: who preempted whom, how, and the work lost.
     Preemptions {
         /// Only those in the last DURATION (e.g. 1h).
@@ -972,6 +975,19 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     &rows,
                 );
             }
+        }
+        Cmd::CheckpointDone => {
+            let dir = std::env::var("KAIROS_CHECKPOINT_DIR").map_err(|_| {
+                anyhow::anyhow!("checkpoint-done: not inside a kairos job (KAIROS_CHECKPOINT_DIR is unset)")
+            })?;
+            let marker = std::path::Path::new(&dir).join(".kairos-checkpoint");
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .open(&marker)
+                .and_then(|f| f.set_modified(std::time::SystemTime::now()))
+                .map_err(|e| anyhow::anyhow!("checkpoint-done: touching {}: {e}", marker.display()))?;
         }
         Cmd::Preemptions { since } => {
             let now_ms = std::time::SystemTime::now()

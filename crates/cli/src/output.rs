@@ -79,6 +79,7 @@ pub fn job_json(job: &pb::Job) -> Value {
         "submit_time": time_json(job.submit_time_ms),
         "start_time": time_json(job.start_time_ms),
         "end_time": time_json(job.end_time_ms),
+        "last_checkpoint": time_json(job.last_checkpoint_ms),
         "events": job.events.iter().map(|e| json!({"time": time_json(e.time_ms), "kind": e.kind, "message": e.message})).collect::<Vec<_>>(),
     })
 }

@@ -281,6 +281,9 @@ pub struct Job {
     /// When this job was preempted (most recent last, bounded): the anti-thrash window.
     #[serde(default)]
     pub preempted_at: Vec<i64>,
+    /// When the current run last reported a finished checkpoint (work before it is safe).
+    #[serde(default)]
+    pub last_checkpoint_ms: Option<i64>,
 }
 
 impl Job {

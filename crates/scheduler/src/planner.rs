@@ -297,7 +297,7 @@ impl<'a> Pass<'a> {
     }
 
     /// The least damaging preemption that lets `job` start now: per node, victims its QoS may
-    /// preempt, cheapest first (GPU-time lost, then priority, then id), until enough GPUs are
+    /// preempt, cheapest first (GPU-time since their last checkpoint, then priority, then id), until enough GPUs are
     /// free; across nodes, the least total damage, then the fewest victims.
     fn preempt_for(&self, job: &Job) -> Option<PreemptPlan> {
         let state = self.state;
@@ -330,7 +330,10 @@ impl<'a> Pass<'a> {
                         })
                         .filter(|g| !n.claimed.contains_key(g))
                         .collect();
-                    let ran_ms = now.saturating_sub(v.start_time_ms.unwrap_or(now)).max(0) as u128;
+                    // Work lost = GPU time since the last checkpoint (or since the start).
+                    let safe_at =
+                        v.start_time_ms.unwrap_or(now).max(v.last_checkpoint_ms.unwrap_or(i64::MIN));
+                    let ran_ms = now.saturating_sub(safe_at).max(0) as u128;
                     let damage = u128::from(v.spec.gpus) * ran_ms;
                     Some((damage, v.priority, v.id, matching))
                 })

@@ -123,6 +123,12 @@ pub enum Op {
     DeleteQos {
         name: String,
     },
+    /// The current run of `job` finished a checkpoint.
+    Checkpointed {
+        job: JobId,
+        attempt: u32,
+        node: String,
+    },
     /// Stops `victims` on `node` so that `preemptor` can take `gpus` there (claimed for it
     /// until it starts). Re-validated whole on apply.
     Preempt {
@@ -287,6 +293,13 @@ impl ClusterState {
             Op::Preempt { preemptor, node, victims, gpus } => {
                 self.preempt(*preemptor, node, victims, gpus, now)
             }
+            Op::Checkpointed { job, attempt, node } => match self.current_run(*job, *attempt, node) {
+                Ok(j) => {
+                    j.last_checkpoint_ms = Some(now);
+                    Outcome::RunUpdated { job: *job, state: JobState::Running }
+                }
+                Err(why) => Outcome::Ignored(why),
+            },
             Op::Release { job, by } => self.set_held(*job, false, by, now),
             Op::PutQos { qos, must_exist } => {
                 match (must_exist, self.policy.qos.contains_key(&qos.name)) {
@@ -505,6 +518,7 @@ impl ClusterState {
             held: hold,
             claim: None,
             preempted_at: Vec::new(),
+            last_checkpoint_ms: None,
         };
         job.record(now, "submitted", format!("by \"{}\", qos \"{}\"", job.spec.user, job.spec.qos));
         if let Some(r) = request_id {
@@ -667,7 +681,8 @@ impl ClusterState {
             let mode = qos_mode.unwrap_or(crate::policy::PreemptMode::Cancel);
             let victim = self.jobs.get_mut(v).expect("validated");
             let gpus_held = victim.spec.gpus;
-            let started = victim.start_time_ms.unwrap_or(now);
+            let started =
+                victim.start_time_ms.unwrap_or(now).max(victim.last_checkpoint_ms.unwrap_or(i64::MIN));
             let gpu_s_lost = u64::from(gpus_held) * (now.saturating_sub(started).max(0) as u64) / 1000;
             if let Some(a) = victim.allocation.as_mut() {
                 a.stop = Some(StopReason::Preempted { by: preemptor, mode });
@@ -987,6 +1002,7 @@ impl ClusterState {
         let job = self.jobs.get_mut(&p.job).expect("placement was validated");
         job.state = JobState::Running;
         job.reason.clear();
+        job.last_checkpoint_ms = None;
         job.allocation = Some(Allocation {
             node: p.node.clone(),
             gpus: p.gpus.clone(),

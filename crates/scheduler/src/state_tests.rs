@@ -694,6 +694,30 @@ fn urgent_work_preempts_the_cheapest_training_victim_which_requeues() {
 }
 
 #[test]
+fn the_victim_with_the_freshest_checkpoint_loses_least_and_is_chosen() {
+    let mut s = cluster(2);
+    let older =
+        submitted(s.apply(&cmd(0, Op::Submit { spec: spec(1, "training"), request_id: None, hold: false })));
+    let newer =
+        submitted(s.apply(&cmd(0, Op::Submit { spec: spec(1, "training"), request_id: None, hold: false })));
+    run_plan(&mut s, 0);
+    s.apply(&cmd(0, Op::JobStarted { job: older, attempt: 0, node: "n1".into() }));
+    s.apply(&cmd(300_000, Op::JobStarted { job: newer, attempt: 0, node: "n1".into() }));
+    // The older job checkpointed a moment ago: preempting it loses less than the newer one.
+    s.apply(&cmd(590_000, Op::Checkpointed { job: older, attempt: 0, node: "n1".into() }));
+    let urgent = submitted(
+        s.apply(&cmd(600_000, Op::Submit { spec: spec(1, "urgent"), request_id: None, hold: false })),
+    );
+    let p = plan(&s).preemption.unwrap();
+    assert_eq!((p.preemptor, p.victims), (urgent, vec![older]));
+    // A checkpoint report about another attempt is ignored.
+    assert!(matches!(
+        s.apply(&cmd(600_001, Op::Checkpointed { job: newer, attempt: 3, node: "n1".into() })),
+        Outcome::Ignored(_)
+    ));
+}
+
+#[test]
 fn never_preempted_qos_exempt_time_and_anti_thrash_are_respected() {
     let mut s = cluster(2);
     let inf =

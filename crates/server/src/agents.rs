@@ -186,6 +186,9 @@ impl AgentService for Agents {
                 let exit = if r.signal != 0 { RunExit::Signal(r.signal) } else { RunExit::Code(r.exit_code) };
                 Op::JobExited { job: r.job_id, attempt: r.attempt, node: r.node_id, exit }
             }
+            Ok(pb::RunStatus::Checkpointed) => {
+                Op::Checkpointed { job: r.job_id, attempt: r.attempt, node: r.node_id }
+            }
             Ok(pb::RunStatus::Lost) => {
                 let message: String = r.message.chars().take(512).collect();
                 Op::JobExited {

@@ -175,6 +175,7 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
             .collect(),
         signal: job.signal.unwrap_or(0),
         tasks,
+        last_checkpoint_ms: job.last_checkpoint_ms.unwrap_or(0),
     }
 }
 
