@@ -302,8 +302,7 @@ impl<'a> Pass<'a> {
     fn preempt_for(&self, job: &Job) -> Option<PreemptPlan> {
         let state = self.state;
         let now = state.now_ms;
-        let qos = state.policy.qos(&job.spec.qos)?;
-        if qos.preempt.is_empty() {
+        if !state.may_preempt(job) {
             return None;
         }
         let need = job.spec.gpus as usize;

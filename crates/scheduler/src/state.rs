@@ -591,6 +591,14 @@ impl ClusterState {
         Outcome::PolicyChanged
     }
 
+    /// Whether `job` could preempt anything at all: its QoS preempts some QoS, or its partition
+    /// is above the lowest tier (a cheap filter before looking for victims).
+    pub fn may_preempt(&self, job: &Job) -> bool {
+        let by_qos = self.policy.qos(&job.spec.qos).is_some_and(|q| !q.preempt.is_empty());
+        let lowest = self.policy.partitions.values().map(|p| p.priority_tier).min().unwrap_or(0);
+        by_qos || self.partition_of(job).is_some_and(|p| p.priority_tier > lowest)
+    }
+
     /// Whether running job `victim` may be preempted by `preemptor` at `now`, else why not.
     pub fn preemptible(&self, preemptor: &Job, victim: &Job, now: i64) -> Result<(), String> {
         let (p_qos, v_qos) = (self.policy.qos(&preemptor.spec.qos), self.policy.qos(&victim.spec.qos));
@@ -599,8 +607,14 @@ impl ClusterState {
         if victim.state != JobState::Running || alloc.stop.is_some() {
             return Err(format!("job {} is not running undisturbed", victim.id));
         }
-        if !p_qos.preempt.contains(&v_qos.name) {
-            return Err(format!("qos \"{}\" may not preempt qos \"{}\"", p_qos.name, v_qos.name));
+        // Slurm's preempt/qos and preempt/partition_prio: by QoS preempt list, or from a
+        // partition of a higher priority tier.
+        let tier = |j: &Job| self.partition_of(j).map(|p| p.priority_tier).unwrap_or(0);
+        if !p_qos.preempt.contains(&v_qos.name) && tier(preemptor) <= tier(victim) {
+            return Err(format!(
+                "qos \"{}\" may not preempt qos \"{}\" and its partition tier is not higher",
+                p_qos.name, v_qos.name
+            ));
         }
         if matches!(v_qos.preempt_mode, crate::policy::PreemptMode::Off | crate::policy::PreemptMode::Suspend)
         {

@@ -694,6 +694,48 @@ fn urgent_work_preempts_the_cheapest_training_victim_which_requeues() {
 }
 
 #[test]
+fn a_higher_tier_partition_preempts_a_lower_one() {
+    let mut s = cluster(2);
+    let mut policy = s.policy.clone();
+    policy.partitions.insert(
+        "prod".into(),
+        crate::policy::Partition {
+            name: "prod".into(),
+            nodes: Default::default(),
+            selector: Default::default(),
+            priority_tier: 10,
+            allowed_qos: Default::default(),
+            default_qos: None,
+            max_wall_s: None,
+        },
+    );
+    s.apply(&cmd(0, Op::SetPolicy { policy }));
+    let victim =
+        submitted(s.apply(&cmd(0, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false })));
+    run_plan(&mut s, 0);
+    s.apply(&cmd(0, Op::JobStarted { job: victim, attempt: 0, node: "n1".into() }));
+    // Same QoS (batch preempts nothing), but from the higher-tier partition.
+    let mut sp = spec(2, "batch");
+    sp.partition = "prod".into();
+    let prod = submitted(s.apply(&cmd(1_000, Op::Submit { spec: sp, request_id: None, hold: false })));
+    let p = plan(&s).preemption.expect("partition-tier preemption");
+    assert_eq!((p.preemptor, p.victims.clone()), (prod, vec![victim]));
+    // The other way round: once the prod job runs, a default-partition job does not preempt it.
+    let op = Op::Preempt { preemptor: prod, node: p.node, victims: p.victims, gpus: p.gpus };
+    s.apply(&cmd(1_001, op));
+    s.apply(&cmd(
+        1_002,
+        Op::JobExited { job: victim, attempt: 0, node: "n1".into(), exit: RunExit::Signal(10) },
+    ));
+    run_plan(&mut s, 1_003);
+    assert_eq!(s.jobs[&prod].state, JobState::Running);
+    s.apply(&cmd(1_003, Op::JobStarted { job: prod, attempt: 0, node: "n1".into() }));
+    assert_eq!(s.jobs[&victim].state, JobState::Pending, "requeued (batch is REQUEUE)");
+    s.now_ms = 10_000_000;
+    assert!(plan(&s).preemption.is_none(), "a lower tier never preempts a higher one");
+}
+
+#[test]
 fn the_victim_with_the_freshest_checkpoint_loses_least_and_is_chosen() {
     let mut s = cluster(2);
     let older =
