@@ -743,22 +743,7 @@ impl ClusterState {
         let reason = format!("preempted by job {by}");
         if mode == crate::policy::PreemptMode::Requeue {
             // Requeue regardless of --requeue: the cluster, not the job, stopped it.
-            let Some(job) = self.jobs.get_mut(&id) else {
-                return Outcome::Ignored(format!("job {id} not found"));
-            };
-            if let Some(alloc) = job.allocation.take() {
-                for (_, name, _) in alloc.tasks() {
-                    if let Some(node) = self.nodes.get_mut(name) {
-                        node.allocated.retain(|_, holder| *holder != id);
-                    }
-                }
-            }
-            job.attempt += 1;
-            job.state = JobState::Pending;
-            job.exit_code = None;
-            job.signal = None;
-            job.start_time_ms = None;
-            job.record(now, "requeued", format!("{reason}; attempt {} follows", job.attempt));
+            self.requeue_run(id, &reason, now);
             return Outcome::RunUpdated { job: id, state: JobState::Pending };
         }
         self.end_run(id, JobState::Cancelled, reason, now);
@@ -1201,22 +1186,7 @@ impl ClusterState {
             self.end_run(id, state, reason, now);
             return state;
         }
-        self.charge_run(id, now);
-        let Some(job) = self.jobs.get_mut(&id) else { return state };
-        if let Some(alloc) = job.allocation.take() {
-            for (_, name, _) in alloc.tasks() {
-                if let Some(node) = self.nodes.get_mut(name) {
-                    node.allocated.retain(|_, holder| *holder != id);
-                }
-            }
-        }
-        job.attempt += 1;
-        job.state = JobState::Pending;
-        job.exit_code = None;
-        job.signal = None;
-        job.start_time_ms = None;
-        job.reason.clear();
-        job.record(now, "requeued", format!("{reason}; attempt {} follows", job.attempt));
+        self.requeue_run(id, &reason, now);
         JobState::Pending
     }
 
@@ -1234,20 +1204,38 @@ impl ClusterState {
         }
     }
 
+    /// Takes a job's allocation and frees every GPU it holds.
+    fn release_run(&mut self, id: JobId) {
+        let Some(alloc) = self.jobs.get_mut(&id).and_then(|j| j.allocation.take()) else { return };
+        for (_, name, _) in alloc.tasks() {
+            if let Some(node) = self.nodes.get_mut(name) {
+                node.allocated.retain(|_, holder| *holder != id);
+            }
+        }
+    }
+
+    /// Sends a job's current run back to the queue as its next attempt (usage charged, GPUs freed).
+    fn requeue_run(&mut self, id: JobId, reason: &str, now: i64) {
+        self.charge_run(id, now);
+        self.release_run(id);
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        job.attempt += 1;
+        job.state = JobState::Pending;
+        job.exit_code = None;
+        job.signal = None;
+        job.start_time_ms = None;
+        job.reason.clear();
+        job.record(now, "requeued", format!("{reason}; attempt {} follows", job.attempt));
+    }
+
     /// Ends a job's current run in a terminal state and releases its GPUs.
     fn end_run(&mut self, id: JobId, state: JobState, reason: String, now: i64) {
         debug_assert!(state.is_terminal());
         if self.jobs.get(&id).is_some_and(|j| j.allocation.is_some()) {
             self.charge_run(id, now);
         }
+        self.release_run(id);
         let Some(job) = self.jobs.get_mut(&id) else { return };
-        if let Some(alloc) = job.allocation.take() {
-            for (_, name, _) in alloc.tasks() {
-                if let Some(node) = self.nodes.get_mut(name) {
-                    node.allocated.retain(|_, holder| *holder != id);
-                }
-            }
-        }
         job.state = state;
         job.end_time_ms = Some(now);
         job.record(now, &state.as_str().to_ascii_lowercase(), reason.clone());
