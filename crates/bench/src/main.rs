@@ -604,23 +604,13 @@ fn bench_schedule(
         [("training", Profile::Training), ("inference", Profile::Inference), ("batch", Profile::Batch)];
     let spec = |i: u32, gpus: u32| {
         let (qos, profile) = profiles[(i % 3) as usize];
-        JobSpec {
-            name: format!("job-{i}"),
-            user: format!("user-{}", i % 200),
-            argv: vec!["train.py".into()],
-            env: Default::default(),
-            workdir: String::new(),
-            gpus,
-            qos: qos.into(),
-            profile,
-            time_limit_s: Some(600 + u64::from(i % 3600)),
-            requeue: false,
-            after_ok: Vec::new(),
-            gpu_model: i.is_multiple_of(17).then(|| "A100".to_string()),
-            account: String::new(),
-            partition: String::new(),
-            tasks: 1,
-        }
+        let mut spec =
+            JobSpec::new(&format!("job-{i}"), &format!("user-{}", i % 200), vec!["train.py".into()], gpus);
+        spec.qos = qos.into();
+        spec.profile = profile;
+        spec.time_limit_s = Some(600 + u64::from(i % 3600));
+        spec.gpu_model = i.is_multiple_of(17).then(|| "A100".to_string());
+        spec
     };
     // Running jobs: placed GPU by GPU across the nodes with explicit plans.
     let mut placements = Vec::new();

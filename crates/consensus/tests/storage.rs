@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kairos_consensus::store::{LogStore, StateMachineStore};
 use kairos_consensus::{Replica, ReplicaConfig, TypeConfig};
-use kairos_scheduler::{Command, JobSpec, Op, Outcome, Profile};
+use kairos_scheduler::{Command, JobSpec, Op, Outcome};
 use openraft::testing::{StoreBuilder, Suite};
 use openraft::StorageError;
 use tempfile::TempDir;
@@ -29,23 +29,9 @@ fn sled_store_passes_openraft_conformance_suite() {
 }
 
 fn spec(n: usize) -> JobSpec {
-    JobSpec {
-        name: format!("job-{n}"),
-        user: "alice".into(),
-        argv: vec!["true".into()],
-        env: BTreeMap::new(),
-        workdir: String::new(),
-        gpus: 1,
-        qos: "batch".into(),
-        profile: Profile::Batch,
-        time_limit_s: None,
-        requeue: false,
-        after_ok: Vec::new(),
-        gpu_model: None,
-        account: String::new(),
-        partition: String::new(),
-        tasks: 1,
-    }
+    let mut spec = JobSpec::new(&format!("job-{n}"), "alice", vec!["true".into()], 1);
+    spec.qos = "batch".into();
+    spec
 }
 
 async fn wait_leader(replica: &Replica) {

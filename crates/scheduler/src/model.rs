@@ -131,6 +131,28 @@ fn one_task() -> u32 {
 }
 
 impl JobSpec {
+    /// A single-task batch job of `user` running `argv` on `gpus` GPUs, everything else at its
+    /// default (QoS and account resolved at submit).
+    pub fn new(name: &str, user: &str, argv: Vec<String>, gpus: u32) -> JobSpec {
+        JobSpec {
+            name: name.to_string(),
+            user: user.to_string(),
+            argv,
+            env: BTreeMap::new(),
+            workdir: String::new(),
+            gpus,
+            qos: String::new(),
+            profile: Profile::Batch,
+            time_limit_s: None,
+            requeue: false,
+            after_ok: Vec::new(),
+            gpu_model: None,
+            account: String::new(),
+            partition: String::new(),
+            tasks: 1,
+        }
+    }
+
     /// GPUs of all tasks together.
     pub fn total_gpus(&self) -> u32 {
         self.gpus.saturating_mul(self.tasks.max(1))

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::model::{Gpu, JobSpec, NodeInfo, Profile};
+use crate::model::{Gpu, JobSpec, NodeInfo};
 
 /// A node with `gpus` fake H100s in link groups of four.
 pub fn node_info(name: &str, gpus: u32) -> NodeInfo {
@@ -36,21 +36,7 @@ pub fn node_info_model(name: &str, gpus: u32, model: &str) -> NodeInfo {
 
 /// A job asking for `gpus` GPUs under `qos`.
 pub fn spec(gpus: u32, qos: &str) -> JobSpec {
-    JobSpec {
-        name: "job".into(),
-        user: "alice".into(),
-        argv: vec!["true".into()],
-        env: BTreeMap::new(),
-        workdir: String::new(),
-        gpus,
-        qos: qos.into(),
-        profile: Profile::Batch,
-        time_limit_s: None,
-        requeue: false,
-        after_ok: Vec::new(),
-        gpu_model: None,
-        account: String::new(),
-        partition: String::new(),
-        tasks: 1,
-    }
+    let mut spec = JobSpec::new("job", "alice", vec!["true".into()], gpus);
+    spec.qos = qos.into();
+    spec
 }
