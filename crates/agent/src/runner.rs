@@ -11,6 +11,7 @@
 //! ```text
 //!   assigned, not started, unknown here  ─▶ launch
 //!   assigned with kill                   ─▶ stop (or report "lost" if it never ran)
+//!   assigned with suspend / without      ─▶ SIGSTOP / SIGCONT the group (once per change)
 //!   assigned, started, unknown here      ─▶ report "lost" (never relaunched)
 //!   running here, not assigned           ─▶ SIGKILL its group (the controller gave it up)
 //!   exited here, still assigned          ─▶ report the exit again
@@ -46,6 +47,8 @@ struct Run {
     pgid: Option<i32>,
     exit: Option<Exit>,
     stopping: bool,
+    /// The group was sent SIGSTOP (and not SIGCONT since).
+    suspended: bool,
     lost_message: String,
 }
 
@@ -188,6 +191,20 @@ impl Runner {
         {
             let mut runs = self.lock();
             for (key, a) in &assigned {
+                // Pause or continue first, so a preemptor launched below never shares a GPU
+                // with a process that still computes (a stopped run is continued by `stop`,
+                // after its stop signal is queued).
+                if let Some(run) = runs.get_mut(key).filter(|r| r.exit.is_none() && !a.kill) {
+                    if a.suspend != run.suspended {
+                        let suspend = a.suspend;
+                        if let Some(pgid) = run.pgid {
+                            let signal = if suspend { Signal::SIGSTOP } else { Signal::SIGCONT };
+                            tracing::info!(job = key.0, attempt = key.1, %signal, "suspend state changes");
+                            signal_group(pgid, signal);
+                        }
+                        run.suspended = suspend;
+                    }
+                }
                 match runs.get(key) {
                     Some(run) => match run.exit {
                         Some(exit) => reports.push((*key, Some(exit), run.lost_message.clone())),
@@ -262,6 +279,12 @@ impl Runner {
                 // Survives attempts (on this node): where the job keeps checkpoints to resume from.
                 .env("KAIROS_CHECKPOINT_DIR", &checkpoint_dir)
                 .env("CUDA_VISIBLE_DEVICES", gpus.join(","))
+                // An elastic job's GPU count changes between attempts.
+                .env("KAIROS_GPUS", gpus.len().to_string())
+                .env(
+                    "KAIROS_CHECKPOINT_SIGNAL",
+                    if a.checkpoint_signal.is_empty() { "SIGUSR1" } else { a.checkpoint_signal.as_str() },
+                )
                 // torchrun-compatible gang environment (one task per node).
                 .env("RANK", a.rank.to_string())
                 .env("WORLD_SIZE", a.world_size.max(1).to_string())
@@ -292,6 +315,7 @@ impl Runner {
                         pgid: None,
                         exit: Some(Exit::Lost),
                         stopping: false,
+                        suspended: false,
                         lost_message: message.clone(),
                     },
                 );
@@ -301,7 +325,10 @@ impl Runner {
         };
         let pgid = child.id().map(|p| p as i32);
         tracing::info!(job = a.job_id, attempt = a.attempt, ?pgid, gpus = ?a.gpu_ids, "run started");
-        self.lock().insert(key, Run { pgid, exit: None, stopping: false, lost_message: String::new() });
+        self.lock().insert(
+            key,
+            Run { pgid, exit: None, stopping: false, suspended: false, lost_message: String::new() },
+        );
         if let Some(pgid) = pgid {
             journal_add(&self.state_dir, key, pgid);
         }
@@ -362,15 +389,19 @@ impl Runner {
     /// Asks a run's process group to stop: `signal` now (SIGTERM, or SIGUSR1 to checkpoint
     /// before a preemption), SIGKILL after `grace` unless it has exited.
     fn stop(&self, key: RunKey, signal: Signal, grace: Duration) {
-        let pgid = {
+        let (pgid, suspended) = {
             let mut runs = self.lock();
             let Some(run) = runs.get_mut(&key) else { return };
             run.stopping = true;
-            run.pgid
+            (run.pgid, std::mem::take(&mut run.suspended))
         };
         let Some(pgid) = pgid else { return };
         tracing::info!(job = key.0, attempt = key.1, %signal, "stopping run");
         signal_group(pgid, signal);
+        if suspended {
+            // The signal is pending; the process handles it as soon as it continues.
+            signal_group(pgid, Signal::SIGCONT);
+        }
         let runner = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
@@ -417,6 +448,8 @@ mod tests {
             master_addr: String::new(),
             master_port: 29500,
             kill_signal: "SIGTERM".into(),
+            suspend: false,
+            checkpoint_signal: "SIGUSR1".into(),
         }
     }
 

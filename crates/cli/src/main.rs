@@ -92,6 +92,19 @@ enum Cmd {
         /// Partition (default: the cluster's default partition).
         #[arg(long)]
         partition: Option<String>,
+        /// Elastic job: the fewest GPUs it can run on. Preemption shrinks it (restart on fewer
+        /// GPUs, KAIROS_GPUS says how many) instead of stopping it; it grows back later.
+        #[arg(long, allow_negative_numbers = true, value_parser = parse_min_gpus)]
+        min_gpus: Option<u32>,
+        /// The job tolerates SIGSTOP/SIGCONT: a SUSPEND-mode QoS pauses it instead of stopping it.
+        #[arg(long)]
+        suspendable: bool,
+        /// Signal that asks the job to checkpoint before a requeue or resize (default SIGUSR1).
+        #[arg(long)]
+        checkpoint_signal: Option<String>,
+        /// How long the job gets to checkpoint and exit (default and maximum: the QoS grace).
+        #[arg(long, value_parser = parse_time)]
+        checkpoint_grace: Option<u64>,
         /// The command and its arguments, after `--`.
         #[arg(last = true)]
         command: Vec<String>,
@@ -443,6 +456,13 @@ fn parse_gpus(s: &str) -> Result<u32, String> {
     }
 }
 
+fn parse_min_gpus(s: &str) -> Result<u32, String> {
+    match parse_gpus(s)? {
+        0 => Err("an elastic job runs on at least 1 GPU".to_string()),
+        n => Ok(n),
+    }
+}
+
 fn parse_env(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -716,6 +736,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             gpu_model,
             account,
             partition,
+            min_gpus,
+            suspendable,
+            checkpoint_signal,
+            checkpoint_grace,
             command,
         } => {
             let profile = match profile {
@@ -740,7 +764,16 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     gpus,
                     tasks: nodes,
                     gpu_model: gpu_model.unwrap_or_default(),
+                    min_gpus: min_gpus.unwrap_or(0),
                     ..Default::default()
+                }),
+                suspendable,
+                checkpoint: (checkpoint_signal.is_some() || checkpoint_grace.is_some()).then(|| {
+                    pb::CheckpointSpec {
+                        signal: checkpoint_signal.unwrap_or_default(),
+                        grace_s: checkpoint_grace.unwrap_or(0).min(u64::from(u32::MAX)) as u32,
+                        dir: String::new(),
+                    }
                 }),
                 time_limit_s: time.unwrap_or(0),
                 requeue: requeue.then_some(true),

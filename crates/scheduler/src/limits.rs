@@ -27,7 +27,7 @@ pub struct Usage {
 }
 
 impl Usage {
-    /// Counts the running jobs among `jobs`, for the QoS classes of `policy` that have limits.
+    /// Counts the running and suspended jobs among `jobs`, for the QoS classes of `policy` that have limits.
     pub fn of<'a>(jobs: impl IntoIterator<Item = &'a Job>, policy: &Policy) -> Usage {
         let mut usage = Usage::default();
         let limited = policy
@@ -37,7 +37,8 @@ impl Usage {
         if !limited {
             return usage;
         }
-        for job in jobs.into_iter().filter(|j| j.state == JobState::Running) {
+        // A suspended job still holds its place under the limits: it resumes without asking.
+        for job in jobs.into_iter().filter(|j| matches!(j.state, JobState::Running | JobState::Suspended)) {
             usage.add(job, policy);
         }
         usage
@@ -51,7 +52,7 @@ impl Usage {
         if !limited {
             return;
         }
-        let gpus = u64::from(job.spec.total_gpus());
+        let gpus = u64::from(job.total_gpus());
         if !self.qos.contains_key(&job.spec.qos) {
             self.qos.insert(job.spec.qos.clone(), QosUsage::default());
         }
@@ -74,7 +75,7 @@ impl Usage {
         if qos.grp_gpus.is_none() && qos.user_gpus.is_none() && qos.user_jobs.is_none() {
             return Ok(());
         }
-        let gpus = u64::from(job.spec.total_gpus());
+        let gpus = u64::from(job.total_gpus());
         let used = self.qos.get(&job.spec.qos);
         let (user_gpus, user_jobs) =
             used.and_then(|q| q.users.get(&job.spec.user)).copied().unwrap_or((0, 0));

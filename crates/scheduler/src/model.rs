@@ -124,6 +124,19 @@ pub struct JobSpec {
     /// Gang jobs: this many tasks, each on its own node with `gpus` GPUs (all or nothing).
     #[serde(default = "one_task")]
     pub tasks: u32,
+    /// Elastic jobs: the fewest GPUs the job can run on. Preemption shrinks such a job (restart
+    /// on fewer GPUs) instead of stopping it, and it grows back when GPUs free up.
+    #[serde(default)]
+    pub min_gpus: Option<u32>,
+    /// The job tolerates SIGSTOP/SIGCONT: a SUSPEND-mode preemption pauses it instead.
+    #[serde(default)]
+    pub suspendable: bool,
+    /// The signal that asks the job to checkpoint before a requeue or resize (default SIGUSR1).
+    #[serde(default)]
+    pub checkpoint_signal: Option<String>,
+    /// How long the job may take to checkpoint and exit (at most, and by default, the QoS grace).
+    #[serde(default)]
+    pub checkpoint_grace_s: Option<u64>,
 }
 
 fn one_task() -> u32 {
@@ -150,7 +163,16 @@ impl JobSpec {
             account: String::new(),
             partition: String::new(),
             tasks: 1,
+            min_gpus: None,
+            suspendable: false,
+            checkpoint_signal: None,
+            checkpoint_grace_s: None,
         }
+    }
+
+    /// Whether preemption may shrink the job instead of stopping it.
+    pub fn is_elastic(&self) -> bool {
+        self.min_gpus.is_some_and(|m| m < self.gpus) && self.tasks <= 1
     }
 
     /// GPUs of all tasks together.
@@ -177,11 +199,14 @@ pub enum JobState {
     Cancelled,
     Timeout,
     NodeFail,
+    /// Stopped with SIGSTOP by a SUSPEND preemption; keeps its allocation, part of which is
+    /// lent to the preemptor, and resumes (SIGCONT) when the lent GPUs are free again.
+    Suspended,
 }
 
 impl JobState {
     pub fn is_terminal(self) -> bool {
-        !matches!(self, JobState::Pending | JobState::Running)
+        !matches!(self, JobState::Pending | JobState::Running | JobState::Suspended)
     }
 
     pub fn as_str(self) -> &'static str {
@@ -193,6 +218,7 @@ impl JobState {
             JobState::Cancelled => "CANCELLED",
             JobState::Timeout => "TIMEOUT",
             JobState::NodeFail => "NODE_FAIL",
+            JobState::Suspended => "SUSPENDED",
         }
     }
 }
@@ -208,6 +234,11 @@ pub enum StopReason {
     Preempted {
         by: JobId,
         mode: crate::policy::PreemptMode,
+    },
+    /// An elastic job restarts on another GPU count: shrunk for preemptor `by`, or grown back
+    /// (`by` = None). The GPUs of its next run are claimed for it on its node meanwhile.
+    Resize {
+        by: Option<JobId>,
     },
 }
 
@@ -244,6 +275,9 @@ pub struct Allocation {
     /// Gangs: why the run failed, from the first rank that failed.
     #[serde(default)]
     pub failure: Option<String>,
+    /// Suspended jobs: the GPUs lent to the preemptor (not in the node's `allocated` meanwhile).
+    #[serde(default)]
+    pub lent: Vec<GpuIndex>,
 }
 
 impl Allocation {
@@ -306,9 +340,28 @@ pub struct Job {
     /// When the current run last reported a finished checkpoint (work before it is safe).
     #[serde(default)]
     pub last_checkpoint_ms: Option<i64>,
+    /// Elastic jobs: the GPU count of the current (or next) run when resized (None = `spec.gpus`).
+    #[serde(default)]
+    pub width: Option<u32>,
+    /// Time the current run spent suspended (does not count against its time limit).
+    #[serde(default)]
+    pub suspended_ms: i64,
+    /// When the current suspension began.
+    #[serde(default)]
+    pub suspended_since: Option<i64>,
 }
 
 impl Job {
+    /// GPUs per task of the current (or next) run: the spec's, unless an elastic job was resized.
+    pub fn gpus(&self) -> u32 {
+        self.width.unwrap_or(self.spec.gpus)
+    }
+
+    /// GPUs of all tasks of the current (or next) run together.
+    pub fn total_gpus(&self) -> u32 {
+        self.gpus().saturating_mul(self.spec.tasks.max(1))
+    }
+
     pub(crate) fn record(&mut self, time_ms: i64, kind: &str, message: String) {
         if self.events.len() >= JOB_EVENTS_MAX {
             self.events.remove(0);

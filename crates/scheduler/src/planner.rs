@@ -83,6 +83,9 @@ pub struct PlanOutput {
     pub reservation: Option<Reservation>,
     /// Running jobs to preempt so the top blocked job can start, if its QoS may.
     pub preemption: Option<PreemptPlan>,
+    /// Shrunk elastic jobs to grow back onto free GPUs of their node (only when no job waits
+    /// for resources): (job, attempt, the full new GPU set).
+    pub grow: Vec<(JobId, u32, Vec<GpuIndex>)>,
 }
 
 /// A proposed preemption: stop `victims` on `node` and give `gpus` there to `preemptor`.
@@ -305,7 +308,7 @@ impl<'a> Pass<'a> {
         if !state.may_preempt(job) {
             return None;
         }
-        let need = job.spec.gpus as usize;
+        let need = job.gpus() as usize;
         let model = job.spec.gpu_model.as_deref();
         let mut best: Option<((u128, usize, &str), PreemptPlan)> = None;
         for node in &self.nodes {
@@ -320,7 +323,7 @@ impl<'a> Pass<'a> {
                 .filter(|v| state.preemptible(job, v, now).is_ok())
                 .filter_map(|v| {
                     let a = v.allocation.as_ref()?;
-                    let matching: Vec<GpuIndex> = a
+                    let mut matching: Vec<GpuIndex> = a
                         .gpus
                         .iter()
                         .copied()
@@ -329,11 +332,21 @@ impl<'a> Pass<'a> {
                         })
                         .filter(|g| !n.claimed.contains_key(g))
                         .collect();
-                    // Work lost = GPU time since the last checkpoint (or since the start).
+                    // An elastic job gives only what it can spare above its minimum (it shrinks).
+                    if v.spec.is_elastic() {
+                        let spare = v.gpus().saturating_sub(v.spec.min_gpus.unwrap_or(0)) as usize;
+                        matching.drain(..matching.len().saturating_sub(spare));
+                    }
+                    if matching.is_empty() {
+                        return None;
+                    }
+                    // Work lost = GPU time since the last checkpoint (or since the start); a
+                    // suspended job loses none.
                     let safe_at =
                         v.start_time_ms.unwrap_or(now).max(v.last_checkpoint_ms.unwrap_or(i64::MIN));
                     let ran_ms = now.saturating_sub(safe_at).max(0) as u128;
-                    let damage = u128::from(v.spec.gpus) * ran_ms;
+                    let free = state.preemption_is_free(v, matching.len().min(need) as u32);
+                    let damage = if free { 0 } else { u128::from(v.gpus()) * ran_ms };
                     Some((damage, v.priority, v.id, matching))
                 })
                 .collect();
@@ -361,10 +374,36 @@ impl<'a> Pass<'a> {
         best.map(|(_, p)| p)
     }
 
+    /// Shrunk elastic jobs that can take free GPUs of their own node back (up to their full
+    /// size), in id order; the GPUs are taken from this pass.
+    fn grow_back(&mut self) -> Vec<(JobId, u32, Vec<GpuIndex>)> {
+        let state = self.state;
+        let mut out = Vec::new();
+        for job in state.jobs_running() {
+            let Some(a) = job.allocation.as_ref() else { continue };
+            let shrunk = job.gpus() < job.spec.gpus && job.spec.is_elastic();
+            if !shrunk || job.state != JobState::Running || a.stop.is_some() || !a.more.is_empty() {
+                continue;
+            }
+            let Some(pos) = self.nodes.iter().position(|n| n.name == a.node) else { continue };
+            let usable = self.nodes[pos].usable(job.spec.gpu_model.as_deref(), false);
+            let extra = pick_gpus(&usable, usable.len().min((job.spec.gpus - job.gpus()) as usize));
+            if extra.is_empty() || !state.may_grow(job, job.gpus() + extra.len() as u32) {
+                continue;
+            }
+            self.take(pos, &extra, state.expected_end_ms(job));
+            let mut gpus = a.gpus.clone();
+            gpus.extend(extra);
+            gpus.sort_unstable();
+            out.push((job.id, job.attempt, gpus));
+        }
+        out
+    }
+
     /// The earliest node, GPUs and time at which `job` could start, from expected ends.
     fn reserve(&mut self, job: &Job) -> Option<Reservation> {
         let now = self.state.now_ms;
-        let count = job.spec.gpus as usize;
+        let count = job.gpus() as usize;
         let model = job.spec.gpu_model.as_deref();
         let part = self.state.partition_of(job);
         let mut best: Option<(i64, usize, Vec<GpuIndex>)> = None;
@@ -487,7 +526,7 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             continue;
         }
         let largest_up = largest_up(model, part);
-        if job.spec.gpus > largest_up {
+        if job.gpus() > largest_up {
             let of = model.map(|m| format!(" {m}")).unwrap_or_default();
             let within = part
                 .filter(|p| !p.is_everything())
@@ -496,18 +535,18 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             let why = if largest_up == 0 {
                 format!("no up node{within} has{of} GPUs")
             } else {
-                format!("no up node{within} has {}{of} GPUs", job.spec.gpus)
+                format!("no up node{within} has {}{of} GPUs", job.gpus())
             };
             pending.push((job.id, PendingReason::ReqNodeNotAvail(why)));
             continue;
         }
         let tasks = job.spec.tasks.max(1) as usize;
         if tasks > 1 {
-            let total = largest_gang(state, job.spec.gpus as usize, model, part);
+            let total = largest_gang(state, job.gpus() as usize, model, part);
             if total < tasks {
                 let of = model.map(|m| format!("{m} ")).unwrap_or_default();
                 let why =
-                    format!("only {total} up nodes have {} {of}GPUs; the job needs {tasks}", job.spec.gpus);
+                    format!("only {total} up nodes have {} {of}GPUs; the job needs {tasks}", job.gpus());
                 pending.push((job.id, PendingReason::ReqNodeNotAvail(why)));
                 continue;
             }
@@ -518,9 +557,9 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
         }
         let ends_ms = state.now_ms.saturating_add(state.time_limit_ms(job));
         let found = if tasks > 1 {
-            pass.find_gang(tasks, job.spec.gpus as usize, model, part, ends_ms, out.reservation.as_ref())
+            pass.find_gang(tasks, job.gpus() as usize, model, part, ends_ms, out.reservation.as_ref())
         } else {
-            pass.find(job.spec.gpus as usize, model, part, ends_ms, out.reservation.as_ref()).map(|t| vec![t])
+            pass.find(job.gpus() as usize, model, part, ends_ms, out.reservation.as_ref()).map(|t| vec![t])
         };
         match found {
             Some(placed) => {
@@ -559,6 +598,9 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
                 pending.push((job.id, PendingReason::Priority));
             }
         }
+    }
+    if !blocked {
+        out.grow = pass.grow_back();
     }
     pending.sort_unstable_by_key(|(id, _)| *id);
     out.pending = pending.into_iter().collect();

@@ -137,6 +137,13 @@ pub enum Op {
         victims: Vec<JobId>,
         gpus: Vec<GpuIndex>,
     },
+    /// Grows running elastic job `job` to `gpus` on its node (a superset of what it holds):
+    /// it restarts there with the checkpoint signal; the added GPUs are claimed for it meanwhile.
+    Resize {
+        job: JobId,
+        attempt: u32,
+        gpus: Vec<GpuIndex>,
+    },
     /// Keeps a pending job from starting until released.
     Hold {
         job: JobId,
@@ -167,8 +174,36 @@ pub struct PreemptionRecord {
     pub victim: JobId,
     pub mode: crate::policy::PreemptMode,
     pub node: String,
-    /// GPU-seconds of the victim's run that are lost (since it started).
+    /// GPU-seconds of the victim's run that are lost (since its last checkpoint, or its start).
     pub gpu_s_lost: u64,
+    /// An elastic victim was shrunk to this many GPUs instead of being stopped.
+    #[serde(default)]
+    pub shrunk_to: Option<u32>,
+    /// The victim was suspended (SIGSTOP) and resumes once the preemptor is done.
+    #[serde(default)]
+    pub suspended: bool,
+}
+
+impl PreemptionRecord {
+    /// What happened to the victim: "requeue", "cancel", "suspend" or "shrink".
+    pub fn action(&self) -> &'static str {
+        match (self.shrunk_to, self.suspended) {
+            (Some(_), _) => "shrink",
+            (None, true) => "suspend",
+            (None, false) => self.mode.as_str(),
+        }
+    }
+}
+
+/// What a preemption does to one victim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum VictimAction {
+    /// Stop the run; then requeue or cancel it, by mode.
+    Stop(crate::policy::PreemptMode),
+    /// Restart an elastic job on the GPUs it keeps.
+    Shrink,
+    /// SIGSTOP the job and lend its GPUs to the preemptor.
+    Suspend,
 }
 
 /// Most preemption records kept.
@@ -257,6 +292,9 @@ pub struct ClusterState {
     /// The most GPUs any registered node has (kept on registration; every submit checks it).
     #[serde(default)]
     largest_node_gpus: u32,
+    /// Jobs in state Suspended, checked after each command for resumption.
+    #[serde(default)]
+    pub suspended: BTreeSet<JobId>,
 }
 
 impl ClusterState {
@@ -271,6 +309,7 @@ impl ClusterState {
             largest_node_gpus: 0,
             usage: BTreeMap::new(),
             preemptions: Default::default(),
+            suspended: BTreeSet::new(),
         }
     }
 
@@ -279,7 +318,15 @@ impl ClusterState {
         // A new leader's clock may lag the old one's: time in the state never goes backwards.
         self.now_ms = self.now_ms.max(cmd.now_ms);
         let now = self.now_ms;
-        match &cmd.op {
+        let outcome = self.apply_op(&cmd.op, now);
+        if !self.suspended.is_empty() {
+            self.resume_ready(now);
+        }
+        outcome
+    }
+
+    fn apply_op(&mut self, op: &Op, now: i64) -> Outcome {
+        match op {
             Op::Submit { spec, request_id, hold } => self.submit(spec, request_id.as_deref(), *hold, now),
             Op::Cancel { job, by } => self.cancel(*job, by, now),
             Op::RegisterNode { info } => self.register_node(info, now),
@@ -301,6 +348,7 @@ impl ClusterState {
                 Err(why) => Outcome::Ignored(why),
             },
             Op::Release { job, by } => self.set_held(*job, false, by, now),
+            Op::Resize { job, attempt, gpus } => self.grow(*job, *attempt, gpus, now),
             Op::PutQos { qos, must_exist } => {
                 match (must_exist, self.policy.qos.contains_key(&qos.name)) {
                     (Some(true), false) => {
@@ -362,16 +410,22 @@ impl ClusterState {
         })
     }
 
-    /// The jobs holding GPUs on `node`, in id order: O(GPUs of the node), not O(jobs).
+    /// The jobs with a run on `node` (holding GPUs there, or suspended there), in id order:
+    /// O(GPUs of the node + suspended jobs), not O(jobs).
     pub fn jobs_on(&self, node: &str) -> Vec<&Job> {
         let Some(n) = self.nodes.get(node) else { return Vec::new() };
-        let ids: BTreeSet<JobId> = n.allocated.values().copied().collect();
+        let mut ids: BTreeSet<JobId> = n.allocated.values().copied().collect();
+        ids.extend(self.suspended.iter().filter(|id| {
+            self.jobs.get(id).and_then(|j| j.allocation.as_ref()).is_some_and(|a| a.node == node)
+        }));
         ids.iter().filter_map(|id| self.jobs.get(id)).collect()
     }
 
-    /// The running jobs, found through the nodes' GPU maps: O(running), not O(jobs).
+    /// The jobs with a run (running or suspended: a suspended job keeps its QoS usage), found
+    /// through the nodes' GPU maps: O(running), not O(jobs).
     pub fn jobs_running(&self) -> impl Iterator<Item = &Job> {
         let mut ids: Vec<JobId> = self.nodes.values().flat_map(|n| n.allocated.values().copied()).collect();
+        ids.extend(self.suspended.iter().copied());
         ids.sort_unstable();
         ids.dedup();
         ids.into_iter().filter_map(|id| self.jobs.get(&id))
@@ -406,9 +460,19 @@ impl ClusterState {
         (secs.min(crate::validate::TIME_LIMIT_S_MAX) as i64).saturating_mul(1000)
     }
 
-    /// When a running job will have ended at the latest: its start plus its time limit.
+    /// When a running job will have ended at the latest: its start plus its time limit (plus
+    /// the time it spent suspended).
     pub fn expected_end_ms(&self, job: &Job) -> i64 {
-        job.start_time_ms.unwrap_or(self.now_ms).saturating_add(self.time_limit_ms(job))
+        let suspended = self.suspended_ms(job, self.now_ms);
+        job.start_time_ms
+            .unwrap_or(self.now_ms)
+            .saturating_add(self.time_limit_ms(job))
+            .saturating_add(suspended)
+    }
+
+    /// How long the current run of `job` has been suspended in all, at `now_ms`.
+    fn suspended_ms(&self, job: &Job, now_ms: i64) -> i64 {
+        job.suspended_ms.saturating_add(job.suspended_since.map_or(0, |t| now_ms.saturating_sub(t)))
     }
 
     /// Running jobs past their time limit at `now_ms` that have not been asked to stop yet.
@@ -428,7 +492,10 @@ impl ClusterState {
     fn past_limit(&self, job: &Job, now_ms: i64) -> bool {
         match (self.time_limit_s(job), job.start_time_ms) {
             (Some(limit_s), Some(start)) => {
-                now_ms.saturating_sub(start) >= (limit_s as i64).saturating_mul(1000)
+                // Time spent suspended does not count.
+                let suspended = self.suspended_ms(job, now_ms);
+                now_ms.saturating_sub(start).saturating_sub(suspended)
+                    >= (limit_s as i64).saturating_mul(1000)
             }
             _ => false,
         }
@@ -519,6 +586,9 @@ impl ClusterState {
             claim: None,
             preempted_at: Vec::new(),
             last_checkpoint_ms: None,
+            width: None,
+            suspended_ms: 0,
+            suspended_since: None,
         };
         job.record(now, "submitted", format!("by \"{}\", qos \"{}\"", job.spec.user, job.spec.qos));
         if let Some(r) = request_id {
@@ -537,6 +607,12 @@ impl ClusterState {
                     qos.name, qos.max_wall_s
                 )));
             }
+        }
+        if let Some(grace) = spec.checkpoint_grace_s.filter(|g| *g > qos.grace_s) {
+            return Err(Rejection::Invalid(format!(
+                "checkpoint.grace_s: {grace}s is more than qos \"{}\" allows ({}s)",
+                qos.name, qos.grace_s
+            )));
         }
         for (what, limit) in [("in total", qos.grp_gpus), ("per user", qos.user_gpus)] {
             if let Some(max) = limit.filter(|max| spec.total_gpus() > *max) {
@@ -616,9 +692,8 @@ impl ClusterState {
                 p_qos.name, v_qos.name
             ));
         }
-        if matches!(v_qos.preempt_mode, crate::policy::PreemptMode::Off | crate::policy::PreemptMode::Suspend)
-        {
-            return Err(format!("qos \"{}\" is not preempted by requeue or cancel", v_qos.name));
+        if v_qos.preempt_mode == crate::policy::PreemptMode::Off {
+            return Err(format!("qos \"{}\" is never preempted", v_qos.name));
         }
         if alloc.task_count() > 1 {
             return Err(format!("job {} is a gang", victim.id));
@@ -652,7 +727,7 @@ impl ClusterState {
         let Some(n) = self.nodes.get(node).filter(|n| n.state == NodeState::Up) else {
             return reject(format!("node \"{node}\" is not up"));
         };
-        if victims.is_empty() || gpus.len() != p.spec.gpus as usize {
+        if victims.is_empty() || gpus.len() != p.gpus() as usize {
             return reject("a preemption needs victims and exactly the preemptor's GPU count".into());
         }
         if self.partition_of(p).is_some_and(|part| !part.contains(&n.info.name, &n.info.labels)) {
@@ -688,36 +763,76 @@ impl ClusterState {
                 }
             }
         }
-        // Commit: victims stop, the GPUs are claimed for the preemptor.
+        // What happens to each victim: shrink, suspend, or stop (requeue / cancel).
+        let mut actions = Vec::with_capacity(victims.len());
         for v in victims {
-            let qos_mode =
-                self.jobs.get(v).and_then(|j| self.policy.qos(&j.spec.qos)).map(|q| q.preempt_mode);
-            let mode = qos_mode.unwrap_or(crate::policy::PreemptMode::Cancel);
-            let victim = self.jobs.get_mut(v).expect("validated");
-            let gpus_held = victim.spec.gpus;
-            let started =
-                victim.start_time_ms.unwrap_or(now).max(victim.last_checkpoint_ms.unwrap_or(i64::MIN));
-            let gpu_s_lost = u64::from(gpus_held) * (now.saturating_sub(started).max(0) as u64) / 1000;
-            if let Some(a) = victim.allocation.as_mut() {
-                a.stop = Some(StopReason::Preempted { by: preemptor, mode });
+            let victim = &self.jobs[v];
+            let held = victim.allocation.as_ref().map(|a| a.gpus.as_slice()).unwrap_or_default();
+            let taken: Vec<GpuIndex> = held.iter().copied().filter(|g| gpus.contains(g)).collect();
+            if taken.is_empty() {
+                return reject(format!("job {v} gives none of the GPUs"));
             }
+            actions.push((*v, self.victim_action(victim, taken.len() as u32), taken));
+        }
+        // Commit: victims stop, shrink or pause; the GPUs are claimed for the preemptor.
+        for (v, action, taken) in actions {
+            let victim = self.jobs.get_mut(&v).expect("validated");
+            let held = victim.gpus();
+            let safe_at =
+                victim.start_time_ms.unwrap_or(now).max(victim.last_checkpoint_ms.unwrap_or(i64::MIN));
+            let lost_s = now.saturating_sub(safe_at).max(0) as u64 / 1000;
+            let mut record = PreemptionRecord {
+                time_ms: now,
+                preemptor,
+                victim: v,
+                mode: crate::policy::PreemptMode::Requeue,
+                node: node.to_string(),
+                gpu_s_lost: u64::from(held) * lost_s,
+                shrunk_to: None,
+                suspended: false,
+            };
+            let alloc = victim.allocation.as_mut().expect("a victim runs");
+            let message = match action {
+                VictimAction::Stop(mode) => {
+                    alloc.stop = Some(StopReason::Preempted { by: preemptor, mode });
+                    record.mode = mode;
+                    format!("by job {preemptor}, mode {}, {} GPU-s lost", mode.as_str(), record.gpu_s_lost)
+                }
+                VictimAction::Shrink => {
+                    alloc.stop = Some(StopReason::Resize { by: Some(preemptor) });
+                    let kept: Vec<GpuIndex> =
+                        alloc.gpus.iter().copied().filter(|g| !taken.contains(g)).collect();
+                    record.shrunk_to = Some(kept.len() as u32);
+                    let n = self.nodes.get_mut(node).expect("validated");
+                    for g in &kept {
+                        n.claimed.insert(*g, v);
+                    }
+                    format!(
+                        "by job {preemptor}: shrinking to {} GPUs, {} GPU-s lost",
+                        kept.len(),
+                        record.gpu_s_lost
+                    )
+                }
+                VictimAction::Suspend => {
+                    alloc.lent = taken.clone();
+                    victim.state = JobState::Suspended;
+                    victim.suspended_since = Some(now);
+                    record.mode = crate::policy::PreemptMode::Suspend;
+                    record.suspended = true;
+                    record.gpu_s_lost = 0;
+                    self.suspended.insert(v);
+                    let n = self.nodes.get_mut(node).expect("validated");
+                    n.allocated.retain(|g, holder| *holder != v || !taken.contains(g));
+                    format!("by job {preemptor}: suspended, GPUs {taken:?} lent until it ends")
+                }
+            };
+            let victim = self.jobs.get_mut(&v).expect("validated");
             victim.preempted_at.push(now);
             if victim.preempted_at.len() > 16 {
                 victim.preempted_at.remove(0);
             }
-            victim.record(
-                now,
-                "preempted",
-                format!("by job {preemptor}, mode {}, {gpu_s_lost} GPU-s lost", mode.as_str()),
-            );
-            self.preemptions.push_back(PreemptionRecord {
-                time_ms: now,
-                preemptor,
-                victim: *v,
-                mode,
-                node: node.to_string(),
-                gpu_s_lost,
-            });
+            victim.record(now, "preempted", message);
+            self.preemptions.push_back(record);
             if self.preemptions.len() > PREEMPTION_RECORDS_MAX {
                 self.preemptions.pop_front();
             }
@@ -730,6 +845,148 @@ impl ClusterState {
         p.claim = Some(crate::model::Claim { node: node.to_string(), gpus: gpus.to_vec() });
         p.record(now, "preempting", format!("jobs {victims:?} on \"{node}\" for GPUs {gpus:?}"));
         Outcome::Preempted { preemptor, victims: victims.to_vec() }
+    }
+
+    /// How preemption treats `victim` when `taken` of its GPUs go to the preemptor: an elastic
+    /// job that keeps at least its minimum is shrunk; a suspendable one under a SUSPEND QoS is
+    /// paused; otherwise its QoS mode decides (SUSPEND without `suspendable` requeues).
+    fn victim_action(&self, victim: &Job, taken: u32) -> VictimAction {
+        use crate::policy::PreemptMode;
+        let kept = victim.gpus().saturating_sub(taken);
+        if victim.spec.is_elastic() && kept > 0 && victim.spec.min_gpus.is_some_and(|m| kept >= m) {
+            return VictimAction::Shrink;
+        }
+        match self.policy.qos(&victim.spec.qos).map(|q| q.preempt_mode) {
+            Some(PreemptMode::Suspend) if victim.spec.suspendable => VictimAction::Suspend,
+            Some(PreemptMode::Suspend | PreemptMode::Requeue) => VictimAction::Stop(PreemptMode::Requeue),
+            _ => VictimAction::Stop(PreemptMode::Cancel),
+        }
+    }
+
+    /// Whether preempting `victim` to take `taken` of its GPUs loses no work (it is suspended).
+    pub fn preemption_is_free(&self, victim: &Job, taken: u32) -> bool {
+        self.victim_action(victim, taken) == VictimAction::Suspend
+    }
+
+    /// Resumes every suspended job whose lent GPUs are free again (no holder, no claim).
+    fn resume_ready(&mut self, now: i64) {
+        let ready: Vec<JobId> = self
+            .suspended
+            .iter()
+            .copied()
+            .filter(|id| {
+                let Some(job) = self.jobs.get(id) else { return false };
+                let Some(a) = job.allocation.as_ref().filter(|a| a.stop.is_none()) else { return false };
+                let Some(n) = self.nodes.get(&a.node).filter(|n| n.state == NodeState::Up) else {
+                    return false;
+                };
+                job.state == JobState::Suspended
+                    && a.lent.iter().all(|g| !n.allocated.contains_key(g) && !n.claimed.contains_key(g))
+            })
+            .collect();
+        for id in ready {
+            self.suspended.remove(&id);
+            let job = self.jobs.get_mut(&id).expect("checked");
+            let a = job.allocation.as_mut().expect("checked");
+            let lent = std::mem::take(&mut a.lent);
+            let node = self.nodes.get_mut(&a.node).expect("checked");
+            for g in &lent {
+                node.allocated.insert(*g, id);
+            }
+            job.state = JobState::Running;
+            job.suspended_ms += job.suspended_since.take().map_or(0, |t| now.saturating_sub(t));
+            job.record(now, "resumed", format!("GPUs {lent:?} are back"));
+        }
+    }
+
+    /// Whether running `job` may grow to `gpus` GPUs within its QoS limits.
+    pub fn may_grow(&self, job: &Job, gpus: u32) -> bool {
+        let usage = Usage::of(self.jobs_running().filter(|j| j.id != job.id), &self.policy);
+        let mut grown = job.clone();
+        grown.width = Some(gpus);
+        usage.admits(&grown, &self.policy).is_ok()
+    }
+
+    /// Grows a running elastic job to `gpus` (see `Op::Resize`), re-validated whole.
+    fn grow(&mut self, id: JobId, attempt: u32, gpus: &[GpuIndex], now: i64) -> Outcome {
+        let reject = |m: String| Outcome::Rejected(Rejection::FailedPrecondition(m));
+        let Some(job) = self.jobs.get(&id) else {
+            return Outcome::Rejected(Rejection::NotFound(format!("job {id} not found")));
+        };
+        let Some(a) = job.allocation.as_ref().filter(|a| a.stop.is_none() && a.more.is_empty()) else {
+            return reject(format!("job {id} is not running undisturbed"));
+        };
+        if job.state != JobState::Running || job.attempt != attempt || !job.spec.is_elastic() {
+            return reject(format!("job {id} attempt {attempt} is not a running elastic job"));
+        }
+        let wanted: BTreeSet<GpuIndex> = gpus.iter().copied().collect();
+        if wanted.len() != gpus.len()
+            || wanted.len() as u32 > job.spec.gpus
+            || wanted.len() <= a.gpus.len()
+            || !a.gpus.iter().all(|g| wanted.contains(g))
+        {
+            return reject(format!(
+                "job {id}: {gpus:?} does not grow {:?} within {} GPUs",
+                a.gpus, job.spec.gpus
+            ));
+        }
+        let Some(n) = self.nodes.get(&a.node).filter(|n| n.state == NodeState::Up) else {
+            return reject(format!("node \"{}\" is not up", a.node));
+        };
+        for g in wanted.iter().filter(|g| !a.gpus.contains(g)) {
+            let Some(info) = n.info.gpus.iter().find(|x| x.index == *g) else {
+                return reject(format!("node \"{}\" has no GPU {g}", a.node));
+            };
+            if !crate::model::model_matches(job.spec.gpu_model.as_deref(), &info.model) {
+                return reject(format!("GPU {g} is a {}", info.model));
+            }
+            if n.allocated.contains_key(g) || n.claimed.contains_key(g) {
+                return reject(format!("GPU {g} of \"{}\" is not free", a.node));
+            }
+        }
+        if !self.may_grow(job, wanted.len() as u32) {
+            return reject(format!("job {id}: growing to {} GPUs would exceed a qos limit", wanted.len()));
+        }
+        let node = a.node.clone();
+        let n = self.nodes.get_mut(&node).expect("checked");
+        for g in &wanted {
+            n.claimed.insert(*g, id);
+        }
+        let job = self.jobs.get_mut(&id).expect("checked");
+        job.allocation.as_mut().expect("checked").stop = Some(StopReason::Resize { by: None });
+        job.record(now, "resizing", format!("growing to {} GPUs {gpus:?}", gpus.len()));
+        Outcome::RunUpdated { job: id, state: JobState::Running }
+    }
+
+    /// A resized run's process is gone: the job goes back to the queue as its next attempt,
+    /// holding a claim on exactly the GPUs of its new size (claimed when the resize began).
+    fn resized_run_ended(&mut self, id: JobId, by: Option<JobId>, now: i64) -> Outcome {
+        let Some(node) = self.jobs.get(&id).and_then(|j| j.allocation.as_ref()).map(|a| a.node.clone())
+        else {
+            return Outcome::Ignored(format!("job {id} has no run"));
+        };
+        let target: Vec<GpuIndex> = self
+            .nodes
+            .get(&node)
+            .map(|n| n.claimed.iter().filter(|(_, h)| **h == id).map(|(g, _)| *g).collect())
+            .unwrap_or_default();
+        let reason = match by {
+            Some(p) => format!("shrunk for job {p} to {} GPUs", target.len()),
+            None => format!("grown to {} GPUs", target.len()),
+        };
+        self.requeue_run(id, &reason, now);
+        if !target.is_empty() {
+            if let Some(n) = self.nodes.get_mut(&node) {
+                for g in &target {
+                    n.claimed.insert(*g, id);
+                }
+            }
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.width = Some(target.len() as u32);
+                job.claim = Some(crate::model::Claim { node, gpus: target });
+            }
+        }
+        Outcome::RunUpdated { job: id, state: JobState::Pending }
     }
 
     /// A preempted run's process is gone: requeue it (next attempt) or cancel it, by mode.
@@ -750,11 +1007,16 @@ impl ClusterState {
         Outcome::RunUpdated { job: id, state: JobState::Cancelled }
     }
 
-    /// Drops a pending job's claim (it was cancelled, or its node went down).
+    /// Drops every claim of a job: a pending job's (it was cancelled or placed, or its node went
+    /// down) and a resizing run's on its node.
     fn drop_claim(&mut self, id: JobId) {
-        let Some(claim) = self.jobs.get_mut(&id).and_then(|j| j.claim.take()) else { return };
-        if let Some(node) = self.nodes.get_mut(&claim.node) {
-            node.claimed.retain(|_, holder| *holder != id);
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        let claim_node = job.claim.take().map(|c| c.node);
+        let run_node = job.allocation.as_ref().map(|a| a.node.clone());
+        for name in claim_node.into_iter().chain(run_node) {
+            if let Some(node) = self.nodes.get_mut(&name) {
+                node.claimed.retain(|_, holder| *holder != id);
+            }
         }
     }
 
@@ -795,23 +1057,27 @@ impl ClusterState {
         };
         match job.state {
             JobState::Pending => {
-                let claim = job.claim.take();
                 job.state = JobState::Cancelled;
                 job.reason = format!("cancelled by \"{by}\"");
                 job.end_time_ms = Some(now);
                 job.record(now, "cancelled", format!("by \"{by}\" while pending"));
-                if let Some(node) = claim.and_then(|c| self.nodes.get_mut(&c.node)) {
-                    node.claimed.retain(|_, holder| *holder != id);
-                }
+                self.drop_claim(id);
                 Outcome::Cancelled { job: id, was_running: false }
             }
-            JobState::Running => {
+            JobState::Running | JobState::Suspended => {
                 if let Some(alloc) = job.allocation.as_mut() {
-                    if alloc.stop.is_none() {
+                    // A preempted or resizing run would come back; a cancel ends it for good.
+                    let stopping_for_good = matches!(
+                        alloc.stop,
+                        Some(StopReason::Cancelled | StopReason::TimeLimit | StopReason::TaskFailed)
+                    );
+                    if !stopping_for_good {
                         alloc.stop = Some(StopReason::Cancelled);
                         job.record(now, "cancel-requested", format!("by \"{by}\""));
                     }
                 }
+                // A resizing run no longer needs the GPUs of its next run.
+                self.drop_claim(id);
                 Outcome::Cancelled { job: id, was_running: true }
             }
             state => Outcome::Rejected(Rejection::FailedPrecondition(format!(
@@ -826,19 +1092,28 @@ impl ClusterState {
             return Outcome::Rejected(Rejection::Invalid(e.to_string()));
         }
         let present: BTreeSet<GpuIndex> = info.gpus.iter().map(|g| g.index).collect();
-        let lost: Vec<JobId> = match self.nodes.get(&info.name) {
-            Some(node) => node
-                .allocated
-                .iter()
-                .filter(|(gpu, _)| !present.contains(gpu))
-                .map(|(_, job)| *job)
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect(),
-            None => Vec::new(),
-        };
+        // Runs on a GPU that vanished (held, or lent while suspended) are lost; claims on one
+        // are dropped (the claimer plans again).
+        let lost: Vec<JobId> = self
+            .jobs_on(&info.name)
+            .iter()
+            .filter(|j| {
+                j.allocation.as_ref().is_some_and(|a| {
+                    a.tasks().any(|(_, n, gpus)| n == info.name && gpus.iter().any(|g| !present.contains(g)))
+                })
+            })
+            .map(|j| j.id)
+            .collect();
         for job in lost {
             self.fail_run(job, JobState::NodeFail, "GPU vanished from its node".into(), now);
+        }
+        let claimers: BTreeSet<JobId> = self
+            .nodes
+            .get(&info.name)
+            .map(|n| n.claimed.iter().filter(|(g, _)| !present.contains(g)).map(|(_, j)| *j).collect())
+            .unwrap_or_default();
+        for job in claimers {
+            self.drop_claim(job);
         }
         match self.nodes.get_mut(&info.name) {
             Some(node) => {
@@ -874,8 +1149,7 @@ impl ClusterState {
         for c in claimers {
             self.drop_claim(c);
         }
-        let Some(node) = self.nodes.get_mut(name) else { return Outcome::Ignored(String::new()) };
-        let jobs: BTreeSet<JobId> = node.allocated.values().copied().collect();
+        let jobs: BTreeSet<JobId> = self.jobs_on(name).iter().map(|j| j.id).collect();
         for &job in &jobs {
             let gang =
                 self.jobs.get(&job).and_then(|j| j.allocation.as_ref()).is_some_and(|a| a.task_count() > 1);
@@ -964,10 +1238,11 @@ impl ClusterState {
             }
         }
         let wanted: BTreeSet<GpuIndex> = gpus.iter().copied().collect();
-        if wanted.len() != gpus.len() || wanted.len() != job.spec.gpus as usize {
+        if wanted.len() != gpus.len() || wanted.len() != job.gpus() as usize {
             return Err(format!(
                 "job {} needs {} distinct GPUs per task, plan gives {gpus:?}",
-                job.id, job.spec.gpus
+                job.id,
+                job.gpus()
             ));
         }
         for gpu in &wanted {
@@ -1002,6 +1277,8 @@ impl ClusterState {
         job.state = JobState::Running;
         job.reason.clear();
         job.last_checkpoint_ms = None;
+        job.suspended_ms = 0;
+        job.suspended_since = None;
         job.allocation = Some(Allocation {
             node: p.node.clone(),
             gpus: p.gpus.clone(),
@@ -1010,6 +1287,7 @@ impl ClusterState {
             stop: None,
             exits: BTreeMap::new(),
             failure: None,
+            lent: Vec::new(),
         });
         job.last_node = p.node.clone();
         job.last_gpus = p.gpus.clone();
@@ -1025,7 +1303,7 @@ impl ClusterState {
     /// The running job's allocation, if `job`/`attempt`/`node` name its current run.
     fn current_run(&mut self, id: JobId, attempt: u32, node: &str) -> Result<&mut Job, String> {
         let job = self.jobs.get_mut(&id).ok_or_else(|| format!("job {id} not found"))?;
-        let matches = job.state == JobState::Running
+        let matches = matches!(job.state, JobState::Running | JobState::Suspended)
             && job.attempt == attempt
             && job.allocation.as_ref().is_some_and(|a| a.rank_on(node).is_some());
         if matches {
@@ -1059,14 +1337,18 @@ impl ClusterState {
             return self.gang_task_exited(id, node, exit, now);
         }
         let stop = job.allocation.as_ref().and_then(|a| a.stop);
-        if let Some(StopReason::Preempted { by, mode }) = stop {
-            return self.preempted_run_ended(id, by, mode, now);
+        match stop {
+            Some(StopReason::Preempted { by, mode }) => return self.preempted_run_ended(id, by, mode, now),
+            Some(StopReason::Resize { by }) => return self.resized_run_ended(id, by, now),
+            _ => {}
         }
         let (state, reason) = match (stop, exit) {
             (Some(StopReason::Cancelled), _) => (JobState::Cancelled, "cancelled".to_string()),
             (Some(StopReason::TimeLimit), _) => (JobState::Timeout, "time limit reached".to_string()),
             (Some(StopReason::TaskFailed), _) => (JobState::Failed, "a task failed".to_string()),
-            (Some(StopReason::Preempted { .. }), _) => unreachable!("handled above"),
+            (Some(StopReason::Preempted { .. } | StopReason::Resize { .. }), _) => {
+                unreachable!("handled above")
+            }
             (None, RunExit::Code(0)) => (JobState::Completed, String::new()),
             (None, RunExit::Code(c)) => (JobState::Failed, format!("exit code {c}")),
             (None, RunExit::Signal(s)) => (JobState::Failed, format!("killed by signal {s}")),
@@ -1142,6 +1424,7 @@ impl ClusterState {
             Some(StopReason::TimeLimit) => (JobState::Timeout, "time limit reached".to_string()),
             Some(StopReason::TaskFailed) => (JobState::Failed, failure.unwrap_or_default()),
             Some(StopReason::Preempted { by, .. }) => (JobState::Cancelled, format!("preempted by job {by}")),
+            Some(StopReason::Resize { .. }) => (JobState::Failed, "a gang cannot be resized".to_string()),
             None => {
                 if let Some(j) = self.jobs.get_mut(&id) {
                     j.exit_code = Some(0);
@@ -1194,7 +1477,10 @@ impl ClusterState {
     fn charge_run(&mut self, id: JobId, now: i64) {
         let Some(job) = self.jobs.get(&id) else { return };
         let Some(start) = job.start_time_ms else { return };
-        let gpu_ms = u128::from(job.spec.gpus) * now.saturating_sub(start).max(0) as u128;
+        // Suspended time is not charged: the GPUs were lent to the preemptor.
+        let suspended = self.suspended_ms(job, now);
+        let ran_ms = now.saturating_sub(start).saturating_sub(suspended).max(0);
+        let gpu_ms = u128::from(job.gpus()) * ran_ms as u128;
         if gpu_ms == 0 {
             return;
         }
@@ -1204,9 +1490,13 @@ impl ClusterState {
         }
     }
 
-    /// Takes a job's allocation and frees every GPU it holds.
+    /// Takes a job's allocation and frees every GPU it holds or claims.
     fn release_run(&mut self, id: JobId) {
-        let Some(alloc) = self.jobs.get_mut(&id).and_then(|j| j.allocation.take()) else { return };
+        self.drop_claim(id);
+        self.suspended.remove(&id);
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        job.suspended_since = None;
+        let Some(alloc) = job.allocation.take() else { return };
         for (_, name, _) in alloc.tasks() {
             if let Some(node) = self.nodes.get_mut(name) {
                 node.allocated.retain(|_, holder| *holder != id);
@@ -1260,17 +1550,23 @@ impl ClusterState {
                     .ok_or(format!("job {holder} holds GPU {gpu} without allocation"))?;
                 let listed = alloc.tasks().any(|(rank, n, gpus)| {
                     n == name.as_str() && gpus.contains(gpu) && !alloc.exits.contains_key(&rank)
-                });
-                if job.state != JobState::Running || !listed {
+                }) && !alloc.lent.contains(gpu);
+                if !matches!(job.state, JobState::Running | JobState::Suspended) || !listed {
                     return Err(format!("GPU {gpu} of {name} held by job {holder} which does not own it"));
                 }
             }
         }
         for (name, node) in &self.nodes {
             for (gpu, claimer) in &node.claimed {
-                let ok = self.jobs.get(claimer).is_some_and(|j| {
-                    j.state == JobState::Pending
-                        && j.claim.as_ref().is_some_and(|c| c.node == *name && c.gpus.contains(gpu))
+                let ok = self.jobs.get(claimer).is_some_and(|j| match j.state {
+                    JobState::Pending => {
+                        j.claim.as_ref().is_some_and(|c| c.node == *name && c.gpus.contains(gpu))
+                    }
+                    // A resizing run claims the GPUs of its next run.
+                    JobState::Running => j.allocation.as_ref().is_some_and(|a| {
+                        a.node == *name && matches!(a.stop, Some(StopReason::Resize { .. }))
+                    }),
+                    _ => false,
                 });
                 if !ok {
                     return Err(format!(
@@ -1280,8 +1576,18 @@ impl ClusterState {
             }
         }
         for job in self.jobs.values() {
+            if (job.state == JobState::Suspended) != self.suspended.contains(&job.id) {
+                return Err(format!(
+                    "job {} is {} but the suspended set disagrees",
+                    job.id,
+                    job.state.as_str()
+                ));
+            }
             match (&job.allocation, job.state) {
-                (Some(alloc), JobState::Running) => {
+                (Some(alloc), JobState::Running | JobState::Suspended) => {
+                    if !alloc.lent.is_empty() && job.state != JobState::Suspended {
+                        return Err(format!("job {} lends GPUs but is not suspended", job.id));
+                    }
                     if alloc.task_count() != job.spec.tasks.max(1) {
                         return Err(format!(
                             "job {} runs {} of {} tasks",
@@ -1296,17 +1602,19 @@ impl ClusterState {
                     }
                     for (rank, name, gpus) in alloc.tasks().filter(|(r, _, _)| !alloc.exits.contains_key(r)) {
                         let node = self.nodes.get(name).ok_or(format!("job {} on unknown node", job.id))?;
-                        if gpus.len() != job.spec.gpus as usize {
+                        if gpus.len() != job.gpus() as usize {
                             return Err(format!("job {} rank {rank} has {} GPUs", job.id, gpus.len()));
                         }
-                        for gpu in gpus {
+                        for gpu in gpus.iter().filter(|g| !alloc.lent.contains(g)) {
                             if node.allocated.get(gpu) != Some(&job.id) {
                                 return Err(format!("job {} lists GPU {gpu} it does not hold", job.id));
                             }
                         }
                     }
                 }
-                (None, JobState::Running) => return Err(format!("running job {} has no allocation", job.id)),
+                (None, JobState::Running | JobState::Suspended) => {
+                    return Err(format!("running job {} has no allocation", job.id))
+                }
                 (Some(_), _) => return Err(format!("job {} is not running but has an allocation", job.id)),
                 (None, _) => {}
             }

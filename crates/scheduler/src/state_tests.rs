@@ -799,6 +799,229 @@ fn never_preempted_qos_exempt_time_and_anti_thrash_are_respected() {
     let _ = u2;
 }
 
+/// Submits `sp` at `now`, plans, and reports it started; returns its id.
+fn start(s: &mut ClusterState, sp: crate::model::JobSpec, now: i64) -> u64 {
+    let id = submitted(s.apply(&cmd(now, Op::Submit { spec: sp, request_id: None, hold: false })));
+    run_plan(s, now);
+    let node = s.jobs[&id].allocation.as_ref().expect("placed").node.clone();
+    s.apply(&cmd(now, Op::JobStarted { job: id, attempt: s.jobs[&id].attempt, node }));
+    id
+}
+
+/// Applies the planner's preemption at `now`.
+fn preempt(s: &mut ClusterState, now: i64) -> crate::planner::PreemptPlan {
+    let p = plan(s).preemption.expect("a preemption");
+    let op = Op::Preempt {
+        preemptor: p.preemptor,
+        node: p.node.clone(),
+        victims: p.victims.clone(),
+        gpus: p.gpus.clone(),
+    };
+    assert!(matches!(s.apply(&cmd(now, op)), Outcome::Preempted { .. }));
+    s.check_invariants().unwrap();
+    p
+}
+
+#[test]
+fn a_suspendable_job_is_paused_lends_its_gpus_and_resumes_when_the_preemptor_ends() {
+    let mut s = cluster(4);
+    let mut policy = s.policy.clone();
+    policy.qos.get_mut("batch").unwrap().preempt_mode = crate::policy::PreemptMode::Suspend;
+    s.apply(&cmd(0, Op::SetPolicy { policy }));
+    let mut sp = spec(4, "batch");
+    sp.suspendable = true;
+    sp.time_limit_s = Some(100);
+    let victim = start(&mut s, sp, 0);
+    let urgent = submitted(
+        s.apply(&cmd(50_000, Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false })),
+    );
+    let p = preempt(&mut s, 50_000);
+    assert_eq!(p.victims, vec![victim]);
+    let v = &s.jobs[&victim];
+    assert_eq!(v.state, JobState::Suspended);
+    let a = v.allocation.as_ref().unwrap();
+    assert_eq!((a.gpus.len(), a.lent.clone(), a.stop), (4, p.gpus.clone(), None), "paused, not stopped");
+    let record = s.preemptions.back().unwrap();
+    assert_eq!((record.action(), record.gpu_s_lost), ("suspend", 0), "nothing is lost");
+    // The preemptor starts on the lent GPUs at once; nobody else may use them meanwhile.
+    let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, 50_001) else { panic!() };
+    assert_eq!(accepted, vec![urgent]);
+    assert_eq!(s.jobs[&urgent].allocation.as_ref().unwrap().gpus, p.gpus);
+    s.check_invariants().unwrap();
+    // Suspended time does not count against the time limit.
+    assert!(s.expired_runs(150_000).is_empty());
+    // The preemptor ends: the victim resumes with all its GPUs.
+    s.apply(&cmd(
+        200_000,
+        Op::JobExited { job: urgent, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) },
+    ));
+    let v = &s.jobs[&victim];
+    assert_eq!((v.state, v.attempt, v.suspended_ms), (JobState::Running, 0, 150_000));
+    assert!(v.allocation.as_ref().unwrap().lent.is_empty());
+    assert_eq!(s.nodes["n1"].allocated.len(), 4);
+    assert!(s.suspended.is_empty());
+    assert!(s.expired_runs(250_000).is_empty(), "not yet 100 s of running");
+    assert_eq!(s.expired_runs(250_001), vec![(victim, 0)], "started at 1 ms");
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_suspended_job_can_be_cancelled_and_one_that_is_not_suspendable_is_requeued() {
+    let mut s = cluster(4);
+    let mut policy = s.policy.clone();
+    policy.qos.get_mut("batch").unwrap().preempt_mode = crate::policy::PreemptMode::Suspend;
+    s.apply(&cmd(0, Op::SetPolicy { policy }));
+    let mut sp = spec(2, "batch");
+    sp.suspendable = true;
+    let paused = start(&mut s, sp, 0);
+    let plain = start(&mut s, spec(2, "batch"), 1_000);
+    s.apply(&cmd(2_000, Op::Submit { spec: spec(4, "urgent"), request_id: None, hold: false }));
+    let p = preempt(&mut s, 2_000);
+    assert_eq!(p.victims, vec![paused, plain]);
+    assert_eq!(s.jobs[&paused].state, JobState::Suspended);
+    assert!(matches!(
+        s.jobs[&plain].allocation.as_ref().unwrap().stop,
+        Some(StopReason::Preempted { mode: crate::policy::PreemptMode::Requeue, .. })
+    ));
+    // Cancelling the suspended job stops it for good; its exit frees what it still held.
+    s.apply(&cmd(3_000, Op::Cancel { job: paused, by: "alice".into() }));
+    assert_eq!(s.jobs[&paused].allocation.as_ref().unwrap().stop, Some(StopReason::Cancelled));
+    s.apply(&cmd(
+        3_001,
+        Op::JobExited { job: paused, attempt: 0, node: "n1".into(), exit: RunExit::Signal(15) },
+    ));
+    assert_eq!(s.jobs[&paused].state, JobState::Cancelled);
+    assert!(s.suspended.is_empty());
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn an_elastic_job_shrinks_for_a_preemptor_and_grows_back_afterwards() {
+    let mut s = cluster(4);
+    let mut sp = spec(4, "training");
+    sp.min_gpus = Some(2);
+    let elastic = start(&mut s, sp, 0);
+    let urgent = submitted(
+        s.apply(&cmd(60_000, Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false })),
+    );
+    let p = preempt(&mut s, 60_000);
+    assert_eq!(p.victims, vec![elastic]);
+    assert_eq!(
+        s.jobs[&elastic].allocation.as_ref().unwrap().stop,
+        Some(StopReason::Resize { by: Some(urgent) })
+    );
+    assert_eq!(s.preemptions.back().unwrap().action(), "shrink");
+    let kept: Vec<u32> = (0..4).filter(|g| !p.gpus.contains(g)).collect();
+    // The victim checkpoints and exits; it comes back on the GPUs it kept, the urgent job on
+    // the others, both in the next pass.
+    s.apply(&cmd(
+        61_000,
+        Op::JobExited { job: elastic, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) },
+    ));
+    let j = &s.jobs[&elastic];
+    assert_eq!((j.state, j.attempt, j.gpus()), (JobState::Pending, 1, 2));
+    s.check_invariants().unwrap();
+    let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, 61_001) else { panic!() };
+    assert_eq!(accepted, vec![urgent, elastic], "by priority");
+    assert_eq!(s.jobs[&elastic].allocation.as_ref().unwrap().gpus, kept);
+    s.apply(&cmd(61_002, Op::JobStarted { job: elastic, attempt: 1, node: "n1".into() }));
+    assert!(plan(&s).grow.is_empty(), "nothing is free");
+    // The urgent job ends: the elastic job grows back to its full size (one more restart).
+    s.apply(&cmd(
+        90_000,
+        Op::JobExited { job: urgent, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) },
+    ));
+    let grow = plan(&s).grow;
+    assert_eq!(grow, vec![(elastic, 1, vec![0, 1, 2, 3])]);
+    let (job, attempt, gpus) = grow[0].clone();
+    // While a job waits for resources, nothing grows.
+    let mut busy = s.clone();
+    busy.apply(&cmd(90_000, Op::Submit { spec: spec(4, "batch"), request_id: None, hold: false }));
+    assert!(plan(&busy).grow.is_empty());
+    assert!(matches!(
+        s.apply(&cmd(90_001, Op::Resize { job, attempt, gpus: gpus.clone() })),
+        Outcome::RunUpdated { .. }
+    ));
+    assert!(matches!(s.apply(&cmd(90_002, Op::Resize { job, attempt, gpus })), Outcome::Rejected(_)), "once");
+    s.check_invariants().unwrap();
+    // The freed GPUs are claimed for it while it restarts.
+    let other = submitted(
+        s.apply(&cmd(90_003, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false })),
+    );
+    let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, 90_004) else { panic!() };
+    assert!(accepted.is_empty());
+    s.apply(&cmd(
+        91_000,
+        Op::JobExited { job: elastic, attempt: 1, node: "n1".into(), exit: RunExit::Code(0) },
+    ));
+    let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, 91_001) else { panic!() };
+    assert_eq!(accepted, vec![elastic]);
+    let j = &s.jobs[&elastic];
+    assert_eq!((j.attempt, j.gpus(), j.allocation.as_ref().unwrap().gpus.len()), (2, 4, 4));
+    assert_eq!(plan(&s).pending.get(&other), Some(&PendingReason::Resources));
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn growing_back_respects_qos_limits() {
+    let mut s = cluster(4);
+    let mut policy = s.policy.clone();
+    policy.qos.get_mut("training").unwrap().user_gpus = Some(3);
+    s.apply(&cmd(0, Op::SetPolicy { policy }));
+    let mut sp = spec(3, "training");
+    sp.min_gpus = Some(1);
+    let elastic = start(&mut s, sp, 0);
+    // Pretend an earlier shrink: it runs on 2 GPUs, one more would be within the limit...
+    let mut shrunk = s.clone();
+    shrunk.jobs.get_mut(&elastic).unwrap().width = Some(2);
+    let a = shrunk.jobs.get_mut(&elastic).unwrap().allocation.as_mut().unwrap();
+    let dropped = a.gpus.pop().unwrap();
+    shrunk.nodes.get_mut("n1").unwrap().allocated.remove(&dropped);
+    shrunk.check_invariants().unwrap();
+    assert_eq!(plan(&shrunk).grow.len(), 1);
+    // ...but not once the limit is lower than that.
+    let mut policy = shrunk.policy.clone();
+    policy.qos.get_mut("training").unwrap().user_gpus = Some(2);
+    shrunk.apply(&cmd(1, Op::SetPolicy { policy }));
+    assert!(plan(&shrunk).grow.is_empty());
+    let gpus = vec![0, 1, 2];
+    assert!(matches!(
+        shrunk.apply(&cmd(2, Op::Resize { job: elastic, attempt: 0, gpus })),
+        Outcome::Rejected(_)
+    ));
+}
+
+#[test]
+fn bad_elastic_and_checkpoint_specs_are_rejected_and_change_nothing() {
+    use crate::validate::ValidationError;
+    let mut s = cluster(4);
+    let mut sp = spec(2, "training");
+    sp.min_gpus = Some(3);
+    assert_eq!(crate::validate_spec(&sp), Err(ValidationError::BadMinGpus { min: 3, gpus: 2 }));
+    sp.min_gpus = Some(0);
+    assert!(crate::validate_spec(&sp).is_err());
+    sp.min_gpus = Some(1);
+    sp.tasks = 2;
+    assert_eq!(crate::validate_spec(&sp), Err(ValidationError::ElasticGang));
+    let mut sp = spec(2, "training");
+    sp.checkpoint_signal = Some("SIGKILL".into());
+    assert!(matches!(crate::validate_spec(&sp), Err(ValidationError::BadCheckpointSignal(_))));
+    assert_eq!(crate::validate::checkpoint_signal("usr2"), Ok("SIGUSR2"));
+    assert!(crate::validate::checkpoint_signal("SIGBOGUS").is_err());
+    // The QoS grace is the most a job may ask for.
+    let mut sp = spec(2, "training");
+    sp.checkpoint_grace_s = Some(301);
+    let before = s.clone();
+    let out = s.apply(&cmd(5, Op::Submit { spec: sp.clone(), request_id: None, hold: false }));
+    assert!(
+        matches!(&out, Outcome::Rejected(Rejection::Invalid(m)) if m.contains("checkpoint.grace_s")),
+        "{out:?}"
+    );
+    assert_eq!(s.jobs, before.jobs);
+    sp.checkpoint_grace_s = Some(300);
+    submitted(s.apply(&cmd(6, Op::Submit { spec: sp, request_id: None, hold: false })));
+}
+
 #[test]
 fn clock_never_goes_backwards() {
     let mut s = cluster(1);
@@ -819,6 +1042,8 @@ enum Step {
         gpus: u32,
         qos: u8,
         rid: Option<u8>,
+        /// Picks the constraints (dependency, model, partition, gang, elastic, suspendable).
+        flags: u8,
     },
     Cancel {
         job: u8,
@@ -857,33 +1082,55 @@ enum Step {
     },
     /// Applies the planner's preemption, if it proposes one.
     Preempt,
+    /// Applies the planner's first grow-back, if it proposes one.
+    Grow,
+    /// Cancels every pending job (so that nothing waits and elastic jobs may grow back).
+    Drain,
     Tick {
         ms: u32,
     },
 }
 
 fn step() -> impl Strategy<Value = Step> {
+    // Weighted so that runs start, fill the nodes and get preempted often enough to matter.
     prop_oneof![
-        (0u8..3, 1u32..9).prop_map(|(node, gpus)| Step::Register { node, gpus }),
-        (1u32..10, 0u8..5, proptest::option::of(0u8..4)).prop_map(|(gpus, qos, rid)| Step::Submit {
-            gpus,
-            qos,
-            rid
-        }),
-        (0u8..24).prop_map(|job| Step::Cancel { job }),
-        Just(Step::Plan),
-        Just(Step::SavePlan),
-        Just(Step::ApplySaved),
-        (0u8..24, 0u8..3, proptest::collection::vec(0u32..9, 0..4))
+        1 => (0u8..3, 1u32..9).prop_map(|(node, gpus)| Step::Register { node, gpus }),
+        4 => (1u32..10, 0u8..5, proptest::option::of(0u8..4), any::<u8>())
+            .prop_map(|(gpus, qos, rid, flags)| Step::Submit { gpus, qos, rid, flags }),
+        1 => (0u8..24).prop_map(|job| Step::Cancel { job }),
+        3 => Just(Step::Plan),
+        1 => Just(Step::SavePlan),
+        1 => Just(Step::ApplySaved),
+        1 => (0u8..24, 0u8..3, proptest::collection::vec(0u32..9, 0..4))
             .prop_map(|(job, node, gpus)| Step::Forge { job, node, gpus }),
-        (0u8..24).prop_map(|job| Step::Started { job }),
-        (0u8..24, 0i32..3).prop_map(|(job, code)| Step::Exited { job, code }),
-        (0u8..3).prop_map(|node| Step::NodeDown { node }),
-        (0u8..24).prop_map(|job| Step::TimeLimit { job }),
-        (0u8..24, any::<bool>()).prop_map(|(job, held)| Step::Hold { job, held }),
-        (0u8..24, 0u8..3, 0i32..2).prop_map(|(job, rank, code)| Step::RankExited { job, rank, code }),
-        Just(Step::Preempt),
-        (0u32..100_000).prop_map(|ms| Step::Tick { ms }),
+        4 => (0u8..24).prop_map(|job| Step::Started { job }),
+        2 => (0u8..24, 0i32..3).prop_map(|(job, code)| Step::Exited { job, code }),
+        1 => (0u8..3).prop_map(|node| Step::NodeDown { node }),
+        1 => (0u8..24).prop_map(|job| Step::TimeLimit { job }),
+        1 => (0u8..24, any::<bool>()).prop_map(|(job, held)| Step::Hold { job, held }),
+        1 => (0u8..24, 0u8..3, 0i32..2).prop_map(|(job, rank, code)| Step::RankExited { job, rank, code }),
+        3 => Just(Step::Preempt),
+        2 => Just(Step::Grow),
+        1 => (0u32..100_000).prop_map(|ms| Step::Tick { ms }),
+    ]
+}
+
+/// Steps that keep the nodes full of training and batch work and preempt it often: suspend,
+/// shrink, grow back and stop, interleaved with exits, cancels and node failures.
+fn preemption_step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        5 => (1u32..5, prop_oneof![Just(0u8), Just(3u8), Just(4u8)], any::<u8>())
+            .prop_map(|(gpus, qos, flags)| Step::Submit { gpus, qos, rid: None, flags: flags & !0b1100_0000 }),
+        4 => Just(Step::Plan),
+        3 => (0u8..24).prop_map(|job| Step::Started { job }),
+        4 => Just(Step::Preempt),
+        2 => Just(Step::Grow),
+        1 => Just(Step::Drain),
+        2 => (0u8..24, 0i32..2).prop_map(|(job, code)| Step::Exited { job, code }),
+        1 => (0u8..24).prop_map(|job| Step::Cancel { job }),
+        1 => (0u8..3).prop_map(|node| Step::NodeDown { node }),
+        1 => (0u8..3, 4u32..7).prop_map(|(node, gpus)| Step::Register { node, gpus }),
+        1 => (0u32..100_000).prop_map(|ms| Step::Tick { ms }),
     ]
 }
 
@@ -895,6 +1142,7 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
     let mut log = Vec::new();
     // Tight limits, so the generated streams hit them.
     let mut policy = s.policy.clone();
+    policy.qos.get_mut("batch").unwrap().preempt_mode = crate::policy::PreemptMode::Suspend;
     for (name, q) in policy.qos.iter_mut() {
         q.grp_gpus = Some(if name == "batch" { 6 } else { 9 });
         q.user_gpus = Some(5);
@@ -915,6 +1163,12 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
     let c = Command { now_ms: 0, op: Op::SetPolicy { policy } };
     assert_eq!(s.apply(&c), Outcome::PolicyChanged);
     log.push(c);
+    // Start with nodes, so that runs fill them and preemption gets exercised.
+    for (node, gpus, model) in [("n0", 6, "H100"), ("n1", 4, "A100"), ("n2", 4, "H100")] {
+        let c = Command { now_ms: 0, op: Op::RegisterNode { info: node_info_model(node, gpus, model) } };
+        s.apply(&c);
+        log.push(c);
+    }
     let mut now = 0i64;
     let mut saved = Plan::default();
     for step in steps {
@@ -930,22 +1184,26 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
             } else {
                 Op::Release { job: job_id(job), by: "bob".into() }
             }),
-            Step::Submit { gpus, qos, rid } => {
+            Step::Submit { gpus, qos, rid, flags } => {
                 let mut sp = spec(*gpus, QOS[*qos as usize]);
                 sp.time_limit_s = Some(60);
                 sp.requeue = gpus % 2 == 0;
-                sp.user = if qos % 2 == 0 { "alice".into() } else { "bob".into() };
-                if gpus % 3 == 0 {
+                sp.user = if (flags / 128 + qos) % 2 == 0 { "alice".into() } else { "bob".into() };
+                // Each constraint on about one job in eight, independently of its size.
+                if flags % 8 == 1 {
                     sp.gpu_model = Some("a100".into());
                 }
-                if gpus % 5 == 2 {
+                if (flags / 8) % 8 == 2 {
                     sp.partition = "p2".into();
                 }
-                if gpus % 7 == 3 {
+                if (flags / 64) == 3 {
                     sp.tasks = 2;
                     sp.gpus = 2;
+                } else if flags % 4 == 0 && sp.gpus > 1 {
+                    sp.min_gpus = Some(sp.gpus / 2);
                 }
-                if gpus % 4 == 1 && s.next_job_id > 1 {
+                sp.suspendable = flags % 3 == 1;
+                if flags % 16 == 5 && s.next_job_id > 1 {
                     sp.after_ok = vec![s.next_job_id - 1];
                 }
                 Some(Op::Submit { spec: sp, request_id: rid.map(|r| format!("r{r}")), hold: false })
@@ -963,6 +1221,21 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                 victims: p.victims,
                 gpus: p.gpus,
             }),
+            Step::Grow => plan(&s).grow.first().map(|(job, attempt, gpus)| Op::Resize {
+                job: *job,
+                attempt: *attempt,
+                gpus: gpus.clone(),
+            }),
+            Step::Drain => {
+                let pending: Vec<u64> =
+                    s.jobs.values().filter(|j| j.state == JobState::Pending).map(|j| j.id).collect();
+                for job in pending {
+                    let c = Command { now_ms: now, op: Op::Cancel { job, by: "ops".into() } };
+                    s.apply(&c);
+                    log.push(c);
+                }
+                None
+            }
             Step::Forge { job, node, gpus } => {
                 // Even-sized forgeries also claim a second task on the next node (gang forgery).
                 let more = if gpus.len() % 2 == 0 {
@@ -1027,8 +1300,8 @@ fn check_limits(s: &ClusterState) {
     let mut qos_gpus: BTreeMap<&str, u32> = BTreeMap::new();
     let mut user_gpus: BTreeMap<(&str, &str), u32> = BTreeMap::new();
     let mut user_jobs: BTreeMap<(&str, &str), u32> = BTreeMap::new();
-    for j in s.jobs.values().filter(|j| j.state == JobState::Running) {
-        // Every running job met its dependencies and runs on GPUs of its model.
+    for j in s.jobs.values().filter(|j| matches!(j.state, JobState::Running | JobState::Suspended)) {
+        // Every running (or suspended) job met its dependencies and runs on GPUs of its model.
         for dep in &j.spec.after_ok {
             assert_eq!(s.jobs[dep].state, JobState::Completed, "job {} started before job {dep}", j.id);
         }
@@ -1036,16 +1309,18 @@ fn check_limits(s: &ClusterState) {
         if j.spec.partition == "p2" {
             assert_eq!(alloc.node, "n2", "job {} ran outside its partition", j.id);
         }
-        for g in &alloc.gpus {
-            let model = &s.nodes[&alloc.node].info.gpus.iter().find(|x| x.index == *g).unwrap().model;
-            assert!(
-                crate::model::model_matches(j.spec.gpu_model.as_deref(), model),
-                "job {} on a {model}",
-                j.id
-            );
+        for (_, node, gpus) in alloc.tasks().filter(|(rank, _, _)| !alloc.exits.contains_key(rank)) {
+            for g in gpus {
+                let model = &s.nodes[node].info.gpus.iter().find(|x| x.index == *g).unwrap().model;
+                assert!(
+                    crate::model::model_matches(j.spec.gpu_model.as_deref(), model),
+                    "job {} on a {model}",
+                    j.id
+                );
+            }
         }
-        *qos_gpus.entry(&j.spec.qos).or_default() += j.spec.total_gpus();
-        *user_gpus.entry((&j.spec.qos, &j.spec.user)).or_default() += j.spec.total_gpus();
+        *qos_gpus.entry(&j.spec.qos).or_default() += j.total_gpus();
+        *user_gpus.entry((&j.spec.qos, &j.spec.user)).or_default() += j.total_gpus();
         *user_jobs.entry((&j.spec.qos, &j.spec.user)).or_default() += 1;
     }
     for (qos, used) in qos_gpus {
@@ -1066,10 +1341,13 @@ proptest! {
     fn no_gpu_is_ever_held_by_two_jobs(steps in proptest::collection::vec(step(), 1..80)) {
         let (s, _) = drive(&steps);
         let mut owners = std::collections::BTreeMap::new();
-        for job in s.jobs.values().filter(|j| j.state == JobState::Running) {
+        for job in s.jobs.values().filter(|j| matches!(j.state, JobState::Running | JobState::Suspended)) {
             let a = job.allocation.as_ref().unwrap();
-            for g in &a.gpus {
-                prop_assert!(owners.insert((a.node.clone(), *g), job.id).is_none(), "GPU {g} of {} held twice", a.node);
+            // Tasks still running; a suspended job's lent GPUs are the preemptor's meanwhile.
+            for (_, node, gpus) in a.tasks().filter(|(rank, _, _)| !a.exits.contains_key(rank)) {
+                for g in gpus.iter().filter(|g| !a.lent.contains(g)) {
+                    prop_assert!(owners.insert((node.to_string(), *g), job.id).is_none(), "GPU {g} of {node} held twice");
+                }
             }
         }
     }
@@ -1083,6 +1361,23 @@ proptest! {
         }
         prop_assert_eq!(&replica, &s);
         // Byte-identical once serialised, as snapshots are.
+        prop_assert_eq!(serde_json::to_vec(&replica).unwrap(), serde_json::to_vec(&s).unwrap());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Full nodes preempted over and over (suspend, shrink, grow back, requeue), with exits,
+    /// cancels and node failures in between: every invariant and QoS limit holds after every
+    /// command (checked inside `drive`), and replaying the log gives the same state.
+    #[test]
+    fn preemption_keeps_every_invariant(steps in proptest::collection::vec(preemption_step(), 1..100)) {
+        let (s, log) = drive(&steps);
+        let mut replica = ClusterState::new();
+        for c in &log {
+            replica.apply(c);
+        }
         prop_assert_eq!(serde_json::to_vec(&replica).unwrap(), serde_json::to_vec(&s).unwrap());
     }
 }

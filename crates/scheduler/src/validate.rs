@@ -55,6 +55,32 @@ pub enum ValidationError {
     TooManyDependencies,
     #[error("gpu_model: 1 to 64 characters")]
     BadGpuModel,
+    #[error("min_gpus: {min} must be between 1 and gpus ({gpus})")]
+    BadMinGpus { min: u32, gpus: u32 },
+    #[error("min_gpus: elastic gang jobs are not supported; use min_gpus with a single-node job")]
+    ElasticGang,
+    #[error("checkpoint.signal: unknown signal \"{0}\" (use one of {CHECKPOINT_SIGNALS_TEXT})")]
+    BadCheckpointSignal(String),
+    #[error("checkpoint.grace_s: {0} is more than a day")]
+    BadCheckpointGrace(u64),
+}
+
+/// Signals a job may ask to be sent for a checkpoint (catchable, and not used for control).
+pub const CHECKPOINT_SIGNALS: &[&str] = &["SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"];
+const CHECKPOINT_SIGNALS_TEXT: &str = "SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP, SIGQUIT";
+/// Longest checkpoint grace a job may ask for (the QoS grace is the tighter bound).
+pub const CHECKPOINT_GRACE_S_MAX: u64 = 24 * 3600;
+
+/// The canonical name ("SIGUSR2") of a checkpoint signal given as "SIGUSR2" or "usr2" (names
+/// only: signal numbers differ between platforms).
+pub fn checkpoint_signal(name: &str) -> Result<&'static str, ValidationError> {
+    let upper = name.trim().to_ascii_uppercase();
+    let full = if upper.starts_with("SIG") { upper } else { format!("SIG{upper}") };
+    CHECKPOINT_SIGNALS
+        .iter()
+        .find(|s| **s == full)
+        .copied()
+        .ok_or_else(|| ValidationError::BadCheckpointSignal(name.chars().take(32).collect()))
 }
 
 fn check_len(field: &'static str, len: usize, max: usize) -> Result<(), ValidationError> {
@@ -137,6 +163,22 @@ pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
         if limit == 0 || limit > TIME_LIMIT_S_MAX {
             return Err(ValidationError::BadTimeLimit);
         }
+    }
+    if let Some(min) = spec.min_gpus {
+        if min == 0 || min > spec.gpus {
+            return Err(ValidationError::BadMinGpus { min, gpus: spec.gpus });
+        }
+        if spec.tasks > 1 {
+            return Err(ValidationError::ElasticGang);
+        }
+    }
+    if let Some(signal) = &spec.checkpoint_signal {
+        if checkpoint_signal(signal)? != signal {
+            return Err(ValidationError::BadCheckpointSignal(signal.chars().take(32).collect()));
+        }
+    }
+    if let Some(grace) = spec.checkpoint_grace_s.filter(|g| *g > CHECKPOINT_GRACE_S_MAX) {
+        return Err(ValidationError::BadCheckpointGrace(grace));
     }
     Ok(())
 }

@@ -138,7 +138,7 @@ impl AdminService for Admin {
                     time_ms: r.time_ms,
                     preemptor: r.preemptor,
                     victim: r.victim,
-                    mode: r.mode.as_str().to_string(),
+                    mode: r.action().to_string(),
                     node: r.node.clone(),
                     gpu_s_lost: r.gpu_s_lost,
                 })

@@ -2,7 +2,7 @@
 //!
 //! Assignments are level-triggered: each time the applied state changes, an agent's stream
 //! carries the full set of runs its node should have (with a `started` flag so a run is never
-//! launched twice, and a `kill` flag for cancel and time limits). An agent that reconnects
+//! launched twice, a `kill` flag for cancel, time limits and preemption, and a `suspend` flag). An agent that reconnects
 //! simply receives the current set and reconciles.
 
 use std::pin::Pin;
@@ -10,7 +10,8 @@ use std::pin::Pin;
 use futures::Stream;
 use kairos_proto::v1 as pb;
 use kairos_proto::v1::agent_service_server::AgentService;
-use kairos_scheduler::{ClusterState, JobState, Op, Outcome, RunExit};
+use kairos_scheduler::policy::PreemptMode;
+use kairos_scheduler::{ClusterState, JobState, Op, Outcome, RunExit, StopReason};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
@@ -21,6 +22,8 @@ use crate::convert::node_info_from_pb;
 
 /// Grace between the stop signal and SIGKILL for cancels and time limits.
 const KILL_GRACE_S: u32 = 10;
+/// What a job is sent to checkpoint when it named no signal of its own.
+const DEFAULT_CHECKPOINT_SIGNAL: &str = "SIGUSR1";
 
 pub struct Agents {
     pub ctx: Ctx,
@@ -29,7 +32,9 @@ pub struct Agents {
 /// The runs `node` should have in `state`, in job id order.
 pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> {
     let mut out = Vec::new();
-    for j in state.jobs_on(node).into_iter().filter(|j| j.state == JobState::Running) {
+    for j in
+        state.jobs_on(node).into_iter().filter(|j| matches!(j.state, JobState::Running | JobState::Suspended))
+    {
         let Some(a) = j.allocation.as_ref() else { continue };
         let Some((rank, _, gpus)) = a.tasks().find(|(_, n, _)| *n == node) else { continue };
         if a.exits.contains_key(&rank) {
@@ -41,17 +46,16 @@ pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> 
             .get(&a.node)
             .and_then(|n| n.info.addr.rsplit_once(':').map(|(h, _)| h.to_string()))
             .unwrap_or_default();
+        let checkpoint_signal = j.spec.checkpoint_signal.as_deref().unwrap_or(DEFAULT_CHECKPOINT_SIGNAL);
+        // The job's own checkpoint grace, never above its QoS's (checked at submit).
+        let qos_grace = state.policy.qos(&j.spec.qos).map(|q| q.grace_s).unwrap_or(0);
+        let grace =
+            j.spec.checkpoint_grace_s.unwrap_or(qos_grace).min(qos_grace).min(u64::from(u32::MAX)) as u32;
         let (kill_signal, kill_grace_s) = match a.stop {
-            Some(kairos_scheduler::StopReason::Preempted { mode, .. }) => {
-                let grace = state.policy.qos(&j.spec.qos).map(|q| q.grace_s).unwrap_or(0);
-                // REQUEUE asks the job to checkpoint first; CANCEL just asks it to stop.
-                let signal = if mode == kairos_scheduler::policy::PreemptMode::Requeue {
-                    "SIGUSR1"
-                } else {
-                    "SIGTERM"
-                };
-                (signal, grace.min(u64::from(u32::MAX)) as u32)
-            }
+            // REQUEUE and resizes ask the job to checkpoint first; CANCEL just asks it to stop.
+            Some(StopReason::Preempted { mode: PreemptMode::Requeue, .. })
+            | Some(StopReason::Resize { .. }) => (checkpoint_signal, grace),
+            Some(StopReason::Preempted { .. }) => ("SIGTERM", grace),
             _ => ("SIGTERM", KILL_GRACE_S),
         };
         out.push(pb::Assignment {
@@ -69,6 +73,8 @@ pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> 
             world_size: a.task_count(),
             master_addr: master_host,
             master_port: MASTER_PORT_BASE + (j.id % 10_000) as u32,
+            suspend: j.state == JobState::Suspended && a.stop.is_none(),
+            checkpoint_signal: checkpoint_signal.to_string(),
         });
     }
     out

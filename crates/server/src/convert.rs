@@ -17,20 +17,23 @@ fn unimplemented(field: &str, what: &str) -> Status {
 pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec, Status> {
     let spec = spec.ok_or_else(|| Status::invalid_argument("spec: required"))?;
     let res = spec.resources.unwrap_or_default();
-    if res.min_gpus != 0 {
-        return Err(unimplemented("resources.min_gpus", "elastic jobs"));
-    }
     if res.cpus != 0 || res.memory_mib != 0 {
         return Err(unimplemented("resources.cpus/memory_mib", "CPU and memory requests"));
     }
-    if spec.checkpoint.is_some() {
-        return Err(unimplemented("checkpoint", "checkpoint specs"));
+    let checkpoint = spec.checkpoint.unwrap_or_default();
+    if !checkpoint.dir.is_empty() {
+        return Err(unimplemented("checkpoint.dir", "a job-chosen checkpoint directory"));
     }
+    let checkpoint_signal = match checkpoint.signal.as_str() {
+        "" => None,
+        name => Some(
+            kairos_scheduler::validate::checkpoint_signal(name)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?
+                .to_string(),
+        ),
+    };
     if spec.burstable {
         return Err(unimplemented("burstable", "cloud burst"));
-    }
-    if spec.suspendable {
-        return Err(unimplemented("suspendable", "suspension"));
     }
     let profile = match pb::Profile::try_from(spec.profile) {
         Ok(pb::Profile::Unspecified) | Ok(pb::Profile::Batch) => Profile::Batch,
@@ -56,6 +59,10 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
         account: spec.account,
         partition: spec.partition,
         tasks: res.tasks.max(1),
+        min_gpus: (res.min_gpus != 0).then_some(res.min_gpus),
+        suspendable: spec.suspendable,
+        checkpoint_signal,
+        checkpoint_grace_s: (checkpoint.grace_s != 0).then_some(u64::from(checkpoint.grace_s)),
     };
     validate_spec(&out).map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok(out)
@@ -69,12 +76,17 @@ fn profile_to_pb(p: Profile) -> pb::Profile {
     }
 }
 
-/// The API state: a running job being preempted shows as PREEMPTING.
+/// The API state: a running job being preempted (stopped or shrunk) shows as PREEMPTING.
 pub fn job_view_state(job: &Job) -> pb::JobState {
-    let preempting = job
-        .allocation
-        .as_ref()
-        .is_some_and(|a| matches!(a.stop, Some(kairos_scheduler::StopReason::Preempted { .. })));
+    let preempting = job.allocation.as_ref().is_some_and(|a| {
+        matches!(
+            a.stop,
+            Some(
+                kairos_scheduler::StopReason::Preempted { .. }
+                    | kairos_scheduler::StopReason::Resize { by: Some(_) }
+            )
+        )
+    });
     if job.state == JobState::Running && preempting {
         return pb::JobState::Preempting;
     }
@@ -90,6 +102,7 @@ pub fn job_state_to_pb(s: JobState) -> pb::JobState {
         JobState::Cancelled => pb::JobState::Cancelled,
         JobState::Timeout => pb::JobState::Timeout,
         JobState::NodeFail => pb::JobState::NodeFail,
+        JobState::Suspended => pb::JobState::Suspended,
     }
 }
 
@@ -99,9 +112,12 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
     let reason = match (job.state, pending) {
         (JobState::Pending, Some(r)) => r.to_string(),
         (JobState::Pending, None) => "Scheduling".to_string(),
-        (JobState::Running, _) => match job.allocation.as_ref().and_then(|a| a.stop) {
+        (JobState::Running | JobState::Suspended, _) => match job.allocation.as_ref().and_then(|a| a.stop) {
             Some(kairos_scheduler::StopReason::Preempted { by, .. }) => format!("preempted by job {by}"),
+            Some(kairos_scheduler::StopReason::Resize { by: Some(by) }) => format!("shrinking for job {by}"),
+            Some(kairos_scheduler::StopReason::Resize { by: None }) => "growing".to_string(),
             Some(_) => "Stopping".to_string(),
+            None if job.state == JobState::Suspended => "suspended for a preemptor".to_string(),
             None => String::new(),
         },
         _ => job.reason.clone(),
@@ -145,7 +161,16 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
                 gpus: s.gpus,
                 tasks: s.tasks,
                 gpu_model: s.gpu_model.clone().unwrap_or_default(),
+                min_gpus: s.min_gpus.unwrap_or(0),
                 ..Default::default()
+            }),
+            suspendable: s.suspendable,
+            checkpoint: (s.checkpoint_signal.is_some() || s.checkpoint_grace_s.is_some()).then(|| {
+                pb::CheckpointSpec {
+                    signal: s.checkpoint_signal.clone().unwrap_or_default(),
+                    grace_s: s.checkpoint_grace_s.unwrap_or(0).min(u64::from(u32::MAX)) as u32,
+                    dir: String::new(),
+                }
             }),
             after_ok: s.after_ok.clone(),
             hold: job.held,

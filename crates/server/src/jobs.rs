@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status};
 use kairos_consensus::WriteError;
 
 use crate::context::{caller, rejection_status, write_status, Ctx, PendingReasons};
-use crate::convert::{job_spec_from_pb, job_state_to_pb, job_to_pb};
+use crate::convert::{job_spec_from_pb, job_to_pb, job_view_state};
 
 /// Most jobs one list answer carries.
 const LIST_LIMIT_MAX: usize = 10_000;
@@ -142,7 +142,7 @@ impl JobService for Jobs {
                 .jobs
                 .values()
                 .filter(|j| {
-                    let s = job_state_to_pb(j.state);
+                    let s = job_view_state(j);
                     if states.is_empty() {
                         req.all || !j.state.is_terminal()
                     } else {

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //!   kick (submit, exit, node join) ─┐
-//!   tick ───────────────────────────┴─▶ pass: NodeDown*, EnforceTimeLimit*, ApplyPlan ─▶ Raft
+//!   tick ───────────────────────────┴─▶ pass: NodeDown*, EnforceTimeLimit*, Preempt?, ApplyPlan, Resize* ─▶ Raft
 //! ```
 //!
 //! Heartbeats live in memory only. A replica that just became leader has none, so it gives
@@ -87,6 +87,9 @@ fn pass(ctx: &Ctx, leader_since: Instant) -> Vec<Op> {
             }
             if !out.plan.placements.is_empty() {
                 ops.push(Op::ApplyPlan { plan: out.plan });
+            }
+            for (job, attempt, gpus) in out.grow {
+                ops.push(Op::Resize { job, attempt, gpus });
             }
         }
         ops
