@@ -1,7 +1,8 @@
 #!/bin/sh
 # A training-like job for kairos (no GPU needed): counts steps, checkpoints every
-# CHECKPOINT_EVERY steps and when asked to (SIGUSR1, what kairos sends before a REQUEUE
-# preemption), and resumes from its checkpoint on the next attempt.
+# CHECKPOINT_EVERY steps and when asked to (the signal in KAIROS_CHECKPOINT_SIGNAL, SIGUSR1
+# unless the job chose another: what kairos sends before a REQUEUE preemption or an elastic
+# resize), and resumes from its checkpoint on the next attempt, on however many GPUs it has.
 #
 #   STEPS=50 CHECKPOINT_EVERY=10 OUT=steps.log kairos submit --qos training -- sh examples/train.sh
 #
@@ -10,6 +11,8 @@
 STEPS=${STEPS:-50}
 EVERY=${CHECKPOINT_EVERY:-10}
 OUT=${OUT:-/dev/stdout}
+# Optional: a file that gets one line per attempt (attempt, GPU count, GPU ids).
+ATTEMPTS=${ATTEMPTS:-/dev/null}
 dir=${KAIROS_CHECKPOINT_DIR:-.}
 step=0
 [ -f "$dir/step" ] && step=$(cat "$dir/step")
@@ -20,12 +23,14 @@ checkpoint() {
 }
 
 stop=0
-trap 'stop=1' USR1
-echo "attempt ${KAIROS_RESTART_COUNT:-0} resumes at step $step"
+signal=${KAIROS_CHECKPOINT_SIGNAL:-SIGUSR1}
+trap 'stop=1' "${signal#SIG}"
+echo "attempt ${KAIROS_RESTART_COUNT:-0} resumes at step $step on ${KAIROS_GPUS:-?} GPUs"
+echo "attempt ${KAIROS_RESTART_COUNT:-0} gpus ${KAIROS_GPUS:-?} devices ${CUDA_VISIBLE_DEVICES:-} step $step" >> "$ATTEMPTS"
 while [ "$step" -lt "$STEPS" ]; do
   if [ "$stop" = 1 ]; then
     checkpoint
-    echo "checkpointed at step $step; exiting for preemption"
+    echo "checkpointed at step $step; exiting for preemption or resize"
     exit 0
   fi
   step=$((step + 1))

@@ -553,6 +553,46 @@ mod tests {
         runner.stop_all(Duration::from_secs(1)).await;
     }
 
+    /// The scheduling state of process `pid` ('T' = stopped), from /proc.
+    fn proc_state(pid: i32) -> char {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()).unwrap_or('?')
+    }
+
+    async fn wait_for_state(pid: i32, stopped: bool) {
+        for _ in 0..100 {
+            if (proc_state(pid) == 'T') == stopped {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("process {pid} is in state {} (wanted stopped = {stopped})", proc_state(pid));
+    }
+
+    #[tokio::test]
+    async fn suspend_stops_the_group_resume_continues_it_and_a_kill_still_lands() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = mpsc::channel(16);
+        let runner = Runner::new("n1", dir.path(), tx);
+        let a = assignment(6, &["sh", "-c", "sleep 300"], false, false);
+        runner.reconcile(&set(vec![a.clone()]));
+        assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+        let pid = runner.lock()[&(6, 0)].pgid.unwrap();
+        let suspended = pb::Assignment { started: true, suspend: true, ..a.clone() };
+        runner.reconcile(&set(vec![suspended.clone()]));
+        wait_for_state(pid, true).await;
+        runner.reconcile(&set(vec![pb::Assignment { suspend: false, ..suspended.clone() }]));
+        wait_for_state(pid, false).await;
+        // Cancelled while suspended: the stop signal is delivered (continued after it), not
+        // left pending until the SIGKILL after the grace.
+        runner.reconcile(&set(vec![suspended.clone()]));
+        wait_for_state(pid, true).await;
+        let killed = pb::Assignment { kill: true, kill_grace_s: 30, ..suspended };
+        runner.reconcile(&set(vec![killed]));
+        let r = next(&mut rx).await;
+        assert_eq!((r.job_id, r.status, r.signal), (6, pb::RunStatus::Exited as i32, 15));
+    }
+
     #[tokio::test]
     async fn a_command_that_cannot_start_is_reported_lost_with_the_reason() {
         let dir = tempfile::tempdir().unwrap();

@@ -112,3 +112,156 @@ fn a_preemption_interrupted_by_leader_failover_completes_exactly_once() {
     assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
     c.ok(&["cancel", &victim.to_string()]);
 }
+
+/// Lines of `path` as (first word, the rest), for the marker files the test jobs write.
+fn marks(path: &std::path::Path) -> Vec<(String, Vec<String>)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace().map(str::to_string);
+            Some((words.next()?, words.collect()))
+        })
+        .collect()
+}
+
+#[test]
+fn a_suspendable_job_is_paused_for_urgent_work_and_resumes_where_it_was() {
+    let c = Cluster::start_with(1, 2, &[]);
+    c.ok(&["qos", "update", "batch", "--preempt-mode", "suspend"]);
+    let ticks = c.path("ticks");
+    let script = format!("while :; do date +%s%N >> {}; sleep 0.05; done", ticks.display());
+    let victim = c.submit(&["--qos", "batch", "--gpus", "2", "--suspendable", "--", "sh", "-c", &script]);
+    c.wait_state(victim, "RUNNING");
+    wait_for("ticks", || (marks(&ticks).len() >= 5).then_some(()));
+    let urgent_mark = c.path("urgent");
+    let urgent = c.submit(&[
+        "--qos",
+        "urgent",
+        "--gpus",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "echo \"start $(date +%s%N) $CUDA_VISIBLE_DEVICES\" >> {m}; sleep 2; echo \"end $(date +%s%N)\" >> {m}",
+            m = urgent_mark.display()
+        ),
+    ]);
+    let paused = c.wait_state(victim, "SUSPENDED");
+    assert_eq!(paused["attempt"], 0);
+    assert_eq!(c.wait_done(urgent)["state"], "COMPLETED");
+    // Resumed, same attempt (nothing restarted), and ticking again.
+    let resumed = c.wait_state(victim, "RUNNING");
+    assert_eq!(resumed["attempt"], 0, "{resumed}");
+    let urgent_marks = marks(&urgent_mark);
+    let at =
+        |kind: &str| -> u128 { urgent_marks.iter().find(|(k, _)| k == kind).unwrap().1[0].parse().unwrap() };
+    let (start, end) = (at("start"), at("end"));
+    wait_for("ticks after the resume", || {
+        marks(&ticks).iter().any(|(t, _)| t.parse::<u128>().unwrap() > end).then_some(())
+    });
+    // While the urgent job held the GPUs the suspended job did not run at all.
+    let during: Vec<u128> =
+        marks(&ticks).iter().map(|(t, _)| t.parse().unwrap()).filter(|t| *t > start && *t < end).collect();
+    assert!(during.is_empty(), "the suspended job ran while paused: {during:?}");
+    let list: serde_json::Value = serde_json::from_str(&c.ok(&["preemptions", "--json"])).unwrap();
+    assert_eq!(list[0]["mode"], "suspend", "{list}");
+    assert_eq!(list[0]["gpu_s_lost"], 0, "{list}");
+    let kinds: Vec<String> = resumed["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_string())
+        .collect();
+    assert!(kinds.iter().any(|k| k == "resumed"), "{kinds:?}");
+    c.ok(&["cancel", &victim.to_string()]);
+    assert_eq!(c.wait_done(victim)["state"], "CANCELLED");
+}
+
+#[test]
+fn an_elastic_job_shrinks_for_urgent_work_and_grows_back_without_losing_a_step() {
+    let c = Cluster::start_with(1, 4, &[]);
+    let (steps, attempts) = (c.path("steps"), c.path("attempts"));
+    let elastic = c.submit(&[
+        "--qos",
+        "training",
+        "--gpus",
+        "4",
+        "--min-gpus",
+        "2",
+        // Its own checkpoint signal and grace (train.sh traps whatever KAIROS_CHECKPOINT_SIGNAL says).
+        "--checkpoint-signal",
+        "usr2",
+        "--checkpoint-grace",
+        "60s",
+        "--env",
+        "STEPS=60",
+        "--env",
+        "CHECKPOINT_EVERY=5",
+        "--env",
+        &format!("OUT={}", steps.display()),
+        "--env",
+        &format!("ATTEMPTS={}", attempts.display()),
+        "--",
+        "sh",
+        &train_script(),
+    ]);
+    c.wait_state(elastic, "RUNNING");
+    wait_for("training progress", || (marks(&steps).len() >= 8).then_some(()));
+    let urgent_mark = c.path("urgent");
+    let urgent = c.submit(&[
+        "--qos",
+        "urgent",
+        "--gpus",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        &format!("echo \"urgent $CUDA_VISIBLE_DEVICES\" >> {}; sleep 1", urgent_mark.display()),
+    ]);
+    assert_eq!(c.wait_done(urgent)["state"], "COMPLETED");
+    let job = c.wait_done(elastic);
+    assert_eq!((job["state"].as_str(), job["attempt"].as_u64()), (Some("COMPLETED"), Some(2)), "{job}");
+    // Attempt 0 on 4 GPUs, attempt 1 shrunk to the 2 the urgent job left, attempt 2 grown back.
+    let runs = marks(&attempts);
+    let gpus: Vec<&str> = runs.iter().map(|(_, rest)| rest[2].as_str()).collect();
+    assert_eq!(gpus, vec!["4", "2", "4"], "{runs:?}");
+    let devices = |i: usize| -> Vec<String> { runs[i].1[4].split(',').map(str::to_string).collect() };
+    let urgent_devices: Vec<String> = marks(&urgent_mark)[0].1[0].split(',').map(str::to_string).collect();
+    assert!(
+        devices(1).iter().all(|d| !urgent_devices.contains(d)),
+        "shared a GPU: {runs:?} / {urgent_devices:?}"
+    );
+    // Continuous progress across both restarts: every step exactly once.
+    let got: Vec<u32> = marks(&steps).iter().map(|(_, rest)| rest[0].parse().unwrap()).collect();
+    assert_eq!(got, (1..=60).collect::<Vec<u32>>(), "steps lost or repeated");
+    let list: serde_json::Value = serde_json::from_str(&c.ok(&["preemptions", "--json"])).unwrap();
+    let list = list.as_array().unwrap();
+    assert_eq!((list.len(), list[0]["mode"].as_str()), (1, Some("shrink")), "{list:?}");
+}
+
+#[test]
+fn bad_preemption_settings_are_refused_at_submit_and_change_nothing() {
+    let c = Cluster::start_with(1, 4, &[]);
+    let cases: [(&[&str], &str); 4] = [
+        (&["--gpus", "2", "--min-gpus", "3"], "min_gpus: 3 must be between 1 and gpus (2)"),
+        (&["--gpus", "2", "--min-gpus", "0"], "an elastic job runs on at least 1 GPU"),
+        (&["--checkpoint-signal", "SIGBOGUS"], "checkpoint.signal: unknown signal \"SIGBOGUS\""),
+        (
+            &["--qos", "training", "--checkpoint-grace", "10m"],
+            "checkpoint.grace_s: 600s is more than qos \"training\" allows (300s)",
+        ),
+    ];
+    for (flags, message) in cases {
+        let mut args = vec!["submit"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "true"]);
+        let out = c.kairos(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?} was accepted");
+        assert!(stderr.contains(message), "{flags:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    }
+    assert!(c.jobs().is_empty(), "bad input created jobs");
+}
