@@ -12,7 +12,10 @@
 //! - `priority`: multifactor priority and fairshare (fixed point)
 //! - `limits`: QoS usage limits, checked by the planner and again on apply
 //! - `validate`: size limits and validity checks shared by the API edge and apply
+//! - `burst`: cloud burst configuration, launch intents and instances (applied in `burst_apply`)
 
+pub mod burst;
+mod burst_apply;
 pub mod limits;
 pub mod model;
 pub mod planner;

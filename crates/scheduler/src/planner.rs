@@ -105,6 +105,8 @@ struct FreeNode<'a> {
     free: Vec<(GpuIndex, u32, &'a str)>,
     /// GPUs the reservation holds on this node (free now or freed by then).
     reserved: Vec<GpuIndex>,
+    /// A cloud burst node: only burstable jobs may use it.
+    cloud: bool,
 }
 
 impl FreeNode<'_> {
@@ -182,6 +184,8 @@ struct Pass<'a> {
     by_free: BTreeSet<(usize, usize)>,
     /// Expected end of each GPU that is busy now or placed in this pass: node position → (end, gpu).
     busy_until: BTreeMap<usize, Vec<(i64, GpuIndex, &'a str)>>,
+    /// Some Up node is a cloud burst node (the index fast path must then filter).
+    has_cloud: bool,
 }
 
 impl<'a> Pass<'a> {
@@ -201,19 +205,23 @@ impl<'a> Pass<'a> {
                     }
                 }
             }
-            nodes.push(FreeNode { name, labels: &n.info.labels, free, reserved: Vec::new() });
+            let cloud = n.info.labels.contains_key(crate::burst::BURST_LABEL);
+            nodes.push(FreeNode { name, labels: &n.info.labels, free, reserved: Vec::new(), cloud });
         }
         let by_free = nodes.iter().enumerate().map(|(i, n)| (n.free.len(), i)).collect();
-        Pass { state, nodes, by_free, busy_until }
+        let has_cloud = nodes.iter().any(|n| n.cloud);
+        Pass { state, nodes, by_free, busy_until, has_cloud }
     }
 
     /// Picks the best-fitting node and GPUs for `count` GPUs of `model` now. `ends_ms` is when
     /// the job would end: it may use reserved GPUs only if it ends before the reservation.
+    #[allow(clippy::too_many_arguments)]
     fn find(
         &self,
         count: usize,
         model: Option<&str>,
         part: Option<&Partition>,
+        cloud_ok: bool,
         ends_ms: i64,
         res: Option<&Reservation>,
     ) -> Option<(usize, Vec<GpuIndex>)> {
@@ -221,7 +229,7 @@ impl<'a> Pass<'a> {
         let mut best: Option<Candidate> = None;
         let consider = |pos: usize, best: &mut Option<Candidate>| {
             let node = &self.nodes[pos];
-            if part.is_some_and(|p| !p.contains(node.name, node.labels)) {
+            if part.is_some_and(|p| !p.contains(node.name, node.labels)) || (node.cloud && !cloud_ok) {
                 return;
             }
             let may = may_use_reserved || node.reserved.is_empty();
@@ -231,7 +239,7 @@ impl<'a> Pass<'a> {
             }
             *best = Some((n, pos, node.usable(model, may)));
         };
-        if model.is_none() && part.is_none_or(Partition::is_everything) {
+        if model.is_none() && part.is_none_or(Partition::is_everything) && (cloud_ok || !self.has_cloud) {
             // Best fit without a model or partition constraint: the first indexed node with enough free GPUs.
             // Nodes names are in BTreeMap order, so position order is name order (deterministic).
             let mut seen = 0;
@@ -270,12 +278,14 @@ impl<'a> Pass<'a> {
     }
 
     /// `tasks` distinct nodes with `count` usable GPUs each, tightest first (all or nothing).
+    #[allow(clippy::too_many_arguments)]
     fn find_gang(
         &self,
         tasks: usize,
         count: usize,
         model: Option<&str>,
         part: Option<&Partition>,
+        cloud_ok: bool,
         ends_ms: i64,
         res: Option<&Reservation>,
     ) -> Option<Vec<(usize, Vec<GpuIndex>)>> {
@@ -284,7 +294,7 @@ impl<'a> Pass<'a> {
             .nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| part.is_none_or(|p| p.contains(n.name, n.labels)))
+            .filter(|(_, n)| part.is_none_or(|p| p.contains(n.name, n.labels)) && (cloud_ok || !n.cloud))
             .map(|(pos, n)| (n.usable_count(model, may_use_reserved || n.reserved.is_empty()), pos))
             .filter(|(usable, _)| *usable >= count)
             .collect();
@@ -311,8 +321,11 @@ impl<'a> Pass<'a> {
         let need = job.gpus() as usize;
         let model = job.spec.gpu_model.as_deref();
         let mut best: Option<((u128, usize, &str), PreemptPlan)> = None;
+        let cloud_ok = state.may_burst(job);
         for node in &self.nodes {
-            if state.partition_of(job).is_some_and(|p| !p.contains(node.name, node.labels)) {
+            if state.partition_of(job).is_some_and(|p| !p.contains(node.name, node.labels))
+                || (node.cloud && !cloud_ok)
+            {
                 continue;
             }
             let mut gpus: Vec<GpuIndex> = node.usable(model, true).into_iter().map(|(i, _)| i).collect();
@@ -406,9 +419,10 @@ impl<'a> Pass<'a> {
         let count = job.gpus() as usize;
         let model = job.spec.gpu_model.as_deref();
         let part = self.state.partition_of(job);
+        let cloud_ok = self.state.may_burst(job);
         let mut best: Option<(i64, usize, Vec<GpuIndex>)> = None;
         for (pos, node) in self.nodes.iter().enumerate() {
-            if part.is_some_and(|p| !p.contains(node.name, node.labels)) {
+            if part.is_some_and(|p| !p.contains(node.name, node.labels)) || (node.cloud && !cloud_ok) {
                 continue;
             }
             let mut gpus: Vec<GpuIndex> = node.usable(model, true).into_iter().map(|(i, _)| i).collect();
@@ -556,10 +570,20 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             continue;
         }
         let ends_ms = state.now_ms.saturating_add(state.time_limit_ms(job));
+        let cloud_ok = pass.has_cloud && state.may_burst(job);
         let found = if tasks > 1 {
-            pass.find_gang(tasks, job.gpus() as usize, model, part, ends_ms, out.reservation.as_ref())
+            pass.find_gang(
+                tasks,
+                job.gpus() as usize,
+                model,
+                part,
+                cloud_ok,
+                ends_ms,
+                out.reservation.as_ref(),
+            )
         } else {
-            pass.find(job.gpus() as usize, model, part, ends_ms, out.reservation.as_ref()).map(|t| vec![t])
+            let res = out.reservation.as_ref();
+            pass.find(job.gpus() as usize, model, part, cloud_ok, ends_ms, res).map(|t| vec![t])
         };
         match found {
             Some(placed) => {

@@ -144,6 +144,36 @@ pub enum Op {
         attempt: u32,
         gpus: Vec<GpuIndex>,
     },
+    /// Replaces the burst configuration (validated whole).
+    SetBurstConfig {
+        config: crate::burst::BurstConfig,
+    },
+    /// Records launch intents before any cloud call; refused whole if any limit would be exceeded.
+    BurstLaunch {
+        launches: Vec<crate::burst::LaunchRequest>,
+        reason: String,
+    },
+    /// The cloud answered an intent with an instance (or the reconciler found it by its tag).
+    BurstLaunched {
+        intent: u64,
+        instance_id: String,
+    },
+    /// The launch failed; `capacity` = the cloud had no capacity (that type backs off).
+    BurstLaunchFailed {
+        intent: u64,
+        reason: String,
+        capacity: bool,
+    },
+    /// Terminate an intent's instance (retried by the reconciler until confirmed).
+    BurstTerminate {
+        intent: u64,
+        reason: String,
+    },
+    /// The instance is terminated or vanished; its node (if any) is down.
+    BurstGone {
+        intent: u64,
+        reason: String,
+    },
     /// Keeps a pending job from starting until released.
     Hold {
         job: JobId,
@@ -264,6 +294,10 @@ pub enum Outcome {
         job: JobId,
         held: bool,
     },
+    /// Burst state changed; the intents created (launches) or touched.
+    Burst {
+        intents: Vec<u64>,
+    },
     /// A stale or duplicate report: nothing to do.
     Ignored(String),
     Rejected(Rejection),
@@ -295,6 +329,9 @@ pub struct ClusterState {
     /// Jobs in state Suspended, checked after each command for resumption.
     #[serde(default)]
     pub suspended: BTreeSet<JobId>,
+    /// Cloud burst: configuration, launch intents, instances, spend.
+    #[serde(default)]
+    pub burst: crate::burst::BurstState,
 }
 
 impl ClusterState {
@@ -310,6 +347,7 @@ impl ClusterState {
             usage: BTreeMap::new(),
             preemptions: Default::default(),
             suspended: BTreeSet::new(),
+            burst: Default::default(),
         }
     }
 
@@ -321,6 +359,9 @@ impl ClusterState {
         let outcome = self.apply_op(&cmd.op, now);
         if !self.suspended.is_empty() {
             self.resume_ready(now);
+        }
+        if !self.burst.instances.is_empty() {
+            self.track_burst_nodes(now);
         }
         outcome
     }
@@ -349,6 +390,14 @@ impl ClusterState {
             },
             Op::Release { job, by } => self.set_held(*job, false, by, now),
             Op::Resize { job, attempt, gpus } => self.grow(*job, *attempt, gpus, now),
+            Op::SetBurstConfig { config } => self.set_burst_config(config, now),
+            Op::BurstLaunch { launches, reason } => self.burst_launch(launches, reason, now),
+            Op::BurstLaunched { intent, instance_id } => self.burst_launched(*intent, instance_id, now),
+            Op::BurstLaunchFailed { intent, reason, capacity } => {
+                self.burst_launch_failed(*intent, reason, *capacity, now)
+            }
+            Op::BurstTerminate { intent, reason } => self.burst_terminate(*intent, reason, now),
+            Op::BurstGone { intent, reason } => self.burst_gone(*intent, reason, now),
             Op::PutQos { qos, must_exist } => {
                 match (must_exist, self.policy.qos.contains_key(&qos.name)) {
                     (Some(true), false) => {
@@ -733,6 +782,9 @@ impl ClusterState {
         if self.partition_of(p).is_some_and(|part| !part.contains(&n.info.name, &n.info.labels)) {
             return reject(format!("node \"{node}\" is not in job {preemptor}'s partition"));
         }
+        if !self.node_admits(p, &n.info.labels) {
+            return reject(format!("node \"{node}\" is a burst node and job {preemptor} may not burst"));
+        }
         for v in victims {
             let Some(victim) = self.jobs.get(v) else { return reject(format!("job {v} not found")) };
             if let Err(why) = self.preemptible(p, victim, now) {
@@ -1091,6 +1143,9 @@ impl ClusterState {
         if let Err(e) = validate_node(info) {
             return Outcome::Rejected(Rejection::Invalid(e.to_string()));
         }
+        if let Err(why) = self.check_burst_node(info) {
+            return Outcome::Rejected(Rejection::FailedPrecondition(why));
+        }
         let present: BTreeSet<GpuIndex> = info.gpus.iter().map(|g| g.index).collect();
         // Runs on a GPU that vanished (held, or lent while suspended) are lost; claims on one
         // are dropped (the claimer plans again).
@@ -1136,7 +1191,7 @@ impl ClusterState {
         Outcome::NodeRegistered { node: info.name.clone() }
     }
 
-    fn node_down(&mut self, name: &str, reason: &str, now: i64) -> Outcome {
+    pub(crate) fn node_down(&mut self, name: &str, reason: &str, now: i64) -> Outcome {
         let Some(node) = self.nodes.get_mut(name) else {
             return Outcome::Rejected(Rejection::NotFound(format!("node \"{name}\" not found")));
         };
@@ -1236,6 +1291,9 @@ impl ClusterState {
             if !part.contains(&node.info.name, &node.info.labels) {
                 return Err(format!("node \"{name}\" is not in partition \"{}\"", part.name));
             }
+        }
+        if !self.node_admits(job, &node.info.labels) {
+            return Err(format!("node \"{name}\" is a burst node and job {} may not burst", job.id));
         }
         let wanted: BTreeSet<GpuIndex> = gpus.iter().copied().collect();
         if wanted.len() != gpus.len() || wanted.len() != job.gpus() as usize {
