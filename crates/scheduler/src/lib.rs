@@ -15,7 +15,7 @@
 //! - `burst`: cloud burst configuration, launch intents and instances (applied in `burst_apply`)
 
 pub mod burst;
-mod burst_apply;
+pub mod burst_apply;
 pub mod limits;
 pub mod model;
 pub mod planner;

@@ -601,7 +601,16 @@ impl ClusterState {
             }
             Err(why) => return Outcome::Rejected(Rejection::Invalid(why)),
         };
-        let largest = self.largest_node_gpus();
+        // A job that may burst may also be larger than any on-prem node, up to the largest
+        // allowed cloud instance type.
+        let cloud = &self.burst.config;
+        let may_burst = if cloud.qos.is_empty() { qos.burstable } else { cloud.qos.contains(&qos.name) };
+        let largest_cloud = if cloud.enabled && may_burst {
+            cloud.instance_types.iter().map(|t| t.gpus).max().unwrap_or(0)
+        } else {
+            0
+        };
+        let largest = self.largest_node_gpus().max(largest_cloud);
         if largest > 0 && spec.gpus > largest {
             return Outcome::Rejected(Rejection::FailedPrecondition(format!(
                 "job requests {} GPUs but the largest node has {largest}",

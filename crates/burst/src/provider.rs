@@ -1,0 +1,238 @@
+//! The cloud API burst needs, and its EC2 implementation (aws-sdk-ec2).
+//!
+//! Instances are found by tags, never by memory: `kairos:cluster` (which cluster owns it) and
+//! `kairos:intent` (which committed launch intent it realises). RunInstances also carries a
+//! `ClientToken` derived from the intent; EC2 honours it for a while, moto not at all, so the
+//! reconciler looks an intent up by tag before it ever retries a launch.
+//!
+//! Region, credentials and (for tests) the endpoint come from the standard AWS configuration
+//! chain (`AWS_REGION`, `AWS_ACCESS_KEY_ID`, profiles, instance roles, `AWS_ENDPOINT_URL`…),
+//! with an explicit endpoint override on top.
+
+use aws_sdk_ec2::error::ProvideErrorMetadata;
+use aws_sdk_ec2::types::{
+    Filter, InstanceMarketOptionsRequest, InstanceStateName, LaunchTemplateSpecification, MarketType,
+    ResourceType, Tag, TagSpecification,
+};
+use base64::Engine;
+use thiserror::Error;
+
+pub const CLUSTER_TAG: &str = "kairos:cluster";
+pub const INTENT_TAG: &str = "kairos:intent";
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum CloudError {
+    /// The cloud has no capacity for this type/market now (try another, back off).
+    #[error("no capacity: {0}")]
+    Capacity(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// What one launch asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchSpec {
+    pub cluster: String,
+    pub intent: u64,
+    pub instance_type: String,
+    pub spot: bool,
+    pub subnet: Option<String>,
+    pub launch_template: String,
+    /// The boot script (plain text; the provider encodes it).
+    pub user_data: String,
+}
+
+impl LaunchSpec {
+    /// Idempotency token of this intent (EC2 allows 64 ASCII characters).
+    pub fn client_token(&self) -> String {
+        let t = format!("kairos-{}-{}", self.cluster, self.intent);
+        t.chars().take(64).collect()
+    }
+}
+
+/// A tagged instance as the cloud reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CloudInstance {
+    pub id: String,
+    /// The `kairos:intent` tag, when it parses.
+    pub intent: Option<u64>,
+    /// pending | running | shutting-down | terminated | stopping | stopped
+    pub state: String,
+    pub instance_type: String,
+}
+
+impl CloudInstance {
+    /// Whether it is (or may become) a running, billed machine.
+    pub fn is_alive(&self) -> bool {
+        !matches!(self.state.as_str(), "shutting-down" | "terminated")
+    }
+}
+
+/// The cloud operations burst uses.
+#[allow(async_fn_in_trait)]
+pub trait Cloud {
+    /// Starts one instance; returns its id.
+    async fn launch(&self, spec: &LaunchSpec) -> Result<String, CloudError>;
+    /// Every instance tagged with `cluster` (any state the cloud still reports).
+    async fn list(&self, cluster: &str) -> Result<Vec<CloudInstance>, CloudError>;
+    async fn terminate(&self, ids: &[String]) -> Result<(), CloudError>;
+}
+
+/// EC2 through aws-sdk-ec2.
+#[derive(Clone, Debug)]
+pub struct Ec2Cloud {
+    client: aws_sdk_ec2::Client,
+}
+
+/// Error codes EC2 answers when it has no capacity for a request right now.
+const CAPACITY_CODES: &[&str] = &[
+    "InsufficientInstanceCapacity",
+    "InsufficientCapacity",
+    "InsufficientHostCapacity",
+    "InsufficientReservedInstanceCapacity",
+    "SpotMaxPriceTooLow",
+    "MaxSpotInstanceCountExceeded",
+    "InsufficientFreeAddressesInSubnet",
+    "Unsupported",
+];
+
+fn classify<E: ProvideErrorMetadata + std::error::Error + 'static>(
+    e: aws_sdk_ec2::error::SdkError<E>,
+) -> CloudError {
+    let code = e.code().unwrap_or("").to_string();
+    let message = e.message().unwrap_or("").to_string();
+    if CAPACITY_CODES.contains(&code.as_str()) {
+        return CloudError::Capacity(format!("{code}: {message}"));
+    }
+    if code.is_empty() {
+        // Transport or dispatch failure: no service answer at all.
+        return CloudError::Other(format!("{}", aws_sdk_ec2::error::DisplayErrorContext(&e)));
+    }
+    CloudError::Other(format!("{code}: {message}"))
+}
+
+impl Ec2Cloud {
+    /// A client for `region`, credentials from the standard chain, `endpoint` overriding the
+    /// EC2 endpoint (tests: moto on loopback).
+    pub async fn new(region: &str, endpoint: Option<&str>) -> Ec2Cloud {
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+                aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+            ))
+            .build_https();
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .http_client(http)
+            .region(aws_config::Region::new(region.to_string()));
+        if let Some(url) = endpoint {
+            loader = loader.endpoint_url(url);
+        }
+        let conf = loader.load().await;
+        Ec2Cloud { client: aws_sdk_ec2::Client::new(&conf) }
+    }
+
+    /// The decoded user-data of an instance (the burst "instance booter" in tests uses it the
+    /// way cloud-init would).
+    pub async fn user_data(&self, id: &str) -> Result<String, CloudError> {
+        let out = self
+            .client
+            .describe_instance_attribute()
+            .instance_id(id)
+            .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
+            .send()
+            .await
+            .map_err(classify)?;
+        let encoded = out.user_data().and_then(|u| u.value()).unwrap_or("");
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .map_err(|e| CloudError::Other(format!("user-data is not base64: {e}")))?;
+        String::from_utf8(bytes).map_err(|e| CloudError::Other(format!("user-data is not UTF-8: {e}")))
+    }
+}
+
+impl Cloud for Ec2Cloud {
+    async fn launch(&self, spec: &LaunchSpec) -> Result<String, CloudError> {
+        let tags = TagSpecification::builder()
+            .resource_type(ResourceType::Instance)
+            .tags(Tag::builder().key(CLUSTER_TAG).value(&spec.cluster).build())
+            .tags(Tag::builder().key(INTENT_TAG).value(spec.intent.to_string()).build())
+            .tags(
+                Tag::builder()
+                    .key("Name")
+                    .value(format!("kairos-{}-burst-{}", spec.cluster, spec.intent))
+                    .build(),
+            )
+            .build();
+        let template = if spec.launch_template.starts_with("lt-") {
+            LaunchTemplateSpecification::builder().launch_template_id(&spec.launch_template)
+        } else {
+            LaunchTemplateSpecification::builder().launch_template_name(&spec.launch_template)
+        };
+        let mut req = self
+            .client
+            .run_instances()
+            .min_count(1)
+            .max_count(1)
+            .instance_type(spec.instance_type.as_str().into())
+            .launch_template(template.build())
+            .client_token(spec.client_token())
+            .user_data(base64::engine::general_purpose::STANDARD.encode(&spec.user_data))
+            .tag_specifications(tags);
+        if let Some(subnet) = &spec.subnet {
+            req = req.subnet_id(subnet);
+        }
+        if spec.spot {
+            req = req.instance_market_options(
+                InstanceMarketOptionsRequest::builder().market_type(MarketType::Spot).build(),
+            );
+        }
+        let out = req.send().await.map_err(classify)?;
+        out.instances()
+            .first()
+            .and_then(|i| i.instance_id())
+            .map(str::to_string)
+            .ok_or_else(|| CloudError::Other("RunInstances returned no instance".into()))
+    }
+
+    async fn list(&self, cluster: &str) -> Result<Vec<CloudInstance>, CloudError> {
+        let mut out = Vec::new();
+        let mut pages = self
+            .client
+            .describe_instances()
+            .filters(Filter::builder().name(format!("tag:{CLUSTER_TAG}")).values(cluster).build())
+            .into_paginator()
+            .send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(classify)?;
+            for i in page.reservations().iter().flat_map(|r| r.instances()) {
+                let Some(id) = i.instance_id() else { continue };
+                let intent = i
+                    .tags()
+                    .iter()
+                    .find(|t| t.key() == Some(INTENT_TAG))
+                    .and_then(|t| t.value()?.parse().ok());
+                let state =
+                    i.state().and_then(|s| s.name()).map(InstanceStateName::as_str).unwrap_or("unknown");
+                out.push(CloudInstance {
+                    id: id.to_string(),
+                    intent,
+                    state: state.to_string(),
+                    instance_type: i.instance_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn terminate(&self, ids: &[String]) -> Result<(), CloudError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.client
+            .terminate_instances()
+            .set_instance_ids(Some(ids.to_vec()))
+            .send()
+            .await
+            .map_err(classify)?;
+        Ok(())
+    }
+}

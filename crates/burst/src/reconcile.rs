@@ -1,0 +1,214 @@
+//! One round of the leader's burst reconciler: compares what the cluster recorded with what
+//! the cloud reports (by tag) and returns the commands that bring them together. The caller
+//! (kairosd's leader) proposes them through Raft; nothing here writes state directly.
+//!
+//! ```text
+//!   decide(state)            ──▶ BurstLaunch (intents committed first) / BurstTerminate
+//!   Requested, tag found     ──▶ BurstLaunched (adopt: a new leader never launches twice)
+//!   Requested, not found     ──▶ RunInstances(ClientToken) ──▶ BurstLaunched | BurstLaunchFailed
+//!   Launched, gone from cloud (after a grace) ──▶ BurstGone (its node goes down, jobs requeue)
+//!   Terminating              ──▶ TerminateInstances until the cloud says terminated ──▶ BurstGone
+//!   tagged, unknown, alive   ──▶ (after a grace) TerminateInstances   [leaks, duplicates]
+//! ```
+
+use std::collections::BTreeMap;
+
+use kairos_scheduler::burst::{BurstInstance, InstanceState};
+use kairos_scheduler::{ClusterState, Op};
+
+use crate::policy::decide;
+use crate::provider::{Cloud, CloudError, CloudInstance, LaunchSpec};
+
+/// A launch failing this many times for other reasons than capacity is given up.
+const LAUNCH_ATTEMPTS_MAX: u32 = 3;
+
+/// What the reconciler needs to know that is not in the replicated state.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Value of the `kairos:cluster` tag of this cluster's instances.
+    pub cluster: String,
+    /// Controller addresses a burst node's agent connects to.
+    pub controllers: Vec<String>,
+    /// An unknown instance carrying this cluster's tag is terminated after this long.
+    pub leak_grace_ms: i64,
+    /// A launched instance missing from the cloud's answer this long is considered gone
+    /// (the EC2 API is eventually consistent right after RunInstances).
+    pub vanish_grace_ms: i64,
+}
+
+/// The reconciler's memory between rounds (lost on failover, which only delays a leak's end).
+#[derive(Debug, Default)]
+pub struct Memory {
+    /// Instance id → when an unknown tagged instance was first seen.
+    leaks: BTreeMap<String, i64>,
+    /// Intent → launch failures other than capacity.
+    failures: BTreeMap<u64, u32>,
+}
+
+/// What one round did, for logs.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    pub launched: Vec<(u64, String)>,
+    pub adopted: Vec<(u64, String)>,
+    pub terminated: Vec<String>,
+    pub leaks: Vec<String>,
+    pub errors: Vec<String>,
+}
+
+/// The boot script of intent `intent`'s instance: it starts the agent, which registers as the
+/// burst node of that intent.
+pub fn user_data(settings: &Settings, intent: u64) -> String {
+    let node = kairos_scheduler::burst::node_name(intent);
+    format!(
+        "#!/bin/sh\n# kairos burst node: cluster {cluster}, intent {intent}\nexec kairos-agent --controllers {controllers} --name {node} --label {label}={intent}\n",
+        cluster = settings.cluster,
+        controllers = settings.controllers.join(","),
+        label = kairos_scheduler::burst::BURST_LABEL,
+    )
+}
+
+fn spec(settings: &Settings, state: &ClusterState, i: &BurstInstance) -> LaunchSpec {
+    LaunchSpec {
+        cluster: settings.cluster.clone(),
+        intent: i.intent,
+        instance_type: i.instance_type.clone(),
+        spot: i.spot,
+        subnet: i.subnet.clone(),
+        launch_template: state.burst.config.launch_template.clone(),
+        user_data: user_data(settings, i.intent),
+    }
+}
+
+/// One round at `now`: returns the commands to propose and what was done.
+pub async fn round<C: Cloud>(
+    cloud: &C,
+    state: &ClusterState,
+    settings: &Settings,
+    memory: &mut Memory,
+    now: i64,
+) -> (Vec<Op>, Report) {
+    let mut ops = Vec::new();
+    let mut report = Report::default();
+    let decision = decide(state, now);
+    if !decision.launches.is_empty() {
+        ops.push(Op::BurstLaunch {
+            launches: decision.launches.clone(),
+            reason: decision.launch_reason.clone(),
+        });
+    }
+    for (intent, reason) in &decision.terminate {
+        ops.push(Op::BurstTerminate { intent: *intent, reason: reason.clone() });
+    }
+    let burst = &state.burst;
+    if !burst.config.enabled && burst.live().next().is_none() && memory.leaks.is_empty() {
+        // Nothing of ours should exist; an occasional leak scan still runs while enabled or
+        // while instances live.
+        return (ops, report);
+    }
+    let listed = match cloud.list(&settings.cluster).await {
+        Ok(l) => l,
+        Err(e) => {
+            report.errors.push(format!("listing instances: {e}"));
+            return (ops, report);
+        }
+    };
+    let alive: Vec<&CloudInstance> = listed.iter().filter(|i| i.is_alive()).collect();
+    let mut by_intent: BTreeMap<u64, Vec<&CloudInstance>> = BTreeMap::new();
+    for i in &alive {
+        if let Some(intent) = i.intent {
+            by_intent.entry(intent).or_default().push(i);
+        }
+    }
+    let mut to_terminate: Vec<String> = Vec::new();
+    for i in burst.live() {
+        let found: Vec<&CloudInstance> = by_intent.get(&i.intent).cloned().unwrap_or_default();
+        match i.state {
+            InstanceState::Requested => {
+                if let Some(first) = found.first() {
+                    // Launched by us or a predecessor whose answer never got committed.
+                    ops.push(Op::BurstLaunched { intent: i.intent, instance_id: first.id.clone() });
+                    report.adopted.push((i.intent, first.id.clone()));
+                    to_terminate.extend(found.iter().skip(1).map(|d| d.id.clone()));
+                    continue;
+                }
+                match cloud.launch(&spec(settings, state, i)).await {
+                    Ok(id) => {
+                        report.launched.push((i.intent, id.clone()));
+                        ops.push(Op::BurstLaunched { intent: i.intent, instance_id: id });
+                    }
+                    Err(CloudError::Capacity(why)) => {
+                        ops.push(Op::BurstLaunchFailed { intent: i.intent, reason: why, capacity: true })
+                    }
+                    Err(CloudError::Other(why)) => {
+                        let n = memory.failures.entry(i.intent).or_default();
+                        *n += 1;
+                        report.errors.push(format!("launching intent {}: {why}", i.intent));
+                        if *n >= LAUNCH_ATTEMPTS_MAX {
+                            ops.push(Op::BurstLaunchFailed {
+                                intent: i.intent,
+                                reason: format!("{why} ({n} attempts)"),
+                                capacity: false,
+                            });
+                        }
+                    }
+                }
+            }
+            InstanceState::Launched => {
+                let id = i.instance_id.as_deref().unwrap_or_default();
+                // Duplicates of the intent (a launch answered twice) are terminated.
+                to_terminate.extend(found.iter().filter(|d| d.id != id).map(|d| d.id.clone()));
+                let present = found.iter().any(|d| d.id == id);
+                let since = i.launched_ms.unwrap_or(i.requested_ms);
+                if !present && now - since >= settings.vanish_grace_ms {
+                    ops.push(Op::BurstGone { intent: i.intent, reason: format!("instance {id} vanished") });
+                }
+            }
+            InstanceState::Terminating => {
+                let mut ids: Vec<String> = found.iter().map(|d| d.id.clone()).collect();
+                if let Some(id) = &i.instance_id {
+                    if alive.iter().any(|a| &a.id == id) && !ids.contains(id) {
+                        ids.push(id.clone());
+                    }
+                }
+                if ids.is_empty() {
+                    // Known id and not alive: confirmed; unknown id: wait out a launch in flight.
+                    if i.instance_id.is_some() || now - i.requested_ms >= settings.vanish_grace_ms {
+                        ops.push(Op::BurstGone { intent: i.intent, reason: "terminated".into() });
+                    }
+                } else {
+                    to_terminate.extend(ids);
+                }
+            }
+            InstanceState::Gone => {}
+        }
+    }
+    // Leaks: alive, tagged with this cluster, and no live intent knows them.
+    let known: Vec<&str> = burst.live().filter_map(|i| i.instance_id.as_deref()).collect();
+    let live_intents: Vec<u64> = burst.live().map(|i| i.intent).collect();
+    let mut still_unknown = BTreeMap::new();
+    for i in &alive {
+        let claimed = known.contains(&i.id.as_str()) || i.intent.is_some_and(|n| live_intents.contains(&n));
+        if claimed {
+            continue;
+        }
+        let first = *memory.leaks.get(&i.id).unwrap_or(&now);
+        if now - first >= settings.leak_grace_ms {
+            report.leaks.push(i.id.clone());
+            to_terminate.push(i.id.clone());
+        }
+        still_unknown.insert(i.id.clone(), first);
+    }
+    memory.leaks = still_unknown;
+    memory
+        .failures
+        .retain(|intent, _| burst.instances.get(intent).is_some_and(|i| i.state == InstanceState::Requested));
+    to_terminate.sort();
+    to_terminate.dedup();
+    if !to_terminate.is_empty() {
+        match cloud.terminate(&to_terminate).await {
+            Ok(()) => report.terminated = to_terminate,
+            Err(e) => report.errors.push(format!("terminating {to_terminate:?}: {e}")),
+        }
+    }
+    (ops, report)
+}
