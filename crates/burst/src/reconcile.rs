@@ -13,10 +13,10 @@
 
 use std::collections::BTreeMap;
 
-use kairos_scheduler::burst::{BurstInstance, InstanceState};
-use kairos_scheduler::{ClusterState, Op};
+use kairos_scheduler::burst::{BurstInstance, BurstState, InstanceState};
+use kairos_scheduler::Op;
 
-use crate::policy::decide;
+use crate::policy::Decision;
 use crate::provider::{Cloud, CloudError, CloudInstance, LaunchSpec};
 
 /// A launch failing this many times for other reasons than capacity is given up.
@@ -67,29 +67,30 @@ pub fn user_data(settings: &Settings, intent: u64) -> String {
     )
 }
 
-fn spec(settings: &Settings, state: &ClusterState, i: &BurstInstance) -> LaunchSpec {
+fn spec(settings: &Settings, burst: &BurstState, i: &BurstInstance) -> LaunchSpec {
     LaunchSpec {
         cluster: settings.cluster.clone(),
         intent: i.intent,
         instance_type: i.instance_type.clone(),
         spot: i.spot,
         subnet: i.subnet.clone(),
-        launch_template: state.burst.config.launch_template.clone(),
+        launch_template: burst.config.launch_template.clone(),
         user_data: user_data(settings, i.intent),
     }
 }
 
-/// One round at `now`: returns the commands to propose and what was done.
+/// One round at `now`, given the applied burst state and the policy's decision on the same
+/// state (`policy::decide`): returns the commands to propose and what was done.
 pub async fn round<C: Cloud>(
     cloud: &C,
-    state: &ClusterState,
+    burst: &BurstState,
+    decision: &Decision,
     settings: &Settings,
     memory: &mut Memory,
     now: i64,
 ) -> (Vec<Op>, Report) {
     let mut ops = Vec::new();
     let mut report = Report::default();
-    let decision = decide(state, now);
     if !decision.launches.is_empty() {
         ops.push(Op::BurstLaunch {
             launches: decision.launches.clone(),
@@ -99,7 +100,6 @@ pub async fn round<C: Cloud>(
     for (intent, reason) in &decision.terminate {
         ops.push(Op::BurstTerminate { intent: *intent, reason: reason.clone() });
     }
-    let burst = &state.burst;
     if !burst.config.enabled && burst.live().next().is_none() && memory.leaks.is_empty() {
         // Nothing of ours should exist; an occasional leak scan still runs while enabled or
         // while instances live.
@@ -131,7 +131,7 @@ pub async fn round<C: Cloud>(
                     to_terminate.extend(found.iter().skip(1).map(|d| d.id.clone()));
                     continue;
                 }
-                match cloud.launch(&spec(settings, state, i)).await {
+                match cloud.launch(&spec(settings, burst, i)).await {
                     Ok(id) => {
                         report.launched.push((i.intent, id.clone()));
                         ops.push(Op::BurstLaunched { intent: i.intent, instance_id: id });

@@ -251,7 +251,8 @@ async fn run_round(
     memory: &mut Memory,
     now: i64,
 ) -> crate::reconcile::Report {
-    let (ops, report) = round(cloud, s, &settings(), memory, now).await;
+    let decision = decide(s, now);
+    let (ops, report) = round(cloud, &s.burst, &decision, &settings(), memory, now).await;
     for op in ops {
         apply(s, now, op);
     }

@@ -11,6 +11,7 @@ use kairos_scheduler::{Op, Outcome};
 
 use crate::context::{rejection_status, write_status, Ctx};
 use crate::convert::node_to_pb;
+use crate::convert_burst::{burst_config_from_pb, burst_config_to_pb, burst_status};
 use crate::convert_policy::{policy_from_pb, policy_to_pb, qos_from_pb, qos_to_pb, weights_to_pb};
 
 pub struct Admin {
@@ -122,6 +123,35 @@ impl AdminService for Admin {
                 .collect()
         });
         Ok(Response::new(pb::GetSharesResponse { accounts }))
+    }
+
+    async fn get_burst_config(
+        &self,
+        _request: Request<pb::GetBurstConfigRequest>,
+    ) -> Result<Response<pb::BurstConfig>, Status> {
+        let config = self.ctx.replica.read(|a| burst_config_to_pb(&a.state.burst.config));
+        Ok(Response::new(config))
+    }
+
+    async fn set_burst_config(&self, request: Request<pb::BurstConfig>) -> Result<Response<pb::BurstConfig>, Status> {
+        let config = burst_config_from_pb(request.into_inner());
+        match self.ctx.write(Op::SetBurstConfig { config }).await? {
+            Outcome::PolicyChanged => {
+                self.ctx.kick.notify_one();
+                let config = self.ctx.replica.read(|a| burst_config_to_pb(&a.state.burst.config));
+                Ok(Response::new(config))
+            }
+            Outcome::Rejected(r) => Err(rejection_status(r)),
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
+    async fn burst_status(
+        &self,
+        _request: Request<pb::BurstStatusRequest>,
+    ) -> Result<Response<pb::BurstStatusResponse>, Status> {
+        let now = crate::context::now_ms();
+        Ok(Response::new(self.ctx.replica.read(|a| burst_status(&a.state, now))))
     }
 
     async fn list_preemptions(

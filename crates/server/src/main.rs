@@ -4,8 +4,10 @@
 mod admin;
 mod agents;
 mod batch;
+mod burst;
 mod context;
 mod convert;
+mod convert_burst;
 mod convert_policy;
 mod jobs;
 mod leader;
@@ -69,6 +71,23 @@ struct Args {
     /// Period of the scheduling pass (ms) when no event wakes it.
     #[arg(long, default_value_t = 1000)]
     tick_ms: u64,
+    /// This cluster's name: the `kairos:cluster` tag of its burst instances.
+    #[arg(long, default_value = "kairos")]
+    cluster_name: String,
+    /// EC2 endpoint override for cloud burst (e.g. a moto server in tests); default: the AWS
+    /// configuration chain's endpoint for the configured region.
+    #[arg(long)]
+    burst_endpoint: Option<String>,
+    /// Period of the burst reconciler (ms).
+    #[arg(long, default_value_t = 2000)]
+    burst_interval_ms: u64,
+    /// An instance tagged with this cluster that no launch intent knows is terminated after
+    /// this long (ms).
+    #[arg(long, default_value_t = 120_000)]
+    burst_leak_grace_ms: u64,
+    /// A launched instance the cloud no longer reports is considered gone after this long (ms).
+    #[arg(long, default_value_t = 120_000)]
+    burst_vanish_grace_ms: u64,
 }
 
 fn parse_peers(args: &Args) -> anyhow::Result<BTreeMap<ReplicaId, String>> {
@@ -157,6 +176,16 @@ async fn run() -> anyhow::Result<()> {
     };
     let leader_task = tokio::spawn(leader::run(ctx.clone()));
     let watchdog_task = tokio::spawn(kairos_consensus::watchdog::run(replica.clone()));
+    let burst_task = tokio::spawn(burst::run(
+        ctx.clone(),
+        burst::BurstOptions {
+            cluster: args.cluster_name.clone(),
+            endpoint: args.burst_endpoint.clone(),
+            interval: Duration::from_millis(args.burst_interval_ms),
+            leak_grace: Duration::from_millis(args.burst_leak_grace_ms),
+            vanish_grace: Duration::from_millis(args.burst_vanish_grace_ms),
+        },
+    ));
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<JobServiceServer<jobs::Jobs>>().await;
@@ -193,6 +222,7 @@ async fn run() -> anyhow::Result<()> {
     tracing::info!("shutting down");
     leader_task.abort();
     watchdog_task.abort();
+    burst_task.abort();
     if let Err(e) = replica.raft.shutdown().await {
         tracing::warn!(error = %e, "raft shutdown");
     }

@@ -1,0 +1,81 @@
+//! The burst reconciler on the leader: every round, decide (pure) on the applied state, run one
+//! reconcile round against the cloud, and propose its commands through Raft. Runs on every
+//! replica, acts only while this replica leads; its memory (leak first-seen times) is local.
+//!
+//! The cloud client is made only once burst is configured (enabled, or instances still live),
+//! and again when the region changes.
+
+use std::time::Duration;
+
+use kairos_burst::reconcile::{round, Memory, Settings};
+use kairos_burst::Ec2Cloud;
+use kairos_scheduler::Command;
+
+use crate::context::{now_ms, Ctx};
+
+/// How the reconciler reaches the cloud and how patient it is.
+#[derive(Clone, Debug)]
+pub struct BurstOptions {
+    pub cluster: String,
+    /// EC2 endpoint override (tests: moto); None = the AWS configuration chain's.
+    pub endpoint: Option<String>,
+    pub interval: Duration,
+    pub leak_grace: Duration,
+    pub vanish_grace: Duration,
+}
+
+pub async fn run(ctx: Ctx, options: BurstOptions) {
+    let mut memory = Memory::default();
+    let mut cloud: Option<(String, Ec2Cloud)> = None;
+    loop {
+        tokio::time::sleep(options.interval).await;
+        if !ctx.replica.is_leader() {
+            memory = Memory::default();
+            continue;
+        }
+        let now = now_ms();
+        let (burst, decision) =
+            ctx.replica.read(|a| (a.state.burst.clone(), kairos_burst::decide(&a.state, now)));
+        if !burst.config.enabled && burst.live().next().is_none() {
+            continue;
+        }
+        let region = burst.config.region.clone();
+        if cloud.as_ref().is_none_or(|(r, _)| *r != region) {
+            cloud = Some((region.clone(), Ec2Cloud::new(&region, options.endpoint.as_deref()).await));
+        }
+        let Some((_, ec2)) = cloud.as_ref() else { continue };
+        // Burst nodes' agents connect to every controller of the cluster.
+        let controllers: Vec<String> = ctx.replica.status().replicas.into_iter().map(|(_, addr, _)| addr).collect();
+        let settings = Settings {
+            cluster: options.cluster.clone(),
+            controllers,
+            leak_grace_ms: options.leak_grace.as_millis() as i64,
+            vanish_grace_ms: options.vanish_grace.as_millis() as i64,
+        };
+        let (ops, report) = round(ec2, &burst, &decision, &settings, &mut memory, now).await;
+        for e in &report.errors {
+            tracing::warn!(error = %e, "burst reconcile");
+        }
+        for (intent, id) in &report.launched {
+            tracing::info!(intent, instance = %id, "burst instance launched");
+        }
+        for (intent, id) in &report.adopted {
+            tracing::info!(intent, instance = %id, "burst instance adopted by its intent tag");
+        }
+        for id in &report.leaks {
+            tracing::warn!(instance = %id, "terminating an instance tagged with this cluster that no intent knows");
+        }
+        if ops.is_empty() {
+            continue;
+        }
+        let now = now_ms();
+        let commands: Vec<Command> = ops.into_iter().map(|op| Command { now_ms: now, op }).collect();
+        match ctx.replica.write(commands).await {
+            Ok(outcomes) => {
+                tracing::debug!(?outcomes, "burst round committed");
+                ctx.kick.notify_one();
+            }
+            Err(e) => tracing::warn!(error = %e, "burst round not committed"),
+        }
+    }
+}
