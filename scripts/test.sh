@@ -11,6 +11,16 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 start=$(date +%s)
+# Cloud burst tests run against moto's EC2 server (a Python package, run as `python3 -m moto.server`).
+if ! command -v python3 >/dev/null 2>&1; then
+  echo "test.sh: python3 is required for the cloud burst tests (moto)" >&2
+  exit 1
+fi
+if ! python3 -c 'import moto.server, boto3' >/dev/null 2>&1; then
+  python3 -m pip install --quiet --disable-pip-version-check 'moto[server]>=5.1,<6'
+fi
+python3 -c 'import moto.server, boto3' || { echo "test.sh: installing moto failed" >&2; exit 1; }
+
 cargo build --workspace --bins --locked
 cargo test --workspace --locked -- --test-threads "${KAIROS_TEST_THREADS:-4}"
 echo "test.sh: whole suite took $(( $(date +%s) - start ))s"

@@ -82,7 +82,7 @@ pub fn decide(state: &ClusterState, now: i64) -> Decision {
     }
     let (used, total) = on_prem_usage(state);
     // No on-prem GPU at all counts as saturated: the cloud is the only capacity.
-    let pct = if total == 0 { 100 } else { used * 100 / total };
+    let pct = (used * 100).checked_div(total).unwrap_or(100);
     let waiting = waiting_jobs(state, now);
     if waiting.is_empty() {
         return d;

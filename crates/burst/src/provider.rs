@@ -115,6 +115,15 @@ impl Ec2Cloud {
     /// A client for `region`, credentials from the standard chain, `endpoint` overriding the
     /// EC2 endpoint (tests: moto on loopback).
     pub async fn new(region: &str, endpoint: Option<&str>) -> Ec2Cloud {
+        Ec2Cloud::with_credentials(region, endpoint, None).await
+    }
+
+    /// Like `new`, with static credentials (access key id, secret) instead of the chain's.
+    pub async fn with_credentials(
+        region: &str,
+        endpoint: Option<&str>,
+        keys: Option<(&str, &str)>,
+    ) -> Ec2Cloud {
         let http = aws_smithy_http_client::Builder::new()
             .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
                 aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
@@ -125,6 +134,10 @@ impl Ec2Cloud {
             .region(aws_config::Region::new(region.to_string()));
         if let Some(url) = endpoint {
             loader = loader.endpoint_url(url);
+        }
+        if let Some((id, secret)) = keys {
+            let creds = aws_sdk_ec2::config::Credentials::new(id, secret, None, None, "kairos-static");
+            loader = loader.credentials_provider(creds);
         }
         let conf = loader.load().await;
         Ec2Cloud { client: aws_sdk_ec2::Client::new(&conf) }

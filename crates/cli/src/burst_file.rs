@@ -128,7 +128,10 @@ impl BurstFile {
                 name: t.name.clone(),
                 gpus: t.gpus,
                 gpu_model: t.gpu_model.clone(),
-                hourly_price_milli: milli(&format!("instance_types.{}.hourly_price", t.name), t.hourly_price)?,
+                hourly_price_milli: milli(
+                    &format!("instance_types.{}.hourly_price", t.name),
+                    t.hourly_price,
+                )?,
                 spot_price_milli: match t.spot_price {
                     Some(p) => milli(&format!("instance_types.{}.spot_price", t.name), p)?,
                     None => 0,
@@ -190,7 +193,8 @@ impl BurstFile {
             assignment.split_once('=').ok_or_else(|| format!("\"{assignment}\" is not KEY=VALUE"))?;
         let bool_of = |v: &str| v.parse::<bool>().map_err(|_| format!("{key}: \"{v}\" is not true or false"));
         let u32_of = |v: &str| v.parse::<u32>().map_err(|_| format!("{key}: \"{v}\" is not a whole number"));
-        let list_of = |v: &str| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect();
+        let list_of =
+            |v: &str| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect();
         match key.trim() {
             "enabled" => self.enabled = bool_of(value)?,
             "region" => self.region = value.to_string(),

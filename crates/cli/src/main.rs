@@ -713,8 +713,8 @@ async fn burst_command(client: &Client, json: bool, command: BurstCmd) -> anyhow
         BurstCmd::Config { command: BurstConfigCmd::Apply { file } } => {
             let text = std::fs::read_to_string(&file)
                 .map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?;
-            let parsed =
-                burst_file::BurstFile::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            let parsed = burst_file::BurstFile::parse(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
             let config = parsed.to_pb().map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
             let applied = set_burst_config(client, config).await?;
             println!(
@@ -744,7 +744,13 @@ async fn burst_command(client: &Client, json: bool, command: BurstCmd) -> anyhow
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as i64)
                 .unwrap_or(0);
-            let age = |from: i64| if from == 0 { "-".to_string() } else { format!("{}s", (now_ms - from).max(0) / 1000) };
+            let age = |from: i64| {
+                if from == 0 {
+                    "-".to_string()
+                } else {
+                    format!("{}s", (now_ms - from).max(0) / 1000)
+                }
+            };
             if json {
                 let instances: Vec<serde_json::Value> = s
                     .instances
@@ -805,7 +811,10 @@ async fn burst_command(client: &Client, json: bool, command: BurstCmd) -> anyhow
                 })
                 .collect();
             if !rows.is_empty() {
-                table(&["INTENT", "INSTANCE", "TYPE", "MARKET", "STATE", "AGE", "NODE", "JOBS", "REASON"], &rows);
+                table(
+                    &["INTENT", "INSTANCE", "TYPE", "MARKET", "STATE", "AGE", "NODE", "JOBS", "REASON"],
+                    &rows,
+                );
             }
             for d in s.decisions.iter().take(10) {
                 println!("{}  {}", output::time_json(d.time_ms).as_str().unwrap_or("-"), d.message);

@@ -133,7 +133,10 @@ impl AdminService for Admin {
         Ok(Response::new(config))
     }
 
-    async fn set_burst_config(&self, request: Request<pb::BurstConfig>) -> Result<Response<pb::BurstConfig>, Status> {
+    async fn set_burst_config(
+        &self,
+        request: Request<pb::BurstConfig>,
+    ) -> Result<Response<pb::BurstConfig>, Status> {
         let config = burst_config_from_pb(request.into_inner());
         match self.ctx.write(Op::SetBurstConfig { config }).await? {
             Outcome::PolicyChanged => {

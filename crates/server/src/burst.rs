@@ -45,7 +45,8 @@ pub async fn run(ctx: Ctx, options: BurstOptions) {
         }
         let Some((_, ec2)) = cloud.as_ref() else { continue };
         // Burst nodes' agents connect to every controller of the cluster.
-        let controllers: Vec<String> = ctx.replica.status().replicas.into_iter().map(|(_, addr, _)| addr).collect();
+        let controllers: Vec<String> =
+            ctx.replica.status().replicas.into_iter().map(|(_, addr, _)| addr).collect();
         let settings = Settings {
             cluster: options.cluster.clone(),
             controllers,

@@ -89,7 +89,11 @@ pub fn burst_status(state: &ClusterState, now: i64) -> pb::BurstStatusResponse {
                 launched_ms: i.launched_ms.unwrap_or(0),
                 ended_ms: i.ended_ms.unwrap_or(0),
                 reason: i.reason.clone(),
-                jobs: if i.is_live() { state.jobs_on(&node).iter().map(|j| j.id).collect() } else { Vec::new() },
+                jobs: if i.is_live() {
+                    state.jobs_on(&node).iter().map(|j| j.id).collect()
+                } else {
+                    Vec::new()
+                },
                 idle_since_ms: i.idle_since_ms.unwrap_or(0),
             }
         })

@@ -56,7 +56,7 @@ pub fn alive(pid: u32) -> bool {
     }
 }
 
-fn stop_child(child: &mut Child) {
+pub fn stop_child(child: &mut Child) {
     if let Ok(None) = child.try_wait() {
         signal(child.id(), libc::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -145,6 +145,10 @@ impl Cluster {
             .arg("--data-dir")
             .arg(self.path(&format!("controller-{id}")))
             .args(&self.controller_flags)
+            // Static credentials for the cloud burst tests (moto); no instance metadata lookups.
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
             .stdin(Stdio::null())
             .stdout(self.log_file(&format!("kairosd-{id}.log")))
             .stderr(self.log_file(&format!("kairosd-{id}.log")));

@@ -1,0 +1,283 @@
+//! Cloud burst end to end against moto's EC2 server on loopback: on-prem GPUs full of training,
+//! inference jobs wait, the leader launches instances on moto, a test "instance booter" starts
+//! a kairos-agent for each running instance from its user-data (as cloud-init would), the jobs
+//! run on the cloud nodes, and idle instances are terminated; a leaked instance is terminated.
+
+use std::collections::BTreeMap;
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kairos_burst::{Cloud, Ec2Cloud};
+
+use crate::harness::{bin, free_addr, stop_child, wait_for, Cluster};
+
+const CLUSTER: &str = "e2e";
+
+/// A moto EC2 server on a free loopback port, stopped on drop.
+struct Moto {
+    child: Child,
+    url: String,
+}
+
+impl Moto {
+    fn start(log: &std::path::Path) -> Moto {
+        let addr = free_addr();
+        let (host, port) = addr.rsplit_once(':').unwrap();
+        let log = std::fs::File::create(log).unwrap();
+        let child = Command::new("python3")
+            .args(["-m", "moto.server", "-H", host, "-p", port])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("python3 with moto (pip install 'moto[server]'; scripts/test.sh installs it)");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(&addr).is_err() {
+            assert!(Instant::now() < deadline, "moto_server did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Moto { child, url: format!("http://{addr}") }
+    }
+
+    /// Runs a boto3 snippet against this server (`ec2` is the client).
+    fn python(&self, code: &str) -> String {
+        let script = format!(
+            "import boto3\nec2 = boto3.client('ec2', endpoint_url='{}', region_name='us-east-1', \
+             aws_access_key_id='testing', aws_secret_access_key='testing')\n{code}",
+            self.url
+        );
+        let out = Command::new("python3").args(["-c", &script]).output().expect("python3");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        stop_child(&mut self.child);
+    }
+}
+
+/// Boots a local agent for every running instance of the cluster, from its user-data, and
+/// stops it when the instance is terminated. Records the most instances alive at once.
+struct Booter {
+    stop: Arc<AtomicBool>,
+    most_alive: Arc<AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Booter {
+    fn start(url: String, dir: std::path::PathBuf, gpus_of: BTreeMap<String, u32>, leak: String) -> Booter {
+        let stop = Arc::new(AtomicBool::new(false));
+        let most_alive = Arc::new(AtomicUsize::new(0));
+        let (stop2, most2) = (stop.clone(), most_alive.clone());
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let cloud = rt.block_on(Ec2Cloud::with_credentials(
+                "us-east-1",
+                Some(&url),
+                Some(("testing", "testing")),
+            ));
+            let mut agents: BTreeMap<String, Child> = BTreeMap::new();
+            while !stop2.load(Ordering::SeqCst) {
+                let listed = match rt.block_on(cloud.list(CLUSTER)) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        eprintln!("booter: listing instances: {e}");
+                        std::thread::sleep(Duration::from_millis(200));
+                        continue;
+                    }
+                };
+                let alive: Vec<_> = listed.iter().filter(|i| i.is_alive() && i.id != leak).collect();
+                most2.fetch_max(alive.len(), Ordering::SeqCst);
+                for i in &alive {
+                    if agents.contains_key(&i.id) {
+                        continue;
+                    }
+                    let user_data = rt.block_on(cloud.user_data(&i.id)).unwrap();
+                    // cloud-init would run the script; here: its `exec kairos-agent ...` line.
+                    let line =
+                        user_data.lines().find(|l| l.starts_with("exec kairos-agent")).expect("agent line");
+                    let args: Vec<&str> = line.split_whitespace().skip(2).collect();
+                    let gpus = gpus_of[&i.instance_type];
+                    let log = std::fs::File::create(dir.join(format!("agent-{}.log", i.id))).unwrap();
+                    let child = Command::new(bin("kairos-agent"))
+                        .args(&args)
+                        .args([
+                            "--addr",
+                            "127.0.0.1:0",
+                            "--gpu-backend",
+                            "fake",
+                            "--fake-gpus",
+                            &format!("{gpus}xA10G"),
+                        ])
+                        .arg("--state-dir")
+                        .arg(dir.join(format!("state-{}", i.id)))
+                        .stdin(Stdio::null())
+                        .stdout(log.try_clone().unwrap())
+                        .stderr(log)
+                        .spawn()
+                        .unwrap();
+                    agents.insert(i.id.clone(), child);
+                }
+                // A terminated instance takes its agent with it.
+                let gone: Vec<String> =
+                    agents.keys().filter(|id| !alive.iter().any(|i| &i.id == *id)).cloned().collect();
+                for id in gone {
+                    if let Some(mut child) = agents.remove(&id) {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            for (_, mut child) in agents {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        });
+        Booter { stop, most_alive, thread: Some(thread) }
+    }
+}
+
+impl Drop for Booter {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn inference_bursts_to_the_cloud_within_limits_and_idle_or_leaked_instances_are_terminated() {
+    let dir = tempfile::tempdir().unwrap();
+    let moto = Moto::start(&dir.path().join("moto.log"));
+    let ami = moto.python("print(ec2.describe_images()['Images'][0]['ImageId'])");
+    moto.python(&format!(
+        "ec2.create_launch_template(LaunchTemplateName='kairos-burst', LaunchTemplateData={{'ImageId': '{ami}'}})"
+    ));
+    let c = Cluster::start_with(
+        1,
+        2,
+        &[
+            "--cluster-name",
+            CLUSTER,
+            "--burst-endpoint",
+            &moto.url,
+            "--burst-interval-ms",
+            "300",
+            "--burst-leak-grace-ms",
+            "1500",
+            "--burst-vanish-grace-ms",
+            "5000",
+        ],
+    );
+    // On-prem is full of training.
+    let training = c.submit(&["--qos", "training", "--gpus", "2", "--", "sleep", "600"]);
+    c.wait_state(training, "RUNNING");
+    // A leaked instance: tagged with this cluster, started behind its back.
+    let leak = moto.python(&format!(
+        "r = ec2.run_instances(MinCount=1, MaxCount=1, ImageId='{ami}', InstanceType='g5.xlarge', \
+         TagSpecifications=[{{'ResourceType': 'instance', 'Tags': [{{'Key': 'kairos:cluster', 'Value': '{CLUSTER}'}}]}}])\n\
+         print(r['Instances'][0]['InstanceId'])"
+    ));
+    let gpus_of: BTreeMap<String, u32> =
+        [("g5.xlarge".to_string(), 1), ("g5.12xlarge".to_string(), 4)].into();
+    let booter = Booter::start(moto.url.clone(), dir.path().to_path_buf(), gpus_of, leak.clone());
+    let config = c.path("burst.toml");
+    std::fs::write(
+        &config,
+        r#"
+enabled = true
+launch_template = "kairos-burst"
+max_instances = 2
+max_gpus = 5
+max_hourly_spend = 10.0
+min_wait = "1s"
+idle_timeout = "3s"
+boot_timeout = "60s"
+qos = ["inference"]
+
+[[instance_types]]
+name = "g5.xlarge"
+gpus = 1
+gpu_model = "A10G"
+hourly_price = 1.006
+
+[[instance_types]]
+name = "g5.12xlarge"
+gpus = 4
+gpu_model = "A10G"
+hourly_price = 5.672
+"#,
+    )
+    .unwrap();
+    c.ok(&["burst", "config", "apply", config.to_str().unwrap()]);
+    let ran = c.path("ran");
+    let jobs: Vec<u64> = (0..3)
+        .map(|_| {
+            c.submit(&[
+                "--profile",
+                "inference",
+                "--",
+                "sh",
+                "-c",
+                &format!("echo \"$KAIROS_NODE\" >> {}; sleep 1", ran.display()),
+            ])
+        })
+        .collect();
+    for id in &jobs {
+        assert_eq!(c.wait_done(*id)["state"], "COMPLETED");
+    }
+    // They ran on burst nodes, never on the on-prem node (full of training).
+    let nodes = std::fs::read_to_string(&ran).unwrap();
+    assert_eq!(nodes.lines().count(), 3, "{nodes}");
+    assert!(nodes.lines().all(|n| n.starts_with("burst-")), "{nodes}");
+    // The limits held in moto's own view: never more than 2 of the cluster's instances alive.
+    // (Three 1-GPU jobs: the cheapest per GPU is g5.xlarge, and max_instances = 2.)
+    let most = booter.most_alive.load(Ordering::SeqCst);
+    assert!((1..=2).contains(&most), "{most} instances alive at once");
+    // Idle instances are terminated after idle_timeout, and the leak after its grace.
+    let status = wait_for("idle instances and the leak terminated", || {
+        let states = moto.python(&format!(
+            "r = ec2.describe_instances(Filters=[{{'Name': 'tag:kairos:cluster', 'Values': ['{CLUSTER}']}}])\n\
+             print(' '.join(i['State']['Name'] for x in r['Reservations'] for i in x['Instances']))"
+        ));
+        let all_ended = states.split_whitespace().all(|s| s == "terminated" || s == "shutting-down");
+        let status: serde_json::Value = serde_json::from_str(&c.ok(&["burst", "status", "--json"])).ok()?;
+        (all_ended && status["live_instances"] == 0).then_some(status)
+    });
+    let instances = status["instances"].as_array().unwrap();
+    assert!(instances.iter().all(|i| i["state"] == "gone"), "{status}");
+    assert!(instances.iter().all(|i| i["instance_type"] == "g5.xlarge"), "{status}");
+    assert!(status["spent_milli"].as_u64().unwrap() > 0, "{status}");
+    assert_eq!(c.job(training)["state"], "RUNNING", "training was not disturbed");
+    drop(booter);
+    c.ok(&["cancel", &training.to_string()]);
+}
+
+#[test]
+fn bad_burst_configuration_is_refused_whole() {
+    let c = Cluster::start(1);
+    let config = c.path("bad.toml");
+    for (text, message) in [
+        ("enabled = true\nlaunch_template = \"t\"\n", "burst is enabled but no instance type is allowed"),
+        ("enabled = true\nmax_gpus = \"many\"\n", "line 2, column 12"),
+        ("qos = [\"nope\"]\n", "unknown qos \"nope\""),
+        ("colour = \"blue\"\n", "unknown field `colour`"),
+    ] {
+        std::fs::write(&config, text).unwrap();
+        let out = c.kairos(&["burst", "config", "apply", config.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{text} was accepted");
+        assert!(stderr.contains(message), "{text}: {stderr}");
+    }
+    let shown = c.ok(&["burst", "config", "show"]);
+    assert!(shown.contains("enabled = false"), "nothing was applied: {shown}");
+    let out = c.kairos(&["burst", "config", "set", "max_instances=lots"]);
+    assert!(!out.status.success());
+}
