@@ -21,9 +21,20 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// A loopback address with a free port for a daemon to bind. Ports come from below the
+/// kernel's ephemeral range (32768+), so no outgoing connection can take one between this
+/// check and the daemon's bind; a per-process offset keeps concurrent test binaries apart.
 pub fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    l.local_addr().expect("local addr").to_string()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let base = 20_000 + (std::process::id() % 64) * 160;
+    loop {
+        let port = base + NEXT.fetch_add(1, Ordering::SeqCst) % 10_240;
+        let port = 20_000 + (port - 20_000) % 12_000;
+        if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+            return format!("127.0.0.1:{port}");
+        }
+    }
 }
 
 /// Polls `f` until it returns `Some`, or panics with `what` after `WAIT`.
