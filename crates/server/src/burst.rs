@@ -22,6 +22,9 @@ pub struct BurstOptions {
     pub interval: Duration,
     pub leak_grace: Duration,
     pub vanish_grace: Duration,
+    /// Fault injection for tests: die right after the cloud accepted a launch, before its
+    /// instance id is committed (the window a new leader must cover by adopting, not relaunching).
+    pub crash_after_launch: bool,
 }
 
 pub async fn run(ctx: Ctx, options: BurstOptions) {
@@ -54,6 +57,10 @@ pub async fn run(ctx: Ctx, options: BurstOptions) {
             vanish_grace_ms: options.vanish_grace.as_millis() as i64,
         };
         let (ops, report) = round(ec2, &burst, &decision, &settings, &mut memory, now).await;
+        if options.crash_after_launch && !report.launched.is_empty() {
+            tracing::error!(launched = ?report.launched, "fault injection: exiting before the launch is committed");
+            std::process::exit(86);
+        }
         for e in &report.errors {
             tracing::warn!(error = %e, "burst reconcile");
         }

@@ -88,6 +88,10 @@ struct Args {
     /// A launched instance the cloud no longer reports is considered gone after this long (ms).
     #[arg(long, default_value_t = 120_000)]
     burst_vanish_grace_ms: u64,
+    /// Fault injection (tests only): exit right after a RunInstances succeeds, before its
+    /// result is committed.
+    #[arg(long, hide = true)]
+    burst_test_crash_after_launch: bool,
 }
 
 fn parse_peers(args: &Args) -> anyhow::Result<BTreeMap<ReplicaId, String>> {
@@ -184,6 +188,7 @@ async fn run() -> anyhow::Result<()> {
             interval: Duration::from_millis(args.burst_interval_ms),
             leak_grace: Duration::from_millis(args.burst_leak_grace_ms),
             vanish_grace: Duration::from_millis(args.burst_vanish_grace_ms),
+            crash_after_launch: args.burst_test_crash_after_launch,
         },
     ));
 

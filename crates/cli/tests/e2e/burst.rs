@@ -66,14 +66,26 @@ impl Drop for Moto {
 struct Booter {
     stop: Arc<AtomicBool>,
     most_alive: Arc<AtomicUsize>,
+    /// Most GPUs, and most hourly price (milli-dollars), of instances alive at once.
+    most_gpus: Arc<AtomicUsize>,
+    most_hourly_milli: Arc<AtomicUsize>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Booter {
-    fn start(url: String, dir: std::path::PathBuf, gpus_of: BTreeMap<String, u32>, leak: String) -> Booter {
+    /// `types`: instance type → (GPUs, hourly price in milli-dollars).
+    fn start(
+        url: String,
+        dir: std::path::PathBuf,
+        types: BTreeMap<String, (u32, usize)>,
+        leak: String,
+    ) -> Booter {
         let stop = Arc::new(AtomicBool::new(false));
         let most_alive = Arc::new(AtomicUsize::new(0));
+        let most_gpus = Arc::new(AtomicUsize::new(0));
+        let most_hourly_milli = Arc::new(AtomicUsize::new(0));
         let (stop2, most2) = (stop.clone(), most_alive.clone());
+        let (gpus2, hourly2) = (most_gpus.clone(), most_hourly_milli.clone());
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             let cloud = rt.block_on(Ec2Cloud::with_credentials(
@@ -93,6 +105,11 @@ impl Booter {
                 };
                 let alive: Vec<_> = listed.iter().filter(|i| i.is_alive() && i.id != leak).collect();
                 most2.fetch_max(alive.len(), Ordering::SeqCst);
+                gpus2.fetch_max(
+                    alive.iter().map(|i| types[&i.instance_type].0 as usize).sum(),
+                    Ordering::SeqCst,
+                );
+                hourly2.fetch_max(alive.iter().map(|i| types[&i.instance_type].1).sum(), Ordering::SeqCst);
                 for i in &alive {
                     if agents.contains_key(&i.id) {
                         continue;
@@ -102,7 +119,7 @@ impl Booter {
                     let line =
                         user_data.lines().find(|l| l.starts_with("exec kairos-agent")).expect("agent line");
                     let args: Vec<&str> = line.split_whitespace().skip(2).collect();
-                    let gpus = gpus_of[&i.instance_type];
+                    let gpus = types[&i.instance_type].0;
                     let log = std::fs::File::create(dir.join(format!("agent-{}.log", i.id))).unwrap();
                     let child = Command::new(bin("kairos-agent"))
                         .args(&args)
@@ -139,7 +156,7 @@ impl Booter {
                 let _ = child.wait();
             }
         });
-        Booter { stop, most_alive, thread: Some(thread) }
+        Booter { stop, most_alive, most_gpus, most_hourly_milli, thread: Some(thread) }
     }
 }
 
@@ -185,9 +202,9 @@ fn inference_bursts_to_the_cloud_within_limits_and_idle_or_leaked_instances_are_
          TagSpecifications=[{{'ResourceType': 'instance', 'Tags': [{{'Key': 'kairos:cluster', 'Value': '{CLUSTER}'}}]}}])\n\
          print(r['Instances'][0]['InstanceId'])"
     ));
-    let gpus_of: BTreeMap<String, u32> =
-        [("g5.xlarge".to_string(), 1), ("g5.12xlarge".to_string(), 4)].into();
-    let booter = Booter::start(moto.url.clone(), dir.path().to_path_buf(), gpus_of, leak.clone());
+    let types: BTreeMap<String, (u32, usize)> =
+        [("g5.xlarge".to_string(), (1, 1006)), ("g5.12xlarge".to_string(), (4, 5672))].into();
+    let booter = Booter::start(moto.url.clone(), dir.path().to_path_buf(), types, leak.clone());
     let config = c.path("burst.toml");
     std::fs::write(
         &config,
@@ -256,6 +273,139 @@ hourly_price = 5.672
     assert!(instances.iter().all(|i| i["instance_type"] == "g5.xlarge"), "{status}");
     assert!(status["spent_milli"].as_u64().unwrap() > 0, "{status}");
     assert_eq!(c.job(training)["state"], "RUNNING", "training was not disturbed");
+    drop(booter);
+    c.ok(&["cancel", &training.to_string()]);
+}
+
+/// Instances of the cluster as moto sees them: (id, intent tag, state).
+fn moto_instances(moto: &Moto) -> Vec<(String, String, String)> {
+    let out = moto.python(&format!(
+        "r = ec2.describe_instances(Filters=[{{'Name': 'tag:kairos:cluster', 'Values': ['{CLUSTER}']}}])\n\
+         for x in r['Reservations']:\n\
+         \x20   for i in x['Instances']:\n\
+         \x20       tags = {{t['Key']: t['Value'] for t in i.get('Tags', [])}}\n\
+         \x20       print(i['InstanceId'], tags.get('kairos:intent', '-'), i['State']['Name'])"
+    ));
+    out.lines()
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w[0].to_string(), w[1].to_string(), w[2].to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn a_leader_killed_between_intent_and_launch_answer_never_doubles_the_launch() {
+    let dir = tempfile::tempdir().unwrap();
+    let moto = Moto::start(&dir.path().join("moto.log"));
+    let ami = moto.python("print(ec2.describe_images()['Images'][0]['ImageId'])");
+    moto.python(&format!(
+        "ec2.create_launch_template(LaunchTemplateName='kairos-burst', LaunchTemplateData={{'ImageId': '{ami}'}})"
+    ));
+    // Every replica dies right after RunInstances succeeds, before committing its answer.
+    let mut c = Cluster::start_with(
+        3,
+        2,
+        &[
+            "--cluster-name",
+            CLUSTER,
+            "--burst-endpoint",
+            &moto.url,
+            "--burst-interval-ms",
+            "300",
+            "--burst-test-crash-after-launch",
+        ],
+    );
+    let training = c.submit(&["--qos", "training", "--gpus", "2", "--", "sleep", "600"]);
+    c.wait_state(training, "RUNNING");
+    let booter = Booter::start(
+        moto.url.clone(),
+        dir.path().to_path_buf(),
+        [("g5.xlarge".to_string(), (1, 1006))].into(),
+        String::new(),
+    );
+    let config = c.path("burst.toml");
+    std::fs::write(
+        &config,
+        "enabled = true\nlaunch_template = \"kairos-burst\"\nmax_instances = 1\nmax_gpus = 1\nmax_hourly_spend = 2.0\n\
+         min_wait = \"1s\"\nqos = [\"inference\"]\n[[instance_types]]\nname = \"g5.xlarge\"\ngpus = 1\n\
+         gpu_model = \"A10G\"\nhourly_price = 1.006\n",
+    )
+    .unwrap();
+    c.ok(&["burst", "config", "apply", config.to_str().unwrap()]);
+    let job = c.submit(&["--profile", "inference", "--", "true"]);
+    // The leader launches and dies; a new leader adopts the instance by its intent tag, the
+    // booted agent joins, and the job runs there.
+    assert_eq!(c.wait_done(job)["state"], "COMPLETED");
+    let crashed = c
+        .controllers
+        .iter_mut()
+        .filter_map(|ctl| ctl.child.as_mut()?.try_wait().ok().flatten())
+        .filter(|status| status.code() == Some(86))
+        .count();
+    assert_eq!(crashed, 1, "exactly the first leader died in the window");
+    let instances = moto_instances(&moto);
+    assert_eq!(instances.len(), 1, "one instance for one intent: {instances:?}");
+    assert_eq!(instances[0].1, "1");
+    let status: serde_json::Value = serde_json::from_str(&c.ok(&["burst", "status", "--json"])).unwrap();
+    assert_eq!(status["instances"][0]["instance_id"], instances[0].0.as_str(), "{status}");
+    drop(booter);
+    c.ok(&["cancel", &training.to_string()]);
+}
+
+#[test]
+fn a_storm_of_500_inference_jobs_never_takes_the_cloud_past_its_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let moto = Moto::start(&dir.path().join("moto.log"));
+    let ami = moto.python("print(ec2.describe_images()['Images'][0]['ImageId'])");
+    moto.python(&format!(
+        "ec2.create_launch_template(LaunchTemplateName='kairos-burst', LaunchTemplateData={{'ImageId': '{ami}'}})"
+    ));
+    let c = Cluster::start_with(
+        1,
+        1,
+        &["--cluster-name", CLUSTER, "--burst-endpoint", &moto.url, "--burst-interval-ms", "200"],
+    );
+    let training = c.submit(&["--qos", "training", "--gpus", "1", "--", "sleep", "600"]);
+    c.wait_state(training, "RUNNING");
+    // The 4-GPU type is cheaper per GPU; max_gpus (8) binds before max_instances (3) and the
+    // spend limit (12 $/h): at most two g5.12xlarge.
+    let types: BTreeMap<String, (u32, usize)> =
+        [("g5.xlarge".to_string(), (1, 1006)), ("g5.12xlarge".to_string(), (4, 3600))].into();
+    let booter = Booter::start(moto.url.clone(), dir.path().to_path_buf(), types, String::new());
+    let config = c.path("burst.toml");
+    std::fs::write(
+        &config,
+        "enabled = true\nlaunch_template = \"kairos-burst\"\nmax_instances = 3\nmax_gpus = 8\nmax_hourly_spend = 12.0\n\
+         min_wait = \"0s\"\nidle_timeout = \"2s\"\nqos = [\"inference\"]\n\
+         [[instance_types]]\nname = \"g5.xlarge\"\ngpus = 1\ngpu_model = \"A10G\"\nhourly_price = 1.006\n\
+         [[instance_types]]\nname = \"g5.12xlarge\"\ngpus = 4\ngpu_model = \"A10G\"\nhourly_price = 3.6\n",
+    )
+    .unwrap();
+    c.ok(&["burst", "config", "apply", config.to_str().unwrap()]);
+    for _ in 0..500 {
+        c.submit(&["--profile", "inference", "--", "true"]);
+    }
+    wait_for("the storm to drain", || {
+        let q: serde_json::Value = serde_json::from_str(&c.ok(&["queue", "--json"])).ok()?;
+        (q.as_array()?.len() == 1).then_some(())
+    });
+    let done: serde_json::Value = serde_json::from_str(&c.ok(&["queue", "--all", "--json"])).unwrap();
+    let completed = done.as_array().unwrap().iter().filter(|j| j["state"] == "COMPLETED").count();
+    assert_eq!(completed, 500);
+    // Never past a limit, in moto's own view.
+    let (instances, gpus, hourly) = (
+        booter.most_alive.load(Ordering::SeqCst),
+        booter.most_gpus.load(Ordering::SeqCst),
+        booter.most_hourly_milli.load(Ordering::SeqCst),
+    );
+    assert!(
+        instances <= 3 && gpus <= 8 && hourly <= 12_000,
+        "{instances} instances, {gpus} GPUs, {hourly} m$/h"
+    );
+    assert!(gpus >= 4, "it did burst");
+    let launched = moto_instances(&moto);
+    assert!(launched.iter().all(|(_, intent, _)| intent != "-"), "{launched:?}");
     drop(booter);
     c.ok(&["cancel", &training.to_string()]);
 }
