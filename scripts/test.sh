@@ -23,4 +23,6 @@ python3 -c 'import moto.server, boto3' || { echo "test.sh: installing moto faile
 
 cargo build --workspace --bins --locked
 cargo test --workspace --locked -- --test-threads "${KAIROS_TEST_THREADS:-4}"
+# The Terraform burst module: parses, and checkov passes.
+bash scripts/check-terraform.sh
 echo "test.sh: whole suite took $(( $(date +%s) - start ))s"
