@@ -52,6 +52,13 @@ struct Args {
     /// Node labels for partition selectors, KEY=VALUE (repeatable), e.g. rack=r2.
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
+    /// On a spot instance: the instance metadata service (IMDSv2) to watch for an interruption
+    /// notice, e.g. http://169.254.169.254. A notice drains this node (jobs checkpoint, requeue).
+    #[arg(long)]
+    spot_imds: Option<String>,
+    /// How often the spot notice is polled (ms).
+    #[arg(long, default_value_t = 2000)]
+    spot_poll_ms: u64,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -187,6 +194,29 @@ async fn deliver_reports(
     }
 }
 
+/// Waits for a spot interruption notice, then asks the controllers (until one accepts) to
+/// drain this node.
+async fn watch_spot(
+    imds: kairos_agent::spot::Imds,
+    every: Duration,
+    node: String,
+    mut client_rx: watch::Receiver<Option<AgentServiceClient<Channel>>>,
+) {
+    let notice = kairos_agent::spot::wait_for_notice(&imds, every).await;
+    tracing::warn!(%notice, "spot interruption notice; draining this node");
+    let reason = format!("spot interruption notice {notice}");
+    loop {
+        let client = client_rx.borrow_and_update().clone();
+        if let Some(mut c) = client {
+            match c.drain(pb::DrainRequest { node_id: node.clone(), reason: reason.clone() }).await {
+                Ok(_) => return,
+                Err(s) => tracing::warn!(status = %s, "drain request not taken; retrying"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 async fn shutdown_signal() -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
@@ -238,9 +268,15 @@ async fn main() -> anyhow::Result<()> {
         labels: args.labels.iter().cloned().collect(),
         gpu_backend: inv.backend().to_string(),
     };
+    let imds = args.spot_imds.as_deref().map(kairos_agent::spot::Imds::parse).transpose()?;
     let (report_tx, report_rx) = mpsc::channel(1024);
     let runner = Runner::new(&name, &state_dir, report_tx);
     let (client_tx, client_rx) = watch::channel(None);
+    let spot_watch = imds.map(|imds| {
+        let client_rx = client_rx.clone();
+        let every = Duration::from_millis(args.spot_poll_ms.max(100));
+        tokio::spawn(watch_spot(imds, every, name.clone(), client_rx))
+    });
     let reporter = tokio::spawn(deliver_reports(report_rx, client_rx));
     let logs = Logs { runner: runner.clone() };
     let log_server = tokio::spawn(
@@ -294,5 +330,8 @@ async fn main() -> anyhow::Result<()> {
     runner.stop_all(Duration::from_secs(5)).await;
     reporter.abort();
     log_server.abort();
+    if let Some(w) = spot_watch {
+        w.abort();
+    }
     Ok(())
 }

@@ -55,12 +55,16 @@ pub struct Report {
     pub errors: Vec<String>,
 }
 
+/// Where an instance reads its metadata (spot interruption notices), IMDSv2.
+pub const IMDS_URL: &str = "http://169.254.169.254";
+
 /// The boot script of intent `intent`'s instance: it starts the agent, which registers as the
-/// burst node of that intent.
-pub fn user_data(settings: &Settings, intent: u64) -> String {
+/// burst node of that intent (and, on spot, watches for an interruption notice).
+pub fn user_data(settings: &Settings, intent: u64, spot: bool) -> String {
     let node = kairos_scheduler::burst::node_name(intent);
+    let spot = if spot { format!(" --spot-imds {IMDS_URL}") } else { String::new() };
     format!(
-        "#!/bin/sh\n# kairos burst node: cluster {cluster}, intent {intent}\nexec kairos-agent --controllers {controllers} --name {node} --label {label}={intent}\n",
+        "#!/bin/sh\n# kairos burst node: cluster {cluster}, intent {intent}\nexec kairos-agent --controllers {controllers} --name {node} --label {label}={intent}{spot}\n",
         cluster = settings.cluster,
         controllers = settings.controllers.join(","),
         label = kairos_scheduler::burst::BURST_LABEL,
@@ -75,7 +79,7 @@ fn spec(settings: &Settings, burst: &BurstState, i: &BurstInstance) -> LaunchSpe
         spot: i.spot,
         subnet: i.subnet.clone(),
         launch_template: burst.config.launch_template.clone(),
-        user_data: user_data(settings, i.intent),
+        user_data: user_data(settings, i.intent, i.spot),
     }
 }
 

@@ -240,6 +240,8 @@ pub enum StopReason {
     Resize {
         by: Option<JobId>,
     },
+    /// Its node is draining (a spot interruption notice): checkpoint, stop, requeue.
+    Drained,
 }
 
 /// GPUs freed by preemption and promised to the preemptor until it starts.

@@ -174,6 +174,12 @@ pub enum Op {
         intent: u64,
         reason: String,
     },
+    /// The node is going away: nothing new is placed there and its jobs are stopped with the
+    /// checkpoint signal and requeued (a spot interruption notice).
+    DrainNode {
+        node: String,
+        reason: String,
+    },
     /// Keeps a pending job from starting until released.
     Hold {
         job: JobId,
@@ -391,6 +397,7 @@ impl ClusterState {
             Op::Release { job, by } => self.set_held(*job, false, by, now),
             Op::Resize { job, attempt, gpus } => self.grow(*job, *attempt, gpus, now),
             Op::SetBurstConfig { config } => self.set_burst_config(config, now),
+            Op::DrainNode { node, reason } => self.drain_node(node, reason, now),
             Op::BurstLaunch { launches, reason } => self.burst_launch(launches, reason, now),
             Op::BurstLaunched { intent, instance_id } => self.burst_launched(*intent, instance_id, now),
             Op::BurstLaunchFailed { intent, reason, capacity } => {
@@ -960,6 +967,47 @@ impl ClusterState {
         }
     }
 
+    /// Drains `name`: Draining (nothing new placed), every run there stopped with the checkpoint
+    /// signal and requeued on exit; a burst node's instance is terminated.
+    fn drain_node(&mut self, name: &str, reason: &str, now: i64) -> Outcome {
+        let reason: String = reason.chars().take(256).collect();
+        let Some(node) = self.nodes.get_mut(name) else {
+            return Outcome::Rejected(Rejection::NotFound(format!("node \"{name}\" not found")));
+        };
+        match node.state {
+            NodeState::Up => {
+                node.state = NodeState::Draining;
+                node.reason = format!("draining: {reason}");
+            }
+            NodeState::Draining if node.reason.starts_with("draining:") => {
+                return Outcome::Ignored(format!("node \"{name}\" is already draining"))
+            }
+            NodeState::Draining => node.reason = format!("draining: {reason}"),
+            NodeState::Down => return Outcome::Ignored(format!("node \"{name}\" is down")),
+        }
+        // Preemptors waiting for GPUs here plan again elsewhere.
+        let claimers: BTreeSet<JobId> = node.claimed.values().copied().collect();
+        for c in claimers {
+            self.drop_claim(c);
+        }
+        let jobs: Vec<JobId> = self.jobs_on(name).iter().map(|j| j.id).collect();
+        for id in jobs {
+            let Some(job) = self.jobs.get_mut(&id) else { continue };
+            let Some(alloc) = job.allocation.as_mut() else { continue };
+            // Runs already stopping for good keep their reason; a preempted or resizing run
+            // would come back here, so it is drained too.
+            if matches!(alloc.stop, None | Some(StopReason::Preempted { .. } | StopReason::Resize { .. })) {
+                alloc.stop = Some(StopReason::Drained);
+                job.record(now, "drain", format!("node \"{name}\" is draining: {reason}"));
+            }
+            self.drop_claim(id);
+        }
+        if let Some(intent) = self.burst.intent_of_node(name) {
+            self.burst_terminate(intent, &reason, now);
+        }
+        Outcome::NodeDown { node: name.to_string(), failed_jobs: Vec::new() }
+    }
+
     /// Whether running `job` may grow to `gpus` GPUs within its QoS limits.
     pub fn may_grow(&self, job: &Job, gpus: u32) -> bool {
         let usage = Usage::of(self.jobs_running().filter(|j| j.id != job.id), &self.policy);
@@ -1182,8 +1230,11 @@ impl ClusterState {
         match self.nodes.get_mut(&info.name) {
             Some(node) => {
                 node.info = info.clone();
-                node.state = NodeState::Up;
-                node.reason.clear();
+                // A draining node stays draining when its agent reconnects.
+                if node.state != NodeState::Draining {
+                    node.state = NodeState::Up;
+                    node.reason.clear();
+                }
             }
             None => {
                 let node = Node {
@@ -1407,13 +1458,18 @@ impl ClusterState {
         match stop {
             Some(StopReason::Preempted { by, mode }) => return self.preempted_run_ended(id, by, mode, now),
             Some(StopReason::Resize { by }) => return self.resized_run_ended(id, by, now),
+            Some(StopReason::Drained) => {
+                // The cluster, not the job, stopped it: requeue regardless of --requeue.
+                self.requeue_run(id, "its node was drained", now);
+                return Outcome::RunUpdated { job: id, state: JobState::Pending };
+            }
             _ => {}
         }
         let (state, reason) = match (stop, exit) {
             (Some(StopReason::Cancelled), _) => (JobState::Cancelled, "cancelled".to_string()),
             (Some(StopReason::TimeLimit), _) => (JobState::Timeout, "time limit reached".to_string()),
             (Some(StopReason::TaskFailed), _) => (JobState::Failed, "a task failed".to_string()),
-            (Some(StopReason::Preempted { .. } | StopReason::Resize { .. }), _) => {
+            (Some(StopReason::Preempted { .. } | StopReason::Resize { .. } | StopReason::Drained), _) => {
                 unreachable!("handled above")
             }
             (None, RunExit::Code(0)) => (JobState::Completed, String::new()),
@@ -1492,6 +1548,10 @@ impl ClusterState {
             Some(StopReason::TaskFailed) => (JobState::Failed, failure.unwrap_or_default()),
             Some(StopReason::Preempted { by, .. }) => (JobState::Cancelled, format!("preempted by job {by}")),
             Some(StopReason::Resize { .. }) => (JobState::Failed, "a gang cannot be resized".to_string()),
+            Some(StopReason::Drained) => {
+                self.requeue_run(id, "a node of the gang was drained", now);
+                return Outcome::RunUpdated { job: id, state: JobState::Pending };
+            }
             None => {
                 if let Some(j) = self.jobs.get_mut(&id) {
                     j.exit_code = Some(0);

@@ -1381,3 +1381,30 @@ proptest! {
         prop_assert_eq!(serde_json::to_vec(&replica).unwrap(), serde_json::to_vec(&s).unwrap());
     }
 }
+
+#[test]
+fn a_drained_node_takes_no_work_and_its_jobs_requeue_through_the_checkpoint_path() {
+    let mut s = cluster(2);
+    let id = start(&mut s, spec(1, "inference"), 0);
+    assert!(!s.jobs[&id].spec.requeue);
+    let out = s.apply(&cmd(10, Op::DrainNode { node: "n1".into(), reason: "spot notice".into() }));
+    assert!(matches!(out, Outcome::NodeDown { .. }), "{out:?}");
+    assert_eq!(s.nodes["n1"].state, NodeState::Draining);
+    assert_eq!(s.jobs[&id].allocation.as_ref().unwrap().stop, Some(StopReason::Drained));
+    // Draining again changes nothing; an agent reconnecting does not undo it.
+    assert!(matches!(
+        s.apply(&cmd(11, Op::DrainNode { node: "n1".into(), reason: "x".into() })),
+        Outcome::Ignored(_)
+    ));
+    s.apply(&cmd(12, Op::RegisterNode { info: node_info("n1", 2) }));
+    assert_eq!(s.nodes["n1"].state, NodeState::Draining);
+    // The job checkpoints and exits: requeued (the cluster stopped it), and nothing starts here.
+    s.apply(&cmd(13, Op::JobExited { job: id, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) }));
+    assert_eq!((s.jobs[&id].state, s.jobs[&id].attempt), (JobState::Pending, 1));
+    assert!(plan(&s).plan.placements.is_empty());
+    assert!(matches!(
+        s.apply(&cmd(14, Op::DrainNode { node: "nope".into(), reason: "x".into() })),
+        Outcome::Rejected(Rejection::NotFound(_))
+    ));
+    s.check_invariants().unwrap();
+}

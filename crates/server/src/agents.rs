@@ -22,6 +22,8 @@ use crate::convert::node_info_from_pb;
 
 /// Grace between the stop signal and SIGKILL for cancels and time limits.
 const KILL_GRACE_S: u32 = 10;
+/// Most grace a drained node's jobs get (a spot interruption notice comes 2 minutes ahead).
+const DRAIN_GRACE_S: u32 = 100;
 /// What a job is sent to checkpoint when it named no signal of its own.
 const DEFAULT_CHECKPOINT_SIGNAL: &str = "SIGUSR1";
 
@@ -56,6 +58,8 @@ pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> 
             Some(StopReason::Preempted { mode: PreemptMode::Requeue, .. })
             | Some(StopReason::Resize { .. }) => (checkpoint_signal, grace),
             Some(StopReason::Preempted { .. }) => ("SIGTERM", grace),
+            // A spot notice leaves about two minutes: checkpoint within that.
+            Some(StopReason::Drained) => (checkpoint_signal, grace.min(DRAIN_GRACE_S)),
             _ => ("SIGTERM", KILL_GRACE_S),
         };
         out.push(pb::Assignment {
@@ -176,6 +180,20 @@ impl AgentService for Agents {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn drain(&self, request: Request<pb::DrainRequest>) -> Result<Response<pb::DrainResponse>, Status> {
+        let r = request.into_inner();
+        check_node(&self.ctx, &r.node_id)?;
+        let reason: String = r.reason.chars().take(256).collect();
+        tracing::warn!(node = %r.node_id, %reason, "node drains");
+        match self.ctx.write(Op::DrainNode { node: r.node_id, reason }).await? {
+            Outcome::Rejected(rej) => Err(rejection_status(rej)),
+            _ => {
+                self.ctx.kick.notify_one();
+                Ok(Response::new(pb::DrainResponse {}))
+            }
+        }
     }
 
     async fn report_status(

@@ -73,9 +73,11 @@ struct Booter {
 }
 
 impl Booter {
-    /// `types`: instance type → (GPUs, hourly price in milli-dollars).
+    /// `types`: instance type → (GPUs, hourly price in milli-dollars); `imds`: base URL of a
+    /// fake instance metadata service, each agent getting `<imds>/<instance id>`.
     fn start(
         url: String,
+        imds: Option<String>,
         dir: std::path::PathBuf,
         types: BTreeMap<String, (u32, usize)>,
         leak: String,
@@ -118,7 +120,12 @@ impl Booter {
                     // cloud-init would run the script; here: its `exec kairos-agent ...` line.
                     let line =
                         user_data.lines().find(|l| l.starts_with("exec kairos-agent")).expect("agent line");
-                    let args: Vec<&str> = line.split_whitespace().skip(2).collect();
+                    let imds_url = imds.as_ref().map(|base| format!("{base}/{}", i.id)).unwrap_or_default();
+                    let args: Vec<&str> = line
+                        .split_whitespace()
+                        .skip(2)
+                        .map(|a| if a == kairos_burst::reconcile::IMDS_URL { imds_url.as_str() } else { a })
+                        .collect();
                     let gpus = types[&i.instance_type].0;
                     let log = std::fs::File::create(dir.join(format!("agent-{}.log", i.id))).unwrap();
                     let child = Command::new(bin("kairos-agent"))
@@ -130,6 +137,8 @@ impl Booter {
                             "fake",
                             "--fake-gpus",
                             &format!("{gpus}xA10G"),
+                            "--spot-poll-ms",
+                            "200",
                         ])
                         .arg("--state-dir")
                         .arg(dir.join(format!("state-{}", i.id)))
@@ -204,7 +213,7 @@ fn inference_bursts_to_the_cloud_within_limits_and_idle_or_leaked_instances_are_
     ));
     let types: BTreeMap<String, (u32, usize)> =
         [("g5.xlarge".to_string(), (1, 1006)), ("g5.12xlarge".to_string(), (4, 5672))].into();
-    let booter = Booter::start(moto.url.clone(), dir.path().to_path_buf(), types, leak.clone());
+    let booter = Booter::start(moto.url.clone(), None, dir.path().to_path_buf(), types, leak.clone());
     let config = c.path("burst.toml");
     std::fs::write(
         &config,
@@ -320,6 +329,7 @@ fn a_leader_killed_between_intent_and_launch_answer_never_doubles_the_launch() {
     c.wait_state(training, "RUNNING");
     let booter = Booter::start(
         moto.url.clone(),
+        None,
         dir.path().to_path_buf(),
         [("g5.xlarge".to_string(), (1, 1006))].into(),
         String::new(),
@@ -372,7 +382,7 @@ fn a_storm_of_500_inference_jobs_never_takes_the_cloud_past_its_limits() {
     // spend limit (12 $/h): at most two g5.12xlarge.
     let types: BTreeMap<String, (u32, usize)> =
         [("g5.xlarge".to_string(), (1, 1006)), ("g5.12xlarge".to_string(), (4, 3600))].into();
-    let booter = Booter::start(moto.url.clone(), dir.path().to_path_buf(), types, String::new());
+    let booter = Booter::start(moto.url.clone(), None, dir.path().to_path_buf(), types, String::new());
     let config = c.path("burst.toml");
     std::fs::write(
         &config,
@@ -406,6 +416,108 @@ fn a_storm_of_500_inference_jobs_never_takes_the_cloud_past_its_limits() {
     assert!(gpus >= 4, "it did burst");
     let launched = moto_instances(&moto);
     assert!(launched.iter().all(|(_, intent, _)| intent != "-"), "{launched:?}");
+    drop(booter);
+    c.ok(&["cancel", &training.to_string()]);
+}
+
+/// A fake IMDSv2: `<base>/<instance id>/latest/...`; a spot notice for the ids in `notices`.
+fn fake_imds(notices: Arc<std::sync::Mutex<Vec<String>>>) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { return };
+            let mut buf = [0u8; 4096];
+            let n = s.read(&mut buf).unwrap_or(0);
+            let req = String::from_utf8_lossy(&buf[..n]).to_string();
+            let path = req.split_whitespace().nth(1).unwrap_or("").to_string();
+            let id = path.split('/').nth(1).unwrap_or("").to_string();
+            let reply = if path.ends_with("/latest/api/token") {
+                "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\ntok".to_string()
+            } else if path.ends_with("/spot/instance-action") && notices.lock().unwrap().contains(&id) {
+                let body = r#"{"action": "terminate", "time": "2026-11-30T00:00:00Z"}"#;
+                format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+            } else {
+                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_string()
+            };
+            let _ = s.write_all(reply.as_bytes());
+        }
+    });
+    base
+}
+
+#[test]
+fn a_spot_interruption_notice_drains_the_node_and_its_job_requeues_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let moto = Moto::start(&dir.path().join("moto.log"));
+    let ami = moto.python("print(ec2.describe_images()['Images'][0]['ImageId'])");
+    moto.python(&format!(
+        "ec2.create_launch_template(LaunchTemplateName='kairos-burst', LaunchTemplateData={{'ImageId': '{ami}'}})"
+    ));
+    let c = Cluster::start_with(
+        1,
+        1,
+        &["--cluster-name", CLUSTER, "--burst-endpoint", &moto.url, "--burst-interval-ms", "200"],
+    );
+    let training = c.submit(&["--qos", "training", "--gpus", "1", "--", "sleep", "600"]);
+    c.wait_state(training, "RUNNING");
+    let notices = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let imds = fake_imds(notices.clone());
+    let booter = Booter::start(
+        moto.url.clone(),
+        Some(imds),
+        dir.path().to_path_buf(),
+        [("g5.xlarge".to_string(), (1, 400))].into(),
+        String::new(),
+    );
+    let config = c.path("burst.toml");
+    std::fs::write(
+        &config,
+        "enabled = true\nlaunch_template = \"kairos-burst\"\nspot_allowed = true\nmax_instances = 2\nmax_gpus = 2\n\
+         max_hourly_spend = 3.0\nmin_wait = \"0s\"\nqos = [\"inference\"]\n[[instance_types]]\nname = \"g5.xlarge\"\n\
+         gpus = 1\ngpu_model = \"A10G\"\nhourly_price = 1.006\nspot_price = 0.4\n",
+    )
+    .unwrap();
+    c.ok(&["burst", "config", "apply", config.to_str().unwrap()]);
+    // A job that checkpoints on its checkpoint signal and then exits (train.sh).
+    let steps = c.path("steps");
+    let job = c.submit(&[
+        "--profile",
+        "inference",
+        "--env",
+        "STEPS=40",
+        "--env",
+        &format!("OUT={}", steps.display()),
+        "--",
+        "sh",
+        &format!("{}/../../examples/train.sh", env!("CARGO_MANIFEST_DIR")),
+    ]);
+    let running = c.wait_state(job, "RUNNING");
+    assert_eq!(running["node"], "burst-1");
+    wait_for("progress", || {
+        (std::fs::read_to_string(&steps).unwrap_or_default().lines().count() >= 3).then_some(())
+    });
+    let status: serde_json::Value = serde_json::from_str(&c.ok(&["burst", "status", "--json"])).unwrap();
+    let first = status["instances"].as_array().unwrap().iter().find(|i| i["intent"] == 1).unwrap().clone();
+    assert_eq!(first["spot"], true);
+    notices.lock().unwrap().push(first["instance_id"].as_str().unwrap().to_string());
+    // The notice drains burst-1: the job checkpoints, requeues, and completes on a new instance.
+    let done = c.wait_done(job);
+    assert_eq!((done["state"].as_str(), done["attempt"].as_u64()), (Some("COMPLETED"), Some(1)), "{done}");
+    assert_eq!(done["node"], "burst-2", "{done}");
+    let kinds: Vec<&str> =
+        done["events"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert!(kinds.contains(&"drain") && kinds.contains(&"requeued"), "{kinds:?}");
+    // The drained instance is terminated on moto.
+    wait_for("the drained instance terminated", || {
+        let status: serde_json::Value = serde_json::from_str(&c.ok(&["burst", "status", "--json"])).ok()?;
+        let one = status["instances"].as_array()?.iter().find(|i| i["intent"] == 1)?.clone();
+        (one["state"] == "gone").then_some(())
+    });
+    let states = moto_instances(&moto);
+    let first_id = first["instance_id"].as_str().unwrap();
+    assert!(states.iter().any(|(id, _, s)| id == first_id && s == "terminated"), "{states:?}");
     drop(booter);
     c.ok(&["cancel", &training.to_string()]);
 }
