@@ -83,16 +83,14 @@ pub fn decide(state: &ClusterState, now: i64) -> Decision {
     let (used, total) = on_prem_usage(state);
     // No on-prem GPU at all counts as saturated: the cloud is the only capacity.
     let pct = (used * 100).checked_div(total).unwrap_or(100);
-    let waiting = waiting_jobs(state, now);
-    if waiting.is_empty() {
+    if pct < u64::from(cfg.saturation_pct) {
+        // (Not saturated: the pending jobs are not even looked at, so this costs O(nodes).)
+        d.held_back =
+            Some(format!("on-prem GPUs are only {pct}% allocated (burst threshold {}%)", cfg.saturation_pct));
         return d;
     }
-    if pct < u64::from(cfg.saturation_pct) {
-        d.held_back = Some(format!(
-            "{} burstable jobs wait but on-prem GPUs are only {pct}% allocated (threshold {}%)",
-            waiting.len(),
-            cfg.saturation_pct
-        ));
+    let waiting = waiting_jobs(state, now);
+    if waiting.is_empty() {
         return d;
     }
     // Capacity already there or coming: free GPUs of live cloud nodes, whole instances not joined.

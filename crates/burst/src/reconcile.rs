@@ -19,6 +19,9 @@ use kairos_scheduler::Op;
 use crate::policy::Decision;
 use crate::provider::{Cloud, CloudError, CloudInstance, LaunchSpec};
 
+/// Prefix of the decisions that say why burst holds back.
+const HELD_BACK: &str = "held back: ";
+
 /// A launch failing this many times for other reasons than capacity is given up.
 const LAUNCH_ATTEMPTS_MAX: u32 = 3;
 
@@ -103,6 +106,14 @@ pub async fn round<C: Cloud>(
     }
     for (intent, reason) in &decision.terminate {
         ops.push(Op::BurstTerminate { intent: *intent, reason: reason.clone() });
+    }
+    // Why burstable work still waits (a limit, no fitting type): noted once per change.
+    if let Some(why) = decision.held_back.as_ref().filter(|w| !w.starts_with("on-prem GPUs are only")) {
+        let note = format!("{HELD_BACK}{why}");
+        let last = burst.decisions.iter().rev().find(|(_, m)| m.starts_with(HELD_BACK));
+        if last.is_none_or(|(_, m)| *m != note) {
+            ops.push(Op::BurstNote { message: note });
+        }
     }
     if !burst.config.enabled && burst.live().next().is_none() && memory.leaks.is_empty() {
         // Nothing of ours should exist; an occasional leak scan still runs while enabled or

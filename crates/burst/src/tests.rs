@@ -136,7 +136,7 @@ fn nothing_bursts_below_saturation_or_for_training() {
     submit(&mut s, spec);
     let d = decide(&s, 100_000);
     assert!(d.launches.is_empty());
-    assert!(d.held_back.unwrap().contains("only 0% allocated"));
+    assert!(d.held_back.unwrap().contains("only 0% allocated"), "below the 90% threshold");
     let s = {
         let mut s = saturated(&[]);
         let mut t = JobSpec::new("t2", "alice", vec!["true".into()], 1);
@@ -311,4 +311,19 @@ async fn leaks_are_terminated_after_a_grace_and_capacity_errors_fall_back() {
     assert_eq!(s.burst.instances[&1].state, InstanceState::Gone);
     run_round(&cloud, &mut s, &mut memory, 61_000).await;
     assert_eq!(s.burst.instances[&2].instance_type, "g.big");
+}
+
+#[tokio::test]
+async fn why_burst_holds_back_is_noted_once_for_the_status() {
+    let cloud = FakeCloud::default();
+    let mut s = saturated(&[4; 12]);
+    let mut memory = Memory::default();
+    run_round(&cloud, &mut s, &mut memory, 60_000).await;
+    let noted = |s: &ClusterState| {
+        s.burst.decisions.iter().filter(|(_, m)| m.starts_with("held back: limit reached")).count()
+    };
+    assert_eq!(noted(&s), 1, "{:?}", s.burst.decisions);
+    run_round(&cloud, &mut s, &mut memory, 61_000).await;
+    run_round(&cloud, &mut s, &mut memory, 62_000).await;
+    assert_eq!(noted(&s), 1, "not again while nothing changed: {:?}", s.burst.decisions);
 }

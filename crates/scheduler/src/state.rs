@@ -174,6 +174,10 @@ pub enum Op {
         intent: u64,
         reason: String,
     },
+    /// Records why burst holds back (a limit, no fitting type), for `kairos burst status`.
+    BurstNote {
+        message: String,
+    },
     /// The node is going away: nothing new is placed there and its jobs are stopped with the
     /// checkpoint signal and requeued (a spot interruption notice).
     DrainNode {
@@ -405,6 +409,10 @@ impl ClusterState {
             }
             Op::BurstTerminate { intent, reason } => self.burst_terminate(*intent, reason, now),
             Op::BurstGone { intent, reason } => self.burst_gone(*intent, reason, now),
+            Op::BurstNote { message } => {
+                self.burst.note(now, message.chars().take(256).collect());
+                Outcome::Burst { intents: Vec::new() }
+            }
             Op::PutQos { qos, must_exist } => {
                 match (must_exist, self.policy.qos.contains_key(&qos.name)) {
                     (Some(true), false) => {
