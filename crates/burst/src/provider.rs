@@ -129,8 +129,15 @@ impl Ec2Cloud {
                 aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
             ))
             .build_https();
+        // A hung endpoint must not hang the reconciler: every call ends within these bounds
+        // (the SDK's standard retry, with backoff, happens inside them).
+        let timeouts = aws_config::timeout::TimeoutConfig::builder()
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .operation_timeout(std::time::Duration::from_secs(30))
+            .build();
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
             .http_client(http)
+            .timeout_config(timeouts)
             .region(aws_config::Region::new(region.to_string()));
         if let Some(url) = endpoint {
             loader = loader.endpoint_url(url);

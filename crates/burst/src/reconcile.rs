@@ -21,6 +21,8 @@ use crate::provider::{Cloud, CloudError, CloudInstance, LaunchSpec};
 
 /// Prefix of the decisions that say why burst holds back.
 const HELD_BACK: &str = "held back: ";
+/// Prefix of the decisions that report a cloud API error.
+pub const CLOUD_ERROR: &str = "cloud error: ";
 
 /// A launch failing this many times for other reasons than capacity is given up.
 const LAUNCH_ATTEMPTS_MAX: u32 = 3;
@@ -123,7 +125,14 @@ pub async fn round<C: Cloud>(
     let listed = match cloud.list(&settings.cluster).await {
         Ok(l) => l,
         Err(e) => {
-            report.errors.push(format!("listing instances: {e}"));
+            let error = format!("listing instances: {e}");
+            // Surfaced in `burst status` (once per distinct error), retried next round.
+            let note = format!("{CLOUD_ERROR}{}", error.chars().take(200).collect::<String>());
+            let last = burst.decisions.iter().rev().find(|(_, m)| m.starts_with(CLOUD_ERROR));
+            if last.is_none_or(|(_, m)| *m != note) {
+                ops.push(Op::BurstNote { message: note });
+            }
+            report.errors.push(error);
             return (ops, report);
         }
     };

@@ -30,8 +30,14 @@ pub struct BurstOptions {
 pub async fn run(ctx: Ctx, options: BurstOptions) {
     let mut memory = Memory::default();
     let mut cloud: Option<(String, Ec2Cloud)> = None;
+    // Consecutive rounds with cloud errors: the next round waits 2^n intervals (at most 30 s).
+    let mut failing: u32 = 0;
     loop {
-        tokio::time::sleep(options.interval).await;
+        let backoff = options
+            .interval
+            .saturating_mul(1 << failing.min(5))
+            .min(Duration::from_secs(30).max(options.interval));
+        tokio::time::sleep(backoff).await;
         if !ctx.replica.is_leader() {
             memory = Memory::default();
             continue;
@@ -64,6 +70,7 @@ pub async fn run(ctx: Ctx, options: BurstOptions) {
         for e in &report.errors {
             tracing::warn!(error = %e, "burst reconcile");
         }
+        failing = if report.errors.is_empty() { 0 } else { failing.saturating_add(1) };
         for (intent, id) in &report.launched {
             tracing::info!(intent, instance = %id, "burst instance launched");
         }

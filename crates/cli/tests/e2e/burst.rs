@@ -256,9 +256,27 @@ hourly_price = 5.672
             ])
         })
         .collect();
+    // Training never goes to cloud nodes (not configured to); a model no allowed type has
+    // never triggers a launch.
+    let more_training = c.submit(&["--qos", "training", "--gpus", "1", "--", "true"]);
+    let v100 = c.submit(&["--profile", "inference", "--gpu-model", "V100", "--", "true"]);
     for id in &jobs {
         assert_eq!(c.wait_done(*id)["state"], "COMPLETED");
     }
+    assert_eq!(c.job(more_training)["state"], "PENDING");
+    assert_eq!(c.job(v100)["state"], "PENDING");
+    let held: serde_json::Value = serde_json::from_str(&c.ok(&["burst", "status", "--json"])).unwrap();
+    let why = format!("held back: job {v100} needs 1 V100 GPUs: no allowed instance type fits");
+    assert!(
+        held["decisions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["message"].as_str().is_some_and(|m| m.starts_with(&why))),
+        "{held}"
+    );
+    c.ok(&["cancel", &more_training.to_string()]);
+    c.ok(&["cancel", &v100.to_string()]);
     // They ran on burst nodes, never on the on-prem node (full of training).
     let nodes = std::fs::read_to_string(&ran).unwrap();
     assert_eq!(nodes.lines().count(), 3, "{nodes}");
@@ -522,6 +540,64 @@ fn a_spot_interruption_notice_drains_the_node_and_its_job_requeues_elsewhere() {
     c.ok(&["cancel", &training.to_string()]);
 }
 
+/// An "EC2 endpoint" that answers every request with 500.
+fn broken_endpoint() -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { return };
+            let mut buf = [0u8; 65536];
+            let _ = s.read(&mut buf);
+            let body = "<Response><Errors><Error><Code>InternalError</Code><Message>boom</Message></Error></Errors></Response>";
+            let _ = s.write_all(
+                format!("HTTP/1.1 500 Internal Server Error\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+                    .as_bytes(),
+            );
+        }
+    });
+    url
+}
+
+#[test]
+fn cloud_errors_are_retried_surface_in_status_and_crash_nothing() {
+    let url = broken_endpoint();
+    let mut c = Cluster::start_with(
+        1,
+        1,
+        &["--cluster-name", CLUSTER, "--burst-endpoint", &url, "--burst-interval-ms", "200"],
+    );
+    let training = c.submit(&["--qos", "training", "--gpus", "1", "--", "sleep", "600"]);
+    c.wait_state(training, "RUNNING");
+    let config = c.path("burst.toml");
+    std::fs::write(
+        &config,
+        "enabled = true\nlaunch_template = \"kairos-burst\"\nmax_instances = 1\nmax_gpus = 1\nmax_hourly_spend = 2.0\n\
+         min_wait = \"0s\"\nqos = [\"inference\"]\n[[instance_types]]\nname = \"g5.xlarge\"\ngpus = 1\n\
+         gpu_model = \"A10G\"\nhourly_price = 1.006\n",
+    )
+    .unwrap();
+    c.ok(&["burst", "config", "apply", config.to_str().unwrap()]);
+    let job = c.submit(&["--profile", "inference", "--", "true"]);
+    let status = wait_for("the cloud error in burst status", || {
+        let s: serde_json::Value = serde_json::from_str(&c.ok(&["burst", "status", "--json"])).ok()?;
+        s["decisions"]
+            .as_array()?
+            .iter()
+            .any(|d| d["message"].as_str().is_some_and(|m| m.starts_with("cloud error:")))
+            .then_some(s)
+    });
+    assert!(status.to_string().contains("500") || status.to_string().contains("InternalError"), "{status}");
+    // Nothing crashed: the controller serves, the job waits, the training job runs on.
+    let alive = c.controllers[0].child.as_mut().unwrap().try_wait().unwrap().is_none();
+    assert!(alive, "kairosd died");
+    assert_eq!(c.job(job)["state"], "PENDING");
+    assert_eq!(c.job(training)["state"], "RUNNING");
+    c.ok(&["cancel", &job.to_string()]);
+    c.ok(&["cancel", &training.to_string()]);
+}
+
 #[test]
 fn bad_burst_configuration_is_refused_whole() {
     let c = Cluster::start(1);
@@ -531,6 +607,8 @@ fn bad_burst_configuration_is_refused_whole() {
         ("enabled = true\nmax_gpus = \"many\"\n", "line 2, column 12"),
         ("qos = [\"nope\"]\n", "unknown qos \"nope\""),
         ("colour = \"blue\"\n", "unknown field `colour`"),
+        ("max_instances = -1\n", "line 1, column 17"),
+        ("max_hourly_spend = -5.0\n", "max_hourly_spend: -5 is not an amount"),
     ] {
         std::fs::write(&config, text).unwrap();
         let out = c.kairos(&["burst", "config", "apply", config.to_str().unwrap()]);
