@@ -97,6 +97,10 @@ enum Cmd {
         /// GPUs, KAIROS_GPUS says how many) instead of stopping it; it grows back later.
         #[arg(long, allow_negative_numbers = true, value_parser = parse_min_gpus)]
         min_gpus: Option<u32>,
+        /// Elastic gang: the fewest nodes it can run on. Preemption releases whole nodes of it
+        /// (restart on fewer, WORLD_SIZE says how many) instead of stopping it; it grows back.
+        #[arg(long, allow_negative_numbers = true, value_parser = parse_min_gpus)]
+        min_nodes: Option<u32>,
         /// The job tolerates SIGSTOP/SIGCONT: a SUSPEND-mode QoS pauses it instead of stopping it.
         #[arg(long)]
         suspendable: bool,
@@ -916,6 +920,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             account,
             partition,
             min_gpus,
+            min_nodes,
             suspendable,
             checkpoint_signal,
             checkpoint_grace,
@@ -944,6 +949,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     tasks: nodes,
                     gpu_model: gpu_model.unwrap_or_default(),
                     min_gpus: min_gpus.unwrap_or(0),
+                    min_tasks: min_nodes.unwrap_or(0),
                     ..Default::default()
                 }),
                 suspendable,

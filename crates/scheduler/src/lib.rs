@@ -31,7 +31,9 @@ pub use model::{
     Allocation, Gpu, GpuIndex, Job, JobEvent, JobId, JobSpec, JobState, Node, NodeInfo, NodeState, Profile,
     StopReason,
 };
-pub use planner::{plan, plan_with, PendingReason, PlanConfig, PlanOutput, PreemptPlan, Reservation};
+pub use planner::{
+    plan, plan_with, GrowPlan, PendingReason, PlanConfig, PlanOutput, PreemptPlan, Reservation,
+};
 pub use state::{ClusterState, Command, Op, Outcome, Placement, Plan, Rejection, RunExit};
 pub use validate::{validate_node, validate_spec, ValidationError};
 

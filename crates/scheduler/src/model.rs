@@ -128,6 +128,10 @@ pub struct JobSpec {
     /// on fewer GPUs) instead of stopping it, and it grows back when GPUs free up.
     #[serde(default)]
     pub min_gpus: Option<u32>,
+    /// Elastic gangs: the fewest nodes (tasks) the gang can run on. Preemption releases whole
+    /// nodes of it (restart on fewer) instead of stopping it, and it grows back later.
+    #[serde(default)]
+    pub min_tasks: Option<u32>,
     /// The job tolerates SIGSTOP/SIGCONT: a SUSPEND-mode preemption pauses it instead.
     #[serde(default)]
     pub suspendable: bool,
@@ -164,15 +168,21 @@ impl JobSpec {
             partition: String::new(),
             tasks: 1,
             min_gpus: None,
+            min_tasks: None,
             suspendable: false,
             checkpoint_signal: None,
             checkpoint_grace_s: None,
         }
     }
 
-    /// Whether preemption may shrink the job instead of stopping it.
+    /// Whether preemption may shrink the job (fewer GPUs) instead of stopping it.
     pub fn is_elastic(&self) -> bool {
         self.min_gpus.is_some_and(|m| m < self.gpus) && self.tasks <= 1
+    }
+
+    /// Whether preemption may release whole nodes of this gang instead of stopping it.
+    pub fn is_elastic_gang(&self) -> bool {
+        self.min_tasks.is_some_and(|m| m < self.tasks) && self.tasks > 1
     }
 
     /// GPUs of all tasks together.
@@ -244,11 +254,23 @@ pub enum StopReason {
     Drained,
 }
 
-/// GPUs freed by preemption and promised to the preemptor until it starts.
+/// GPUs freed by preemption and promised to the preemptor until it starts (or kept for a
+/// resized job's next run: an elastic gang's claim covers all its remaining nodes).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claim {
     pub node: String,
     pub gpus: Vec<GpuIndex>,
+    /// Ranks 1.. of a claimed gang placement.
+    #[serde(default)]
+    pub more: Vec<TaskPlacement>,
+}
+
+impl Claim {
+    /// (node, GPUs) of every claimed task.
+    pub fn tasks(&self) -> impl Iterator<Item = (&str, &[GpuIndex])> {
+        std::iter::once((self.node.as_str(), self.gpus.as_slice()))
+            .chain(self.more.iter().map(|t| (t.node.as_str(), t.gpus.as_slice())))
+    }
 }
 
 /// One task of a gang job (ranks after the first).
@@ -345,6 +367,9 @@ pub struct Job {
     /// Elastic jobs: the GPU count of the current (or next) run when resized (None = `spec.gpus`).
     #[serde(default)]
     pub width: Option<u32>,
+    /// Elastic gangs: the task (node) count of the current (or next) run when resized.
+    #[serde(default)]
+    pub tasks_now: Option<u32>,
     /// Time the current run spent suspended (does not count against its time limit).
     #[serde(default)]
     pub suspended_ms: i64,
@@ -359,9 +384,14 @@ impl Job {
         self.width.unwrap_or(self.spec.gpus)
     }
 
+    /// Tasks (nodes) of the current (or next) run: the spec's, unless an elastic gang shrank.
+    pub fn tasks(&self) -> u32 {
+        self.tasks_now.unwrap_or(self.spec.tasks).max(1)
+    }
+
     /// GPUs of all tasks of the current (or next) run together.
     pub fn total_gpus(&self) -> u32 {
-        self.gpus().saturating_mul(self.spec.tasks.max(1))
+        self.gpus().saturating_mul(self.tasks())
     }
 
     pub(crate) fn record(&mut self, time_ms: i64, kind: &str, message: String) {

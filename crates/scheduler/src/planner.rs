@@ -83,9 +83,20 @@ pub struct PlanOutput {
     pub reservation: Option<Reservation>,
     /// Running jobs to preempt so the top blocked job can start, if its QoS may.
     pub preemption: Option<PreemptPlan>,
-    /// Shrunk elastic jobs to grow back onto free GPUs of their node (only when no job waits
-    /// for resources): (job, attempt, the full new GPU set).
-    pub grow: Vec<(JobId, u32, Vec<GpuIndex>)>,
+    /// Shrunk elastic jobs to grow back onto free GPUs of their node, or shrunk elastic gangs
+    /// onto free nodes (only when no job waits for resources).
+    pub grow: Vec<GrowPlan>,
+}
+
+/// Growing one running elastic job back (proposed as `Op::Resize`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrowPlan {
+    pub job: JobId,
+    pub attempt: u32,
+    /// Rank 0's GPUs after growing (a single-node job's whole new set).
+    pub gpus: Vec<GpuIndex>,
+    /// Gangs: ranks 1.. after growing (the current ones, then the new nodes).
+    pub more: Vec<TaskPlacement>,
 }
 
 /// A proposed preemption: stop `victims` on `node` and give `gpus` there to `preemptor`.
@@ -336,8 +347,9 @@ impl<'a> Pass<'a> {
                 .filter(|v| state.preemptible(job, v, now).is_ok())
                 .filter_map(|v| {
                     let a = v.allocation.as_ref()?;
-                    let mut matching: Vec<GpuIndex> = a
-                        .gpus
+                    // The victim's task on this node (an elastic gang gives it up whole).
+                    let (_, _, task_gpus) = a.tasks().find(|(_, n, _)| *n == node.name)?;
+                    let mut matching: Vec<GpuIndex> = task_gpus
                         .iter()
                         .copied()
                         .filter(|g| {
@@ -359,7 +371,7 @@ impl<'a> Pass<'a> {
                         v.start_time_ms.unwrap_or(now).max(v.last_checkpoint_ms.unwrap_or(i64::MIN));
                     let ran_ms = now.saturating_sub(safe_at).max(0) as u128;
                     let free = state.preemption_is_free(v, matching.len().min(need) as u32);
-                    let damage = if free { 0 } else { u128::from(v.gpus()) * ran_ms };
+                    let damage = if free { 0 } else { u128::from(v.total_gpus()) * ran_ms };
                     Some((damage, v.priority, v.id, matching))
                 })
                 .collect();
@@ -389,28 +401,67 @@ impl<'a> Pass<'a> {
 
     /// Shrunk elastic jobs that can take free GPUs of their own node back (up to their full
     /// size), in id order; the GPUs are taken from this pass.
-    fn grow_back(&mut self) -> Vec<(JobId, u32, Vec<GpuIndex>)> {
+    fn grow_back(&mut self) -> Vec<GrowPlan> {
         let state = self.state;
         let mut out = Vec::new();
         for job in state.jobs_running() {
             let Some(a) = job.allocation.as_ref() else { continue };
+            if job.state != JobState::Running || a.stop.is_some() {
+                continue;
+            }
+            if job.spec.is_elastic_gang() && job.tasks() < job.spec.tasks {
+                if let Some(g) = self.grow_gang(job, a) {
+                    out.push(g);
+                }
+                continue;
+            }
             let shrunk = job.gpus() < job.spec.gpus && job.spec.is_elastic();
-            if !shrunk || job.state != JobState::Running || a.stop.is_some() || !a.more.is_empty() {
+            if !shrunk || !a.more.is_empty() {
                 continue;
             }
             let Some(pos) = self.nodes.iter().position(|n| n.name == a.node) else { continue };
             let usable = self.nodes[pos].usable(job.spec.gpu_model.as_deref(), false);
             let extra = pick_gpus(&usable, usable.len().min((job.spec.gpus - job.gpus()) as usize));
-            if extra.is_empty() || !state.may_grow(job, job.gpus() + extra.len() as u32) {
+            if extra.is_empty() || !state.may_grow(job, job.gpus() + extra.len() as u32, 1) {
                 continue;
             }
             self.take(pos, &extra, state.expected_end_ms(job));
             let mut gpus = a.gpus.clone();
             gpus.extend(extra);
             gpus.sort_unstable();
-            out.push((job.id, job.attempt, gpus));
+            out.push(GrowPlan { job: job.id, attempt: job.attempt, gpus, more: Vec::new() });
         }
         out
+    }
+
+    /// More nodes for a shrunk elastic gang: free nodes it does not use, tightest first.
+    fn grow_gang(&mut self, job: &Job, a: &crate::model::Allocation) -> Option<GrowPlan> {
+        let state = self.state;
+        let (count, model) = (job.gpus() as usize, job.spec.gpu_model.as_deref());
+        let part = state.partition_of(job);
+        let cloud_ok = state.may_burst(job);
+        let mut candidates: Vec<(usize, usize)> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| a.rank_on(n.name).is_none())
+            .filter(|(_, n)| part.is_none_or(|p| p.contains(n.name, n.labels)) && (cloud_ok || !n.cloud))
+            .map(|(pos, n)| (n.usable_count(model, false), pos))
+            .filter(|(usable, _)| *usable >= count)
+            .collect();
+        candidates.sort_unstable();
+        let want = (job.spec.tasks - job.tasks()) as usize;
+        let chosen: Vec<usize> = candidates.into_iter().take(want).map(|(_, pos)| pos).collect();
+        if chosen.is_empty() || !state.may_grow(job, job.gpus(), job.tasks() + chosen.len() as u32) {
+            return None;
+        }
+        let mut more = a.more.clone();
+        for pos in chosen {
+            let gpus = pick_gpus(&self.nodes[pos].usable(model, false), count);
+            self.take(pos, &gpus, state.expected_end_ms(job));
+            more.push(TaskPlacement { node: self.nodes[pos].name.to_string(), gpus });
+        }
+        Some(GrowPlan { job: job.id, attempt: job.attempt, gpus: a.gpus.clone(), more })
     }
 
     /// The earliest node, GPUs and time at which `job` could start, from expected ends.
@@ -518,13 +569,20 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             continue;
         }
         if let Some(claim) = &job.claim {
-            // A preemptor starts exactly on the GPUs its victims free, as soon as they are free.
-            let free = state.nodes.get(&claim.node).is_some_and(|n| {
-                n.state == NodeState::Up && claim.gpus.iter().all(|g| !n.allocated.contains_key(g))
+            // A preemptor (or a resized job) starts exactly on its claimed GPUs, once all free.
+            let free = claim.tasks().all(|(node, gpus)| {
+                state.nodes.get(node).is_some_and(|n| {
+                    n.state == NodeState::Up && gpus.iter().all(|g| !n.allocated.contains_key(g))
+                })
             });
             if free && out.plan.placements.len() < PLAN_PLACEMENTS_MAX {
                 usage.add(job, &state.policy);
-                out.plan.placements.push(Placement::single(job.id, claim.node.clone(), claim.gpus.clone()));
+                out.plan.placements.push(Placement {
+                    job: job.id,
+                    node: claim.node.clone(),
+                    gpus: claim.gpus.clone(),
+                    more: claim.more.clone(),
+                });
             } else {
                 pending.push((job.id, PendingReason::Preempting));
             }
@@ -554,7 +612,7 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             pending.push((job.id, PendingReason::ReqNodeNotAvail(why)));
             continue;
         }
-        let tasks = job.spec.tasks.max(1) as usize;
+        let tasks = job.tasks() as usize;
         if tasks > 1 {
             let total = largest_gang(state, job.gpus() as usize, model, part);
             if total < tasks {

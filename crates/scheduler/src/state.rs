@@ -143,6 +143,10 @@ pub enum Op {
         job: JobId,
         attempt: u32,
         gpus: Vec<GpuIndex>,
+        /// Elastic gangs: ranks 1.. of the grown run (the current ones first, then new nodes);
+        /// `gpus` is then rank 0's, unchanged.
+        #[serde(default)]
+        more: Vec<crate::model::TaskPlacement>,
     },
     /// Replaces the burst configuration (validated whole).
     SetBurstConfig {
@@ -242,6 +246,8 @@ enum VictimAction {
     Stop(crate::policy::PreemptMode),
     /// Restart an elastic job on the GPUs it keeps.
     Shrink,
+    /// Restart an elastic gang on its other nodes (this node's task is released).
+    ShrinkGang,
     /// SIGSTOP the job and lend its GPUs to the preemptor.
     Suspend,
 }
@@ -399,7 +405,13 @@ impl ClusterState {
                 Err(why) => Outcome::Ignored(why),
             },
             Op::Release { job, by } => self.set_held(*job, false, by, now),
-            Op::Resize { job, attempt, gpus } => self.grow(*job, *attempt, gpus, now),
+            Op::Resize { job, attempt, gpus, more } => {
+                if more.is_empty() {
+                    self.grow(*job, *attempt, gpus, now)
+                } else {
+                    self.grow_gang(*job, *attempt, gpus, more, now)
+                }
+            }
             Op::SetBurstConfig { config } => self.set_burst_config(config, now),
             Op::DrainNode { node, reason } => self.drain_node(node, reason, now),
             Op::BurstLaunch { launches, reason } => self.burst_launch(launches, reason, now),
@@ -660,6 +672,7 @@ impl ClusterState {
             preempted_at: Vec::new(),
             last_checkpoint_ms: None,
             width: None,
+            tasks_now: None,
             suspended_ms: 0,
             suspended_since: None,
         };
@@ -768,8 +781,8 @@ impl ClusterState {
         if v_qos.preempt_mode == crate::policy::PreemptMode::Off {
             return Err(format!("qos \"{}\" is never preempted", v_qos.name));
         }
-        if alloc.task_count() > 1 {
-            return Err(format!("job {} is a gang", victim.id));
+        if alloc.task_count() > 1 && victim.tasks() <= victim.spec.min_tasks.unwrap_or(u32::MAX) {
+            return Err(format!("job {} is a gang that cannot release a node", victim.id));
         }
         let ran_ms = now.saturating_sub(victim.start_time_ms.unwrap_or(now));
         if ran_ms < (v_qos.preempt_exempt_s as i64).saturating_mul(1000) {
@@ -814,7 +827,7 @@ impl ClusterState {
             if let Err(why) = self.preemptible(p, victim, now) {
                 return reject(why);
             }
-            if victim.allocation.as_ref().is_none_or(|a| a.node != node) {
+            if victim.allocation.as_ref().is_none_or(|a| a.rank_on(node).is_none()) {
                 return reject(format!("job {v} does not run on \"{node}\""));
             }
         }
@@ -843,7 +856,12 @@ impl ClusterState {
         let mut actions = Vec::with_capacity(victims.len());
         for v in victims {
             let victim = &self.jobs[v];
-            let held = victim.allocation.as_ref().map(|a| a.gpus.as_slice()).unwrap_or_default();
+            // The victim's task on this node (rank 0's for a single-node job).
+            let held = victim
+                .allocation
+                .as_ref()
+                .and_then(|a| a.tasks().find(|(_, n, _)| *n == node).map(|(_, _, g)| g))
+                .unwrap_or_default();
             let taken: Vec<GpuIndex> = held.iter().copied().filter(|g| gpus.contains(g)).collect();
             if taken.is_empty() {
                 return reject(format!("job {v} gives none of the GPUs"));
@@ -853,7 +871,7 @@ impl ClusterState {
         // Commit: victims stop, shrink or pause; the GPUs are claimed for the preemptor.
         for (v, action, taken) in actions {
             let victim = self.jobs.get_mut(&v).expect("validated");
-            let held = victim.gpus();
+            let held = victim.total_gpus();
             let safe_at =
                 victim.start_time_ms.unwrap_or(now).max(victim.last_checkpoint_ms.unwrap_or(i64::MIN));
             let lost_s = now.saturating_sub(safe_at).max(0) as u64 / 1000;
@@ -873,6 +891,28 @@ impl ClusterState {
                     alloc.stop = Some(StopReason::Preempted { by: preemptor, mode });
                     record.mode = mode;
                     format!("by job {preemptor}, mode {}, {} GPU-s lost", mode.as_str(), record.gpu_s_lost)
+                }
+                VictimAction::ShrinkGang => {
+                    alloc.stop = Some(StopReason::Resize { by: Some(preemptor) });
+                    // Every other node of the gang is kept (claimed for the next run).
+                    let kept: Vec<(String, Vec<GpuIndex>)> = alloc
+                        .tasks()
+                        .filter(|(_, n, _)| *n != node)
+                        .map(|(_, n, g)| (n.to_string(), g.to_vec()))
+                        .collect();
+                    record.shrunk_to = Some(kept.iter().map(|(_, g)| g.len() as u32).sum());
+                    for (n, gs) in &kept {
+                        if let Some(n) = self.nodes.get_mut(n) {
+                            for g in gs {
+                                n.claimed.insert(*g, v);
+                            }
+                        }
+                    }
+                    format!(
+                        "by job {preemptor}: releasing node \"{node}\", {} nodes remain, {} GPU-s lost",
+                        kept.len(),
+                        record.gpu_s_lost
+                    )
                 }
                 VictimAction::Shrink => {
                     alloc.stop = Some(StopReason::Resize { by: Some(preemptor) });
@@ -918,7 +958,7 @@ impl ClusterState {
             n.claimed.insert(*g, preemptor);
         }
         let p = self.jobs.get_mut(&preemptor).expect("validated");
-        p.claim = Some(crate::model::Claim { node: node.to_string(), gpus: gpus.to_vec() });
+        p.claim = Some(crate::model::Claim { node: node.to_string(), gpus: gpus.to_vec(), more: Vec::new() });
         p.record(now, "preempting", format!("jobs {victims:?} on \"{node}\" for GPUs {gpus:?}"));
         Outcome::Preempted { preemptor, victims: victims.to_vec() }
     }
@@ -928,6 +968,10 @@ impl ClusterState {
     /// paused; otherwise its QoS mode decides (SUSPEND without `suspendable` requeues).
     fn victim_action(&self, victim: &Job, taken: u32) -> VictimAction {
         use crate::policy::PreemptMode;
+        if victim.allocation.as_ref().is_some_and(|a| a.task_count() > 1) {
+            // Only an elastic gang above its minimum is preemptible at all (`preemptible`).
+            return VictimAction::ShrinkGang;
+        }
         let kept = victim.gpus().saturating_sub(taken);
         if victim.spec.is_elastic() && kept > 0 && victim.spec.min_gpus.is_some_and(|m| kept >= m) {
             return VictimAction::Shrink;
@@ -1017,11 +1061,71 @@ impl ClusterState {
     }
 
     /// Whether running `job` may grow to `gpus` GPUs within its QoS limits.
-    pub fn may_grow(&self, job: &Job, gpus: u32) -> bool {
+    pub fn may_grow(&self, job: &Job, gpus: u32, tasks: u32) -> bool {
         let usage = Usage::of(self.jobs_running().filter(|j| j.id != job.id), &self.policy);
         let mut grown = job.clone();
         grown.width = Some(gpus);
+        grown.tasks_now = Some(tasks);
         usage.admits(&grown, &self.policy).is_ok()
+    }
+
+    /// Grows a running elastic gang onto more nodes (see `Op::Resize`), re-validated whole.
+    fn grow_gang(
+        &mut self,
+        id: JobId,
+        attempt: u32,
+        gpus: &[GpuIndex],
+        more: &[crate::model::TaskPlacement],
+        now: i64,
+    ) -> Outcome {
+        let reject = |m: String| Outcome::Rejected(Rejection::FailedPrecondition(m));
+        let Some(job) = self.jobs.get(&id) else {
+            return Outcome::Rejected(Rejection::NotFound(format!("job {id} not found")));
+        };
+        let Some(a) = job.allocation.as_ref().filter(|a| a.stop.is_none()) else {
+            return reject(format!("job {id} is not running undisturbed"));
+        };
+        if job.state != JobState::Running || job.attempt != attempt || !job.spec.is_elastic_gang() {
+            return reject(format!("job {id} attempt {attempt} is not a running elastic gang"));
+        }
+        let total = 1 + more.len() as u32;
+        if gpus != a.gpus.as_slice()
+            || !more.starts_with(&a.more)
+            || total <= a.task_count()
+            || total > job.spec.tasks
+        {
+            return reject(format!(
+                "job {id}: not a growth of its {} nodes within {}",
+                a.task_count(),
+                job.spec.tasks
+            ));
+        }
+        let mut used: BTreeSet<&str> = a.tasks().map(|(_, n, _)| n).collect();
+        for t in &more[a.more.len()..] {
+            if !used.insert(t.node.as_str()) {
+                return reject(format!("job {id}: two tasks on \"{}\"", t.node));
+            }
+            if let Err(why) = self.check_task(job, &t.node, &t.gpus) {
+                return reject(why);
+            }
+        }
+        if !self.may_grow(job, job.gpus(), total) {
+            return reject(format!("job {id}: growing to {total} nodes would exceed a qos limit"));
+        }
+        let claims: Vec<(String, Vec<GpuIndex>)> = std::iter::once((a.node.clone(), a.gpus.clone()))
+            .chain(more.iter().map(|t| (t.node.clone(), t.gpus.clone())))
+            .collect();
+        for (node, gs) in &claims {
+            if let Some(n) = self.nodes.get_mut(node) {
+                for g in gs {
+                    n.claimed.insert(*g, id);
+                }
+            }
+        }
+        let job = self.jobs.get_mut(&id).expect("checked");
+        job.allocation.as_mut().expect("checked").stop = Some(StopReason::Resize { by: None });
+        job.record(now, "resizing", format!("growing to {total} nodes"));
+        Outcome::RunUpdated { job: id, state: JobState::Running }
     }
 
     /// Grows a running elastic job to `gpus` (see `Op::Resize`), re-validated whole.
@@ -1061,7 +1165,7 @@ impl ClusterState {
                 return reject(format!("GPU {g} of \"{}\" is not free", a.node));
             }
         }
-        if !self.may_grow(job, wanted.len() as u32) {
+        if !self.may_grow(job, wanted.len() as u32, 1) {
             return reject(format!("job {id}: growing to {} GPUs would exceed a qos limit", wanted.len()));
         }
         let node = a.node.clone();
@@ -1078,29 +1182,61 @@ impl ClusterState {
     /// A resized run's process is gone: the job goes back to the queue as its next attempt,
     /// holding a claim on exactly the GPUs of its new size (claimed when the resize began).
     fn resized_run_ended(&mut self, id: JobId, by: Option<JobId>, now: i64) -> Outcome {
-        let Some(node) = self.jobs.get(&id).and_then(|j| j.allocation.as_ref()).map(|a| a.node.clone())
-        else {
+        let Some(alloc) = self.jobs.get(&id).and_then(|j| j.allocation.as_ref()) else {
             return Outcome::Ignored(format!("job {id} has no run"));
         };
-        let target: Vec<GpuIndex> = self
-            .nodes
-            .get(&node)
-            .map(|n| n.claimed.iter().filter(|(_, h)| **h == id).map(|(g, _)| *g).collect())
-            .unwrap_or_default();
-        let reason = match by {
-            Some(p) => format!("shrunk for job {p} to {} GPUs", target.len()),
-            None => format!("grown to {} GPUs", target.len()),
+        let gang = self.jobs.get(&id).is_some_and(|j| j.spec.tasks > 1);
+        // The next run's tasks: its nodes in rank order, then nodes claimed to grow a gang.
+        let mut order: Vec<String> = alloc.tasks().map(|(_, n, _)| n.to_string()).collect();
+        if gang {
+            let more = self
+                .nodes
+                .iter()
+                .filter(|(name, n)| !order.contains(name) && n.claimed.values().any(|h| *h == id));
+            let more: Vec<String> = more.map(|(name, _)| name.clone()).collect();
+            order.extend(more);
+        }
+        let target: Vec<(String, Vec<GpuIndex>)> = order
+            .into_iter()
+            .filter_map(|name| {
+                let gpus: Vec<GpuIndex> = self
+                    .nodes
+                    .get(&name)?
+                    .claimed
+                    .iter()
+                    .filter(|(_, h)| **h == id)
+                    .map(|(g, _)| *g)
+                    .collect();
+                (!gpus.is_empty()).then_some((name, gpus))
+            })
+            .collect();
+        let gpus: usize = target.iter().map(|(_, g)| g.len()).sum();
+        let reason = match (by, gang) {
+            (Some(p), true) => format!("shrunk for job {p} to {} nodes", target.len()),
+            (None, true) => format!("grown to {} nodes", target.len()),
+            (Some(p), false) => format!("shrunk for job {p} to {gpus} GPUs"),
+            (None, false) => format!("grown to {gpus} GPUs"),
         };
         self.requeue_run(id, &reason, now);
-        if !target.is_empty() {
-            if let Some(n) = self.nodes.get_mut(&node) {
-                for g in &target {
-                    n.claimed.insert(*g, id);
+        let mut tasks = target.into_iter();
+        if let Some((node, first)) = tasks.next() {
+            let more: Vec<crate::model::TaskPlacement> =
+                tasks.map(|(node, gpus)| crate::model::TaskPlacement { node, gpus }).collect();
+            let claim = crate::model::Claim { node, gpus: first, more };
+            for (n, gs) in claim.tasks() {
+                if let Some(n) = self.nodes.get_mut(n) {
+                    for g in gs {
+                        n.claimed.insert(*g, id);
+                    }
                 }
             }
             if let Some(job) = self.jobs.get_mut(&id) {
-                job.width = Some(target.len() as u32);
-                job.claim = Some(crate::model::Claim { node, gpus: target });
+                if gang {
+                    job.tasks_now = Some(1 + claim.more.len() as u32);
+                } else {
+                    job.width = Some(claim.gpus.len() as u32);
+                }
+                job.claim = Some(claim);
             }
         }
         Outcome::RunUpdated { job: id, state: JobState::Pending }
@@ -1128,9 +1264,14 @@ impl ClusterState {
     /// down) and a resizing run's on its node.
     fn drop_claim(&mut self, id: JobId) {
         let Some(job) = self.jobs.get_mut(&id) else { return };
-        let claim_node = job.claim.take().map(|c| c.node);
-        let run_node = job.allocation.as_ref().map(|a| a.node.clone());
-        for name in claim_node.into_iter().chain(run_node) {
+        let mut names: Vec<String> = Vec::new();
+        if let Some(c) = job.claim.take() {
+            names.extend(c.tasks().map(|(n, _)| n.to_string()));
+        }
+        if let Some(a) = job.allocation.as_ref() {
+            names.extend(a.tasks().map(|(_, n, _)| n.to_string()));
+        }
+        for name in names {
             if let Some(node) = self.nodes.get_mut(&name) {
                 node.claimed.retain(|_, holder| *holder != id);
             }
@@ -1329,8 +1470,8 @@ impl ClusterState {
         }
         self.dependency_state(job).map_err(|r| format!("job {}: {r}", p.job))?;
         let tasks: Vec<(&str, &[GpuIndex])> = p.tasks().collect();
-        if tasks.len() != job.spec.tasks.max(1) as usize {
-            return Err(format!("job {} needs {} tasks, plan gives {}", p.job, job.spec.tasks, tasks.len()));
+        if tasks.len() != job.tasks() as usize {
+            return Err(format!("job {} needs {} tasks, plan gives {}", p.job, job.tasks(), tasks.len()));
         }
         let distinct: BTreeSet<&str> = tasks.iter().map(|(n, _)| *n).collect();
         if distinct.len() != tasks.len() {
@@ -1555,7 +1696,7 @@ impl ClusterState {
             Some(StopReason::TimeLimit) => (JobState::Timeout, "time limit reached".to_string()),
             Some(StopReason::TaskFailed) => (JobState::Failed, failure.unwrap_or_default()),
             Some(StopReason::Preempted { by, .. }) => (JobState::Cancelled, format!("preempted by job {by}")),
-            Some(StopReason::Resize { .. }) => (JobState::Failed, "a gang cannot be resized".to_string()),
+            Some(StopReason::Resize { by }) => return self.resized_run_ended(id, by, now),
             Some(StopReason::Drained) => {
                 self.requeue_run(id, "a node of the gang was drained", now);
                 return Outcome::RunUpdated { job: id, state: JobState::Pending };
@@ -1694,13 +1835,16 @@ impl ClusterState {
         for (name, node) in &self.nodes {
             for (gpu, claimer) in &node.claimed {
                 let ok = self.jobs.get(claimer).is_some_and(|j| match j.state {
-                    JobState::Pending => {
-                        j.claim.as_ref().is_some_and(|c| c.node == *name && c.gpus.contains(gpu))
-                    }
-                    // A resizing run claims the GPUs of its next run.
-                    JobState::Running => j.allocation.as_ref().is_some_and(|a| {
-                        a.node == *name && matches!(a.stop, Some(StopReason::Resize { .. }))
-                    }),
+                    JobState::Pending => j
+                        .claim
+                        .as_ref()
+                        .is_some_and(|c| c.tasks().any(|(n, gs)| n == name.as_str() && gs.contains(gpu))),
+                    // A resizing run claims the GPUs of its next run (on its own nodes, or for a
+                    // grown gang, on new ones).
+                    JobState::Running => j
+                        .allocation
+                        .as_ref()
+                        .is_some_and(|a| matches!(a.stop, Some(StopReason::Resize { .. }))),
                     _ => false,
                 });
                 if !ok {
@@ -1723,12 +1867,12 @@ impl ClusterState {
                     if !alloc.lent.is_empty() && job.state != JobState::Suspended {
                         return Err(format!("job {} lends GPUs but is not suspended", job.id));
                     }
-                    if alloc.task_count() != job.spec.tasks.max(1) {
+                    if alloc.task_count() != job.tasks() {
                         return Err(format!(
                             "job {} runs {} of {} tasks",
                             job.id,
                             alloc.task_count(),
-                            job.spec.tasks
+                            job.tasks()
                         ));
                     }
                     let nodes: BTreeSet<&str> = alloc.tasks().map(|(_, n, _)| n).collect();

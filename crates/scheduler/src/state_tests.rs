@@ -932,17 +932,20 @@ fn an_elastic_job_shrinks_for_a_preemptor_and_grows_back_afterwards() {
         Op::JobExited { job: urgent, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) },
     ));
     let grow = plan(&s).grow;
-    assert_eq!(grow, vec![(elastic, 1, vec![0, 1, 2, 3])]);
-    let (job, attempt, gpus) = grow[0].clone();
+    assert_eq!(
+        grow.iter().map(|g| (g.job, g.attempt, g.gpus.clone())).collect::<Vec<_>>(),
+        vec![(elastic, 1, vec![0, 1, 2, 3])]
+    );
+    let (job, attempt, gpus) = (grow[0].job, grow[0].attempt, grow[0].gpus.clone());
     // While a job waits for resources, nothing grows.
     let mut busy = s.clone();
     busy.apply(&cmd(90_000, Op::Submit { spec: spec(4, "batch"), request_id: None, hold: false }));
     assert!(plan(&busy).grow.is_empty());
     assert!(matches!(
-        s.apply(&cmd(90_001, Op::Resize { job, attempt, gpus: gpus.clone() })),
+        s.apply(&cmd(90_001, Op::Resize { job, attempt, gpus: gpus.clone(), more: Vec::new() })),
         Outcome::RunUpdated { .. }
     ));
-    assert!(matches!(s.apply(&cmd(90_002, Op::Resize { job, attempt, gpus })), Outcome::Rejected(_)), "once");
+    assert!(matches!(s.apply(&cmd(90_002, Op::Resize { job, attempt, gpus, more: Vec::new() })), Outcome::Rejected(_)), "once");
     s.check_invariants().unwrap();
     // The freed GPUs are claimed for it while it restarts.
     let other = submitted(
@@ -986,7 +989,7 @@ fn growing_back_respects_qos_limits() {
     assert!(plan(&shrunk).grow.is_empty());
     let gpus = vec![0, 1, 2];
     assert!(matches!(
-        shrunk.apply(&cmd(2, Op::Resize { job: elastic, attempt: 0, gpus })),
+        shrunk.apply(&cmd(2, Op::Resize { job: elastic, attempt: 0, gpus, more: Vec::new() })),
         Outcome::Rejected(_)
     ));
 }
@@ -1221,10 +1224,11 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                 victims: p.victims,
                 gpus: p.gpus,
             }),
-            Step::Grow => plan(&s).grow.first().map(|(job, attempt, gpus)| Op::Resize {
-                job: *job,
-                attempt: *attempt,
-                gpus: gpus.clone(),
+            Step::Grow => plan(&s).grow.first().map(|g| Op::Resize {
+                job: g.job,
+                attempt: g.attempt,
+                gpus: g.gpus.clone(),
+                more: g.more.clone(),
             }),
             Step::Drain => {
                 let pending: Vec<u64> =

@@ -57,8 +57,10 @@ pub enum ValidationError {
     BadGpuModel,
     #[error("min_gpus: {min} must be between 1 and gpus ({gpus})")]
     BadMinGpus { min: u32, gpus: u32 },
-    #[error("min_gpus: elastic gang jobs are not supported; use min_gpus with a single-node job")]
+    #[error("min_gpus: a gang shrinks by whole nodes; use min_tasks (--min-nodes) with a gang")]
     ElasticGang,
+    #[error("min_tasks: {min} must be between 1 and tasks ({tasks}), on a gang")]
+    BadMinTasks { min: u32, tasks: u32 },
     #[error("checkpoint.signal: unknown signal \"{0}\" (use one of {CHECKPOINT_SIGNALS_TEXT})")]
     BadCheckpointSignal(String),
     #[error("checkpoint.grace_s: {0} is more than a day")]
@@ -170,6 +172,11 @@ pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
         }
         if spec.tasks > 1 {
             return Err(ValidationError::ElasticGang);
+        }
+    }
+    if let Some(min) = spec.min_tasks {
+        if min == 0 || min > spec.tasks || spec.tasks < 2 {
+            return Err(ValidationError::BadMinTasks { min, tasks: spec.tasks });
         }
     }
     if let Some(signal) = &spec.checkpoint_signal {

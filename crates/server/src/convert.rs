@@ -60,6 +60,7 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
         partition: spec.partition,
         tasks: res.tasks.max(1),
         min_gpus: (res.min_gpus != 0).then_some(res.min_gpus),
+        min_tasks: (res.min_tasks != 0).then_some(res.min_tasks),
         suspendable: spec.suspendable,
         checkpoint_signal,
         checkpoint_grace_s: (checkpoint.grace_s != 0).then_some(u64::from(checkpoint.grace_s)),
@@ -163,6 +164,7 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
                 tasks: s.tasks,
                 gpu_model: s.gpu_model.clone().unwrap_or_default(),
                 min_gpus: s.min_gpus.unwrap_or(0),
+                min_tasks: s.min_tasks.unwrap_or(0),
                 ..Default::default()
             }),
             suspendable: s.suspendable,

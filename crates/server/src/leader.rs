@@ -88,8 +88,8 @@ fn pass(ctx: &Ctx, leader_since: Instant) -> Vec<Op> {
             if !out.plan.placements.is_empty() {
                 ops.push(Op::ApplyPlan { plan: out.plan });
             }
-            for (job, attempt, gpus) in out.grow {
-                ops.push(Op::Resize { job, attempt, gpus });
+            for g in out.grow {
+                ops.push(Op::Resize { job: g.job, attempt: g.attempt, gpus: g.gpus, more: g.more });
             }
         }
         ops
