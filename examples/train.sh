@@ -26,7 +26,7 @@ stop=0
 signal=${KAIROS_CHECKPOINT_SIGNAL:-SIGUSR1}
 trap 'stop=1' "${signal#SIG}"
 echo "attempt ${KAIROS_RESTART_COUNT:-0} resumes at step $step on ${KAIROS_GPUS:-?} GPUs"
-echo "attempt ${KAIROS_RESTART_COUNT:-0} gpus ${KAIROS_GPUS:-?} devices ${CUDA_VISIBLE_DEVICES:-} step $step" >> "$ATTEMPTS"
+echo "attempt ${KAIROS_RESTART_COUNT:-0} gpus ${KAIROS_GPUS:-?} devices ${CUDA_VISIBLE_DEVICES:-} step $step world ${WORLD_SIZE:-1}" >> "$ATTEMPTS"
 while [ "$step" -lt "$STEPS" ]; do
   if [ "$stop" = 1 ]; then
     checkpoint

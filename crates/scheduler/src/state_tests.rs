@@ -945,7 +945,13 @@ fn an_elastic_job_shrinks_for_a_preemptor_and_grows_back_afterwards() {
         s.apply(&cmd(90_001, Op::Resize { job, attempt, gpus: gpus.clone(), more: Vec::new() })),
         Outcome::RunUpdated { .. }
     ));
-    assert!(matches!(s.apply(&cmd(90_002, Op::Resize { job, attempt, gpus, more: Vec::new() })), Outcome::Rejected(_)), "once");
+    assert!(
+        matches!(
+            s.apply(&cmd(90_002, Op::Resize { job, attempt, gpus, more: Vec::new() })),
+            Outcome::Rejected(_)
+        ),
+        "once"
+    );
     s.check_invariants().unwrap();
     // The freed GPUs are claimed for it while it restarts.
     let other = submitted(
@@ -1123,7 +1129,7 @@ fn step() -> impl Strategy<Value = Step> {
 fn preemption_step() -> impl Strategy<Value = Step> {
     prop_oneof![
         5 => (1u32..5, prop_oneof![Just(0u8), Just(3u8), Just(4u8)], any::<u8>())
-            .prop_map(|(gpus, qos, flags)| Step::Submit { gpus, qos, rid: None, flags: flags & !0b1100_0000 }),
+            .prop_map(|(gpus, qos, flags)| Step::Submit { gpus, qos, rid: None, flags }),
         4 => Just(Step::Plan),
         3 => (0u8..24).prop_map(|job| Step::Started { job }),
         4 => Just(Step::Preempt),
@@ -1202,6 +1208,8 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                 if (flags / 64) == 3 {
                     sp.tasks = 2;
                     sp.gpus = 2;
+                    // Half the gangs are elastic down to one node.
+                    sp.min_tasks = (flags % 2 == 0).then_some(1);
                 } else if flags % 4 == 0 && sp.gpus > 1 {
                     sp.min_gpus = Some(sp.gpus / 2);
                 }
@@ -1410,5 +1418,80 @@ fn a_drained_node_takes_no_work_and_its_jobs_requeue_through_the_checkpoint_path
         s.apply(&cmd(14, Op::DrainNode { node: "nope".into(), reason: "x".into() })),
         Outcome::Rejected(Rejection::NotFound(_))
     ));
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn an_elastic_gang_releases_a_node_for_a_preemptor_and_grows_back_onto_a_free_one() {
+    let mut s = ClusterState::new();
+    for n in ["n1", "n2", "n3"] {
+        s.apply(&cmd(1, Op::RegisterNode { info: node_info(n, 2) }));
+    }
+    let mut sp = spec(2, "training");
+    sp.tasks = 3;
+    sp.min_tasks = Some(2);
+    let gang = submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None, hold: false })));
+    run_plan(&mut s, 2);
+    let nodes: Vec<String> =
+        s.jobs[&gang].allocation.as_ref().unwrap().tasks().map(|(_, n, _)| n.to_string()).collect();
+    for n in &nodes {
+        s.apply(&cmd(3, Op::JobStarted { job: gang, attempt: 0, node: n.clone() }));
+    }
+    let urgent = submitted(
+        s.apply(&cmd(60_000, Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false })),
+    );
+    let p = preempt(&mut s, 60_000);
+    assert_eq!(p.victims, vec![gang]);
+    assert_eq!(
+        s.jobs[&gang].allocation.as_ref().unwrap().stop,
+        Some(StopReason::Resize { by: Some(urgent) })
+    );
+    assert_eq!(s.preemptions.back().unwrap().action(), "shrink");
+    // Every rank checkpoints and exits; the gang comes back on the two nodes it kept.
+    for n in &nodes {
+        s.apply(&cmd(
+            61_000,
+            Op::JobExited { job: gang, attempt: 0, node: n.clone(), exit: RunExit::Code(0) },
+        ));
+    }
+    let j = &s.jobs[&gang];
+    assert_eq!((j.state, j.attempt, j.tasks()), (JobState::Pending, 1, 2));
+    s.check_invariants().unwrap();
+    let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, 61_001) else { panic!() };
+    assert_eq!(accepted, vec![urgent, gang]);
+    let kept: Vec<&str> = s.jobs[&gang].allocation.as_ref().unwrap().tasks().map(|(_, n, _)| n).collect();
+    assert!(!kept.contains(&p.node.as_str()) && kept.len() == 2, "{kept:?} / {}", p.node);
+    s.check_invariants().unwrap();
+    // Below its minimum it is not preempted again.
+    let _ = submitted(
+        s.apply(&cmd(62_000, Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false })),
+    );
+    assert!(plan(&s).preemption.is_none(), "2 nodes is its minimum");
+    s.apply(&cmd(62_001, Op::Cancel { job: urgent + 1, by: "a".into() }));
+    // The urgent job ends: the gang grows back onto the freed node.
+    s.apply(&cmd(
+        90_000,
+        Op::JobExited { job: urgent, attempt: 0, node: p.node.clone(), exit: RunExit::Code(0) },
+    ));
+    let grow = plan(&s).grow;
+    assert_eq!(grow.len(), 1);
+    assert_eq!(grow[0].more.len(), 2, "{grow:?}");
+    let g = grow[0].clone();
+    let op = Op::Resize { job: g.job, attempt: g.attempt, gpus: g.gpus, more: g.more };
+    assert!(matches!(s.apply(&cmd(90_001, op.clone())), Outcome::RunUpdated { .. }));
+    assert!(matches!(s.apply(&cmd(90_002, op)), Outcome::Rejected(_)), "once");
+    s.check_invariants().unwrap();
+    let ranks: Vec<String> =
+        s.jobs[&gang].allocation.as_ref().unwrap().tasks().map(|(_, n, _)| n.to_string()).collect();
+    for n in &ranks {
+        s.apply(&cmd(
+            91_000,
+            Op::JobExited { job: gang, attempt: 1, node: n.clone(), exit: RunExit::Code(0) },
+        ));
+    }
+    let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, 91_001) else { panic!() };
+    assert_eq!(accepted, vec![gang]);
+    let j = &s.jobs[&gang];
+    assert_eq!((j.attempt, j.tasks(), j.allocation.as_ref().unwrap().task_count()), (2, 3, 3));
     s.check_invariants().unwrap();
 }

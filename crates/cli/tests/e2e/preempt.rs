@@ -1,6 +1,8 @@
 //! Preemption end to end: urgent work on a cluster full of training, victims checkpoint,
 //! requeue and resume (examples/train.sh).
 
+use std::collections::BTreeMap;
+
 use crate::harness::{wait_for, Cluster};
 
 fn train_script() -> String {
@@ -264,4 +266,48 @@ fn bad_preemption_settings_are_refused_at_submit_and_change_nothing() {
         assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
     }
     assert!(c.jobs().is_empty(), "bad input created jobs");
+}
+
+#[test]
+fn an_elastic_gang_gives_up_a_node_for_urgent_work_and_grows_back() {
+    let mut c = Cluster::start_with(1, 2, &[]);
+    c.add_agent("node-b", 2);
+    let attempts = c.path("attempts");
+    let gang = c.submit(&[
+        "--qos",
+        "training",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--min-nodes",
+        "1",
+        "--env",
+        "STEPS=60",
+        "--env",
+        &format!("ATTEMPTS={}", attempts.display()),
+        "--",
+        "sh",
+        &train_script(),
+    ]);
+    c.wait_state(gang, "RUNNING");
+    wait_for("both ranks", || (marks(&attempts).len() >= 2).then_some(()));
+    let urgent = c.submit(&["--qos", "urgent", "--gpus", "2", "--", "sleep", "1"]);
+    assert_eq!(c.wait_done(urgent)["state"], "COMPLETED");
+    let job = c.wait_done(gang);
+    assert_eq!((job["state"].as_str(), job["attempt"].as_u64()), (Some("COMPLETED"), Some(2)), "{job}");
+    // WORLD_SIZE per attempt: 2 ranks, then 1 (a node released), then 2 again (grown back).
+    let mut worlds: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (_, rest) in marks(&attempts) {
+        worlds.entry(rest[0].clone()).or_default().push(rest[8].clone());
+    }
+    let want: BTreeMap<String, Vec<String>> = [
+        ("0".to_string(), vec!["2".to_string(), "2".to_string()]),
+        ("1".to_string(), vec!["1".to_string()]),
+        ("2".to_string(), vec!["2".to_string(), "2".to_string()]),
+    ]
+    .into();
+    assert_eq!(worlds, want, "{:?}", marks(&attempts));
+    let list: serde_json::Value = serde_json::from_str(&c.ok(&["preemptions", "--json"])).unwrap();
+    assert_eq!(list[0]["mode"], "shrink", "{list}");
 }
