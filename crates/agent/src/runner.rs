@@ -559,9 +559,12 @@ mod tests {
         stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()).unwrap_or('?')
     }
 
+    /// Waits (bounded, generously: a loaded machine may keep a process in D state a while)
+    /// until `pid` is stopped, or running/sleeping.
     async fn wait_for_state(pid: i32, stopped: bool) {
-        for _ in 0..100 {
-            if (proc_state(pid) == 'T') == stopped {
+        for _ in 0..600 {
+            let state = proc_state(pid);
+            if (stopped && state == 'T') || (!stopped && matches!(state, 'S' | 'R')) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -574,10 +577,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (tx, mut rx) = mpsc::channel(16);
         let runner = Runner::new("n1", dir.path(), tx);
-        let a = assignment(6, &["sh", "-c", "sleep 300"], false, false);
+        let a = assignment(6, &["sh", "-c", "exec sleep 300"], false, false);
         runner.reconcile(&set(vec![a.clone()]));
         assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
         let pid = runner.lock()[&(6, 0)].pgid.unwrap();
+        wait_for_state(pid, false).await;
         let suspended = pb::Assignment { started: true, suspend: true, ..a.clone() };
         runner.reconcile(&set(vec![suspended.clone()]));
         wait_for_state(pid, true).await;
