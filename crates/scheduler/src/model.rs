@@ -126,20 +126,20 @@ pub struct JobSpec {
     pub tasks: u32,
     /// Elastic jobs: the fewest GPUs the job can run on. Preemption shrinks such a job (restart
     /// on fewer GPUs) instead of stopping it, and it grows back when GPUs free up.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_gpus: Option<u32>,
     /// Elastic gangs: the fewest nodes (tasks) the gang can run on. Preemption releases whole
     /// nodes of it (restart on fewer) instead of stopping it, and it grows back later.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_tasks: Option<u32>,
     /// The job tolerates SIGSTOP/SIGCONT: a SUSPEND-mode preemption pauses it instead.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspendable: bool,
     /// The signal that asks the job to checkpoint before a requeue or resize (default SIGUSR1).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_signal: Option<String>,
     /// How long the job may take to checkpoint and exit (at most, and by default, the QoS grace).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_grace_s: Option<u64>,
 }
 
@@ -365,16 +365,16 @@ pub struct Job {
     #[serde(default)]
     pub last_checkpoint_ms: Option<i64>,
     /// Elastic jobs: the GPU count of the current (or next) run when resized (None = `spec.gpus`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub width: Option<u32>,
     /// Elastic gangs: the task (node) count of the current (or next) run when resized.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks_now: Option<u32>,
     /// Time the current run spent suspended (does not count against its time limit).
     #[serde(default)]
     pub suspended_ms: i64,
     /// When the current suspension began.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspended_since: Option<i64>,
 }
 
