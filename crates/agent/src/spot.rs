@@ -72,15 +72,7 @@ impl Imds {
             Ok::<_, ImdsError>(raw)
         };
         let raw = tokio::time::timeout(TIMEOUT, exchange).await.map_err(|_| ImdsError::Timeout)??;
-        let text = String::from_utf8_lossy(&raw);
-        let (head, body) = text.split_once("\r\n\r\n").ok_or(ImdsError::BadResponse)?;
-        let status = head
-            .lines()
-            .next()
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|c| c.parse().ok())
-            .ok_or(ImdsError::BadResponse)?;
-        Ok((status, body.to_string()))
+        parse_response(&raw)
     }
 
     /// The pending spot interruption notice (its JSON), or None.
@@ -103,6 +95,19 @@ impl Imds {
             other => Err(ImdsError::Status(other)),
         }
     }
+}
+
+/// (status, body) of a raw HTTP/1.1 response; anything else is `BadResponse`.
+fn parse_response(raw: &[u8]) -> Result<(u16, String), ImdsError> {
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text.split_once("\r\n\r\n").ok_or(ImdsError::BadResponse)?;
+    let status_line = head.lines().next().ok_or(ImdsError::BadResponse)?;
+    if !status_line.starts_with("HTTP/") {
+        return Err(ImdsError::BadResponse);
+    }
+    let status =
+        status_line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or(ImdsError::BadResponse)?;
+    Ok((status, body.to_string()))
 }
 
 /// Polls for a notice every `every` until one comes; returns it.
@@ -147,6 +152,22 @@ mod tests {
             }
         });
         format!("http://{addr}/pre")
+    }
+
+    proptest::proptest! {
+        /// Whatever the metadata endpoint answers, parsing ends in a value or a clean error.
+        #[test]
+        fn any_response_bytes_parse_or_fail_cleanly(raw in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let _ = parse_response(&raw);
+        }
+    }
+
+    #[test]
+    fn responses_that_are_not_http_are_refused() {
+        assert_eq!(parse_response(b"HTTP/1.1 404 Not Found\r\n\r\n").unwrap().0, 404);
+        for bad in [&b""[..], b"\r\n\r\n", b"SSH-2.0\r\n\r\nx", b"HTTP/1.1 abc\r\n\r\n", b"HTTP/1.1 200 OK"] {
+            assert!(matches!(parse_response(bad), Err(ImdsError::BadResponse)), "{bad:?}");
+        }
     }
 
     #[tokio::test]

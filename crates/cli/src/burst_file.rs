@@ -222,3 +222,43 @@ impl BurstFile {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn the_example_config_parses_and_round_trips() {
+        let text = include_str!("../../../deploy/burst.example.toml");
+        let parsed = BurstFile::parse(text).unwrap();
+        let config = parsed.to_pb().unwrap();
+        assert_eq!((config.max_hourly_spend_milli, config.instance_types.len()), (40_000, 2));
+        let again = BurstFile::from_pb(&config).to_pb().unwrap();
+        assert_eq!(again, config);
+    }
+
+    proptest! {
+        /// Any text is a config or a clean error; any amounts convert or fail cleanly.
+        #[test]
+        fn any_text_and_any_amounts_fail_cleanly(text in any::<String>(), price in any::<f64>(), spend in any::<f64>()) {
+            let _ = BurstFile::parse(&text);
+            let mut file = BurstFile::parse("").unwrap();
+            file.max_hourly_spend = spend;
+            file.instance_types.push(InstanceTypeFile {
+                name: "t".into(), gpus: 1, gpu_model: "A10G".into(), hourly_price: price, spot_price: Some(price),
+            });
+            if let Ok(config) = file.to_pb() {
+                prop_assert!(spend >= 0.0 && price >= 0.0 && config.max_hourly_spend_milli <= 1_000_000_000);
+            }
+        }
+
+        #[test]
+        fn any_text_is_a_policy_or_a_clean_error(text in any::<String>()) {
+            if let Ok(parsed) = crate::policy_file::PolicyFile::parse(&text) {
+                let _ = parsed.to_pb();
+            }
+        }
+    }
+}

@@ -269,3 +269,94 @@ pub fn node_to_pb(node: &Node, last_heartbeat_ms: i64) -> pb::Node {
         reason: node.reason.clone(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(String::new()),
+            "[a-zA-Z0-9_]{1,12}",
+            any::<String>(),
+            Just("KAIROS_JOB_ID".to_string()),
+            Just("CUDA_VISIBLE_DEVICES".to_string()),
+            Just("SIGUSR2".to_string()),
+            Just("a\0b".to_string()),
+        ]
+    }
+
+    prop_compose! {
+        fn job_spec()(
+            name in text(),
+            argv in proptest::collection::vec(text(), 0..4),
+            env in proptest::collection::btree_map(text(), text(), 0..4),
+            profile in -2i32..6,
+            gpus in prop_oneof![Just(0u32), 1u32..9, Just(u32::MAX)],
+            tasks in prop_oneof![Just(0u32), 1u32..4, Just(u32::MAX)],
+            min_gpus in prop_oneof![Just(0u32), 1u32..10, Just(u32::MAX)],
+            min_tasks in prop_oneof![Just(0u32), 1u32..5],
+            gpu_model in text(),
+            time_limit_s in prop_oneof![Just(0u64), 1u64..100_000, Just(u64::MAX)],
+            signal in text(),
+            grace_s in any::<u32>(),
+            dir in prop_oneof![Just(String::new()), text()],
+            suspendable in any::<bool>(),
+            after_ok in proptest::collection::vec(any::<u64>(), 0..3),
+        ) -> pb::JobSpec {
+            pb::JobSpec {
+                name,
+                argv,
+                env: env.into_iter().collect(),
+                profile,
+                resources: Some(pb::Resources {
+                    gpus, tasks, min_gpus, min_tasks, gpu_model, ..Default::default()
+                }),
+                time_limit_s,
+                checkpoint: Some(pb::CheckpointSpec { signal, grace_s, dir }),
+                suspendable,
+                after_ok,
+                ..Default::default()
+            }
+        }
+    }
+
+    #[test]
+    fn a_sound_spec_is_accepted_and_each_bad_field_is_named() {
+        let good = pb::JobSpec {
+            argv: vec!["true".into()],
+            resources: Some(pb::Resources { gpus: 2, min_gpus: 1, ..Default::default() }),
+            checkpoint: Some(pb::CheckpointSpec { signal: "usr2".into(), grace_s: 30, dir: String::new() }),
+            ..Default::default()
+        };
+        let out = job_spec_from_pb(Some(good.clone()), "alice").unwrap();
+        assert_eq!((out.checkpoint_signal.as_deref(), out.min_gpus), (Some("SIGUSR2"), Some(1)));
+        let mut bad = good.clone();
+        bad.checkpoint =
+            Some(pb::CheckpointSpec { signal: "SIGKILL".into(), grace_s: 0, dir: String::new() });
+        assert!(job_spec_from_pb(Some(bad), "alice").unwrap_err().message().starts_with("checkpoint.signal"));
+        let mut bad = good.clone();
+        bad.checkpoint = Some(pb::CheckpointSpec { signal: String::new(), grace_s: 0, dir: "/tmp".into() });
+        assert_eq!(job_spec_from_pb(Some(bad), "alice").unwrap_err().code(), tonic::Code::Unimplemented);
+        let mut bad = good;
+        bad.resources = Some(pb::Resources { gpus: 2, min_gpus: 3, ..Default::default() });
+        assert!(job_spec_from_pb(Some(bad), "alice").unwrap_err().message().starts_with("min_gpus"));
+    }
+
+    proptest! {
+        /// Hostile or nonsensical specs get a clean status, never a panic, and whatever the
+        /// edge accepts also passes the state machine's own validation.
+        #[test]
+        fn the_api_edge_accepts_only_valid_specs(spec in job_spec(), user in text()) {
+            match job_spec_from_pb(Some(spec), &user) {
+                Ok(out) => prop_assert!(validate_spec(&out).is_ok()),
+                Err(status) => prop_assert!(matches!(
+                    status.code(),
+                    tonic::Code::InvalidArgument | tonic::Code::Unimplemented
+                ), "{status:?}"),
+            }
+        }
+    }
+}
