@@ -224,7 +224,14 @@ async fn client_loop(
             },
         };
         seq += 1;
-        let req = pb::SubmitRequest { spec: Some(spec()), request_id: format!("bench-{client}-{seq}") };
+        let mut req = tonic::Request::new(pb::SubmitRequest {
+            spec: Some(spec()),
+            request_id: format!("bench-{client}-{seq}"),
+        });
+        // One user per client: the per-user submit rate limit must not shape the measurement.
+        if let Ok(user) = format!("bench-{client}").parse() {
+            req.metadata_mut().insert("kairos-user", user);
+        }
         let t0 = Instant::now();
         let result = tokio::time::timeout(Duration::from_secs(10), jobs.submit(req)).await;
         match result {

@@ -27,6 +27,7 @@ const LIST_LIMIT_DEFAULT: usize = 1_000;
 
 pub struct Jobs {
     pub ctx: Ctx,
+    pub limiter: std::sync::Arc<crate::ratelimit::SubmitLimiter>,
 }
 
 /// The API view of job `id`, with its pending reason from `reasons` when it waits.
@@ -94,6 +95,8 @@ impl JobService for Jobs {
         request: Request<pb::SubmitRequest>,
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         let user = caller(&request)?;
+        // Before anything else: a flood costs neither validation nor a log entry.
+        self.limiter.take(&user, std::time::Instant::now())?;
         let req = request.into_inner();
         let spec = job_spec_from_pb(req.spec.clone(), &user)?;
         let request_id = (!req.request_id.is_empty()).then_some(req.request_id);

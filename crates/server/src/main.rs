@@ -11,6 +11,7 @@ mod convert_burst;
 mod convert_policy;
 mod jobs;
 mod leader;
+mod ratelimit;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -71,6 +72,12 @@ struct Args {
     /// Period of the scheduling pass (ms) when no event wakes it.
     #[arg(long, default_value_t = 1000)]
     tick_ms: u64,
+    /// Submits per second one user may make (token bucket; 0 = no limit).
+    #[arg(long, default_value_t = 1000)]
+    submit_rate_per_user: u32,
+    /// Submits one user may make in a burst above the rate.
+    #[arg(long, default_value_t = 5000)]
+    submit_burst_per_user: u32,
     /// This cluster's name: the `kairos:cluster` tag of its burst instances.
     #[arg(long, default_value = "kairos")]
     cluster_name: String,
@@ -205,8 +212,14 @@ async fn run() -> anyhow::Result<()> {
         .add_service(health_service)
         .add_service(reflection)
         .add_service(
-            JobServiceServer::new(jobs::Jobs { ctx: ctx.clone() })
-                .max_decoding_message_size(API_MESSAGE_BYTES_MAX),
+            JobServiceServer::new(jobs::Jobs {
+                ctx: ctx.clone(),
+                limiter: Arc::new(ratelimit::SubmitLimiter::new(
+                    args.submit_rate_per_user,
+                    args.submit_burst_per_user,
+                )),
+            })
+            .max_decoding_message_size(API_MESSAGE_BYTES_MAX),
         )
         .add_service(
             AgentServiceServer::new(agents::Agents { ctx: ctx.clone() })

@@ -281,3 +281,34 @@ fn logs_follow_streams_until_the_job_ends_and_wait_reports_the_outcome() {
     let out = c.kairos(&["logs", &held.to_string()]);
     assert!(stderr(&out).contains("has not started yet"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_user_flooding_submits_is_rate_limited_and_others_are_not() {
+    let c = Cluster::start_with(1, 1, &["--submit-rate-per-user", "1", "--submit-burst-per-user", "2"]);
+    let as_user = |user: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+            .args(["--controllers", &c.addrs(), "submit", "--hold", "--", "true"])
+            .env("USER", user)
+            .env_remove("LOGNAME")
+            .output()
+            .unwrap()
+    };
+    // A burst of 2, then 1 per second: ten quick submits cannot all pass.
+    let start = std::time::Instant::now();
+    let mut accepted = 0;
+    let mut refused = None;
+    for _ in 0..10 {
+        let out = as_user("flood");
+        if out.status.success() {
+            accepted += 1;
+        } else {
+            refused = Some(stderr(&out));
+            break;
+        }
+    }
+    let refused = refused.expect("a submit beyond the rate is refused");
+    assert!(refused.contains("submit rate limit: at most 1 submits/s per user"), "{refused}");
+    assert!(accepted >= 2 && accepted <= 2 + start.elapsed().as_secs() as usize + 1, "{accepted} accepted");
+    assert!(as_user("calm").status.success(), "another user is not limited");
+    assert_eq!(c.jobs().len(), accepted + 1, "the refused submit created nothing");
+}
