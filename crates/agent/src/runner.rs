@@ -101,6 +101,26 @@ fn group_alive(pgid: i32) -> bool {
     killpg(Pid::from_raw(pgid), None).is_ok()
 }
 
+/// Whether some live process of group `pgid` was started by an agent for `key` (its
+/// environment carries that job id and attempt). Jobs run as the agent's user and can write
+/// into its state directory, so a journal entry alone must not be enough to kill a group.
+fn group_runs(pgid: i32, key: RunKey) -> bool {
+    let want_job = format!("KAIROS_JOB_ID={}", key.0).into_bytes();
+    let want_attempt = format!("KAIROS_RESTART_COUNT={}", key.1).into_bytes();
+    let Ok(procs) = std::fs::read_dir("/proc") else { return false };
+    procs.flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()).any(|pid| {
+        let in_group = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(')')?.1.split_whitespace().nth(2)?.parse::<i32>().ok())
+            == Some(pgid);
+        in_group
+            && std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+                let vars: Vec<&[u8]> = env.split(|b| *b == 0).collect();
+                vars.contains(&want_job.as_slice()) && vars.contains(&want_attempt.as_slice())
+            })
+    })
+}
+
 /// Kills every process group a previous agent journaled as live and waits (bounded) until they
 /// are gone. Returns how many groups were killed.
 ///
@@ -114,10 +134,16 @@ pub async fn kill_orphans(state_dir: &Path) -> usize {
         let mut fields = text.split_whitespace();
         let pgid: Option<i32> = fields.next().and_then(|v| v.parse().ok());
         let start: Option<u64> = fields.next().and_then(|v| v.parse().ok());
-        if let Some(pgid) = pgid.filter(|p| *p > 1) {
+        // The file is named JOB-ATTEMPT.
+        let name = entry.file_name().to_string_lossy().to_string();
+        let key: Option<RunKey> =
+            name.split_once('-').and_then(|(j, a)| Some((j.parse().ok()?, a.parse().ok()?)));
+        if let (Some(pgid), Some(key)) = (pgid.filter(|p| *p > 1), key) {
+            // Ours: the leader still has the recorded start time, or (leader gone) a member of
+            // the group carries this run's identity.
             let ours = match proc_starttime(pgid) {
-                Some(now) => Some(now) == start,
-                None => group_alive(pgid),
+                Some(now) => Some(now) == start && group_runs(pgid, key),
+                None => group_runs(pgid, key),
             };
             if ours && group_alive(pgid) {
                 tracing::warn!(pgid, file = %entry.path().display(), "killing a run left by a previous agent");
@@ -538,6 +564,28 @@ mod tests {
         assert_eq!(kill_orphans(dir.path()).await, 1);
         assert!(!group_alive(pgid), "the orphaned group survived");
         assert_eq!(kill_orphans(dir.path()).await, 0, "the journal was cleared");
+    }
+
+    #[tokio::test]
+    async fn a_planted_journal_entry_cannot_kill_a_foreign_group() {
+        let dir = tempfile::tempdir().unwrap();
+        // A foreign group whose leader is gone and whose survivor is not a kairos run.
+        use std::os::unix::process::CommandExt;
+        let mut leader = std::process::Command::new("sh")
+            .args(["-c", "sleep 300 >/dev/null 2>&1 & echo $!"])
+            .stdout(std::process::Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = leader.id() as i32;
+        let _ = leader.wait();
+        assert!(group_alive(pgid));
+        // A job (same uid as the agent) plants a journal entry naming it.
+        std::fs::create_dir_all(journal_dir(dir.path())).unwrap();
+        std::fs::write(journal_dir(dir.path()).join("7-0"), format!("{pgid} 0\n")).unwrap();
+        assert_eq!(kill_orphans(dir.path()).await, 0);
+        assert!(group_alive(pgid), "a foreign group was killed");
+        signal_group(pgid, Signal::SIGKILL);
     }
 
     #[tokio::test]
