@@ -277,6 +277,11 @@ hourly_price = 5.672
     );
     c.ok(&["cancel", &more_training.to_string()]);
     c.ok(&["cancel", &v100.to_string()]);
+    let text = c.ok(&["burst", "status"]);
+    assert!(
+        text.starts_with("burst enabled: ") && text.contains("INTENT") && text.contains("g5.xlarge"),
+        "{text}"
+    );
     // They ran on burst nodes, never on the on-prem node (full of training).
     let nodes = std::fs::read_to_string(&ran).unwrap();
     assert_eq!(nodes.lines().count(), 3, "{nodes}");
