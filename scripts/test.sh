@@ -11,15 +11,27 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 start=$(date +%s)
-# Cloud burst tests run against moto's EC2 server (a Python package, run as `python3 -m moto.server`).
+# Cloud burst tests run against moto's EC2 server (Python packages): installed into their own
+# environment under target/ (a venv, or a --target directory where Python has no venv module),
+# so nothing of the machine's Python is changed; the tests find it through KAIROS_TEST_PYTHON.
 if ! command -v python3 >/dev/null 2>&1; then
   echo "test.sh: python3 is required for the cloud burst tests (moto)" >&2
   exit 1
 fi
-if ! python3 -c 'import moto.server, boto3' >/dev/null 2>&1; then
-  python3 -m pip install --quiet --disable-pip-version-check 'moto[server]>=5.1,<6'
+moto_pkgs=('moto[server]>=5.1,<6' 'boto3')
+if [ -z "${KAIROS_TEST_NO_VENV:-}" ] && { [ -x target/tools/moto/bin/python ] || python3 -m venv target/tools/moto >/dev/null 2>&1; }; then
+  export KAIROS_TEST_PYTHON="$PWD/target/tools/moto/bin/python"
+  if ! "$KAIROS_TEST_PYTHON" -c 'import moto.server, boto3' >/dev/null 2>&1; then
+    "$KAIROS_TEST_PYTHON" -m pip install --quiet --disable-pip-version-check "${moto_pkgs[@]}"
+  fi
+else
+  export PYTHONPATH="$PWD/target/tools/moto-lib${PYTHONPATH:+:$PYTHONPATH}"
+  export KAIROS_TEST_PYTHON=python3
+  if ! python3 -c 'import moto.server, boto3' >/dev/null 2>&1; then
+    python3 -m pip install --quiet --disable-pip-version-check --target target/tools/moto-lib "${moto_pkgs[@]}"
+  fi
 fi
-python3 -c 'import moto.server, boto3' || { echo "test.sh: installing moto failed" >&2; exit 1; }
+"$KAIROS_TEST_PYTHON" -c 'import moto.server, boto3' || { echo "test.sh: installing moto failed" >&2; exit 1; }
 
 cargo build --workspace --bins --locked
 cargo test --workspace --locked -- --test-threads "${KAIROS_TEST_THREADS:-4}"

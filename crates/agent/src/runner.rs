@@ -141,10 +141,15 @@ pub async fn kill_orphans(state_dir: &Path) -> usize {
         if let (Some(pgid), Some(key)) = (pgid.filter(|p| *p > 1), key) {
             // Ours: the leader still has the recorded start time, or (leader gone) a member of
             // the group carries this run's identity.
-            let ours = match proc_starttime(pgid) {
-                Some(now) => Some(now) == start && group_runs(pgid, key),
-                None => group_runs(pgid, key),
-            };
+            let mut ours = false;
+            // A process in the middle of an exec shows no environment for a moment: look again.
+            for _ in 0..5 {
+                ours = proc_starttime(pgid).is_none_or(|now| Some(now) == start) && group_runs(pgid, key);
+                if ours || !group_alive(pgid) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             if ours && group_alive(pgid) {
                 tracing::warn!(pgid, file = %entry.path().display(), "killing a run left by a previous agent");
                 signal_group(pgid, Signal::SIGKILL);

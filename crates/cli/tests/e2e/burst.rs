@@ -16,6 +16,12 @@ use crate::harness::{bin, free_addr, stop_child, wait_for, Cluster};
 
 const CLUSTER: &str = "e2e";
 
+/// The Python with moto and boto3: `KAIROS_TEST_PYTHON` (scripts/test.sh points it at the
+/// environment it installed them into), else `python3`.
+fn python() -> String {
+    std::env::var("KAIROS_TEST_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
 /// A moto EC2 server on a free loopback port, stopped on drop.
 struct Moto {
     child: Child,
@@ -27,7 +33,7 @@ impl Moto {
         let addr = free_addr();
         let (host, port) = addr.rsplit_once(':').unwrap();
         let log = std::fs::File::create(log).unwrap();
-        let child = Command::new("python3")
+        let child = Command::new(python())
             .args(["-m", "moto.server", "-H", host, "-p", port])
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -49,7 +55,7 @@ impl Moto {
              aws_access_key_id='testing', aws_secret_access_key='testing')\n{code}",
             self.url
         );
-        let out = Command::new("python3").args(["-c", &script]).output().expect("python3");
+        let out = Command::new(python()).args(["-c", &script]).output().expect("python with boto3");
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
