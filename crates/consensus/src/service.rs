@@ -78,3 +78,36 @@ impl RaftService for RaftRpc {
         encode(&self.raft.install_snapshot(req).await)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::TypeConfig;
+
+    proptest! {
+        /// Whatever bytes arrive as a Raft message, decoding gives a message or INVALID_ARGUMENT.
+        #[test]
+        fn any_payload_decodes_or_is_an_invalid_argument(payload in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let msg = RaftMessage { payload };
+            for code in [
+                decode::<AppendEntriesRequest<TypeConfig>>(&msg).err().map(|s| s.code()),
+                decode::<VoteRequest<ReplicaId>>(&msg).err().map(|s| s.code()),
+                decode::<InstallSnapshotRequest<TypeConfig>>(&msg).err().map(|s| s.code()),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                prop_assert_eq!(code, tonic::Code::InvalidArgument);
+            }
+        }
+    }
+
+    #[test]
+    fn a_truncated_vote_is_refused() {
+        let msg = RaftMessage { payload: br#"{"vote":{"leader_id":{"term":1,"#.to_vec() };
+        assert_eq!(decode::<VoteRequest<ReplicaId>>(&msg).unwrap_err().code(), tonic::Code::InvalidArgument);
+    }
+}
