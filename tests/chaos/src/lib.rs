@@ -1,0 +1,342 @@
+//! kairos chaos testing — the invariant checkers (issue 7).
+//!
+//! A chaos run records a client-side *history* (every operation, when it was invoked and whether
+//! and how it was acknowledged), every agent's *process log* (each process start/exit with its
+//! job, attempt, node, GPUs and timestamps) and the cluster's final state; one checker per
+//! invariant then judges the run. Each checker is a pure function over those records, and each
+//! is shown able to fail (the tests below feed it a history with the violation).
+//!
+//! Not here yet: the network-namespace harness, the fault injectors and the workload that
+//! produce these records (issue 7 is open).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use thiserror::Error;
+
+pub type JobId = u64;
+
+/// One client operation and its outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Operation {
+    /// A submit with its request id; acknowledged with the job id it created.
+    Submit { request_id: String, acked: Option<JobId> },
+    /// A cancel of `job`; `acked` when the cluster answered OK.
+    Cancel { job: JobId, acked: bool },
+}
+
+/// A process one agent ran: [start_ms, end_ms) on `gpus` of `node` (end None = still running
+/// when the run ended).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessRecord {
+    pub node: String,
+    pub job: JobId,
+    pub attempt: u32,
+    pub gpus: Vec<u32>,
+    pub start_ms: i64,
+    pub end_ms: Option<i64>,
+}
+
+/// A job as the healed cluster reports it at the end of a run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FinalJob {
+    pub id: JobId,
+    /// PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, ...
+    pub state: String,
+    /// Kinds of its events, oldest first ("submitted", "completed", ...).
+    pub events: Vec<String>,
+}
+
+/// What a checker found wrong.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum Violation {
+    #[error("acknowledged submit {request_id} (job {job}) is missing from the cluster")]
+    LostSubmit { request_id: String, job: JobId },
+    #[error("GPU {gpu} of {node} held by job {a} and job {b} at the same time ({at_ms} ms)")]
+    GpuDoubleHeld { node: String, gpu: u32, a: JobId, b: JobId, at_ms: i64 },
+    #[error("job {job}: attempt {attempt} ran twice at once on {node} ({at_ms} ms)")]
+    AttemptTwice { job: JobId, attempt: u32, node: String, at_ms: i64 },
+    #[error("job {job}: attempt {later} started ({at_ms} ms) before attempt {earlier} ended")]
+    AttemptsOverlap { job: JobId, earlier: u32, later: u32, at_ms: i64 },
+    #[error("job {job} ended {count} times ({states:?})")]
+    TerminalStates { job: JobId, count: usize, states: Vec<String> },
+    #[error("job {job} is {state} but no event ended it")]
+    TerminalWithoutEvent { job: JobId, state: String },
+    #[error("replicas disagree at applied index {index}: digests {digests:?}")]
+    DigestsDiffer { index: u64, digests: Vec<String> },
+    #[error("no leader {waited_ms} ms after healing (bound {bound_ms} ms)")]
+    NoLeader { waited_ms: i64, bound_ms: i64 },
+    #[error("{pending} jobs still queued after healing and draining")]
+    QueueNotDrained { pending: usize },
+}
+
+const TERMINAL: [&str; 5] = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"];
+
+fn is_terminal_event(kind: &str) -> bool {
+    TERMINAL.iter().any(|t| t.eq_ignore_ascii_case(kind))
+}
+
+/// Every acknowledged submit's job exists in the final state.
+pub fn no_acknowledged_submit_lost(history: &[Operation], jobs: &[FinalJob]) -> Result<(), Violation> {
+    let known: BTreeSet<JobId> = jobs.iter().map(|j| j.id).collect();
+    for op in history {
+        if let Operation::Submit { request_id, acked: Some(job) } = op {
+            if !known.contains(job) {
+                return Err(Violation::LostSubmit { request_id: request_id.clone(), job: *job });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Half-open intervals [start, end) overlap; a missing end is "still running".
+fn overlap(a: &ProcessRecord, b: &ProcessRecord) -> Option<i64> {
+    let (a_end, b_end) = (a.end_ms.unwrap_or(i64::MAX), b.end_ms.unwrap_or(i64::MAX));
+    let start = a.start_ms.max(b.start_ms);
+    (start < a_end.min(b_end)).then_some(start)
+}
+
+/// No GPU is held by two live processes of different jobs at the same time.
+pub fn no_gpu_held_twice(processes: &[ProcessRecord]) -> Result<(), Violation> {
+    let mut by_gpu: BTreeMap<(&str, u32), Vec<&ProcessRecord>> = BTreeMap::new();
+    for p in processes {
+        for g in &p.gpus {
+            by_gpu.entry((p.node.as_str(), *g)).or_default().push(p);
+        }
+    }
+    for ((node, gpu), list) in by_gpu {
+        for (i, a) in list.iter().enumerate() {
+            for b in &list[i + 1..] {
+                if let Some(at_ms) = overlap(a, b) {
+                    if a.job != b.job {
+                        return Err(Violation::GpuDoubleHeld {
+                            node: node.to_string(),
+                            gpu,
+                            a: a.job,
+                            b: b.job,
+                            at_ms,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// No job attempt runs twice at once on a node, and attempt N+1 starts only after attempt N's
+/// processes ended.
+pub fn no_attempt_runs_twice(processes: &[ProcessRecord]) -> Result<(), Violation> {
+    let mut by_job: BTreeMap<JobId, Vec<&ProcessRecord>> = BTreeMap::new();
+    for p in processes {
+        by_job.entry(p.job).or_default().push(p);
+    }
+    for (job, list) in by_job {
+        for (i, a) in list.iter().enumerate() {
+            for b in &list[i + 1..] {
+                let Some(at_ms) = overlap(a, b) else { continue };
+                if a.attempt == b.attempt && a.node == b.node {
+                    return Err(Violation::AttemptTwice {
+                        job,
+                        attempt: a.attempt,
+                        node: a.node.clone(),
+                        at_ms,
+                    });
+                }
+                if a.attempt != b.attempt {
+                    let (earlier, later) = (a.attempt.min(b.attempt), a.attempt.max(b.attempt));
+                    return Err(Violation::AttemptsOverlap { job, earlier, later, at_ms });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Each job ends at most once, and a job in a terminal state has exactly one ending event.
+pub fn one_terminal_state_each(jobs: &[FinalJob]) -> Result<(), Violation> {
+    for j in jobs {
+        let endings: Vec<String> = j.events.iter().filter(|k| is_terminal_event(k)).cloned().collect();
+        if endings.len() > 1 {
+            return Err(Violation::TerminalStates { job: j.id, count: endings.len(), states: endings });
+        }
+        if TERMINAL.contains(&j.state.as_str()) && endings.is_empty() {
+            return Err(Violation::TerminalWithoutEvent { job: j.id, state: j.state.clone() });
+        }
+    }
+    Ok(())
+}
+
+/// All replicas that report the same applied index report the same state digest.
+pub fn digests_agree(replicas: &[(u64, String)]) -> Result<(), Violation> {
+    let mut by_index: BTreeMap<u64, BTreeSet<&str>> = BTreeMap::new();
+    for (index, digest) in replicas {
+        by_index.entry(*index).or_default().insert(digest);
+    }
+    match by_index.into_iter().find(|(_, d)| d.len() > 1) {
+        Some((index, d)) => {
+            Err(Violation::DigestsDiffer { index, digests: d.into_iter().map(str::to_string).collect() })
+        }
+        None => Ok(()),
+    }
+}
+
+/// After healing at `healed_ms`, a leader was seen by `leader_ms` within `bound_ms`, and the
+/// queue drained (`pending` jobs left).
+pub fn recovered(
+    healed_ms: i64,
+    leader_ms: Option<i64>,
+    bound_ms: i64,
+    pending: usize,
+) -> Result<(), Violation> {
+    match leader_ms {
+        Some(t) if t - healed_ms <= bound_ms => {}
+        Some(t) => return Err(Violation::NoLeader { waited_ms: t - healed_ms, bound_ms }),
+        None => return Err(Violation::NoLeader { waited_ms: i64::MAX, bound_ms }),
+    }
+    if pending > 0 {
+        return Err(Violation::QueueNotDrained { pending });
+    }
+    Ok(())
+}
+
+/// One line of the end-of-suite summary table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub scenario: String,
+    pub seed: u64,
+    pub faults: usize,
+    pub operations: usize,
+    pub acknowledged: usize,
+    pub lost: usize,
+    pub double_allocations: usize,
+    pub recover_ms: i64,
+}
+
+/// The summary table printed at the end of a chaos suite.
+pub fn summary_table(rows: &[Summary]) -> String {
+    let mut out = format!(
+        "{:<28} {:>20} {:>7} {:>10} {:>7} {:>5} {:>7} {:>11}\n",
+        "SCENARIO", "SEED", "FAULTS", "OPS", "ACKED", "LOST", "DOUBLE", "RECOVER_MS"
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "{:<28} {:>20} {:>7} {:>10} {:>7} {:>5} {:>7} {:>11}\n",
+            r.scenario,
+            r.seed,
+            r.faults,
+            r.operations,
+            r.acknowledged,
+            r.lost,
+            r.double_allocations,
+            r.recover_ms
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proc(
+        node: &str,
+        job: JobId,
+        attempt: u32,
+        gpus: &[u32],
+        start: i64,
+        end: Option<i64>,
+    ) -> ProcessRecord {
+        ProcessRecord { node: node.into(), job, attempt, gpus: gpus.to_vec(), start_ms: start, end_ms: end }
+    }
+
+    fn job(id: JobId, state: &str, events: &[&str]) -> FinalJob {
+        FinalJob { id, state: state.into(), events: events.iter().map(|e| e.to_string()).collect() }
+    }
+
+    #[test]
+    fn a_lost_acknowledged_submit_is_reported() {
+        let history = vec![
+            Operation::Submit { request_id: "r1".into(), acked: Some(1) },
+            Operation::Submit { request_id: "r2".into(), acked: None },
+            Operation::Submit { request_id: "r3".into(), acked: Some(3) },
+            Operation::Cancel { job: 1, acked: true },
+        ];
+        let jobs = vec![job(1, "CANCELLED", &["submitted", "cancelled"])];
+        assert_eq!(
+            no_acknowledged_submit_lost(&history, &jobs),
+            Err(Violation::LostSubmit { request_id: "r3".into(), job: 3 })
+        );
+        let jobs = vec![job(1, "CANCELLED", &["cancelled"]), job(3, "PENDING", &[])];
+        assert_eq!(no_acknowledged_submit_lost(&history, &jobs), Ok(()));
+    }
+
+    #[test]
+    fn a_gpu_held_by_two_jobs_at_once_is_reported_and_a_handover_is_not() {
+        let handover = vec![proc("n1", 1, 0, &[0, 1], 0, Some(100)), proc("n1", 2, 0, &[1], 100, None)];
+        assert_eq!(no_gpu_held_twice(&handover), Ok(()));
+        let double = vec![proc("n1", 1, 0, &[0, 1], 0, Some(100)), proc("n1", 2, 0, &[1], 99, None)];
+        assert_eq!(
+            no_gpu_held_twice(&double),
+            Err(Violation::GpuDoubleHeld { node: "n1".into(), gpu: 1, a: 1, b: 2, at_ms: 99 })
+        );
+        // The same GPU index on another node is another GPU.
+        let elsewhere = vec![proc("n1", 1, 0, &[0], 0, None), proc("n2", 2, 0, &[0], 0, None)];
+        assert_eq!(no_gpu_held_twice(&elsewhere), Ok(()));
+    }
+
+    #[test]
+    fn an_attempt_running_twice_or_attempts_overlapping_are_reported() {
+        let twice = vec![proc("n1", 5, 0, &[0], 0, None), proc("n1", 5, 0, &[1], 10, Some(20))];
+        assert!(matches!(no_attempt_runs_twice(&twice), Err(Violation::AttemptTwice { job: 5, .. })));
+        let overlap = vec![proc("n1", 5, 0, &[0], 0, Some(50)), proc("n2", 5, 1, &[0], 40, None)];
+        assert!(matches!(
+            no_attempt_runs_twice(&overlap),
+            Err(Violation::AttemptsOverlap { job: 5, earlier: 0, later: 1, at_ms: 40 })
+        ));
+        // A gang's ranks of one attempt on distinct nodes, and a clean requeue, are fine.
+        let fine = vec![
+            proc("n1", 5, 0, &[0], 0, Some(50)),
+            proc("n2", 5, 0, &[0], 0, Some(50)),
+            proc("n1", 5, 1, &[0], 50, None),
+        ];
+        assert_eq!(no_attempt_runs_twice(&fine), Ok(()));
+    }
+
+    #[test]
+    fn a_job_ending_twice_or_ending_silently_is_reported() {
+        let twice = vec![job(1, "COMPLETED", &["submitted", "completed", "cancelled"])];
+        assert!(matches!(
+            one_terminal_state_each(&twice),
+            Err(Violation::TerminalStates { job: 1, count: 2, .. })
+        ));
+        let silent = vec![job(2, "FAILED", &["submitted", "started"])];
+        assert!(matches!(
+            one_terminal_state_each(&silent),
+            Err(Violation::TerminalWithoutEvent { job: 2, .. })
+        ));
+        let fine =
+            vec![job(3, "NODE_FAIL", &["started", "node_fail"]), job(4, "RUNNING", &["requeued", "started"])];
+        assert_eq!(one_terminal_state_each(&fine), Ok(()));
+    }
+
+    #[test]
+    fn disagreeing_digests_and_a_slow_or_absent_recovery_are_reported() {
+        let same = vec![(10, "aa".to_string()), (10, "aa".to_string()), (9, "bb".to_string())];
+        assert_eq!(digests_agree(&same), Ok(()));
+        let split = vec![(10, "aa".to_string()), (10, "ab".to_string())];
+        assert!(matches!(digests_agree(&split), Err(Violation::DigestsDiffer { index: 10, .. })));
+        assert_eq!(recovered(1000, Some(1500), 1000, 0), Ok(()));
+        assert!(matches!(recovered(1000, Some(3000), 1000, 0), Err(Violation::NoLeader { .. })));
+        assert!(matches!(recovered(1000, None, 1000, 0), Err(Violation::NoLeader { .. })));
+        assert_eq!(recovered(1000, Some(1100), 1000, 3), Err(Violation::QueueNotDrained { pending: 3 }));
+    }
+
+    #[test]
+    fn the_summary_has_a_row_per_scenario() {
+        let rows =
+            vec![Summary { scenario: "leader-partition".into(), seed: 42, faults: 3, ..Default::default() }];
+        let table = summary_table(&rows);
+        assert_eq!(table.lines().count(), 2);
+        assert!(table.contains("leader-partition") && table.contains("42"));
+    }
+}
