@@ -6,8 +6,13 @@
 //! invariant then judges the run. Each checker is a pure function over those records, and each
 //! is shown able to fail (the tests below feed it a history with the violation).
 //!
-//! Not here yet: the network-namespace harness, the fault injectors and the workload that
-//! produce these records (issue 7 is open).
+//! `proxy` is the fault injector for links (delay, one- and two-way partitions, reordering across
+//! connections), since this kernel has no `netem`.
+//!
+//! Not here yet: the network-namespace harness, the process fault injectors and the workload
+//! that produce these records (issue 7 is open).
+
+pub mod proxy;
 
 use std::collections::{BTreeMap, BTreeSet};
 
