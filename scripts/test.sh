@@ -33,6 +33,18 @@ else
 fi
 "$KAIROS_TEST_PYTHON" -c 'import moto.server, boto3' || { echo "test.sh: installing moto failed" >&2; exit 1; }
 
+# Chaos tests build separate hosts from network namespaces: iproute2 and iptables, as root.
+if ! command -v ip >/dev/null 2>&1 || ! command -v iptables >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq iproute2 iptables >/dev/null
+  else
+    echo "test.sh: the chaos tests need iproute2 and iptables, and root to use them" >&2
+    exit 1
+  fi
+fi
+
 cargo build --workspace --bins --locked
 cargo test --workspace --locked -- --test-threads "${KAIROS_TEST_THREADS:-4}"
 # The Terraform burst module: parses, and checkov passes.

@@ -12,6 +12,7 @@
 //! Not here yet: the network-namespace harness, the process fault injectors and the workload
 //! that produce these records (issue 7 is open).
 
+pub mod netns;
 pub mod proxy;
 
 use std::collections::{BTreeMap, BTreeSet};
