@@ -111,14 +111,7 @@ fn dollars(milli: u64) -> f64 {
 impl BurstFile {
     /// Parses a burst file; errors name the line and column.
     pub fn parse(text: &str) -> Result<BurstFile, String> {
-        toml::from_str(text).map_err(|e| {
-            let text = e.to_string();
-            let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-            match (lines.first(), lines.last()) {
-                (Some(first), Some(last)) if lines.len() > 1 => format!("{first}: {last}"),
-                _ => text.trim().to_string(),
-            }
-        })
+        toml::from_str(text).map_err(crate::policy_file::one_line)
     }
 
     pub fn to_pb(&self) -> Result<pb::BurstConfig, String> {

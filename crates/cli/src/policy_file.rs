@@ -183,19 +183,21 @@ pub fn format_secs(secs: u64) -> String {
     humantime::format_duration(Duration::from_secs(secs)).to_string().replace(' ', "")
 }
 
+/// A TOML error on one line. toml's message is "TOML parse error at line L, column C", a source
+/// excerpt, then the reason: keep the first and the last line.
+pub fn one_line(e: toml::de::Error) -> String {
+    let text = e.to_string();
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    match (lines.first(), lines.last()) {
+        (Some(first), Some(last)) if lines.len() > 1 => format!("{first}: {last}"),
+        _ => text.trim().to_string(),
+    }
+}
+
 impl PolicyFile {
     /// Parses a policy file; errors name the line and column.
     pub fn parse(text: &str) -> Result<PolicyFile, String> {
-        // toml's message is "TOML parse error at line L, column C", a source excerpt, then the
-        // reason: keep the first and the last line.
-        toml::from_str(text).map_err(|e| {
-            let text = e.to_string();
-            let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-            match (lines.first(), lines.last()) {
-                (Some(first), Some(last)) if lines.len() > 1 => format!("{first}: {last}"),
-                _ => text.trim().to_string(),
-            }
-        })
+        toml::from_str(text).map_err(one_line)
     }
 
     pub fn to_pb(&self) -> Result<pb::Policy, String> {

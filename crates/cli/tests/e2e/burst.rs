@@ -48,6 +48,16 @@ impl Moto {
         Moto { child, url: format!("http://{addr}") }
     }
 
+    /// A server with the launch template `kairos-burst` in place; also returns its AMI id.
+    fn with_launch_template(log: &std::path::Path) -> (Moto, String) {
+        let moto = Moto::start(log);
+        let ami = moto.python("print(ec2.describe_images()['Images'][0]['ImageId'])");
+        moto.python(&format!(
+            "ec2.create_launch_template(LaunchTemplateName='kairos-burst', LaunchTemplateData={{'ImageId': '{ami}'}})"
+        ));
+        (moto, ami)
+    }
+
     /// Runs a boto3 snippet against this server (`ec2` is the client).
     fn python(&self, code: &str) -> String {
         let script = format!(
@@ -187,11 +197,7 @@ impl Drop for Booter {
 #[test]
 fn inference_bursts_to_the_cloud_within_limits_and_idle_or_leaked_instances_are_terminated() {
     let dir = tempfile::tempdir().unwrap();
-    let moto = Moto::start(&dir.path().join("moto.log"));
-    let ami = moto.python("print(ec2.describe_images()['Images'][0]['ImageId'])");
-    moto.python(&format!(
-        "ec2.create_launch_template(LaunchTemplateName='kairos-burst', LaunchTemplateData={{'ImageId': '{ami}'}})"
-    ));
+    let (moto, ami) = Moto::with_launch_template(&dir.path().join("moto.log"));
     let c = Cluster::start_with(
         1,
         2,
@@ -335,11 +341,7 @@ fn moto_instances(moto: &Moto) -> Vec<(String, String, String)> {
 #[test]
 fn a_leader_killed_between_intent_and_launch_answer_never_doubles_the_launch() {
     let dir = tempfile::tempdir().unwrap();
-    let moto = Moto::start(&dir.path().join("moto.log"));
-    let ami = moto.python("print(ec2.describe_images()['Images'][0]['ImageId'])");
-    moto.python(&format!(
-        "ec2.create_launch_template(LaunchTemplateName='kairos-burst', LaunchTemplateData={{'ImageId': '{ami}'}})"
-    ));
+    let (moto, _) = Moto::with_launch_template(&dir.path().join("moto.log"));
     // Every replica dies right after RunInstances succeeds, before committing its answer.
     let mut c = Cluster::start_with(
         3,
@@ -395,11 +397,7 @@ fn a_leader_killed_between_intent_and_launch_answer_never_doubles_the_launch() {
 #[test]
 fn a_storm_of_500_inference_jobs_never_takes_the_cloud_past_its_limits() {
     let dir = tempfile::tempdir().unwrap();
-    let moto = Moto::start(&dir.path().join("moto.log"));
-    let ami = moto.python("print(ec2.describe_images()['Images'][0]['ImageId'])");
-    moto.python(&format!(
-        "ec2.create_launch_template(LaunchTemplateName='kairos-burst', LaunchTemplateData={{'ImageId': '{ami}'}})"
-    ));
+    let (moto, _) = Moto::with_launch_template(&dir.path().join("moto.log"));
     let c = Cluster::start_with(
         1,
         1,
@@ -479,11 +477,7 @@ fn fake_imds(notices: Arc<std::sync::Mutex<Vec<String>>>) -> String {
 #[test]
 fn a_spot_interruption_notice_drains_the_node_and_its_job_requeues_elsewhere() {
     let dir = tempfile::tempdir().unwrap();
-    let moto = Moto::start(&dir.path().join("moto.log"));
-    let ami = moto.python("print(ec2.describe_images()['Images'][0]['ImageId'])");
-    moto.python(&format!(
-        "ec2.create_launch_template(LaunchTemplateName='kairos-burst', LaunchTemplateData={{'ImageId': '{ami}'}})"
-    ));
+    let (moto, _) = Moto::with_launch_template(&dir.path().join("moto.log"));
     let c = Cluster::start_with(
         1,
         1,
