@@ -16,6 +16,22 @@ const CHUNK_BYTES: usize = 64 * 1024;
 
 pub struct Logs {
     pub runner: Runner,
+    /// This node's credential once registered: only a controller (which derives the same
+    /// credential from the cluster secret) may read logs.
+    pub credential: std::sync::Arc<std::sync::RwLock<Option<String>>>,
+}
+
+impl Logs {
+    fn check_caller(&self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+        let mine = self.credential.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(mine) = mine else {
+            return Err(Status::unavailable("this agent has not registered yet"));
+        };
+        match kairos_proto::wire::bearer(metadata) {
+            Some(c) if kairos_proto::wire::ct_eq(c, &mine) => Ok(()),
+            _ => Err(Status::unauthenticated("logs are served to the controllers only")),
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -26,6 +42,7 @@ impl AgentLogService for Logs {
         &self,
         request: Request<pb::LogsRequest>,
     ) -> Result<Response<Self::ReadLogsStream>, Status> {
+        self.check_caller(request.metadata())?;
         let req = request.into_inner();
         let path = log_path(self.runner.state_dir(), req.job_id, req.attempt);
         let mut file = tokio::fs::File::open(&path).await.map_err(|e| {

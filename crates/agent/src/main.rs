@@ -15,7 +15,7 @@ use kairos_proto::v1 as pb;
 use kairos_proto::v1::agent_log_service_server::AgentLogServiceServer;
 use kairos_proto::v1::agent_service_client::AgentServiceClient;
 use tokio::sync::{mpsc, watch};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Backend {
@@ -59,6 +59,43 @@ struct Args {
     /// How often the spot notice is polled (ms).
     #[arg(long, default_value_t = 2000)]
     spot_poll_ms: u64,
+    /// The cluster's join token (a file; the controller's <data-dir>/join.token by default there).
+    #[arg(long, env = "KAIROS_JOIN_TOKEN_FILE")]
+    join_token_file: Option<PathBuf>,
+    /// TLS: the CA certificate (PEM) that signs the controllers' certificates; with it the agent
+    /// talks to controllers over TLS only.
+    #[arg(long)]
+    ca: Option<PathBuf>,
+    /// TLS: this agent's certificate (PEM): its log service is then served over TLS, and it is
+    /// presented to controllers that require mutual TLS.
+    #[arg(long, requires = "key")]
+    cert: Option<PathBuf>,
+    /// TLS: this agent's private key (PEM).
+    #[arg(long, requires = "cert")]
+    key: Option<PathBuf>,
+}
+
+/// The agent's credentials: the join token it registers with, and the node credential the
+/// controller hands back (kept in memory only; the log service checks it on every request).
+#[derive(Clone, Default)]
+pub struct Credentials {
+    join: Option<Arc<str>>,
+    node: Arc<std::sync::RwLock<Option<String>>>,
+}
+
+impl Credentials {
+    fn node(&self) -> Option<String> {
+        self.node.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// `msg` with this node's credential (the join token before registration).
+    fn request<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(msg);
+        if let Some(c) = self.node().as_deref().or(self.join.as_deref()) {
+            kairos_proto::wire::set_bearer(req.metadata_mut(), c);
+        }
+        req
+    }
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -105,7 +142,7 @@ struct Controllers {
 }
 
 impl Controllers {
-    async fn connect(&mut self) -> Option<(String, Channel)> {
+    async fn connect(&mut self, tls: Option<&ClientTlsConfig>) -> Option<(String, Channel)> {
         let n = self.addrs.len();
         let order: Vec<String> = self
             .hint
@@ -115,9 +152,20 @@ impl Controllers {
             .collect();
         self.next = self.next.wrapping_add(1);
         for addr in order {
-            let Ok(endpoint) = Endpoint::from_shared(format!("http://{addr}")) else { continue };
-            let endpoint =
+            let Ok(endpoint) = Endpoint::from_shared(kairos_proto::wire::url(&addr, tls.is_some())) else {
+                continue;
+            };
+            let mut endpoint =
                 endpoint.connect_timeout(Duration::from_secs(2)).tcp_keepalive(Some(Duration::from_secs(10)));
+            if let Some(tls) = tls {
+                match endpoint.tls_config(tls.clone()) {
+                    Ok(e) => endpoint = e,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "TLS settings refused");
+                        continue;
+                    }
+                }
+            }
             if let Ok(channel) = endpoint.connect().await {
                 return Some((addr, channel));
             }
@@ -135,15 +183,23 @@ async fn session(
     channel: Channel,
     node: &pb::NodeInfo,
     runner: &Runner,
+    creds: &Credentials,
     client_tx: &watch::Sender<Option<AgentServiceClient<Channel>>>,
 ) -> Result<(), tonic::Status> {
     let mut client = AgentServiceClient::new(channel);
-    let reg = client.register(pb::RegisterRequest { node: Some(node.clone()) }).await?.into_inner();
+    let reg =
+        client.register(creds.request(pb::RegisterRequest { node: Some(node.clone()) })).await?.into_inner();
     tracing::info!(node = %reg.node_id, "registered");
+    if reg.node_credential.is_empty() {
+        return Err(tonic::Status::internal("the controller sent no node credential"));
+    }
+    *creds.node.write().unwrap_or_else(|p| p.into_inner()) = Some(reg.node_credential);
     client_tx.send_replace(Some(client.clone()));
     let interval = Duration::from_millis(reg.heartbeat_interval_ms.clamp(100, 60_000));
-    let mut stream =
-        client.assignments(pb::AssignmentsRequest { node_id: reg.node_id.clone() }).await?.into_inner();
+    let mut stream = client
+        .assignments(creds.request(pb::AssignmentsRequest { node_id: reg.node_id.clone() }))
+        .await?
+        .into_inner();
     let mut heartbeat = tokio::time::interval(interval);
     loop {
         tokio::select! {
@@ -153,7 +209,7 @@ async fn session(
             },
             _ = heartbeat.tick() => {
                 let running = runner.running().into_iter().map(|(job_id, attempt)| pb::RunRef { job_id, attempt }).collect();
-                client.heartbeat(pb::HeartbeatRequest { node_id: reg.node_id.clone(), running }).await?;
+                client.heartbeat(creds.request(pb::HeartbeatRequest { node_id: reg.node_id.clone(), running })).await?;
             }
         }
     }
@@ -161,6 +217,7 @@ async fn session(
 
 /// Delivers run reports, retrying with capped backoff until the controller takes them.
 async fn deliver_reports(
+    creds: Credentials,
     mut rx: mpsc::Receiver<pb::StatusReport>,
     mut client_rx: watch::Receiver<Option<AgentServiceClient<Channel>>>,
 ) {
@@ -169,7 +226,7 @@ async fn deliver_reports(
         loop {
             let client = client_rx.borrow_and_update().clone();
             let result = match client {
-                Some(mut c) => c.report_status(report.clone()).await.map(|_| ()),
+                Some(mut c) => c.report_status(creds.request(report.clone())).await.map(|_| ()),
                 None => Err(tonic::Status::unavailable("not connected")),
             };
             match result {
@@ -200,6 +257,7 @@ async fn watch_spot(
     imds: kairos_agent::spot::Imds,
     every: Duration,
     node: String,
+    creds: Credentials,
     mut client_rx: watch::Receiver<Option<AgentServiceClient<Channel>>>,
 ) {
     let notice = kairos_agent::spot::wait_for_notice(&imds, every).await;
@@ -208,7 +266,8 @@ async fn watch_spot(
     loop {
         let client = client_rx.borrow_and_update().clone();
         if let Some(mut c) = client {
-            match c.drain(pb::DrainRequest { node_id: node.clone(), reason: reason.clone() }).await {
+            let req = creds.request(pb::DrainRequest { node_id: node.clone(), reason: reason.clone() });
+            match c.drain(req).await {
                 Ok(_) => return,
                 Err(s) => tracing::warn!(status = %s, "drain request not taken; retrying"),
             }
@@ -268,6 +327,18 @@ async fn main() -> anyhow::Result<()> {
         labels: args.labels.iter().cloned().collect(),
         gpu_backend: inv.backend().to_string(),
     };
+    let join = match &args.join_token_file {
+        Some(path) => Some(Arc::from(
+            kairos_proto::wire::read_credential_file(path)
+                .with_context(|| "--join-token-file".to_string())?,
+        )),
+        None => None,
+    };
+    let creds = Credentials { join, node: Arc::default() };
+    let tls =
+        kairos_proto::wire::TlsFiles { ca: args.ca.clone(), cert: args.cert.clone(), key: args.key.clone() };
+    let server_tls = tls.server(false)?;
+    let client_tls = tls.client()?;
     let imds = args.spot_imds.as_deref().map(kairos_agent::spot::Imds::parse).transpose()?;
     let (report_tx, report_rx) = mpsc::channel(1024);
     let runner = Runner::new(&name, &state_dir, report_tx);
@@ -275,17 +346,18 @@ async fn main() -> anyhow::Result<()> {
     let spot_watch = imds.map(|imds| {
         let client_rx = client_rx.clone();
         let every = Duration::from_millis(args.spot_poll_ms.max(100));
-        tokio::spawn(watch_spot(imds, every, name.clone(), client_rx))
+        tokio::spawn(watch_spot(imds, every, name.clone(), creds.clone(), client_rx))
     });
-    let reporter = tokio::spawn(deliver_reports(report_rx, client_rx));
-    let logs = Logs { runner: runner.clone() };
-    let log_server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(AgentLogServiceServer::new(logs))
-            .serve_with_incoming(
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            ),
-    );
+    let reporter = tokio::spawn(deliver_reports(creds.clone(), report_rx, client_rx));
+    let logs = Logs { runner: runner.clone(), credential: creds.node.clone() };
+    let mut log_server = tonic::transport::Server::builder();
+    if let Some(tls) = server_tls {
+        log_server = log_server.tls_config(tls).context("TLS settings")?;
+    }
+    let log_server =
+        tokio::spawn(log_server.add_service(AgentLogServiceServer::new(logs)).serve_with_incoming(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+        ));
     println!("kairos-agent {name} ({} {} GPUs) logs on {addr}", node.gpus.len(), inv.backend());
     tracing::info!(node = %name, gpus = node.gpus.len(), backend = inv.backend(), %addr, "agent starting");
 
@@ -299,9 +371,10 @@ async fn main() -> anyhow::Result<()> {
         async move {
             let mut backoff = Duration::from_millis(100);
             loop {
-                let connected = controllers.lock().await.connect().await;
+                let connected = controllers.lock().await.connect(client_tls.as_ref()).await;
                 match connected {
-                    Some((addr, channel)) => match session(channel, &node, &runner, &client_tx).await {
+                    Some((addr, channel)) => match session(channel, &node, &runner, &creds, &client_tx).await
+                    {
                         Ok(()) => {}
                         Err(status) => {
                             client_tx.send_replace(None);

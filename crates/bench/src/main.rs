@@ -104,6 +104,13 @@ impl Cluster {
     fn start(replicas: u64) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("kairos-bench-").tempdir()?;
         let addrs = (0..replicas).map(|_| free_addr()).collect::<anyhow::Result<Vec<_>>>()?;
+        for (file, content) in [
+            ("cluster.secret", "bench-cluster-secret-0123456789abcdef0123456789"),
+            ("admin.token", ADMIN_TOKEN),
+            ("join.token", "kairos-join.bench-0123456789abcdef"),
+        ] {
+            std::fs::write(dir.path().join(file), content)?;
+        }
         let mut c = Cluster { dir, addrs, children: Vec::new(), kairosd: sibling("kairosd")? };
         for i in 0..replicas as usize {
             let child = c.spawn(i)?;
@@ -120,6 +127,12 @@ impl Cluster {
         cmd.args(["--id", &(i + 1).to_string(), "--addr", &self.addrs[i]])
             .arg("--data-dir")
             .arg(self.dir.path().join(format!("controller-{}", i + 1)))
+            .arg("--cluster-secret-file")
+            .arg(self.dir.path().join("cluster.secret"))
+            .arg("--admin-token-file")
+            .arg(self.dir.path().join("admin.token"))
+            .arg("--join-token-file")
+            .arg(self.dir.path().join("join.token"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -182,11 +195,26 @@ impl Drop for Cluster {
     }
 }
 
-async fn connect(addr: &str) -> Result<Channel, tonic::transport::Error> {
-    Endpoint::from_shared(format!("http://{addr}"))?
+/// The benchmark cluster's bootstrap admin token (it acts as one user per submit client).
+const ADMIN_TOKEN: &str = "kairos-admin.bench-0123456789abcdef";
+
+fn with_token(mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    kairos_proto::wire::set_bearer(req.metadata_mut(), ADMIN_TOKEN);
+    Ok(req)
+}
+
+/// A channel whose every call carries the admin token.
+type Conn = tonic::service::interceptor::InterceptedService<
+    Channel,
+    fn(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status>,
+>;
+
+async fn connect(addr: &str) -> Result<Conn, tonic::transport::Error> {
+    let channel = Endpoint::from_shared(format!("http://{addr}"))?
         .connect_timeout(Duration::from_millis(500))
         .connect()
-        .await
+        .await?;
+    Ok(tonic::service::interceptor::InterceptedService::new(channel, with_token as _))
 }
 
 fn spec() -> pb::JobSpec {
@@ -209,7 +237,7 @@ async fn client_loop(
     last_ack: Arc<Mutex<Instant>>,
 ) {
     let mut target = client % addrs.len();
-    let mut conn: Option<JobServiceClient<Channel>> = None;
+    let mut conn: Option<JobServiceClient<Conn>> = None;
     let mut seq = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let mut jobs = match conn.take() {
@@ -410,17 +438,13 @@ async fn bench_failover(
 /// A connected job client to whichever replica leads.
 async fn leader_jobs(
     cluster: &Cluster,
-) -> anyhow::Result<(JobServiceClient<Channel>, AdminServiceClient<Channel>)> {
+) -> anyhow::Result<(JobServiceClient<Conn>, AdminServiceClient<Conn>)> {
     let i = cluster.leader(Duration::from_secs(20)).await?;
     let ch = connect(&cluster.addrs[i]).await?;
     Ok((JobServiceClient::new(ch.clone()), AdminServiceClient::new(ch)))
 }
 
-async fn wait_state(
-    jobs: &mut JobServiceClient<Channel>,
-    id: u64,
-    state: pb::JobState,
-) -> anyhow::Result<()> {
+async fn wait_state(jobs: &mut JobServiceClient<Conn>, id: u64, state: pb::JobState) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
         let job = jobs.get_job(pb::GetJobRequest { job_id: id }).await?.into_inner();
@@ -460,6 +484,8 @@ async fn bench_preempt(
                 &format!("node-{a}"),
             ])
             .args(["--gpu-backend", "fake", "--fake-gpus", &gpus.to_string()])
+            .arg("--join-token-file")
+            .arg(cluster.dir.path().join("join.token"))
             .arg("--state-dir")
             .arg(cluster.dir.path().join(format!("agent-{a}")))
             .stdin(Stdio::null())

@@ -39,6 +39,8 @@ pub struct Settings {
     /// A launched instance missing from the cloud's answer this long is considered gone
     /// (the EC2 API is eventually consistent right after RunInstances).
     pub vanish_grace_ms: i64,
+    /// The join token burst nodes' agents register with (written into the user-data).
+    pub join_token: String,
 }
 
 /// The reconciler's memory between rounds (lost on failover, which only delays a leak's end).
@@ -68,13 +70,23 @@ pub const IMDS_URL: &str = "http://169.254.169.254";
 pub fn user_data(settings: &Settings, intent: u64, spot: bool) -> String {
     let node = kairos_scheduler::burst::node_name(intent);
     let spot = if spot { format!(" --spot-imds {IMDS_URL}") } else { String::new() };
+    // Single-quoted for the shell; a quote inside is closed, escaped and reopened.
+    let token = settings.join_token.replace('\'', r"'\''");
     format!(
-        "#!/bin/sh\n# kairos burst node: cluster {cluster}, intent {intent}\nexec kairos-agent --controllers {controllers} --name {node} --label {label}={intent}{spot}\n",
+        "#!/bin/sh\n# kairos burst node: cluster {cluster}, intent {intent}\numask 077\nmkdir -p {dir}\n{JOIN_TOKEN_LINE}'{token}' > {path}\nexec kairos-agent --controllers {controllers} --name {node} --label {label}={intent} --join-token-file {path}{spot}\n",
         cluster = settings.cluster,
         controllers = settings.controllers.join(","),
         label = kairos_scheduler::burst::BURST_LABEL,
+        dir = JOIN_TOKEN_DIR,
+        path = JOIN_TOKEN_PATH,
     )
 }
+
+/// Where a burst node's user-data puts the join token.
+pub const JOIN_TOKEN_DIR: &str = "/etc/kairos";
+pub const JOIN_TOKEN_PATH: &str = "/etc/kairos/join.token";
+/// The user-data line that writes the join token starts with this.
+pub const JOIN_TOKEN_LINE: &str = "printf '%s\\n' ";
 
 fn spec(settings: &Settings, burst: &BurstState, i: &BurstInstance) -> LaunchSpec {
     LaunchSpec {

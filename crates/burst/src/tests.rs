@@ -242,6 +242,7 @@ fn settings() -> Settings {
         controllers: vec!["10.0.0.1:7001".into()],
         leak_grace_ms: 10_000,
         vanish_grace_ms: 30_000,
+        join_token: "kairos-join.it's-secret".into(),
     }
 }
 
@@ -273,6 +274,8 @@ async fn intents_are_committed_then_launched_once_and_a_new_leader_adopts_instea
     let spec = cloud.launches.lock().unwrap()[0].clone();
     assert_eq!(spec.client_token(), "kairos-c1-1");
     assert!(spec.user_data.contains("--name burst-1") && spec.user_data.contains("10.0.0.1:7001"));
+    assert!(spec.user_data.contains(r"printf '%s\n' 'kairos-join.it'\''s-secret' > /etc/kairos/join.token"));
+    assert!(spec.user_data.contains("--join-token-file /etc/kairos/join.token"));
     // The leader died after RunInstances but before committing: its successor sees the intent
     // still Requested, finds the instance by tag and adopts it.
     let mut lost = s.clone();

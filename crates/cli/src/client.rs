@@ -4,18 +4,49 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 
-/// Header naming the calling user (until token authentication lands).
-const USER_HEADER: &str = "kairos-user";
+/// Header with which an admin acts as another user.
+const ACT_AS_HEADER: &str = "kairos-user";
 const LEADER_HEADER: &str = "kairos-leader";
 /// How long a call keeps following leader hints and waiting for an election.
 const LEADER_WAIT: Duration = Duration::from_secs(10);
 
 pub struct Client {
     addrs: Vec<String>,
-    user: String,
+    /// The API token (never printed).
+    token: Option<String>,
+    /// `--as USER`: act as another user (admins only).
+    act_as: Option<String>,
+    tls: Option<ClientTlsConfig>,
+}
+
+/// Where the token comes from: `--token-file`/KAIROS_TOKEN_FILE, else KAIROS_TOKEN, else
+/// `$XDG_CONFIG_HOME/kairos/token` or `~/.config/kairos/token` when that file exists.
+pub fn load_token(file: Option<&std::path::Path>) -> Result<Option<String>, CallError> {
+    if let Some(path) = file {
+        return kairos_proto::wire::read_credential_file(path).map(Some).map_err(|e| CallError(e.0));
+    }
+    if let Ok(t) = std::env::var("KAIROS_TOKEN") {
+        let t = t.trim().to_string();
+        return Ok((!t.is_empty()).then_some(t));
+    }
+    match default_token_path() {
+        Some(path) if path.exists() => {
+            kairos_proto::wire::read_credential_file(&path).map(Some).map_err(|e| CallError(e.0))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// `$XDG_CONFIG_HOME/kairos/token`, else `$HOME/.config/kairos/token`.
+pub fn default_token_path() -> Option<std::path::PathBuf> {
+    let config = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".config")))?;
+    Some(config.join("kairos").join("token"))
 }
 
 /// A failed call, already phrased for the user.
@@ -30,15 +61,6 @@ impl std::fmt::Display for CallError {
 
 impl std::error::Error for CallError {}
 
-fn current_user() -> String {
-    let from_env = std::env::var("USER").or_else(|_| std::env::var("LOGNAME")).unwrap_or_default();
-    if !from_env.is_empty() {
-        return from_env;
-    }
-    // SAFETY: getuid has no preconditions and cannot fail.
-    format!("uid{}", unsafe { libc::getuid() })
-}
-
 fn describe(status: &Status) -> String {
     let msg = status.message().lines().next().unwrap_or("").to_string();
     match status.code() {
@@ -48,23 +70,34 @@ fn describe(status: &Status) -> String {
 }
 
 impl Client {
-    pub fn new(addrs: Vec<String>) -> Self {
-        Client { addrs, user: current_user() }
+    pub fn new(
+        addrs: Vec<String>,
+        token: Option<String>,
+        act_as: Option<String>,
+        tls: Option<ClientTlsConfig>,
+    ) -> Self {
+        Client { addrs, token, act_as, tls }
     }
 
-    /// Adds the caller's identity to a request.
+    /// Adds the caller's credentials to a request.
     pub fn request<T>(&self, msg: T) -> tonic::Request<T> {
         let mut req = tonic::Request::new(msg);
-        if let Ok(v) = self.user.parse() {
-            req.metadata_mut().insert(USER_HEADER, v);
+        if let Some(t) = &self.token {
+            kairos_proto::wire::set_bearer(req.metadata_mut(), t);
+        }
+        if let Some(v) = self.act_as.as_deref().and_then(|u| u.parse().ok()) {
+            req.metadata_mut().insert(ACT_AS_HEADER, v);
         }
         req
     }
 
-    async fn connect(addr: &str) -> Result<Channel, String> {
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+    async fn connect(&self, addr: &str) -> Result<Channel, String> {
+        let mut endpoint = Endpoint::from_shared(kairos_proto::wire::url(addr, self.tls.is_some()))
             .map_err(|_| format!("\"{addr}\" is not a valid controller address"))?
             .connect_timeout(Duration::from_secs(3));
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint.tls_config(tls.clone()).map_err(|e| format!("TLS settings: {e}"))?;
+        }
         endpoint.connect().await.map_err(|e| {
             // The innermost cause says what happened ("Connection refused").
             let mut cause: &dyn std::error::Error = &e;
@@ -92,7 +125,7 @@ impl Client {
             let candidates: Vec<String> = hint.take().into_iter().chain(self.addrs.iter().cloned()).collect();
             let mut reached = false;
             for addr in &candidates {
-                let channel = match Self::connect(addr).await {
+                let channel = match self.connect(addr).await {
                     Ok(c) => c,
                     Err(e) => {
                         unreachable = e;

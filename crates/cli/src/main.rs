@@ -38,6 +38,22 @@ struct Cli {
     /// Print JSON instead of text.
     #[arg(long, global = true)]
     json: bool,
+    /// File holding the API token (default: KAIROS_TOKEN, else ~/.config/kairos/token).
+    #[arg(long, global = true, env = "KAIROS_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// Act as another user (admins only; the call gets that user's rights).
+    #[arg(long = "as", global = true, value_name = "USER")]
+    act_as: Option<String>,
+    /// TLS: the CA certificate (PEM) that signs the controllers' certificates; with it the
+    /// client talks TLS only.
+    #[arg(long, global = true, env = "KAIROS_CA")]
+    ca: Option<PathBuf>,
+    /// TLS: a client certificate (PEM) for controllers that require mutual TLS.
+    #[arg(long, global = true, env = "KAIROS_CERT", requires = "key")]
+    cert: Option<PathBuf>,
+    /// TLS: the client certificate's private key (PEM).
+    #[arg(long, global = true, env = "KAIROS_KEY", requires = "cert")]
+    key: Option<PathBuf>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -138,6 +154,18 @@ enum Cmd {
     Wait { id: u64 },
     /// List GPU nodes.
     Nodes,
+    /// Drain a node (operators): nothing new is placed there; its jobs get the checkpoint
+    /// signal and are requeued.
+    Drain {
+        node: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// API tokens (admins): create, list, revoke.
+    Token {
+        #[command(subcommand)]
+        command: TokenCmd,
+    },
     /// The controller cluster.
     Cluster {
         #[command(subcommand)]
@@ -199,6 +227,28 @@ enum Cmd {
         fake_gpus: String,
         #[arg(long, default_value = "local")]
         node_name: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum TokenCmd {
+    /// Issue a token; prints it once (only its hash is stored).
+    Create {
+        #[arg(long)]
+        user: String,
+        /// user, operator or admin.
+        #[arg(long, default_value = "user")]
+        role: String,
+        /// Lifetime (e.g. 30d, 12h); default: until revoked.
+        #[arg(long, value_parser = parse_time)]
+        ttl: Option<u64>,
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+    List,
+    /// Revoke a token by its id (or the whole token).
+    Revoke {
+        id: String,
     },
 }
 
@@ -900,8 +950,78 @@ async fn get_job(client: &Client, id: u64) -> Result<pb::Job, CallError> {
         .map(|r| r.into_inner())
 }
 
+async fn token_command(client: &Client, json: bool, command: TokenCmd) -> anyhow::Result<i32> {
+    match command {
+        TokenCmd::Create { user, role, ttl, description } => {
+            let req = pb::CreateTokenRequest { user, role, ttl_s: ttl.unwrap_or(0), description };
+            let created = client
+                .call(|ch| {
+                    let req = client.request(req.clone());
+                    async move { AdminServiceClient::new(ch).create_token(req).await }
+                })
+                .await?
+                .into_inner();
+            if json {
+                println!("{}", serde_json::json!({"id": created.id, "token": created.token}));
+            } else {
+                println!("{}", created.token);
+            }
+        }
+        TokenCmd::List => {
+            let tokens = client
+                .call(|ch| {
+                    let req = client.request(pb::ListTokensRequest {});
+                    async move { AdminServiceClient::new(ch).list_tokens(req).await }
+                })
+                .await?
+                .into_inner()
+                .tokens;
+            let json_of = |t: &pb::TokenInfo| {
+                serde_json::json!({"id": t.id, "user": t.user, "role": t.role, "created_ms": t.created_ms,
+                    "created_by": t.created_by, "expires_ms": t.expires_ms, "description": t.description})
+            };
+            let row = |t: &pb::TokenInfo| {
+                let expires = if t.expires_ms == 0 { "never".to_string() } else { t.expires_ms.to_string() };
+                vec![
+                    t.id.clone(),
+                    t.user.clone(),
+                    t.role.clone(),
+                    t.created_by.clone(),
+                    expires,
+                    t.description.clone(),
+                ]
+            };
+            print_list(
+                json,
+                &tokens,
+                json_of,
+                &["ID", "USER", "ROLE", "CREATED_BY", "EXPIRES_MS", "DESCRIPTION"],
+                row,
+            );
+        }
+        TokenCmd::Revoke { id } => {
+            client
+                .call(|ch| {
+                    let req = client.request(pb::RevokeTokenRequest { id: id.clone() });
+                    async move { AdminServiceClient::new(ch).revoke_token(req).await }
+                })
+                .await?;
+            println!("revoked");
+        }
+    }
+    Ok(0)
+}
+
 async fn run(cli: Cli) -> anyhow::Result<i32> {
-    let client = Client::new(cli.controllers.clone());
+    let tls =
+        kairos_proto::wire::TlsFiles { ca: cli.ca.clone(), cert: cli.cert.clone(), key: cli.key.clone() }
+            .client()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let token = match &cli.command {
+        Cmd::Up { .. } | Cmd::CheckpointDone => None,
+        _ => client::load_token(cli.token_file.as_deref())?,
+    };
+    let client = Client::new(cli.controllers.clone(), token, cli.act_as.clone(), tls);
     let client = &client;
     match cli.command {
         Cmd::Submit {
@@ -1097,6 +1217,17 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .nodes;
             print_list(cli.json, &nodes, node_json, &NODE_HEADER, node_row);
         }
+        Cmd::Drain { node, reason } => {
+            client
+                .call(|ch| {
+                    let req =
+                        client.request(pb::DrainNodeRequest { node: node.clone(), reason: reason.clone() });
+                    async move { AdminServiceClient::new(ch).drain_node(req).await }
+                })
+                .await?;
+            println!("node {node} drains");
+        }
+        Cmd::Token { command } => return token_command(client, cli.json, command).await,
         Cmd::Cluster { command } => {
             let status = client
                 .call(|ch| {

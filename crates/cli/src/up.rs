@@ -66,6 +66,48 @@ fn stop(children: &mut [(&str, Child)]) {
     }
 }
 
+/// Creates `path` (owner-only) holding `prefix` and a fresh random secret, unless it exists.
+fn ensure_secret(path: &Path, prefix: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no random source: {e}"))?;
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+        Ok(mut f) => f
+            .write_all(format!("{prefix}{}\n", hex::encode(bytes)).as_bytes())
+            .with_context(|| format!("writing {}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("creating {}", path.display())),
+    }
+}
+
+/// Makes the cluster's admin token the CLI's default token (`~/.config/kairos/token`), keeping
+/// a different previous one as `token.bak`. Returns where it went.
+fn install_admin_token(admin: &Path) -> anyhow::Result<Option<PathBuf>> {
+    let Some(dest) = crate::client::default_token_path() else { return Ok(None) };
+    let token = std::fs::read_to_string(admin).with_context(|| format!("reading {}", admin.display()))?;
+    if std::fs::read_to_string(&dest).is_ok_and(|old| old == token) {
+        return Ok(Some(dest));
+    }
+    if let Some(dir) = dest.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    if dest.exists() {
+        std::fs::rename(&dest, dest.with_extension("bak"))
+            .with_context(|| format!("saving {}", dest.display()))?;
+    }
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&dest)
+        .and_then(|mut f| f.write_all(token.as_bytes()))
+        .with_context(|| format!("writing {}", dest.display()))?;
+    Ok(Some(dest))
+}
+
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
@@ -73,6 +115,11 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
     let data = |sub: &str| args.data_dir.join(sub).display().to_string();
+    // One secret and two tokens for the whole local cluster, kept across restarts.
+    ensure_secret(&args.data_dir.join("cluster.secret"), "")?;
+    ensure_secret(&args.data_dir.join("admin.token"), "kairos-admin.")?;
+    ensure_secret(&args.data_dir.join("join.token"), "kairos-join.")?;
+    let token_path = install_admin_token(&args.data_dir.join("admin.token"))?;
 
     let peers: Vec<String> =
         args.controllers.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
@@ -81,6 +128,14 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         let id = (i + 1).to_string();
         let dir = data(&format!("controller-{id}"));
         let mut argv = vec!["--id".to_string(), id, "--addr".into(), addr.clone(), "--data-dir".into(), dir];
+        argv.extend([
+            "--cluster-secret-file".to_string(),
+            data("cluster.secret"),
+            "--admin-token-file".into(),
+            data("admin.token"),
+            "--join-token-file".into(),
+            data("join.token"),
+        ]);
         if args.controllers.len() > 1 {
             argv.extend(["--peers".to_string(), peers.join(",")]);
         }
@@ -105,6 +160,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             args.node_name.clone(),
             "--fake-gpus".into(),
             args.fake_gpus.clone(),
+            "--join-token-file".into(),
+            data("join.token"),
         ],
     );
     match agent {
@@ -121,6 +178,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         args.node_name,
         args.agent_addr
     );
+    match &token_path {
+        Some(p) => println!("kairos up: admin token in {} (the CLI's default token)", p.display()),
+        None => println!("kairos up: admin token in {} (export KAIROS_TOKEN_FILE=…)", data("admin.token")),
+    }
     println!(
         "kairos up: try `kairos submit --gpus 2 -- sh -c 'echo $CUDA_VISIBLE_DEVICES'`, `kairos queue`; Ctrl-C stops the cluster"
     );

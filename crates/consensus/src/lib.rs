@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::sync::watch;
 
+pub mod auth;
 pub mod membership;
 pub mod network;
 pub mod service;
@@ -111,6 +112,10 @@ pub struct ReplicaConfig {
     /// It also bounds the failover gap: a follower refuses votes while its leader's lease
     /// (2 × this) has not expired.
     pub election_timeout_ms: u64,
+    /// The cluster secret: peers prove membership with credentials derived from it.
+    pub key: auth::ClusterKey,
+    /// TLS towards peers (`https`), when the cluster uses it.
+    pub peer_tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl ReplicaConfig {
@@ -168,9 +173,15 @@ impl Replica {
             ..Config::default()
         };
         let raft_config = Arc::new(raft_config.validate().map_err(|e| ConsensusError::Raft(e.to_string()))?);
-        let raft = Raft::new(config.id, raft_config, network::Network { from: config.id }, log_store, sm)
-            .await
-            .map_err(|e| ConsensusError::Raft(e.to_string()))?;
+        let raft = Raft::new(
+            config.id,
+            raft_config,
+            network::Network { from: config.id, key: config.key.clone(), tls: config.peer_tls.clone() },
+            log_store,
+            sm,
+        )
+        .await
+        .map_err(|e| ConsensusError::Raft(e.to_string()))?;
         let initialized = raft.is_initialized().await.map_err(|e| ConsensusError::Raft(e.to_string()))?;
         let lowest = members.keys().next().copied().unwrap_or(config.id);
         if !initialized && !config.join && lowest == config.id {

@@ -15,7 +15,7 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::{NodeId, TypeConfig};
 
@@ -27,19 +27,32 @@ pub const FROM_HEADER: &str = "kairos-replica-from";
 pub struct Network {
     /// This replica, named on every RPC so peers can refuse non-members.
     pub from: NodeId,
+    /// Signs this replica's peer credential.
+    pub key: crate::auth::ClusterKey,
+    /// TLS towards peers, when the cluster uses it.
+    pub tls: Option<ClientTlsConfig>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Connection;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Connection {
-        Connection { from: self.from, target, addr: node.addr.clone(), client: None }
+        Connection {
+            from: self.from,
+            credential: self.key.peer_credential(self.from),
+            tls: self.tls.clone(),
+            target,
+            addr: node.addr.clone(),
+            client: None,
+        }
     }
 }
 
 /// A lazily connected client to one peer; reconnects after a failure.
 pub struct Connection {
     from: NodeId,
+    credential: String,
+    tls: Option<ClientTlsConfig>,
     target: NodeId,
     addr: String,
     client: Option<RaftServiceClient<Channel>>,
@@ -58,10 +71,16 @@ impl Connection {
         let mut client = match self.client.take() {
             Some(c) => c,
             None => {
-                let endpoint = Endpoint::from_shared(format!("http://{}", self.addr))
+                let scheme = if self.tls.is_some() { "https" } else { "http" };
+                let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", self.addr))
                     .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?
                     .connect_timeout(option.hard_ttl())
                     .timeout(option.hard_ttl());
+                if let Some(tls) = &self.tls {
+                    endpoint = endpoint
+                        .tls_config(tls.clone())
+                        .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+                }
                 let channel =
                     endpoint.connect().await.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
                 RaftServiceClient::new(channel)
@@ -72,6 +91,7 @@ impl Connection {
         if let Ok(v) = self.from.to_string().parse() {
             msg.metadata_mut().insert(FROM_HEADER, v);
         }
+        crate::auth::set_bearer(msg.metadata_mut(), &self.credential);
         let result = match kind {
             RpcKind::Append => client.append_entries(msg).await,
             RpcKind::Vote => client.vote(msg).await,

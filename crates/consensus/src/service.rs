@@ -8,6 +8,7 @@ use tonic::{Request, Response, Status};
 
 use std::collections::BTreeSet;
 
+use crate::auth::{bearer, ClusterKey};
 use crate::network::FROM_HEADER;
 use crate::{KairosRaft, ReplicaId};
 
@@ -16,18 +17,20 @@ pub const RAFT_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
 
 /// Serves Raft RPCs, only to cluster members.
 ///
-/// A caller must name itself (`kairos-replica-from`) and be a member of the current membership
-/// or of the configured peers. A replica with no membership yet (waiting to be added) accepts
-/// any caller, since it cannot know the cluster. This keeps removed replicas and stray clients
-/// out; it is not authentication (the cluster secret / mTLS of the security work is).
+/// A caller must name itself (`kairos-replica-from`), prove it with the peer credential the
+/// cluster secret derives for that id (else `UNAUTHENTICATED`), and be a member of the current
+/// membership or of the configured peers (else `PERMISSION_DENIED`). A replica with no
+/// membership yet (waiting to be added) accepts any authenticated replica, since it cannot
+/// know the cluster yet.
 pub struct RaftRpc {
     raft: KairosRaft,
     peers: BTreeSet<ReplicaId>,
+    key: ClusterKey,
 }
 
 impl RaftRpc {
-    pub fn new(raft: KairosRaft, peers: BTreeSet<ReplicaId>) -> Self {
-        RaftRpc { raft, peers }
+    pub fn new(raft: KairosRaft, peers: BTreeSet<ReplicaId>, key: ClusterKey) -> Self {
+        RaftRpc { raft, peers, key }
     }
 
     fn check_member<T>(&self, request: &Request<T>) -> Result<(), Status> {
@@ -36,7 +39,13 @@ impl RaftRpc {
             .get(FROM_HEADER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse().ok())
-            .ok_or_else(|| Status::permission_denied("raft: the caller does not name its replica id"))?;
+            .ok_or_else(|| Status::unauthenticated("raft: the caller does not name its replica id"))?;
+        let proven = bearer(request.metadata()).is_some_and(|c| self.key.verify(&format!("raft:{from}"), c));
+        if !proven {
+            return Err(Status::unauthenticated(format!(
+                "raft: no valid peer credential for replica {from} (is the cluster secret the same?)"
+            )));
+        }
         let membership = self.raft.metrics().borrow().membership_config.clone();
         let members: BTreeSet<ReplicaId> = membership.nodes().map(|(id, _)| *id).collect();
         if members.is_empty() || members.contains(&from) || self.peers.contains(&from) {

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use kairos_consensus::auth::{set_bearer, ClusterKey};
 use kairos_consensus::store::{LogStore, StateMachineStore};
 use kairos_consensus::{Replica, ReplicaConfig, TypeConfig};
 use kairos_scheduler::{Command, JobSpec, Op, Outcome};
@@ -44,6 +45,8 @@ async fn wait_leader(replica: &Replica) {
     panic!("replica never became leader");
 }
 
+const SECRET: &str = "storage-test-cluster-secret-0123456789abcdef";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_restart_through_snapshot_and_log_tail() {
     let dir = TempDir::new().unwrap();
@@ -54,6 +57,8 @@ async fn acknowledged_writes_survive_restart_through_snapshot_and_log_tail() {
         join: false,
         heartbeat_ms: 50,
         election_timeout_ms: 150,
+        key: ClusterKey::new(SECRET),
+        peer_tls: None,
     };
     let members = BTreeMap::from([(1, config.addr.clone())]);
     let mut acked = BTreeSet::new();
@@ -146,31 +151,50 @@ async fn raft_rpcs_are_served_only_to_members() {
         join: false,
         heartbeat_ms: 50,
         election_timeout_ms: 150,
+        key: ClusterKey::new(SECRET),
+        peer_tls: None,
     };
     let members = BTreeMap::from([(1, addr.clone())]);
     let replica = Replica::open(&config, dir.path(), &members).await.unwrap();
     wait_leader(&replica).await;
-    let service = RaftServiceServer::new(RaftRpc::new(replica.raft.clone(), [1].into()));
+    let service =
+        RaftServiceServer::new(RaftRpc::new(replica.raft.clone(), [1].into(), ClusterKey::new(SECRET)));
     let server = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(service)
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     let mut client = RaftServiceClient::connect(format!("http://{addr}")).await.unwrap();
-    let call = |from: Option<&str>| {
+    let ours = ClusterKey::new(SECRET);
+    let theirs = ClusterKey::new("another-cluster-secret-0123456789abcdef");
+    let call = |from: Option<&str>, key: Option<&ClusterKey>| {
         let mut req = tonic::Request::new(RaftMessage { payload: b"{}".to_vec() });
         if let Some(f) = from {
             req.metadata_mut().insert("kairos-replica-from", f.parse().unwrap());
+            if let Some(k) = key {
+                set_bearer(req.metadata_mut(), &k.peer_credential(f.parse().unwrap()));
+            }
         }
         req
     };
-    let anonymous = client.vote(call(None)).await.unwrap_err();
-    assert_eq!(anonymous.code(), tonic::Code::PermissionDenied);
-    let stranger = client.vote(call(Some("99"))).await.unwrap_err();
+    let anonymous = client.vote(call(None, None)).await.unwrap_err();
+    assert_eq!(anonymous.code(), tonic::Code::Unauthenticated);
+    // Naming a member is not enough: the credential must come from this cluster's secret.
+    let no_credential = client.vote(call(Some("1"), None)).await.unwrap_err();
+    assert_eq!(no_credential.code(), tonic::Code::Unauthenticated);
+    let other_cluster = client.vote(call(Some("1"), Some(&theirs))).await.unwrap_err();
+    assert_eq!(other_cluster.code(), tonic::Code::Unauthenticated);
+    assert!(other_cluster.message().contains("cluster secret"), "{}", other_cluster.message());
+    // Replica 1's credential presented as replica 2's is refused too.
+    let mut borrowed = call(Some("2"), None);
+    set_bearer(borrowed.metadata_mut(), &ours.peer_credential(1));
+    assert_eq!(client.vote(borrowed).await.unwrap_err().code(), tonic::Code::Unauthenticated);
+    // A replica with the secret that is not a member is refused.
+    let stranger = client.vote(call(Some("99"), Some(&ours))).await.unwrap_err();
     assert_eq!(stranger.code(), tonic::Code::PermissionDenied);
     assert!(stranger.message().contains("replica 99 is not a member"), "{}", stranger.message());
     // A member gets past the check (and then fails on the deliberately empty message).
-    let member = client.vote(call(Some("1"))).await.unwrap_err();
+    let member = client.vote(call(Some("1"), Some(&ours))).await.unwrap_err();
     assert_eq!(member.code(), tonic::Code::InvalidArgument);
     server.abort();
     replica.raft.shutdown().await.unwrap();

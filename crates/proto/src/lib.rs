@@ -3,8 +3,11 @@
 //! These types stay at the transport edge: the scheduling core never sees them. Conversions to and
 //! from domain types live in the server and agent crates.
 
-#![allow(clippy::all, missing_docs)]
+#![allow(missing_docs)]
 
+pub mod wire;
+
+#[allow(clippy::all)]
 pub mod v1 {
     tonic::include_proto!("kairos.v1");
 

@@ -22,6 +22,7 @@ pub mod planner;
 pub mod policy;
 pub mod priority;
 pub mod state;
+pub mod tokens;
 pub mod validate;
 
 #[cfg(test)]

@@ -197,6 +197,14 @@ pub enum Op {
         job: JobId,
         by: String,
     },
+    /// Issues an API token (only its hash is kept).
+    CreateToken {
+        id: String,
+        record: crate::tokens::TokenRecord,
+    },
+    RevokeToken {
+        id: String,
+    },
 }
 
 /// How a job's process ended, as its agent saw it.
@@ -314,6 +322,7 @@ pub enum Outcome {
     Burst {
         intents: Vec<u64>,
     },
+    TokensChanged,
     /// A stale or duplicate report: nothing to do.
     Ignored(String),
     Rejected(Rejection),
@@ -348,6 +357,9 @@ pub struct ClusterState {
     /// Cloud burst: configuration, launch intents, instances, spend.
     #[serde(default)]
     pub burst: crate::burst::BurstState,
+    /// Issued API tokens (hashed), by token id.
+    #[serde(default)]
+    pub tokens: crate::tokens::Tokens,
 }
 
 impl ClusterState {
@@ -364,6 +376,7 @@ impl ClusterState {
             preemptions: Default::default(),
             suspended: BTreeSet::new(),
             burst: Default::default(),
+            tokens: Default::default(),
         }
     }
 
@@ -414,6 +427,8 @@ impl ClusterState {
             }
             Op::SetBurstConfig { config } => self.set_burst_config(config, now),
             Op::DrainNode { node, reason } => self.drain_node(node, reason, now),
+            Op::CreateToken { id, record } => self.create_token(id, record),
+            Op::RevokeToken { id } => self.revoke_token(id),
             Op::BurstLaunch { launches, reason } => self.burst_launch(launches, reason, now),
             Op::BurstLaunched { intent, instance_id } => self.burst_launched(*intent, instance_id, now),
             Op::BurstLaunchFailed { intent, reason, capacity } => {

@@ -9,7 +9,11 @@ use kairos_consensus::WriteError;
 
 use kairos_scheduler::{Op, Outcome};
 
-use crate::context::{rejection_status, write_status, Ctx};
+use kairos_consensus::auth::{random_hex, sha256_hex};
+use kairos_scheduler::tokens::{valid_user_name, Role, TokenRecord, TOKEN_ID_LEN};
+
+use crate::auth::{split_token, Principal, TOKEN_PREFIX};
+use crate::context::{now_ms, rejection_status, write_status, Ctx};
 use crate::convert::node_to_pb;
 use crate::convert_burst::{burst_config_from_pb, burst_config_to_pb, burst_status};
 use crate::convert_policy::{policy_from_pb, policy_to_pb, qos_from_pb, qos_to_pb, weights_to_pb};
@@ -22,8 +26,9 @@ pub struct Admin {
 impl AdminService for Admin {
     async fn list_nodes(
         &self,
-        _request: Request<pb::ListNodesRequest>,
+        request: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        self.ctx.principal(&request)?;
         let heartbeats = self.ctx.heartbeats.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let nodes = self.ctx.replica.read(|a| {
             a.state
@@ -37,8 +42,9 @@ impl AdminService for Admin {
 
     async fn cluster_status(
         &self,
-        _request: Request<pb::ClusterStatusRequest>,
+        request: Request<pb::ClusterStatusRequest>,
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
+        self.ctx.principal(&request)?;
         Ok(Response::new(self.status()))
     }
 
@@ -46,6 +52,7 @@ impl AdminService for Admin {
         &self,
         request: Request<pb::AddReplicaRequest>,
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
+        self.ctx.principal(&request)?.require(Role::Admin, "changing the controller membership")?;
         let req = request.into_inner();
         self.ctx.replica.add_replica(req.id, &req.addr).await.map_err(membership_status)?;
         Ok(Response::new(self.status()))
@@ -55,6 +62,7 @@ impl AdminService for Admin {
         &self,
         request: Request<pb::RemoveReplicaRequest>,
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
+        self.ctx.principal(&request)?.require(Role::Admin, "changing the controller membership")?;
         let req = request.into_inner();
         self.ctx.replica.remove_replica(req.id).await.map_err(membership_status)?;
         Ok(Response::new(self.status()))
@@ -62,18 +70,21 @@ impl AdminService for Admin {
 
     async fn get_policy(
         &self,
-        _request: Request<pb::GetPolicyRequest>,
+        request: Request<pb::GetPolicyRequest>,
     ) -> Result<Response<pb::Policy>, Status> {
+        self.ctx.principal(&request)?;
         Ok(Response::new(self.ctx.replica.read(|a| policy_to_pb(&a.state.policy))))
     }
 
     async fn apply_policy(&self, request: Request<pb::Policy>) -> Result<Response<pb::Policy>, Status> {
+        self.ctx.principal(&request)?.require(Role::Admin, "changing the policy")?;
         let policy = policy_from_pb(request.into_inner())?;
         self.policy_write(Op::SetPolicy { policy }).await?;
         Ok(Response::new(self.ctx.replica.read(|a| policy_to_pb(&a.state.policy))))
     }
 
     async fn put_qos(&self, request: Request<pb::PutQosRequest>) -> Result<Response<pb::Qos>, Status> {
+        self.ctx.principal(&request)?.require(Role::Admin, "changing QoS")?;
         let req = request.into_inner();
         let qos = qos_from_pb(req.qos.ok_or_else(|| Status::invalid_argument("qos: required"))?)?;
         let must_exist = match pb::PutMode::try_from(req.mode) {
@@ -92,13 +103,15 @@ impl AdminService for Admin {
         &self,
         request: Request<pb::GetPrioritiesRequest>,
     ) -> Result<Response<pb::GetPrioritiesResponse>, Status> {
-        Ok(Response::new(self.priorities(request.into_inner().job_id)?))
+        let me = self.ctx.principal(&request)?;
+        Ok(Response::new(self.priorities(&me, request.into_inner().job_id)?))
     }
 
     async fn get_shares(
         &self,
-        _request: Request<pb::GetSharesRequest>,
+        request: Request<pb::GetSharesRequest>,
     ) -> Result<Response<pb::GetSharesResponse>, Status> {
+        self.ctx.principal(&request)?;
         use kairos_scheduler::priority::{fairshare_factors, ONE};
         let accounts = self.ctx.replica.read(|a| {
             let factors = fairshare_factors(&a.state);
@@ -127,8 +140,9 @@ impl AdminService for Admin {
 
     async fn get_burst_config(
         &self,
-        _request: Request<pb::GetBurstConfigRequest>,
+        request: Request<pb::GetBurstConfigRequest>,
     ) -> Result<Response<pb::BurstConfig>, Status> {
+        self.ctx.principal(&request)?;
         let config = self.ctx.replica.read(|a| burst_config_to_pb(&a.state.burst.config));
         Ok(Response::new(config))
     }
@@ -137,6 +151,7 @@ impl AdminService for Admin {
         &self,
         request: Request<pb::BurstConfig>,
     ) -> Result<Response<pb::BurstConfig>, Status> {
+        self.ctx.principal(&request)?.require(Role::Admin, "changing the burst configuration")?;
         let config = burst_config_from_pb(request.into_inner());
         match self.ctx.write(Op::SetBurstConfig { config }).await? {
             Outcome::PolicyChanged => {
@@ -151,8 +166,9 @@ impl AdminService for Admin {
 
     async fn burst_status(
         &self,
-        _request: Request<pb::BurstStatusRequest>,
+        request: Request<pb::BurstStatusRequest>,
     ) -> Result<Response<pb::BurstStatusResponse>, Status> {
+        self.ctx.principal(&request)?;
         let now = crate::context::now_ms();
         Ok(Response::new(self.ctx.replica.read(|a| burst_status(&a.state, now))))
     }
@@ -161,6 +177,7 @@ impl AdminService for Admin {
         &self,
         request: Request<pb::ListPreemptionsRequest>,
     ) -> Result<Response<pb::ListPreemptionsResponse>, Status> {
+        self.ctx.principal(&request)?;
         let since = request.into_inner().since_ms;
         let preemptions = self.ctx.replica.read(|a| {
             a.state
@@ -184,14 +201,131 @@ impl AdminService for Admin {
         &self,
         request: Request<pb::DeleteQosRequest>,
     ) -> Result<Response<pb::DeleteQosResponse>, Status> {
+        self.ctx.principal(&request)?.require(Role::Admin, "changing QoS")?;
         let name = request.into_inner().name;
         self.policy_write(Op::DeleteQos { name }).await?;
         Ok(Response::new(pb::DeleteQosResponse {}))
     }
+
+    async fn create_token(
+        &self,
+        request: Request<pb::CreateTokenRequest>,
+    ) -> Result<Response<pb::CreateTokenResponse>, Status> {
+        let me = self.ctx.principal(&request)?;
+        me.require(Role::Admin, "creating tokens")?;
+        let req = request.into_inner();
+        let role = Role::parse(&req.role).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "role: \"{}\" is not user, operator or admin",
+                req.role.chars().take(32).collect::<String>()
+            ))
+        })?;
+        if !valid_user_name(&req.user) {
+            return Err(Status::invalid_argument("user: 1-64 characters of [A-Za-z0-9._-]"));
+        }
+        if req.ttl_s > TOKEN_TTL_S_MAX {
+            return Err(Status::invalid_argument(format!("ttl: at most {TOKEN_TTL_S_MAX} s")));
+        }
+        let random = |n| random_hex(n).map_err(|e| Status::internal(e.to_string()));
+        let id = random(TOKEN_ID_LEN / 2)?;
+        let secret = random(32)?;
+        let now = now_ms();
+        let record = TokenRecord {
+            user: req.user,
+            role,
+            secret_sha256: sha256_hex(&secret),
+            created_ms: now,
+            created_by: me.user,
+            expires_ms: (req.ttl_s > 0).then(|| now + req.ttl_s as i64 * 1000),
+            description: req.description,
+        };
+        tracing::info!(token_id = %id, user = %record.user, role = record.role.as_str(), "token created");
+        match self.ctx.write(Op::CreateToken { id: id.clone(), record }).await? {
+            Outcome::TokensChanged => Ok(Response::new(pb::CreateTokenResponse {
+                token: format!("{TOKEN_PREFIX}{id}_{secret}"),
+                id,
+            })),
+            Outcome::Rejected(r) => Err(rejection_status(r)),
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
+    async fn list_tokens(
+        &self,
+        request: Request<pb::ListTokensRequest>,
+    ) -> Result<Response<pb::ListTokensResponse>, Status> {
+        self.ctx.principal(&request)?.require(Role::Admin, "listing tokens")?;
+        let tokens = self.ctx.replica.read(|a| {
+            a.state
+                .tokens
+                .iter()
+                .map(|(id, t)| pb::TokenInfo {
+                    id: id.clone(),
+                    user: t.user.clone(),
+                    role: t.role.as_str().to_string(),
+                    created_ms: t.created_ms,
+                    created_by: t.created_by.clone(),
+                    expires_ms: t.expires_ms.unwrap_or(0),
+                    description: t.description.clone(),
+                })
+                .collect()
+        });
+        Ok(Response::new(pb::ListTokensResponse { tokens }))
+    }
+
+    async fn revoke_token(
+        &self,
+        request: Request<pb::RevokeTokenRequest>,
+    ) -> Result<Response<pb::RevokeTokenResponse>, Status> {
+        self.ctx.principal(&request)?.require(Role::Admin, "revoking tokens")?;
+        let id = request.into_inner().id;
+        // A whole token pasted by mistake is reduced to its id; the secret is never echoed.
+        let id = split_token(&id).map(|(i, _)| i.to_string()).unwrap_or(id);
+        if id.len() > 64 {
+            return Err(Status::invalid_argument("id: at most 64 characters"));
+        }
+        match self.ctx.write(Op::RevokeToken { id: id.clone() }).await? {
+            Outcome::TokensChanged => {
+                tracing::info!(token_id = %id, "token revoked");
+                Ok(Response::new(pb::RevokeTokenResponse {}))
+            }
+            Outcome::Rejected(r) => Err(rejection_status(r)),
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
+    async fn drain_node(
+        &self,
+        request: Request<pb::DrainNodeRequest>,
+    ) -> Result<Response<pb::DrainNodeResponse>, Status> {
+        let me = self.ctx.principal(&request)?;
+        me.require(Role::Operator, "draining nodes")?;
+        let r = request.into_inner();
+        let exists = self.ctx.replica.read(|a| a.state.nodes.contains_key(&r.node));
+        if !exists {
+            return Err(Status::not_found(format!(
+                "node \"{}\" is not registered",
+                r.node.chars().take(64).collect::<String>()
+            )));
+        }
+        let reason: String = format!("drained by \"{}\": {}", me.user, r.reason).chars().take(256).collect();
+        tracing::warn!(node = %r.node, %reason, "node drains");
+        match self.ctx.write(Op::DrainNode { node: r.node, reason }).await? {
+            Outcome::Rejected(rej) => Err(rejection_status(rej)),
+            _ => {
+                self.ctx.kick.notify_one();
+                Ok(Response::new(pb::DrainNodeResponse {}))
+            }
+        }
+    }
 }
 
+/// Longest lifetime a token may be created with (ten years).
+const TOKEN_TTL_S_MAX: u64 = 10 * 365 * 24 * 3600;
+
 impl Admin {
-    fn priorities(&self, job_id: u64) -> Result<pb::GetPrioritiesResponse, Status> {
+    /// Pending jobs' priorities; a user sees only their own jobs.
+    fn priorities(&self, me: &Principal, job_id: u64) -> Result<pb::GetPrioritiesResponse, Status> {
         use kairos_scheduler::priority::{Prioritizer, ONE};
         let f = |x: u64| x as f64 / ONE as f64;
         self.ctx.replica.read(|a| {
@@ -199,6 +333,7 @@ impl Admin {
             let pending = a.state.jobs.values().filter(|j| j.state == kairos_scheduler::JobState::Pending);
             let jobs: Vec<pb::JobPriority> = pending
                 .filter(|j| job_id == 0 || j.id == job_id)
+                .filter(|j| me.owns_or_operates(&j.spec.user))
                 .map(|j| {
                     let x = p.factors(j);
                     pb::JobPriority {
@@ -216,6 +351,9 @@ impl Admin {
                 .collect();
             if job_id != 0 && jobs.is_empty() {
                 return Err(match a.state.jobs.get(&job_id) {
+                    Some(j) if !me.owns_or_operates(&j.spec.user) => {
+                        Status::permission_denied(format!("job {job_id} belongs to another user"))
+                    }
                     Some(j) => Status::failed_precondition(format!(
                         "job {job_id} is {}, not pending",
                         j.state.as_str()

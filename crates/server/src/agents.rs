@@ -103,14 +103,17 @@ impl AgentService for Agents {
         &self,
         request: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
-        let info = node_info_from_pb(request.into_inner().node)?;
+        let (metadata, _, req) = request.into_parts();
+        let info = node_info_from_pb(req.node)?;
         let name = info.name.clone();
+        self.ctx.auth.check_join(&metadata, &name)?;
         match self.ctx.write(Op::RegisterNode { info }).await? {
             Outcome::NodeRegistered { .. } => {
                 self.ctx.record_heartbeat(&name);
                 self.ctx.kick.notify_one();
                 tracing::info!(node = %name, "node registered");
                 Ok(Response::new(pb::RegisterResponse {
+                    node_credential: self.ctx.auth.key.node_credential(&name),
                     node_id: name,
                     heartbeat_interval_ms: self.ctx.timing.heartbeat_interval.as_millis() as u64,
                 }))
@@ -124,6 +127,7 @@ impl AgentService for Agents {
         &self,
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        self.ctx.auth.check_node(request.metadata(), &request.get_ref().node_id)?;
         let req = request.into_inner();
         // Heartbeats count only on the leader: an agent talking to a deposed or partitioned
         // replica must move to the leader, or the leader would judge its node silent.
@@ -154,6 +158,7 @@ impl AgentService for Agents {
         &self,
         request: Request<pb::AssignmentsRequest>,
     ) -> Result<Response<Self::AssignmentsStream>, Status> {
+        self.ctx.auth.check_node(request.metadata(), &request.get_ref().node_id)?;
         let node = request.into_inner().node_id;
         check_node(&self.ctx, &node)?;
         let replica = self.ctx.replica.clone();
@@ -183,6 +188,7 @@ impl AgentService for Agents {
     }
 
     async fn drain(&self, request: Request<pb::DrainRequest>) -> Result<Response<pb::DrainResponse>, Status> {
+        self.ctx.auth.check_node(request.metadata(), &request.get_ref().node_id)?;
         let r = request.into_inner();
         check_node(&self.ctx, &r.node_id)?;
         let reason: String = r.reason.chars().take(256).collect();
@@ -200,6 +206,7 @@ impl AgentService for Agents {
         &self,
         request: Request<pb::StatusReport>,
     ) -> Result<Response<pb::StatusAck>, Status> {
+        self.ctx.auth.check_node(request.metadata(), &request.get_ref().node_id)?;
         let r = request.into_inner();
         check_node(&self.ctx, &r.node_id)?;
         let op = match pb::RunStatus::try_from(r.status) {

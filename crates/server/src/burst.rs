@@ -25,6 +25,8 @@ pub struct BurstOptions {
     /// Fault injection for tests: die right after the cloud accepted a launch, before its
     /// instance id is committed (the window a new leader must cover by adopting, not relaunching).
     pub crash_after_launch: bool,
+    /// The join token burst nodes register with (goes into their user-data).
+    pub join_token: String,
 }
 
 pub async fn run(ctx: Ctx, options: BurstOptions) {
@@ -61,6 +63,7 @@ pub async fn run(ctx: Ctx, options: BurstOptions) {
             controllers,
             leak_grace_ms: options.leak_grace.as_millis() as i64,
             vanish_grace_ms: options.vanish_grace.as_millis() as i64,
+            join_token: options.join_token.clone(),
         };
         let (ops, report) = round(ec2, &burst, &decision, &settings, &mut memory, now).await;
         if options.crash_after_launch && !report.launched.is_empty() {

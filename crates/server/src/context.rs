@@ -10,10 +10,9 @@ use kairos_scheduler::{plan, Command, JobId, Op, Outcome, PendingReason, Rejecti
 use tokio::sync::Notify;
 use tonic::Status;
 
+use crate::auth::{Auth, Principal};
 use crate::batch::Batcher;
 
-/// Metadata key naming the calling user (until token authentication lands).
-pub const USER_HEADER: &str = "kairos-user";
 /// Metadata key carrying the leader's address on an `UNAVAILABLE` answer.
 pub const LEADER_HEADER: &str = "kairos-leader";
 
@@ -48,6 +47,10 @@ pub struct Ctx {
     pub batcher: Batcher,
     /// At most one planning pass per applied index for all read paths together.
     pub reasons: Arc<Mutex<ReasonCache>>,
+    /// The credentials this controller accepts.
+    pub auth: Arc<Auth>,
+    /// TLS towards agents' log services, when the cluster uses it.
+    pub agent_tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 /// Wall-clock time in Unix milliseconds; read only at the edge and stamped into commands.
@@ -78,6 +81,11 @@ impl Ctx {
         cache.reasons.clone()
     }
 
+    /// The authenticated user behind a job or admin request.
+    pub fn principal<T>(&self, req: &tonic::Request<T>) -> Result<Principal, Status> {
+        self.replica.read(|a| self.auth.principal(req.metadata(), &a.state))
+    }
+
     pub fn record_heartbeat(&self, node: &str) {
         let mut hb = self.heartbeats.lock().unwrap_or_else(|p| p.into_inner());
         hb.insert(node.to_string(), (Instant::now(), now_ms()));
@@ -106,22 +114,5 @@ pub fn rejection_status(r: Rejection) -> Status {
         Rejection::NotFound(m) => Status::not_found(m),
         Rejection::Invalid(m) => Status::invalid_argument(m),
         Rejection::FailedPrecondition(m) => Status::failed_precondition(m),
-    }
-}
-
-/// The calling user, from request metadata.
-pub fn caller<T>(req: &tonic::Request<T>) -> Result<String, Status> {
-    match req.metadata().get(USER_HEADER) {
-        None => Ok("anonymous".to_string()),
-        Some(v) => {
-            let user = v.to_str().map_err(|_| Status::invalid_argument("kairos-user: not ASCII"))?;
-            if user.is_empty()
-                || user.len() > 64
-                || !user.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
-            {
-                return Err(Status::invalid_argument("kairos-user: 1-64 characters of [A-Za-z0-9._-]"));
-            }
-            Ok(user.to_string())
-        }
     }
 }

@@ -18,7 +18,8 @@ use tonic::{Request, Response, Status};
 
 use kairos_consensus::WriteError;
 
-use crate::context::{caller, rejection_status, write_status, Ctx, PendingReasons};
+use crate::auth::Principal;
+use crate::context::{rejection_status, write_status, Ctx, PendingReasons};
 use crate::convert::{job_spec_from_pb, job_to_pb, job_view_state};
 
 /// Most jobs one list answer carries.
@@ -45,8 +46,10 @@ impl Jobs {
         request: Request<pb::HoldJobRequest>,
         held: bool,
     ) -> Result<Response<pb::Job>, Status> {
-        let by = caller(&request)?;
-        let id = check_id(request.into_inner().job_id)?;
+        let me = self.ctx.principal(&request)?;
+        let id = check_id(request.get_ref().job_id)?;
+        self.authorize(&me, id)?;
+        let by = me.user;
         let op = if held { Op::Hold { job: id, by } } else { Op::Release { job: id, by } };
         match self.ctx.write(op).await? {
             Outcome::HoldChanged { .. } => {
@@ -57,6 +60,18 @@ impl Jobs {
             Outcome::Rejected(r) => Err(rejection_status(r)),
             other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
         }
+    }
+
+    /// `PERMISSION_DENIED` unless `me` may see and act on job `id` (its owner, or an operator).
+    fn authorize(&self, me: &Principal, id: JobId) -> Result<(), Status> {
+        let owner = self.ctx.replica.read(|a| {
+            a.state
+                .jobs
+                .get(&id)
+                .map(|j| j.spec.user.clone())
+                .ok_or_else(|| Status::not_found(format!("job {id} not found")))
+        });
+        me.check_job(id, &self.redirect_unknown(owner)?)
     }
 
     /// Reads are served by any replica; a follower that does not know a job yet (it may have
@@ -94,7 +109,7 @@ impl JobService for Jobs {
         &self,
         request: Request<pb::SubmitRequest>,
     ) -> Result<Response<pb::SubmitResponse>, Status> {
-        let user = caller(&request)?;
+        let user = self.ctx.principal(&request)?.user;
         // Before anything else: a flood costs neither validation nor a log entry.
         self.limiter.take(&user, std::time::Instant::now())?;
         let req = request.into_inner();
@@ -114,7 +129,9 @@ impl JobService for Jobs {
     }
 
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
+        let me = self.ctx.principal(&request)?;
         let id = check_id(request.into_inner().job_id)?;
+        self.authorize(&me, id)?;
         let reasons = self.ctx.pending_reasons();
         let view = self.ctx.replica.read(|a| job_view(&a.state, &reasons, id));
         Ok(Response::new(self.redirect_unknown(view)?))
@@ -124,6 +141,7 @@ impl JobService for Jobs {
         &self,
         request: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let me = self.ctx.principal(&request)?;
         let req = request.into_inner();
         let limit = match req.limit as usize {
             0 => LIST_LIMIT_DEFAULT,
@@ -144,6 +162,7 @@ impl JobService for Jobs {
             a.state
                 .jobs
                 .values()
+                .filter(|j| me.owns_or_operates(&j.spec.user))
                 .filter(|j| {
                     let s = job_view_state(j);
                     if states.is_empty() {
@@ -164,9 +183,10 @@ impl JobService for Jobs {
     }
 
     async fn cancel_job(&self, request: Request<pb::CancelJobRequest>) -> Result<Response<pb::Job>, Status> {
-        let user = caller(&request)?;
+        let me = self.ctx.principal(&request)?;
         let id = check_id(request.into_inner().job_id)?;
-        match self.ctx.write(Op::Cancel { job: id, by: user }).await? {
+        self.authorize(&me, id)?;
+        match self.ctx.write(Op::Cancel { job: id, by: me.user }).await? {
             Outcome::Cancelled { .. } => {
                 let reasons = self.ctx.pending_reasons();
                 Ok(Response::new(self.ctx.replica.read(|a| job_view(&a.state, &reasons, id))?))
@@ -190,7 +210,9 @@ impl JobService for Jobs {
         &self,
         request: Request<pb::WatchJobRequest>,
     ) -> Result<Response<Self::WatchJobStream>, Status> {
+        let me = self.ctx.principal(&request)?;
         let id = check_id(request.into_inner().job_id)?;
+        self.authorize(&me, id)?;
         let mut applied = self.ctx.replica.applied.clone();
         let first = self.redirect_unknown(
             self.ctx.replica.read(|a| job_view(&a.state, &self.ctx.pending_reasons(), id)),
@@ -230,8 +252,10 @@ impl JobService for Jobs {
         &self,
         request: Request<pb::LogsRequest>,
     ) -> Result<Response<Self::StreamLogsStream>, Status> {
+        let me = self.ctx.principal(&request)?;
         let mut req = request.into_inner();
         let id = check_id(req.job_id)?;
+        self.authorize(&me, id)?;
         let found = self.ctx.replica.read(|a| {
             let job =
                 a.state.jobs.get(&id).ok_or_else(|| Status::not_found(format!("job {id} not found")))?;
@@ -249,12 +273,27 @@ impl JobService for Jobs {
         });
         let (node, attempt) = self.redirect_unknown(found)?;
         req.attempt = attempt;
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", node.addr))
-            .map_err(|e| Status::internal(format!("node \"{}\" has a bad address: {e}", node.name)))?
-            .connect_timeout(std::time::Duration::from_secs(5));
+        let bad_addr = |e: tonic::transport::Error| {
+            Status::internal(format!("node \"{}\" has a bad address: {e}", node.name))
+        };
+        let mut endpoint = tonic::transport::Endpoint::from_shared(kairos_proto::wire::url(
+            &node.addr,
+            self.ctx.agent_tls.is_some(),
+        ))
+        .map_err(bad_addr)?
+        .connect_timeout(std::time::Duration::from_secs(5));
+        if let Some(tls) = &self.ctx.agent_tls {
+            endpoint = endpoint.tls_config(tls.clone()).map_err(bad_addr)?;
+        }
         let channel = endpoint.connect().await.map_err(|e| {
             Status::unavailable(format!("cannot reach node \"{}\" at {} for logs: {e}", node.name, node.addr))
         })?;
+        // The agent serves logs only to a controller: it proves itself with the node's credential.
+        let mut req = Request::new(req);
+        kairos_consensus::auth::set_bearer(
+            req.metadata_mut(),
+            &self.ctx.auth.key.node_credential(&node.name),
+        );
         let stream = AgentLogServiceClient::new(channel).read_logs(req).await?.into_inner();
         Ok(Response::new(Box::pin(stream.map(|r| r))))
     }

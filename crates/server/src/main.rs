@@ -3,6 +3,7 @@
 
 mod admin;
 mod agents;
+mod auth;
 mod batch;
 mod burst;
 mod context;
@@ -95,6 +96,30 @@ struct Args {
     /// A launched instance the cloud no longer reports is considered gone after this long (ms).
     #[arg(long, default_value_t = 120_000)]
     burst_vanish_grace_ms: u64,
+    /// The secret all controllers of the cluster share (32+ characters): peer and node
+    /// credentials derive from it. Default: <data-dir>/cluster.secret, created with a random
+    /// secret for a one-replica cluster (a multi-replica cluster must be given one).
+    #[arg(long)]
+    cluster_secret_file: Option<PathBuf>,
+    /// The bootstrap admin token (`kairos token create` issues the others). Default:
+    /// <data-dir>/admin.token, created (derived from the cluster secret) when missing.
+    #[arg(long)]
+    admin_token_file: Option<PathBuf>,
+    /// The token agents register with. Default: <data-dir>/join.token, created likewise.
+    #[arg(long)]
+    join_token_file: Option<PathBuf>,
+    /// TLS: the CA certificate (PEM) that signs the peers' and agents' certificates.
+    #[arg(long)]
+    ca: Option<PathBuf>,
+    /// TLS: this controller's certificate (PEM); with --key, every service is served over TLS only.
+    #[arg(long, requires = "key")]
+    cert: Option<PathBuf>,
+    /// TLS: this controller's private key (PEM).
+    #[arg(long, requires = "cert")]
+    key: Option<PathBuf>,
+    /// Require every client (peers, agents, users) to present a certificate signed by --ca.
+    #[arg(long, requires = "ca")]
+    mutual_tls: bool,
     /// Fault injection (tests only): exit right after a RunInstances succeeds, before its
     /// result is committed.
     #[arg(long, hide = true)]
@@ -119,6 +144,32 @@ fn parse_peers(args: &Args) -> anyhow::Result<BTreeMap<ReplicaId, String>> {
         }
         None => bail!("--peers does not include this replica ({})", args.id),
     }
+}
+
+/// The cluster secret, and the admin and join tokens (files, created with defaults as documented
+/// on the flags).
+fn load_auth(args: &Args, members: usize) -> anyhow::Result<(auth::Auth, String)> {
+    use kairos_consensus::auth::{read_credential, write_private_new, ClusterKey};
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    let (secret_path, create) = match &args.cluster_secret_file {
+        Some(p) => (p.clone(), false),
+        None if members > 1 || args.join => bail!(
+            "a cluster of several replicas needs --cluster-secret-file (the same file on every replica)"
+        ),
+        None => (args.data_dir.join("cluster.secret"), true),
+    };
+    let key = ClusterKey::load(&secret_path, create)?;
+    let token = |flag: &Option<PathBuf>, file: &str, prefix: &str| -> anyhow::Result<String> {
+        let path = flag.clone().unwrap_or_else(|| args.data_dir.join(file));
+        if flag.is_none() {
+            write_private_new(&path, &format!("{prefix}.{}", key.derive(file)))?;
+        }
+        Ok(read_credential(&path, 16)?)
+    };
+    let admin = token(&args.admin_token_file, "admin.token", "kairos-admin")?;
+    let join = token(&args.join_token_file, "join.token", "kairos-join")?;
+    Ok((auth::Auth::new(key, &admin, &join), join))
 }
 
 async fn shutdown_signal() {
@@ -159,6 +210,11 @@ async fn run() -> anyhow::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
 
+    let (auth, join_token) = load_auth(&args, members.len())?;
+    let tls =
+        kairos_proto::wire::TlsFiles { ca: args.ca.clone(), cert: args.cert.clone(), key: args.key.clone() };
+    let server_tls = tls.server(args.mutual_tls)?;
+    let client_tls = tls.client()?;
     let config = ReplicaConfig {
         id: args.id,
         addr: args.addr.clone(),
@@ -166,6 +222,8 @@ async fn run() -> anyhow::Result<()> {
         join: args.join,
         heartbeat_ms: args.raft_heartbeat_ms,
         election_timeout_ms: args.election_timeout_ms,
+        key: auth.key.clone(),
+        peer_tls: client_tls.clone(),
     };
     if config.heartbeat_ms == 0 || config.election_timeout_ms <= config.heartbeat_ms {
         bail!("--election-timeout-ms must be larger than --raft-heartbeat-ms (and both above 0)");
@@ -179,6 +237,8 @@ async fn run() -> anyhow::Result<()> {
         heartbeats: Arc::new(Mutex::new(BTreeMap::new())),
         batcher: batch::Batcher::start(replica.clone()),
         reasons: Arc::default(),
+        auth: Arc::new(auth),
+        agent_tls: client_tls,
         timing: Timing {
             heartbeat_interval: Duration::from_millis(args.heartbeat_ms),
             node_timeout: Duration::from_millis(args.node_timeout_ms),
@@ -196,6 +256,7 @@ async fn run() -> anyhow::Result<()> {
             leak_grace: Duration::from_millis(args.burst_leak_grace_ms),
             vanish_grace: Duration::from_millis(args.burst_vanish_grace_ms),
             crash_after_launch: args.burst_test_crash_after_launch,
+            join_token,
         },
     ));
 
@@ -208,7 +269,11 @@ async fn run() -> anyhow::Result<()> {
 
     tracing::info!(id = args.id, addr = %args.addr, data_dir = %args.data_dir.display(), "kairosd serving");
     println!("kairosd {} listening on {}", args.id, args.addr);
-    tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = server_tls {
+        server = server.tls_config(tls).context("TLS settings")?;
+    }
+    server
         .add_service(health_service)
         .add_service(reflection)
         .add_service(
@@ -227,8 +292,12 @@ async fn run() -> anyhow::Result<()> {
         )
         .add_service(AdminServiceServer::new(admin::Admin { ctx: ctx.clone() }))
         .add_service(
-            RaftServiceServer::new(RaftRpc::new(replica.raft.clone(), members.keys().copied().collect()))
-                .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX),
+            RaftServiceServer::new(RaftRpc::new(
+                replica.raft.clone(),
+                members.keys().copied().collect(),
+                ctx.auth.key.clone(),
+            ))
+            .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX),
         )
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),

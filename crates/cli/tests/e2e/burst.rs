@@ -137,10 +137,24 @@ impl Booter {
                     let line =
                         user_data.lines().find(|l| l.starts_with("exec kairos-agent")).expect("agent line");
                     let imds_url = imds.as_ref().map(|base| format!("{base}/{}", i.id)).unwrap_or_default();
+                    // ... and its join token line: the token goes to this instance's own file.
+                    use kairos_burst::reconcile::{JOIN_TOKEN_LINE, JOIN_TOKEN_PATH};
+                    let token = user_data
+                        .lines()
+                        .find_map(|l| l.strip_prefix(JOIN_TOKEN_LINE))
+                        .and_then(|rest| rest.split('\'').nth(1))
+                        .expect("join token line");
+                    let token_file = dir.join(format!("join-{}.token", i.id));
+                    std::fs::write(&token_file, token).unwrap();
+                    let token_file = token_file.display().to_string();
                     let args: Vec<&str> = line
                         .split_whitespace()
                         .skip(2)
-                        .map(|a| if a == kairos_burst::reconcile::IMDS_URL { imds_url.as_str() } else { a })
+                        .map(|a| match a {
+                            kairos_burst::reconcile::IMDS_URL => imds_url.as_str(),
+                            JOIN_TOKEN_PATH => token_file.as_str(),
+                            other => other,
+                        })
                         .collect();
                     let gpus = types[&i.instance_type].0;
                     let log = std::fs::File::create(dir.join(format!("agent-{}.log", i.id))).unwrap();

@@ -15,10 +15,16 @@ fn stderr(out: &std::process::Output) -> String {
 
 /// Submits `true` jobs one after another until `stop`, recording each acknowledged id with the
 /// time it was acknowledged.
-fn submit_loop(addrs: String, stop: Arc<AtomicBool>, acked: Arc<Mutex<Vec<(u64, Instant)>>>) {
+fn submit_loop(
+    addrs: String,
+    token_file: std::path::PathBuf,
+    stop: Arc<AtomicBool>,
+    acked: Arc<Mutex<Vec<(u64, Instant)>>>,
+) {
     while !stop.load(Ordering::Relaxed) {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
             .args(["--controllers", &addrs, "submit", "--", "true"])
+            .env("KAIROS_TOKEN_FILE", &token_file)
             .output()
             .expect("run kairos");
         if out.status.success() {
@@ -34,8 +40,8 @@ fn leader_kill_9_under_continuous_submits_loses_no_acknowledged_submit() {
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(Mutex::new(Vec::new()));
     let writer = {
-        let (addrs, stop, acked) = (c.addrs(), stop.clone(), acked.clone());
-        std::thread::spawn(move || submit_loop(addrs, stop, acked))
+        let (addrs, token, stop, acked) = (c.addrs(), c.token_file(), stop.clone(), acked.clone());
+        std::thread::spawn(move || submit_loop(addrs, token, stop, acked))
     };
     wait_for("submits before the kill", || (acked.lock().unwrap().len() >= 5).then_some(()));
     let leader = c.leader();

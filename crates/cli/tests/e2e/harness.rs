@@ -110,6 +110,14 @@ impl Cluster {
         let dir = tempfile::Builder::new().prefix("kairos-e2e-").tempdir().expect("temp dir");
         let controllers =
             (1..=replicas).map(|id| Controller { id, addr: free_addr(), child: None }).collect();
+        // One cluster secret and two tokens shared by every replica, agent and CLI call.
+        for (file, content) in [
+            ("cluster.secret", "e2e-cluster-secret-0123456789abcdef0123456789"),
+            ("admin.token", "kairos-admin.e2e-0123456789abcdef"),
+            ("join.token", "kairos-join.e2e-0123456789abcdef"),
+        ] {
+            std::fs::write(dir.path().join(file), content).expect("secret file");
+        }
         let mut c = Cluster {
             dir,
             controllers,
@@ -128,6 +136,26 @@ impl Cluster {
 
     pub fn path(&self, sub: &str) -> PathBuf {
         self.dir.path().join(sub)
+    }
+
+    /// The bootstrap admin token's file (what every CLI call of the harness uses).
+    pub fn token_file(&self) -> PathBuf {
+        self.path("admin.token")
+    }
+
+    /// A `kairos` command against this cluster with the admin token.
+    pub fn cli(&self) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kairos"));
+        cmd.arg("--controllers").arg(self.addrs()).env("KAIROS_TOKEN_FILE", self.token_file());
+        cmd.stdin(Stdio::null());
+        cmd
+    }
+
+    /// A `kairos` command acting as `user` (the admin token with `--as`).
+    pub fn cli_as(&self, user: &str) -> Command {
+        let mut cmd = self.cli();
+        cmd.args(["--as", user]);
+        cmd
     }
 
     /// All controller addresses, comma-separated, as clients take them.
@@ -155,6 +183,12 @@ impl Cluster {
             .args(["--node-timeout-ms", "5000"])
             .arg("--data-dir")
             .arg(self.path(&format!("controller-{id}")))
+            .arg("--cluster-secret-file")
+            .arg(self.path("cluster.secret"))
+            .arg("--admin-token-file")
+            .arg(self.path("admin.token"))
+            .arg("--join-token-file")
+            .arg(self.path("join.token"))
             .args(&self.controller_flags)
             // Static credentials for the cloud burst tests (moto); no instance metadata lookups.
             .env("AWS_ACCESS_KEY_ID", "testing")
@@ -179,6 +213,8 @@ impl Cluster {
         let child = Command::new(bin("kairos-agent"))
             .args(["--controllers", &self.addrs(), "--addr", "127.0.0.1:0", "--name", "node-a"])
             .args(["--gpu-backend", "fake", "--fake-gpus", &self.gpus.to_string()])
+            .arg("--join-token-file")
+            .arg(self.path("join.token"))
             .arg("--state-dir")
             .arg(self.path("agent"))
             .stdin(Stdio::null())
@@ -194,6 +230,8 @@ impl Cluster {
         let child = Command::new(bin("kairos-agent"))
             .args(["--controllers", &self.addrs(), "--addr", "127.0.0.1:0", "--name", name])
             .args(["--gpu-backend", "fake", "--fake-gpus", &gpus.to_string()])
+            .arg("--join-token-file")
+            .arg(self.path("join.token"))
             .arg("--state-dir")
             .arg(self.path(&format!("agent-{name}")))
             .stdin(Stdio::null())
@@ -229,6 +267,7 @@ impl Cluster {
     pub fn status_of(&self, index: usize) -> Option<Value> {
         let out = Command::new(env!("CARGO_BIN_EXE_kairos"))
             .args(["--controllers", &self.controllers[index].addr, "cluster", "status", "--json"])
+            .env("KAIROS_TOKEN_FILE", self.token_file())
             .output()
             .ok()?;
         serde_json::from_slice(&out.stdout).ok()
@@ -268,13 +307,7 @@ impl Cluster {
 
     /// Runs the CLI against this cluster.
     pub fn kairos(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_kairos"))
-            .arg("--controllers")
-            .arg(self.addrs())
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run kairos")
+        self.cli().args(args).output().expect("run kairos")
     }
 
     /// Runs the CLI and returns its stdout, panicking with its stderr on failure.

@@ -222,7 +222,14 @@ fn kairos_up_stops_cleanly_on_sigterm_leaving_no_processes() {
     let dir = tempfile::Builder::new().prefix("kairos-up-").tempdir().unwrap();
     let addr = harness::free_addr();
     let agent_addr = harness::free_addr();
+    // `kairos up` makes its admin token the CLI's default (~/.config/kairos/token): a
+    // private HOME shows that the CLI then needs no token flag.
+    let home = dir.path().join("home");
     let mut up = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+        .env("HOME", &home)
+        .env_remove("XDG_CONFIG_HOME")
+        .env_remove("KAIROS_TOKEN")
+        .env_remove("KAIROS_TOKEN_FILE")
         .args(["up", "--addr", &addr, "--agent-addr", &agent_addr, "--fake-gpus", "2"])
         .arg("--data-dir")
         .arg(dir.path().join("data"))
@@ -232,6 +239,10 @@ fn kairos_up_stops_cleanly_on_sigterm_leaving_no_processes() {
         .unwrap();
     let cli = |args: &[&str]| {
         std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+            .env("HOME", &home)
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("KAIROS_TOKEN")
+            .env_remove("KAIROS_TOKEN_FILE")
             .arg("--controllers")
             .arg(&addr)
             .args(args)
@@ -285,14 +296,7 @@ fn logs_follow_streams_until_the_job_ends_and_wait_reports_the_outcome() {
 #[test]
 fn a_user_flooding_submits_is_rate_limited_and_others_are_not() {
     let c = Cluster::start_with(1, 1, &["--submit-rate-per-user", "1", "--submit-burst-per-user", "2"]);
-    let as_user = |user: &str| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
-            .args(["--controllers", &c.addrs(), "submit", "--hold", "--", "true"])
-            .env("USER", user)
-            .env_remove("LOGNAME")
-            .output()
-            .unwrap()
-    };
+    let as_user = |user: &str| c.cli_as(user).args(["submit", "--hold", "--", "true"]).output().unwrap();
     // A burst of 2, then 1 per second: ten quick submits cannot all pass.
     let start = std::time::Instant::now();
     let mut accepted = 0;

@@ -197,13 +197,7 @@ users = ["bob"]
     .unwrap();
     c.ok(&["policy", "apply", file.to_str().unwrap()]);
     let as_user = |user: &str, args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
-            .env("USER", user)
-            .arg("--controllers")
-            .arg(c.addrs())
-            .args(args)
-            .output()
-            .unwrap();
+        let out = c.cli_as(user).args(args).output().unwrap();
         assert!(out.status.success(), "{user} {args:?}: {}", stderr(&out));
         String::from_utf8(out.stdout).unwrap()
     };
@@ -229,11 +223,7 @@ users = ["bob"]
     let alice_job = c.wait_done(alice);
     assert!(bob_job["start_time"].as_str() <= alice_job["start_time"].as_str(), "{bob_job} {alice_job}");
     // Submitting under an account one does not belong to is refused.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
-        .env("USER", "bob")
-        .args(["--controllers", &c.addrs(), "submit", "--account", "a", "--", "true"])
-        .output()
-        .unwrap();
+    let out = c.cli_as("bob").args(["submit", "--account", "a", "--", "true"]).output().unwrap();
     assert!(stderr(&out).contains("does not belong to account \"a\""), "{}", stderr(&out));
 }
 

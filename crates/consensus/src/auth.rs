@@ -1,0 +1,164 @@
+//! The cluster secret and the credentials derived from it, plus the hashing and comparison
+//! every bearer credential goes through.
+//!
+//! All controllers of a cluster share one secret file. From it each derives, with HMAC-SHA256
+//! and a purpose string, the credential a replica presents to its peers (`raft:<id>`) and the
+//! credential of each node (`node:<name>`), so any replica verifies them after a failover
+//! without storing anything. Comparisons are constant-time.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::{Digest, Sha256};
+
+/// Shortest cluster secret accepted (bytes of the file, trimmed).
+pub const SECRET_LEN_MIN: usize = 32;
+pub use kairos_proto::wire::{bearer, ct_eq, set_bearer, CREDENTIAL_LEN_MAX};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    #[error("reading {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("writing {path}: {source}")]
+    Write { path: String, source: std::io::Error },
+    #[error("{path}: the secret must be {SECRET_LEN_MIN}-{CREDENTIAL_LEN_MAX} printable characters")]
+    Malformed { path: String },
+    #[error("no random source: {0}")]
+    Random(String),
+}
+
+/// `n` random bytes from the OS, as lower-case hex.
+pub fn random_hex(n: usize) -> Result<String, SecretError> {
+    let mut buf = vec![0u8; n];
+    getrandom::fill(&mut buf).map_err(|e| SecretError::Random(e.to_string()))?;
+    Ok(hex::encode(buf))
+}
+
+/// Lower-case hex SHA-256 of `s`.
+pub fn sha256_hex(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+/// Reads a credential file: its first line, trimmed, printable ASCII, bounded.
+pub fn read_credential(path: &Path, min_len: usize) -> Result<String, SecretError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| SecretError::Read { path: path.display().to_string(), source })?;
+    let line = text.lines().next().unwrap_or("").trim().to_string();
+    if line.len() < min_len || line.len() > CREDENTIAL_LEN_MAX || !line.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return Err(SecretError::Malformed { path: path.display().to_string() });
+    }
+    Ok(line)
+}
+
+/// Writes `content` to a new file readable by its owner only; an existing file is kept.
+/// Returns whether it wrote.
+pub fn write_private_new(path: &Path, content: &str) -> Result<bool, SecretError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |source| SecretError::Write { path: path.display().to_string(), source };
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+        Ok(mut f) => {
+            f.write_all(format!("{content}\n").as_bytes()).map_err(err)?;
+            f.sync_all().map_err(err)?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(err(e)),
+    }
+}
+
+/// The cluster secret. Cheap to clone; never printed.
+#[derive(Clone)]
+pub struct ClusterKey(Arc<Vec<u8>>);
+
+impl std::fmt::Debug for ClusterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterKey(…)")
+    }
+}
+
+impl ClusterKey {
+    pub fn new(secret: &str) -> ClusterKey {
+        ClusterKey(Arc::new(secret.as_bytes().to_vec()))
+    }
+
+    /// Loads the secret file; with `create`, a missing file is first created with a fresh
+    /// random secret (owner-only permissions).
+    pub fn load(path: &Path, create: bool) -> Result<ClusterKey, SecretError> {
+        if create && !path.exists() {
+            write_private_new(path, &random_hex(32)?)?;
+        }
+        Ok(ClusterKey::new(&read_credential(path, SECRET_LEN_MIN)?))
+    }
+
+    /// The credential for `purpose` (hex HMAC-SHA256 of the purpose under the secret).
+    pub fn derive(&self, purpose: &str) -> String {
+        // HMAC takes a key of any length; this cannot fail.
+        let mut mac = match <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0) {
+            Ok(m) => m,
+            Err(_) => unreachable!("HMAC accepts keys of any length"),
+        };
+        mac.update(purpose.as_bytes());
+        hex::encode(mac.finalize().into_bytes())
+    }
+
+    /// Whether `presented` is the credential for `purpose`.
+    pub fn verify(&self, purpose: &str, presented: &str) -> bool {
+        ct_eq(&self.derive(purpose), presented)
+    }
+
+    /// What replica `id` presents to its peers.
+    pub fn peer_credential(&self, id: crate::ReplicaId) -> String {
+        self.derive(&format!("raft:{id}"))
+    }
+
+    /// What the agent of node `name` presents to controllers (and controllers to its log service).
+    pub fn node_credential(&self, name: &str) -> String {
+        format!("node.{}", self.derive(&format!("node:{name}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_credentials_differ_by_purpose_and_secret() {
+        let a = ClusterKey::new(&"a".repeat(32));
+        let b = ClusterKey::new(&"b".repeat(32));
+        assert_eq!(a.derive("raft:1"), a.derive("raft:1"));
+        assert_ne!(a.derive("raft:1"), a.derive("raft:2"));
+        assert_ne!(a.derive("raft:1"), b.derive("raft:1"));
+        assert!(a.verify("raft:1", &a.peer_credential(1)));
+        assert!(!a.verify("raft:2", &a.peer_credential(1)));
+        assert!(!b.verify("raft:1", &a.peer_credential(1)));
+        assert_ne!(a.node_credential("n1"), a.node_credential("n2"));
+        assert!(!format!("{a:?}").contains("aaaa"));
+    }
+
+    #[test]
+    fn secret_files_are_created_private_and_validated() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cluster.secret");
+        assert!(matches!(ClusterKey::load(&path, false), Err(SecretError::Read { .. })));
+        let k1 = ClusterKey::load(&path, true).unwrap();
+        let k2 = ClusterKey::load(&path, true).unwrap();
+        assert_eq!(k1.derive("x"), k2.derive("x"), "an existing secret is kept");
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        std::fs::write(&path, "short\n").unwrap();
+        assert!(matches!(ClusterKey::load(&path, true), Err(SecretError::Malformed { .. })));
+        std::fs::write(&path, format!("{}\u{7}\n", "x".repeat(40))).unwrap();
+        assert!(matches!(ClusterKey::load(&path, true), Err(SecretError::Malformed { .. })));
+    }
+
+    #[test]
+    fn hashing_comparison_and_randomness() {
+        assert!(ct_eq("abc", "abc") && !ct_eq("abc", "abd") && !ct_eq("abc", "ab"));
+        assert_eq!(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        let (a, b) = (random_hex(16).unwrap(), random_hex(16).unwrap());
+        assert!(a.len() == 32 && a != b);
+    }
+}

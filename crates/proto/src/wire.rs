@@ -1,0 +1,157 @@
+//! What every binary needs on the wire besides the generated types: bearer credentials in
+//! request metadata, and TLS settings from PEM files.
+
+use std::path::{Path, PathBuf};
+
+use tonic::metadata::MetadataMap;
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+
+/// Metadata key of every bearer credential (`Bearer <credential>`).
+pub const AUTH_HEADER: &str = "authorization";
+/// Longest credential read from a request or a file.
+pub const CREDENTIAL_LEN_MAX: usize = 512;
+
+/// The credential of a request's `authorization: Bearer …` header, if well formed.
+pub fn bearer(metadata: &MetadataMap) -> Option<&str> {
+    let value = metadata.get(AUTH_HEADER)?.to_str().ok()?;
+    let cred = value.strip_prefix("Bearer ")?.trim();
+    (!cred.is_empty() && cred.len() <= CREDENTIAL_LEN_MAX).then_some(cred)
+}
+
+/// Sets a request's bearer credential (a credential that is not valid header text is not sent).
+pub fn set_bearer(metadata: &mut MetadataMap, credential: &str) {
+    if let Ok(v) = format!("Bearer {credential}").parse() {
+        metadata.insert(AUTH_HEADER, v);
+    }
+}
+
+/// Reads a credential file: its first line, trimmed; printable ASCII, 16 to
+/// `CREDENTIAL_LEN_MAX` characters.
+pub fn read_credential_file(path: &Path) -> Result<String, TlsError> {
+    let text = std::fs::read_to_string(path).map_err(|e| TlsError(format!("{}: {e}", path.display())))?;
+    let line = text.lines().next().unwrap_or("").trim().to_string();
+    if line.len() < 16 || line.len() > CREDENTIAL_LEN_MAX || !line.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(TlsError(format!(
+            "{}: a credential file holds one line of 16-{CREDENTIAL_LEN_MAX} printable characters",
+            path.display()
+        )));
+    }
+    Ok(line)
+}
+
+/// Constant-time equality of two credentials (their length is not secret).
+pub fn ct_eq(a: &str, b: &str) -> bool {
+    let diff = a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    a.len() == b.len() && std::hint::black_box(diff) == 0
+}
+
+/// A bad credential file or TLS setting.
+#[derive(Debug)]
+pub struct TlsError(pub String);
+
+impl std::fmt::Display for TlsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TlsError {}
+
+/// PEM files: the CA that signs the cluster's certificates, and this process's own pair.
+#[derive(Clone, Debug, Default)]
+pub struct TlsFiles {
+    pub ca: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+fn read(what: &str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    let bytes = std::fs::read(path).map_err(|e| TlsError(format!("{what} {}: {e}", path.display())))?;
+    if !String::from_utf8_lossy(&bytes).contains("-----BEGIN ") {
+        return Err(TlsError(format!("{what} {}: not a PEM file", path.display())));
+    }
+    Ok(bytes)
+}
+
+impl TlsFiles {
+    /// This process's certificate and key, when both are given (one alone is an error).
+    fn identity(&self) -> Result<Option<Identity>, TlsError> {
+        match (&self.cert, &self.key) {
+            (Some(c), Some(k)) => Ok(Some(Identity::from_pem(read("--cert", c)?, read("--key", k)?))),
+            (None, None) => Ok(None),
+            _ => Err(TlsError("--cert and --key go together".into())),
+        }
+    }
+
+    fn ca(&self) -> Result<Option<Certificate>, TlsError> {
+        self.ca.as_deref().map(|p| read("--ca", p).map(Certificate::from_pem)).transpose()
+    }
+
+    /// Serving TLS: needs `--cert`/`--key`; with `require_client_cert`, clients must present a
+    /// certificate signed by `--ca` (mutual TLS). `None` = plaintext.
+    pub fn server(&self, require_client_cert: bool) -> Result<Option<ServerTlsConfig>, TlsError> {
+        let Some(identity) = self.identity()? else {
+            return match require_client_cert {
+                true => Err(TlsError("mutual TLS needs --cert and --key".into())),
+                false => Ok(None),
+            };
+        };
+        let mut config = ServerTlsConfig::new().identity(identity);
+        if require_client_cert {
+            let ca = self.ca()?.ok_or_else(|| TlsError("mutual TLS needs --ca".into()))?;
+            config = config.client_ca_root(ca).client_auth_optional(false);
+        }
+        Ok(Some(config))
+    }
+
+    /// Connecting over TLS: servers are verified against `--ca`; `--cert`/`--key`, when given,
+    /// are presented for mutual TLS. `None` (no `--ca`) = plaintext.
+    pub fn client(&self) -> Result<Option<ClientTlsConfig>, TlsError> {
+        let Some(ca) = self.ca()? else { return Ok(None) };
+        let mut config = ClientTlsConfig::new().ca_certificate(ca);
+        if let Some(identity) = self.identity()? {
+            config = config.identity(identity);
+        }
+        Ok(Some(config))
+    }
+}
+
+/// `https://addr` with TLS, `http://addr` without.
+pub fn url(addr: &str, tls: bool) -> String {
+    format!("{}://{addr}", if tls { "https" } else { "http" })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_headers_are_parsed_strictly() {
+        let mut md = MetadataMap::new();
+        assert_eq!(bearer(&md), None);
+        set_bearer(&mut md, "tok");
+        assert_eq!(bearer(&md), Some("tok"));
+        md.insert(AUTH_HEADER, "Basic tok".parse().unwrap());
+        assert_eq!(bearer(&md), None);
+        md.insert(AUTH_HEADER, format!("Bearer {}", "x".repeat(600)).parse().unwrap());
+        assert_eq!(bearer(&md), None);
+    }
+
+    #[test]
+    fn tls_settings_are_checked_before_use() {
+        let none = TlsFiles::default();
+        assert!(none.server(false).unwrap().is_none() && none.client().unwrap().is_none());
+        assert!(none.server(true).is_err());
+        let dir = std::env::temp_dir().join(format!("kairos-tls-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let junk = dir.join("junk.pem");
+        std::fs::write(&junk, "not a certificate").unwrap();
+        let only_cert = TlsFiles { cert: Some(junk.clone()), ..Default::default() };
+        assert!(only_cert.server(false).unwrap_err().0.contains("go together"));
+        let bad_ca = TlsFiles { ca: Some(junk.clone()), ..Default::default() };
+        assert!(bad_ca.client().unwrap_err().0.contains("not a PEM file"));
+        let missing = TlsFiles { ca: Some(dir.join("absent.pem")), ..Default::default() };
+        assert!(missing.client().unwrap_err().0.contains("absent.pem"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

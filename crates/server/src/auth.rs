@@ -1,0 +1,246 @@
+//! Who is calling, and what they may do.
+//!
+//! Every request carries `authorization: Bearer <credential>`:
+//! - users and scripts: an API token `kairos_<id>_<secret>` issued by an admin (its hash lives in
+//!   the replicated state), or the bootstrap admin token from the controller's own file;
+//! - agents: the join token to register, then the node credential the answer hands them
+//!   (derived from the cluster secret for that node name, so every replica checks it);
+//! - peers: see `kairos_consensus::service`.
+//!
+//! An admin may act as another user (`kairos-user` header, like `kubectl --as`): the call then
+//! has that user's name and the user role. Tokens are compared in constant time and never
+//! logged.
+
+use kairos_consensus::auth::{bearer, ct_eq, sha256_hex, ClusterKey};
+use kairos_scheduler::tokens::{valid_user_name, Role, TOKEN_ID_LEN};
+use kairos_scheduler::ClusterState;
+use tonic::metadata::MetadataMap;
+use tonic::Status;
+
+/// Metadata key an admin sets to act as another user.
+pub const ACT_AS_HEADER: &str = "kairos-user";
+/// Prefix of issued API tokens.
+pub const TOKEN_PREFIX: &str = "kairos_";
+/// The name the bootstrap admin token acts under.
+pub const BOOTSTRAP_ADMIN: &str = "admin";
+
+/// An authenticated caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Principal {
+    pub user: String,
+    pub role: Role,
+}
+
+impl Principal {
+    /// `PERMISSION_DENIED` unless the caller has at least `role`.
+    pub fn require(&self, role: Role, what: &str) -> Result<(), Status> {
+        if self.role >= role {
+            Ok(())
+        } else {
+            Err(Status::permission_denied(format!(
+                "{what} needs the {} role; \"{}\" has the {} role",
+                role.as_str(),
+                self.user,
+                self.role.as_str()
+            )))
+        }
+    }
+
+    /// Whether the caller may see and act on a job of `owner`.
+    pub fn owns_or_operates(&self, owner: &str) -> bool {
+        self.role >= Role::Operator || self.user == owner
+    }
+
+    /// `PERMISSION_DENIED` unless the caller may act on job `id` of `owner`.
+    pub fn check_job(&self, id: u64, owner: &str) -> Result<(), Status> {
+        if self.owns_or_operates(owner) {
+            Ok(())
+        } else {
+            Err(Status::permission_denied(format!("job {id} belongs to another user")))
+        }
+    }
+}
+
+/// The credentials a controller accepts besides the issued tokens.
+#[derive(Clone, Debug)]
+pub struct Auth {
+    pub key: ClusterKey,
+    admin_sha256: String,
+    join_sha256: String,
+}
+
+fn unauthenticated(what: &str) -> Status {
+    Status::unauthenticated(format!(
+        "{what}: pass a token (`kairos --token-file FILE`, KAIROS_TOKEN or ~/.config/kairos/token)"
+    ))
+}
+
+impl Auth {
+    pub fn new(key: ClusterKey, admin_token: &str, join_token: &str) -> Auth {
+        Auth { key, admin_sha256: sha256_hex(admin_token), join_sha256: sha256_hex(join_token) }
+    }
+
+    /// The user behind a request to the job or admin service.
+    pub fn principal(&self, metadata: &MetadataMap, state: &ClusterState) -> Result<Principal, Status> {
+        let token = bearer(metadata).ok_or_else(|| unauthenticated("no token"))?;
+        let me = if ct_eq(&sha256_hex(token), &self.admin_sha256) {
+            Principal { user: BOOTSTRAP_ADMIN.into(), role: Role::Admin }
+        } else {
+            issued_token(token, state).ok_or_else(|| unauthenticated("invalid, expired or revoked token"))?
+        };
+        let Some(act_as) = metadata.get(ACT_AS_HEADER) else { return Ok(me) };
+        let act_as = act_as
+            .to_str()
+            .ok()
+            .filter(|u| valid_user_name(u))
+            .ok_or_else(|| Status::invalid_argument("kairos-user: 1-64 characters of [A-Za-z0-9._-]"))?;
+        if act_as == me.user {
+            Ok(me)
+        } else if me.role == Role::Admin {
+            Ok(Principal { user: act_as.to_string(), role: Role::User })
+        } else {
+            Err(Status::permission_denied(format!(
+                "acting as another user (\"{act_as}\") needs the admin role"
+            )))
+        }
+    }
+
+    /// An agent registering: the join token, or node `node`'s own credential (re-registration).
+    pub fn check_join(&self, metadata: &MetadataMap, node: &str) -> Result<(), Status> {
+        let cred = bearer(metadata)
+            .ok_or_else(|| Status::unauthenticated("register: no join token (agent --join-token-file)"))?;
+        if ct_eq(&sha256_hex(cred), &self.join_sha256) || ct_eq(cred, &self.key.node_credential(node)) {
+            Ok(())
+        } else {
+            Err(Status::unauthenticated("register: invalid join token"))
+        }
+    }
+
+    /// An agent's call about node `node`: only that node's credential is accepted.
+    pub fn check_node(&self, metadata: &MetadataMap, node: &str) -> Result<(), Status> {
+        match bearer(metadata) {
+            Some(c) if ct_eq(c, &self.key.node_credential(node)) => Ok(()),
+            Some(_) => Err(Status::unauthenticated(format!("no valid credential for node \"{node}\""))),
+            None => Err(Status::unauthenticated("no node credential (register first)")),
+        }
+    }
+}
+
+/// Splits `kairos_<id>_<secret>`.
+pub fn split_token(token: &str) -> Option<(&str, &str)> {
+    let rest = token.strip_prefix(TOKEN_PREFIX)?;
+    let (id, secret) = rest.split_once('_')?;
+    (id.len() == TOKEN_ID_LEN && !secret.is_empty()).then_some((id, secret))
+}
+
+fn issued_token(token: &str, state: &ClusterState) -> Option<Principal> {
+    let (id, secret) = split_token(token)?;
+    let rec = state.tokens.get(id)?;
+    (ct_eq(&sha256_hex(secret), &rec.secret_sha256) && rec.live_at(state.now_ms))
+        .then(|| Principal { user: rec.user.clone(), role: rec.role })
+}
+
+#[cfg(test)]
+mod tests {
+    use kairos_consensus::auth::set_bearer;
+    use kairos_scheduler::tokens::TokenRecord;
+
+    use super::*;
+
+    fn auth() -> Auth {
+        Auth::new(ClusterKey::new(&"s".repeat(32)), "boot-admin", "join-me")
+    }
+
+    fn md(token: Option<&str>, act_as: Option<&str>) -> MetadataMap {
+        let mut m = MetadataMap::new();
+        if let Some(t) = token {
+            set_bearer(&mut m, t);
+        }
+        if let Some(u) = act_as {
+            m.insert(ACT_AS_HEADER, u.parse().unwrap());
+        }
+        m
+    }
+
+    fn state_with(id: &str, secret: &str, user: &str, role: Role, expires_ms: Option<i64>) -> ClusterState {
+        let mut s = ClusterState::new();
+        s.now_ms = 1000;
+        s.tokens.insert(
+            id.into(),
+            TokenRecord {
+                user: user.into(),
+                role,
+                secret_sha256: sha256_hex(secret),
+                created_ms: 0,
+                created_by: "admin".into(),
+                expires_ms,
+                description: String::new(),
+            },
+        );
+        s
+    }
+
+    #[test]
+    fn tokens_authenticate_their_user_and_role() {
+        let a = auth();
+        let id = "00112233aabbccdd";
+        let s = state_with(id, "sekrit", "alice", Role::User, None);
+        let alice = a.principal(&md(Some(&format!("kairos_{id}_sekrit")), None), &s).unwrap();
+        assert_eq!(alice, Principal { user: "alice".into(), role: Role::User });
+        let admin = a.principal(&md(Some("boot-admin"), None), &s).unwrap();
+        assert_eq!(admin.role, Role::Admin);
+        for bad in [None, Some("boot-admin2"), Some("kairos_00112233aabbccdd_wrong"), Some("kairos_x_y")] {
+            let e = a.principal(&md(bad, None), &s).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Unauthenticated, "{bad:?}");
+            assert!(!e.message().contains("sekrit") && !e.message().contains("boot-admin"));
+        }
+        let expired = state_with(id, "sekrit", "alice", Role::User, Some(1000));
+        let e = a.principal(&md(Some(&format!("kairos_{id}_sekrit")), None), &expired).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    }
+
+    #[test]
+    fn only_admins_act_as_others_and_then_only_as_users() {
+        let a = auth();
+        let id = "00112233aabbccdd";
+        let s = state_with(id, "sekrit", "alice", Role::Operator, None);
+        let as_bob = a.principal(&md(Some("boot-admin"), Some("bob")), &s).unwrap();
+        assert_eq!(as_bob, Principal { user: "bob".into(), role: Role::User });
+        let alice = format!("kairos_{id}_sekrit");
+        let e = a.principal(&md(Some(&alice), Some("bob")), &s).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert_eq!(a.principal(&md(Some(&alice), Some("alice")), &s).unwrap().role, Role::Operator);
+        let e = a.principal(&md(Some("boot-admin"), Some("bad user")), &s).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    }
+
+    #[test]
+    fn roles_gate_and_jobs_belong_to_their_owner() {
+        let user = Principal { user: "alice".into(), role: Role::User };
+        assert_eq!(
+            user.require(Role::Admin, "changing QoS").unwrap_err().code(),
+            tonic::Code::PermissionDenied
+        );
+        assert!(user.check_job(1, "alice").is_ok());
+        assert_eq!(user.check_job(1, "bob").unwrap_err().code(), tonic::Code::PermissionDenied);
+        let op = Principal { user: "ops".into(), role: Role::Operator };
+        assert!(op.check_job(1, "bob").is_ok() && op.require(Role::Admin, "x").is_err());
+    }
+
+    #[test]
+    fn agents_join_with_the_join_token_then_use_their_node_credential() {
+        let a = auth();
+        assert!(a.check_join(&md(Some("join-me"), None), "n1").is_ok());
+        assert!(a.check_join(&md(Some(&a.key.node_credential("n1")), None), "n1").is_ok());
+        for bad in [None, Some("join-you"), Some("boot-admin")] {
+            assert_eq!(a.check_join(&md(bad, None), "n1").unwrap_err().code(), tonic::Code::Unauthenticated);
+        }
+        let n1 = a.key.node_credential("n1");
+        assert!(a.check_node(&md(Some(&n1), None), "n1").is_ok());
+        assert_eq!(
+            a.check_node(&md(Some(&n1), None), "n2").unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        assert!(a.check_node(&md(Some("join-me"), None), "n1").is_err());
+    }
+}
