@@ -61,6 +61,13 @@ impl std::fmt::Display for CallError {
 
 impl std::error::Error for CallError {}
 
+/// A plaintext HTTP/2 client talking to a TLS server sees its connection torn down, not a
+/// gRPC answer.
+fn broken_h2(status: &Status) -> bool {
+    matches!(status.code(), Code::Internal | Code::Unknown | Code::Unavailable)
+        && (status.message().contains("h2 protocol error") || status.message().contains("connection closed"))
+}
+
 fn describe(status: &Status) -> String {
     let msg = status.message().lines().next().unwrap_or("").to_string();
     match status.code() {
@@ -142,6 +149,12 @@ impl Client {
                             hint = Some(h.to_string());
                             break;
                         }
+                    }
+                    Err(status) if self.tls.is_none() && broken_h2(&status) => {
+                        return Err(CallError(format!(
+                            "controller at {addr} broke the connection ({}); does it serve TLS? (--ca)",
+                            status.message()
+                        )))
                     }
                     Err(status) => return Err(CallError(describe(&status))),
                 }

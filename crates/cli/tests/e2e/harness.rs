@@ -97,6 +97,18 @@ pub struct Cluster {
     gpus: u32,
     /// Extra flags for every kairosd (e.g. a small snapshot threshold).
     pub controller_flags: Vec<String>,
+    /// Extra flags for every agent (e.g. TLS files).
+    pub agent_flags: Vec<String>,
+    /// Extra environment for every CLI call (e.g. KAIROS_CA).
+    pub cli_env: Vec<(String, String)>,
+}
+
+/// What a cluster starts with besides the defaults.
+#[derive(Default)]
+pub struct Options {
+    pub controller_flags: Vec<String>,
+    pub agent_flags: Vec<String>,
+    pub cli_env: Vec<(String, String)>,
 }
 
 impl Cluster {
@@ -107,6 +119,12 @@ impl Cluster {
 
     /// `replicas` controllers forming one Raft cluster, and one agent with `gpus` fake GPUs.
     pub fn start_with(replicas: u64, gpus: u32, flags: &[&str]) -> Cluster {
+        let controller_flags = flags.iter().map(|f| f.to_string()).collect();
+        Cluster::start_opts(replicas, gpus, Options { controller_flags, ..Options::default() })
+    }
+
+    /// `replicas` controllers and one agent with `gpus` fake GPUs, with extra `options`.
+    pub fn start_opts(replicas: u64, gpus: u32, options: Options) -> Cluster {
         let dir = tempfile::Builder::new().prefix("kairos-e2e-").tempdir().expect("temp dir");
         let controllers =
             (1..=replicas).map(|id| Controller { id, addr: free_addr(), child: None }).collect();
@@ -124,7 +142,9 @@ impl Cluster {
             agent: None,
             more_agents: Vec::new(),
             gpus,
-            controller_flags: flags.iter().map(|f| f.to_string()).collect(),
+            controller_flags: options.controller_flags,
+            agent_flags: options.agent_flags,
+            cli_env: options.cli_env,
         };
         for i in 0..c.controllers.len() {
             c.start_controller(i);
@@ -147,7 +167,7 @@ impl Cluster {
     pub fn cli(&self) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_kairos"));
         cmd.arg("--controllers").arg(self.addrs()).env("KAIROS_TOKEN_FILE", self.token_file());
-        cmd.stdin(Stdio::null());
+        cmd.envs(self.cli_env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null());
         cmd
     }
 
@@ -215,6 +235,7 @@ impl Cluster {
             .args(["--gpu-backend", "fake", "--fake-gpus", &self.gpus.to_string()])
             .arg("--join-token-file")
             .arg(self.path("join.token"))
+            .args(&self.agent_flags)
             .arg("--state-dir")
             .arg(self.path("agent"))
             .stdin(Stdio::null())
@@ -232,6 +253,7 @@ impl Cluster {
             .args(["--gpu-backend", "fake", "--fake-gpus", &gpus.to_string()])
             .arg("--join-token-file")
             .arg(self.path("join.token"))
+            .args(&self.agent_flags)
             .arg("--state-dir")
             .arg(self.path(&format!("agent-{name}")))
             .stdin(Stdio::null())
@@ -268,6 +290,7 @@ impl Cluster {
         let out = Command::new(env!("CARGO_BIN_EXE_kairos"))
             .args(["--controllers", &self.controllers[index].addr, "cluster", "status", "--json"])
             .env("KAIROS_TOKEN_FILE", self.token_file())
+            .envs(self.cli_env.iter().map(|(k, v)| (k, v)))
             .output()
             .ok()?;
         serde_json::from_slice(&out.stdout).ok()

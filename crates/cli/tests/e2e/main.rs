@@ -7,6 +7,7 @@ mod ha;
 mod harness;
 mod policy;
 mod preempt;
+mod security;
 
 use std::collections::BTreeSet;
 
