@@ -73,6 +73,9 @@ struct Args {
     /// TLS: this agent's private key (PEM).
     #[arg(long, requires = "cert")]
     key: Option<PathBuf>,
+    /// Append one JSON line per job process start and exit (job, attempt, GPUs, pid, time) here.
+    #[arg(long)]
+    process_log: Option<PathBuf>,
 }
 
 /// The agent's credentials: the join token it registers with, and the node credential the
@@ -209,7 +212,13 @@ async fn session(
             },
             _ = heartbeat.tick() => {
                 let running = runner.running().into_iter().map(|(job_id, attempt)| pb::RunRef { job_id, attempt }).collect();
-                client.heartbeat(creds.request(pb::HeartbeatRequest { node_id: reg.node_id.clone(), running })).await?;
+                // A controller that stops answering (paused, partitioned) must not hold this
+                // node: give up on it after two intervals and find the leader elsewhere.
+                let call = client.heartbeat(creds.request(pb::HeartbeatRequest { node_id: reg.node_id.clone(), running }));
+                match tokio::time::timeout(interval * 2, call).await {
+                    Ok(answer) => { answer?; }
+                    Err(_) => return Err(tonic::Status::unavailable("heartbeat: the controller did not answer")),
+                }
             }
         }
     }
@@ -307,7 +316,12 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", args.state_dir.display()))?;
     let state_dir = std::fs::canonicalize(&args.state_dir).context("resolving --state-dir")?;
     // Before taking any work: nothing a previous (crashed) agent started may keep running.
-    let orphans = kairos_agent::runner::kill_orphans(&state_dir).await;
+    let process_log = match &args.process_log {
+        Some(path) => kairos_agent::audit::ProcessLog::open(path, &name)
+            .with_context(|| format!("opening --process-log {}", path.display()))?,
+        None => Default::default(),
+    };
+    let orphans = kairos_agent::runner::kill_orphans(&state_dir, &process_log).await;
     if orphans > 0 {
         tracing::warn!(orphans, "killed runs left by a previous agent");
     }
@@ -341,7 +355,7 @@ async fn main() -> anyhow::Result<()> {
     let client_tls = tls.client()?;
     let imds = args.spot_imds.as_deref().map(kairos_agent::spot::Imds::parse).transpose()?;
     let (report_tx, report_rx) = mpsc::channel(1024);
-    let runner = Runner::new(&name, &state_dir, report_tx);
+    let runner = Runner::new(&name, &state_dir, report_tx).with_process_log(process_log);
     let (client_tx, client_rx) = watch::channel(None);
     let spot_watch = imds.map(|imds| {
         let client_rx = client_rx.clone();

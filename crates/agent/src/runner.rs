@@ -57,6 +57,7 @@ struct Run {
 pub struct Runner {
     node: String,
     state_dir: PathBuf,
+    process_log: crate::audit::ProcessLog,
     runs: Arc<Mutex<BTreeMap<RunKey, Run>>>,
     reports: mpsc::Sender<pb::StatusReport>,
 }
@@ -97,8 +98,21 @@ fn proc_starttime(pid: i32) -> Option<u64> {
     stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// Whether some process of group `pgid` is still running. Zombies do not count: a run
+/// orphaned by a crashed agent is reparented to PID 1, which in a container may never reap it,
+/// and a zombie holds no GPU (signals to it succeed, so `kill(0)` alone would call it alive).
 fn group_alive(pgid: i32) -> bool {
-    killpg(Pid::from_raw(pgid), None).is_ok()
+    if killpg(Pid::from_raw(pgid), None).is_err() {
+        return false;
+    }
+    let Ok(procs) = std::fs::read_dir("/proc") else { return true };
+    procs.flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()).any(|pid| {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+        let mut fields = stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace()).into_iter().flatten();
+        let state = fields.next();
+        let pgrp = fields.nth(1).and_then(|g| g.parse::<i32>().ok());
+        pgrp == Some(pgid) && !matches!(state, Some("Z") | Some("X"))
+    })
 }
 
 /// Whether some live process of group `pgid` was started by an agent for `key` (its
@@ -126,7 +140,7 @@ fn group_runs(pgid: i32, key: RunKey) -> bool {
 ///
 /// A group is ours if its leader still has the recorded start time, or if the leader is gone but
 /// the group still exists (the kernel does not reuse a pid that is still some group's id).
-pub async fn kill_orphans(state_dir: &Path) -> usize {
+pub async fn kill_orphans(state_dir: &Path, log: &crate::audit::ProcessLog) -> usize {
     let Ok(entries) = std::fs::read_dir(journal_dir(state_dir)) else { return 0 };
     let mut killed = Vec::new();
     for entry in entries.flatten() {
@@ -153,21 +167,41 @@ pub async fn kill_orphans(state_dir: &Path) -> usize {
             if ours && group_alive(pgid) {
                 tracing::warn!(pgid, file = %entry.path().display(), "killing a run left by a previous agent");
                 signal_group(pgid, Signal::SIGKILL);
-                killed.push(pgid);
+                killed.push((pgid, key));
+            } else if !group_alive(pgid) {
+                // It ended while no agent watched: its end is only known to be before now.
+                log.exit(key.0, key.1, "ended unwatched");
             }
         }
         let _ = std::fs::remove_file(entry.path());
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while killed.iter().any(|p| group_alive(*p)) && tokio::time::Instant::now() < deadline {
+    while killed.iter().any(|(p, _)| group_alive(*p)) && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (pgid, key) in &killed {
+        if !group_alive(*pgid) {
+            log.exit(key.0, key.1, "orphan killed");
+        }
     }
     killed.len()
 }
 
 impl Runner {
     pub fn new(node: &str, state_dir: &Path, reports: mpsc::Sender<pb::StatusReport>) -> Self {
-        Runner { node: node.to_string(), state_dir: state_dir.to_path_buf(), runs: Arc::default(), reports }
+        Runner {
+            node: node.to_string(),
+            state_dir: state_dir.to_path_buf(),
+            process_log: Default::default(),
+            runs: Arc::default(),
+            reports,
+        }
+    }
+
+    /// Records every process start and exit in `log`.
+    pub fn with_process_log(mut self, log: crate::audit::ProcessLog) -> Self {
+        self.process_log = log;
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<RunKey, Run>> {
@@ -296,6 +330,8 @@ impl Runner {
         let path = log_path(&self.state_dir, a.job_id, a.attempt);
         let job_dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| self.state_dir.clone());
         let checkpoint_dir = job_dir.join("checkpoint");
+        // Logged before the spawn: the logged interval must cover the process's life.
+        self.process_log.start(a.job_id, a.attempt, &a.gpu_ids, None);
         let spawned = (|| -> std::io::Result<tokio::process::Child> {
             std::fs::create_dir_all(&checkpoint_dir)?;
             let log = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
@@ -339,6 +375,7 @@ impl Runner {
             Err(e) => {
                 let message = format!("starting {:?}: {e}", a.argv.first().cloned().unwrap_or_default());
                 tracing::warn!(job = a.job_id, %message, "launch failed");
+                self.process_log.exit(a.job_id, a.attempt, "not started");
                 let _ = std::fs::write(&path, format!("kairos-agent: {message}\n"));
                 self.lock().insert(
                     key,
@@ -383,6 +420,12 @@ impl Runner {
                 signal_group(pgid, Signal::SIGKILL);
             }
             tracing::info!(job = key.0, attempt = key.1, ?exit, "run exited");
+            let how = match exit {
+                Exit::Code(c) => format!("exit {c}"),
+                Exit::Signal(s) => format!("signal {s}"),
+                Exit::Lost => "lost".to_string(),
+            };
+            runner.process_log.exit(key.0, key.1, &how);
             journal_remove(runner.state_dir(), key);
             if let Some(run) = runner.lock().get_mut(&key) {
                 run.exit = Some(exit);
@@ -548,6 +591,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_run_that_ended_unreaped_is_logged_as_ended_when_the_agent_restarts() {
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        // A process that exits and stays a zombie (nobody reaps it), as an orphan under a
+        // PID 1 that never reaps would.
+        let mut child = std::process::Command::new("true").process_group(0).spawn().unwrap();
+        let pgid = child.id() as i32;
+        std::fs::create_dir_all(journal_dir(dir.path())).unwrap();
+        std::fs::write(journal_dir(dir.path()).join("9-2"), format!("{pgid} 0\n")).unwrap();
+        let zombie = (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(20));
+            std::fs::read_to_string(format!("/proc/{pgid}/stat")).is_ok_and(|s| s.contains(") Z "))
+        });
+        assert!(zombie, "the child did not become a zombie");
+        assert!(!group_alive(pgid), "a zombie counted as a live run");
+        let path = dir.path().join("processes.jsonl");
+        let log = crate::audit::ProcessLog::open(&path, "n1").unwrap();
+        assert_eq!(kill_orphans(dir.path(), &log).await, 0);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(r#""job":9,"attempt":2"#) && text.contains("ended unwatched"), "{text}");
+        child.wait().unwrap();
+    }
+
+    #[tokio::test]
     async fn a_restarted_agent_kills_the_runs_its_predecessor_left_behind() {
         let dir = tempfile::tempdir().unwrap();
         let (tx, mut rx) = mpsc::channel(16);
@@ -566,9 +633,9 @@ mod tests {
         assert!(group_alive(pgid));
         // The agent "crashes": its runner is gone but the processes live on.
         drop(runner);
-        assert_eq!(kill_orphans(dir.path()).await, 1);
+        assert_eq!(kill_orphans(dir.path(), &Default::default()).await, 1);
         assert!(!group_alive(pgid), "the orphaned group survived");
-        assert_eq!(kill_orphans(dir.path()).await, 0, "the journal was cleared");
+        assert_eq!(kill_orphans(dir.path(), &Default::default()).await, 0, "the journal was cleared");
     }
 
     #[tokio::test]
@@ -588,7 +655,7 @@ mod tests {
         // A job (same uid as the agent) plants a journal entry naming it.
         std::fs::create_dir_all(journal_dir(dir.path())).unwrap();
         std::fs::write(journal_dir(dir.path()).join("7-0"), format!("{pgid} 0\n")).unwrap();
-        assert_eq!(kill_orphans(dir.path()).await, 0);
+        assert_eq!(kill_orphans(dir.path(), &Default::default()).await, 0);
         assert!(group_alive(pgid), "a foreign group was killed");
         signal_group(pgid, Signal::SIGKILL);
     }

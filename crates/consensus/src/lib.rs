@@ -133,6 +133,12 @@ pub struct Replica {
     pub applied: watch::Receiver<u64>,
     /// The latest commit index this replica knows.
     pub commit_index: Arc<std::sync::atomic::AtomicU64>,
+    /// When a quorum last confirmed this replica's leadership (term, time).
+    confirmed: Arc<std::sync::Mutex<Option<(u64, std::time::Instant)>>>,
+    /// One confirmation round at a time.
+    confirming: Arc<tokio::sync::Mutex<()>>,
+    /// How long a confirmation counts: no other leader can be elected sooner.
+    lease: std::time::Duration,
 }
 
 impl Replica {
@@ -194,7 +200,16 @@ impl Replica {
             };
             raft.initialize(nodes).await.map_err(|e| ConsensusError::Raft(e.to_string()))?;
         }
-        Ok(Replica { id: config.id, raft, state: shared, applied: applied_rx, commit_index })
+        Ok(Replica {
+            id: config.id,
+            raft,
+            state: shared,
+            applied: applied_rx,
+            commit_index,
+            confirmed: Arc::default(),
+            confirming: Arc::default(),
+            lease: std::time::Duration::from_millis(config.election_timeout_ms),
+        })
     }
 
     /// Proposes commands as one log entry and waits until it is committed (on a quorum's disks)
@@ -221,6 +236,38 @@ impl Replica {
 
     /// Whether this replica currently leads a cluster it is a voter of. (A leader that removed
     /// itself keeps openraft's leader state for a while; it must not act as leader.)
+    /// Whether this replica leads and a quorum confirmed it within the last election timeout.
+    ///
+    /// `is_leader` alone is this replica's belief: a leader that was paused or cut off keeps
+    /// believing it until it hears of a newer term. Anything that must not be served by a
+    /// deposed leader (node heartbeats: the real leader would judge those nodes silent) asks
+    /// this instead. At most one confirmation round (a heartbeat to the followers) runs at a
+    /// time, and one serves all callers for the lease.
+    pub async fn leads_confirmed(&self) -> bool {
+        if !self.is_leader() {
+            return false;
+        }
+        let term = self.raft.metrics().borrow().current_term;
+        let fresh = |c: &Option<(u64, std::time::Instant)>| {
+            c.is_some_and(|(t, at)| t == term && at.elapsed() < self.lease)
+        };
+        if fresh(&self.confirmed.lock().unwrap_or_else(|p| p.into_inner())) {
+            return true;
+        }
+        let _one = self.confirming.lock().await;
+        if fresh(&self.confirmed.lock().unwrap_or_else(|p| p.into_inner())) {
+            return true;
+        }
+        let started = std::time::Instant::now();
+        match tokio::time::timeout(self.lease, self.raft.ensure_linearizable()).await {
+            Ok(Ok(_)) => {
+                *self.confirmed.lock().unwrap_or_else(|p| p.into_inner()) = Some((term, started));
+                true
+            }
+            _ => false,
+        }
+    }
+
     pub fn is_leader(&self) -> bool {
         let m = self.raft.metrics().borrow().clone();
         m.state == ServerState::Leader

@@ -129,14 +129,18 @@ impl AgentService for Agents {
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         self.ctx.auth.check_node(request.metadata(), &request.get_ref().node_id)?;
         let req = request.into_inner();
-        // Heartbeats count only on the leader: an agent talking to a deposed or partitioned
-        // replica must move to the leader, or the leader would judge its node silent.
+        // Heartbeats count only on a leader a quorum still follows: an agent talking to a
+        // deposed, paused or partitioned replica must move to the real leader, or that leader
+        // would judge its node silent.
         if !self.ctx.replica.is_leader() {
             let status = self.ctx.replica.status();
             return Err(write_status(WriteError::NotLeader {
                 leader: status.leader,
                 leader_addr: status.leader_addr,
             }));
+        }
+        if !self.ctx.replica.leads_confirmed().await {
+            return Err(write_status(WriteError::NotLeader { leader: None, leader_addr: None }));
         }
         check_node(&self.ctx, &req.node_id)?;
         let down = self.ctx.replica.read(|a| {

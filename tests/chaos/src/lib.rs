@@ -9,11 +9,15 @@
 //! `proxy` is the fault injector for links (delay, one- and two-way partitions, reordering across
 //! connections), since this kernel has no `netem`.
 //!
-//! Not here yet: the network-namespace harness, the process fault injectors and the workload
-//! that produce these records (issue 7 is open).
+//! `netns` builds separate hosts, `cluster` runs kairosd/agents on them with the process fault
+//! injectors, `workload` is the client (inside the client host) and `scenario` ties a seeded
+//! fault schedule, the workload and every checker together (`tests/suite.rs` runs them).
 
+pub mod cluster;
 pub mod netns;
 pub mod proxy;
+pub mod scenario;
+pub mod workload;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -50,6 +54,49 @@ pub struct FinalJob {
     pub state: String,
     /// Kinds of its events, oldest first ("submitted", "completed", ...).
     pub events: Vec<String>,
+}
+
+/// One line of an agent's process log (`kairos-agent --process-log`).
+#[derive(serde::Deserialize)]
+struct ProcessLine {
+    t_ms: i64,
+    event: String,
+    node: String,
+    job: JobId,
+    attempt: u32,
+    #[serde(default)]
+    gpus: Vec<u32>,
+}
+
+/// Pairs the start and exit lines of agents' process logs into process records (a start with no
+/// exit is still running). Lines that do not parse are skipped.
+pub fn parse_process_log(text: &str) -> Vec<ProcessRecord> {
+    let mut records: Vec<ProcessRecord> = Vec::new();
+    let mut open: BTreeMap<(String, JobId, u32), usize> = BTreeMap::new();
+    for line in text.lines() {
+        let Ok(l) = serde_json::from_str::<ProcessLine>(line) else { continue };
+        let key = (l.node.clone(), l.job, l.attempt);
+        match l.event.as_str() {
+            "start" => {
+                open.insert(key, records.len());
+                records.push(ProcessRecord {
+                    node: l.node,
+                    job: l.job,
+                    attempt: l.attempt,
+                    gpus: l.gpus,
+                    start_ms: l.t_ms,
+                    end_ms: None,
+                });
+            }
+            "exit" => {
+                if let Some(i) = open.remove(&key) {
+                    records[i].end_ms = Some(l.t_ms);
+                }
+            }
+            _ => {}
+        }
+    }
+    records
 }
 
 /// What a checker found wrong.
@@ -215,18 +262,22 @@ pub struct Summary {
     pub acknowledged: usize,
     pub lost: usize,
     pub double_allocations: usize,
+    /// From healing the last fault until a write commits again.
     pub recover_ms: i64,
+    /// The longest time without an acknowledged submit while the workload ran (the outage a
+    /// client saw).
+    pub longest_gap_ms: i64,
 }
 
 /// The summary table printed at the end of a chaos suite.
 pub fn summary_table(rows: &[Summary]) -> String {
     let mut out = format!(
-        "{:<28} {:>20} {:>7} {:>10} {:>7} {:>5} {:>7} {:>11}\n",
-        "SCENARIO", "SEED", "FAULTS", "OPS", "ACKED", "LOST", "DOUBLE", "RECOVER_MS"
+        "{:<28} {:>10} {:>7} {:>6} {:>6} {:>5} {:>7} {:>11} {:>11}\n",
+        "SCENARIO", "SEED", "FAULTS", "OPS", "ACKED", "LOST", "DOUBLE", "RECOVER_MS", "MAX_GAP_MS"
     );
     for r in rows {
         out.push_str(&format!(
-            "{:<28} {:>20} {:>7} {:>10} {:>7} {:>5} {:>7} {:>11}\n",
+            "{:<28} {:>10} {:>7} {:>6} {:>6} {:>5} {:>7} {:>11} {:>11}\n",
             r.scenario,
             r.seed,
             r.faults,
@@ -234,7 +285,8 @@ pub fn summary_table(rows: &[Summary]) -> String {
             r.acknowledged,
             r.lost,
             r.double_allocations,
-            r.recover_ms
+            r.recover_ms,
+            r.longest_gap_ms
         ));
     }
     out
@@ -257,6 +309,18 @@ mod tests {
 
     fn job(id: JobId, state: &str, events: &[&str]) -> FinalJob {
         FinalJob { id, state: state.into(), events: events.iter().map(|e| e.to_string()).collect() }
+    }
+
+    #[test]
+    fn process_logs_pair_starts_with_exits() {
+        let log = r#"{"t_ms":10,"event":"start","node":"n0","job":1,"attempt":0,"gpus":[0,1]}
+{"t_ms":12,"event":"start","node":"n1","job":2,"attempt":0,"gpus":[0]}
+not json
+{"t_ms":20,"event":"exit","node":"n0","job":1,"attempt":0,"how":"exit 0"}
+{"t_ms":21,"event":"exit","node":"n0","job":9,"attempt":0,"how":"orphan killed"}
+"#;
+        let records = parse_process_log(log);
+        assert_eq!(records, vec![proc("n0", 1, 0, &[0, 1], 10, Some(20)), proc("n1", 2, 0, &[0], 12, None)]);
     }
 
     #[test]

@@ -1,0 +1,326 @@
+//! Chaos scenarios: a cluster on separate hosts, the workload from the client host, a seeded
+//! schedule of faults while it runs, then healing, recovery and every checker.
+//!
+//! The seed fixes the schedule (which faults, when, how long) and the workload's choices, so a
+//! failing scenario is rerun with the seed its summary line prints (`KAIROS_CHAOS_SEED`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::cluster::{ChaosCluster, ClusterError, Topology, ADMIN_TOKEN};
+use crate::proxy::Rng;
+use crate::workload::{self, in_namespace, Client};
+use crate::{
+    digests_agree, no_acknowledged_submit_lost, no_attempt_runs_twice, no_gpu_held_twice,
+    one_terminal_state_each, parse_process_log, recovered, Summary, Violation,
+};
+
+/// What goes wrong during a scenario.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// SIGKILL the leader; restart it (data intact) after the fault's duration.
+    KillLeader,
+    /// SIGSTOP the leader; SIGCONT it later (it wakes believing it still leads).
+    PauseLeader,
+    /// Take the leader's link down (two-way partition), then up.
+    IsolateLeader,
+    /// The leader drops everything it receives (one-way partition), then heals.
+    DeafLeader,
+    /// SIGKILL an agent (its jobs keep running, orphaned); restart it.
+    KillAgent,
+    /// SIGTERM a follower controller and start it again with its data.
+    RestartFollower,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 6] = [
+        Fault::KillLeader,
+        Fault::PauseLeader,
+        Fault::IsolateLeader,
+        Fault::DeafLeader,
+        Fault::KillAgent,
+        Fault::RestartFollower,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::KillLeader => "kill -9 leader + restart",
+            Fault::PauseLeader => "SIGSTOP/SIGCONT leader",
+            Fault::IsolateLeader => "isolate leader (two-way)",
+            Fault::DeafLeader => "leader deaf (one-way)",
+            Fault::KillAgent => "kill -9 agent + restart",
+            Fault::RestartFollower => "restart follower",
+        }
+    }
+}
+
+/// One scenario's settings.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub name: String,
+    pub seed: u64,
+    /// Faults drawn (in order) from this list, one after another while the workload runs.
+    pub faults: Vec<Fault>,
+    pub workload: Duration,
+    pub topology: Topology,
+    /// After healing, a leader must be seen within this bound.
+    pub leader_bound: Duration,
+    /// And the queue must drain within this.
+    pub drain_bound: Duration,
+}
+
+/// A finished scenario: its summary line and what the checkers found.
+pub struct Outcome {
+    pub summary: Summary,
+    pub violations: Vec<Violation>,
+    /// Where the run's logs are (kept when it failed).
+    pub dir: Option<std::path::PathBuf>,
+}
+
+/// Runs `f` with a client in the client host and waits for its result.
+fn from_client<T: Send + 'static>(
+    c: &ChaosCluster,
+    f: impl FnOnce(Client) -> std::pin::Pin<Box<dyn std::future::Future<Output = T>>> + Send + 'static,
+) -> Result<T, ClusterError> {
+    let client = Client::new(c.controller_addrs(), ADMIN_TOKEN);
+    let handle = in_namespace(&c.net.host(c.client_host()), move || workload::runtime().block_on(f(client)));
+    handle.join().map_err(|_| ClusterError::Io("a client thread panicked".into()))?.map_err(ClusterError::Io)
+}
+
+/// The index of the controller that reports itself leader (asked from the client host).
+fn leader_of(c: &ChaosCluster, within: Duration) -> Option<usize> {
+    from_client(c, move |client| {
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + within;
+            loop {
+                let statuses = client.statuses().await;
+                if let Some(i) =
+                    statuses.iter().position(|s| s.as_ref().is_some_and(|s| s.leader == Some(s.id)))
+                {
+                    return Some(i);
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return None;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    })
+    .ok()
+    .flatten()
+}
+
+/// Waits (at most `within`) until a write commits; returns how long that took.
+fn first_commit(c: &ChaosCluster, within: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    from_client(c, move |client| {
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + within;
+            while tokio::time::Instant::now() < deadline {
+                if client.probe_write().await {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            false
+        })
+    })
+    .ok()
+    .filter(|ok| *ok)
+    .map(|_| started.elapsed())
+}
+
+/// Injects one fault, waits `hold`, heals it. Returns a description for the log.
+fn inject(c: &mut ChaosCluster, fault: Fault, hold: Duration, rng: &mut Rng) -> Result<String, ClusterError> {
+    let leader = leader_of(c, Duration::from_secs(10)).unwrap_or(0);
+    let what = match fault {
+        Fault::KillLeader => {
+            c.kill(c.controller(leader));
+            std::thread::sleep(hold);
+            c.restart(c.controller(leader))?;
+            format!("killed controller {} for {hold:?}", leader + 1)
+        }
+        Fault::PauseLeader => {
+            c.pause(c.controller(leader));
+            std::thread::sleep(hold);
+            c.resume(c.controller(leader));
+            format!("paused controller {} for {hold:?}", leader + 1)
+        }
+        Fault::IsolateLeader => {
+            c.net.isolate(leader, true)?;
+            std::thread::sleep(hold);
+            c.net.isolate(leader, false)?;
+            format!("isolated controller {} for {hold:?}", leader + 1)
+        }
+        Fault::DeafLeader => {
+            let others: Vec<usize> = (0..c.net.hosts()).filter(|h| *h != leader).collect();
+            for h in &others {
+                c.net.drop_from(leader, *h, true)?;
+            }
+            std::thread::sleep(hold);
+            for h in &others {
+                c.net.drop_from(leader, *h, false)?;
+            }
+            format!("controller {} deaf for {hold:?}", leader + 1)
+        }
+        Fault::KillAgent => {
+            let a = rng.below(c.topology.agents as u64) as usize;
+            c.kill(c.agent(a));
+            // Back before the node timeout (5 s): a node that stays away has its jobs requeued
+            // while its orphans may still run, which no agent can prevent without fencing.
+            std::thread::sleep(hold.min(Duration::from_millis(1500)));
+            c.restart(c.agent(a))?;
+            format!("killed agent node-{a}")
+        }
+        Fault::RestartFollower => {
+            let f =
+                (leader + 1 + rng.below(c.topology.controllers as u64 - 1) as usize) % c.topology.controllers;
+            c.kill(c.controller(f));
+            std::thread::sleep(hold);
+            c.restart(c.controller(f))?;
+            format!("restarted controller {}", f + 1)
+        }
+    };
+    Ok(what)
+}
+
+/// Runs one scenario end to end. `prefix` names its network namespaces.
+pub fn run(prefix: &str, s: &Scenario) -> Result<Outcome, ClusterError> {
+    let mut c = ChaosCluster::start(prefix, s.topology)?;
+    let mut rng = Rng::new(s.seed);
+    if leader_of(&c, Duration::from_secs(30)).is_none() {
+        return Err(ClusterError::Io("the cluster elected no leader at start".into()));
+    }
+    // The workload runs on its own thread in the client host while faults are injected here.
+    let client = Arc::new(Client::new(c.controller_addrs(), ADMIN_TOKEN));
+    let (duration, seed) = (s.workload, s.seed);
+    let worker = {
+        let client = client.clone();
+        in_namespace(&c.net.host(c.client_host()), move || {
+            workload::runtime().block_on(workload::run(client, duration, 2, seed))
+        })
+    };
+    let started = Instant::now();
+    // The slowest recovery: from healing a fault until a write commits again (None: never).
+    let mut slowest: Option<Duration> = Some(Duration::ZERO);
+    let mut injected = 0;
+    let mut faults = s.faults.iter().cycle();
+    // Faults one after another, each after a calm gap, until the workload's end nears.
+    loop {
+        let gap = Duration::from_millis(800 + rng.below(1200));
+        let hold = Duration::from_millis(1500 + rng.below(2000));
+        if started.elapsed() + gap + hold + Duration::from_secs(1) > s.workload {
+            break;
+        }
+        std::thread::sleep(gap);
+        let Some(fault) = faults.next() else { break };
+        let what = inject(&mut c, *fault, hold, &mut rng)?;
+        let recovery = first_commit(&c, s.leader_bound);
+        eprintln!("chaos {}: {what}; writes again after {recovery:?}", s.name);
+        slowest = slowest.zip(recovery).map(|(a, b)| a.max(b));
+        injected += 1;
+    }
+    let recorded = worker
+        .join()
+        .map_err(|_| ClusterError::Io("the workload panicked".into()))?
+        .map_err(ClusterError::Io)?;
+    let history = recorded.history;
+
+    // Recovered from every fault within the bound (above); now the queue must drain.
+    let recover_ms = slowest.map(|d| d.as_millis() as i64).unwrap_or(-1);
+    let drain_bound = s.drain_bound;
+    let addrs = c.controller_addrs();
+    let reader = in_namespace(&c.net.host(c.client_host()), move || {
+        let client = Client::new(addrs, ADMIN_TOKEN);
+        workload::runtime().block_on(async {
+            let deadline = tokio::time::Instant::now() + drain_bound;
+            let jobs = loop {
+                let jobs = client.jobs().await.unwrap_or_default();
+                let open = jobs.iter().filter(|j| !is_terminal(j.state)).count();
+                if (open == 0 && !jobs.is_empty()) || tokio::time::Instant::now() >= deadline {
+                    break jobs;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            };
+            // Replicas converge: wait (bounded) until all report the same applied index.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            let statuses = loop {
+                let st: Vec<_> = client.statuses().await.into_iter().flatten().collect();
+                let same = st.windows(2).all(|w| w[0].applied_index == w[1].applied_index);
+                if (same && st.len() == 3) || tokio::time::Instant::now() >= deadline {
+                    break st;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
+            (jobs, statuses)
+        })
+    });
+    let (jobs, statuses) = reader
+        .join()
+        .map_err(|_| ClusterError::Io("the reader panicked".into()))?
+        .map_err(ClusterError::Io)?;
+    // Stop the agents gracefully so every process end is logged, then read the logs.
+    c.stop();
+    let processes = parse_process_log(&c.process_logs());
+    let finals = workload::final_jobs(&jobs);
+    let pending = jobs.iter().filter(|j| !is_terminal(j.state)).count();
+
+    let mut violations = Vec::new();
+    let leader_ms = slowest.map(|_| recover_ms);
+    for check in [
+        no_acknowledged_submit_lost(&history, &finals),
+        no_gpu_held_twice(&processes),
+        no_attempt_runs_twice(&processes),
+        one_terminal_state_each(&finals),
+        digests_agree(
+            &statuses.iter().map(|s| (s.applied_index, s.state_digest.clone())).collect::<Vec<_>>(),
+        ),
+        recovered(0, leader_ms, s.leader_bound.as_millis() as i64, pending),
+    ] {
+        if let Err(v) = check {
+            violations.push(v);
+        }
+    }
+    let acked: Vec<u64> = history
+        .iter()
+        .filter_map(|o| match o {
+            crate::Operation::Submit { acked, .. } => *acked,
+            _ => None,
+        })
+        .collect();
+    let known: std::collections::BTreeSet<u64> = finals.iter().map(|j| j.id).collect();
+    let summary = Summary {
+        scenario: s.name.clone(),
+        seed: s.seed,
+        faults: injected,
+        operations: history.len(),
+        acknowledged: acked.len(),
+        lost: acked.iter().filter(|j| !known.contains(j)).count(),
+        double_allocations: violations
+            .iter()
+            .filter(|v| matches!(v, Violation::GpuDoubleHeld { .. }))
+            .count(),
+        recover_ms,
+        longest_gap_ms: recorded.longest_gap.as_millis() as i64,
+    };
+    let dir = if violations.is_empty() { None } else { Some(keep_logs(&c, &s.name, s.seed)) };
+    Ok(Outcome { summary, violations, dir })
+}
+
+/// Copies a failed run's logs where they outlive the run.
+fn keep_logs(c: &ChaosCluster, name: &str, seed: u64) -> std::path::PathBuf {
+    let slug: String = name.chars().map(|ch| if ch.is_ascii_alphanumeric() { ch } else { '-' }).collect();
+    let dest = std::env::temp_dir().join(format!("kairos-chaos-{slug}-{seed}"));
+    let _ = std::fs::create_dir_all(&dest);
+    if let Ok(entries) = std::fs::read_dir(c.dir.path()) {
+        for e in entries.flatten().filter(|e| e.path().is_file()) {
+            let _ = std::fs::copy(e.path(), dest.join(e.file_name()));
+        }
+    }
+    dest
+}
+
+fn is_terminal(state: i32) -> bool {
+    use kairos_proto::v1::JobState as S;
+    matches!(S::try_from(state), Ok(S::Completed | S::Failed | S::Cancelled | S::Timeout | S::NodeFail))
+}
