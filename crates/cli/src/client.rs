@@ -64,8 +64,11 @@ impl std::error::Error for CallError {}
 /// A plaintext HTTP/2 client talking to a TLS server sees its connection torn down, not a
 /// gRPC answer.
 fn broken_h2(status: &Status) -> bool {
-    matches!(status.code(), Code::Internal | Code::Unknown | Code::Unavailable)
-        && (status.message().contains("h2 protocol error") || status.message().contains("connection closed"))
+    let m = status.message();
+    matches!(status.code(), Code::Internal | Code::Unknown | Code::Cancelled)
+        && ["h2 protocol error", "connection closed", "operation was canceled", "transport error"]
+            .iter()
+            .any(|s| m.contains(s))
 }
 
 fn describe(status: &Status) -> String {
