@@ -50,6 +50,8 @@ pub struct ProcessRecord {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FinalJob {
     pub id: JobId,
+    /// The workload names each job after the request id of its submit.
+    pub name: String,
     /// PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, ...
     pub state: String,
     /// Kinds of its events, oldest first ("submitted", "completed", ...).
@@ -116,6 +118,8 @@ pub enum Violation {
     TerminalWithoutEvent { job: JobId, state: String },
     #[error("replicas disagree at applied index {index}: digests {digests:?}")]
     DigestsDiffer { index: u64, digests: Vec<String> },
+    #[error("submit {name} created {} jobs: {jobs:?}", jobs.len())]
+    SubmitAppliedTwice { name: String, jobs: Vec<JobId> },
     #[error("no leader {waited_ms} ms after healing (bound {bound_ms} ms)")]
     NoLeader { waited_ms: i64, bound_ms: i64 },
     #[error("{pending} jobs still queued after healing and draining")]
@@ -139,6 +143,19 @@ pub fn no_acknowledged_submit_lost(history: &[Operation], jobs: &[FinalJob]) -> 
         }
     }
     Ok(())
+}
+
+/// No submit created two jobs: the workload names every job after its submit's request id,
+/// and a retried submit (a lost reply, a leader change) must return the first job.
+pub fn no_submit_applied_twice(jobs: &[FinalJob]) -> Result<(), Violation> {
+    let mut by_name: BTreeMap<&str, Vec<JobId>> = BTreeMap::new();
+    for j in jobs {
+        by_name.entry(j.name.as_str()).or_default().push(j.id);
+    }
+    match by_name.into_iter().find(|(_, ids)| ids.len() > 1) {
+        Some((name, jobs)) => Err(Violation::SubmitAppliedTwice { name: name.to_string(), jobs }),
+        None => Ok(()),
+    }
 }
 
 /// Half-open intervals [start, end) overlap; a missing end is "still running".
@@ -308,7 +325,23 @@ mod tests {
     }
 
     fn job(id: JobId, state: &str, events: &[&str]) -> FinalJob {
-        FinalJob { id, state: state.into(), events: events.iter().map(|e| e.to_string()).collect() }
+        FinalJob {
+            id,
+            name: format!("r{id}"),
+            state: state.into(),
+            events: events.iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_submit_applied_twice_is_reported() {
+        let mut jobs = vec![job(1, "COMPLETED", &["completed"]), job(2, "PENDING", &[])];
+        assert_eq!(no_submit_applied_twice(&jobs), Ok(()));
+        jobs[1].name = jobs[0].name.clone();
+        assert_eq!(
+            no_submit_applied_twice(&jobs),
+            Err(Violation::SubmitAppliedTwice { name: "r1".into(), jobs: vec![1, 2] })
+        );
     }
 
     #[test]

@@ -8,11 +8,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::cluster::{ChaosCluster, ClusterError, Topology, ADMIN_TOKEN};
-use crate::proxy::Rng;
+use std::sync::atomic::Ordering;
+
+use crate::proxy::{self, Faults, Rng};
 use crate::workload::{self, in_namespace, Client};
 use crate::{
     digests_agree, no_acknowledged_submit_lost, no_attempt_runs_twice, no_gpu_held_twice,
-    one_terminal_state_each, parse_process_log, recovered, Summary, Violation,
+    no_submit_applied_twice, one_terminal_state_each, parse_process_log, recovered, Summary, Violation,
 };
 
 /// What goes wrong during a scenario.
@@ -30,16 +32,24 @@ pub enum Fault {
     KillAgent,
     /// SIGTERM a follower controller and start it again with its data.
     RestartFollower,
+    /// The client's links to every controller get 40-120 ms of delay per chunk and reordering
+    /// across connections (through the fault proxies).
+    SlowClientLinks,
+    /// The leader's replies to the client are lost (one-way, on the client's link): submits
+    /// commit but the client never hears, so it retries with the same request id.
+    LostReplies,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 6] = [
+    pub const ALL: [Fault; 8] = [
         Fault::KillLeader,
         Fault::PauseLeader,
         Fault::IsolateLeader,
         Fault::DeafLeader,
         Fault::KillAgent,
         Fault::RestartFollower,
+        Fault::SlowClientLinks,
+        Fault::LostReplies,
     ];
 
     pub fn name(self) -> &'static str {
@@ -50,6 +60,8 @@ impl Fault {
             Fault::DeafLeader => "leader deaf (one-way)",
             Fault::KillAgent => "kill -9 agent + restart",
             Fault::RestartFollower => "restart follower",
+            Fault::SlowClientLinks => "slow, reordering links",
+            Fault::LostReplies => "leader's replies lost",
         }
     }
 }
@@ -131,7 +143,13 @@ fn first_commit(c: &ChaosCluster, within: Duration) -> Option<Duration> {
 }
 
 /// Injects one fault, waits `hold`, heals it. Returns a description for the log.
-fn inject(c: &mut ChaosCluster, fault: Fault, hold: Duration, rng: &mut Rng) -> Result<String, ClusterError> {
+fn inject(
+    c: &mut ChaosCluster,
+    links: &[Arc<Faults>],
+    fault: Fault,
+    hold: Duration,
+    rng: &mut Rng,
+) -> Result<String, ClusterError> {
     let leader = leader_of(c, Duration::from_secs(10)).unwrap_or(0);
     let what = match fault {
         Fault::KillLeader => {
@@ -172,6 +190,30 @@ fn inject(c: &mut ChaosCluster, fault: Fault, hold: Duration, rng: &mut Rng) -> 
             c.restart(c.agent(a))?;
             format!("killed agent node-{a}")
         }
+        Fault::SlowClientLinks => {
+            let delay = 40 + rng.below(80);
+            for l in links {
+                for d in [&l.forward, &l.backward] {
+                    d.delay_ms.store(delay, Ordering::SeqCst);
+                    d.reorder_per_mille.store(300, Ordering::SeqCst);
+                }
+            }
+            std::thread::sleep(hold);
+            for l in links {
+                for d in [&l.forward, &l.backward] {
+                    d.delay_ms.store(0, Ordering::SeqCst);
+                    d.reorder_per_mille.store(0, Ordering::SeqCst);
+                }
+            }
+            format!("client links slowed by {delay} ms with reordering for {hold:?}")
+        }
+        Fault::LostReplies => {
+            let link = &links[leader.min(links.len() - 1)];
+            link.backward.blocked.store(true, Ordering::SeqCst);
+            std::thread::sleep(hold);
+            link.backward.blocked.store(false, Ordering::SeqCst);
+            format!("replies of controller {} to the client lost for {hold:?}", leader + 1)
+        }
         Fault::RestartFollower => {
             let f =
                 (leader + 1 + rng.below(c.topology.controllers as u64 - 1) as usize) % c.topology.controllers;
@@ -191,13 +233,26 @@ pub fn run(prefix: &str, s: &Scenario) -> Result<Outcome, ClusterError> {
     if leader_of(&c, Duration::from_secs(30)).is_none() {
         return Err(ClusterError::Io("the cluster elected no leader at start".into()));
     }
-    // The workload runs on its own thread in the client host while faults are injected here.
-    let client = Arc::new(Client::new(c.controller_addrs(), ADMIN_TOKEN));
-    let (duration, seed) = (s.workload, s.seed);
+    // The workload runs on its own thread in the client host, its links to the controllers
+    // through fault proxies there, while faults are injected here.
+    let links: Vec<Arc<Faults>> = (0..s.topology.controllers).map(|_| Arc::new(Faults::default())).collect();
+    let (duration, seed, addrs) = (s.workload, s.seed, c.controller_addrs());
     let worker = {
-        let client = client.clone();
+        let links = links.clone();
         in_namespace(&c.net.host(c.client_host()), move || {
-            workload::runtime().block_on(workload::run(client, duration, 2, seed))
+            workload::runtime().block_on(async move {
+                let mut via = std::collections::BTreeMap::new();
+                for (i, addr) in addrs.iter().enumerate() {
+                    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                        .await
+                        .map_err(|e| format!("binding a proxy: {e}"))?;
+                    let local = listener.local_addr().map_err(|e| format!("proxy address: {e}"))?;
+                    via.insert(addr.clone(), local.to_string());
+                    tokio::spawn(proxy::run(listener, addr.clone(), links[i].clone(), seed ^ i as u64));
+                }
+                let client = Arc::new(Client::new(addrs, ADMIN_TOKEN).through(via));
+                Ok::<_, String>(workload::run(client, duration, 2, seed).await)
+            })
         })
     };
     let started = Instant::now();
@@ -214,7 +269,7 @@ pub fn run(prefix: &str, s: &Scenario) -> Result<Outcome, ClusterError> {
         }
         std::thread::sleep(gap);
         let Some(fault) = faults.next() else { break };
-        let what = inject(&mut c, *fault, hold, &mut rng)?;
+        let what = inject(&mut c, &links, *fault, hold, &mut rng)?;
         let recovery = first_commit(&c, s.leader_bound);
         eprintln!("chaos {}: {what}; writes again after {recovery:?}", s.name);
         slowest = slowest.zip(recovery).map(|(a, b)| a.max(b));
@@ -223,6 +278,7 @@ pub fn run(prefix: &str, s: &Scenario) -> Result<Outcome, ClusterError> {
     let recorded = worker
         .join()
         .map_err(|_| ClusterError::Io("the workload panicked".into()))?
+        .map_err(ClusterError::Io)?
         .map_err(ClusterError::Io)?;
     let history = recorded.history;
 
@@ -269,6 +325,7 @@ pub fn run(prefix: &str, s: &Scenario) -> Result<Outcome, ClusterError> {
     let leader_ms = slowest.map(|_| recover_ms);
     for check in [
         no_acknowledged_submit_lost(&history, &finals),
+        no_submit_applied_twice(&finals),
         no_gpu_held_twice(&processes),
         no_attempt_runs_twice(&processes),
         one_terminal_state_each(&finals),

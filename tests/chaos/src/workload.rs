@@ -45,13 +45,29 @@ pub struct Client {
     addrs: Vec<String>,
     token: String,
     leader: Mutex<Option<String>>,
+    /// Controller address → the address to dial instead (a fault proxy), also for leader hints.
+    via: std::collections::BTreeMap<String, String>,
 }
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Answers that say nothing about the request itself (no leader, a broken connection, no
+/// answer in time): another controller, or the same one later, may serve it. Every write of the
+/// workload is safe to repeat (submits carry a request id; a second cancel changes nothing).
+fn retryable(s: &Status) -> bool {
+    matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled)
+        || (s.code() == Code::Internal && s.message().contains("h2 protocol error"))
+}
+
 impl Client {
     pub fn new(addrs: Vec<String>, token: &str) -> Client {
-        Client { addrs, token: token.to_string(), leader: Mutex::new(None) }
+        Client { addrs, token: token.to_string(), leader: Mutex::new(None), via: Default::default() }
+    }
+
+    /// Dials `via[addr]` instead of `addr` (leader hints included).
+    pub fn through(mut self, via: std::collections::BTreeMap<String, String>) -> Client {
+        self.via = via;
+        self
     }
 
     fn request<T>(&self, msg: T, user: Option<&str>) -> tonic::Request<T> {
@@ -64,7 +80,8 @@ impl Client {
         req
     }
 
-    async fn channel(addr: &str) -> Option<Channel> {
+    async fn channel(&self, addr: &str) -> Option<Channel> {
+        let addr = self.via.get(addr).map(String::as_str).unwrap_or(addr);
         let endpoint = Endpoint::from_shared(format!("http://{addr}")).ok()?.connect_timeout(CALL_TIMEOUT);
         tokio::time::timeout(CALL_TIMEOUT, endpoint.connect()).await.ok()?.ok()
     }
@@ -84,13 +101,13 @@ impl Client {
     {
         let mut last = Status::unavailable("no controller reachable");
         for addr in self.order() {
-            let Some(ch) = Self::channel(&addr).await else { continue };
+            let Some(ch) = self.channel(&addr).await else { continue };
             match tokio::time::timeout(CALL_TIMEOUT, call(ch)).await {
                 Ok(Ok(v)) => {
                     *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr);
                     return Ok(v);
                 }
-                Ok(Err(s)) if s.code() == Code::Unavailable || s.code() == Code::DeadlineExceeded => {
+                Ok(Err(s)) if retryable(&s) => {
                     let hint =
                         s.metadata().get("kairos-leader").and_then(|v| v.to_str().ok()).map(str::to_string);
                     *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = hint;
@@ -113,7 +130,7 @@ impl Client {
         loop {
             match self.once(&mut call).await {
                 Ok(v) => return Ok(v),
-                Err(s) if matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded) => {
+                Err(s) if retryable(&s) => {
                     if tokio::time::Instant::now() >= deadline {
                         return Err(s);
                     }
@@ -162,7 +179,7 @@ impl Client {
     pub async fn statuses(&self) -> Vec<Option<pb::ClusterStatusResponse>> {
         let mut out = Vec::new();
         for addr in &self.addrs {
-            let status = match Self::channel(addr).await {
+            let status = match self.channel(addr).await {
                 Some(ch) => {
                     let req = self.request(pb::ClusterStatusRequest {}, None);
                     let mut admin = AdminServiceClient::new(ch);
@@ -182,14 +199,14 @@ impl Client {
 
 /// What the workload submits: training jobs (requeued when preempted), inference jobs and
 /// urgent jobs that preempt training.
-fn spec(rng: &mut Rng) -> pb::JobSpec {
+fn spec(rng: &mut Rng, request_id: &str) -> pb::JobSpec {
     let (qos, secs, gpus) = match rng.below(20) {
         0..=11 => ("training", 0.6 + rng.below(8) as f64 / 10.0, 1 + rng.below(2) as u32),
         12..=16 => ("inference", 0.3, 1),
         _ => ("urgent", 0.4, 1),
     };
     pb::JobSpec {
-        name: format!("chaos-{qos}"),
+        name: request_id.to_string(),
         argv: vec!["sleep".into(), format!("{secs:.1}")],
         qos: qos.into(),
         requeue: Some(true),
@@ -222,7 +239,7 @@ pub async fn run(client: Arc<Client>, duration: Duration, submitters: usize, see
                 n += 1;
                 let request_id = format!("s{s}-{n}");
                 let user = format!("u{}", rng.below(4));
-                let result = client.submit(&request_id, &user, spec(&mut rng)).await.ok();
+                let result = client.submit(&request_id, &user, spec(&mut rng, &request_id)).await.ok();
                 if let Some(job) = result {
                     acked.lock().unwrap_or_else(|p| p.into_inner()).push(job);
                     ack_times.lock().unwrap_or_else(|p| p.into_inner()).push(tokio::time::Instant::now());
@@ -284,6 +301,7 @@ pub fn final_jobs(jobs: &[pb::Job]) -> Vec<FinalJob> {
     jobs.iter()
         .map(|j| FinalJob {
             id: j.id,
+            name: j.spec.as_ref().map(|s| s.name.clone()).unwrap_or_default(),
             state: pb::JobState::try_from(j.state)
                 .map(|s| s.as_str_name().trim_start_matches("JOB_STATE_").to_string())
                 .unwrap_or_default(),
