@@ -227,6 +227,43 @@ mod tests {
         assert!(op.check_job(1, "bob").is_ok() && op.require(Role::Admin, "x").is_err());
     }
 
+    proptest::proptest! {
+        /// Whatever a caller puts in the credential and act-as headers, authentication answers
+        /// with a principal only for a real credential, and otherwise with a clean status.
+        #[test]
+        fn any_header_authenticates_or_is_refused_cleanly(
+            token in "[ -~]{0,80}",
+            act_as in proptest::option::of("[ -~]{0,70}"),
+            node in "[ -~]{0,20}",
+        ) {
+            let a = auth();
+            let s = state_with("00112233aabbccdd", "sekrit", "alice", Role::User, None);
+            let mut m = MetadataMap::new();
+            if let Ok(v) = format!("Bearer {token}").parse() {
+                m.insert(kairos_proto::wire::AUTH_HEADER, v);
+            }
+            if let Some(u) = act_as.as_deref().and_then(|u| u.parse().ok()) {
+                m.insert(ACT_AS_HEADER, u);
+            }
+            match a.principal(&m, &s) {
+                Ok(p) => proptest::prop_assert!(
+                    token.trim() == "boot-admin" || token.trim() == "kairos_00112233aabbccdd_sekrit",
+                    "{p:?} from {token:?}"
+                ),
+                Err(e) => proptest::prop_assert!(matches!(
+                    e.code(),
+                    tonic::Code::Unauthenticated | tonic::Code::InvalidArgument | tonic::Code::PermissionDenied
+                )),
+            }
+            if let Err(e) = a.check_node(&m, &node) {
+                proptest::prop_assert_eq!(e.code(), tonic::Code::Unauthenticated);
+            }
+            if a.check_join(&m, &node).is_ok() {
+                proptest::prop_assert!(token.trim() == "join-me" || token.trim() == a.key.node_credential(&node));
+            }
+        }
+    }
+
     #[test]
     fn agents_join_with_the_join_token_then_use_their_node_credential() {
         let a = auth();

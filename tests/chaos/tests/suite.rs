@@ -60,8 +60,10 @@ fn chaos_suite() {
         }
         rows.push(outcome.summary);
     }
-    println!("\n{}", summary_table(&rows));
-    eprintln!("\n{}", summary_table(&rows));
+    // Straight to stderr, past the test harness's output capture: the table belongs in the CI
+    // log also when the suite passes.
+    let table = format!("\nchaos suite summary\n{}\n", summary_table(&rows));
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), table.as_bytes());
     assert!(failures.is_empty(), "invariants violated:\n{}", failures.join("\n"));
     assert!(
         rows.iter().all(|r| r.acknowledged > 0 && r.faults > 0),
