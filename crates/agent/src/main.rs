@@ -158,8 +158,13 @@ impl Controllers {
             let Ok(endpoint) = Endpoint::from_shared(kairos_proto::wire::url(&addr, tls.is_some())) else {
                 continue;
             };
-            let mut endpoint =
-                endpoint.connect_timeout(Duration::from_secs(2)).tcp_keepalive(Some(Duration::from_secs(10)));
+            // A paused or cut-off controller accepts TCP connections and then says nothing:
+            // every step towards it is bounded (the HTTP/2 handshake too, and each call until
+            // its answer starts), so the agent moves on to the others.
+            let mut endpoint = endpoint
+                .connect_timeout(Duration::from_secs(2))
+                .timeout(Duration::from_secs(5))
+                .tcp_keepalive(Some(Duration::from_secs(10)));
             if let Some(tls) = tls {
                 match endpoint.tls_config(tls.clone()) {
                     Ok(e) => endpoint = e,
@@ -169,7 +174,7 @@ impl Controllers {
                     }
                 }
             }
-            if let Ok(channel) = endpoint.connect().await {
+            if let Ok(Ok(channel)) = tokio::time::timeout(Duration::from_secs(3), endpoint.connect()).await {
                 return Some((addr, channel));
             }
         }

@@ -12,6 +12,10 @@ const ACT_AS_HEADER: &str = "kairos-user";
 const LEADER_HEADER: &str = "kairos-leader";
 /// How long a call keeps following leader hints and waiting for an election.
 const LEADER_WAIT: Duration = Duration::from_secs(10);
+/// How long one controller may take to start answering a call (streams may then run on). A
+/// paused or cut-off controller accepts connections but never answers: the client moves on.
+/// Above the controller's own 5 s bound for reaching an agent's log service.
+const CALL_TIMEOUT: Duration = Duration::from_secs(8);
 
 pub struct Client {
     addrs: Vec<String>,
@@ -104,11 +108,14 @@ impl Client {
     async fn connect(&self, addr: &str) -> Result<Channel, String> {
         let mut endpoint = Endpoint::from_shared(kairos_proto::wire::url(addr, self.tls.is_some()))
             .map_err(|_| format!("\"{addr}\" is not a valid controller address"))?
-            .connect_timeout(Duration::from_secs(3));
+            .connect_timeout(Duration::from_secs(3))
+            .timeout(CALL_TIMEOUT);
         if let Some(tls) = &self.tls {
             endpoint = endpoint.tls_config(tls.clone()).map_err(|e| format!("TLS settings: {e}"))?;
         }
-        endpoint.connect().await.map_err(|e| {
+        let connecting = tokio::time::timeout(Duration::from_secs(4), endpoint.connect());
+        let connected = connecting.await.map_err(|_| format!("controller at {addr} did not answer"))?;
+        connected.map_err(|e| {
             // The innermost cause says what happened ("Connection refused").
             let mut cause: &dyn std::error::Error = &e;
             while let Some(inner) = cause.source() {
@@ -152,6 +159,13 @@ impl Client {
                             hint = Some(h.to_string());
                             break;
                         }
+                    }
+                    Err(status)
+                        if status.code() == Code::Cancelled && status.message() == "Timeout expired" =>
+                    {
+                        // Silent controller: try the others (every call here may be repeated).
+                        answered =
+                            Some(format!("controller at {addr} did not answer within {CALL_TIMEOUT:?}"));
                     }
                     Err(status) if self.tls.is_none() && broken_h2(&status) => {
                         return Err(CallError(format!(

@@ -231,3 +231,43 @@ fn bad_membership_input_is_refused_and_changes_nothing() {
     assert_eq!(c.wait_done(id)["state"], "COMPLETED");
     assert_eq!(c.wait_converged()["replicas"], before);
 }
+
+#[test]
+fn a_paused_leader_neither_hangs_clients_nor_keeps_the_agents() {
+    let c = Cluster::start_with(3, 2, &[]);
+    let leader = c.leader();
+    let pid = c.controllers[leader].child.as_ref().map(|ch| ch.id()).expect("leader process");
+    // Frozen with its sockets open: connections are accepted, nothing is answered, and when it
+    // wakes it still believes it leads.
+    crate::harness::signal(pid, libc::SIGSTOP);
+    // Listed first, the silent replica is skipped; the others elect a leader and serve.
+    let mut order: Vec<String> = vec![c.controllers[leader].addr.clone()];
+    order.extend(c.controllers.iter().enumerate().filter(|(i, _)| *i != leader).map(|(_, r)| r.addr.clone()));
+    let cli = |addrs: &[String], args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+            .arg("--controllers")
+            .arg(addrs.join(","))
+            .env("KAIROS_TOKEN_FILE", c.token_file())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = cli(&order, &["submit", "--", "true"]);
+    assert!(out.status.success(), "submit with a paused leader: {}", stderr(&out));
+    let id: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    // The agent left the paused leader (its heartbeat timed out) and runs the job for the new one.
+    let job = wait_for("the job to complete under the new leader", || {
+        let out = cli(&order[1..], &["show", &id.to_string(), "--json"]);
+        let job: Value = serde_json::from_slice(&out.stdout).ok()?;
+        (job["state"] == "COMPLETED").then_some(job)
+    });
+    assert_eq!(job["attempt"], 0, "{job}");
+    // Woken up, the old leader learns of the new term and follows; nothing diverged and the
+    // node was never declared down.
+    crate::harness::signal(pid, libc::SIGCONT);
+    c.wait_converged();
+    let nodes: Value = serde_json::from_str(&c.ok(&["nodes", "--json"])).unwrap();
+    assert_eq!(nodes[0]["state"], "UP", "{nodes}");
+    let next = c.submit(&["--", "true"]);
+    assert_eq!(c.wait_done(next)["state"], "COMPLETED");
+}
