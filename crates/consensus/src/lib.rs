@@ -234,8 +234,6 @@ impl Replica {
         f(&guard)
     }
 
-    /// Whether this replica currently leads a cluster it is a voter of. (A leader that removed
-    /// itself keeps openraft's leader state for a while; it must not act as leader.)
     /// Whether this replica leads and a quorum confirmed it within the last election timeout.
     ///
     /// `is_leader` alone is this replica's belief: a leader that was paused or cut off keeps
@@ -268,6 +266,8 @@ impl Replica {
         }
     }
 
+    /// Whether this replica currently leads a cluster it is a voter of. (A leader that removed
+    /// itself keeps openraft's leader state for a while; it must not act as leader.)
     pub fn is_leader(&self) -> bool {
         let m = self.raft.metrics().borrow().clone();
         m.state == ServerState::Leader

@@ -80,13 +80,19 @@ impl Auth {
         Auth { key, admin_sha256: sha256_hex(admin_token), join_sha256: sha256_hex(join_token) }
     }
 
-    /// The user behind a request to the job or admin service.
-    pub fn principal(&self, metadata: &MetadataMap, state: &ClusterState) -> Result<Principal, Status> {
+    /// The user behind a request to the job or admin service. `issued` looks a token up in the
+    /// replicated state (only called for a token that is not the bootstrap admin's, so the
+    /// common admin path takes no state lock).
+    pub fn principal(
+        &self,
+        metadata: &MetadataMap,
+        issued: impl FnOnce(&str) -> Option<Principal>,
+    ) -> Result<Principal, Status> {
         let token = bearer(metadata).ok_or_else(|| unauthenticated("no token"))?;
         let me = if ct_eq(&sha256_hex(token), &self.admin_sha256) {
             Principal { user: BOOTSTRAP_ADMIN.into(), role: Role::Admin }
         } else {
-            issued_token(token, state).ok_or_else(|| unauthenticated("invalid, expired or revoked token"))?
+            issued(token).ok_or_else(|| unauthenticated("invalid, expired or revoked token"))?
         };
         let Some(act_as) = metadata.get(ACT_AS_HEADER) else { return Ok(me) };
         let act_as = act_as
@@ -133,7 +139,8 @@ pub fn split_token(token: &str) -> Option<(&str, &str)> {
     (id.len() == TOKEN_ID_LEN && !secret.is_empty()).then_some((id, secret))
 }
 
-fn issued_token(token: &str, state: &ClusterState) -> Option<Principal> {
+/// The principal of an issued token `kairos_<id>_<secret>` in `state`, if it is valid now.
+pub fn issued_token(token: &str, state: &ClusterState) -> Option<Principal> {
     let (id, secret) = split_token(token)?;
     let rec = state.tokens.get(id)?;
     (ct_eq(&sha256_hex(secret), &rec.secret_sha256) && rec.live_at(state.now_ms))
@@ -185,17 +192,17 @@ mod tests {
         let a = auth();
         let id = "00112233aabbccdd";
         let s = state_with(id, "sekrit", "alice", Role::User, None);
-        let alice = a.principal(&md(Some(&format!("kairos_{id}_sekrit")), None), &s).unwrap();
+        let alice = a.principal(&md(Some(&format!("kairos_{id}_sekrit")), None), |t| issued_token(t, &s)).unwrap();
         assert_eq!(alice, Principal { user: "alice".into(), role: Role::User });
-        let admin = a.principal(&md(Some("boot-admin"), None), &s).unwrap();
+        let admin = a.principal(&md(Some("boot-admin"), None), |t| issued_token(t, &s)).unwrap();
         assert_eq!(admin.role, Role::Admin);
         for bad in [None, Some("boot-admin2"), Some("kairos_00112233aabbccdd_wrong"), Some("kairos_x_y")] {
-            let e = a.principal(&md(bad, None), &s).unwrap_err();
+            let e = a.principal(&md(bad, None), |t| issued_token(t, &s)).unwrap_err();
             assert_eq!(e.code(), tonic::Code::Unauthenticated, "{bad:?}");
             assert!(!e.message().contains("sekrit") && !e.message().contains("boot-admin"));
         }
         let expired = state_with(id, "sekrit", "alice", Role::User, Some(1000));
-        let e = a.principal(&md(Some(&format!("kairos_{id}_sekrit")), None), &expired).unwrap_err();
+        let e = a.principal(&md(Some(&format!("kairos_{id}_sekrit")), None), |t| issued_token(t, &expired)).unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated);
     }
 
@@ -204,13 +211,13 @@ mod tests {
         let a = auth();
         let id = "00112233aabbccdd";
         let s = state_with(id, "sekrit", "alice", Role::Operator, None);
-        let as_bob = a.principal(&md(Some("boot-admin"), Some("bob")), &s).unwrap();
+        let as_bob = a.principal(&md(Some("boot-admin"), Some("bob")), |t| issued_token(t, &s)).unwrap();
         assert_eq!(as_bob, Principal { user: "bob".into(), role: Role::User });
         let alice = format!("kairos_{id}_sekrit");
-        let e = a.principal(&md(Some(&alice), Some("bob")), &s).unwrap_err();
+        let e = a.principal(&md(Some(&alice), Some("bob")), |t| issued_token(t, &s)).unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
-        assert_eq!(a.principal(&md(Some(&alice), Some("alice")), &s).unwrap().role, Role::Operator);
-        let e = a.principal(&md(Some("boot-admin"), Some("bad user")), &s).unwrap_err();
+        assert_eq!(a.principal(&md(Some(&alice), Some("alice")), |t| issued_token(t, &s)).unwrap().role, Role::Operator);
+        let e = a.principal(&md(Some("boot-admin"), Some("bad user")), |t| issued_token(t, &s)).unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
     }
 
@@ -245,7 +252,7 @@ mod tests {
             if let Some(u) = act_as.as_deref().and_then(|u| u.parse().ok()) {
                 m.insert(ACT_AS_HEADER, u);
             }
-            match a.principal(&m, &s) {
+            match a.principal(&m, |t| issued_token(t, &s)) {
                 Ok(p) => proptest::prop_assert!(
                     token.trim() == "boot-admin" || token.trim() == "kairos_00112233aabbccdd_sekrit",
                     "{p:?} from {token:?}"

@@ -83,7 +83,9 @@ impl Ctx {
 
     /// The authenticated user behind a job or admin request.
     pub fn principal<T>(&self, req: &tonic::Request<T>) -> Result<Principal, Status> {
-        self.replica.read(|a| self.auth.principal(req.metadata(), &a.state))
+        self.auth.principal(req.metadata(), |token| {
+            self.replica.read(|a| crate::auth::issued_token(token, &a.state))
+        })
     }
 
     pub fn record_heartbeat(&self, node: &str) {
