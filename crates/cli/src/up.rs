@@ -68,25 +68,18 @@ fn stop(children: &mut [(&str, Child)]) {
 
 /// Creates `path` (owner-only) holding `prefix` and a fresh random secret, unless it exists.
 fn ensure_secret(path: &Path, prefix: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no random source: {e}"))?;
-    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
-        Ok(mut f) => f
-            .write_all(format!("{prefix}{}\n", hex::encode(bytes)).as_bytes())
-            .with_context(|| format!("writing {}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("creating {}", path.display())),
-    }
+    kairos_proto::wire::write_private_new(path, &format!("{prefix}{}", hex::encode(bytes)))?;
+    Ok(())
 }
 
 /// Makes the cluster's admin token the CLI's default token (`~/.config/kairos/token`), keeping
 /// a different previous one as `token.bak`. Returns where it went.
 fn install_admin_token(admin: &Path) -> anyhow::Result<Option<PathBuf>> {
     let Some(dest) = crate::client::default_token_path() else { return Ok(None) };
-    let token = std::fs::read_to_string(admin).with_context(|| format!("reading {}", admin.display()))?;
-    if std::fs::read_to_string(&dest).is_ok_and(|old| old == token) {
+    let token = kairos_proto::wire::read_credential_file(admin)?;
+    if kairos_proto::wire::read_credential_file(&dest).is_ok_and(|old| old == token) {
         return Ok(Some(dest));
     }
     if let Some(dir) = dest.parent() {
@@ -96,15 +89,7 @@ fn install_admin_token(admin: &Path) -> anyhow::Result<Option<PathBuf>> {
         std::fs::rename(&dest, dest.with_extension("bak"))
             .with_context(|| format!("saving {}", dest.display()))?;
     }
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&dest)
-        .and_then(|mut f| f.write_all(token.as_bytes()))
-        .with_context(|| format!("writing {}", dest.display()))?;
+    kairos_proto::wire::write_private_new(&dest, &token)?;
     Ok(Some(dest))
 }
 

@@ -14,16 +14,12 @@ use sha2::{Digest, Sha256};
 
 /// Shortest cluster secret accepted (bytes of the file, trimmed).
 pub const SECRET_LEN_MIN: usize = 32;
-pub use kairos_proto::wire::{bearer, ct_eq, set_bearer, CREDENTIAL_LEN_MAX};
+pub use kairos_proto::wire::{bearer, ct_eq, read_credential, set_bearer, write_private_new};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
-    #[error("reading {path}: {source}")]
-    Read { path: String, source: std::io::Error },
-    #[error("writing {path}: {source}")]
-    Write { path: String, source: std::io::Error },
-    #[error("{path}: the secret must be {SECRET_LEN_MIN}-{CREDENTIAL_LEN_MAX} printable characters")]
-    Malformed { path: String },
+    #[error("{0}")]
+    File(String),
     #[error("no random source: {0}")]
     Random(String),
 }
@@ -38,35 +34,6 @@ pub fn random_hex(n: usize) -> Result<String, SecretError> {
 /// Lower-case hex SHA-256 of `s`.
 pub fn sha256_hex(s: &str) -> String {
     hex::encode(Sha256::digest(s.as_bytes()))
-}
-
-/// Reads a credential file: its first line, trimmed, printable ASCII, bounded.
-pub fn read_credential(path: &Path, min_len: usize) -> Result<String, SecretError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| SecretError::Read { path: path.display().to_string(), source })?;
-    let line = text.lines().next().unwrap_or("").trim().to_string();
-    if line.len() < min_len || line.len() > CREDENTIAL_LEN_MAX || !line.bytes().all(|b| b.is_ascii_graphic())
-    {
-        return Err(SecretError::Malformed { path: path.display().to_string() });
-    }
-    Ok(line)
-}
-
-/// Writes `content` to a new file readable by its owner only; an existing file is kept.
-/// Returns whether it wrote.
-pub fn write_private_new(path: &Path, content: &str) -> Result<bool, SecretError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let err = |source| SecretError::Write { path: path.display().to_string(), source };
-    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
-        Ok(mut f) => {
-            f.write_all(format!("{content}\n").as_bytes()).map_err(err)?;
-            f.sync_all().map_err(err)?;
-            Ok(true)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
-        Err(e) => Err(err(e)),
-    }
 }
 
 /// The cluster secret. Cheap to clone; never printed.
@@ -87,10 +54,11 @@ impl ClusterKey {
     /// Loads the secret file; with `create`, a missing file is first created with a fresh
     /// random secret (owner-only permissions).
     pub fn load(path: &Path, create: bool) -> Result<ClusterKey, SecretError> {
+        let file = |e: kairos_proto::wire::WireError| SecretError::File(e.0);
         if create && !path.exists() {
-            write_private_new(path, &random_hex(32)?)?;
+            write_private_new(path, &random_hex(32)?).map_err(file)?;
         }
-        Ok(ClusterKey::new(&read_credential(path, SECRET_LEN_MIN)?))
+        Ok(ClusterKey::new(&read_credential(path, SECRET_LEN_MIN).map_err(file)?))
     }
 
     /// The credential for `purpose` (hex HMAC-SHA256 of the purpose under the secret).
@@ -143,15 +111,21 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cluster.secret");
-        assert!(matches!(ClusterKey::load(&path, false), Err(SecretError::Read { .. })));
+        assert!(
+            matches!(ClusterKey::load(&path, false), Err(SecretError::File(m)) if m.contains("No such file"))
+        );
         let k1 = ClusterKey::load(&path, true).unwrap();
         let k2 = ClusterKey::load(&path, true).unwrap();
         assert_eq!(k1.derive("x"), k2.derive("x"), "an existing secret is kept");
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         std::fs::write(&path, "short\n").unwrap();
-        assert!(matches!(ClusterKey::load(&path, true), Err(SecretError::Malformed { .. })));
+        assert!(
+            matches!(ClusterKey::load(&path, true), Err(SecretError::File(m)) if m.contains("printable"))
+        );
         std::fs::write(&path, format!("{}\u{7}\n", "x".repeat(40))).unwrap();
-        assert!(matches!(ClusterKey::load(&path, true), Err(SecretError::Malformed { .. })));
+        assert!(
+            matches!(ClusterKey::load(&path, true), Err(SecretError::File(m)) if m.contains("printable"))
+        );
     }
 
     #[test]

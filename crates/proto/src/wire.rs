@@ -25,18 +25,41 @@ pub fn set_bearer(metadata: &mut MetadataMap, credential: &str) {
     }
 }
 
-/// Reads a credential file: its first line, trimmed; printable ASCII, 16 to
+/// Reads a credential file: its first line, trimmed; printable ASCII, `min_len` to
 /// `CREDENTIAL_LEN_MAX` characters.
-pub fn read_credential_file(path: &Path) -> Result<String, TlsError> {
-    let text = std::fs::read_to_string(path).map_err(|e| TlsError(format!("{}: {e}", path.display())))?;
+pub fn read_credential(path: &Path, min_len: usize) -> Result<String, WireError> {
+    let text = std::fs::read_to_string(path).map_err(|e| WireError(format!("{}: {e}", path.display())))?;
     let line = text.lines().next().unwrap_or("").trim().to_string();
-    if line.len() < 16 || line.len() > CREDENTIAL_LEN_MAX || !line.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(TlsError(format!(
-            "{}: a credential file holds one line of 16-{CREDENTIAL_LEN_MAX} printable characters",
+    if line.len() < min_len || line.len() > CREDENTIAL_LEN_MAX || !line.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return Err(WireError(format!(
+            "{}: a credential file holds one line of {min_len}-{CREDENTIAL_LEN_MAX} printable characters",
             path.display()
         )));
     }
     Ok(line)
+}
+
+/// `read_credential` with the length every token has at least.
+pub fn read_credential_file(path: &Path) -> Result<String, WireError> {
+    read_credential(path, 16)
+}
+
+/// Writes `content` (one line) to a new file readable by its owner only, synced; an existing
+/// file is kept. Returns whether it wrote.
+pub fn write_private_new(path: &Path, content: &str) -> Result<bool, WireError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |e: std::io::Error| WireError(format!("writing {}: {e}", path.display()));
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+        Ok(mut f) => {
+            f.write_all(format!("{}\n", content.trim_end()).as_bytes()).map_err(err)?;
+            f.sync_all().map_err(err)?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(err(e)),
+    }
 }
 
 /// Constant-time equality of two credentials (their length is not secret).
@@ -45,17 +68,17 @@ pub fn ct_eq(a: &str, b: &str) -> bool {
     a.len() == b.len() && std::hint::black_box(diff) == 0
 }
 
-/// A bad credential file or TLS setting.
+/// A credential file or TLS setting that cannot be used.
 #[derive(Debug)]
-pub struct TlsError(pub String);
+pub struct WireError(pub String);
 
-impl std::fmt::Display for TlsError {
+impl std::fmt::Display for WireError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
     }
 }
 
-impl std::error::Error for TlsError {}
+impl std::error::Error for WireError {}
 
 /// PEM files: the CA that signs the cluster's certificates, and this process's own pair.
 #[derive(Clone, Debug, Default)]
@@ -65,40 +88,40 @@ pub struct TlsFiles {
     pub key: Option<PathBuf>,
 }
 
-fn read(what: &str, path: &Path) -> Result<Vec<u8>, TlsError> {
-    let bytes = std::fs::read(path).map_err(|e| TlsError(format!("{what} {}: {e}", path.display())))?;
+fn read(what: &str, path: &Path) -> Result<Vec<u8>, WireError> {
+    let bytes = std::fs::read(path).map_err(|e| WireError(format!("{what} {}: {e}", path.display())))?;
     if !String::from_utf8_lossy(&bytes).contains("-----BEGIN ") {
-        return Err(TlsError(format!("{what} {}: not a PEM file", path.display())));
+        return Err(WireError(format!("{what} {}: not a PEM file", path.display())));
     }
     Ok(bytes)
 }
 
 impl TlsFiles {
     /// This process's certificate and key, when both are given (one alone is an error).
-    fn identity(&self) -> Result<Option<Identity>, TlsError> {
+    fn identity(&self) -> Result<Option<Identity>, WireError> {
         match (&self.cert, &self.key) {
             (Some(c), Some(k)) => Ok(Some(Identity::from_pem(read("--cert", c)?, read("--key", k)?))),
             (None, None) => Ok(None),
-            _ => Err(TlsError("--cert and --key go together".into())),
+            _ => Err(WireError("--cert and --key go together".into())),
         }
     }
 
-    fn ca(&self) -> Result<Option<Certificate>, TlsError> {
+    fn ca(&self) -> Result<Option<Certificate>, WireError> {
         self.ca.as_deref().map(|p| read("--ca", p).map(Certificate::from_pem)).transpose()
     }
 
     /// Serving TLS: needs `--cert`/`--key`; with `require_client_cert`, clients must present a
     /// certificate signed by `--ca` (mutual TLS). `None` = plaintext.
-    pub fn server(&self, require_client_cert: bool) -> Result<Option<ServerTlsConfig>, TlsError> {
+    pub fn server(&self, require_client_cert: bool) -> Result<Option<ServerTlsConfig>, WireError> {
         let Some(identity) = self.identity()? else {
             return match require_client_cert {
-                true => Err(TlsError("mutual TLS needs --cert and --key".into())),
+                true => Err(WireError("mutual TLS needs --cert and --key".into())),
                 false => Ok(None),
             };
         };
         let mut config = ServerTlsConfig::new().identity(identity);
         if require_client_cert {
-            let ca = self.ca()?.ok_or_else(|| TlsError("mutual TLS needs --ca".into()))?;
+            let ca = self.ca()?.ok_or_else(|| WireError("mutual TLS needs --ca".into()))?;
             config = config.client_ca_root(ca).client_auth_optional(false);
         }
         Ok(Some(config))
@@ -106,7 +129,7 @@ impl TlsFiles {
 
     /// Connecting over TLS: servers are verified against `--ca`; `--cert`/`--key`, when given,
     /// are presented for mutual TLS. `None` (no `--ca`) = plaintext.
-    pub fn client(&self) -> Result<Option<ClientTlsConfig>, TlsError> {
+    pub fn client(&self) -> Result<Option<ClientTlsConfig>, WireError> {
         let Some(ca) = self.ca()? else { return Ok(None) };
         let mut config = ClientTlsConfig::new().ca_certificate(ca);
         if let Some(identity) = self.identity()? {

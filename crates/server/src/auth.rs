@@ -192,7 +192,8 @@ mod tests {
         let a = auth();
         let id = "00112233aabbccdd";
         let s = state_with(id, "sekrit", "alice", Role::User, None);
-        let alice = a.principal(&md(Some(&format!("kairos_{id}_sekrit")), None), |t| issued_token(t, &s)).unwrap();
+        let alice =
+            a.principal(&md(Some(&format!("kairos_{id}_sekrit")), None), |t| issued_token(t, &s)).unwrap();
         assert_eq!(alice, Principal { user: "alice".into(), role: Role::User });
         let admin = a.principal(&md(Some("boot-admin"), None), |t| issued_token(t, &s)).unwrap();
         assert_eq!(admin.role, Role::Admin);
@@ -202,7 +203,9 @@ mod tests {
             assert!(!e.message().contains("sekrit") && !e.message().contains("boot-admin"));
         }
         let expired = state_with(id, "sekrit", "alice", Role::User, Some(1000));
-        let e = a.principal(&md(Some(&format!("kairos_{id}_sekrit")), None), |t| issued_token(t, &expired)).unwrap_err();
+        let e = a
+            .principal(&md(Some(&format!("kairos_{id}_sekrit")), None), |t| issued_token(t, &expired))
+            .unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated);
     }
 
@@ -216,7 +219,10 @@ mod tests {
         let alice = format!("kairos_{id}_sekrit");
         let e = a.principal(&md(Some(&alice), Some("bob")), |t| issued_token(t, &s)).unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
-        assert_eq!(a.principal(&md(Some(&alice), Some("alice")), |t| issued_token(t, &s)).unwrap().role, Role::Operator);
+        assert_eq!(
+            a.principal(&md(Some(&alice), Some("alice")), |t| issued_token(t, &s)).unwrap().role,
+            Role::Operator
+        );
         let e = a.principal(&md(Some("boot-admin"), Some("bad user")), |t| issued_token(t, &s)).unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
     }
