@@ -69,16 +69,9 @@ pub fn ct_eq(a: &str, b: &str) -> bool {
 }
 
 /// A credential file or TLS setting that cannot be used.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct WireError(pub String);
-
-impl std::fmt::Display for WireError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for WireError {}
 
 /// PEM files: the CA that signs the cluster's certificates, and this process's own pair.
 #[derive(Clone, Debug, Default)]
