@@ -284,22 +284,34 @@ pub struct Summary {
     /// The longest time without an acknowledged submit while the workload ran (the outage a
     /// client saw).
     pub longest_gap_ms: i64,
+    /// Jobs preempted at least once (urgent over training).
+    pub preempted: usize,
 }
 
 /// The summary table printed at the end of a chaos suite.
 pub fn summary_table(rows: &[Summary]) -> String {
     let mut out = format!(
-        "{:<28} {:>10} {:>7} {:>6} {:>6} {:>5} {:>7} {:>11} {:>11}\n",
-        "SCENARIO", "SEED", "FAULTS", "OPS", "ACKED", "LOST", "DOUBLE", "RECOVER_MS", "MAX_GAP_MS"
+        "{:<28} {:>10} {:>7} {:>6} {:>6} {:>8} {:>5} {:>7} {:>11} {:>11}\n",
+        "SCENARIO",
+        "SEED",
+        "FAULTS",
+        "OPS",
+        "ACKED",
+        "PREEMPTS",
+        "LOST",
+        "DOUBLE",
+        "RECOVER_MS",
+        "MAX_GAP_MS"
     );
     for r in rows {
         out.push_str(&format!(
-            "{:<28} {:>10} {:>7} {:>6} {:>6} {:>5} {:>7} {:>11} {:>11}\n",
+            "{:<28} {:>10} {:>7} {:>6} {:>6} {:>8} {:>5} {:>7} {:>11} {:>11}\n",
             r.scenario,
             r.seed,
             r.faults,
             r.operations,
             r.acknowledged,
+            r.preempted,
             r.lost,
             r.double_allocations,
             r.recover_ms,

@@ -359,6 +359,7 @@ pub fn run(prefix: &str, s: &Scenario) -> Result<Outcome, ClusterError> {
             .count(),
         recover_ms,
         longest_gap_ms: recorded.longest_gap.as_millis() as i64,
+        preempted: finals.iter().filter(|j| j.events.iter().any(|e| e == "preempted")).count(),
     };
     let dir = if violations.is_empty() { None } else { Some(keep_logs(&c, &s.name, s.seed)) };
     Ok(Outcome { summary, violations, dir })

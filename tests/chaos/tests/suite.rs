@@ -69,4 +69,6 @@ fn chaos_suite() {
         rows.iter().all(|r| r.acknowledged > 0 && r.faults > 0),
         "a scenario did no work or injected nothing"
     );
+    // The workload must really exercise preemption (urgent jobs over training on full GPUs).
+    assert!(rows.iter().map(|r| r.preempted).sum::<usize>() > 0, "no job was preempted in any scenario");
 }
