@@ -40,9 +40,13 @@ struct Args {
     /// This replica's id.
     #[arg(long, default_value_t = 1)]
     id: ReplicaId,
-    /// Address to serve the API and Raft on.
+    /// Address to serve the API and Raft on: what peers, agents and clients dial.
     #[arg(long, default_value = "127.0.0.1:7001")]
     addr: String,
+    /// Bind here instead of --addr, when what others dial (--addr) forwards to it: a NAT, a load
+    /// balancer, a proxy in front of this replica.
+    #[arg(long)]
+    listen: Option<String>,
     /// Where the Raft log, vote and snapshots live.
     #[arg(long, default_value = "kairos-data/controller-1")]
     data_dir: PathBuf,
@@ -205,8 +209,12 @@ async fn run() -> anyhow::Result<()> {
         .init();
     let args = Args::parse();
     let members = parse_peers(&args)?;
+    let (flag, bind) = match &args.listen {
+        Some(l) => ("--listen", l),
+        None => ("--addr", &args.addr),
+    };
     let listen: std::net::SocketAddr =
-        args.addr.parse().with_context(|| format!("--addr \"{}\" is not HOST:PORT", args.addr))?;
+        bind.parse().with_context(|| format!("{flag} \"{bind}\" is not HOST:PORT"))?;
     let listener =
         tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
 
@@ -268,7 +276,7 @@ async fn run() -> anyhow::Result<()> {
         .context("building the reflection service")?;
 
     tracing::info!(id = args.id, addr = %args.addr, data_dir = %args.data_dir.display(), "kairosd serving");
-    println!("kairosd {} listening on {}", args.id, args.addr);
+    println!("kairosd {} listening on {listen} (dialled as {})", args.id, args.addr);
     let mut server = tonic::transport::Server::builder();
     if let Some(tls) = server_tls {
         server = server.tls_config(tls).context("TLS settings")?;

@@ -3,18 +3,29 @@
 //! `kairosd` / `kairos-agent` (taken from the build's target directory), with its data and
 //! logs in a temporary directory.
 //!
+//! Every controller binds `:7002` of its host and is dialled (by peers, agents and clients) at
+//! `:7001`, where a fault proxy (`proxy`) runs inside the same host: `links[i]` shapes every
+//! connection *to* controller i — Raft included — with delay, reordering and breaks, which the
+//! kernel here (no netem) cannot do.
+//!
 //! Process faults: `kill` (SIGKILL), `restart` (same command line, data intact), `pause`
-//! (SIGSTOP) and `resume` (SIGCONT). Network faults are `Net`'s. Dropping the cluster stops every
-//! process it started and anything left in its namespaces, then removes the namespaces.
+//! (SIGSTOP) and `resume` (SIGCONT). Network faults are `Net`'s and the links'. Dropping the
+//! cluster stops every process it started and anything left in its namespaces, stops the
+//! proxies, then removes the namespaces.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::netns::{Net, NetError};
+use std::sync::Arc;
 
-/// Port of every controller (each on its own host address).
+use crate::netns::{in_namespace, Net, NetError};
+use crate::proxy::Faults;
+
+/// Port every controller is dialled at (its host's fault proxy).
 pub const CONTROLLER_PORT: u16 = 7001;
+/// Port every controller binds (behind the proxy).
+pub const CONTROLLER_BIND_PORT: u16 = 7002;
 /// Port of every agent's log service.
 pub const AGENT_PORT: u16 = 7101;
 /// The bootstrap admin token of chaos clusters.
@@ -87,8 +98,17 @@ pub struct Topology {
     pub gpus_per_agent: u32,
 }
 
+/// A fault proxy running on a thread inside a controller's host.
+struct ProxyThread {
+    stop: Arc<tokio::sync::Notify>,
+    handle: Option<std::thread::JoinHandle<Result<(), String>>>,
+}
+
 pub struct ChaosCluster {
     procs: Vec<Proc>,
+    proxies: Vec<ProxyThread>,
+    /// The faults of the links into each controller (index = controller).
+    pub links: Vec<Arc<Faults>>,
     pub net: Net,
     pub dir: tempfile::TempDir,
     pub topology: Topology,
@@ -107,7 +127,37 @@ impl ChaosCluster {
         ] {
             std::fs::write(dir.path().join(file), content).map_err(io("secret file"))?;
         }
-        let mut c = ChaosCluster { procs: Vec::new(), net, dir, topology };
+        let mut c =
+            ChaosCluster { procs: Vec::new(), proxies: Vec::new(), links: Vec::new(), net, dir, topology };
+        for i in 0..topology.controllers {
+            let faults = Arc::new(Faults::default());
+            let (front, back) = (c.controller_addr(i), format!("{}:{CONTROLLER_BIND_PORT}", c.net.addr(i)));
+            let stop = Arc::new(tokio::sync::Notify::new());
+            let (f, s) = (faults.clone(), stop.clone());
+            let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+            let handle = in_namespace(&c.net.host(i), move || {
+                crate::workload::runtime().block_on(async move {
+                    let listener = match tokio::net::TcpListener::bind(&front).await {
+                        Ok(l) => l,
+                        Err(e) => {
+                            let _ = bound_tx.send(Err(format!("binding {front}: {e}")));
+                            return;
+                        }
+                    };
+                    let _ = bound_tx.send(Ok(()));
+                    tokio::select! {
+                        _ = crate::proxy::run(listener, back, f, i as u64) => {}
+                        _ = s.notified() => {}
+                    }
+                })
+            });
+            let bound = bound_rx
+                .recv_timeout(Duration::from_secs(10))
+                .map_err(|_| ClusterError::Io("a proxy did not start".into()))?;
+            bound.map_err(ClusterError::Io)?;
+            c.proxies.push(ProxyThread { stop, handle: Some(handle) });
+            c.links.push(faults);
+        }
         let (kairosd, agent) = (daemon("kairosd")?, daemon("kairos-agent")?);
         let peers: Vec<String> =
             (0..topology.controllers).map(|i| format!("{}={}", i + 1, c.controller_addr(i))).collect();
@@ -118,6 +168,8 @@ impl ChaosCluster {
                 (i + 1).to_string(),
                 "--addr".into(),
                 c.controller_addr(i),
+                "--listen".into(),
+                format!("{}:{CONTROLLER_BIND_PORT}", c.net.addr(i)),
                 "--peers".into(),
                 peers.join(","),
                 "--data-dir".into(),
@@ -296,6 +348,12 @@ impl ChaosCluster {
         for i in 0..self.procs.len() {
             self.resume(i);
             self.kill(i);
+        }
+        for p in &mut self.proxies {
+            p.stop.notify_one();
+            if let Some(h) = p.handle.take() {
+                let _ = h.join();
+            }
         }
         // Whatever a killed agent left behind in its namespace.
         for h in 0..self.net.hosts() {

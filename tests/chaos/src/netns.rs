@@ -127,6 +127,21 @@ impl Drop for Net {
     }
 }
 
+/// Runs `f` on a thread inside network namespace `ns` (this process's other threads stay where
+/// they are) and returns its result.
+pub fn in_namespace<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<Result<T, String>> {
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).map_err(|e| format!("opening {path}: {e}"))?;
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("entering {path}: {e}"))?;
+        Ok(f())
+    })
+}
+
 /// The namespaces whose names start with `prefix` (to check that a run cleaned up).
 pub fn namespaces_with(prefix: &str) -> Vec<String> {
     let out =

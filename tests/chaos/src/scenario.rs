@@ -38,10 +38,15 @@ pub enum Fault {
     /// The leader's replies to the client are lost (one-way, on the client's link): submits
     /// commit but the client never hears, so it retries with the same request id.
     LostReplies,
+    /// Every link into every controller — Raft, agents, clients — gets 20-60 ms of delay per
+    /// chunk and reordering across connections.
+    SlowRaft,
+    /// The links into the leader break every few hundred milliseconds (bursts of loss).
+    FlakyLeader,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 8] = [
+    pub const ALL: [Fault; 10] = [
         Fault::KillLeader,
         Fault::PauseLeader,
         Fault::IsolateLeader,
@@ -50,6 +55,8 @@ impl Fault {
         Fault::RestartFollower,
         Fault::SlowClientLinks,
         Fault::LostReplies,
+        Fault::SlowRaft,
+        Fault::FlakyLeader,
     ];
 
     pub fn name(self) -> &'static str {
@@ -62,6 +69,8 @@ impl Fault {
             Fault::RestartFollower => "restart follower",
             Fault::SlowClientLinks => "slow, reordering links",
             Fault::LostReplies => "leader's replies lost",
+            Fault::SlowRaft => "slow, reordering raft links",
+            Fault::FlakyLeader => "flaky links to the leader",
         }
     }
 }
@@ -142,6 +151,16 @@ fn first_commit(c: &ChaosCluster, within: Duration) -> Option<Duration> {
     .map(|_| started.elapsed())
 }
 
+/// Sets delay and reordering on both directions of `links`.
+fn shape(links: &[Arc<Faults>], delay_ms: u64, reorder_per_mille: u64) {
+    for l in links {
+        for d in [&l.forward, &l.backward] {
+            d.delay_ms.store(delay_ms, Ordering::SeqCst);
+            d.reorder_per_mille.store(reorder_per_mille, Ordering::SeqCst);
+        }
+    }
+}
+
 /// Injects one fault, waits `hold`, heals it. Returns a description for the log.
 fn inject(
     c: &mut ChaosCluster,
@@ -192,19 +211,9 @@ fn inject(
         }
         Fault::SlowClientLinks => {
             let delay = 40 + rng.below(80);
-            for l in links {
-                for d in [&l.forward, &l.backward] {
-                    d.delay_ms.store(delay, Ordering::SeqCst);
-                    d.reorder_per_mille.store(300, Ordering::SeqCst);
-                }
-            }
+            shape(links, delay, 300);
             std::thread::sleep(hold);
-            for l in links {
-                for d in [&l.forward, &l.backward] {
-                    d.delay_ms.store(0, Ordering::SeqCst);
-                    d.reorder_per_mille.store(0, Ordering::SeqCst);
-                }
-            }
+            shape(links, 0, 0);
             format!("client links slowed by {delay} ms with reordering for {hold:?}")
         }
         Fault::LostReplies => {
@@ -213,6 +222,26 @@ fn inject(
             std::thread::sleep(hold);
             link.backward.blocked.store(false, Ordering::SeqCst);
             format!("replies of controller {} to the client lost for {hold:?}", leader + 1)
+        }
+        Fault::SlowRaft => {
+            let delay = 20 + rng.below(40);
+            shape(&c.links, delay, 300);
+            std::thread::sleep(hold);
+            shape(&c.links, 0, 0);
+            format!("every controller link slowed by {delay} ms with reordering for {hold:?}")
+        }
+        Fault::FlakyLeader => {
+            let link = c.links[leader].clone();
+            let until = Instant::now() + hold;
+            let mut breaks = 0;
+            while Instant::now() < until {
+                link.partition(true);
+                std::thread::sleep(Duration::from_millis(50 + rng.below(150)));
+                link.partition(false);
+                breaks += 1;
+                std::thread::sleep(Duration::from_millis(100 + rng.below(300)));
+            }
+            format!("links to controller {} broken {breaks} times in {hold:?}", leader + 1)
         }
         Fault::RestartFollower => {
             let f =

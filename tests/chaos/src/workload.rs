@@ -14,23 +14,9 @@ use kairos_proto::v1::job_service_client::JobServiceClient;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
+pub use crate::netns::in_namespace;
 use crate::proxy::Rng;
 use crate::{FinalJob, Operation};
-
-/// Runs `f` on a thread inside network namespace `ns` (this process's other threads stay where
-/// they are) and returns its result.
-pub fn in_namespace<T: Send + 'static>(
-    ns: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<Result<T, String>> {
-    let path = format!("/var/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).map_err(|e| format!("opening {path}: {e}"))?;
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(|e| format!("entering {path}: {e}"))?;
-        Ok(f())
-    })
-}
 
 /// A single-threaded runtime: every task stays on the calling thread, hence in its namespace.
 pub fn runtime() -> tokio::runtime::Runtime {
