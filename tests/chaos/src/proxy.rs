@@ -79,6 +79,9 @@ pub async fn run(listener: TcpListener, target: String, faults: Arc<Faults>, see
             continue;
         }
         let Ok(server) = TcpStream::connect(&target).await else { continue };
+        // Forward small writes at once (gRPC, Raft heartbeats): no Nagle delay added by the proxy.
+        let _ = client.set_nodelay(true);
+        let _ = server.set_nodelay(true);
         let (cr, cw) = client.into_split();
         let (sr, sw) = server.into_split();
         let (f1, f2) = (faults.clone(), faults.clone());
