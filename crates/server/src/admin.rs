@@ -301,22 +301,8 @@ impl AdminService for Admin {
         let me = self.ctx.principal(&request)?;
         me.require(Role::Operator, "draining nodes")?;
         let r = request.into_inner();
-        let exists = self.ctx.replica.read(|a| a.state.nodes.contains_key(&r.node));
-        if !exists {
-            return Err(Status::not_found(format!(
-                "node \"{}\" is not registered",
-                r.node.chars().take(64).collect::<String>()
-            )));
-        }
-        let reason: String = format!("drained by \"{}\": {}", me.user, r.reason).chars().take(256).collect();
-        tracing::warn!(node = %r.node, %reason, "node drains");
-        match self.ctx.write(Op::DrainNode { node: r.node, reason }).await? {
-            Outcome::Rejected(rej) => Err(rejection_status(rej)),
-            _ => {
-                self.ctx.kick.notify_one();
-                Ok(Response::new(pb::DrainNodeResponse {}))
-            }
-        }
+        self.ctx.drain_node(r.node, &format!("drained by \"{}\": {}", me.user, r.reason)).await?;
+        Ok(Response::new(pb::DrainNodeResponse {}))
     }
 }
 

@@ -87,16 +87,6 @@ pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> 
 /// Gang rank 0 listens on MASTER_PORT_BASE + (job id mod 10000).
 const MASTER_PORT_BASE: u32 = 29_500;
 
-fn check_node(ctx: &Ctx, node: &str) -> Result<(), Status> {
-    ctx.replica.read(|a| {
-        if a.state.nodes.contains_key(node) {
-            Ok(())
-        } else {
-            Err(Status::not_found(format!("node \"{node}\" is not registered")))
-        }
-    })
-}
-
 #[tonic::async_trait]
 impl AgentService for Agents {
     async fn register(
@@ -142,7 +132,7 @@ impl AgentService for Agents {
         if !self.ctx.replica.leads_confirmed().await {
             return Err(write_status(WriteError::NotLeader { leader: None, leader_addr: None }));
         }
-        check_node(&self.ctx, &req.node_id)?;
+        self.ctx.check_node(&req.node_id)?;
         let down = self.ctx.replica.read(|a| {
             a.state.nodes.get(&req.node_id).is_some_and(|n| n.state == kairos_scheduler::NodeState::Down)
         });
@@ -164,7 +154,7 @@ impl AgentService for Agents {
     ) -> Result<Response<Self::AssignmentsStream>, Status> {
         self.ctx.auth.check_node(request.metadata(), &request.get_ref().node_id)?;
         let node = request.into_inner().node_id;
-        check_node(&self.ctx, &node)?;
+        self.ctx.check_node(&node)?;
         let replica = self.ctx.replica.clone();
         let mut applied = replica.applied.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(4);
@@ -194,16 +184,8 @@ impl AgentService for Agents {
     async fn drain(&self, request: Request<pb::DrainRequest>) -> Result<Response<pb::DrainResponse>, Status> {
         self.ctx.auth.check_node(request.metadata(), &request.get_ref().node_id)?;
         let r = request.into_inner();
-        check_node(&self.ctx, &r.node_id)?;
-        let reason: String = r.reason.chars().take(256).collect();
-        tracing::warn!(node = %r.node_id, %reason, "node drains");
-        match self.ctx.write(Op::DrainNode { node: r.node_id, reason }).await? {
-            Outcome::Rejected(rej) => Err(rejection_status(rej)),
-            _ => {
-                self.ctx.kick.notify_one();
-                Ok(Response::new(pb::DrainResponse {}))
-            }
-        }
+        self.ctx.drain_node(r.node_id, &r.reason).await?;
+        Ok(Response::new(pb::DrainResponse {}))
     }
 
     async fn report_status(
@@ -212,7 +194,7 @@ impl AgentService for Agents {
     ) -> Result<Response<pb::StatusAck>, Status> {
         self.ctx.auth.check_node(request.metadata(), &request.get_ref().node_id)?;
         let r = request.into_inner();
-        check_node(&self.ctx, &r.node_id)?;
+        self.ctx.check_node(&r.node_id)?;
         let op = match pb::RunStatus::try_from(r.status) {
             Ok(pb::RunStatus::Started) => {
                 Op::JobStarted { job: r.job_id, attempt: r.attempt, node: r.node_id }

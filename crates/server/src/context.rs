@@ -88,6 +88,33 @@ impl Ctx {
         })
     }
 
+    /// `NOT_FOUND` unless `node` is registered.
+    pub fn check_node(&self, node: &str) -> Result<(), Status> {
+        self.replica.read(|a| {
+            if a.state.nodes.contains_key(node) {
+                Ok(())
+            } else {
+                let name: String = node.chars().take(64).collect();
+                Err(Status::not_found(format!("node \"{name}\" is not registered")))
+            }
+        })
+    }
+
+    /// Drains `node` (nothing new is placed there; its runs checkpoint and requeue), for an
+    /// operator or for the node's own agent (a spot notice).
+    pub async fn drain_node(&self, node: String, reason: &str) -> Result<(), Status> {
+        self.check_node(&node)?;
+        let reason: String = reason.chars().take(256).collect();
+        tracing::warn!(node = %node, %reason, "node drains");
+        match self.write(Op::DrainNode { node, reason }).await? {
+            Outcome::Rejected(rej) => Err(rejection_status(rej)),
+            _ => {
+                self.kick.notify_one();
+                Ok(())
+            }
+        }
+    }
+
     pub fn record_heartbeat(&self, node: &str) {
         let mut hb = self.heartbeats.lock().unwrap_or_else(|p| p.into_inner());
         hb.insert(node.to_string(), (Instant::now(), now_ms()));

@@ -208,6 +208,19 @@ impl Drop for Booter {
     }
 }
 
+/// A one-GPU cluster bursting to `endpoint` every 200 ms, its GPU held by a training job
+/// (returned): whatever inference comes next can only go to the cloud.
+fn saturated_cluster(endpoint: &str) -> (Cluster, u64) {
+    let c = Cluster::start_with(
+        1,
+        1,
+        &["--cluster-name", CLUSTER, "--burst-endpoint", endpoint, "--burst-interval-ms", "200"],
+    );
+    let training = c.submit(&["--qos", "training", "--gpus", "1", "--", "sleep", "600"]);
+    c.wait_state(training, "RUNNING");
+    (c, training)
+}
+
 #[test]
 fn inference_bursts_to_the_cloud_within_limits_and_idle_or_leaked_instances_are_terminated() {
     let dir = tempfile::tempdir().unwrap();
@@ -412,13 +425,7 @@ fn a_leader_killed_between_intent_and_launch_answer_never_doubles_the_launch() {
 fn a_storm_of_500_inference_jobs_never_takes_the_cloud_past_its_limits() {
     let dir = tempfile::tempdir().unwrap();
     let (moto, _) = Moto::with_launch_template(&dir.path().join("moto.log"));
-    let c = Cluster::start_with(
-        1,
-        1,
-        &["--cluster-name", CLUSTER, "--burst-endpoint", &moto.url, "--burst-interval-ms", "200"],
-    );
-    let training = c.submit(&["--qos", "training", "--gpus", "1", "--", "sleep", "600"]);
-    c.wait_state(training, "RUNNING");
+    let (c, training) = saturated_cluster(&moto.url);
     // The 4-GPU type is cheaper per GPU; max_gpus (8) binds before max_instances (3) and the
     // spend limit (12 $/h): at most two g5.12xlarge.
     let types: BTreeMap<String, (u32, usize)> =
@@ -492,13 +499,7 @@ fn fake_imds(notices: Arc<std::sync::Mutex<Vec<String>>>) -> String {
 fn a_spot_interruption_notice_drains_the_node_and_its_job_requeues_elsewhere() {
     let dir = tempfile::tempdir().unwrap();
     let (moto, _) = Moto::with_launch_template(&dir.path().join("moto.log"));
-    let c = Cluster::start_with(
-        1,
-        1,
-        &["--cluster-name", CLUSTER, "--burst-endpoint", &moto.url, "--burst-interval-ms", "200"],
-    );
-    let training = c.submit(&["--qos", "training", "--gpus", "1", "--", "sleep", "600"]);
-    c.wait_state(training, "RUNNING");
+    let (c, training) = saturated_cluster(&moto.url);
     let notices = Arc::new(std::sync::Mutex::new(Vec::new()));
     let imds = fake_imds(notices.clone());
     let booter = Booter::start(
@@ -582,13 +583,7 @@ fn broken_endpoint() -> String {
 #[test]
 fn cloud_errors_are_retried_surface_in_status_and_crash_nothing() {
     let url = broken_endpoint();
-    let mut c = Cluster::start_with(
-        1,
-        1,
-        &["--cluster-name", CLUSTER, "--burst-endpoint", &url, "--burst-interval-ms", "200"],
-    );
-    let training = c.submit(&["--qos", "training", "--gpus", "1", "--", "sleep", "600"]);
-    c.wait_state(training, "RUNNING");
+    let (mut c, training) = saturated_cluster(&url);
     let config = c.path("burst.toml");
     std::fs::write(
         &config,
