@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Parser, ValueEnum};
+use kairos_agent::account::{Accounts, RunAs};
+use kairos_agent::cgroup::Cgroups;
+use kairos_agent::fence::{self, Lease};
 use kairos_agent::gpu::{FakeInventory, GpuInventory, NvmlInventory};
 use kairos_agent::logs::Logs;
 use kairos_agent::runner::Runner;
@@ -76,19 +79,70 @@ struct Args {
     /// Append one JSON line per job process start and exit (job, attempt, GPUs, pid, time) here.
     #[arg(long)]
     process_log: Option<PathBuf>,
+    /// Whom runs execute as: `submitter` (the Unix account of the job's user; needs root) or
+    /// `agent` (this agent's user). Default: `submitter` when the agent runs as root.
+    #[arg(long, value_enum)]
+    run_as: Option<RunAs>,
+    /// With `--run-as submitter`: a file mapping kairos users to Unix accounts, one
+    /// `KAIROS_USER = UNIX_ACCOUNT` per line; unnamed users run as the account of their name.
+    #[arg(long)]
+    user_map: Option<PathBuf>,
+    /// The cgroup v2 directory under which runs get their cgroups (default: the cgroup2 mount).
+    #[arg(long)]
+    cgroup_root: Option<PathBuf>,
+    /// Cap on one run's log file (bytes); past it the log is truncated with a marker and the
+    /// job goes on.
+    #[arg(long, default_value_t = kairos_agent::runner::LOG_MAX_BYTES_DEFAULT)]
+    log_max_bytes: u64,
+    /// Job directories (logs, checkpoints) of jobs this node no longer runs are removed after
+    /// this many hours without a change.
+    #[arg(long, default_value_t = 168)]
+    job_dir_retention_hours: u64,
 }
 
-/// The agent's credentials: the join token it registers with, and the node credential the
-/// controller hands back (kept in memory only; the log service checks it on every request).
+/// The agent's credentials: the join token it registers with the first time, and the node
+/// credential the controller hands back, which it presents on every later call (re-registering
+/// after a restart included) and which the log service checks on every request. The node
+/// credential is kept in an owner-only file of the state directory (`node.credential`): the
+/// join token registers only a name nobody holds, so a restarted agent needs it.
 #[derive(Clone, Default)]
 pub struct Credentials {
     join: Option<Arc<str>>,
     node: Arc<std::sync::RwLock<Option<String>>>,
+    file: Option<PathBuf>,
 }
 
 impl Credentials {
     fn node(&self) -> Option<String> {
         self.node.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The credential a previous run of this agent kept, if any.
+    fn load(join: Option<Arc<str>>, file: PathBuf) -> Credentials {
+        let node = kairos_proto::wire::read_credential_file(&file).ok();
+        Credentials { join, node: Arc::new(std::sync::RwLock::new(node)), file: Some(file) }
+    }
+
+    /// Keeps the credential the controller handed back (in memory and in the file).
+    fn remember(&self, credential: String) {
+        if self.node().as_deref() == Some(credential.as_str()) {
+            return;
+        }
+        if let Some(file) = &self.file {
+            let _ = std::fs::remove_file(file);
+            if let Err(e) = kairos_proto::wire::write_private_new(file, &credential) {
+                tracing::warn!(error = %e.0, "cannot keep the node credential; a restart will need the name freed");
+            }
+        }
+        *self.node.write().unwrap_or_else(|p| p.into_inner()) = Some(credential);
+    }
+
+    /// Drops a node credential the controllers no longer accept (the node was removed).
+    fn forget(&self) {
+        if let Some(file) = &self.file {
+            let _ = std::fs::remove_file(file);
+        }
+        *self.node.write().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// `msg` with this node's credential (the join token before registration).
@@ -191,19 +245,39 @@ async fn session(
     channel: Channel,
     node: &pb::NodeInfo,
     runner: &Runner,
+    lease: &Lease,
     creds: &Credentials,
     client_tx: &watch::Sender<Option<AgentServiceClient<Channel>>>,
 ) -> Result<(), tonic::Status> {
     let mut client = AgentServiceClient::new(channel);
-    let reg =
-        client.register(creds.request(pb::RegisterRequest { node: Some(node.clone()) })).await?.into_inner();
+    let with_credential = creds.node().is_some();
+    let sent = fence::mono_ms();
+    let reg = match client.register(creds.request(pb::RegisterRequest { node: Some(node.clone()) })).await {
+        Ok(reg) => reg.into_inner(),
+        Err(s)
+            if with_credential
+                && matches!(
+                    s.code(),
+                    tonic::Code::Unauthenticated | tonic::Code::NotFound | tonic::Code::FailedPrecondition
+                ) =>
+        {
+            tracing::warn!(status = %s.message(), "the node credential was refused; registering with the join token next");
+            creds.forget();
+            return Err(s);
+        }
+        Err(s) => return Err(s),
+    };
     tracing::info!(node = %reg.node_id, "registered");
     if reg.node_credential.is_empty() {
         return Err(tonic::Status::internal("the controller sent no node credential"));
     }
-    *creds.node.write().unwrap_or_else(|p| p.into_inner()) = Some(reg.node_credential);
-    client_tx.send_replace(Some(client.clone()));
+    creds.remember(reg.node_credential);
     let interval = Duration::from_millis(reg.heartbeat_interval_ms.clamp(100, 60_000));
+    // A controller that hands out no lease (older version): a lease of ten intervals.
+    let lease_ms = if reg.lease_ms > 0 { reg.lease_ms } else { 10 * interval.as_millis() as u64 };
+    let fence_grace_ms = reg.fence_grace_ms;
+    lease.renew(sent, lease_ms, fence_grace_ms);
+    client_tx.send_replace(Some(client.clone()));
     let mut stream = client
         .assignments(creds.request(pb::AssignmentsRequest { node_id: reg.node_id.clone() }))
         .await?
@@ -220,8 +294,14 @@ async fn session(
                 // A controller that stops answering (paused, partitioned) must not hold this
                 // node: give up on it after two intervals and find the leader elsewhere.
                 let call = client.heartbeat(creds.request(pb::HeartbeatRequest { node_id: reg.node_id.clone(), running }));
+                let sent = fence::mono_ms();
                 match tokio::time::timeout(interval * 2, call).await {
-                    Ok(answer) => { answer?; }
+                    Ok(answer) => {
+                        answer?;
+                        lease.renew(sent, lease_ms, fence_grace_ms);
+                        // Launches deferred while the lease had lapsed may go now.
+                        runner.launch_ready();
+                    }
                     Err(_) => return Err(tonic::Status::unavailable("heartbeat: the controller did not answer")),
                 }
             }
@@ -301,8 +381,51 @@ async fn shutdown_signal() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The watchdog mode of this binary: `kairos-agent __kairos_watchdog STATE_DIR AGENT_PID [CGROUP_BASE]`.
+fn watchdog_main(args: &[String]) -> anyhow::Result<()> {
+    let [state_dir, parent, rest @ ..] = args else { bail!("watchdog: STATE_DIR AGENT_PID [CGROUP_BASE]") };
+    let parent: i32 = parent.parse().context("watchdog: AGENT_PID")?;
+    // Out of the agent's session: a Ctrl-C meant for the agent must not stop the watchdog.
+    let _ = nix::unistd::setsid();
+    let cgroups = rest.first().map(|b| Cgroups::at(PathBuf::from(b)));
+    fence::watchdog(std::path::Path::new(state_dir), cgroups.as_ref(), parent)
+}
+
+/// Sets `mode` on `dir` (created if missing).
+fn dir_mode(dir: &std::path::Path, mode: u32) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the permissions of {}", dir.display()))
+}
+
+/// Removes job directories untouched for `retention` whose job has no run on this node.
+fn sweep_job_dirs(runner: &Runner, retention: Duration) {
+    let Ok(entries) = std::fs::read_dir(runner.state_dir().join("jobs")) else { return };
+    let live: std::collections::BTreeSet<u64> = runner.running().into_iter().map(|(job, _)| job).collect();
+    for e in entries.flatten() {
+        let Some(job) = e.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) else { continue };
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|m| m.elapsed().ok())
+            .is_some_and(|age| age > retention);
+        if old && !live.contains(&job) {
+            match std::fs::remove_dir_all(e.path()) {
+                Ok(()) => tracing::info!(job, "job directory removed after its retention"),
+                Err(err) => tracing::warn!(job, error = %err, "cannot remove an old job directory"),
+            }
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(fence::WATCHDOG_ARG) {
+        return watchdog_main(&argv[2..]);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("KAIROS_LOG")
@@ -314,22 +437,65 @@ async fn main() -> anyhow::Result<()> {
     if args.controllers.is_empty() {
         bail!("--controllers: at least one address is required");
     }
+    let root = nix::unistd::geteuid().is_root();
+    let run_as = args.run_as.unwrap_or(if root { RunAs::Submitter } else { RunAs::Agent });
+    if run_as == RunAs::Submitter && !root {
+        bail!("--run-as submitter needs the agent to run as root (it switches to each job's Unix account)");
+    }
+    let mut accounts = Accounts::new(run_as);
+    if let Some(map) = &args.user_map {
+        accounts = accounts.with_map_file(map)?;
+    }
     let name = args.name.clone().unwrap_or_else(host_name);
     let inv = inventory(&args, &name)?;
     let gpus = inv.discover().context("discovering GPUs")?;
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("creating {}", args.state_dir.display()))?;
     let state_dir = std::fs::canonicalize(&args.state_dir).context("resolving --state-dir")?;
+    // The agent's own files (credential, lease, journal) are out of jobs' reach; job
+    // directories below `jobs/` belong to their jobs' users, who may pass through but not list.
+    let traverse = if run_as == RunAs::Submitter { 0o711 } else { 0o700 };
+    dir_mode(&state_dir, traverse)?;
+    dir_mode(&state_dir.join("jobs"), traverse)?;
+    dir_mode(&state_dir.join("live"), 0o700)?;
+    if let Some(path) = &args.join_token_file {
+        use std::os::unix::fs::PermissionsExt;
+        if std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
+            tracing::warn!(file = %path.display(), "the join token file is readable by other users: make it owner-only (chmod 600)");
+        }
+    }
+    let cgroups = match Cgroups::detect(&name, &state_dir, args.cgroup_root.as_deref()) {
+        Ok(c) => {
+            tracing::info!(base = %c.base().display(), "a cgroup per run");
+            Some(c)
+        }
+        Err(why) => {
+            tracing::warn!(
+                reason = %why,
+                "NO CGROUP PER RUN: falling back to process groups; a job process that leaves its group (setsid, daemonize) escapes stop, kill and fencing"
+            );
+            None
+        }
+    };
     // Before taking any work: nothing a previous (crashed) agent started may keep running.
     let process_log = match &args.process_log {
         Some(path) => kairos_agent::audit::ProcessLog::open(path, &name)
             .with_context(|| format!("opening --process-log {}", path.display()))?,
         None => Default::default(),
     };
-    let orphans = kairos_agent::runner::kill_orphans(&state_dir, &process_log).await;
+    let orphans = kairos_agent::runner::kill_orphans(&state_dir, cgroups.as_ref(), &process_log).await;
     if orphans > 0 {
         tracing::warn!(orphans, "killed runs left by a previous agent");
     }
+    let lease = Lease::new(fence::lease_path(&state_dir));
+    lease.release();
+    let mut watchdog = fence::spawn_watchdog(&state_dir, cgroups.as_ref().map(Cgroups::base))
+        .context("starting the fencing watchdog")?;
+    let isolation = kairos_agent::runner::Isolation {
+        accounts,
+        cgroups: cgroups.clone(),
+        log_max_bytes: args.log_max_bytes.max(1024),
+    };
 
     let listen: std::net::SocketAddr =
         args.addr.parse().with_context(|| format!("--addr \"{}\" is not HOST:PORT", args.addr))?;
@@ -345,6 +511,7 @@ async fn main() -> anyhow::Result<()> {
         memory_mib: 0,
         labels: args.labels.iter().cloned().collect(),
         gpu_backend: inv.backend().to_string(),
+        isolation: isolation.describe(),
     };
     let join = match &args.join_token_file {
         Some(path) => Some(Arc::from(
@@ -353,14 +520,40 @@ async fn main() -> anyhow::Result<()> {
         )),
         None => None,
     };
-    let creds = Credentials { join, node: Arc::default() };
+    let creds = Credentials::load(join, state_dir.join("node.credential"));
     let tls =
         kairos_proto::wire::TlsFiles { ca: args.ca.clone(), cert: args.cert.clone(), key: args.key.clone() };
     let server_tls = tls.server(false)?;
     let client_tls = tls.client()?;
     let imds = args.spot_imds.as_deref().map(kairos_agent::spot::Imds::parse).transpose()?;
     let (report_tx, report_rx) = mpsc::channel(1024);
-    let runner = Runner::new(&name, &state_dir, report_tx).with_process_log(process_log);
+    let runner = Runner::new(&name, &state_dir, report_tx)
+        .with_process_log(process_log)
+        .with_isolation(isolation)
+        .with_lease(lease.clone());
+    // Fencing: when the lease lapses, every run is stopped (the watchdog kills what is left
+    // at the hard deadline, should this process be unable to).
+    let fencer = {
+        let (runner, lease) = (runner.clone(), lease.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if lease.lapsed() {
+                    runner.fence(lease.grace());
+                }
+            }
+        })
+    };
+    let sweeper = {
+        let runner = runner.clone();
+        let retention = Duration::from_secs(args.job_dir_retention_hours.saturating_mul(3600));
+        tokio::spawn(async move {
+            loop {
+                sweep_job_dirs(&runner, retention);
+                tokio::time::sleep(Duration::from_secs(600)).await;
+            }
+        })
+    };
     let (client_tx, client_rx) = watch::channel(None);
     let spot_watch = imds.map(|imds| {
         let client_rx = client_rx.clone();
@@ -377,7 +570,12 @@ async fn main() -> anyhow::Result<()> {
         tokio::spawn(log_server.add_service(AgentLogServiceServer::new(logs)).serve_with_incoming(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
         ));
-    println!("kairos-agent {name} ({} {} GPUs) logs on {addr}", node.gpus.len(), inv.backend());
+    println!(
+        "kairos-agent {name} ({} {} GPUs, runs: {}) logs on {addr}",
+        node.gpus.len(),
+        inv.backend(),
+        node.isolation
+    );
     tracing::info!(node = %name, gpus = node.gpus.len(), backend = inv.backend(), %addr, "agent starting");
 
     let controllers = Arc::new(tokio::sync::Mutex::new(Controllers {
@@ -387,26 +585,28 @@ async fn main() -> anyhow::Result<()> {
     }));
     let sessions = {
         let runner = runner.clone();
+        let lease = lease.clone();
         async move {
             let mut backoff = Duration::from_millis(100);
             loop {
                 let connected = controllers.lock().await.connect(client_tls.as_ref()).await;
                 match connected {
-                    Some((addr, channel)) => match session(channel, &node, &runner, &creds, &client_tx).await
-                    {
-                        Ok(()) => {}
-                        Err(status) => {
-                            client_tx.send_replace(None);
-                            tracing::warn!(controller = %addr, status = %status.message(), "controller session ended");
-                            if let Some(hint) = leader_hint(&status) {
-                                controllers.lock().await.hint = Some(hint);
-                                continue;
-                            }
-                            if status.code() != tonic::Code::Unavailable {
-                                backoff = Duration::from_millis(100);
+                    Some((addr, channel)) => {
+                        match session(channel, &node, &runner, &lease, &creds, &client_tx).await {
+                            Ok(()) => {}
+                            Err(status) => {
+                                client_tx.send_replace(None);
+                                tracing::warn!(controller = %addr, status = %status.message(), "controller session ended");
+                                if let Some(hint) = leader_hint(&status) {
+                                    controllers.lock().await.hint = Some(hint);
+                                    continue;
+                                }
+                                if status.code() != tonic::Code::Unavailable {
+                                    backoff = Duration::from_millis(100);
+                                }
                             }
                         }
-                    },
+                    }
                     None => tracing::debug!("no controller reachable"),
                 }
                 tokio::time::sleep(backoff).await;
@@ -419,7 +619,15 @@ async fn main() -> anyhow::Result<()> {
         _ = sessions => {}
     }
     tracing::info!("stopping all runs");
+    fencer.abort();
+    sweeper.abort();
     runner.stop_all(Duration::from_secs(5)).await;
+    lease.release();
+    let _ = watchdog.kill();
+    let _ = watchdog.wait();
+    if let Some(c) = &cgroups {
+        c.remove_empty();
+    }
     reporter.abort();
     log_server.abort();
     if let Some(w) = spot_watch {

@@ -1,24 +1,30 @@
 //! Job processes on this node: launch, stop, and report.
 //!
-//! Each run (job id + attempt) is a real child process in its own process group, with
-//! `CUDA_VISIBLE_DEVICES` set to its GPUs and stdout/stderr appended to a per-run log file.
-//! Stopping a run signals the whole group (SIGTERM, then SIGKILL after the grace time); when
-//! the main process exits, whatever is left of its group is killed too, so no stray child keeps
-//! a GPU busy.
+//! Each run (job id + attempt) is a real child process in its own process group and — where
+//! the host offers cgroup v2 — its own cgroup (`cgroup.rs`), executing as its submitter's Unix
+//! account when the agent runs them so (`account.rs`), with an allowlisted environment,
+//! `CUDA_VISIBLE_DEVICES` set to its GPUs and stdout/stderr copied to a per-run log file of
+//! bounded size. Stopping a run signals all of it, then kills it (`cgroup.kill`, or SIGKILL to
+//! the group) after the grace time; when the main process exits, whatever is left of the run is
+//! killed too. A run's exit is reported — and its GPUs handed to another run — only once every
+//! process of it has ended.
 //!
 //! `reconcile` makes the local runs match the controller's level-triggered assignment set:
 //!
 //! ```text
-//!   assigned, not started, unknown here  ─▶ launch
+//!   assigned, not started, unknown here  ─▶ launch (once its GPUs are free here and the
+//!                                            agent's lease is valid; deferred until then)
 //!   assigned with kill                   ─▶ stop (or report "lost" if it never ran)
-//!   assigned with suspend / without      ─▶ SIGSTOP / SIGCONT the group (once per change)
+//!   assigned with suspend / without      ─▶ freeze / thaw (SIGSTOP / SIGCONT) once per change
 //!   assigned, started, unknown here      ─▶ report "lost" (never relaunched)
-//!   running here, not assigned           ─▶ SIGKILL its group (the controller gave it up)
+//!   running here, not assigned           ─▶ kill it (the controller gave it up)
 //!   exited here, still assigned          ─▶ report the exit again
 //!   running here, assigned as not started ─▶ report "started" again
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -29,11 +35,19 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::sync::mpsc;
 
+use crate::account::{base_env, Account, Accounts, RunAs};
+use crate::cgroup::{Cgroups, RunCgroup};
+use crate::fence::Lease;
+
 /// A run is a job attempt.
 pub type RunKey = (u64, u32);
 
 /// How often a running job's checkpoint marker is looked at.
 const CHECKPOINT_POLL: Duration = Duration::from_millis(500);
+/// How often a run that is being killed is looked at until every process of it is gone.
+const GONE_POLL: Duration = Duration::from_millis(20);
+/// Default cap on one run's log file.
+pub const LOG_MAX_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exit {
@@ -45,11 +59,79 @@ pub enum Exit {
 #[derive(Debug)]
 struct Run {
     pgid: Option<i32>,
+    cgroup: Option<RunCgroup>,
+    gpus: Vec<u32>,
+    checkpoint_signal: Signal,
     exit: Option<Exit>,
     stopping: bool,
-    /// The group was sent SIGSTOP (and not SIGCONT since).
+    /// Stopped because the agent's lease lapsed: reported lost, so the job is requeued.
+    fenced: bool,
+    /// The run was frozen (and not thawed since).
     suspended: bool,
     lost_message: String,
+}
+
+impl Run {
+    /// SIGKILL to every process of the run.
+    fn kill(&self) {
+        match (&self.cgroup, self.pgid) {
+            (Some(cg), pgid) => {
+                cg.kill();
+                if let Some(pgid) = pgid {
+                    signal_group(pgid, Signal::SIGKILL);
+                }
+            }
+            (None, Some(pgid)) => signal_group(pgid, Signal::SIGKILL),
+            (None, None) => {}
+        }
+    }
+
+    /// `signal` to every process of the run.
+    fn signal(&self, signal: Signal) {
+        match (&self.cgroup, self.pgid) {
+            (Some(cg), _) => cg.signal(signal),
+            (None, Some(pgid)) => signal_group(pgid, signal),
+            (None, None) => {}
+        }
+    }
+
+    fn freeze(&self, frozen: bool) {
+        match (&self.cgroup, self.pgid) {
+            (Some(cg), _) => cg.freeze(frozen),
+            (None, Some(pgid)) => signal_group(pgid, if frozen { Signal::SIGSTOP } else { Signal::SIGCONT }),
+            (None, None) => {}
+        }
+    }
+}
+
+/// How runs are isolated on this node.
+#[derive(Clone, Debug)]
+pub struct Isolation {
+    pub accounts: Accounts,
+    /// None: process groups only (no cgroup could be created).
+    pub cgroups: Option<Cgroups>,
+    pub log_max_bytes: u64,
+}
+
+impl Default for Isolation {
+    fn default() -> Self {
+        Isolation {
+            accounts: Accounts::new(RunAs::Agent),
+            cgroups: None,
+            log_max_bytes: LOG_MAX_BYTES_DEFAULT,
+        }
+    }
+}
+
+impl Isolation {
+    /// What `kairos nodes` shows: "cgroup2,submitter", "pgroup,agent", …
+    pub fn describe(&self) -> String {
+        format!(
+            "{},{}",
+            if self.cgroups.is_some() { "cgroup2" } else { "pgroup" },
+            self.accounts.run_as.as_str()
+        )
+    }
 }
 
 /// The runs of this node and the channel their reports leave through.
@@ -58,13 +140,22 @@ pub struct Runner {
     node: String,
     state_dir: PathBuf,
     process_log: crate::audit::ProcessLog,
+    isolation: Arc<Isolation>,
+    lease: Lease,
     runs: Arc<Mutex<BTreeMap<RunKey, Run>>>,
+    /// The latest assignment set, for launches deferred until GPUs free up or the lease renews.
+    last_set: Arc<Mutex<Option<pb::AssignmentSet>>>,
     reports: mpsc::Sender<pb::StatusReport>,
 }
 
 /// Where a run's log lives.
 pub fn log_path(state_dir: &Path, job: u64, attempt: u32) -> PathBuf {
-    state_dir.join("jobs").join(job.to_string()).join(format!("attempt-{attempt}.log"))
+    job_dir(state_dir, job).join(format!("attempt-{attempt}.log"))
+}
+
+/// A job's directory on this node (its runs' logs, its checkpoint directory).
+pub fn job_dir(state_dir: &Path, job: u64) -> PathBuf {
+    state_dir.join("jobs").join(job.to_string())
 }
 
 fn signal_group(pgid: i32, signal: Signal) {
@@ -116,8 +207,9 @@ fn group_alive(pgid: i32) -> bool {
 }
 
 /// Whether some live process of group `pgid` was started by an agent for `key` (its
-/// environment carries that job id and attempt). Jobs run as the agent's user and can write
-/// into its state directory, so a journal entry alone must not be enough to kill a group.
+/// environment carries that job id and attempt). In `--run-as agent` mode jobs run as the
+/// agent's user and can write into its state directory, so a journal entry alone must not be
+/// enough to kill a group.
 fn group_runs(pgid: i32, key: RunKey) -> bool {
     let want_job = format!("KAIROS_JOB_ID={}", key.0).into_bytes();
     let want_attempt = format!("KAIROS_RESTART_COUNT={}", key.1).into_bytes();
@@ -135,56 +227,162 @@ fn group_runs(pgid: i32, key: RunKey) -> bool {
     })
 }
 
-/// Kills every process group a previous agent journaled as live and waits (bounded) until they
-/// are gone. Returns how many groups were killed.
-///
-/// A group is ours if its leader still has the recorded start time, or if the leader is gone but
-/// the group still exists (the kernel does not reuse a pid that is still some group's id).
-pub async fn kill_orphans(state_dir: &Path, log: &crate::audit::ProcessLog) -> usize {
-    let Ok(entries) = std::fs::read_dir(journal_dir(state_dir)) else { return 0 };
-    let mut killed = Vec::new();
+/// The journaled groups that are still ours: (run, pgid). A group is ours if its leader still
+/// has the recorded start time, or if the leader is gone but a member carries the run's
+/// identity (the kernel does not reuse a pid that is still some group's id).
+fn journaled_groups(state_dir: &Path) -> Vec<(RunKey, i32, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(journal_dir(state_dir)) else { return Vec::new() };
+    let mut out = Vec::new();
     for entry in entries.flatten() {
         let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
         let mut fields = text.split_whitespace();
         let pgid: Option<i32> = fields.next().and_then(|v| v.parse().ok());
-        let start: Option<u64> = fields.next().and_then(|v| v.parse().ok());
         // The file is named JOB-ATTEMPT.
         let name = entry.file_name().to_string_lossy().to_string();
         let key: Option<RunKey> =
             name.split_once('-').and_then(|(j, a)| Some((j.parse().ok()?, a.parse().ok()?)));
         if let (Some(pgid), Some(key)) = (pgid.filter(|p| *p > 1), key) {
-            // Ours: the leader still has the recorded start time, or (leader gone) a member of
-            // the group carries this run's identity.
-            let mut ours = false;
-            // A process in the middle of an exec shows no environment for a moment: look again.
-            for _ in 0..5 {
-                ours = proc_starttime(pgid).is_none_or(|now| Some(now) == start) && group_runs(pgid, key);
-                if ours || !group_alive(pgid) {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            if ours && group_alive(pgid) {
-                tracing::warn!(pgid, file = %entry.path().display(), "killing a run left by a previous agent");
-                signal_group(pgid, Signal::SIGKILL);
-                killed.push((pgid, key));
-            } else if !group_alive(pgid) {
-                // It ended while no agent watched: its end is only known to be before now.
-                log.exit(key.0, key.1, "ended unwatched");
+            out.push((key, pgid, entry.path()));
+        }
+    }
+    out
+}
+
+fn journaled_start(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn group_is_ours(pgid: i32, key: RunKey, journal: &Path) -> bool {
+    let start = journaled_start(journal);
+    proc_starttime(pgid).is_none_or(|now| Some(now) == start) && group_runs(pgid, key)
+}
+
+/// SIGKILL to every run this agent's state dir knows of — run cgroups, and journaled process
+/// groups that are still ours — without waiting. The watchdog's fence; returns the runs hit.
+pub fn kill_every_run(state_dir: &Path, cgroups: Option<&Cgroups>) -> Vec<RunKey> {
+    let mut killed = cgroups.map(Cgroups::kill_all).unwrap_or_default();
+    for (key, pgid, path) in journaled_groups(state_dir) {
+        if group_alive(pgid) && group_is_ours(pgid, key, &path) {
+            signal_group(pgid, Signal::SIGKILL);
+            killed.push(key);
+        }
+    }
+    killed
+}
+
+/// Kills every run a previous agent left (its run cgroups, and the process groups it journaled
+/// as live) and waits (bounded) until they are gone. Returns how many runs were killed.
+pub async fn kill_orphans(
+    state_dir: &Path,
+    cgroups: Option<&Cgroups>,
+    log: &crate::audit::ProcessLog,
+) -> usize {
+    let mut killed: Vec<RunKey> = Vec::new();
+    let mut groups = Vec::new();
+    if let Some(cg) = cgroups {
+        for (key, run) in cg.runs() {
+            if run.populated() {
+                tracing::warn!(job = key.0, attempt = key.1, "killing a run left by a previous agent");
+                run.kill();
+                killed.push(key);
             }
         }
-        let _ = std::fs::remove_file(entry.path());
+    }
+    for (key, pgid, path) in journaled_groups(state_dir) {
+        let mut ours = false;
+        // A process in the middle of an exec shows no environment for a moment: look again.
+        for _ in 0..5 {
+            ours = group_is_ours(pgid, key, &path);
+            if ours || !group_alive(pgid) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if ours && group_alive(pgid) {
+            tracing::warn!(pgid, file = %path.display(), "killing a run left by a previous agent");
+            signal_group(pgid, Signal::SIGKILL);
+            groups.push(pgid);
+            if !killed.contains(&key) {
+                killed.push(key);
+            }
+        } else if !group_alive(pgid) && !killed.contains(&key) {
+            // It ended while no agent watched: its end is only known to be before now.
+            log.exit(key.0, key.1, "ended unwatched");
+        }
+        let _ = std::fs::remove_file(&path);
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while killed.iter().any(|(p, _)| group_alive(*p)) && tokio::time::Instant::now() < deadline {
+    let alive = || {
+        groups.iter().any(|p| group_alive(*p))
+            || cgroups.is_some_and(|cg| cg.runs().iter().any(|(_, r)| r.populated()))
+    };
+    while alive() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    for (pgid, key) in &killed {
-        if !group_alive(*pgid) {
+    if !alive() {
+        for key in &killed {
             log.exit(key.0, key.1, "orphan killed");
         }
     }
+    if let Some(cg) = cgroups {
+        cg.remove_empty();
+        // The base is needed again for this agent's runs.
+        let _ = std::fs::create_dir_all(cg.base());
+    }
     killed.len()
+}
+
+/// Creates `dir` owned by `account` (when given) with `mode`.
+fn private_dir(dir: &Path, account: Option<&Account>, mode: u32) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    if let Some(a) = account {
+        std::os::unix::fs::chown(dir, Some(a.uid), Some(a.gid))?;
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+}
+
+/// Copies a run's output into its log file, up to `max` bytes in all (shared by stdout and
+/// stderr); past that it writes one marker, keeps reading (so the job never blocks on a full
+/// pipe) and drops the rest.
+async fn copy_output(
+    mut from: impl tokio::io::AsyncRead + Unpin,
+    to: Arc<Mutex<std::fs::File>>,
+    written: Arc<std::sync::atomic::AtomicU64>,
+    max: u64,
+) {
+    use std::io::Write;
+    use std::sync::atomic::Ordering;
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let mut file = to.lock().unwrap_or_else(|p| p.into_inner());
+        let before = written.load(Ordering::Relaxed);
+        if before >= max {
+            continue;
+        }
+        let take = (n as u64).min(max - before) as usize;
+        let mut result = file.write_all(&buf[..take]);
+        written.store(before + take as u64, Ordering::Relaxed);
+        if before + take as u64 >= max {
+            result = result.and_then(|()| {
+                file.write_all(
+                    format!("\n[kairos-agent: log truncated at {max} bytes; the job goes on]\n").as_bytes(),
+                )
+            });
+        }
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "cannot write a run's log");
+        }
+    }
+}
+
+/// The signal named `name` ("SIGUSR1"), or `fallback`.
+fn parse_signal(name: &str, fallback: Signal) -> Signal {
+    name.parse::<Signal>().unwrap_or(fallback)
 }
 
 impl Runner {
@@ -193,7 +391,10 @@ impl Runner {
             node: node.to_string(),
             state_dir: state_dir.to_path_buf(),
             process_log: Default::default(),
+            isolation: Arc::default(),
+            lease: Lease::unfenced(),
             runs: Arc::default(),
+            last_set: Arc::default(),
             reports,
         }
     }
@@ -204,6 +405,22 @@ impl Runner {
         self
     }
 
+    /// Runs execute as, and are contained by, what `isolation` says.
+    pub fn with_isolation(mut self, isolation: Isolation) -> Self {
+        self.isolation = Arc::new(isolation);
+        self
+    }
+
+    /// Launches only while `lease` is valid.
+    pub fn with_lease(mut self, lease: Lease) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    pub fn isolation(&self) -> &Isolation {
+        &self.isolation
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<RunKey, Run>> {
         self.runs.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -212,7 +429,7 @@ impl Runner {
         &self.state_dir
     }
 
-    /// Runs whose process is alive, for heartbeats.
+    /// Runs with a live process, for heartbeats.
     pub fn running(&self) -> Vec<RunKey> {
         self.lock().iter().filter(|(_, r)| r.exit.is_none()).map(|(k, _)| *k).collect()
     }
@@ -250,24 +467,24 @@ impl Runner {
     pub fn reconcile(&self, set: &pb::AssignmentSet) {
         let assigned: BTreeMap<RunKey, &pb::Assignment> =
             set.runs.iter().map(|a| ((a.job_id, a.attempt), a)).collect();
-        let mut launch = Vec::new();
         let mut stop = Vec::new();
         let mut reports = Vec::new();
         {
             let mut runs = self.lock();
             for (key, a) in &assigned {
-                // Pause or continue first, so a preemptor launched below never shares a GPU
-                // with a process that still computes (a stopped run is continued by `stop`,
-                // after its stop signal is queued).
+                // Freeze or thaw first, so a preemptor launched below never shares a GPU with
+                // a process that still computes (a frozen run is thawed by `stop`, after its stop
+                // signal is queued).
                 if let Some(run) = runs.get_mut(key).filter(|r| r.exit.is_none() && !a.kill) {
                     if a.suspend != run.suspended {
-                        let suspend = a.suspend;
-                        if let Some(pgid) = run.pgid {
-                            let signal = if suspend { Signal::SIGSTOP } else { Signal::SIGCONT };
-                            tracing::info!(job = key.0, attempt = key.1, %signal, "suspend state changes");
-                            signal_group(pgid, signal);
-                        }
-                        run.suspended = suspend;
+                        tracing::info!(
+                            job = key.0,
+                            attempt = key.1,
+                            suspend = a.suspend,
+                            "suspend state changes"
+                        );
+                        run.freeze(a.suspend);
+                        run.suspended = a.suspend;
                     }
                 }
                 match runs.get(key) {
@@ -288,7 +505,7 @@ impl Runner {
                         Some(Exit::Lost),
                         format!("node \"{}\" has no process for this run (agent restarted?)", self.node),
                     )),
-                    None => launch.push((*a).clone()),
+                    None => {} // launched below, once it may be
                 }
             }
             let mut forget = Vec::new();
@@ -296,16 +513,18 @@ impl Runner {
                 if assigned.contains_key(key) {
                     continue;
                 }
-                match (run.exit, run.pgid) {
-                    (None, Some(pgid)) => {
+                if run.exit.is_none() && (run.pgid.is_some() || run.cgroup.is_some()) {
+                    if !run.stopping {
                         tracing::warn!(
                             job = key.0,
                             attempt = key.1,
                             "killing a run the controller no longer assigns"
                         );
-                        signal_group(pgid, Signal::SIGKILL);
                     }
-                    _ => forget.push(*key),
+                    run.stopping = true;
+                    run.kill();
+                } else if run.exit.is_some() {
+                    forget.push(*key);
                 }
             }
             for key in forget {
@@ -316,29 +535,100 @@ impl Runner {
             self.report(key, exit, message);
         }
         for (key, grace, signal) in stop {
-            let signal = signal.parse::<Signal>().unwrap_or(Signal::SIGTERM);
-            self.stop(key, signal, Duration::from_secs(u64::from(grace)));
+            self.stop(key, parse_signal(&signal, Signal::SIGTERM), Duration::from_secs(u64::from(grace)));
+        }
+        *self.last_set.lock().unwrap_or_else(|p| p.into_inner()) = Some(set.clone());
+        self.launch_ready();
+    }
+
+    /// Launches the assigned runs that are not running here yet and may start now: the lease
+    /// is valid and none of their GPUs is held by a run of this node whose processes have not
+    /// all ended (a run being killed included). The others wait for the next call (a run's end,
+    /// a lease renewal, a new set).
+    pub fn launch_ready(&self) {
+        if !self.lease.valid() {
+            return;
+        }
+        let Some(set) = self.last_set.lock().unwrap_or_else(|p| p.into_inner()).clone() else { return };
+        let mut launch = Vec::new();
+        {
+            let runs = self.lock();
+            let mut busy: BTreeSet<u32> =
+                runs.values().filter(|r| r.exit.is_none()).flat_map(|r| r.gpus.iter().copied()).collect();
+            for a in &set.runs {
+                if a.kill || a.started || runs.contains_key(&(a.job_id, a.attempt)) {
+                    continue;
+                }
+                if a.gpu_ids.iter().any(|g| busy.contains(g)) {
+                    tracing::info!(job = a.job_id, attempt = a.attempt, gpus = ?a.gpu_ids, "launch waits: a GPU's previous run has not ended");
+                    continue;
+                }
+                busy.extend(a.gpu_ids.iter().copied());
+                launch.push(a.clone());
+            }
         }
         for a in launch {
             self.launch(&a);
         }
     }
 
+    fn launch_failed(&self, a: &pb::Assignment, message: String) {
+        let key = (a.job_id, a.attempt);
+        tracing::warn!(job = a.job_id, %message, "launch failed");
+        self.process_log.exit(a.job_id, a.attempt, "not started");
+        let path = log_path(&self.state_dir, a.job_id, a.attempt);
+        if path.parent().is_some_and(Path::exists) {
+            let _ = std::fs::write(&path, format!("kairos-agent: {message}\n"));
+        }
+        self.lock().insert(
+            key,
+            Run {
+                pgid: None,
+                cgroup: None,
+                gpus: Vec::new(),
+                checkpoint_signal: Signal::SIGUSR1,
+                exit: Some(Exit::Lost),
+                stopping: false,
+                fenced: false,
+                suspended: false,
+                lost_message: message.clone(),
+            },
+        );
+        self.report(key, Some(Exit::Lost), message);
+    }
+
     /// Starts a run. Failures to start are reported as a lost run with the reason.
     fn launch(&self, a: &pb::Assignment) {
         let key = (a.job_id, a.attempt);
+        let account = match self.isolation.accounts.resolve(&a.user) {
+            Ok(account) => account,
+            Err(message) => return self.launch_failed(a, message),
+        };
         let path = log_path(&self.state_dir, a.job_id, a.attempt);
-        let job_dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| self.state_dir.clone());
+        let job_dir = job_dir(&self.state_dir, a.job_id);
         let checkpoint_dir = job_dir.join("checkpoint");
+        let checkpoint_signal = parse_signal(&a.checkpoint_signal, Signal::SIGUSR1);
         // Logged before the spawn: the logged interval must cover the process's life.
         self.process_log.start(a.job_id, a.attempt, &a.gpu_ids, None);
-        let spawned = (|| -> std::io::Result<tokio::process::Child> {
-            std::fs::create_dir_all(&checkpoint_dir)?;
+        let cgroup = match self.isolation.cgroups.as_ref().map(|c| c.create(key)).transpose() {
+            Ok(cg) => cg,
+            Err(e) => return self.launch_failed(a, format!("creating the run's cgroup: {e}")),
+        };
+        let spawned = (|| -> std::io::Result<(tokio::process::Child, Arc<Mutex<std::fs::File>>)> {
+            // The job's directory and log belong to the job's user, readable by nobody else.
+            private_dir(&job_dir, account.as_ref(), 0o700)?;
+            private_dir(&checkpoint_dir, account.as_ref(), 0o700)?;
             let log = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+            if let Some(acct) = &account {
+                std::os::unix::fs::fchown(&log, Some(acct.uid), Some(acct.gid))?;
+            }
+            log.set_permissions(std::fs::Permissions::from_mode(0o600))?;
             let gpus: Vec<String> = a.gpu_ids.iter().map(u32::to_string).collect();
             let program = a.argv.first().ok_or_else(|| std::io::Error::other("empty command"))?;
             let mut cmd = tokio::process::Command::new(program);
             cmd.args(&a.argv[1..])
+                .env_clear()
+                .envs(base_env(std::env::vars(), account.as_ref()))
                 .envs(&a.env)
                 .env("KAIROS_JOB_ID", a.job_id.to_string())
                 .env("KAIROS_RESTART_COUNT", a.attempt.to_string())
@@ -364,38 +654,76 @@ impl Runner {
                 .env("MASTER_PORT", a.master_port.to_string())
                 .current_dir(if a.workdir.is_empty() { job_dir.as_path() } else { Path::new(&a.workdir) })
                 .stdin(std::process::Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
                 .process_group(0)
                 .kill_on_drop(false);
-            cmd.spawn()
+            let procs = cgroup.as_ref().map(RunCgroup::procs_file).transpose()?;
+            let procs_fd = procs.as_ref().map(|f| f.as_raw_fd());
+            let ids = account.as_ref().map(|a| {
+                let groups: Vec<nix::unistd::Gid> =
+                    a.groups.iter().map(|g| nix::unistd::Gid::from_raw(*g)).collect();
+                (groups, nix::unistd::Gid::from_raw(a.gid), nix::unistd::Uid::from_raw(a.uid))
+            });
+            // SAFETY: between fork and exec the child only makes system calls (write, setgroups,
+            // setgid, setuid) on values prepared before the fork; nothing allocates or locks.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if let Some(fd) = procs_fd {
+                        // Into the run's cgroup before any of the job's code runs.
+                        if nix::libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                    if let Some((groups, gid, uid)) = &ids {
+                        nix::unistd::setgroups(groups)?;
+                        nix::unistd::setgid(*gid)?;
+                        nix::unistd::setuid(*uid)?;
+                    }
+                    Ok(())
+                });
+            }
+            let child = cmd.spawn()?;
+            Ok((child, Arc::new(Mutex::new(log))))
         })();
-        let mut child = match spawned {
-            Ok(child) => child,
+        let (mut child, log) = match spawned {
+            Ok(spawned) => spawned,
             Err(e) => {
-                let message = format!("starting {:?}: {e}", a.argv.first().cloned().unwrap_or_default());
-                tracing::warn!(job = a.job_id, %message, "launch failed");
-                self.process_log.exit(a.job_id, a.attempt, "not started");
-                let _ = std::fs::write(&path, format!("kairos-agent: {message}\n"));
-                self.lock().insert(
-                    key,
-                    Run {
-                        pgid: None,
-                        exit: Some(Exit::Lost),
-                        stopping: false,
-                        suspended: false,
-                        lost_message: message.clone(),
-                    },
+                if let Some(cg) = &cgroup {
+                    cg.remove();
+                }
+                return self.launch_failed(
+                    a,
+                    format!("starting {:?}: {e}", a.argv.first().cloned().unwrap_or_default()),
                 );
-                self.report(key, Some(Exit::Lost), message);
-                return;
             }
         };
         let pgid = child.id().map(|p| p as i32);
-        tracing::info!(job = a.job_id, attempt = a.attempt, ?pgid, gpus = ?a.gpu_ids, "run started");
+        tracing::info!(job = a.job_id, attempt = a.attempt, ?pgid, gpus = ?a.gpu_ids, user = %a.user, "run started");
+        let written = Arc::new(std::sync::atomic::AtomicU64::new(
+            std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0),
+        ));
+        let max = self.isolation.log_max_bytes;
+        let copiers: Vec<_> = [
+            child.stdout.take().map(|o| tokio::spawn(copy_output(o, log.clone(), written.clone(), max))),
+            child.stderr.take().map(|o| tokio::spawn(copy_output(o, log.clone(), written.clone(), max))),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         self.lock().insert(
             key,
-            Run { pgid, exit: None, stopping: false, suspended: false, lost_message: String::new() },
+            Run {
+                pgid,
+                cgroup: cgroup.clone(),
+                gpus: a.gpu_ids.clone(),
+                checkpoint_signal,
+                exit: None,
+                stopping: false,
+                fenced: false,
+                suspended: false,
+                lost_message: String::new(),
+            },
         );
         if let Some(pgid) = pgid {
             journal_add(&self.state_dir, key, pgid);
@@ -404,7 +732,7 @@ impl Runner {
         self.watch_checkpoints(key, checkpoint_dir.join(".kairos-checkpoint"));
         let runner = self.clone();
         tokio::spawn(async move {
-            let exit = match child.wait().await {
+            let mut exit = match child.wait().await {
                 Ok(status) => match (status.code(), status.signal()) {
                     (Some(code), _) => Exit::Code(code),
                     (None, Some(sig)) => Exit::Signal(sig),
@@ -415,9 +743,11 @@ impl Runner {
                     Exit::Lost
                 }
             };
-            if let Some(pgid) = pgid {
-                // The main process is gone: nothing of its group may outlive it.
-                signal_group(pgid, Signal::SIGKILL);
+            // The main process is gone: nothing of the run may outlive it, and the run ends
+            // only when its last process has.
+            runner.wait_gone(key, pgid, cgroup.as_ref()).await;
+            for c in copiers {
+                let _ = c.await;
             }
             tracing::info!(job = key.0, attempt = key.1, ?exit, "run exited");
             let how = match exit {
@@ -427,11 +757,47 @@ impl Runner {
             };
             runner.process_log.exit(key.0, key.1, &how);
             journal_remove(runner.state_dir(), key);
+            if let Some(cg) = &cgroup {
+                cg.remove();
+            }
+            let mut message = String::new();
             if let Some(run) = runner.lock().get_mut(&key) {
+                if run.fenced {
+                    exit = Exit::Lost;
+                    message = "stopped on its node: the agent's lease lapsed (no controller answered)".into();
+                    run.lost_message = message.clone();
+                }
                 run.exit = Some(exit);
             }
-            runner.report(key, Some(exit), String::new());
+            runner.report(key, Some(exit), message);
+            runner.launch_ready();
         });
+    }
+
+    /// Kills what is left of a run whose main process ended and waits until every process of it
+    /// is gone (killing again now and then: a process may fork while it is being killed).
+    async fn wait_gone(&self, key: RunKey, pgid: Option<i32>, cgroup: Option<&RunCgroup>) {
+        let alive = || cgroup.map(RunCgroup::populated).unwrap_or(false) || pgid.is_some_and(group_alive);
+        let mut polls = 0u64;
+        while alive() {
+            if polls % 50 == 0 {
+                if let Some(cg) = cgroup {
+                    cg.kill();
+                }
+                if let Some(pgid) = pgid {
+                    signal_group(pgid, Signal::SIGKILL);
+                }
+            }
+            if polls == 500 {
+                tracing::warn!(
+                    job = key.0,
+                    attempt = key.1,
+                    "a run's processes do not die; its GPUs stay held"
+                );
+            }
+            polls += 1;
+            tokio::time::sleep(GONE_POLL).await;
+        }
     }
 
     /// Reports each new checkpoint the run announces by touching `marker`, while it runs.
@@ -460,271 +826,72 @@ impl Runner {
         });
     }
 
-    /// Asks a run's process group to stop: `signal` now (SIGTERM, or SIGUSR1 to checkpoint
-    /// before a preemption), SIGKILL after `grace` unless it has exited.
+    /// Asks a run to stop: `signal` now to all of it (SIGTERM, or SIGUSR1 to checkpoint before
+    /// a preemption), a kill after `grace` unless it has ended.
     fn stop(&self, key: RunKey, signal: Signal, grace: Duration) {
-        let (pgid, suspended) = {
+        {
             let mut runs = self.lock();
             let Some(run) = runs.get_mut(&key) else { return };
+            if run.exit.is_some() {
+                return;
+            }
             run.stopping = true;
-            (run.pgid, std::mem::take(&mut run.suspended))
-        };
-        let Some(pgid) = pgid else { return };
-        tracing::info!(job = key.0, attempt = key.1, %signal, "stopping run");
-        signal_group(pgid, signal);
-        if suspended {
-            // The signal is pending; the process handles it as soon as it continues.
-            signal_group(pgid, Signal::SIGCONT);
+            tracing::info!(job = key.0, attempt = key.1, %signal, "stopping run");
+            run.signal(signal);
+            if std::mem::take(&mut run.suspended) {
+                // The signal is pending; the process handles it as soon as it is thawed.
+                run.freeze(false);
+            }
         }
         let runner = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
-            if !runner.finished(key) {
-                signal_group(pgid, Signal::SIGKILL);
+            if let Some(run) = runner.lock().get(&key).filter(|r| r.exit.is_none()) {
+                run.kill();
             }
         });
     }
 
-    /// Stops every run (agent shutdown): SIGTERM, then SIGKILL after `grace`.
+    /// Fencing: the agent's lease lapsed, so the leader may soon give this node's jobs to other
+    /// nodes. Every run gets its checkpoint signal, is killed after `grace`, and is reported lost.
+    pub fn fence(&self, grace: Duration) {
+        let keys: Vec<(RunKey, Signal)> = {
+            let mut runs = self.lock();
+            runs.iter_mut()
+                .filter(|(_, r)| r.exit.is_none() && !r.fenced)
+                .map(|(k, r)| {
+                    r.fenced = true;
+                    (*k, r.checkpoint_signal)
+                })
+                .collect()
+        };
+        for (key, signal) in keys {
+            tracing::warn!(job = key.0, attempt = key.1, "lease lapsed: stopping the run");
+            self.stop(key, signal, grace);
+        }
+    }
+
+    /// Stops every run (agent shutdown): SIGTERM, then a kill after `grace`; waits (bounded)
+    /// until they are gone.
     pub async fn stop_all(&self, grace: Duration) {
-        let groups: Vec<i32> =
-            self.lock().values().filter(|r| r.exit.is_none()).filter_map(|r| r.pgid).collect();
-        for pgid in &groups {
-            signal_group(*pgid, Signal::SIGTERM);
+        for run in self.lock().values().filter(|r| r.exit.is_none()) {
+            run.signal(Signal::SIGTERM);
+            run.freeze(false);
         }
         let deadline = tokio::time::Instant::now() + grace;
         while !self.running().is_empty() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        for pgid in &groups {
-            signal_group(*pgid, Signal::SIGKILL);
+        for run in self.lock().values().filter(|r| r.exit.is_none()) {
+            run.kill();
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !self.running().is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn assignment(job: u64, argv: &[&str], started: bool, kill: bool) -> pb::Assignment {
-        pb::Assignment {
-            job_id: job,
-            attempt: 0,
-            argv: argv.iter().map(|s| s.to_string()).collect(),
-            env: Default::default(),
-            workdir: String::new(),
-            gpu_ids: vec![3, 5],
-            started,
-            kill,
-            kill_grace_s: 1,
-            rank: 0,
-            world_size: 1,
-            master_addr: String::new(),
-            master_port: 29500,
-            kill_signal: "SIGTERM".into(),
-            suspend: false,
-            checkpoint_signal: "SIGUSR1".into(),
-        }
-    }
-
-    async fn next(rx: &mut mpsc::Receiver<pb::StatusReport>) -> pb::StatusReport {
-        tokio::time::timeout(Duration::from_secs(20), rx.recv())
-            .await
-            .expect("a report in time")
-            .expect("open")
-    }
-
-    fn set(runs: Vec<pb::Assignment>) -> pb::AssignmentSet {
-        pb::AssignmentSet { runs, applied_index: 1 }
-    }
-
-    #[tokio::test]
-    async fn launches_once_reports_exit_and_never_relaunches() {
-        let dir = tempfile::tempdir().unwrap();
-        let (tx, mut rx) = mpsc::channel(16);
-        let runner = Runner::new("n1", dir.path(), tx);
-        let a =
-            assignment(7, &["sh", "-c", "echo $CUDA_VISIBLE_DEVICES $KAIROS_JOB_ID; exit 4"], false, false);
-        runner.reconcile(&set(vec![a.clone()]));
-        let started = next(&mut rx).await;
-        assert_eq!((started.job_id, started.status), (7, pb::RunStatus::Started as i32));
-        let exited = next(&mut rx).await;
-        assert_eq!((exited.status, exited.exit_code), (pb::RunStatus::Exited as i32, 4));
-        let log = std::fs::read_to_string(log_path(dir.path(), 7, 0)).unwrap();
-        assert_eq!(log, "3,5 7\n");
-        // The same set again (the controller has not applied the exit yet): the exit is
-        // reported again, and the run is not launched a second time.
-        runner.reconcile(&set(vec![a]));
-        let again = next(&mut rx).await;
-        assert_eq!((again.status, again.exit_code), (pb::RunStatus::Exited as i32, 4));
-        assert_eq!(std::fs::read_to_string(log_path(dir.path(), 7, 0)).unwrap(), "3,5 7\n");
-    }
-
-    #[tokio::test]
-    async fn a_started_run_this_agent_lacks_is_lost_not_relaunched() {
-        let dir = tempfile::tempdir().unwrap();
-        let (tx, mut rx) = mpsc::channel(16);
-        let runner = Runner::new("n1", dir.path(), tx);
-        runner.reconcile(&set(vec![assignment(9, &["true"], true, false)]));
-        let r = next(&mut rx).await;
-        assert_eq!((r.job_id, r.status), (9, pb::RunStatus::Lost as i32));
-        assert!(!log_path(dir.path(), 9, 0).exists(), "the run was launched");
-    }
-
-    #[tokio::test]
-    async fn kill_stops_the_group_and_unassigned_runs_are_killed() {
-        let dir = tempfile::tempdir().unwrap();
-        let (tx, mut rx) = mpsc::channel(16);
-        let runner = Runner::new("n1", dir.path(), tx);
-        let a = assignment(1, &["sleep", "300"], false, false);
-        let b = assignment(2, &["sleep", "300"], false, false);
-        runner.reconcile(&set(vec![a.clone(), b]));
-        next(&mut rx).await;
-        next(&mut rx).await;
-        assert_eq!(runner.running().len(), 2);
-        // Job 1 is to be killed; job 2 is no longer assigned at all.
-        runner.reconcile(&set(vec![pb::Assignment { kill: true, ..a }]));
-        let mut exits = [next(&mut rx).await, next(&mut rx).await];
-        exits.sort_by_key(|r| r.job_id);
-        assert_eq!(exits.iter().map(|r| (r.job_id, r.signal)).collect::<Vec<_>>(), vec![(1, 15), (2, 9)]);
-        assert!(runner.running().is_empty());
-    }
-
-    #[tokio::test]
-    async fn a_run_that_ended_unreaped_is_logged_as_ended_when_the_agent_restarts() {
-        use std::os::unix::process::CommandExt;
-        let dir = tempfile::tempdir().unwrap();
-        // A process that exits and stays a zombie (nobody reaps it), as an orphan under a
-        // PID 1 that never reaps would.
-        let mut child = std::process::Command::new("true").process_group(0).spawn().unwrap();
-        let pgid = child.id() as i32;
-        std::fs::create_dir_all(journal_dir(dir.path())).unwrap();
-        std::fs::write(journal_dir(dir.path()).join("9-2"), format!("{pgid} 0\n")).unwrap();
-        let zombie = (0..100).any(|_| {
-            std::thread::sleep(Duration::from_millis(20));
-            std::fs::read_to_string(format!("/proc/{pgid}/stat")).is_ok_and(|s| s.contains(") Z "))
-        });
-        assert!(zombie, "the child did not become a zombie");
-        assert!(!group_alive(pgid), "a zombie counted as a live run");
-        let path = dir.path().join("processes.jsonl");
-        let log = crate::audit::ProcessLog::open(&path, "n1").unwrap();
-        assert_eq!(kill_orphans(dir.path(), &log).await, 0);
-        let text = std::fs::read_to_string(&path).unwrap();
-        assert!(text.contains(r#""job":9,"attempt":2"#) && text.contains("ended unwatched"), "{text}");
-        child.wait().unwrap();
-    }
-
-    #[tokio::test]
-    async fn a_restarted_agent_kills_the_runs_its_predecessor_left_behind() {
-        let dir = tempfile::tempdir().unwrap();
-        let (tx, mut rx) = mpsc::channel(16);
-        let runner = Runner::new("n1", dir.path(), tx);
-        runner.reconcile(&set(vec![assignment(
-            4,
-            &["sh", "-c", "sleep 300 & exec sleep 300"],
-            false,
-            false,
-        )]));
-        next(&mut rx).await;
-        let pgid = {
-            let runs = runner.lock();
-            runs[&(4, 0)].pgid.unwrap()
-        };
-        assert!(group_alive(pgid));
-        // The agent "crashes": its runner is gone but the processes live on.
-        drop(runner);
-        assert_eq!(kill_orphans(dir.path(), &Default::default()).await, 1);
-        assert!(!group_alive(pgid), "the orphaned group survived");
-        assert_eq!(kill_orphans(dir.path(), &Default::default()).await, 0, "the journal was cleared");
-    }
-
-    #[tokio::test]
-    async fn a_planted_journal_entry_cannot_kill_a_foreign_group() {
-        let dir = tempfile::tempdir().unwrap();
-        // A foreign group whose leader is gone and whose survivor is not a kairos run.
-        use std::os::unix::process::CommandExt;
-        let mut leader = std::process::Command::new("sh")
-            .args(["-c", "sleep 300 >/dev/null 2>&1 & echo $!"])
-            .stdout(std::process::Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        let pgid = leader.id() as i32;
-        let _ = leader.wait();
-        assert!(group_alive(pgid));
-        // A job (same uid as the agent) plants a journal entry naming it.
-        std::fs::create_dir_all(journal_dir(dir.path())).unwrap();
-        std::fs::write(journal_dir(dir.path()).join("7-0"), format!("{pgid} 0\n")).unwrap();
-        assert_eq!(kill_orphans(dir.path(), &Default::default()).await, 0);
-        assert!(group_alive(pgid), "a foreign group was killed");
-        signal_group(pgid, Signal::SIGKILL);
-    }
-
-    #[tokio::test]
-    async fn a_touched_checkpoint_marker_is_reported() {
-        let dir = tempfile::tempdir().unwrap();
-        let (tx, mut rx) = mpsc::channel(16);
-        let runner = Runner::new("n1", dir.path(), tx);
-        let script = "sleep 0.7; touch $KAIROS_CHECKPOINT_DIR/.kairos-checkpoint; sleep 300";
-        runner.reconcile(&set(vec![assignment(5, &["sh", "-c", script], false, false)]));
-        assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
-        let r = next(&mut rx).await;
-        assert_eq!((r.job_id, r.status), (5, pb::RunStatus::Checkpointed as i32));
-        runner.stop_all(Duration::from_secs(1)).await;
-    }
-
-    /// The scheduling state of process `pid` ('T' = stopped), from /proc.
-    fn proc_state(pid: i32) -> char {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()).unwrap_or('?')
-    }
-
-    /// Waits (bounded, generously: a loaded machine may keep a process in D state a while)
-    /// until `pid` is stopped, or running/sleeping.
-    async fn wait_for_state(pid: i32, stopped: bool) {
-        for _ in 0..600 {
-            let state = proc_state(pid);
-            if (stopped && state == 'T') || (!stopped && matches!(state, 'S' | 'R')) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("process {pid} is in state {} (wanted stopped = {stopped})", proc_state(pid));
-    }
-
-    #[tokio::test]
-    async fn suspend_stops_the_group_resume_continues_it_and_a_kill_still_lands() {
-        let dir = tempfile::tempdir().unwrap();
-        let (tx, mut rx) = mpsc::channel(16);
-        let runner = Runner::new("n1", dir.path(), tx);
-        let a = assignment(6, &["sh", "-c", "exec sleep 300"], false, false);
-        runner.reconcile(&set(vec![a.clone()]));
-        assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
-        let pid = runner.lock()[&(6, 0)].pgid.unwrap();
-        wait_for_state(pid, false).await;
-        let suspended = pb::Assignment { started: true, suspend: true, ..a.clone() };
-        runner.reconcile(&set(vec![suspended.clone()]));
-        wait_for_state(pid, true).await;
-        runner.reconcile(&set(vec![pb::Assignment { suspend: false, ..suspended.clone() }]));
-        wait_for_state(pid, false).await;
-        // Cancelled while suspended: the stop signal is delivered (continued after it), not
-        // left pending until the SIGKILL after the grace.
-        runner.reconcile(&set(vec![suspended.clone()]));
-        wait_for_state(pid, true).await;
-        let killed = pb::Assignment { kill: true, kill_grace_s: 30, ..suspended };
-        runner.reconcile(&set(vec![killed]));
-        let r = next(&mut rx).await;
-        assert_eq!((r.job_id, r.status, r.signal), (6, pb::RunStatus::Exited as i32, 15));
-    }
-
-    #[tokio::test]
-    async fn a_command_that_cannot_start_is_reported_lost_with_the_reason() {
-        let dir = tempfile::tempdir().unwrap();
-        let (tx, mut rx) = mpsc::channel(16);
-        let runner = Runner::new("n1", dir.path(), tx);
-        runner.reconcile(&set(vec![assignment(3, &["/no/such/program"], false, false)]));
-        let r = next(&mut rx).await;
-        assert_eq!(r.status, pb::RunStatus::Lost as i32);
-        assert!(r.message.contains("/no/such/program"), "{}", r.message);
-    }
-}
+#[path = "runner_tests.rs"]
+mod tests;

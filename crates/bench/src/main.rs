@@ -483,7 +483,7 @@ async fn bench_preempt(
                 "--name",
                 &format!("node-{a}"),
             ])
-            .args(["--gpu-backend", "fake", "--fake-gpus", &gpus.to_string()])
+            .args(["--gpu-backend", "fake", "--fake-gpus", &gpus.to_string(), "--run-as", "agent"])
             .arg("--join-token-file")
             .arg(cluster.dir.path().join("join.token"))
             .arg("--state-dir")
@@ -630,6 +630,7 @@ fn bench_schedule(
             memory_mib: 1 << 20,
             labels: Default::default(),
             gpu_backend: "fake".into(),
+            isolation: String::new(),
         };
         apply(&mut state, Op::RegisterNode { info });
     }

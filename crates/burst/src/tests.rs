@@ -27,6 +27,7 @@ fn node(name: &str, gpus: u32, labels: &[(&str, &str)]) -> NodeInfo {
         memory_mib: 1,
         labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         gpu_backend: "fake".into(),
+        isolation: String::new(),
     }
 }
 

@@ -161,6 +161,12 @@ enum Cmd {
         #[arg(long, default_value = "")]
         reason: String,
     },
+    /// One node (operators): `remove NAME` forgets a node that holds no job, so another agent
+    /// may register the name with the join token.
+    Node {
+        #[command(subcommand)]
+        command: NodeCmd,
+    },
     /// API tokens (admins): create, list, revoke.
     Token {
         #[command(subcommand)]
@@ -227,7 +233,17 @@ enum Cmd {
         fake_gpus: String,
         #[arg(long, default_value = "local")]
         node_name: String,
+        /// Whom the agent runs jobs as: `agent` (whoever runs `kairos up`) or `submitter` (each
+        /// job as the Unix account of its kairos user; needs root).
+        #[arg(long, default_value = "agent", value_parser = ["agent", "submitter"])]
+        run_as: String,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum NodeCmd {
+    /// Forget a node that holds no job (down, or drained and idle); its credentials stop working.
+    Remove { name: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -1227,6 +1243,15 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .await?;
             println!("node {node} drains");
         }
+        Cmd::Node { command: NodeCmd::Remove { name } } => {
+            client
+                .call(|ch| {
+                    let req = client.request(pb::RemoveNodeRequest { node: name.clone() });
+                    async move { AdminServiceClient::new(ch).remove_node(req).await }
+                })
+                .await?;
+            println!("node {name} removed");
+        }
         Cmd::Token { command } => return token_command(client, cli.json, command).await,
         Cmd::Cluster { command } => {
             let status = client
@@ -1536,9 +1561,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Policy { command } => return policy_command(client, command).await,
         Cmd::Burst { command } => return burst_command(client, cli.json, command).await,
-        Cmd::Up { addr, agent_addr, data_dir, fake_gpus, node_name } => {
+        Cmd::Up { addr, agent_addr, data_dir, fake_gpus, node_name, run_as } => {
             let controllers = up_controllers(&cli.controllers, &addr)?;
-            up::run(up::UpArgs { controllers, agent_addr, data_dir, fake_gpus, node_name }).await?;
+            up::run(up::UpArgs { controllers, agent_addr, data_dir, fake_gpus, node_name, run_as }).await?;
         }
     }
     Ok(0)

@@ -18,6 +18,8 @@ pub struct UpArgs {
     pub data_dir: PathBuf,
     pub fake_gpus: String,
     pub node_name: String,
+    /// The agent's `--run-as`.
+    pub run_as: String,
 }
 
 /// Finds a sibling binary of this executable (they are built together), else relies on PATH.
@@ -147,6 +149,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             args.fake_gpus.clone(),
             "--join-token-file".into(),
             data("join.token"),
+            "--run-as".into(),
+            args.run_as.clone(),
         ],
     );
     match agent {

@@ -82,9 +82,11 @@ impl ClusterKey {
         self.derive(&format!("raft:{id}"))
     }
 
-    /// What the agent of node `name` presents to controllers (and controllers to its log service).
-    pub fn node_credential(&self, name: &str) -> String {
-        format!("node.{}", self.derive(&format!("node:{name}")))
+    /// What the agent of node `name`, registration `epoch` (`Node::epoch`), presents to
+    /// controllers (and controllers to its log service). A new registration of the name after
+    /// `kairos node remove` has a new epoch, so credentials issued before are void.
+    pub fn node_credential(&self, name: &str, epoch: u64) -> String {
+        format!("node.{}", self.derive(&format!("node:{name}:{epoch}")))
     }
 }
 
@@ -102,7 +104,8 @@ mod tests {
         assert!(a.verify("raft:1", &a.peer_credential(1)));
         assert!(!a.verify("raft:2", &a.peer_credential(1)));
         assert!(!b.verify("raft:1", &a.peer_credential(1)));
-        assert_ne!(a.node_credential("n1"), a.node_credential("n2"));
+        assert_ne!(a.node_credential("n1", 1), a.node_credential("n2", 1));
+        assert_ne!(a.node_credential("n1", 1), a.node_credential("n1", 2));
         assert!(!format!("{a:?}").contains("aaaa"));
     }
 

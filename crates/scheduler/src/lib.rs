@@ -18,6 +18,7 @@ pub mod burst;
 pub mod burst_apply;
 pub mod limits;
 pub mod model;
+pub mod nodes;
 pub mod planner;
 pub mod policy;
 pub mod priority;

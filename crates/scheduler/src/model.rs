@@ -57,6 +57,11 @@ pub struct NodeInfo {
     pub memory_mib: u64,
     pub labels: BTreeMap<String, String>,
     pub gpu_backend: String,
+    /// How the agent isolates runs: "cgroup2" (a cgroup per run), or "pgroup" (process groups
+    /// only, where no cgroup can be created), plus the Unix account runs execute as
+    /// ("submitter" or "agent"), e.g. "cgroup2,submitter".
+    #[serde(default)]
+    pub isolation: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +83,11 @@ pub struct Node {
     /// GPU index -> the pending preemptor it is promised to (no other job may take it).
     #[serde(default)]
     pub claimed: BTreeMap<GpuIndex, JobId>,
+    /// Which registration of this name this is: the node credential is derived from the name
+    /// and the epoch, so removing a node (`Op::RemoveNode`) voids every credential issued
+    /// for it before.
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 impl Node {

@@ -88,6 +88,17 @@ pub enum Op {
     RegisterNode {
         info: NodeInfo,
     },
+    /// An agent registers `info`: with the join token (`credential_epoch` None) only a name
+    /// that is not registered; with a node credential only the registration of that epoch.
+    JoinNode {
+        info: NodeInfo,
+        credential_epoch: Option<u64>,
+    },
+    /// An operator forgets a node that holds no job: its name is free for the join token
+    /// again and every credential issued for it is void.
+    RemoveNode {
+        node: String,
+    },
     NodeDown {
         node: String,
         reason: String,
@@ -296,6 +307,12 @@ pub enum Outcome {
     },
     NodeRegistered {
         node: String,
+        /// The registration's epoch (see `Node::epoch`).
+        #[serde(default)]
+        epoch: u64,
+    },
+    NodeRemoved {
+        node: String,
     },
     NodeDown {
         node: String,
@@ -360,6 +377,9 @@ pub struct ClusterState {
     /// Issued API tokens (hashed), by token id.
     #[serde(default)]
     pub tokens: crate::tokens::Tokens,
+    /// The last node epoch handed out (see `Node::epoch`); only grows.
+    #[serde(default)]
+    pub node_epoch_seq: u64,
 }
 
 impl ClusterState {
@@ -377,6 +397,7 @@ impl ClusterState {
             suspended: BTreeSet::new(),
             burst: Default::default(),
             tokens: Default::default(),
+            node_epoch_seq: 0,
         }
     }
 
@@ -400,6 +421,8 @@ impl ClusterState {
             Op::Submit { spec, request_id, hold } => self.submit(spec, request_id.as_deref(), *hold, now),
             Op::Cancel { job, by } => self.cancel(*job, by, now),
             Op::RegisterNode { info } => self.register_node(info, now),
+            Op::JoinNode { info, credential_epoch } => self.join_node(info, *credential_epoch, now),
+            Op::RemoveNode { node } => self.remove_node(node),
             Op::NodeDown { node, reason } => self.node_down(node, reason, now),
             Op::ApplyPlan { plan } => self.apply_plan(plan, now),
             Op::JobStarted { job, attempt, node } => self.job_started(*job, *attempt, node, now),
@@ -486,6 +509,10 @@ impl ClusterState {
     /// The largest GPU count of any registered node (0 when there is none).
     pub fn largest_node_gpus(&self) -> u32 {
         self.largest_node_gpus
+    }
+
+    pub(crate) fn refresh_largest_node(&mut self) {
+        self.largest_node_gpus = self.nodes.values().map(Node::gpu_count).max().unwrap_or(0);
     }
 
     /// A job's effective wall-clock limit in seconds.
@@ -1277,7 +1304,7 @@ impl ClusterState {
 
     /// Drops every claim of a job: a pending job's (it was cancelled or placed, or its node went
     /// down) and a resizing run's on its node.
-    fn drop_claim(&mut self, id: JobId) {
+    pub(crate) fn drop_claim(&mut self, id: JobId) {
         let Some(job) = self.jobs.get_mut(&id) else { return };
         let mut names: Vec<String> = Vec::new();
         if let Some(c) = job.claim.take() {
@@ -1360,7 +1387,7 @@ impl ClusterState {
         }
     }
 
-    fn register_node(&mut self, info: &NodeInfo, now: i64) -> Outcome {
+    pub(crate) fn register_node(&mut self, info: &NodeInfo, now: i64) -> Outcome {
         if let Err(e) = validate_node(info) {
             return Outcome::Rejected(Rejection::Invalid(e.to_string()));
         }
@@ -1407,12 +1434,15 @@ impl ClusterState {
                     reason: String::new(),
                     allocated: BTreeMap::new(),
                     claimed: BTreeMap::new(),
+                    epoch: self.node_epoch_seq + 1,
                 };
+                self.node_epoch_seq += 1;
                 self.nodes.insert(info.name.clone(), node);
             }
         }
-        self.largest_node_gpus = self.nodes.values().map(Node::gpu_count).max().unwrap_or(0);
-        Outcome::NodeRegistered { node: info.name.clone() }
+        self.refresh_largest_node();
+        let epoch = self.nodes.get(&info.name).map(|n| n.epoch).unwrap_or_default();
+        Outcome::NodeRegistered { node: info.name.clone(), epoch }
     }
 
     pub(crate) fn node_down(&mut self, name: &str, reason: &str, now: i64) -> Outcome {

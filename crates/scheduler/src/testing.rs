@@ -22,6 +22,7 @@ pub fn node_info(name: &str, gpus: u32) -> NodeInfo {
         memory_mib: 512 * 1024,
         labels: BTreeMap::new(),
         gpu_backend: "fake".into(),
+        isolation: String::new(),
     }
 }
 

@@ -197,6 +197,7 @@ pub fn validate_node(info: &NodeInfo) -> Result<(), ValidationError> {
     }
     check_text("name", &info.name, 128)?;
     check_text("addr", &info.addr, 256)?;
+    check_text("isolation", &info.isolation, 64)?;
     check_len("gpus", info.gpus.len(), GPUS_PER_NODE_MAX)?;
     check_len("labels", info.labels.len(), 64)?;
     let mut seen = BTreeSet::new();

@@ -304,6 +304,24 @@ impl AdminService for Admin {
         self.ctx.drain_node(r.node, &format!("drained by \"{}\": {}", me.user, r.reason)).await?;
         Ok(Response::new(pb::DrainNodeResponse {}))
     }
+
+    async fn remove_node(
+        &self,
+        request: Request<pb::RemoveNodeRequest>,
+    ) -> Result<Response<pb::RemoveNodeResponse>, Status> {
+        let me = self.ctx.principal(&request)?;
+        me.require(Role::Operator, "removing nodes")?;
+        let node = request.into_inner().node;
+        self.ctx.check_node(&node)?;
+        match self.ctx.write(Op::RemoveNode { node: node.clone() }).await? {
+            Outcome::NodeRemoved { .. } => {
+                tracing::warn!(%node, by = %me.user, "node removed");
+                Ok(Response::new(pb::RemoveNodeResponse {}))
+            }
+            Outcome::Rejected(r) => Err(rejection_status(r)),
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
 }
 
 /// Longest lifetime a token may be created with (ten years).

@@ -79,6 +79,7 @@ pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> 
             master_port: MASTER_PORT_BASE + (j.id % 10_000) as u32,
             suspend: j.state == JobState::Suspended && a.stop.is_none(),
             checkpoint_signal: checkpoint_signal.to_string(),
+            user: j.spec.user.clone(),
         });
     }
     out
@@ -96,16 +97,18 @@ impl AgentService for Agents {
         let (metadata, _, req) = request.into_parts();
         let info = node_info_from_pb(req.node)?;
         let name = info.name.clone();
-        self.ctx.auth.check_join(&metadata, &name)?;
-        match self.ctx.write(Op::RegisterNode { info }).await? {
-            Outcome::NodeRegistered { .. } => {
+        let credential_epoch = self.ctx.auth.check_join(&metadata, &name, self.ctx.node_epoch(&name))?;
+        match self.ctx.write(Op::JoinNode { info, credential_epoch }).await? {
+            Outcome::NodeRegistered { epoch, .. } => {
                 self.ctx.record_heartbeat(&name);
                 self.ctx.kick.notify_one();
                 tracing::info!(node = %name, "node registered");
                 Ok(Response::new(pb::RegisterResponse {
-                    node_credential: self.ctx.auth.key.node_credential(&name),
+                    node_credential: self.ctx.auth.key.node_credential(&name, epoch),
                     node_id: name,
                     heartbeat_interval_ms: self.ctx.timing.heartbeat_interval.as_millis() as u64,
+                    lease_ms: self.ctx.timing.lease().as_millis() as u64,
+                    fence_grace_ms: self.ctx.timing.fence_grace().as_millis() as u64,
                 }))
             }
             Outcome::Rejected(r) => Err(rejection_status(r)),
@@ -117,7 +120,7 @@ impl AgentService for Agents {
         &self,
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
-        self.ctx.auth.check_node(request.metadata(), &request.get_ref().node_id)?;
+        self.ctx.authenticate_agent(request.metadata(), &request.get_ref().node_id)?;
         let req = request.into_inner();
         // Heartbeats count only on a leader a quorum still follows: an agent talking to a
         // deposed, paused or partitioned replica must move to the real leader, or that leader
@@ -152,7 +155,7 @@ impl AgentService for Agents {
         &self,
         request: Request<pb::AssignmentsRequest>,
     ) -> Result<Response<Self::AssignmentsStream>, Status> {
-        self.ctx.auth.check_node(request.metadata(), &request.get_ref().node_id)?;
+        self.ctx.authenticate_agent(request.metadata(), &request.get_ref().node_id)?;
         let node = request.into_inner().node_id;
         self.ctx.check_node(&node)?;
         let replica = self.ctx.replica.clone();
@@ -182,7 +185,7 @@ impl AgentService for Agents {
     }
 
     async fn drain(&self, request: Request<pb::DrainRequest>) -> Result<Response<pb::DrainResponse>, Status> {
-        self.ctx.auth.check_node(request.metadata(), &request.get_ref().node_id)?;
+        self.ctx.authenticate_agent(request.metadata(), &request.get_ref().node_id)?;
         let r = request.into_inner();
         self.ctx.drain_node(r.node_id, &r.reason).await?;
         Ok(Response::new(pb::DrainResponse {}))
@@ -192,7 +195,7 @@ impl AgentService for Agents {
         &self,
         request: Request<pb::StatusReport>,
     ) -> Result<Response<pb::StatusAck>, Status> {
-        self.ctx.auth.check_node(request.metadata(), &request.get_ref().node_id)?;
+        self.ctx.authenticate_agent(request.metadata(), &request.get_ref().node_id)?;
         let r = request.into_inner();
         self.ctx.check_node(&r.node_id)?;
         let op = match pb::RunStatus::try_from(r.status) {

@@ -111,23 +111,39 @@ impl Auth {
         }
     }
 
-    /// An agent registering: the join token, or node `node`'s own credential (re-registration).
-    pub fn check_join(&self, metadata: &MetadataMap, node: &str) -> Result<(), Status> {
+    /// An agent registering node `node`, whose current registration (if any) has `epoch`:
+    /// with that registration's node credential (answers `Some(epoch)`), or with the join token
+    /// (answers `None`; the state machine then admits only a name nobody holds).
+    pub fn check_join(
+        &self,
+        metadata: &MetadataMap,
+        node: &str,
+        epoch: Option<u64>,
+    ) -> Result<Option<u64>, Status> {
         let cred = bearer(metadata)
             .ok_or_else(|| Status::unauthenticated("register: no join token (agent --join-token-file)"))?;
-        if ct_eq(&sha256_hex(cred), &self.join_sha256) || ct_eq(cred, &self.key.node_credential(node)) {
-            Ok(())
+        if let Some(e) = epoch.filter(|e| ct_eq(cred, &self.key.node_credential(node, *e))) {
+            Ok(Some(e))
+        } else if ct_eq(&sha256_hex(cred), &self.join_sha256) {
+            Ok(None)
         } else {
-            Err(Status::unauthenticated("register: invalid join token"))
+            Err(Status::unauthenticated(format!(
+                "register: neither the join token nor the credential of node \"{}\"",
+                node.chars().take(64).collect::<String>()
+            )))
         }
     }
 
-    /// An agent's call about node `node`: only that node's credential is accepted.
-    pub fn check_node(&self, metadata: &MetadataMap, node: &str) -> Result<(), Status> {
-        match bearer(metadata) {
-            Some(c) if ct_eq(c, &self.key.node_credential(node)) => Ok(()),
-            Some(_) => Err(Status::unauthenticated(format!("no valid credential for node \"{node}\""))),
-            None => Err(Status::unauthenticated("no node credential (register first)")),
+    /// An agent's call about node `node`, registered with `epoch`: only that registration's
+    /// credential is accepted.
+    pub fn check_node(&self, metadata: &MetadataMap, node: &str, epoch: Option<u64>) -> Result<(), Status> {
+        match (bearer(metadata), epoch) {
+            (Some(c), Some(e)) if ct_eq(c, &self.key.node_credential(node, e)) => Ok(()),
+            (Some(_), _) => Err(Status::unauthenticated(format!(
+                "no valid credential for node \"{}\" (register again)",
+                node.chars().take(64).collect::<String>()
+            ))),
+            (None, _) => Err(Status::unauthenticated("no node credential (register first)")),
         }
     }
 }
@@ -268,11 +284,11 @@ mod tests {
                     tonic::Code::Unauthenticated | tonic::Code::InvalidArgument | tonic::Code::PermissionDenied
                 )),
             }
-            if let Err(e) = a.check_node(&m, &node) {
+            if let Err(e) = a.check_node(&m, &node, Some(1)) {
                 proptest::prop_assert_eq!(e.code(), tonic::Code::Unauthenticated);
             }
-            if a.check_join(&m, &node).is_ok() {
-                proptest::prop_assert!(token.trim() == "join-me" || token.trim() == a.key.node_credential(&node));
+            if a.check_join(&m, &node, Some(1)).is_ok() {
+                proptest::prop_assert!(token.trim() == "join-me" || token.trim() == a.key.node_credential(&node, 1));
             }
         }
     }
@@ -280,17 +296,26 @@ mod tests {
     #[test]
     fn agents_join_with_the_join_token_then_use_their_node_credential() {
         let a = auth();
-        assert!(a.check_join(&md(Some("join-me"), None), "n1").is_ok());
-        assert!(a.check_join(&md(Some(&a.key.node_credential("n1")), None), "n1").is_ok());
-        for bad in [None, Some("join-you"), Some("boot-admin")] {
-            assert_eq!(a.check_join(&md(bad, None), "n1").unwrap_err().code(), tonic::Code::Unauthenticated);
+        assert_eq!(a.check_join(&md(Some("join-me"), None), "n1", None).unwrap(), None);
+        assert_eq!(a.check_join(&md(Some("join-me"), None), "n1", Some(3)).unwrap(), None);
+        let n1 = a.key.node_credential("n1", 3);
+        assert_eq!(a.check_join(&md(Some(&n1), None), "n1", Some(3)).unwrap(), Some(3));
+        // A credential of an earlier registration, or of no registration, registers nothing.
+        for epoch in [None, Some(4)] {
+            let e = a.check_join(&md(Some(&n1), None), "n1", epoch).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Unauthenticated);
         }
-        let n1 = a.key.node_credential("n1");
-        assert!(a.check_node(&md(Some(&n1), None), "n1").is_ok());
-        assert_eq!(
-            a.check_node(&md(Some(&n1), None), "n2").unwrap_err().code(),
-            tonic::Code::Unauthenticated
-        );
-        assert!(a.check_node(&md(Some("join-me"), None), "n1").is_err());
+        for bad in [None, Some("join-you"), Some("boot-admin")] {
+            assert_eq!(
+                a.check_join(&md(bad, None), "n1", Some(3)).unwrap_err().code(),
+                tonic::Code::Unauthenticated
+            );
+        }
+        assert!(a.check_node(&md(Some(&n1), None), "n1", Some(3)).is_ok());
+        for (node, epoch) in [("n2", Some(3)), ("n1", Some(4)), ("n1", None)] {
+            let e = a.check_node(&md(Some(&n1), None), node, epoch).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Unauthenticated);
+        }
+        assert!(a.check_node(&md(Some("join-me"), None), "n1", Some(3)).is_err());
     }
 }

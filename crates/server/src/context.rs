@@ -26,6 +26,21 @@ pub struct Timing {
     pub tick: Duration,
 }
 
+impl Timing {
+    /// How long after sending its last answered heartbeat an agent may run jobs: half the node
+    /// timeout. The leader sees that heartbeat no earlier than it was sent and declares the
+    /// node down a node timeout after it saw it, so every run is stopped
+    /// (lease + fence grace = 0.7 node timeout) before its jobs can be placed again.
+    pub fn lease(&self) -> Duration {
+        self.node_timeout / 2
+    }
+
+    /// How long a fenced agent's runs get between the checkpoint signal and the kill.
+    pub fn fence_grace(&self) -> Duration {
+        self.node_timeout / 5
+    }
+}
+
 /// Pending reasons by job, as the planner derives them.
 pub type PendingReasons = BTreeMap<JobId, PendingReason>;
 
@@ -89,6 +104,20 @@ impl Ctx {
     }
 
     /// `NOT_FOUND` unless `node` is registered.
+    /// The epoch of `node`'s registration, if it is registered.
+    pub fn node_epoch(&self, node: &str) -> Option<u64> {
+        self.replica.read(|a| a.state.nodes.get(node).map(|n| n.epoch))
+    }
+
+    /// An agent's call about `node`: only the credential of its current registration passes.
+    pub fn authenticate_agent(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        node: &str,
+    ) -> Result<(), Status> {
+        self.auth.check_node(metadata, node, self.node_epoch(node))
+    }
+
     pub fn check_node(&self, node: &str) -> Result<(), Status> {
         self.replica.read(|a| {
             if a.state.nodes.contains_key(node) {

@@ -227,6 +227,7 @@ pub fn node_info_from_pb(info: Option<pb::NodeInfo>) -> Result<NodeInfo, Status>
         memory_mib: info.memory_mib,
         labels: info.labels.into_iter().collect(),
         gpu_backend: info.gpu_backend,
+        isolation: info.isolation,
     };
     kairos_scheduler::validate_node(&out).map_err(|e| Status::invalid_argument(format!("node.{e}")))?;
     Ok(out)
@@ -251,6 +252,7 @@ pub fn node_info_to_pb(info: &NodeInfo) -> pb::NodeInfo {
         memory_mib: info.memory_mib,
         labels: info.labels.clone().into_iter().collect(),
         gpu_backend: info.gpu_backend.clone(),
+        isolation: info.isolation.clone(),
     }
 }
 

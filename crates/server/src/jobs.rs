@@ -269,9 +269,9 @@ impl JobService for Jobs {
                 .nodes
                 .get(&job.last_node)
                 .ok_or_else(|| Status::unavailable(format!("node \"{}\" is unknown", job.last_node)))?;
-            Ok((node.info.clone(), job.attempt))
+            Ok((node.info.clone(), node.epoch, job.attempt))
         });
-        let (node, attempt) = self.redirect_unknown(found)?;
+        let (node, epoch, attempt) = self.redirect_unknown(found)?;
         req.attempt = attempt;
         let bad_addr = |e: tonic::transport::Error| {
             Status::internal(format!("node \"{}\" has a bad address: {e}", node.name))
@@ -292,7 +292,7 @@ impl JobService for Jobs {
         let mut req = Request::new(req);
         kairos_consensus::auth::set_bearer(
             req.metadata_mut(),
-            &self.ctx.auth.key.node_credential(&node.name),
+            &self.ctx.auth.key.node_credential(&node.name, epoch),
         );
         let stream = AgentLogServiceClient::new(channel).read_logs(req).await?.into_inner();
         Ok(Response::new(Box::pin(stream.map(|r| r))))

@@ -233,6 +233,9 @@ async fn run() -> anyhow::Result<()> {
         key: auth.key.clone(),
         peer_tls: client_tls.clone(),
     };
+    if args.heartbeat_ms == 0 || args.node_timeout_ms < 4 * args.heartbeat_ms {
+        bail!("--node-timeout-ms must be at least 4 × --heartbeat-ms: agents hold a lease of half the node timeout and must renew it more than once");
+    }
     if config.heartbeat_ms == 0 || config.election_timeout_ms <= config.heartbeat_ms {
         bail!("--election-timeout-ms must be larger than --raft-heartbeat-ms (and both above 0)");
     }

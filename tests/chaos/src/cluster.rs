@@ -220,6 +220,8 @@ impl ChaosCluster {
                 path("join.token"),
                 "--process-log".into(),
                 path(&format!("agent-{a}.processes.jsonl")),
+                "--run-as".into(),
+                "agent".into(),
             ];
             c.procs.push(Proc {
                 role: Role::Agent,

@@ -229,13 +229,23 @@ impl Cluster {
         self.controllers[index].child = Some(cmd.spawn().expect("start kairosd"));
     }
 
+    /// `agent_flags`, plus `--run-as agent` unless they choose: the tests run as root, where
+    /// the agent's default is to run jobs as their submitters' Unix accounts.
+    fn agent_flags_with_defaults(&self) -> Vec<String> {
+        let mut flags = self.agent_flags.clone();
+        if !flags.iter().any(|f| f == "--run-as") {
+            flags.extend(["--run-as".to_string(), "agent".to_string()]);
+        }
+        flags
+    }
+
     pub fn start_agent(&mut self) {
         let child = Command::new(bin("kairos-agent"))
             .args(["--controllers", &self.addrs(), "--addr", "127.0.0.1:0", "--name", "node-a"])
             .args(["--gpu-backend", "fake", "--fake-gpus", &self.gpus.to_string()])
             .arg("--join-token-file")
             .arg(self.path("join.token"))
-            .args(&self.agent_flags)
+            .args(self.agent_flags_with_defaults())
             .arg("--state-dir")
             .arg(self.path("agent"))
             .stdin(Stdio::null())
@@ -253,7 +263,7 @@ impl Cluster {
             .args(["--gpu-backend", "fake", "--fake-gpus", &gpus.to_string()])
             .arg("--join-token-file")
             .arg(self.path("join.token"))
-            .args(&self.agent_flags)
+            .args(self.agent_flags_with_defaults())
             .arg("--state-dir")
             .arg(self.path(&format!("agent-{name}")))
             .stdin(Stdio::null())

@@ -1,0 +1,199 @@
+//! Fencing: an agent runs jobs only while it holds a lease from the leader.
+//!
+//! Every heartbeat (and registration) the leader answers renews the lease to
+//! `sent + lease_ms`, where `sent` is when the agent sent that call — no later than when the
+//! leader saw it. When the lease lapses the agent stops its runs (checkpoint signal,
+//! `fence_grace_ms`, kill) and launches nothing until a renewal. An agent that cannot act
+//! (SIGSTOPped, wedged) is covered by its watchdog, a separate process: the agent writes the
+//! hard deadline `sent + lease_ms + fence_grace_ms` to `<state-dir>/lease`, and the watchdog
+//! kills every run of the node (run cgroups, journaled process groups) once the deadline
+//! passes. The leader declares the node down — and requeues its jobs — only a node timeout
+//! after it last saw a heartbeat, and lease + grace is 0.7 of that (see `Timing::lease` in
+//! the server and ARCHITECTURE.md).
+//!
+//! Times are CLOCK_MONOTONIC milliseconds, which both processes read and which keeps running
+//! while a process is stopped.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cgroup::Cgroups;
+
+/// How often the watchdog looks at the lease.
+const WATCHDOG_POLL: Duration = Duration::from_millis(100);
+
+/// Milliseconds of CLOCK_MONOTONIC.
+pub fn mono_ms() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| t.tv_sec() as u64 * 1000 + t.tv_nsec() as u64 / 1_000_000)
+        .unwrap_or(0)
+}
+
+/// The lease file: "PID DEADLINE_MONO_MS" of the agent that holds it.
+pub fn lease_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("lease")
+}
+
+fn read_lease(path: &Path) -> Option<(i32, u64)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut f = text.split_whitespace();
+    Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+}
+
+/// The agent's lease, shared by its session (renews), its runner (launches only while valid)
+/// and its fence task (stops runs when it lapses).
+#[derive(Clone, Debug)]
+pub struct Lease(Arc<LeaseInner>);
+
+#[derive(Debug)]
+struct LeaseInner {
+    /// Valid until this CLOCK_MONOTONIC ms (0: never renewed; u64::MAX: no fencing).
+    until: AtomicU64,
+    grace_ms: AtomicU64,
+    file: Option<PathBuf>,
+}
+
+impl Lease {
+    /// A lease that never lapses (unit tests; an agent without fencing).
+    pub fn unfenced() -> Lease {
+        Lease(Arc::new(LeaseInner {
+            until: AtomicU64::new(u64::MAX),
+            grace_ms: AtomicU64::new(0),
+            file: None,
+        }))
+    }
+
+    /// A lapsed lease whose deadline the watchdog reads from `file`.
+    pub fn new(file: PathBuf) -> Lease {
+        Lease(Arc::new(LeaseInner {
+            until: AtomicU64::new(0),
+            grace_ms: AtomicU64::new(0),
+            file: Some(file),
+        }))
+    }
+
+    /// The leader answered a call sent at `sent` (mono ms): valid until `sent + lease_ms`.
+    pub fn renew(&self, sent: u64, lease_ms: u64, grace_ms: u64) {
+        let until = sent.saturating_add(lease_ms);
+        let previous = self.0.until.fetch_max(until, Ordering::SeqCst);
+        self.0.grace_ms.store(grace_ms, Ordering::SeqCst);
+        if until <= previous {
+            return;
+        }
+        if let Some(file) = &self.0.file {
+            // Written whole under another name and renamed, so the watchdog never reads half.
+            let tmp = file.with_extension("tmp");
+            let text = format!("{} {}\n", std::process::id(), until.saturating_add(grace_ms));
+            if let Err(e) = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, file)) {
+                tracing::warn!(error = %e, "cannot write the lease file for the watchdog");
+            }
+        }
+    }
+
+    pub fn valid(&self) -> bool {
+        mono_ms() < self.0.until.load(Ordering::SeqCst)
+    }
+
+    /// Whether a lease was held and has lapsed.
+    pub fn lapsed(&self) -> bool {
+        let until = self.0.until.load(Ordering::SeqCst);
+        until != 0 && mono_ms() >= until
+    }
+
+    pub fn grace(&self) -> Duration {
+        Duration::from_millis(self.0.grace_ms.load(Ordering::SeqCst))
+    }
+
+    /// The agent stops on purpose: the watchdog has nothing to enforce.
+    pub fn release(&self) {
+        if let Some(file) = &self.0.file {
+            let _ = std::fs::remove_file(file);
+        }
+    }
+}
+
+/// The watchdog process: kills every run of the node once the lease deadline of its agent
+/// (`parent`) passes; exits when another agent holds the lease, or when its agent is gone and
+/// nothing is left to kill.
+pub fn watchdog(state_dir: &Path, cgroups: Option<&Cgroups>, parent: i32) -> ! {
+    let lease_file = lease_path(state_dir);
+    let mut fenced_at: Option<u64> = None;
+    loop {
+        std::thread::sleep(WATCHDOG_POLL);
+        let lease = read_lease(&lease_file);
+        if lease.is_some_and(|(pid, _)| pid != parent) {
+            std::process::exit(0); // a new agent holds the lease; it killed what was left
+        }
+        let parent_alive = nix::unistd::getppid().as_raw() == parent;
+        let expired = lease.is_some_and(|(_, deadline)| mono_ms() >= deadline);
+        if expired {
+            let killed = crate::runner::kill_every_run(state_dir, cgroups);
+            if !killed.is_empty() && fenced_at.is_none() {
+                fenced_at = Some(mono_ms());
+                eprintln!("kairos-agent watchdog: lease lapsed; killed runs {killed:?}");
+            }
+        } else {
+            fenced_at = None;
+        }
+        if !parent_alive && (expired || lease.is_none()) {
+            let busy = cgroups.is_some_and(|c| c.runs().iter().any(|(_, r)| r.populated()));
+            if !busy {
+                if let Some(c) = cgroups {
+                    c.remove_empty();
+                }
+                std::process::exit(0);
+            }
+        }
+    }
+}
+
+/// The argument that starts the watchdog mode of the agent binary.
+pub const WATCHDOG_ARG: &str = "__kairos_watchdog";
+
+/// Starts the watchdog for this agent (the same binary, in watchdog mode), after stopping one
+/// a previous agent on this state dir may have left.
+pub fn spawn_watchdog(state_dir: &Path, cgroup_base: Option<&Path>) -> std::io::Result<std::process::Child> {
+    let pid_file = state_dir.join("watchdog.pid");
+    if let Some(old) = std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
+        let cmdline = std::fs::read(format!("/proc/{old}/cmdline")).unwrap_or_default();
+        let text = String::from_utf8_lossy(&cmdline);
+        if text.contains(WATCHDOG_ARG) && text.contains(&*state_dir.to_string_lossy()) {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.arg(WATCHDOG_ARG).arg(state_dir).arg(std::process::id().to_string());
+    if let Some(base) = cgroup_base {
+        cmd.arg(base);
+    }
+    let child = cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).spawn()?;
+    std::fs::write(&pid_file, format!("{}\n", child.id()))?;
+    Ok(child)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_is_valid_until_it_lapses_and_only_moves_forward() {
+        let dir = tempfile::tempdir().unwrap();
+        let lease = Lease::new(lease_path(dir.path()));
+        assert!(!lease.valid() && !lease.lapsed());
+        let now = mono_ms();
+        lease.renew(now, 60_000, 500);
+        assert!(lease.valid() && !lease.lapsed());
+        let (pid, deadline) = read_lease(&lease_path(dir.path())).unwrap();
+        assert_eq!((pid, deadline), (std::process::id() as i32, now + 60_500));
+        // An older answer does not move it back.
+        lease.renew(now - 50_000, 60_000, 500);
+        assert_eq!(read_lease(&lease_path(dir.path())).unwrap().1, now + 60_500);
+        let short = Lease::new(lease_path(dir.path()));
+        short.renew(now.saturating_sub(10_000), 1000, 100);
+        assert!(!short.valid() && short.lapsed());
+        assert!(Lease::unfenced().valid());
+    }
+}

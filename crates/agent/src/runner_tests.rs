@@ -1,0 +1,368 @@
+//! Tests of the runner: real child processes, process groups, cgroups where the host has them.
+
+use super::*;
+
+fn assignment(job: u64, argv: &[&str], started: bool, kill: bool) -> pb::Assignment {
+    pb::Assignment {
+        job_id: job,
+        attempt: 0,
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        env: Default::default(),
+        workdir: String::new(),
+        gpu_ids: vec![3, 5],
+        started,
+        kill,
+        kill_grace_s: 1,
+        rank: 0,
+        world_size: 1,
+        master_addr: String::new(),
+        master_port: 29500,
+        kill_signal: "SIGTERM".into(),
+        suspend: false,
+        checkpoint_signal: "SIGUSR1".into(),
+        user: "alice".into(),
+    }
+}
+
+async fn next(rx: &mut mpsc::Receiver<pb::StatusReport>) -> pb::StatusReport {
+    tokio::time::timeout(Duration::from_secs(20), rx.recv()).await.expect("a report in time").expect("open")
+}
+
+fn set(runs: Vec<pb::Assignment>) -> pb::AssignmentSet {
+    pb::AssignmentSet { runs, applied_index: 1 }
+}
+
+#[tokio::test]
+async fn launches_once_reports_exit_and_never_relaunches() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = Runner::new("n1", dir.path(), tx);
+    let a = assignment(7, &["sh", "-c", "echo $CUDA_VISIBLE_DEVICES $KAIROS_JOB_ID; exit 4"], false, false);
+    runner.reconcile(&set(vec![a.clone()]));
+    let started = next(&mut rx).await;
+    assert_eq!((started.job_id, started.status), (7, pb::RunStatus::Started as i32));
+    let exited = next(&mut rx).await;
+    assert_eq!((exited.status, exited.exit_code), (pb::RunStatus::Exited as i32, 4));
+    let log = std::fs::read_to_string(log_path(dir.path(), 7, 0)).unwrap();
+    assert_eq!(log, "3,5 7\n");
+    // The same set again (the controller has not applied the exit yet): the exit is
+    // reported again, and the run is not launched a second time.
+    runner.reconcile(&set(vec![a]));
+    let again = next(&mut rx).await;
+    assert_eq!((again.status, again.exit_code), (pb::RunStatus::Exited as i32, 4));
+    assert_eq!(std::fs::read_to_string(log_path(dir.path(), 7, 0)).unwrap(), "3,5 7\n");
+}
+
+#[tokio::test]
+async fn a_started_run_this_agent_lacks_is_lost_not_relaunched() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = Runner::new("n1", dir.path(), tx);
+    runner.reconcile(&set(vec![assignment(9, &["true"], true, false)]));
+    let r = next(&mut rx).await;
+    assert_eq!((r.job_id, r.status), (9, pb::RunStatus::Lost as i32));
+    assert!(!log_path(dir.path(), 9, 0).exists(), "the run was launched");
+}
+
+#[tokio::test]
+async fn kill_stops_the_group_and_unassigned_runs_are_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = Runner::new("n1", dir.path(), tx);
+    let a = assignment(1, &["sleep", "300"], false, false);
+    let b = pb::Assignment { gpu_ids: vec![6], ..assignment(2, &["sleep", "300"], false, false) };
+    runner.reconcile(&set(vec![a.clone(), b]));
+    next(&mut rx).await;
+    next(&mut rx).await;
+    assert_eq!(runner.running().len(), 2);
+    // Job 1 is to be killed; job 2 is no longer assigned at all.
+    runner.reconcile(&set(vec![pb::Assignment { kill: true, ..a }]));
+    let mut exits = [next(&mut rx).await, next(&mut rx).await];
+    exits.sort_by_key(|r| r.job_id);
+    assert_eq!(exits.iter().map(|r| (r.job_id, r.signal)).collect::<Vec<_>>(), vec![(1, 15), (2, 9)]);
+    assert!(runner.running().is_empty());
+}
+
+#[tokio::test]
+async fn a_run_that_ended_unreaped_is_logged_as_ended_when_the_agent_restarts() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    // A process that exits and stays a zombie (nobody reaps it), as an orphan under a
+    // PID 1 that never reaps would.
+    let mut child = std::process::Command::new("true").process_group(0).spawn().unwrap();
+    let pgid = child.id() as i32;
+    std::fs::create_dir_all(journal_dir(dir.path())).unwrap();
+    std::fs::write(journal_dir(dir.path()).join("9-2"), format!("{pgid} 0\n")).unwrap();
+    let zombie = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        std::fs::read_to_string(format!("/proc/{pgid}/stat")).is_ok_and(|s| s.contains(") Z "))
+    });
+    assert!(zombie, "the child did not become a zombie");
+    assert!(!group_alive(pgid), "a zombie counted as a live run");
+    let path = dir.path().join("processes.jsonl");
+    let log = crate::audit::ProcessLog::open(&path, "n1").unwrap();
+    assert_eq!(kill_orphans(dir.path(), None, &log).await, 0);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains(r#""job":9,"attempt":2"#) && text.contains("ended unwatched"), "{text}");
+    child.wait().unwrap();
+}
+
+#[tokio::test]
+async fn a_restarted_agent_kills_the_runs_its_predecessor_left_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = Runner::new("n1", dir.path(), tx);
+    runner.reconcile(&set(vec![assignment(4, &["sh", "-c", "sleep 300 & exec sleep 300"], false, false)]));
+    next(&mut rx).await;
+    let pgid = {
+        let runs = runner.lock();
+        runs[&(4, 0)].pgid.unwrap()
+    };
+    assert!(group_alive(pgid));
+    // The agent "crashes": its runner is gone but the processes live on.
+    drop(runner);
+    assert_eq!(kill_orphans(dir.path(), None, &Default::default()).await, 1);
+    assert!(!group_alive(pgid), "the orphaned group survived");
+    assert_eq!(kill_orphans(dir.path(), None, &Default::default()).await, 0, "the journal was cleared");
+}
+
+#[tokio::test]
+async fn a_planted_journal_entry_cannot_kill_a_foreign_group() {
+    let dir = tempfile::tempdir().unwrap();
+    // A foreign group whose leader is gone and whose survivor is not a kairos run.
+    use std::os::unix::process::CommandExt;
+    let mut leader = std::process::Command::new("sh")
+        .args(["-c", "sleep 300 >/dev/null 2>&1 & echo $!"])
+        .stdout(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pgid = leader.id() as i32;
+    let _ = leader.wait();
+    assert!(group_alive(pgid));
+    // A job (same uid as the agent) plants a journal entry naming it.
+    std::fs::create_dir_all(journal_dir(dir.path())).unwrap();
+    std::fs::write(journal_dir(dir.path()).join("7-0"), format!("{pgid} 0\n")).unwrap();
+    assert_eq!(kill_orphans(dir.path(), None, &Default::default()).await, 0);
+    assert!(group_alive(pgid), "a foreign group was killed");
+    signal_group(pgid, Signal::SIGKILL);
+}
+
+#[tokio::test]
+async fn a_touched_checkpoint_marker_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = Runner::new("n1", dir.path(), tx);
+    let script = "sleep 0.7; touch $KAIROS_CHECKPOINT_DIR/.kairos-checkpoint; sleep 300";
+    runner.reconcile(&set(vec![assignment(5, &["sh", "-c", script], false, false)]));
+    assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+    let r = next(&mut rx).await;
+    assert_eq!((r.job_id, r.status), (5, pb::RunStatus::Checkpointed as i32));
+    runner.stop_all(Duration::from_secs(1)).await;
+}
+
+/// The scheduling state of process `pid` ('T' = stopped), from /proc.
+fn proc_state(pid: i32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()).unwrap_or('?')
+}
+
+/// Waits (bounded, generously: a loaded machine may keep a process in D state a while)
+/// until `pid` is stopped, or running/sleeping.
+async fn wait_for_state(pid: i32, stopped: bool) {
+    for _ in 0..600 {
+        let state = proc_state(pid);
+        if (stopped && state == 'T') || (!stopped && matches!(state, 'S' | 'R')) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("process {pid} is in state {} (wanted stopped = {stopped})", proc_state(pid));
+}
+
+#[tokio::test]
+async fn suspend_stops_the_group_resume_continues_it_and_a_kill_still_lands() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = Runner::new("n1", dir.path(), tx);
+    let a = assignment(6, &["sh", "-c", "exec sleep 300"], false, false);
+    runner.reconcile(&set(vec![a.clone()]));
+    assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+    let pid = runner.lock()[&(6, 0)].pgid.unwrap();
+    wait_for_state(pid, false).await;
+    let suspended = pb::Assignment { started: true, suspend: true, ..a.clone() };
+    runner.reconcile(&set(vec![suspended.clone()]));
+    wait_for_state(pid, true).await;
+    runner.reconcile(&set(vec![pb::Assignment { suspend: false, ..suspended.clone() }]));
+    wait_for_state(pid, false).await;
+    // Cancelled while suspended: the stop signal is delivered (continued after it), not
+    // left pending until the SIGKILL after the grace.
+    runner.reconcile(&set(vec![suspended.clone()]));
+    wait_for_state(pid, true).await;
+    let killed = pb::Assignment { kill: true, kill_grace_s: 30, ..suspended };
+    runner.reconcile(&set(vec![killed]));
+    let r = next(&mut rx).await;
+    assert_eq!((r.job_id, r.status, r.signal), (6, pb::RunStatus::Exited as i32, 15));
+}
+
+#[tokio::test]
+async fn a_command_that_cannot_start_is_reported_lost_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = Runner::new("n1", dir.path(), tx);
+    runner.reconcile(&set(vec![assignment(3, &["/no/such/program"], false, false)]));
+    let r = next(&mut rx).await;
+    assert_eq!(r.status, pb::RunStatus::Lost as i32);
+    assert!(r.message.contains("/no/such/program"), "{}", r.message);
+}
+
+/// Whether `pid` still runs (a zombie or a vanished pid does not).
+fn pid_runs(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(")").and_then(|(_, rest)| rest.trim_start().chars().next()))
+        .is_some_and(|state| state != 'Z' && state != 'X')
+}
+
+/// This host's cgroups for a runner in `dir` (the tests run as root where CI runs them; the
+/// cgroup v2 hierarchy is writable there).
+fn cgroups(dir: &Path) -> Cgroups {
+    Cgroups::detect("runner-test", dir, None).expect("a usable cgroup v2 hierarchy (run the tests as root)")
+}
+
+#[tokio::test]
+async fn a_launch_waits_until_every_process_of_its_gpus_previous_run_has_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = Runner::new("n1", dir.path(), tx);
+    // Job 1 ignores SIGTERM and leaves a child behind in its group; job 2 gets GPU 3 as soon as
+    // the controller gives job 1 up.
+    let a = pb::Assignment {
+        gpu_ids: vec![3],
+        ..assignment(1, &["sh", "-c", "trap '' TERM; sleep 300 & sleep 300"], false, false)
+    };
+    runner.reconcile(&set(vec![a.clone()]));
+    assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+    let b = pb::Assignment { gpu_ids: vec![3], ..assignment(2, &["sleep", "300"], false, false) };
+    runner
+        .reconcile(&set(vec![pb::Assignment { started: true, kill: true, kill_grace_s: 1, ..a }, b.clone()]));
+    // Job 2 waits: GPU 3 is still held by job 1, which is stopping.
+    assert!(runner.lock().get(&(2, 0)).is_none(), "launched on a GPU whose run is still alive");
+    let first = next(&mut rx).await;
+    assert_eq!((first.job_id, first.status), (1, pb::RunStatus::Exited as i32), "job 1 ends first");
+    let second = next(&mut rx).await;
+    assert_eq!((second.job_id, second.status), (2, pb::RunStatus::Started as i32));
+    runner.stop_all(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn without_a_valid_lease_nothing_launches_and_a_lapse_stops_runs_as_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let lease = Lease::new(dir.path().join("lease"));
+    let runner = Runner::new("n1", dir.path(), tx).with_lease(lease.clone());
+    let a = assignment(1, &["sleep", "300"], false, false);
+    runner.reconcile(&set(vec![a]));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(runner.running().is_empty(), "launched without a lease");
+    // A lease of 700 ms: the run starts, then the lease lapses and fencing stops it.
+    lease.renew(crate::fence::mono_ms(), 700, 200);
+    runner.launch_ready();
+    assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+    while !lease.lapsed() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    runner.fence(lease.grace());
+    let r = next(&mut rx).await;
+    assert_eq!((r.job_id, r.status), (1, pb::RunStatus::Lost as i32));
+    assert!(r.message.contains("lease"), "{}", r.message);
+}
+
+#[tokio::test]
+async fn a_setsid_child_is_killed_with_its_run_before_the_exit_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let cg = cgroups(dir.path());
+    let runner = Runner::new("n1", dir.path(), tx)
+        .with_isolation(Isolation { cgroups: Some(cg.clone()), ..Default::default() });
+    let pidfile = dir.path().join("escaped.pid");
+    let script = format!("setsid sh -c 'echo $$ > {}; exec sleep 987' & wait; sleep 300", pidfile.display());
+    let a = assignment(8, &["sh", "-c", &script], false, false);
+    runner.reconcile(&set(vec![a.clone()]));
+    assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+    let escaped: i32 = loop {
+        if let Some(pid) = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse().ok()) {
+            break pid;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(pid_runs(escaped));
+    // The escaped process is in another session and process group, but in the run's cgroup.
+    assert!(cg.runs().iter().any(|(k, r)| *k == (8, 0) && r.pids().contains(&escaped)));
+    runner.reconcile(&set(vec![pb::Assignment { started: true, kill: true, ..a }]));
+    let r = next(&mut rx).await;
+    assert_eq!((r.job_id, r.status), (8, pb::RunStatus::Exited as i32));
+    assert!(!pid_runs(escaped), "the setsid child outlived the reported exit");
+    assert!(cg.runs().is_empty(), "the run's cgroup was left behind");
+    cg.remove_empty();
+}
+
+#[tokio::test]
+async fn a_frozen_run_is_thawed_to_handle_its_stop_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let cg = cgroups(dir.path());
+    let runner = Runner::new("n1", dir.path(), tx)
+        .with_isolation(Isolation { cgroups: Some(cg.clone()), ..Default::default() });
+    let a = assignment(9, &["sh", "-c", "exec sleep 300"], false, false);
+    runner.reconcile(&set(vec![a.clone()]));
+    assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+    let suspended = pb::Assignment { started: true, suspend: true, ..a };
+    runner.reconcile(&set(vec![suspended.clone()]));
+    let frozen = std::fs::read_to_string(cg.runs()[0].1.dir().join("cgroup.freeze")).unwrap();
+    assert_eq!(frozen.trim(), "1");
+    runner.reconcile(&set(vec![pb::Assignment { kill: true, kill_grace_s: 30, ..suspended }]));
+    let r = next(&mut rx).await;
+    assert_eq!((r.job_id, r.status, r.signal), (9, pb::RunStatus::Exited as i32, 15));
+    cg.remove_empty();
+}
+
+#[tokio::test]
+async fn a_log_is_capped_with_a_marker_and_the_job_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = Runner::new("n1", dir.path(), tx)
+        .with_isolation(Isolation { log_max_bytes: 4096, ..Default::default() });
+    let script = "head -c 100000 /dev/zero | tr '\\0' x; echo; echo still-running >&2; exit 3";
+    runner.reconcile(&set(vec![assignment(4, &["sh", "-c", script], false, false)]));
+    assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+    let r = next(&mut rx).await;
+    assert_eq!((r.status, r.exit_code), (pb::RunStatus::Exited as i32, 3), "the job did not go on");
+    let log = std::fs::read_to_string(log_path(dir.path(), 4, 0)).unwrap();
+    assert!(log.len() < 4096 + 200, "{} bytes", log.len());
+    assert!(log.contains("log truncated at 4096 bytes"), "{}", &log[log.len().saturating_sub(200)..]);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(log_path(dir.path(), 4, 0)).unwrap().permissions().mode();
+    assert_eq!(mode & 0o077, 0, "the log is readable by others: {mode:o}");
+}
+
+#[tokio::test]
+async fn a_run_gets_an_allowlisted_environment_not_the_agents() {
+    // SAFETY: this test's own variable; no other test reads it.
+    unsafe { std::env::set_var("KAIROS_AGENT_SECRET_FOR_TEST", "s3cret") };
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = Runner::new("n1", dir.path(), tx);
+    let mut a = assignment(
+        5,
+        &["sh", "-c", "echo secret=${KAIROS_AGENT_SECRET_FOR_TEST:-none} mine=$MINE"],
+        false,
+        false,
+    );
+    a.env.insert("MINE".into(), "yes".into());
+    runner.reconcile(&set(vec![a]));
+    next(&mut rx).await;
+    next(&mut rx).await;
+    let log = std::fs::read_to_string(log_path(dir.path(), 5, 0)).unwrap();
+    assert_eq!(log, "secret=none mine=yes\n");
+}
