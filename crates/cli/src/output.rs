@@ -94,6 +94,7 @@ pub fn node_json(node: &pb::Node) -> Value {
         "reason": node.reason,
         "addr": info.addr,
         "gpu_backend": info.gpu_backend,
+        "isolation": info.isolation,
         "gpus": info.gpus.iter().map(|g| json!({
             "index": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib, "link_group": g.link_group,
         })).collect::<Vec<_>>(),
@@ -214,9 +215,11 @@ pub fn node_row(node: &pb::Node) -> Vec<String> {
         format!("{}/{}", n["gpus_allocated"], n["gpus_total"]),
         if model.is_empty() { "-".into() } else { model },
         text(&n["gpu_backend"]),
+        text(&n["isolation"]),
         text(&n["addr"]),
         text(&n["reason"]),
     ]
 }
 
-pub const NODE_HEADER: [&str; 7] = ["NAME", "STATE", "GPUS(USED/ALL)", "MODEL", "BACKEND", "ADDR", "REASON"];
+pub const NODE_HEADER: [&str; 8] =
+    ["NAME", "STATE", "GPUS(USED/ALL)", "MODEL", "BACKEND", "RUNS", "ADDR", "REASON"];

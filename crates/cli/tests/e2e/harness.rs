@@ -135,6 +135,12 @@ impl Cluster {
             ("join.token", "kairos-join.e2e-0123456789abcdef"),
         ] {
             std::fs::write(dir.path().join(file), content).expect("secret file");
+            // Owner-only, as kairosd writes its own (jobs of other users must not read them).
+            std::fs::set_permissions(
+                dir.path().join(file),
+                std::os::unix::fs::PermissionsExt::from_mode(0o600),
+            )
+            .expect("secret file mode");
         }
         let mut c = Cluster {
             dir,

@@ -5,6 +5,7 @@ mod burst;
 mod gang;
 mod ha;
 mod harness;
+mod isolation;
 mod policy;
 mod preempt;
 mod security;

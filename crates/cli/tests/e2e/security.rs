@@ -139,17 +139,17 @@ fn tokens_roles_and_job_ownership_are_enforced() {
     }
 }
 
-async fn agent_client(c: &Cluster) -> AgentServiceClient<tonic::transport::Channel> {
+pub(crate) async fn agent_client(c: &Cluster) -> AgentServiceClient<tonic::transport::Channel> {
     AgentServiceClient::connect(format!("http://{}", c.controllers[0].addr)).await.unwrap()
 }
 
-fn with_bearer<T>(msg: T, credential: &str) -> tonic::Request<T> {
+pub(crate) fn with_bearer<T>(msg: T, credential: &str) -> tonic::Request<T> {
     let mut req = tonic::Request::new(msg);
     kairos_proto::wire::set_bearer(req.metadata_mut(), credential);
     req
 }
 
-fn node(name: &str) -> pb::NodeInfo {
+pub(crate) fn node(name: &str) -> pb::NodeInfo {
     pb::NodeInfo {
         name: name.into(),
         addr: "127.0.0.1:9".into(),
