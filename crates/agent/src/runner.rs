@@ -72,6 +72,21 @@ struct Run {
 }
 
 impl Run {
+    /// A run chosen for launch whose process is not spawned yet: it holds its GPUs.
+    fn launching(a: &pb::Assignment) -> Run {
+        Run {
+            pgid: None,
+            cgroup: None,
+            gpus: a.gpu_ids.clone(),
+            checkpoint_signal: parse_signal(&a.checkpoint_signal, Signal::SIGUSR1),
+            exit: None,
+            stopping: false,
+            fenced: false,
+            suspended: false,
+            lost_message: String::new(),
+        }
+    }
+
     /// SIGKILL to every process of the run.
     fn kill(&self) {
         match (&self.cgroup, self.pgid) {
@@ -543,7 +558,7 @@ impl Runner {
 
     /// Launches the assigned runs that are not running here yet and may start now: the lease
     /// is valid and none of their GPUs is held by a run of this node whose processes have not
-    /// all ended (a run being killed included). The others wait for the next call (a run's end,
+    /// all ended (a run being killed included; a frozen run lends its GPUs). The others wait for the next call (a run's end,
     /// a lease renewal, a new set).
     pub fn launch_ready(&self) {
         if !self.lease.valid() {
@@ -552,9 +567,15 @@ impl Runner {
         let Some(set) = self.last_set.lock().unwrap_or_else(|p| p.into_inner()).clone() else { return };
         let mut launch = Vec::new();
         {
-            let runs = self.lock();
-            let mut busy: BTreeSet<u32> =
-                runs.values().filter(|r| r.exit.is_none()).flat_map(|r| r.gpus.iter().copied()).collect();
+            // Chosen and marked under one lock: concurrent callers (a new set, a run's end, a
+            // lease renewal) never launch the same run twice.
+            let mut runs = self.lock();
+            // A suspended (frozen) run lends its GPUs: it computes nothing until thawed.
+            let mut busy: BTreeSet<u32> = runs
+                .values()
+                .filter(|r| r.exit.is_none() && !r.suspended)
+                .flat_map(|r| r.gpus.iter().copied())
+                .collect();
             for a in &set.runs {
                 if a.kill || a.started || runs.contains_key(&(a.job_id, a.attempt)) {
                     continue;
@@ -564,6 +585,7 @@ impl Runner {
                     continue;
                 }
                 busy.extend(a.gpu_ids.iter().copied());
+                runs.insert((a.job_id, a.attempt), Run::launching(a));
                 launch.push(a.clone());
             }
         }
@@ -711,20 +733,26 @@ impl Runner {
         .into_iter()
         .flatten()
         .collect();
-        self.lock().insert(
-            key,
-            Run {
+        {
+            let mut runs = self.lock();
+            // A stop or a fence that came while it was being spawned still applies.
+            let (stopping, fenced) = runs.get(&key).map(|r| (r.stopping, r.fenced)).unwrap_or_default();
+            let run = Run {
                 pgid,
                 cgroup: cgroup.clone(),
                 gpus: a.gpu_ids.clone(),
                 checkpoint_signal,
                 exit: None,
-                stopping: false,
-                fenced: false,
+                stopping,
+                fenced,
                 suspended: false,
                 lost_message: String::new(),
-            },
-        );
+            };
+            if stopping || fenced {
+                run.kill();
+            }
+            runs.insert(key, run);
+        }
         if let Some(pgid) = pgid {
             journal_add(&self.state_dir, key, pgid);
         }

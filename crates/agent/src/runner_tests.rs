@@ -366,3 +366,27 @@ async fn a_run_gets_an_allowlisted_environment_not_the_agents() {
     let log = std::fs::read_to_string(log_path(dir.path(), 5, 0)).unwrap();
     assert_eq!(log, "secret=none mine=yes\n");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_launch_passes_start_a_run_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, _rx) = mpsc::channel(64);
+    let path = dir.path().join("processes.jsonl");
+    let log = crate::audit::ProcessLog::open(&path, "n1").unwrap();
+    let runner = Runner::new("n1", dir.path(), tx).with_process_log(log);
+    *runner.last_set.lock().unwrap() = Some(set(vec![assignment(12, &["sleep", "300"], false, false)]));
+    // A new set, a run's end and a lease renewal may all call this at once.
+    let passes: Vec<_> = (0..8)
+        .map(|_| {
+            let r = runner.clone();
+            tokio::task::spawn_blocking(move || r.launch_ready())
+        })
+        .collect();
+    for p in passes {
+        p.await.unwrap();
+    }
+    let starts =
+        std::fs::read_to_string(&path).unwrap().lines().filter(|l| l.contains(r#""event":"start""#)).count();
+    assert_eq!(starts, 1, "one run launched {starts} times");
+    runner.stop_all(Duration::from_secs(1)).await;
+}

@@ -128,7 +128,7 @@ impl Auth {
             Ok(None)
         } else {
             Err(Status::unauthenticated(format!(
-                "register: neither the join token nor the credential of node \"{}\"",
+                "register: invalid join token (nor the credential of node \"{}\")",
                 node.chars().take(64).collect::<String>()
             )))
         }

@@ -207,9 +207,10 @@ fn silent_node_goes_down_its_jobs_end_node_fail_or_are_requeued() {
     assert_eq!(job["attempt"], 1, "{job}");
     let nodes: serde_json::Value = serde_json::from_str(&c.ok(&["nodes", "--json"])).unwrap();
     assert_eq!(nodes[0]["state"], "DOWN");
-    // SIGKILL of the agent left its jobs running; the restarted agent kills them before it
-    // takes new work, so the requeued attempt never runs beside the old one.
-    assert!(alive(pid) && alive(pid2));
+    // SIGKILL of the agent cannot stop its jobs, but its watchdog fences them when the lease
+    // lapses — before the leader declares the node down and requeues them — so the requeued
+    // attempt never runs beside the old one (a restarted agent would kill leftovers too).
+    assert!(!alive(pid) && !alive(pid2), "the runs of a dead agent outlived its lease");
     c.start_agent();
     c.wait_node_up();
     wait_for("the orphaned jobs to be killed", || (!alive(pid) && !alive(pid2)).then_some(()));
