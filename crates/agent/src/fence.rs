@@ -114,37 +114,64 @@ impl Lease {
     }
 }
 
+/// How long the watchdog waits for the runs it killed to be gone before it logs their ends.
+const GONE_WAIT: Duration = Duration::from_secs(10);
+
+/// What the watchdog watches.
+pub struct Watch<'a> {
+    pub state_dir: &'a Path,
+    pub cgroups: Option<&'a Cgroups>,
+    /// The agent whose lease it enforces.
+    pub parent: i32,
+    /// Where the ends of the runs it kills are logged, with their real times.
+    pub process_log: crate::audit::ProcessLog,
+}
+
 /// The watchdog process: kills every run of the node once the lease deadline of its agent
-/// (`parent`) passes; exits when another agent holds the lease, or when its agent is gone and
-/// nothing is left to kill.
-pub fn watchdog(state_dir: &Path, cgroups: Option<&Cgroups>, parent: i32) -> ! {
-    let lease_file = lease_path(state_dir);
-    let mut fenced_at: Option<u64> = None;
+/// passes, and logs each killed run's end once its last process is gone; exits when another
+/// agent holds the lease, or when its agent is gone and nothing is left to kill.
+pub fn watchdog(w: &Watch<'_>) -> ! {
+    let lease_file = lease_path(w.state_dir);
+    let mut logged: std::collections::BTreeSet<crate::runner::RunKey> = Default::default();
     loop {
         std::thread::sleep(WATCHDOG_POLL);
         let lease = read_lease(&lease_file);
-        if lease.is_some_and(|(pid, _)| pid != parent) {
+        if lease.is_some_and(|(pid, _)| pid != w.parent) {
             std::process::exit(0); // a new agent holds the lease; it killed what was left
         }
-        let parent_alive = nix::unistd::getppid().as_raw() == parent;
+        let parent_alive = nix::unistd::getppid().as_raw() == w.parent;
         let expired = lease.is_some_and(|(_, deadline)| mono_ms() >= deadline);
         if expired {
-            let killed = crate::runner::kill_every_run(state_dir, cgroups);
-            if !killed.is_empty() && fenced_at.is_none() {
-                fenced_at = Some(mono_ms());
-                eprintln!("kairos-agent watchdog: lease lapsed; killed runs {killed:?}");
+            let killed: Vec<_> = crate::runner::kill_every_run(w.state_dir, w.cgroups)
+                .into_iter()
+                .filter(|k| !logged.contains(k))
+                .collect();
+            if !killed.is_empty() {
+                eprintln!("kairos-agent watchdog: the agent's lease lapsed; killing runs {killed:?}");
+                let until = std::time::Instant::now() + GONE_WAIT;
+                while crate::runner::any_run_alive(w.state_dir, w.cgroups)
+                    && std::time::Instant::now() < until
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                if !crate::runner::any_run_alive(w.state_dir, w.cgroups) {
+                    for key in killed {
+                        w.process_log.exit(key.0, key.1, "fenced by the watchdog");
+                        logged.insert(key);
+                    }
+                }
             }
         } else {
-            fenced_at = None;
+            logged.clear();
         }
-        if !parent_alive && (expired || lease.is_none()) {
-            let busy = cgroups.is_some_and(|c| c.runs().iter().any(|(_, r)| r.populated()));
-            if !busy {
-                if let Some(c) = cgroups {
-                    c.remove_empty();
-                }
-                std::process::exit(0);
+        if !parent_alive
+            && (expired || lease.is_none())
+            && !crate::runner::any_run_alive(w.state_dir, w.cgroups)
+        {
+            if let Some(c) = w.cgroups {
+                c.remove_empty();
             }
+            std::process::exit(0);
         }
     }
 }
@@ -152,9 +179,15 @@ pub fn watchdog(state_dir: &Path, cgroups: Option<&Cgroups>, parent: i32) -> ! {
 /// The argument that starts the watchdog mode of the agent binary.
 pub const WATCHDOG_ARG: &str = "__kairos_watchdog";
 
-/// Starts the watchdog for this agent (the same binary, in watchdog mode), after stopping one
-/// a previous agent on this state dir may have left.
-pub fn spawn_watchdog(state_dir: &Path, cgroup_base: Option<&Path>) -> std::io::Result<std::process::Child> {
+/// Starts the watchdog for this agent (the same binary, in watchdog mode:
+/// `__kairos_watchdog STATE_DIR AGENT_PID CGROUP_BASE|- PROCESS_LOG|- NODE`), after stopping
+/// one a previous agent on this state dir may have left.
+pub fn spawn_watchdog(
+    state_dir: &Path,
+    cgroup_base: Option<&Path>,
+    process_log: Option<&Path>,
+    node: &str,
+) -> std::io::Result<std::process::Child> {
     let pid_file = state_dir.join("watchdog.pid");
     if let Some(old) = std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
         let cmdline = std::fs::read(format!("/proc/{old}/cmdline")).unwrap_or_default();
@@ -164,12 +197,17 @@ pub fn spawn_watchdog(state_dir: &Path, cgroup_base: Option<&Path>) -> std::io::
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), nix::sys::signal::Signal::SIGKILL);
         }
     }
-    let mut cmd = std::process::Command::new(std::env::current_exe()?);
-    cmd.arg(WATCHDOG_ARG).arg(state_dir).arg(std::process::id().to_string());
-    if let Some(base) = cgroup_base {
-        cmd.arg(base);
-    }
-    let child = cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).spawn()?;
+    let or_dash = |p: Option<&Path>| p.map(|p| p.as_os_str().to_owned()).unwrap_or_else(|| "-".into());
+    let child = std::process::Command::new(std::env::current_exe()?)
+        .arg(WATCHDOG_ARG)
+        .arg(state_dir)
+        .arg(std::process::id().to_string())
+        .arg(or_dash(cgroup_base))
+        .arg(or_dash(process_log))
+        .arg(node)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
     std::fs::write(&pid_file, format!("{}\n", child.id()))?;
     Ok(child)
 }

@@ -381,14 +381,26 @@ async fn shutdown_signal() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The watchdog mode of this binary: `kairos-agent __kairos_watchdog STATE_DIR AGENT_PID [CGROUP_BASE]`.
+/// The watchdog mode of this binary (see `fence::spawn_watchdog`).
 fn watchdog_main(args: &[String]) -> anyhow::Result<()> {
-    let [state_dir, parent, rest @ ..] = args else { bail!("watchdog: STATE_DIR AGENT_PID [CGROUP_BASE]") };
+    let [state_dir, parent, cgroup_base, process_log, node] = args else {
+        bail!("watchdog: STATE_DIR AGENT_PID CGROUP_BASE|- PROCESS_LOG|- NODE")
+    };
     let parent: i32 = parent.parse().context("watchdog: AGENT_PID")?;
     // Out of the agent's session: a Ctrl-C meant for the agent must not stop the watchdog.
     let _ = nix::unistd::setsid();
-    let cgroups = rest.first().map(|b| Cgroups::at(PathBuf::from(b)));
-    fence::watchdog(std::path::Path::new(state_dir), cgroups.as_ref(), parent)
+    let cgroups = (cgroup_base != "-").then(|| Cgroups::at(PathBuf::from(cgroup_base)));
+    let process_log = match process_log.as_str() {
+        "-" => Default::default(),
+        path => kairos_agent::audit::ProcessLog::open(std::path::Path::new(path), node)
+            .with_context(|| format!("watchdog: opening {path}"))?,
+    };
+    fence::watchdog(&fence::Watch {
+        state_dir: std::path::Path::new(state_dir),
+        cgroups: cgroups.as_ref(),
+        parent,
+        process_log,
+    })
 }
 
 /// Sets `mode` on `dir` (created if missing).
@@ -489,8 +501,13 @@ async fn main() -> anyhow::Result<()> {
     }
     let lease = Lease::new(fence::lease_path(&state_dir));
     lease.release();
-    let mut watchdog = fence::spawn_watchdog(&state_dir, cgroups.as_ref().map(Cgroups::base))
-        .context("starting the fencing watchdog")?;
+    let mut watchdog = fence::spawn_watchdog(
+        &state_dir,
+        cgroups.as_ref().map(Cgroups::base),
+        args.process_log.as_deref(),
+        &name,
+    )
+    .context("starting the fencing watchdog")?;
     let isolation = kairos_agent::runner::Isolation {
         accounts,
         cgroups: cgroups.clone(),

@@ -279,10 +279,20 @@ pub fn kill_every_run(state_dir: &Path, cgroups: Option<&Cgroups>) -> Vec<RunKey
     for (key, pgid, path) in journaled_groups(state_dir) {
         if group_alive(pgid) && group_is_ours(pgid, key, &path) {
             signal_group(pgid, Signal::SIGKILL);
-            killed.push(key);
+            if !killed.contains(&key) {
+                killed.push(key);
+            }
         }
     }
     killed
+}
+
+/// Whether some run this agent's state dir knows of still has a live process.
+pub fn any_run_alive(state_dir: &Path, cgroups: Option<&Cgroups>) -> bool {
+    cgroups.is_some_and(|c| c.runs().iter().any(|(_, r)| r.populated()))
+        || journaled_groups(state_dir)
+            .iter()
+            .any(|(key, pgid, path)| group_alive(*pgid) && group_is_ours(*pgid, *key, path))
 }
 
 /// Kills every run a previous agent left (its run cgroups, and the process groups it journaled

@@ -243,9 +243,12 @@ impl ChaosCluster {
         let log =
             std::fs::OpenOptions::new().create(true).append(true).open(&p.log).map_err(io("log file"))?;
         let err = log.try_clone().map_err(io("log file"))?;
-        // `ip netns exec` enters the namespace and execs the program: the child is the daemon.
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.net.host(p.host)])
+        // nsenter enters the host's network namespace and execs the program: the child is the
+        // daemon. (Not `ip netns exec`: it remounts /sys, which hides the cgroup hierarchy the
+        // agent gives each run a cgroup in.)
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.net.host(p.host)))
+            .arg("--")
             .arg(&p.program)
             .args(&p.args)
             .stdin(Stdio::null())

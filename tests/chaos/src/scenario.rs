@@ -28,8 +28,11 @@ pub enum Fault {
     IsolateLeader,
     /// The leader drops everything it receives (one-way partition), then heals.
     DeafLeader,
-    /// SIGKILL an agent (its jobs keep running, orphaned); restart it.
+    /// SIGKILL an agent (its watchdog fences its jobs if it stays away); restart it.
     KillAgent,
+    /// SIGSTOP an agent for longer than the node timeout, then SIGCONT it: the leader requeues
+    /// its jobs elsewhere meanwhile, so its watchdog must have stopped them first.
+    StallAgent,
     /// SIGTERM a follower controller and start it again with its data.
     RestartFollower,
     /// The client's links to every controller get 40-120 ms of delay per chunk and reordering
@@ -46,12 +49,13 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [Fault; 10] = [
+    pub const ALL: [Fault; 11] = [
         Fault::KillLeader,
         Fault::PauseLeader,
         Fault::IsolateLeader,
         Fault::DeafLeader,
         Fault::KillAgent,
+        Fault::StallAgent,
         Fault::RestartFollower,
         Fault::SlowClientLinks,
         Fault::LostReplies,
@@ -66,6 +70,7 @@ impl Fault {
             Fault::IsolateLeader => "isolate leader (two-way)",
             Fault::DeafLeader => "leader deaf (one-way)",
             Fault::KillAgent => "kill -9 agent + restart",
+            Fault::StallAgent => "agent stalled past node timeout",
             Fault::RestartFollower => "restart follower",
             Fault::SlowClientLinks => "slow, reordering links",
             Fault::LostReplies => "leader's replies lost",
@@ -203,11 +208,19 @@ fn inject(
         Fault::KillAgent => {
             let a = rng.below(c.topology.agents as u64) as usize;
             c.kill(c.agent(a));
-            // Back before the node timeout (5 s): a node that stays away has its jobs requeued
-            // while its orphans may still run, which no agent can prevent without fencing.
             std::thread::sleep(hold.min(Duration::from_millis(1500)));
             c.restart(c.agent(a))?;
             format!("killed agent node-{a}")
+        }
+        Fault::StallAgent => {
+            let a = rng.below(c.topology.agents as u64) as usize;
+            // Past the node timeout (5 s): the node is declared down and its jobs requeue
+            // while its processes may still run, unless fencing stopped them.
+            let stall = hold.max(Duration::from_millis(8000));
+            c.pause(c.agent(a));
+            std::thread::sleep(stall);
+            c.resume(c.agent(a));
+            format!("stalled agent node-{a} for {stall:?}")
         }
         Fault::SlowClientLinks => {
             let delay = 40 + rng.below(80);
