@@ -374,6 +374,7 @@ async fn copy_output(
     to: Arc<Mutex<std::fs::File>>,
     written: Arc<std::sync::atomic::AtomicU64>,
     max: u64,
+    truncated: impl Fn(),
 ) {
     use std::io::Write;
     use std::sync::atomic::Ordering;
@@ -398,6 +399,7 @@ async fn copy_output(
                     format!("\n[kairos-agent: log truncated at {max} bytes; the job goes on]\n").as_bytes(),
                 )
             });
+            truncated();
         }
         if let Err(e) = result {
             tracing::warn!(error = %e, "cannot write a run's log");
@@ -736,9 +738,29 @@ impl Runner {
             std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0),
         ));
         let max = self.isolation.log_max_bytes;
+        let note = {
+            let (reports, node) = (self.reports.clone(), self.node.clone());
+            move || {
+                let _ = reports.try_send(pb::StatusReport {
+                    node_id: node.clone(),
+                    job_id: key.0,
+                    attempt: key.1,
+                    status: pb::RunStatus::LogTruncated as i32,
+                    exit_code: 0,
+                    signal: 0,
+                    message: format!("the log reached {max} bytes; later output is dropped"),
+                });
+            }
+        };
         let copiers: Vec<_> = [
-            child.stdout.take().map(|o| tokio::spawn(copy_output(o, log.clone(), written.clone(), max))),
-            child.stderr.take().map(|o| tokio::spawn(copy_output(o, log.clone(), written.clone(), max))),
+            child
+                .stdout
+                .take()
+                .map(|o| tokio::spawn(copy_output(o, log.clone(), written.clone(), max, note.clone()))),
+            child
+                .stderr
+                .take()
+                .map(|o| tokio::spawn(copy_output(o, log.clone(), written.clone(), max, note.clone()))),
         ]
         .into_iter()
         .flatten()

@@ -336,6 +336,8 @@ async fn a_log_is_capped_with_a_marker_and_the_job_goes_on() {
     let script = "head -c 100000 /dev/zero | tr '\\0' x; echo; echo still-running >&2; exit 3";
     runner.reconcile(&set(vec![assignment(4, &["sh", "-c", script], false, false)]));
     assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+    let note = next(&mut rx).await;
+    assert_eq!(note.status, pb::RunStatus::LogTruncated as i32, "{note:?}");
     let r = next(&mut rx).await;
     assert_eq!((r.status, r.exit_code), (pb::RunStatus::Exited as i32, 3), "the job did not go on");
     let log = std::fs::read_to_string(log_path(dir.path(), 4, 0)).unwrap();

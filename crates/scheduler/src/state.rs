@@ -134,6 +134,15 @@ pub enum Op {
     DeleteQos {
         name: String,
     },
+    /// The node noted something about the current run of `job` (e.g. its log was truncated):
+    /// recorded as an event of the job, nothing else changes.
+    RunNote {
+        job: JobId,
+        attempt: u32,
+        node: String,
+        kind: String,
+        message: String,
+    },
     /// The current run of `job` finished a checkpoint.
     Checkpointed {
         job: JobId,
@@ -433,6 +442,15 @@ impl ClusterState {
             Op::Preempt { preemptor, node, victims, gpus } => {
                 self.preempt(*preemptor, node, victims, gpus, now)
             }
+            Op::RunNote { job, attempt, node, kind, message } => match self.current_run(*job, *attempt, node)
+            {
+                Ok(j) => {
+                    let kind: String = kind.chars().take(32).collect();
+                    j.record(now, &kind, message.chars().take(256).collect());
+                    Outcome::RunUpdated { job: *job, state: j.state }
+                }
+                Err(why) => Outcome::Ignored(why),
+            },
             Op::Checkpointed { job, attempt, node } => match self.current_run(*job, *attempt, node) {
                 Ok(j) => {
                     j.last_checkpoint_ms = Some(now);

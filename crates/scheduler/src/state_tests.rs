@@ -157,6 +157,28 @@ fn run_lifecycle_completed_failed_cancelled_timeout() {
 }
 
 #[test]
+fn a_run_note_becomes_an_event_of_the_current_run_only() {
+    let mut s = cluster(2);
+    let j = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
+    run_plan(&mut s, 3);
+    let note = |attempt: u32, node: &str| Op::RunNote {
+        job: j,
+        attempt,
+        node: node.into(),
+        kind: "log truncated".into(),
+        message: "the log reached 4096 bytes".into(),
+    };
+    assert!(matches!(s.apply(&cmd(4, note(0, "n1"))), Outcome::RunUpdated { .. }));
+    let events = &s.jobs[&j].events;
+    assert!(events.iter().any(|e| e.kind == "log truncated" && e.message.contains("4096")), "{events:?}");
+    // Another node's or attempt's note changes nothing.
+    let before = s.clone();
+    assert!(matches!(s.apply(&cmd(5, note(0, "n2"))), Outcome::Ignored(_)));
+    assert!(matches!(s.apply(&cmd(5, note(3, "n1"))), Outcome::Ignored(_)));
+    assert_eq!(s.jobs, before.jobs);
+}
+
+#[test]
 fn node_down_fails_its_jobs_and_frees_gpus() {
     let mut s = cluster(2);
     let j = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false })));

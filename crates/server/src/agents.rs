@@ -209,6 +209,13 @@ impl AgentService for Agents {
             Ok(pb::RunStatus::Checkpointed) => {
                 Op::Checkpointed { job: r.job_id, attempt: r.attempt, node: r.node_id }
             }
+            Ok(pb::RunStatus::LogTruncated) => Op::RunNote {
+                job: r.job_id,
+                attempt: r.attempt,
+                node: r.node_id,
+                kind: "log truncated".into(),
+                message: r.message.chars().take(256).collect(),
+            },
             Ok(pb::RunStatus::Lost) => {
                 let message: String = r.message.chars().take(512).collect();
                 Op::JobExited {
