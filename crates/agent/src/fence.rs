@@ -142,22 +142,21 @@ pub fn watchdog(w: &Watch<'_>) -> ! {
         let parent_alive = nix::unistd::getppid().as_raw() == w.parent;
         let expired = lease.is_some_and(|(_, deadline)| mono_ms() >= deadline);
         if expired {
-            let killed: Vec<_> = crate::runner::kill_every_run(w.state_dir, w.cgroups)
-                .into_iter()
-                .filter(|k| !logged.contains(k))
-                .collect();
+            let killed = crate::runner::kill_every_run(w.state_dir, w.cgroups);
             if !killed.is_empty() {
                 eprintln!("kairos-agent watchdog: the agent's lease lapsed; killing runs {killed:?}");
-                let until = std::time::Instant::now() + GONE_WAIT;
-                while crate::runner::any_run_alive(w.state_dir, w.cgroups)
-                    && std::time::Instant::now() < until
-                {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                if !crate::runner::any_run_alive(w.state_dir, w.cgroups) {
-                    for key in killed {
-                        w.process_log.exit(key.0, key.1, "fenced by the watchdog");
-                        logged.insert(key);
+            }
+            let until = std::time::Instant::now() + GONE_WAIT;
+            while crate::runner::any_run_alive(w.state_dir, w.cgroups) && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            // Every run of the node has ended by now — killed here, or ended on its own while
+            // the agent could not record it (stopped): log it, so the process log's intervals
+            // end no later than the deadline, not when the agent wakes up.
+            if !crate::runner::any_run_alive(w.state_dir, w.cgroups) {
+                for key in crate::runner::known_runs(w.state_dir, w.cgroups) {
+                    if logged.insert(key) {
+                        w.process_log.exit(key.0, key.1, "ended by the lease deadline (watchdog)");
                     }
                 }
             }

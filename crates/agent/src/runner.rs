@@ -287,6 +287,15 @@ pub fn kill_every_run(state_dir: &Path, cgroups: Option<&Cgroups>) -> Vec<RunKey
     killed
 }
 
+/// Every run this agent's state dir knows of (a run cgroup or a journal entry), live or ended:
+/// the agent removes both only after it has logged the run's end.
+pub fn known_runs(state_dir: &Path, cgroups: Option<&Cgroups>) -> BTreeSet<RunKey> {
+    let mut keys: BTreeSet<RunKey> =
+        cgroups.map(|c| c.runs().into_iter().map(|(k, _)| k).collect()).unwrap_or_default();
+    keys.extend(journaled_groups(state_dir).into_iter().map(|(k, _, _)| k));
+    keys
+}
+
 /// Whether some run this agent's state dir knows of still has a live process.
 pub fn any_run_alive(state_dir: &Path, cgroups: Option<&Cgroups>) -> bool {
     cgroups.is_some_and(|c| c.runs().iter().any(|(_, r)| r.populated()))
