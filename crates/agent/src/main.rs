@@ -470,6 +470,15 @@ async fn main() -> anyhow::Result<()> {
     dir_mode(&state_dir, traverse)?;
     dir_mode(&state_dir.join("jobs"), traverse)?;
     dir_mode(&state_dir.join("live"), 0o700)?;
+    if run_as == RunAs::Submitter {
+        use std::os::unix::fs::PermissionsExt;
+        // Jobs reach their directories by absolute path ($KAIROS_CHECKPOINT_DIR).
+        for dir in state_dir.ancestors().skip(1) {
+            if std::fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o001 == 0) {
+                tracing::warn!(dir = %dir.display(), "jobs cannot pass through this directory to reach their job directories: put --state-dir where others may traverse (o+x)");
+            }
+        }
+    }
     if let Some(path) = &args.join_token_file {
         use std::os::unix::fs::PermissionsExt;
         if std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {

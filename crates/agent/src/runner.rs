@@ -849,7 +849,7 @@ impl Runner {
         let alive = || cgroup.map(RunCgroup::populated).unwrap_or(false) || pgid.is_some_and(group_alive);
         let mut polls = 0u64;
         while alive() {
-            if polls % 50 == 0 {
+            if polls.is_multiple_of(50) {
                 if let Some(cg) = cgroup {
                     cg.kill();
                 }
