@@ -132,14 +132,19 @@ impl Cgroups {
         killed
     }
 
-    /// Removes the run cgroups that are empty, and the base when nothing is left.
+    /// Removes the run cgroups that are empty, the base when nothing is left, and the shared
+    /// `kairos` parent when no other agent of this host uses it.
     pub fn remove_empty(&self) {
         for (_, cg) in self.runs() {
             if !cg.populated() {
                 cg.remove();
             }
         }
-        let _ = std::fs::remove_dir(&self.base);
+        if std::fs::remove_dir(&self.base).is_ok() {
+            if let Some(parent) = self.base.parent() {
+                let _ = std::fs::remove_dir(parent);
+            }
+        }
     }
 }
 

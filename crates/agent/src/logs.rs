@@ -45,12 +45,18 @@ impl AgentLogService for Logs {
         self.check_caller(request.metadata())?;
         let req = request.into_inner();
         let path = log_path(self.runner.state_dir(), req.job_id, req.attempt);
-        let mut file = tokio::fs::File::open(&path).await.map_err(|e| {
-            Status::not_found(format!(
-                "no log for job {} attempt {} on this node: {e}",
-                req.job_id, req.attempt
-            ))
-        })?;
+        // Not through a symbolic link a job may have put in place of its log.
+        let mut file = tokio::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&path)
+            .await
+            .map_err(|e| {
+                Status::not_found(format!(
+                    "no log for job {} attempt {} on this node: {e}",
+                    req.job_id, req.attempt
+                ))
+            })?;
         file.seek(std::io::SeekFrom::Start(req.offset))
             .await
             .map_err(|e| Status::internal(format!("seeking the log: {e}")))?;

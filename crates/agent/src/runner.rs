@@ -367,12 +367,41 @@ pub async fn kill_orphans(
 }
 
 /// Creates `dir` owned by `account` (when given) with `mode`.
+///
+/// A job owns its directory, so it could leave a symbolic link where the agent (root) later
+/// creates, chowns or opens something: nothing here follows one (`lchown`, a refused link,
+/// `O_NOFOLLOW` in `open_log`).
 fn private_dir(dir: &Path, account: Option<&Account>, mode: u32) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
+    match std::fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(parent) = dir.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::create_dir(dir)?;
+        }
+        Err(e) => return Err(e),
+    }
+    if !std::fs::symlink_metadata(dir)?.file_type().is_dir() {
+        return Err(std::io::Error::other(format!("{} is not a directory (a link?)", dir.display())));
+    }
     if let Some(a) = account {
-        std::os::unix::fs::chown(dir, Some(a.uid), Some(a.gid))?;
+        std::os::unix::fs::lchown(dir, Some(a.uid), Some(a.gid))?;
     }
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+}
+
+/// Opens (creating, appending) a run's log without following a symbolic link a job may have
+/// left in its place.
+pub fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
 }
 
 /// Copies a run's output into its log file, up to `max` bytes in all (shared by stdout and
@@ -621,7 +650,9 @@ impl Runner {
         self.process_log.exit(a.job_id, a.attempt, "not started");
         let path = log_path(&self.state_dir, a.job_id, a.attempt);
         if path.parent().is_some_and(Path::exists) {
-            let _ = std::fs::write(&path, format!("kairos-agent: {message}\n"));
+            if let Ok(mut f) = open_log(&path) {
+                let _ = std::io::Write::write_all(&mut f, format!("kairos-agent: {message}\n").as_bytes());
+            }
         }
         self.lock().insert(
             key,
@@ -661,7 +692,7 @@ impl Runner {
             // The job's directory and log belong to the job's user, readable by nobody else.
             private_dir(&job_dir, account.as_ref(), 0o700)?;
             private_dir(&checkpoint_dir, account.as_ref(), 0o700)?;
-            let log = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+            let log = open_log(&path)?;
             if let Some(acct) = &account {
                 std::os::unix::fs::fchown(&log, Some(acct.uid), Some(acct.gid))?;
             }

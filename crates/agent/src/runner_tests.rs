@@ -392,3 +392,37 @@ async fn concurrent_launch_passes_start_a_run_once() {
     assert_eq!(starts, 1, "one run launched {starts} times");
     runner.stop_all(Duration::from_secs(1)).await;
 }
+
+#[tokio::test]
+async fn links_a_job_leaves_in_its_directory_are_never_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = Runner::new("n1", dir.path(), tx);
+    // A previous attempt of job 7 (its user owns the job directory) left links where the agent
+    // will open the next attempt's log and create the checkpoint directory.
+    let target = dir.path().join("precious");
+    std::fs::write(&target, "precious\n").unwrap();
+    let jd = job_dir(dir.path(), 7);
+    std::fs::create_dir_all(&jd).unwrap();
+    std::os::unix::fs::symlink(&target, jd.join("attempt-1.log")).unwrap();
+    let a = pb::Assignment { attempt: 1, ..assignment(7, &["echo", "overwritten"], false, false) };
+    runner.reconcile(&set(vec![a]));
+    let r = next(&mut rx).await;
+    assert_eq!((r.job_id, r.status), (7, pb::RunStatus::Lost as i32), "{r:?}");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious\n");
+    // A link in place of the checkpoint directory: refused too, the target untouched.
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::create_dir_all(job_dir(dir.path(), 8)).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, job_dir(dir.path(), 8).join("checkpoint")).unwrap();
+    runner.reconcile(&set(vec![assignment(8, &["true"], false, false)]));
+    let r = next(&mut rx).await;
+    assert_eq!((r.job_id, r.status), (8, pb::RunStatus::Lost as i32), "{r:?}");
+    assert!(r.message.contains("not a directory"), "{}", r.message);
+    use std::os::unix::fs::PermissionsExt;
+    assert_ne!(
+        std::fs::metadata(&elsewhere).unwrap().permissions().mode() & 0o777,
+        0o700,
+        "chmod followed the link"
+    );
+}
