@@ -1,6 +1,6 @@
 //! The server side of the Raft RPCs: hands peers' messages to the local openraft instance.
 
-use kairos_proto::v1::raft_service_server::RaftService;
+use kairos_proto::v1::raft_service_server::{RaftService, RaftServiceServer};
 use kairos_proto::v1::RaftMessage;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -33,26 +33,65 @@ impl RaftRpc {
         RaftRpc { raft, peers, key }
     }
 
+    /// The Raft service as kairosd serves it: senders checked from the headers before a body is
+    /// decoded, messages at most `RAFT_MESSAGE_BYTES_MAX`.
+    pub fn server(
+        raft: KairosRaft,
+        peers: BTreeSet<ReplicaId>,
+        key: ClusterKey,
+    ) -> tonic::service::interceptor::InterceptedService<RaftServiceServer<RaftRpc>, RaftGate> {
+        let gate = RaftGate { raft: raft.clone(), peers: peers.clone(), key: key.clone() };
+        let rpc = RaftServiceServer::new(RaftRpc::new(raft, peers, key))
+            .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX);
+        tonic::service::interceptor::InterceptedService::new(rpc, gate)
+    }
+
     fn check_member<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        let from: ReplicaId = request
-            .metadata()
-            .get(FROM_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| Status::unauthenticated("raft: the caller does not name its replica id"))?;
-        let proven = bearer(request.metadata()).is_some_and(|c| self.key.verify(&format!("raft:{from}"), c));
-        if !proven {
-            return Err(Status::unauthenticated(format!(
-                "raft: no valid peer credential for replica {from} (is the cluster secret the same?)"
-            )));
-        }
-        let membership = self.raft.metrics().borrow().membership_config.clone();
-        let members: BTreeSet<ReplicaId> = membership.nodes().map(|(id, _)| *id).collect();
-        if members.is_empty() || members.contains(&from) || self.peers.contains(&from) {
-            Ok(())
-        } else {
-            Err(Status::permission_denied(format!("raft: replica {from} is not a member of this cluster")))
-        }
+        check_member(&self.raft, &self.peers, &self.key, request.metadata())
+    }
+}
+
+/// A Raft RPC's sender must name itself, prove it with its peer credential, and be a member
+/// (or a configured peer; anyone authenticated while this replica has no membership yet).
+fn check_member(
+    raft: &KairosRaft,
+    peers: &BTreeSet<ReplicaId>,
+    key: &ClusterKey,
+    metadata: &tonic::metadata::MetadataMap,
+) -> Result<(), Status> {
+    let from: ReplicaId = metadata
+        .get(FROM_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| Status::unauthenticated("raft: the caller does not name its replica id"))?;
+    let proven = bearer(metadata).is_some_and(|c| key.verify(&format!("raft:{from}"), c));
+    if !proven {
+        return Err(Status::unauthenticated(format!(
+            "raft: no valid peer credential for replica {from} (is the cluster secret the same?)"
+        )));
+    }
+    let membership = raft.metrics().borrow().membership_config.clone();
+    let members: BTreeSet<ReplicaId> = membership.nodes().map(|(id, _)| *id).collect();
+    if members.is_empty() || members.contains(&from) || peers.contains(&from) {
+        Ok(())
+    } else {
+        Err(Status::permission_denied(format!("raft: replica {from} is not a member of this cluster")))
+    }
+}
+
+/// Checks a Raft RPC's sender from its headers, before its body is read or decoded: a caller
+/// without the peer credential costs no memory for what it sends (`RaftRpc::server`).
+#[derive(Clone)]
+pub struct RaftGate {
+    raft: KairosRaft,
+    peers: BTreeSet<ReplicaId>,
+    key: ClusterKey,
+}
+
+impl tonic::service::Interceptor for RaftGate {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        check_member(&self.raft, &self.peers, &self.key, request.metadata())?;
+        Ok(request)
     }
 }
 

@@ -148,6 +148,32 @@ impl Auth {
     }
 }
 
+/// The check a user-facing service makes from the headers alone, before a body is decoded.
+pub fn user_gate(
+    ctx: crate::context::Ctx,
+) -> impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, Status> + Clone {
+    move |request: tonic::Request<()>| {
+        ctx.principal(&request)?;
+        Ok(request)
+    }
+}
+
+/// The check the agent service makes from the headers alone: the join token, or something
+/// shaped like a node credential (which node it must be for is known only from the body).
+pub fn agent_gate(
+    auth: std::sync::Arc<Auth>,
+) -> impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, Status> + Clone {
+    move |request: tonic::Request<()>| {
+        let plausible = bearer(request.metadata())
+            .is_some_and(|c| c.starts_with("node.") || ct_eq(&sha256_hex(c), &auth.join_sha256));
+        if plausible {
+            Ok(request)
+        } else {
+            Err(Status::unauthenticated("invalid join token or node credential"))
+        }
+    }
+}
+
 /// Splits `kairos_<id>_<secret>`.
 pub fn split_token(token: &str) -> Option<(&str, &str)> {
     let rest = token.strip_prefix(TOKEN_PREFIX)?;
@@ -290,6 +316,21 @@ mod tests {
             if a.check_join(&m, &node, Some(1)).is_ok() {
                 proptest::prop_assert!(token.trim() == "join-me" || token.trim() == a.key.node_credential(&node, 1));
             }
+        }
+    }
+
+    #[test]
+    fn the_agent_gate_passes_only_join_tokens_and_node_shaped_credentials() {
+        let mut gate = agent_gate(std::sync::Arc::new(auth()));
+        let req = |t: Option<&str>| {
+            let mut r = tonic::Request::new(());
+            *r.metadata_mut() = md(t, None);
+            r
+        };
+        assert!(gate(req(Some("join-me"))).is_ok());
+        assert!(gate(req(Some(&auth().key.node_credential("n1", 1)))).is_ok());
+        for bad in [None, Some("join-you"), Some("boot-admin"), Some("kairos_00112233aabbccdd_x")] {
+            assert_eq!(gate(req(bad)).unwrap_err().code(), tonic::Code::Unauthenticated, "{bad:?}");
         }
     }
 

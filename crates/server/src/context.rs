@@ -103,7 +103,6 @@ impl Ctx {
         })
     }
 
-    /// `NOT_FOUND` unless `node` is registered.
     /// The epoch of `node`'s registration, if it is registered.
     pub fn node_epoch(&self, node: &str) -> Option<u64> {
         self.replica.read(|a| a.state.nodes.get(node).map(|n| n.epoch))
@@ -118,6 +117,7 @@ impl Ctx {
         self.auth.check_node(metadata, node, self.node_epoch(node))
     }
 
+    /// `NOT_FOUND` unless `node` is registered.
     pub fn check_node(&self, node: &str) -> Result<(), Status> {
         self.replica.read(|a| {
             if a.state.nodes.contains_key(node) {

@@ -21,12 +21,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use kairos_consensus::service::{RaftRpc, RAFT_MESSAGE_BYTES_MAX};
+use kairos_consensus::service::RaftRpc;
 use kairos_consensus::{Replica, ReplicaConfig, ReplicaId};
 use kairos_proto::v1::admin_service_server::AdminServiceServer;
 use kairos_proto::v1::agent_service_server::AgentServiceServer;
 use kairos_proto::v1::job_service_server::JobServiceServer;
-use kairos_proto::v1::raft_service_server::RaftServiceServer;
 use tokio::sync::Notify;
 
 use crate::context::{Ctx, Timing};
@@ -287,7 +286,9 @@ async fn run() -> anyhow::Result<()> {
     server
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(
+        // Every service but health and reflection checks its caller from the headers before a
+        // body is decoded (the handlers check again, with the decoded request).
+        .add_service(tonic::service::interceptor::InterceptedService::new(
             JobServiceServer::new(jobs::Jobs {
                 ctx: ctx.clone(),
                 limiter: Arc::new(ratelimit::SubmitLimiter::new(
@@ -296,20 +297,23 @@ async fn run() -> anyhow::Result<()> {
                 )),
             })
             .max_decoding_message_size(API_MESSAGE_BYTES_MAX),
-        )
-        .add_service(
+            auth::user_gate(ctx.clone()),
+        ))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
             AgentServiceServer::new(agents::Agents { ctx: ctx.clone() })
                 .max_decoding_message_size(API_MESSAGE_BYTES_MAX),
-        )
-        .add_service(AdminServiceServer::new(admin::Admin { ctx: ctx.clone() }))
-        .add_service(
-            RaftServiceServer::new(RaftRpc::new(
-                replica.raft.clone(),
-                members.keys().copied().collect(),
-                ctx.auth.key.clone(),
-            ))
-            .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX),
-        )
+            auth::agent_gate(ctx.auth.clone()),
+        ))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            AdminServiceServer::new(admin::Admin { ctx: ctx.clone() })
+                .max_decoding_message_size(API_MESSAGE_BYTES_MAX),
+            auth::user_gate(ctx.clone()),
+        ))
+        .add_service(RaftRpc::server(
+            replica.raft.clone(),
+            members.keys().copied().collect(),
+            ctx.auth.key.clone(),
+        ))
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown_signal(),

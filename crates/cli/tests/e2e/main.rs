@@ -6,6 +6,7 @@ mod gang;
 mod ha;
 mod harness;
 mod isolation;
+mod limits;
 mod policy;
 mod preempt;
 mod security;
