@@ -181,11 +181,13 @@ pub fn split_token(token: &str) -> Option<(&str, &str)> {
     (id.len() == TOKEN_ID_LEN && !secret.is_empty()).then_some((id, secret))
 }
 
-/// The principal of an issued token `kairos_<id>_<secret>` in `state`, if it is valid now.
-pub fn issued_token(token: &str, state: &ClusterState) -> Option<Principal> {
+/// The principal of an issued token `kairos_<id>_<secret>` in `state`, if it is valid at
+/// `now_ms` — the serving replica's wall clock, or the state's clock if that is ahead: the
+/// state's clock moves only with writes, so on an idle cluster it would never reach an expiry.
+pub fn issued_token(token: &str, state: &ClusterState, now_ms: i64) -> Option<Principal> {
     let (id, secret) = split_token(token)?;
     let rec = state.tokens.get(id)?;
-    (ct_eq(&sha256_hex(secret), &rec.secret_sha256) && rec.live_at(state.now_ms))
+    (ct_eq(&sha256_hex(secret), &rec.secret_sha256) && rec.live_at(now_ms.max(state.now_ms)))
         .then(|| Principal { user: rec.user.clone(), role: rec.role })
 }
 
@@ -235,20 +237,26 @@ mod tests {
         let id = "00112233aabbccdd";
         let s = state_with(id, "sekrit", "alice", Role::User, None);
         let alice =
-            a.principal(&md(Some(&format!("kairos_{id}_sekrit")), None), |t| issued_token(t, &s)).unwrap();
+            a.principal(&md(Some(&format!("kairos_{id}_sekrit")), None), |t| issued_token(t, &s, 0)).unwrap();
         assert_eq!(alice, Principal { user: "alice".into(), role: Role::User });
-        let admin = a.principal(&md(Some("boot-admin"), None), |t| issued_token(t, &s)).unwrap();
+        let admin = a.principal(&md(Some("boot-admin"), None), |t| issued_token(t, &s, 0)).unwrap();
         assert_eq!(admin.role, Role::Admin);
         for bad in [None, Some("boot-admin2"), Some("kairos_00112233aabbccdd_wrong"), Some("kairos_x_y")] {
-            let e = a.principal(&md(bad, None), |t| issued_token(t, &s)).unwrap_err();
+            let e = a.principal(&md(bad, None), |t| issued_token(t, &s, 0)).unwrap_err();
             assert_eq!(e.code(), tonic::Code::Unauthenticated, "{bad:?}");
             assert!(!e.message().contains("sekrit") && !e.message().contains("boot-admin"));
         }
         let expired = state_with(id, "sekrit", "alice", Role::User, Some(1000));
         let e = a
-            .principal(&md(Some(&format!("kairos_{id}_sekrit")), None), |t| issued_token(t, &expired))
+            .principal(&md(Some(&format!("kairos_{id}_sekrit")), None), |t| issued_token(t, &expired, 0))
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated);
+        // Expired by the serving replica's clock, though the state's clock (moved only by
+        // writes) has not reached the expiry.
+        let later = state_with(id, "sekrit", "alice", Role::User, Some(5000));
+        let token = format!("kairos_{id}_sekrit");
+        assert!(issued_token(&token, &later, 4999).is_some());
+        assert!(issued_token(&token, &later, 5000).is_none());
     }
 
     #[test]
@@ -256,16 +264,17 @@ mod tests {
         let a = auth();
         let id = "00112233aabbccdd";
         let s = state_with(id, "sekrit", "alice", Role::Operator, None);
-        let as_bob = a.principal(&md(Some("boot-admin"), Some("bob")), |t| issued_token(t, &s)).unwrap();
+        let as_bob = a.principal(&md(Some("boot-admin"), Some("bob")), |t| issued_token(t, &s, 0)).unwrap();
         assert_eq!(as_bob, Principal { user: "bob".into(), role: Role::User });
         let alice = format!("kairos_{id}_sekrit");
-        let e = a.principal(&md(Some(&alice), Some("bob")), |t| issued_token(t, &s)).unwrap_err();
+        let e = a.principal(&md(Some(&alice), Some("bob")), |t| issued_token(t, &s, 0)).unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
         assert_eq!(
-            a.principal(&md(Some(&alice), Some("alice")), |t| issued_token(t, &s)).unwrap().role,
+            a.principal(&md(Some(&alice), Some("alice")), |t| issued_token(t, &s, 0)).unwrap().role,
             Role::Operator
         );
-        let e = a.principal(&md(Some("boot-admin"), Some("bad user")), |t| issued_token(t, &s)).unwrap_err();
+        let e =
+            a.principal(&md(Some("boot-admin"), Some("bad user")), |t| issued_token(t, &s, 0)).unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
     }
 
@@ -300,7 +309,7 @@ mod tests {
             if let Some(u) = act_as.as_deref().and_then(|u| u.parse().ok()) {
                 m.insert(ACT_AS_HEADER, u);
             }
-            match a.principal(&m, |t| issued_token(t, &s)) {
+            match a.principal(&m, |t| issued_token(t, &s, 0)) {
                 Ok(p) => proptest::prop_assert!(
                     token.trim() == "boot-admin" || token.trim() == "kairos_00112233aabbccdd_sekrit",
                     "{p:?} from {token:?}"

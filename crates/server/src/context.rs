@@ -99,7 +99,7 @@ impl Ctx {
     /// The authenticated user behind a job or admin request.
     pub fn principal<T>(&self, req: &tonic::Request<T>) -> Result<Principal, Status> {
         self.auth.principal(req.metadata(), |token| {
-            self.replica.read(|a| crate::auth::issued_token(token, &a.state))
+            self.replica.read(|a| crate::auth::issued_token(token, &a.state, now_ms()))
         })
     }
 

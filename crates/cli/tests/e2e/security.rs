@@ -331,3 +331,13 @@ fn a_mutual_tls_cluster_serves_tls_only_and_plaintext_clients_fail_cleanly() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+#[test]
+fn a_token_expires_on_an_idle_cluster() {
+    let c = Cluster::start(1);
+    let token = c.ok(&["token", "create", "--user", "alice", "--ttl", "2s"]).trim().to_string();
+    assert!(with_token(&c, Some(&token), &["queue"]).status.success());
+    // Nothing is written meanwhile: the replicated clock stands still, the wall clock does not.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    refused(&with_token(&c, Some(&token), &["queue"]), "invalid, expired or revoked");
+}
