@@ -24,6 +24,7 @@ use thiserror::Error;
 use tokio::sync::watch;
 
 pub mod auth;
+pub mod failstop;
 pub mod membership;
 pub mod network;
 pub mod service;

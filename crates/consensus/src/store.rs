@@ -42,10 +42,12 @@ const SNAPSHOT_FILE: &str = "snapshot";
 const SNAPSHOT_TMP: &str = "snapshot.tmp";
 
 fn read_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
+    crate::failstop::storage_failed(&format!("reading: {e}"));
     StorageIOError::read(&e).into()
 }
 
 fn write_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
+    crate::failstop::storage_failed(&format!("writing: {e}"));
     StorageIOError::write(&e).into()
 }
 
@@ -177,6 +179,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.log.apply_batch(batch).map_err(write_err)?;
         // The entries are readable now; they count as appended only once flushed.
         let result = self.db.flush_async().await.map(|_| ()).map_err(to_io);
+        if let Err(e) = &result {
+            crate::failstop::storage_failed(&format!("syncing the log: {e}"));
+        }
         callback.log_io_completed(result);
         Ok(())
     }

@@ -190,6 +190,33 @@ async fn shutdown_signal() {
     }
 }
 
+/// How long a stopping kairosd lets open calls (agents' assignment streams, followed logs)
+/// finish before it exits anyway.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// Fail-stop: once openraft's core has quit on an error (a storage error — no space, EIO, a
+/// failed sync — or a broken invariant), this replica can neither lead nor follow; it exits with
+/// the error in its log instead of answering calls it cannot serve.
+async fn exit_on_fatal(
+    mut metrics: tokio::sync::watch::Receiver<openraft::RaftMetrics<u64, openraft::BasicNode>>,
+) {
+    loop {
+        if let Err(fatal) = &metrics.borrow().running_state {
+            if matches!(fatal, openraft::error::Fatal::Stopped) {
+                return; // our own shutdown
+            }
+            tracing::error!(error = %fatal, "the replica stopped on a storage or consensus error; exiting");
+            eprintln!(
+                "kairosd: the replica stopped: {fatal} (storage error: check the data directory's disk)"
+            );
+            std::process::exit(3);
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() {
     if let Err(e) = run().await {
@@ -238,6 +265,12 @@ async fn run() -> anyhow::Result<()> {
     if config.heartbeat_ms == 0 || config.election_timeout_ms <= config.heartbeat_ms {
         bail!("--election-timeout-ms must be larger than --raft-heartbeat-ms (and both above 0)");
     }
+    // Fail-stop: any storage error ends this process, non-zero, with the error in its log.
+    kairos_consensus::failstop::on_storage_error(|what| {
+        tracing::error!(error = %what, "storage error: this replica stops (fail-stop)");
+        eprintln!("kairosd: storage error, stopping: {what}");
+        std::process::exit(3);
+    });
     let replica = Replica::open(&config, &args.data_dir, &members)
         .await
         .with_context(|| format!("opening replica data in {}", args.data_dir.display()))?;
@@ -279,11 +312,19 @@ async fn run() -> anyhow::Result<()> {
 
     tracing::info!(id = args.id, addr = %args.addr, data_dir = %args.data_dir.display(), "kairosd serving");
     println!("kairosd {} listening on {listen} (dialled as {})", args.id, args.addr);
+    tokio::spawn(exit_on_fatal(replica.raft.metrics()));
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let mut stopping = stop_rx.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("stopping");
+        let _ = stop_tx.send(true);
+    });
     let mut server = tonic::transport::Server::builder();
     if let Some(tls) = server_tls {
         server = server.tls_config(tls).context("TLS settings")?;
     }
-    server
+    let server = server
         .add_service(health_service)
         .add_service(reflection)
         // Every service but health and reflection checks its caller from the headers before a
@@ -316,10 +357,18 @@ async fn run() -> anyhow::Result<()> {
         ))
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown_signal(),
-        )
-        .await
-        .context("serving gRPC")?;
+            async move {
+                let _ = stop_rx.changed().await;
+            },
+        );
+    tokio::select! {
+        served = server => served.context("serving gRPC")?,
+        // Long-lived streams never end by themselves: after the grace, stop regardless.
+        _ = async {
+            let _ = stopping.changed().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => tracing::warn!("open calls did not finish within the shutdown grace"),
+    }
 
     tracing::info!("shutting down");
     leader_task.abort();
