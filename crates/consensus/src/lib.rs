@@ -29,6 +29,7 @@ pub mod membership;
 pub mod network;
 pub mod service;
 pub mod store;
+pub mod sync;
 pub mod watchdog;
 
 pub use store::{Applied, SharedState};
@@ -163,7 +164,7 @@ impl Replica {
             }
             other => ConsensusError::Sled(other),
         })?;
-        let log_store = store::LogStore::new(&db)?;
+        let log_store = store::LogStore::new(&db, &data_dir.join("raft.sled"))?;
         let commit_index = log_store.commit_index();
         let (applied_tx, applied_rx) = watch::channel(0);
         let sm = store::StateMachineStore::new(data_dir, applied_tx)?;

@@ -63,16 +63,31 @@ pub struct LogStore {
     meta: sled::Tree,
     /// The latest committed index openraft told us about, for status reports.
     committed: Arc<std::sync::atomic::AtomicU64>,
+    /// Syncs what sled's flush leaves unsynced (large values' blob files).
+    blobs: Arc<crate::sync::BlobSync>,
 }
 
 impl LogStore {
-    pub fn new(db: &sled::Db) -> Result<Self, sled::Error> {
+    /// The log in `db`, the sled database at `sled_dir`.
+    pub fn new(db: &sled::Db, sled_dir: &std::path::Path) -> Result<Self, sled::Error> {
         Ok(LogStore {
             db: db.clone(),
             log: db.open_tree("raft_log")?,
             meta: db.open_tree("raft_meta")?,
             committed: Arc::default(),
+            blobs: Arc::new(crate::sync::BlobSync::open(sled_dir)?),
         })
+    }
+
+    /// sled's flush, then fsync of the blob files it wrote: only then is a write durable.
+    async fn flush(&self) -> std::io::Result<()> {
+        self.db.flush_async().await.map_err(to_io)?;
+        self.blobs.sync_new().map(|_| ())
+    }
+
+    /// The blob files synced so far (tests).
+    pub fn synced_blobs(&self) -> std::collections::BTreeSet<std::ffi::OsString> {
+        self.blobs.synced()
     }
 
     /// A handle that always holds the latest known commit index.
@@ -90,7 +105,7 @@ impl LogStore {
     async fn put_meta<T: Serialize>(&self, key: &[u8], value: &T) -> StorageResult<()> {
         let bytes = serde_json::to_vec(value).map_err(write_err)?;
         self.meta.insert(key, bytes).map_err(write_err)?;
-        self.db.flush_async().await.map_err(write_err)?;
+        self.flush().await.map_err(write_err)?;
         Ok(())
     }
 }
@@ -178,7 +193,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         self.log.apply_batch(batch).map_err(write_err)?;
         // The entries are readable now; they count as appended only once flushed.
-        let result = self.db.flush_async().await.map(|_| ()).map_err(to_io);
+        let result = self.flush().await;
         if let Err(e) = &result {
             crate::failstop::storage_failed(&format!("syncing the log: {e}"));
         }
@@ -193,7 +208,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             batch.remove(key);
         }
         self.log.apply_batch(batch).map_err(write_err)?;
-        self.db.flush_async().await.map_err(write_err)?;
+        self.flush().await.map_err(write_err)?;
         Ok(())
     }
 
@@ -206,7 +221,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             batch.remove(key);
         }
         self.log.apply_batch(batch).map_err(write_err)?;
-        self.db.flush_async().await.map_err(write_err)?;
+        self.flush().await.map_err(write_err)?;
         Ok(())
     }
 }

@@ -18,7 +18,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for SledBuil
         let dir = TempDir::new().expect("temp dir");
         let db = sled::Config::new().path(dir.path().join("raft.sled")).open().expect("open sled");
         let (tx, _rx) = tokio::sync::watch::channel(0);
-        let log = LogStore::new(&db).expect("log store");
+        let log = LogStore::new(&db, &dir.path().join("raft.sled")).expect("log store");
         let sm = StateMachineStore::new(dir.path(), tx).expect("state machine");
         Ok((dir, log, sm))
     }
@@ -219,8 +219,30 @@ mod corrupt_disk {
         for (k, v) in meta {
             meta_tree.insert(*k, v.as_slice()).unwrap();
         }
-        let store = LogStore::new(&db).expect("log store");
+        let store = LogStore::new(&db, &dir.path().join("raft.sled")).expect("log store");
         (dir, store)
+    }
+
+    #[test]
+    fn blob_files_of_large_values_are_synced_before_a_write_is_done() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            // A value larger than a sled segment allows inline (a group commit of large submits)
+            // lands in a blob file of its own, which sled's flush does not sync.
+            let big = vec![b'x'; 2 * 1024 * 1024];
+            let (dir, mut store) = store_with(&[(7u64.to_be_bytes().to_vec(), big)], &[]);
+            store.save_vote(&openraft::Vote::new(1, 1)).await.expect("a flushed write");
+            let blobs: BTreeSet<std::ffi::OsString> = std::fs::read_dir(dir.path().join("raft.sled/blobs"))
+                .expect("sled's blob directory")
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert!(!blobs.is_empty(), "the large value did not go to a blob file");
+            assert!(
+                blobs.is_subset(&store.synced_blobs()),
+                "unsynced blobs: {blobs:?} vs {:?}",
+                store.synced_blobs()
+            );
+        });
     }
 
     proptest! {
