@@ -133,6 +133,9 @@ impl Cluster {
             .arg(self.dir.path().join("admin.token"))
             .arg("--join-token-file")
             .arg(self.dir.path().join("join.token"))
+            // The submit benchmark leaves every job pending: its own state bounds, not the
+            // defaults, keep it from refusing submits mid-run.
+            .args(["--max-jobs-per-user", "1000000000", "--max-jobs", "1000000000"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -664,7 +667,7 @@ fn bench_schedule(
         // Running work under no QoS limit, so the setup is not refused by one.
         sp.qos = "premium".into();
         if let kairos_scheduler::Outcome::Submitted { job } =
-            apply(&mut state, Op::Submit { spec: sp, request_id: None, hold: false })
+            apply(&mut state, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })
         {
             placements.push(Placement::single(job, format!("node-{node:05}"), (gpu..gpu + want).collect()));
             placed += 1;
@@ -677,7 +680,10 @@ fn bench_schedule(
     apply(&mut state, Op::ApplyPlan { plan: Plan { placements } });
     for i in 0..pending {
         let gpus = [1, 1, 2, 4, 8, 1, 2, 8][(i % 8) as usize].min(gpus_per_node);
-        apply(&mut state, Op::Submit { spec: spec(running + i, gpus), request_id: None, hold: false });
+        apply(
+            &mut state,
+            Op::Submit { spec: spec(running + i, gpus), request_id: None, hold: false, limits: None },
+        );
     }
     // Fragmentation after applying one pass: free GPUs stranded on partly used nodes.
     let mut after = state.clone();

@@ -91,7 +91,7 @@ fn saturated(inference: &[u32]) -> ClusterState {
 }
 
 fn submit(s: &mut ClusterState, spec: JobSpec) -> u64 {
-    match apply(s, 0, Op::Submit { spec, request_id: None, hold: false }) {
+    match apply(s, 0, Op::Submit { spec, request_id: None, hold: false, limits: None }) {
         Outcome::Submitted { job } => job,
         other => panic!("{other:?}"),
     }

@@ -70,7 +70,7 @@ async fn acknowledged_writes_survive_restart_through_snapshot_and_log_tail() {
             let outcomes = replica
                 .write(vec![Command {
                     now_ms: n as i64,
-                    op: Op::Submit { spec: spec(n), request_id: None, hold: false },
+                    op: Op::Submit { spec: spec(n), request_id: None, hold: false, limits: None },
                 }])
                 .await
                 .unwrap();
@@ -127,7 +127,10 @@ async fn acknowledged_writes_survive_restart_through_snapshot_and_log_tail() {
     assert_eq!(replica.status().state_digest, digest_before);
     // Ids continue after the restart instead of being reused.
     let outcomes = replica
-        .write(vec![Command { now_ms: 99, op: Op::Submit { spec: spec(99), request_id: None, hold: false } }])
+        .write(vec![Command {
+            now_ms: 99,
+            op: Op::Submit { spec: spec(99), request_id: None, hold: false, limits: None },
+        }])
         .await
         .unwrap();
     assert_eq!(outcomes, vec![Outcome::Submitted { job: 26 }]);

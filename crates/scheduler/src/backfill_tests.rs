@@ -27,7 +27,10 @@ fn simulate(nodes: &[u32], jobs: &[(u32, u64)], backfill: bool) -> (BTreeMap<Job
     for (gpus, limit) in jobs {
         let mut sp = spec(*gpus, "batch");
         sp.time_limit_s = Some(*limit);
-        s.apply(&Command { now_ms: now, op: Op::Submit { spec: sp, request_id: None, hold: false } });
+        s.apply(&Command {
+            now_ms: now,
+            op: Op::Submit { spec: sp, request_id: None, hold: false, limits: None },
+        });
     }
     let mut starts = BTreeMap::new();
     let mut reservations = Vec::new();

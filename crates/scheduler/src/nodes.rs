@@ -82,7 +82,7 @@ mod tests {
         assert!(matches!(join(&mut s, Some(first + 7)), Outcome::Rejected(_)));
         // A node holding a job cannot be removed.
         let spec = JobSpec::new("j", "alice", vec!["true".into()], 1);
-        apply(&mut s, Op::Submit { spec, request_id: None, hold: false });
+        apply(&mut s, Op::Submit { spec, request_id: None, hold: false, limits: None });
         let plan = crate::plan(&s).plan;
         apply(&mut s, Op::ApplyPlan { plan });
         assert!(matches!(

@@ -728,7 +728,7 @@ mod tests {
     fn submit(s: &mut ClusterState, gpus: u32, qos: &str) -> JobId {
         match s.apply(&Command {
             now_ms: 2,
-            op: Op::Submit { spec: spec(gpus, qos), request_id: None, hold: false },
+            op: Op::Submit { spec: spec(gpus, qos), request_id: None, hold: false, limits: None },
         }) {
             Outcome::Submitted { job } => job,
             other => panic!("submit failed: {other:?}"),

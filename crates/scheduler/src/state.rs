@@ -80,6 +80,9 @@ pub enum Op {
         /// Submit held (pending until released).
         #[serde(default)]
         hold: bool,
+        /// The proposing replica's bounds on unfinished jobs (none: unbounded).
+        #[serde(default)]
+        limits: Option<crate::quota::SubmitLimits>,
     },
     Cancel {
         job: JobId,
@@ -292,14 +295,17 @@ pub enum Rejection {
     NotFound(String),
     Invalid(String),
     FailedPrecondition(String),
+    /// A bound on the state (`kairosd --max-jobs-per-user`, `--max-jobs`) would be passed.
+    ResourceExhausted(String),
 }
 
 impl std::fmt::Display for Rejection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Rejection::NotFound(m) | Rejection::Invalid(m) | Rejection::FailedPrecondition(m) => {
-                f.write_str(m)
-            }
+            Rejection::NotFound(m)
+            | Rejection::Invalid(m)
+            | Rejection::FailedPrecondition(m)
+            | Rejection::ResourceExhausted(m) => f.write_str(m),
         }
     }
 }
@@ -389,6 +395,9 @@ pub struct ClusterState {
     /// The last node epoch handed out (see `Node::epoch`); only grows.
     #[serde(default)]
     pub node_epoch_seq: u64,
+    /// Unfinished jobs by user (a cache of `jobs`, rebuilt when missing).
+    #[serde(skip)]
+    pub(crate) unfinished: crate::quota::UnfinishedIndex,
 }
 
 impl ClusterState {
@@ -407,6 +416,7 @@ impl ClusterState {
             burst: Default::default(),
             tokens: Default::default(),
             node_epoch_seq: 0,
+            unfinished: Default::default(),
         }
     }
 
@@ -427,7 +437,9 @@ impl ClusterState {
 
     fn apply_op(&mut self, op: &Op, now: i64) -> Outcome {
         match op {
-            Op::Submit { spec, request_id, hold } => self.submit(spec, request_id.as_deref(), *hold, now),
+            Op::Submit { spec, request_id, hold, limits } => {
+                self.submit(spec, request_id.as_deref(), *hold, limits.as_ref(), now)
+            }
             Op::Cancel { job, by } => self.cancel(*job, by, now),
             Op::RegisterNode { info } => self.register_node(info, now),
             Op::JoinNode { info, credential_epoch } => self.join_node(info, *credential_epoch, now),
@@ -637,7 +649,14 @@ impl ClusterState {
         }
     }
 
-    fn submit(&mut self, spec: &JobSpec, request_id: Option<&str>, hold: bool, now: i64) -> Outcome {
+    fn submit(
+        &mut self,
+        spec: &JobSpec,
+        request_id: Option<&str>,
+        hold: bool,
+        limits: Option<&crate::quota::SubmitLimits>,
+        now: i64,
+    ) -> Outcome {
         if request_id.is_some_and(|r| r.is_empty() || r.len() > crate::validate::REQUEST_ID_LEN_MAX) {
             let max = crate::validate::REQUEST_ID_LEN_MAX;
             return Outcome::Rejected(Rejection::Invalid(format!("request_id: must be 1 to {max} bytes")));
@@ -647,6 +666,11 @@ impl ClusterState {
         }
         if let Err(e) = validate_spec(spec) {
             return Outcome::Rejected(Rejection::Invalid(e.to_string()));
+        }
+        if let Some(limits) = limits {
+            if let Err(r) = self.check_submit_limits(&spec.user, limits) {
+                return Outcome::Rejected(r);
+            }
         }
         let partition_name =
             if spec.partition.is_empty() { &self.policy.default_partition } else { &spec.partition };
@@ -740,6 +764,7 @@ impl ClusterState {
         if let Some(r) = request_id {
             self.submit_requests.entry(job.spec.user.clone()).or_default().insert(r.to_string(), id);
         }
+        self.unfinished.added(&job.spec.user);
         self.jobs.insert(id, job);
         Outcome::Submitted { job: id }
     }
@@ -1375,6 +1400,7 @@ impl ClusterState {
         };
         match job.state {
             JobState::Pending => {
+                self.unfinished.ended(&job.spec.user);
                 job.state = JobState::Cancelled;
                 job.reason = format!("cancelled by \"{by}\"");
                 job.end_time_ms = Some(now);
@@ -1865,6 +1891,9 @@ impl ClusterState {
         }
         self.release_run(id);
         let Some(job) = self.jobs.get_mut(&id) else { return };
+        if !job.state.is_terminal() {
+            self.unfinished.ended(&job.spec.user);
+        }
         job.state = state;
         job.end_time_ms = Some(now);
         job.record(now, &state.as_str().to_ascii_lowercase(), reason.clone());
@@ -1877,6 +1906,7 @@ impl ClusterState {
     /// - every running job's GPUs are held by it, on an existing node;
     /// - no GPU is held by two jobs (by construction of the per-node map, checked both ways).
     pub fn check_invariants(&self) -> Result<(), String> {
+        self.check_unfinished_index()?;
         for (name, node) in &self.nodes {
             for (gpu, holder) in &node.allocated {
                 if !node.info.gpus.iter().any(|g| g.index == *gpu) {

@@ -34,13 +34,18 @@ fn run_plan(s: &mut ClusterState, now: i64) -> Outcome {
 fn submit_assigns_ids_in_order_and_rejects_bad_specs_without_change() {
     let mut s = cluster(8);
     assert_eq!(
-        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false }))),
+        submitted(s.apply(&cmd(
+            2,
+            Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false, limits: None }
+        ))),
         1
     );
     let before = s.clone();
-    let zero = s.apply(&cmd(3, Op::Submit { spec: spec(0, "batch"), request_id: None, hold: false }));
+    let zero =
+        s.apply(&cmd(3, Op::Submit { spec: spec(0, "batch"), request_id: None, hold: false, limits: None }));
     assert!(matches!(zero, Outcome::Rejected(Rejection::Invalid(m)) if m.contains("gpus")));
-    let too_big = s.apply(&cmd(3, Op::Submit { spec: spec(9, "batch"), request_id: None, hold: false }));
+    let too_big =
+        s.apply(&cmd(3, Op::Submit { spec: spec(9, "batch"), request_id: None, hold: false, limits: None }));
     assert_eq!(
         too_big,
         Outcome::Rejected(Rejection::FailedPrecondition(
@@ -50,18 +55,18 @@ fn submit_assigns_ids_in_order_and_rejects_bad_specs_without_change() {
     let mut empty = spec(1, "batch");
     empty.argv.clear();
     assert!(matches!(
-        s.apply(&cmd(3, Op::Submit { spec: empty, request_id: None, hold: false })),
+        s.apply(&cmd(3, Op::Submit { spec: empty, request_id: None, hold: false, limits: None })),
         Outcome::Rejected(_)
     ));
     assert!(matches!(
-        s.apply(&cmd(3, Op::Submit { spec: spec(1, "nope"), request_id: None, hold: false })),
+        s.apply(&cmd(3, Op::Submit { spec: spec(1, "nope"), request_id: None, hold: false, limits: None })),
         Outcome::Rejected(Rejection::Invalid(m)) if m.contains("unknown qos")
     ));
     for reserved in ["CUDA_VISIBLE_DEVICES", "KAIROS_JOB_ID", "RANK"] {
         let mut sneaky = spec(1, "batch");
         sneaky.env.insert(reserved.into(), "0".into());
         assert!(matches!(
-            s.apply(&cmd(3, Op::Submit { spec: sneaky, request_id: None, hold: false })),
+            s.apply(&cmd(3, Op::Submit { spec: sneaky, request_id: None, hold: false, limits: None })),
             Outcome::Rejected(Rejection::Invalid(m)) if m.contains("cannot be overridden")
         ));
     }
@@ -69,7 +74,10 @@ fn submit_assigns_ids_in_order_and_rejects_bad_specs_without_change() {
     s2.now_ms = before.now_ms;
     assert_eq!(s2, before, "rejected submits change nothing but the clock");
     assert_eq!(
-        submitted(s.apply(&cmd(4, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false }))),
+        submitted(s.apply(&cmd(
+            4,
+            Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false, limits: None }
+        ))),
         2
     );
 }
@@ -77,8 +85,12 @@ fn submit_assigns_ids_in_order_and_rejects_bad_specs_without_change() {
 #[test]
 fn stale_plan_is_rejected_and_cannot_double_allocate() {
     let mut s = cluster(2);
-    let a = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false })));
-    let b = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false })));
+    let a = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false, limits: None })),
+    );
+    let b = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false, limits: None })),
+    );
     let stale = Plan { placements: vec![Placement::single(b, "n1".into(), vec![0, 1])] };
     assert_eq!(run_plan(&mut s, 3), Outcome::PlanApplied { accepted: vec![a], rejected: vec![] });
     let out = s.apply(&cmd(4, Op::ApplyPlan { plan: stale.clone() }));
@@ -97,15 +109,20 @@ fn stale_plan_is_rejected_and_cannot_double_allocate() {
 #[test]
 fn run_lifecycle_completed_failed_cancelled_timeout() {
     let mut s = cluster(4);
-    let ok =
-        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
-    let bad =
-        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
-    let cancel =
-        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
+    let ok = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false, limits: None })),
+    );
+    let bad = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false, limits: None })),
+    );
+    let cancel = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false, limits: None })),
+    );
     let mut limited = spec(1, "batch");
     limited.time_limit_s = Some(10);
-    let timeout = submitted(s.apply(&cmd(2, Op::Submit { spec: limited, request_id: None, hold: false })));
+    let timeout = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: limited, request_id: None, hold: false, limits: None })),
+    );
     run_plan(&mut s, 3);
     for j in [ok, bad, cancel, timeout] {
         s.apply(&cmd(4, Op::JobStarted { job: j, attempt: 0, node: "n1".into() }));
@@ -159,7 +176,9 @@ fn run_lifecycle_completed_failed_cancelled_timeout() {
 #[test]
 fn a_run_note_becomes_an_event_of_the_current_run_only() {
     let mut s = cluster(2);
-    let j = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
+    let j = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false, limits: None })),
+    );
     run_plan(&mut s, 3);
     let note = |attempt: u32, node: &str| Op::RunNote {
         job: j,
@@ -181,7 +200,9 @@ fn a_run_note_becomes_an_event_of_the_current_run_only() {
 #[test]
 fn node_down_fails_its_jobs_and_frees_gpus() {
     let mut s = cluster(2);
-    let j = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false })));
+    let j = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false, limits: None })),
+    );
     run_plan(&mut s, 3);
     let out = s.apply(&cmd(4, Op::NodeDown { node: "n1".into(), reason: "silent".into() }));
     assert_eq!(out, Outcome::NodeDown { node: "n1".into(), failed_jobs: vec![j] });
@@ -199,7 +220,7 @@ fn a_retried_submit_with_the_same_request_id_returns_the_first_job() {
     let submit = |s: &mut ClusterState, user: &str, rid: &str| {
         let mut sp = spec(1, "batch");
         sp.user = user.into();
-        s.apply(&cmd(2, Op::Submit { spec: sp, request_id: Some(rid.into()), hold: false }))
+        s.apply(&cmd(2, Op::Submit { spec: sp, request_id: Some(rid.into()), hold: false, limits: None }))
     };
     let first = submitted(submit(&mut s, "alice", "r1"));
     assert_eq!(submitted(submit(&mut s, "alice", "r1")), first);
@@ -220,9 +241,11 @@ fn requeueable_jobs_go_back_to_pending_with_the_next_attempt_when_their_node_fai
     let mut s = cluster(2);
     let mut sp = spec(1, "batch");
     sp.requeue = true;
-    let requeued = submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None, hold: false })));
-    let ended =
-        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
+    let requeued =
+        submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })));
+    let ended = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false, limits: None })),
+    );
     run_plan(&mut s, 3);
     s.apply(&cmd(4, Op::NodeDown { node: "n1".into(), reason: "silent".into() }));
     assert_eq!(s.jobs[&requeued].state, JobState::Pending);
@@ -255,13 +278,16 @@ fn an_inference_job_starts_before_a_queue_of_pending_training_jobs() {
     for _ in 0..20 {
         let mut sp = spec(8, "");
         sp.profile = crate::model::Profile::Training;
-        training.push(submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None, hold: false }))));
+        training.push(submitted(
+            s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })),
+        ));
     }
     run_plan(&mut s, 3);
     assert_eq!(s.jobs[&training[0]].state, JobState::Running);
     let mut sp = spec(1, "");
     sp.profile = crate::model::Profile::Inference;
-    let inference = submitted(s.apply(&cmd(4, Op::Submit { spec: sp, request_id: None, hold: false })));
+    let inference =
+        submitted(s.apply(&cmd(4, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })));
     assert_eq!(s.jobs[&inference].spec.qos, "inference", "the submit rule picks the profile's QoS");
     // The training job finishes; the freed node goes to the inference job, not the next training job.
     s.apply(&cmd(
@@ -282,22 +308,29 @@ fn qos_limits_hold_jobs_with_a_reason_and_max_wall_rejects() {
     assert_eq!(s.apply(&cmd(1, Op::SetPolicy { policy })), Outcome::PolicyChanged);
     // More GPUs than the group limit could ever allow: rejected at submit.
     assert!(matches!(
-        s.apply(&cmd(2, Op::Submit { spec: spec(5, "batch"), request_id: None, hold: false })),
+        s.apply(&cmd(2, Op::Submit { spec: spec(5, "batch"), request_id: None, hold: false, limits: None })),
         Outcome::Rejected(Rejection::FailedPrecondition(m)) if m.contains("allows 4 GPUs in total")
     ));
     // Over the QoS's max wall: rejected.
     let mut long = spec(1, "batch");
     long.time_limit_s = Some(25 * 3600);
     assert!(matches!(
-        s.apply(&cmd(2, Op::Submit { spec: long, request_id: None, hold: false })),
+        s.apply(&cmd(2, Op::Submit { spec: long, request_id: None, hold: false, limits: None })),
         Outcome::Rejected(Rejection::Invalid(m)) if m.contains("more than qos \"batch\" allows")
     ));
-    let a = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(3, "batch"), request_id: None, hold: false })));
-    let b = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false })));
+    let a = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: spec(3, "batch"), request_id: None, hold: false, limits: None })),
+    );
+    let b = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false, limits: None })),
+    );
     let mut bob = spec(1, "batch");
     bob.user = "bob".into();
-    let c = submitted(s.apply(&cmd(2, Op::Submit { spec: bob, request_id: None, hold: false })));
-    let d = submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
+    let c =
+        submitted(s.apply(&cmd(2, Op::Submit { spec: bob, request_id: None, hold: false, limits: None })));
+    let d = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false, limits: None })),
+    );
     let out = plan(&s);
     // a (3 GPUs) starts; b would make 5 > 4 (group limit); c fits (4); d would be alice's third
     // job... but first the group limit (3 + 1 + 1 > 4) holds it.
@@ -324,8 +357,10 @@ fn qos_limits_hold_jobs_with_a_reason_and_max_wall_rejects() {
 fn policy_changes_are_validated_whole_and_refuse_removing_a_qos_in_use() {
     let mut s = cluster(1);
     let before = s.policy.clone();
-    let j =
-        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "premium"), request_id: None, hold: false })));
+    let j = submitted(s.apply(&cmd(
+        2,
+        Op::Submit { spec: spec(1, "premium"), request_id: None, hold: false, limits: None },
+    )));
     let mut without_premium = s.policy.clone();
     without_premium.qos.remove("premium");
     assert!(matches!(
@@ -353,7 +388,9 @@ fn policy_changes_are_validated_whole_and_refuse_removing_a_qos_in_use() {
     gold.name = "gold".into();
     gold.priority = 999;
     assert_eq!(s.apply(&cmd(4, Op::PutQos { qos: gold, must_exist: Some(false) })), Outcome::PolicyChanged);
-    let g = submitted(s.apply(&cmd(5, Op::Submit { spec: spec(1, "gold"), request_id: None, hold: false })));
+    let g = submitted(
+        s.apply(&cmd(5, Op::Submit { spec: spec(1, "gold"), request_id: None, hold: false, limits: None })),
+    );
     assert_eq!(s.jobs[&g].priority, 999);
     let mut premium = s.policy.qos["premium"].clone();
     premium.priority = 7;
@@ -366,20 +403,26 @@ fn policy_changes_are_validated_whole_and_refuse_removing_a_qos_in_use() {
 #[test]
 fn after_ok_waits_for_its_parent_and_a_failed_parent_never_satisfies_it() {
     let mut s = cluster(4);
-    let parent =
-        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
-    let failing =
-        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
+    let parent = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false, limits: None })),
+    );
+    let failing = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false, limits: None })),
+    );
     let mut child_spec = spec(1, "batch");
     child_spec.after_ok = vec![parent];
-    let child = submitted(s.apply(&cmd(2, Op::Submit { spec: child_spec, request_id: None, hold: false })));
+    let child = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: child_spec, request_id: None, hold: false, limits: None })),
+    );
     let mut orphan_spec = spec(1, "batch");
     orphan_spec.after_ok = vec![failing];
-    let orphan = submitted(s.apply(&cmd(2, Op::Submit { spec: orphan_spec, request_id: None, hold: false })));
+    let orphan = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: orphan_spec, request_id: None, hold: false, limits: None })),
+    );
     let mut unknown = spec(1, "batch");
     unknown.after_ok = vec![999];
     assert_eq!(
-        s.apply(&cmd(2, Op::Submit { spec: unknown, request_id: None, hold: false })),
+        s.apply(&cmd(2, Op::Submit { spec: unknown, request_id: None, hold: false, limits: None })),
         Outcome::Rejected(Rejection::NotFound("after_ok: job 999 not found".into()))
     );
     run_plan(&mut s, 3);
@@ -400,10 +443,12 @@ fn after_ok_waits_for_its_parent_and_a_failed_parent_never_satisfies_it() {
 #[test]
 fn held_jobs_wait_until_released_and_only_pending_jobs_can_be_held() {
     let mut s = cluster(2);
-    let held =
-        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "urgent"), request_id: None, hold: true })));
-    let other =
-        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
+    let held = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: spec(1, "urgent"), request_id: None, hold: true, limits: None })),
+    );
+    let other = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false, limits: None })),
+    );
     assert_eq!(plan(&s).pending[&held], PendingReason::JobHeldUser);
     let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, 3) else { panic!() };
     assert_eq!(accepted, vec![other], "a held job does not block the queue");
@@ -426,7 +471,9 @@ fn a_gpu_model_constraint_is_honoured_by_plan_and_apply() {
     s.apply(&cmd(1, Op::RegisterNode { info: node_info_model("a", 8, "NVIDIA A100-SXM4-40GB") }));
     let mut sp = spec(2, "batch");
     sp.gpu_model = Some("a100".into());
-    let j = submitted(s.apply(&cmd(2, Op::Submit { spec: sp.clone(), request_id: None, hold: false })));
+    let j = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: sp.clone(), request_id: None, hold: false, limits: None })),
+    );
     let forged = Plan { placements: vec![Placement::single(j, "h".into(), vec![0, 1])] };
     let Outcome::PlanApplied { accepted, .. } = s.apply(&cmd(3, Op::ApplyPlan { plan: forged })) else {
         panic!()
@@ -437,7 +484,8 @@ fn a_gpu_model_constraint_is_honoured_by_plan_and_apply() {
     // More of a model than any node has: waits with a reason naming the model.
     sp.gpus = 6;
     sp.gpu_model = Some("H100".into());
-    let big = submitted(s.apply(&cmd(5, Op::Submit { spec: sp, request_id: None, hold: false })));
+    let big =
+        submitted(s.apply(&cmd(5, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })));
     assert_eq!(plan(&s).pending[&big], PendingReason::ReqNodeNotAvail("no up node has 6 H100 GPUs".into()));
 }
 
@@ -463,7 +511,9 @@ fn fairshare_favours_the_account_with_less_past_usage() {
     // Alice's account uses the GPU for ten hours.
     let mut heavy = spec(1, "batch");
     heavy.user = "alice".into();
-    let j = submitted(s.apply(&cmd(2, Op::Submit { spec: heavy.clone(), request_id: None, hold: false })));
+    let j = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: heavy.clone(), request_id: None, hold: false, limits: None })),
+    );
     assert_eq!(s.jobs[&j].spec.account, "a", "the user's default account");
     run_plan(&mut s, 2);
     s.apply(&cmd(2, Op::JobStarted { job: j, attempt: 0, node: "n1".into() }));
@@ -471,11 +521,14 @@ fn fairshare_favours_the_account_with_less_past_usage() {
     s.apply(&cmd(ten_hours, Op::JobExited { job: j, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) }));
     assert!(s.usage["a"].gpu_ms > 0 && s.usage["root"].gpu_ms == s.usage["a"].gpu_ms);
     // Both submit now, Alice first: Bob's job starts first.
-    let alice =
-        submitted(s.apply(&cmd(ten_hours, Op::Submit { spec: heavy, request_id: None, hold: false })));
+    let alice = submitted(
+        s.apply(&cmd(ten_hours, Op::Submit { spec: heavy, request_id: None, hold: false, limits: None })),
+    );
     let mut light = spec(1, "batch");
     light.user = "bob".into();
-    let bob = submitted(s.apply(&cmd(ten_hours, Op::Submit { spec: light, request_id: None, hold: false })));
+    let bob = submitted(
+        s.apply(&cmd(ten_hours, Op::Submit { spec: light, request_id: None, hold: false, limits: None })),
+    );
     let factors = crate::priority::fairshare_factors(&s);
     assert!(factors["b"] > factors["a"], "{factors:?}");
     let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, ten_hours) else { panic!() };
@@ -491,16 +544,16 @@ fn accounts_are_checked_at_submit_and_cannot_vanish_under_jobs() {
     sp.user = "bob".into();
     sp.account = "a".into();
     assert!(matches!(
-        s.apply(&cmd(2, Op::Submit { spec: sp.clone(), request_id: None, hold: false })),
+        s.apply(&cmd(2, Op::Submit { spec: sp.clone(), request_id: None, hold: false, limits: None })),
         Outcome::Rejected(Rejection::Invalid(m)) if m.contains("does not belong to account \"a\"")
     ));
     sp.account = "zz".into();
     assert!(matches!(
-        s.apply(&cmd(2, Op::Submit { spec: sp.clone(), request_id: None, hold: false })),
+        s.apply(&cmd(2, Op::Submit { spec: sp.clone(), request_id: None, hold: false, limits: None })),
         Outcome::Rejected(Rejection::Invalid(m)) if m.contains("unknown account")
     ));
     sp.account = "b".into();
-    submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None, hold: false })));
+    submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })));
     let mut without_b = two_accounts();
     without_b.accounts.remove("b");
     assert!(matches!(
@@ -556,7 +609,9 @@ fn partitions_confine_jobs_to_their_nodes_and_apply_their_rules() {
     let mut sp = spec(1, "");
     sp.partition = "big".into();
     sp.time_limit_s = Some(600);
-    let j = submitted(s.apply(&cmd(2, Op::Submit { spec: sp.clone(), request_id: None, hold: false })));
+    let j = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: sp.clone(), request_id: None, hold: false, limits: None })),
+    );
     assert_eq!(s.jobs[&j].spec.qos, "training", "the partition's default qos");
     // A forged plan onto a node outside the partition is rejected; the planner picks n2.
     let forged = Plan { placements: vec![Placement::single(j, "n1".into(), vec![0])] };
@@ -570,23 +625,26 @@ fn partitions_confine_jobs_to_their_nodes_and_apply_their_rules() {
     let mut urgent = sp.clone();
     urgent.qos = "urgent".into();
     assert!(matches!(
-        s.apply(&cmd(4, Op::Submit { spec: urgent, request_id: None, hold: false })),
+        s.apply(&cmd(4, Op::Submit { spec: urgent, request_id: None, hold: false, limits: None })),
         Outcome::Rejected(Rejection::Invalid(m)) if m.contains("not allowed in partition")
     ));
     let mut long = sp.clone();
     long.time_limit_s = Some(7200);
-    let l = submitted(s.apply(&cmd(4, Op::Submit { spec: long, request_id: None, hold: false })));
+    let l =
+        submitted(s.apply(&cmd(4, Op::Submit { spec: long, request_id: None, hold: false, limits: None })));
     assert_eq!(plan(&s).pending[&l], PendingReason::PartitionTimeLimit);
     // Without its own limit, a job gets the partition's tighter max wall (not PartitionTimeLimit).
     let mut unlimited = sp.clone();
     unlimited.time_limit_s = None;
-    let u = submitted(s.apply(&cmd(4, Op::Submit { spec: unlimited, request_id: None, hold: false })));
+    let u = submitted(
+        s.apply(&cmd(4, Op::Submit { spec: unlimited, request_id: None, hold: false, limits: None })),
+    );
     assert_eq!(s.time_limit_s(&s.jobs[&u]), Some(3600));
     assert_ne!(plan(&s).pending.get(&u), Some(&PendingReason::PartitionTimeLimit));
     let mut unknown = sp;
     unknown.partition = "nope".into();
     assert!(matches!(
-        s.apply(&cmd(4, Op::Submit { spec: unknown, request_id: None, hold: false })),
+        s.apply(&cmd(4, Op::Submit { spec: unknown, request_id: None, hold: false, limits: None })),
         Outcome::Rejected(_)
     ));
     // A partition in use cannot be removed.
@@ -604,12 +662,15 @@ fn a_gang_is_placed_whole_on_distinct_nodes_and_ends_when_every_task_has() {
     for n in ["n1", "n2", "n3"] {
         s.apply(&cmd(1, Op::RegisterNode { info: node_info(n, 4) }));
     }
-    let small =
-        submitted(s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false })));
+    let small = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false, limits: None })),
+    );
     run_plan(&mut s, 2);
     let mut gang = spec(4, "batch");
     gang.tasks = 3;
-    let g = submitted(s.apply(&cmd(3, Op::Submit { spec: gang.clone(), request_id: None, hold: false })));
+    let g = submitted(
+        s.apply(&cmd(3, Op::Submit { spec: gang.clone(), request_id: None, hold: false, limits: None })),
+    );
     // n1 has only 3 free GPUs: three whole 4-GPU nodes are not available, so nothing is placed.
     let out = plan(&s);
     assert!(out.plan.placements.is_empty());
@@ -643,7 +704,8 @@ fn a_gang_is_placed_whole_on_distinct_nodes_and_ends_when_every_task_has() {
 
     // A requeueable gang that loses a node comes back as its next attempt once all tasks ended.
     gang.requeue = true;
-    let g2 = submitted(s.apply(&cmd(9, Op::Submit { spec: gang, request_id: None, hold: false })));
+    let g2 =
+        submitted(s.apply(&cmd(9, Op::Submit { spec: gang, request_id: None, hold: false, limits: None })));
     run_plan(&mut s, 9);
     s.apply(&cmd(10, Op::NodeDown { node: "n3".into(), reason: "silent".into() }));
     assert_eq!(s.jobs[&g2].state, JobState::Running, "the healthy tasks are still stopping");
@@ -659,20 +721,24 @@ fn a_gang_is_placed_whole_on_distinct_nodes_and_ends_when_every_task_has() {
 #[test]
 fn urgent_work_preempts_the_cheapest_training_victim_which_requeues() {
     let mut s = cluster(4);
-    let older =
-        submitted(s.apply(&cmd(0, Op::Submit { spec: spec(2, "training"), request_id: None, hold: false })));
+    let older = submitted(s.apply(&cmd(
+        0,
+        Op::Submit { spec: spec(2, "training"), request_id: None, hold: false, limits: None },
+    )));
     run_plan(&mut s, 0);
     s.apply(&cmd(0, Op::JobStarted { job: older, attempt: 0, node: "n1".into() }));
-    let newer = submitted(
-        s.apply(&cmd(600_000, Op::Submit { spec: spec(2, "training"), request_id: None, hold: false })),
-    );
+    let newer = submitted(s.apply(&cmd(
+        600_000,
+        Op::Submit { spec: spec(2, "training"), request_id: None, hold: false, limits: None },
+    )));
     run_plan(&mut s, 600_000);
     s.apply(&cmd(600_000, Op::JobStarted { job: newer, attempt: 0, node: "n1".into() }));
     let mut inf = spec(1, "inference");
     inf.user = "svc".into();
-    let urgent = submitted(
-        s.apply(&cmd(700_000, Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false })),
-    );
+    let urgent = submitted(s.apply(&cmd(
+        700_000,
+        Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false, limits: None },
+    )));
     let out = plan(&s);
     let p = out.preemption.clone().expect("a preemption");
     assert_eq!((p.preemptor, p.victims.clone()), (urgent, vec![newer]), "the victim that lost least work");
@@ -690,9 +756,10 @@ fn urgent_work_preempts_the_cheapest_training_victim_which_requeues() {
         matches!(s.jobs[&newer].allocation.as_ref().unwrap().stop, Some(StopReason::Preempted { by, .. }) if by == urgent)
     );
     // Nobody else may take the claimed GPUs, even through a forged plan.
-    let other = submitted(
-        s.apply(&cmd(700_003, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false })),
-    );
+    let other = submitted(s.apply(&cmd(
+        700_003,
+        Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false, limits: None },
+    )));
     s.apply(&cmd(
         700_004,
         Op::JobExited { job: newer, attempt: 0, node: "n1".into(), exit: RunExit::Signal(10) },
@@ -732,14 +799,16 @@ fn a_higher_tier_partition_preempts_a_lower_one() {
         },
     );
     s.apply(&cmd(0, Op::SetPolicy { policy }));
-    let victim =
-        submitted(s.apply(&cmd(0, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false })));
+    let victim = submitted(
+        s.apply(&cmd(0, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false, limits: None })),
+    );
     run_plan(&mut s, 0);
     s.apply(&cmd(0, Op::JobStarted { job: victim, attempt: 0, node: "n1".into() }));
     // Same QoS (batch preempts nothing), but from the higher-tier partition.
     let mut sp = spec(2, "batch");
     sp.partition = "prod".into();
-    let prod = submitted(s.apply(&cmd(1_000, Op::Submit { spec: sp, request_id: None, hold: false })));
+    let prod =
+        submitted(s.apply(&cmd(1_000, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })));
     let p = plan(&s).preemption.expect("partition-tier preemption");
     assert_eq!((p.preemptor, p.victims.clone()), (prod, vec![victim]));
     // The other way round: once the prod job runs, a default-partition job does not preempt it.
@@ -760,18 +829,23 @@ fn a_higher_tier_partition_preempts_a_lower_one() {
 #[test]
 fn the_victim_with_the_freshest_checkpoint_loses_least_and_is_chosen() {
     let mut s = cluster(2);
-    let older =
-        submitted(s.apply(&cmd(0, Op::Submit { spec: spec(1, "training"), request_id: None, hold: false })));
-    let newer =
-        submitted(s.apply(&cmd(0, Op::Submit { spec: spec(1, "training"), request_id: None, hold: false })));
+    let older = submitted(s.apply(&cmd(
+        0,
+        Op::Submit { spec: spec(1, "training"), request_id: None, hold: false, limits: None },
+    )));
+    let newer = submitted(s.apply(&cmd(
+        0,
+        Op::Submit { spec: spec(1, "training"), request_id: None, hold: false, limits: None },
+    )));
     run_plan(&mut s, 0);
     s.apply(&cmd(0, Op::JobStarted { job: older, attempt: 0, node: "n1".into() }));
     s.apply(&cmd(300_000, Op::JobStarted { job: newer, attempt: 0, node: "n1".into() }));
     // The older job checkpointed a moment ago: preempting it loses less than the newer one.
     s.apply(&cmd(590_000, Op::Checkpointed { job: older, attempt: 0, node: "n1".into() }));
-    let urgent = submitted(
-        s.apply(&cmd(600_000, Op::Submit { spec: spec(1, "urgent"), request_id: None, hold: false })),
-    );
+    let urgent = submitted(s.apply(&cmd(
+        600_000,
+        Op::Submit { spec: spec(1, "urgent"), request_id: None, hold: false, limits: None },
+    )));
     let p = plan(&s).preemption.unwrap();
     assert_eq!((p.preemptor, p.victims), (urgent, vec![older]));
     // A checkpoint report about another attempt is ignored.
@@ -784,13 +858,16 @@ fn the_victim_with_the_freshest_checkpoint_loses_least_and_is_chosen() {
 #[test]
 fn never_preempted_qos_exempt_time_and_anti_thrash_are_respected() {
     let mut s = cluster(2);
-    let inf =
-        submitted(s.apply(&cmd(0, Op::Submit { spec: spec(2, "inference"), request_id: None, hold: false })));
+    let inf = submitted(s.apply(&cmd(
+        0,
+        Op::Submit { spec: spec(2, "inference"), request_id: None, hold: false, limits: None },
+    )));
     run_plan(&mut s, 0);
     s.apply(&cmd(0, Op::JobStarted { job: inf, attempt: 0, node: "n1".into() }));
-    let urgent = submitted(
-        s.apply(&cmd(10_000, Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false })),
-    );
+    let urgent = submitted(s.apply(&cmd(
+        10_000,
+        Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false, limits: None },
+    )));
     assert!(plan(&s).preemption.is_none(), "inference is never preempted");
     let forced = Op::Preempt { preemptor: urgent, node: "n1".into(), victims: vec![inf], gpus: vec![0, 1] };
     assert!(matches!(s.apply(&cmd(10_001, forced)), Outcome::Rejected(_)));
@@ -804,14 +881,16 @@ fn never_preempted_qos_exempt_time_and_anti_thrash_are_respected() {
     policy.qos.get_mut("training").unwrap().preempt_exempt_s = 60;
     s.apply(&cmd(10_004, Op::SetPolicy { policy }));
     s.apply(&cmd(10_005, Op::Cancel { job: urgent, by: "a".into() }));
-    let t = submitted(
-        s.apply(&cmd(10_006, Op::Submit { spec: spec(2, "training"), request_id: None, hold: false })),
-    );
+    let t = submitted(s.apply(&cmd(
+        10_006,
+        Op::Submit { spec: spec(2, "training"), request_id: None, hold: false, limits: None },
+    )));
     run_plan(&mut s, 10_006);
     s.apply(&cmd(10_006, Op::JobStarted { job: t, attempt: 0, node: "n1".into() }));
-    let u2 = submitted(
-        s.apply(&cmd(20_000, Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false })),
-    );
+    let u2 = submitted(s.apply(&cmd(
+        20_000,
+        Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false, limits: None },
+    )));
     assert!(plan(&s).preemption.is_none(), "inside the exempt time");
     s.now_ms = 80_000;
     assert!(plan(&s).preemption.is_some(), "past the exempt time");
@@ -823,7 +902,8 @@ fn never_preempted_qos_exempt_time_and_anti_thrash_are_respected() {
 
 /// Submits `sp` at `now`, plans, and reports it started; returns its id.
 fn start(s: &mut ClusterState, sp: crate::model::JobSpec, now: i64) -> u64 {
-    let id = submitted(s.apply(&cmd(now, Op::Submit { spec: sp, request_id: None, hold: false })));
+    let id =
+        submitted(s.apply(&cmd(now, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })));
     run_plan(s, now);
     let node = s.jobs[&id].allocation.as_ref().expect("placed").node.clone();
     s.apply(&cmd(now, Op::JobStarted { job: id, attempt: s.jobs[&id].attempt, node }));
@@ -854,9 +934,10 @@ fn a_suspendable_job_is_paused_lends_its_gpus_and_resumes_when_the_preemptor_end
     sp.suspendable = true;
     sp.time_limit_s = Some(100);
     let victim = start(&mut s, sp, 0);
-    let urgent = submitted(
-        s.apply(&cmd(50_000, Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false })),
-    );
+    let urgent = submitted(s.apply(&cmd(
+        50_000,
+        Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false, limits: None },
+    )));
     let p = preempt(&mut s, 50_000);
     assert_eq!(p.victims, vec![victim]);
     let v = &s.jobs[&victim];
@@ -897,7 +978,7 @@ fn a_suspended_job_can_be_cancelled_and_one_that_is_not_suspendable_is_requeued(
     sp.suspendable = true;
     let paused = start(&mut s, sp, 0);
     let plain = start(&mut s, spec(2, "batch"), 1_000);
-    s.apply(&cmd(2_000, Op::Submit { spec: spec(4, "urgent"), request_id: None, hold: false }));
+    s.apply(&cmd(2_000, Op::Submit { spec: spec(4, "urgent"), request_id: None, hold: false, limits: None }));
     let p = preempt(&mut s, 2_000);
     assert_eq!(p.victims, vec![paused, plain]);
     assert_eq!(s.jobs[&paused].state, JobState::Suspended);
@@ -923,9 +1004,10 @@ fn an_elastic_job_shrinks_for_a_preemptor_and_grows_back_afterwards() {
     let mut sp = spec(4, "training");
     sp.min_gpus = Some(2);
     let elastic = start(&mut s, sp, 0);
-    let urgent = submitted(
-        s.apply(&cmd(60_000, Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false })),
-    );
+    let urgent = submitted(s.apply(&cmd(
+        60_000,
+        Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false, limits: None },
+    )));
     let p = preempt(&mut s, 60_000);
     assert_eq!(p.victims, vec![elastic]);
     assert_eq!(
@@ -961,7 +1043,10 @@ fn an_elastic_job_shrinks_for_a_preemptor_and_grows_back_afterwards() {
     let (job, attempt, gpus) = (grow[0].job, grow[0].attempt, grow[0].gpus.clone());
     // While a job waits for resources, nothing grows.
     let mut busy = s.clone();
-    busy.apply(&cmd(90_000, Op::Submit { spec: spec(4, "batch"), request_id: None, hold: false }));
+    busy.apply(&cmd(
+        90_000,
+        Op::Submit { spec: spec(4, "batch"), request_id: None, hold: false, limits: None },
+    ));
     assert!(plan(&busy).grow.is_empty());
     assert!(matches!(
         s.apply(&cmd(90_001, Op::Resize { job, attempt, gpus: gpus.clone(), more: Vec::new() })),
@@ -976,9 +1061,10 @@ fn an_elastic_job_shrinks_for_a_preemptor_and_grows_back_afterwards() {
     );
     s.check_invariants().unwrap();
     // The freed GPUs are claimed for it while it restarts.
-    let other = submitted(
-        s.apply(&cmd(90_003, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false })),
-    );
+    let other = submitted(s.apply(&cmd(
+        90_003,
+        Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false, limits: None },
+    )));
     let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, 90_004) else { panic!() };
     assert!(accepted.is_empty());
     s.apply(&cmd(
@@ -1043,21 +1129,21 @@ fn bad_elastic_and_checkpoint_specs_are_rejected_and_change_nothing() {
     let mut sp = spec(2, "training");
     sp.checkpoint_grace_s = Some(301);
     let before = s.clone();
-    let out = s.apply(&cmd(5, Op::Submit { spec: sp.clone(), request_id: None, hold: false }));
+    let out = s.apply(&cmd(5, Op::Submit { spec: sp.clone(), request_id: None, hold: false, limits: None }));
     assert!(
         matches!(&out, Outcome::Rejected(Rejection::Invalid(m)) if m.contains("checkpoint.grace_s")),
         "{out:?}"
     );
     assert_eq!(s.jobs, before.jobs);
     sp.checkpoint_grace_s = Some(300);
-    submitted(s.apply(&cmd(6, Op::Submit { spec: sp, request_id: None, hold: false })));
+    submitted(s.apply(&cmd(6, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })));
 }
 
 #[test]
 fn clock_never_goes_backwards() {
     let mut s = cluster(1);
-    s.apply(&cmd(100, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false }));
-    s.apply(&cmd(50, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false }));
+    s.apply(&cmd(100, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false, limits: None }));
+    s.apply(&cmd(50, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false, limits: None }));
     assert_eq!(s.now_ms, 100);
     assert_eq!(s.jobs[&2].submit_time_ms, 100);
 }
@@ -1239,7 +1325,12 @@ fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                 if flags % 16 == 5 && s.next_job_id > 1 {
                     sp.after_ok = vec![s.next_job_id - 1];
                 }
-                Some(Op::Submit { spec: sp, request_id: rid.map(|r| format!("r{r}")), hold: false })
+                Some(Op::Submit {
+                    spec: sp,
+                    request_id: rid.map(|r| format!("r{r}")),
+                    hold: false,
+                    limits: None,
+                })
             }
             Step::Cancel { job } => Some(Op::Cancel { job: job_id(job), by: "bob".into() }),
             Step::Plan => Some(Op::ApplyPlan { plan: plan(&s).plan }),
@@ -1452,16 +1543,18 @@ fn an_elastic_gang_releases_a_node_for_a_preemptor_and_grows_back_onto_a_free_on
     let mut sp = spec(2, "training");
     sp.tasks = 3;
     sp.min_tasks = Some(2);
-    let gang = submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None, hold: false })));
+    let gang =
+        submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })));
     run_plan(&mut s, 2);
     let nodes: Vec<String> =
         s.jobs[&gang].allocation.as_ref().unwrap().tasks().map(|(_, n, _)| n.to_string()).collect();
     for n in &nodes {
         s.apply(&cmd(3, Op::JobStarted { job: gang, attempt: 0, node: n.clone() }));
     }
-    let urgent = submitted(
-        s.apply(&cmd(60_000, Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false })),
-    );
+    let urgent = submitted(s.apply(&cmd(
+        60_000,
+        Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false, limits: None },
+    )));
     let p = preempt(&mut s, 60_000);
     assert_eq!(p.victims, vec![gang]);
     assert_eq!(
@@ -1485,9 +1578,10 @@ fn an_elastic_gang_releases_a_node_for_a_preemptor_and_grows_back_onto_a_free_on
     assert!(!kept.contains(&p.node.as_str()) && kept.len() == 2, "{kept:?} / {}", p.node);
     s.check_invariants().unwrap();
     // Below its minimum it is not preempted again.
-    let _ = submitted(
-        s.apply(&cmd(62_000, Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false })),
-    );
+    let _ = submitted(s.apply(&cmd(
+        62_000,
+        Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false, limits: None },
+    )));
     assert!(plan(&s).preemption.is_none(), "2 nodes is its minimum");
     s.apply(&cmd(62_001, Op::Cancel { job: urgent + 1, by: "a".into() }));
     // The urgent job ends: the gang grows back onto the freed node.

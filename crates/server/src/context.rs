@@ -66,6 +66,8 @@ pub struct Ctx {
     pub auth: Arc<Auth>,
     /// TLS towards agents' log services, when the cluster uses it.
     pub agent_tls: Option<tonic::transport::ClientTlsConfig>,
+    /// Bounds on unfinished jobs, stamped into every submit this replica proposes.
+    pub submit_limits: kairos_scheduler::quota::SubmitLimits,
 }
 
 /// Wall-clock time in Unix milliseconds; read only at the edge and stamped into commands.
@@ -172,5 +174,6 @@ pub fn rejection_status(r: Rejection) -> Status {
         Rejection::NotFound(m) => Status::not_found(m),
         Rejection::Invalid(m) => Status::invalid_argument(m),
         Rejection::FailedPrecondition(m) => Status::failed_precondition(m),
+        Rejection::ResourceExhausted(m) => Status::resource_exhausted(m),
     }
 }

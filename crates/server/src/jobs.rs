@@ -116,7 +116,8 @@ impl JobService for Jobs {
         let spec = job_spec_from_pb(req.spec.clone(), &user)?;
         let request_id = (!req.request_id.is_empty()).then_some(req.request_id);
         let hold = req.spec.as_ref().is_some_and(|s| s.hold);
-        match self.ctx.write(Op::Submit { spec, request_id, hold }).await? {
+        let limits = Some(self.ctx.submit_limits);
+        match self.ctx.write(Op::Submit { spec, request_id, hold, limits }).await? {
             Outcome::Submitted { job } => {
                 self.ctx.kick.notify_one();
                 // No pending reason in the answer: a submit must not pay for a planning pass.

@@ -79,6 +79,13 @@ struct Args {
     /// Submits per second one user may make (token bucket; 0 = no limit).
     #[arg(long, default_value_t = 1000)]
     submit_rate_per_user: u32,
+    /// Unfinished (pending, running, suspended) jobs one user may have; a submit past it is
+    /// refused with RESOURCE_EXHAUSTED (like Slurm's MaxSubmitJobs).
+    #[arg(long, default_value_t = 10_000)]
+    max_jobs_per_user: u64,
+    /// Unfinished jobs the whole cluster may hold.
+    #[arg(long, default_value_t = 100_000)]
+    max_jobs: u64,
     /// Submits one user may make in a burst above the rate.
     #[arg(long, default_value_t = 5000)]
     submit_burst_per_user: u32,
@@ -282,6 +289,10 @@ async fn run() -> anyhow::Result<()> {
         reasons: Arc::default(),
         auth: Arc::new(auth),
         agent_tls: client_tls,
+        submit_limits: kairos_scheduler::quota::SubmitLimits {
+            max_jobs_per_user: args.max_jobs_per_user,
+            max_jobs: args.max_jobs,
+        },
         timing: Timing {
             heartbeat_interval: Duration::from_millis(args.heartbeat_ms),
             node_timeout: Duration::from_millis(args.node_timeout_ms),

@@ -46,3 +46,32 @@ fn unauthenticated_60_mb_raft_messages_are_refused_before_they_are_read() {
     // And it still serves.
     c.ok(&["queue"]);
 }
+
+#[test]
+fn a_users_unfinished_jobs_are_bounded_with_resource_exhausted() {
+    let c = Cluster::start_with(1, 1, &["--max-jobs-per-user", "3", "--max-jobs", "5"]);
+    for _ in 0..3 {
+        let out = c.cli_as("alice").args(["submit", "--hold", "--", "true"]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let out = c.cli_as("alice").args(["submit", "--hold", "--", "true"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--max-jobs-per-user") && err.contains("3"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert_eq!(c.jobs().len(), 3, "a refused submit created a job");
+    // Others still may, up to the cluster's bound.
+    for _ in 0..2 {
+        assert!(c.cli_as("bob").args(["submit", "--hold", "--", "true"]).output().unwrap().status.success());
+    }
+    let out = c.cli_as("carol").args(["submit", "--hold", "--", "true"]).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--max-jobs)"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A finished job makes room.
+    let first = c.jobs().iter().find(|j| j["user"] == "alice").unwrap()["id"].as_u64().unwrap();
+    c.ok(&["cancel", &first.to_string()]);
+    assert!(c.cli_as("alice").args(["submit", "--hold", "--", "true"]).output().unwrap().status.success());
+}
