@@ -135,7 +135,7 @@ impl Cluster {
             .arg(self.dir.path().join("join.token"))
             // The submit benchmark leaves every job pending: its own state bounds, not the
             // defaults, keep it from refusing submits mid-run.
-            .args(["--max-jobs-per-user", "1000000000", "--max-jobs", "1000000000"])
+            .args(["--max-jobs-per-user", "4000000000", "--max-jobs", "4000000000"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);

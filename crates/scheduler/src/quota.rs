@@ -16,9 +16,9 @@ use crate::state::{ClusterState, Rejection};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubmitLimits {
     /// Unfinished (pending, running, suspended) jobs one user may have.
-    pub max_jobs_per_user: u64,
+    pub max_jobs_per_user: u32,
     /// Unfinished jobs the cluster may hold.
-    pub max_jobs: u64,
+    pub max_jobs: u32,
 }
 
 /// Unfinished jobs by user, derived from `ClusterState::jobs` (a cache: equal to any other, never
@@ -80,13 +80,13 @@ impl ClusterState {
         }
         let Some(c) = &self.unfinished.0 else { return Ok(()) };
         let mine = c.by_user.get(user).copied().unwrap_or(0);
-        if mine >= limits.max_jobs_per_user {
+        if mine >= u64::from(limits.max_jobs_per_user) {
             return Err(Rejection::ResourceExhausted(format!(
                 "user \"{user}\" has {mine} unfinished jobs: the limit is {} (kairosd --max-jobs-per-user)",
                 limits.max_jobs_per_user
             )));
         }
-        if c.total >= limits.max_jobs {
+        if c.total >= u64::from(limits.max_jobs) {
             return Err(Rejection::ResourceExhausted(format!(
                 "the cluster holds {} unfinished jobs: the limit is {} (kairosd --max-jobs)",
                 c.total, limits.max_jobs

@@ -82,10 +82,10 @@ struct Args {
     /// Unfinished (pending, running, suspended) jobs one user may have; a submit past it is
     /// refused with RESOURCE_EXHAUSTED (like Slurm's MaxSubmitJobs).
     #[arg(long, default_value_t = 10_000)]
-    max_jobs_per_user: u64,
+    max_jobs_per_user: u32,
     /// Unfinished jobs the whole cluster may hold.
     #[arg(long, default_value_t = 100_000)]
-    max_jobs: u64,
+    max_jobs: u32,
     /// Submits one user may make in a burst above the rate.
     #[arg(long, default_value_t = 5000)]
     submit_burst_per_user: u32,
