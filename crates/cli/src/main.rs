@@ -1122,15 +1122,24 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
         }
         Cmd::Queue { all } => {
-            let jobs = client
-                .call(|ch| async move {
-                    JobServiceClient::new(ch)
-                        .list_jobs(client.request(pb::ListJobsRequest { all, ..Default::default() }))
-                        .await
-                })
-                .await?
-                .into_inner()
-                .jobs;
+            // Every page, so the list is whole however long it is.
+            let mut jobs = Vec::new();
+            let mut page_token = String::new();
+            loop {
+                let page = client
+                    .call(|ch| {
+                        let req =
+                            pb::ListJobsRequest { all, page_token: page_token.clone(), ..Default::default() };
+                        async move { JobServiceClient::new(ch).list_jobs(client.request(req)).await }
+                    })
+                    .await?
+                    .into_inner();
+                jobs.extend(page.jobs);
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = page.next_page_token;
+            }
             print_list(cli.json, &jobs, job_json, &JOB_HEADER, job_row);
         }
         Cmd::Show { id } => {

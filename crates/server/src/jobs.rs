@@ -25,6 +25,8 @@ use crate::convert::{job_spec_from_pb, job_to_pb, job_view_state};
 /// Most jobs one list answer carries.
 const LIST_LIMIT_MAX: usize = 10_000;
 const LIST_LIMIT_DEFAULT: usize = 1_000;
+/// A page of jobs stays under this many encoded bytes (clients decode up to 4 MiB).
+const LIST_PAGE_BYTES_MAX: usize = 2 * 1024 * 1024;
 
 pub struct Jobs {
     pub ctx: Ctx,
@@ -157,12 +159,21 @@ impl JobService for Jobs {
                 Ok(state) => states.push(state),
             }
         }
+        // The token is the id of the last job of the previous page.
+        let after: u64 = match req.page_token.as_str() {
+            "" => 0,
+            t => {
+                t.parse().map_err(|_| Status::invalid_argument("page_token: not a token this server gave"))?
+            }
+        };
         let reasons = self.ctx.pending_reasons();
-        let jobs = self.ctx.replica.read(|a| {
+        let (jobs, next_page_token) = self.ctx.replica.read(|a| {
             let prioritizer = Prioritizer::new(&a.state);
-            a.state
+            let mut matching = a
+                .state
                 .jobs
-                .values()
+                .range(after.saturating_add(1)..)
+                .map(|(_, j)| j)
                 .filter(|j| me.owns_or_operates(&j.spec.user))
                 .filter(|j| {
                     let s = job_view_state(j);
@@ -172,15 +183,24 @@ impl JobService for Jobs {
                         states.contains(&s)
                     }
                 })
-                .take(limit)
-                .map(|j| {
-                    let priority =
-                        if j.state == JobState::Pending { prioritizer.priority(j) } else { j.priority };
-                    job_to_pb(j, reasons.get(&j.id), priority)
-                })
-                .collect()
+                .peekable();
+            let (mut page, mut bytes) = (Vec::new(), 0usize);
+            while let Some(j) = matching.next_if(|_| page.len() < limit) {
+                let priority =
+                    if j.state == JobState::Pending { prioritizer.priority(j) } else { j.priority };
+                let job = job_to_pb(j, reasons.get(&j.id), priority);
+                bytes += prost::Message::encoded_len(&job);
+                page.push(job);
+                if bytes >= LIST_PAGE_BYTES_MAX {
+                    break;
+                }
+            }
+            let more = matching.peek().is_some();
+            let next =
+                if more { page.last().map(|j| j.id.to_string()).unwrap_or_default() } else { String::new() };
+            (page, next)
         });
-        Ok(Response::new(pb::ListJobsResponse { jobs }))
+        Ok(Response::new(pb::ListJobsResponse { jobs, next_page_token }))
     }
 
     async fn cancel_job(&self, request: Request<pb::CancelJobRequest>) -> Result<Response<pb::Job>, Status> {

@@ -75,3 +75,52 @@ fn a_users_unfinished_jobs_are_bounded_with_resource_exhausted() {
     c.ok(&["cancel", &first.to_string()]);
     assert!(c.cli_as("alice").args(["submit", "--hold", "--", "true"]).output().unwrap().status.success());
 }
+
+/// Submits `n` held jobs (each with `env_bytes` of environment) over gRPC, 64 at a time.
+fn submit_many(c: &Cluster, n: usize, env_bytes: usize) {
+    let tag = env_bytes;
+    use kairos_proto::v1::job_service_client::JobServiceClient;
+    let token = std::fs::read_to_string(c.token_file()).unwrap().trim().to_string();
+    let addr = format!("http://{}", c.controllers[0].addr);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = JobServiceClient::connect(addr).await.unwrap();
+        for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
+            let calls = chunk.iter().map(|i| {
+                let mut client = client.clone();
+                let mut req = tonic::Request::new(pb::SubmitRequest {
+                    spec: Some(pb::JobSpec {
+                        name: format!("j{i}"),
+                        argv: vec!["true".into()],
+                        env: [("PAD".to_string(), "p".repeat(env_bytes))].into(),
+                        hold: true,
+                        resources: Some(pb::Resources { gpus: 1, ..Default::default() }),
+                        ..Default::default()
+                    }),
+                    request_id: format!("many-{tag}-{i}"),
+                });
+                kairos_proto::wire::set_bearer(req.metadata_mut(), &token);
+                async move { client.submit(req).await.map(|_| ()) }
+            });
+            for r in futures::future::join_all(calls).await {
+                r.expect("submit");
+            }
+        }
+    });
+}
+
+#[test]
+fn queue_all_lists_every_job_across_pages_of_bounded_size() {
+    let c = Cluster::start(1);
+    submit_many(&c, 2_100, 8);
+    let all: serde_json::Value = serde_json::from_str(&c.ok(&["queue", "--all", "--json"])).unwrap();
+    let ids: Vec<u64> = all.as_array().unwrap().iter().map(|j| j["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids.len(), 2_100, "queue --all listed {} of 2100 jobs", ids.len());
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "pages overlap or skip");
+    // Large jobs: one page would not fit a client's 4 MiB; pages are bounded by size too.
+    submit_many(&c, 40, 100_000);
+    let all: serde_json::Value = serde_json::from_str(&c.ok(&["queue", "--json"])).unwrap();
+    assert_eq!(all.as_array().unwrap().len(), 2_140);
+    let bad = c.kairos(&["queue"]);
+    assert!(bad.status.success());
+}
