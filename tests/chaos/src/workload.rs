@@ -149,16 +149,30 @@ impl Client {
         .map(|_| ())
     }
 
-    /// Every job, as the leader reports it.
+    /// Every job, as the leader reports it (every page).
     pub async fn jobs(&self) -> Result<Vec<pb::Job>, Status> {
-        let resp = self
-            .retry(Duration::from_secs(10), |ch| {
-                let req =
-                    self.request(pb::ListJobsRequest { states: vec![], all: true, limit: 10_000 }, None);
-                async move { JobServiceClient::new(ch).list_jobs(req).await }
-            })
-            .await?;
-        Ok(resp.into_inner().jobs)
+        let mut jobs = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let page = self
+                .retry(Duration::from_secs(10), |ch| {
+                    let list = pb::ListJobsRequest {
+                        states: vec![],
+                        all: true,
+                        limit: 10_000,
+                        page_token: page_token.clone(),
+                    };
+                    let req = self.request(list, None);
+                    async move { JobServiceClient::new(ch).list_jobs(req).await }
+                })
+                .await?
+                .into_inner();
+            jobs.extend(page.jobs);
+            if page.next_page_token.is_empty() {
+                return Ok(jobs);
+            }
+            page_token = page.next_page_token;
+        }
     }
 
     /// Each controller's own view of the cluster (None: it did not answer).
