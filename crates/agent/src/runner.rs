@@ -558,8 +558,11 @@ impl Runner {
                         None if a.kill && !run.stopping => {
                             stop.push((*key, a.kill_grace_s, a.kill_signal.clone()))
                         }
-                        // Our "started" report was lost (e.g. in a failover): say it again.
-                        None if !a.started => reports.push((*key, None, String::new())),
+                        // Our "started" report was lost (e.g. in a failover): say it again — once
+                        // the process exists (not while it is still being spawned).
+                        None if !a.started && (run.pgid.is_some() || run.cgroup.is_some()) => {
+                            reports.push((*key, None, String::new()))
+                        }
                         None => {}
                     },
                     None if a.kill => {
