@@ -598,6 +598,7 @@ impl Runner {
             for key in forget {
                 runs.remove(&key);
             }
+            *self.last_set.lock().unwrap_or_else(|p| p.into_inner()) = Some(set.clone());
         }
         for (key, exit, message) in reports {
             self.report(key, exit, message);
@@ -605,24 +606,24 @@ impl Runner {
         for (key, grace, signal) in stop {
             self.stop(key, parse_signal(&signal, Signal::SIGTERM), Duration::from_secs(u64::from(grace)));
         }
-        *self.last_set.lock().unwrap_or_else(|p| p.into_inner()) = Some(set.clone());
         self.launch_ready();
     }
 
     /// Launches the assigned runs that are not running here yet and may start now: the lease
     /// is valid and none of their GPUs is held by a run of this node whose processes have not
-    /// all ended (a run being killed included; a frozen run lends its GPUs). The others wait for the next call (a run's end,
-    /// a lease renewal, a new set).
+    /// all ended (a run being killed included; a frozen run lends its GPUs). The others wait
+    /// for the next call (a run's end, a lease renewal, a new set).
     pub fn launch_ready(&self) {
         if !self.lease.valid() {
             return;
         }
-        let Some(set) = self.last_set.lock().unwrap_or_else(|p| p.into_inner()).clone() else { return };
         let mut launch = Vec::new();
         {
-            // Chosen and marked under one lock: concurrent callers (a new set, a run's end, a
-            // lease renewal) never launch the same run twice.
+            // Chosen and marked under one lock, from the set `reconcile` stored under the same
+            // lock: concurrent callers (a new set, a run's end, a lease renewal) never launch a
+            // run twice, nor one a newer set no longer assigns.
             let mut runs = self.lock();
+            let Some(set) = self.last_set.lock().unwrap_or_else(|p| p.into_inner()).clone() else { return };
             // A suspended (frozen) run lends its GPUs: it computes nothing until thawed.
             let mut busy: BTreeSet<u32> = runs
                 .values()
