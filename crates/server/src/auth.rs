@@ -152,8 +152,11 @@ impl Auth {
 pub fn user_gate(
     ctx: crate::context::Ctx,
 ) -> impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, Status> + Clone {
-    move |request: tonic::Request<()>| {
-        ctx.principal(&request)?;
+    move |mut request: tonic::Request<()>| {
+        // Handed on to the handler (request extensions survive decoding), so the caller is
+        // authenticated once per call.
+        let me = ctx.principal(&request)?;
+        request.extensions_mut().insert(me);
         Ok(request)
     }
 }

@@ -100,6 +100,10 @@ impl Ctx {
 
     /// The authenticated user behind a job or admin request.
     pub fn principal<T>(&self, req: &tonic::Request<T>) -> Result<Principal, Status> {
+        // Authenticated from the headers before the body was decoded (`auth::user_gate`).
+        if let Some(me) = req.extensions().get::<Principal>() {
+            return Ok(me.clone());
+        }
         self.auth.principal(req.metadata(), |token| {
             self.replica.read(|a| crate::auth::issued_token(token, &a.state, now_ms()))
         })
