@@ -110,6 +110,7 @@ pub struct Credentials {
     join: Option<Arc<str>>,
     node: Arc<std::sync::RwLock<Option<String>>>,
     file: Option<PathBuf>,
+    prefer_join: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Credentials {
@@ -120,7 +121,12 @@ impl Credentials {
     /// The credential a previous run of this agent kept, if any.
     fn load(join: Option<Arc<str>>, file: PathBuf) -> Credentials {
         let node = kairos_proto::wire::read_credential_file(&file).ok();
-        Credentials { join, node: Arc::new(std::sync::RwLock::new(node)), file: Some(file) }
+        Credentials {
+            join,
+            node: Arc::new(std::sync::RwLock::new(node)),
+            file: Some(file),
+            prefer_join: Arc::default(),
+        }
     }
 
     /// Keeps the credential the controller handed back (in memory and in the file).
@@ -138,20 +144,41 @@ impl Credentials {
     }
 
     /// Drops a node credential the controllers no longer accept (the node was removed).
-    fn forget(&self) {
-        if let Some(file) = &self.file {
-            let _ = std::fs::remove_file(file);
-        }
-        *self.node.write().unwrap_or_else(|p| p.into_inner()) = None;
+    ///
+    /// A refusal is not proof: a just-elected leader may not have applied this node's
+    /// registration yet. So the credential is kept (in memory and on disk) and the next
+    /// registration tries the join token instead, the one after that the credential again,
+    /// until one is taken; only a new registration replaces it.
+    fn refused(&self, with_join: bool) {
+        self.prefer_join.store(!with_join && self.join.is_some(), std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// `msg` with this node's credential (the join token before registration).
+    /// Whether the next registration presents the join token rather than the node credential.
+    fn registers_with_join(&self) -> bool {
+        self.node().is_none() || self.prefer_join.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// `msg` with this node's credential (the join token before registration, or while
+    /// `registers_with_join` for a `Register`).
     fn request<T>(&self, msg: T) -> tonic::Request<T> {
         let mut req = tonic::Request::new(msg);
         if let Some(c) = self.node().as_deref().or(self.join.as_deref()) {
             kairos_proto::wire::set_bearer(req.metadata_mut(), c);
         }
         req
+    }
+
+    /// A registration request with the credential `registers_with_join` chooses.
+    fn register_request(&self, msg: pb::RegisterRequest) -> tonic::Request<pb::RegisterRequest> {
+        if self.registers_with_join() {
+            let mut req = tonic::Request::new(msg);
+            if let Some(j) = self.join.as_deref() {
+                kairos_proto::wire::set_bearer(req.metadata_mut(), j);
+            }
+            req
+        } else {
+            self.request(msg)
+        }
     }
 }
 
@@ -250,23 +277,26 @@ async fn session(
     client_tx: &watch::Sender<Option<AgentServiceClient<Channel>>>,
 ) -> Result<(), tonic::Status> {
     let mut client = AgentServiceClient::new(channel);
-    let with_credential = creds.node().is_some();
+    let with_join = creds.registers_with_join();
     let sent = fence::mono_ms();
-    let reg = match client.register(creds.request(pb::RegisterRequest { node: Some(node.clone()) })).await {
+    let reg = match client
+        .register(creds.register_request(pb::RegisterRequest { node: Some(node.clone()) }))
+        .await
+    {
         Ok(reg) => reg.into_inner(),
         Err(s)
-            if with_credential
-                && matches!(
-                    s.code(),
-                    tonic::Code::Unauthenticated | tonic::Code::NotFound | tonic::Code::FailedPrecondition
-                ) =>
+            if matches!(
+                s.code(),
+                tonic::Code::Unauthenticated | tonic::Code::NotFound | tonic::Code::FailedPrecondition
+            ) =>
         {
-            tracing::warn!(status = %s.message(), "the node credential was refused; registering with the join token next");
-            creds.forget();
+            tracing::warn!(status = %s.message(), with_join, "registration refused; trying the other credential next");
+            creds.refused(with_join);
             return Err(s);
         }
         Err(s) => return Err(s),
     };
+    creds.prefer_join.store(false, std::sync::atomic::Ordering::SeqCst);
     tracing::info!(node = %reg.node_id, "registered");
     if reg.node_credential.is_empty() {
         return Err(tonic::Status::internal("the controller sent no node credential"));
@@ -660,4 +690,28 @@ async fn main() -> anyhow::Result<()> {
         w.abort();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_credential_is_kept_and_alternates_with_the_join_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("node.credential");
+        let creds = Credentials::load(Some(Arc::from("join-token-0123456789")), file.clone());
+        assert!(creds.registers_with_join(), "no credential yet: the join token");
+        creds.remember("node.0123456789abcdef0123".into());
+        assert!(!creds.registers_with_join());
+        // A just-elected leader refuses the credential: the join token next, then the
+        // credential again; the credential is never thrown away.
+        creds.refused(false);
+        assert!(creds.registers_with_join());
+        creds.refused(true);
+        assert!(!creds.registers_with_join());
+        assert!(file.exists());
+        let reloaded = Credentials::load(None, file);
+        assert_eq!(reloaded.node().as_deref(), Some("node.0123456789abcdef0123"));
+    }
 }

@@ -97,6 +97,9 @@ impl AgentService for Agents {
         let (metadata, _, req) = request.into_parts();
         let info = node_info_from_pb(req.node)?;
         let name = info.name.clone();
+        // A just-elected leader may not have applied every committed registration yet: confirm
+        // leadership (which waits for the state machine to catch up) before reading the epoch.
+        let _ = self.ctx.replica.leads_confirmed().await;
         let credential_epoch = self.ctx.auth.check_join(&metadata, &name, self.ctx.node_epoch(&name))?;
         match self.ctx.write(Op::JoinNode { info, credential_epoch }).await? {
             Outcome::NodeRegistered { epoch, .. } => {
