@@ -143,8 +143,7 @@ impl Credentials {
         *self.node.write().unwrap_or_else(|p| p.into_inner()) = Some(credential);
     }
 
-    /// Drops a node credential the controllers no longer accept (the node was removed).
-    ///
+    /// A registration with the join token (`with_join`) or the node credential was refused.
     /// A refusal is not proof: a just-elected leader may not have applied this node's
     /// registration yet. So the credential is kept (in memory and on disk) and the next
     /// registration tries the join token instead, the one after that the credential again,

@@ -201,29 +201,6 @@ async fn shutdown_signal() {
 /// finish before it exits anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
-/// Fail-stop: once openraft's core has quit on an error (a storage error — no space, EIO, a
-/// failed sync — or a broken invariant), this replica can neither lead nor follow; it exits with
-/// the error in its log instead of answering calls it cannot serve.
-async fn exit_on_fatal(
-    mut metrics: tokio::sync::watch::Receiver<openraft::RaftMetrics<u64, openraft::BasicNode>>,
-) {
-    loop {
-        if let Err(fatal) = &metrics.borrow().running_state {
-            if matches!(fatal, openraft::error::Fatal::Stopped) {
-                return; // our own shutdown
-            }
-            tracing::error!(error = %fatal, "the replica stopped on a storage or consensus error; exiting");
-            eprintln!(
-                "kairosd: the replica stopped: {fatal} (storage error: check the data directory's disk)"
-            );
-            std::process::exit(3);
-        }
-        if metrics.changed().await.is_err() {
-            return;
-        }
-    }
-}
-
 #[tokio::main]
 async fn main() {
     if let Err(e) = run().await {
@@ -323,7 +300,6 @@ async fn run() -> anyhow::Result<()> {
 
     tracing::info!(id = args.id, addr = %args.addr, data_dir = %args.data_dir.display(), "kairosd serving");
     println!("kairosd {} listening on {listen} (dialled as {})", args.id, args.addr);
-    tokio::spawn(exit_on_fatal(replica.raft.metrics()));
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let mut stopping = stop_rx.clone();
     tokio::spawn(async move {
