@@ -24,6 +24,7 @@ use thiserror::Error;
 use tokio::sync::watch;
 
 pub mod auth;
+pub mod chunked;
 pub mod failstop;
 pub mod membership;
 pub mod network;
@@ -77,8 +78,34 @@ pub enum ConsensusError {
     Format(String),
     #[error("data directory {0} is in use by another kairosd")]
     DataDirInUse(String),
+    #[error(
+        "the Raft log in {dir} is damaged and cannot be opened ({why}); this replica's data is lost: \
+         move the directory away, start the replica empty with --join and add it back \
+         (kairos cluster remove {id}, then kairos cluster add {id} ADDR)"
+    )]
+    Damaged { dir: String, why: String, id: ReplicaId },
     #[error("raft: {0}")]
     Raft(String),
+}
+
+/// Runs `open` (opening the storage at `path`). sled 0.34 panics on some damaged files (a blob
+/// torn at a power cut: `tried to serialize Uninitialized`); such a panic becomes
+/// `ConsensusError::Damaged`, its message kept out of the log, so the replica stops with a clear
+/// reason. (Only at start, before other threads run.)
+fn catch_damage<T>(path: &Path, id: ReplicaId, open: impl FnOnce() -> T) -> Result<T, ConsensusError> {
+    let why = Arc::new(std::sync::Mutex::new(String::new()));
+    let hook = std::panic::take_hook();
+    let seen = why.clone();
+    std::panic::set_hook(Box::new(move |info| {
+        *seen.lock().unwrap_or_else(|p| p.into_inner()) = info.to_string();
+    }));
+    let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(open));
+    std::panic::set_hook(hook);
+    opened.map_err(|_| ConsensusError::Damaged {
+        dir: path.display().to_string(),
+        why: why.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        id,
+    })
 }
 
 /// Why a write did not commit.
@@ -156,14 +183,17 @@ impl Replica {
     ) -> Result<Replica, ConsensusError> {
         std::fs::create_dir_all(data_dir)
             .map_err(|e| ConsensusError::Format(format!("creating {}: {e}", data_dir.display())))?;
-        let db = sled::Config::new().path(data_dir.join("raft.sled")).open().map_err(|e| match e {
-            sled::Error::Io(io)
-                if io.kind() == std::io::ErrorKind::WouldBlock || io.to_string().contains("lock") =>
-            {
-                ConsensusError::DataDirInUse(data_dir.display().to_string())
-            }
-            other => ConsensusError::Sled(other),
-        })?;
+        let sled_dir = data_dir.join("raft.sled");
+        let db = catch_damage(&sled_dir, config.id, || sled::Config::new().path(&sled_dir).open())?.map_err(
+            |e| match e {
+                sled::Error::Io(io)
+                    if io.kind() == std::io::ErrorKind::WouldBlock || io.to_string().contains("lock") =>
+                {
+                    ConsensusError::DataDirInUse(data_dir.display().to_string())
+                }
+                other => ConsensusError::Sled(other),
+            },
+        )?;
         let log_store = store::LogStore::new(&db, &data_dir.join("raft.sled"))?;
         let commit_index = log_store.commit_index();
         let (applied_tx, applied_rx) = watch::channel(0);
@@ -343,4 +373,28 @@ pub fn state_digest(state: &ClusterState) -> String {
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
     format!("{hash:016x}")
+}
+
+#[cfg(test)]
+mod open_tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_while_opening_storage_is_a_clear_refusal() {
+        let refused = catch_damage(Path::new("/data/raft.sled"), 2, || -> u32 {
+            panic!("tried to serialize Uninitialized")
+        });
+        match refused {
+            Err(e @ ConsensusError::Damaged { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains("/data/raft.sled is damaged"), "{msg}");
+                assert!(msg.contains("tried to serialize Uninitialized"), "{msg}");
+                assert!(msg.contains("kairos cluster remove 2"), "{msg}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Panics elsewhere are reported as before.
+        assert_eq!(catch_damage(Path::new("/x"), 1, || 7).unwrap(), 7);
+        assert!(std::panic::catch_unwind(|| panic!("still reported")).is_err());
+    }
 }

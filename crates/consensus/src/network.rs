@@ -3,6 +3,13 @@
 //! Each openraft message travels as JSON inside a `RaftMessage`. A peer that cannot be reached
 //! is reported as `Unreachable` so openraft backs off; a remote Raft error is passed through.
 //! Snapshots go as openraft's chunked `InstallSnapshot` calls, so no message grows with the state.
+//!
+//! openraft gives every `AppendEntries` a hard timeout of one heartbeat interval, and sends up to
+//! `max_payload_entries` entries in it. A follower far behind on large entries (group commits
+//! of large submits) would get the same oversized call, time out, and never catch up — while
+//! its elections disrupt the others. So an append carries at most `APPEND_BYTES_BUDGET` of
+//! entries (at least one), and a follower that took that prefix is reported as
+//! `PartialSuccess`: openraft continues from there.
 
 use kairos_proto::v1::raft_service_client::RaftServiceClient;
 use kairos_proto::v1::RaftMessage;
@@ -18,6 +25,24 @@ use serde::Serialize;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::{NodeId, TypeConfig};
+
+/// Most bytes of entries (as encoded) in one `AppendEntries`; a larger single entry goes alone.
+pub const APPEND_BYTES_BUDGET: usize = 256 * 1024;
+
+/// How many of `entries`, from the first, fit `budget` bytes (at least one).
+fn prefix_within<T: Serialize>(entries: &[T], budget: usize) -> usize {
+    if entries.len() <= 1 {
+        return entries.len();
+    }
+    let mut used = 0;
+    for (i, e) in entries.iter().enumerate() {
+        used += serde_json::to_vec(e).map(|v| v.len()).unwrap_or(usize::MAX);
+        if used > budget {
+            return i.max(1);
+        }
+    }
+    entries.len()
+}
 
 /// Metadata key naming the sending replica on every Raft RPC.
 pub const FROM_HEADER: &str = "kairos-replica-from";
@@ -48,7 +73,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     }
 }
 
-/// A lazily connected client to one peer; reconnects after a failure.
+/// A lazily connected client to one peer; reconnects after a failed call.
 pub struct Connection {
     from: NodeId,
     credential: String,
@@ -68,14 +93,15 @@ impl Connection {
         E: std::error::Error + DeserializeOwned,
     {
         let payload = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let mut client = match self.client.take() {
-            Some(c) => c,
+        // The connection is kept across calls, also when openraft drops a call at its timeout: a
+        // follower that is slow to answer must not also pay a new connection on every retry.
+        let mut client = match &self.client {
+            Some(c) => c.clone(),
             None => {
                 let scheme = if self.tls.is_some() { "https" } else { "http" };
                 let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", self.addr))
                     .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?
-                    .connect_timeout(option.hard_ttl())
-                    .timeout(option.hard_ttl());
+                    .connect_timeout(option.hard_ttl());
                 if let Some(tls) = &self.tls {
                     endpoint = endpoint
                         .tls_config(tls.clone())
@@ -83,11 +109,15 @@ impl Connection {
                 }
                 let channel =
                     endpoint.connect().await.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
-                RaftServiceClient::new(channel)
-                    .max_decoding_message_size(crate::service::RAFT_MESSAGE_BYTES_MAX)
+                let client = RaftServiceClient::new(channel)
+                    .max_decoding_message_size(crate::service::RAFT_MESSAGE_BYTES_MAX);
+                self.client = Some(client.clone());
+                client
             }
         };
         let mut msg = tonic::Request::new(RaftMessage { payload });
+        // Each kind of call has its own deadline (a snapshot chunk's is longer than an append's).
+        msg.set_timeout(option.hard_ttl());
         if let Ok(v) = self.from.to_string().parse() {
             msg.metadata_mut().insert(FROM_HEADER, v);
         }
@@ -99,14 +129,32 @@ impl Connection {
         };
         let reply = match result {
             Ok(r) => r.into_inner(),
-            Err(status) => return Err(RPCError::Unreachable(Unreachable::new(&status))),
+            Err(status) => {
+                self.client = None;
+                return Err(RPCError::Unreachable(Unreachable::new(&status)));
+            }
         };
-        self.client = Some(client);
         let decoded: Result<Resp, RaftError<NodeId, E>> =
             serde_json::from_slice(&reply.payload).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         decoded.map_err(|e| {
             RPCError::RemoteError(RemoteError::new_with_node(self.target, BasicNode::new(&self.addr), e))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_append_carries_entries_up_to_the_budget_and_at_least_one() {
+        let entries: Vec<String> = (0..10).map(|_| "x".repeat(100)).collect();
+        // Each encodes to 102 bytes (with its quotes).
+        assert_eq!(prefix_within(&entries, 10_000), 10);
+        assert_eq!(prefix_within(&entries, 350), 3);
+        assert_eq!(prefix_within(&entries, 50), 1, "a larger entry goes alone");
+        assert_eq!(prefix_within(&entries[..1], 50), 1);
+        assert_eq!(prefix_within::<String>(&[], 50), 0);
     }
 }
 
@@ -120,10 +168,18 @@ enum RpcKind {
 impl RaftNetwork<TypeConfig> for Connection {
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
-        self.call(RpcKind::Append, &rpc, &option).await
+        let sent = prefix_within(&rpc.entries, APPEND_BYTES_BUDGET);
+        let cut = (sent < rpc.entries.len()).then(|| rpc.entries[sent - 1].log_id);
+        rpc.entries.truncate(sent);
+        match (self.call(RpcKind::Append, &rpc, &option).await?, cut) {
+            (AppendEntriesResponse::Success, Some(last_sent)) => {
+                Ok(AppendEntriesResponse::PartialSuccess(Some(last_sent)))
+            }
+            (resp, _) => Ok(resp),
+        }
     }
 
     async fn install_snapshot(

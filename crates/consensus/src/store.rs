@@ -12,7 +12,8 @@
 //! flushing such a value through sled would stall the log's own flushes behind it. The file is a
 //! JSON line of metadata followed by the snapshot bytes.
 //!
-//! Keys of the log tree are big-endian `u64` indices, so sled's order is the log's order.
+//! Log entries are stored in chunks of a few KiB (`chunked`), keyed by big-endian (index, chunk),
+//! so sled's order is the log's order and no entry becomes one of sled's unsafe blob files.
 
 // openraft's traits fix `StorageError` as the error type; its size is not ours to choose.
 #![allow(clippy::result_large_err)]
@@ -35,6 +36,10 @@ use crate::{NodeId, Response, TypeConfig, SNAPSHOT_FORMAT_VERSION};
 
 type StorageResult<T> = Result<T, StorageError<NodeId>>;
 
+/// The log tree: entries in chunks (`chunked`).
+const LOG_TREE: &str = "raft_log_chunks";
+/// The log tree of earlier versions (one sled value per entry); moved into `LOG_TREE` at open.
+const OLD_LOG_TREE: &str = "raft_log";
 const KEY_VOTE: &[u8] = b"vote";
 const KEY_COMMITTED: &[u8] = b"committed";
 const KEY_LAST_PURGED: &[u8] = b"last_purged";
@@ -63,31 +68,57 @@ pub struct LogStore {
     meta: sled::Tree,
     /// The latest committed index openraft told us about, for status reports.
     committed: Arc<std::sync::atomic::AtomicU64>,
-    /// Syncs what sled's flush leaves unsynced (large values' blob files).
-    blobs: Arc<crate::sync::BlobSync>,
+    /// Syncs what sled's flush leaves unsynced (its main file, large values' blob files).
+    sled_sync: Arc<crate::sync::SledSync>,
 }
 
 impl LogStore {
     /// The log in `db`, the sled database at `sled_dir`.
-    pub fn new(db: &sled::Db, sled_dir: &std::path::Path) -> Result<Self, sled::Error> {
-        Ok(LogStore {
+    pub fn new(db: &sled::Db, sled_dir: &std::path::Path) -> Result<Self, crate::ConsensusError> {
+        let store = LogStore {
             db: db.clone(),
-            log: db.open_tree("raft_log")?,
+            log: db.open_tree(LOG_TREE)?,
             meta: db.open_tree("raft_meta")?,
             committed: Arc::default(),
-            blobs: Arc::new(crate::sync::BlobSync::open(sled_dir)?),
-        })
+            sled_sync: Arc::new(crate::sync::SledSync::open(sled_dir).map_err(sled::Error::Io)?),
+        };
+        store.move_old_log()?;
+        Ok(store)
     }
 
-    /// sled's flush, then fsync of the blob files it wrote: only then is a write durable.
+    /// Moves a log of an earlier version (one value per entry, 8-byte keys) into chunks.
+    fn move_old_log(&self) -> Result<(), crate::ConsensusError> {
+        let old = self.db.open_tree(OLD_LOG_TREE)?;
+        if old.is_empty() {
+            return Ok(());
+        }
+        let mut batch = sled::Batch::default();
+        for item in old.iter() {
+            let (k, v) = item?;
+            let index: [u8; 8] = k.as_ref().try_into().map_err(|_| {
+                crate::ConsensusError::Format(format!("old log key of {} bytes (not 8)", k.len()))
+            })?;
+            crate::chunked::insert(&mut batch, u64::from_be_bytes(index), &v);
+        }
+        self.log.apply_batch(batch)?;
+        self.db.flush()?;
+        self.sled_sync.after_flush().map_err(sled::Error::Io)?;
+        old.clear()?;
+        self.db.drop_tree(OLD_LOG_TREE)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// sled's flush, then fsync of its main file and of the blob files it wrote: only then is
+    /// a write durable.
     async fn flush(&self) -> std::io::Result<()> {
         self.db.flush_async().await.map_err(to_io)?;
-        self.blobs.sync_new().map(|_| ())
+        self.sled_sync.after_flush().map(|_| ())
     }
 
     /// The blob files synced so far (tests).
     pub fn synced_blobs(&self) -> std::collections::BTreeSet<std::ffi::OsString> {
-        self.blobs.synced()
+        self.sled_sync.synced()
     }
 
     /// A handle that always holds the latest known commit index.
@@ -121,20 +152,8 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(i) => i.saturating_add(1),
             Bound::Unbounded => 0,
         };
-        let mut entries = Vec::new();
-        for item in self.log.range(start.to_be_bytes()..) {
-            let (key, value) = item.map_err(read_err)?;
-            let index = u64::from_be_bytes(
-                key.as_ref()
-                    .try_into()
-                    .map_err(|_| read_err(std::io::Error::other("log key is not 8 bytes")))?,
-            );
-            if !range.contains(&index) {
-                break;
-            }
-            entries.push(serde_json::from_slice(&value).map_err(read_err)?);
-        }
-        Ok(entries)
+        let chunks = crate::chunked::read_from(&self.log, start, |i| range.contains(&i)).map_err(read_err)?;
+        chunks.iter().map(|(_, bytes)| serde_json::from_slice(bytes).map_err(read_err)).collect()
     }
 }
 
@@ -143,7 +162,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> StorageResult<LogState<TypeConfig>> {
         let last_purged: Option<LogId<NodeId>> = self.get_meta(KEY_LAST_PURGED)?;
-        let last = match self.log.last().map_err(read_err)? {
+        let last = match crate::chunked::last(&self.log).map_err(read_err)? {
             Some((_, value)) => {
                 let entry: Entry<TypeConfig> = serde_json::from_slice(&value).map_err(read_err)?;
                 Some(entry.log_id)
@@ -189,7 +208,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = sled::Batch::default();
         for entry in entries {
             let bytes = serde_json::to_vec(&entry).map_err(write_err)?;
-            batch.insert(&entry.log_id.index.to_be_bytes(), bytes);
+            crate::chunked::insert(&mut batch, entry.log_id.index, &bytes);
         }
         self.log.apply_batch(batch).map_err(write_err)?;
         // The entries are readable now; they count as appended only once flushed.
@@ -202,11 +221,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+        use std::ops::Bound;
         let mut batch = sled::Batch::default();
-        for item in self.log.range(log_id.index.to_be_bytes()..) {
-            let (key, _) = item.map_err(write_err)?;
-            batch.remove(key);
-        }
+        let from = Bound::Included(crate::chunked::first_key(log_id.index));
+        crate::chunked::remove_range(&self.log, &mut batch, (from, Bound::Unbounded)).map_err(write_err)?;
         self.log.apply_batch(batch).map_err(write_err)?;
         self.flush().await.map_err(write_err)?;
         Ok(())
@@ -215,11 +233,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
         // Record the purge point first: a crash in between leaves extra entries, never a hole.
         self.put_meta(KEY_LAST_PURGED, &log_id).await?;
+        use std::ops::Bound;
         let mut batch = sled::Batch::default();
-        for item in self.log.range(..=log_id.index.to_be_bytes()) {
-            let (key, _) = item.map_err(write_err)?;
-            batch.remove(key);
-        }
+        let to = Bound::Excluded(crate::chunked::first_key(log_id.index.saturating_add(1)));
+        crate::chunked::remove_range(&self.log, &mut batch, (Bound::Unbounded, to)).map_err(write_err)?;
         self.log.apply_batch(batch).map_err(write_err)?;
         self.flush().await.map_err(write_err)?;
         Ok(())

@@ -206,15 +206,21 @@ async fn raft_rpcs_are_served_only_to_members() {
 mod corrupt_disk {
     //! Whatever bytes the sled files hold (torn writes, a foreign program, bit rot), reading the
     //! log ends in a storage error, never a panic or a silently wrong entry.
+    use kairos_consensus::chunked;
     use openraft::storage::{RaftLogReader, RaftLogStorage};
     use proptest::prelude::*;
 
     use super::*;
 
-    fn store_with(log: &[(Vec<u8>, Vec<u8>)], meta: &[(&[u8], Vec<u8>)]) -> (TempDir, LogStore) {
+    /// A store over a sled database holding `log` in `tree` and `meta` beforehand.
+    fn store_in(
+        tree: &str,
+        log: &[(Vec<u8>, Vec<u8>)],
+        meta: &[(&[u8], Vec<u8>)],
+    ) -> (TempDir, Result<LogStore, kairos_consensus::ConsensusError>) {
         let dir = TempDir::new().expect("temp dir");
         let db = sled::Config::new().path(dir.path().join("raft.sled")).open().expect("open sled");
-        let log_tree = db.open_tree("raft_log").unwrap();
+        let log_tree = db.open_tree(tree).unwrap();
         for (k, v) in log {
             log_tree.insert(k.as_slice(), v.as_slice()).unwrap();
         }
@@ -222,29 +228,36 @@ mod corrupt_disk {
         for (k, v) in meta {
             meta_tree.insert(*k, v.as_slice()).unwrap();
         }
-        let store = LogStore::new(&db, &dir.path().join("raft.sled")).expect("log store");
+        let store = LogStore::new(&db, &dir.path().join("raft.sled"));
         (dir, store)
     }
 
+    fn store_with(log: &[(Vec<u8>, Vec<u8>)], meta: &[(&[u8], Vec<u8>)]) -> (TempDir, LogStore) {
+        let (dir, store) = store_in("raft_log_chunks", log, meta);
+        (dir, store.expect("log store"))
+    }
+
+    fn entry_json(index: u64) -> Vec<u8> {
+        let entry: openraft::Entry<TypeConfig> = openraft::Entry {
+            log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: openraft::EntryPayload::Blank,
+        };
+        serde_json::to_vec(&entry).unwrap()
+    }
+
     #[test]
-    fn blob_files_of_large_values_are_synced_before_a_write_is_done() {
+    fn a_log_of_the_earlier_format_is_moved_into_chunks_at_open() {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
-            // A value larger than a sled segment allows inline (a group commit of large submits)
-            // lands in a blob file of its own, which sled's flush does not sync.
-            let big = vec![b'x'; 2 * 1024 * 1024];
-            let (dir, mut store) = store_with(&[(7u64.to_be_bytes().to_vec(), big)], &[]);
-            store.save_vote(&openraft::Vote::new(1, 1)).await.expect("a flushed write");
-            let blobs: BTreeSet<std::ffi::OsString> = std::fs::read_dir(dir.path().join("raft.sled/blobs"))
-                .expect("sled's blob directory")
-                .map(|e| e.unwrap().file_name())
-                .collect();
-            assert!(!blobs.is_empty(), "the large value did not go to a blob file");
-            assert!(
-                blobs.is_subset(&store.synced_blobs()),
-                "unsynced blobs: {blobs:?} vs {:?}",
-                store.synced_blobs()
-            );
+            let old: Vec<_> = (1..=3u64).map(|i| (i.to_be_bytes().to_vec(), entry_json(i))).collect();
+            let (_dir, store) = store_in("raft_log", &old, &[]);
+            let mut store = store.expect("log store");
+            let entries = store.try_get_log_entries(0..10).await.expect("entries");
+            assert_eq!(entries.iter().map(|e| e.log_id.index).collect::<Vec<_>>(), [1, 2, 3]);
+            assert_eq!(store.get_log_state().await.unwrap().last_log_id.map(|l| l.index), Some(3));
+            // A key that is no index of the earlier format: a clear error at open.
+            let (_dir, store) = store_in("raft_log", &[(b"garbage".to_vec(), entry_json(1))], &[]);
+            assert!(store.is_err());
         });
     }
 
@@ -254,11 +267,11 @@ mod corrupt_disk {
         #[test]
         fn garbage_in_the_log_or_its_metadata_is_a_clean_error(
             value in proptest::collection::vec(any::<u8>(), 0..200),
-            key in proptest::collection::vec(any::<u8>(), 0..12),
+            key in proptest::collection::vec(any::<u8>(), 0..14),
         ) {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             rt.block_on(async {
-                let index_key = 1u64.to_be_bytes().to_vec();
+                let index_key = chunked::key(1, 0).to_vec();
                 let (_dir, mut store) = store_with(&[(index_key, value.clone()), (key.clone(), value.clone())], &[]);
                 // Any outcome but a panic (proptest fails the case on one).
                 let _ = store.try_get_log_entries(0..10).await;
@@ -274,8 +287,15 @@ mod corrupt_disk {
     fn a_torn_entry_is_reported_not_skipped() {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
-            let (_dir, mut store) =
-                store_with(&[(1u64.to_be_bytes().to_vec(), b"{\"log_id\":".to_vec())], &[]);
+            let mut head = 1u32.to_be_bytes().to_vec();
+            head.extend_from_slice(b"{\"log_id\":");
+            let (_dir, mut store) = store_with(&[(chunked::key(1, 0).to_vec(), head)], &[]);
+            assert!(store.try_get_log_entries(0..10).await.is_err());
+            assert!(store.get_log_state().await.is_err());
+            // An entry of two chunks of which the second is missing.
+            let mut head = 2u32.to_be_bytes().to_vec();
+            head.extend_from_slice(&entry_json(1));
+            let (_dir, mut store) = store_with(&[(chunked::key(1, 0).to_vec(), head)], &[]);
             assert!(store.try_get_log_entries(0..10).await.is_err());
             assert!(store.get_log_state().await.is_err());
         });

@@ -21,6 +21,9 @@ use crate::context::write_status;
 
 /// Most commands in one log entry.
 pub const BATCH_COMMANDS_MAX: usize = 512;
+/// Most bytes of commands (as encoded) in one log entry, so an entry replicates within a
+/// heartbeat interval (a larger single command goes alone).
+pub const BATCH_BYTES_MAX: usize = 256 * 1024;
 /// Most entries being committed at once.
 const IN_FLIGHT_MAX: usize = 2;
 /// Most commands waiting for a batch; beyond this, callers wait.
@@ -51,15 +54,23 @@ impl Batcher {
     }
 }
 
+fn encoded_len(cmd: &Command) -> usize {
+    serde_json::to_vec(cmd).map(|v| v.len()).unwrap_or(0)
+}
+
 async fn run(replica: Replica, mut rx: mpsc::Receiver<(Command, Reply)>) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT_MAX));
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else { return };
         let Some(first) = rx.recv().await else { return };
+        let mut bytes = encoded_len(&first.0);
         let mut batch = vec![first];
-        while batch.len() < BATCH_COMMANDS_MAX {
+        while batch.len() < BATCH_COMMANDS_MAX && bytes < BATCH_BYTES_MAX {
             match rx.try_recv() {
-                Ok(item) => batch.push(item),
+                Ok(item) => {
+                    bytes += encoded_len(&item.0);
+                    batch.push(item);
+                }
                 Err(_) => break,
             }
         }

@@ -400,6 +400,12 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // KAIROS_E2E_KEEP=DIR keeps a failed test's logs and data (copied before it is removed).
+        if let (true, Some(keep)) = (std::thread::panicking(), std::env::var_os("KAIROS_E2E_KEEP")) {
+            let name = self.dir.path().file_name().unwrap_or_default();
+            let _ =
+                Command::new("cp").arg("-a").arg(self.dir.path()).arg(Path::new(&keep).join(name)).status();
+        }
         // The agents first: on SIGTERM they stop every job's process group.
         if let Some(mut a) = self.agent.take() {
             stop_child(&mut a);

@@ -9,6 +9,7 @@ mod harness;
 mod isolation;
 mod limits;
 mod policy;
+mod powercut;
 mod preempt;
 mod security;
 
