@@ -26,6 +26,7 @@ use tokio::sync::watch;
 pub mod auth;
 pub mod chunked;
 pub mod failstop;
+pub mod freshness;
 pub mod membership;
 pub mod network;
 pub mod service;
@@ -168,6 +169,10 @@ pub struct Replica {
     confirming: Arc<tokio::sync::Mutex<()>>,
     /// How long a confirmation counts: no other leader can be elected sooner.
     lease: std::time::Duration,
+    /// Appends accepted from the leader (recorded by the Raft service).
+    pub contact: Arc<freshness::LeaderContact>,
+    /// How stale the applied state may be for `state_fresh`.
+    staleness: std::time::Duration,
 }
 
 impl Replica {
@@ -241,6 +246,8 @@ impl Replica {
             confirmed: Arc::default(),
             confirming: Arc::default(),
             lease: std::time::Duration::from_millis(config.election_timeout_ms),
+            contact: Arc::default(),
+            staleness: freshness::staleness_bound(std::time::Duration::from_millis(config.heartbeat_ms)),
         })
     }
 
@@ -296,6 +303,24 @@ impl Replica {
             }
             _ => false,
         }
+    }
+
+    /// Whether the applied state is known to hold everything the leader committed up to
+    /// `staleness()` ago (`freshness`).
+    pub fn state_fresh(&self) -> bool {
+        let m = self.raft.metrics().borrow().clone();
+        if self.is_leader() {
+            let voters = m.membership_config.voter_ids().count();
+            return voters <= 1
+                || m.millis_since_quorum_ack.is_some_and(|ms| ms <= self.staleness.as_millis() as u64);
+        }
+        let applied = m.last_applied.map(|l| l.index).unwrap_or(0);
+        self.contact.fresh(std::time::Instant::now(), applied, self.staleness)
+    }
+
+    /// The bound `state_fresh` holds the applied state to.
+    pub fn staleness(&self) -> std::time::Duration {
+        self.staleness
     }
 
     /// Whether this replica currently leads a cluster it is a voter of. (A leader that removed

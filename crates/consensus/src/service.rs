@@ -2,13 +2,17 @@
 
 use kairos_proto::v1::raft_service_server::{RaftService, RaftServiceServer};
 use kairos_proto::v1::RaftMessage;
+use openraft::raft::AppendEntriesResponse;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Request, Response, Status};
 
 use std::collections::BTreeSet;
 
+use std::sync::Arc;
+
 use crate::auth::{bearer, ClusterKey};
+use crate::freshness::LeaderContact;
 use crate::network::FROM_HEADER;
 use crate::{KairosRaft, ReplicaId};
 
@@ -26,11 +30,18 @@ pub struct RaftRpc {
     raft: KairosRaft,
     peers: BTreeSet<ReplicaId>,
     key: ClusterKey,
+    /// Where accepted appends from the leader are recorded (`freshness`).
+    contact: Arc<LeaderContact>,
 }
 
 impl RaftRpc {
-    pub fn new(raft: KairosRaft, peers: BTreeSet<ReplicaId>, key: ClusterKey) -> Self {
-        RaftRpc { raft, peers, key }
+    pub fn new(
+        raft: KairosRaft,
+        peers: BTreeSet<ReplicaId>,
+        key: ClusterKey,
+        contact: Arc<LeaderContact>,
+    ) -> Self {
+        RaftRpc { raft, peers, key, contact }
     }
 
     /// The Raft service as kairosd serves it: senders checked from the headers before a body is
@@ -39,9 +50,10 @@ impl RaftRpc {
         raft: KairosRaft,
         peers: BTreeSet<ReplicaId>,
         key: ClusterKey,
+        contact: Arc<LeaderContact>,
     ) -> tonic::service::interceptor::InterceptedService<RaftServiceServer<RaftRpc>, RaftGate> {
         let gate = RaftGate { raft: raft.clone(), peers: peers.clone(), key: key.clone() };
-        let rpc = RaftServiceServer::new(RaftRpc::new(raft, peers, key))
+        let rpc = RaftServiceServer::new(RaftRpc::new(raft, peers, key, contact))
             .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX);
         tonic::service::interceptor::InterceptedService::new(rpc, gate)
     }
@@ -110,8 +122,13 @@ fn encode<T: Serialize>(value: &T) -> Result<Response<RaftMessage>, Status> {
 impl RaftService for RaftRpc {
     async fn append_entries(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_member(&request)?;
-        let req = decode(request.get_ref())?;
-        encode(&self.raft.append_entries(req).await)
+        let req: openraft::raft::AppendEntriesRequest<crate::TypeConfig> = decode(request.get_ref())?;
+        let sent_commit = req.leader_commit.map(|l| l.index).unwrap_or(0);
+        let reply = self.raft.append_entries(req).await;
+        if let Ok(AppendEntriesResponse::Success | AppendEntriesResponse::PartialSuccess(_)) = &reply {
+            self.contact.record(std::time::Instant::now(), sent_commit);
+        }
+        encode(&reply)
     }
 
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {

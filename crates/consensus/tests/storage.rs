@@ -160,8 +160,12 @@ async fn raft_rpcs_are_served_only_to_members() {
     let members = BTreeMap::from([(1, addr.clone())]);
     let replica = Replica::open(&config, dir.path(), &members).await.unwrap();
     wait_leader(&replica).await;
-    let service =
-        RaftServiceServer::new(RaftRpc::new(replica.raft.clone(), [1].into(), ClusterKey::new(SECRET)));
+    let service = RaftServiceServer::new(RaftRpc::new(
+        replica.raft.clone(),
+        [1].into(),
+        ClusterKey::new(SECRET),
+        replica.contact.clone(),
+    ));
     let server = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(service)

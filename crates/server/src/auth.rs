@@ -80,19 +80,19 @@ impl Auth {
         Auth { key, admin_sha256: sha256_hex(admin_token), join_sha256: sha256_hex(join_token) }
     }
 
-    /// The user behind a request to the job or admin service. `issued` looks a token up in the
-    /// replicated state (only called for a token that is not the bootstrap admin's, so the
-    /// common admin path takes no state lock).
+    /// The user behind a request to the job or admin service. `issued` settles a token issued
+    /// through the replicated state (only called for a token that is not the bootstrap admin's,
+    /// so the common admin path takes no state lock).
     pub fn principal(
         &self,
         metadata: &MetadataMap,
-        issued: impl FnOnce(&str) -> Option<Principal>,
+        issued: impl FnOnce(&str) -> Result<Principal, Status>,
     ) -> Result<Principal, Status> {
         let token = bearer(metadata).ok_or_else(|| unauthenticated("no token"))?;
         let me = if ct_eq(&sha256_hex(token), &self.admin_sha256) {
             Principal { user: BOOTSTRAP_ADMIN.into(), role: Role::Admin }
         } else {
-            issued(token).ok_or_else(|| unauthenticated("invalid, expired or revoked token"))?
+            issued(token)?
         };
         let Some(act_as) = metadata.get(ACT_AS_HEADER) else { return Ok(me) };
         let act_as = act_as
@@ -177,6 +177,11 @@ pub fn agent_gate(
     }
 }
 
+/// The answer to a token the state does not accept.
+pub fn token_refused() -> Status {
+    unauthenticated("invalid, expired or revoked token")
+}
+
 /// Splits `kairos_<id>_<secret>`.
 pub fn split_token(token: &str) -> Option<(&str, &str)> {
     let rest = token.strip_prefix(TOKEN_PREFIX)?;
@@ -239,19 +244,28 @@ mod tests {
         let a = auth();
         let id = "00112233aabbccdd";
         let s = state_with(id, "sekrit", "alice", Role::User, None);
-        let alice =
-            a.principal(&md(Some(&format!("kairos_{id}_sekrit")), None), |t| issued_token(t, &s, 0)).unwrap();
+        let alice = a
+            .principal(&md(Some(&format!("kairos_{id}_sekrit")), None), |t| {
+                issued_token(t, &s, 0).ok_or_else(token_refused)
+            })
+            .unwrap();
         assert_eq!(alice, Principal { user: "alice".into(), role: Role::User });
-        let admin = a.principal(&md(Some("boot-admin"), None), |t| issued_token(t, &s, 0)).unwrap();
+        let admin = a
+            .principal(&md(Some("boot-admin"), None), |t| issued_token(t, &s, 0).ok_or_else(token_refused))
+            .unwrap();
         assert_eq!(admin.role, Role::Admin);
         for bad in [None, Some("boot-admin2"), Some("kairos_00112233aabbccdd_wrong"), Some("kairos_x_y")] {
-            let e = a.principal(&md(bad, None), |t| issued_token(t, &s, 0)).unwrap_err();
+            let e = a
+                .principal(&md(bad, None), |t| issued_token(t, &s, 0).ok_or_else(token_refused))
+                .unwrap_err();
             assert_eq!(e.code(), tonic::Code::Unauthenticated, "{bad:?}");
             assert!(!e.message().contains("sekrit") && !e.message().contains("boot-admin"));
         }
         let expired = state_with(id, "sekrit", "alice", Role::User, Some(1000));
         let e = a
-            .principal(&md(Some(&format!("kairos_{id}_sekrit")), None), |t| issued_token(t, &expired, 0))
+            .principal(&md(Some(&format!("kairos_{id}_sekrit")), None), |t| {
+                issued_token(t, &expired, 0).ok_or_else(token_refused)
+            })
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated);
         // Expired by the serving replica's clock, though the state's clock (moved only by
@@ -267,17 +281,29 @@ mod tests {
         let a = auth();
         let id = "00112233aabbccdd";
         let s = state_with(id, "sekrit", "alice", Role::Operator, None);
-        let as_bob = a.principal(&md(Some("boot-admin"), Some("bob")), |t| issued_token(t, &s, 0)).unwrap();
+        let as_bob = a
+            .principal(&md(Some("boot-admin"), Some("bob")), |t| {
+                issued_token(t, &s, 0).ok_or_else(token_refused)
+            })
+            .unwrap();
         assert_eq!(as_bob, Principal { user: "bob".into(), role: Role::User });
         let alice = format!("kairos_{id}_sekrit");
-        let e = a.principal(&md(Some(&alice), Some("bob")), |t| issued_token(t, &s, 0)).unwrap_err();
+        let e = a
+            .principal(&md(Some(&alice), Some("bob")), |t| issued_token(t, &s, 0).ok_or_else(token_refused))
+            .unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
         assert_eq!(
-            a.principal(&md(Some(&alice), Some("alice")), |t| issued_token(t, &s, 0)).unwrap().role,
+            a.principal(&md(Some(&alice), Some("alice")), |t| issued_token(t, &s, 0)
+                .ok_or_else(token_refused))
+                .unwrap()
+                .role,
             Role::Operator
         );
-        let e =
-            a.principal(&md(Some("boot-admin"), Some("bad user")), |t| issued_token(t, &s, 0)).unwrap_err();
+        let e = a
+            .principal(&md(Some("boot-admin"), Some("bad user")), |t| {
+                issued_token(t, &s, 0).ok_or_else(token_refused)
+            })
+            .unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
     }
 
@@ -312,7 +338,7 @@ mod tests {
             if let Some(u) = act_as.as_deref().and_then(|u| u.parse().ok()) {
                 m.insert(ACT_AS_HEADER, u);
             }
-            match a.principal(&m, |t| issued_token(t, &s, 0)) {
+            match a.principal(&m, |t| issued_token(t, &s, 0).ok_or_else(token_refused)) {
                 Ok(p) => proptest::prop_assert!(
                     token.trim() == "boot-admin" || token.trim() == "kairos_00112233aabbccdd_sekrit",
                     "{p:?} from {token:?}"

@@ -104,9 +104,49 @@ impl Ctx {
         if let Some(me) = req.extensions().get::<Principal>() {
             return Ok(me.clone());
         }
-        self.auth.principal(req.metadata(), |token| {
-            self.replica.read(|a| crate::auth::issued_token(token, &a.state, now_ms()))
-        })
+        self.auth.principal(req.metadata(), |token| self.settle_token(token))
+    }
+
+    /// Decides an issued token so that a revocation holds everywhere within the staleness
+    /// bound and a new token works at once: only a replica whose state is fresh (the leader
+    /// with a quorum's recent acknowledgement, or a follower that recently applied what the
+    /// leader had committed; `Replica::state_fresh`) accepts one, and a follower that would
+    /// refuse one (unknown — perhaps not applied here yet — revoked or expired) sends the
+    /// caller to the leader, whose answer stands.
+    fn settle_token(&self, token: &str) -> Result<Principal, Status> {
+        let leads = self.replica.is_leader();
+        if !self.replica.state_fresh() {
+            return Err(self.to_leader(
+                leads,
+                &format!(
+                    "this replica has not heard from {} within {:?}, so it cannot vouch for tokens",
+                    if leads { "a quorum" } else { "the leader" },
+                    self.replica.staleness()
+                ),
+            ));
+        }
+        match self.replica.read(|a| crate::auth::issued_token(token, &a.state, now_ms())) {
+            Some(me) => Ok(me),
+            None if !leads => {
+                Err(self.to_leader(false, "the leader settles tokens this replica does not accept"))
+            }
+            None => Err(crate::auth::token_refused()),
+        }
+    }
+
+    /// `UNAVAILABLE` with the leader's address (clients retry there), unless this replica is
+    /// the leader or none is known.
+    fn to_leader(&self, leads: bool, why: &str) -> Status {
+        let status = self.replica.status();
+        let leader_addr = status.leader_addr.filter(|_| !leads && status.leader != Some(self.replica.id));
+        let mut s = Status::unavailable(match &leader_addr {
+            Some(addr) => format!("{why}; the leader is at {addr}"),
+            None => why.to_string(),
+        });
+        if let Some(addr) = leader_addr.and_then(|a| a.parse().ok()) {
+            s.metadata_mut().insert(LEADER_HEADER, addr);
+        }
+        s
     }
 
     /// The epoch of `node`'s registration, if it is registered.

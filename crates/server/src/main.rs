@@ -341,6 +341,7 @@ async fn run() -> anyhow::Result<()> {
             replica.raft.clone(),
             members.keys().copied().collect(),
             ctx.auth.key.clone(),
+            replica.contact.clone(),
         ))
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),

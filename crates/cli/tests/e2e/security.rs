@@ -341,3 +341,51 @@ fn a_token_expires_on_an_idle_cluster() {
     std::thread::sleep(std::time::Duration::from_millis(2500));
     refused(&with_token(&c, Some(&token), &["queue"]), "invalid, expired or revoked");
 }
+
+/// The CLI against replica `i` alone, with exactly `token`.
+fn at_replica(c: &Cluster, i: usize, token: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kairos"))
+        .arg("--controllers")
+        .arg(&c.controllers[i].addr)
+        .env("HOME", c.path("no-home"))
+        .env_remove("XDG_CONFIG_HOME")
+        .env_remove("KAIROS_TOKEN_FILE")
+        .env("KAIROS_TOKEN", token)
+        .args(args)
+        .output()
+        .expect("run kairos")
+}
+
+#[test]
+fn every_replica_honours_a_new_token_at_once_and_a_revocation_and_a_cut_off_one_vouches_for_none() {
+    let mut c = Cluster::start_with(3, 1, &[]);
+    let leader = c.leader();
+    let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    // A new token works at once through every replica, also those that have not applied it.
+    let alice = c.ok(&["token", "create", "--user", "alice"]).trim().to_string();
+    for i in 0..3 {
+        let out = at_replica(&c, i, &alice, &["queue"]);
+        assert!(out.status.success(), "replica {}: {}", i + 1, stderr(&out));
+    }
+    // Revoked: refused through every replica.
+    let tokens: Value = serde_json::from_str(&c.ok(&["token", "list", "--json"])).unwrap();
+    let id = tokens.as_array().unwrap().iter().find(|t| t["user"] == "alice").unwrap()["id"].clone();
+    c.ok(&["token", "revoke", id.as_str().unwrap()]);
+    for i in 0..3 {
+        refused(&at_replica(&c, i, &alice, &["queue"]), "invalid, expired or revoked");
+    }
+    // A follower cut off from the leader cannot know of revocations: once the staleness bound
+    // (2 s) has passed it vouches for no issued token, while the bootstrap admin still reads.
+    let bob = c.ok(&["token", "create", "--user", "bob"]).trim().to_string();
+    let alone = followers[0];
+    assert!(at_replica(&c, alone, &bob, &["queue"]).status.success());
+    c.kill_controller(leader);
+    c.kill_controller(followers[1]);
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let out = at_replica(&c, alone, &bob, &["queue"]);
+    assert!(!out.status.success(), "an isolated follower accepted a token it cannot vouch for");
+    assert!(stderr(&out).contains("cannot vouch for tokens"), "{}", stderr(&out));
+    let admin = std::fs::read_to_string(c.token_file()).unwrap();
+    let out = at_replica(&c, alone, admin.trim(), &["queue"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
