@@ -929,7 +929,7 @@ fn up_controllers(controllers: &[String], base: &str) -> anyhow::Result<Vec<Stri
         .collect()
 }
 
-/// A practically unique id for one `kairos submit` invocation.
+/// A practically unique id for one `kairos submit` or `token create` invocation.
 fn request_id() -> String {
     use std::hash::{BuildHasher, Hasher};
     let nanos =
@@ -969,7 +969,14 @@ async fn get_job(client: &Client, id: u64) -> Result<pb::Job, CallError> {
 async fn token_command(client: &Client, json: bool, command: TokenCmd) -> anyhow::Result<i32> {
     match command {
         TokenCmd::Create { user, role, ttl, description } => {
-            let req = pb::CreateTokenRequest { user, role, ttl_s: ttl.unwrap_or(0), description };
+            // One request id for every retry of this create: at most one token results.
+            let req = pb::CreateTokenRequest {
+                user,
+                role,
+                ttl_s: ttl.unwrap_or(0),
+                description,
+                request_id: request_id(),
+            };
             let created = client
                 .call(|ch| {
                     let req = client.request(req.clone());

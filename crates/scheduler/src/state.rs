@@ -392,6 +392,9 @@ pub struct ClusterState {
     /// Issued API tokens (hashed), by token id.
     #[serde(default)]
     pub tokens: crate::tokens::Tokens,
+    /// Ids of revoked tokens (a retried create never brings one back), with when (Unix ms).
+    #[serde(default)]
+    pub revoked_tokens: BTreeMap<String, i64>,
     /// The last node epoch handed out (see `Node::epoch`); only grows.
     #[serde(default)]
     pub node_epoch_seq: u64,
@@ -415,6 +418,7 @@ impl ClusterState {
             suspended: BTreeSet::new(),
             burst: Default::default(),
             tokens: Default::default(),
+            revoked_tokens: BTreeMap::new(),
             node_epoch_seq: 0,
             unfinished: Default::default(),
         }
@@ -481,7 +485,7 @@ impl ClusterState {
             Op::SetBurstConfig { config } => self.set_burst_config(config, now),
             Op::DrainNode { node, reason } => self.drain_node(node, reason, now),
             Op::CreateToken { id, record } => self.create_token(id, record),
-            Op::RevokeToken { id } => self.revoke_token(id),
+            Op::RevokeToken { id } => self.revoke_token(id, now),
             Op::BurstLaunch { launches, reason } => self.burst_launch(launches, reason, now),
             Op::BurstLaunched { intent, instance_id } => self.burst_launched(*intent, instance_id, now),
             Op::BurstLaunchFailed { intent, reason, capacity } => {

@@ -100,8 +100,20 @@ impl ClusterState {
         if record.description.len() > 256 {
             return invalid("description: at most 256 bytes".into());
         }
-        if self.tokens.contains_key(id) {
-            return Outcome::Rejected(Rejection::FailedPrecondition(format!("token {id} already exists")));
+        if self.revoked_tokens.contains_key(id) {
+            return Outcome::Rejected(Rejection::FailedPrecondition(format!("token {id} was revoked")));
+        }
+        if let Some(existing) = self.tokens.get(id) {
+            // The same secret for the same user and role: a retry of the same create (ids and
+            // secrets of a create with a request id derive from it).
+            let retry = existing.secret_sha256 == record.secret_sha256
+                && existing.user == record.user
+                && existing.role == record.role;
+            return if retry {
+                Outcome::TokensChanged
+            } else {
+                Outcome::Rejected(Rejection::FailedPrecondition(format!("token {id} already exists")))
+            };
         }
         if self.tokens.len() >= TOKENS_MAX {
             return Outcome::Rejected(Rejection::FailedPrecondition(format!(
@@ -112,11 +124,27 @@ impl ClusterState {
         Outcome::TokensChanged
     }
 
-    pub(crate) fn revoke_token(&mut self, id: &str) -> Outcome {
-        match self.tokens.remove(id) {
-            Some(_) => Outcome::TokensChanged,
-            None => Outcome::Rejected(Rejection::NotFound(format!("token {id} not found"))),
+    /// Revokes token `id`; revoking a revoked token again succeeds (a retried revoke). Its id is
+    /// remembered (the `TOKENS_MAX` most recent), so a late retry of its create is refused.
+    pub(crate) fn revoke_token(&mut self, id: &str, now: i64) -> Outcome {
+        if self.revoked_tokens.contains_key(id) {
+            return Outcome::TokensChanged;
         }
+        if self.tokens.remove(id).is_none() {
+            return Outcome::Rejected(Rejection::NotFound(format!("token {id} not found")));
+        }
+        if self.revoked_tokens.len() >= TOKENS_MAX {
+            let oldest = self
+                .revoked_tokens
+                .iter()
+                .min_by_key(|(id, at)| (**at, (*id).clone()))
+                .map(|(id, _)| id.clone());
+            if let Some(oldest) = oldest {
+                self.revoked_tokens.remove(&oldest);
+            }
+        }
+        self.revoked_tokens.insert(id.to_string(), now);
+        Outcome::TokensChanged
     }
 }
 
@@ -142,16 +170,42 @@ mod tests {
     }
 
     #[test]
-    fn tokens_are_created_once_and_revoked() {
+    fn a_retried_create_or_revoke_changes_nothing_and_a_revoked_token_never_returns() {
         let mut s = ClusterState::new();
         let id = "0123456789abcdef".to_string();
         let create = Op::CreateToken { id: id.clone(), record: record("alice") };
         assert_eq!(apply(&mut s, create.clone()), Outcome::TokensChanged);
-        assert!(matches!(apply(&mut s, create), Outcome::Rejected(Rejection::FailedPrecondition(_))));
+        // The same create again (a retry: same secret, user and role) succeeds; one token.
+        assert_eq!(apply(&mut s, create.clone()), Outcome::TokensChanged);
+        assert_eq!(s.tokens.len(), 1);
+        // Another secret, or another user, under the same id: refused.
+        let other = TokenRecord { secret_sha256: "cd".repeat(32), ..record("alice") };
+        let out = apply(&mut s, Op::CreateToken { id: id.clone(), record: other });
+        assert!(matches!(out, Outcome::Rejected(Rejection::FailedPrecondition(_))), "{out:?}");
+        let out = apply(&mut s, Op::CreateToken { id: id.clone(), record: record("mallory") });
+        assert!(matches!(out, Outcome::Rejected(Rejection::FailedPrecondition(_))), "{out:?}");
         assert_eq!(s.tokens[&id].user, "alice");
+        // Revoked (twice: a retried revoke succeeds), and a late retry of the create is refused.
         assert_eq!(apply(&mut s, Op::RevokeToken { id: id.clone() }), Outcome::TokensChanged);
-        assert!(matches!(apply(&mut s, Op::RevokeToken { id }), Outcome::Rejected(Rejection::NotFound(_))));
+        assert_eq!(apply(&mut s, Op::RevokeToken { id: id.clone() }), Outcome::TokensChanged);
+        assert!(matches!(apply(&mut s, create), Outcome::Rejected(Rejection::FailedPrecondition(_))));
         assert!(s.tokens.is_empty());
+        let unknown = Op::RevokeToken { id: "ffffffffffffffff".into() };
+        assert!(matches!(apply(&mut s, unknown), Outcome::Rejected(Rejection::NotFound(_))));
+    }
+
+    #[test]
+    fn revoked_ids_are_remembered_up_to_the_token_bound() {
+        let mut s = ClusterState::new();
+        for i in 0..TOKENS_MAX as u64 + 5 {
+            let id = format!("{i:016x}");
+            s.tokens.insert(id.clone(), record("alice"));
+            let out = s.apply(&Command { now_ms: 10 + i as i64, op: Op::RevokeToken { id } });
+            assert_eq!(out, Outcome::TokensChanged);
+        }
+        assert_eq!(s.revoked_tokens.len(), TOKENS_MAX);
+        assert!(!s.revoked_tokens.contains_key(&format!("{:016x}", 4)), "the oldest is forgotten first");
+        assert!(s.revoked_tokens.contains_key(&format!("{:016x}", 5)));
     }
 
     #[test]

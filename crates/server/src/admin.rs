@@ -11,6 +11,7 @@ use kairos_scheduler::{Op, Outcome};
 
 use kairos_consensus::auth::{random_hex, sha256_hex};
 use kairos_scheduler::tokens::{valid_user_name, Role, TokenRecord, TOKEN_ID_LEN};
+use kairos_scheduler::validate::REQUEST_ID_LEN_MAX;
 
 use crate::auth::{split_token, Principal, TOKEN_PREFIX};
 use crate::context::{now_ms, rejection_status, write_status, Ctx};
@@ -226,9 +227,23 @@ impl AdminService for Admin {
         if req.ttl_s > TOKEN_TTL_S_MAX {
             return Err(Status::invalid_argument(format!("ttl: at most {TOKEN_TTL_S_MAX} s")));
         }
-        let random = |n| random_hex(n).map_err(|e| Status::internal(e.to_string()));
-        let id = random(TOKEN_ID_LEN / 2)?;
-        let secret = random(32)?;
+        let (id, secret) = match req.request_id.as_str() {
+            "" => {
+                let random = |n| random_hex(n).map_err(|e| Status::internal(e.to_string()));
+                (random(TOKEN_ID_LEN / 2)?, random(32)?)
+            }
+            // A retry (perhaps at another replica) derives the same token from the cluster key.
+            r if r.len() <= REQUEST_ID_LEN_MAX => {
+                let key = &self.ctx.auth.key;
+                let id = key.derive(&format!("token-id:{}:{r}", me.user))[..TOKEN_ID_LEN].to_string();
+                (id, key.derive(&format!("token-secret:{}:{r}", me.user)))
+            }
+            _ => {
+                return Err(Status::invalid_argument(format!(
+                    "request_id: at most {REQUEST_ID_LEN_MAX} bytes"
+                )))
+            }
+        };
         let now = now_ms();
         let record = TokenRecord {
             user: req.user,

@@ -389,3 +389,38 @@ fn every_replica_honours_a_new_token_at_once_and_a_revocation_and_a_cut_off_one_
     let out = at_replica(&c, alone, admin.trim(), &["queue"]);
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+#[test]
+fn a_retried_token_create_answers_the_same_token_and_creates_no_second() {
+    use kairos_proto::v1::admin_service_client::AdminServiceClient;
+    let c = Cluster::start_with(3, 1, &[]);
+    let admin = std::fs::read_to_string(c.token_file()).unwrap().trim().to_string();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let create = |i: usize, request_id: &str| {
+        let mut req = tonic::Request::new(pb::CreateTokenRequest {
+            user: "carol".into(),
+            role: "user".into(),
+            request_id: request_id.into(),
+            ..Default::default()
+        });
+        kairos_proto::wire::set_bearer(req.metadata_mut(), &admin);
+        let addr = format!("http://{}", c.controllers[i].addr);
+        rt.block_on(async move { AdminServiceClient::connect(addr).await.unwrap().create_token(req).await })
+    };
+    let leader = c.leader();
+    let first = create(leader, "retry-me").expect("create").into_inner();
+    // The retry (the answer was lost, say): the same token.
+    let again = create(leader, "retry-me").expect("retried create").into_inner();
+    assert_eq!((&first.id, &first.token), (&again.id, &again.token));
+    let tokens: Value = serde_json::from_str(&c.ok(&["token", "list", "--json"])).unwrap();
+    let carols = tokens.as_array().unwrap().iter().filter(|t| t["user"] == "carol").count();
+    assert_eq!(carols, 1, "{tokens}");
+    assert!(with_token(&c, Some(&first.token), &["queue"]).status.success());
+    // Another request id is another token; a revoked token's create retried stays revoked.
+    let other = create(leader, "another").expect("create").into_inner();
+    assert_ne!(other.id, first.id);
+    c.ok(&["token", "revoke", &first.id]);
+    let late = create(leader, "retry-me").expect_err("a revoked token came back");
+    assert_eq!(late.code(), tonic::Code::FailedPrecondition, "{late:?}");
+    refused(&with_token(&c, Some(&first.token), &["queue"]), "invalid, expired or revoked");
+}
