@@ -6,6 +6,7 @@ mod agents;
 mod auth;
 mod batch;
 mod burst;
+mod connlimit;
 mod context;
 mod convert;
 mod convert_burst;
@@ -86,6 +87,12 @@ struct Args {
     /// Unfinished jobs the whole cluster may hold.
     #[arg(long, default_value_t = 100_000)]
     max_jobs: u32,
+    /// Open connections one IP address may hold; further ones are closed unread.
+    #[arg(long, default_value_t = connlimit::PER_ADDRESS_MAX)]
+    max_connections_per_address: usize,
+    /// Open connections in all.
+    #[arg(long, default_value_t = connlimit::TOTAL_MAX)]
+    max_connections: usize,
     /// Submits one user may make in a burst above the rate.
     #[arg(long, default_value_t = 5000)]
     submit_burst_per_user: u32,
@@ -307,7 +314,7 @@ async fn run() -> anyhow::Result<()> {
         tracing::info!("stopping");
         let _ = stop_tx.send(true);
     });
-    let mut server = tonic::transport::Server::builder();
+    let mut server = tonic::transport::Server::builder().max_concurrent_streams(Some(connlimit::STREAMS_MAX));
     if let Some(tls) = server_tls {
         server = server.tls_config(tls).context("TLS settings")?;
     }
@@ -344,7 +351,16 @@ async fn run() -> anyhow::Result<()> {
             replica.contact.clone(),
         ))
         .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            {
+                use tokio_stream::StreamExt;
+                let limit = connlimit::ConnLimit::new(args.max_connections_per_address, args.max_connections);
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)).filter_map(
+                    move |conn| match conn {
+                        Ok(stream) => limit.admit(stream).map(Ok),
+                        Err(e) => Some(Err(e)),
+                    },
+                )
+            },
             async move {
                 let _ = stop_rx.changed().await;
             },

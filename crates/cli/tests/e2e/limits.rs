@@ -124,3 +124,34 @@ fn queue_all_lists_every_job_across_pages_of_bounded_size() {
     let bad = c.kairos(&["queue"]);
     assert!(bad.status.success());
 }
+
+#[test]
+fn connections_past_the_per_address_bound_are_closed_and_freed_ones_serve_again() {
+    use std::io::Read;
+    // One CLI call holds one connection; the agent holds its own.
+    let c = Cluster::start_with(1, 1, &["--max-connections-per-address", "4"]);
+    let addr = c.controllers[0].addr.clone();
+    // Hold connections until the daemon closes the next one unread.
+    let mut held = Vec::new();
+    let refused = loop {
+        assert!(held.len() < 8, "no connection was refused past the bound of 4");
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_millis(500))).unwrap();
+        let mut buf = [0u8; 64];
+        match s.read(&mut buf) {
+            // Closed at once, unread: refused.
+            Ok(0) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break s,
+            // The server's HTTP/2 settings, or silence while it waits for ours: accepted.
+            _ => held.push(s),
+        }
+    };
+    drop(refused);
+    // The agent holds the others (its stream and its calls).
+    assert!((2..=4).contains(&held.len()), "{} connections accepted under a bound of 4", held.len());
+    assert!(!c.kairos(&["queue"]).status.success(), "a call got through past the bound");
+    held.clear();
+    crate::harness::wait_for("the freed connections to serve calls again", || {
+        c.kairos(&["queue"]).status.success().then_some(())
+    });
+}
