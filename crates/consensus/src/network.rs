@@ -69,6 +69,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             addr: node.addr.clone(),
             client: None,
+            unanswered: 0,
         }
     }
 }
@@ -81,7 +82,14 @@ pub struct Connection {
     target: NodeId,
     addr: String,
     client: Option<RaftServiceClient<Channel>>,
+    /// Calls on `client` in a row that got no answer (openraft dropped them at its timeout); a
+    /// connection that stops answering altogether (a peer restarted behind a partition) is
+    /// replaced after `UNANSWERED_MAX` of them.
+    unanswered: u32,
 }
+
+/// Unanswered calls in a row after which a peer's connection is replaced.
+const UNANSWERED_MAX: u32 = 3;
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
 
@@ -95,6 +103,10 @@ impl Connection {
         let payload = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         // The connection is kept across calls, also when openraft drops a call at its timeout: a
         // follower that is slow to answer must not also pay a new connection on every retry.
+        if self.unanswered >= UNANSWERED_MAX {
+            self.client = None;
+            self.unanswered = 0;
+        }
         let mut client = match &self.client {
             Some(c) => c.clone(),
             None => {
@@ -122,11 +134,14 @@ impl Connection {
             msg.metadata_mut().insert(FROM_HEADER, v);
         }
         crate::auth::set_bearer(msg.metadata_mut(), &self.credential);
+        // Counted as unanswered until it answers (a call dropped midway never does).
+        self.unanswered += 1;
         let result = match kind {
             RpcKind::Append => client.append_entries(msg).await,
             RpcKind::Vote => client.vote(msg).await,
             RpcKind::Snapshot => client.install_snapshot(msg).await,
         };
+        self.unanswered = 0;
         let reply = match result {
             Ok(r) => r.into_inner(),
             Err(status) => {
