@@ -22,6 +22,7 @@ pub mod nodes;
 pub mod planner;
 pub mod policy;
 pub mod priority;
+pub mod propose;
 pub mod quota;
 pub mod state;
 pub mod tokens;

@@ -311,3 +311,20 @@ fn an_elastic_gang_gives_up_a_node_for_urgent_work_and_grows_back() {
     let list: serde_json::Value = serde_json::from_str(&c.ok(&["preemptions", "--json"])).unwrap();
     assert_eq!(list[0]["mode"], "shrink", "{list}");
 }
+
+#[test]
+fn a_job_of_a_higher_partition_tier_preempts_on_a_full_cluster() {
+    // Slurm's preempt/partition_prio: a batch job in `high` (tier 2) takes the node from a batch
+    // job in `low` (tier 0), though batch's QoS preempts nothing.
+    let c = Cluster::start(2);
+    c.ok(&["partition", "create", "low", "--nodes", "node-a", "--tier", "0"]);
+    c.ok(&["partition", "create", "high", "--nodes", "node-a", "--tier", "2"]);
+    let low = c.submit(&["--partition", "low", "--gpus", "2", "--", "sleep", "300"]);
+    c.wait_state(low, "RUNNING");
+    let high = c.submit(&["--partition", "high", "--gpus", "2", "--", "sleep", "300"]);
+    c.wait_state(high, "RUNNING");
+    let low_now = c.job(low);
+    assert_eq!(low_now["state"], "PENDING", "{low_now}");
+    c.ok(&["cancel", &high.to_string()]);
+    c.ok(&["cancel", &low.to_string()]);
+}

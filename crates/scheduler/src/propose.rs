@@ -1,0 +1,165 @@
+//! What the leader proposes: one pure function from the applied state, the time and the nodes
+//! whose heartbeats stopped, to the ops of one pass. `server/src/leader.rs` only gathers those
+//! inputs and proposes the result; apply re-validates every op, so a pass computed on a stale
+//! state is harmless.
+//!
+//! The decision whether planning can achieve anything at all uses the core's own rules
+//! (`ClusterState::may_preempt`: a QoS preempt list *or* a higher partition tier), so the gate
+//! and the planner cannot disagree.
+
+use std::collections::BTreeSet;
+
+use crate::model::{JobState, NodeState};
+use crate::planner::plan;
+use crate::state::{ClusterState, Op};
+
+/// The ops of one leader pass at `now_ms`. `silent` are the nodes whose heartbeats stopped
+/// `timeout_s` ago or more (empty while a new leader gives every node its grace).
+pub fn propose(state: &ClusterState, now_ms: i64, silent: &BTreeSet<String>, timeout_s: u64) -> Vec<Op> {
+    let mut ops = Vec::new();
+    for (name, node) in &state.nodes {
+        if node.state != NodeState::Down && silent.contains(name) {
+            ops.push(Op::NodeDown { node: name.clone(), reason: format!("no heartbeat for {timeout_s}s") });
+        }
+    }
+    for (job, attempt) in state.expired_runs(now_ms) {
+        ops.push(Op::EnforceTimeLimit { job, attempt });
+    }
+    if may_place_or_preempt(state) {
+        let out = plan(state);
+        if let Some(p) = out.preemption {
+            ops.push(Op::Preempt { preemptor: p.preemptor, node: p.node, victims: p.victims, gpus: p.gpus });
+        }
+        if !out.plan.placements.is_empty() {
+            ops.push(Op::ApplyPlan { plan: out.plan });
+        }
+        for g in out.grow {
+            ops.push(Op::Resize { job: g.job, attempt: g.attempt, gpus: g.gpus, more: g.more });
+        }
+    }
+    ops
+}
+
+/// Whether a planning pass can change anything: a GPU is free, or a pending job holds a claim
+/// or may preempt. (Saves the pass on a cluster full of work that cannot preempt.)
+fn may_place_or_preempt(state: &ClusterState) -> bool {
+    state.has_free_gpus()
+        || state
+            .jobs
+            .values()
+            .any(|j| j.state == JobState::Pending && (j.claim.is_some() || state.may_preempt(j)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Command, Outcome, RunExit};
+    use crate::testing::{node_info, spec};
+
+    fn apply(s: &mut ClusterState, now_ms: i64, op: Op) -> Outcome {
+        s.apply(&Command { now_ms, op })
+    }
+
+    /// Applies what `propose` says, as the leader would.
+    fn pass(s: &mut ClusterState, now_ms: i64) -> Vec<Op> {
+        let ops = propose(s, now_ms, &BTreeSet::new(), 20);
+        for op in ops.clone() {
+            apply(s, now_ms, op);
+        }
+        ops
+    }
+
+    fn submit(s: &mut ClusterState, now_ms: i64, gpus: u32, partition: &str) -> u64 {
+        let mut sp = spec(gpus, "batch");
+        sp.partition = partition.into();
+        match apply(s, now_ms, Op::Submit { spec: sp, request_id: None, hold: false, limits: None }) {
+            Outcome::Submitted { job } => job,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn partition(name: &str, tier: u32) -> crate::policy::Partition {
+        crate::policy::Partition {
+            name: name.into(),
+            nodes: ["n1".to_string()].into(),
+            selector: Default::default(),
+            priority_tier: tier,
+            allowed_qos: Default::default(),
+            default_qos: None,
+            max_wall_s: None,
+        }
+    }
+
+    fn two_tiers() -> ClusterState {
+        let mut s = ClusterState::new();
+        apply(&mut s, 1, Op::RegisterNode { info: node_info("n1", 2) });
+        let mut policy = s.policy.clone();
+        for p in [partition("low", 0), partition("high", 2)] {
+            policy.partitions.insert(p.name.clone(), p);
+        }
+        assert!(matches!(apply(&mut s, 1, Op::SetPolicy { policy }), Outcome::PolicyChanged));
+        s
+    }
+
+    #[test]
+    fn a_higher_partition_tier_preempts_on_a_full_cluster() {
+        let mut s = two_tiers();
+        let low = submit(&mut s, 10, 2, "low");
+        pass(&mut s, 10);
+        apply(&mut s, 11, Op::JobStarted { job: low, attempt: 0, node: "n1".into() });
+        assert!(!s.has_free_gpus());
+        // Batch preempts nothing by QoS; only the tier lets `high` in.
+        let high = submit(&mut s, 20, 2, "high");
+        let ops = pass(&mut s, 20);
+        assert!(
+            ops.iter().any(|op| matches!(op, Op::Preempt { preemptor, victims, .. } if *preemptor == high && victims == &[low])),
+            "{ops:?}"
+        );
+        apply(
+            &mut s,
+            21,
+            Op::JobExited { job: low, attempt: 0, node: "n1".into(), exit: RunExit::Signal(15) },
+        );
+        pass(&mut s, 22);
+        assert_eq!(s.jobs[&high].state, JobState::Running);
+        assert_eq!(s.jobs[&low].state, JobState::Pending, "requeued (batch is REQUEUE)");
+    }
+
+    #[test]
+    fn a_full_cluster_of_work_that_cannot_preempt_costs_no_pass() {
+        let mut s = two_tiers();
+        let first = submit(&mut s, 10, 2, "high");
+        pass(&mut s, 10);
+        apply(&mut s, 11, Op::JobStarted { job: first, attempt: 0, node: "n1".into() });
+        submit(&mut s, 20, 2, "low");
+        assert!(!may_place_or_preempt(&s), "a lower tier may not preempt");
+        assert!(propose(&s, 20, &BTreeSet::new(), 20).is_empty());
+    }
+
+    #[test]
+    fn silent_nodes_go_down_once_and_expired_runs_are_ended() {
+        let mut s = ClusterState::new();
+        apply(&mut s, 1, Op::RegisterNode { info: node_info("n1", 1) });
+        apply(&mut s, 1, Op::RegisterNode { info: node_info("n2", 1) });
+        let mut sp = spec(1, "batch");
+        sp.time_limit_s = Some(60);
+        let job = match apply(&mut s, 2, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })
+        {
+            Outcome::Submitted { job } => job,
+            other => panic!("{other:?}"),
+        };
+        pass(&mut s, 2);
+        let node = s.jobs[&job].allocation.as_ref().unwrap().node.clone();
+        apply(&mut s, 3, Op::JobStarted { job, attempt: 0, node });
+        let silent: BTreeSet<String> = ["n2".to_string()].into();
+        let ops = propose(&s, 70_000, &silent, 20);
+        assert!(
+            ops.contains(&Op::NodeDown { node: "n2".into(), reason: "no heartbeat for 20s".into() }),
+            "{ops:?}"
+        );
+        assert!(ops.contains(&Op::EnforceTimeLimit { job, attempt: 0 }), "{ops:?}");
+        apply(&mut s, 70_000, Op::NodeDown { node: "n2".into(), reason: "x".into() });
+        let again = propose(&s, 70_000, &silent, 20);
+        assert!(!again.iter().any(|op| matches!(op, Op::NodeDown { .. })), "a down node again: {again:?}");
+    }
+}
