@@ -19,6 +19,7 @@ pub mod burst_apply;
 pub mod limits;
 pub mod model;
 pub mod nodes;
+pub mod orders;
 pub mod planner;
 pub mod policy;
 pub mod priority;

@@ -10,8 +10,8 @@ use std::pin::Pin;
 use futures::Stream;
 use kairos_proto::v1 as pb;
 use kairos_proto::v1::agent_service_server::AgentService;
-use kairos_scheduler::policy::PreemptMode;
-use kairos_scheduler::{ClusterState, JobState, Op, Outcome, RunExit, StopReason};
+use kairos_scheduler::orders::{runs_on, RunAction, KILL_GRACE_S};
+use kairos_scheduler::{ClusterState, Op, Outcome, RunExit};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
@@ -20,73 +20,42 @@ use kairos_consensus::WriteError;
 use crate::context::{rejection_status, write_status, Ctx};
 use crate::convert::node_info_from_pb;
 
-/// Grace between the stop signal and SIGKILL for cancels and time limits.
-const KILL_GRACE_S: u32 = 10;
-/// Most grace a drained node's jobs get (a spot interruption notice comes 2 minutes ahead).
-const DRAIN_GRACE_S: u32 = 100;
-/// What a job is sent to checkpoint when it named no signal of its own.
-const DEFAULT_CHECKPOINT_SIGNAL: &str = "SIGUSR1";
-
 pub struct Agents {
     pub ctx: Ctx,
 }
 
-/// The runs `node` should have in `state`, in job id order.
+/// The runs `node` should have in `state`, in job id order: the core decides what each must do
+/// (`kairos_scheduler::orders`); this converts to the wire format.
 pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> {
-    let mut out = Vec::new();
-    for j in
-        state.jobs_on(node).into_iter().filter(|j| matches!(j.state, JobState::Running | JobState::Suspended))
-    {
-        let Some(a) = j.allocation.as_ref() else { continue };
-        let Some((rank, _, gpus)) = a.tasks().find(|(_, n, _)| *n == node) else { continue };
-        if a.exits.contains_key(&rank) {
-            continue; // this task already ended; its GPUs are free
-        }
-        // Rank 0 listens where its agent lives (the agent's host), on a port derived from the job.
-        let master_host = state
-            .nodes
-            .get(&a.node)
-            .and_then(|n| n.info.addr.rsplit_once(':').map(|(h, _)| h.to_string()))
-            .unwrap_or_default();
-        let checkpoint_signal = j.spec.checkpoint_signal.as_deref().unwrap_or(DEFAULT_CHECKPOINT_SIGNAL);
-        // The job's own checkpoint grace, never above its QoS's (checked at submit).
-        let qos_grace = state.policy.qos(&j.spec.qos).map(|q| q.grace_s).unwrap_or(0);
-        let grace =
-            j.spec.checkpoint_grace_s.unwrap_or(qos_grace).min(qos_grace).min(u64::from(u32::MAX)) as u32;
-        let (kill_signal, kill_grace_s) = match a.stop {
-            // REQUEUE and resizes ask the job to checkpoint first; CANCEL just asks it to stop.
-            Some(StopReason::Preempted { mode: PreemptMode::Requeue, .. })
-            | Some(StopReason::Resize { .. }) => (checkpoint_signal, grace),
-            Some(StopReason::Preempted { .. }) => ("SIGTERM", grace),
-            // A spot notice leaves about two minutes: checkpoint within that.
-            Some(StopReason::Drained) => (checkpoint_signal, grace.min(DRAIN_GRACE_S)),
-            _ => ("SIGTERM", KILL_GRACE_S),
-        };
-        out.push(pb::Assignment {
-            job_id: j.id,
-            attempt: j.attempt,
-            argv: j.spec.argv.clone(),
-            env: j.spec.env.clone().into_iter().collect(),
-            workdir: j.spec.workdir.clone(),
-            gpu_ids: gpus.to_vec(),
-            started: a.started,
-            kill: a.stop.is_some(),
-            kill_grace_s,
-            kill_signal: kill_signal.to_string(),
-            rank,
-            world_size: a.task_count(),
-            master_addr: master_host,
-            master_port: MASTER_PORT_BASE + (j.id % 10_000) as u32,
-            suspend: j.state == JobState::Suspended && a.stop.is_none(),
-            checkpoint_signal: checkpoint_signal.to_string(),
-            user: j.spec.user.clone(),
-        });
-    }
-    out
+    runs_on(state, node)
+        .into_iter()
+        .map(|o| {
+            let (kill, kill_signal, kill_grace_s) = match &o.action {
+                RunAction::Stop { signal, grace_s } => (true, signal.clone(), *grace_s),
+                RunAction::Run | RunAction::Suspend => (false, "SIGTERM".to_string(), KILL_GRACE_S),
+            };
+            pb::Assignment {
+                job_id: o.job.id,
+                attempt: o.attempt,
+                argv: o.job.spec.argv.clone(),
+                env: o.job.spec.env.clone().into_iter().collect(),
+                workdir: o.job.spec.workdir.clone(),
+                gpu_ids: o.gpus,
+                started: o.started,
+                kill,
+                kill_grace_s,
+                kill_signal,
+                rank: o.rank,
+                world_size: o.world_size,
+                master_addr: o.master_host,
+                master_port: o.master_port,
+                suspend: o.action == RunAction::Suspend,
+                checkpoint_signal: o.checkpoint_signal.to_string(),
+                user: o.job.spec.user.clone(),
+            }
+        })
+        .collect()
 }
-
-/// Gang rank 0 listens on MASTER_PORT_BASE + (job id mod 10000).
-const MASTER_PORT_BASE: u32 = 29_500;
 
 #[tonic::async_trait]
 impl AgentService for Agents {
