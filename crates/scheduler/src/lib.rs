@@ -16,6 +16,7 @@
 
 pub mod burst;
 pub mod burst_apply;
+pub mod grant;
 pub mod limits;
 pub mod model;
 pub mod nodes;

@@ -590,10 +590,7 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
         }
         let model = job.spec.gpu_model.as_deref();
         let part = state.partition_of(job);
-        if part
-            .and_then(|p| p.max_wall_s)
-            .is_some_and(|max| state.time_limit_ms(job) > (max as i64).saturating_mul(1000))
-        {
+        if state.over_partition_wall(job) {
             pending.push((job.id, PendingReason::PartitionTimeLimit));
             continue;
         }

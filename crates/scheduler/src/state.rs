@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::grant::Taking;
 use crate::limits::Usage;
 use crate::model::{
     Allocation, GpuIndex, Job, JobId, JobSpec, JobState, Node, NodeInfo, NodeState, StopReason, TaskPlacement,
@@ -607,6 +608,14 @@ impl ClusterState {
     }
 
     /// A job's time limit in milliseconds (its QoS maximum when it set none; a year at most).
+    /// Whether `job` asks for more time than its partition allows (it waits:
+    /// `PendingReason::PartitionTimeLimit`; a placement of it is refused).
+    pub fn over_partition_wall(&self, job: &Job) -> bool {
+        self.partition_of(job)
+            .and_then(|p| p.max_wall_s)
+            .is_some_and(|max| self.time_limit_ms(job) > (max as i64).saturating_mul(1000))
+    }
+
     pub fn time_limit_ms(&self, job: &Job) -> i64 {
         let secs = self.time_limit_s(job).unwrap_or(crate::validate::TIME_LIMIT_S_MAX);
         (secs.min(crate::validate::TIME_LIMIT_S_MAX) as i64).saturating_mul(1000)
@@ -899,17 +908,12 @@ impl ClusterState {
         if p.state != JobState::Pending || p.claim.is_some() || p.held || p.spec.tasks > 1 {
             return reject(format!("job {preemptor} cannot preempt now"));
         }
-        let Some(n) = self.nodes.get(node).filter(|n| n.state == NodeState::Up) else {
-            return reject(format!("node \"{node}\" is not up"));
-        };
         if victims.is_empty() || gpus.len() != p.gpus() as usize {
             return reject("a preemption needs victims and exactly the preemptor's GPU count".into());
         }
-        if self.partition_of(p).is_some_and(|part| !part.contains(&n.info.name, &n.info.labels)) {
-            return reject(format!("node \"{node}\" is not in job {preemptor}'s partition"));
-        }
-        if !self.node_admits(p, &n.info.labels) {
-            return reject(format!("node \"{node}\" is a burst node and job {preemptor} may not burst"));
+        // The GPUs: of a node open to the preemptor, each free or a victim's, claimed by nobody.
+        if let Err(e) = self.check_grant(p, node, gpus, Some(p.gpus()), Taking::FromVictims(victims)) {
+            return reject(e.to_string());
         }
         for v in victims {
             let Some(victim) = self.jobs.get(v) else { return reject(format!("job {v} not found")) };
@@ -918,27 +922,6 @@ impl ClusterState {
             }
             if victim.allocation.as_ref().is_none_or(|a| a.rank_on(node).is_none()) {
                 return reject(format!("job {v} does not run on \"{node}\""));
-            }
-        }
-        // Every GPU is free or held by a victim, unclaimed, and of the preemptor's model.
-        let distinct: BTreeSet<GpuIndex> = gpus.iter().copied().collect();
-        if distinct.len() != gpus.len() {
-            return reject("duplicate GPUs".into());
-        }
-        for g in gpus {
-            let Some(info) = n.info.gpus.iter().find(|x| x.index == *g) else {
-                return reject(format!("node \"{node}\" has no GPU {g}"));
-            };
-            if !crate::model::model_matches(p.spec.gpu_model.as_deref(), &info.model) {
-                return reject(format!("GPU {g} is a {}", info.model));
-            }
-            if n.claimed.contains_key(g) {
-                return reject(format!("GPU {g} of \"{node}\" is already claimed"));
-            }
-            if let Some(holder) = n.allocated.get(g) {
-                if !victims.contains(holder) {
-                    return reject(format!("GPU {g} of \"{node}\" is held by job {holder}, not a victim"));
-                }
             }
         }
         // What happens to each victim: shrink, suspend, or stop (requeue / cancel).
@@ -1194,8 +1177,8 @@ impl ClusterState {
             if !used.insert(t.node.as_str()) {
                 return reject(format!("job {id}: two tasks on \"{}\"", t.node));
             }
-            if let Err(why) = self.check_task(job, &t.node, &t.gpus) {
-                return reject(why);
+            if let Err(e) = self.check_grant(job, &t.node, &t.gpus, Some(job.gpus()), Taking::Free) {
+                return reject(e.to_string());
             }
         }
         if !self.may_grow(job, job.gpus(), total) {
@@ -1240,19 +1223,9 @@ impl ClusterState {
                 a.gpus, job.spec.gpus
             ));
         }
-        let Some(n) = self.nodes.get(&a.node).filter(|n| n.state == NodeState::Up) else {
-            return reject(format!("node \"{}\" is not up", a.node));
-        };
-        for g in wanted.iter().filter(|g| !a.gpus.contains(g)) {
-            let Some(info) = n.info.gpus.iter().find(|x| x.index == *g) else {
-                return reject(format!("node \"{}\" has no GPU {g}", a.node));
-            };
-            if !crate::model::model_matches(job.spec.gpu_model.as_deref(), &info.model) {
-                return reject(format!("GPU {g} is a {}", info.model));
-            }
-            if n.allocated.contains_key(g) || n.claimed.contains_key(g) {
-                return reject(format!("GPU {g} of \"{}\" is not free", a.node));
-            }
+        let added: Vec<GpuIndex> = wanted.iter().copied().filter(|g| !a.gpus.contains(g)).collect();
+        if let Err(e) = self.check_grant(job, &a.node, &added, None, Taking::Free) {
+            return reject(e.to_string());
         }
         if !self.may_grow(job, wanted.len() as u32, 1) {
             return reject(format!("job {id}: growing to {} GPUs would exceed a qos limit", wanted.len()));
@@ -1570,57 +1543,11 @@ impl ClusterState {
         if distinct.len() != tasks.len() {
             return Err(format!("job {}: two tasks on one node", p.job));
         }
-        if let Some(part) = self.partition_of(job) {
-            if part.max_wall_s.is_some_and(|max| self.time_limit_ms(job) > (max as i64).saturating_mul(1000))
-            {
-                return Err(format!("job {}: PartitionTimeLimit", p.job));
-            }
+        if self.over_partition_wall(job) {
+            return Err(format!("job {}: {}", p.job, crate::planner::PendingReason::PartitionTimeLimit));
         }
         for (name, gpus) in tasks {
-            self.check_task(job, name, gpus)?;
-        }
-        Ok(())
-    }
-
-    /// One task of a placement: its node is up and in the job's partition, and its GPUs exist,
-    /// match the model constraint and are free.
-    fn check_task(&self, job: &Job, name: &str, gpus: &[GpuIndex]) -> Result<(), String> {
-        let node = self.nodes.get(name).ok_or_else(|| format!("node \"{name}\" not found"))?;
-        if node.state != NodeState::Up {
-            return Err(format!("node \"{name}\" is not up"));
-        }
-        if let Some(part) = self.partition_of(job) {
-            if !part.contains(&node.info.name, &node.info.labels) {
-                return Err(format!("node \"{name}\" is not in partition \"{}\"", part.name));
-            }
-        }
-        if !self.node_admits(job, &node.info.labels) {
-            return Err(format!("node \"{name}\" is a burst node and job {} may not burst", job.id));
-        }
-        let wanted: BTreeSet<GpuIndex> = gpus.iter().copied().collect();
-        if wanted.len() != gpus.len() || wanted.len() != job.gpus() as usize {
-            return Err(format!(
-                "job {} needs {} distinct GPUs per task, plan gives {gpus:?}",
-                job.id,
-                job.gpus()
-            ));
-        }
-        for gpu in &wanted {
-            let Some(g) = node.info.gpus.iter().find(|g| g.index == *gpu) else {
-                return Err(format!("node \"{name}\" has no GPU {gpu}"));
-            };
-            if !crate::model::model_matches(job.spec.gpu_model.as_deref(), &g.model) {
-                return Err(format!(
-                    "GPU {gpu} of \"{name}\" is a {}, not a {:?}",
-                    g.model, job.spec.gpu_model
-                ));
-            }
-            if let Some(holder) = node.allocated.get(gpu) {
-                return Err(format!("GPU {gpu} of \"{name}\" is held by job {holder}"));
-            }
-            if let Some(claimer) = node.claimed.get(gpu).filter(|c| **c != job.id) {
-                return Err(format!("GPU {gpu} of \"{name}\" is claimed by job {claimer}"));
-            }
+            self.check_grant(job, name, gpus, Some(job.gpus()), Taking::Free).map_err(|e| e.to_string())?;
         }
         Ok(())
     }

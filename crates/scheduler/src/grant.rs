@@ -1,0 +1,160 @@
+//! The one check every op that hands out GPUs makes (a plan's placements, a preemption's claim,
+//! an elastic job's growth): the node is up, in the job's partition and open to it (burst
+//! nodes), and each GPU exists, is of the job's model and is free to take — free, or held by
+//! one of the victims when preempting, and claimed by nobody else. Typed reasons, so callers
+//! and tests match on what went wrong; the messages are what users see.
+
+use std::collections::BTreeSet;
+
+use crate::model::{GpuIndex, Job, JobId, NodeState};
+use crate::state::ClusterState;
+
+/// Whose GPUs a grant may take.
+#[derive(Clone, Copy, Debug)]
+pub enum Taking<'a> {
+    /// Only free GPUs (or the job's own claim).
+    Free,
+    /// Free GPUs or those of these running victims (a preemption).
+    FromVictims(&'a [JobId]),
+}
+
+/// Why GPUs cannot be granted.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GrantError {
+    #[error("node \"{0}\" not found")]
+    NoNode(String),
+    #[error("node \"{0}\" is not up")]
+    NodeNotUp(String),
+    #[error("node \"{node}\" is not in partition \"{partition}\"")]
+    NotInPartition { node: String, partition: String },
+    #[error("node \"{node}\" is a burst node and job {job} may not burst")]
+    MayNotBurst { node: String, job: JobId },
+    #[error("job {job} needs {wanted} distinct GPUs per task, plan gives {given:?}")]
+    GpuCount { job: JobId, wanted: u32, given: Vec<GpuIndex> },
+    #[error("node \"{node}\" has no GPU {gpu}")]
+    NoGpu { node: String, gpu: GpuIndex },
+    #[error("GPU {gpu} of \"{node}\" is a {model}, not a {wanted}")]
+    WrongModel { node: String, gpu: GpuIndex, model: String, wanted: String },
+    #[error("GPU {gpu} of \"{node}\" is held by job {holder}")]
+    Held { node: String, gpu: GpuIndex, holder: JobId },
+    #[error("GPU {gpu} of \"{node}\" is claimed by job {claimer}")]
+    Claimed { node: String, gpu: GpuIndex, claimer: JobId },
+}
+
+impl ClusterState {
+    /// Whether `gpus` of node `name` may be handed to `job` (taking them as `taking` allows).
+    /// `per_task`, when given, is how many distinct GPUs the grant must be.
+    pub fn check_grant(
+        &self,
+        job: &Job,
+        name: &str,
+        gpus: &[GpuIndex],
+        per_task: Option<u32>,
+        taking: Taking<'_>,
+    ) -> Result<(), GrantError> {
+        let node = self.nodes.get(name).ok_or_else(|| GrantError::NoNode(name.to_string()))?;
+        if node.state != NodeState::Up {
+            return Err(GrantError::NodeNotUp(name.to_string()));
+        }
+        if let Some(part) = self.partition_of(job) {
+            if !part.contains(&node.info.name, &node.info.labels) {
+                return Err(GrantError::NotInPartition {
+                    node: name.to_string(),
+                    partition: part.name.clone(),
+                });
+            }
+        }
+        if !self.node_admits(job, &node.info.labels) {
+            return Err(GrantError::MayNotBurst { node: name.to_string(), job: job.id });
+        }
+        let distinct: BTreeSet<GpuIndex> = gpus.iter().copied().collect();
+        if distinct.len() != gpus.len() || per_task.is_some_and(|n| distinct.len() != n as usize) {
+            let wanted = per_task.unwrap_or(gpus.len() as u32);
+            return Err(GrantError::GpuCount { job: job.id, wanted, given: gpus.to_vec() });
+        }
+        for gpu in &distinct {
+            let Some(g) = node.info.gpus.iter().find(|g| g.index == *gpu) else {
+                return Err(GrantError::NoGpu { node: name.to_string(), gpu: *gpu });
+            };
+            if !crate::model::model_matches(job.spec.gpu_model.as_deref(), &g.model) {
+                return Err(GrantError::WrongModel {
+                    node: name.to_string(),
+                    gpu: *gpu,
+                    model: g.model.clone(),
+                    wanted: job.spec.gpu_model.clone().unwrap_or_default(),
+                });
+            }
+            if let Some(holder) = node.allocated.get(gpu) {
+                let victim = matches!(taking, Taking::FromVictims(v) if v.contains(holder));
+                if !victim {
+                    return Err(GrantError::Held { node: name.to_string(), gpu: *gpu, holder: *holder });
+                }
+            }
+            if let Some(claimer) = node.claimed.get(gpu).filter(|c| **c != job.id) {
+                return Err(GrantError::Claimed { node: name.to_string(), gpu: *gpu, claimer: *claimer });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Command, Op, Outcome};
+    use crate::testing::{node_info_model, spec};
+
+    fn state() -> (ClusterState, JobId, JobId) {
+        let mut s = ClusterState::new();
+        let apply = |s: &mut ClusterState, op| s.apply(&Command { now_ms: 1, op });
+        apply(&mut s, Op::RegisterNode { info: node_info_model("n1", 4, "H100") });
+        let submit = |s: &mut ClusterState, gpus| match apply(
+            s,
+            Op::Submit { spec: spec(gpus, "batch"), request_id: None, hold: false, limits: None },
+        ) {
+            Outcome::Submitted { job } => job,
+            other => panic!("{other:?}"),
+        };
+        let running = submit(&mut s, 2);
+        let plan = crate::planner::plan(&s).plan;
+        apply(&mut s, Op::ApplyPlan { plan });
+        let pending = submit(&mut s, 2);
+        (s, running, pending)
+    }
+
+    #[test]
+    fn every_reason_is_found() {
+        let (mut s, running, pending) = state();
+        let job = s.jobs[&pending].clone();
+        let held = s.jobs[&running].allocation.as_ref().unwrap().gpus.clone();
+        let free: Vec<GpuIndex> = (0..4).filter(|g| !held.contains(g)).collect();
+        assert_eq!(s.check_grant(&job, "n1", &free, Some(2), Taking::Free), Ok(()));
+        let err =
+            |s: &ClusterState, gpus: &[GpuIndex], taking| s.check_grant(&job, "n1", gpus, Some(2), taking);
+        assert!(
+            matches!(err(&s, &held, Taking::Free), Err(GrantError::Held { holder, .. }) if holder == running)
+        );
+        let (victims, others) = ([running], [99]);
+        assert_eq!(err(&s, &held, Taking::FromVictims(&victims)), Ok(()), "a victim's GPUs");
+        assert!(matches!(err(&s, &held, Taking::FromVictims(&others)), Err(GrantError::Held { .. })));
+        assert!(matches!(err(&s, &[free[0], free[0]], Taking::Free), Err(GrantError::GpuCount { .. })));
+        assert!(matches!(err(&s, &free[..1], Taking::Free), Err(GrantError::GpuCount { .. })));
+        assert!(matches!(err(&s, &[free[0], 7], Taking::Free), Err(GrantError::NoGpu { gpu: 7, .. })));
+        assert!(matches!(
+            s.check_grant(&job, "n9", &free, Some(2), Taking::Free),
+            Err(GrantError::NoNode(_))
+        ));
+        let mut a100 = job.clone();
+        a100.spec.gpu_model = Some("A100".into());
+        assert!(matches!(
+            s.check_grant(&a100, "n1", &free, Some(2), Taking::Free),
+            Err(GrantError::WrongModel { .. })
+        ));
+        s.nodes.get_mut("n1").unwrap().claimed.insert(free[0], 42);
+        assert!(matches!(err(&s, &free, Taking::Free), Err(GrantError::Claimed { claimer: 42, .. })));
+        s.nodes.get_mut("n1").unwrap().claimed.insert(free[0], pending);
+        assert_eq!(err(&s, &free, Taking::Free), Ok(()), "the job's own claim");
+        s.nodes.get_mut("n1").unwrap().state = NodeState::Down;
+        assert!(matches!(err(&s, &free, Taking::Free), Err(GrantError::NodeNotUp(_))));
+    }
+}
