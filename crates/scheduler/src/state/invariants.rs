@@ -1,0 +1,99 @@
+//! The ownership invariants, checked after every apply in debug builds and by the property tests.
+
+use super::*;
+
+impl ClusterState {
+    /// Checks the ownership invariants; used by tests and debug assertions.
+    ///
+    /// - every allocated GPU exists on its node and is held by a running job that lists it;
+    /// - every running job's GPUs are held by it, on an existing node;
+    /// - no GPU is held by two jobs (by construction of the per-node map, checked both ways).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.check_unfinished_index()?;
+        for (name, node) in &self.nodes {
+            for (gpu, holder) in &node.allocated {
+                if !node.info.gpus.iter().any(|g| g.index == *gpu) {
+                    return Err(format!("node {name} allocates missing GPU {gpu}"));
+                }
+                let job = self.jobs.get(holder).ok_or(format!("GPU held by unknown job {holder}"))?;
+                let alloc = job
+                    .allocation
+                    .as_ref()
+                    .ok_or(format!("job {holder} holds GPU {gpu} without allocation"))?;
+                let listed = alloc.tasks().any(|(rank, n, gpus)| {
+                    n == name.as_str() && gpus.contains(gpu) && !alloc.exits.contains_key(&rank)
+                }) && !alloc.lent.contains(gpu);
+                if !matches!(job.state, JobState::Running | JobState::Suspended) || !listed {
+                    return Err(format!("GPU {gpu} of {name} held by job {holder} which does not own it"));
+                }
+            }
+        }
+        for (name, node) in &self.nodes {
+            for (gpu, claimer) in &node.claimed {
+                let ok = self.jobs.get(claimer).is_some_and(|j| match j.state {
+                    JobState::Pending => j
+                        .claim
+                        .as_ref()
+                        .is_some_and(|c| c.tasks().any(|(n, gs)| n == name.as_str() && gs.contains(gpu))),
+                    // A resizing run claims the GPUs of its next run (on its own nodes, or for a
+                    // grown gang, on new ones).
+                    JobState::Running => j
+                        .allocation
+                        .as_ref()
+                        .is_some_and(|a| matches!(a.stop, Some(StopReason::Resize { .. }))),
+                    _ => false,
+                });
+                if !ok {
+                    return Err(format!(
+                        "GPU {gpu} of {name} is claimed by job {claimer} which has no such claim"
+                    ));
+                }
+            }
+        }
+        for job in self.jobs.values() {
+            if (job.state == JobState::Suspended) != self.suspended.contains(&job.id) {
+                return Err(format!(
+                    "job {} is {} but the suspended set disagrees",
+                    job.id,
+                    job.state.as_str()
+                ));
+            }
+            match (&job.allocation, job.state) {
+                (Some(alloc), JobState::Running | JobState::Suspended) => {
+                    if !alloc.lent.is_empty() && job.state != JobState::Suspended {
+                        return Err(format!("job {} lends GPUs but is not suspended", job.id));
+                    }
+                    if alloc.task_count() != job.tasks() {
+                        return Err(format!(
+                            "job {} runs {} of {} tasks",
+                            job.id,
+                            alloc.task_count(),
+                            job.tasks()
+                        ));
+                    }
+                    let nodes: BTreeSet<&str> = alloc.tasks().map(|(_, n, _)| n).collect();
+                    if nodes.len() != alloc.task_count() as usize {
+                        return Err(format!("job {} has two tasks on one node", job.id));
+                    }
+                    for (rank, name, gpus) in alloc.tasks().filter(|(r, _, _)| !alloc.exits.contains_key(r)) {
+                        let node = self.nodes.get(name).ok_or(format!("job {} on unknown node", job.id))?;
+                        if gpus.len() != job.gpus() as usize {
+                            return Err(format!("job {} rank {rank} has {} GPUs", job.id, gpus.len()));
+                        }
+                        for gpu in gpus.iter().filter(|g| !alloc.lent.contains(g)) {
+                            if node.allocated.get(gpu) != Some(&job.id) {
+                                return Err(format!("job {} lists GPU {gpu} it does not hold", job.id));
+                            }
+                        }
+                    }
+                }
+                (None, JobState::Running | JobState::Suspended) => {
+                    return Err(format!("running job {} has no allocation", job.id))
+                }
+                (Some(_), _) => return Err(format!("job {} is not running but has an allocation", job.id)),
+                (None, _) => {}
+            }
+        }
+        Ok(())
+    }
+}

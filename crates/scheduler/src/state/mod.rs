@@ -1,0 +1,224 @@
+//! The replicated cluster state and the commands that change it.
+//!
+//! `ClusterState::apply` is the state machine of the Raft log: a pure function of the state and
+//! one command. Everything non-deterministic (the time, the command itself) is decided by the
+//! leader and travels inside the command, so every replica applying the same log reaches a
+//! byte-identical state.
+//!
+//! Architecture invariant: apply re-validates everything it is given. A plan computed from a
+//! stale snapshot, a report from an agent about an old attempt, or a cancel of a finished job
+//! is turned into a `Rejected`/`Ignored` outcome here, never into a double allocation.
+//!
+//! ```text
+//!   Command { now_ms, op } ──▶ apply ──▶ (new state, Outcome)
+//! ```
+//!
+//! By concept: `ops` (the log's vocabulary, its persistent format), this file (the state and the
+//! apply dispatch), `submit` (users' job commands, policy), `runs` (placements, starts, exits,
+//! time limits), `preempt`, `elastic`, `node_ops`, `queries` (read-only questions) and
+//! `invariants`. Every op that hands out GPUs checks them with `check_grant` (`crate::grant`).
+
+mod elastic;
+mod invariants;
+mod node_ops;
+mod ops;
+mod preempt;
+mod queries;
+mod runs;
+mod submit;
+
+pub use ops::*;
+pub use preempt::{PREEMPTION_RECORDS_MAX, THRASH_PREEMPTIONS_MAX, THRASH_WINDOW_MS};
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::grant::Taking;
+use crate::limits::Usage;
+use crate::model::{
+    Allocation, GpuIndex, Job, JobId, JobSpec, JobState, Node, NodeInfo, NodeState, StopReason, TaskPlacement,
+};
+use crate::policy::{Policy, Qos};
+use crate::validate::{validate_node, validate_spec};
+
+/// Everything the controller cluster agrees on.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterState {
+    /// The latest time stamped into an applied command; never goes backwards.
+    pub now_ms: i64,
+    pub next_job_id: JobId,
+    pub jobs: BTreeMap<JobId, Job>,
+    pub nodes: BTreeMap<String, Node>,
+    /// user → request id → the job that submit created; makes retried submits idempotent.
+    #[serde(default)]
+    pub submit_requests: BTreeMap<String, BTreeMap<String, JobId>>,
+    /// QoS classes and submit rules.
+    #[serde(default)]
+    pub policy: Policy,
+    /// The latest preemptions (bounded), for operators.
+    #[serde(default)]
+    pub preemptions: std::collections::VecDeque<PreemptionRecord>,
+    /// Decayed GPU usage per account, for fairshare.
+    #[serde(default)]
+    pub usage: BTreeMap<String, crate::priority::AccountUsage>,
+    /// The most GPUs any registered node has (kept on registration; every submit checks it).
+    #[serde(default)]
+    largest_node_gpus: u32,
+    /// Jobs in state Suspended, checked after each command for resumption.
+    #[serde(default)]
+    pub suspended: BTreeSet<JobId>,
+    /// Cloud burst: configuration, launch intents, instances, spend.
+    #[serde(default)]
+    pub burst: crate::burst::BurstState,
+    /// Issued API tokens (hashed), by token id.
+    #[serde(default)]
+    pub tokens: crate::tokens::Tokens,
+    /// Ids of revoked tokens (a retried create never brings one back), with when (Unix ms).
+    #[serde(default)]
+    pub revoked_tokens: BTreeMap<String, i64>,
+    /// The last node epoch handed out (see `Node::epoch`); only grows.
+    #[serde(default)]
+    pub node_epoch_seq: u64,
+    /// Unfinished jobs by user (a cache of `jobs`, rebuilt when missing).
+    #[serde(skip)]
+    pub(crate) unfinished: crate::quota::UnfinishedIndex,
+}
+
+impl ClusterState {
+    pub fn new() -> Self {
+        ClusterState {
+            now_ms: 0,
+            next_job_id: 1,
+            jobs: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            submit_requests: BTreeMap::new(),
+            policy: Policy::default(),
+            largest_node_gpus: 0,
+            usage: BTreeMap::new(),
+            preemptions: Default::default(),
+            suspended: BTreeSet::new(),
+            burst: Default::default(),
+            tokens: Default::default(),
+            revoked_tokens: BTreeMap::new(),
+            node_epoch_seq: 0,
+            unfinished: Default::default(),
+        }
+    }
+
+    /// Applies one committed command.
+    pub fn apply(&mut self, cmd: &Command) -> Outcome {
+        // A new leader's clock may lag the old one's: time in the state never goes backwards.
+        self.now_ms = self.now_ms.max(cmd.now_ms);
+        let now = self.now_ms;
+        let outcome = self.apply_op(&cmd.op, now);
+        if !self.suspended.is_empty() {
+            self.resume_ready(now);
+        }
+        if !self.burst.instances.is_empty() {
+            self.track_burst_nodes(now);
+        }
+        outcome
+    }
+
+    fn apply_op(&mut self, op: &Op, now: i64) -> Outcome {
+        match op {
+            Op::Submit { spec, request_id, hold, limits } => {
+                self.submit(spec, request_id.as_deref(), *hold, limits.as_ref(), now)
+            }
+            Op::Cancel { job, by } => self.cancel(*job, by, now),
+            Op::RegisterNode { info } => self.register_node(info, now),
+            Op::JoinNode { info, credential_epoch } => self.join_node(info, *credential_epoch, now),
+            Op::RemoveNode { node } => self.remove_node(node),
+            Op::NodeDown { node, reason } => self.node_down(node, reason, now),
+            Op::ApplyPlan { plan } => self.apply_plan(plan, now),
+            Op::JobStarted { job, attempt, node } => self.job_started(*job, *attempt, node, now),
+            Op::JobExited { job, attempt, node, exit } => self.job_exited(*job, *attempt, node, exit, now),
+            Op::EnforceTimeLimit { job, attempt } => self.enforce_time_limit(*job, *attempt, now),
+            Op::SetPolicy { policy } => self.set_policy(policy),
+            Op::Hold { job, by } => self.set_held(*job, true, by, now),
+            Op::Preempt { preemptor, node, victims, gpus } => {
+                self.preempt(*preemptor, node, victims, gpus, now)
+            }
+            Op::RunNote { job, attempt, node, kind, message } => match self.current_run(*job, *attempt, node)
+            {
+                Ok(j) => {
+                    let kind: String = kind.chars().take(32).collect();
+                    j.record(now, &kind, message.chars().take(256).collect());
+                    Outcome::RunUpdated { job: *job, state: j.state }
+                }
+                Err(why) => Outcome::Ignored(why),
+            },
+            Op::Checkpointed { job, attempt, node } => match self.current_run(*job, *attempt, node) {
+                Ok(j) => {
+                    j.last_checkpoint_ms = Some(now);
+                    Outcome::RunUpdated { job: *job, state: JobState::Running }
+                }
+                Err(why) => Outcome::Ignored(why),
+            },
+            Op::Release { job, by } => self.set_held(*job, false, by, now),
+            Op::Resize { job, attempt, gpus, more } => {
+                if more.is_empty() {
+                    self.grow(*job, *attempt, gpus, now)
+                } else {
+                    self.grow_gang(*job, *attempt, gpus, more, now)
+                }
+            }
+            Op::SetBurstConfig { config } => self.set_burst_config(config, now),
+            Op::DrainNode { node, reason } => self.drain_node(node, reason, now),
+            Op::CreateToken { id, record } => self.create_token(id, record),
+            Op::RevokeToken { id } => self.revoke_token(id, now),
+            Op::BurstLaunch { launches, reason } => self.burst_launch(launches, reason, now),
+            Op::BurstLaunched { intent, instance_id } => self.burst_launched(*intent, instance_id, now),
+            Op::BurstLaunchFailed { intent, reason, capacity } => {
+                self.burst_launch_failed(*intent, reason, *capacity, now)
+            }
+            Op::BurstTerminate { intent, reason } => self.burst_terminate(*intent, reason, now),
+            Op::BurstGone { intent, reason } => self.burst_gone(*intent, reason, now),
+            Op::BurstNote { message } => {
+                self.burst.note(now, message.chars().take(256).collect());
+                Outcome::Burst { intents: Vec::new() }
+            }
+            Op::PutQos { qos, must_exist } => {
+                match (must_exist, self.policy.qos.contains_key(&qos.name)) {
+                    (Some(true), false) => {
+                        return Outcome::Rejected(Rejection::NotFound(format!(
+                            "qos \"{}\" not found",
+                            qos.name
+                        )))
+                    }
+                    (Some(false), true) => {
+                        return Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                            "qos \"{}\" already exists",
+                            qos.name
+                        )))
+                    }
+                    _ => {}
+                }
+                let mut policy = self.policy.clone();
+                policy.qos.insert(qos.name.clone(), qos.clone());
+                self.set_policy(&policy)
+            }
+            Op::DeleteQos { name } => {
+                if !self.policy.qos.contains_key(name) {
+                    return Outcome::Rejected(Rejection::NotFound(format!("qos \"{name}\" not found")));
+                }
+                let mut policy = self.policy.clone();
+                policy.qos.remove(name);
+                if let Some((profile, _)) = policy.profile_qos.iter().find(|(_, q)| *q == name) {
+                    return Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                        "qos \"{name}\" is the default of profile {}; change the submit rule first",
+                        profile.as_str()
+                    )));
+                }
+                if let Some(user) = policy.qos.values().find(|q| q.preempt.contains(name)) {
+                    return Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                        "qos \"{name}\" is preempted by qos \"{}\"; change that first",
+                        user.name
+                    )));
+                }
+                self.set_policy(&policy)
+            }
+        }
+    }
+}

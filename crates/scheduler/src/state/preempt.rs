@@ -1,0 +1,301 @@
+//! Preemption: who may preempt whom, the `Preempt` op (re-validated whole), what happens to each
+//! victim (stop, shrink, suspend), and resuming suspended jobs.
+
+use super::*;
+
+/// What a preemption does to one victim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum VictimAction {
+    /// Stop the run; then requeue or cancel it, by mode.
+    Stop(crate::policy::PreemptMode),
+    /// Restart an elastic job on the GPUs it keeps.
+    Shrink,
+    /// Restart an elastic gang on its other nodes (this node's task is released).
+    ShrinkGang,
+    /// SIGSTOP the job and lend its GPUs to the preemptor.
+    Suspend,
+}
+
+/// Most preemption records kept.
+pub const PREEMPTION_RECORDS_MAX: usize = 1000;
+/// A job preempted this often within `THRASH_WINDOW_MS` is not preempted again.
+pub const THRASH_PREEMPTIONS_MAX: usize = 3;
+pub const THRASH_WINDOW_MS: i64 = 3600 * 1000;
+
+impl ClusterState {
+    /// Whether `job` could preempt anything at all: its QoS preempts some QoS, or its partition
+    /// is above the lowest tier (a cheap filter before looking for victims).
+    pub fn may_preempt(&self, job: &Job) -> bool {
+        let by_qos = self.policy.qos(&job.spec.qos).is_some_and(|q| !q.preempt.is_empty());
+        let lowest = self.policy.partitions.values().map(|p| p.priority_tier).min().unwrap_or(0);
+        by_qos || self.partition_of(job).is_some_and(|p| p.priority_tier > lowest)
+    }
+
+    /// Whether running job `victim` may be preempted by `preemptor` at `now`, else why not.
+    pub fn preemptible(&self, preemptor: &Job, victim: &Job, now: i64) -> Result<(), String> {
+        let (p_qos, v_qos) = (self.policy.qos(&preemptor.spec.qos), self.policy.qos(&victim.spec.qos));
+        let (Some(p_qos), Some(v_qos)) = (p_qos, v_qos) else { return Err("unknown qos".into()) };
+        let alloc = victim.allocation.as_ref().ok_or("not running")?;
+        if victim.state != JobState::Running || alloc.stop.is_some() {
+            return Err(format!("job {} is not running undisturbed", victim.id));
+        }
+        // Slurm's preempt/qos and preempt/partition_prio: by QoS preempt list, or from a
+        // partition of a higher priority tier.
+        let tier = |j: &Job| self.partition_of(j).map(|p| p.priority_tier).unwrap_or(0);
+        if !p_qos.preempt.contains(&v_qos.name) && tier(preemptor) <= tier(victim) {
+            return Err(format!(
+                "qos \"{}\" may not preempt qos \"{}\" and its partition tier is not higher",
+                p_qos.name, v_qos.name
+            ));
+        }
+        if v_qos.preempt_mode == crate::policy::PreemptMode::Off {
+            return Err(format!("qos \"{}\" is never preempted", v_qos.name));
+        }
+        if alloc.task_count() > 1 && victim.tasks() <= victim.spec.min_tasks.unwrap_or(u32::MAX) {
+            return Err(format!("job {} is a gang that cannot release a node", victim.id));
+        }
+        let ran_ms = now.saturating_sub(victim.start_time_ms.unwrap_or(now));
+        if ran_ms < (v_qos.preempt_exempt_s as i64).saturating_mul(1000) {
+            return Err(format!("job {} is inside its preempt-exempt time", victim.id));
+        }
+        let recent = victim.preempted_at.iter().filter(|t| now - **t < THRASH_WINDOW_MS).count();
+        if recent >= THRASH_PREEMPTIONS_MAX {
+            return Err(format!("job {} was preempted {recent} times in the last hour", victim.id));
+        }
+        Ok(())
+    }
+
+    pub(super) fn preempt(
+        &mut self,
+        preemptor: JobId,
+        node: &str,
+        victims: &[JobId],
+        gpus: &[GpuIndex],
+        now: i64,
+    ) -> Outcome {
+        let reject = |m: String| Outcome::Rejected(Rejection::FailedPrecondition(m));
+        let Some(p) = self.jobs.get(&preemptor) else {
+            return Outcome::Rejected(Rejection::NotFound(format!("job {preemptor} not found")));
+        };
+        if p.state != JobState::Pending || p.claim.is_some() || p.held || p.spec.tasks > 1 {
+            return reject(format!("job {preemptor} cannot preempt now"));
+        }
+        if victims.is_empty() || gpus.len() != p.gpus() as usize {
+            return reject("a preemption needs victims and exactly the preemptor's GPU count".into());
+        }
+        // The GPUs: of a node open to the preemptor, each free or a victim's, claimed by nobody.
+        if let Err(e) = self.check_grant(p, node, gpus, Some(p.gpus()), Taking::FromVictims(victims)) {
+            return reject(e.to_string());
+        }
+        for v in victims {
+            let Some(victim) = self.jobs.get(v) else { return reject(format!("job {v} not found")) };
+            if let Err(why) = self.preemptible(p, victim, now) {
+                return reject(why);
+            }
+            if victim.allocation.as_ref().is_none_or(|a| a.rank_on(node).is_none()) {
+                return reject(format!("job {v} does not run on \"{node}\""));
+            }
+        }
+        // What happens to each victim: shrink, suspend, or stop (requeue / cancel).
+        let mut actions = Vec::with_capacity(victims.len());
+        for v in victims {
+            let victim = &self.jobs[v];
+            // The victim's task on this node (rank 0's for a single-node job).
+            let held = victim
+                .allocation
+                .as_ref()
+                .and_then(|a| a.tasks().find(|(_, n, _)| *n == node).map(|(_, _, g)| g))
+                .unwrap_or_default();
+            let taken: Vec<GpuIndex> = held.iter().copied().filter(|g| gpus.contains(g)).collect();
+            if taken.is_empty() {
+                return reject(format!("job {v} gives none of the GPUs"));
+            }
+            actions.push((*v, self.victim_action(victim, taken.len() as u32), taken));
+        }
+        // Commit: victims stop, shrink or pause; the GPUs are claimed for the preemptor.
+        for (v, action, taken) in actions {
+            let victim = self.jobs.get_mut(&v).expect("validated");
+            let held = victim.total_gpus();
+            let safe_at =
+                victim.start_time_ms.unwrap_or(now).max(victim.last_checkpoint_ms.unwrap_or(i64::MIN));
+            let lost_s = now.saturating_sub(safe_at).max(0) as u64 / 1000;
+            let mut record = PreemptionRecord {
+                time_ms: now,
+                preemptor,
+                victim: v,
+                mode: crate::policy::PreemptMode::Requeue,
+                node: node.to_string(),
+                gpu_s_lost: u64::from(held) * lost_s,
+                shrunk_to: None,
+                suspended: false,
+            };
+            let alloc = victim.allocation.as_mut().expect("a victim runs");
+            let message = match action {
+                VictimAction::Stop(mode) => {
+                    alloc.stop = Some(StopReason::Preempted { by: preemptor, mode });
+                    record.mode = mode;
+                    format!("by job {preemptor}, mode {}, {} GPU-s lost", mode.as_str(), record.gpu_s_lost)
+                }
+                VictimAction::ShrinkGang => {
+                    alloc.stop = Some(StopReason::Resize { by: Some(preemptor) });
+                    // Every other node of the gang is kept (claimed for the next run).
+                    let kept: Vec<(String, Vec<GpuIndex>)> = alloc
+                        .tasks()
+                        .filter(|(_, n, _)| *n != node)
+                        .map(|(_, n, g)| (n.to_string(), g.to_vec()))
+                        .collect();
+                    record.shrunk_to = Some(kept.iter().map(|(_, g)| g.len() as u32).sum());
+                    for (n, gs) in &kept {
+                        if let Some(n) = self.nodes.get_mut(n) {
+                            for g in gs {
+                                n.claimed.insert(*g, v);
+                            }
+                        }
+                    }
+                    format!(
+                        "by job {preemptor}: releasing node \"{node}\", {} nodes remain, {} GPU-s lost",
+                        kept.len(),
+                        record.gpu_s_lost
+                    )
+                }
+                VictimAction::Shrink => {
+                    alloc.stop = Some(StopReason::Resize { by: Some(preemptor) });
+                    let kept: Vec<GpuIndex> =
+                        alloc.gpus.iter().copied().filter(|g| !taken.contains(g)).collect();
+                    record.shrunk_to = Some(kept.len() as u32);
+                    let n = self.nodes.get_mut(node).expect("validated");
+                    for g in &kept {
+                        n.claimed.insert(*g, v);
+                    }
+                    format!(
+                        "by job {preemptor}: shrinking to {} GPUs, {} GPU-s lost",
+                        kept.len(),
+                        record.gpu_s_lost
+                    )
+                }
+                VictimAction::Suspend => {
+                    alloc.lent = taken.clone();
+                    victim.state = JobState::Suspended;
+                    victim.suspended_since = Some(now);
+                    record.mode = crate::policy::PreemptMode::Suspend;
+                    record.suspended = true;
+                    record.gpu_s_lost = 0;
+                    self.suspended.insert(v);
+                    let n = self.nodes.get_mut(node).expect("validated");
+                    n.allocated.retain(|g, holder| *holder != v || !taken.contains(g));
+                    format!("by job {preemptor}: suspended, GPUs {taken:?} lent until it ends")
+                }
+            };
+            let victim = self.jobs.get_mut(&v).expect("validated");
+            victim.preempted_at.push(now);
+            if victim.preempted_at.len() > 16 {
+                victim.preempted_at.remove(0);
+            }
+            victim.record(now, "preempted", message);
+            self.preemptions.push_back(record);
+            if self.preemptions.len() > PREEMPTION_RECORDS_MAX {
+                self.preemptions.pop_front();
+            }
+        }
+        let n = self.nodes.get_mut(node).expect("validated");
+        for g in gpus {
+            n.claimed.insert(*g, preemptor);
+        }
+        let p = self.jobs.get_mut(&preemptor).expect("validated");
+        p.claim = Some(crate::model::Claim { node: node.to_string(), gpus: gpus.to_vec(), more: Vec::new() });
+        p.record(now, "preempting", format!("jobs {victims:?} on \"{node}\" for GPUs {gpus:?}"));
+        Outcome::Preempted { preemptor, victims: victims.to_vec() }
+    }
+
+    /// How preemption treats `victim` when `taken` of its GPUs go to the preemptor: an elastic
+    /// job that keeps at least its minimum is shrunk; a suspendable one under a SUSPEND QoS is
+    /// paused; otherwise its QoS mode decides (SUSPEND without `suspendable` requeues).
+    fn victim_action(&self, victim: &Job, taken: u32) -> VictimAction {
+        use crate::policy::PreemptMode;
+        if victim.allocation.as_ref().is_some_and(|a| a.task_count() > 1) {
+            // Only an elastic gang above its minimum is preemptible at all (`preemptible`).
+            return VictimAction::ShrinkGang;
+        }
+        let kept = victim.gpus().saturating_sub(taken);
+        if victim.spec.is_elastic() && kept > 0 && victim.spec.min_gpus.is_some_and(|m| kept >= m) {
+            return VictimAction::Shrink;
+        }
+        match self.policy.qos(&victim.spec.qos).map(|q| q.preempt_mode) {
+            Some(PreemptMode::Suspend) if victim.spec.suspendable => VictimAction::Suspend,
+            Some(PreemptMode::Suspend | PreemptMode::Requeue) => VictimAction::Stop(PreemptMode::Requeue),
+            _ => VictimAction::Stop(PreemptMode::Cancel),
+        }
+    }
+
+    /// Whether preempting `victim` to take `taken` of its GPUs loses no work (it is suspended).
+    pub fn preemption_is_free(&self, victim: &Job, taken: u32) -> bool {
+        self.victim_action(victim, taken) == VictimAction::Suspend
+    }
+
+    /// Resumes every suspended job whose lent GPUs are free again (no holder, no claim).
+    pub(super) fn resume_ready(&mut self, now: i64) {
+        let ready: Vec<JobId> = self
+            .suspended
+            .iter()
+            .copied()
+            .filter(|id| {
+                let Some(job) = self.jobs.get(id) else { return false };
+                let Some(a) = job.allocation.as_ref().filter(|a| a.stop.is_none()) else { return false };
+                let Some(n) = self.nodes.get(&a.node).filter(|n| n.state == NodeState::Up) else {
+                    return false;
+                };
+                job.state == JobState::Suspended
+                    && a.lent.iter().all(|g| !n.allocated.contains_key(g) && !n.claimed.contains_key(g))
+            })
+            .collect();
+        for id in ready {
+            self.suspended.remove(&id);
+            let job = self.jobs.get_mut(&id).expect("checked");
+            let a = job.allocation.as_mut().expect("checked");
+            let lent = std::mem::take(&mut a.lent);
+            let node = self.nodes.get_mut(&a.node).expect("checked");
+            for g in &lent {
+                node.allocated.insert(*g, id);
+            }
+            job.state = JobState::Running;
+            job.suspended_ms += job.suspended_since.take().map_or(0, |t| now.saturating_sub(t));
+            job.record(now, "resumed", format!("GPUs {lent:?} are back"));
+        }
+    }
+
+    /// A preempted run's process is gone: requeue it (next attempt) or cancel it, by mode.
+    pub(super) fn preempted_run_ended(
+        &mut self,
+        id: JobId,
+        by: JobId,
+        mode: crate::policy::PreemptMode,
+        now: i64,
+    ) -> Outcome {
+        let reason = format!("preempted by job {by}");
+        if mode == crate::policy::PreemptMode::Requeue {
+            // Requeue regardless of --requeue: the cluster, not the job, stopped it.
+            self.requeue_run(id, &reason, now);
+            return Outcome::RunUpdated { job: id, state: JobState::Pending };
+        }
+        self.end_run(id, JobState::Cancelled, reason, now);
+        Outcome::RunUpdated { job: id, state: JobState::Cancelled }
+    }
+
+    /// Drops every claim of a job: a pending job's (it was cancelled or placed, or its node went
+    /// down) and a resizing run's on its node.
+    pub(crate) fn drop_claim(&mut self, id: JobId) {
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        let mut names: Vec<String> = Vec::new();
+        if let Some(c) = job.claim.take() {
+            names.extend(c.tasks().map(|(n, _)| n.to_string()));
+        }
+        if let Some(a) = job.allocation.as_ref() {
+            names.extend(a.tasks().map(|(_, n, _)| n.to_string()));
+        }
+        for name in names {
+            if let Some(node) = self.nodes.get_mut(&name) {
+                node.claimed.retain(|_, holder| *holder != id);
+            }
+        }
+    }
+}

@@ -1,0 +1,345 @@
+//! Runs: a plan's placements (re-validated by `check_grant`), starts, exits (single tasks and
+//! gangs), time limits, and how a run ends (charged, released, requeued or finished).
+
+use super::*;
+
+impl ClusterState {
+    pub(super) fn apply_plan(&mut self, plan: &Plan, now: i64) -> Outcome {
+        let mut accepted = Vec::new();
+        let mut rejected = Vec::new();
+        let mut usage = Usage::of(self.jobs_running(), &self.policy);
+        for (i, p) in plan.placements.iter().enumerate() {
+            if i >= PLAN_PLACEMENTS_MAX {
+                rejected.push((p.job, "plan too large".to_string()));
+                continue;
+            }
+            let checked = self.check_placement(p).and_then(|()| {
+                let job = &self.jobs[&p.job];
+                usage.admits(job, &self.policy).map_err(|r| format!("job {}: {r}", p.job))?;
+                usage.add(job, &self.policy);
+                Ok(())
+            });
+            match checked {
+                Ok(()) => {
+                    self.place(p, now);
+                    accepted.push(p.job);
+                }
+                Err(why) => rejected.push((p.job, why)),
+            }
+        }
+        Outcome::PlanApplied { accepted, rejected }
+    }
+
+    /// Re-validates one placement against the current state.
+    fn check_placement(&self, p: &Placement) -> Result<(), String> {
+        let job = self.jobs.get(&p.job).ok_or_else(|| format!("job {} not found", p.job))?;
+        if job.state != JobState::Pending {
+            return Err(format!("job {} is {}, not pending", p.job, job.state.as_str()));
+        }
+        if job.held {
+            return Err(format!("job {} is held", p.job));
+        }
+        self.dependency_state(job).map_err(|r| format!("job {}: {r}", p.job))?;
+        let tasks: Vec<(&str, &[GpuIndex])> = p.tasks().collect();
+        if tasks.len() != job.tasks() as usize {
+            return Err(format!("job {} needs {} tasks, plan gives {}", p.job, job.tasks(), tasks.len()));
+        }
+        let distinct: BTreeSet<&str> = tasks.iter().map(|(n, _)| *n).collect();
+        if distinct.len() != tasks.len() {
+            return Err(format!("job {}: two tasks on one node", p.job));
+        }
+        if self.over_partition_wall(job) {
+            return Err(format!("job {}: {}", p.job, crate::planner::PendingReason::PartitionTimeLimit));
+        }
+        for (name, gpus) in tasks {
+            self.check_grant(job, name, gpus, Some(job.gpus()), Taking::Free).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn place(&mut self, p: &Placement, now: i64) {
+        self.drop_claim(p.job);
+        for (name, gpus) in p.tasks() {
+            let node = self.nodes.get_mut(name).expect("placement was validated");
+            for gpu in gpus {
+                node.allocated.insert(*gpu, p.job);
+            }
+        }
+        let job = self.jobs.get_mut(&p.job).expect("placement was validated");
+        job.state = JobState::Running;
+        job.reason.clear();
+        job.last_checkpoint_ms = None;
+        job.suspended_ms = 0;
+        job.suspended_since = None;
+        job.allocation = Some(Allocation {
+            node: p.node.clone(),
+            gpus: p.gpus.clone(),
+            more: p.more.clone(),
+            started: false,
+            stop: None,
+            exits: BTreeMap::new(),
+            failure: None,
+            lent: Vec::new(),
+        });
+        job.last_node = p.node.clone();
+        job.last_gpus = p.gpus.clone();
+        job.last_more = p.more.clone();
+        job.start_time_ms = Some(now);
+        let mut msg = format!("node \"{}\" GPUs {:?}", p.node, p.gpus);
+        for t in &p.more {
+            msg.push_str(&format!(", node \"{}\" GPUs {:?}", t.node, t.gpus));
+        }
+        job.record(now, "allocated", msg);
+    }
+
+    /// The running job's allocation, if `job`/`attempt`/`node` name its current run.
+    pub(super) fn current_run(&mut self, id: JobId, attempt: u32, node: &str) -> Result<&mut Job, String> {
+        let job = self.jobs.get_mut(&id).ok_or_else(|| format!("job {id} not found"))?;
+        let matches = matches!(job.state, JobState::Running | JobState::Suspended)
+            && job.attempt == attempt
+            && job.allocation.as_ref().is_some_and(|a| a.rank_on(node).is_some());
+        if matches {
+            Ok(job)
+        } else {
+            Err(format!("job {id} attempt {attempt} on \"{node}\" is not a current run"))
+        }
+    }
+
+    pub(super) fn job_started(&mut self, id: JobId, attempt: u32, node: &str, now: i64) -> Outcome {
+        let job = match self.current_run(id, attempt, node) {
+            Ok(job) => job,
+            Err(why) => return Outcome::Ignored(why),
+        };
+        let alloc = job.allocation.as_mut().expect("current run has an allocation");
+        if alloc.started {
+            return Outcome::Ignored(format!("job {id} already started"));
+        }
+        alloc.started = true;
+        job.start_time_ms = Some(now);
+        job.record(now, "started", format!("on \"{node}\""));
+        Outcome::RunUpdated { job: id, state: JobState::Running }
+    }
+
+    pub(super) fn job_exited(
+        &mut self,
+        id: JobId,
+        attempt: u32,
+        node: &str,
+        exit: &RunExit,
+        now: i64,
+    ) -> Outcome {
+        let job = match self.current_run(id, attempt, node) {
+            Ok(job) => job,
+            Err(why) => return Outcome::Ignored(why),
+        };
+        if job.allocation.as_ref().is_some_and(|a| a.task_count() > 1) {
+            return self.gang_task_exited(id, node, exit, now);
+        }
+        let stop = job.allocation.as_ref().and_then(|a| a.stop);
+        match stop {
+            Some(StopReason::Preempted { by, mode }) => return self.preempted_run_ended(id, by, mode, now),
+            Some(StopReason::Resize { by }) => return self.resized_run_ended(id, by, now),
+            Some(StopReason::Drained) => {
+                // The cluster, not the job, stopped it: requeue regardless of --requeue.
+                self.requeue_run(id, "its node was drained", now);
+                return Outcome::RunUpdated { job: id, state: JobState::Pending };
+            }
+            _ => {}
+        }
+        let (state, reason) = match (stop, exit) {
+            (Some(StopReason::Cancelled), _) => (JobState::Cancelled, "cancelled".to_string()),
+            (Some(StopReason::TimeLimit), _) => (JobState::Timeout, "time limit reached".to_string()),
+            (Some(StopReason::TaskFailed), _) => (JobState::Failed, "a task failed".to_string()),
+            (Some(StopReason::Preempted { .. } | StopReason::Resize { .. } | StopReason::Drained), _) => {
+                unreachable!("handled above")
+            }
+            (None, RunExit::Code(0)) => (JobState::Completed, String::new()),
+            (None, RunExit::Code(c)) => (JobState::Failed, format!("exit code {c}")),
+            (None, RunExit::Signal(s)) => (JobState::Failed, format!("killed by signal {s}")),
+            (None, RunExit::Lost(m)) => (JobState::Failed, format!("lost: {m}")),
+        };
+        match exit {
+            RunExit::Code(c) => job.exit_code = Some(*c),
+            RunExit::Signal(s) => job.signal = Some(*s),
+            RunExit::Lost(_) => {}
+        }
+        let state = if matches!(exit, RunExit::Lost(_)) && stop.is_none() {
+            // The cluster, not the job, lost this run: requeue it where the job allows.
+            self.fail_run(id, state, reason, now)
+        } else {
+            self.end_run(id, state, reason, now);
+            state
+        };
+        Outcome::RunUpdated { job: id, state }
+    }
+
+    /// One task of a gang ended. Its GPUs are released at once (its process is gone); the
+    /// first failure stops the other tasks; the job ends when every task has ended.
+    pub(super) fn gang_task_exited(&mut self, id: JobId, node: &str, exit: &RunExit, now: i64) -> Outcome {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return Outcome::Ignored(format!("job {id} not found"));
+        };
+        let Some(alloc) = job.allocation.as_mut() else {
+            return Outcome::Ignored(format!("job {id} has no run"));
+        };
+        let Some(rank) = alloc.rank_on(node) else {
+            return Outcome::Ignored(format!("no task of job {id} on \"{node}\""));
+        };
+        if alloc.exits.contains_key(&rank) {
+            return Outcome::Ignored(format!("rank {rank} of job {id} already ended"));
+        }
+        let (code, failure) = match exit {
+            RunExit::Code(0) => (0, None),
+            RunExit::Code(c) => (*c, Some(format!("rank {rank} on \"{node}\" exited with code {c}"))),
+            RunExit::Signal(s) => (-*s, Some(format!("rank {rank} on \"{node}\" was killed by signal {s}"))),
+            RunExit::Lost(m) => (LOST_EXIT, Some(format!("rank {rank} on \"{node}\" lost: {m}"))),
+        };
+        alloc.exits.insert(rank, code);
+        let first_failure = failure.filter(|_| alloc.failure.is_none() && alloc.stop.is_none());
+        if let Some(f) = &first_failure {
+            alloc.stop = Some(StopReason::TaskFailed);
+            alloc.failure = Some(f.clone());
+        }
+        let done = alloc.exits.len() as u32 == alloc.task_count();
+        let (stop, failure) = (alloc.stop, alloc.failure.clone());
+        if let Some(f) = first_failure {
+            match exit {
+                RunExit::Code(c) => job.exit_code = Some(*c),
+                RunExit::Signal(s) => job.signal = Some(*s),
+                RunExit::Lost(_) => {}
+            }
+            job.record(now, "task-failed", format!("{f}; stopping the other tasks"));
+        }
+        // The cluster lost a task (node down, agent lost it): requeue where the job allows.
+        let lost = stop == Some(StopReason::TaskFailed)
+            && self
+                .jobs
+                .get(&id)
+                .and_then(|j| j.allocation.as_ref())
+                .is_some_and(|a| a.exits.values().any(|c| *c == LOST_EXIT));
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.allocated.retain(|_, holder| *holder != id);
+        }
+        if !done {
+            return Outcome::RunUpdated { job: id, state: JobState::Running };
+        }
+        let (state, reason) = match stop {
+            Some(StopReason::Cancelled) => (JobState::Cancelled, "cancelled".to_string()),
+            Some(StopReason::TimeLimit) => (JobState::Timeout, "time limit reached".to_string()),
+            Some(StopReason::TaskFailed) => (JobState::Failed, failure.unwrap_or_default()),
+            Some(StopReason::Preempted { by, .. }) => (JobState::Cancelled, format!("preempted by job {by}")),
+            Some(StopReason::Resize { by }) => return self.resized_run_ended(id, by, now),
+            Some(StopReason::Drained) => {
+                self.requeue_run(id, "a node of the gang was drained", now);
+                return Outcome::RunUpdated { job: id, state: JobState::Pending };
+            }
+            None => {
+                if let Some(j) = self.jobs.get_mut(&id) {
+                    j.exit_code = Some(0);
+                }
+                (JobState::Completed, String::new())
+            }
+        };
+        let state = if lost && state == JobState::Failed {
+            self.fail_run(id, JobState::NodeFail, reason, now)
+        } else {
+            self.end_run(id, state, reason, now);
+            state
+        };
+        Outcome::RunUpdated { job: id, state }
+    }
+
+    pub(super) fn enforce_time_limit(&mut self, id: JobId, attempt: u32, now: i64) -> Outcome {
+        let past = self.jobs.get(&id).is_some_and(|j| self.past_limit(j, now));
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return Outcome::Ignored(format!("job {id} not found"));
+        };
+        if job.state != JobState::Running || job.attempt != attempt || !past {
+            return Outcome::Ignored(format!("job {id} attempt {attempt} is not past its limit"));
+        }
+        let Some(alloc) = job.allocation.as_mut() else {
+            return Outcome::Ignored(format!("job {id} has no allocation"));
+        };
+        if alloc.stop.is_some() {
+            return Outcome::Ignored(format!("job {id} is already stopping"));
+        }
+        alloc.stop = Some(StopReason::TimeLimit);
+        job.record(now, "time-limit", "wall-clock limit reached, stopping".into());
+        Outcome::RunUpdated { job: id, state: JobState::Running }
+    }
+
+    /// Ends a run the cluster lost (node down, run lost): the job goes back to Pending with the
+    /// next attempt when it allows requeue and has attempts left, else ends in `state`.
+    /// Returns the job's new state.
+    pub(super) fn fail_run(&mut self, id: JobId, state: JobState, reason: String, now: i64) -> JobState {
+        let requeue = self.jobs.get(&id).is_some_and(|j| j.spec.requeue && j.attempt + 1 < ATTEMPTS_MAX);
+        if !requeue {
+            self.end_run(id, state, reason, now);
+            return state;
+        }
+        self.requeue_run(id, &reason, now);
+        JobState::Pending
+    }
+
+    /// Charges the GPU time of `job`'s current run to its account and the account's ancestors.
+    fn charge_run(&mut self, id: JobId, now: i64) {
+        let Some(job) = self.jobs.get(&id) else { return };
+        let Some(start) = job.start_time_ms else { return };
+        // Suspended time is not charged: the GPUs were lent to the preemptor.
+        let suspended = self.suspended_ms(job, now);
+        let ran_ms = now.saturating_sub(start).saturating_sub(suspended).max(0);
+        let gpu_ms = u128::from(job.gpus()) * ran_ms as u128;
+        if gpu_ms == 0 {
+            return;
+        }
+        let half_life = self.policy.weights.fairshare_half_life_s;
+        for account in self.policy.account_chain(&job.spec.account) {
+            self.usage.entry(account).or_default().charge(gpu_ms, now, half_life);
+        }
+    }
+
+    /// Takes a job's allocation and frees every GPU it holds or claims.
+    fn release_run(&mut self, id: JobId) {
+        self.drop_claim(id);
+        self.suspended.remove(&id);
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        job.suspended_since = None;
+        let Some(alloc) = job.allocation.take() else { return };
+        for (_, name, _) in alloc.tasks() {
+            if let Some(node) = self.nodes.get_mut(name) {
+                node.allocated.retain(|_, holder| *holder != id);
+            }
+        }
+    }
+
+    /// Sends a job's current run back to the queue as its next attempt (usage charged, GPUs freed).
+    pub(super) fn requeue_run(&mut self, id: JobId, reason: &str, now: i64) {
+        self.charge_run(id, now);
+        self.release_run(id);
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        job.attempt += 1;
+        job.state = JobState::Pending;
+        job.exit_code = None;
+        job.signal = None;
+        job.start_time_ms = None;
+        job.reason.clear();
+        job.record(now, "requeued", format!("{reason}; attempt {} follows", job.attempt));
+    }
+
+    /// Ends a job's current run in a terminal state and releases its GPUs.
+    pub(super) fn end_run(&mut self, id: JobId, state: JobState, reason: String, now: i64) {
+        debug_assert!(state.is_terminal());
+        if self.jobs.get(&id).is_some_and(|j| j.allocation.is_some()) {
+            self.charge_run(id, now);
+        }
+        self.release_run(id);
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        if !job.state.is_terminal() {
+            self.unfinished.ended(&job.spec.user);
+        }
+        job.state = state;
+        job.end_time_ms = Some(now);
+        job.record(now, &state.as_str().to_ascii_lowercase(), reason.clone());
+        job.reason = reason;
+    }
+}

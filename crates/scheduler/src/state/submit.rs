@@ -1,0 +1,263 @@
+//! Users' commands on jobs: submit (with QoS, partition and limits), hold/release, cancel, and
+//! policy changes (validated whole).
+
+use super::*;
+
+impl ClusterState {
+    pub(super) fn submit(
+        &mut self,
+        spec: &JobSpec,
+        request_id: Option<&str>,
+        hold: bool,
+        limits: Option<&crate::quota::SubmitLimits>,
+        now: i64,
+    ) -> Outcome {
+        if request_id.is_some_and(|r| r.is_empty() || r.len() > crate::validate::REQUEST_ID_LEN_MAX) {
+            let max = crate::validate::REQUEST_ID_LEN_MAX;
+            return Outcome::Rejected(Rejection::Invalid(format!("request_id: must be 1 to {max} bytes")));
+        }
+        if let Some(job) = request_id.and_then(|r| self.submit_requests.get(&spec.user)?.get(r)) {
+            return Outcome::Submitted { job: *job };
+        }
+        if let Err(e) = validate_spec(spec) {
+            return Outcome::Rejected(Rejection::Invalid(e.to_string()));
+        }
+        if let Some(limits) = limits {
+            if let Err(r) = self.check_submit_limits(&spec.user, limits) {
+                return Outcome::Rejected(r);
+            }
+        }
+        let partition_name =
+            if spec.partition.is_empty() { &self.policy.default_partition } else { &spec.partition };
+        let Some(partition) = self.policy.partitions.get(partition_name) else {
+            let name: String = spec.partition.chars().take(64).collect();
+            return Outcome::Rejected(Rejection::Invalid(format!("partition: unknown partition \"{name}\"")));
+        };
+        let qos = match (spec.qos.is_empty(), &partition.default_qos) {
+            (false, _) => self.policy.qos(&spec.qos),
+            (true, Some(d)) => self.policy.qos(d),
+            (true, None) => self.policy.default_qos(spec.profile),
+        };
+        let Some(qos) = qos else {
+            let known: Vec<&str> = self.policy.qos.keys().map(String::as_str).collect();
+            let name: String = spec.qos.chars().take(64).collect();
+            return Outcome::Rejected(Rejection::Invalid(format!(
+                "qos: unknown qos \"{name}\" (known: {})",
+                known.join(", ")
+            )));
+        };
+        if let Err(why) = Self::check_qos_fit(spec, qos) {
+            return Outcome::Rejected(why);
+        }
+        if !partition.allowed_qos.is_empty() && !partition.allowed_qos.contains(&qos.name) {
+            return Outcome::Rejected(Rejection::Invalid(format!(
+                "qos \"{}\" is not allowed in partition \"{}\"",
+                qos.name, partition.name
+            )));
+        }
+        let partition_name = partition.name.clone();
+        if let Some(dep) = spec.after_ok.iter().find(|d| !self.jobs.contains_key(d)) {
+            return Outcome::Rejected(Rejection::NotFound(format!("after_ok: job {dep} not found")));
+        }
+        let (qos_name, priority) = (qos.name.clone(), qos.priority);
+        let account = match self.policy.resolve_account(&spec.user, &spec.account) {
+            Ok(a) => a,
+            Err(why) if spec.account.is_empty() => {
+                return Outcome::Rejected(Rejection::FailedPrecondition(why))
+            }
+            Err(why) => return Outcome::Rejected(Rejection::Invalid(why)),
+        };
+        // A job that may burst may also be larger than any on-prem node, up to the largest
+        // allowed cloud instance type.
+        let cloud = &self.burst.config;
+        let may_burst = if cloud.qos.is_empty() { qos.burstable } else { cloud.qos.contains(&qos.name) };
+        let largest_cloud = if cloud.enabled && may_burst {
+            cloud.instance_types.iter().map(|t| t.gpus).max().unwrap_or(0)
+        } else {
+            0
+        };
+        let largest = self.largest_node_gpus().max(largest_cloud);
+        if largest > 0 && spec.gpus > largest {
+            return Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                "job requests {} GPUs but the largest node has {largest}",
+                spec.gpus
+            )));
+        }
+        let id = self.next_job_id;
+        self.next_job_id += 1;
+        let mut spec = spec.clone();
+        spec.qos = qos_name;
+        spec.account = account;
+        spec.partition = partition_name;
+        let mut job = Job {
+            id,
+            spec,
+            priority,
+            state: JobState::Pending,
+            reason: String::new(),
+            attempt: 0,
+            allocation: None,
+            last_node: String::new(),
+            last_gpus: Vec::new(),
+            last_more: Vec::new(),
+            exit_code: None,
+            signal: None,
+            submit_time_ms: now,
+            start_time_ms: None,
+            end_time_ms: None,
+            events: Vec::new(),
+            held: hold,
+            claim: None,
+            preempted_at: Vec::new(),
+            last_checkpoint_ms: None,
+            width: None,
+            tasks_now: None,
+            suspended_ms: 0,
+            suspended_since: None,
+        };
+        job.record(now, "submitted", format!("by \"{}\", qos \"{}\"", job.spec.user, job.spec.qos));
+        if let Some(r) = request_id {
+            self.submit_requests.entry(job.spec.user.clone()).or_default().insert(r.to_string(), id);
+        }
+        self.unfinished.added(&job.spec.user);
+        self.jobs.insert(id, job);
+        Outcome::Submitted { job: id }
+    }
+
+    /// Whether a job could ever run under `qos`: its time limit and size within the QoS maxima.
+    fn check_qos_fit(spec: &JobSpec, qos: &Qos) -> Result<(), Rejection> {
+        if let Some(limit) = spec.time_limit_s {
+            if limit > qos.max_wall_s {
+                return Err(Rejection::Invalid(format!(
+                    "time_limit_s: {limit}s is more than qos \"{}\" allows ({}s)",
+                    qos.name, qos.max_wall_s
+                )));
+            }
+        }
+        if let Some(grace) = spec.checkpoint_grace_s.filter(|g| *g > qos.grace_s) {
+            return Err(Rejection::Invalid(format!(
+                "checkpoint.grace_s: {grace}s is more than qos \"{}\" allows ({}s)",
+                qos.name, qos.grace_s
+            )));
+        }
+        for (what, limit) in [("in total", qos.grp_gpus), ("per user", qos.user_gpus)] {
+            if let Some(max) = limit.filter(|max| spec.total_gpus() > *max) {
+                return Err(Rejection::FailedPrecondition(format!(
+                    "job requests {} GPUs but qos \"{}\" allows {max} GPUs {what}",
+                    spec.total_gpus(),
+                    qos.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces the policy after validating it whole; a QoS still used by an unfinished job
+    /// cannot disappear.
+    pub(super) fn set_policy(&mut self, policy: &Policy) -> Outcome {
+        if let Err(e) = policy.validate() {
+            return Outcome::Rejected(Rejection::Invalid(e.to_string()));
+        }
+        // Nothing an unfinished job refers to may disappear.
+        let unfinished = || self.jobs.values().filter(|j| !j.state.is_terminal());
+        let missing = unfinished()
+            .find_map(|j| (!policy.qos.contains_key(&j.spec.qos)).then_some(("qos", &j.spec.qos, j.id)))
+            .or_else(|| {
+                unfinished().find_map(|j| {
+                    (!policy.accounts.contains_key(&j.spec.account)).then_some((
+                        "account",
+                        &j.spec.account,
+                        j.id,
+                    ))
+                })
+            })
+            .or_else(|| {
+                unfinished().find_map(|j| {
+                    let gone =
+                        !j.spec.partition.is_empty() && !policy.partitions.contains_key(&j.spec.partition);
+                    gone.then_some(("partition", &j.spec.partition, j.id))
+                })
+            });
+        if let Some((what, name, job)) = missing {
+            return Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                "{what} \"{name}\" is in use by job {job}"
+            )));
+        }
+        self.policy = policy.clone();
+        // Priorities follow the QoS; pending and running jobs take the new values.
+        for job in self.jobs.values_mut().filter(|j| !j.state.is_terminal()) {
+            if let Some(q) = self.policy.qos.get(&job.spec.qos) {
+                job.priority = q.priority;
+            }
+        }
+        Outcome::PolicyChanged
+    }
+
+    pub(super) fn set_held(&mut self, id: JobId, held: bool, by: &str, now: i64) -> Outcome {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return Outcome::Rejected(Rejection::NotFound(format!("job {id} not found")));
+        };
+        if job.state != JobState::Pending {
+            let verb = if held { "held" } else { "released" };
+            return Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                "job {id} is {}; only pending jobs can be {verb}",
+                job.state.as_str()
+            )));
+        }
+        if job.held != held {
+            job.held = held;
+            job.record(now, if held { "held" } else { "released" }, format!("by \"{by}\""));
+        }
+        Outcome::HoldChanged { job: id, held }
+    }
+
+    /// Whether the job's dependencies let it start: `Ok` when all completed, else the reason.
+    pub fn dependency_state(&self, job: &Job) -> Result<(), crate::planner::PendingReason> {
+        use crate::planner::PendingReason;
+        for dep in &job.spec.after_ok {
+            match self.jobs.get(dep).map(|d| d.state) {
+                Some(JobState::Completed) => {}
+                Some(s) if s.is_terminal() => return Err(PendingReason::DependencyNeverSatisfied(*dep)),
+                _ => return Err(PendingReason::Dependency),
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn cancel(&mut self, id: JobId, by: &str, now: i64) -> Outcome {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return Outcome::Rejected(Rejection::NotFound(format!("job {id} not found")));
+        };
+        match job.state {
+            JobState::Pending => {
+                self.unfinished.ended(&job.spec.user);
+                job.state = JobState::Cancelled;
+                job.reason = format!("cancelled by \"{by}\"");
+                job.end_time_ms = Some(now);
+                job.record(now, "cancelled", format!("by \"{by}\" while pending"));
+                self.drop_claim(id);
+                Outcome::Cancelled { job: id, was_running: false }
+            }
+            JobState::Running | JobState::Suspended => {
+                if let Some(alloc) = job.allocation.as_mut() {
+                    // A preempted or resizing run would come back; a cancel ends it for good.
+                    let stopping_for_good = matches!(
+                        alloc.stop,
+                        Some(StopReason::Cancelled | StopReason::TimeLimit | StopReason::TaskFailed)
+                    );
+                    if !stopping_for_good {
+                        alloc.stop = Some(StopReason::Cancelled);
+                        job.record(now, "cancel-requested", format!("by \"{by}\""));
+                    }
+                }
+                // A resizing run no longer needs the GPUs of its next run.
+                self.drop_claim(id);
+                Outcome::Cancelled { job: id, was_running: true }
+            }
+            state => Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                "job {id} already ended ({})",
+                state.as_str()
+            ))),
+        }
+    }
+}
