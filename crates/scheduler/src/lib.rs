@@ -30,8 +30,8 @@ pub mod state;
 pub mod tokens;
 pub mod validate;
 
-#[cfg(test)]
-mod testing;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use model::{
     Allocation, Gpu, GpuIndex, Job, JobEvent, JobId, JobSpec, JobState, Node, NodeInfo, NodeState, Profile,

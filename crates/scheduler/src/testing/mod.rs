@@ -1,4 +1,7 @@
-//! Small builders for tests.
+//! Builders for tests, and the property-test driver (`driver`). Compiled for this crate's
+//! tests and, with the `testing` feature, for other crates' (e.g. simulation) tests.
+
+pub mod driver;
 
 use std::collections::BTreeMap;
 
