@@ -474,39 +474,6 @@ impl PartitionFlags {
     }
 }
 
-/// Changes the policy by reading it, editing it and applying the whole (validated on apply).
-async fn edit_policy(
-    client: &Client,
-    edit: impl FnOnce(&mut pb::Policy) -> anyhow::Result<()>,
-) -> anyhow::Result<()> {
-    let mut policy = get_policy(client).await?;
-    edit(&mut policy)?;
-    client
-        .call(|ch| {
-            let req = client.request(policy.clone());
-            async move { AdminServiceClient::new(ch).apply_policy(req).await }
-        })
-        .await?;
-    Ok(())
-}
-
-/// Finds `name` among `items`: refuses to create a name that exists (`must_exist` false) or to
-/// change one that does not (true); returns its position when it exists.
-fn edit_named<T>(
-    items: &[T],
-    name: &str,
-    what: &str,
-    must_exist: bool,
-    name_of: impl Fn(&T) -> &str,
-) -> anyhow::Result<Option<usize>> {
-    let at = items.iter().position(|x| name_of(x) == name);
-    match (at, must_exist) {
-        (Some(_), false) => anyhow::bail!("{what} \"{name}\" already exists"),
-        (None, true) => anyhow::bail!("{what} \"{name}\" not found"),
-        (at, _) => Ok(at),
-    }
-}
-
 #[derive(Subcommand, Debug)]
 enum PolicyCmd {
     /// Replace the whole policy with a TOML file (validated whole; nothing half-applied).
@@ -652,6 +619,36 @@ async fn get_policy(client: &Client) -> Result<pb::Policy, CallError> {
     client
         .call(|ch| async move {
             AdminServiceClient::new(ch).get_policy(client.request(pb::GetPolicyRequest {})).await
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+async fn put_account(
+    client: &Client,
+    account: pb::Account,
+    mode: pb::PutMode,
+) -> Result<pb::Account, CallError> {
+    let req = pb::PutAccountRequest { account: Some(account), mode: mode as i32 };
+    client
+        .call(|ch| {
+            let req = client.request(req.clone());
+            async move { AdminServiceClient::new(ch).put_account(req).await }
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+async fn put_partition(
+    client: &Client,
+    partition: pb::Partition,
+    mode: pb::PutMode,
+) -> Result<pb::Partition, CallError> {
+    let req = pb::PutPartitionRequest { partition: Some(partition), mode: mode as i32 };
+    client
+        .call(|ch| {
+            let req = client.request(req.clone());
+            async move { AdminServiceClient::new(ch).put_partition(req).await }
         })
         .await
         .map(|r| r.into_inner())
@@ -1453,64 +1450,58 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Qos { command } => return qos_command(client, command, cli.json).await,
         Cmd::Account { command: AccountCmd::Create { name, flags } } => {
-            edit_policy(client, |p| {
-                edit_named(&p.accounts, &name, "account", false, |a| &a.name)?;
-                let mut a = pb::Account { name: name.clone(), shares: 1, ..Default::default() };
-                flags.apply_to(&mut a);
-                p.accounts.push(a);
-                Ok(())
-            })
-            .await?;
+            let mut a = pb::Account { name: name.clone(), shares: 1, ..Default::default() };
+            flags.apply_to(&mut a);
+            put_account(client, a, pb::PutMode::Create).await?;
             println!("account \"{name}\" created");
         }
         Cmd::Account { command: AccountCmd::Update { name, flags } } => {
-            edit_policy(client, |p| {
-                let at =
-                    edit_named(&p.accounts, &name, "account", true, |a| &a.name)?.context("not found")?;
-                flags.apply_to(&mut p.accounts[at]);
-                Ok(())
-            })
-            .await?;
+            // Only this account is read and written back: edits of other pieces are not lost.
+            let policy = get_policy(client).await?;
+            let mut a = policy
+                .accounts
+                .into_iter()
+                .find(|a| a.name == name)
+                .context(format!("account \"{name}\" not found"))?;
+            flags.apply_to(&mut a);
+            put_account(client, a, pb::PutMode::Update).await?;
             println!("account \"{name}\" updated");
         }
         Cmd::Account { command: AccountCmd::Delete { name } } => {
-            edit_policy(client, |p| {
-                let at =
-                    edit_named(&p.accounts, &name, "account", true, |a| &a.name)?.context("not found")?;
-                p.accounts.remove(at);
-                Ok(())
-            })
-            .await?;
+            let req = pb::DeleteAccountRequest { name: name.clone() };
+            client
+                .call(|ch| {
+                    let req = client.request(req.clone());
+                    async move { AdminServiceClient::new(ch).delete_account(req).await }
+                })
+                .await?;
             println!("account \"{name}\" deleted");
         }
         Cmd::Partition { command: PartitionCmd::Create { name, flags } } => {
-            edit_policy(client, |p| {
-                edit_named(&p.partitions, &name, "partition", false, |x| &x.name)?;
-                let mut part = pb::Partition { name: name.clone(), priority_tier: 1, ..Default::default() };
-                flags.apply_to(&mut part)?;
-                p.partitions.push(part);
-                Ok(())
-            })
-            .await?;
+            let mut part = pb::Partition { name: name.clone(), priority_tier: 1, ..Default::default() };
+            flags.apply_to(&mut part)?;
+            put_partition(client, part, pb::PutMode::Create).await?;
             println!("partition \"{name}\" created");
         }
         Cmd::Partition { command: PartitionCmd::Update { name, flags } } => {
-            edit_policy(client, |p| {
-                let at =
-                    edit_named(&p.partitions, &name, "partition", true, |x| &x.name)?.context("not found")?;
-                flags.apply_to(&mut p.partitions[at])
-            })
-            .await?;
+            let policy = get_policy(client).await?;
+            let mut part = policy
+                .partitions
+                .into_iter()
+                .find(|p| p.name == name)
+                .context(format!("partition \"{name}\" not found"))?;
+            flags.apply_to(&mut part)?;
+            put_partition(client, part, pb::PutMode::Update).await?;
             println!("partition \"{name}\" updated");
         }
         Cmd::Partition { command: PartitionCmd::Delete { name } } => {
-            edit_policy(client, |p| {
-                let at =
-                    edit_named(&p.partitions, &name, "partition", true, |x| &x.name)?.context("not found")?;
-                p.partitions.remove(at);
-                Ok(())
-            })
-            .await?;
+            let req = pb::DeletePartitionRequest { name: name.clone() };
+            client
+                .call(|ch| {
+                    let req = client.request(req.clone());
+                    async move { AdminServiceClient::new(ch).delete_partition(req).await }
+                })
+                .await?;
             println!("partition \"{name}\" deleted");
         }
         Cmd::Account { command: AccountCmd::List } => {

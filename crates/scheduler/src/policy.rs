@@ -108,6 +108,85 @@ pub struct Account {
     pub users: BTreeSet<String>,
 }
 
+/// One named piece of the policy that can be put or deleted on its own (`Op::PutPolicyItem`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PolicyItem {
+    Account(Account),
+    Partition(Partition),
+}
+
+/// Which kind of named policy piece (`Op::DeletePolicyItem`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PolicyKind {
+    Qos,
+    Account,
+    Partition,
+}
+
+impl PolicyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::Qos => "qos",
+            PolicyKind::Account => "account",
+            PolicyKind::Partition => "partition",
+        }
+    }
+}
+
+impl PolicyItem {
+    pub fn kind(&self) -> PolicyKind {
+        match self {
+            PolicyItem::Account(_) => PolicyKind::Account,
+            PolicyItem::Partition(_) => PolicyKind::Partition,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        match self {
+            PolicyItem::Account(a) => &a.name,
+            PolicyItem::Partition(p) => &p.name,
+        }
+    }
+}
+
+impl Policy {
+    /// Whether a piece of `kind` named `name` exists.
+    pub fn has(&self, kind: PolicyKind, name: &str) -> bool {
+        match kind {
+            PolicyKind::Qos => self.qos.contains_key(name),
+            PolicyKind::Account => self.accounts.contains_key(name),
+            PolicyKind::Partition => self.partitions.contains_key(name),
+        }
+    }
+
+    /// Inserts or replaces `item`.
+    pub fn put(&mut self, item: &PolicyItem) {
+        match item {
+            PolicyItem::Account(a) => {
+                self.accounts.insert(a.name.clone(), a.clone());
+            }
+            PolicyItem::Partition(p) => {
+                self.partitions.insert(p.name.clone(), p.clone());
+            }
+        }
+    }
+
+    /// Removes the piece of `kind` named `name`.
+    pub fn remove(&mut self, kind: PolicyKind, name: &str) {
+        match kind {
+            PolicyKind::Qos => {
+                self.qos.remove(name);
+            }
+            PolicyKind::Account => {
+                self.accounts.remove(name);
+            }
+            PolicyKind::Partition => {
+                self.partitions.remove(name);
+            }
+        }
+    }
+}
+
 /// A partition: a set of nodes with its own rules.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Partition {

@@ -7,6 +7,7 @@ use tonic::{Request, Response, Status};
 use kairos_consensus::membership::MembershipError;
 use kairos_consensus::WriteError;
 
+use kairos_scheduler::policy::{PolicyItem, PolicyKind};
 use kairos_scheduler::{Op, Outcome};
 
 use kairos_consensus::auth::{random_hex, sha256_hex};
@@ -17,7 +18,10 @@ use crate::auth::{split_token, Principal, TOKEN_PREFIX};
 use crate::context::{now_ms, rejection_status, write_status, Ctx};
 use crate::convert::node_to_pb;
 use crate::convert_burst::{burst_config_from_pb, burst_config_to_pb, burst_status};
-use crate::convert_policy::{policy_from_pb, policy_to_pb, qos_from_pb, qos_to_pb, weights_to_pb};
+use crate::convert_policy::{
+    account_from_pb, account_to_pb, partition_from_pb, partition_to_pb, policy_from_pb, policy_to_pb,
+    qos_from_pb, qos_to_pb, weights_to_pb,
+};
 
 pub struct Admin {
     pub ctx: Ctx,
@@ -88,16 +92,61 @@ impl AdminService for Admin {
         self.ctx.principal(&request)?.require(Role::Admin, "changing QoS")?;
         let req = request.into_inner();
         let qos = qos_from_pb(req.qos.ok_or_else(|| Status::invalid_argument("qos: required"))?)?;
-        let must_exist = match pb::PutMode::try_from(req.mode) {
-            Ok(pb::PutMode::Upsert) => None,
-            Ok(pb::PutMode::Create) => Some(false),
-            Ok(pb::PutMode::Update) => Some(true),
-            Err(_) => return Err(Status::invalid_argument(format!("mode: unknown value {}", req.mode))),
-        };
+        let must_exist = must_exist(req.mode)?;
         let name = qos.name.clone();
         self.policy_write(Op::PutQos { qos, must_exist }).await?;
         let stored = self.ctx.replica.read(|a| a.state.policy.qos(&name).map(qos_to_pb));
         stored.map(Response::new).ok_or_else(|| Status::not_found(format!("qos \"{name}\" not found")))
+    }
+
+    async fn put_account(
+        &self,
+        request: Request<pb::PutAccountRequest>,
+    ) -> Result<Response<pb::Account>, Status> {
+        self.ctx.principal(&request)?.require(Role::Admin, "changing accounts")?;
+        let req = request.into_inner();
+        let account =
+            account_from_pb(req.account.ok_or_else(|| Status::invalid_argument("account: required"))?);
+        let name = account.name.clone();
+        let item = PolicyItem::Account(account);
+        self.policy_write(Op::PutPolicyItem { item, must_exist: must_exist(req.mode)? }).await?;
+        let stored = self.ctx.replica.read(|a| a.state.policy.accounts.get(&name).map(account_to_pb));
+        stored.map(Response::new).ok_or_else(|| Status::not_found(format!("account \"{name}\" not found")))
+    }
+
+    async fn delete_account(
+        &self,
+        request: Request<pb::DeleteAccountRequest>,
+    ) -> Result<Response<pb::DeleteAccountResponse>, Status> {
+        self.ctx.principal(&request)?.require(Role::Admin, "changing accounts")?;
+        let name = request.into_inner().name;
+        self.policy_write(Op::DeletePolicyItem { kind: PolicyKind::Account, name }).await?;
+        Ok(Response::new(pb::DeleteAccountResponse {}))
+    }
+
+    async fn put_partition(
+        &self,
+        request: Request<pb::PutPartitionRequest>,
+    ) -> Result<Response<pb::Partition>, Status> {
+        self.ctx.principal(&request)?.require(Role::Admin, "changing partitions")?;
+        let req = request.into_inner();
+        let partition =
+            partition_from_pb(req.partition.ok_or_else(|| Status::invalid_argument("partition: required"))?);
+        let name = partition.name.clone();
+        let item = PolicyItem::Partition(partition);
+        self.policy_write(Op::PutPolicyItem { item, must_exist: must_exist(req.mode)? }).await?;
+        let stored = self.ctx.replica.read(|a| a.state.policy.partitions.get(&name).map(partition_to_pb));
+        stored.map(Response::new).ok_or_else(|| Status::not_found(format!("partition \"{name}\" not found")))
+    }
+
+    async fn delete_partition(
+        &self,
+        request: Request<pb::DeletePartitionRequest>,
+    ) -> Result<Response<pb::DeletePartitionResponse>, Status> {
+        self.ctx.principal(&request)?.require(Role::Admin, "changing partitions")?;
+        let name = request.into_inner().name;
+        self.policy_write(Op::DeletePolicyItem { kind: PolicyKind::Partition, name }).await?;
+        Ok(Response::new(pb::DeletePartitionResponse {}))
     }
 
     async fn get_priorities(
@@ -393,6 +442,16 @@ impl Admin {
             Outcome::Rejected(r) => Err(rejection_status(r)),
             other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
         }
+    }
+}
+
+/// What a `PutMode` asks of a put: create only (Some(false)), update only (Some(true)), or either.
+fn must_exist(mode: i32) -> Result<Option<bool>, Status> {
+    match pb::PutMode::try_from(mode) {
+        Ok(pb::PutMode::Upsert) => Ok(None),
+        Ok(pb::PutMode::Create) => Ok(Some(false)),
+        Ok(pb::PutMode::Update) => Ok(Some(true)),
+        Err(_) => Err(Status::invalid_argument(format!("mode: unknown value {mode}"))),
     }
 }
 

@@ -99,6 +99,48 @@ pub fn weights_to_pb(w: &PriorityWeights) -> pb::PriorityWeights {
     }
 }
 
+pub fn account_from_pb(a: pb::Account) -> Account {
+    Account {
+        parent: (!a.parent.is_empty()).then_some(a.parent),
+        shares: a.shares,
+        users: a.users.into_iter().collect(),
+        name: a.name,
+    }
+}
+
+pub fn account_to_pb(a: &Account) -> pb::Account {
+    pb::Account {
+        name: a.name.clone(),
+        parent: a.parent.clone().unwrap_or_default(),
+        shares: a.shares,
+        users: a.users.iter().cloned().collect(),
+    }
+}
+
+pub fn partition_from_pb(part: pb::Partition) -> Partition {
+    Partition {
+        nodes: part.nodes.into_iter().collect(),
+        selector: part.selector.into_iter().collect(),
+        priority_tier: part.priority_tier,
+        allowed_qos: part.allowed_qos.into_iter().collect(),
+        default_qos: (!part.default_qos.is_empty()).then_some(part.default_qos),
+        max_wall_s: part.max_wall_s,
+        name: part.name,
+    }
+}
+
+pub fn partition_to_pb(part: &Partition) -> pb::Partition {
+    pb::Partition {
+        name: part.name.clone(),
+        nodes: part.nodes.iter().cloned().collect(),
+        selector: part.selector.clone().into_iter().collect(),
+        priority_tier: part.priority_tier,
+        allowed_qos: part.allowed_qos.iter().cloned().collect(),
+        default_qos: part.default_qos.clone().unwrap_or_default(),
+        max_wall_s: part.max_wall_s,
+    }
+}
+
 pub fn policy_from_pb(p: pb::Policy) -> Result<Policy, Status> {
     let mut qos = BTreeMap::new();
     for q in p.qos {
@@ -113,12 +155,7 @@ pub fn policy_from_pb(p: pb::Policy) -> Result<Policy, Status> {
     }
     let mut accounts = BTreeMap::new();
     for a in p.accounts {
-        let account = Account {
-            parent: (!a.parent.is_empty()).then_some(a.parent),
-            shares: a.shares,
-            users: a.users.into_iter().collect(),
-            name: a.name,
-        };
+        let account = account_from_pb(a);
         if accounts.insert(account.name.clone(), account).is_some() {
             return Err(Status::invalid_argument("accounts: a name appears twice"));
         }
@@ -128,15 +165,7 @@ pub fn policy_from_pb(p: pb::Policy) -> Result<Policy, Status> {
     }
     let mut partitions = BTreeMap::new();
     for part in p.partitions {
-        let partition = Partition {
-            nodes: part.nodes.into_iter().collect(),
-            selector: part.selector.into_iter().collect(),
-            priority_tier: part.priority_tier,
-            allowed_qos: part.allowed_qos.into_iter().collect(),
-            default_qos: (!part.default_qos.is_empty()).then_some(part.default_qos),
-            max_wall_s: part.max_wall_s,
-            name: part.name,
-        };
+        let partition = partition_from_pb(part);
         if partitions.insert(partition.name.clone(), partition).is_some() {
             return Err(Status::invalid_argument("partitions: a name appears twice"));
         }
@@ -161,30 +190,9 @@ pub fn policy_to_pb(p: &Policy) -> pb::Policy {
     pb::Policy {
         qos: p.qos.values().map(qos_to_pb).collect(),
         submit_rules: p.profile_qos.iter().map(|(k, v)| (k.as_str().to_string(), v.clone())).collect(),
-        accounts: p
-            .accounts
-            .values()
-            .map(|a| pb::Account {
-                name: a.name.clone(),
-                parent: a.parent.clone().unwrap_or_default(),
-                shares: a.shares,
-                users: a.users.iter().cloned().collect(),
-            })
-            .collect(),
+        accounts: p.accounts.values().map(account_to_pb).collect(),
         weights: Some(weights_to_pb(&p.weights)),
-        partitions: p
-            .partitions
-            .values()
-            .map(|part| pb::Partition {
-                name: part.name.clone(),
-                nodes: part.nodes.iter().cloned().collect(),
-                selector: part.selector.clone().into_iter().collect(),
-                priority_tier: part.priority_tier,
-                allowed_qos: part.allowed_qos.iter().cloned().collect(),
-                default_qos: part.default_qos.clone().unwrap_or_default(),
-                max_wall_s: part.max_wall_s,
-            })
-            .collect(),
+        partitions: p.partitions.values().map(partition_to_pb).collect(),
         default_partition: p.default_partition.clone(),
     }
 }

@@ -39,7 +39,7 @@ use crate::limits::Usage;
 use crate::model::{
     Allocation, GpuIndex, Job, JobId, JobSpec, JobState, Node, NodeInfo, NodeState, StopReason, TaskPlacement,
 };
-use crate::policy::{Policy, Qos};
+use crate::policy::{Policy, PolicyKind, Qos};
 use crate::validate::{validate_node, validate_spec};
 
 /// Everything the controller cluster agrees on.
@@ -180,28 +180,32 @@ impl ClusterState {
                 Outcome::Burst { intents: Vec::new() }
             }
             Op::PutQos { qos, must_exist } => {
-                match (must_exist, self.policy.qos.contains_key(&qos.name)) {
-                    (Some(true), false) => {
-                        return Outcome::Rejected(Rejection::NotFound(format!(
-                            "qos \"{}\" not found",
-                            qos.name
-                        )))
-                    }
-                    (Some(false), true) => {
-                        return Outcome::Rejected(Rejection::FailedPrecondition(format!(
-                            "qos \"{}\" already exists",
-                            qos.name
-                        )))
-                    }
-                    _ => {}
+                if let Some(refused) = self.check_exists(PolicyKind::Qos, &qos.name, *must_exist) {
+                    return refused;
                 }
                 let mut policy = self.policy.clone();
                 policy.qos.insert(qos.name.clone(), qos.clone());
                 self.set_policy(&policy)
             }
+            Op::PutPolicyItem { item, must_exist } => {
+                if let Some(refused) = self.check_exists(item.kind(), item.name(), *must_exist) {
+                    return refused;
+                }
+                let mut policy = self.policy.clone();
+                policy.put(item);
+                self.set_policy(&policy)
+            }
+            Op::DeletePolicyItem { kind, name } => {
+                if let Some(refused) = self.check_exists(*kind, name, Some(true)) {
+                    return refused;
+                }
+                let mut policy = self.policy.clone();
+                policy.remove(*kind, name);
+                self.set_policy(&policy)
+            }
             Op::DeleteQos { name } => {
-                if !self.policy.qos.contains_key(name) {
-                    return Outcome::Rejected(Rejection::NotFound(format!("qos \"{name}\" not found")));
+                if let Some(refused) = self.check_exists(PolicyKind::Qos, name, Some(true)) {
+                    return refused;
                 }
                 let mut policy = self.policy.clone();
                 policy.qos.remove(name);

@@ -208,6 +208,19 @@ pub enum Op {
     RevokeToken {
         id: String,
     },
+    /// Creates or replaces one account or partition (`must_exist` as for `PutQos`); the
+    /// resulting policy is validated whole, like `SetPolicy`, but concurrent edits of other
+    /// pieces are not lost.
+    PutPolicyItem {
+        item: crate::policy::PolicyItem,
+        #[serde(default)]
+        must_exist: Option<bool>,
+    },
+    /// Deletes one account or partition (refused while an unfinished job uses it).
+    DeletePolicyItem {
+        kind: crate::policy::PolicyKind,
+        name: String,
+    },
 }
 
 /// How a job's process ended, as its agent saw it.

@@ -154,6 +154,25 @@ impl ClusterState {
 
     /// Replaces the policy after validating it whole; a QoS still used by an unfinished job
     /// cannot disappear.
+    /// `must_exist`: Some(true) refuses a missing piece (NOT_FOUND), Some(false) an existing one.
+    pub(super) fn check_exists(
+        &self,
+        kind: PolicyKind,
+        name: &str,
+        must_exist: Option<bool>,
+    ) -> Option<Outcome> {
+        let what = kind.as_str();
+        match (must_exist, self.policy.has(kind, name)) {
+            (Some(true), false) => {
+                Some(Outcome::Rejected(Rejection::NotFound(format!("{what} \"{name}\" not found"))))
+            }
+            (Some(false), true) => Some(Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                "{what} \"{name}\" already exists"
+            )))),
+            _ => None,
+        }
+    }
+
     pub(super) fn set_policy(&mut self, policy: &Policy) -> Outcome {
         if let Err(e) = policy.validate() {
             return Outcome::Rejected(Rejection::Invalid(e.to_string()));

@@ -440,3 +440,63 @@ fn clock_never_goes_backwards() {
     assert_eq!(s.now_ms, 100);
     assert_eq!(s.jobs[&2].submit_time_ms, 100);
 }
+
+#[test]
+fn accounts_and_partitions_are_put_and_deleted_one_at_a_time_and_validated_whole() {
+    use crate::policy::{Account, Partition, PolicyItem, PolicyKind};
+    let mut s = cluster(2);
+    let account = |name: &str, parent: &str| {
+        PolicyItem::Account(Account {
+            name: name.into(),
+            parent: Some(parent.into()),
+            shares: 2,
+            users: Default::default(),
+        })
+    };
+    let put =
+        |s: &mut ClusterState, item, must_exist| s.apply(&cmd(5, Op::PutPolicyItem { item, must_exist }));
+    assert_eq!(put(&mut s, account("vision", "root"), Some(false)), Outcome::PolicyChanged);
+    assert!(matches!(
+        put(&mut s, account("vision", "root"), Some(false)),
+        Outcome::Rejected(Rejection::FailedPrecondition(m)) if m.contains("already exists")
+    ));
+    assert!(matches!(
+        put(&mut s, account("nlp", "root"), Some(true)),
+        Outcome::Rejected(Rejection::NotFound(_))
+    ));
+    // Validated whole: a parent that does not exist is refused and nothing changes.
+    let before = s.policy.clone();
+    assert!(matches!(
+        put(&mut s, account("orphan", "ghost"), None),
+        Outcome::Rejected(Rejection::Invalid(_))
+    ));
+    assert_eq!(s.policy, before);
+    // Another piece put meanwhile does not undo the first (no whole-policy read-modify-write).
+    let part = PolicyItem::Partition(Partition {
+        name: "fast".into(),
+        nodes: ["n1".to_string()].into(),
+        selector: Default::default(),
+        priority_tier: 3,
+        allowed_qos: Default::default(),
+        default_qos: None,
+        max_wall_s: None,
+    });
+    assert_eq!(put(&mut s, part, None), Outcome::PolicyChanged);
+    assert!(s.policy.accounts.contains_key("vision") && s.policy.partitions.contains_key("fast"));
+    // A partition in use cannot be deleted; an unused one can; a missing one is NOT_FOUND.
+    let mut sp = spec(1, "batch");
+    sp.partition = "fast".into();
+    submitted(s.apply(&cmd(6, Op::Submit { spec: sp, request_id: None, hold: true, limits: None })));
+    let delete = |s: &mut ClusterState, kind, name: &str| {
+        s.apply(&cmd(7, Op::DeletePolicyItem { kind, name: name.into() }))
+    };
+    assert!(matches!(
+        delete(&mut s, PolicyKind::Partition, "fast"),
+        Outcome::Rejected(Rejection::FailedPrecondition(m)) if m.contains("in use")
+    ));
+    assert_eq!(delete(&mut s, PolicyKind::Account, "vision"), Outcome::PolicyChanged);
+    assert!(matches!(
+        delete(&mut s, PolicyKind::Account, "vision"),
+        Outcome::Rejected(Rejection::NotFound(_))
+    ));
+}
