@@ -612,6 +612,7 @@ fn bench_schedule(
     passes: usize,
 ) -> anyhow::Result<serde_json::Value> {
     use kairos_scheduler::{ClusterState, Command, Gpu, JobSpec, NodeInfo, Op, Placement, Plan, Profile};
+    let rss_before = rss_mb();
     let mut state = ClusterState::new();
     let now = 1_000_000i64;
     let apply = |state: &mut ClusterState, op: Op| state.apply(&Command { now_ms: now, op });
@@ -685,10 +686,16 @@ fn bench_schedule(
             Op::Submit { spec: spec(running + i, gpus), request_id: None, hold: false, limits: None },
         );
     }
+    // The controller's memory for this state (before any copy of it), per job.
+    let rss_state = rss_mb();
+    let jobs = state.jobs.len().max(1) as f64;
+    let bytes_per_job = ((rss_state - rss_before).max(0.0) * 1024.0 * 1024.0 / jobs).round();
     // Fragmentation after applying one pass: free GPUs stranded on partly used nodes.
-    let mut after = state.clone();
-    after.apply(&Command { now_ms: now, op: Op::ApplyPlan { plan: kairos_scheduler::plan(&state).plan } });
-    let (free, whole) = after.fragmentation();
+    let (free, whole) = {
+        let mut after = state.clone();
+        after.apply(&Command { now_ms: now, op: Op::ApplyPlan { plan: kairos_scheduler::plan(&state).plan } });
+        after.fragmentation()
+    };
     let mut times = Vec::new();
     let mut last = None;
     for _ in 0..passes {
@@ -712,6 +719,8 @@ fn bench_schedule(
         "free_gpus_after_pass": free,
         "free_gpus_on_whole_nodes": whole,
         "rss_mb": rss_mb(),
+        "state_rss_mb": rss_state,
+        "bytes_per_job": bytes_per_job,
     }))
 }
 
