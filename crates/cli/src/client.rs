@@ -4,6 +4,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use kairos_proto::v1::admin_service_client::AdminServiceClient;
+use kairos_proto::v1::job_service_client::JobServiceClient;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 
@@ -127,6 +129,28 @@ impl Client {
 
     /// Runs `call` against a controller: the first reachable one, then wherever leader hints
     /// point while the answer is `UNAVAILABLE`.
+    /// One admin-service call: `req` goes (with this client's credentials) to whichever
+    /// controller answers, retried as `call` retries; `rpc` names the method, e.g.
+    /// `client.admin(req, |mut c, r| async move { c.list_nodes(r).await })`.
+    pub async fn admin<Req, Resp, F, Fut>(&self, req: Req, rpc: F) -> Result<tonic::Response<Resp>, CallError>
+    where
+        Req: Clone,
+        F: Fn(AdminServiceClient<Channel>, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
+        self.call(|ch| rpc(AdminServiceClient::new(ch), self.request(req.clone()))).await
+    }
+
+    /// One job-service call, as `admin`.
+    pub async fn jobs<Req, Resp, F, Fut>(&self, req: Req, rpc: F) -> Result<tonic::Response<Resp>, CallError>
+    where
+        Req: Clone,
+        F: Fn(JobServiceClient<Channel>, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
+        self.call(|ch| rpc(JobServiceClient::new(ch), self.request(req.clone()))).await
+    }
+
     pub async fn call<T, F, Fut>(&self, mut call: F) -> Result<T, CallError>
     where
         F: FnMut(Channel) -> Fut,

@@ -15,7 +15,6 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use kairos_proto::v1 as pb;
 use kairos_proto::v1::admin_service_client::AdminServiceClient;
-use kairos_proto::v1::job_service_client::JobServiceClient;
 use tokio_stream::StreamExt;
 
 use crate::client::{CallError, Client};
@@ -617,9 +616,7 @@ fn qos_json(q: &pb::Qos) -> serde_json::Value {
 
 async fn get_policy(client: &Client) -> Result<pb::Policy, CallError> {
     client
-        .call(|ch| async move {
-            AdminServiceClient::new(ch).get_policy(client.request(pb::GetPolicyRequest {})).await
-        })
+        .admin(pb::GetPolicyRequest {}, |mut c, r| async move { c.get_policy(r).await })
         .await
         .map(|r| r.into_inner())
 }
@@ -630,13 +627,7 @@ async fn put_account(
     mode: pb::PutMode,
 ) -> Result<pb::Account, CallError> {
     let req = pb::PutAccountRequest { account: Some(account), mode: mode as i32 };
-    client
-        .call(|ch| {
-            let req = client.request(req.clone());
-            async move { AdminServiceClient::new(ch).put_account(req).await }
-        })
-        .await
-        .map(|r| r.into_inner())
+    client.admin(req.clone(), |mut c, r| async move { c.put_account(r).await }).await.map(|r| r.into_inner())
 }
 
 async fn put_partition(
@@ -646,19 +637,15 @@ async fn put_partition(
 ) -> Result<pb::Partition, CallError> {
     let req = pb::PutPartitionRequest { partition: Some(partition), mode: mode as i32 };
     client
-        .call(|ch| {
-            let req = client.request(req.clone());
-            async move { AdminServiceClient::new(ch).put_partition(req).await }
-        })
+        .admin(req.clone(), |mut c, r| async move { c.put_partition(r).await })
         .await
         .map(|r| r.into_inner())
 }
 
 async fn put_qos(client: &Client, qos: pb::Qos, mode: pb::PutMode) -> Result<pb::Qos, CallError> {
     client
-        .call(|ch| {
-            let req = client.request(pb::PutQosRequest { qos: Some(qos.clone()), mode: mode as i32 });
-            async move { AdminServiceClient::new(ch).put_qos(req).await }
+        .admin(pb::PutQosRequest { qos: Some(qos.clone()), mode: mode as i32 }, |mut c, r| async move {
+            c.put_qos(r).await
         })
         .await
         .map(|r| r.into_inner())
@@ -706,9 +693,8 @@ async fn qos_command(client: &Client, command: QosCmd, json: bool) -> anyhow::Re
         }
         QosCmd::Delete { name } => {
             client
-                .call(|ch| {
-                    let req = client.request(pb::DeleteQosRequest { name: name.clone() });
-                    async move { AdminServiceClient::new(ch).delete_qos(req).await }
+                .admin(pb::DeleteQosRequest { name: name.clone() }, |mut c, r| async move {
+                    c.delete_qos(r).await
                 })
                 .await?;
             println!("qos \"{name}\" deleted");
@@ -726,10 +712,7 @@ async fn policy_command(client: &Client, command: PolicyCmd) -> anyhow::Result<i
                 .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
             let policy = parsed.to_pb().map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
             let applied = client
-                .call(|ch| {
-                    let req = client.request(policy.clone());
-                    async move { AdminServiceClient::new(ch).apply_policy(req).await }
-                })
+                .admin(policy.clone(), |mut c, r| async move { c.apply_policy(r).await })
                 .await?
                 .into_inner();
             println!("policy applied: {} qos classes", applied.qos.len());
@@ -744,20 +727,14 @@ async fn policy_command(client: &Client, command: PolicyCmd) -> anyhow::Result<i
 
 async fn get_burst_config(client: &Client) -> Result<pb::BurstConfig, CallError> {
     client
-        .call(|ch| {
-            let req = client.request(pb::GetBurstConfigRequest {});
-            async move { AdminServiceClient::new(ch).get_burst_config(req).await }
-        })
+        .admin(pb::GetBurstConfigRequest {}, |mut c, r| async move { c.get_burst_config(r).await })
         .await
         .map(|r| r.into_inner())
 }
 
 async fn set_burst_config(client: &Client, config: pb::BurstConfig) -> Result<pb::BurstConfig, CallError> {
     client
-        .call(|ch| {
-            let req = client.request(config.clone());
-            async move { AdminServiceClient::new(ch).set_burst_config(req).await }
-        })
+        .admin(config.clone(), |mut c, r| async move { c.set_burst_config(r).await })
         .await
         .map(|r| r.into_inner())
 }
@@ -801,10 +778,7 @@ async fn burst_command(client: &Client, json: bool, command: BurstCmd) -> anyhow
         }
         BurstCmd::Status => {
             let s = client
-                .call(|ch| {
-                    let req = client.request(pb::BurstStatusRequest {});
-                    async move { AdminServiceClient::new(ch).burst_status(req).await }
-                })
+                .admin(pb::BurstStatusRequest {}, |mut c, r| async move { c.burst_status(r).await })
                 .await?
                 .into_inner();
             let now_ms = std::time::SystemTime::now()
@@ -956,9 +930,7 @@ fn print_list<T>(
 
 async fn get_job(client: &Client, id: u64) -> Result<pb::Job, CallError> {
     client
-        .call(|ch| async move {
-            JobServiceClient::new(ch).get_job(client.request(pb::GetJobRequest { job_id: id })).await
-        })
+        .jobs(pb::GetJobRequest { job_id: id }, |mut c, r| async move { c.get_job(r).await })
         .await
         .map(|r| r.into_inner())
 }
@@ -975,10 +947,7 @@ async fn token_command(client: &Client, json: bool, command: TokenCmd) -> anyhow
                 request_id: request_id(),
             };
             let created = client
-                .call(|ch| {
-                    let req = client.request(req.clone());
-                    async move { AdminServiceClient::new(ch).create_token(req).await }
-                })
+                .admin(req.clone(), |mut c, r| async move { c.create_token(r).await })
                 .await?
                 .into_inner();
             if json {
@@ -989,10 +958,7 @@ async fn token_command(client: &Client, json: bool, command: TokenCmd) -> anyhow
         }
         TokenCmd::List => {
             let tokens = client
-                .call(|ch| {
-                    let req = client.request(pb::ListTokensRequest {});
-                    async move { AdminServiceClient::new(ch).list_tokens(req).await }
-                })
+                .admin(pb::ListTokensRequest {}, |mut c, r| async move { c.list_tokens(r).await })
                 .await?
                 .into_inner()
                 .tokens;
@@ -1021,9 +987,8 @@ async fn token_command(client: &Client, json: bool, command: TokenCmd) -> anyhow
         }
         TokenCmd::Revoke { id } => {
             client
-                .call(|ch| {
-                    let req = client.request(pb::RevokeTokenRequest { id: id.clone() });
-                    async move { AdminServiceClient::new(ch).revoke_token(req).await }
+                .admin(pb::RevokeTokenRequest { id: id.clone() }, |mut c, r| async move {
+                    c.revoke_token(r).await
                 })
                 .await?;
             println!("revoked");
@@ -1111,13 +1076,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             // Retries (leader changes) reuse this id, so a submit is never applied twice.
             let request_id = request_id();
             let resp = client
-                .call(|ch| {
-                    let req = client.request(pb::SubmitRequest {
-                        spec: Some(spec.clone()),
-                        request_id: request_id.clone(),
-                    });
-                    async move { JobServiceClient::new(ch).submit(req).await }
-                })
+                .jobs(
+                    pb::SubmitRequest { spec: Some(spec.clone()), request_id: request_id.clone() },
+                    |mut c, r| async move { c.submit(r).await },
+                )
                 .await?
                 .into_inner();
             match (cli.json, resp.job) {
@@ -1131,11 +1093,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             let mut page_token = String::new();
             loop {
                 let page = client
-                    .call(|ch| {
-                        let req =
-                            pb::ListJobsRequest { all, page_token: page_token.clone(), ..Default::default() };
-                        async move { JobServiceClient::new(ch).list_jobs(client.request(req)).await }
-                    })
+                    .jobs(
+                        pb::ListJobsRequest { all, page_token: page_token.clone(), ..Default::default() },
+                        |mut c, r| async move { c.list_jobs(r).await },
+                    )
                     .await?
                     .into_inner();
                 jobs.extend(page.jobs);
@@ -1156,11 +1117,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Cancel { id } => {
             let job = client
-                .call(|ch| async move {
-                    JobServiceClient::new(ch)
-                        .cancel_job(client.request(pb::CancelJobRequest { job_id: id }))
-                        .await
-                })
+                .jobs(pb::CancelJobRequest { job_id: id }, |mut c, r| async move { c.cancel_job(r).await })
                 .await?
                 .into_inner();
             if cli.json {
@@ -1173,14 +1130,13 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Hold { id } | Cmd::Release { id } => {
             let hold = matches!(cli.command, Cmd::Hold { .. });
+            let req = pb::HoldJobRequest { job_id: id };
             let job = client
-                .call(|ch| async move {
-                    let req = client.request(pb::HoldJobRequest { job_id: id });
-                    let mut jobs = JobServiceClient::new(ch);
+                .jobs(req, |mut c, r| async move {
                     if hold {
-                        jobs.hold_job(req).await
+                        c.hold_job(r).await
                     } else {
-                        jobs.release_job(req).await
+                        c.release_job(r).await
                     }
                 })
                 .await?
@@ -1193,14 +1149,8 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Logs { id, follow } => {
             let mut stream = client
-                .call(|ch| async move {
-                    JobServiceClient::new(ch)
-                        .stream_logs(client.request(pb::LogsRequest {
-                            job_id: id,
-                            follow,
-                            ..Default::default()
-                        }))
-                        .await
+                .jobs(pb::LogsRequest { job_id: id, follow, ..Default::default() }, |mut c, r| async move {
+                    c.stream_logs(r).await
                 })
                 .await?
                 .into_inner();
@@ -1214,11 +1164,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Wait { id } => {
             let mut stream = client
-                .call(|ch| async move {
-                    JobServiceClient::new(ch)
-                        .watch_job(client.request(pb::WatchJobRequest { job_id: id }))
-                        .await
-                })
+                .jobs(pb::WatchJobRequest { job_id: id }, |mut c, r| async move { c.watch_job(r).await })
                 .await?
                 .into_inner();
             let mut last = None;
@@ -1238,9 +1184,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Nodes => {
             let nodes = client
-                .call(|ch| async move {
-                    AdminServiceClient::new(ch).list_nodes(client.request(pb::ListNodesRequest {})).await
-                })
+                .admin(pb::ListNodesRequest {}, |mut c, r| async move { c.list_nodes(r).await })
                 .await?
                 .into_inner()
                 .nodes;
@@ -1248,19 +1192,17 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Drain { node, reason } => {
             client
-                .call(|ch| {
-                    let req =
-                        client.request(pb::DrainNodeRequest { node: node.clone(), reason: reason.clone() });
-                    async move { AdminServiceClient::new(ch).drain_node(req).await }
-                })
+                .admin(
+                    pb::DrainNodeRequest { node: node.clone(), reason: reason.clone() },
+                    |mut c, r| async move { c.drain_node(r).await },
+                )
                 .await?;
             println!("node {node} drains");
         }
         Cmd::Node { command: NodeCmd::Remove { name } } => {
             client
-                .call(|ch| {
-                    let req = client.request(pb::RemoveNodeRequest { node: name.clone() });
-                    async move { AdminServiceClient::new(ch).remove_node(req).await }
+                .admin(pb::RemoveNodeRequest { node: name.clone() }, |mut c, r| async move {
+                    c.remove_node(r).await
                 })
                 .await?;
             println!("node {name} removed");
@@ -1312,13 +1254,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
         }
         Cmd::Priority { id } => {
-            let resp = client
-                .call(|ch| async move {
-                    let req = client.request(pb::GetPrioritiesRequest { job_id: id.unwrap_or(0) });
-                    AdminServiceClient::new(ch).get_priorities(req).await
-                })
-                .await?
-                .into_inner();
+            let req = pb::GetPrioritiesRequest { job_id: id.unwrap_or(0) };
+            let resp =
+                client.admin(req, |mut c, r| async move { c.get_priorities(r).await }).await?.into_inner();
             let mut jobs = resp.jobs;
             jobs.sort_by_key(|j| (std::cmp::Reverse(j.priority), j.job_id));
             let round = |x: f64| (x * 10_000.0).round() / 10_000.0;
@@ -1383,9 +1321,8 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .unwrap_or(0);
             let since_ms = since.map(|s| now_ms - (s as i64) * 1000).unwrap_or(0);
             let list = client
-                .call(|ch| async move {
-                    let req = client.request(pb::ListPreemptionsRequest { since_ms });
-                    AdminServiceClient::new(ch).list_preemptions(req).await
+                .admin(pb::ListPreemptionsRequest { since_ms }, |mut c, r| async move {
+                    c.list_preemptions(r).await
                 })
                 .await?
                 .into_inner()
@@ -1414,9 +1351,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Share => {
             let accounts = client
-                .call(|ch| async move {
-                    AdminServiceClient::new(ch).get_shares(client.request(pb::GetSharesRequest {})).await
-                })
+                .admin(pb::GetSharesRequest {}, |mut c, r| async move { c.get_shares(r).await })
                 .await?
                 .into_inner()
                 .accounts;
@@ -1469,12 +1404,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Account { command: AccountCmd::Delete { name } } => {
             let req = pb::DeleteAccountRequest { name: name.clone() };
-            client
-                .call(|ch| {
-                    let req = client.request(req.clone());
-                    async move { AdminServiceClient::new(ch).delete_account(req).await }
-                })
-                .await?;
+            client.admin(req.clone(), |mut c, r| async move { c.delete_account(r).await }).await?;
             println!("account \"{name}\" deleted");
         }
         Cmd::Partition { command: PartitionCmd::Create { name, flags } } => {
@@ -1496,12 +1426,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Partition { command: PartitionCmd::Delete { name } } => {
             let req = pb::DeletePartitionRequest { name: name.clone() };
-            client
-                .call(|ch| {
-                    let req = client.request(req.clone());
-                    async move { AdminServiceClient::new(ch).delete_partition(req).await }
-                })
-                .await?;
+            client.admin(req.clone(), |mut c, r| async move { c.delete_partition(r).await }).await?;
             println!("partition \"{name}\" deleted");
         }
         Cmd::Account { command: AccountCmd::List } => {
