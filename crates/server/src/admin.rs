@@ -108,10 +108,8 @@ impl AdminService for Admin {
         let account =
             account_from_pb(req.account.ok_or_else(|| Status::invalid_argument("account: required"))?);
         let name = account.name.clone();
-        let item = PolicyItem::Account(account);
-        self.policy_write(Op::PutPolicyItem { item, must_exist: must_exist(req.mode)? }).await?;
-        let stored = self.ctx.replica.read(|a| a.state.policy.accounts.get(&name).map(account_to_pb));
-        stored.map(Response::new).ok_or_else(|| Status::not_found(format!("account \"{name}\" not found")))
+        self.put_item(PolicyItem::Account(account), req.mode, |p| p.accounts.get(&name).map(account_to_pb))
+            .await
     }
 
     async fn delete_account(
@@ -119,8 +117,7 @@ impl AdminService for Admin {
         request: Request<pb::DeleteAccountRequest>,
     ) -> Result<Response<pb::DeleteAccountResponse>, Status> {
         self.ctx.principal(&request)?.require(Role::Admin, "changing accounts")?;
-        let name = request.into_inner().name;
-        self.policy_write(Op::DeletePolicyItem { kind: PolicyKind::Account, name }).await?;
+        self.delete_item(PolicyKind::Account, request.into_inner().name).await?;
         Ok(Response::new(pb::DeleteAccountResponse {}))
     }
 
@@ -133,10 +130,10 @@ impl AdminService for Admin {
         let partition =
             partition_from_pb(req.partition.ok_or_else(|| Status::invalid_argument("partition: required"))?);
         let name = partition.name.clone();
-        let item = PolicyItem::Partition(partition);
-        self.policy_write(Op::PutPolicyItem { item, must_exist: must_exist(req.mode)? }).await?;
-        let stored = self.ctx.replica.read(|a| a.state.policy.partitions.get(&name).map(partition_to_pb));
-        stored.map(Response::new).ok_or_else(|| Status::not_found(format!("partition \"{name}\" not found")))
+        self.put_item(PolicyItem::Partition(partition), req.mode, |p| {
+            p.partitions.get(&name).map(partition_to_pb)
+        })
+        .await
     }
 
     async fn delete_partition(
@@ -144,8 +141,7 @@ impl AdminService for Admin {
         request: Request<pb::DeletePartitionRequest>,
     ) -> Result<Response<pb::DeletePartitionResponse>, Status> {
         self.ctx.principal(&request)?.require(Role::Admin, "changing partitions")?;
-        let name = request.into_inner().name;
-        self.policy_write(Op::DeletePolicyItem { kind: PolicyKind::Partition, name }).await?;
+        self.delete_item(PolicyKind::Partition, request.into_inner().name).await?;
         Ok(Response::new(pb::DeletePartitionResponse {}))
     }
 
@@ -431,6 +427,25 @@ impl Admin {
             }
             Ok(pb::GetPrioritiesResponse { jobs, weights: Some(weights_to_pb(&a.state.policy.weights)) })
         })
+    }
+
+    /// Puts one account or partition (`mode`: a `PutMode`) and answers what the state now holds.
+    async fn put_item<T>(
+        &self,
+        item: PolicyItem,
+        mode: i32,
+        stored: impl FnOnce(&kairos_scheduler::policy::Policy) -> Option<T>,
+    ) -> Result<Response<T>, Status> {
+        let (kind, name) = (item.kind(), item.name().to_string());
+        self.policy_write(Op::PutPolicyItem { item, must_exist: must_exist(mode)? }).await?;
+        let stored = self.ctx.replica.read(|a| stored(&a.state.policy));
+        stored
+            .map(Response::new)
+            .ok_or_else(|| Status::not_found(format!("{} \"{name}\" not found", kind.as_str())))
+    }
+
+    async fn delete_item(&self, kind: PolicyKind, name: String) -> Result<(), Status> {
+        self.policy_write(Op::DeletePolicyItem { kind, name }).await
     }
 
     async fn policy_write(&self, op: Op) -> Result<(), Status> {
