@@ -627,7 +627,7 @@ async fn put_account(
     mode: pb::PutMode,
 ) -> Result<pb::Account, CallError> {
     let req = pb::PutAccountRequest { account: Some(account), mode: mode as i32 };
-    client.admin(req.clone(), |mut c, r| async move { c.put_account(r).await }).await.map(|r| r.into_inner())
+    client.admin(req, |mut c, r| async move { c.put_account(r).await }).await.map(|r| r.into_inner())
 }
 
 async fn put_partition(
@@ -636,10 +636,7 @@ async fn put_partition(
     mode: pb::PutMode,
 ) -> Result<pb::Partition, CallError> {
     let req = pb::PutPartitionRequest { partition: Some(partition), mode: mode as i32 };
-    client
-        .admin(req.clone(), |mut c, r| async move { c.put_partition(r).await })
-        .await
-        .map(|r| r.into_inner())
+    client.admin(req, |mut c, r| async move { c.put_partition(r).await }).await.map(|r| r.into_inner())
 }
 
 async fn put_qos(client: &Client, qos: pb::Qos, mode: pb::PutMode) -> Result<pb::Qos, CallError> {
@@ -946,10 +943,8 @@ async fn token_command(client: &Client, json: bool, command: TokenCmd) -> anyhow
                 description,
                 request_id: request_id(),
             };
-            let created = client
-                .admin(req.clone(), |mut c, r| async move { c.create_token(r).await })
-                .await?
-                .into_inner();
+            let created =
+                client.admin(req, |mut c, r| async move { c.create_token(r).await }).await?.into_inner();
             if json {
                 println!("{}", serde_json::json!({"id": created.id, "token": created.token}));
             } else {
@@ -1404,7 +1399,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Account { command: AccountCmd::Delete { name } } => {
             let req = pb::DeleteAccountRequest { name: name.clone() };
-            client.admin(req.clone(), |mut c, r| async move { c.delete_account(r).await }).await?;
+            client.admin(req, |mut c, r| async move { c.delete_account(r).await }).await?;
             println!("account \"{name}\" deleted");
         }
         Cmd::Partition { command: PartitionCmd::Create { name, flags } } => {
@@ -1426,7 +1421,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Partition { command: PartitionCmd::Delete { name } } => {
             let req = pb::DeletePartitionRequest { name: name.clone() };
-            client.admin(req.clone(), |mut c, r| async move { c.delete_partition(r).await }).await?;
+            client.admin(req, |mut c, r| async move { c.delete_partition(r).await }).await?;
             println!("partition \"{name}\" deleted");
         }
         Cmd::Account { command: AccountCmd::List } => {
