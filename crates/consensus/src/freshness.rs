@@ -46,11 +46,6 @@ impl LeaderContact {
         }
         seen.iter().any(|(_, commit)| *commit <= applied)
     }
-
-    /// Forgets every contact (this replica stood for election: it follows no leader now).
-    pub fn clear(&self) {
-        self.seen.lock().unwrap_or_else(|p| p.into_inner()).clear();
-    }
 }
 
 #[cfg(test)]
@@ -73,9 +68,6 @@ mod tests {
         assert!(!c.fresh(t0 + Duration::from_secs(3), 55, bound));
         assert!(c.fresh(t0 + Duration::from_secs(3), 60, bound));
         assert!(!c.fresh(t0 + Duration::from_secs(10), 1000, bound), "cut off from the leader");
-        c.record(t0 + Duration::from_secs(10), 1);
-        c.clear();
-        assert!(!c.fresh(t0 + Duration::from_secs(10), 1000, bound));
     }
 
     #[test]

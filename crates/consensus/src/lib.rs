@@ -199,7 +199,7 @@ impl Replica {
                 other => ConsensusError::Sled(other),
             },
         )?;
-        let log_store = store::LogStore::new(&db, &data_dir.join("raft.sled"))?;
+        let log_store = store::LogStore::new(&db, &sled_dir)?;
         let commit_index = log_store.commit_index();
         let (applied_tx, applied_rx) = watch::channel(0);
         let sm = store::StateMachineStore::new(data_dir, applied_tx)?;
@@ -308,13 +308,21 @@ impl Replica {
     /// Whether the applied state is known to hold everything the leader committed up to
     /// `staleness()` ago (`freshness`).
     pub fn state_fresh(&self) -> bool {
-        let m = self.raft.metrics().borrow().clone();
-        if self.is_leader() {
-            let voters = m.membership_config.voter_ids().count();
-            return voters <= 1
-                || m.millis_since_quorum_ack.is_some_and(|ms| ms <= self.staleness.as_millis() as u64);
+        let leads = self.is_leader();
+        let (voters, quorum_ack_ms, applied, applied_own_term) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            let applied = m.last_applied.as_ref().map(|l| l.index).unwrap_or(0);
+            // A new leader holds everything committed before it only once it has applied an
+            // entry of its own term (the blank entry it commits on election).
+            let own_term = m.last_applied.as_ref().is_some_and(|l| l.leader_id.term == m.current_term);
+            (m.membership_config.voter_ids().count(), m.millis_since_quorum_ack, applied, own_term)
+        };
+        if leads {
+            let acked =
+                voters <= 1 || quorum_ack_ms.is_some_and(|ms| ms <= self.staleness.as_millis() as u64);
+            return acked && applied_own_term;
         }
-        let applied = m.last_applied.map(|l| l.index).unwrap_or(0);
         self.contact.fresh(std::time::Instant::now(), applied, self.staleness)
     }
 
@@ -333,6 +341,20 @@ impl Replica {
     }
 
     /// A status summary for operators.
+    /// The current leader and its address, as this replica knows them (cheap: no state is
+    /// read). A replica removed from the membership knows no leader.
+    pub fn leader(&self) -> (Option<ReplicaId>, Option<String>) {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        let nodes = &m.membership_config;
+        if !nodes.nodes().any(|(id, _)| *id == self.id) {
+            return (None, None);
+        }
+        let leader = m.current_leader;
+        let addr = leader.and_then(|l| nodes.nodes().find(|(id, _)| **id == l).map(|(_, n)| n.addr.clone()));
+        (leader, addr)
+    }
+
     pub fn status(&self) -> ReplicaStatus {
         let m = self.raft.metrics().borrow().clone();
         let (digest, applied_index) =

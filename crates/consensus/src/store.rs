@@ -88,10 +88,10 @@ impl LogStore {
 
     /// Moves a log of an earlier version (one value per entry, 8-byte keys) into chunks.
     fn move_old_log(&self) -> Result<(), crate::ConsensusError> {
-        let old = self.db.open_tree(OLD_LOG_TREE)?;
-        if old.is_empty() {
+        if !self.db.tree_names().iter().any(|t| t.as_ref() == OLD_LOG_TREE.as_bytes()) {
             return Ok(());
         }
+        let old = self.db.open_tree(OLD_LOG_TREE)?;
         let mut batch = sled::Batch::default();
         for item in old.iter() {
             let (k, v) = item?;
@@ -114,11 +114,6 @@ impl LogStore {
     async fn flush(&self) -> std::io::Result<()> {
         self.db.flush_async().await.map_err(to_io)?;
         self.sled_sync.after_flush().map(|_| ())
-    }
-
-    /// The blob files synced so far (tests).
-    pub fn synced_blobs(&self) -> std::collections::BTreeSet<std::ffi::OsString> {
-        self.sled_sync.synced()
     }
 
     /// A handle that always holds the latest known commit index.

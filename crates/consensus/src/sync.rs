@@ -82,6 +82,7 @@ impl SledSync {
     }
 
     /// The blob files synced so far (for tests).
+    #[cfg(test)]
     pub fn synced(&self) -> BTreeSet<OsString> {
         self.synced.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }

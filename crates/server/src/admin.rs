@@ -117,7 +117,8 @@ impl AdminService for Admin {
         request: Request<pb::DeleteAccountRequest>,
     ) -> Result<Response<pb::DeleteAccountResponse>, Status> {
         self.ctx.principal(&request)?.require(Role::Admin, "changing accounts")?;
-        self.delete_item(PolicyKind::Account, request.into_inner().name).await?;
+        let name = request.into_inner().name;
+        self.policy_write(Op::DeletePolicyItem { kind: PolicyKind::Account, name }).await?;
         Ok(Response::new(pb::DeleteAccountResponse {}))
     }
 
@@ -141,7 +142,8 @@ impl AdminService for Admin {
         request: Request<pb::DeletePartitionRequest>,
     ) -> Result<Response<pb::DeletePartitionResponse>, Status> {
         self.ctx.principal(&request)?.require(Role::Admin, "changing partitions")?;
-        self.delete_item(PolicyKind::Partition, request.into_inner().name).await?;
+        let name = request.into_inner().name;
+        self.policy_write(Op::DeletePolicyItem { kind: PolicyKind::Partition, name }).await?;
         Ok(Response::new(pb::DeletePartitionResponse {}))
     }
 
@@ -442,10 +444,6 @@ impl Admin {
         stored
             .map(Response::new)
             .ok_or_else(|| Status::not_found(format!("{} \"{name}\" not found", kind.as_str())))
-    }
-
-    async fn delete_item(&self, kind: PolicyKind, name: String) -> Result<(), Status> {
-        self.policy_write(Op::DeletePolicyItem { kind, name }).await
     }
 
     async fn policy_write(&self, op: Op) -> Result<(), Status> {

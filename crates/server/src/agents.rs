@@ -98,11 +98,7 @@ impl AgentService for Agents {
         // deposed, paused or partitioned replica must move to the real leader, or that leader
         // would judge its node silent.
         if !self.ctx.replica.is_leader() {
-            let status = self.ctx.replica.status();
-            return Err(write_status(WriteError::NotLeader {
-                leader: status.leader,
-                leader_addr: status.leader_addr,
-            }));
+            return Err(self.ctx.not_leader());
         }
         if !self.ctx.replica.leads_confirmed().await {
             return Err(write_status(WriteError::NotLeader { leader: None, leader_addr: None }));

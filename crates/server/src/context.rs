@@ -137,16 +137,14 @@ impl Ctx {
     /// `UNAVAILABLE` with the leader's address (clients retry there), unless this replica is
     /// the leader or none is known.
     fn to_leader(&self, leads: bool, why: &str) -> Status {
-        let status = self.replica.status();
-        let leader_addr = status.leader_addr.filter(|_| !leads && status.leader != Some(self.replica.id));
-        let mut s = Status::unavailable(match &leader_addr {
-            Some(addr) => format!("{why}; the leader is at {addr}"),
-            None => why.to_string(),
-        });
-        if let Some(addr) = leader_addr.and_then(|a| a.parse().ok()) {
-            s.metadata_mut().insert(LEADER_HEADER, addr);
-        }
-        s
+        let (leader, addr) = self.replica.leader();
+        unavailable(why, addr.filter(|_| !leads && leader != Some(self.replica.id)))
+    }
+
+    /// Sends a caller this replica cannot serve to the leader (`UNAVAILABLE` + its address).
+    pub fn not_leader(&self) -> Status {
+        let (leader, leader_addr) = self.replica.leader();
+        write_status(WriteError::NotLeader { leader, leader_addr })
     }
 
     /// The epoch of `node`'s registration, if it is registered.
@@ -196,17 +194,24 @@ impl Ctx {
     }
 }
 
+/// `UNAVAILABLE` saying `why`, with the leader's address (message and `kairos-leader` metadata,
+/// where clients retry) when known.
+fn unavailable(why: &str, leader_addr: Option<String>) -> Status {
+    let mut status = Status::unavailable(match &leader_addr {
+        Some(addr) => format!("{why}; the leader is at {addr}"),
+        None => why.to_string(),
+    });
+    if let Some(addr) = leader_addr.and_then(|a| a.parse().ok()) {
+        status.metadata_mut().insert(LEADER_HEADER, addr);
+    }
+    status
+}
+
 pub fn write_status(e: WriteError) -> Status {
     match e {
-        WriteError::NotLeader { leader_addr, .. } => {
-            let mut status = Status::unavailable(match &leader_addr {
-                Some(addr) => format!("not the leader; the leader is at {addr}"),
-                None => "no leader is elected (is a quorum of replicas up?)".to_string(),
-            });
-            if let Some(addr) = leader_addr.and_then(|a| a.parse().ok()) {
-                status.metadata_mut().insert(LEADER_HEADER, addr);
-            }
-            status
+        WriteError::NotLeader { leader_addr: Some(addr), .. } => unavailable("not the leader", Some(addr)),
+        WriteError::NotLeader { leader_addr: None, .. } => {
+            unavailable("no leader is elected (is a quorum of replicas up?)", None)
         }
         WriteError::Timeout(_) => Status::unavailable(e.to_string()),
         WriteError::Raft(m) => Status::unavailable(format!("replication failed: {m}")),

@@ -16,10 +16,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status};
 
-use kairos_consensus::WriteError;
-
 use crate::auth::Principal;
-use crate::context::{rejection_status, write_status, Ctx, PendingReasons};
+use crate::context::{rejection_status, Ctx, PendingReasons};
 use crate::convert::{job_spec_from_pb, job_to_pb, job_view_state};
 
 /// Most jobs one list answer carries.
@@ -82,12 +80,8 @@ impl Jobs {
     fn redirect_unknown<T>(&self, result: Result<T, Status>) -> Result<T, Status> {
         match result {
             Err(s) if s.code() == tonic::Code::NotFound && !self.ctx.replica.is_leader() => {
-                let status = self.ctx.replica.status();
-                match status.leader_addr {
-                    Some(addr) => Err(write_status(WriteError::NotLeader {
-                        leader: status.leader,
-                        leader_addr: Some(addr),
-                    })),
+                match self.ctx.replica.leader().1 {
+                    Some(_) => Err(self.ctx.not_leader()),
                     None => Err(s),
                 }
             }

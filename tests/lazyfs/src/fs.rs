@@ -161,6 +161,29 @@ impl LazyFs {
         }
     }
 
+    /// Removes `name` under `parent` from the backing directory (`how`: a file or a directory)
+    /// and forgets it; a file still open keeps its inode until released.
+    fn remove(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        how: fn(PathBuf) -> std::io::Result<()>,
+        reply: ReplyEmpty,
+    ) {
+        let mut inner = self.lock();
+        let res = Self::path_of(&inner, parent).and_then(|p| {
+            let rel = p.join(name);
+            how(self.full(&rel)).map_err(errno)?;
+            Self::rename_paths(&mut inner, &rel, None);
+            inner.inodes.retain(|_, n| n.path.is_some() || n.opens > 0);
+            Ok(())
+        });
+        match res {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
     /// Power cut with a torn write-back: every unsynced change reaches the disk in the order it
     /// was made, except the last write, of which only the first half does; then the files are
     /// synced. (The caller exits right after, holding the lock so nothing else lands.)
@@ -291,32 +314,11 @@ impl Filesystem for LazyFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let mut inner = self.lock();
-        let res = Self::path_of(&inner, parent).and_then(|p| {
-            let rel = p.join(name);
-            std::fs::remove_file(self.full(&rel)).map_err(errno)?;
-            Self::rename_paths(&mut inner, &rel, None);
-            inner.inodes.retain(|_, n| n.path.is_some() || n.opens > 0);
-            Ok(())
-        });
-        match res {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.remove(parent, name, std::fs::remove_file, reply)
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let mut inner = self.lock();
-        let res = Self::path_of(&inner, parent).and_then(|p| {
-            let rel = p.join(name);
-            std::fs::remove_dir(self.full(&rel)).map_err(errno)?;
-            Self::rename_paths(&mut inner, &rel, None);
-            Ok(())
-        });
-        match res {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.remove(parent, name, std::fs::remove_dir, reply)
     }
 
     fn rename(
