@@ -312,6 +312,7 @@ pub async fn kill_orphans(
     log: &crate::audit::ProcessLog,
 ) -> usize {
     let mut killed: Vec<RunKey> = Vec::new();
+    let mut ended: Vec<RunKey> = Vec::new();
     let mut groups = Vec::new();
     if let Some(cg) = cgroups {
         for (key, run) in cg.runs() {
@@ -319,6 +320,11 @@ pub async fn kill_orphans(
                 tracing::warn!(job = key.0, attempt = key.1, "killing a run left by a previous agent");
                 run.kill();
                 killed.push(key);
+            } else {
+                // Its cgroup outlived it (a run's cgroup goes only after its end is logged, and
+                // the previous agent may have died before it could even journal the run): it
+                // ended while no agent watched.
+                ended.push(key);
             }
         }
     }
@@ -339,11 +345,20 @@ pub async fn kill_orphans(
             if !killed.contains(&key) {
                 killed.push(key);
             }
-        } else if !group_alive(pgid) && !killed.contains(&key) {
-            // It ended while no agent watched: its end is only known to be before now.
-            log.exit(key.0, key.1, "ended unwatched");
+        } else if !group_alive(pgid) && !killed.contains(&key) && !ended.contains(&key) {
+            ended.push(key);
         }
         let _ = std::fs::remove_file(&path);
+    }
+    // Ended while no agent watched: the end is only known to be before now. Once logged, their
+    // cgroups go (a later restart must not log the end again).
+    for key in &ended {
+        log.exit(key.0, key.1, "ended unwatched");
+    }
+    for (key, run) in cgroups.map(Cgroups::runs).unwrap_or_default() {
+        if ended.contains(&key) && !run.populated() {
+            run.remove();
+        }
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let alive = || {

@@ -426,3 +426,27 @@ async fn links_a_job_leaves_in_its_directory_are_never_followed() {
         "chmod followed the link"
     );
 }
+
+#[tokio::test]
+async fn a_run_whose_cgroup_outlived_it_unjournaled_is_logged_as_ended_before_new_work() {
+    // The previous agent died after creating the run's cgroup and starting it, before it could
+    // journal it; the run has ended since. Its end must be in the process log before the next
+    // agent starts anything, or the audit trail shows it running forever.
+    let dir = tempfile::tempdir().unwrap();
+    let cg = cgroups(dir.path());
+    let run = cg.create((7, 0)).unwrap();
+    let path = dir.path().join("processes.jsonl");
+    let log = crate::audit::ProcessLog::open(&path, "n1").unwrap();
+    log.start(7, 0, &[2], None);
+    assert_eq!(kill_orphans(dir.path(), Some(&cg), &log).await, 0);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let ended: Vec<&str> =
+        text.lines().filter(|l| l.contains(r#""job":7"#) && l.contains("ended unwatched")).collect();
+    assert_eq!(ended.len(), 1, "{text}");
+    // Logged once: its cgroup is gone, so the next restart does not log it again.
+    assert!(!run.dir().exists(), "the ended run's cgroup was kept");
+    assert_eq!(kill_orphans(dir.path(), Some(&cg), &log).await, 0);
+    let again = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(again.lines().filter(|l| l.contains("ended unwatched")).count(), 1, "{again}");
+    cg.remove_empty();
+}
