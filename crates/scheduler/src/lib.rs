@@ -25,6 +25,7 @@ pub mod planner;
 pub mod policy;
 pub mod priority;
 pub mod propose;
+pub mod queue;
 pub mod quota;
 pub mod state;
 pub mod tokens;

@@ -4,37 +4,61 @@
 //! a limit (with the limit as pending reason), and apply uses it again to re-validate every
 //! placement, so no limit is exceeded even by a plan computed on a stale state.
 //!
-//! Lookups borrow the job's names (no allocation per job): the planner asks once per pending job.
+//! Counters are interned by (QoS, user): the planner resolves each pending job's `UsageKey` in its
+//! sequential scan and then checks and counts without a string comparison.
 
-use std::collections::BTreeMap;
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasherDefault;
 
 use crate::model::{Job, JobState};
 use crate::planner::PendingReason;
-use crate::policy::Policy;
+use crate::policy::{Policy, Qos};
 
-/// What one QoS's running jobs hold.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-struct QosUsage {
-    gpus: u64,
-    /// user → (GPUs, jobs)
-    users: BTreeMap<String, (u64, u64)>,
+/// Whether a QoS has a limit on running work to count against.
+pub fn is_limited(q: &Qos) -> bool {
+    q.grp_gpus.is_some() || q.user_gpus.is_some() || q.user_jobs.is_some()
 }
 
-/// GPUs and jobs held by running jobs, per QoS and per (QoS, user).
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+/// Where one (QoS, user) pair is counted in a `Usage`: resolved once from the names, then used
+/// without touching a string (the planner resolves each pending job's key in its scan).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UsageKey {
+    qos: u32,
+    cell: u32,
+}
+
+/// Hash maps with a fixed hasher (SipHash with zero keys): lookups only, never iterated for a
+/// decision, and the same on every replica.
+type Names<V> = HashMap<String, V, BuildHasherDefault<DefaultHasher>>;
+
+/// GPUs and jobs held by running jobs, per QoS and per (QoS, user), for the QoS classes that
+/// have limits. Names are interned: `key` finds (or makes) a pair's counters once.
+#[derive(Debug, Default, Clone)]
 pub struct Usage {
-    qos: BTreeMap<String, QosUsage>,
+    /// QoS name → its index into `qos_gpus` and `users`.
+    qos_names: Names<usize>,
+    qos_gpus: Vec<u64>,
+    /// Per QoS: user → index into `cells`.
+    users: Vec<Names<usize>>,
+    /// (GPUs, jobs) of one user under one QoS.
+    cells: Vec<(u64, u64)>,
 }
+
+/// Equal when every named counter is (interning order and untouched pairs do not count).
+impl PartialEq for Usage {
+    fn eq(&self, other: &Self) -> bool {
+        self.counts() == other.counts()
+    }
+}
+
+impl Eq for Usage {}
 
 impl Usage {
     /// Counts the running and suspended jobs among `jobs`, for the QoS classes of `policy` that have limits.
     pub fn of<'a>(jobs: impl IntoIterator<Item = &'a Job>, policy: &Policy) -> Usage {
         let mut usage = Usage::default();
-        let limited = policy
-            .qos
-            .values()
-            .any(|q| q.grp_gpus.is_some() || q.user_gpus.is_some() || q.user_jobs.is_some());
-        if !limited {
+        if !policy.qos.values().any(is_limited) {
             return usage;
         }
         // A suspended job still holds its place under the limits: it resumes without asking.
@@ -44,56 +68,85 @@ impl Usage {
         usage
     }
 
+    /// The counters of `job`'s (QoS, user) pair, made at zero if new.
+    pub fn key(&mut self, job: &Job) -> UsageKey {
+        let qos = match self.qos_names.get(&job.spec.qos) {
+            Some(i) => *i,
+            None => {
+                self.qos_gpus.push(0);
+                self.users.push(Names::default());
+                self.qos_names.insert(job.spec.qos.clone(), self.qos_gpus.len() - 1);
+                self.qos_gpus.len() - 1
+            }
+        };
+        let users = &mut self.users[qos];
+        let cell = match users.get(&job.spec.user) {
+            Some(i) => *i,
+            None => {
+                self.cells.push((0, 0));
+                users.insert(job.spec.user.clone(), self.cells.len() - 1);
+                self.cells.len() - 1
+            }
+        };
+        UsageKey { qos: qos as u32, cell: cell as u32 }
+    }
+
     /// Counts `job` as running (only where its QoS has a limit to check).
     pub fn add(&mut self, job: &Job, policy: &Policy) {
-        let limited = policy
-            .qos(&job.spec.qos)
-            .is_some_and(|q| q.grp_gpus.is_some() || q.user_gpus.is_some() || q.user_jobs.is_some());
-        if !limited {
-            return;
+        if policy.qos(&job.spec.qos).is_some_and(is_limited) {
+            let key = self.key(job);
+            self.add_at(key, job.total_gpus());
         }
-        let gpus = u64::from(job.total_gpus());
-        if !self.qos.contains_key(&job.spec.qos) {
-            self.qos.insert(job.spec.qos.clone(), QosUsage::default());
-        }
-        let q = self.qos.get_mut(&job.spec.qos).expect("inserted above");
-        q.gpus += gpus;
-        match q.users.get_mut(&job.spec.user) {
-            Some((g, n)) => {
-                *g += gpus;
-                *n += 1;
-            }
-            None => {
-                q.users.insert(job.spec.user.clone(), (gpus, 1));
-            }
-        }
+    }
+
+    /// Counts one more running job of `gpus` GPUs at `key`.
+    pub fn add_at(&mut self, key: UsageKey, gpus: u32) {
+        self.qos_gpus[key.qos as usize] += u64::from(gpus);
+        let (g, n) = &mut self.cells[key.cell as usize];
+        *g += u64::from(gpus);
+        *n += 1;
     }
 
     /// Whether `job` may start now without exceeding a limit of its QoS.
     pub fn admits(&self, job: &Job, policy: &Policy) -> Result<(), PendingReason> {
-        let Some(qos) = policy.qos(&job.spec.qos) else { return Ok(()) };
-        if qos.grp_gpus.is_none() && qos.user_gpus.is_none() && qos.user_jobs.is_none() {
-            return Ok(());
-        }
-        let gpus = u64::from(job.total_gpus());
-        let used = self.qos.get(&job.spec.qos);
-        let (user_gpus, user_jobs) =
-            used.and_then(|q| q.users.get(&job.spec.user)).copied().unwrap_or((0, 0));
-        if let Some(max) = qos.grp_gpus {
-            if used.map_or(0, |q| q.gpus) + gpus > u64::from(max) {
-                return Err(PendingReason::QosGrpGpuLimit);
-            }
-        }
-        if let Some(max) = qos.user_gpus {
-            if user_gpus + gpus > u64::from(max) {
-                return Err(PendingReason::QosUserGpuLimit);
-            }
-        }
-        if let Some(max) = qos.user_jobs {
-            if user_jobs + 1 > u64::from(max) {
-                return Err(PendingReason::QosUserJobLimit);
-            }
-        }
-        Ok(())
+        let Some(qos) = policy.qos(&job.spec.qos).filter(|q| is_limited(q)) else { return Ok(()) };
+        let qos_index = self.qos_names.get(&job.spec.qos).copied();
+        let grp = qos_index.map_or(0, |i| self.qos_gpus[i]);
+        let user = qos_index.and_then(|i| self.users[i].get(&job.spec.user));
+        let cell = user.map_or((0, 0), |i| self.cells[*i]);
+        check(qos, grp, cell, job.total_gpus())
     }
+
+    /// `admits` for a job of `gpus` GPUs whose counters are at `key`.
+    pub fn admits_at(&self, key: UsageKey, qos: &Qos, gpus: u32) -> Result<(), PendingReason> {
+        check(qos, self.qos_gpus[key.qos as usize], self.cells[key.cell as usize], gpus)
+    }
+
+    /// The non-zero counters by name (for equality and tests).
+    fn counts(&self) -> (BTreeMap<&str, u64>, BTreeMap<(&str, &str), (u64, u64)>) {
+        let qos = self.qos_names.iter().map(|(n, i)| (n.as_str(), self.qos_gpus[*i])).filter(|(_, g)| *g > 0);
+        let cells = self
+            .qos_names
+            .iter()
+            .flat_map(|(q, qi)| self.users[*qi].iter().map(move |(u, i)| ((q.as_str(), u.as_str()), *i)))
+            .map(|(names, i)| (names, self.cells[i]))
+            .filter(|(_, c)| *c != (0, 0));
+        (qos.collect(), cells.collect())
+    }
+}
+
+/// The one limit check: `gpus` more GPUs (one more job) on top of what the QoS (`grp`) and
+/// the user under it (`(GPUs, jobs)`) hold.
+fn check(qos: &Qos, grp: u64, (user_gpus, user_jobs): (u64, u64), gpus: u32) -> Result<(), PendingReason> {
+    let gpus = u64::from(gpus);
+    if qos.grp_gpus.is_some_and(|max| grp + gpus > u64::from(max)) {
+        return Err(PendingReason::QosGrpGpuLimit);
+    }
+    if qos.user_gpus.is_some_and(|max| user_gpus + gpus > u64::from(max)) {
+        return Err(PendingReason::QosUserGpuLimit);
+    }
+    if qos.user_jobs.is_some_and(|max| user_jobs + 1 > u64::from(max)) {
+        return Err(PendingReason::QosUserJobLimit);
+    }
+    Ok(())
 }

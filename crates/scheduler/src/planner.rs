@@ -20,12 +20,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::limits::Usage;
 use crate::model::TaskPlacement;
-use crate::model::{model_matches, GpuIndex, Job, JobId, JobState, NodeState};
+use crate::model::{model_matches, GpuIndex, Job, JobId, JobState, Node, NodeState};
 use crate::policy::Partition;
-use crate::priority::Prioritizer;
-use crate::state::{ClusterState, Placement, Plan, PLAN_PLACEMENTS_MAX};
+use crate::queue::scan;
+use crate::state::{over_wall, ClusterState, Placement, Plan, PLAN_PLACEMENTS_MAX};
 
 /// Why a pending job is not starting now.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,6 +111,7 @@ pub struct PreemptPlan {
 struct FreeNode<'a> {
     name: &'a str,
     labels: &'a BTreeMap<String, String>,
+    node: &'a Node,
     /// (index, link group, model) of each free GPU, ascending by index.
     free: Vec<(GpuIndex, u32, &'a str)>,
     /// GPUs the reservation holds on this node (free now or freed by then).
@@ -156,20 +156,6 @@ pub struct Reservation {
     pub start_ms: i64,
 }
 
-/// Pending jobs in the order the planner considers them: multifactor priority, then submit order.
-pub fn queue_order(state: &ClusterState) -> Vec<&Job> {
-    let prioritizer = Prioritizer::new(state);
-    let mut pending: Vec<(i64, &Job)> = state
-        .jobs
-        .values()
-        .filter(|j| j.state == JobState::Pending)
-        .map(|j| (prioritizer.priority(j), j))
-        .collect();
-    // Keys are unique (ids are), so an unstable sort gives the same order.
-    pending.sort_unstable_by_key(|(p, j)| (std::cmp::Reverse(*p), j.id));
-    pending.into_iter().map(|(_, j)| j).collect()
-}
-
 /// Planner settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlanConfig {
@@ -193,50 +179,61 @@ struct Pass<'a> {
     nodes: Vec<FreeNode<'a>>,
     /// (free GPUs outside the reservation, node position): best fit is the first entry ≥ need.
     by_free: BTreeSet<(usize, usize)>,
-    /// Expected end of each GPU that is busy now or placed in this pass: node position → (end, gpu).
-    busy_until: BTreeMap<usize, Vec<(i64, GpuIndex, &'a str)>>,
+    /// Expected end of each GPU placed in this pass: node position → (end, gpu, model). The
+    /// GPUs busy before the pass are read from the state only when a reservation needs them.
+    placed_until: BTreeMap<usize, Vec<(i64, GpuIndex, &'a str)>>,
     /// Some Up node is a cloud burst node (the index fast path must then filter).
     has_cloud: bool,
+    /// Per GPU model constraint seen in this pass: the positions of the nodes with a GPU it matches.
+    model_nodes: Vec<(Option<&'a str>, Vec<usize>)>,
 }
 
 impl<'a> Pass<'a> {
     fn new(state: &'a ClusterState) -> Pass<'a> {
-        let now = state.now_ms;
         let mut nodes = Vec::new();
-        let mut busy_until: BTreeMap<usize, Vec<(i64, GpuIndex, &'a str)>> = BTreeMap::new();
         for (name, n) in state.nodes.iter().filter(|(_, n)| n.state == NodeState::Up) {
-            let pos = nodes.len();
-            let mut free = Vec::new();
-            for g in n.info.gpus.iter().filter(|g| !n.claimed.contains_key(&g.index)) {
-                match n.allocated.get(&g.index) {
-                    None => free.push((g.index, g.link_group, g.model.as_str())),
-                    Some(job) => {
-                        let end = state.jobs.get(job).map(|j| state.expected_end_ms(j)).unwrap_or(now);
-                        busy_until.entry(pos).or_default().push((end.max(now), g.index, g.model.as_str()));
-                    }
-                }
-            }
+            let free = n
+                .info
+                .gpus
+                .iter()
+                .filter(|g| !n.claimed.contains_key(&g.index) && !n.allocated.contains_key(&g.index))
+                .map(|g| (g.index, g.link_group, g.model.as_str()))
+                .collect();
             let cloud = n.info.labels.contains_key(crate::burst::BURST_LABEL);
-            nodes.push(FreeNode { name, labels: &n.info.labels, free, reserved: Vec::new(), cloud });
+            nodes.push(FreeNode { name, labels: &n.info.labels, node: n, free, reserved: Vec::new(), cloud });
         }
         let by_free = nodes.iter().enumerate().map(|(i, n)| (n.free.len(), i)).collect();
         let has_cloud = nodes.iter().any(|n| n.cloud);
-        Pass { state, nodes, by_free, busy_until, has_cloud }
+        Pass { state, nodes, by_free, placed_until: BTreeMap::new(), has_cloud, model_nodes: Vec::new() }
     }
 
     /// Picks the best-fitting node and GPUs for `count` GPUs of `model` now. `ends_ms` is when
     /// the job would end: it may use reserved GPUs only if it ends before the reservation.
+    /// Which entry of `model_nodes` lists the nodes with a GPU matching `model` (built on first use).
+    fn nodes_with(&mut self, model: Option<&'a str>) -> usize {
+        if let Some(i) = self.model_nodes.iter().position(|(m, _)| *m == model) {
+            return i;
+        }
+        let matching = self.nodes.iter().enumerate().filter(|(_, n)| {
+            n.node.info.gpus.iter().any(|g| model_matches(model, &g.model))
+        });
+        self.model_nodes.push((model, matching.map(|(pos, _)| pos).collect()));
+        self.model_nodes.len() - 1
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn find(
-        &self,
+        &mut self,
         count: usize,
-        model: Option<&str>,
+        model: Option<&'a str>,
         part: Option<&Partition>,
         cloud_ok: bool,
         ends_ms: i64,
         res: Option<&Reservation>,
     ) -> Option<(usize, Vec<GpuIndex>)> {
         let may_use_reserved = res.is_none_or(|r| ends_ms <= r.start_ms);
+        let fast = model.is_none() && part.is_none_or(Partition::is_everything) && (cloud_ok || !self.has_cloud);
+        let candidates = if fast { 0 } else { self.nodes_with(model) };
         let mut best: Option<Candidate> = None;
         let consider = |pos: usize, best: &mut Option<Candidate>| {
             let node = &self.nodes[pos];
@@ -250,7 +247,7 @@ impl<'a> Pass<'a> {
             }
             *best = Some((n, pos, node.usable(model, may)));
         };
-        if model.is_none() && part.is_none_or(Partition::is_everything) && (cloud_ok || !self.has_cloud) {
+        if fast {
             // Best fit without a model or partition constraint: the first indexed node with enough free GPUs.
             // Nodes names are in BTreeMap order, so position order is name order (deterministic).
             let mut seen = 0;
@@ -268,7 +265,7 @@ impl<'a> Pass<'a> {
                 }
             }
         } else {
-            for pos in 0..self.nodes.len() {
+            for &pos in &self.model_nodes[candidates].1 {
                 consider(pos, &mut best);
             }
         }
@@ -282,7 +279,7 @@ impl<'a> Pass<'a> {
             node.free.iter().filter(|(i, _, _)| gpus.contains(i)).map(|(i, _, m)| (*i, *m)).collect();
         node.free.retain(|(i, _, _)| !gpus.contains(i));
         self.by_free.insert((node.indexed_free(), pos));
-        let busy = self.busy_until.entry(pos).or_default();
+        let busy = self.placed_until.entry(pos).or_default();
         for (gpu, model) in taken {
             busy.push((until_ms, gpu, model));
         }
@@ -401,10 +398,10 @@ impl<'a> Pass<'a> {
 
     /// Shrunk elastic jobs that can take free GPUs of their own node back (up to their full
     /// size), in id order; the GPUs are taken from this pass.
-    fn grow_back(&mut self) -> Vec<GrowPlan> {
+    fn grow_back(&mut self, elastic: &[&'a Job]) -> Vec<GrowPlan> {
         let state = self.state;
         let mut out = Vec::new();
-        for job in state.jobs_running() {
+        for &job in elastic {
             let Some(a) = job.allocation.as_ref() else { continue };
             if job.state != JobState::Running || a.stop.is_some() {
                 continue;
@@ -464,6 +461,20 @@ impl<'a> Pass<'a> {
         Some(GrowPlan { job: job.id, attempt: job.attempt, gpus: a.gpus.clone(), more })
     }
 
+    /// When each GPU of `model` that is busy on the node at `pos` is expected to be free: the
+    /// running jobs' expected ends (not before now) and the ends of this pass's placements.
+    fn busy_until(&self, pos: usize, model: Option<&str>) -> Vec<(i64, GpuIndex)> {
+        let (state, n) = (self.state, self.nodes[pos].node);
+        let now = state.now_ms;
+        let running = n.info.gpus.iter().filter(|g| !n.claimed.contains_key(&g.index)).filter_map(|g| {
+            let job = n.allocated.get(&g.index)?;
+            let end = state.jobs.get(job).map(|j| state.expected_end_ms(j)).unwrap_or(now);
+            Some((end.max(now), g.index, g.model.as_str()))
+        });
+        let placed = self.placed_until.get(&pos).into_iter().flatten().copied();
+        running.chain(placed).filter(|(_, _, m)| model_matches(model, m)).map(|(e, g, _)| (e, g)).collect()
+    }
+
     /// The earliest node, GPUs and time at which `job` could start, from expected ends.
     fn reserve(&mut self, job: &Job) -> Option<Reservation> {
         let now = self.state.now_ms;
@@ -479,16 +490,7 @@ impl<'a> Pass<'a> {
             let mut gpus: Vec<GpuIndex> = node.usable(model, true).into_iter().map(|(i, _)| i).collect();
             let mut at = now;
             if gpus.len() < count {
-                let mut ends: Vec<(i64, GpuIndex)> = self
-                    .busy_until
-                    .get(&pos)
-                    .map(|b| {
-                        b.iter()
-                            .filter(|(_, _, m)| model_matches(model, m))
-                            .map(|(e, g, _)| (*e, *g))
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let mut ends = self.busy_until(pos, model);
                 ends.sort();
                 for (end, gpu) in ends {
                     gpus.push(gpu);
@@ -546,29 +548,29 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
         largest_by.push((model.map(str::to_string), part_name.to_string(), n));
         n
     };
-    let mut usage = Usage::of(state.jobs_running(), &state.policy);
+    let mut scan = scan(state);
+    let mut usage = std::mem::take(&mut scan.usage);
     let mut out = PlanOutput::default();
     // Reasons are collected in queue order and sorted once at the end (a bulk build of the map
     // is far cheaper than 100k single inserts).
     let mut pending: Vec<(JobId, PendingReason)> = Vec::new();
     let mut blocked = false;
     let mut strict = false;
-    for job in queue_order(state) {
+    for q in scan.queue() {
+        let (job, part, model) = (q.job, q.part, q.model);
         // Held jobs, unmet dependencies and QoS limits: the job waits without holding back
         // the jobs behind it.
-        if job.held {
-            pending.push((job.id, PendingReason::JobHeldUser));
+        if let Some(reason) = &q.waits {
+            pending.push((q.id, PendingReason::clone(reason)));
             continue;
         }
-        if let Err(reason) = state.dependency_state(job) {
-            pending.push((job.id, reason));
-            continue;
+        if let (Some(key), Some(qos)) = (q.usage, q.qos) {
+            if let Err(reason) = usage.admits_at(key, qos, q.total_gpus) {
+                pending.push((q.id, reason));
+                continue;
+            }
         }
-        if let Err(reason) = usage.admits(job, &state.policy) {
-            pending.push((job.id, reason));
-            continue;
-        }
-        if let Some(claim) = &job.claim {
+        if let Some(claim) = job.claim.as_ref().filter(|_| q.claimed) {
             // A preemptor (or a resized job) starts exactly on its claimed GPUs, once all free.
             let free = claim.tasks().all(|(node, gpus)| {
                 state.nodes.get(node).is_some_and(|n| {
@@ -576,26 +578,26 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
                 })
             });
             if free && out.plan.placements.len() < PLAN_PLACEMENTS_MAX {
-                usage.add(job, &state.policy);
+                if let Some(key) = q.usage {
+                    usage.add_at(key, q.total_gpus);
+                }
                 out.plan.placements.push(Placement {
-                    job: job.id,
+                    job: q.id,
                     node: claim.node.clone(),
                     gpus: claim.gpus.clone(),
                     more: claim.more.clone(),
                 });
             } else {
-                pending.push((job.id, PendingReason::Preempting));
+                pending.push((q.id, PendingReason::Preempting));
             }
             continue;
         }
-        let model = job.spec.gpu_model.as_deref();
-        let part = state.partition_of(job);
-        if state.over_partition_wall(job) {
-            pending.push((job.id, PendingReason::PartitionTimeLimit));
+        if over_wall(part, q.limit_ms) {
+            pending.push((q.id, PendingReason::PartitionTimeLimit));
             continue;
         }
         let largest_up = largest_up(model, part);
-        if job.gpus() > largest_up {
+        if q.gpus > largest_up {
             let of = model.map(|m| format!(" {m}")).unwrap_or_default();
             let within = part
                 .filter(|p| !p.is_everything())
@@ -604,32 +606,32 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             let why = if largest_up == 0 {
                 format!("no up node{within} has{of} GPUs")
             } else {
-                format!("no up node{within} has {}{of} GPUs", job.gpus())
+                format!("no up node{within} has {}{of} GPUs", q.gpus)
             };
-            pending.push((job.id, PendingReason::ReqNodeNotAvail(why)));
+            pending.push((q.id, PendingReason::ReqNodeNotAvail(why)));
             continue;
         }
-        let tasks = job.tasks() as usize;
+        let tasks = q.tasks as usize;
         if tasks > 1 {
-            let total = largest_gang(state, job.gpus() as usize, model, part);
+            let total = largest_gang(state, q.gpus as usize, model, part);
             if total < tasks {
                 let of = model.map(|m| format!("{m} ")).unwrap_or_default();
                 let why =
-                    format!("only {total} up nodes have {} {of}GPUs; the job needs {tasks}", job.gpus());
-                pending.push((job.id, PendingReason::ReqNodeNotAvail(why)));
+                    format!("only {total} up nodes have {} {of}GPUs; the job needs {tasks}", q.gpus);
+                pending.push((q.id, PendingReason::ReqNodeNotAvail(why)));
                 continue;
             }
         }
         if out.plan.placements.len() >= PLAN_PLACEMENTS_MAX || (blocked && (!config.backfill || strict)) {
-            pending.push((job.id, PendingReason::Priority));
+            pending.push((q.id, PendingReason::Priority));
             continue;
         }
-        let ends_ms = state.now_ms.saturating_add(state.time_limit_ms(job));
+        let ends_ms = state.now_ms.saturating_add(q.limit_ms);
         let cloud_ok = pass.has_cloud && state.may_burst(job);
         let found = if tasks > 1 {
             pass.find_gang(
                 tasks,
-                job.gpus() as usize,
+                q.gpus as usize,
                 model,
                 part,
                 cloud_ok,
@@ -638,23 +640,25 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             )
         } else {
             let res = out.reservation.as_ref();
-            pass.find(job.gpus() as usize, model, part, cloud_ok, ends_ms, res).map(|t| vec![t])
+            pass.find(q.gpus as usize, model, part, cloud_ok, ends_ms, res).map(|t| vec![t])
         };
         match found {
             Some(placed) => {
                 for (pos, gpus) in &placed {
                     pass.take(*pos, gpus, ends_ms);
                 }
-                usage.add(job, &state.policy);
+                if let Some(key) = q.usage {
+                    usage.add_at(key, q.total_gpus);
+                }
                 let mut tasks_placed =
                     placed.into_iter().map(|(pos, gpus)| (pass.nodes[pos].name.to_string(), gpus));
                 let (node, gpus) = tasks_placed.next().expect("at least one task");
                 let more = tasks_placed.map(|(node, gpus)| TaskPlacement { node, gpus }).collect();
-                out.plan.placements.push(Placement { job: job.id, node, gpus, more });
+                out.plan.placements.push(Placement { job: q.id, node, gpus, more });
             }
             None if !blocked => {
                 blocked = true;
-                pending.push((job.id, PendingReason::Resources));
+                pending.push((q.id, PendingReason::Resources));
                 // A blocked gang gets no reservation yet: protect it by backfilling nothing.
                 strict = tasks > 1;
                 if let Some(p) = (tasks == 1).then(|| pass.preempt_for(job)).flatten() {
@@ -674,12 +678,12 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
                 }
             }
             None => {
-                pending.push((job.id, PendingReason::Priority));
+                pending.push((q.id, PendingReason::Priority));
             }
         }
     }
     if !blocked {
-        out.grow = pass.grow_back();
+        out.grow = pass.grow_back(&scan.elastic);
     }
     pending.sort_unstable_by_key(|(id, _)| *id);
     out.pending = pending.into_iter().collect();

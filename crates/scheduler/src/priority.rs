@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::model::Job;
-use crate::policy::Policy;
+use crate::policy::{Policy, Qos};
 use crate::state::ClusterState;
 
 /// Fixed-point one: factors are integers in [0, ONE].
@@ -188,8 +188,14 @@ impl<'a> Prioritizer<'a> {
     }
 
     pub fn factors(&self, job: &Job) -> Factors {
+        let tier = self.policy.partitions.get(&job.spec.partition).map(|p| p.priority_tier);
+        self.factors_under(job, self.policy.qos(&job.spec.qos), tier)
+    }
+
+    /// `factors` with the job's QoS and the tier of its named partition already looked up.
+    pub(crate) fn factors_under(&self, job: &Job, qos: Option<&Qos>, tier: Option<u32>) -> Factors {
         let w = &self.policy.weights;
-        let qos_priority = self.policy.qos(&job.spec.qos).map(|q| q.priority).unwrap_or(0).max(0);
+        let qos_priority = qos.map(|q| q.priority).unwrap_or(0).max(0);
         let qos = (qos_priority as u64 * ONE) / self.qos_max as u64;
         let waited = self.now_ms.saturating_sub(job.submit_time_ms).max(0) as u64;
         let age_max_ms = w.age_max_s.max(1) * 1000;
@@ -197,7 +203,7 @@ impl<'a> Prioritizer<'a> {
         let fairshare = self.fairshare.get(&job.spec.account).copied().unwrap_or(ONE);
         let job_size = (u64::from(job.spec.total_gpus()).min(u64::from(self.largest_node_gpus)) * ONE)
             / u64::from(self.largest_node_gpus);
-        let tier = self.policy.partitions.get(&job.spec.partition).map(|p| p.priority_tier).unwrap_or(0);
+        let tier = tier.unwrap_or(0);
         let partition = u64::from(tier.min(self.tier_max)) * ONE / u64::from(self.tier_max);
         let sum = u64::from(w.qos) * qos
             + u64::from(w.age) * age

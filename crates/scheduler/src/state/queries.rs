@@ -1,6 +1,7 @@
 //! Read-only questions about the state that the planner, apply and the server share.
 
 use super::*;
+use crate::policy::Partition;
 
 impl ClusterState {
     /// The largest GPU count of any registered node (0 when there is none).
@@ -15,14 +16,7 @@ impl ClusterState {
     /// A job's effective wall-clock limit in seconds.
     /// Without its own limit a job gets the tighter of its QoS's and its partition's max wall.
     pub fn time_limit_s(&self, job: &Job) -> Option<u64> {
-        job.spec.time_limit_s.or_else(|| {
-            let qos = self.policy.qos(&job.spec.qos).map(|q| q.max_wall_s);
-            let part = self.partition_of(job).and_then(|p| p.max_wall_s);
-            match (qos, part) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            }
-        })
+        limit_s(job, self.policy.qos(&job.spec.qos), self.partition_of(job))
     }
 
     /// The jobs with a run on `node` (holding GPUs there, or suspended there), in id order:
@@ -73,14 +67,12 @@ impl ClusterState {
     /// Whether `job` asks for more time than its partition allows (it waits:
     /// `PendingReason::PartitionTimeLimit`; a placement of it is refused).
     pub fn over_partition_wall(&self, job: &Job) -> bool {
-        self.partition_of(job)
-            .and_then(|p| p.max_wall_s)
-            .is_some_and(|max| self.time_limit_ms(job) > (max as i64).saturating_mul(1000))
+        let part = self.partition_of(job);
+        over_wall(part, limit_ms(job, self.policy.qos(&job.spec.qos), part))
     }
 
     pub fn time_limit_ms(&self, job: &Job) -> i64 {
-        let secs = self.time_limit_s(job).unwrap_or(crate::validate::TIME_LIMIT_S_MAX);
-        (secs.min(crate::validate::TIME_LIMIT_S_MAX) as i64).saturating_mul(1000)
+        limit_ms(job, self.policy.qos(&job.spec.qos), self.partition_of(job))
     }
 
     /// When a running job will have ended at the latest: its start plus its time limit (plus
@@ -123,4 +115,24 @@ impl ClusterState {
             _ => false,
         }
     }
+}
+
+/// A job's effective wall-clock limit in seconds, its QoS and partition already looked up
+/// (`ClusterState::time_limit_s`; the planner resolves names once per pass).
+pub(crate) fn limit_s(job: &Job, qos: Option<&Qos>, part: Option<&Partition>) -> Option<u64> {
+    job.spec.time_limit_s.or_else(|| match (qos.map(|q| q.max_wall_s), part.and_then(|p| p.max_wall_s)) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    })
+}
+
+/// `limit_s` in milliseconds (a year at most).
+pub(crate) fn limit_ms(job: &Job, qos: Option<&Qos>, part: Option<&Partition>) -> i64 {
+    let secs = limit_s(job, qos, part).unwrap_or(crate::validate::TIME_LIMIT_S_MAX);
+    (secs.min(crate::validate::TIME_LIMIT_S_MAX) as i64).saturating_mul(1000)
+}
+
+/// Whether a limit of `limit_ms` is longer than `part` allows.
+pub(crate) fn over_wall(part: Option<&Partition>, limit_ms: i64) -> bool {
+    part.and_then(|p| p.max_wall_s).is_some_and(|max| limit_ms > (max as i64).saturating_mul(1000))
 }
