@@ -15,6 +15,14 @@ use crate::model::{Job, JobState};
 use crate::planner::PendingReason;
 use crate::policy::{Policy, Qos};
 
+/// `UsageKey::cell` of a QoS without per-user limits: no per-user counters.
+const NO_CELL: u32 = u32::MAX;
+
+/// Whether a QoS limits what one user may run.
+fn has_user_limit(q: &Qos) -> bool {
+    q.user_gpus.is_some() || q.user_jobs.is_some()
+}
+
 /// Whether a QoS has a limit on running work to count against.
 pub fn is_limited(q: &Qos) -> bool {
     q.grp_gpus.is_some() || q.user_gpus.is_some() || q.user_jobs.is_some()
@@ -68,8 +76,9 @@ impl Usage {
         usage
     }
 
-    /// The counters of `job`'s (QoS, user) pair, made at zero if new.
-    pub fn key(&mut self, job: &Job) -> UsageKey {
+    /// The counters of `job`'s (QoS, user) pair, made at zero if new; per-user counters only
+    /// where `qos` has a per-user limit (a QoS with a group limit alone needs no user lookup).
+    pub fn key(&mut self, job: &Job, q: &Qos) -> UsageKey {
         let qos = match self.qos_names.get(&job.spec.qos) {
             Some(i) => *i,
             None => {
@@ -79,6 +88,9 @@ impl Usage {
                 self.qos_gpus.len() - 1
             }
         };
+        if !has_user_limit(q) {
+            return UsageKey { qos: qos as u32, cell: NO_CELL };
+        }
         let users = &mut self.users[qos];
         let cell = match users.get(&job.spec.user) {
             Some(i) => *i,
@@ -93,8 +105,8 @@ impl Usage {
 
     /// Counts `job` as running (only where its QoS has a limit to check).
     pub fn add(&mut self, job: &Job, policy: &Policy) {
-        if policy.qos(&job.spec.qos).is_some_and(is_limited) {
-            let key = self.key(job);
+        if let Some(q) = policy.qos(&job.spec.qos).filter(|q| is_limited(q)) {
+            let key = self.key(job, q);
             self.add_at(key, job.total_gpus());
         }
     }
@@ -102,9 +114,10 @@ impl Usage {
     /// Counts one more running job of `gpus` GPUs at `key`.
     pub fn add_at(&mut self, key: UsageKey, gpus: u32) {
         self.qos_gpus[key.qos as usize] += u64::from(gpus);
-        let (g, n) = &mut self.cells[key.cell as usize];
-        *g += u64::from(gpus);
-        *n += 1;
+        if let Some((g, n)) = self.cells.get_mut(key.cell as usize) {
+            *g += u64::from(gpus);
+            *n += 1;
+        }
     }
 
     /// Whether `job` may start now without exceeding a limit of its QoS.
@@ -119,11 +132,12 @@ impl Usage {
 
     /// `admits` for a job of `gpus` GPUs whose counters are at `key`.
     pub fn admits_at(&self, key: UsageKey, qos: &Qos, gpus: u32) -> Result<(), PendingReason> {
-        check(qos, self.qos_gpus[key.qos as usize], self.cells[key.cell as usize], gpus)
+        let cell = self.cells.get(key.cell as usize).copied().unwrap_or((0, 0));
+        check(qos, self.qos_gpus[key.qos as usize], cell, gpus)
     }
 
     /// The non-zero counters by name (for equality and tests).
-    fn counts(&self) -> (BTreeMap<&str, u64>, BTreeMap<(&str, &str), (u64, u64)>) {
+    fn counts(&self) -> Counts<'_> {
         let qos = self.qos_names.iter().map(|(n, i)| (n.as_str(), self.qos_gpus[*i])).filter(|(_, g)| *g > 0);
         let cells = self
             .qos_names
@@ -134,6 +148,9 @@ impl Usage {
         (qos.collect(), cells.collect())
     }
 }
+
+/// Non-zero counters by name: GPUs per QoS, (GPUs, jobs) per (QoS, user).
+type Counts<'a> = (BTreeMap<&'a str, u64>, BTreeMap<(&'a str, &'a str), (u64, u64)>);
 
 /// The one limit check: `gpus` more GPUs (one more job) on top of what the QoS (`grp`) and
 /// the user under it (`(GPUs, jobs)`) hold.

@@ -214,9 +214,11 @@ impl<'a> Pass<'a> {
         if let Some(i) = self.model_nodes.iter().position(|(m, _)| *m == model) {
             return i;
         }
-        let matching = self.nodes.iter().enumerate().filter(|(_, n)| {
-            n.node.info.gpus.iter().any(|g| model_matches(model, &g.model))
-        });
+        let matching = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.node.info.gpus.iter().any(|g| model_matches(model, &g.model)));
         self.model_nodes.push((model, matching.map(|(pos, _)| pos).collect()));
         self.model_nodes.len() - 1
     }
@@ -232,7 +234,8 @@ impl<'a> Pass<'a> {
         res: Option<&Reservation>,
     ) -> Option<(usize, Vec<GpuIndex>)> {
         let may_use_reserved = res.is_none_or(|r| ends_ms <= r.start_ms);
-        let fast = model.is_none() && part.is_none_or(Partition::is_everything) && (cloud_ok || !self.has_cloud);
+        let fast =
+            model.is_none() && part.is_none_or(Partition::is_everything) && (cloud_ok || !self.has_cloud);
         let candidates = if fast { 0 } else { self.nodes_with(model) };
         let mut best: Option<Candidate> = None;
         let consider = |pos: usize, best: &mut Option<Candidate>| {
@@ -551,22 +554,22 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
     let mut scan = scan(state);
     let mut usage = std::mem::take(&mut scan.usage);
     let mut out = PlanOutput::default();
-    // Reasons are collected in queue order and sorted once at the end (a bulk build of the map
-    // is far cheaper than 100k single inserts).
-    let mut pending: Vec<(JobId, PendingReason)> = Vec::new();
+    // Reasons are kept by queue entry (entries are in id order), so the map is built in one
+    // ordered sweep at the end: far cheaper than 100k inserts, and no sort.
+    let mut reasons: Vec<Option<PendingReason>> = vec![None; scan.len()];
     let mut blocked = false;
     let mut strict = false;
-    for q in scan.queue() {
+    for (entry, q) in scan.queue() {
         let (job, part, model) = (q.job, q.part, q.model);
         // Held jobs, unmet dependencies and QoS limits: the job waits without holding back
         // the jobs behind it.
         if let Some(reason) = &q.waits {
-            pending.push((q.id, PendingReason::clone(reason)));
+            reasons[entry] = Some(PendingReason::clone(reason));
             continue;
         }
         if let (Some(key), Some(qos)) = (q.usage, q.qos) {
             if let Err(reason) = usage.admits_at(key, qos, q.total_gpus) {
-                pending.push((q.id, reason));
+                reasons[entry] = Some(reason);
                 continue;
             }
         }
@@ -588,12 +591,12 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
                     more: claim.more.clone(),
                 });
             } else {
-                pending.push((q.id, PendingReason::Preempting));
+                reasons[entry] = Some(PendingReason::Preempting);
             }
             continue;
         }
         if over_wall(part, q.limit_ms) {
-            pending.push((q.id, PendingReason::PartitionTimeLimit));
+            reasons[entry] = Some(PendingReason::PartitionTimeLimit);
             continue;
         }
         let largest_up = largest_up(model, part);
@@ -608,7 +611,7 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             } else {
                 format!("no up node{within} has {}{of} GPUs", q.gpus)
             };
-            pending.push((q.id, PendingReason::ReqNodeNotAvail(why)));
+            reasons[entry] = Some(PendingReason::ReqNodeNotAvail(why));
             continue;
         }
         let tasks = q.tasks as usize;
@@ -616,28 +619,19 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             let total = largest_gang(state, q.gpus as usize, model, part);
             if total < tasks {
                 let of = model.map(|m| format!("{m} ")).unwrap_or_default();
-                let why =
-                    format!("only {total} up nodes have {} {of}GPUs; the job needs {tasks}", q.gpus);
-                pending.push((q.id, PendingReason::ReqNodeNotAvail(why)));
+                let why = format!("only {total} up nodes have {} {of}GPUs; the job needs {tasks}", q.gpus);
+                reasons[entry] = Some(PendingReason::ReqNodeNotAvail(why));
                 continue;
             }
         }
         if out.plan.placements.len() >= PLAN_PLACEMENTS_MAX || (blocked && (!config.backfill || strict)) {
-            pending.push((q.id, PendingReason::Priority));
+            reasons[entry] = Some(PendingReason::Priority);
             continue;
         }
         let ends_ms = state.now_ms.saturating_add(q.limit_ms);
         let cloud_ok = pass.has_cloud && state.may_burst(job);
         let found = if tasks > 1 {
-            pass.find_gang(
-                tasks,
-                q.gpus as usize,
-                model,
-                part,
-                cloud_ok,
-                ends_ms,
-                out.reservation.as_ref(),
-            )
+            pass.find_gang(tasks, q.gpus as usize, model, part, cloud_ok, ends_ms, out.reservation.as_ref())
         } else {
             let res = out.reservation.as_ref();
             pass.find(q.gpus as usize, model, part, cloud_ok, ends_ms, res).map(|t| vec![t])
@@ -658,7 +652,7 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             }
             None if !blocked => {
                 blocked = true;
-                pending.push((q.id, PendingReason::Resources));
+                reasons[entry] = Some(PendingReason::Resources);
                 // A blocked gang gets no reservation yet: protect it by backfilling nothing.
                 strict = tasks > 1;
                 if let Some(p) = (tasks == 1).then(|| pass.preempt_for(job)).flatten() {
@@ -678,15 +672,14 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
                 }
             }
             None => {
-                pending.push((q.id, PendingReason::Priority));
+                reasons[entry] = Some(PendingReason::Priority);
             }
         }
     }
     if !blocked {
         out.grow = pass.grow_back(&scan.elastic);
     }
-    pending.sort_unstable_by_key(|(id, _)| *id);
-    out.pending = pending.into_iter().collect();
+    out.pending = scan.ids().zip(reasons).filter_map(|(id, r)| Some((id, r?))).collect();
     out
 }
 

@@ -55,9 +55,19 @@ pub(crate) struct Scan<'a> {
 }
 
 impl<'a> Scan<'a> {
-    /// Pending jobs in the order the planner considers them.
-    pub fn queue(&self) -> impl Iterator<Item = &Queued<'a>> + '_ {
-        self.order.iter().map(|(_, _, i)| &self.entries[*i as usize])
+    /// Pending jobs in the order the planner considers them, with their entry numbers.
+    pub fn queue(&self) -> impl Iterator<Item = (usize, &Queued<'a>)> + '_ {
+        self.order.iter().map(|(_, _, i)| (*i as usize, &self.entries[*i as usize]))
+    }
+
+    /// How many pending jobs (entries) there are.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The pending jobs' ids by entry number (ascending).
+    pub fn ids(&self) -> impl Iterator<Item = JobId> + '_ {
+        self.entries.iter().map(|q| q.id)
     }
 }
 
@@ -84,7 +94,7 @@ pub(crate) fn scan(state: &ClusterState) -> Scan<'_> {
                 } else {
                     state.dependency_state(job).err().map(Box::new)
                 };
-                let usage = qos.is_some_and(is_limited).then(|| out.usage.key(job));
+                let usage = qos.filter(|q| is_limited(q)).map(|q| out.usage.key(job, q));
                 out.order.push((Reverse(priority), job.id, out.entries.len() as u32));
                 out.entries.push(Queued {
                     id: job.id,
@@ -133,7 +143,12 @@ mod tests {
         s.apply(&Command { now_ms: 1, op: Op::SetPolicy { policy } });
         let mut ids = Vec::new();
         for (i, qos) in ["batch", "inference", "batch", "inference", "batch"].iter().enumerate() {
-            let op = Op::Submit { spec: spec(1 + (i as u32 % 2), qos), request_id: None, hold: false, limits: None };
+            let op = Op::Submit {
+                spec: spec(1 + (i as u32 % 2), qos),
+                request_id: None,
+                hold: false,
+                limits: None,
+            };
             match s.apply(&Command { now_ms: 2 + i as i64, op }) {
                 Outcome::Submitted { job } => ids.push(job),
                 other => panic!("{other:?}"),
@@ -147,7 +162,7 @@ mod tests {
         assert_eq!(scan.usage, Usage::of(s.jobs_running(), &s.policy));
         // The queue holds exactly the pending jobs, by priority (descending), then id.
         let p = Prioritizer::new(&s);
-        let queue: Vec<(i64, JobId)> = scan.queue().map(|q| (p.priority(q.job), q.job.id)).collect();
+        let queue: Vec<(i64, JobId)> = scan.queue().map(|(_, q)| (p.priority(q.job), q.job.id)).collect();
         let mut want: Vec<(i64, JobId)> =
             s.jobs.values().filter(|j| j.state == JobState::Pending).map(|j| (p.priority(j), j.id)).collect();
         want.sort_by_key(|(pr, id)| (Reverse(*pr), *id));

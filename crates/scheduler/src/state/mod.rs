@@ -28,8 +28,8 @@ mod runs;
 mod submit;
 
 pub use ops::*;
-pub(crate) use queries::{limit_ms, over_wall};
 pub use preempt::{PREEMPTION_RECORDS_MAX, THRASH_PREEMPTIONS_MAX, THRASH_WINDOW_MS};
+pub(crate) use queries::{limit_ms, over_wall};
 
 use std::collections::{BTreeMap, BTreeSet};
 
