@@ -14,6 +14,7 @@
 //! - `validate`: size limits and validity checks shared by the API edge and apply
 //! - `burst`: cloud burst configuration, launch intents and instances (applied in `burst_apply`)
 
+pub mod brief;
 pub mod burst;
 pub mod burst_apply;
 pub mod grant;

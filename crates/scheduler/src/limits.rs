@@ -19,7 +19,7 @@ use crate::policy::{Policy, Qos};
 const NO_CELL: u32 = u32::MAX;
 
 /// Whether a QoS limits what one user may run.
-fn has_user_limit(q: &Qos) -> bool {
+pub(crate) fn has_user_limit(q: &Qos) -> bool {
     q.user_gpus.is_some() || q.user_jobs.is_some()
 }
 
@@ -76,15 +76,15 @@ impl Usage {
         usage
     }
 
-    /// The counters of `job`'s (QoS, user) pair, made at zero if new; per-user counters only
+    /// The counters of a (QoS, user) pair, made at zero if new; per-user counters only
     /// where `qos` has a per-user limit (a QoS with a group limit alone needs no user lookup).
-    pub fn key(&mut self, job: &Job, q: &Qos) -> UsageKey {
-        let qos = match self.qos_names.get(&job.spec.qos) {
+    pub fn key(&mut self, qos_name: &str, user: &str, q: &Qos) -> UsageKey {
+        let qos = match self.qos_names.get(qos_name) {
             Some(i) => *i,
             None => {
                 self.qos_gpus.push(0);
                 self.users.push(Names::default());
-                self.qos_names.insert(job.spec.qos.clone(), self.qos_gpus.len() - 1);
+                self.qos_names.insert(qos_name.to_string(), self.qos_gpus.len() - 1);
                 self.qos_gpus.len() - 1
             }
         };
@@ -92,11 +92,11 @@ impl Usage {
             return UsageKey { qos: qos as u32, cell: NO_CELL };
         }
         let users = &mut self.users[qos];
-        let cell = match users.get(&job.spec.user) {
+        let cell = match users.get(user) {
             Some(i) => *i,
             None => {
                 self.cells.push((0, 0));
-                users.insert(job.spec.user.clone(), self.cells.len() - 1);
+                users.insert(user.to_string(), self.cells.len() - 1);
                 self.cells.len() - 1
             }
         };
@@ -106,7 +106,7 @@ impl Usage {
     /// Counts `job` as running (only where its QoS has a limit to check).
     pub fn add(&mut self, job: &Job, policy: &Policy) {
         if let Some(q) = policy.qos(&job.spec.qos).filter(|q| is_limited(q)) {
-            let key = self.key(job, q);
+            let key = self.key(&job.spec.qos, &job.spec.user, q);
             self.add_at(key, job.total_gpus());
         }
     }

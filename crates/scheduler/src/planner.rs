@@ -20,6 +20,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::brief::JobIndex;
 use crate::model::TaskPlacement;
 use crate::model::{model_matches, GpuIndex, Job, JobId, JobState, Node, NodeState};
 use crate::policy::Partition;
@@ -551,7 +552,15 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
         largest_by.push((model.map(str::to_string), part_name.to_string(), n));
         n
     };
-    let mut scan = scan(state);
+    let built;
+    let index = match state.job_index.current(&state.jobs) {
+        Some(index) => index,
+        None => {
+            built = JobIndex::build(&state.jobs);
+            &built
+        }
+    };
+    let mut scan = scan(state, index);
     let mut usage = std::mem::take(&mut scan.usage);
     let mut out = PlanOutput::default();
     // Reasons are kept by queue entry (entries are in id order), so the map is built in one
@@ -560,7 +569,7 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
     let mut blocked = false;
     let mut strict = false;
     for (entry, q) in scan.queue() {
-        let (job, part, model) = (q.job, q.part, q.model);
+        let (part, model) = (q.part, q.model);
         // Held jobs, unmet dependencies and QoS limits: the job waits without holding back
         // the jobs behind it.
         if let Some(reason) = &q.waits {
@@ -573,7 +582,8 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
                 continue;
             }
         }
-        if let Some(claim) = job.claim.as_ref().filter(|_| q.claimed) {
+        if let Some(claim) = q.claimed.then(|| state.jobs.get(&q.id).and_then(|j| j.claim.as_ref())).flatten()
+        {
             // A preemptor (or a resized job) starts exactly on its claimed GPUs, once all free.
             let free = claim.tasks().all(|(node, gpus)| {
                 state.nodes.get(node).is_some_and(|n| {
@@ -628,6 +638,8 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             reasons[entry] = Some(PendingReason::Priority);
             continue;
         }
+        // Only now is the job itself read: to place it (a few thousand per pass at most).
+        let Some(job) = state.jobs.get(&q.id) else { continue };
         let ends_ms = state.now_ms.saturating_add(q.limit_ms);
         let cloud_ok = pass.has_cloud && state.may_burst(job);
         let found = if tasks > 1 {

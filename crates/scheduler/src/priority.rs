@@ -164,6 +164,18 @@ pub fn fairshare_factors(state: &ClusterState) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// What priority depends on, for one job.
+pub(crate) struct Of<'a> {
+    pub qos: Option<&'a Qos>,
+    /// The priority tier of the partition the job names (None when it names none).
+    pub tier: Option<u32>,
+    /// Its account's fairshare factor.
+    pub fairshare: u64,
+    pub submit_time_ms: i64,
+    /// GPUs of all tasks as submitted.
+    pub gpus: u32,
+}
+
 /// Computes job priorities for one planning pass.
 pub struct Prioritizer<'a> {
     policy: &'a Policy,
@@ -189,19 +201,32 @@ impl<'a> Prioritizer<'a> {
 
     pub fn factors(&self, job: &Job) -> Factors {
         let tier = self.policy.partitions.get(&job.spec.partition).map(|p| p.priority_tier);
-        self.factors_under(job, self.policy.qos(&job.spec.qos), tier)
+        let of = Of {
+            qos: self.policy.qos(&job.spec.qos),
+            tier,
+            fairshare: self.fairshare_of(&job.spec.account),
+            submit_time_ms: job.submit_time_ms,
+            gpus: job.spec.total_gpus(),
+        };
+        self.compute(&of)
     }
 
-    /// `factors` with the job's QoS and the tier of its named partition already looked up.
-    pub(crate) fn factors_under(&self, job: &Job, qos: Option<&Qos>, tier: Option<u32>) -> Factors {
+    /// The fairshare factor of `account` (ONE for an account without one).
+    pub(crate) fn fairshare_of(&self, account: &str) -> u64 {
+        self.fairshare.get(account).copied().unwrap_or(ONE)
+    }
+
+    /// The factors of a job described by `of` (its names already looked up).
+    pub(crate) fn compute(&self, of: &Of) -> Factors {
+        let (job_qos, tier) = (of.qos, of.tier);
         let w = &self.policy.weights;
-        let qos_priority = qos.map(|q| q.priority).unwrap_or(0).max(0);
+        let qos_priority = job_qos.map(|q| q.priority).unwrap_or(0).max(0);
         let qos = (qos_priority as u64 * ONE) / self.qos_max as u64;
-        let waited = self.now_ms.saturating_sub(job.submit_time_ms).max(0) as u64;
+        let waited = self.now_ms.saturating_sub(of.submit_time_ms).max(0) as u64;
         let age_max_ms = w.age_max_s.max(1) * 1000;
         let age = waited.min(age_max_ms) * ONE / age_max_ms;
-        let fairshare = self.fairshare.get(&job.spec.account).copied().unwrap_or(ONE);
-        let job_size = (u64::from(job.spec.total_gpus()).min(u64::from(self.largest_node_gpus)) * ONE)
+        let fairshare = of.fairshare;
+        let job_size = (u64::from(of.gpus).min(u64::from(self.largest_node_gpus)) * ONE)
             / u64::from(self.largest_node_gpus);
         let tier = tier.unwrap_or(0);
         let partition = u64::from(tier.min(self.tier_max)) * ONE / u64::from(self.tier_max);

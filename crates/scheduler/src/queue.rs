@@ -11,19 +11,22 @@
 //! ```
 
 use std::cmp::Reverse;
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 
-use crate::limits::{is_limited, Usage, UsageKey};
+use crate::brief::{Index, NO_MODEL};
+use crate::limits::{has_user_limit, is_limited, Usage, UsageKey};
 use crate::model::{Job, JobId, JobState};
 use crate::planner::PendingReason;
 use crate::policy::{Partition, Qos};
-use crate::priority::Prioritizer;
+use crate::priority::{Of, Prioritizer};
 use crate::state::{limit_ms, ClusterState};
 
-/// One pending job in the queue: what the pass asks of every pending job, read in the scan so
-/// the pass touches the job itself only to place it.
+/// One pending job in the queue: what the pass asks of every pending job, so the pass looks
+/// the job itself up only to place it.
 pub(crate) struct Queued<'a> {
     pub id: JobId,
-    pub job: &'a Job,
     pub qos: Option<&'a Qos>,
     /// The partition it runs in (the default one when it names none).
     pub part: Option<&'a Partition>,
@@ -71,60 +74,84 @@ impl<'a> Scan<'a> {
     }
 }
 
-/// Scans the jobs once: the queue by multifactor priority, then submit order.
-pub(crate) fn scan(state: &ClusterState) -> Scan<'_> {
+/// Scans the unfinished jobs' briefs once: the queue by multifactor priority, then submit order.
+pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
     let prioritizer = Prioritizer::new(state);
     let policy = &state.policy;
-    let limited = policy.qos.values().any(is_limited);
-    // Room for every job up front (pages never written cost nothing): no regrowth mid-scan.
-    let (entries, order) = (Vec::with_capacity(state.jobs.len()), Vec::with_capacity(state.jobs.len()));
-    let mut out = Scan { entries, order, usage: Usage::default(), elastic: Vec::new() };
-    for job in state.jobs.values() {
-        match job.state {
+    // Each interned name looked up once per pass, then by number.
+    let (names, users) = (index.names.names(), index.users.names());
+    let qos_of: Vec<Option<&Qos>> = names.iter().map(|n| policy.qos(n)).collect();
+    let default_part = policy.partitions.get(&policy.default_partition);
+    let part_of: Vec<Option<&Partition>> =
+        names.iter().map(|n| if n.is_empty() { default_part } else { policy.partitions.get(n) }).collect();
+    // The priority's partition factor counts only a partition the job names.
+    let tier_of: Vec<Option<u32>> =
+        names.iter().map(|n| policy.partitions.get(n).map(|p| p.priority_tier)).collect();
+    let fairshare_of: Vec<u64> = names.iter().map(|n| prioritizer.fairshare_of(n)).collect();
+    let mut usage = Usage::default();
+    let mut by_qos: Vec<Option<UsageKey>> = vec![None; names.len()];
+    let mut by_pair: HashMap<(u32, u32), UsageKey, BuildHasherDefault<DefaultHasher>> = HashMap::default();
+    let mut key_of = |usage: &mut Usage, q: &Qos, qos: u32, user: u32| -> UsageKey {
+        let name = &names[qos as usize];
+        if has_user_limit(q) {
+            *by_pair.entry((qos, user)).or_insert_with(|| usage.key(name, &users[user as usize], q))
+        } else {
+            *by_qos[qos as usize].get_or_insert_with(|| usage.key(name, "", q))
+        }
+    };
+    let mut entries = Vec::with_capacity(index.briefs.len());
+    let mut order = Vec::with_capacity(index.briefs.len());
+    let mut elastic = Vec::new();
+    for (&id, b) in &index.briefs {
+        let qos = qos_of[b.qos as usize];
+        match b.state {
             JobState::Pending => {
-                let qos = policy.qos(&job.spec.qos);
-                let part = state.partition_of(job);
-                // The priority's partition factor counts only a partition the job names.
-                let tier = (!job.spec.partition.is_empty()).then(|| part.map(|p| p.priority_tier)).flatten();
-                let priority = prioritizer.factors_under(job, qos, tier).priority;
-                let waits = if job.held {
-                    Some(Box::new(PendingReason::JobHeldUser))
-                } else if job.spec.after_ok.is_empty() {
-                    None
-                } else {
-                    state.dependency_state(job).err().map(Box::new)
+                let part = part_of[b.partition as usize];
+                let of = Of {
+                    qos,
+                    tier: tier_of[b.partition as usize],
+                    fairshare: fairshare_of[b.account as usize],
+                    submit_time_ms: b.submit_time_ms,
+                    gpus: b.spec_gpus,
                 };
-                let usage = qos.filter(|q| is_limited(q)).map(|q| out.usage.key(job, q));
-                out.order.push((Reverse(priority), job.id, out.entries.len() as u32));
-                out.entries.push(Queued {
-                    id: job.id,
-                    job,
+                let priority = prioritizer.compute(&of).priority;
+                let waits = if b.held {
+                    Some(Box::new(PendingReason::JobHeldUser))
+                } else if b.has_deps {
+                    state.jobs.get(&id).and_then(|j| state.dependency_state(j).err()).map(Box::new)
+                } else {
+                    None
+                };
+                order.push((Reverse(priority), id, entries.len() as u32));
+                entries.push(Queued {
+                    id,
                     qos,
                     part,
-                    limit_ms: limit_ms(job, qos, part),
-                    usage,
+                    limit_ms: limit_ms(b.time_limit_s(), qos, part),
+                    usage: qos.filter(|q| is_limited(q)).map(|q| key_of(&mut usage, q, b.qos, b.user)),
                     waits,
-                    model: job.spec.gpu_model.as_deref(),
-                    gpus: job.gpus(),
-                    tasks: job.tasks(),
-                    total_gpus: job.total_gpus(),
-                    claimed: job.claim.is_some(),
+                    model: (b.model != NO_MODEL).then(|| names[b.model as usize].as_str()),
+                    claimed: b.claimed,
+                    gpus: b.gpus,
+                    tasks: b.tasks,
+                    total_gpus: b.total_gpus(),
                 });
             }
             // A suspended job still holds its place under the limits: it resumes without asking.
             JobState::Running | JobState::Suspended => {
-                if limited {
-                    out.usage.add(job, policy);
+                if let Some(q) = qos.filter(|q| is_limited(q)) {
+                    let key = key_of(&mut usage, q, b.qos, b.user);
+                    usage.add_at(key, b.total_gpus());
                 }
-                if job.state == JobState::Running && (job.spec.is_elastic() || job.spec.is_elastic_gang()) {
-                    out.elastic.push(job);
+                if b.state == JobState::Running && b.elastic {
+                    elastic.extend(state.jobs.get(&id));
                 }
             }
             _ => {}
         }
     }
-    out.order.sort_unstable();
-    out
+    order.sort_unstable();
+    Scan { entries, order, usage, elastic }
 }
 
 #[cfg(test)]
@@ -157,12 +184,14 @@ mod tests {
         let plan = crate::plan(&s).plan;
         assert!(!plan.placements.is_empty());
         s.apply(&Command { now_ms: 10, op: Op::ApplyPlan { plan } });
-        let scan = scan(&s);
+        let index = crate::brief::JobIndex::build(&s.jobs);
+        let scan = scan(&s, &index);
         // Usage from the scan equals usage counted over the running jobs.
         assert_eq!(scan.usage, Usage::of(s.jobs_running(), &s.policy));
         // The queue holds exactly the pending jobs, by priority (descending), then id.
         let p = Prioritizer::new(&s);
-        let queue: Vec<(i64, JobId)> = scan.queue().map(|(_, q)| (p.priority(q.job), q.job.id)).collect();
+        let queue: Vec<(i64, JobId)> =
+            scan.queue().map(|(_, q)| (p.priority(&s.jobs[&q.id]), q.id)).collect();
         let mut want: Vec<(i64, JobId)> =
             s.jobs.values().filter(|j| j.state == JobState::Pending).map(|j| (p.priority(j), j.id)).collect();
         want.sort_by_key(|(pr, id)| (Reverse(*pr), *id));

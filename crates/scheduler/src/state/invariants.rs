@@ -10,6 +10,7 @@ impl ClusterState {
     /// - no GPU is held by two jobs (by construction of the per-node map, checked both ways).
     pub fn check_invariants(&self) -> Result<(), String> {
         self.check_unfinished_index()?;
+        self.job_index.check(&self.jobs)?;
         for (name, node) in &self.nodes {
             for (gpu, holder) in &node.allocated {
                 if !node.info.gpus.iter().any(|g| g.index == *gpu) {

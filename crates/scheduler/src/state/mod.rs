@@ -20,6 +20,7 @@
 
 mod elastic;
 mod invariants;
+mod jobs;
 mod node_ops;
 mod ops;
 mod preempt;
@@ -27,6 +28,7 @@ mod queries;
 mod runs;
 mod submit;
 
+pub use jobs::Jobs;
 pub use ops::*;
 pub use preempt::{PREEMPTION_RECORDS_MAX, THRASH_PREEMPTIONS_MAX, THRASH_WINDOW_MS};
 pub(crate) use queries::{limit_ms, over_wall};
@@ -49,7 +51,7 @@ pub struct ClusterState {
     /// The latest time stamped into an applied command; never goes backwards.
     pub now_ms: i64,
     pub next_job_id: JobId,
-    pub jobs: BTreeMap<JobId, Job>,
+    pub jobs: Jobs,
     pub nodes: BTreeMap<String, Node>,
     /// user → request id → the job that submit created; makes retried submits idempotent.
     #[serde(default)]
@@ -84,6 +86,9 @@ pub struct ClusterState {
     /// Unfinished jobs by user (a cache of `jobs`, rebuilt when missing).
     #[serde(skip)]
     pub(crate) unfinished: crate::quota::UnfinishedIndex,
+    /// The planner's compact view of the unfinished jobs (a cache kept by apply).
+    #[serde(skip)]
+    pub(crate) job_index: crate::brief::JobIndex,
 }
 
 impl ClusterState {
@@ -91,7 +96,7 @@ impl ClusterState {
         ClusterState {
             now_ms: 0,
             next_job_id: 1,
-            jobs: BTreeMap::new(),
+            jobs: Jobs::default(),
             nodes: BTreeMap::new(),
             submit_requests: BTreeMap::new(),
             policy: Policy::default(),
@@ -104,6 +109,7 @@ impl ClusterState {
             revoked_tokens: BTreeMap::new(),
             node_epoch_seq: 0,
             unfinished: Default::default(),
+            job_index: Default::default(),
         }
     }
 
@@ -119,6 +125,7 @@ impl ClusterState {
         if !self.burst.instances.is_empty() {
             self.track_burst_nodes(now);
         }
+        self.job_index.update(&mut self.jobs);
         outcome
     }
 

@@ -16,7 +16,7 @@ impl ClusterState {
     /// A job's effective wall-clock limit in seconds.
     /// Without its own limit a job gets the tighter of its QoS's and its partition's max wall.
     pub fn time_limit_s(&self, job: &Job) -> Option<u64> {
-        limit_s(job, self.policy.qos(&job.spec.qos), self.partition_of(job))
+        limit_s(job.spec.time_limit_s, self.policy.qos(&job.spec.qos), self.partition_of(job))
     }
 
     /// The jobs with a run on `node` (holding GPUs there, or suspended there), in id order:
@@ -68,11 +68,11 @@ impl ClusterState {
     /// `PendingReason::PartitionTimeLimit`; a placement of it is refused).
     pub fn over_partition_wall(&self, job: &Job) -> bool {
         let part = self.partition_of(job);
-        over_wall(part, limit_ms(job, self.policy.qos(&job.spec.qos), part))
+        over_wall(part, limit_ms(job.spec.time_limit_s, self.policy.qos(&job.spec.qos), part))
     }
 
     pub fn time_limit_ms(&self, job: &Job) -> i64 {
-        limit_ms(job, self.policy.qos(&job.spec.qos), self.partition_of(job))
+        limit_ms(job.spec.time_limit_s, self.policy.qos(&job.spec.qos), self.partition_of(job))
     }
 
     /// When a running job will have ended at the latest: its start plus its time limit (plus
@@ -117,18 +117,18 @@ impl ClusterState {
     }
 }
 
-/// A job's effective wall-clock limit in seconds, its QoS and partition already looked up
+/// A job's effective wall-clock limit in seconds from its own (`own`), its QoS and partition already looked up
 /// (`ClusterState::time_limit_s`; the planner resolves names once per pass).
-pub(crate) fn limit_s(job: &Job, qos: Option<&Qos>, part: Option<&Partition>) -> Option<u64> {
-    job.spec.time_limit_s.or_else(|| match (qos.map(|q| q.max_wall_s), part.and_then(|p| p.max_wall_s)) {
+pub(crate) fn limit_s(own: Option<u64>, qos: Option<&Qos>, part: Option<&Partition>) -> Option<u64> {
+    own.or_else(|| match (qos.map(|q| q.max_wall_s), part.and_then(|p| p.max_wall_s)) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     })
 }
 
 /// `limit_s` in milliseconds (a year at most).
-pub(crate) fn limit_ms(job: &Job, qos: Option<&Qos>, part: Option<&Partition>) -> i64 {
-    let secs = limit_s(job, qos, part).unwrap_or(crate::validate::TIME_LIMIT_S_MAX);
+pub(crate) fn limit_ms(own: Option<u64>, qos: Option<&Qos>, part: Option<&Partition>) -> i64 {
+    let secs = limit_s(own, qos, part).unwrap_or(crate::validate::TIME_LIMIT_S_MAX);
     (secs.min(crate::validate::TIME_LIMIT_S_MAX) as i64).saturating_mul(1000)
 }
 

@@ -1,0 +1,241 @@
+//! The planner's compact view of the unfinished jobs, kept up to date by apply.
+//!
+//! A planning pass asks the same few things of every pending job (its QoS, partition, account,
+//! size, limits, whether it is held). Reading them from the full job records means touching
+//! scattered 800-byte records and the heap strings behind them for 100k jobs per pass; the
+//! index keeps one small `Brief` per unfinished job, names interned to numbers, so a pass reads
+//! a compact, ordered table instead.
+//!
+//! Kept by apply: every command refreshes the briefs of exactly the jobs it handed out mutably
+//! (`state::Jobs` records them). It is a cache — never serialized, equal to any other, built
+//! in full when missing (a state read from a snapshot) — and `check_invariants` compares it
+//! with a fresh build, so the property tests catch any drift.
+//!
+//! ```text
+//!   apply(cmd) ──▶ jobs changed ──▶ touched ids ──▶ JobIndex::update (refresh those briefs)
+//!   plan(state) ──▶ JobIndex::current (or a fresh build) ──▶ queue::scan
+//! ```
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasherDefault;
+
+use crate::model::{Job, JobId, JobState};
+use crate::state::Jobs;
+
+/// Names to numbers, in first-seen order; numbers are never reused.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Interner {
+    /// A fixed hasher (SipHash, zero keys): only looked up, the same on every replica.
+    ids: HashMap<String, u32, BuildHasherDefault<DefaultHasher>>,
+    names: Vec<String>,
+}
+
+impl Interner {
+    fn intern(&mut self, name: &str) -> u32 {
+        if let Some(id) = self.ids.get(name) {
+            return *id;
+        }
+        self.names.push(name.to_string());
+        self.ids.insert(name.to_string(), self.names.len() as u32 - 1);
+        self.names.len() as u32 - 1
+    }
+
+    /// Every interned name, by number.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+}
+
+/// No GPU model constraint.
+pub(crate) const NO_MODEL: u32 = u32::MAX;
+
+/// What a planning pass reads of one unfinished job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Brief {
+    pub state: JobState,
+    pub held: bool,
+    /// A preemptor (or resized job) that starts only on its claimed GPUs.
+    pub claimed: bool,
+    /// It names jobs it depends on (`after_ok`).
+    pub has_deps: bool,
+    /// An elastic job (single-node or gang) that may grow back.
+    pub elastic: bool,
+    /// Interned in `Index::names`: QoS, partition as named ("" for the default), account, model.
+    pub qos: u32,
+    pub partition: u32,
+    pub account: u32,
+    pub model: u32,
+    /// Interned in `Index::users`.
+    pub user: u32,
+    /// GPUs per task and tasks of the current (or next) run.
+    pub gpus: u32,
+    pub tasks: u32,
+    /// GPUs of all tasks as submitted (the priority's size factor).
+    pub spec_gpus: u32,
+    /// The job's own time limit in seconds (0: it set none; submit refuses 0).
+    own_limit_s: u32,
+    pub submit_time_ms: i64,
+}
+
+impl Brief {
+    /// GPUs of all tasks of the current (or next) run.
+    pub fn total_gpus(&self) -> u32 {
+        self.gpus.saturating_mul(self.tasks)
+    }
+
+    /// The job's own time limit, if it set one.
+    pub fn time_limit_s(&self) -> Option<u64> {
+        (self.own_limit_s != 0).then_some(u64::from(self.own_limit_s))
+    }
+}
+
+/// The briefs of every unfinished job, with the name tables they point into.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Index {
+    pub names: Interner,
+    pub users: Interner,
+    pub briefs: BTreeMap<JobId, Brief>,
+}
+
+impl Index {
+    fn build(jobs: &BTreeMap<JobId, Job>) -> Index {
+        let mut index = Index::default();
+        for (id, job) in jobs {
+            index.refresh(*id, Some(job));
+        }
+        index
+    }
+
+    fn brief(names: &mut Interner, users: &mut Interner, job: &Job) -> Brief {
+        let spec = &job.spec;
+        Brief {
+            state: job.state,
+            held: job.held,
+            claimed: job.claim.is_some(),
+            has_deps: !spec.after_ok.is_empty(),
+            elastic: spec.is_elastic() || spec.is_elastic_gang(),
+            qos: names.intern(&spec.qos),
+            partition: names.intern(&spec.partition),
+            account: names.intern(&spec.account),
+            model: spec.gpu_model.as_deref().map_or(NO_MODEL, |m| names.intern(m)),
+            user: users.intern(&spec.user),
+            gpus: job.gpus(),
+            tasks: job.tasks(),
+            spec_gpus: spec.total_gpus(),
+            // Above u32::MAX seconds (136 years) a limit is as good as none: apply caps it at a year.
+            own_limit_s: spec.time_limit_s.map_or(0, |s| s.clamp(1, u64::from(u32::MAX)) as u32),
+            submit_time_ms: job.submit_time_ms,
+        }
+    }
+
+    /// Brings the brief of job `id` up to date (`job` is its record, None if it is gone).
+    fn refresh(&mut self, id: JobId, job: Option<&Job>) {
+        match job.filter(|j| !j.state.is_terminal()) {
+            Some(job) => {
+                let brief = Index::brief(&mut self.names, &mut self.users, job);
+                self.briefs.insert(id, brief);
+            }
+            None => {
+                self.briefs.remove(&id);
+            }
+        }
+    }
+}
+
+/// The index as kept in the state: a cache, absent until built.
+#[derive(Clone, Debug, Default)]
+pub struct JobIndex(Option<Index>);
+
+impl PartialEq for JobIndex {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for JobIndex {}
+
+impl JobIndex {
+    /// The index, when it is built and no job changed since it was last brought up to date.
+    pub(crate) fn current(&self, jobs: &Jobs) -> Option<&Index> {
+        self.0.as_ref().filter(|_| !jobs.any_touched())
+    }
+
+    /// A fresh index of `jobs` (for a pass over a state whose index is not current).
+    pub(crate) fn build(jobs: &Jobs) -> Index {
+        Index::build(jobs)
+    }
+
+    /// After a command: refreshes the briefs of the jobs it touched (builds the index in full
+    /// the first time).
+    pub(crate) fn update(&mut self, jobs: &mut Jobs) {
+        let touched = jobs.take_touched();
+        match &mut self.0 {
+            None => self.0 = Some(Index::build(jobs)),
+            Some(index) => {
+                for id in touched {
+                    index.refresh(id, jobs.get(&id));
+                }
+            }
+        }
+    }
+
+    /// Whether the index (if built) says what a fresh build says; for `check_invariants`.
+    pub(crate) fn check(&self, jobs: &Jobs) -> Result<(), String> {
+        let Some(index) = &self.0 else { return Ok(()) };
+        if jobs.any_touched() {
+            return Ok(()); // not brought up to date yet: the planner does not use it
+        }
+        let (mut names, mut users) = (index.names.clone(), index.users.clone());
+        let unfinished = jobs.iter().filter(|(_, j)| !j.state.is_terminal());
+        let want: BTreeMap<JobId, Brief> =
+            unfinished.map(|(id, j)| (*id, Index::brief(&mut names, &mut users, j))).collect();
+        if want != index.briefs {
+            let differs = want.iter().find(|(id, b)| index.briefs.get(id) != Some(b)).map(|(id, _)| *id);
+            let extra = index.briefs.keys().find(|id| !want.contains_key(id));
+            return Err(format!(
+                "job index drifted: job {:?} differs, job {:?} should not be there",
+                differs, extra
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{ClusterState, Command, Op, Outcome};
+    use crate::testing::{node_info, spec};
+
+    #[test]
+    fn the_index_follows_every_command_and_its_check_catches_a_change_it_missed() {
+        let mut s = ClusterState::new();
+        s.apply(&Command { now_ms: 1, op: Op::RegisterNode { info: node_info("a", 2) } });
+        let mut ids = Vec::new();
+        for i in 0..4 {
+            let op = Op::Submit { spec: spec(1, "batch"), request_id: None, hold: i >= 2, limits: None };
+            match s.apply(&Command { now_ms: 2, op }) {
+                Outcome::Submitted { job } => ids.push(job),
+                other => panic!("{other:?}"),
+            }
+        }
+        let plan = crate::plan(&s).plan;
+        s.apply(&Command { now_ms: 3, op: Op::ApplyPlan { plan } });
+        s.apply(&Command { now_ms: 4, op: Op::Cancel { job: ids[3], by: "alice".into() } });
+        s.apply(&Command { now_ms: 5, op: Op::Release { job: ids[2], by: "alice".into() } });
+        s.check_invariants().unwrap();
+        let index = s.job_index.current(&s.jobs).expect("built and current after apply");
+        // The cancelled job left; the released one is no longer held; the placed one runs.
+        assert!(!index.briefs.contains_key(&ids[3]));
+        assert!(!index.briefs[&ids[2]].held);
+        assert_eq!(index.briefs[&ids[1]].state, JobState::Running);
+        // A change made behind the table's back (not through `Jobs`) is caught by the check.
+        let mut stale = s.clone();
+        let mut jobs: BTreeMap<JobId, Job> = stale.jobs.iter().map(|(id, j)| (*id, j.clone())).collect();
+        jobs.get_mut(&ids[2]).unwrap().held = true;
+        stale.jobs = jobs.into_iter().collect();
+        let err = stale.check_invariants().unwrap_err();
+        assert!(err.contains("job index drifted"), "{err}");
+    }
+}
