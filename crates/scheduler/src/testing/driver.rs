@@ -195,7 +195,14 @@ pub fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                 })
             }
             Step::Cancel { job } => Some(Op::Cancel { job: job_id(job), by: "bob".into() }),
-            Step::Plan => Some(Op::ApplyPlan { plan: plan(&s).plan }),
+            Step::Plan => {
+                let out = plan(&s);
+                // The index apply keeps must plan exactly as one built from scratch.
+                let mut unindexed = s.clone();
+                unindexed.job_index = Default::default();
+                assert_eq!(plan(&unindexed), out, "a plan from the kept job index differs from a fresh one");
+                Some(Op::ApplyPlan { plan: out.plan })
+            }
             Step::SavePlan => {
                 saved = plan(&s).plan;
                 None
