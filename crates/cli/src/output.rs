@@ -223,3 +223,22 @@ pub fn node_row(node: &pb::Node) -> Vec<String> {
 
 pub const NODE_HEADER: [&str; 8] =
     ["NAME", "STATE", "GPUS(USED/ALL)", "MODEL", "BACKEND", "RUNS", "ADDR", "REASON"];
+
+pub fn print_json(v: &serde_json::Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+/// Prints a listing: a JSON array with `--json`, else a table.
+pub fn print_list<T>(
+    json: bool,
+    items: &[T],
+    to_json: impl Fn(&T) -> serde_json::Value,
+    header: &[&str],
+    to_row: impl Fn(&T) -> Vec<String>,
+) {
+    if json {
+        print_json(&serde_json::Value::Array(items.iter().map(to_json).collect()));
+    } else {
+        table(header, &items.iter().map(to_row).collect::<Vec<_>>());
+    }
+}

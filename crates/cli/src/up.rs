@@ -206,3 +206,25 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// `kairos up --controllers`: a replica count (consecutive ports from `base`) or addresses.
+pub fn up_controllers(controllers: &[String], base: &str) -> anyhow::Result<Vec<String>> {
+    let default = controllers.len() == 1 && controllers[0] == "127.0.0.1:7001";
+    let count = match controllers {
+        _ if default => 1,
+        [n] if n.chars().all(|c| c.is_ascii_digit()) => n.parse::<u16>().unwrap_or(0),
+        addrs => return Ok(addrs.to_vec()),
+    };
+    if !(1..=7).contains(&count) {
+        anyhow::bail!("--controllers: a local cluster has 1 to 7 replicas");
+    }
+    let base: std::net::SocketAddr =
+        base.parse().map_err(|_| anyhow::anyhow!("--addr \"{base}\" is not HOST:PORT"))?;
+    (0..count)
+        .map(|i| {
+            let port =
+                base.port().checked_add(i).ok_or_else(|| anyhow::anyhow!("--addr: port out of range"))?;
+            Ok(std::net::SocketAddr::new(base.ip(), port).to_string())
+        })
+        .collect()
+}

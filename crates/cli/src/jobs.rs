@@ -1,0 +1,298 @@
+//! Users' job commands: submit, queue, show, cancel, hold/release, logs, wait, and
+//! checkpoint-done (run inside a job).
+
+use std::io::Write;
+
+use clap::ValueEnum;
+use kairos_proto::v1 as pb;
+use tokio_stream::StreamExt;
+
+use crate::args::{parse_env, parse_gpus, parse_min_gpus, parse_time, request_id};
+use crate::client::{CallError, Client};
+use crate::output::{self, job_json, job_row, print_job_details, print_json, print_list, JOB_HEADER};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ProfileArg {
+    Training,
+    Inference,
+    Batch,
+}
+
+/// `kairos submit`'s flags and command.
+#[derive(clap::Args, Debug)]
+pub struct SubmitArgs {
+    /// GPUs the job needs on each node.
+    #[arg(long, alias = "gpus-per-node", default_value_t = 1, allow_negative_numbers = true, value_parser = parse_gpus)]
+    pub gpus: u32,
+    /// Gang job: run one task on each of this many nodes, all or nothing (torchrun-style
+    /// RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment).
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = parse_gpus)]
+    pub nodes: u32,
+    /// Job name (default: the command's file name).
+    #[arg(long, default_value = "")]
+    pub name: String,
+    /// Wall-clock limit: 90s, 30m, 2h, 1h30m, HH:MM:SS, or whole minutes.
+    #[arg(long, value_parser = parse_time)]
+    pub time: Option<u64>,
+    /// QoS class (default: the partition's, else the profile's default QoS).
+    #[arg(long)]
+    pub qos: Option<String>,
+    /// What kind of work it is: training, inference or batch (picks the default QoS).
+    #[arg(long, value_enum)]
+    pub profile: Option<ProfileArg>,
+    /// Extra environment variables, KEY=VALUE (repeatable).
+    #[arg(long = "env", value_parser = parse_env)]
+    pub env: Vec<(String, String)>,
+    /// Working directory of the job on its node.
+    #[arg(long)]
+    pub workdir: Option<String>,
+    /// Requeue the job (next attempt) if its node fails, instead of ending it NODE_FAIL.
+    #[arg(long)]
+    pub requeue: bool,
+    /// Start only after these jobs completed successfully (repeatable or comma-separated).
+    #[arg(long = "after-ok", value_delimiter = ',')]
+    pub after_ok: Vec<u64>,
+    /// Submit held: the job waits until `kairos release`.
+    #[arg(long)]
+    pub hold: bool,
+    /// Only GPUs of this model, e.g. H100 or A100.
+    #[arg(long)]
+    pub gpu_model: Option<String>,
+    /// Fairshare account (default: your default account).
+    #[arg(long)]
+    pub account: Option<String>,
+    /// Partition (default: the cluster's default partition).
+    #[arg(long)]
+    pub partition: Option<String>,
+    /// Elastic job: the fewest GPUs it can run on. Preemption shrinks it (restart on fewer
+    /// GPUs, KAIROS_GPUS says how many) instead of stopping it; it grows back later.
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_min_gpus)]
+    pub min_gpus: Option<u32>,
+    /// Elastic gang: the fewest nodes it can run on. Preemption releases whole nodes of it
+    /// (restart on fewer, WORLD_SIZE says how many) instead of stopping it; it grows back.
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_min_gpus)]
+    pub min_nodes: Option<u32>,
+    /// The job tolerates SIGSTOP/SIGCONT: a SUSPEND-mode QoS pauses it instead of stopping it.
+    #[arg(long)]
+    pub suspendable: bool,
+    /// Signal that asks the job to checkpoint before a requeue or resize (default SIGUSR1).
+    #[arg(long)]
+    pub checkpoint_signal: Option<String>,
+    /// How long the job gets to checkpoint and exit (default and maximum: the QoS grace).
+    #[arg(long, value_parser = parse_time)]
+    pub checkpoint_grace: Option<u64>,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+/// Submits a job; prints its id (the job with --json).
+pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Result<i32> {
+    let SubmitArgs {
+        gpus,
+        nodes,
+        name,
+        time,
+        qos,
+        profile,
+        env,
+        workdir,
+        requeue,
+        after_ok,
+        hold,
+        gpu_model,
+        account,
+        partition,
+        min_gpus,
+        min_nodes,
+        suspendable,
+        checkpoint_signal,
+        checkpoint_grace,
+        command,
+    } = args;
+    let profile = match profile {
+        None => pb::Profile::Unspecified,
+        Some(ProfileArg::Training) => pb::Profile::Training,
+        Some(ProfileArg::Inference) => pb::Profile::Inference,
+        Some(ProfileArg::Batch) => pb::Profile::Batch,
+    };
+    let name = if name.is_empty() {
+        command.first().map(|c| c.rsplit('/').next().unwrap_or(c).to_string()).unwrap_or_default()
+    } else {
+        name
+    };
+    let spec = pb::JobSpec {
+        name,
+        argv: command,
+        env: env.into_iter().collect(),
+        workdir: workdir.unwrap_or_default(),
+        qos: qos.unwrap_or_default(),
+        profile: profile as i32,
+        resources: Some(pb::Resources {
+            gpus,
+            tasks: nodes,
+            gpu_model: gpu_model.unwrap_or_default(),
+            min_gpus: min_gpus.unwrap_or(0),
+            min_tasks: min_nodes.unwrap_or(0),
+            ..Default::default()
+        }),
+        suspendable,
+        checkpoint: (checkpoint_signal.is_some() || checkpoint_grace.is_some()).then(|| pb::CheckpointSpec {
+            signal: checkpoint_signal.unwrap_or_default(),
+            grace_s: checkpoint_grace.unwrap_or(0).min(u64::from(u32::MAX)) as u32,
+            dir: String::new(),
+        }),
+        time_limit_s: time.unwrap_or(0),
+        requeue: requeue.then_some(true),
+        after_ok,
+        hold,
+        account: account.unwrap_or_default(),
+        partition: partition.unwrap_or_default(),
+        ..Default::default()
+    };
+    // Retries (leader changes) reuse this id, so a submit is never applied twice.
+    let request_id = request_id();
+    let resp = client
+        .jobs(
+            pb::SubmitRequest { spec: Some(spec.clone()), request_id: request_id.clone() },
+            |mut c, r| async move { c.submit(r).await },
+        )
+        .await?
+        .into_inner();
+    match (json, resp.job) {
+        (true, Some(job)) => print_json(&job_json(&job)),
+        _ => println!("{}", resp.job_id),
+    }
+    Ok(0)
+}
+
+/// Lists pending and running jobs (all with `all`), every page.
+pub async fn queue(client: &Client, json: bool, all: bool) -> anyhow::Result<i32> {
+    // Every page, so the list is whole however long it is.
+    let mut jobs = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = client
+            .jobs(
+                pb::ListJobsRequest { all, page_token: page_token.clone(), ..Default::default() },
+                |mut c, r| async move { c.list_jobs(r).await },
+            )
+            .await?
+            .into_inner();
+        jobs.extend(page.jobs);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    print_list(json, &jobs, job_json, &JOB_HEADER, job_row);
+    Ok(0)
+}
+
+async fn get_job(client: &Client, id: u64) -> Result<pb::Job, CallError> {
+    client
+        .jobs(pb::GetJobRequest { job_id: id }, |mut c, r| async move { c.get_job(r).await })
+        .await
+        .map(|r| r.into_inner())
+}
+
+pub async fn show(client: &Client, json: bool, id: u64) -> anyhow::Result<i32> {
+    let job = get_job(client, id).await?;
+    if json {
+        print_json(&job_json(&job));
+    } else {
+        print_job_details(&job);
+    }
+    Ok(0)
+}
+
+pub async fn cancel(client: &Client, json: bool, id: u64) -> anyhow::Result<i32> {
+    let job = client
+        .jobs(pb::CancelJobRequest { job_id: id }, |mut c, r| async move { c.cancel_job(r).await })
+        .await?
+        .into_inner();
+    if json {
+        print_json(&job_json(&job));
+    } else if job.state == pb::JobState::Running as i32 {
+        println!("job {id}: cancel requested; its processes are being stopped");
+    } else {
+        println!("job {id}: cancelled");
+    }
+    Ok(0)
+}
+
+/// Holds (`hold`) or releases a pending job.
+pub async fn hold(client: &Client, json: bool, id: u64, hold: bool) -> anyhow::Result<i32> {
+    let req = pb::HoldJobRequest { job_id: id };
+    let job = client
+        .jobs(req, |mut c, r| async move {
+            if hold {
+                c.hold_job(r).await
+            } else {
+                c.release_job(r).await
+            }
+        })
+        .await?
+        .into_inner();
+    if json {
+        print_json(&job_json(&job));
+    } else {
+        println!("job {id}: {}", if hold { "held" } else { "released" });
+    }
+    Ok(0)
+}
+
+pub async fn logs(client: &Client, id: u64, follow: bool) -> anyhow::Result<i32> {
+    let mut stream = client
+        .jobs(pb::LogsRequest { job_id: id, follow, ..Default::default() }, |mut c, r| async move {
+            c.stream_logs(r).await
+        })
+        .await?
+        .into_inner();
+    let mut out = std::io::stdout().lock();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|s| CallError(format!("reading logs of job {id}: {}", s.message())))?;
+        out.write_all(&chunk.data)?;
+    }
+    out.flush()?;
+    Ok(0)
+}
+
+/// Waits until a job ends: 0 if it completed, 1 otherwise.
+pub async fn wait(client: &Client, json: bool, id: u64) -> anyhow::Result<i32> {
+    let mut stream = client
+        .jobs(pb::WatchJobRequest { job_id: id }, |mut c, r| async move { c.watch_job(r).await })
+        .await?
+        .into_inner();
+    let mut last = None;
+    while let Some(job) = stream.next().await {
+        last = Some(job.map_err(|s| CallError(format!("watching job {id}: {}", s.message())))?);
+    }
+    let job = last.ok_or_else(|| CallError(format!("watching job {id}: stream ended early")))?;
+    let state = output::job_state_name(job.state);
+    if json {
+        print_json(&job_json(&job));
+    } else {
+        println!("job {id}: {state}");
+    }
+    if state != "COMPLETED" {
+        return Ok(1);
+    }
+    Ok(0)
+}
+
+/// Inside a job: marks a checkpoint as just written.
+pub fn checkpoint_done() -> anyhow::Result<i32> {
+    let dir = std::env::var("KAIROS_CHECKPOINT_DIR").map_err(|_| {
+        anyhow::anyhow!("checkpoint-done: not inside a kairos job (KAIROS_CHECKPOINT_DIR is unset)")
+    })?;
+    let marker = std::path::Path::new(&dir).join(".kairos-checkpoint");
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(&marker)
+        .and_then(|f| f.set_modified(std::time::SystemTime::now()))
+        .map_err(|e| anyhow::anyhow!("checkpoint-done: touching {}: {e}", marker.display()))?;
+    Ok(0)
+}

@@ -1,0 +1,42 @@
+//! Operators' node commands: list, drain, remove.
+
+use clap::Subcommand;
+use kairos_proto::v1 as pb;
+
+use crate::client::Client;
+use crate::output::{node_json, node_row, print_list, NODE_HEADER};
+
+#[derive(Subcommand, Debug)]
+pub enum NodeCmd {
+    /// Forget a node that holds no job (down, or drained and idle); its credentials stop working.
+    Remove { name: String },
+}
+
+pub async fn list(client: &Client, json: bool) -> anyhow::Result<i32> {
+    let nodes = client
+        .admin(pb::ListNodesRequest {}, |mut c, r| async move { c.list_nodes(r).await })
+        .await?
+        .into_inner()
+        .nodes;
+    print_list(json, &nodes, node_json, &NODE_HEADER, node_row);
+    Ok(0)
+}
+
+pub async fn drain(client: &Client, node: String, reason: String) -> anyhow::Result<i32> {
+    client
+        .admin(pb::DrainNodeRequest { node: node.clone(), reason: reason.clone() }, |mut c, r| async move {
+            c.drain_node(r).await
+        })
+        .await?;
+    println!("node {node} drains");
+    Ok(0)
+}
+
+pub async fn node_command(client: &Client, command: NodeCmd) -> anyhow::Result<i32> {
+    let NodeCmd::Remove { name } = command;
+    client
+        .admin(pb::RemoveNodeRequest { node: name.clone() }, |mut c, r| async move { c.remove_node(r).await })
+        .await?;
+    println!("node {name} removed");
+    Ok(0)
+}

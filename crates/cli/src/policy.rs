@@ -1,0 +1,46 @@
+//! `kairos policy`: the whole scheduling policy as one TOML file (apply, export).
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+use kairos_proto::v1 as pb;
+
+use crate::client::{CallError, Client};
+use crate::policy_file;
+
+#[derive(Subcommand, Debug)]
+pub enum PolicyCmd {
+    /// Replace the whole policy with a TOML file (validated whole; nothing half-applied).
+    Apply { file: PathBuf },
+    /// Print the policy as TOML.
+    Export,
+}
+
+pub async fn get_policy(client: &Client) -> Result<pb::Policy, CallError> {
+    client
+        .admin(pb::GetPolicyRequest {}, |mut c, r| async move { c.get_policy(r).await })
+        .await
+        .map(|r| r.into_inner())
+}
+
+pub async fn policy_command(client: &Client, command: PolicyCmd) -> anyhow::Result<i32> {
+    match command {
+        PolicyCmd::Apply { file } => {
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?;
+            let parsed = policy_file::PolicyFile::parse(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            let policy = parsed.to_pb().map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            let applied = client
+                .admin(policy.clone(), |mut c, r| async move { c.apply_policy(r).await })
+                .await?
+                .into_inner();
+            println!("policy applied: {} qos classes", applied.qos.len());
+        }
+        PolicyCmd::Export => {
+            let policy = get_policy(client).await?;
+            print!("{}", policy_file::PolicyFile::from_pb(&policy).to_toml().map_err(anyhow::Error::msg)?);
+        }
+    }
+    Ok(0)
+}
