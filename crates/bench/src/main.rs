@@ -691,11 +691,15 @@ fn bench_schedule(
     let jobs = state.jobs.len().max(1) as f64;
     let bytes_per_job = ((rss_state - rss_before).max(0.0) * 1024.0 * 1024.0 / jobs).round();
     // Fragmentation after applying one pass: free GPUs stranded on partly used nodes.
-    let (free, whole) = {
+    // Applying that pass's plan (what every replica does with it) is timed too.
+    let (free, whole, apply_ms) = {
         let mut after = state.clone();
-        after
-            .apply(&Command { now_ms: now, op: Op::ApplyPlan { plan: kairos_scheduler::plan(&state).plan } });
-        after.fragmentation()
+        let plan = kairos_scheduler::plan(&state).plan;
+        let t0 = Instant::now();
+        after.apply(&Command { now_ms: now, op: Op::ApplyPlan { plan } });
+        let apply_ms = t0.elapsed().as_secs_f64() * 1000.0;
+        let (free, whole) = after.fragmentation();
+        (free, whole, apply_ms)
     };
     let mut times = Vec::new();
     let mut last = None;
@@ -717,6 +721,7 @@ fn bench_schedule(
         "pass_ms_max": (times[times.len() - 1] * 10.0).round() / 10.0,
         "placed": out.plan.placements.len(),
         "reservation": out.reservation.is_some(),
+        "apply_plan_ms": (apply_ms * 10.0).round() / 10.0,
         "free_gpus_after_pass": free,
         "free_gpus_on_whole_nodes": whole,
         "rss_mb": rss_mb(),

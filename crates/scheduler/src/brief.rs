@@ -20,14 +20,18 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasherDefault;
 
+use crate::limits::{has_user_limit, is_limited, Usage, UsageKey};
 use crate::model::{Job, JobId, JobState};
+use crate::policy::{Policy, Qos};
 use crate::state::Jobs;
+
+/// A fixed hasher (SipHash, zero keys): maps that are only looked up, the same on every replica.
+type Fixed = BuildHasherDefault<DefaultHasher>;
 
 /// Names to numbers, in first-seen order; numbers are never reused.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Interner {
-    /// A fixed hasher (SipHash, zero keys): only looked up, the same on every replica.
-    ids: HashMap<String, u32, BuildHasherDefault<DefaultHasher>>,
+    ids: HashMap<String, u32, Fixed>,
     names: Vec<String>,
 }
 
@@ -99,6 +103,23 @@ pub(crate) struct Index {
 }
 
 impl Index {
+    /// What the running and suspended jobs hold under the policy's QoS limits (a suspended job
+    /// keeps its place: it resumes without asking), with the pair resolver the counting filled.
+    pub(crate) fn usage<'a>(&'a self, policy: &'a Policy) -> (Usage, UsageKeys<'a>) {
+        let mut usage = Usage::default();
+        let mut keys = UsageKeys::new(self, policy);
+        if policy.qos.values().any(is_limited) {
+            for b in
+                self.briefs.values().filter(|b| matches!(b.state, JobState::Running | JobState::Suspended))
+            {
+                if let Some(key) = keys.key(&mut usage, b) {
+                    usage.add_at(key, b.total_gpus());
+                }
+            }
+        }
+        (usage, keys)
+    }
+
     fn build(jobs: &BTreeMap<JobId, Job>) -> Index {
         let mut index = Index::default();
         for (id, job) in jobs {
@@ -143,6 +164,39 @@ impl Index {
     }
 }
 
+/// Resolves briefs' (QoS, user) pairs to `Usage` counters, each pair's names looked up once.
+pub(crate) struct UsageKeys<'a> {
+    index: &'a Index,
+    /// Per interned QoS name: the policy's QoS, if it has limits.
+    limited: Vec<Option<&'a Qos>>,
+    /// Per QoS name, for QoS without per-user limits (the user does not matter).
+    by_qos: Vec<Option<UsageKey>>,
+    by_pair: HashMap<(u32, u32), UsageKey, Fixed>,
+}
+
+impl<'a> UsageKeys<'a> {
+    fn new(index: &'a Index, policy: &'a Policy) -> Self {
+        let names = index.names.names();
+        let limited = names.iter().map(|n| policy.qos(n).filter(|q| is_limited(q))).collect();
+        UsageKeys { index, limited, by_qos: vec![None; names.len()], by_pair: HashMap::default() }
+    }
+
+    /// The counters of `b`'s (QoS, user) pair; None when its QoS has no limits.
+    pub fn key(&mut self, usage: &mut Usage, b: &Brief) -> Option<UsageKey> {
+        let q = self.limited[b.qos as usize]?;
+        let name = &self.index.names.names()[b.qos as usize];
+        let users = self.index.users.names();
+        Some(if has_user_limit(q) {
+            *self
+                .by_pair
+                .entry((b.qos, b.user))
+                .or_insert_with(|| usage.key(name, &users[b.user as usize], q))
+        } else {
+            *self.by_qos[b.qos as usize].get_or_insert_with(|| usage.key(name, "", q))
+        })
+    }
+}
+
 /// The index as kept in the state: a cache, absent until built.
 #[derive(Clone, Debug, Default)]
 pub struct JobIndex(Option<Index>);
@@ -159,6 +213,19 @@ impl JobIndex {
     /// The index, when it is built and no job changed since it was last brought up to date.
     pub(crate) fn current(&self, jobs: &Jobs) -> Option<&Index> {
         self.0.as_ref().filter(|_| !jobs.any_touched())
+    }
+
+    /// QoS usage of the running work: from the index when current, else from the jobs.
+    pub(crate) fn running_usage(
+        &self,
+        jobs: &Jobs,
+        fallback: impl FnOnce() -> Usage,
+        policy: &Policy,
+    ) -> Usage {
+        match self.current(jobs) {
+            Some(index) => index.usage(policy).0,
+            None => fallback(),
+        }
     }
 
     /// A fresh index of `jobs` (for a pass over a state whose index is not current).

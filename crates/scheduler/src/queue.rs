@@ -11,12 +11,9 @@
 //! ```
 
 use std::cmp::Reverse;
-use std::collections::hash_map::DefaultHasher;
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 
 use crate::brief::{Index, NO_MODEL};
-use crate::limits::{has_user_limit, is_limited, Usage, UsageKey};
+use crate::limits::{Usage, UsageKey};
 use crate::model::{Job, JobId, JobState};
 use crate::planner::PendingReason;
 use crate::policy::{Partition, Qos};
@@ -79,7 +76,7 @@ pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
     let prioritizer = Prioritizer::new(state);
     let policy = &state.policy;
     // Each interned name looked up once per pass, then by number.
-    let (names, users) = (index.names.names(), index.users.names());
+    let names = index.names.names();
     let qos_of: Vec<Option<&Qos>> = names.iter().map(|n| policy.qos(n)).collect();
     let default_part = policy.partitions.get(&policy.default_partition);
     let part_of: Vec<Option<&Partition>> =
@@ -88,17 +85,7 @@ pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
     let tier_of: Vec<Option<u32>> =
         names.iter().map(|n| policy.partitions.get(n).map(|p| p.priority_tier)).collect();
     let fairshare_of: Vec<u64> = names.iter().map(|n| prioritizer.fairshare_of(n)).collect();
-    let mut usage = Usage::default();
-    let mut by_qos: Vec<Option<UsageKey>> = vec![None; names.len()];
-    let mut by_pair: HashMap<(u32, u32), UsageKey, BuildHasherDefault<DefaultHasher>> = HashMap::default();
-    let mut key_of = |usage: &mut Usage, q: &Qos, qos: u32, user: u32| -> UsageKey {
-        let name = &names[qos as usize];
-        if has_user_limit(q) {
-            *by_pair.entry((qos, user)).or_insert_with(|| usage.key(name, &users[user as usize], q))
-        } else {
-            *by_qos[qos as usize].get_or_insert_with(|| usage.key(name, "", q))
-        }
-    };
+    let (mut usage, mut keys) = index.usage(policy);
     let mut entries = Vec::with_capacity(index.briefs.len());
     let mut order = Vec::with_capacity(index.briefs.len());
     let mut elastic = Vec::new();
@@ -128,7 +115,7 @@ pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
                     qos,
                     part,
                     limit_ms: limit_ms(b.time_limit_s(), qos, part),
-                    usage: qos.filter(|q| is_limited(q)).map(|q| key_of(&mut usage, q, b.qos, b.user)),
+                    usage: keys.key(&mut usage, b),
                     waits,
                     model: (b.model != NO_MODEL).then(|| names[b.model as usize].as_str()),
                     claimed: b.claimed,
@@ -137,16 +124,7 @@ pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
                     total_gpus: b.total_gpus(),
                 });
             }
-            // A suspended job still holds its place under the limits: it resumes without asking.
-            JobState::Running | JobState::Suspended => {
-                if let Some(q) = qos.filter(|q| is_limited(q)) {
-                    let key = key_of(&mut usage, q, b.qos, b.user);
-                    usage.add_at(key, b.total_gpus());
-                }
-                if b.state == JobState::Running && b.elastic {
-                    elastic.extend(state.jobs.get(&id));
-                }
-            }
+            JobState::Running if b.elastic => elastic.extend(state.jobs.get(&id)),
             _ => {}
         }
     }

@@ -19,6 +19,13 @@ impl ClusterState {
         limit_s(job.spec.time_limit_s, self.policy.qos(&job.spec.qos), self.partition_of(job))
     }
 
+    /// GPUs and jobs the running and suspended work holds under QoS limits: read from the job
+    /// index when it is current (O(unfinished briefs)), else counted from the jobs.
+    pub(crate) fn running_usage(&self) -> Usage {
+        let count = || Usage::of(self.jobs_running(), &self.policy);
+        self.job_index.running_usage(&self.jobs, count, &self.policy)
+    }
+
     /// The jobs with a run on `node` (holding GPUs there, or suspended there), in id order:
     /// O(GPUs of the node + suspended jobs), not O(jobs).
     pub fn jobs_on(&self, node: &str) -> Vec<&Job> {

@@ -7,7 +7,7 @@ impl ClusterState {
     pub(super) fn apply_plan(&mut self, plan: &Plan, now: i64) -> Outcome {
         let mut accepted = Vec::new();
         let mut rejected = Vec::new();
-        let mut usage = Usage::of(self.jobs_running(), &self.policy);
+        let mut usage = self.running_usage();
         for (i, p) in plan.placements.iter().enumerate() {
             if i >= PLAN_PLACEMENTS_MAX {
                 rejected.push((p.job, "plan too large".to_string()));
