@@ -173,6 +173,8 @@ pub struct Replica {
     pub contact: Arc<freshness::LeaderContact>,
     /// How stale the applied state may be for `state_fresh`.
     staleness: std::time::Duration,
+    /// `state_fresh` has held at least once since this replica started.
+    caught_up: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Replica {
@@ -248,6 +250,7 @@ impl Replica {
             lease: std::time::Duration::from_millis(config.election_timeout_ms),
             contact: Arc::default(),
             staleness: freshness::staleness_bound(std::time::Duration::from_millis(config.heartbeat_ms)),
+            caught_up: Arc::default(),
         })
     }
 
@@ -324,6 +327,23 @@ impl Replica {
             return acked && applied_own_term;
         }
         self.contact.fresh(std::time::Instant::now(), applied, self.staleness)
+    }
+
+    /// Whether this replica's state has caught up with the cluster since it started: the state
+    /// was fresh (`state_fresh`) at least once. Until then it may lack entries the cluster
+    /// committed — and acknowledged — while it was down, or whose commit it had not heard of
+    /// (its stored commit index may lag). Afterwards it stays true: a replica cut off later
+    /// still serves reads of what it had (the promise of reads without a quorum).
+    pub fn caught_up(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.caught_up.load(Ordering::Acquire) {
+            return true;
+        }
+        let fresh = self.state_fresh();
+        if fresh {
+            self.caught_up.store(true, Ordering::Release);
+        }
+        fresh
     }
 
     /// The bound `state_fresh` holds the applied state to.

@@ -34,6 +34,7 @@ impl AdminService for Admin {
         request: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
         self.ctx.principal(&request)?;
+        self.ctx.readable()?;
         let heartbeats = self.ctx.heartbeats.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let nodes = self.ctx.replica.read(|a| {
             a.state
@@ -78,6 +79,7 @@ impl AdminService for Admin {
         request: Request<pb::GetPolicyRequest>,
     ) -> Result<Response<pb::Policy>, Status> {
         self.ctx.principal(&request)?;
+        self.ctx.readable()?;
         Ok(Response::new(self.ctx.replica.read(|a| policy_to_pb(&a.state.policy))))
     }
 
@@ -152,6 +154,7 @@ impl AdminService for Admin {
         request: Request<pb::GetPrioritiesRequest>,
     ) -> Result<Response<pb::GetPrioritiesResponse>, Status> {
         let me = self.ctx.principal(&request)?;
+        self.ctx.readable()?;
         Ok(Response::new(self.priorities(&me, request.into_inner().job_id)?))
     }
 
@@ -160,6 +163,7 @@ impl AdminService for Admin {
         request: Request<pb::GetSharesRequest>,
     ) -> Result<Response<pb::GetSharesResponse>, Status> {
         self.ctx.principal(&request)?;
+        self.ctx.readable()?;
         use kairos_scheduler::priority::{fairshare_factors, ONE};
         let accounts = self.ctx.replica.read(|a| {
             let factors = fairshare_factors(&a.state);
@@ -191,6 +195,7 @@ impl AdminService for Admin {
         request: Request<pb::GetBurstConfigRequest>,
     ) -> Result<Response<pb::BurstConfig>, Status> {
         self.ctx.principal(&request)?;
+        self.ctx.readable()?;
         let config = self.ctx.replica.read(|a| burst_config_to_pb(&a.state.burst.config));
         Ok(Response::new(config))
     }
@@ -217,6 +222,7 @@ impl AdminService for Admin {
         request: Request<pb::BurstStatusRequest>,
     ) -> Result<Response<pb::BurstStatusResponse>, Status> {
         self.ctx.principal(&request)?;
+        self.ctx.readable()?;
         let now = crate::context::now_ms();
         Ok(Response::new(self.ctx.replica.read(|a| burst_status(&a.state, now))))
     }
@@ -226,6 +232,7 @@ impl AdminService for Admin {
         request: Request<pb::ListPreemptionsRequest>,
     ) -> Result<Response<pb::ListPreemptionsResponse>, Status> {
         self.ctx.principal(&request)?;
+        self.ctx.readable()?;
         let since = request.into_inner().since_ms;
         let preemptions = self.ctx.replica.read(|a| {
             a.state
@@ -317,6 +324,7 @@ impl AdminService for Admin {
         request: Request<pb::ListTokensRequest>,
     ) -> Result<Response<pb::ListTokensResponse>, Status> {
         self.ctx.principal(&request)?.require(Role::Admin, "listing tokens")?;
+        self.ctx.readable()?;
         let tokens = self.ctx.replica.read(|a| {
             a.state
                 .tokens

@@ -142,6 +142,18 @@ impl Ctx {
     }
 
     /// Sends a caller this replica cannot serve to the leader (`UNAVAILABLE` + its address).
+    /// Reads are served only by a replica that has caught up with the cluster since it
+    /// started (`Replica::caught_up`): a restarted replica's state may lack entries that were
+    /// committed — and acknowledged to clients — while it was down, or whose commit it had not
+    /// yet heard of (e2e `a_restarted_replica_serves_no_reads_until_it_has_caught_up`).
+    pub fn readable(&self) -> Result<(), Status> {
+        if self.replica.caught_up() {
+            return Ok(());
+        }
+        let (_, leader_addr) = self.replica.leader();
+        Err(unavailable("this replica restarted and has not caught up with the cluster yet", leader_addr))
+    }
+
     pub fn not_leader(&self) -> Status {
         let (leader, leader_addr) = self.replica.leader();
         write_status(WriteError::NotLeader { leader, leader_addr })

@@ -127,6 +127,7 @@ impl JobService for Jobs {
 
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
         let me = self.ctx.principal(&request)?;
+        self.ctx.readable()?;
         let id = check_id(request.into_inner().job_id)?;
         self.authorize(&me, id)?;
         let reasons = self.ctx.pending_reasons();
@@ -139,6 +140,7 @@ impl JobService for Jobs {
         request: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
         let me = self.ctx.principal(&request)?;
+        self.ctx.readable()?;
         let req = request.into_inner();
         let limit = match req.limit as usize {
             0 => LIST_LIMIT_DEFAULT,
@@ -226,6 +228,7 @@ impl JobService for Jobs {
         request: Request<pb::WatchJobRequest>,
     ) -> Result<Response<Self::WatchJobStream>, Status> {
         let me = self.ctx.principal(&request)?;
+        self.ctx.readable()?;
         let id = check_id(request.into_inner().job_id)?;
         self.authorize(&me, id)?;
         let mut applied = self.ctx.replica.applied.clone();
@@ -268,6 +271,7 @@ impl JobService for Jobs {
         request: Request<pb::LogsRequest>,
     ) -> Result<Response<Self::StreamLogsStream>, Status> {
         let me = self.ctx.principal(&request)?;
+        self.ctx.readable()?;
         let mut req = request.into_inner();
         let id = check_id(req.job_id)?;
         self.authorize(&me, id)?;

@@ -344,6 +344,19 @@ impl Cluster {
         }
     }
 
+    /// The address of controller `index`.
+    pub fn controller_addr(&self, index: usize) -> String {
+        self.controllers[index].addr.clone()
+    }
+
+    /// Runs the CLI against one controller only.
+    pub fn kairos_at(&self, addr: &str, args: &[&str]) -> Output {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kairos"));
+        cmd.arg("--controllers").arg(addr).env("KAIROS_TOKEN_FILE", self.token_file());
+        cmd.envs(self.cli_env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null());
+        cmd.args(args).output().expect("run kairos")
+    }
+
     /// Runs the CLI against this cluster.
     pub fn kairos(&self, args: &[&str]) -> Output {
         self.cli().args(args).output().expect("run kairos")
