@@ -45,6 +45,18 @@ if ! command -v ip >/dev/null 2>&1 || ! command -v iptables >/dev/null 2>&1; the
   fi
 fi
 
+# The observability tests scrape the daemons with a real Prometheus and lint with promtool.
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  else
+    echo "test.sh: the observability tests need prometheus and promtool (Debian package prometheus)" >&2
+    exit 1
+  fi
+fi
+
 cargo build --workspace --bins --locked
 cargo test --workspace --locked -- --test-threads "${KAIROS_TEST_THREADS:-4}"
 # The Terraform burst module: parses, and checkov passes.

@@ -17,11 +17,26 @@ pub enum InventoryError {
     BadFakeSpec(String),
 }
 
+/// What one GPU is doing now (for the agent's metrics).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuUsage {
+    pub index: u32,
+    pub uuid: String,
+    /// Share of the last sample period a kernel ran, 0..=1.
+    pub utilization: f64,
+    pub memory_used_bytes: u64,
+    pub memory_total_bytes: u64,
+}
+
 /// Where a node's GPUs come from.
-pub trait GpuInventory {
+pub trait GpuInventory: Send + Sync {
     /// The backend's name, reported to the controller ("nvml" or "fake").
     fn backend(&self) -> &'static str;
     fn discover(&self) -> Result<Vec<pb::Gpu>, InventoryError>;
+    /// Per-GPU utilisation and memory, where the backend measures them (fake GPUs do not).
+    fn usage(&self) -> Vec<GpuUsage> {
+        Vec::new()
+    }
 }
 
 /// Real GPUs through NVML.
@@ -74,6 +89,23 @@ impl GpuInventory for NvmlInventory {
             });
         }
         Ok(gpus)
+    }
+
+    fn usage(&self) -> Vec<GpuUsage> {
+        let count = self.nvml.device_count().unwrap_or(0);
+        (0..count)
+            .filter_map(|index| {
+                let dev = self.nvml.device_by_index(index).ok()?;
+                let memory = dev.memory_info().ok()?;
+                Some(GpuUsage {
+                    index,
+                    uuid: dev.uuid().ok()?,
+                    utilization: f64::from(dev.utilization_rates().ok()?.gpu) / 100.0,
+                    memory_used_bytes: memory.used,
+                    memory_total_bytes: memory.total,
+                })
+            })
+            .collect()
     }
 }
 

@@ -10,5 +10,6 @@ pub mod cgroup;
 pub mod fence;
 pub mod gpu;
 pub mod logs;
+pub mod metrics;
 pub mod runner;
 pub mod spot;

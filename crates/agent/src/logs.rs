@@ -34,6 +34,9 @@ impl Logs {
     }
 }
 
+/// How long `logs --follow` waits for the log of a run that is placed but not launched yet.
+const LAUNCH_WAIT: Duration = Duration::from_secs(10);
+
 #[tonic::async_trait]
 impl AgentLogService for Logs {
     type ReadLogsStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
@@ -45,18 +48,33 @@ impl AgentLogService for Logs {
         self.check_caller(request.metadata())?;
         let req = request.into_inner();
         let path = log_path(self.runner.state_dir(), req.job_id, req.attempt);
-        // Not through a symbolic link a job may have put in place of its log.
-        let mut file = tokio::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&path)
-            .await
-            .map_err(|e| {
-                Status::not_found(format!(
-                    "no log for job {} attempt {} on this node: {e}",
-                    req.job_id, req.attempt
-                ))
-            })?;
+        // A followed run may be placed and not launched yet (its log appears at launch): wait
+        // for it a bounded while.
+        let waiting_since = std::time::Instant::now();
+        let mut file = loop {
+            // Not through a symbolic link a job may have put in place of its log.
+            let opened = tokio::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(nix::libc::O_NOFOLLOW)
+                .open(&path)
+                .await;
+            match opened {
+                Ok(f) => break f,
+                Err(e)
+                    if req.follow
+                        && e.kind() == std::io::ErrorKind::NotFound
+                        && waiting_since.elapsed() < LAUNCH_WAIT =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => {
+                    return Err(Status::not_found(format!(
+                        "no log for job {} attempt {} on this node: {e}",
+                        req.job_id, req.attempt
+                    )))
+                }
+            }
+        };
         file.seek(std::io::SeekFrom::Start(req.offset))
             .await
             .map_err(|e| Status::internal(format!("seeking the log: {e}")))?;

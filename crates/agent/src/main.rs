@@ -98,6 +98,12 @@ struct Args {
     /// this many hours without a change.
     #[arg(long, default_value_t = 168)]
     job_dir_retention_hours: u64,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<String>,
+    /// Log lines as text (colours only on a terminal) or as JSON objects.
+    #[arg(long, value_enum, default_value_t = kairos_telemetry::logs::LogFormat::Text)]
+    log_format: kairos_telemetry::logs::LogFormat,
 }
 
 /// The agent's credentials: the join token it registers with the first time, and the node
@@ -467,14 +473,8 @@ async fn main() -> anyhow::Result<()> {
     if argv.get(1).map(String::as_str) == Some(fence::WATCHDOG_ARG) {
         return watchdog_main(&argv[2..]);
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("KAIROS_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let args = Args::parse();
+    kairos_telemetry::logs::init(args.log_format, "info");
     if args.controllers.is_empty() {
         bail!("--controllers: at least one address is required");
     }
@@ -632,6 +632,26 @@ async fn main() -> anyhow::Result<()> {
         node.isolation
     );
     tracing::info!(node = %name, gpus = node.gpus.len(), backend = inv.backend(), %addr, "agent starting");
+    let metrics_server = match &args.metrics_addr {
+        Some(at) => {
+            let listener = kairos_telemetry::http::bind(at)
+                .await
+                .with_context(|| format!("binding --metrics-addr {at}"))?;
+            println!("kairos-agent {name} metrics at http://{}/metrics", listener.local_addr()?);
+            let (runner, inv, node_name, gpus) =
+                (runner.clone(), Arc::<dyn GpuInventory>::from(inv), name.clone(), node.gpus.len());
+            let render = move || {
+                kairos_agent::metrics::render(&kairos_agent::metrics::AgentFigures {
+                    node: node_name.clone(),
+                    runs: runner.running().len(),
+                    gpus,
+                    usage: inv.usage(),
+                })
+            };
+            Some(tokio::spawn(kairos_telemetry::http::serve(listener, Arc::new(render))))
+        }
+        None => None,
+    };
 
     let controllers = Arc::new(tokio::sync::Mutex::new(Controllers {
         addrs: args.controllers.clone(),
@@ -685,6 +705,9 @@ async fn main() -> anyhow::Result<()> {
     }
     reporter.abort();
     log_server.abort();
+    if let Some(m) = metrics_server {
+        m.abort();
+    }
     if let Some(w) = spot_watch {
         w.abort();
     }

@@ -110,6 +110,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
 
     let peers: Vec<String> =
         args.controllers.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
+    let mut metrics = Vec::new();
     let mut children = Vec::new();
     for (i, addr) in args.controllers.iter().enumerate() {
         let id = (i + 1).to_string();
@@ -126,6 +127,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         if args.controllers.len() > 1 {
             argv.extend(["--peers".to_string(), peers.join(",")]);
         }
+        let at = metrics_addr(addr)?;
+        argv.extend(["--metrics-addr".to_string(), at.clone()]);
+        metrics.push(format!("http://{at}/metrics (kairosd {})", i + 1));
         match spawn(&sibling("kairosd"), &argv) {
             Ok(c) => children.push(("kairosd", c)),
             Err(e) => {
@@ -134,9 +138,13 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             }
         }
     }
+    let agent_metrics = metrics_addr(&args.agent_addr)?;
+    metrics.push(format!("http://{agent_metrics}/metrics (agent)"));
     let agent = spawn(
         &sibling("kairos-agent"),
         &[
+            "--metrics-addr".into(),
+            agent_metrics,
             "--controllers".into(),
             args.controllers.join(","),
             "--addr".into(),
@@ -167,6 +175,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         args.node_name,
         args.agent_addr
     );
+    println!("kairos up: Prometheus metrics at {}", metrics.join(", "));
     match &token_path {
         Some(p) => println!("kairos up: admin token in {} (the CLI's default token)", p.display()),
         None => println!("kairos up: admin token in {} (export KAIROS_TOKEN_FILE=…)", data("admin.token")),
@@ -205,6 +214,14 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         bail!("{name} exited unexpectedly; the cluster was stopped");
     }
     Ok(())
+}
+
+/// Where a daemon of `kairos up` serves its metrics: its own address, port + 2000 (7001 → 9001).
+fn metrics_addr(addr: &str) -> anyhow::Result<String> {
+    let a: std::net::SocketAddr = addr.parse().map_err(|_| anyhow::anyhow!("\"{addr}\" is not HOST:PORT"))?;
+    let port =
+        a.port().checked_add(2000).ok_or_else(|| anyhow::anyhow!("{addr}: no room for a metrics port"))?;
+    Ok(std::net::SocketAddr::new(a.ip(), port).to_string())
 }
 
 /// `kairos up --controllers`: a replica count (consecutive ports from `base`) or addresses.

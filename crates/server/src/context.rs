@@ -68,6 +68,8 @@ pub struct Ctx {
     pub agent_tls: Option<tonic::transport::ClientTlsConfig>,
     /// Bounds on unfinished jobs, stamped into every submit this replica proposes.
     pub submit_limits: kairos_scheduler::quota::SubmitLimits,
+    /// This process's counters and histograms (`--metrics-addr`).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Wall-clock time in Unix milliseconds; read only at the edge and stamped into commands.

@@ -41,6 +41,28 @@ fn job_view(state: &ClusterState, reasons: &PendingReasons, id: JobId) -> Result
 }
 
 impl Jobs {
+    /// A submit past the rate limit: validated, committed, answered.
+    async fn submit_as(
+        &self,
+        user: &str,
+        req: pb::SubmitRequest,
+    ) -> Result<Response<pb::SubmitResponse>, Status> {
+        let spec = job_spec_from_pb(req.spec.clone(), user)?;
+        let request_id = (!req.request_id.is_empty()).then_some(req.request_id);
+        let hold = req.spec.as_ref().is_some_and(|s| s.hold);
+        let limits = Some(self.ctx.submit_limits);
+        match self.ctx.write(Op::Submit { spec, request_id, hold, limits }).await? {
+            Outcome::Submitted { job } => {
+                self.ctx.kick.notify_one();
+                // No pending reason in the answer: a submit must not pay for a planning pass.
+                let view = self.ctx.replica.read(|a| job_view(&a.state, &PendingReasons::new(), job))?;
+                Ok(Response::new(pb::SubmitResponse { job_id: job, job: Some(view) }))
+            }
+            Outcome::Rejected(r) => Err(rejection_status(r)),
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
     async fn set_held(
         &self,
         request: Request<pb::HoldJobRequest>,
@@ -107,22 +129,13 @@ impl JobService for Jobs {
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         let user = self.ctx.principal(&request)?.user;
         // Before anything else: a flood costs neither validation nor a log entry.
-        self.limiter.take(&user, std::time::Instant::now())?;
-        let req = request.into_inner();
-        let spec = job_spec_from_pb(req.spec.clone(), &user)?;
-        let request_id = (!req.request_id.is_empty()).then_some(req.request_id);
-        let hold = req.spec.as_ref().is_some_and(|s| s.hold);
-        let limits = Some(self.ctx.submit_limits);
-        match self.ctx.write(Op::Submit { spec, request_id, hold, limits }).await? {
-            Outcome::Submitted { job } => {
-                self.ctx.kick.notify_one();
-                // No pending reason in the answer: a submit must not pay for a planning pass.
-                let view = self.ctx.replica.read(|a| job_view(&a.state, &PendingReasons::new(), job))?;
-                Ok(Response::new(pb::SubmitResponse { job_id: job, job: Some(view) }))
-            }
-            Outcome::Rejected(r) => Err(rejection_status(r)),
-            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        if let Err(refused) = self.limiter.take(&user, std::time::Instant::now()) {
+            self.ctx.metrics.submit("rate_limited");
+            return Err(refused);
         }
+        let answer = self.submit_as(&user, request.into_inner()).await;
+        self.ctx.metrics.submit(crate::metrics::submit_outcome(&answer.as_ref().map(|_| ())));
+        answer
     }
 
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {

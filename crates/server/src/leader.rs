@@ -33,7 +33,9 @@ pub async fn run(ctx: Ctx) {
             continue;
         }
         let since = *leader_since.get_or_insert_with(Instant::now);
+        let started = Instant::now();
         let ops = pass(&ctx, since);
+        ctx.metrics.pass(started.elapsed().as_secs_f64());
         if ops.is_empty() {
             continue;
         }

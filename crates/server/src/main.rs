@@ -13,6 +13,7 @@ mod convert_burst;
 mod convert_policy;
 mod jobs;
 mod leader;
+mod metrics;
 mod ratelimit;
 
 use std::collections::BTreeMap;
@@ -137,6 +138,12 @@ struct Args {
     /// Require every client (peers, agents, users) to present a certificate signed by --ca.
     #[arg(long, requires = "ca")]
     mutual_tls: bool,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<String>,
+    /// Log lines as text (colours only on a terminal) or as JSON objects.
+    #[arg(long, value_enum, default_value_t = kairos_telemetry::logs::LogFormat::Text)]
+    log_format: kairos_telemetry::logs::LogFormat,
     /// Fault injection (tests only): exit right after a RunInstances succeeds, before its
     /// result is committed.
     #[arg(long, hide = true)]
@@ -217,14 +224,8 @@ async fn main() {
 }
 
 async fn run() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("KAIROS_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn,sled=warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let args = Args::parse();
+    kairos_telemetry::logs::init(args.log_format, "info,openraft=warn,sled=warn");
     let members = parse_peers(&args)?;
     let (flag, bind) = match &args.listen {
         Some(l) => ("--listen", l),
@@ -282,6 +283,18 @@ async fn run() -> anyhow::Result<()> {
             node_timeout: Duration::from_millis(args.node_timeout_ms),
             tick: Duration::from_millis(args.tick_ms),
         },
+        metrics: Arc::default(),
+    };
+    let metrics_task = match &args.metrics_addr {
+        Some(addr) => {
+            let listener = kairos_telemetry::http::bind(addr)
+                .await
+                .with_context(|| format!("binding --metrics-addr {addr}"))?;
+            println!("kairosd {} metrics at http://{}/metrics", args.id, listener.local_addr()?);
+            let c = ctx.clone();
+            Some(tokio::spawn(kairos_telemetry::http::serve(listener, Arc::new(move || metrics::render(&c)))))
+        }
+        None => None,
     };
     let leader_task = tokio::spawn(leader::run(ctx.clone()));
     let watchdog_task = tokio::spawn(kairos_consensus::watchdog::run(replica.clone()));
@@ -378,6 +391,9 @@ async fn run() -> anyhow::Result<()> {
     leader_task.abort();
     watchdog_task.abort();
     burst_task.abort();
+    if let Some(t) = metrics_task {
+        t.abort();
+    }
     if let Err(e) = replica.raft.shutdown().await {
         tracing::warn!(error = %e, "raft shutdown");
     }

@@ -86,6 +86,8 @@ pub struct Controller {
     pub id: u64,
     pub addr: String,
     pub child: Option<Child>,
+    /// Its `--metrics-addr`, when the cluster serves metrics.
+    pub metrics: Option<String>,
 }
 
 pub struct Cluster {
@@ -101,6 +103,8 @@ pub struct Cluster {
     pub agent_flags: Vec<String>,
     /// Extra environment for every CLI call (e.g. KAIROS_CA).
     pub cli_env: Vec<(String, String)>,
+    /// The agent's `--metrics-addr`, when the cluster serves metrics.
+    pub agent_metrics: Option<String>,
 }
 
 /// What a cluster starts with besides the defaults.
@@ -109,6 +113,8 @@ pub struct Options {
     pub controller_flags: Vec<String>,
     pub agent_flags: Vec<String>,
     pub cli_env: Vec<(String, String)>,
+    /// Every daemon serves Prometheus metrics on an address of its own.
+    pub metrics: bool,
 }
 
 impl Cluster {
@@ -126,8 +132,11 @@ impl Cluster {
     /// `replicas` controllers and one agent with `gpus` fake GPUs, with extra `options`.
     pub fn start_opts(replicas: u64, gpus: u32, options: Options) -> Cluster {
         let dir = tempfile::Builder::new().prefix("kairos-e2e-").tempdir().expect("temp dir");
-        let controllers =
-            (1..=replicas).map(|id| Controller { id, addr: free_addr(), child: None }).collect();
+        let metrics = || options.metrics.then(free_addr);
+        let controllers = (1..=replicas)
+            .map(|id| Controller { id, addr: free_addr(), child: None, metrics: metrics() })
+            .collect();
+        let agent_metrics = metrics();
         // One cluster secret and two tokens shared by every replica, agent and CLI call.
         for (file, content) in [
             ("cluster.secret", "e2e-cluster-secret-0123456789abcdef0123456789"),
@@ -151,6 +160,7 @@ impl Cluster {
             controller_flags: options.controller_flags,
             agent_flags: options.agent_flags,
             cli_env: options.cli_env,
+            agent_metrics,
         };
         for i in 0..c.controllers.len() {
             c.start_controller(i);
@@ -232,6 +242,9 @@ impl Cluster {
         if self.controllers.len() > 1 {
             cmd.args(["--peers", &self.peers()]);
         }
+        if let Some(m) = &self.controllers[index].metrics {
+            cmd.args(["--metrics-addr", m]);
+        }
         self.controllers[index].child = Some(cmd.spawn().expect("start kairosd"));
     }
 
@@ -239,6 +252,9 @@ impl Cluster {
     /// the agent's default is to run jobs as their submitters' Unix accounts.
     fn agent_flags_with_defaults(&self) -> Vec<String> {
         let mut flags = self.agent_flags.clone();
+        if let Some(m) = &self.agent_metrics {
+            flags.extend(["--metrics-addr".to_string(), m.clone()]);
+        }
         if !flags.iter().any(|f| f == "--run-as") {
             flags.extend(["--run-as".to_string(), "agent".to_string()]);
         }

@@ -8,6 +8,7 @@ mod ha;
 mod harness;
 mod isolation;
 mod limits;
+mod observability;
 mod policy;
 mod powercut;
 mod preempt;

@@ -291,6 +291,7 @@ fn a_mutual_tls_cluster_serves_tls_only_and_plaintext_clients_fail_cleanly() {
                 ("KAIROS_CERT".into(), file("cert.pem")),
                 ("KAIROS_KEY".into(), file("key.pem")),
             ],
+            ..Options::default()
         },
     );
     // Raft, agent and client traffic all run over TLS: a job goes through and its logs come

@@ -62,6 +62,10 @@ pub struct ClusterState {
     /// The latest preemptions (bounded), for operators.
     #[serde(default)]
     pub preemptions: std::collections::VecDeque<PreemptionRecord>,
+    /// Preemption victims ever, by how they were treated (`cancel`, `requeue`, `suspend`,
+    /// `shrink`): the replicated counter behind `kairos_preemptions_total`.
+    #[serde(default)]
+    pub preemption_totals: BTreeMap<String, u64>,
     /// Decayed GPU usage per account, for fairshare.
     #[serde(default)]
     pub usage: BTreeMap<String, crate::priority::AccountUsage>,
@@ -103,6 +107,7 @@ impl ClusterState {
             largest_node_gpus: 0,
             usage: BTreeMap::new(),
             preemptions: Default::default(),
+            preemption_totals: BTreeMap::new(),
             suspended: BTreeSet::new(),
             burst: Default::default(),
             tokens: Default::default(),

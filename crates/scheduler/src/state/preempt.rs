@@ -192,6 +192,8 @@ impl ClusterState {
                 victim.preempted_at.remove(0);
             }
             victim.record(now, "preempted", message);
+            let how = if record.shrunk_to.is_some() { "shrink" } else { record.mode.as_str() };
+            *self.preemption_totals.entry(how.to_string()).or_default() += 1;
             self.preemptions.push_back(record);
             if self.preemptions.len() > PREEMPTION_RECORDS_MAX {
                 self.preemptions.pop_front();

@@ -63,6 +63,9 @@ fn urgent_work_preempts_the_cheapest_training_victim_which_requeues() {
     assert_eq!(s.jobs[&urgent].allocation.as_ref().unwrap().gpus, p.gpus);
     assert!(s.nodes["n1"].claimed.is_empty());
     assert_eq!(s.preemptions.len(), 1);
+    // The replicated counter behind kairos_preemptions_total counted the requeued victim once.
+    assert_eq!(s.preemption_totals.get("requeue"), Some(&1));
+    assert_eq!(s.preemption_totals.values().sum::<u64>(), 1);
     s.check_invariants().unwrap();
 }
 

@@ -1,0 +1,278 @@
+//! kairosd's Prometheus metrics (`--metrics-addr`), rendered at every scrape.
+//!
+//! Per replica: Raft role, term, commit and applied index; the submits its API edge answered
+//! (`kairos_submits_total{outcome}`) and the scheduling passes it ran as leader
+//! (`kairos_schedule_pass_seconds`). Cluster-wide figures (jobs, GPUs, waits, preemptions,
+//! burst) come from the leader only — followers export the same series at 0 — so `sum()` over
+//! replicas is right whichever replica leads. Every labelled series with known label values is
+//! exported from the start at 0, so rates and alerts work before the first event.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use kairos_scheduler::burst::InstanceState;
+use kairos_scheduler::{ClusterState, JobState, NodeState};
+use kairos_telemetry::{Exposition, Histogram};
+
+use crate::context::Ctx;
+
+/// How a submit ended at this replica's edge.
+pub const SUBMIT_OUTCOMES: [&str; 6] =
+    ["accepted", "invalid", "rejected", "rate_limited", "unavailable", "error"];
+
+/// Job states as the CLI prints them (PREEMPTING is RUNNING in the state).
+const JOB_STATES: [(JobState, &str); 8] = [
+    (JobState::Pending, "PENDING"),
+    (JobState::Running, "RUNNING"),
+    (JobState::Suspended, "SUSPENDED"),
+    (JobState::Completed, "COMPLETED"),
+    (JobState::Failed, "FAILED"),
+    (JobState::Cancelled, "CANCELLED"),
+    (JobState::Timeout, "TIMEOUT"),
+    (JobState::NodeFail, "NODE_FAIL"),
+];
+
+/// How a preemption treated its victim (`ClusterState::preemption_totals`' keys).
+const PREEMPT_MODES: [&str; 4] = ["cancel", "requeue", "suspend", "shrink"];
+
+const INSTANCE_STATES: [InstanceState; 4] =
+    [InstanceState::Requested, InstanceState::Launched, InstanceState::Terminating, InstanceState::Gone];
+
+/// Upper bounds of the wait histogram, seconds.
+const WAIT_BOUNDS: [f64; 12] = [0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0];
+/// Upper bounds of the scheduling-pass histogram, seconds.
+const PASS_BOUNDS: [f64; 10] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
+
+/// Counters and histograms of this process (the rest is read from the state at each scrape).
+pub struct Metrics {
+    submits: [AtomicU64; SUBMIT_OUTCOMES.len()],
+    passes: Mutex<Histogram>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics { submits: Default::default(), passes: Mutex::new(Histogram::new(&PASS_BOUNDS)) }
+    }
+}
+
+impl Metrics {
+    /// Counts one submit answered with `outcome` (one of `SUBMIT_OUTCOMES`).
+    pub fn submit(&self, outcome: &str) {
+        if let Some(i) = SUBMIT_OUTCOMES.iter().position(|o| *o == outcome) {
+            self.submits[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Records how long one scheduling pass took.
+    pub fn pass(&self, seconds: f64) {
+        self.passes.lock().unwrap_or_else(|p| p.into_inner()).observe(seconds);
+    }
+}
+
+/// The outcome label of a submit's answer.
+pub fn submit_outcome(result: &Result<(), &tonic::Status>) -> &'static str {
+    use tonic::Code;
+    match result {
+        Ok(()) => "accepted",
+        Err(s) => match s.code() {
+            Code::InvalidArgument
+            | Code::Unimplemented
+            | Code::FailedPrecondition
+            | Code::NotFound
+            | Code::OutOfRange
+            | Code::PermissionDenied => "invalid",
+            Code::ResourceExhausted => "rejected",
+            Code::Unavailable | Code::DeadlineExceeded => "unavailable",
+            _ => "error",
+        },
+    }
+}
+
+/// The cluster-wide figures, as the leader's state gives them.
+struct Cluster {
+    /// (state, QoS) → jobs.
+    jobs: std::collections::BTreeMap<(&'static str, String), u64>,
+    allocated: u64,
+    idle: u64,
+    unavailable: u64,
+    /// QoS → waits of the jobs whose current run started (submit → start).
+    waits: std::collections::BTreeMap<String, Histogram>,
+    preemptions: std::collections::BTreeMap<String, u64>,
+    instances: std::collections::BTreeMap<&'static str, u64>,
+    spend_per_hour: f64,
+}
+
+impl Cluster {
+    fn of(state: &ClusterState) -> Cluster {
+        let mut c = Cluster {
+            jobs: Default::default(),
+            allocated: 0,
+            idle: 0,
+            unavailable: 0,
+            waits: Default::default(),
+            preemptions: state.preemption_totals.clone(),
+            instances: Default::default(),
+            spend_per_hour: state.burst.footprint().hourly_milli as f64 / 1000.0,
+        };
+        for q in state.policy.qos.keys() {
+            c.waits.insert(q.clone(), Histogram::new(&WAIT_BOUNDS));
+        }
+        for job in state.jobs.values() {
+            let name = JOB_STATES.iter().find(|(s, _)| *s == job.state).map_or("UNKNOWN", |(_, n)| n);
+            *c.jobs.entry((name, job.spec.qos.clone())).or_default() += 1;
+            if let Some(start) = job.start_time_ms {
+                let wait = (start - job.submit_time_ms).max(0) as f64 / 1000.0;
+                c.waits
+                    .entry(job.spec.qos.clone())
+                    .or_insert_with(|| Histogram::new(&WAIT_BOUNDS))
+                    .observe(wait);
+            }
+        }
+        for node in state.nodes.values() {
+            let total = u64::from(node.gpu_count());
+            let held = node.allocated.len() as u64;
+            if node.state == NodeState::Up {
+                c.allocated += held;
+                c.idle += total.saturating_sub(held);
+            } else {
+                // Down or draining: what runs there still counts as allocated.
+                c.allocated += held;
+                c.unavailable += total.saturating_sub(held);
+            }
+        }
+        for i in state.burst.instances.values() {
+            *c.instances.entry(i.state.as_str()).or_default() += 1;
+        }
+        c
+    }
+}
+
+/// The exposition of one scrape.
+pub fn render(ctx: &Ctx) -> String {
+    let (replica, metrics) = (&ctx.replica, &ctx.metrics);
+    let (term, applied) = {
+        let m = replica.raft.metrics();
+        let m = m.borrow();
+        (m.current_term, m.last_applied.as_ref().map_or(0, |l| l.index))
+    };
+    let leads = replica.is_leader();
+    let commit = replica.commit_index.load(Ordering::Relaxed);
+    let mut e = Exposition::new();
+    e.gauge(
+        "kairos_raft_is_leader",
+        "1 on the replica that leads, else 0.",
+        &[(&[], f64::from(u8::from(leads)))],
+    );
+    e.gauge("kairos_raft_term", "This replica's current Raft term.", &[(&[], term as f64)]);
+    e.gauge(
+        "kairos_raft_commit_index",
+        "The latest log index this replica knows committed.",
+        &[(&[], commit as f64)],
+    );
+    e.gauge(
+        "kairos_raft_applied_index",
+        "The latest log index this replica applied.",
+        &[(&[], applied as f64)],
+    );
+
+    let (cluster, qos_names) = replica.read(|a| {
+        let qos: Vec<String> = a.state.policy.qos.keys().cloned().collect();
+        (leads.then(|| Cluster::of(&a.state)), qos)
+    });
+    // Jobs: every known state × every QoS, from the start.
+    let mut jobs: Vec<(String, String, f64)> = Vec::new();
+    for (_, state) in JOB_STATES {
+        for q in &qos_names {
+            let n = cluster.as_ref().and_then(|c| c.jobs.get(&(state, q.clone()))).copied().unwrap_or(0);
+            jobs.push((state.to_string(), q.clone(), n as f64));
+        }
+    }
+    if let Some(c) = &cluster {
+        // Jobs of a QoS no longer in the policy (finished ones keep their name).
+        for ((state, q), n) in &c.jobs {
+            if !qos_names.contains(q) {
+                jobs.push((state.to_string(), q.clone(), *n as f64));
+            }
+        }
+    }
+    let job_labels: Vec<[(&str, &str); 2]> =
+        jobs.iter().map(|(s, q, _)| [("state", s.as_str()), ("qos", q.as_str())]).collect();
+    let job_samples: Vec<(&[(&str, &str)], f64)> =
+        job_labels.iter().zip(&jobs).map(|(l, (_, _, n))| (&l[..], *n)).collect();
+    e.gauge("kairos_jobs", "Jobs by state and QoS (leader only; 0 elsewhere).", &job_samples);
+
+    let gpu = |f: fn(&Cluster) -> u64| cluster.as_ref().map_or(0.0, |c| f(c) as f64);
+    e.gauge(
+        "kairos_gpus",
+        "GPUs by state: allocated, idle (on up nodes), unavailable (on down or draining nodes) (leader only).",
+        &[
+            (&[("state", "allocated")], gpu(|c| c.allocated)),
+            (&[("state", "idle")], gpu(|c| c.idle)),
+            (&[("state", "unavailable")], gpu(|c| c.unavailable)),
+        ],
+    );
+
+    let empty = Histogram::new(&WAIT_BOUNDS);
+    let waits: Vec<(String, &Histogram)> = qos_names
+        .iter()
+        .map(|q| (q.clone(), cluster.as_ref().and_then(|c| c.waits.get(q)).unwrap_or(&empty)))
+        .collect();
+    let wait_labels: Vec<[(&str, &str); 1]> = waits.iter().map(|(q, _)| [("qos", q.as_str())]).collect();
+    let wait_series: Vec<(&[(&str, &str)], &Histogram)> =
+        wait_labels.iter().zip(&waits).map(|(l, (_, h))| (&l[..], *h)).collect();
+    e.histogram(
+        "kairos_job_wait_seconds",
+        "From submit to the start of the current run, of the jobs that started (leader only).",
+        &wait_series,
+    );
+
+    let passes = metrics.passes.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    e.histogram(
+        "kairos_schedule_pass_seconds",
+        "Scheduling passes this replica ran as leader.",
+        &[(&[], &passes)],
+    );
+
+    let submit_labels: Vec<[(&str, &str); 1]> = SUBMIT_OUTCOMES.iter().map(|o| [("outcome", *o)]).collect();
+    let submit_samples: Vec<(&[(&str, &str)], f64)> = submit_labels
+        .iter()
+        .zip(&metrics.submits)
+        .map(|(l, n)| (&l[..], n.load(Ordering::Relaxed) as f64))
+        .collect();
+    e.counter(
+        "kairos_submits_total",
+        "Submits this replica's API edge answered, by outcome.",
+        &submit_samples,
+    );
+
+    let mode_labels: Vec<[(&str, &str); 1]> = PREEMPT_MODES.iter().map(|m| [("mode", *m)]).collect();
+    let mode_samples: Vec<(&[(&str, &str)], f64)> = mode_labels
+        .iter()
+        .zip(PREEMPT_MODES)
+        .map(|(l, m)| {
+            (&l[..], cluster.as_ref().and_then(|c| c.preemptions.get(m)).copied().unwrap_or(0) as f64)
+        })
+        .collect();
+    e.counter(
+        "kairos_preemptions_total",
+        "Preemption victims by how they were treated (leader only).",
+        &mode_samples,
+    );
+
+    let state_labels: Vec<[(&str, &str); 1]> =
+        INSTANCE_STATES.iter().map(|s| [("state", s.as_str())]).collect();
+    let state_samples: Vec<(&[(&str, &str)], f64)> = state_labels
+        .iter()
+        .zip(INSTANCE_STATES)
+        .map(|(l, s)| {
+            (&l[..], cluster.as_ref().and_then(|c| c.instances.get(s.as_str())).copied().unwrap_or(0) as f64)
+        })
+        .collect();
+    e.gauge("kairos_burst_instances", "Cloud burst instances by state (leader only).", &state_samples);
+    e.gauge(
+        "kairos_burst_spend_per_hour",
+        "Dollars per hour of the live burst instances (leader only).",
+        &[(&[], cluster.as_ref().map_or(0.0, |c| c.spend_per_hour))],
+    );
+    e.finish()
+}
