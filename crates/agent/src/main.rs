@@ -475,6 +475,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let args = Args::parse();
     kairos_telemetry::logs::init(args.log_format, "info");
+    let mut traces = kairos_telemetry::traces::init("kairos-agent");
     if args.controllers.is_empty() {
         bail!("--controllers: at least one address is required");
     }
@@ -708,6 +709,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(m) = metrics_server {
         m.abort();
     }
+    traces.shutdown();
     if let Some(w) = spot_watch {
         w.abort();
     }

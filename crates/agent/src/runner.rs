@@ -707,6 +707,17 @@ impl Runner {
             Ok(cg) => cg,
             Err(e) => return self.launch_failed(a, format!("creating the run's cgroup: {e}")),
         };
+        // The launch joins the job's trace; the job gets it as TRACEPARENT to join its own spans.
+        let trace = (!a.traceparent.is_empty()).then(|| {
+            let parent = kairos_telemetry::traces::context_of(&a.traceparent);
+            let attributes = vec![
+                opentelemetry::KeyValue::new("kairos.job_id", a.job_id as i64),
+                opentelemetry::KeyValue::new("kairos.attempt", i64::from(a.attempt)),
+                opentelemetry::KeyValue::new("kairos.node", self.node.clone()),
+            ];
+            kairos_telemetry::traces::start("launch", &parent, attributes)
+        });
+        let traceparent = trace.as_ref().and_then(kairos_telemetry::traces::traceparent);
         let spawned = (|| -> std::io::Result<(tokio::process::Child, Arc<Mutex<std::fs::File>>)> {
             // The job's directory and log belong to the job's user, readable by nobody else.
             private_dir(&job_dir, account.as_ref(), 0o700)?;
@@ -751,6 +762,9 @@ impl Runner {
                 .stderr(std::process::Stdio::piped())
                 .process_group(0)
                 .kill_on_drop(false);
+            if let Some(tp) = &traceparent {
+                cmd.env("TRACEPARENT", tp);
+            }
             let procs = cgroup.as_ref().map(RunCgroup::procs_file).transpose()?;
             let procs_fd = procs.as_ref().map(|f| f.as_raw_fd());
             let ids = account.as_ref().map(|a| {
@@ -779,6 +793,9 @@ impl Runner {
             let child = cmd.spawn()?;
             Ok((child, Arc::new(Mutex::new(log))))
         })();
+        if let Some(trace) = &trace {
+            kairos_telemetry::traces::end(trace);
+        }
         let (mut child, log) = match spawned {
             Ok(spawned) => spawned,
             Err(e) => {

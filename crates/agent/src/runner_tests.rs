@@ -21,6 +21,7 @@ fn assignment(job: u64, argv: &[&str], started: bool, kill: bool) -> pb::Assignm
         suspend: false,
         checkpoint_signal: "SIGUSR1".into(),
         user: "alice".into(),
+        traceparent: String::new(),
     }
 }
 

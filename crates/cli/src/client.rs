@@ -26,6 +26,8 @@ pub struct Client {
     /// `--as USER`: act as another user (admins only).
     act_as: Option<String>,
     tls: Option<ClientTlsConfig>,
+    /// The W3C trace context sent with every call (`traceparent` header), when tracing.
+    traceparent: Option<String>,
 }
 
 /// Where the token comes from: `--token-file`/KAIROS_TOKEN_FILE, else KAIROS_TOKEN, else
@@ -92,7 +94,18 @@ impl Client {
         act_as: Option<String>,
         tls: Option<ClientTlsConfig>,
     ) -> Self {
-        Client { addrs, token, act_as, tls }
+        Client { addrs, token, act_as, tls, traceparent: None }
+    }
+
+    /// This client, sending `traceparent` with every call.
+    pub fn traced(&self, traceparent: Option<String>) -> Client {
+        Client {
+            addrs: self.addrs.clone(),
+            token: self.token.clone(),
+            act_as: self.act_as.clone(),
+            tls: self.tls.clone(),
+            traceparent,
+        }
     }
 
     /// Adds the caller's credentials to a request.
@@ -103,6 +116,9 @@ impl Client {
         }
         if let Some(v) = self.act_as.as_deref().and_then(|u| u.parse().ok()) {
             req.metadata_mut().insert(ACT_AS_HEADER, v);
+        }
+        if let Some(v) = self.traceparent.as_deref().and_then(|t| t.parse().ok()) {
+            req.metadata_mut().insert("traceparent", v);
         }
         req
     }

@@ -150,15 +150,19 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         partition: partition.unwrap_or_default(),
         ..Default::default()
     };
+    // One trace per job starts here (exported when OTEL_EXPORTER_OTLP_ENDPOINT is set).
+    let trace = kairos_telemetry::traces::start("kairos submit", &Default::default(), Vec::new());
+    let traced = client.traced(kairos_telemetry::traces::traceparent(&trace));
     // Retries (leader changes) reuse this id, so a submit is never applied twice.
     let request_id = request_id();
-    let resp = client
+    let resp = traced
         .jobs(
             pb::SubmitRequest { spec: Some(spec.clone()), request_id: request_id.clone() },
             |mut c, r| async move { c.submit(r).await },
         )
-        .await?
-        .into_inner();
+        .await;
+    kairos_telemetry::traces::end(&trace);
+    let resp = resp?.into_inner();
     match (json, resp.job) {
         (true, Some(job)) => print_json(&job_json(&job)),
         _ => println!("{}", resp.job_id),

@@ -247,7 +247,10 @@ async fn main() {
             std::process::exit(2);
         }
     };
-    match run(cli).await {
+    let mut traces = kairos_telemetry::traces::init("kairos");
+    let result = run(cli).await;
+    traces.shutdown();
+    match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("kairos: {}", e.to_string().lines().next().unwrap_or("error"));

@@ -151,6 +151,10 @@ pub struct JobSpec {
     /// How long the job may take to checkpoint and exit (at most, and by default, the QoS grace).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_grace_s: Option<u64>,
+    /// The W3C trace context of the submit that created the job (set by the controller), so
+    /// the pass that places it and the agent that launches it join one trace per job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 fn one_task() -> u32 {
@@ -182,6 +186,7 @@ impl JobSpec {
             suspendable: false,
             checkpoint_signal: None,
             checkpoint_grace_s: None,
+            traceparent: None,
         }
     }
 

@@ -187,6 +187,10 @@ pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
     if let Some(grace) = spec.checkpoint_grace_s.filter(|g| *g > CHECKPOINT_GRACE_S_MAX) {
         return Err(ValidationError::BadCheckpointGrace(grace));
     }
+    if let Some(tp) = &spec.traceparent {
+        // A W3C traceparent is 55 characters; later versions may add fields.
+        check_text("traceparent", tp, 128)?;
+    }
     Ok(())
 }
 

@@ -64,6 +64,8 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
         suspendable: spec.suspendable,
         checkpoint_signal,
         checkpoint_grace_s: (checkpoint.grace_s != 0).then_some(u64::from(checkpoint.grace_s)),
+        // Set by the API edge from the caller's trace context, never by the spec.
+        traceparent: None,
     };
     validate_spec(&out).map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok(out)

@@ -46,12 +46,17 @@ impl Jobs {
         &self,
         user: &str,
         req: pb::SubmitRequest,
+        trace: &opentelemetry::Context,
     ) -> Result<Response<pb::SubmitResponse>, Status> {
-        let spec = job_spec_from_pb(req.spec.clone(), user)?;
+        let mut spec = job_spec_from_pb(req.spec.clone(), user)?;
+        spec.traceparent = kairos_telemetry::traces::traceparent(trace);
         let request_id = (!req.request_id.is_empty()).then_some(req.request_id);
         let hold = req.spec.as_ref().is_some_and(|s| s.hold);
         let limits = Some(self.ctx.submit_limits);
-        match self.ctx.write(Op::Submit { spec, request_id, hold, limits }).await? {
+        let commit = kairos_telemetry::traces::start("commit", trace, Vec::new());
+        let written = self.ctx.write(Op::Submit { spec, request_id, hold, limits }).await;
+        kairos_telemetry::traces::end(&commit);
+        match written? {
             Outcome::Submitted { job } => {
                 self.ctx.kick.notify_one();
                 // No pending reason in the answer: a submit must not pay for a planning pass.
@@ -133,7 +138,16 @@ impl JobService for Jobs {
             self.ctx.metrics.submit("rate_limited");
             return Err(refused);
         }
-        let answer = self.submit_as(&user, request.into_inner()).await;
+        // The client's trace (W3C traceparent header) continues here, and is kept with the job.
+        let parent = request
+            .metadata()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .map(kairos_telemetry::traces::context_of)
+            .unwrap_or_default();
+        let span = kairos_telemetry::traces::start("submit", &parent, Vec::new());
+        let answer = self.submit_as(&user, request.into_inner(), &span).await;
+        kairos_telemetry::traces::end(&span);
         self.ctx.metrics.submit(crate::metrics::submit_outcome(&answer.as_ref().map(|_| ())));
         answer
     }

@@ -33,7 +33,7 @@ pub async fn run(ctx: Ctx) {
             continue;
         }
         let since = *leader_since.get_or_insert_with(Instant::now);
-        let started = Instant::now();
+        let (started, pass_began) = (Instant::now(), std::time::SystemTime::now());
         let ops = pass(&ctx, since);
         ctx.metrics.pass(started.elapsed().as_secs_f64());
         if ops.is_empty() {
@@ -43,8 +43,38 @@ pub async fn run(ctx: Ctx) {
         let commands: Vec<Command> = ops.into_iter().map(|op| Command { now_ms: now, op }).collect();
         let count = commands.len();
         match ctx.replica.write(commands).await {
-            Ok(outcomes) => tracing::debug!(count, ?outcomes, "scheduling pass committed"),
+            Ok(outcomes) => {
+                trace_placements(&ctx, &outcomes, pass_began);
+                tracing::debug!(count, ?outcomes, "scheduling pass committed")
+            }
             Err(e) => tracing::warn!(error = %e, "scheduling pass not committed"),
+        }
+    }
+}
+
+/// A `schedule` span in the trace of every job this pass placed, from the pass's start to its
+/// commit.
+fn trace_placements(ctx: &Ctx, outcomes: &[kairos_scheduler::Outcome], began: std::time::SystemTime) {
+    use kairos_telemetry::traces;
+    for outcome in outcomes {
+        let kairos_scheduler::Outcome::PlanApplied { accepted, .. } = outcome else { continue };
+        let traced: Vec<(u64, String, String)> = ctx.replica.read(|a| {
+            accepted
+                .iter()
+                .filter_map(|id| {
+                    let job = a.state.jobs.get(id)?;
+                    let node = job.allocation.as_ref().map(|al| al.node.clone()).unwrap_or_default();
+                    Some((*id, job.spec.traceparent.clone()?, node))
+                })
+                .collect()
+        });
+        for (id, tp, node) in traced {
+            let attributes = vec![
+                opentelemetry::KeyValue::new("kairos.job_id", id as i64),
+                opentelemetry::KeyValue::new("kairos.node", node),
+            ];
+            let span = traces::start_at("schedule", &traces::context_of(&tp), began, attributes);
+            traces::end(&span);
         }
     }
 }

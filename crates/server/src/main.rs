@@ -226,6 +226,7 @@ async fn main() {
 async fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     kairos_telemetry::logs::init(args.log_format, "info,openraft=warn,sled=warn");
+    let mut traces = kairos_telemetry::traces::init("kairosd");
     let members = parse_peers(&args)?;
     let (flag, bind) = match &args.listen {
         Some(l) => ("--listen", l),
@@ -394,6 +395,7 @@ async fn run() -> anyhow::Result<()> {
     if let Some(t) = metrics_task {
         t.abort();
     }
+    traces.shutdown();
     if let Err(e) = replica.raft.shutdown().await {
         tracing::warn!(error = %e, "raft shutdown");
     }

@@ -5,5 +5,6 @@
 pub mod exposition;
 pub mod http;
 pub mod logs;
+pub mod traces;
 
 pub use exposition::{Exposition, Histogram};

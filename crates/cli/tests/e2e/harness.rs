@@ -105,6 +105,8 @@ pub struct Cluster {
     pub cli_env: Vec<(String, String)>,
     /// The agent's `--metrics-addr`, when the cluster serves metrics.
     pub agent_metrics: Option<String>,
+    /// Extra environment for every daemon (e.g. OTEL_EXPORTER_OTLP_ENDPOINT).
+    pub daemon_env: Vec<(String, String)>,
 }
 
 /// What a cluster starts with besides the defaults.
@@ -115,6 +117,8 @@ pub struct Options {
     pub cli_env: Vec<(String, String)>,
     /// Every daemon serves Prometheus metrics on an address of its own.
     pub metrics: bool,
+    /// Extra environment for every daemon.
+    pub daemon_env: Vec<(String, String)>,
 }
 
 impl Cluster {
@@ -161,6 +165,7 @@ impl Cluster {
             agent_flags: options.agent_flags,
             cli_env: options.cli_env,
             agent_metrics,
+            daemon_env: options.daemon_env,
         };
         for i in 0..c.controllers.len() {
             c.start_controller(i);
@@ -230,6 +235,7 @@ impl Cluster {
             .env("AWS_ACCESS_KEY_ID", "testing")
             .env("AWS_SECRET_ACCESS_KEY", "testing")
             .env("AWS_EC2_METADATA_DISABLED", "true")
+            .envs(self.daemon_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(self.log_file(&format!("kairosd-{id}.log")))
             .stderr(self.log_file(&format!("kairosd-{id}.log")));
@@ -270,6 +276,7 @@ impl Cluster {
             .args(self.agent_flags_with_defaults())
             .arg("--state-dir")
             .arg(self.path("agent"))
+            .envs(self.daemon_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(self.log_file("agent.log"))
             .stderr(self.log_file("agent.log"))

@@ -205,3 +205,81 @@ fn kairosd_log_format_json_writes_only_json_lines() {
         assert!(v["level"].is_string() && v["timestamp"].is_string(), "{line}");
     }
 }
+
+/// Spans an OTLP receiver got: (service.name, trace id, span name).
+type Received = std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>, String)>>>;
+
+/// The OTLP trace service (opentelemetry-proto's, served with tonic), recording every span.
+struct Receiver(Received);
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest>,
+    ) -> Result<
+        tonic::Response<opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse>,
+        tonic::Status,
+    > {
+        use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+        for rs in request.into_inner().resource_spans {
+            let service = rs
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .find(|kv| kv.key == "service.name")
+                .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+                    Any::StringValue(s) => Some(s.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            for span in rs.scope_spans.into_iter().flat_map(|s| s.spans) {
+                self.0.lock().unwrap().push((service.clone(), span.trace_id, span.name));
+            }
+        }
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+#[test]
+fn one_trace_holds_the_cli_the_controller_and_the_agent_and_the_job_joins_it() {
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer;
+    let received: Received = Default::default();
+    let otlp = free_addr();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt.block_on(tokio::net::TcpListener::bind(&otlp)).unwrap();
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(Receiver(received.clone())))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    let env = vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT".to_string(), format!("http://{otlp}")),
+        ("OTEL_BSP_SCHEDULE_DELAY".to_string(), "100".to_string()),
+    ];
+    let c =
+        Cluster::start_opts(1, 1, Options { daemon_env: env.clone(), cli_env: env, ..Options::default() });
+    let id = c.submit(&["--", "sh", "-c", "echo $TRACEPARENT"]);
+    assert_eq!(c.wait_done(id)["state"], "COMPLETED");
+    let out = c.ok(&["logs", &id.to_string()]);
+    // 00-<trace id>-<span id>-<flags>
+    let fields: Vec<&str> = out.trim().split('-').collect();
+    assert_eq!(fields.len(), 4, "the job's TRACEPARENT: {out:?}");
+    let trace: Vec<u8> =
+        (0..16).map(|i| u8::from_str_radix(&fields[1][2 * i..2 * i + 2], 16).unwrap()).collect();
+    let want = [
+        ("kairos", "kairos submit"),
+        ("kairosd", "submit"),
+        ("kairosd", "commit"),
+        ("kairosd", "schedule"),
+        ("kairos-agent", "launch"),
+    ];
+    let got = wait_for("every service's span of the job's trace", || {
+        let spans = received.lock().unwrap().clone();
+        let of_job: Vec<(String, String)> =
+            spans.into_iter().filter(|(_, t, _)| *t == trace).map(|(s, _, n)| (s, n)).collect();
+        want.iter().all(|(s, n)| of_job.iter().any(|(gs, gn)| gs == s && gn == n)).then_some(of_job)
+    });
+    assert!(got.len() >= want.len(), "{got:?}");
+    rt.shutdown_background();
+}
