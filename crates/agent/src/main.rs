@@ -101,6 +101,10 @@ struct Args {
     /// Serve Prometheus metrics at http://HOST:PORT/metrics.
     #[arg(long, value_name = "HOST:PORT")]
     metrics_addr: Option<String>,
+    /// Keep dcgm-exporter's HPC job mapping here: a file per GPU index naming the jobs on it
+    /// (point dcgm-exporter's --hpc-job-mapping-dir at the same directory).
+    #[arg(long, value_name = "DIR")]
+    hpc_job_mapping_dir: Option<PathBuf>,
     /// Log lines as text (colours only on a terminal) or as JSON objects.
     #[arg(long, value_enum, default_value_t = kairos_telemetry::logs::LogFormat::Text)]
     log_format: kairos_telemetry::logs::LogFormat,
@@ -600,6 +604,17 @@ async fn main() -> anyhow::Result<()> {
             }
         })
     };
+    let job_mapping = args.hpc_job_mapping_dir.clone().map(|dir| {
+        let runner = runner.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = kairos_agent::jobmap::write(&dir, &runner.running_gpus()) {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot write the HPC job mapping");
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    });
     let sweeper = {
         let runner = runner.clone();
         let retention = Duration::from_secs(args.job_dir_retention_hours.saturating_mul(3600));
@@ -708,6 +723,12 @@ async fn main() -> anyhow::Result<()> {
     log_server.abort();
     if let Some(m) = metrics_server {
         m.abort();
+    }
+    if let Some(t) = job_mapping {
+        t.abort();
+    }
+    if let Some(dir) = &args.hpc_job_mapping_dir {
+        let _ = kairos_agent::jobmap::write(dir, &[]);
     }
     traces.shutdown();
     if let Some(w) = spot_watch {

@@ -509,6 +509,11 @@ impl Runner {
         &self.state_dir
     }
 
+    /// Live runs' job ids and GPUs (for dcgm-exporter's job mapping).
+    pub fn running_gpus(&self) -> Vec<(u64, Vec<u32>)> {
+        self.lock().iter().filter(|(_, r)| r.exit.is_none()).map(|(k, r)| (k.0, r.gpus.clone())).collect()
+    }
+
     /// Runs with a live process, for heartbeats.
     pub fn running(&self) -> Vec<RunKey> {
         self.lock().iter().filter(|(_, r)| r.exit.is_none()).map(|(k, _)| *k).collect()

@@ -283,3 +283,36 @@ fn one_trace_holds_the_cli_the_controller_and_the_agent_and_the_job_joins_it() {
     assert!(got.len() >= want.len(), "{got:?}");
     rt.shutdown_background();
 }
+
+#[test]
+fn the_agent_keeps_dcgm_exporters_job_mapping() {
+    let map = tempfile::tempdir().unwrap();
+    let dir = map.path().display().to_string();
+    let c = Cluster::start_opts(
+        1,
+        4,
+        Options { agent_flags: vec!["--hpc-job-mapping-dir".into(), dir.clone()], ..Options::default() },
+    );
+    let id = c.submit(&["--gpus", "2", "--", "sleep", "60"]);
+    wait_for("the job to run", || (c.job(id)["state"] == "RUNNING").then_some(()));
+    let gpus: Vec<u64> =
+        c.job(id)["gpu_ids"].as_array().unwrap().iter().map(|g| g.as_u64().unwrap()).collect();
+    assert_eq!(gpus.len(), 2);
+    let files = || {
+        let mut names: Vec<String> = std::fs::read_dir(map.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    };
+    wait_for("a mapping file per GPU of the job", || {
+        let want: Vec<String> = gpus.iter().map(u64::to_string).collect();
+        (files() == want).then_some(())
+    });
+    for g in &gpus {
+        assert_eq!(std::fs::read_to_string(map.path().join(g.to_string())).unwrap(), format!("{id}\n"));
+    }
+    c.ok(&["cancel", &id.to_string()]);
+    wait_for("the files to go with the job", || files().is_empty().then_some(()));
+}
