@@ -16,18 +16,23 @@ pub enum AccountCmd {
     List,
     /// Create an account.
     Create {
+        /// The account's name.
         name: String,
         #[command(flatten)]
         flags: AccountFlags,
     },
     /// Change the given settings of an account.
     Update {
+        /// The account's name.
         name: String,
         #[command(flatten)]
         flags: AccountFlags,
     },
     /// Delete an account no unfinished job uses.
-    Delete { name: String },
+    Delete {
+        /// The account's name.
+        name: String,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -35,6 +40,7 @@ pub struct AccountFlags {
     /// Parent account ("" for a root account).
     #[arg(long)]
     parent: Option<String>,
+    /// Its fairshare shares (relative to its siblings').
     #[arg(long)]
     shares: Option<u32>,
     /// Members, comma-separated ("" = open to every user).

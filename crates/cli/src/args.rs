@@ -1,18 +1,32 @@
 //! Parsing of the command line's values (durations, GPU counts, KEY=VALUE) and the request ids
 //! that make retried calls idempotent.
 
-/// Parses a wall-clock limit into seconds.
+/// Parses a wall-clock limit into seconds: Slurm's forms (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`,
+/// `D-H:M:S`) or a human one (`90s`, `30m`, `2h`, `1h30m`, `2d`).
 pub fn parse_time(s: &str) -> Result<u64, String> {
-    let err = || format!("cannot parse \"{s}\" as a duration (use e.g. 90s, 30m, 2h, 1h30m, 1:30:00)");
-    let secs = if s.contains(':') {
-        let parts: Vec<&str> = s.split(':').collect();
-        if parts.len() > 3 || parts.iter().any(|p| p.is_empty() || !p.chars().all(|c| c.is_ascii_digit())) {
-            return Err(err());
-        }
+    let err =
+        || format!("cannot parse \"{s}\" as a duration (use e.g. 90s, 30m, 2h, 1h30m, 1:30:00, 2-00:00:00)");
+    let number = |p: &str| -> Option<u64> {
+        (!p.is_empty() && p.chars().all(|c| c.is_ascii_digit())).then(|| p.parse().ok()).flatten()
+    };
+    // Units from the left: seconds per field of each form.
+    let fields = |parts: &[&str], units: &[u64]| -> Option<u64> {
+        (parts.len() <= units.len()).then_some(())?;
         parts
             .iter()
-            .try_fold(0u64, |acc, p| Some(acc.checked_mul(60)? + p.parse::<u64>().ok()?))
-            .ok_or_else(err)?
+            .zip(units)
+            .try_fold(0u64, |acc, (p, unit)| acc.checked_add(number(p)?.checked_mul(*unit)?))
+    };
+    let secs = if let Some((days, rest)) = s.split_once('-') {
+        // D-H, D-H:M, D-H:M:S
+        let rest: Vec<&str> = rest.split(':').collect();
+        let day_secs = number(days).and_then(|d| d.checked_mul(86_400)).ok_or_else(err)?;
+        fields(&rest, &[3600, 60, 1]).and_then(|r| r.checked_add(day_secs)).ok_or_else(err)?
+    } else if s.contains(':') {
+        // M:S or H:M:S
+        let parts: Vec<&str> = s.split(':').collect();
+        let units: &[u64] = if parts.len() == 2 { &[60, 1] } else { &[3600, 60, 1] };
+        fields(&parts, units).ok_or_else(err)?
     } else if !s.is_empty() && s.chars().all(|c| c.is_ascii_digit()) {
         s.parse::<u64>().ok().and_then(|m| m.checked_mul(60)).ok_or_else(err)?
     } else {
@@ -57,4 +71,30 @@ pub fn request_id() -> String {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
     format!("cli-{}-{nanos:x}-{random:016x}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_slurm_time_form_and_the_human_ones_parse() {
+        for (text, secs) in [
+            ("90", 90 * 60),
+            ("5:30", 5 * 60 + 30),
+            ("1:30:00", 5400),
+            ("2-00:00:00", 2 * 86_400),
+            ("1-12", 86_400 + 12 * 3600),
+            ("1-0:30", 86_400 + 30 * 60),
+            ("0-00:05:00", 300),
+            ("90s", 90),
+            ("1h30m", 5400),
+            ("2d", 2 * 86_400),
+        ] {
+            assert_eq!(parse_time(text), Ok(secs), "{text}");
+        }
+        for bad in ["", "-1", "1-", "a-1", "1-1:2:3:4", "1:2:3:4", "1::2", "0", "0-0", "x"] {
+            assert!(parse_time(bad).is_err(), "{bad} accepted");
+        }
+    }
 }

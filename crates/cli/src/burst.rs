@@ -25,9 +25,13 @@ pub enum BurstConfigCmd {
     /// Print the configuration as a TOML file (or JSON with --json).
     Show,
     /// Replace the whole configuration with a TOML file (validated whole).
-    Apply { file: PathBuf },
+    Apply {
+        /// The configuration file (TOML, as `burst config show` writes it).
+        file: PathBuf,
+    },
     /// Change top-level settings: KEY=VALUE ... (e.g. enabled=true max_instances=4).
     Set {
+        /// KEY=VALUE assignments.
         #[arg(required = true)]
         assignments: Vec<String>,
     },

@@ -12,9 +12,17 @@ pub enum ClusterCmd {
     /// Replicas, leader, term and indices.
     Status,
     /// Add a replica (started with `kairosd --join`): a learner until caught up, then a voter.
-    Add { id: u64, addr: String },
+    Add {
+        /// The new replica's id (its `kairosd --id`).
+        id: u64,
+        /// Its Raft address, HOST:PORT.
+        addr: String,
+    },
     /// Remove a replica; removing the leader hands leadership over.
-    Remove { id: u64 },
+    Remove {
+        /// The replica's id.
+        id: u64,
+    },
 }
 
 pub async fn cluster_command(client: &Client, json: bool, command: ClusterCmd) -> anyhow::Result<i32> {

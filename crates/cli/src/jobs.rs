@@ -170,26 +170,101 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
     Ok(0)
 }
 
-/// Lists pending and running jobs (all with `all`), every page.
-pub async fn queue(client: &Client, json: bool, all: bool) -> anyhow::Result<i32> {
+/// `kairos queue`'s filters and columns.
+#[derive(clap::Args, Debug)]
+pub struct QueueArgs {
+    /// Finished jobs too.
+    #[arg(long)]
+    pub all: bool,
+    /// Only this user's jobs.
+    #[arg(long, conflicts_with = "me")]
+    pub user: Option<String>,
+    /// Only your own jobs.
+    #[arg(long)]
+    pub me: bool,
+    /// Only jobs in these states, comma-separated (e.g. PENDING,RUNNING; finished ones included).
+    #[arg(long, value_delimiter = ',')]
+    pub state: Vec<String>,
+    /// Only jobs of this partition.
+    #[arg(long)]
+    pub partition: Option<String>,
+    /// Only jobs of this QoS.
+    #[arg(long)]
+    pub qos: Option<String>,
+    /// Only jobs with this name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Columns, comma-separated, of ID, NAME, USER, QOS, STATE, GPUS, NODE, REASON (table output).
+    #[arg(long, value_delimiter = ',')]
+    pub format: Vec<String>,
+}
+
+/// The state name as the CLI prints it, to the API's value.
+fn state_of(name: &str) -> Option<pb::JobState> {
+    let all = [
+        pb::JobState::Pending,
+        pb::JobState::Running,
+        pb::JobState::Completed,
+        pb::JobState::Failed,
+        pb::JobState::Cancelled,
+        pb::JobState::Timeout,
+        pb::JobState::NodeFail,
+        pb::JobState::Preempting,
+        pb::JobState::Suspended,
+    ];
+    all.into_iter().find(|s| output::job_state_name(*s as i32).eq_ignore_ascii_case(name.trim()))
+}
+
+/// Lists jobs (pending and running, or those `args` select), every page.
+pub async fn queue(client: &Client, json: bool, args: QueueArgs) -> anyhow::Result<i32> {
+    let states = args
+        .state
+        .iter()
+        .map(|s| {
+            state_of(s).map(|s| s as i32).ok_or_else(|| anyhow::anyhow!("--state: unknown state \"{s}\""))
+        })
+        .collect::<anyhow::Result<Vec<i32>>>()?;
+    let columns = args
+        .format
+        .iter()
+        .map(|c| {
+            JOB_HEADER.iter().position(|h| h.eq_ignore_ascii_case(c.trim())).ok_or_else(|| {
+                anyhow::anyhow!("--format: unknown column \"{c}\" (use {})", JOB_HEADER.join(","))
+            })
+        })
+        .collect::<anyhow::Result<Vec<usize>>>()?;
+    let request = pb::ListJobsRequest {
+        all: args.all,
+        states,
+        user: args.user.unwrap_or_default(),
+        mine: args.me,
+        partition: args.partition.unwrap_or_default(),
+        qos: args.qos.unwrap_or_default(),
+        name: args.name.unwrap_or_default(),
+        ..Default::default()
+    };
     // Every page, so the list is whole however long it is.
     let mut jobs = Vec::new();
     let mut page_token = String::new();
     loop {
-        let page = client
-            .jobs(
-                pb::ListJobsRequest { all, page_token: page_token.clone(), ..Default::default() },
-                |mut c, r| async move { c.list_jobs(r).await },
-            )
-            .await?
-            .into_inner();
+        let req = pb::ListJobsRequest { page_token: page_token.clone(), ..request.clone() };
+        let page = client.jobs(req, |mut c, r| async move { c.list_jobs(r).await }).await?.into_inner();
         jobs.extend(page.jobs);
         if page.next_page_token.is_empty() {
             break;
         }
         page_token = page.next_page_token;
     }
-    print_list(json, &jobs, job_json, &JOB_HEADER, job_row);
+    if columns.is_empty() || json {
+        print_list(json, &jobs, job_json, &JOB_HEADER, job_row);
+    } else {
+        let header: Vec<&str> = columns.iter().map(|i| JOB_HEADER[*i]).collect();
+        let pick = |j: &pb::Job| {
+            let row = job_row(j);
+            columns.iter().map(|i| row[*i].clone()).collect::<Vec<String>>()
+        };
+        print_list(false, &jobs, job_json, &header, pick);
+    }
     Ok(0)
 }
 
@@ -279,10 +354,21 @@ pub async fn wait(client: &Client, json: bool, id: u64) -> anyhow::Result<i32> {
     } else {
         println!("job {id}: {state}");
     }
-    if state != "COMPLETED" {
-        return Ok(1);
+    Ok(wait_code(&job))
+}
+
+/// `kairos wait`'s exit status for a job that ended: 0 when it completed, its exit code when it
+/// failed with one, 128 + N when signal N killed it, 124 on a time limit, 125 when cancelled,
+/// 123 when its node failed or its run was lost. (1 is also kairos's own failure.)
+fn wait_code(job: &pb::Job) -> i32 {
+    match pb::JobState::try_from(job.state) {
+        Ok(pb::JobState::Completed) => 0,
+        Ok(pb::JobState::Failed) if job.signal > 0 => 128 + job.signal.min(127),
+        Ok(pb::JobState::Failed) => job.exit_code.unwrap_or(1).clamp(1, 255),
+        Ok(pb::JobState::Timeout) => 124,
+        Ok(pb::JobState::Cancelled) => 125,
+        _ => 123,
     }
-    Ok(0)
 }
 
 /// Inside a job: marks a checkpoint as just written.

@@ -25,6 +25,7 @@ mod up;
 
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use crate::client::Client;
@@ -68,34 +69,50 @@ struct Cli {
 enum Cmd {
     /// Submit a job; prints its id.
     Submit(jobs::SubmitArgs),
-    /// List pending and running jobs (all jobs with --all).
-    Queue {
-        #[arg(long)]
-        all: bool,
-    },
+    /// List pending and running jobs (all jobs with --all), every page of them.
+    Queue(jobs::QueueArgs),
     /// Show one job.
-    Show { id: u64 },
+    Show {
+        /// The job's id.
+        id: u64,
+    },
     /// Cancel a job.
-    Cancel { id: u64 },
+    Cancel {
+        /// The job's id.
+        id: u64,
+    },
     /// Keep a pending job from starting.
-    Hold { id: u64 },
+    Hold {
+        /// The job's id.
+        id: u64,
+    },
     /// Let a held job start.
-    Release { id: u64 },
+    Release {
+        /// The job's id.
+        id: u64,
+    },
     /// Print a job's output.
     Logs {
+        /// The job's id.
         id: u64,
         /// Keep printing until the job ends.
         #[arg(long, short)]
         follow: bool,
     },
-    /// Wait until a job ends; exits 0 if it completed, 1 otherwise.
-    Wait { id: u64 },
+    /// Wait until a job ends; exits with its outcome: 0 completed, the job's exit code when it
+    /// failed, 128+N when signal N killed it, 124 timeout, 125 cancelled, 123 node failure.
+    Wait {
+        /// The job's id.
+        id: u64,
+    },
     /// List GPU nodes.
     Nodes,
     /// Drain a node (operators): nothing new is placed there; its jobs get the checkpoint
     /// signal and are requeued.
     Drain {
+        /// The node's name.
         node: String,
+        /// Why (shown with the node).
         #[arg(long, default_value = "")]
         reason: String,
     },
@@ -116,7 +133,10 @@ enum Cmd {
         command: cluster::ClusterCmd,
     },
     /// Pending jobs' priorities and their factors (like sprio).
-    Priority { id: Option<u64> },
+    Priority {
+        /// Only this job (default: every pending job).
+        id: Option<u64>,
+    },
     /// Accounts' shares, usage and fairshare factor (like sshare).
     Share,
     /// Inside a job: report that a checkpoint has just been written (preemption then spares the
@@ -153,6 +173,16 @@ enum Cmd {
         #[command(subcommand)]
         command: burst::BurstCmd,
     },
+    /// Print a shell completion script (e.g. `kairos completions bash > /etc/bash_completion.d/kairos`).
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages (kairos.1 and one per command, e.g. kairos-submit.1) into DIR.
+    Man {
+        /// Where to write them (created if missing).
+        dir: PathBuf,
+    },
     /// Start a local cluster in the foreground: controller replicas and one agent.
     ///
     /// `--controllers N` starts N replicas on consecutive ports from `--addr`;
@@ -164,11 +194,13 @@ enum Cmd {
         /// The agent's log-service address.
         #[arg(long, default_value = "127.0.0.1:7101")]
         agent_addr: String,
+        /// Where the local cluster keeps its data (kept across restarts).
         #[arg(long, default_value = "kairos-data")]
         data_dir: PathBuf,
         /// Fake GPUs for the agent when NVML is absent: COUNT or COUNTxMODEL.
         #[arg(long, default_value = "8")]
         fake_gpus: String,
+        /// The agent's node name.
         #[arg(long, default_value = "local")]
         node_name: String,
         /// Whom the agent runs jobs as: `agent` (whoever runs `kairos up`) or `submitter` (each
@@ -184,14 +216,14 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             .client()
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     let token = match &cli.command {
-        Cmd::Up { .. } | Cmd::CheckpointDone => None,
+        Cmd::Up { .. } | Cmd::CheckpointDone | Cmd::Completions { .. } | Cmd::Man { .. } => None,
         _ => client::load_token(cli.token_file.as_deref())?,
     };
     let client = Client::new(cli.controllers.clone(), token, cli.act_as.clone(), tls);
     let (client, json) = (&client, cli.json);
     match cli.command {
         Cmd::Submit(args) => jobs::submit(client, json, args).await,
-        Cmd::Queue { all } => jobs::queue(client, json, all).await,
+        Cmd::Queue(args) => jobs::queue(client, json, args).await,
         Cmd::Show { id } => jobs::show(client, json, id).await,
         Cmd::Cancel { id } => jobs::cancel(client, json, id).await,
         Cmd::Hold { id } => jobs::hold(client, json, id, true).await,
@@ -212,6 +244,19 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Partition { command } => partitions::partition_command(client, json, command).await,
         Cmd::Policy { command } => policy::policy_command(client, command).await,
         Cmd::Burst { command } => burst::burst_command(client, json, command).await,
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "kairos", &mut std::io::stdout());
+            Ok(0)
+        }
+        Cmd::Man { dir } => {
+            use clap::CommandFactory;
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            clap_mangen::generate_to(Cli::command(), &dir)
+                .with_context(|| format!("writing man pages to {}", dir.display()))?;
+            println!("man pages written to {}", dir.display());
+            Ok(0)
+        }
         Cmd::Up { addr, agent_addr, data_dir, fake_gpus, node_name, run_as } => {
             let controllers = up::up_controllers(&cli.controllers, &addr)?;
             up::run(up::UpArgs { controllers, agent_addr, data_dir, fake_gpus, node_name, run_as }).await?;
@@ -256,5 +301,35 @@ async fn main() {
             eprintln!("kairos: {}", e.to_string().lines().next().unwrap_or("error"));
             std::process::exit(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every flag and argument of every command says what it is for.
+    #[test]
+    fn every_argument_of_every_command_has_help_text() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_about().is_none() && sub.get_name() != "help" {
+                    missing.push(format!("{path} {} (command)", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "kairos", &mut missing);
+        assert!(missing.is_empty(), "without help text: {missing:#?}");
     }
 }

@@ -9,7 +9,10 @@ use crate::output::{node_json, node_row, print_list, NODE_HEADER};
 #[derive(Subcommand, Debug)]
 pub enum NodeCmd {
     /// Forget a node that holds no job (down, or drained and idle); its credentials stop working.
-    Remove { name: String },
+    Remove {
+        /// The node's name.
+        name: String,
+    },
 }
 
 pub async fn list(client: &Client, json: bool) -> anyhow::Result<i32> {

@@ -13,21 +13,25 @@ use crate::policy_file;
 
 #[derive(Subcommand, Debug)]
 pub enum PartitionCmd {
+    /// Every partition: nodes, tier, QoS rules, max wall (* marks the default).
     List,
     /// Create a partition.
     Create {
+        /// The partition's name.
         name: String,
         #[command(flatten)]
         flags: PartitionFlags,
     },
     /// Change the given settings of a partition.
     Update {
+        /// The partition's name.
         name: String,
         #[command(flatten)]
         flags: PartitionFlags,
     },
     /// Delete a partition no unfinished job uses.
     Delete {
+        /// The partition's name.
         name: String,
     },
 }
@@ -40,6 +44,7 @@ pub struct PartitionFlags {
     /// Label selector KEY=VALUE[,KEY=VALUE] ("" = no selector).
     #[arg(long)]
     selector: Option<String>,
+    /// Priority tier: jobs of a higher tier preempt those of a lower one.
     #[arg(long)]
     tier: Option<u32>,
     /// Allowed QoS, comma-separated ("" = all).

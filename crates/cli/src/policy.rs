@@ -11,7 +11,10 @@ use crate::policy_file;
 #[derive(Subcommand, Debug)]
 pub enum PolicyCmd {
     /// Replace the whole policy with a TOML file (validated whole; nothing half-applied).
-    Apply { file: PathBuf },
+    Apply {
+        /// The policy file (TOML, as `policy export` writes it).
+        file: PathBuf,
+    },
     /// Print the policy as TOML.
     Export,
 }

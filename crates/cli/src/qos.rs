@@ -11,30 +11,37 @@ use crate::policy_file;
 
 #[derive(Subcommand, Debug)]
 pub enum QosCmd {
+    /// Every QoS class and its settings.
     List,
+    /// One QoS class.
     Show {
+        /// The QoS's name.
         name: String,
     },
     /// Create a QoS (needs --priority and --max-wall).
     Create {
+        /// The QoS's name.
         name: String,
         #[command(flatten)]
         flags: QosFlags,
     },
     /// Change the given settings of a QoS.
     Update {
+        /// The QoS's name.
         name: String,
         #[command(flatten)]
         flags: QosFlags,
     },
     /// Delete a QoS that no unfinished job uses.
     Delete {
+        /// The QoS's name.
         name: String,
     },
 }
 
 #[derive(clap::Args, Debug, Default)]
 pub struct QosFlags {
+    /// Priority (higher first; the priority's QoS factor).
     #[arg(long, allow_negative_numbers = true)]
     priority: Option<i64>,
     /// QoS classes this one may preempt, comma-separated ("" for none).
@@ -49,6 +56,7 @@ pub struct QosFlags {
     /// Minimum run time before a job may be preempted.
     #[arg(long)]
     preempt_exempt: Option<String>,
+    /// Longest time limit of its jobs (e.g. 72h); a job without --time gets it.
     #[arg(long)]
     max_wall: Option<String>,
     /// GPUs of all running jobs together ("none" for no limit).
@@ -60,6 +68,7 @@ pub struct QosFlags {
     /// Running jobs per user ("none" for no limit).
     #[arg(long)]
     user_jobs: Option<String>,
+    /// Its jobs may run on cloud burst nodes (true or false).
     #[arg(long)]
     burstable: Option<bool>,
 }

@@ -11,6 +11,7 @@ use crate::output::print_list;
 pub enum TokenCmd {
     /// Issue a token; prints it once (only its hash is stored).
     Create {
+        /// The kairos user the token acts as.
         #[arg(long)]
         user: String,
         /// user, operator or admin.
@@ -19,12 +20,15 @@ pub enum TokenCmd {
         /// Lifetime (e.g. 30d, 12h); default: until revoked.
         #[arg(long, value_parser = parse_time)]
         ttl: Option<u64>,
+        /// What the token is for (shown by `token list`).
         #[arg(long, default_value = "")]
         description: String,
     },
+    /// Tokens: id, user, role, creator, expiry, description (never the secret).
     List,
     /// Revoke a token by its id (or the whole token).
     Revoke {
+        /// The token's id (or the whole token).
         id: String,
     },
 }

@@ -198,6 +198,14 @@ impl JobService for Jobs {
                 .range(after.saturating_add(1)..)
                 .map(|(_, j)| j)
                 .filter(|j| me.owns_or_operates(&j.spec.user))
+                .filter(|j| !req.mine || j.spec.user == me.user)
+                .filter(|j| req.user.is_empty() || j.spec.user == req.user)
+                .filter(|j| {
+                    req.partition.is_empty()
+                        || a.state.partition_of(j).is_some_and(|p| p.name == req.partition)
+                })
+                .filter(|j| req.qos.is_empty() || j.spec.qos == req.qos)
+                .filter(|j| req.name.is_empty() || j.spec.name == req.name)
                 .filter(|j| {
                     let s = job_view_state(j);
                     if states.is_empty() {

@@ -161,6 +161,7 @@ impl Client {
                         all: true,
                         limit: 10_000,
                         page_token: page_token.clone(),
+                        ..Default::default()
                     };
                     let req = self.request(list, None);
                     async move { JobServiceClient::new(ch).list_jobs(req).await }

@@ -42,9 +42,9 @@ fn two_gpu_job_sees_two_distinct_gpus_and_exit_codes_are_kept() {
     let job = c.wait_done(failing);
     assert_eq!(job["state"], "FAILED");
     assert_eq!(job["exit_code"], 3);
-    // `kairos wait` reflects the outcome in its exit code.
+    // `kairos wait` exits with the job's own exit code.
     assert!(c.kairos(&["wait", &id.to_string()]).status.success());
-    assert_eq!(c.kairos(&["wait", &failing.to_string()]).status.code(), Some(1));
+    assert_eq!(c.kairos(&["wait", &failing.to_string()]).status.code(), Some(3));
 }
 
 #[test]
@@ -322,4 +322,69 @@ fn a_user_flooding_submits_is_rate_limited_and_others_are_not() {
     assert!(accepted >= 2 && accepted <= 2 + start.elapsed().as_secs() as usize + 1, "{accepted} accepted");
     assert!(as_user("calm").status.success(), "another user is not limited");
     assert_eq!(c.jobs().len(), accepted + 1, "the refused submit created nothing");
+}
+
+#[test]
+fn queue_filters_select_jobs_and_format_picks_columns() {
+    let c = Cluster::start(1);
+    let a = c.submit(&["--hold", "--name", "alpha", "--qos", "batch", "--", "true"]);
+    let b = c.submit(&["--hold", "--name", "beta", "--qos", "inference", "--", "true"]);
+    let out = c.cli_as("alice").args(["submit", "--hold", "--name", "gamma", "--", "true"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let g: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let ids = |args: &[&str]| -> Vec<u64> {
+        let mut full = vec!["queue", "--json"];
+        full.extend_from_slice(args);
+        let v: serde_json::Value = serde_json::from_str(&c.ok(&full)).unwrap();
+        v.as_array().unwrap().iter().map(|j| j["id"].as_u64().unwrap()).collect()
+    };
+    assert_eq!(ids(&[]), vec![a, b, g]);
+    assert_eq!(ids(&["--name", "alpha"]), vec![a]);
+    assert_eq!(ids(&["--qos", "inference"]), vec![b]);
+    assert_eq!(ids(&["--user", "alice"]), vec![g]);
+    assert_eq!(ids(&["--me"]), vec![a, b], "the admin's own jobs");
+    assert_eq!(ids(&["--state", "pending,RUNNING"]), vec![a, b, g]);
+    assert_eq!(ids(&["--state", "COMPLETED"]), Vec::<u64>::new());
+    assert_eq!(ids(&["--partition", "default"]), vec![a, b, g]);
+    assert_eq!(ids(&["--partition", "nowhere"]), Vec::<u64>::new());
+    // Columns by name, in the order asked.
+    let table = c.ok(&["queue", "--format", "state,id"]);
+    let mut lines = table.lines();
+    assert_eq!(lines.next().unwrap().split_whitespace().collect::<Vec<_>>(), ["STATE", "ID"]);
+    assert_eq!(lines.next().unwrap().split_whitespace().collect::<Vec<_>>(), ["PENDING", &a.to_string()]);
+    // Bad filters are one-line errors.
+    for (args, says) in [
+        (&["queue", "--state", "DONE"][..], "--state"),
+        (&["queue", "--format", "id,colour"][..], "--format"),
+    ] {
+        let out = c.kairos(args);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(stderr(&out).contains(says) && stderr(&out).lines().count() == 1, "{}", stderr(&out));
+    }
+}
+
+#[test]
+fn completions_and_man_pages_are_generated() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+        .args(["completions", "bash"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let script = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        script.contains("_kairos()") && script.contains("submit") && script.contains("--gpus"),
+        "{script}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+        .args(["man"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for page in ["kairos.1", "kairos-submit.1", "kairos-queue.1"] {
+        let text =
+            std::fs::read_to_string(dir.path().join(page)).unwrap_or_else(|_| panic!("{page} missing"));
+        assert!(text.contains(".TH"), "{page}: {text}");
+    }
 }

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The NVML check, for a machine with a real NVIDIA GPU (not part of the test suite or CI): the
+# agent finds the GPUs through NVML, runs a job on one, and its metrics carry NVML's utilisation
+# and memory; dcgm-exporter's job-mapping file names the job. Uses release binaries in
+# target/release (kairosd, kairos-agent, kairos); writes what it saw under $OUT.
+set -u
+OUT=${OUT:-$(mktemp -d)}
+B=${B:-target/release}
+D=$(mktemp -d)
+get() { # HTTP GET on loopback without curl: get PORT PATH
+  exec 3<>"/dev/tcp/127.0.0.1/$1" && printf 'GET %s HTTP/1.0\r\n\r\n' "$2" >&3 && cat <&3; exec 3<&-
+}
+nvidia-smi -L > "$OUT/nvidia-smi.txt" 2>&1
+"$B/kairosd" --id 1 --addr 127.0.0.1:7001 --data-dir "$D/c" --metrics-addr 127.0.0.1:9001 > "$OUT/kairosd.log" 2>&1 &
+ctl=$!
+sleep 2
+"$B/kairos-agent" --controllers 127.0.0.1:7001 --addr 127.0.0.1:7101 --state-dir "$D/a" --name gpu-node \
+  --gpu-backend nvml --join-token-file "$D/c/join.token" --run-as agent \
+  --metrics-addr 127.0.0.1:9101 --hpc-job-mapping-dir "$D/map" > "$OUT/agent.log" 2>&1 &
+agent=$!
+sleep 3
+export KAIROS_TOKEN_FILE="$D/c/admin.token"
+K() { "$B/kairos" --controllers 127.0.0.1:7001 "$@"; }
+K nodes --json > "$OUT/nodes.json" 2>&1
+id=$(K submit --gpus 1 -- sh -c 'echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER=$CUDA_DEVICE_ORDER; nvidia-smi --query-gpu=index,uuid,pci.bus_id --format=csv; sleep 8')
+echo "job $id" > "$OUT/job.txt"
+sleep 4
+get 9101 /metrics > "$OUT/agent-metrics.txt" 2>&1
+get 9001 /metrics > "$OUT/kairosd-metrics.txt" 2>&1
+{ ls -l "$D/map"; for f in "$D"/map/*; do echo "$f: $(cat "$f")"; done; } > "$OUT/job-mapping.txt" 2>&1
+K wait "$id" >> "$OUT/job.txt" 2>&1; echo "wait exit $?" >> "$OUT/job.txt"
+K logs "$id" >> "$OUT/job.txt" 2>&1
+kill "$agent" "$ctl"; wait
+grep -c 'kairos_agent_gpu_utilization_ratio{' "$OUT/agent-metrics.txt"
+grep -h 'gpu_backend\|"model"' "$OUT/nodes.json" | head -5
+cat "$OUT/job.txt" "$OUT/job-mapping.txt"
