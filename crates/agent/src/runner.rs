@@ -745,6 +745,9 @@ impl Runner {
                 // Survives attempts (on this node): where the job keeps checkpoints to resume from.
                 .env("KAIROS_CHECKPOINT_DIR", &checkpoint_dir)
                 .env("CUDA_VISIBLE_DEVICES", gpus.join(","))
+                // The indices are NVML's, which follow the PCI bus; CUDA's default order
+                // (fastest first) can differ, so a job would use GPUs it was not given.
+                .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
                 // An elastic job's GPU count changes between attempts.
                 .env("KAIROS_GPUS", gpus.len().to_string())
                 .env(

@@ -38,20 +38,26 @@ async fn launches_once_reports_exit_and_never_relaunches() {
     let dir = tempfile::tempdir().unwrap();
     let (tx, mut rx) = mpsc::channel(16);
     let runner = Runner::new("n1", dir.path(), tx);
-    let a = assignment(7, &["sh", "-c", "echo $CUDA_VISIBLE_DEVICES $KAIROS_JOB_ID; exit 4"], false, false);
+    let a = assignment(
+        7,
+        &["sh", "-c", "echo $CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER $KAIROS_JOB_ID; exit 4"],
+        false,
+        false,
+    );
     runner.reconcile(&set(vec![a.clone()]));
     let started = next(&mut rx).await;
     assert_eq!((started.job_id, started.status), (7, pb::RunStatus::Started as i32));
     let exited = next(&mut rx).await;
     assert_eq!((exited.status, exited.exit_code), (pb::RunStatus::Exited as i32, 4));
     let log = std::fs::read_to_string(log_path(dir.path(), 7, 0)).unwrap();
-    assert_eq!(log, "3,5 7\n");
+    // CUDA numbers GPUs as NVML (and these indices) do only in PCI bus order.
+    assert_eq!(log, "3,5 PCI_BUS_ID 7\n");
     // The same set again (the controller has not applied the exit yet): the exit is
     // reported again, and the run is not launched a second time.
     runner.reconcile(&set(vec![a]));
     let again = next(&mut rx).await;
     assert_eq!((again.status, again.exit_code), (pb::RunStatus::Exited as i32, 4));
-    assert_eq!(std::fs::read_to_string(log_path(dir.path(), 7, 0)).unwrap(), "3,5 7\n");
+    assert_eq!(std::fs::read_to_string(log_path(dir.path(), 7, 0)).unwrap(), "3,5 PCI_BUS_ID 7\n");
 }
 
 #[tokio::test]

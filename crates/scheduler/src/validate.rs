@@ -103,6 +103,7 @@ fn check_text(field: &'static str, s: &str, max: usize) -> Result<(), Validation
 /// Variables the agent sets for every job (GPU binding, identity, gang rendezvous).
 pub const RESERVED_ENV: &[&str] = &[
     "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
     "NVIDIA_VISIBLE_DEVICES",
     "RANK",
     "WORLD_SIZE",
