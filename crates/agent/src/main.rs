@@ -98,6 +98,14 @@ struct Args {
     /// this many hours without a change.
     #[arg(long, default_value_t = 168)]
     job_dir_retention_hours: u64,
+    /// Read flags from this TOML file: keys are the long flags with underscores (data_dir = "…"),
+    /// values as on the command line; a flag given on the command line wins.
+    #[arg(long, value_name = "FILE.toml")]
+    config: Option<PathBuf>,
+    /// The address controllers reach this agent's log service at, when it differs from --addr
+    /// (e.g. --addr 0.0.0.0:7101 --advertise-addr 10.0.0.5:7101).
+    #[arg(long, value_name = "HOST:PORT")]
+    advertise_addr: Option<String>,
     /// Serve Prometheus metrics at http://HOST:PORT/metrics.
     #[arg(long, value_name = "HOST:PORT")]
     metrics_addr: Option<String>,
@@ -477,7 +485,16 @@ async fn main() -> anyhow::Result<()> {
     if argv.get(1).map(String::as_str) == Some(fence::WATCHDOG_ARG) {
         return watchdog_main(&argv[2..]);
     }
-    let args = Args::parse();
+    let args = {
+        use clap::CommandFactory;
+        match kairos_telemetry::config::expand(std::env::args_os().collect(), &Args::command()) {
+            Ok(argv) => Args::parse_from(argv),
+            Err(e) => {
+                eprintln!("kairos-agent: --config: {e}");
+                std::process::exit(2);
+            }
+        }
+    };
     kairos_telemetry::logs::init(args.log_format, "info");
     let mut traces = kairos_telemetry::traces::init("kairos-agent");
     if args.controllers.is_empty() {
@@ -561,7 +578,15 @@ async fn main() -> anyhow::Result<()> {
         args.addr.parse().with_context(|| format!("--addr \"{}\" is not HOST:PORT", args.addr))?;
     let listener =
         tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
-    let addr = listener.local_addr().context("reading the log service address")?.to_string();
+    let bound = listener.local_addr().context("reading the log service address")?.to_string();
+    let addr = match &args.advertise_addr {
+        Some(a) => {
+            let _: std::net::SocketAddr =
+                a.parse().with_context(|| format!("--advertise-addr \"{a}\" is not HOST:PORT"))?;
+            a.clone()
+        }
+        None => bound,
+    };
 
     let node = pb::NodeInfo {
         name: name.clone(),

@@ -60,9 +60,15 @@ pub async fn cluster_command(client: &Client, json: bool, command: ClusterCmd) -
             status.applied_index,
             status.state_digest
         );
-        let rows: Vec<Vec<String>> =
-            status.replicas.iter().map(|r| vec![r.id.to_string(), r.addr.clone(), r.role.clone()]).collect();
-        table(&["ID", "ADDR", "ROLE"], &rows);
+        let rows: Vec<Vec<String>> = status
+            .replicas
+            .iter()
+            .map(|r| {
+                let reach = if r.reachable { "yes" } else { "no" };
+                vec![r.id.to_string(), r.addr.clone(), r.role.clone(), reach.to_string()]
+            })
+            .collect();
+        table(&["ID", "ADDR", "ROLE", "REACHABLE"], &rows);
     }
     Ok(0)
 }

@@ -95,6 +95,7 @@ pub fn node_json(node: &pb::Node) -> Value {
         "addr": info.addr,
         "gpu_backend": info.gpu_backend,
         "isolation": info.isolation,
+        "labels": info.labels.iter().collect::<std::collections::BTreeMap<_, _>>(),
         "gpus": info.gpus.iter().map(|g| json!({
             "index": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib, "link_group": g.link_group,
         })).collect::<Vec<_>>(),
@@ -116,7 +117,7 @@ pub fn cluster_json(s: &pb::ClusterStatusResponse) -> Value {
         "applied_index": s.applied_index,
         "state_digest": s.state_digest,
         "snapshot_index": s.snapshot_index,
-        "replicas": s.replicas.iter().map(|r| json!({"id": r.id, "addr": r.addr, "role": r.role})).collect::<Vec<_>>(),
+        "replicas": s.replicas.iter().map(|r| json!({"id": r.id, "addr": r.addr, "role": r.role, "reachable": r.reachable})).collect::<Vec<_>>(),
     })
 }
 

@@ -108,6 +108,20 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     ensure_secret(&args.data_dir.join("join.token"), "kairos-join.")?;
     let token_path = install_admin_token(&args.data_dir.join("admin.token"))?;
 
+    // Every address must be free now: a replica that cannot bind would leave a cluster that
+    // never elects a leader.
+    let mut wanted: Vec<String> = args.controllers.clone();
+    wanted.push(args.agent_addr.clone());
+    for a in args.controllers.iter().chain([&args.agent_addr]) {
+        wanted.push(metrics_addr(a)?);
+    }
+    for a in &wanted {
+        if let Err(e) = std::net::TcpListener::bind(a.as_str()) {
+            bail!(
+                "{a} cannot be used ({e}); stop what holds it or choose other ports (--addr, --agent-addr)"
+            );
+        }
+    }
     let peers: Vec<String> =
         args.controllers.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
     let mut metrics = Vec::new();

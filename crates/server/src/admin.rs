@@ -27,6 +27,9 @@ pub struct Admin {
     pub ctx: Ctx,
 }
 
+/// How long `cluster status` waits for a member to accept a connection.
+const REACH_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
+
 #[tonic::async_trait]
 impl AdminService for Admin {
     async fn list_nodes(
@@ -51,7 +54,7 @@ impl AdminService for Admin {
         request: Request<pb::ClusterStatusRequest>,
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
         self.ctx.principal(&request)?;
-        Ok(Response::new(self.status()))
+        Ok(Response::new(self.status().await))
     }
 
     async fn add_replica(
@@ -61,7 +64,7 @@ impl AdminService for Admin {
         self.ctx.principal(&request)?.require(Role::Admin, "changing the controller membership")?;
         let req = request.into_inner();
         self.ctx.replica.add_replica(req.id, &req.addr).await.map_err(membership_status)?;
-        Ok(Response::new(self.status()))
+        Ok(Response::new(self.status().await))
     }
 
     async fn remove_replica(
@@ -71,7 +74,7 @@ impl AdminService for Admin {
         self.ctx.principal(&request)?.require(Role::Admin, "changing the controller membership")?;
         let req = request.into_inner();
         self.ctx.replica.remove_replica(req.id).await.map_err(membership_status)?;
-        Ok(Response::new(self.status()))
+        Ok(Response::new(self.status().await))
     }
 
     async fn get_policy(
@@ -492,8 +495,18 @@ fn membership_status(e: MembershipError) -> Status {
 }
 
 impl Admin {
-    fn status(&self) -> pb::ClusterStatusResponse {
+    async fn status(&self) -> pb::ClusterStatusResponse {
         let s = self.ctx.replica.status();
+        // Whether each member answers a connection now (all probed at once, briefly).
+        let probes = s.replicas.iter().map(|(id, addr, _)| {
+            let (me, addr) = (*id == s.id, addr.clone());
+            async move {
+                me || tokio::time::timeout(REACH_TIMEOUT, tokio::net::TcpStream::connect(addr))
+                    .await
+                    .is_ok_and(|c| c.is_ok())
+            }
+        });
+        let reachable = futures::future::join_all(probes).await;
         pb::ClusterStatusResponse {
             id: s.id,
             leader: s.leader,
@@ -504,7 +517,12 @@ impl Admin {
             commit_index: s.commit_index,
             state_digest: s.state_digest,
             snapshot_index: s.snapshot_index,
-            replicas: s.replicas.into_iter().map(|(id, addr, role)| pb::Replica { id, addr, role }).collect(),
+            replicas: s
+                .replicas
+                .into_iter()
+                .zip(reachable)
+                .map(|((id, addr, role), reachable)| pb::Replica { id, addr, role, reachable })
+                .collect(),
         }
     }
 }

@@ -138,6 +138,10 @@ struct Args {
     /// Require every client (peers, agents, users) to present a certificate signed by --ca.
     #[arg(long, requires = "ca")]
     mutual_tls: bool,
+    /// Read flags from this TOML file: keys are the long flags with underscores (data_dir = "…"),
+    /// values as on the command line; a flag given on the command line wins.
+    #[arg(long, value_name = "FILE.toml")]
+    config: Option<PathBuf>,
     /// Serve Prometheus metrics at http://HOST:PORT/metrics.
     #[arg(long, value_name = "HOST:PORT")]
     metrics_addr: Option<String>,
@@ -148,6 +152,18 @@ struct Args {
     /// result is committed.
     #[arg(long, hide = true)]
     burst_test_crash_after_launch: bool,
+}
+
+/// The command line, with `--config FILE` expanded (a bad file is a command-line error: exit 2).
+fn parse_args() -> Args {
+    use clap::CommandFactory;
+    match kairos_telemetry::config::expand(std::env::args_os().collect(), &Args::command()) {
+        Ok(argv) => Args::parse_from(argv),
+        Err(e) => {
+            eprintln!("kairosd: --config: {e}");
+            std::process::exit(2);
+        }
+    }
 }
 
 fn parse_peers(args: &Args) -> anyhow::Result<BTreeMap<ReplicaId, String>> {
@@ -224,7 +240,7 @@ async fn main() {
 }
 
 async fn run() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let args = parse_args();
     kairos_telemetry::logs::init(args.log_format, "info,openraft=warn,sled=warn");
     let mut traces = kairos_telemetry::traces::init("kairosd");
     let members = parse_peers(&args)?;

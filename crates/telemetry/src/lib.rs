@@ -1,7 +1,8 @@
-//! Telemetry shared by the daemons (`kairosd`, `kairos-agent`): the Prometheus text exposition
-//! (`exposition`), the `/metrics` endpoint that serves it (`http`), and log output (`logs`:
-//! `--log-format text|json`).
+//! What the daemons (`kairosd`, `kairos-agent`) share for operators: config files (`config`),
+//! the Prometheus text exposition (`exposition`), the `/metrics` endpoint that serves it
+//! (`http`), log output (`logs`: `--log-format text|json`) and traces (`traces`).
 
+pub mod config;
 pub mod exposition;
 pub mod http;
 pub mod logs;

@@ -2,6 +2,7 @@
 //! processes over loopback sockets, real sled files and real job processes.
 
 mod burst;
+mod deploy;
 mod durability;
 mod gang;
 mod ha;
