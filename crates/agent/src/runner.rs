@@ -163,6 +163,11 @@ pub struct Runner {
     reports: mpsc::Sender<pb::StatusReport>,
 }
 
+/// After a checkpoint signal's grace, how long a job has to end on SIGTERM before it is killed.
+pub const KILL_WAIT: Duration = Duration::from_secs(10);
+/// How often a stopping run is checked (ended, checkpoint reported).
+const STOP_POLL: Duration = Duration::from_millis(100);
+
 /// Where a run's log lives.
 pub fn log_path(state_dir: &Path, job: u64, attempt: u32) -> PathBuf {
     job_dir(state_dir, job).join(format!("attempt-{attempt}.log"))
@@ -624,7 +629,10 @@ impl Runner {
             self.report(key, exit, message);
         }
         for (key, grace, signal) in stop {
-            self.stop(key, parse_signal(&signal, Signal::SIGTERM), Duration::from_secs(u64::from(grace)));
+            let signal = parse_signal(&signal, Signal::SIGTERM);
+            // A checkpoint signal asks for a checkpoint; SIGTERM then asks the job to end.
+            let then = (signal != Signal::SIGTERM && signal != Signal::SIGKILL).then_some(KILL_WAIT);
+            self.stop(key, signal, Duration::from_secs(u64::from(grace)), then);
         }
         self.launch_ready();
     }
@@ -970,9 +978,12 @@ impl Runner {
         });
     }
 
-    /// Asks a run to stop: `signal` now to all of it (SIGTERM, or SIGUSR1 to checkpoint before
-    /// a preemption), a kill after `grace` unless it has ended.
-    fn stop(&self, key: RunKey, signal: Signal, grace: Duration) {
+    /// Asks a run to stop: `signal` now to all of it (SIGTERM, or the checkpoint signal before a
+    /// preemption), a kill after `grace` unless it has ended. With `then_term` (after a
+    /// checkpoint signal), the grace ends early once the job reports its checkpoint, SIGTERM
+    /// follows, and the kill only after `then_term` more: work done after the checkpoint is
+    /// saved by a job that checkpoints on SIGTERM, not thrown away (as Slurm's KillWait).
+    fn stop(&self, key: RunKey, signal: Signal, grace: Duration, then_term: Option<Duration>) {
         {
             let mut runs = self.lock();
             let Some(run) = runs.get_mut(&key) else { return };
@@ -988,8 +999,31 @@ impl Runner {
             }
         }
         let runner = self.clone();
+        let marker = job_dir(&self.state_dir, key.0).join("checkpoint").join(".kairos-checkpoint");
+        let touched = move || std::fs::metadata(&marker).and_then(|m| m.modified()).ok();
+        // A checkpoint is reported by touching the marker: any change from now on counts (file
+        // times come from a coarse clock, so a comparison with the time now could miss one).
+        let before = touched();
         tokio::spawn(async move {
-            tokio::time::sleep(grace).await;
+            let ended = || runner.lock().get(&key).is_none_or(|r| r.exit.is_some());
+            let checkpointed = || touched().is_some_and(|t| Some(t) != before);
+            let deadline = tokio::time::Instant::now() + grace;
+            while tokio::time::Instant::now() < deadline {
+                if ended() || (then_term.is_some() && checkpointed()) {
+                    break;
+                }
+                tokio::time::sleep(STOP_POLL).await;
+            }
+            if let Some(wait) = then_term.filter(|_| !ended()) {
+                if let Some(run) = runner.lock().get(&key).filter(|r| r.exit.is_none()) {
+                    tracing::info!(job = key.0, attempt = key.1, "grace over: SIGTERM");
+                    run.signal(Signal::SIGTERM);
+                }
+                let deadline = tokio::time::Instant::now() + wait;
+                while tokio::time::Instant::now() < deadline && !ended() {
+                    tokio::time::sleep(STOP_POLL).await;
+                }
+            }
             if let Some(run) = runner.lock().get(&key).filter(|r| r.exit.is_none()) {
                 run.kill();
             }
@@ -1011,7 +1045,8 @@ impl Runner {
         };
         for (key, signal) in keys {
             tracing::warn!(job = key.0, attempt = key.1, "lease lapsed: stopping the run");
-            self.stop(key, signal, grace);
+            // Fencing keeps its hard deadline: the kill comes at the grace.
+            self.stop(key, signal, grace, None);
         }
     }
 

@@ -328,3 +328,59 @@ fn a_job_of_a_higher_partition_tier_preempts_on_a_full_cluster() {
     c.ok(&["cancel", &high.to_string()]);
     c.ok(&["cancel", &low.to_string()]);
 }
+
+/// A job that saves a checkpoint when asked (its checkpoint signal) and keeps working, and
+/// saves and exits on SIGTERM — as training frameworks do.
+const SAVES_ON_SIGTERM: &str = r#"
+dir=$KAIROS_CHECKPOINT_DIR; step=0
+[ -f "$dir/step" ] && step=$(cat "$dir/step")
+save() { echo "$step" > "$dir/step.tmp" && mv "$dir/step.tmp" "$dir/step"; touch "$dir/.kairos-checkpoint"; }
+ck=0; term=0
+trap 'ck=1' USR1
+trap 'term=1' TERM
+while [ "$step" -lt 60 ]; do
+  if [ "$term" = 1 ]; then save; echo "saved at step $step on SIGTERM"; exit 0; fi
+  if [ "$ck" = 1 ]; then save; ck=0; echo "checkpoint at step $step, working on"; fi
+  step=$((step + 1))
+  echo "step $step" >> "$OUT"
+  sleep 0.1
+done
+"#;
+
+#[test]
+fn a_requeued_job_that_saves_on_sigterm_loses_no_work() {
+    let c = Cluster::start(1);
+    let out = c.path("steps");
+    let victim = c.submit(&[
+        "--qos",
+        "training",
+        "--env",
+        &format!("OUT={}", out.display()),
+        "--",
+        "sh",
+        "-c",
+        SAVES_ON_SIGTERM,
+    ]);
+    c.wait_state(victim, "RUNNING");
+    wait_for("some progress", || {
+        (std::fs::read_to_string(&out).unwrap_or_default().lines().count() >= 8).then_some(())
+    });
+    let started = std::time::Instant::now();
+    let urgent = c.submit(&["--qos", "urgent", "--", "true"]);
+    assert_eq!(c.wait_done(urgent)["state"], "COMPLETED");
+    // The training grace is 300 s: the checkpoint report ended it early, SIGTERM followed.
+    assert!(started.elapsed() < std::time::Duration::from_secs(60), "{:?}", started.elapsed());
+    let v = c.wait_done(victim);
+    assert_eq!((v["state"].as_str(), v["attempt"].as_u64()), (Some("COMPLETED"), Some(1)), "{v}");
+    // Every step exactly once: the steps after the requested checkpoint were saved on SIGTERM,
+    // not thrown away by a kill.
+    let got: Vec<u32> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim_start_matches("step ").parse().unwrap())
+        .collect();
+    assert_eq!(got, (1..=60).collect::<Vec<u32>>(), "steps lost or repeated across the preemption");
+    // The first attempt ended on SIGTERM, by itself, after its requested checkpoint.
+    let first = std::fs::read_to_string(c.path(&format!("agent/jobs/{victim}/attempt-0.log"))).unwrap();
+    assert!(first.contains("checkpoint at step") && first.contains("saved at step"), "{first}");
+}
