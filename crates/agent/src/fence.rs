@@ -175,6 +175,31 @@ pub fn watchdog(w: &Watch<'_>) -> ! {
     }
 }
 
+/// Kills the watchdog a previous agent on this state dir left, and waits (bounded) until it is
+/// gone. A starting agent does this before it touches anything: an orphaned watchdog whose
+/// agent is gone removes the node's empty cgroups when it exits, and would otherwise remove the
+/// cgroup base the new agent has just created (a restarted agent's first launch then failed,
+/// "creating the run's cgroup: No such file or directory").
+pub fn stop_previous_watchdog(state_dir: &Path) {
+    let pid_file = state_dir.join("watchdog.pid");
+    let Some(old) = std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse::<i32>().ok()) else {
+        return;
+    };
+    let is_watchdog = || {
+        let cmdline = std::fs::read(format!("/proc/{old}/cmdline")).unwrap_or_default();
+        let text = String::from_utf8_lossy(&cmdline).into_owned();
+        text.contains(WATCHDOG_ARG) && text.contains(&*state_dir.to_string_lossy())
+    };
+    if !is_watchdog() {
+        return;
+    }
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), nix::sys::signal::Signal::SIGKILL);
+    let until = std::time::Instant::now() + Duration::from_secs(2);
+    while is_watchdog() && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// The argument that starts the watchdog mode of the agent binary.
 pub const WATCHDOG_ARG: &str = "__kairos_watchdog";
 
@@ -188,14 +213,7 @@ pub fn spawn_watchdog(
     node: &str,
 ) -> std::io::Result<std::process::Child> {
     let pid_file = state_dir.join("watchdog.pid");
-    if let Some(old) = std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
-        let cmdline = std::fs::read(format!("/proc/{old}/cmdline")).unwrap_or_default();
-        let text = String::from_utf8_lossy(&cmdline);
-        if text.contains(WATCHDOG_ARG) && text.contains(&*state_dir.to_string_lossy()) {
-            let _ =
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), nix::sys::signal::Signal::SIGKILL);
-        }
-    }
+    stop_previous_watchdog(state_dir);
     let or_dash = |p: Option<&Path>| p.map(|p| p.as_os_str().to_owned()).unwrap_or_else(|| "-".into());
     let child = std::process::Command::new(std::env::current_exe()?)
         .arg(WATCHDOG_ARG)

@@ -536,6 +536,8 @@ async fn main() -> anyhow::Result<()> {
             tracing::warn!(file = %path.display(), "the join token file is readable by other users: make it owner-only (chmod 600)");
         }
     }
+    // Before anything of the node's is touched: a watchdog left by a previous agent goes first.
+    fence::stop_previous_watchdog(&state_dir);
     let cgroups = match Cgroups::detect(&name, &state_dir, args.cgroup_root.as_deref()) {
         Ok(c) => {
             tracing::info!(base = %c.base().display(), "a cgroup per run");
@@ -581,8 +583,13 @@ async fn main() -> anyhow::Result<()> {
     let bound = listener.local_addr().context("reading the log service address")?.to_string();
     let addr = match &args.advertise_addr {
         Some(a) => {
-            let _: std::net::SocketAddr =
-                a.parse().with_context(|| format!("--advertise-addr \"{a}\" is not HOST:PORT"))?;
+            // A host name or an IP address, and a port.
+            let port_ok = a
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !port_ok {
+                bail!("--advertise-addr \"{a}\" is not HOST:PORT");
+            }
             a.clone()
         }
         None => bound,
