@@ -147,14 +147,14 @@ pub struct JobSpec {
     pub suspendable: bool,
     /// The signal that asks the job to checkpoint before a requeue or resize (default SIGUSR1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub checkpoint_signal: Option<String>,
+    pub checkpoint_signal: Option<Box<str>>,
     /// How long the job may take to checkpoint and exit (at most, and by default, the QoS grace).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_grace_s: Option<u64>,
     /// The W3C trace context of the submit that created the job (set by the controller), so
     /// the pass that places it and the agent that launches it join one trace per job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub traceparent: Option<String>,
+    pub traceparent: Option<Box<str>>,
 }
 
 fn one_task() -> u32 {

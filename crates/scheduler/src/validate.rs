@@ -181,7 +181,7 @@ pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
         }
     }
     if let Some(signal) = &spec.checkpoint_signal {
-        if checkpoint_signal(signal)? != signal {
+        if checkpoint_signal(signal)? != &**signal {
             return Err(ValidationError::BadCheckpointSignal(signal.chars().take(32).collect()));
         }
     }

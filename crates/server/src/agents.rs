@@ -52,7 +52,7 @@ pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> 
                 suspend: o.action == RunAction::Suspend,
                 checkpoint_signal: o.checkpoint_signal.to_string(),
                 user: o.job.spec.user.clone(),
-                traceparent: o.job.spec.traceparent.clone().unwrap_or_default(),
+                traceparent: o.job.spec.traceparent.as_deref().unwrap_or_default().to_string(),
             }
         })
         .collect()

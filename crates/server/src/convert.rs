@@ -62,7 +62,7 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
         min_gpus: (res.min_gpus != 0).then_some(res.min_gpus),
         min_tasks: (res.min_tasks != 0).then_some(res.min_tasks),
         suspendable: spec.suspendable,
-        checkpoint_signal,
+        checkpoint_signal: checkpoint_signal.map(Into::into),
         checkpoint_grace_s: (checkpoint.grace_s != 0).then_some(u64::from(checkpoint.grace_s)),
         // Set by the API edge from the caller's trace context, never by the spec.
         traceparent: None,
@@ -172,7 +172,7 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
             suspendable: s.suspendable,
             checkpoint: (s.checkpoint_signal.is_some() || s.checkpoint_grace_s.is_some()).then(|| {
                 pb::CheckpointSpec {
-                    signal: s.checkpoint_signal.clone().unwrap_or_default(),
+                    signal: s.checkpoint_signal.as_deref().unwrap_or_default().to_string(),
                     grace_s: s.checkpoint_grace_s.unwrap_or(0).min(u64::from(u32::MAX)) as u32,
                     dir: String::new(),
                 }

@@ -49,7 +49,7 @@ impl Jobs {
         trace: &opentelemetry::Context,
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         let mut spec = job_spec_from_pb(req.spec.clone(), user)?;
-        spec.traceparent = kairos_telemetry::traces::traceparent(trace);
+        spec.traceparent = kairos_telemetry::traces::traceparent(trace).map(Into::into);
         let request_id = (!req.request_id.is_empty()).then_some(req.request_id);
         let hold = req.spec.as_ref().is_some_and(|s| s.hold);
         let limits = Some(self.ctx.submit_limits);

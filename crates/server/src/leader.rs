@@ -64,7 +64,7 @@ fn trace_placements(ctx: &Ctx, outcomes: &[kairos_scheduler::Outcome], began: st
                 .filter_map(|id| {
                     let job = a.state.jobs.get(id)?;
                     let node = job.allocation.as_ref().map(|al| al.node.clone()).unwrap_or_default();
-                    Some((*id, job.spec.traceparent.clone()?, node))
+                    Some((*id, job.spec.traceparent.as_deref()?.to_string(), node))
                 })
                 .collect()
         });
