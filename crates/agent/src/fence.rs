@@ -251,4 +251,37 @@ mod tests {
         assert!(!short.valid() && short.lapsed());
         assert!(Lease::unfenced().valid());
     }
+
+    #[test]
+    fn a_previous_agents_watchdog_is_stopped_and_gone_before_the_new_agent_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        // A stand-in with a watchdog's command line for this state dir (a shell that stays).
+        let mut old = std::process::Command::new("sh")
+            .args(["-c", "while :; do sleep 1; done", WATCHDOG_ARG])
+            .arg(dir.path())
+            .spawn()
+            .unwrap();
+        std::fs::write(dir.path().join("watchdog.pid"), format!("{}\n", old.id())).unwrap();
+        // A process listed there that is no watchdog of this dir (a reused pid) is left alone.
+        let mut other = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let other_dir = tempfile::tempdir().unwrap();
+        std::fs::write(other_dir.path().join("watchdog.pid"), format!("{}\n", other.id())).unwrap();
+        stop_previous_watchdog(other_dir.path());
+        assert!(other.try_wait().unwrap().is_none(), "a process that is no watchdog was killed");
+        stop_previous_watchdog(dir.path());
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        let status = loop {
+            match old.try_wait().unwrap() {
+                Some(status) => break status,
+                None if std::time::Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
+                None => {
+                    let _ = old.kill();
+                    panic!("the previous watchdog was left running");
+                }
+            }
+        };
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9));
+        let _ = other.kill();
+        let _ = other.wait();
+    }
 }

@@ -16,17 +16,12 @@
 //!   plan(state) ──▶ JobIndex::current (or a fresh build) ──▶ queue::scan
 //! ```
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap};
-use std::hash::BuildHasherDefault;
 
-use crate::limits::{has_user_limit, is_limited, Usage, UsageKey};
+use crate::limits::{has_user_limit, is_limited, Fixed, Usage, UsageKey};
 use crate::model::{Job, JobId, JobState};
 use crate::policy::{Policy, Qos};
 use crate::state::Jobs;
-
-/// A fixed hasher (SipHash, zero keys): maps that are only looked up, the same on every replica.
-type Fixed = BuildHasherDefault<DefaultHasher>;
 
 /// Names to numbers, in first-seen order; numbers are never reused.
 #[derive(Clone, Debug, Default)]

@@ -36,9 +36,11 @@ pub struct UsageKey {
     cell: u32,
 }
 
-/// Hash maps with a fixed hasher (SipHash with zero keys): lookups only, never iterated for a
-/// decision, and the same on every replica.
-type Names<V> = HashMap<String, V, BuildHasherDefault<DefaultHasher>>;
+/// A fixed hasher (SipHash with zero keys) for maps that are only looked up, never iterated
+/// for a decision: the same on every replica.
+pub(crate) type Fixed = BuildHasherDefault<DefaultHasher>;
+
+type Names<V> = HashMap<String, V, Fixed>;
 
 /// GPUs and jobs held by running jobs, per QoS and per (QoS, user), for the QoS classes that
 /// have limits. Names are interned: `key` finds (or makes) a pair's counters once.

@@ -20,17 +20,23 @@ use crate::context::Ctx;
 pub const SUBMIT_OUTCOMES: [&str; 6] =
     ["accepted", "invalid", "rejected", "rate_limited", "unavailable", "error"];
 
-/// Job states as the CLI prints them (PREEMPTING is RUNNING in the state).
-const JOB_STATES: [(JobState, &str); 8] = [
-    (JobState::Pending, "PENDING"),
-    (JobState::Running, "RUNNING"),
-    (JobState::Suspended, "SUSPENDED"),
-    (JobState::Completed, "COMPLETED"),
-    (JobState::Failed, "FAILED"),
-    (JobState::Cancelled, "CANCELLED"),
-    (JobState::Timeout, "TIMEOUT"),
-    (JobState::NodeFail, "NODE_FAIL"),
+/// Every job state of the replicated state (PREEMPTING is RUNNING there).
+const JOB_STATES: [JobState; 8] = [
+    JobState::Pending,
+    JobState::Running,
+    JobState::Suspended,
+    JobState::Completed,
+    JobState::Failed,
+    JobState::Cancelled,
+    JobState::Timeout,
+    JobState::NodeFail,
 ];
+
+/// A state's name as the API (and so the CLI) spells it: `PENDING`, `NODE_FAIL`, …
+fn state_name(s: JobState) -> &'static str {
+    let name = crate::convert::job_state_to_pb(s).as_str_name();
+    name.strip_prefix("JOB_STATE_").unwrap_or(name)
+}
 
 /// How a preemption treated its victim (`ClusterState::preemption_totals`' keys).
 const PREEMPT_MODES: [&str; 4] = ["cancel", "requeue", "suspend", "shrink"];
@@ -118,8 +124,7 @@ impl Cluster {
             c.waits.insert(q.clone(), Histogram::new(&WAIT_BOUNDS));
         }
         for job in state.jobs.values() {
-            let name = JOB_STATES.iter().find(|(s, _)| *s == job.state).map_or("UNKNOWN", |(_, n)| n);
-            *c.jobs.entry((name, job.spec.qos.clone())).or_default() += 1;
+            *c.jobs.entry((state_name(job.state), job.spec.qos.clone())).or_default() += 1;
             if let Some(start) = job.start_time_ms {
                 let wait = (start - job.submit_time_ms).max(0) as f64 / 1000.0;
                 c.waits
@@ -181,7 +186,7 @@ pub fn render(ctx: &Ctx) -> String {
     });
     // Jobs: every known state × every QoS, from the start.
     let mut jobs: Vec<(String, String, f64)> = Vec::new();
-    for (_, state) in JOB_STATES {
+    for state in JOB_STATES.map(state_name) {
         for q in &qos_names {
             let n = cluster.as_ref().and_then(|c| c.jobs.get(&(state, q.clone()))).copied().unwrap_or(0);
             jobs.push((state.to_string(), q.clone(), n as f64));

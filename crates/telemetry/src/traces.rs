@@ -80,12 +80,10 @@ pub fn context_of(traceparent: &str) -> Context {
 /// Starts span `name` of this process's tracer as a child of `parent` (a root when there is
 /// none), with `attributes`; the returned context holds it — end it with `end`.
 pub fn start(name: &'static str, parent: &Context, attributes: Vec<KeyValue>) -> Context {
-    let tracer = global::tracer("kairos");
-    let span = tracer.span_builder(name).with_attributes(attributes).start_with_context(&tracer, parent);
-    parent.with_span(span)
+    start_at(name, parent, std::time::SystemTime::now(), attributes)
 }
 
-/// Starts a span that began at `at` (for work timed before it was known to belong to a job).
+/// `start` for a span that began at `at` (work timed before it was known to belong to a job).
 pub fn start_at(
     name: &'static str,
     parent: &Context,
