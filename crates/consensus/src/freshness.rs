@@ -38,6 +38,12 @@ impl LeaderContact {
         seen.push_back((at, leader_commit));
     }
 
+    /// Whether an append was accepted since `now - bound`.
+    pub fn heard_within(&self, now: Instant, bound: Duration) -> bool {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.back().is_some_and(|(at, _)| now.saturating_duration_since(*at) <= bound)
+    }
+
     /// Whether, since `now - bound`, an accepted append carried a commit index at most `applied`.
     pub fn fresh(&self, now: Instant, applied: u64, bound: Duration) -> bool {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
@@ -68,6 +74,10 @@ mod tests {
         assert!(!c.fresh(t0 + Duration::from_secs(3), 55, bound));
         assert!(c.fresh(t0 + Duration::from_secs(3), 60, bound));
         assert!(!c.fresh(t0 + Duration::from_secs(10), 1000, bound), "cut off from the leader");
+        // Heard from, whatever was applied; not once the bound has passed.
+        assert!(c.heard_within(t0 + Duration::from_secs(2), bound));
+        assert!(!c.heard_within(t0 + Duration::from_secs(4), bound));
+        assert!(!LeaderContact::default().heard_within(t0, bound));
     }
 
     #[test]

@@ -329,6 +329,22 @@ impl Replica {
         self.contact.fresh(std::time::Instant::now(), applied, self.staleness)
     }
 
+    /// Whether this replica is in touch with a quorum: it leads and a quorum acknowledged it
+    /// within `staleness()` (or it is the only voter), or it follows and accepted an append
+    /// from the leader within that bound (a leader sends only while a quorum follows it). What
+    /// the health service reports; unlike `state_fresh` it does not ask whether this replica has
+    /// applied everything yet.
+    pub fn quorum_reachable(&self) -> bool {
+        if self.is_leader() {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            let voters = m.membership_config.voter_ids().count();
+            return voters <= 1
+                || m.millis_since_quorum_ack.is_some_and(|ms| ms <= self.staleness.as_millis() as u64);
+        }
+        self.contact.heard_within(std::time::Instant::now(), self.staleness)
+    }
+
     /// Whether this replica's state has caught up with the cluster since it started: the state
     /// was fresh (`state_fresh`) at least once. Until then it may lack entries the cluster
     /// committed — and acknowledged — while it was down, or whose commit it had not heard of

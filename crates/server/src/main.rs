@@ -11,6 +11,8 @@ mod context;
 mod convert;
 mod convert_burst;
 mod convert_policy;
+mod forward;
+mod health;
 mod jobs;
 mod leader;
 mod metrics;
@@ -329,7 +331,13 @@ async fn run() -> anyhow::Result<()> {
     ));
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<JobServiceServer<jobs::Jobs>>().await;
+    let health_task = tokio::spawn(health::run(replica.clone(), health));
+    let forwarder = forward::Forwarder::new(
+        replica.clone(),
+        ctx.agent_tls.clone(),
+        API_MESSAGE_BYTES_MAX,
+        ctx.metrics.clone(),
+    );
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(kairos_proto::v1::FILE_DESCRIPTOR_SET)
         .build_v1()
@@ -353,27 +361,32 @@ async fn run() -> anyhow::Result<()> {
         .add_service(reflection)
         // Every service but health and reflection checks its caller from the headers before a
         // body is decoded (the handlers check again, with the decoded request).
-        .add_service(tonic::service::interceptor::InterceptedService::new(
-            JobServiceServer::new(jobs::Jobs {
-                ctx: ctx.clone(),
-                limiter: Arc::new(ratelimit::SubmitLimiter::new(
-                    args.submit_rate_per_user,
-                    args.submit_burst_per_user,
-                )),
-            })
-            .max_decoding_message_size(API_MESSAGE_BYTES_MAX),
-            auth::user_gate(ctx.clone()),
-        ))
+        // Followers pass what only the leader answers to it (`forward`).
+        .add_service(
+            forwarder.wrap(tonic::service::interceptor::InterceptedService::new(
+                JobServiceServer::new(jobs::Jobs {
+                    ctx: ctx.clone(),
+                    limiter: Arc::new(ratelimit::SubmitLimiter::new(
+                        args.submit_rate_per_user,
+                        args.submit_burst_per_user,
+                    )),
+                })
+                .max_decoding_message_size(API_MESSAGE_BYTES_MAX),
+                auth::user_gate(ctx.clone()),
+            )),
+        )
         .add_service(tonic::service::interceptor::InterceptedService::new(
             AgentServiceServer::new(agents::Agents { ctx: ctx.clone() })
                 .max_decoding_message_size(API_MESSAGE_BYTES_MAX),
             auth::agent_gate(ctx.auth.clone()),
         ))
-        .add_service(tonic::service::interceptor::InterceptedService::new(
-            AdminServiceServer::new(admin::Admin { ctx: ctx.clone() })
-                .max_decoding_message_size(API_MESSAGE_BYTES_MAX),
-            auth::user_gate(ctx.clone()),
-        ))
+        .add_service(
+            forwarder.wrap(tonic::service::interceptor::InterceptedService::new(
+                AdminServiceServer::new(admin::Admin { ctx: ctx.clone() })
+                    .max_decoding_message_size(API_MESSAGE_BYTES_MAX),
+                auth::user_gate(ctx.clone()),
+            )),
+        )
         .add_service(RaftRpc::server(
             replica.raft.clone(),
             members.keys().copied().collect(),
@@ -408,6 +421,7 @@ async fn run() -> anyhow::Result<()> {
     leader_task.abort();
     watchdog_task.abort();
     burst_task.abort();
+    health_task.abort();
     if let Some(t) = metrics_task {
         t.abort();
     }

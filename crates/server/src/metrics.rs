@@ -53,11 +53,16 @@ const PASS_BOUNDS: [f64; 10] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
 pub struct Metrics {
     submits: [AtomicU64; SUBMIT_OUTCOMES.len()],
     passes: Mutex<Histogram>,
+    forwarded: AtomicU64,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics { submits: Default::default(), passes: Mutex::new(Histogram::new(&PASS_BOUNDS)) }
+        Metrics {
+            submits: Default::default(),
+            passes: Mutex::new(Histogram::new(&PASS_BOUNDS)),
+            forwarded: AtomicU64::new(0),
+        }
     }
 }
 
@@ -67,6 +72,11 @@ impl Metrics {
         if let Some(i) = SUBMIT_OUTCOMES.iter().position(|o| *o == outcome) {
             self.submits[i].fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Counts one call this replica passed to the leader (`forward`).
+    pub fn forwarded(&self) {
+        self.forwarded.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records how long one scheduling pass took.
@@ -248,6 +258,12 @@ pub fn render(ctx: &Ctx) -> String {
         "kairos_submits_total",
         "Submits this replica's API edge answered, by outcome.",
         &submit_samples,
+    );
+
+    e.counter(
+        "kairos_forwarded_calls_total",
+        "Client calls this replica passed to the leader (writes and reads only the leader answers).",
+        &[(&[], metrics.forwarded.load(Ordering::Relaxed) as f64)],
     );
 
     let mode_labels: Vec<[(&str, &str); 1]> = PREEMPT_MODES.iter().map(|m| [("mode", *m)]).collect();

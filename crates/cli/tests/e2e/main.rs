@@ -1,6 +1,7 @@
 //! End-to-end tests of the vertical slice: real `kairosd`, `kairos-agent` and `kairos`
 //! processes over loopback sockets, real sled files and real job processes.
 
+mod anyreplica;
 mod burst;
 mod deploy;
 mod durability;

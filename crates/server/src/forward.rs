@@ -1,0 +1,195 @@
+//! Any replica serves any call: a follower passes a client's call that it cannot serve itself
+//! (a write, a read that must see the leader's state, a token it cannot settle) to the leader,
+//! and returns the leader's answer, so clients need no redirect code of their own.
+//!
+//! How: the user-facing services (jobs, admin) are wrapped in `Forwarded`. On the leader a call
+//! goes straight to the service. On any other replica the request body (unary in every
+//! user-facing call, bounded by the API's message limit) is kept, the call is served locally,
+//! and when the answer is `UNAVAILABLE` with the leader's address (`kairos-leader`, the one
+//! mechanism that already says "only the leader can answer this"), the same request — headers,
+//! credentials, trace context and body — goes to the leader over one kept HTTP/2 connection. The
+//! leader's answer (also a stream: `WatchJob`, `StreamLogs`) is relayed as is.
+//!
+//! A forwarded call carries `kairos-forwarded`; a replica never forwards such a call again
+//! (leadership moved meanwhile: the client gets `UNAVAILABLE` with the new leader, as before).
+//! The hint header stays on every `UNAVAILABLE`, so a client may still go to the leader
+//! itself and save the hop.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full, Limited};
+use kairos_consensus::Replica;
+use tonic::body::Body;
+use tonic::server::NamedService;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tower_service::Service;
+
+use crate::context::LEADER_HEADER;
+
+/// Marks a call one replica passed to another.
+pub const FORWARDED_HEADER: &str = "kairos-forwarded";
+/// gRPC's code for `UNAVAILABLE`.
+const UNAVAILABLE: &str = "14";
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What every wrapped service shares: the replica (who leads) and the connection to the leader.
+#[derive(Clone)]
+pub struct Forwarder {
+    replica: Replica,
+    tls: Option<ClientTlsConfig>,
+    /// Largest request body kept for forwarding (the API's decoding limit plus gRPC framing).
+    body_max: usize,
+    /// The leader's address and a lazily connected channel to it.
+    leader: Arc<Mutex<Option<(String, Channel)>>>,
+    forwarded: Arc<crate::metrics::Metrics>,
+}
+
+impl Forwarder {
+    pub fn new(
+        replica: Replica,
+        tls: Option<ClientTlsConfig>,
+        message_max: usize,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Forwarder {
+        Forwarder { replica, tls, body_max: message_max + 5, leader: Arc::default(), forwarded: metrics }
+    }
+
+    /// `service`, forwarding what only the leader can answer.
+    pub fn wrap<S>(&self, service: S) -> Forwarded<S> {
+        Forwarded { inner: service, forwarder: self.clone() }
+    }
+
+    /// The channel to the leader at `addr` (kept while the leader stays there).
+    fn channel(&self, addr: &str) -> Result<Channel, tonic::transport::Error> {
+        let mut leader = self.leader.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((known, channel)) = leader.as_ref() {
+            if known == addr {
+                return Ok(channel.clone());
+            }
+        }
+        let mut endpoint = Endpoint::from_shared(kairos_proto::wire::url(addr, self.tls.is_some()))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(10));
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint.tls_config(tls.clone())?;
+        }
+        let channel = endpoint.connect_lazy();
+        *leader = Some((addr.to_string(), channel.clone()));
+        Ok(channel)
+    }
+
+    /// Sends the kept request to the leader at `addr`; `None` when it cannot be reached.
+    async fn to_leader(&self, addr: &str, head: Head, body: bytes::Bytes) -> Option<http::Response<Body>> {
+        let mut channel = match self.channel(addr) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(leader = %addr, error = %e, "cannot forward to the leader");
+                return None;
+            }
+        };
+        let mut request = http::Request::new(Body::new(Full::new(body)));
+        *request.method_mut() = head.method;
+        *request.uri_mut() = head.uri;
+        *request.headers_mut() = head.headers;
+        request.headers_mut().insert(FORWARDED_HEADER, http::HeaderValue::from_static("1"));
+        let sent = async {
+            futures::future::poll_fn(|cx| channel.poll_ready(cx)).await?;
+            channel.call(request).await
+        };
+        match sent.await {
+            Ok(response) => {
+                self.forwarded.forwarded();
+                Some(response)
+            }
+            Err(e) => {
+                tracing::warn!(leader = %addr, error = %e, "forwarding to the leader failed");
+                // A broken connection is replaced on the next call.
+                self.leader.lock().unwrap_or_else(|p| p.into_inner()).take();
+                None
+            }
+        }
+    }
+}
+
+/// The parts of a request that are sent again to the leader.
+struct Head {
+    method: http::Method,
+    uri: http::Uri,
+    headers: http::HeaderMap,
+}
+
+/// A user-facing service behind the forwarder.
+#[derive(Clone)]
+pub struct Forwarded<S> {
+    inner: S,
+    forwarder: Forwarder,
+}
+
+impl<S: NamedService> NamedService for Forwarded<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+/// The leader's address from an `UNAVAILABLE` answer that names one.
+fn leader_hint(response: &http::Response<Body>) -> Option<String> {
+    let headers = response.headers();
+    if headers.get("grpc-status").and_then(|v| v.to_str().ok()) != Some(UNAVAILABLE) {
+        return None;
+    }
+    headers.get(LEADER_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+impl<S, B> Service<http::Request<Body>> for Forwarded<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<http::Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        // The service that was polled ready serves this call; a clone takes its place.
+        let ready = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, ready);
+        if self.forwarder.replica.is_leader() || request.headers().contains_key(FORWARDED_HEADER) {
+            let served = inner.call(request);
+            return Box::pin(async move { Ok(served.await?.map(Body::new)) });
+        }
+        let forwarder = self.forwarder.clone();
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let body = match Limited::new(body, forwarder.body_max).collect().await {
+                Ok(collected) => collected.to_bytes(),
+                Err(e) => {
+                    let status = tonic::Status::resource_exhausted(format!("request body: {e}"));
+                    return Ok(status.into_http());
+                }
+            };
+            let head =
+                Head { method: parts.method.clone(), uri: parts.uri.clone(), headers: parts.headers.clone() };
+            let local = inner
+                .call(http::Request::from_parts(parts, Body::new(Full::new(body.clone()))))
+                .await?
+                .map(Body::new);
+            match leader_hint(&local) {
+                Some(addr) => Ok(forwarder.to_leader(&addr, head, body).await.unwrap_or(local)),
+                None => Ok(local),
+            }
+        })
+    }
+}
