@@ -1,10 +1,10 @@
-//! `kairos cluster`: the controller replicas (status, add, remove).
+//! `kairos cluster`: the controller replicas (status, add, remove) and backups.
 
 use clap::Subcommand;
 use kairos_proto::v1 as pb;
 use kairos_proto::v1::admin_service_client::AdminServiceClient;
 
-use crate::client::Client;
+use crate::client::{CallError, Client};
 use crate::output::{self, print_json, table};
 
 #[derive(Subcommand, Debug)]
@@ -23,9 +23,62 @@ pub enum ClusterCmd {
         /// The replica's id.
         id: u64,
     },
+    /// Backups of the replicated state.
+    Snapshot {
+        #[command(subcommand)]
+        action: SnapshotCmd,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SnapshotCmd {
+    /// Save a consistent backup (from the leader, holding every acknowledged write) to FILE;
+    /// `kairosd --restore-from FILE` starts a new cluster from it.
+    Save {
+        /// Where to write the backup (replaced atomically).
+        file: std::path::PathBuf,
+    },
+}
+
+/// Streams the leader's backup into `file` (through a temporary file, fsync'd, renamed).
+async fn save_snapshot(client: &Client, json: bool, file: &std::path::Path) -> anyhow::Result<i32> {
+    use std::io::Write;
+    use tokio_stream::StreamExt;
+    let mut stream = client
+        .admin(pb::SaveSnapshotRequest {}, |mut c, r| async move { c.save_snapshot(r).await })
+        .await?
+        .into_inner();
+    let tmp = file.with_extension("partial");
+    let mut out =
+        std::fs::File::create(&tmp).map_err(|e| CallError(format!("creating {}: {e}", tmp.display())))?;
+    let mut bytes = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|s| CallError(format!("receiving the snapshot: {}", s.message())))?;
+        bytes += chunk.data.len();
+        out.write_all(&chunk.data).map_err(|e| CallError(format!("writing {}: {e}", tmp.display())))?;
+    }
+    out.sync_all().map_err(|e| CallError(format!("syncing {}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, file).map_err(|e| CallError(format!("renaming to {}: {e}", file.display())))?;
+    let header = std::fs::read(file)
+        .ok()
+        .and_then(|b| {
+            b.split(|c| *c == b'\n').next().and_then(|l| serde_json::from_slice::<serde_json::Value>(l).ok())
+        })
+        .unwrap_or_default();
+    if json {
+        print_json(
+            &serde_json::json!({"file": file.display().to_string(), "bytes": bytes, "header": header}),
+        );
+    } else {
+        println!("saved {bytes} bytes (applied index {}) to {}", header["applied_index"], file.display());
+    }
+    Ok(0)
 }
 
 pub async fn cluster_command(client: &Client, json: bool, command: ClusterCmd) -> anyhow::Result<i32> {
+    if let ClusterCmd::Snapshot { action: SnapshotCmd::Save { file } } = &command {
+        return save_snapshot(client, json, file).await;
+    }
     let status = client
         .call(|ch| {
             let mut admin = AdminServiceClient::new(ch);
@@ -42,6 +95,7 @@ pub async fn cluster_command(client: &Client, json: bool, command: ClusterCmd) -
                     ClusterCmd::Remove { id } => {
                         admin.remove_replica(client.request(pb::RemoveReplicaRequest { id: *id })).await
                     }
+                    ClusterCmd::Snapshot { .. } => unreachable!("handled above"),
                 }
             }
         })

@@ -33,7 +33,12 @@ pub fn random_hex(n: usize) -> Result<String, SecretError> {
 
 /// Lower-case hex SHA-256 of `s`.
 pub fn sha256_hex(s: &str) -> String {
-    hex::encode(Sha256::digest(s.as_bytes()))
+    sha256_hex_bytes(s.as_bytes())
+}
+
+/// SHA-256 of `bytes`, hex.
+pub fn sha256_hex_bytes(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
 }
 
 /// The cluster secret. Cheap to clone; never printed.

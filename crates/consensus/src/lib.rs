@@ -24,6 +24,7 @@ use thiserror::Error;
 use tokio::sync::watch;
 
 pub mod auth;
+pub mod backup;
 pub mod chunked;
 pub mod failstop;
 pub mod freshness;
@@ -190,7 +191,7 @@ impl Replica {
     ) -> Result<Replica, ConsensusError> {
         std::fs::create_dir_all(data_dir)
             .map_err(|e| ConsensusError::Format(format!("creating {}: {e}", data_dir.display())))?;
-        let sled_dir = data_dir.join("raft.sled");
+        let sled_dir = data_dir.join(store::SLED_DIR);
         let db = catch_damage(&sled_dir, config.id, || sled::Config::new().path(&sled_dir).open())?.map_err(
             |e| match e {
                 sled::Error::Io(io)

@@ -44,6 +44,9 @@ const KEY_VOTE: &[u8] = b"vote";
 const KEY_COMMITTED: &[u8] = b"committed";
 const KEY_LAST_PURGED: &[u8] = b"last_purged";
 const SNAPSHOT_FILE: &str = "snapshot";
+/// The sled database's directory under the data directory.
+pub(crate) const SLED_DIR: &str = "raft.sled";
+const META_TREE: &str = "raft_meta";
 const SNAPSHOT_TMP: &str = "snapshot.tmp";
 
 fn read_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
@@ -78,7 +81,7 @@ impl LogStore {
         let store = LogStore {
             db: db.clone(),
             log: db.open_tree(LOG_TREE)?,
-            meta: db.open_tree("raft_meta")?,
+            meta: db.open_tree(META_TREE)?,
             committed: Arc::default(),
             sled_sync: Arc::new(crate::sync::SledSync::open(sled_dir).map_err(sled::Error::Io)?),
         };
@@ -354,12 +357,44 @@ pub(crate) fn encode_snapshot(state: &ClusterState) -> Result<Vec<u8>, serde_jso
     serde_json::to_vec(&SnapshotFileRef { format: SNAPSHOT_FORMAT_VERSION, state })
 }
 
-fn decode_snapshot(data: &[u8]) -> Result<ClusterState, crate::ConsensusError> {
+pub(crate) fn decode_snapshot(data: &[u8]) -> Result<ClusterState, crate::ConsensusError> {
     let file: SnapshotFile = serde_json::from_slice(data)?;
     if file.format != SNAPSHOT_FORMAT_VERSION {
         return Err(crate::ConsensusError::Format(format!("unknown snapshot format {}", file.format)));
     }
     Ok(file.state)
+}
+
+/// Whether `data_dir` holds a replica's storage (a log database or a snapshot).
+pub(crate) fn holds_data(data_dir: &std::path::Path) -> bool {
+    data_dir.join(SLED_DIR).exists() || data_dir.join(SNAPSHOT_FILE).exists()
+}
+
+/// Writes the storage of a replica that has applied the cluster's first entry (index 0, the
+/// membership of `nodes`) onto `state` and compacted it into a snapshot: the snapshot file, and
+/// the log's purge point and commit index at that entry (`backup::seed`).
+pub(crate) fn seed(
+    data_dir: &std::path::Path,
+    nodes: std::collections::BTreeMap<NodeId, openraft::BasicNode>,
+    state: &ClusterState,
+) -> Result<(), crate::ConsensusError> {
+    let first = LogId::<NodeId>::default();
+    let voters = nodes.keys().copied().collect();
+    let membership = openraft::Membership::new(vec![voters], nodes);
+    let meta = SnapshotMeta {
+        last_log_id: Some(first),
+        last_membership: StoredMembership::new(Some(first), membership),
+        snapshot_id: "restored".into(),
+    };
+    let stored = StoredSnapshot { meta, data: encode_snapshot(state)? };
+    write_snapshot(data_dir, &stored.encode()?)
+        .map_err(|e| crate::ConsensusError::Format(format!("writing the snapshot: {e}")))?;
+    let db = sled::Config::new().path(data_dir.join(SLED_DIR)).open()?;
+    let meta = db.open_tree(META_TREE)?;
+    meta.insert(KEY_LAST_PURGED, serde_json::to_vec(&first)?)?;
+    meta.insert(KEY_COMMITTED, serde_json::to_vec(&Some(first))?)?;
+    db.flush()?;
+    Ok(())
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {

@@ -30,8 +30,50 @@ pub struct Admin {
 /// How long `cluster status` waits for a member to accept a connection.
 const REACH_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// Bytes per chunk of a streamed backup (clients decode up to 4 MiB per message).
+const BACKUP_CHUNK_BYTES: usize = 1024 * 1024;
+
+type BoxStream<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl AdminService for Admin {
+    type SaveSnapshotStream = BoxStream<pb::SnapshotChunk>;
+
+    async fn save_snapshot(
+        &self,
+        request: Request<pb::SaveSnapshotRequest>,
+    ) -> Result<Response<Self::SaveSnapshotStream>, Status> {
+        self.ctx.principal(&request)?.require(Role::Admin, "saving a snapshot of the cluster")?;
+        if !self.ctx.replica.is_leader() {
+            return Err(self.ctx.not_leader());
+        }
+        // A read barrier: this replica still leads (a quorum says so) and has applied everything
+        // committed before the call, so the backup holds every acknowledged write.
+        let barrier = tokio::time::timeout(
+            kairos_consensus::WRITE_TIMEOUT,
+            self.ctx.replica.raft.ensure_linearizable(),
+        )
+        .await;
+        match barrier {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return Err(self.ctx.not_leader()),
+            Err(_) => {
+                return Err(Status::unavailable("no quorum confirmed this replica's leadership in time"))
+            }
+        }
+        let (state, applied) = self.ctx.replica.read(|a| (a.state.clone(), a.last_applied));
+        let taken = now_ms();
+        let bytes =
+            tokio::task::spawn_blocking(move || kairos_consensus::backup::encode(&state, applied, taken))
+                .await
+                .map_err(|e| Status::internal(format!("encoding the backup: {e}")))?
+                .map_err(|e| Status::internal(format!("encoding the backup: {e}")))?;
+        tracing::info!(bytes = bytes.len(), index = applied.map_or(0, |l| l.index), "backup taken");
+        let chunks: Vec<Result<pb::SnapshotChunk, Status>> =
+            bytes.chunks(BACKUP_CHUNK_BYTES).map(|c| Ok(pb::SnapshotChunk { data: c.to_vec() })).collect();
+        Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
+    }
+
     async fn list_nodes(
         &self,
         request: Request<pb::ListNodesRequest>,

@@ -60,6 +60,12 @@ struct Args {
     /// Start empty and wait to be added to an existing cluster (`kairos cluster add`).
     #[arg(long, conflicts_with = "peers")]
     join: bool,
+    /// Start a new cluster from a backup (`kairos cluster snapshot save FILE`): given to the
+    /// replica with the lowest id in --peers, on an empty --data-dir; the other replicas start
+    /// empty and receive the restored state from it. A restart with the same flag and backup
+    /// is allowed (nothing is restored twice).
+    #[arg(long, value_name = "FILE", conflicts_with = "join")]
+    restore_from: Option<PathBuf>,
     /// Snapshot and compact the log after this many entries.
     #[arg(long, default_value_t = 5000)]
     snapshot_logs: u64,
@@ -214,6 +220,33 @@ fn load_auth(args: &Args, members: usize) -> anyhow::Result<(auth::Auth, String)
     Ok((auth::Auth::new(key, &admin, &join), join))
 }
 
+/// Seeds this replica's empty data directory from a backup (`--restore-from`).
+fn restore(args: &Args, members: &BTreeMap<ReplicaId, String>, file: &std::path::Path) -> anyhow::Result<()> {
+    let lowest = members.keys().next().copied().unwrap_or(args.id);
+    if lowest != args.id {
+        bail!(
+            "--restore-from is given to the replica that starts the new cluster, the lowest id in --peers ({lowest}); \
+             start the others empty"
+        );
+    }
+    let bytes = std::fs::read(file).with_context(|| format!("--restore-from: reading {}", file.display()))?;
+    let (header, seeded) = kairos_consensus::backup::seed(&args.data_dir, members, &bytes)
+        .with_context(|| format!("--restore-from {}", file.display()))?;
+    if seeded {
+        tracing::info!(file = %file.display(), index = header.applied_index, "restored from a backup");
+        println!(
+            "kairosd {} restored the state of {} (applied index {}, taken at {} ms)",
+            args.id,
+            file.display(),
+            header.applied_index,
+            header.taken_at_ms
+        );
+    } else {
+        tracing::info!(file = %file.display(), "already restored from this backup; starting as usual");
+    }
+    Ok(())
+}
+
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = match signal(SignalKind::terminate()) {
@@ -282,6 +315,9 @@ async fn run() -> anyhow::Result<()> {
         eprintln!("kairosd: storage error, stopping: {what}");
         std::process::exit(3);
     });
+    if let Some(file) = &args.restore_from {
+        restore(&args, &members, file)?;
+    }
     let replica = Replica::open(&config, &args.data_dir, &members)
         .await
         .with_context(|| format!("opening replica data in {}", args.data_dir.display()))?;

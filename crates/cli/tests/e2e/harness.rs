@@ -99,6 +99,8 @@ pub struct Cluster {
     gpus: u32,
     /// Extra flags for every kairosd (e.g. a small snapshot threshold).
     pub controller_flags: Vec<String>,
+    /// Extra flags for the first kairosd only (e.g. --restore-from).
+    pub first_controller_flags: Vec<String>,
     /// Extra flags for every agent (e.g. TLS files).
     pub agent_flags: Vec<String>,
     /// Extra environment for every CLI call (e.g. KAIROS_CA).
@@ -113,6 +115,8 @@ pub struct Cluster {
 #[derive(Default)]
 pub struct Options {
     pub controller_flags: Vec<String>,
+    /// Flags for the first kairosd only.
+    pub first_controller_flags: Vec<String>,
     pub agent_flags: Vec<String>,
     pub cli_env: Vec<(String, String)>,
     /// Every daemon serves Prometheus metrics on an address of its own.
@@ -162,6 +166,7 @@ impl Cluster {
             more_agents: Vec::new(),
             gpus,
             controller_flags: options.controller_flags,
+            first_controller_flags: options.first_controller_flags,
             agent_flags: options.agent_flags,
             cli_env: options.cli_env,
             agent_metrics,
@@ -247,6 +252,9 @@ impl Cluster {
         let mut cmd = self.controller_command(id, &addr);
         if self.controllers.len() > 1 {
             cmd.args(["--peers", &self.peers()]);
+        }
+        if index == 0 {
+            cmd.args(&self.first_controller_flags);
         }
         if let Some(m) = &self.controllers[index].metrics {
             cmd.args(["--metrics-addr", m]);

@@ -2,6 +2,7 @@
 //! processes over loopback sockets, real sled files and real job processes.
 
 mod anyreplica;
+mod backup;
 mod burst;
 mod deploy;
 mod durability;
