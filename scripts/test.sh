@@ -11,27 +11,37 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 start=$(date +%s)
-# Cloud burst tests run against moto's EC2 server (Python packages): installed into their own
-# environment under target/ (a venv, or a --target directory where Python has no venv module),
-# so nothing of the machine's Python is changed; the tests find it through KAIROS_TEST_PYTHON.
+# Python packages of the tests — moto's EC2 server for the cloud burst tests; grpcio and the
+# kairos_client package (clients/python, its stubs generated from proto/) for the Python client
+# tests — are installed into their own environment under target/ (a venv, or a --target
+# directory where Python has no venv module), so nothing of the machine's Python is changed;
+# the tests find it through KAIROS_TEST_PYTHON. kairos_client is reinstalled on every run (the
+# protos may have changed); the rest only when missing.
 if ! command -v python3 >/dev/null 2>&1; then
-  echo "test.sh: python3 is required for the cloud burst tests (moto)" >&2
+  echo "test.sh: python3 is required for the cloud burst (moto) and Python client tests" >&2
   exit 1
 fi
-moto_pkgs=('moto[server]>=5.1,<6' 'boto3')
+py_pkgs=('moto[server]>=5.1,<6' 'boto3' 'grpcio>=1.60' 'grpcio-tools>=1.60' 'setuptools>=61' 'wheel')
+py_check='import moto.server, boto3, grpc, grpc_tools, setuptools'
+pip_quiet=(--quiet --disable-pip-version-check)
 if [ -z "${KAIROS_TEST_NO_VENV:-}" ] && { [ -x target/tools/moto/bin/python ] || python3 -m venv target/tools/moto >/dev/null 2>&1; }; then
   export KAIROS_TEST_PYTHON="$PWD/target/tools/moto/bin/python"
-  if ! "$KAIROS_TEST_PYTHON" -c 'import moto.server, boto3' >/dev/null 2>&1; then
-    "$KAIROS_TEST_PYTHON" -m pip install --quiet --disable-pip-version-check "${moto_pkgs[@]}"
+  if ! "$KAIROS_TEST_PYTHON" -c "$py_check" >/dev/null 2>&1; then
+    "$KAIROS_TEST_PYTHON" -m pip install "${pip_quiet[@]}" "${py_pkgs[@]}"
   fi
+  py_target=()
 else
   export PYTHONPATH="$PWD/target/tools/moto-lib${PYTHONPATH:+:$PYTHONPATH}"
   export KAIROS_TEST_PYTHON=python3
-  if ! python3 -c 'import moto.server, boto3' >/dev/null 2>&1; then
-    python3 -m pip install --quiet --disable-pip-version-check --target target/tools/moto-lib "${moto_pkgs[@]}"
+  if ! python3 -c "$py_check" >/dev/null 2>&1; then
+    python3 -m pip install "${pip_quiet[@]}" --target target/tools/moto-lib "${py_pkgs[@]}"
   fi
+  py_target=(--target target/tools/moto-lib --upgrade)
 fi
-"$KAIROS_TEST_PYTHON" -c 'import moto.server, boto3' || { echo "test.sh: installing moto failed" >&2; exit 1; }
+"$KAIROS_TEST_PYTHON" -c "$py_check" || { echo "test.sh: installing the tests' Python packages failed" >&2; exit 1; }
+"$KAIROS_TEST_PYTHON" -m pip install "${pip_quiet[@]}" --no-build-isolation --no-deps --force-reinstall \
+  "${py_target[@]}" ./clients/python
+"$KAIROS_TEST_PYTHON" -c 'import kairos_client' || { echo "test.sh: installing clients/python failed" >&2; exit 1; }
 
 # Chaos tests build separate hosts from network namespaces: iproute2 and iptables, as root.
 if ! command -v ip >/dev/null 2>&1 || ! command -v iptables >/dev/null 2>&1; then

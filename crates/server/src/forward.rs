@@ -4,11 +4,19 @@
 //!
 //! How: the user-facing services (jobs, admin) are wrapped in `Forwarded`. On the leader a call
 //! goes straight to the service. On any other replica the request body (unary in every
-//! user-facing call, bounded by the API's message limit) is kept, the call is served locally,
-//! and when the answer is `UNAVAILABLE` with the leader's address (`kairos-leader`, the one
-//! mechanism that already says "only the leader can answer this"), the same request — headers,
-//! credentials, trace context and body — goes to the leader over one kept HTTP/2 connection. The
-//! leader's answer (also a stream: `WatchJob`, `StreamLogs`) is relayed as is.
+//! user-facing call, bounded by the API's message limit) is kept, and:
+//! - a write or a read whose answer must include every acknowledged write (read-your-writes:
+//!   `ListJobs` right after `Submit`) goes to the leader at once when one is known — the same
+//!   request, headers, credentials, trace context and body, over one kept HTTP/2 connection;
+//! - the rest (`ClusterStatus`, this replica's own view; the long streams `WatchJob` and
+//!   `StreamLogs`), and everything when no leader is known or it does not answer in time
+//!   (`READ_WAIT`, `WRITE_WAIT`), is served locally — reads from this replica's state when it has
+//!   caught up (the promise of reads without a quorum), writes refused `UNAVAILABLE`;
+//! - a local answer `UNAVAILABLE` with the leader's address (`kairos-leader`: only the leader
+//!   can answer this, e.g. a token this replica cannot settle) goes to the leader too, unless
+//!   that was just tried.
+//!
+//! The leader's answer (also a stream) is relayed as is.
 //!
 //! A forwarded call carries `kairos-forwarded`; a replica never forwards such a call again
 //! (leadership moved meanwhile: the client gets `UNAVAILABLE` with the new leader, as before).
@@ -36,6 +44,24 @@ pub const FORWARDED_HEADER: &str = "kairos-forwarded";
 /// gRPC's code for `UNAVAILABLE`.
 const UNAVAILABLE: &str = "14";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a forwarded read may take to answer before this replica answers it itself.
+const READ_WAIT: Duration = Duration::from_secs(2);
+/// Likewise for a write: the leader's commit wait, and a margin.
+const WRITE_WAIT: Duration = Duration::from_secs(kairos_consensus::WRITE_TIMEOUT.as_secs() + 2);
+
+/// Calls a follower answers from its own state, never forwarded first: its own view of the
+/// cluster, and long streams that would tie a connection to the leader for their whole life.
+const LOCAL: [&str; 3] = [
+    "/kairos.v1.AdminService/ClusterStatus",
+    "/kairos.v1.JobService/WatchJob",
+    "/kairos.v1.JobService/StreamLogs",
+];
+
+/// Whether the call at `path` only reads (its answer comes without a commit wait).
+fn reads(path: &str) -> bool {
+    let method = path.rsplit('/').next().unwrap_or_default();
+    ["Get", "List"].iter().any(|p| method.starts_with(p)) || method == "BurstStatus"
+}
 
 /// What every wrapped service shares: the replica (who leads) and the connection to the leader.
 #[derive(Clone)]
@@ -84,8 +110,23 @@ impl Forwarder {
         Ok(channel)
     }
 
-    /// Sends the kept request to the leader at `addr`; `None` when it cannot be reached.
-    async fn to_leader(&self, addr: &str, head: Head, body: bytes::Bytes) -> Option<http::Response<Body>> {
+    /// The leader's address when this replica knows another replica leads.
+    fn leader_addr(&self) -> Option<String> {
+        match self.replica.leader() {
+            (Some(id), Some(addr)) if id != self.replica.id => Some(addr),
+            _ => None,
+        }
+    }
+
+    /// Sends the kept request to the leader at `addr`; `None` when it cannot be reached or does
+    /// not answer within `wait`.
+    async fn to_leader(
+        &self,
+        addr: &str,
+        head: &Head,
+        body: bytes::Bytes,
+        wait: Duration,
+    ) -> Option<http::Response<Body>> {
         let mut channel = match self.channel(addr) {
             Ok(c) => c,
             Err(e) => {
@@ -94,20 +135,24 @@ impl Forwarder {
             }
         };
         let mut request = http::Request::new(Body::new(Full::new(body)));
-        *request.method_mut() = head.method;
-        *request.uri_mut() = head.uri;
-        *request.headers_mut() = head.headers;
+        *request.method_mut() = head.method.clone();
+        *request.uri_mut() = head.uri.clone();
+        *request.headers_mut() = head.headers.clone();
         request.headers_mut().insert(FORWARDED_HEADER, http::HeaderValue::from_static("1"));
         let sent = async {
             futures::future::poll_fn(|cx| channel.poll_ready(cx)).await?;
             channel.call(request).await
         };
-        match sent.await {
-            Ok(response) => {
+        match tokio::time::timeout(wait, sent).await {
+            Ok(Ok(response)) => {
                 self.forwarded.forwarded();
                 Some(response)
             }
-            Err(e) => {
+            Err(_) => {
+                tracing::warn!(leader = %addr, ?wait, "the leader did not answer a forwarded call in time");
+                None
+            }
+            Ok(Err(e)) => {
                 tracing::warn!(leader = %addr, error = %e, "forwarding to the leader failed");
                 // A broken connection is replaced on the next call.
                 self.leader.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -182,12 +227,23 @@ where
             };
             let head =
                 Head { method: parts.method.clone(), uri: parts.uri.clone(), headers: parts.headers.clone() };
+            let path = head.uri.path();
+            let wait = if reads(path) { READ_WAIT } else { WRITE_WAIT };
+            let mut tried = None;
+            if !LOCAL.contains(&path) {
+                if let Some(addr) = forwarder.leader_addr() {
+                    if let Some(answer) = forwarder.to_leader(&addr, &head, body.clone(), wait).await {
+                        return Ok(answer);
+                    }
+                    tried = Some(addr);
+                }
+            }
             let local = inner
                 .call(http::Request::from_parts(parts, Body::new(Full::new(body.clone()))))
                 .await?
                 .map(Body::new);
-            match leader_hint(&local) {
-                Some(addr) => Ok(forwarder.to_leader(&addr, head, body).await.unwrap_or(local)),
+            match leader_hint(&local).filter(|addr| tried.as_ref() != Some(addr)) {
+                Some(addr) => Ok(forwarder.to_leader(&addr, &head, body, wait).await.unwrap_or(local)),
                 None => Ok(local),
             }
         })

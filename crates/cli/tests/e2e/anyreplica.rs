@@ -54,6 +54,16 @@ fn a_client_that_only_knows_a_follower_gets_every_write_and_reads_its_own_writes
                 .into_inner();
             assert_eq!(job.spec.map(|s| s.name), Some(format!("via-follower-{i}")));
             ids.push(id);
+            // A listing through the follower right after the submit holds it too.
+            let listed = jobs
+                .list_jobs(with_token(pb::ListJobsRequest { all: true, ..Default::default() }, &token))
+                .await
+                .expect("listing through a follower")
+                .into_inner();
+            assert!(
+                listed.jobs.iter().any(|j| j.id == id),
+                "job {id} missing from a listing right after its submit"
+            );
         }
         // A retried submit (same request id) through the follower is the same job.
         let again = jobs

@@ -12,15 +12,9 @@ use std::time::{Duration, Instant};
 
 use kairos_burst::{Cloud, Ec2Cloud};
 
-use crate::harness::{bin, free_addr, stop_child, wait_for, Cluster};
+use crate::harness::{bin, free_addr, python, stop_child, wait_for, Cluster};
 
 const CLUSTER: &str = "e2e";
-
-/// The Python with moto and boto3: `KAIROS_TEST_PYTHON` (scripts/test.sh points it at the
-/// environment it installed them into), else `python3`.
-fn python() -> String {
-    std::env::var("KAIROS_TEST_PYTHON").unwrap_or_else(|_| "python3".to_string())
-}
 
 /// A moto EC2 server on a free loopback port, stopped on drop.
 struct Moto {

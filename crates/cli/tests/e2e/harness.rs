@@ -21,9 +21,16 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// The Python with the test packages (moto, boto3, grpcio, kairos_client): `KAIROS_TEST_PYTHON`
+/// (scripts/test.sh points it at the environment it installed them into), else `python3`.
+pub fn python() -> String {
+    std::env::var("KAIROS_TEST_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
 /// A loopback address with a free port for a daemon to bind. Ports come from below the
 /// kernel's ephemeral range (32768+), so no outgoing connection can take one between this
 /// check and the daemon's bind; a per-process offset keeps concurrent test binaries apart.
+
 pub fn free_addr() -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);

@@ -15,6 +15,7 @@ mod observability;
 mod policy;
 mod powercut;
 mod preempt;
+mod python_client;
 mod security;
 
 use std::collections::BTreeSet;
