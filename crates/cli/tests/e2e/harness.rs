@@ -30,7 +30,6 @@ pub fn python() -> String {
 /// A loopback address with a free port for a daemon to bind. Ports come from below the
 /// kernel's ephemeral range (32768+), so no outgoing connection can take one between this
 /// check and the daemon's bind; a per-process offset keeps concurrent test binaries apart.
-
 pub fn free_addr() -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
