@@ -43,26 +43,22 @@ fi
   "${py_target[@]}" ./clients/python
 "$KAIROS_TEST_PYTHON" -c 'import kairos_client' || { echo "test.sh: installing clients/python failed" >&2; exit 1; }
 
-# Chaos tests build separate hosts from network namespaces: iproute2 and iptables, as root.
-if ! command -v ip >/dev/null 2>&1 || ! command -v iptables >/dev/null 2>&1; then
+# Debian packages the tests use, installed when missing (as root, with apt):
+# - iproute2, iptables: the chaos tests build separate hosts from network namespaces;
+# - prometheus (with promtool): the observability tests scrape the daemons and lint rules;
+# - systemd (systemd-analyze): the deployment test verifies the unit files in deploy/systemd.
+missing=()
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+{ command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; } || missing+=(prometheus)
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >/dev/null
-    apt-get install -y -qq iproute2 iptables >/dev/null
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   else
-    echo "test.sh: the chaos tests need iproute2 and iptables, and root to use them" >&2
-    exit 1
-  fi
-fi
-
-# The observability tests scrape the daemons with a real Prometheus and lint with promtool.
-if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null
-    apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-  else
-    echo "test.sh: the observability tests need prometheus and promtool (Debian package prometheus)" >&2
+    echo "test.sh: the tests need the Debian packages ${missing[*]}, and root to use them" >&2
     exit 1
   fi
 fi

@@ -65,15 +65,52 @@ pub struct Report {
 /// Where an instance reads its metadata (spot interruption notices), IMDSv2.
 pub const IMDS_URL: &str = "http://169.254.169.254";
 
-/// The boot script of intent `intent`'s instance: it starts the agent, which registers as the
-/// burst node of that intent (and, on spot, watches for an interruption notice).
+/// The agent's systemd unit (deploy/systemd/kairos-agent.service), installed by the user-data.
+pub const AGENT_UNIT: &str = include_str!("../../../deploy/systemd/kairos-agent.service");
+/// Where the user-data writes the agent's config file and unit.
+pub const AGENT_CONFIG_PATH: &str = "/etc/kairos/kairos-agent.toml";
+pub const AGENT_UNIT_PATH: &str = "/etc/systemd/system/kairos-agent.service";
+/// The port a burst node's agent serves logs on (the burst security group opens it to the
+/// controllers).
+pub const AGENT_PORT: u16 = 7101;
+/// The user-data line that starts the agent's config file (a here-document ending at `EOF`);
+/// `$ip` in it is the instance's private address, read from IMDS at first boot.
+pub const AGENT_CONFIG_LINE: &str = "cat > /etc/kairos/kairos-agent.toml <<EOF";
+
+/// The boot script of intent `intent`'s instance (run once, at first boot): it writes the join
+/// token, the agent's config — advertising the instance's private address, read from the
+/// instance metadata service (IMDSv2) — and the agent's systemd unit, and starts the unit. The
+/// unit starts the agent again after a reboot, so a rebooted burst node rejoins as the same
+/// node (its credential is kept in its state directory).
 pub fn user_data(settings: &Settings, intent: u64, spot: bool) -> String {
     let node = kairos_scheduler::burst::node_name(intent);
-    let spot = if spot { format!(" --spot-imds {IMDS_URL}") } else { String::new() };
+    let spot = if spot { format!("spot_imds = \"{IMDS_URL}\"\n") } else { String::new() };
     // Single-quoted for the shell; a quote inside is closed, escaped and reopened.
     let token = settings.join_token.replace('\'', r"'\''");
     format!(
-        "#!/bin/sh\n# kairos burst node: cluster {cluster}, intent {intent}\numask 077\nmkdir -p {dir}\n{JOIN_TOKEN_LINE}'{token}' > {path}\nexec kairos-agent --controllers {controllers} --name {node} --label {label}={intent} --join-token-file {path}{spot}\n",
+        "#!/bin/sh\n\
+         # kairos burst node: cluster {cluster}, intent {intent}\n\
+         set -eu\n\
+         umask 077\n\
+         mkdir -p {dir}\n\
+         {JOIN_TOKEN_LINE}'{token}' > {path}\n\
+         imds_token=$(curl -sf -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 300' {IMDS_URL}/latest/api/token)\n\
+         ip=$(curl -sf -H \"X-aws-ec2-metadata-token: $imds_token\" {IMDS_URL}/latest/meta-data/local-ipv4)\n\
+         {AGENT_CONFIG_LINE}\n\
+         controllers = \"{controllers}\"\n\
+         name = \"{node}\"\n\
+         label = [\"{label}={intent}\"]\n\
+         join_token_file = \"{path}\"\n\
+         addr = \"0.0.0.0:{AGENT_PORT}\"\n\
+         advertise_addr = \"$ip:{AGENT_PORT}\"\n\
+         state_dir = \"/var/lib/kairos-agent\"\n\
+         {spot}\
+         EOF\n\
+         cat > {AGENT_UNIT_PATH} <<'EOF'\n\
+         {AGENT_UNIT}\
+         EOF\n\
+         systemctl daemon-reload\n\
+         systemctl enable --now kairos-agent.service\n",
         cluster = settings.cluster,
         controllers = settings.controllers.join(","),
         label = kairos_scheduler::burst::BURST_LABEL,

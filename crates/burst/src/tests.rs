@@ -274,9 +274,19 @@ async fn intents_are_committed_then_launched_once_and_a_new_leader_adopts_instea
     assert_eq!(r.launched, vec![(1, "i-1".to_string())]);
     let spec = cloud.launches.lock().unwrap()[0].clone();
     assert_eq!(spec.client_token(), "kairos-c1-1");
-    assert!(spec.user_data.contains("--name burst-1") && spec.user_data.contains("10.0.0.1:7001"));
-    assert!(spec.user_data.contains(r"printf '%s\n' 'kairos-join.it'\''s-secret' > /etc/kairos/join.token"));
-    assert!(spec.user_data.contains("--join-token-file /etc/kairos/join.token"));
+    let ud = &spec.user_data;
+    assert!(ud.contains("name = \"burst-1\"") && ud.contains("controllers = \"10.0.0.1:7001\""), "{ud}");
+    assert!(ud.contains(r"printf '%s\n' 'kairos-join.it'\''s-secret' > /etc/kairos/join.token"));
+    assert!(ud.contains("join_token_file = \"/etc/kairos/join.token\""));
+    // The advertised address comes from the instance metadata; the unit restarts the agent.
+    assert!(
+        ud.contains("advertise_addr = \"$ip:7101\"") && ud.contains("latest/meta-data/local-ipv4"),
+        "{ud}"
+    );
+    assert!(
+        ud.contains(crate::reconcile::AGENT_UNIT)
+            && ud.contains("systemctl enable --now kairos-agent.service")
+    );
     // The leader died after RunInstances but before committing: its successor sees the intent
     // still Requested, finds the instance by tag and adopts it.
     let mut lost = s.clone();

@@ -127,12 +127,25 @@ impl Booter {
                         continue;
                     }
                     let user_data = rt.block_on(cloud.user_data(&i.id)).unwrap();
-                    // cloud-init would run the script; here: its `exec kairos-agent ...` line.
-                    let line =
-                        user_data.lines().find(|l| l.starts_with("exec kairos-agent")).expect("agent line");
+                    // cloud-init would run the script, which installs the agent's unit and
+                    // starts it: here the agent runs from the config file the script writes
+                    // (its `$ip` from the instance metadata is loopback), with this "instance's"
+                    // own paths and port given as flags (flags override the file).
+                    use kairos_burst::reconcile::{AGENT_CONFIG_LINE, AGENT_UNIT, JOIN_TOKEN_LINE};
+                    assert!(user_data.contains(AGENT_UNIT), "the user-data installs the agent's unit");
+                    assert!(user_data.contains("systemctl enable --now kairos-agent.service"));
+                    let config: String = user_data
+                        .lines()
+                        .skip_while(|l| *l != AGENT_CONFIG_LINE)
+                        .skip(1)
+                        .take_while(|l| *l != "EOF")
+                        .map(|l| format!("{}\n", l.replace("$ip", "127.0.0.1")))
+                        .collect();
+                    assert!(config.contains("advertise_addr = \"127.0.0.1:"), "{config}");
+                    let config_file = dir.join(format!("agent-{}.toml", i.id));
+                    std::fs::write(&config_file, config).unwrap();
                     let imds_url = imds.as_ref().map(|base| format!("{base}/{}", i.id)).unwrap_or_default();
                     // ... and its join token line: the token goes to this instance's own file.
-                    use kairos_burst::reconcile::{JOIN_TOKEN_LINE, JOIN_TOKEN_PATH};
                     let token = user_data
                         .lines()
                         .find_map(|l| l.strip_prefix(JOIN_TOKEN_LINE))
@@ -140,23 +153,18 @@ impl Booter {
                         .expect("join token line");
                     let token_file = dir.join(format!("join-{}.token", i.id));
                     std::fs::write(&token_file, token).unwrap();
-                    let token_file = token_file.display().to_string();
-                    let args: Vec<&str> = line
-                        .split_whitespace()
-                        .skip(2)
-                        .map(|a| match a {
-                            kairos_burst::reconcile::IMDS_URL => imds_url.as_str(),
-                            JOIN_TOKEN_PATH => token_file.as_str(),
-                            other => other,
-                        })
-                        .collect();
+                    let port = free_addr();
+                    let mut args: Vec<String> = vec!["--config".into(), config_file.display().to_string()];
+                    args.extend(["--join-token-file".into(), token_file.display().to_string()]);
+                    args.extend(["--addr".into(), port.clone(), "--advertise-addr".into(), port]);
+                    if user_data.contains("spot_imds") {
+                        args.extend(["--spot-imds".into(), imds_url]);
+                    }
                     let gpus = types[&i.instance_type].0;
                     let log = std::fs::File::create(dir.join(format!("agent-{}.log", i.id))).unwrap();
                     let child = Command::new(bin("kairos-agent"))
                         .args(&args)
                         .args([
-                            "--addr",
-                            "127.0.0.1:0",
                             "--gpu-backend",
                             "fake",
                             "--fake-gpus",

@@ -145,3 +145,53 @@ fn the_example_config_files_hold_only_known_keys() {
         assert!(out.status.success(), "{file}: {}", String::from_utf8_lossy(&out.stderr));
     }
 }
+
+/// `systemd-analyze verify` of a unit file in a scratch root holding systemd's own units and
+/// an executable at every path the unit starts: (success, what it printed).
+fn verify_unit(name: &str, content: &str) -> (bool, String) {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("usr/lib")).unwrap();
+    let copied =
+        Command::new("cp").args(["-r", "/usr/lib/systemd"]).arg(root.path().join("usr/lib/")).status();
+    assert!(copied.unwrap().success(), "copying /usr/lib/systemd");
+    std::fs::create_dir_all(root.path().join("usr/local/bin")).unwrap();
+    for exe in ["kairosd", "kairos-agent"] {
+        let path = root.path().join("usr/local/bin").join(exe);
+        std::fs::write(&path, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    let units = root.path().join("etc/systemd/system");
+    std::fs::create_dir_all(&units).unwrap();
+    std::fs::write(units.join(name), content).unwrap();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(format!("--root={}", root.path().display()))
+        .arg(format!("/etc/systemd/system/{name}"))
+        .output()
+        .expect("systemd-analyze (Debian package systemd; scripts/test.sh installs it)");
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), said)
+}
+
+#[test]
+fn the_systemd_units_pass_systemd_analyze_verify_and_burst_nodes_install_the_agents() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/systemd");
+    for name in ["kairosd.service", "kairos-agent.service"] {
+        let content = std::fs::read_to_string(dir.join(name)).unwrap();
+        let (ok, said) = verify_unit(name, &content);
+        assert!(ok && said.trim().is_empty(), "{name}: systemd-analyze verify: {said}");
+        assert!(content.contains("--config /etc/kairos/"), "{name} starts from its config file");
+    }
+    // The checker fails a broken unit: an unknown key, a bad value, a missing executable.
+    let agent = std::fs::read_to_string(dir.join("kairos-agent.service")).unwrap();
+    for broken in [
+        agent.replace("Restart=always", "Restart=sometimes"),
+        agent.replace("[Service]", "[Service]\nRestartEvery=2"),
+        agent.replace("/usr/local/bin/kairos-agent", "/usr/local/bin/kairos-agentd"),
+    ] {
+        let (ok, said) = verify_unit("kairos-agent.service", &broken);
+        assert!(!ok || !said.trim().is_empty(), "a broken unit passed: {broken}");
+    }
+    // Burst nodes install exactly this unit.
+    assert_eq!(kairos_burst::reconcile::AGENT_UNIT, agent);
+}
