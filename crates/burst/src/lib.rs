@@ -16,7 +16,7 @@ pub mod provider;
 pub mod reconcile;
 
 pub use policy::{decide, Decision};
-pub use provider::{Cloud, CloudError, CloudInstance, Ec2Cloud, LaunchSpec};
+pub use provider::{check_instance_types, Cloud, CloudError, CloudInstance, Ec2Cloud, LaunchSpec, TypeInfo};
 
 #[cfg(test)]
 mod tests;

@@ -11,8 +11,8 @@
 
 use aws_sdk_ec2::error::ProvideErrorMetadata;
 use aws_sdk_ec2::types::{
-    Filter, InstanceMarketOptionsRequest, InstanceStateName, LaunchTemplateSpecification, MarketType,
-    ResourceType, Tag, TagSpecification,
+    Filter, InstanceMarketOptionsRequest, InstanceStateName, InstanceType as Ec2InstanceType,
+    LaunchTemplateSpecification, MarketType, ResourceType, SpotMarketOptions, Tag, TagSpecification,
 };
 use base64::Engine;
 use thiserror::Error;
@@ -25,8 +25,20 @@ pub enum CloudError {
     /// The cloud has no capacity for this type/market now (try another, back off).
     #[error("no capacity: {0}")]
     Capacity(String),
+    /// The cloud refused the request itself (e.g. an instance type it does not know).
+    #[error("{0}")]
+    Invalid(String),
     #[error("{0}")]
     Other(String),
+}
+
+/// What the cloud says about an instance type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TypeInfo {
+    pub name: String,
+    pub gpus: u32,
+    /// The GPU model name (e.g. "A10G", "H100"); empty when it has no GPU.
+    pub gpu_model: String,
 }
 
 /// What one launch asks for.
@@ -40,6 +52,10 @@ pub struct LaunchSpec {
     pub launch_template: String,
     /// The boot script (plain text; the provider encodes it).
     pub user_data: String,
+    /// Spot only: the most the instance may cost per hour (milli-dollars), the price its launch
+    /// was planned and limited with — so spend can never pass the limits when the spot price
+    /// rises above it (the launch fails, or the instance is interrupted, instead).
+    pub max_price_milli: Option<u64>,
 }
 
 impl LaunchSpec {
@@ -76,6 +92,30 @@ pub trait Cloud {
     /// Every instance tagged with `cluster` (any state the cloud still reports).
     async fn list(&self, cluster: &str) -> Result<Vec<CloudInstance>, CloudError>;
     async fn terminate(&self, ids: &[String]) -> Result<(), CloudError>;
+    /// GPU count and model of each named instance type (`Invalid` when one does not exist).
+    async fn instance_types(&self, names: &[String]) -> Result<Vec<TypeInfo>, CloudError>;
+}
+
+/// A dollar amount for EC2 (`MaxPrice`) from milli-dollars.
+fn dollars(milli: u64) -> String {
+    format!("{}.{:03}", milli / 1000, milli % 1000)
+}
+
+/// The market options of a launch: spot with its maximum price, or on-demand (`None`).
+pub fn market_options(spec: &LaunchSpec) -> Option<InstanceMarketOptionsRequest> {
+    if !spec.spot {
+        return None;
+    }
+    let mut spot = SpotMarketOptions::builder();
+    if let Some(milli) = spec.max_price_milli {
+        spot = spot.max_price(dollars(milli));
+    }
+    Some(
+        InstanceMarketOptionsRequest::builder()
+            .market_type(MarketType::Spot)
+            .spot_options(spot.build())
+            .build(),
+    )
 }
 
 /// EC2 through aws-sdk-ec2.
@@ -103,6 +143,9 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + 'static>(
     let message = e.message().unwrap_or("").to_string();
     if CAPACITY_CODES.contains(&code.as_str()) {
         return CloudError::Capacity(format!("{code}: {message}"));
+    }
+    if code == "InvalidInstanceType" {
+        return CloudError::Invalid(message);
     }
     if code.is_empty() {
         // Transport or dispatch failure: no service answer at all.
@@ -200,10 +243,8 @@ impl Cloud for Ec2Cloud {
         if let Some(subnet) = &spec.subnet {
             req = req.subnet_id(subnet);
         }
-        if spec.spot {
-            req = req.instance_market_options(
-                InstanceMarketOptionsRequest::builder().market_type(MarketType::Spot).build(),
-            );
+        if let Some(market) = market_options(spec) {
+            req = req.instance_market_options(market);
         }
         let out = req.send().await.map_err(classify)?;
         out.instances()
@@ -243,6 +284,28 @@ impl Cloud for Ec2Cloud {
         Ok(out)
     }
 
+    async fn instance_types(&self, names: &[String]) -> Result<Vec<TypeInfo>, CloudError> {
+        let out = self
+            .client
+            .describe_instance_types()
+            .set_instance_types(Some(names.iter().map(|n| Ec2InstanceType::from(n.as_str())).collect()))
+            .send()
+            .await
+            .map_err(classify)?;
+        Ok(out
+            .instance_types()
+            .iter()
+            .map(|t| {
+                let gpus = t.gpu_info().map(|g| g.gpus()).unwrap_or_default();
+                TypeInfo {
+                    name: t.instance_type().map(|n| n.as_str().to_string()).unwrap_or_default(),
+                    gpus: gpus.iter().filter_map(|g| g.count()).map(|c| c.max(0) as u32).sum(),
+                    gpu_model: gpus.first().and_then(|g| g.name()).unwrap_or_default().to_string(),
+                }
+            })
+            .collect())
+    }
+
     async fn terminate(&self, ids: &[String]) -> Result<(), CloudError> {
         if ids.is_empty() {
             return Ok(());
@@ -254,5 +317,77 @@ impl Cloud for Ec2Cloud {
             .await
             .map_err(classify)?;
         Ok(())
+    }
+}
+
+/// Checks the configured instance types against what the cloud says of them (`Cloud::
+/// instance_types`): each must exist, with the configured GPU count and model (the model
+/// compared without case). The message names the type and both values.
+pub fn check_instance_types(
+    configured: &[kairos_scheduler::burst::InstanceType],
+    found: &[TypeInfo],
+) -> Result<(), String> {
+    for t in configured {
+        let Some(f) = found.iter().find(|f| f.name == t.name) else {
+            return Err(format!("instance_types.{}: the cloud does not know this instance type", t.name));
+        };
+        if f.gpus != t.gpus || !f.gpu_model.eq_ignore_ascii_case(&t.gpu_model) {
+            return Err(format!(
+                "instance_types.{}: the cloud says {} {} GPU(s), the configuration says {} {}",
+                t.name,
+                f.gpus,
+                if f.gpu_model.is_empty() { "no" } else { &f.gpu_model },
+                t.gpus,
+                t.gpu_model
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod market_tests {
+    use super::*;
+
+    fn spec(spot: bool, max_price_milli: Option<u64>) -> LaunchSpec {
+        LaunchSpec {
+            cluster: "c".into(),
+            intent: 1,
+            instance_type: "g5.xlarge".into(),
+            spot,
+            subnet: None,
+            launch_template: "t".into(),
+            user_data: String::new(),
+            max_price_milli,
+        }
+    }
+
+    #[test]
+    fn spot_launches_carry_the_planned_price_as_their_maximum() {
+        let market = market_options(&spec(true, Some(2_505))).expect("spot");
+        assert_eq!(market.market_type(), Some(&MarketType::Spot));
+        assert_eq!(market.spot_options().and_then(|s| s.max_price()), Some("2.505"));
+        assert_eq!(dollars(40), "0.040");
+        assert!(market_options(&spec(false, None)).is_none(), "on-demand has no market options");
+    }
+
+    #[test]
+    fn configured_types_must_match_the_cloud() {
+        use kairos_scheduler::burst::InstanceType;
+        let t = |name: &str, gpus, model: &str| InstanceType {
+            name: name.into(),
+            gpus,
+            gpu_model: model.into(),
+            hourly_price_milli: 1000,
+            spot_price_milli: None,
+        };
+        let found = [TypeInfo { name: "g5.xlarge".into(), gpus: 1, gpu_model: "A10G".into() }];
+        assert_eq!(check_instance_types(&[t("g5.xlarge", 1, "a10g")], &found), Ok(()));
+        let e = check_instance_types(&[t("g5.xlarge", 4, "A10G")], &found).unwrap_err();
+        assert!(e.contains("the cloud says 1 A10G GPU(s), the configuration says 4 A10G"), "{e}");
+        let e = check_instance_types(&[t("g5.xlarge", 1, "H100")], &found).unwrap_err();
+        assert!(e.contains("configuration says 1 H100"), "{e}");
+        let e = check_instance_types(&[t("p9.huge", 1, "H100")], &found).unwrap_err();
+        assert!(e.contains("p9.huge: the cloud does not know"), "{e}");
     }
 }

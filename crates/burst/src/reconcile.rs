@@ -134,6 +134,7 @@ fn spec(settings: &Settings, burst: &BurstState, i: &BurstInstance) -> LaunchSpe
         subnet: i.subnet.clone(),
         launch_template: burst.config.launch_template.clone(),
         user_data: user_data(settings, i.intent, i.spot),
+        max_price_milli: i.spot.then_some(i.price_milli),
     }
 }
 
@@ -212,7 +213,7 @@ pub async fn round<C: Cloud>(
                     Err(CloudError::Capacity(why)) => {
                         ops.push(Op::BurstLaunchFailed { intent: i.intent, reason: why, capacity: true })
                     }
-                    Err(CloudError::Other(why)) => {
+                    Err(CloudError::Other(why) | CloudError::Invalid(why)) => {
                         let n = memory.failures.entry(i.intent).or_default();
                         *n += 1;
                         report.errors.push(format!("launching intent {}: {why}", i.intent));

@@ -235,6 +235,9 @@ impl Cloud for FakeCloud {
         }
         Ok(())
     }
+    async fn instance_types(&self, _names: &[String]) -> Result<Vec<crate::provider::TypeInfo>, CloudError> {
+        Ok(Vec::new())
+    }
 }
 
 fn settings() -> Settings {
@@ -340,4 +343,21 @@ async fn why_burst_holds_back_is_noted_once_for_the_status() {
     run_round(&cloud, &mut s, &mut memory, 61_000).await;
     run_round(&cloud, &mut s, &mut memory, 62_000).await;
     assert_eq!(noted(&s), 1, "not again while nothing changed: {:?}", s.burst.decisions);
+}
+
+#[tokio::test]
+async fn a_spot_launch_is_capped_at_the_price_it_was_planned_with() {
+    let cloud = FakeCloud::default();
+    let mut s = saturated(&[8]);
+    let mut cfg = config();
+    cfg.spot_allowed = true;
+    assert_eq!(apply(&mut s, 0, Op::SetBurstConfig { config: cfg }), Outcome::PolicyChanged);
+    let mut memory = Memory::default();
+    run_round(&cloud, &mut s, &mut memory, 60_000).await;
+    run_round(&cloud, &mut s, &mut memory, 61_000).await;
+    let spec = cloud.launches.lock().unwrap()[0].clone();
+    assert!(spec.spot, "{spec:?}");
+    // The 12 $/h spot price the limits were checked with is the most the instance may cost.
+    assert_eq!(spec.max_price_milli, Some(12_000));
+    assert_eq!(s.burst.instances[&1].price_milli, 12_000);
 }

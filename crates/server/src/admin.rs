@@ -25,6 +25,8 @@ use crate::convert_policy::{
 
 pub struct Admin {
     pub ctx: Ctx,
+    /// The EC2 endpoint override (`--burst-endpoint`) instance types are checked against.
+    pub burst_endpoint: Option<String>,
 }
 
 /// How long `cluster status` waits for a member to accept a connection.
@@ -251,6 +253,7 @@ impl AdminService for Admin {
     ) -> Result<Response<pb::BurstConfig>, Status> {
         self.ctx.principal(&request)?.require(Role::Admin, "changing the burst configuration")?;
         let config = burst_config_from_pb(request.into_inner());
+        self.check_instance_types(&config).await?;
         match self.ctx.write(Op::SetBurstConfig { config }).await? {
             Outcome::PolicyChanged => {
                 self.ctx.kick.notify_one();
@@ -443,6 +446,35 @@ impl AdminService for Admin {
 const TOKEN_TTL_S_MAX: u64 = 10 * 365 * 24 * 3600;
 
 impl Admin {
+    /// Before an enabling configuration is committed: its instance types exist in the cloud
+    /// with the configured GPU count and model (`DescribeInstanceTypes`). A configuration that
+    /// is invalid on its own is left to apply's check (one message for both); a cloud that
+    /// cannot be asked leaves the types unchecked.
+    async fn check_instance_types(
+        &self,
+        config: &kairos_scheduler::burst::BurstConfig,
+    ) -> Result<(), Status> {
+        if !config.enabled || config.instance_types.is_empty() || config.validate().is_err() {
+            return Ok(());
+        }
+        let cloud = kairos_burst::Ec2Cloud::new(&config.region, self.burst_endpoint.as_deref()).await;
+        let names: Vec<String> = config.instance_types.iter().map(|t| t.name.clone()).collect();
+        let found = match kairos_burst::Cloud::instance_types(&cloud, &names).await {
+            Ok(found) => found,
+            Err(kairos_burst::CloudError::Invalid(why)) => {
+                return Err(Status::invalid_argument(format!("burst config: instance_types: {why}")))
+            }
+            Err(e) => {
+                // An outage must not block configuring: what the cloud says is wrong is refused,
+                // a cloud that does not answer leaves the types unchecked (launches then fail
+                // visibly in `burst status`).
+                tracing::warn!(error = %e, "burst config: the instance types could not be checked with the cloud");
+                return Ok(());
+            }
+        };
+        kairos_burst::check_instance_types(&config.instance_types, &found)
+            .map_err(|e| Status::invalid_argument(format!("burst config: {e}")))
+    }
     /// Pending jobs' priorities; a user sees only their own jobs.
     fn priorities(&self, me: &Principal, job_id: u64) -> Result<pb::GetPrioritiesResponse, Status> {
         use kairos_scheduler::priority::{Prioritizer, ONE};

@@ -418,8 +418,11 @@ async fn run() -> anyhow::Result<()> {
         ))
         .add_service(
             forwarder.wrap(tonic::service::interceptor::InterceptedService::new(
-                AdminServiceServer::new(admin::Admin { ctx: ctx.clone() })
-                    .max_decoding_message_size(API_MESSAGE_BYTES_MAX),
+                AdminServiceServer::new(admin::Admin {
+                    ctx: ctx.clone(),
+                    burst_endpoint: args.burst_endpoint.clone(),
+                })
+                .max_decoding_message_size(API_MESSAGE_BYTES_MAX),
                 auth::user_gate(ctx.clone()),
             )),
         )

@@ -286,6 +286,22 @@ hourly_price = 5.672
 "#,
     )
     .unwrap();
+    // Instance types are checked with the cloud (DescribeInstanceTypes) before anything changes.
+    let good = std::fs::read_to_string(&config).unwrap();
+    for (bad, says) in [
+        (
+            good.replace("gpus = 4", "gpus = 8"),
+            "g5.12xlarge: the cloud says 4 A10G GPU(s), the configuration says 8 A10G",
+        ),
+        (good.replace("name = \"g5.xlarge\"", "name = \"p9.huge\""), "p9.huge"),
+    ] {
+        let file = c.path("bad-types.toml");
+        std::fs::write(&file, bad).unwrap();
+        let out = c.kairos(&["burst", "config", "apply", file.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(says), "{stderr}");
+        assert!(c.ok(&["burst", "config", "show"]).contains("enabled = false"), "nothing applied");
+    }
     c.ok(&["burst", "config", "apply", config.to_str().unwrap()]);
     let ran = c.path("ran");
     let jobs: Vec<u64> = (0..3)
