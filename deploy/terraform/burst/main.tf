@@ -1,7 +1,8 @@
 # kairos cloud burst: the launch template kairosd launches from, the security group of burst
-# nodes (agent -> controllers gRPC only, no ingress), the controllers' IAM role (launch only
-# from this template, touch only instances tagged with this cluster), and the burst nodes'
-# instance profile (no AWS permissions beyond reading their own instance metadata).
+# nodes (agent -> controllers gRPC; controllers -> the agent's log service, nothing else), the
+# controllers' IAM role (launch only from this template, touch only instances tagged with this
+# cluster), and the burst nodes' instance profile (no AWS permissions beyond reading their own
+# instance metadata).
 
 locals {
   tags = merge(var.tags, { "kairos:cluster" = var.cluster_name })
@@ -12,9 +13,18 @@ data "aws_region" "current" {}
 
 resource "aws_security_group" "burst_node" {
   name        = "kairos-${var.cluster_name}-burst-node"
-  description = "kairos burst nodes: outbound gRPC to the controllers only, no inbound"
+  description = "kairos burst nodes: gRPC to the controllers, and from them to the agent only"
   vpc_id      = var.vpc_id
   tags        = local.tags
+
+  # `kairos logs` of a job on a burst node: the controller connects to the agent's log service.
+  ingress {
+    description = "controllers to kairos-agent's log service (gRPC)"
+    from_port   = var.agent_port
+    to_port     = var.agent_port
+    protocol    = "tcp"
+    cidr_blocks = var.controller_cidrs
+  }
 
   egress {
     description = "kairos-agent to the controllers (gRPC)"
@@ -108,11 +118,28 @@ resource "aws_iam_instance_profile" "burst_node" {
 data "aws_iam_policy_document" "controller_assume" {
   statement {
     actions = ["sts:AssumeRole"]
-    principals {
-      type        = "Service"
-      identifiers = [for p in var.controller_role_principals : p if can(regex("amazonaws.com$", p))]
+    # Service principals (ec2.amazonaws.com: the controllers' instance profile) and IAM ARNs
+    # (roles or users that run the controllers elsewhere); the variable refuses anything else.
+    dynamic "principals" {
+      for_each = length(local.service_principals) > 0 ? [1] : []
+      content {
+        type        = "Service"
+        identifiers = local.service_principals
+      }
+    }
+    dynamic "principals" {
+      for_each = length(local.arn_principals) > 0 ? [1] : []
+      content {
+        type        = "AWS"
+        identifiers = local.arn_principals
+      }
     }
   }
+}
+
+locals {
+  service_principals = [for p in var.controller_role_principals : p if can(regex("\\.amazonaws\\.com$", p))]
+  arn_principals     = [for p in var.controller_role_principals : p if can(regex("^arn:aws[a-z-]*:iam::", p))]
 }
 
 locals {
@@ -120,7 +147,7 @@ locals {
 }
 
 data "aws_iam_policy_document" "controller" {
-  #checkov:skip=CKV_AWS_356:ec2:DescribeInstances and DescribeInstanceAttribute support no resource-level permissions; every other action is scoped
+  #checkov:skip=CKV_AWS_356:ec2:DescribeInstances and DescribeInstanceTypes support no resource-level permissions; every other action is scoped
   statement {
     sid       = "RunFromTheBurstTemplateOnly"
     actions   = ["ec2:RunInstances"]
@@ -169,8 +196,10 @@ data "aws_iam_policy_document" "controller" {
 
   statement {
     sid = "Describe"
-    # Describe* calls do not support resource-level permissions.
-    actions   = ["ec2:DescribeInstances", "ec2:DescribeInstanceAttribute"]
+    # Listing the cluster's instances (by tag) and checking the configured instance types'
+    # GPUs. Neither supports resource-level permissions; nothing here reads an instance's
+    # attributes (user-data holds the join token).
+    actions   = ["ec2:DescribeInstances", "ec2:DescribeInstanceTypes"]
     resources = ["*"]
   }
 

@@ -37,9 +37,23 @@ variable "root_volume_gib" {
 }
 
 variable "controller_role_principals" {
-  description = "AWS principals (e.g. the controllers' instance role ARNs or an EC2 service principal) allowed to assume the controller role."
+  description = "Who may assume the controller role: service principals (ec2.amazonaws.com, for the controllers' instance profile) and IAM role or user ARNs (arn:aws:iam::ACCOUNT:role/NAME)."
   type        = list(string)
   default     = ["ec2.amazonaws.com"]
+
+  validation {
+    condition = length(var.controller_role_principals) > 0 && alltrue([
+      for p in var.controller_role_principals :
+      can(regex("\\.amazonaws\\.com$", p)) || can(regex("^arn:aws[a-z-]*:iam::[0-9]{12}:(role|user|root)", p))
+    ])
+    error_message = "controller_role_principals: each entry is a service principal (ec2.amazonaws.com) or an IAM ARN (arn:aws:iam::123456789012:role/NAME)."
+  }
+}
+
+variable "agent_port" {
+  description = "Port kairos-agent serves its log service on (the burst user-data's addr, 7101); opened to controller_cidrs."
+  type        = number
+  default     = 7101
 }
 
 variable "tags" {
