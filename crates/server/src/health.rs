@@ -3,6 +3,7 @@
 //! recently (`Replica::quorum_reachable`) — NOT_SERVING otherwise, for the whole server (`""`)
 //! and each client-facing service. Load balancers and orchestrators take a cut-off replica out
 //! of rotation this way; its reads would be stale and its writes could not commit.
+//! The same loop keeps `Replica::caught_up` current.
 
 use std::time::Duration;
 
@@ -27,6 +28,10 @@ const SERVICES: [&str; 3] = [
 pub async fn run(replica: Replica, health: HealthReporter) {
     let mut last = None;
     loop {
+        // Also latches `caught_up` as soon as the state is fresh, whether or not a read asked:
+        // on a follower that passes reads to the leader, no local read may come before it is
+        // cut off, and it must still serve what it has then.
+        replica.caught_up();
         let status =
             if replica.quorum_reachable() { ServingStatus::Serving } else { ServingStatus::NotServing };
         if last != Some(status) {
