@@ -200,7 +200,7 @@ pub struct QueueArgs {
 }
 
 /// The state name as the CLI prints it, to the API's value.
-fn state_of(name: &str) -> Option<pb::JobState> {
+pub fn state_of(name: &str) -> Option<pb::JobState> {
     let all = [
         pb::JobState::Pending,
         pb::JobState::Running,

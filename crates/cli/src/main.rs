@@ -12,6 +12,7 @@ mod burst;
 mod burst_file;
 mod client;
 mod cluster;
+mod history;
 mod jobs;
 mod nodes;
 mod output;
@@ -71,7 +72,10 @@ enum Cmd {
     Submit(jobs::SubmitArgs),
     /// List pending and running jobs (all jobs with --all), every page of them.
     Queue(jobs::QueueArgs),
-    /// Show one job.
+    /// Accounting, like sacct: jobs live in a time window (default: the last day), finished
+    /// ones too — also those past the controllers' --job-retention, kept in the history.
+    History(history::HistoryArgs),
+    /// Show one job (also one only the history still holds).
     Show {
         /// The job's id.
         id: u64,
@@ -225,6 +229,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Submit(args) => jobs::submit(client, json, args).await,
         Cmd::Queue(args) => jobs::queue(client, json, args).await,
         Cmd::Show { id } => jobs::show(client, json, id).await,
+        Cmd::History(args) => history::history(client, json, args).await,
         Cmd::Cancel { id } => jobs::cancel(client, json, id).await,
         Cmd::Hold { id } => jobs::hold(client, json, id, true).await,
         Cmd::Release { id } => jobs::hold(client, json, id, false).await,

@@ -81,6 +81,7 @@ pub fn job_json(job: &pb::Job) -> Value {
         "end_time": time_json(job.end_time_ms),
         "last_checkpoint": time_json(job.last_checkpoint_ms),
         "events": job.events.iter().map(|e| json!({"time": time_json(e.time_ms), "kind": e.kind, "message": e.message})).collect::<Vec<_>>(),
+        "purged": job.purged,
     })
 }
 
@@ -198,6 +199,9 @@ pub fn print_job_details(job: &pb::Job) {
         "end_time",
     ] {
         println!("{key:>13}: {}", text(&j[key]));
+    }
+    if job.purged {
+        println!("{:>13}: past the retention; only its history record is kept", "purged");
     }
     if !job.events.is_empty() {
         println!("{:>13}:", "events");

@@ -18,6 +18,7 @@ pub mod brief;
 pub mod burst;
 pub mod burst_apply;
 pub mod grant;
+pub mod history;
 pub mod limits;
 pub mod model;
 pub mod nodes;

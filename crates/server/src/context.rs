@@ -68,6 +68,8 @@ pub struct Ctx {
     pub agent_tls: Option<tonic::transport::ClientTlsConfig>,
     /// Bounds on unfinished jobs, stamped into every submit this replica proposes.
     pub submit_limits: kairos_scheduler::quota::SubmitLimits,
+    /// How long finished jobs stay live and how much history is kept, stamped into purges.
+    pub retention: kairos_scheduler::history::Retention,
     /// This process's counters and histograms (`--metrics-addr`).
     pub metrics: Arc<crate::metrics::Metrics>,
 }

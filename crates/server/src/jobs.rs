@@ -33,7 +33,12 @@ pub struct Jobs {
 
 /// The API view of job `id`, with its pending reason from `reasons` when it waits.
 fn job_view(state: &ClusterState, reasons: &PendingReasons, id: JobId) -> Result<pb::Job, Status> {
-    let job = state.jobs.get(&id).ok_or_else(|| Status::not_found(format!("job {id} not found")))?;
+    let Some(job) = state.jobs.get(&id) else {
+        return match state.history.get(id) {
+            Some(record) => Ok(crate::convert::purged_job_to_pb(record)),
+            None => Err(Status::not_found(format!("job {id} not found"))),
+        };
+    };
     let pending = if job.state == JobState::Pending { reasons.get(&id) } else { None };
     let priority =
         if job.state == JobState::Pending { Prioritizer::new(state).priority(job) } else { job.priority };
@@ -96,6 +101,7 @@ impl Jobs {
                 .jobs
                 .get(&id)
                 .map(|j| j.spec.user.clone())
+                .or_else(|| a.state.history.get(id).map(|r| r.user.clone()))
                 .ok_or_else(|| Status::not_found(format!("job {id} not found")))
         });
         me.check_job(id, &self.redirect_unknown(owner)?)
@@ -126,8 +132,71 @@ fn check_id(id: u64) -> Result<u64, Status> {
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
+/// Job states from their API numbers (`INVALID_ARGUMENT` naming an unknown one).
+fn states_of(numbers: &[i32]) -> Result<Vec<pb::JobState>, Status> {
+    numbers
+        .iter()
+        .map(|s| match pb::JobState::try_from(*s) {
+            Ok(pb::JobState::Unspecified) | Err(_) => {
+                Err(Status::invalid_argument(format!("states: unknown job state {s}")))
+            }
+            Ok(state) => Ok(state),
+        })
+        .collect()
+}
+
+/// Whether a job submitted at `submit` and ended at `end` (0: not yet) was live in the window.
+fn in_window(submit: i64, end: i64, since: i64, until: i64) -> bool {
+    (until == 0 || submit <= until) && (since == 0 || end == 0 || end >= since)
+}
+
 #[tonic::async_trait]
 impl JobService for Jobs {
+    async fn list_history(
+        &self,
+        request: Request<pb::ListHistoryRequest>,
+    ) -> Result<Response<pb::ListHistoryResponse>, Status> {
+        let me = self.ctx.principal(&request)?;
+        self.ctx.readable()?;
+        let req = request.into_inner();
+        let limit = match req.limit as usize {
+            0 => LIST_LIMIT_DEFAULT,
+            n => n.min(LIST_LIMIT_MAX),
+        };
+        let states = states_of(&req.states)?;
+        let after: u64 = match req.page_token.as_str() {
+            "" => 0,
+            t => {
+                t.parse().map_err(|_| Status::invalid_argument("page_token: not a token this server gave"))?
+            }
+        };
+        let now = crate::context::now_ms();
+        let (records, next_page_token) = self.ctx.replica.read(|a| {
+            // Purged records and live jobs, merged by id (an id is in one or the other).
+            let purged = a.state.history.after(after).map(|r| (r.id, crate::convert::record_to_pb(r, true)));
+            let live = a
+                .state
+                .jobs
+                .range(after.saturating_add(1)..)
+                .map(|(id, j)| (*id, crate::convert::live_record(j, now)));
+            let mut merged = merge_by_id(purged, live)
+                .map(|(_, r)| r)
+                .filter(|r| me.owns_or_operates(&r.user))
+                .filter(|r| req.user.is_empty() || r.user == req.user)
+                .filter(|r| req.account.is_empty() || r.account == req.account)
+                .filter(|r| states.is_empty() || states.iter().any(|s| *s as i32 == r.state))
+                .filter(|r| in_window(r.submit_time_ms, r.end_time_ms, req.since_ms, req.until_ms));
+            let page: Vec<pb::JobRecord> = merged.by_ref().take(limit).collect();
+            let more = merged.next().is_some();
+            let token = match (more, page.last()) {
+                (true, Some(last)) => last.id.to_string(),
+                _ => String::new(),
+            };
+            (page, token)
+        });
+        Ok(Response::new(pb::ListHistoryResponse { records, next_page_token }))
+    }
+
     async fn submit(
         &self,
         request: Request<pb::SubmitRequest>,
@@ -173,15 +242,7 @@ impl JobService for Jobs {
             0 => LIST_LIMIT_DEFAULT,
             n => n.min(LIST_LIMIT_MAX),
         };
-        let mut states = Vec::new();
-        for s in &req.states {
-            match pb::JobState::try_from(*s) {
-                Ok(pb::JobState::Unspecified) | Err(_) => {
-                    return Err(Status::invalid_argument(format!("states: unknown job state {s}")))
-                }
-                Ok(state) => states.push(state),
-            }
-        }
+        let states = states_of(&req.states)?;
         // The token is the id of the last job of the previous page.
         let after: u64 = match req.page_token.as_str() {
             "" => 0,
@@ -361,4 +422,18 @@ fn is_terminal(job: &pb::Job) -> bool {
             | pb::JobState::Preempting
             | pb::JobState::Suspended)
     )
+}
+
+/// Merges two id-ascending sequences into one, by id.
+fn merge_by_id<T>(
+    a: impl Iterator<Item = (JobId, T)>,
+    b: impl Iterator<Item = (JobId, T)>,
+) -> impl Iterator<Item = (JobId, T)> {
+    let (mut a, mut b) = (a.peekable(), b.peekable());
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (Some((x, _)), Some((y, _))) if x <= y => a.next(),
+        (Some(_), Some(_)) => b.next(),
+        (Some(_), None) => a.next(),
+        (None, _) => b.next(),
+    })
 }

@@ -8,6 +8,7 @@
 //! ```text
 //!   kick (submit, exit, node join) ─┐
 //!   tick ───────────────────────────┴─▶ pass: NodeDown*, EnforceTimeLimit*, Preempt?, ApplyPlan, Resize* ─▶ Raft
+//!   every PURGE_EVERY ──────────────────▶ PurgeJobs? (finished jobs past --job-retention → history)
 //! ```
 //!
 //! Heartbeats live in memory only. A replica that just became leader has none, so it gives
@@ -21,8 +22,12 @@ use kairos_scheduler::{Command, Op};
 
 use crate::context::{now_ms, Ctx};
 
+/// How often the leader looks for finished jobs past the retention (one scan of the jobs).
+const PURGE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub async fn run(ctx: Ctx) {
     let mut leader_since: Option<Instant> = None;
+    let mut last_purge = Instant::now();
     loop {
         tokio::select! {
             _ = ctx.kick.notified() => {}
@@ -34,8 +39,15 @@ pub async fn run(ctx: Ctx) {
         }
         let since = *leader_since.get_or_insert_with(Instant::now);
         let (started, pass_began) = (Instant::now(), std::time::SystemTime::now());
-        let ops = pass(&ctx, since);
+        let mut ops = pass(&ctx, since);
         ctx.metrics.pass(started.elapsed().as_secs_f64());
+        if last_purge.elapsed() >= PURGE_EVERY {
+            last_purge = Instant::now();
+            let now = now_ms();
+            let due =
+                ctx.replica.read(|a| kairos_scheduler::history::purge_due(&a.state, now, &ctx.retention));
+            ops.extend(due);
+        }
         if ops.is_empty() {
             continue;
         }

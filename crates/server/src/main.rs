@@ -93,6 +93,16 @@ struct Args {
     /// refused with RESOURCE_EXHAUSTED (like Slurm's MaxSubmitJobs).
     #[arg(long, default_value_t = 10_000)]
     max_jobs_per_user: u32,
+    /// Finished jobs leave the live state this long after they ended (like Slurm's MinJobAge)
+    /// and stay in the history (`kairos history`, `kairos show`).
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration)]
+    job_retention: Duration,
+    /// The history keeps at most this many finished jobs (the oldest go first).
+    #[arg(long, default_value_t = 100_000)]
+    history_max_jobs: u32,
+    /// The history drops jobs that ended longer ago than this.
+    #[arg(long, value_name = "DURATION", default_value = "90d", value_parser = humantime::parse_duration)]
+    history_retention: Duration,
     /// Unfinished jobs the whole cluster may hold.
     #[arg(long, default_value_t = 100_000)]
     max_jobs: u32,
@@ -329,6 +339,11 @@ async fn run() -> anyhow::Result<()> {
         reasons: Arc::default(),
         auth: Arc::new(auth),
         agent_tls: client_tls,
+        retention: kairos_scheduler::history::Retention {
+            job_ms: args.job_retention.as_millis().min(i64::MAX as u128) as i64,
+            history_max_jobs: args.history_max_jobs,
+            history_max_age_ms: args.history_retention.as_millis().min(i64::MAX as u128) as i64,
+        },
         submit_limits: kairos_scheduler::quota::SubmitLimits {
             max_jobs_per_user: args.max_jobs_per_user,
             max_jobs: args.max_jobs,

@@ -9,6 +9,7 @@ mod durability;
 mod gang;
 mod ha;
 mod harness;
+mod history;
 mod isolation;
 mod limits;
 mod observability;

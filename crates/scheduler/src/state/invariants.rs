@@ -10,6 +10,9 @@ impl ClusterState {
     /// - no GPU is held by two jobs (by construction of the per-node map, checked both ways).
     pub fn check_invariants(&self) -> Result<(), String> {
         self.check_unfinished_index()?;
+        if let Some(r) = self.history.iter().find(|r| self.jobs.contains_key(&r.id)) {
+            return Err(format!("job {} is both live and in the history", r.id));
+        }
         self.job_index.check(&self.jobs)?;
         for (name, node) in &self.nodes {
             for (gpu, holder) in &node.allocated {

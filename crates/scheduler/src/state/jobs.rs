@@ -50,6 +50,12 @@ impl Jobs {
         self.map.insert(id, job)
     }
 
+    /// Removes a job (counts as touched: its brief goes).
+    pub fn remove(&mut self, id: &JobId) -> Option<Job> {
+        self.touched.push(*id);
+        self.map.remove(id)
+    }
+
     /// Every job, mutably (all count as touched).
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut Job> {
         self.touched.extend(self.map.keys().copied());

@@ -90,6 +90,9 @@ pub struct ClusterState {
     /// Unfinished jobs by user (a cache of `jobs`, rebuilt when missing).
     #[serde(skip)]
     pub(crate) unfinished: crate::quota::UnfinishedIndex,
+    /// Records of finished jobs purged from `jobs` (bounded; `crate::history`).
+    #[serde(default)]
+    pub history: crate::history::History,
     /// The planner's compact view of the unfinished jobs (a cache kept by apply).
     #[serde(skip)]
     pub(crate) job_index: crate::brief::JobIndex,
@@ -113,6 +116,7 @@ impl ClusterState {
             tokens: Default::default(),
             revoked_tokens: BTreeMap::new(),
             node_epoch_seq: 0,
+            history: Default::default(),
             unfinished: Default::default(),
             job_index: Default::default(),
         }
@@ -140,6 +144,7 @@ impl ClusterState {
                 self.submit(spec, request_id.as_deref(), *hold, limits.as_ref(), now)
             }
             Op::Cancel { job, by } => self.cancel(*job, by, now),
+            Op::PurgeJobs { jobs, retention } => self.purge_jobs(jobs, retention, now),
             Op::RegisterNode { info } => self.register_node(info, now),
             Op::JoinNode { info, credential_epoch } => self.join_node(info, *credential_epoch, now),
             Op::RemoveNode { node } => self.remove_node(node),

@@ -67,6 +67,12 @@ pub enum Op {
         #[serde(default)]
         limits: Option<crate::quota::SubmitLimits>,
     },
+    /// Finished jobs leave the live state for the history (`crate::history`); apply re-checks
+    /// that each is finished and has been for `retention.job_ms`.
+    PurgeJobs {
+        jobs: Vec<JobId>,
+        retention: crate::history::Retention,
+    },
     Cancel {
         job: JobId,
         by: String,
@@ -332,6 +338,10 @@ pub enum Outcome {
         intents: Vec<u64>,
     },
     TokensChanged,
+    /// Finished jobs moved from the live state into the history.
+    Purged {
+        jobs: u32,
+    },
     /// A stale or duplicate report: nothing to do.
     Ignored(String),
     Rejected(Rejection),

@@ -56,7 +56,7 @@ impl ClusterState {
             )));
         }
         let partition_name = partition.name.clone();
-        if let Some(dep) = spec.after_ok.iter().find(|d| !self.jobs.contains_key(d)) {
+        if let Some(dep) = spec.after_ok.iter().find(|d| self.job_state(**d).is_none()) {
             return Outcome::Rejected(Rejection::NotFound(format!("after_ok: job {dep} not found")));
         }
         let (qos_name, priority) = (qos.name.clone(), qos.priority);
@@ -234,7 +234,7 @@ impl ClusterState {
     pub fn dependency_state(&self, job: &Job) -> Result<(), crate::planner::PendingReason> {
         use crate::planner::PendingReason;
         for dep in &job.spec.after_ok {
-            match self.jobs.get(dep).map(|d| d.state) {
+            match self.job_state(*dep) {
                 Some(JobState::Completed) => {}
                 Some(s) if s.is_terminal() => return Err(PendingReason::DependencyNeverSatisfied(*dep)),
                 _ => return Err(PendingReason::Dependency),
