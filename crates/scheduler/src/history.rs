@@ -154,7 +154,7 @@ pub fn purge_due(state: &ClusterState, now: i64, retention: &Retention) -> Optio
         .map(|j| j.id)
         .take(PURGE_BATCH_MAX)
         .collect();
-    (!due.is_empty()).then(|| Op::PurgeJobs { jobs: due, retention: *retention })
+    (!due.is_empty()).then_some(Op::PurgeJobs { jobs: due, retention: *retention })
 }
 
 impl ClusterState {
