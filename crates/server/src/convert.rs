@@ -275,6 +275,72 @@ pub fn node_to_pb(node: &Node, last_heartbeat_ms: i64) -> pb::Node {
     }
 }
 
+/// A history record in the API's form (`purged`: only the record is left).
+pub fn record_to_pb(r: &kairos_scheduler::history::JobRecord, purged: bool) -> pb::JobRecord {
+    pb::JobRecord {
+        id: r.id,
+        name: r.name.clone(),
+        user: r.user.clone(),
+        account: r.account.clone(),
+        partition: r.partition.clone(),
+        qos: r.qos.clone(),
+        state: job_state_to_pb(r.state) as i32,
+        reason: r.reason.clone(),
+        exit_code: r.exit_code,
+        signal: r.signal.unwrap_or(0),
+        gpus: r.gpus,
+        node: r.node.clone(),
+        submit_time_ms: r.submit_ms,
+        start_time_ms: r.start_ms.unwrap_or(0),
+        end_time_ms: r.end_ms,
+        attempts: r.attempts,
+        preemptions: r.preemptions,
+        gpu_seconds: r.gpu_seconds,
+        purged,
+    }
+}
+
+/// The accounting record of a live job at `now` (unfinished: no end yet, GPU-seconds so far).
+pub fn live_record(job: &Job, now: i64) -> pb::JobRecord {
+    let mut r = kairos_scheduler::history::JobRecord::of(job);
+    if !job.state.is_terminal() {
+        r.end_ms = 0;
+        r.gpu_seconds = match (&job.allocation, job.start_time_ms) {
+            (Some(_), Some(start)) => u64::from(job.total_gpus()) * ((now - start).max(0) as u64) / 1000,
+            _ => 0,
+        };
+    }
+    record_to_pb(&r, false)
+}
+
+/// `kairos show` of a purged job: what its history record knows.
+pub fn purged_job_to_pb(r: &kairos_scheduler::history::JobRecord) -> pb::Job {
+    pb::Job {
+        id: r.id,
+        spec: Some(pb::JobSpec {
+            name: r.name.clone(),
+            qos: r.qos.clone(),
+            partition: r.partition.clone(),
+            account: r.account.clone(),
+            resources: Some(pb::Resources { gpus: r.gpus, ..Default::default() }),
+            ..Default::default()
+        }),
+        user: r.user.clone(),
+        state: job_state_to_pb(r.state) as i32,
+        reason: r.reason.clone(),
+        node: r.node.clone(),
+        exit_code: r.exit_code,
+        attempt: r.attempts.saturating_sub(1),
+        submit_time_ms: r.submit_ms,
+        start_time_ms: r.start_ms.unwrap_or(0),
+        end_time_ms: r.end_ms,
+        qos: r.qos.clone(),
+        signal: r.signal.unwrap_or(0),
+        purged: true,
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -363,71 +429,5 @@ mod tests {
                 ), "{status:?}"),
             }
         }
-    }
-}
-
-/// A history record in the API's form (`purged`: only the record is left).
-pub fn record_to_pb(r: &kairos_scheduler::history::JobRecord, purged: bool) -> pb::JobRecord {
-    pb::JobRecord {
-        id: r.id,
-        name: r.name.clone(),
-        user: r.user.clone(),
-        account: r.account.clone(),
-        partition: r.partition.clone(),
-        qos: r.qos.clone(),
-        state: job_state_to_pb(r.state) as i32,
-        reason: r.reason.clone(),
-        exit_code: r.exit_code,
-        signal: r.signal.unwrap_or(0),
-        gpus: r.gpus,
-        node: r.node.clone(),
-        submit_time_ms: r.submit_ms,
-        start_time_ms: r.start_ms.unwrap_or(0),
-        end_time_ms: r.end_ms,
-        attempts: r.attempts,
-        preemptions: r.preemptions,
-        gpu_seconds: r.gpu_seconds,
-        purged,
-    }
-}
-
-/// The accounting record of a live job at `now` (unfinished: no end yet, GPU-seconds so far).
-pub fn live_record(job: &Job, now: i64) -> pb::JobRecord {
-    let mut r = kairos_scheduler::history::JobRecord::of(job);
-    if !job.state.is_terminal() {
-        r.end_ms = 0;
-        r.gpu_seconds = match (&job.allocation, job.start_time_ms) {
-            (Some(_), Some(start)) => u64::from(job.total_gpus()) * ((now - start).max(0) as u64) / 1000,
-            _ => 0,
-        };
-    }
-    record_to_pb(&r, false)
-}
-
-/// `kairos show` of a purged job: what its history record knows.
-pub fn purged_job_to_pb(r: &kairos_scheduler::history::JobRecord) -> pb::Job {
-    pb::Job {
-        id: r.id,
-        spec: Some(pb::JobSpec {
-            name: r.name.clone(),
-            qos: r.qos.clone(),
-            partition: r.partition.clone(),
-            account: r.account.clone(),
-            resources: Some(pb::Resources { gpus: r.gpus, ..Default::default() }),
-            ..Default::default()
-        }),
-        user: r.user.clone(),
-        state: job_state_to_pb(r.state) as i32,
-        reason: r.reason.clone(),
-        node: r.node.clone(),
-        exit_code: r.exit_code,
-        attempt: r.attempts.saturating_sub(1),
-        submit_time_ms: r.submit_ms,
-        start_time_ms: r.start_ms.unwrap_or(0),
-        end_time_ms: r.end_ms,
-        qos: r.qos.clone(),
-        signal: r.signal.unwrap_or(0),
-        purged: true,
-        ..Default::default()
     }
 }
