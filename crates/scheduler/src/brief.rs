@@ -75,6 +75,8 @@ pub(crate) struct Brief {
     /// The job's own time limit in seconds (0: it set none; submit refuses 0).
     own_limit_s: u32,
     pub submit_time_ms: i64,
+    /// The array this job is a task of, when the array limits its running tasks (`%N`).
+    pub array: Option<(JobId, u32)>,
 }
 
 impl Brief {
@@ -142,6 +144,7 @@ impl Index {
             // Above u32::MAX seconds (136 years) a limit is as good as none: apply caps it at a year.
             own_limit_s: spec.time_limit_s.map_or(0, |s| s.clamp(1, u64::from(u32::MAX)) as u32),
             submit_time_ms: job.submit_time_ms,
+            array: spec.array.as_ref().and_then(|a| Some((a.id, a.max_running?))),
         }
     }
 

@@ -155,6 +155,27 @@ pub struct JobSpec {
     /// the pass that places it and the agent that launches it join one trace per job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<Box<str>>,
+    /// A job array (`crate::array`): in a submit, every index; in each task, its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<Box<ArraySpec>>,
+}
+
+/// A job array: one submit, one job ("task") per index, like Slurm's `--array=0-31:2,40%4`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArraySpec {
+    /// In a submit: every index (ascending, distinct). In a task: empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub indices: Vec<u32>,
+    /// How many tasks of the array may run at once (`%N`; None: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_running: Option<u32>,
+    /// In a task: the array's id (its first task's job id), its index, and the task count.
+    #[serde(default)]
+    pub id: JobId,
+    #[serde(default)]
+    pub index: u32,
+    #[serde(default)]
+    pub count: u32,
 }
 
 fn one_task() -> u32 {
@@ -187,6 +208,7 @@ impl JobSpec {
             checkpoint_signal: None,
             checkpoint_grace_s: None,
             traceparent: None,
+            array: None,
         }
     }
 

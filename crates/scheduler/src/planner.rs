@@ -48,6 +48,8 @@ pub enum PendingReason {
     Preempting,
     /// Waiting for the jobs it depends on to complete.
     Dependency,
+    /// The job's array already runs as many tasks as its `%N` allows.
+    JobArrayTaskLimit,
     /// A job it depends on ended without completing: it can never start.
     DependencyNeverSatisfied(JobId),
     /// Its time limit is longer than its partition allows.
@@ -66,6 +68,7 @@ impl std::fmt::Display for PendingReason {
             PendingReason::JobHeldUser => f.write_str("JobHeldUser"),
             PendingReason::Preempting => f.write_str("Preempting"),
             PendingReason::Dependency => f.write_str("Dependency"),
+            PendingReason::JobArrayTaskLimit => f.write_str("JobArrayTaskLimit"),
             PendingReason::PartitionTimeLimit => f.write_str("PartitionTimeLimit"),
             PendingReason::DependencyNeverSatisfied(dep) => {
                 write!(f, "DependencyNeverSatisfied: job {dep} did not complete")
@@ -562,6 +565,7 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
     };
     let mut scan = scan(state, index);
     let mut usage = std::mem::take(&mut scan.usage);
+    let mut array_running = std::mem::take(&mut scan.array_running);
     let mut out = PlanOutput::default();
     // Reasons are kept by queue entry (entries are in id order), so the map is built in one
     // ordered sweep at the end: far cheaper than 100k inserts, and no sort.
@@ -582,6 +586,12 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
                 continue;
             }
         }
+        if let Some((array, limit)) = q.array {
+            if array_running.get(&array).copied().unwrap_or(0) >= limit {
+                reasons[entry] = Some(PendingReason::JobArrayTaskLimit);
+                continue;
+            }
+        }
         if let Some(claim) = q.claimed.then(|| state.jobs.get(&q.id).and_then(|j| j.claim.as_ref())).flatten()
         {
             // A preemptor (or a resized job) starts exactly on its claimed GPUs, once all free.
@@ -593,6 +603,9 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             if free && out.plan.placements.len() < PLAN_PLACEMENTS_MAX {
                 if let Some(key) = q.usage {
                     usage.add_at(key, q.total_gpus);
+                }
+                if let Some((array, _)) = q.array {
+                    *array_running.entry(array).or_insert(0) += 1;
                 }
                 out.plan.placements.push(Placement {
                     job: q.id,
@@ -655,6 +668,9 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
                 }
                 if let Some(key) = q.usage {
                     usage.add_at(key, q.total_gpus);
+                }
+                if let Some((array, _)) = q.array {
+                    *array_running.entry(array).or_insert(0) += 1;
                 }
                 let mut tasks_placed =
                     placed.into_iter().map(|(pos, gpus)| (pass.nodes[pos].name.to_string(), gpus));

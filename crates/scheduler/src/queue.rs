@@ -40,6 +40,8 @@ pub(crate) struct Queued<'a> {
     pub gpus: u32,
     pub tasks: u32,
     pub total_gpus: u32,
+    /// The array it is a task of, and how many of its tasks may run at once.
+    pub array: Option<(JobId, u32)>,
 }
 
 /// What one scan of the jobs gives a planning pass.
@@ -52,6 +54,8 @@ pub(crate) struct Scan<'a> {
     pub usage: Usage,
     /// Running elastic jobs (single-node or gang), in id order: the ones that may grow back.
     pub elastic: Vec<&'a Job>,
+    /// Running (or suspended) tasks of each array that limits them.
+    pub array_running: std::collections::HashMap<JobId, u32, crate::limits::Fixed>,
 }
 
 impl<'a> Scan<'a> {
@@ -89,7 +93,11 @@ pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
     let mut entries = Vec::with_capacity(index.briefs.len());
     let mut order = Vec::with_capacity(index.briefs.len());
     let mut elastic = Vec::new();
+    let mut array_running = std::collections::HashMap::default();
     for (&id, b) in &index.briefs {
+        if let (Some((array, _)), JobState::Running | JobState::Suspended) = (b.array, b.state) {
+            *array_running.entry(array).or_insert(0) += 1;
+        }
         let qos = qos_of[b.qos as usize];
         match b.state {
             JobState::Pending => {
@@ -122,6 +130,7 @@ pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
                     gpus: b.gpus,
                     tasks: b.tasks,
                     total_gpus: b.total_gpus(),
+                    array: b.array,
                 });
             }
             JobState::Running if b.elastic => elastic.extend(state.jobs.get(&id)),
@@ -129,7 +138,7 @@ pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
         }
     }
     order.sort_unstable();
-    Scan { entries, order, usage, elastic }
+    Scan { entries, order, usage, elastic, array_running }
 }
 
 #[cfg(test)]

@@ -74,19 +74,24 @@ impl UnfinishedIndex {
 
 impl ClusterState {
     /// `RESOURCE_EXHAUSTED` when one more unfinished job of `user` would pass `limits`.
-    pub(crate) fn check_submit_limits(&mut self, user: &str, limits: &SubmitLimits) -> Result<(), Rejection> {
+    pub(crate) fn check_submit_limits(
+        &mut self,
+        user: &str,
+        limits: &SubmitLimits,
+        adding: u64,
+    ) -> Result<(), Rejection> {
         if self.unfinished.0.is_none() {
             self.unfinished.0 = Some(UnfinishedIndex::counts(self));
         }
         let Some(c) = &self.unfinished.0 else { return Ok(()) };
         let mine = c.by_user.get(user).copied().unwrap_or(0);
-        if mine >= u64::from(limits.max_jobs_per_user) {
+        if mine + adding > u64::from(limits.max_jobs_per_user) {
             return Err(Rejection::ResourceExhausted(format!(
                 "user \"{user}\" has {mine} unfinished jobs: the limit is {} (kairosd --max-jobs-per-user)",
                 limits.max_jobs_per_user
             )));
         }
-        if c.total >= u64::from(limits.max_jobs) {
+        if c.total + adding > u64::from(limits.max_jobs) {
             return Err(Rejection::ResourceExhausted(format!(
                 "the cluster holds {} unfinished jobs: the limit is {} (kairosd --max-jobs)",
                 c.total, limits.max_jobs

@@ -51,6 +51,11 @@ pub enum ValidationError {
     DuplicateGpu(u32),
     #[error("tasks: 1 to {TASKS_MAX} nodes")]
     BadTasks,
+    #[error(
+        "array: 1 to {ARRAY_TASKS_MAX} distinct indices, ascending, each at most {ARRAY_INDEX_MAX}, \
+         and a task limit (%N) of at least 1"
+    )]
+    BadArray,
     #[error("after_ok: at most {AFTER_OK_MAX} jobs")]
     TooManyDependencies,
     #[error("gpu_model: 1 to 64 characters")]
@@ -99,6 +104,11 @@ fn check_text(field: &'static str, s: &str, max: usize) -> Result<(), Validation
     }
     Ok(())
 }
+
+/// Most tasks one job array may have.
+pub const ARRAY_TASKS_MAX: usize = 10_000;
+/// Largest index of an array task.
+pub const ARRAY_INDEX_MAX: u32 = 1_000_000;
 
 /// Variables the agent sets for every job (GPU binding, identity, gang rendezvous).
 pub const RESERVED_ENV: &[&str] = &[
@@ -158,6 +168,20 @@ pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
     }
     if spec.after_ok.len() > AFTER_OK_MAX {
         return Err(ValidationError::TooManyDependencies);
+    }
+    if let Some(array) = &spec.array {
+        let ordered = array.indices.windows(2).all(|w| w[0] < w[1]);
+        if array.indices.is_empty()
+            || array.indices.len() > ARRAY_TASKS_MAX
+            || !ordered
+            || array.indices.last().is_some_and(|i| *i > ARRAY_INDEX_MAX)
+            || array.id != 0
+        {
+            return Err(ValidationError::BadArray);
+        }
+        if array.max_running == Some(0) {
+            return Err(ValidationError::BadArray);
+        }
     }
     if spec.gpu_model.as_ref().is_some_and(|m| m.is_empty() || m.len() > 64 || m.contains('\0')) {
         return Err(ValidationError::BadGpuModel);

@@ -22,8 +22,9 @@ impl ClusterState {
         if let Err(e) = validate_spec(spec) {
             return Outcome::Rejected(Rejection::Invalid(e.to_string()));
         }
+        let tasks = spec.array.as_ref().map_or(1, |a| a.indices.len().max(1)) as u64;
         if let Some(limits) = limits {
-            if let Err(r) = self.check_submit_limits(&spec.user, limits) {
+            if let Err(r) = self.check_submit_limits(&spec.user, limits, tasks) {
                 return Outcome::Rejected(r);
             }
         }
@@ -83,12 +84,41 @@ impl ClusterState {
                 spec.gpus
             )));
         }
-        let id = self.next_job_id;
-        self.next_job_id += 1;
         let mut spec = spec.clone();
         spec.qos = qos_name;
         spec.account = account;
         spec.partition = partition_name;
+        let Some(array) = spec.array.take() else {
+            return Outcome::Submitted { job: self.add_job(spec, priority, request_id, hold, now) };
+        };
+        // One job per index, with consecutive ids; the first one's id is the array's.
+        let first = self.next_job_id;
+        let count = array.indices.len() as u32;
+        for (n, index) in array.indices.iter().enumerate() {
+            let mut task = spec.clone();
+            task.array = Some(Box::new(crate::model::ArraySpec {
+                indices: Vec::new(),
+                max_running: array.max_running,
+                id: first,
+                index: *index,
+                count,
+            }));
+            self.add_job(task, priority, request_id.filter(|_| n == 0), hold, now);
+        }
+        Outcome::Submitted { job: first }
+    }
+
+    /// Adds one pending job (a validated, resolved spec) under the next id.
+    fn add_job(
+        &mut self,
+        spec: JobSpec,
+        priority: i64,
+        request_id: Option<&str>,
+        hold: bool,
+        now: i64,
+    ) -> JobId {
+        let id = self.next_job_id;
+        self.next_job_id += 1;
         let mut job = Job {
             id,
             spec,
@@ -121,7 +151,7 @@ impl ClusterState {
         }
         self.unfinished.added(&job.spec.user);
         self.jobs.insert(id, job);
-        Outcome::Submitted { job: id }
+        id
     }
 
     /// Whether a job could ever run under `qos`: its time limit and size within the QoS maxima.
@@ -244,6 +274,33 @@ impl ClusterState {
     }
 
     pub(super) fn cancel(&mut self, id: JobId, by: &str, now: i64) -> Outcome {
+        // The id of an array (its first task) cancels every unfinished task of it.
+        let count =
+            self.jobs.get(&id).and_then(|j| j.spec.array.as_ref()).filter(|a| a.id == id).map(|a| a.count);
+        if let Some(count) = count {
+            let tasks: Vec<JobId> = self
+                .jobs
+                .range(id..id.saturating_add(u64::from(count)))
+                .filter(|(_, j)| !j.state.is_terminal() && j.spec.array.as_ref().is_some_and(|a| a.id == id))
+                .map(|(t, _)| *t)
+                .collect();
+            if tasks.is_empty() {
+                return Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                    "every task of array {id} already ended"
+                )));
+            }
+            let mut was_running = false;
+            for task in tasks {
+                if let Outcome::Cancelled { was_running: r, .. } = self.cancel_one(task, by, now) {
+                    was_running |= r;
+                }
+            }
+            return Outcome::Cancelled { job: id, was_running };
+        }
+        self.cancel_one(id, by, now)
+    }
+
+    fn cancel_one(&mut self, id: JobId, by: &str, now: i64) -> Outcome {
         let Some(job) = self.jobs.get_mut(&id) else {
             return Outcome::Rejected(Rejection::NotFound(format!("job {id} not found")));
         };

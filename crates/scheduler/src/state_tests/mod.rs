@@ -8,6 +8,7 @@ use crate::planner::PendingReason;
 use crate::state::{ClusterState, Command, Op, Outcome, Placement, Plan, Rejection, RunExit};
 use crate::testing::{node_info, node_info_model, spec};
 
+mod arrays;
 mod elastic;
 mod preempt;
 mod props;
