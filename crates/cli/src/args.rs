@@ -98,3 +98,76 @@ mod tests {
         }
     }
 }
+
+/// A job array's indices and task limit, Slurm's form: `0-31:2,40%4` (ranges with an optional
+/// step, comma-separated; `%N`: at most N tasks at once).
+pub fn parse_array(s: &str) -> Result<(Vec<u32>, Option<u32>), String> {
+    let err = |why: &str| format!("cannot parse \"{s}\" as an array ({why}; use e.g. 0-7, 1,3,5, 0-31:2%4)");
+    let (list, limit) = match s.split_once('%') {
+        Some((list, n)) => {
+            let n: u32 = n.parse().map_err(|_| err("%N must be a number"))?;
+            if n == 0 {
+                return Err(err("%N must be at least 1"));
+            }
+            (list, Some(n))
+        }
+        None => (s, None),
+    };
+    let number = |p: &str| p.trim().parse::<u32>().map_err(|_| err(&format!("\"{p}\" is not an index")));
+    let mut indices = std::collections::BTreeSet::new();
+    for part in list.split(',') {
+        let (range, step) = match part.split_once(':') {
+            Some((r, st)) => (r, number(st)?),
+            None => (part, 1),
+        };
+        if step == 0 {
+            return Err(err("a step must be at least 1"));
+        }
+        let (lo, hi) = match range.split_once('-') {
+            Some((a, b)) => (number(a)?, number(b)?),
+            None => (number(range)?, number(range)?),
+        };
+        if lo > hi {
+            return Err(err(&format!("{lo}-{hi} is backwards")));
+        }
+        let mut i = lo;
+        while i <= hi {
+            indices.insert(i);
+            if indices.len() > 10_000 {
+                return Err(err("at most 10000 tasks"));
+            }
+            i = match i.checked_add(step) {
+                Some(next) => next,
+                None => break,
+            };
+        }
+    }
+    Ok((indices.into_iter().collect(), limit))
+}
+
+/// A job id, or an array task as `ARRAY_INDEX` (e.g. `41_3`).
+pub fn parse_job_ref(s: &str) -> Result<(u64, Option<u32>), String> {
+    let bad = || format!("invalid value '{s}': a job id (41) or an array task (41_3)");
+    match s.split_once('_') {
+        Some((id, index)) => Ok((id.parse().map_err(|_| bad())?, Some(index.parse().map_err(|_| bad())?))),
+        None => Ok((s.parse().map_err(|_| bad())?, None)),
+    }
+}
+
+#[cfg(test)]
+mod array_tests {
+    use super::*;
+
+    #[test]
+    fn array_forms_parse_like_slurm() {
+        assert_eq!(parse_array("0-7%2"), Ok(((0..8).collect(), Some(2))));
+        assert_eq!(parse_array("0-31:8,40"), Ok((vec![0, 8, 16, 24, 40], None)));
+        assert_eq!(parse_array("3,1,3"), Ok((vec![1, 3], None)));
+        for bad in ["", "7-3", "1-x", "0-4%0", "0-9:0", "0-20000"] {
+            assert!(parse_array(bad).unwrap_err().starts_with("cannot parse"), "{bad}");
+        }
+        assert_eq!(parse_job_ref("41_3"), Ok((41, Some(3))));
+        assert_eq!(parse_job_ref("41"), Ok((41, None)));
+        assert!(parse_job_ref("41_x").is_err());
+    }
+}

@@ -81,6 +81,9 @@ pub struct SubmitArgs {
     /// How long the job gets to checkpoint and exit (default and maximum: the QoS grace).
     #[arg(long, value_parser = parse_time)]
     pub checkpoint_grace: Option<u64>,
+    /// A job array: one job per index, Slurm's form (`0-31:2,40%4`; `%N`: at most N at once).
+    #[arg(long, short = 'a', value_parser = crate::args::parse_array)]
+    pub array: Option<(Vec<u32>, Option<u32>)>,
     /// The command and its arguments, after `--`.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -108,6 +111,7 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         suspendable,
         checkpoint_signal,
         checkpoint_grace,
+        array,
         command,
     } = args;
     let profile = match profile {
@@ -148,6 +152,8 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         hold,
         account: account.unwrap_or_default(),
         partition: partition.unwrap_or_default(),
+        array_indices: array.as_ref().map(|(i, _)| i.clone()).unwrap_or_default(),
+        array_max_running: array.and_then(|(_, n)| n).unwrap_or(0),
         ..Default::default()
     };
     // One trace per job starts here (exported when OTEL_EXPORTER_OTLP_ENDPOINT is set).
@@ -255,6 +261,9 @@ pub async fn queue(client: &Client, json: bool, args: QueueArgs) -> anyhow::Resu
         }
         page_token = page.next_page_token;
     }
+    if !json {
+        jobs = output::fold_pending_tasks(jobs);
+    }
     if columns.is_empty() || json {
         print_list(json, &jobs, job_json, &JOB_HEADER, job_row);
     } else {
@@ -266,6 +275,33 @@ pub async fn queue(client: &Client, json: bool, args: QueueArgs) -> anyhow::Resu
         print_list(false, &jobs, job_json, &header, pick);
     }
     Ok(0)
+}
+
+/// The job id of task `index` of array `array`.
+async fn array_task(client: &Client, array: u64, index: u32) -> anyhow::Result<u64> {
+    let head = get_job(client, array).await?;
+    if head.array_job_id != array {
+        anyhow::bail!("job {array} is not a job array");
+    }
+    // Tasks have consecutive ids from the array's.
+    let mut page_token = String::new();
+    loop {
+        let req = pb::ListJobsRequest {
+            all: true,
+            page_token: if page_token.is_empty() { (array - 1).to_string() } else { page_token.clone() },
+            limit: head.array_task_count.max(1),
+            ..Default::default()
+        };
+        let page = client.jobs(req, |mut c, r| async move { c.list_jobs(r).await }).await?.into_inner();
+        if let Some(task) = page.jobs.iter().find(|j| j.array_job_id == array && j.array_task_id == index) {
+            return Ok(task.id);
+        }
+        let past = page.jobs.last().is_none_or(|j| j.id >= array + u64::from(head.array_task_count));
+        if page.next_page_token.is_empty() || past {
+            anyhow::bail!("array {array} has no task {index}");
+        }
+        page_token = page.next_page_token;
+    }
 }
 
 async fn get_job(client: &Client, id: u64) -> Result<pb::Job, CallError> {
@@ -285,7 +321,11 @@ pub async fn show(client: &Client, json: bool, id: u64) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-pub async fn cancel(client: &Client, json: bool, id: u64) -> anyhow::Result<i32> {
+pub async fn cancel(client: &Client, json: bool, target: (u64, Option<u32>)) -> anyhow::Result<i32> {
+    let id = match target {
+        (id, None) => id,
+        (array, Some(index)) => array_task(client, array, index).await?,
+    };
     let job = client
         .jobs(pb::CancelJobRequest { job_id: id }, |mut c, r| async move { c.cancel_job(r).await })
         .await?

@@ -8,6 +8,7 @@
 
 mod accounts;
 mod args;
+mod batch;
 mod burst;
 mod burst_file;
 mod client;
@@ -70,6 +71,9 @@ struct Cli {
 enum Cmd {
     /// Submit a job; prints its id.
     Submit(jobs::SubmitArgs),
+    /// Submit a batch script like sbatch: options from its #SBATCH (or #KAIROS) lines, those
+    /// before SCRIPT overriding them; prints the job's (or array's) id.
+    Batch(batch::BatchArgs),
     /// List pending and running jobs (all jobs with --all), every page of them.
     Queue(jobs::QueueArgs),
     /// Accounting, like sacct: jobs live in a time window (default: the last day), finished
@@ -80,10 +84,11 @@ enum Cmd {
         /// The job's id.
         id: u64,
     },
-    /// Cancel a job.
+    /// Cancel a job; an array's id cancels every task of it, ID_N only task N.
     Cancel {
-        /// The job's id.
-        id: u64,
+        /// The job's id, or an array task as ARRAY_INDEX (e.g. 41_3).
+        #[arg(value_parser = args::parse_job_ref)]
+        id: (u64, Option<u32>),
     },
     /// Keep a pending job from starting.
     Hold {
@@ -231,6 +236,11 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Show { id } => jobs::show(client, json, id).await,
         Cmd::History(args) => history::history(client, json, args).await,
         Cmd::Cancel { id } => jobs::cancel(client, json, id).await,
+        Cmd::Batch(args) => {
+            let env = std::env::vars().collect();
+            let submit = batch::submit_args(&args.args, &env).map_err(|e| anyhow::anyhow!("{e}"))?;
+            jobs::submit(client, json, submit).await
+        }
         Cmd::Hold { id } => jobs::hold(client, json, id, true).await,
         Cmd::Release { id } => jobs::hold(client, json, id, false).await,
         Cmd::Logs { id, follow } => jobs::logs(client, id, follow).await,

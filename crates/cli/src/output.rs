@@ -82,6 +82,8 @@ pub fn job_json(job: &pb::Job) -> Value {
         "last_checkpoint": time_json(job.last_checkpoint_ms),
         "events": job.events.iter().map(|e| json!({"time": time_json(e.time_ms), "kind": e.kind, "message": e.message})).collect::<Vec<_>>(),
         "purged": job.purged,
+        "array_job_id": if job.array_job_id == 0 { Value::Null } else { json!(job.array_job_id) },
+        "array_task_id": if job.array_job_id == 0 { Value::Null } else { json!(job.array_task_id) },
     })
 }
 
@@ -150,6 +152,63 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
+/// A job's id as tables show it: `ID`, or `ARRAY_INDEX` for an array task, or
+/// `ARRAY_[INDICES%N]` for pending tasks folded onto one line (`fold_pending_tasks`).
+fn shown_id(job: &pb::Job) -> String {
+    if job.array_job_id == 0 {
+        return job.id.to_string();
+    }
+    match job.spec.as_ref().map(|s| s.array_indices.as_slice()).filter(|i| i.len() > 1) {
+        Some(indices) => {
+            let limit =
+                if job.array_max_running > 0 { format!("%{}", job.array_max_running) } else { String::new() };
+            format!("{}_[{}{limit}]", job.array_job_id, ranges(indices))
+        }
+        None => format!("{}_{}", job.array_job_id, job.array_task_id),
+    }
+}
+
+/// `1,2,3,5` as `1-3,5`.
+fn ranges(indices: &[u32]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < indices.len() {
+        let mut j = i;
+        while j + 1 < indices.len() && indices[j + 1] == indices[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j { indices[i].to_string() } else { format!("{}-{}", indices[i], indices[j]) });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+/// Folds the pending tasks of each job array onto the line of its first pending task (like
+/// squeue): that line lists every pending index (`ARRAY_[2-7%2]`).
+pub fn fold_pending_tasks(jobs: Vec<pb::Job>) -> Vec<pb::Job> {
+    use std::collections::BTreeMap;
+    let pending = |j: &pb::Job| j.array_job_id != 0 && j.state == pb::JobState::Pending as i32;
+    let mut indices: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+    for j in jobs.iter().filter(|j| pending(j)) {
+        indices.entry(j.array_job_id).or_default().push(j.array_task_id);
+    }
+    let mut out = Vec::with_capacity(jobs.len());
+    for mut j in jobs {
+        if !pending(&j) {
+            out.push(j);
+            continue;
+        }
+        if let Some(mut all) = indices.remove(&j.array_job_id) {
+            all.sort_unstable();
+            if let Some(spec) = j.spec.as_mut() {
+                spec.array_indices = all;
+            }
+            out.push(j);
+        }
+    }
+    out
+}
+
 pub fn job_row(job: &pb::Job) -> Vec<String> {
     let j = job_json(job);
     let gpus = if job.gpu_ids.is_empty() {
@@ -162,7 +221,7 @@ pub fn job_row(job: &pb::Job) -> Vec<String> {
         )
     };
     vec![
-        text(&j["id"]),
+        shown_id(job),
         text(&j["name"]),
         text(&j["user"]),
         text(&j["qos"]),

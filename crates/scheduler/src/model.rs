@@ -416,6 +416,43 @@ pub struct Job {
 }
 
 impl Job {
+    /// What batch scripts read about their job, with Slurm's names (`SLURM_JOB_ID`,
+    /// `SLURM_ARRAY_TASK_ID`, …) and, for array tasks, kairos's (`KAIROS_ARRAY_TASK_ID`,
+    /// `KAIROS_ARRAY_JOB_ID`); set for every run beside the agent's own `KAIROS_*` variables.
+    pub fn batch_env(&self) -> Vec<(String, String)> {
+        let s = &self.spec;
+        let mut env: Vec<(&str, String)> = vec![
+            ("SLURM_JOB_ID", self.id.to_string()),
+            ("SLURM_JOBID", self.id.to_string()),
+            ("SLURM_JOB_NAME", s.name.clone()),
+            ("SLURM_JOB_USER", s.user.clone()),
+            ("SLURM_JOB_PARTITION", s.partition.clone()),
+            ("SLURM_JOB_ACCOUNT", s.account.clone()),
+            ("SLURM_JOB_QOS", s.qos.clone()),
+            ("SLURM_NTASKS", self.tasks().to_string()),
+            ("SLURM_NNODES", self.tasks().to_string()),
+            ("SLURM_JOB_NUM_NODES", self.tasks().to_string()),
+            ("SLURM_GPUS_ON_NODE", self.gpus().to_string()),
+            ("SLURM_RESTART_COUNT", self.attempt.to_string()),
+        ];
+        if !s.workdir.is_empty() {
+            env.push(("SLURM_SUBMIT_DIR", s.workdir.clone()));
+        }
+        if let Some(a) = &s.array {
+            env.extend([
+                ("SLURM_ARRAY_JOB_ID", a.id.to_string()),
+                ("SLURM_ARRAY_TASK_ID", a.index.to_string()),
+                ("SLURM_ARRAY_TASK_COUNT", a.count.to_string()),
+                ("KAIROS_ARRAY_JOB_ID", a.id.to_string()),
+                ("KAIROS_ARRAY_TASK_ID", a.index.to_string()),
+            ]);
+            if let Some(n) = a.max_running {
+                env.push(("SLURM_ARRAY_TASK_MAX_RUNNING", n.to_string()));
+            }
+        }
+        env.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    }
+
     /// GPUs per task of the current (or next) run: the spec's, unless an elastic job was resized.
     pub fn gpus(&self) -> u32 {
         self.width.unwrap_or(self.spec.gpus)

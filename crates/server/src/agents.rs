@@ -38,7 +38,7 @@ pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> 
                 job_id: o.job.id,
                 attempt: o.attempt,
                 argv: o.job.spec.argv.clone(),
-                env: o.job.spec.env.clone().into_iter().collect(),
+                env: o.job.spec.env.clone().into_iter().chain(o.job.batch_env()).collect(),
                 workdir: o.job.spec.workdir.clone(),
                 gpu_ids: o.gpus,
                 started: o.started,

@@ -43,7 +43,17 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
     };
     // An empty QoS is resolved from the profile by the cluster's submit rules, on apply.
     let qos = spec.qos;
+    let array = (!spec.array_indices.is_empty()).then(|| {
+        Box::new(kairos_scheduler::model::ArraySpec {
+            indices: spec.array_indices.clone(),
+            max_running: (spec.array_max_running > 0).then_some(spec.array_max_running),
+            id: 0,
+            index: 0,
+            count: 0,
+        })
+    });
     let out = JobSpec {
+        array,
         name: spec.name,
         user: user.to_string(),
         argv: spec.argv,
@@ -207,6 +217,10 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
         tasks,
         last_checkpoint_ms: job.last_checkpoint_ms.unwrap_or(0),
         purged: false,
+        array_job_id: s.array.as_ref().map_or(0, |a| a.id),
+        array_task_id: s.array.as_ref().map_or(0, |a| a.index),
+        array_task_count: s.array.as_ref().map_or(0, |a| a.count),
+        array_max_running: s.array.as_ref().and_then(|a| a.max_running).unwrap_or(0),
     }
 }
 

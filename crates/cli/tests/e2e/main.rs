@@ -3,6 +3,7 @@
 
 mod anyreplica;
 mod backup;
+mod batch;
 mod burst;
 mod deploy;
 mod durability;

@@ -1,0 +1,392 @@
+//! `kairos batch [OPTIONS] SCRIPT [ARGS...]`: submits a batch script the way sbatch does.
+//!
+//! Options come from the script's leading comment block (`#SBATCH` or `#KAIROS` lines, until the
+//! first line that is neither blank nor a comment) and from the command line before SCRIPT,
+//! which wins. Every option is one of sbatch's that kairos supports; any other is refused,
+//! naming it, and nothing is submitted. The script itself travels with the job (its text is the
+//! command, run by the interpreter of its `#!` line, `/bin/sh` without one), like sbatch's copy
+//! of it; `-o`/`-e` send its output to files named by patterns (`%j %A %a %x %u %N %%`),
+//! expanded on the node from the job's Slurm variables.
+
+use std::collections::BTreeMap;
+
+use clap::Args;
+
+use crate::args::{parse_array, parse_env, parse_gpus, parse_time};
+use crate::jobs::SubmitArgs;
+
+#[derive(Args, Debug)]
+pub struct BatchArgs {
+    /// sbatch options (override the script's #SBATCH lines), then the script and its arguments.
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required = true,
+        value_name = "[OPTIONS] SCRIPT [ARGS]"
+    )]
+    pub args: Vec<String>,
+}
+
+/// The sbatch options kairos takes: (short, long, takes a value).
+const OPTIONS: &[(Option<char>, &str, bool)] = &[
+    (Some('J'), "job-name", true),
+    (None, "gres", true),
+    (Some('G'), "gpus", true),
+    (Some('t'), "time", true),
+    (Some('q'), "qos", true),
+    (Some('p'), "partition", true),
+    (Some('A'), "account", true),
+    (Some('a'), "array", true),
+    (Some('d'), "dependency", true),
+    (None, "requeue", false),
+    (None, "no-requeue", false),
+    (Some('o'), "output", true),
+    (Some('e'), "error", true),
+    (Some('D'), "chdir", true),
+    (None, "export", true),
+    (Some('N'), "nodes", true),
+    (Some('H'), "hold", false),
+    (None, "signal", true),
+];
+
+/// Options by long name; a later `set` of the same one wins.
+#[derive(Debug, Default)]
+struct Options(BTreeMap<&'static str, String>);
+
+impl Options {
+    /// Reads options from `tokens` until the first that is not one; returns how many it took.
+    fn read(&mut self, tokens: &[String], source: &str) -> Result<usize, String> {
+        let mut i = 0;
+        while i < tokens.len() {
+            let token = &tokens[i];
+            let (spec, inline) = if let Some(long) = token.strip_prefix("--") {
+                let (name, value) = match long.split_once('=') {
+                    Some((n, v)) => (n, Some(v.to_string())),
+                    None => (long, None),
+                };
+                let spec = OPTIONS.iter().find(|(_, l, _)| *l == name);
+                (spec.ok_or_else(|| unsupported(source, &format!("--{name}")))?, value)
+            } else if let Some(short) = token.strip_prefix('-').filter(|s| !s.is_empty()) {
+                let c = short.chars().next().unwrap_or('-');
+                let spec = OPTIONS.iter().find(|(s, _, _)| *s == Some(c));
+                let rest = &short[c.len_utf8()..];
+                let value = (!rest.is_empty()).then(|| rest.trim_start_matches('=').to_string());
+                (spec.ok_or_else(|| unsupported(source, &format!("-{c}")))?, value)
+            } else {
+                return Ok(i);
+            };
+            let (_, long, takes_value) = *spec;
+            let value = match (takes_value, inline) {
+                (false, None) => String::new(),
+                (false, Some(_)) => return Err(format!("{source}: --{long} takes no value")),
+                (true, Some(v)) => v,
+                (true, None) => {
+                    i += 1;
+                    tokens.get(i).cloned().ok_or_else(|| format!("{source}: --{long} needs a value"))?
+                }
+            };
+            if long == "requeue" || long == "no-requeue" {
+                self.0.remove("requeue");
+                self.0.remove("no-requeue");
+            }
+            self.0.insert(long, value);
+            i += 1;
+        }
+        Ok(i)
+    }
+
+    fn get(&self, long: &str) -> Option<&str> {
+        self.0.get(long).map(String::as_str)
+    }
+}
+
+fn unsupported(source: &str, option: &str) -> String {
+    format!("{source}: unsupported option {option}; nothing was submitted")
+}
+
+/// Splits a directive's text into words like a shell: quotes group, `#` starts a comment.
+fn words(line: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut word: Option<String> = None;
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            ' ' | '\t' => out.extend(word.take()),
+            '#' if word.is_none() => break,
+            '\'' => {
+                let w = word.get_or_insert_with(String::new);
+                loop {
+                    match chars.next() {
+                        Some('\'') => break,
+                        Some(ch) => w.push(ch),
+                        None => return Err("unclosed ' quote".into()),
+                    }
+                }
+            }
+            '"' => {
+                let w = word.get_or_insert_with(String::new);
+                loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => w.extend(chars.next()),
+                        Some(ch) => w.push(ch),
+                        None => return Err("unclosed \" quote".into()),
+                    }
+                }
+            }
+            '\\' => word.get_or_insert_with(String::new).extend(chars.next()),
+            ch => word.get_or_insert_with(String::new).push(ch),
+        }
+    }
+    out.extend(word);
+    Ok(out)
+}
+
+/// The `#SBATCH`/`#KAIROS` directives of a script's leading comment block.
+fn directives(script: &str, path: &str) -> Result<Options, String> {
+    let mut options = Options::default();
+    for (n, line) in script.lines().enumerate() {
+        let line = line.trim();
+        if n == 0 && line.starts_with("#!") {
+            continue;
+        }
+        if line.is_empty() {
+            continue;
+        }
+        if !line.starts_with('#') {
+            break;
+        }
+        let Some(rest) = line.strip_prefix("#SBATCH").or_else(|| line.strip_prefix("#KAIROS")) else {
+            continue;
+        };
+        let source = format!("{path}:{}", n + 1);
+        let tokens = words(rest).map_err(|e| format!("{source}: {e}"))?;
+        let used = options.read(&tokens, &source)?;
+        if used < tokens.len() {
+            return Err(format!("{source}: \"{}\" is not an option", tokens[used]));
+        }
+    }
+    Ok(options)
+}
+
+/// A double-quoted shell word for an output pattern: `%j` and the others become the job's
+/// variables, everything else is literal.
+fn pattern(p: &str) -> String {
+    let mut out = String::from("\"");
+    let mut chars = p.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '%' => match chars.next() {
+                Some('j') => out.push_str("${SLURM_JOB_ID}"),
+                Some('A') => out.push_str("${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}"),
+                Some('a') => out.push_str("${SLURM_ARRAY_TASK_ID:-4294967294}"),
+                Some('x') => out.push_str("${SLURM_JOB_NAME}"),
+                Some('u') => out.push_str("${SLURM_JOB_USER}"),
+                Some('N') => out.push_str("${KAIROS_NODE}"),
+                Some('%') => out.push('%'),
+                Some(other) => {
+                    out.push('%');
+                    out.push(other);
+                }
+                None => out.push('%'),
+            },
+            '"' | '\\' | '$' | '`' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The interpreter of a script's `#!` line (`/bin/sh` without one).
+fn interpreter(script: &str) -> Vec<String> {
+    match script.lines().next().and_then(|l| l.strip_prefix("#!")) {
+        Some(line) => line.split_whitespace().map(str::to_string).collect(),
+        None => vec!["/bin/sh".to_string()],
+    }
+}
+
+/// The submit a batch command line asks for (`args`: options, SCRIPT, its arguments), reading
+/// the script from disk; `env` is the submitting environment (for `--export`).
+pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<SubmitArgs, String> {
+    let mut given = Options::default();
+    let used = given.read(args, "command line")?;
+    let path = args.get(used).ok_or("a batch script is needed: kairos batch [OPTIONS] SCRIPT [ARGS]")?;
+    let script_args = &args[used + 1..];
+    let script = std::fs::read_to_string(path).map_err(|e| format!("reading {path}: {e}"))?;
+    let mut options = directives(&script, path)?;
+    // The command line wins over the script.
+    options.0.extend(given.0);
+    let o = &options;
+    let bad = |long: &str, e: String| format!("--{long}: {e}");
+
+    let (mut gpus, mut gpu_model) = (1u32, None);
+    if let Some(g) = o.get("gres") {
+        // gpu[:type]:N
+        let parts: Vec<&str> = g.split(':').collect();
+        match parts.as_slice() {
+            ["gpu"] => {}
+            ["gpu", n] => gpus = parse_gpus(n).map_err(|e| bad("gres", e))?,
+            ["gpu", model, n] => {
+                gpus = parse_gpus(n).map_err(|e| bad("gres", e))?;
+                gpu_model = Some(model.to_string());
+            }
+            _ => {
+                return Err(format!(
+                    "--gres: \"{g}\" is not gpu[:TYPE]:N (the only resource kairos schedules)"
+                ))
+            }
+        }
+    }
+    if let Some(g) = o.get("gpus") {
+        match g.split_once(':') {
+            Some((model, n)) => {
+                gpus = parse_gpus(n).map_err(|e| bad("gpus", e))?;
+                gpu_model = Some(model.to_string());
+            }
+            None => gpus = parse_gpus(g).map_err(|e| bad("gpus", e))?,
+        }
+    }
+    let after_ok = match o.get("dependency") {
+        None => Vec::new(),
+        Some(d) => {
+            let ids = d
+                .strip_prefix("afterok:")
+                .ok_or_else(|| format!("--dependency: only afterok:ID[:ID...] is supported, not \"{d}\""))?;
+            ids.split(':')
+                .map(|i| i.parse::<u64>().map_err(|_| format!("--dependency: \"{i}\" is not a job id")))
+                .collect::<Result<Vec<u64>, String>>()?
+        }
+    };
+    let checkpoint_signal = match o.get("signal") {
+        None => None,
+        Some(s) if s.contains('@') => {
+            return Err(format!(
+                "--signal: \"{s}\": a signal at a time before the limit (@TIME) is not supported"
+            ))
+        }
+        Some(s) => Some(s.strip_prefix("B:").unwrap_or(s).to_string()),
+    };
+    let mut exported: Vec<(String, String)> = Vec::new();
+    if let Some(e) = o.get("export") {
+        for item in e.split(',').filter(|i| !i.is_empty()) {
+            match item {
+                "NONE" => {}
+                "ALL" => exported.extend(
+                    env.iter()
+                        .filter(|(k, _)| {
+                            !k.starts_with("KAIROS_")
+                                && !k.starts_with("SLURM_")
+                                && k.as_str() != "CUDA_VISIBLE_DEVICES"
+                        })
+                        .map(|(k, v)| (k.clone(), v.clone())),
+                ),
+                kv if kv.contains('=') => exported.push(parse_env(kv).map_err(|e| bad("export", e))?),
+                name => {
+                    if let Some(v) = env.get(name) {
+                        exported.push((name.to_string(), v.clone()));
+                    }
+                }
+            }
+        }
+    }
+    let workdir = match o.get("chdir") {
+        Some(d) => d.to_string(),
+        None => std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default(),
+    };
+    let name = o
+        .get("job-name")
+        .map(str::to_string)
+        .unwrap_or_else(|| path.rsplit('/').next().unwrap_or(path).to_string());
+
+    // The script travels as the command: INTERPRETER -c TEXT SCRIPT ARGS..., behind a shell that
+    // sends its output to the -o/-e files when asked.
+    let mut command = interpreter(&script);
+    command.extend(["-c".to_string(), script.clone(), path.clone()]);
+    command.extend(script_args.iter().cloned());
+    let output = o.get("output").map(pattern);
+    let error = o.get("error").map(pattern);
+    if output.is_some() || error.is_some() {
+        let out = output.clone().unwrap_or_else(|| pattern("kairos-%j.out"));
+        let err = error.unwrap_or(out.clone());
+        let redirect = format!("exec >>{out} 2>>{err}; exec \"$@\"");
+        let mut wrapped = vec!["/bin/sh".to_string(), "-c".to_string(), redirect, path.clone()];
+        wrapped.extend(command);
+        command = wrapped;
+    }
+    Ok(SubmitArgs {
+        gpus,
+        nodes: o.get("nodes").map(|n| parse_gpus(n).map_err(|e| bad("nodes", e))).transpose()?.unwrap_or(1),
+        name,
+        time: o.get("time").map(|t| parse_time(t).map_err(|e| bad("time", e))).transpose()?,
+        qos: o.get("qos").map(str::to_string),
+        profile: None,
+        env: exported,
+        workdir: Some(workdir),
+        requeue: o.get("requeue").is_some(),
+        after_ok,
+        hold: o.get("hold").is_some(),
+        gpu_model,
+        account: o.get("account").map(str::to_string),
+        partition: o.get("partition").map(str::to_string),
+        min_gpus: None,
+        min_nodes: None,
+        suspendable: false,
+        checkpoint_signal,
+        checkpoint_grace: None,
+        array: o.get("array").map(|a| parse_array(a).map_err(|e| bad("array", e))).transpose()?,
+        command,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn script(dir: &std::path::Path, text: &str) -> String {
+        let path = dir.join("job.sh");
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    }
+
+    #[test]
+    fn directives_and_the_command_line_make_the_submit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = script(
+            dir.path(),
+            "#!/bin/bash\n#SBATCH -J train --gres=gpu:h100:2\n#SBATCH --time=0-00:05:00 # five minutes\n\
+             #KAIROS --array=0-7%2\n# a comment\n\n#SBATCH --requeue\necho hi\n#SBATCH --qos=ignored-after-the-block\n",
+        );
+        let args = vec!["--time".to_string(), "10".to_string(), path.clone(), "x".to_string()];
+        let s = submit_args(&args, &BTreeMap::new()).unwrap();
+        assert_eq!((s.name.as_str(), s.gpus, s.gpu_model.as_deref()), ("train", 2, Some("h100")));
+        assert_eq!(s.time, Some(600), "the command line wins");
+        assert_eq!(s.array, Some(((0..8).collect(), Some(2))));
+        assert!(s.requeue && s.qos.is_none());
+        assert_eq!(s.command[..2], ["/bin/bash".to_string(), "-c".to_string()]);
+        assert_eq!(s.command[3..], [path, "x".to_string()]);
+    }
+
+    #[test]
+    fn an_unsupported_directive_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = script(dir.path(), "#!/bin/sh\n#SBATCH --licenses=matlab:1\ntrue\n");
+        let e = submit_args(std::slice::from_ref(&path), &BTreeMap::new()).unwrap_err();
+        assert!(e.contains(":2: unsupported option --licenses"), "{e}");
+        let e = submit_args(&["-x".into(), path], &BTreeMap::new()).unwrap_err();
+        assert!(e.contains("command line: unsupported option -x"), "{e}");
+    }
+
+    #[test]
+    fn output_patterns_expand_on_the_node_and_everything_else_is_literal() {
+        assert_eq!(
+            pattern("/o/arr_%A_%a.out"),
+            "\"/o/arr_${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}_${SLURM_ARRAY_TASK_ID:-4294967294}.out\""
+        );
+        assert_eq!(pattern("$HOME/%%x\"`"), "\"\\$HOME/%x\\\"\\`\"");
+        assert_eq!(words("-J 'a b' --x=\"c d\" # e").unwrap(), ["-J", "a b", "--x=c d"]);
+    }
+}
