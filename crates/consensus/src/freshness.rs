@@ -75,9 +75,11 @@ mod tests {
         assert!(c.fresh(t0 + Duration::from_secs(3), 60, bound));
         assert!(!c.fresh(t0 + Duration::from_secs(10), 1000, bound), "cut off from the leader");
         // Heard from, whatever was applied; not once the bound has passed.
-        assert!(c.heard_within(t0 + Duration::from_secs(2), bound));
-        assert!(!c.heard_within(t0 + Duration::from_secs(4), bound));
-        assert!(!LeaderContact::default().heard_within(t0, bound));
+        let heard = LeaderContact::default();
+        assert!(!heard.heard_within(t0, bound));
+        heard.record(t0, 1_000);
+        assert!(heard.heard_within(t0 + Duration::from_secs(2), bound));
+        assert!(!heard.heard_within(t0 + Duration::from_secs(4), bound));
     }
 
     #[test]

@@ -13,6 +13,16 @@ impl ClusterState {
         if let Some(r) = self.history.iter().find(|r| self.jobs.contains_key(&r.id)) {
             return Err(format!("job {} is both live and in the history", r.id));
         }
+        for job in self.jobs.values() {
+            if let Some((a, max)) =
+                job.spec.array.as_ref().filter(|a| a.id == job.id).and_then(|a| Some((a, a.max_running?)))
+            {
+                let running = self.array_running(a.id, a.count);
+                if running > max {
+                    return Err(format!("array {} runs {running} tasks, more than its %{max}", a.id));
+                }
+            }
+        }
         self.job_index.check(&self.jobs)?;
         for (name, node) in &self.nodes {
             for (gpu, holder) in &node.allocated {

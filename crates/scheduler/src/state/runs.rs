@@ -8,6 +8,8 @@ impl ClusterState {
         let mut accepted = Vec::new();
         let mut rejected = Vec::new();
         let mut usage = self.running_usage();
+        // Running tasks of the limited arrays this plan places tasks of (counted when first met).
+        let mut arrays: BTreeMap<JobId, u32> = BTreeMap::new();
         for (i, p) in plan.placements.iter().enumerate() {
             if i >= PLAN_PLACEMENTS_MAX {
                 rejected.push((p.job, "plan too large".to_string()));
@@ -16,6 +18,18 @@ impl ClusterState {
             let checked = self.check_placement(p).and_then(|()| {
                 let job = &self.jobs[&p.job];
                 usage.admits(job, &self.policy).map_err(|r| format!("job {}: {r}", p.job))?;
+                if let Some((array, max)) = job.spec.array.as_ref().and_then(|a| Some((a, a.max_running?))) {
+                    let running =
+                        arrays.entry(array.id).or_insert_with(|| self.array_running(array.id, array.count));
+                    if *running >= max {
+                        return Err(format!(
+                            "job {}: {}",
+                            p.job,
+                            crate::planner::PendingReason::JobArrayTaskLimit
+                        ));
+                    }
+                    *running += 1;
+                }
                 usage.add(job, &self.policy);
                 Ok(())
             });
@@ -28,6 +42,15 @@ impl ClusterState {
             }
         }
         Outcome::PlanApplied { accepted, rejected }
+    }
+
+    /// Running (or suspended) tasks of array `id` (`count` tasks, consecutive ids from `id`).
+    pub(super) fn array_running(&self, id: JobId, count: u32) -> u32 {
+        self.jobs
+            .range(id..id.saturating_add(u64::from(count)))
+            .filter(|(_, j)| j.spec.array.as_ref().is_some_and(|a| a.id == id))
+            .filter(|(_, j)| matches!(j.state, JobState::Running | JobState::Suspended))
+            .count() as u32
     }
 
     /// Re-validates one placement against the current state.

@@ -68,6 +68,10 @@ pub enum Step {
     Tick {
         ms: u32,
     },
+    /// Purges these jobs (forged: finished or not) with no retention and a 3-record history.
+    Purge {
+        jobs: Vec<u8>,
+    },
 }
 
 pub fn step() -> impl Strategy<Value = Step> {
@@ -91,6 +95,7 @@ pub fn step() -> impl Strategy<Value = Step> {
         3 => Just(Step::Preempt),
         2 => Just(Step::Grow),
         1 => (0u32..100_000).prop_map(|ms| Step::Tick { ms }),
+        1 => proptest::collection::vec(0u8..24, 0..4).prop_map(|jobs| Step::Purge { jobs }),
     ]
 }
 
@@ -187,6 +192,15 @@ pub fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                 if flags % 16 == 5 && s.next_job_id > 1 {
                     sp.after_ok = vec![s.next_job_id - 1];
                 }
+                if flags % 16 == 9 {
+                    sp.array = Some(Box::new(crate::model::ArraySpec {
+                        indices: vec![0, 1, 2],
+                        max_running: Some(1),
+                        id: 0,
+                        index: 0,
+                        count: 0,
+                    }));
+                }
                 Some(Op::Submit {
                     spec: sp,
                     request_id: rid.map(|r| format!("r{r}")),
@@ -195,6 +209,14 @@ pub fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                 })
             }
             Step::Cancel { job } => Some(Op::Cancel { job: job_id(job), by: "bob".into() }),
+            Step::Purge { jobs } => Some(Op::PurgeJobs {
+                jobs: jobs.iter().map(job_id).collect(),
+                retention: crate::history::Retention {
+                    job_ms: 0,
+                    history_max_jobs: 3,
+                    history_max_age_ms: 1_000_000,
+                },
+            }),
             Step::Plan => {
                 let out = plan(&s);
                 // The index apply keeps must plan exactly as one built from scratch.
