@@ -262,6 +262,15 @@ mod tests {
             .spawn()
             .unwrap();
         std::fs::write(dir.path().join("watchdog.pid"), format!("{}\n", old.id())).unwrap();
+        // Until the stand-in has exec'd, /proc shows the test binary's command line (a previous
+        // agent's watchdog has long been running): wait for its own (a cold CI run raced this).
+        let exec_by = std::time::Instant::now() + Duration::from_secs(5);
+        while !std::fs::read(format!("/proc/{}/cmdline", old.id()))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(WATCHDOG_ARG))
+        {
+            assert!(std::time::Instant::now() < exec_by, "the stand-in never started");
+            std::thread::sleep(Duration::from_millis(5));
+        }
         // A process listed there that is no watchdog of this dir (a reused pid) is left alone.
         let mut other = std::process::Command::new("sleep").arg("30").spawn().unwrap();
         let other_dir = tempfile::tempdir().unwrap();
