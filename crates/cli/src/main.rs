@@ -22,6 +22,7 @@ mod policy;
 mod policy_file;
 mod priority;
 mod qos;
+mod sim;
 mod tokens;
 mod up;
 
@@ -71,6 +72,9 @@ struct Cli {
 enum Cmd {
     /// Submit a job; prints its id.
     Submit(jobs::SubmitArgs),
+    /// Replay a job trace through the production scheduling core, in virtual time (no cluster
+    /// needed): waits per class, utilisation, preemptions, redone work.
+    Sim(sim::SimArgs),
     /// Submit a batch script like sbatch: options from its #SBATCH (or #KAIROS) lines, those
     /// before SCRIPT overriding them; prints the job's (or array's) id.
     Batch(batch::BatchArgs),
@@ -225,7 +229,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             .client()
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     let token = match &cli.command {
-        Cmd::Up { .. } | Cmd::CheckpointDone | Cmd::Completions { .. } | Cmd::Man { .. } => None,
+        Cmd::Up { .. } | Cmd::CheckpointDone | Cmd::Completions { .. } | Cmd::Man { .. } | Cmd::Sim(_) => {
+            None
+        }
         _ => client::load_token(cli.token_file.as_deref())?,
     };
     let client = Client::new(cli.controllers.clone(), token, cli.act_as.clone(), tls);
@@ -259,6 +265,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Partition { command } => partitions::partition_command(client, json, command).await,
         Cmd::Policy { command } => policy::policy_command(client, command).await,
         Cmd::Burst { command } => burst::burst_command(client, json, command).await,
+        Cmd::Sim(args) => sim::sim(json, args),
         Cmd::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "kairos", &mut std::io::stdout());

@@ -10,7 +10,6 @@ mod connlimit;
 mod context;
 mod convert;
 mod convert_burst;
-mod convert_policy;
 mod forward;
 mod health;
 mod jobs;

@@ -19,6 +19,7 @@ mod powercut;
 mod preempt;
 mod python_client;
 mod security;
+mod sim;
 
 use std::collections::BTreeSet;
 

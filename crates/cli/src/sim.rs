@@ -1,0 +1,104 @@
+//! `kairos sim`: replays a trace through the production scheduling core (`kairos_sim`), no
+//! cluster needed.
+
+use clap::Args;
+
+use kairos_sim::{replay_policy, simulate, SimConfig};
+
+#[derive(Args, Debug)]
+pub struct SimArgs {
+    /// Alibaba v2023 pod list (openb_pod_list_*.csv): class LS is inference, the rest training.
+    #[arg(long, value_name = "CSV", requires = "nodes", conflicts_with = "jobs")]
+    pub pods: Option<std::path::PathBuf>,
+    /// Alibaba v2023 GPU node list (openb_node_list_gpu_node.csv).
+    #[arg(long, value_name = "CSV")]
+    pub nodes: Option<std::path::PathBuf>,
+    /// A JSONL trace instead: {"submit_s", "duration_s", "gpus", "class": inference|training}.
+    #[arg(long, value_name = "JSONL", requires = "nodes")]
+    pub jobs: Option<std::path::PathBuf>,
+    /// Compress arrivals by this factor (1.3: 30 % more load).
+    #[arg(long, default_value_t = 1.0)]
+    pub load: f64,
+    /// Orders jobs that arrive in the same millisecond (same seed, same output).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Preempted training saves its work on the checkpoint signal (else only every
+    /// --checkpoint-every and what it did since is redone).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub checkpoint_on_signal: bool,
+    /// How often training checkpoints by itself (seconds).
+    #[arg(long, default_value_t = 1800)]
+    pub checkpoint_every: u64,
+    /// The policy to replay under (the `kairos policy apply` format); default: the shipped
+    /// policy with wall-time and group limits lifted and inference preempting training.
+    #[arg(long, value_name = "FILE.toml", conflicts_with = "compare")]
+    pub policy: Option<std::path::PathBuf>,
+    /// Replay under each of these policies and show them side by side.
+    #[arg(long, value_name = "FILE.toml", num_args = 1..)]
+    pub compare: Vec<std::path::PathBuf>,
+}
+
+/// A policy file (`kairos policy apply` format) as the core's policy, validated.
+fn policy_of(path: &std::path::Path) -> anyhow::Result<kairos_scheduler::policy::Policy> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    let file = crate::policy_file::PolicyFile::parse(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let pb = file.to_pb().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let policy = kairos_proto::policy::policy_from_pb(pb)
+        .map_err(|s| anyhow::anyhow!("{}: {}", path.display(), s.message()))?;
+    policy.validate().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(policy)
+}
+
+pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
+    let read = |p: &std::path::Path| {
+        std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))
+    };
+    let nodes_path =
+        args.nodes.as_deref().ok_or_else(|| anyhow::anyhow!("--nodes: the GPU node list is needed"))?;
+    let nodes = kairos_sim::trace::alibaba_nodes(&nodes_path.display().to_string(), &read(nodes_path)?)?;
+    let jobs = match (&args.pods, &args.jobs) {
+        (Some(p), _) => kairos_sim::trace::alibaba_pods(&p.display().to_string(), &read(p)?)?.0,
+        (None, Some(j)) => kairos_sim::trace::jsonl(&j.display().to_string(), &read(j)?)?,
+        (None, None) => {
+            anyhow::bail!("a trace is needed: --pods CSV --nodes CSV, or --jobs JSONL --nodes CSV")
+        }
+    };
+    if !(args.load > 0.0 && args.load.is_finite()) {
+        anyhow::bail!("--load: {} is not a positive factor", args.load);
+    }
+    let config = SimConfig {
+        load: args.load,
+        seed: args.seed,
+        checkpoint_on_signal: args.checkpoint_on_signal,
+        checkpoint_every_s: args.checkpoint_every.max(1),
+        ..SimConfig::default()
+    };
+    let policies: Vec<(String, kairos_scheduler::policy::Policy)> = if !args.compare.is_empty() {
+        args.compare
+            .iter()
+            .map(|p| Ok((p.display().to_string(), policy_of(p)?)))
+            .collect::<anyhow::Result<_>>()?
+    } else if let Some(p) = &args.policy {
+        vec![(p.display().to_string(), policy_of(p)?)]
+    } else {
+        vec![("replay".to_string(), replay_policy())]
+    };
+    let reports: Vec<(String, kairos_sim::Report)> = policies
+        .into_iter()
+        .map(|(name, policy)| (name, simulate(&nodes, &jobs, &policy, &config)))
+        .collect();
+    match (json, args.compare.is_empty()) {
+        (true, true) => println!("{}", serde_json::to_string_pretty(&reports[0].1)?),
+        (true, false) => {
+            let by_name: serde_json::Map<String, serde_json::Value> = reports
+                .iter()
+                .map(|(n, r)| Ok((n.clone(), serde_json::to_value(r)?)))
+                .collect::<Result<_, serde_json::Error>>()?;
+            println!("{}", serde_json::to_string_pretty(&by_name)?)
+        }
+        (false, _) => println!("{}", kairos_sim::Report::table(&reports)),
+    }
+    Ok(0)
+}

@@ -1,0 +1,528 @@
+//! The discrete-event replay: jobs arrive, the production core decides (`propose`, the same
+//! pure function the leader calls each pass) and applies (`ClusterState::apply`, the same state
+//! machine every replica runs), and modelled agents start runs at once, end them after their
+//! remaining work, and stop preempted ones a short delay after the checkpoint signal.
+//!
+//! Virtual time only; no IO, no clock, no randomness but the seed's (the order of jobs that
+//! arrive at the same millisecond). The leader's loop is modelled too: a pass after every batch
+//! of events at one time, and another one tick later whenever a pass changed something.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+
+use kairos_scheduler::model::{Gpu, JobId, JobSpec, JobState, NodeInfo, Profile};
+use kairos_scheduler::policy::Policy;
+use kairos_scheduler::propose::propose;
+use kairos_scheduler::{ClusterState, Command, Op, Outcome, RunExit};
+
+use crate::report::{Class, Report};
+use crate::trace::{TraceJob, TraceNode};
+
+/// How the replay runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimConfig {
+    /// Arrivals are compressed by this factor (1.3: 30 % more load).
+    pub load: f64,
+    /// Orders jobs that arrive in the same millisecond.
+    pub seed: u64,
+    /// Training jobs save their work this often (s) …
+    pub checkpoint_every_s: u64,
+    /// … and when they get the checkpoint signal (then a preemption loses nothing).
+    pub checkpoint_on_signal: bool,
+    /// How long a preempted run takes to stop after the signal (s).
+    pub stop_delay_s: u64,
+    /// The leader's pass period (ms).
+    pub tick_ms: i64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            load: 1.0,
+            seed: 1,
+            checkpoint_every_s: 1800,
+            checkpoint_on_signal: true,
+            stop_delay_s: 5,
+            tick_ms: 1000,
+        }
+    }
+}
+
+/// The policy a replay uses unless given one: the shipped defaults, with wall-time and group
+/// limits lifted (trace jobs run for months on thousands of GPUs) and inference allowed to
+/// preempt training and batch work, which requeues after a 10 s grace.
+pub fn replay_policy() -> Policy {
+    let mut policy = Policy::default();
+    for q in policy.qos.values_mut() {
+        q.max_wall_s = kairos_scheduler::policy::MAX_WALL_S_MAX;
+        q.grp_gpus = None;
+        q.user_gpus = None;
+        q.user_jobs = None;
+    }
+    if let Some(q) = policy.qos.get_mut("inference") {
+        q.preempt = ["training".to_string(), "batch".to_string()].into();
+    }
+    for name in ["training", "batch"] {
+        if let Some(q) = policy.qos.get_mut(name) {
+            q.preempt_mode = kairos_scheduler::policy::PreemptMode::Requeue;
+            q.grace_s = 10;
+        }
+    }
+    policy
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    Arrival(usize),
+    /// The current run of a job has done its remaining work.
+    End {
+        job: JobId,
+        attempt: u32,
+    },
+    /// A preempted run stops.
+    Stop {
+        job: JobId,
+        attempt: u32,
+    },
+    Tick,
+}
+
+/// What the replay keeps of each job (the state forgets finished ones).
+#[derive(Clone, Debug)]
+struct Track {
+    trace: usize,
+    first_start_ms: Option<i64>,
+    run_start_ms: i64,
+    saved_ms: i64,
+    end_ms: Option<i64>,
+}
+
+/// Time-weighted sums.
+#[derive(Default)]
+struct Areas {
+    last_ms: i64,
+    /// GPU-ms allocated.
+    allocated: f64,
+    /// Fraction of the free GPUs that sit on partly used nodes, × ms (while any GPU is free).
+    fragmented: f64,
+    free_time: f64,
+}
+
+/// Replays `jobs` on `nodes` under `policy`.
+pub fn simulate(nodes: &[TraceNode], jobs: &[TraceJob], policy: &Policy, config: &SimConfig) -> Report {
+    let mut sim = Sim::new(nodes, jobs, policy, config);
+    sim.run();
+    sim.report()
+}
+
+struct Sim<'a> {
+    jobs: &'a [TraceJob],
+    /// The longest time limit a job of each class may ask under the policy (inference, training).
+    max_wall_s: (u64, u64),
+    config: &'a SimConfig,
+    state: ClusterState,
+    events: BinaryHeap<Reverse<(i64, u64, Event)>>,
+    seq: u64,
+    tracks: HashMap<JobId, Track>,
+    /// Node capacity and GPUs in use (by the replay's runs).
+    capacity: BTreeMap<String, u32>,
+    used: HashMap<String, u32>,
+    allocated: u32,
+    /// Free GPUs on partly used nodes.
+    partial_free: u32,
+    total_gpus: u32,
+    areas: Areas,
+    next_tick: Option<i64>,
+    preemptions: u64,
+    redone_gpu_ms: f64,
+    finished: Vec<JobId>,
+    first_submit_ms: i64,
+    last_end_ms: i64,
+}
+
+impl<'a> Sim<'a> {
+    fn new(nodes: &[TraceNode], jobs: &'a [TraceJob], policy: &Policy, config: &'a SimConfig) -> Sim<'a> {
+        let mut state = ClusterState::new();
+        state.apply(&Command { now_ms: 0, op: Op::SetPolicy { policy: policy.clone() } });
+        let mut capacity = BTreeMap::new();
+        for n in nodes {
+            let info = NodeInfo {
+                name: n.name.clone(),
+                addr: format!("{}:1", n.name),
+                gpus: (0..n.gpus)
+                    .map(|i| Gpu {
+                        index: i,
+                        uuid: format!("GPU-{}-{i}", n.name),
+                        model: n.model.clone(),
+                        memory_mib: 1,
+                        link_group: i / 4,
+                    })
+                    .collect(),
+                cpus: 1,
+                memory_mib: 1,
+                labels: BTreeMap::new(),
+                gpu_backend: "sim".into(),
+                isolation: String::new(),
+            };
+            state.apply(&Command { now_ms: 0, op: Op::RegisterNode { info } });
+            capacity.insert(n.name.clone(), n.gpus);
+        }
+        let total_gpus = capacity.values().sum();
+        let wall = |profile: Profile| {
+            policy.default_qos(profile).map_or(kairos_scheduler::policy::MAX_WALL_S_MAX, |q| q.max_wall_s)
+        };
+        let mut sim = Sim {
+            jobs,
+            max_wall_s: (wall(Profile::Inference), wall(Profile::Training)),
+            config,
+            state,
+            events: BinaryHeap::new(),
+            seq: 0,
+            tracks: HashMap::new(),
+            capacity,
+            used: HashMap::new(),
+            allocated: 0,
+            partial_free: 0,
+            total_gpus,
+            areas: Areas::default(),
+            next_tick: None,
+            preemptions: 0,
+            redone_gpu_ms: 0.0,
+            finished: Vec::new(),
+            first_submit_ms: i64::MAX,
+            last_end_ms: 0,
+        };
+        // Same-millisecond arrivals in an order drawn from the seed.
+        let mut rng = SplitMix(config.seed);
+        let load = if config.load > 0.0 { config.load } else { 1.0 };
+        for (i, j) in jobs.iter().enumerate() {
+            let at = (j.submit_ms as f64 / load) as i64;
+            sim.first_submit_ms = sim.first_submit_ms.min(at);
+            sim.events.push(Reverse((at, rng.next(), Event::Arrival(i))));
+        }
+        sim.seq = 1 << 63;
+        sim
+    }
+
+    fn push(&mut self, at: i64, event: Event) {
+        self.seq += 1;
+        self.events.push(Reverse((at, self.seq, event)));
+    }
+
+    fn apply(&mut self, now: i64, op: Op) -> Outcome {
+        self.state.apply(&Command { now_ms: now, op })
+    }
+
+    fn run(&mut self) {
+        while let Some(Reverse((now, _, _))) = self.events.peek().copied() {
+            self.advance(now);
+            let mut changed = false;
+            while let Some(Reverse((at, _, event))) = self.events.peek().copied() {
+                if at != now {
+                    break;
+                }
+                self.events.pop();
+                changed |= self.handle(now, event);
+            }
+            if changed {
+                self.pass(now);
+            }
+            if self.finished.len() >= 512 {
+                let jobs = std::mem::take(&mut self.finished);
+                let retention = kairos_scheduler::history::Retention {
+                    job_ms: 0,
+                    history_max_jobs: 0,
+                    history_max_age_ms: 0,
+                };
+                self.apply(now, Op::PurgeJobs { jobs, retention });
+            }
+        }
+    }
+
+    /// Accumulates the time-weighted figures up to `now`.
+    fn advance(&mut self, now: i64) {
+        let dt = (now - self.areas.last_ms).max(0) as f64;
+        self.areas.allocated += f64::from(self.allocated) * dt;
+        let free = self.total_gpus - self.allocated;
+        if free > 0 {
+            self.areas.fragmented += f64::from(self.partial_free) / f64::from(free) * dt;
+            self.areas.free_time += dt;
+        }
+        self.areas.last_ms = now;
+    }
+
+    /// One event; whether it may let the leader do something.
+    fn handle(&mut self, now: i64, event: Event) -> bool {
+        match event {
+            Event::Arrival(i) => {
+                let j = &self.jobs[i];
+                let mut spec = JobSpec::new(&j.name, "trace", vec!["true".into()], j.gpus);
+                spec.profile = if j.inference { Profile::Inference } else { Profile::Training };
+                spec.requeue = true;
+                // Jobs state their run time (plus a minute) as their limit, up to what the
+                // policy allows (past it a run is stopped as TIMEOUT, as on a cluster).
+                let limit_s = (j.duration_ms / 1000 + 60) as u64;
+                let wall = if j.inference { self.max_wall_s.0 } else { self.max_wall_s.1 };
+                spec.time_limit_s = Some(limit_s.min(wall).max(1));
+                match self.apply(now, Op::Submit { spec, request_id: None, hold: false, limits: None }) {
+                    Outcome::Submitted { job } => {
+                        self.tracks.insert(
+                            job,
+                            Track {
+                                trace: i,
+                                first_start_ms: None,
+                                run_start_ms: 0,
+                                saved_ms: 0,
+                                end_ms: None,
+                            },
+                        );
+                    }
+                    // Larger than any node: never runs (counted as unfinished).
+                    _ => return false,
+                }
+                true
+            }
+            Event::End { job, attempt } | Event::Stop { job, attempt } => {
+                let Some(j) = self.state.jobs.get(&job) else { return false };
+                let (running, node) = match (&j.allocation, j.state) {
+                    (Some(a), JobState::Running) if j.attempt == attempt => (true, a.node.clone()),
+                    _ => (false, String::new()),
+                };
+                if !running {
+                    return false;
+                }
+                let gpus = j.total_gpus();
+                let exit =
+                    if matches!(event, Event::End { .. }) { RunExit::Code(0) } else { RunExit::Signal(15) };
+                self.apply(now, Op::JobExited { job, attempt, node: node.clone(), exit });
+                self.release(&node, gpus);
+                let state = self.state.jobs.get(&job).map(|j| j.state);
+                if state.is_some_and(|s| s.is_terminal()) {
+                    if let Some(t) = self.tracks.get_mut(&job) {
+                        t.end_ms = Some(now);
+                    }
+                    self.last_end_ms = self.last_end_ms.max(now);
+                    self.finished.push(job);
+                }
+                true
+            }
+            Event::Tick => {
+                self.next_tick = None;
+                true
+            }
+        }
+    }
+
+    /// The leader's pass at `now`: what the core proposes, applied, with the agents' part.
+    fn pass(&mut self, now: i64) {
+        let ops = propose(&self.state, now, &BTreeSet::new(), 0);
+        let acted = !ops.is_empty();
+        for op in ops {
+            let limited = match &op {
+                Op::EnforceTimeLimit { job, attempt } => Some((*job, *attempt)),
+                _ => None,
+            };
+            match self.apply(now, op) {
+                Outcome::PlanApplied { accepted, .. } => {
+                    for job in accepted {
+                        self.start(now, job);
+                    }
+                }
+                Outcome::Preempted { victims, .. } => {
+                    for victim in victims {
+                        self.preempted(now, victim);
+                    }
+                }
+                Outcome::RunUpdated { .. } => {
+                    // A run stopped for its time limit ends after the stop delay.
+                    if let Some((job, attempt)) = limited {
+                        self.push(now + self.config.stop_delay_s as i64 * 1000, Event::Stop { job, attempt });
+                    }
+                }
+                _ => {}
+            }
+        }
+        if acted {
+            let at = now + self.config.tick_ms;
+            if self.next_tick.is_none_or(|t| t > at) {
+                self.next_tick = Some(at);
+                self.push(at, Event::Tick);
+            }
+        }
+    }
+
+    /// A placed job's agent starts it at once.
+    fn start(&mut self, now: i64, job: JobId) {
+        let Some(j) = self.state.jobs.get(&job) else { return };
+        let Some(node) = j.allocation.as_ref().map(|a| a.node.clone()) else { return };
+        let (attempt, gpus) = (j.attempt, j.total_gpus());
+        self.apply(now, Op::JobStarted { job, attempt, node: node.clone() });
+        self.take(&node, gpus);
+        let Some(t) = self.tracks.get_mut(&job) else { return };
+        t.first_start_ms.get_or_insert(now);
+        t.run_start_ms = now;
+        let remaining = (self.jobs[t.trace].duration_ms - t.saved_ms).max(1);
+        self.push(now + remaining, Event::End { job, attempt });
+    }
+
+    /// A preemption victim saves what it can and stops after the stop delay.
+    fn preempted(&mut self, now: i64, job: JobId) {
+        self.preemptions += 1;
+        let Some(j) = self.state.jobs.get(&job) else { return };
+        let (attempt, gpus) = (j.attempt, j.total_gpus());
+        if let Some(t) = self.tracks.get_mut(&job) {
+            let stop_at = now + self.config.stop_delay_s as i64 * 1000;
+            let progress = (stop_at - t.run_start_ms).max(0);
+            let every = (self.config.checkpoint_every_s * 1000).max(1) as i64;
+            let saved = if self.config.checkpoint_on_signal { progress } else { progress - progress % every };
+            self.redone_gpu_ms += ((progress - saved) * i64::from(gpus)) as f64;
+            t.saved_ms = (t.saved_ms + saved).min(self.jobs[t.trace].duration_ms);
+            self.push(stop_at, Event::Stop { job, attempt });
+        }
+    }
+
+    fn take(&mut self, node: &str, gpus: u32) {
+        let cap = self.capacity.get(node).copied().unwrap_or(0);
+        let used = self.used.entry(node.to_string()).or_insert(0);
+        let before = *used;
+        *used = (*used + gpus).min(cap);
+        self.allocated += *used - before;
+        self.partial_free = self.partial_free - partial(cap, before) + partial(cap, *used);
+    }
+
+    fn release(&mut self, node: &str, gpus: u32) {
+        let cap = self.capacity.get(node).copied().unwrap_or(0);
+        let used = self.used.entry(node.to_string()).or_insert(0);
+        let before = *used;
+        *used = used.saturating_sub(gpus);
+        self.allocated -= before - *used;
+        self.partial_free = self.partial_free - partial(cap, before) + partial(cap, *used);
+    }
+
+    fn report(&self) -> Report {
+        let mut inference = Class::default();
+        let mut training = Class::default();
+        let mut unfinished = 0;
+        for t in self.tracks.values() {
+            let j = &self.jobs[t.trace];
+            let class = if j.inference { &mut inference } else { &mut training };
+            let submit =
+                (j.submit_ms as f64 / if self.config.load > 0.0 { self.config.load } else { 1.0 }) as i64;
+            match (t.first_start_ms, t.end_ms) {
+                (Some(start), Some(end)) => class.add(
+                    (start - submit) as f64 / 1000.0,
+                    (end - submit) as f64 / 1000.0,
+                    j.duration_ms as f64 / 1000.0,
+                ),
+                _ => unfinished += 1,
+            }
+        }
+        unfinished += self.jobs.len() - self.tracks.len();
+        let makespan_ms = (self.last_end_ms - self.first_submit_ms.min(self.last_end_ms)).max(1);
+        Report {
+            jobs: self.jobs.len(),
+            unfinished,
+            gpus: self.total_gpus,
+            inference: inference.summary(),
+            training: training.summary(),
+            utilization: self.areas.allocated / (f64::from(self.total_gpus.max(1)) * makespan_ms as f64),
+            preemptions: self.preemptions,
+            redone_gpu_hours: self.redone_gpu_ms / 3_600_000.0,
+            fragmentation: if self.areas.free_time > 0.0 {
+                self.areas.fragmented / self.areas.free_time
+            } else {
+                0.0
+            },
+            makespan_s: makespan_ms as f64 / 1000.0,
+        }
+        .rounded()
+    }
+}
+
+/// Free GPUs of a node with `used` of `cap` in use, if it is partly used.
+fn partial(cap: u32, used: u32) -> u32 {
+    if used > 0 && used < cap {
+        cap - used
+    } else {
+        0
+    }
+}
+
+/// splitmix64: the seed's stream.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) >> 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nodes(n: usize, gpus: u32) -> Vec<TraceNode> {
+        (0..n).map(|i| TraceNode { name: format!("n{i}"), gpus, model: "T4".into() }).collect()
+    }
+
+    fn job(name: &str, submit_s: i64, duration_s: i64, gpus: u32, inference: bool) -> TraceJob {
+        TraceJob {
+            name: name.into(),
+            submit_ms: submit_s * 1000,
+            duration_ms: duration_s * 1000,
+            gpus,
+            inference,
+        }
+    }
+
+    /// Training fills both nodes; inference arrives a minute later.
+    fn saturated() -> Vec<TraceJob> {
+        let mut jobs: Vec<TraceJob> = (0..4).map(|i| job(&format!("t{i}"), 0, 3600, 4, false)).collect();
+        jobs.extend((0..3).map(|i| job(&format!("i{i}"), 60 + i, 120, 2, true)));
+        jobs
+    }
+
+    #[test]
+    fn the_replay_runs_the_production_core_and_a_policy_change_shows() {
+        let config = SimConfig::default();
+        let preempting = simulate(&nodes(2, 8), &saturated(), &replay_policy(), &config);
+        assert_eq!((preempting.jobs, preempting.unfinished), (7, 0), "{preempting:?}");
+        assert!(preempting.preemptions >= 1, "{preempting:?}");
+        assert!(
+            preempting.inference.wait_s.max < 30.0,
+            "inference waits for the preemption only: {preempting:?}"
+        );
+        assert_eq!(preempting.redone_gpu_hours, 0.0, "victims checkpoint on the signal");
+        // The same trace where inference may not preempt: it waits for training to end.
+        let mut policy = replay_policy();
+        policy.qos.get_mut("inference").unwrap().preempt.clear();
+        let waiting = simulate(&nodes(2, 8), &saturated(), &policy, &config);
+        assert_eq!(waiting.preemptions, 0);
+        assert!(waiting.inference.wait_s.max > 3000.0, "{waiting:?}");
+        // Victims that save only every 30 min lose what they did since.
+        let lossy = SimConfig { checkpoint_on_signal: false, ..config };
+        let lost = simulate(&nodes(2, 8), &saturated(), &replay_policy(), &lossy);
+        assert!(lost.redone_gpu_hours > 0.0, "{lost:?}");
+    }
+
+    #[test]
+    fn the_same_seed_gives_byte_identical_output() {
+        let jobs: Vec<TraceJob> = (0..200)
+            .map(|i| {
+                job(&format!("j{i}"), (i % 17) * 30, 60 + (i * 37) % 900, 1 + (i % 4) as u32, i % 3 == 0)
+            })
+            .collect();
+        let run = |seed| {
+            let config = SimConfig { seed, load: 1.5, ..SimConfig::default() };
+            serde_json::to_string(&simulate(&nodes(4, 8), &jobs, &replay_policy(), &config)).unwrap()
+        };
+        assert_eq!(run(7), run(7));
+        let report: Report = simulate(&nodes(4, 8), &jobs, &replay_policy(), &SimConfig::default());
+        assert_eq!(report.unfinished, 0);
+        assert!(report.utilization > 0.0 && report.utilization <= 1.0, "{report:?}");
+    }
+}

@@ -1,0 +1,16 @@
+//! kairos sim: replays a job trace through the production scheduling core — the same
+//! `ClusterState::apply` and `propose`/`plan` the controllers run — in virtual time, with no IO,
+//! deterministic for a seed. Answers "what would this policy do to my workload?" before a
+//! policy reaches a real cluster.
+//!
+//! - `trace`: the Alibaba GPU trace (v2023 CSVs) and a generic JSONL form.
+//! - `engine`: the discrete-event replay (arrivals, the leader's passes, modelled agents).
+//! - `report`: the figures, as JSON and as a side-by-side table.
+
+pub mod engine;
+pub mod report;
+pub mod trace;
+
+pub use engine::{replay_policy, simulate, SimConfig};
+pub use report::Report;
+pub use trace::{TraceJob, TraceNode};

@@ -1,0 +1,154 @@
+//! What a replay measured: per class waits, completion and slowdown; utilisation, preemptions,
+//! redone work, fragmentation and makespan. JSON keys are an interface (`kairos sim --json`).
+
+use serde::Serialize;
+
+/// Waits and completions of one class of jobs (inference or training), in seconds.
+#[derive(Debug, Default)]
+pub struct Class {
+    waits: Vec<f64>,
+    completions: Vec<f64>,
+    slowdowns: Vec<f64>,
+}
+
+impl Class {
+    pub fn add(&mut self, wait_s: f64, completion_s: f64, duration_s: f64) {
+        self.waits.push(wait_s);
+        self.completions.push(completion_s);
+        self.slowdowns.push(completion_s / duration_s.max(1.0));
+    }
+
+    pub fn summary(mut self) -> ClassSummary {
+        self.waits.sort_by(f64::total_cmp);
+        let pct = |p: f64| -> f64 {
+            if self.waits.is_empty() {
+                return 0.0;
+            }
+            let rank = ((p * self.waits.len() as f64).ceil() as usize).clamp(1, self.waits.len());
+            self.waits[rank - 1]
+        };
+        let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+        ClassSummary {
+            jobs: self.waits.len(),
+            wait_s: Waits {
+                p50: pct(0.5),
+                p90: pct(0.9),
+                p99: pct(0.99),
+                max: self.waits.last().copied().unwrap_or(0.0),
+            },
+            completion_s: mean(&self.completions),
+            slowdown: mean(&self.slowdowns),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Waits {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ClassSummary {
+    /// Jobs of the class that finished.
+    pub jobs: usize,
+    /// From arrival to first start.
+    pub wait_s: Waits,
+    /// Mean time from arrival to end.
+    pub completion_s: f64,
+    /// Mean of completion time / run time.
+    pub slowdown: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Report {
+    /// Jobs in the trace (with GPUs).
+    pub jobs: usize,
+    /// Jobs that never finished (e.g. larger than any node).
+    pub unfinished: usize,
+    pub gpus: u32,
+    pub inference: ClassSummary,
+    pub training: ClassSummary,
+    /// GPU time allocated / (GPUs × makespan).
+    pub utilization: f64,
+    pub preemptions: u64,
+    /// Work preemption threw away (done since the victim's last checkpoint), GPU-hours.
+    pub redone_gpu_hours: f64,
+    /// Time-averaged share of the free GPUs that sit on partly used nodes.
+    pub fragmentation: f64,
+    /// From the first arrival to the last end.
+    pub makespan_s: f64,
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+impl Report {
+    /// Figures at millisecond (and 1e-3) precision, so output is stable to read and compare.
+    pub fn rounded(mut self) -> Report {
+        for c in [&mut self.inference, &mut self.training] {
+            c.wait_s = Waits {
+                p50: round3(c.wait_s.p50),
+                p90: round3(c.wait_s.p90),
+                p99: round3(c.wait_s.p99),
+                max: round3(c.wait_s.max),
+            };
+            c.completion_s = round3(c.completion_s);
+            c.slowdown = round3(c.slowdown);
+        }
+        self.utilization = round3(self.utilization);
+        self.redone_gpu_hours = round3(self.redone_gpu_hours);
+        self.fragmentation = round3(self.fragmentation);
+        self.makespan_s = round3(self.makespan_s);
+        self
+    }
+
+    /// A table of several reports side by side (one column each, named).
+    pub fn table(named: &[(String, Report)]) -> String {
+        let rows: Vec<(&str, Cell)> = vec![
+            ("jobs", Box::new(|r: &Report| format!("{} ({} unfinished)", r.jobs, r.unfinished))),
+            ("inference wait p50 / p99 / max (s)", Box::new(|r: &Report| waits(&r.inference))),
+            ("training wait p50 / p99 / max (s)", Box::new(|r: &Report| waits(&r.training))),
+            (
+                "inference / training slowdown",
+                Box::new(|r: &Report| format!("{:.2} / {:.2}", r.inference.slowdown, r.training.slowdown)),
+            ),
+            ("GPU utilization", Box::new(|r: &Report| format!("{:.3}", r.utilization))),
+            ("preemptions", Box::new(|r: &Report| r.preemptions.to_string())),
+            ("redone GPU-hours", Box::new(|r: &Report| format!("{:.1}", r.redone_gpu_hours))),
+            ("fragmentation", Box::new(|r: &Report| format!("{:.3}", r.fragmentation))),
+            ("makespan (s)", Box::new(|r: &Report| format!("{:.0}", r.makespan_s))),
+        ];
+        let mut cells: Vec<Vec<String>> =
+            vec![std::iter::once(String::new()).chain(named.iter().map(|(n, _)| n.clone())).collect()];
+        for (label, f) in &rows {
+            cells.push(std::iter::once(label.to_string()).chain(named.iter().map(|(_, r)| f(r))).collect());
+        }
+        let widths: Vec<usize> = (0..cells[0].len())
+            .map(|c| cells.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+            .collect();
+        cells
+            .iter()
+            .map(|r| {
+                r.iter()
+                    .enumerate()
+                    .map(|(c, s)| format!("{s:<w$}", w = widths[c]))
+                    .collect::<Vec<_>>()
+                    .join("  ")
+                    .trim_end()
+                    .to_string()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// How one row of the table shows a report.
+type Cell = Box<dyn Fn(&Report) -> String>;
+
+fn waits(c: &ClassSummary) -> String {
+    format!("{:.1} / {:.1} / {:.1}", c.wait_s.p50, c.wait_s.p99, c.wait_s.max)
+}
