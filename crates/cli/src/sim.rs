@@ -16,9 +16,11 @@ pub struct SimArgs {
     /// A JSONL trace instead: {"submit_s", "duration_s", "gpus", "class": inference|training}.
     #[arg(long, value_name = "JSONL", requires = "nodes")]
     pub jobs: Option<std::path::PathBuf>,
-    /// Compress arrivals by this factor (1.3: 30 % more load).
-    #[arg(long, default_value_t = 1.0)]
-    pub load: f64,
+    /// Offered load: compress (or stretch) arrivals so the trace's GPU time is FACTOR × what the
+    /// cluster can do while jobs arrive (1.3: 30 % more work than it can run). Default: the
+    /// trace's own times.
+    #[arg(long, value_name = "FACTOR")]
+    pub load: Option<f64>,
     /// Orders jobs that arrive in the same millisecond (same seed, same output).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -65,8 +67,8 @@ pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
             anyhow::bail!("a trace is needed: --pods CSV --nodes CSV, or --jobs JSONL --nodes CSV")
         }
     };
-    if !(args.load > 0.0 && args.load.is_finite()) {
-        anyhow::bail!("--load: {} is not a positive factor", args.load);
+    if let Some(load) = args.load.filter(|l| !(*l > 0.0 && l.is_finite())) {
+        anyhow::bail!("--load: {load} is not a positive factor");
     }
     let config = SimConfig {
         load: args.load,

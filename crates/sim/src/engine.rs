@@ -21,8 +21,10 @@ use crate::trace::{TraceJob, TraceNode};
 /// How the replay runs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimConfig {
-    /// Arrivals are compressed by this factor (1.3: 30 % more load).
-    pub load: f64,
+    /// Offered load: arrivals are compressed (or stretched) so that the trace's GPU time is this
+    /// many times what the cluster can do between the first and the last arrival (1.3: 30 %
+    /// more work than the cluster can run). None: the trace's own times.
+    pub load: Option<f64>,
     /// Orders jobs that arrive in the same millisecond.
     pub seed: u64,
     /// Training jobs save their work this often (s) …
@@ -38,7 +40,7 @@ pub struct SimConfig {
 impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
-            load: 1.0,
+            load: None,
             seed: 1,
             checkpoint_every_s: 1800,
             checkpoint_on_signal: true,
@@ -123,7 +125,7 @@ struct Sim<'a> {
     state: ClusterState,
     events: BinaryHeap<Reverse<(i64, u64, Event)>>,
     seq: u64,
-    tracks: HashMap<JobId, Track>,
+    tracks: BTreeMap<JobId, Track>,
     /// Node capacity and GPUs in use (by the replay's runs).
     capacity: BTreeMap<String, u32>,
     used: HashMap<String, u32>,
@@ -137,7 +139,24 @@ struct Sim<'a> {
     redone_gpu_ms: f64,
     finished: Vec<JobId>,
     first_submit_ms: i64,
+    last_submit_ms: i64,
     last_end_ms: i64,
+    /// When each job arrives in the replay.
+    arrivals: Vec<i64>,
+}
+
+/// Arrival times: the trace's, or compressed so the offered load is `load` (see `SimConfig`).
+fn arrivals(jobs: &[TraceJob], total_gpus: u32, load: Option<f64>) -> Vec<i64> {
+    let first = jobs.iter().map(|j| j.submit_ms).min().unwrap_or(0);
+    let last = jobs.iter().map(|j| j.submit_ms).max().unwrap_or(0);
+    let demand: f64 = jobs.iter().map(|j| f64::from(j.gpus) * j.duration_ms as f64).sum();
+    let scale = match load {
+        Some(load) if load > 0.0 && last > first && total_gpus > 0 => {
+            demand / (load * f64::from(total_gpus)) / (last - first) as f64
+        }
+        _ => 1.0,
+    };
+    jobs.iter().map(|j| first + ((j.submit_ms - first) as f64 * scale) as i64).collect()
 }
 
 impl<'a> Sim<'a> {
@@ -178,7 +197,7 @@ impl<'a> Sim<'a> {
             state,
             events: BinaryHeap::new(),
             seq: 0,
-            tracks: HashMap::new(),
+            tracks: BTreeMap::new(),
             capacity,
             used: HashMap::new(),
             allocated: 0,
@@ -190,14 +209,16 @@ impl<'a> Sim<'a> {
             redone_gpu_ms: 0.0,
             finished: Vec::new(),
             first_submit_ms: i64::MAX,
+            last_submit_ms: i64::MIN,
             last_end_ms: 0,
+            arrivals: Vec::new(),
         };
         // Same-millisecond arrivals in an order drawn from the seed.
         let mut rng = SplitMix(config.seed);
-        let load = if config.load > 0.0 { config.load } else { 1.0 };
-        for (i, j) in jobs.iter().enumerate() {
-            let at = (j.submit_ms as f64 / load) as i64;
+        sim.arrivals = arrivals(jobs, total_gpus, config.load);
+        for (i, at) in sim.arrivals.clone().into_iter().enumerate() {
             sim.first_submit_ms = sim.first_submit_ms.min(at);
+            sim.last_submit_ms = sim.last_submit_ms.max(at);
             sim.events.push(Reverse((at, rng.next(), Event::Arrival(i))));
         }
         sim.seq = 1 << 63;
@@ -242,7 +263,9 @@ impl<'a> Sim<'a> {
     /// Accumulates the time-weighted figures up to `now`.
     fn advance(&mut self, now: i64) {
         let dt = (now - self.areas.last_ms).max(0) as f64;
-        self.areas.allocated += f64::from(self.allocated) * dt;
+        // Utilisation counts while jobs arrive (the offered load's window).
+        let (from, to) = (self.areas.last_ms.max(self.first_submit_ms), now.min(self.last_submit_ms));
+        self.areas.allocated += f64::from(self.allocated) * (to - from).max(0) as f64;
         let free = self.total_gpus - self.allocated;
         if free > 0 {
             self.areas.fragmented += f64::from(self.partial_free) / f64::from(free) * dt;
@@ -363,6 +386,11 @@ impl<'a> Sim<'a> {
         t.run_start_ms = now;
         let remaining = (self.jobs[t.trace].duration_ms - t.saved_ms).max(1);
         self.push(now + remaining, Event::End { job, attempt });
+        // A run its limit stops before it is done: the leader's tick notices right after.
+        let limit_ms = self.state.jobs.get(&job).and_then(|j| j.spec.time_limit_s).map(|s| s as i64 * 1000);
+        if let Some(limit_ms) = limit_ms.filter(|l| *l < remaining) {
+            self.push(now + limit_ms + self.config.tick_ms, Event::Tick);
+        }
     }
 
     /// A preemption victim saves what it can and stops after the stop delay.
@@ -406,8 +434,7 @@ impl<'a> Sim<'a> {
         for t in self.tracks.values() {
             let j = &self.jobs[t.trace];
             let class = if j.inference { &mut inference } else { &mut training };
-            let submit =
-                (j.submit_ms as f64 / if self.config.load > 0.0 { self.config.load } else { 1.0 }) as i64;
+            let submit = self.arrivals[t.trace];
             match (t.first_start_ms, t.end_ms) {
                 (Some(start), Some(end)) => class.add(
                     (start - submit) as f64 / 1000.0,
@@ -425,7 +452,9 @@ impl<'a> Sim<'a> {
             gpus: self.total_gpus,
             inference: inference.summary(),
             training: training.summary(),
-            utilization: self.areas.allocated / (f64::from(self.total_gpus.max(1)) * makespan_ms as f64),
+            utilization: self.areas.allocated
+                / (f64::from(self.total_gpus.max(1))
+                    * (self.last_submit_ms - self.first_submit_ms).max(1) as f64),
             preemptions: self.preemptions,
             redone_gpu_hours: self.redone_gpu_ms / 3_600_000.0,
             fragmentation: if self.areas.free_time > 0.0 {
@@ -517,12 +546,37 @@ mod tests {
             })
             .collect();
         let run = |seed| {
-            let config = SimConfig { seed, load: 1.5, ..SimConfig::default() };
+            let config = SimConfig { seed, load: Some(1.5), ..SimConfig::default() };
             serde_json::to_string(&simulate(&nodes(4, 8), &jobs, &replay_policy(), &config)).unwrap()
         };
         assert_eq!(run(7), run(7));
         let report: Report = simulate(&nodes(4, 8), &jobs, &replay_policy(), &SimConfig::default());
         assert_eq!(report.unfinished, 0);
         assert!(report.utilization > 0.0 && report.utilization <= 1.0, "{report:?}");
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    #[test]
+    fn a_run_past_its_qos_wall_time_is_stopped_as_timeout() {
+        let nodes = vec![TraceNode { name: "n0".into(), gpus: 8, model: "T4".into() }];
+        // Inference may run 2 h under the shipped policy; this one would run 3 h.
+        let jobs = vec![TraceJob {
+            name: "long".into(),
+            submit_ms: 0,
+            duration_ms: 3 * 3_600_000,
+            gpus: 1,
+            inference: true,
+        }];
+        let report =
+            simulate(&nodes, &jobs, &kairos_scheduler::policy::Policy::default(), &SimConfig::default());
+        assert_eq!(report.unfinished, 0);
+        assert!(
+            (report.makespan_s - 7_206.0).abs() < 2.0,
+            "stopped at its 2 h limit (+ tick and stop delay): {report:?}"
+        );
     }
 }

@@ -71,7 +71,7 @@ pub struct Report {
     pub gpus: u32,
     pub inference: ClassSummary,
     pub training: ClassSummary,
-    /// GPU time allocated / (GPUs × makespan).
+    /// GPU time allocated between the first and the last arrival / (GPUs × that time).
     pub utilization: f64,
     pub preemptions: u64,
     /// Work preemption threw away (done since the victim's last checkpoint), GPU-hours.
