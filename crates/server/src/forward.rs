@@ -18,6 +18,11 @@
 //!
 //! The leader's answer (also a stream) is relayed as is.
 //!
+//! Callers are checked from the headers before any body is read (`Forwarder::gate`, the same
+//! check as the services' own): a call without valid credentials is refused at once, and one
+//! whose token this replica cannot settle (too new, or its state too stale to vouch) is passed to
+//! the leader unread — streamed, not kept — so a follower never buffers an unauthenticated body.
+//!
 //! A forwarded call carries `kairos-forwarded`; a replica never forwards such a call again
 //! (leadership moved meanwhile: the client gets `UNAVAILABLE` with the new leader, as before).
 //! The hint header stays on every `UNAVAILABLE`, so a client may still go to the leader
@@ -63,10 +68,15 @@ fn reads(path: &str) -> bool {
     ["Get", "List"].iter().any(|p| method.starts_with(p)) || method == "BurstStatus"
 }
 
+/// The caller check from the headers (`auth::user_gate`'s): `Ok` for a caller this replica
+/// knows, `UNAVAILABLE` naming the leader for one only the leader can settle, else the refusal.
+pub type Gate = Arc<dyn Fn(&http::HeaderMap) -> Result<(), tonic::Status> + Send + Sync>;
+
 /// What every wrapped service shares: the replica (who leads) and the connection to the leader.
 #[derive(Clone)]
 pub struct Forwarder {
     replica: Replica,
+    gate: Gate,
     tls: Option<ClientTlsConfig>,
     /// Largest request body kept for forwarding (the API's decoding limit plus gRPC framing).
     body_max: usize,
@@ -78,11 +88,19 @@ pub struct Forwarder {
 impl Forwarder {
     pub fn new(
         replica: Replica,
+        gate: Gate,
         tls: Option<ClientTlsConfig>,
         message_max: usize,
         metrics: Arc<crate::metrics::Metrics>,
     ) -> Forwarder {
-        Forwarder { replica, tls, body_max: message_max + 5, leader: Arc::default(), forwarded: metrics }
+        Forwarder {
+            replica,
+            gate,
+            tls,
+            body_max: message_max + 5,
+            leader: Arc::default(),
+            forwarded: metrics,
+        }
     }
 
     /// `service`, forwarding what only the leader can answer.
@@ -124,7 +142,7 @@ impl Forwarder {
         &self,
         addr: &str,
         head: &Head,
-        body: bytes::Bytes,
+        body: Body,
         wait: Duration,
     ) -> Option<http::Response<Body>> {
         let mut channel = match self.channel(addr) {
@@ -134,7 +152,7 @@ impl Forwarder {
                 return None;
             }
         };
-        let mut request = http::Request::new(Body::new(Full::new(body)));
+        let mut request = http::Request::new(body);
         *request.method_mut() = head.method.clone();
         *request.uri_mut() = head.uri.clone();
         *request.headers_mut() = head.headers.clone();
@@ -216,6 +234,26 @@ where
             return Box::pin(async move { Ok(served.await?.map(Body::new)) });
         }
         let forwarder = self.forwarder.clone();
+        match (forwarder.gate)(request.headers()) {
+            Ok(()) => {}
+            Err(refused) if refused.code() != tonic::Code::Unavailable => {
+                return Box::pin(async move { Ok(refused.into_http()) });
+            }
+            // Only the leader can settle this caller: its call goes there unread.
+            Err(unsettled) => {
+                return Box::pin(async move {
+                    let addr = forwarder.leader_addr();
+                    let (parts, body) = request.into_parts();
+                    let head = Head { method: parts.method, uri: parts.uri, headers: parts.headers };
+                    let wait = if reads(head.uri.path()) { READ_WAIT } else { WRITE_WAIT };
+                    let answer = match addr {
+                        Some(addr) => forwarder.to_leader(&addr, &head, body, wait).await,
+                        None => None,
+                    };
+                    Ok(answer.unwrap_or_else(|| unsettled.into_http()))
+                });
+            }
+        }
         Box::pin(async move {
             let (parts, body) = request.into_parts();
             let body = match Limited::new(body, forwarder.body_max).collect().await {
@@ -232,7 +270,8 @@ where
             let mut tried = None;
             if !LOCAL.contains(&path) {
                 if let Some(addr) = forwarder.leader_addr() {
-                    if let Some(answer) = forwarder.to_leader(&addr, &head, body.clone(), wait).await {
+                    let kept = Body::new(Full::new(body.clone()));
+                    if let Some(answer) = forwarder.to_leader(&addr, &head, kept, wait).await {
                         return Ok(answer);
                     }
                     tried = Some(addr);
@@ -243,7 +282,10 @@ where
                 .await?
                 .map(Body::new);
             match leader_hint(&local).filter(|addr| tried.as_ref() != Some(addr)) {
-                Some(addr) => Ok(forwarder.to_leader(&addr, &head, body, wait).await.unwrap_or(local)),
+                Some(addr) => {
+                    let kept = Body::new(Full::new(body));
+                    Ok(forwarder.to_leader(&addr, &head, kept, wait).await.unwrap_or(local))
+                }
                 None => Ok(local),
             }
         })

@@ -382,8 +382,17 @@ async fn run() -> anyhow::Result<()> {
 
     let (health, health_service) = tonic_health::server::health_reporter();
     let health_task = tokio::spawn(health::run(replica.clone(), health));
+    let gate: forward::Gate = {
+        let ctx = ctx.clone();
+        Arc::new(move |headers: &http::HeaderMap| {
+            let metadata = tonic::metadata::MetadataMap::from_headers(headers.clone());
+            let request = tonic::Request::from_parts(metadata, Default::default(), ());
+            ctx.principal(&request).map(|_| ())
+        })
+    };
     let forwarder = forward::Forwarder::new(
         replica.clone(),
+        gate,
         ctx.agent_tls.clone(),
         API_MESSAGE_BYTES_MAX,
         ctx.metrics.clone(),

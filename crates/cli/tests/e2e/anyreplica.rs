@@ -156,3 +156,45 @@ fn health_is_not_serving_on_a_replica_that_cannot_reach_a_quorum() {
         (health(&rt, &addr) == Some(ServingStatus::Serving)).then_some(())
     });
 }
+
+/// Peak resident memory of a process (KiB).
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_follower_refuses_unauthenticated_calls_before_reading_their_bodies() {
+    let c = Cluster::start_with(3, 1, &[]);
+    let leader = c.leader();
+    let follower = (0..3).find(|i| *i != leader).unwrap();
+    let pid = c.controllers[follower].child.as_ref().unwrap().id();
+    let before = peak_rss_kib(pid);
+    let addr = format!("http://{}", c.controllers[follower].addr);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let codes = rt.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(addr).unwrap().connect().await.unwrap();
+        // 48 submits of 3.5 MiB each (under the 4 MiB message limit), no token, all at once.
+        let calls = (0..48).map(|i| {
+            let mut jobs = JobServiceClient::new(channel.clone()).max_encoding_message_size(8 << 20);
+            let spec = pb::JobSpec {
+                argv: vec!["true".into(), "x".repeat(3_500_000)],
+                resources: Some(pb::Resources { gpus: 1, ..Default::default() }),
+                ..Default::default()
+            };
+            async move {
+                jobs.submit(pb::SubmitRequest { spec: Some(spec), request_id: format!("anon-{i}") })
+                    .await
+                    .map(|_| ())
+                    .unwrap_err()
+                    .code()
+            }
+        });
+        futures::future::join_all(calls).await
+    });
+    assert!(codes.iter().all(|c| *c == tonic::Code::Unauthenticated), "{codes:?}");
+    // 168 MiB were sent; the follower kept none of it.
+    let grown_mib = (peak_rss_kib(pid).saturating_sub(before)) / 1024;
+    assert!(grown_mib < 40, "the follower's peak memory grew {grown_mib} MiB");
+}
