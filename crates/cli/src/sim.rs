@@ -16,9 +16,8 @@ pub struct SimArgs {
     /// A JSONL trace instead: {"submit_s", "duration_s", "gpus", "class": inference|training}.
     #[arg(long, value_name = "JSONL", requires = "nodes")]
     pub jobs: Option<std::path::PathBuf>,
-    /// Offered load: compress (or stretch) arrivals so the trace's GPU time is FACTOR × what the
-    /// cluster can do while jobs arrive (1.3: 30 % more work than it can run). Default: the
-    /// trace's own times.
+    /// Compress arrivals by this factor: the trace's arrival times divided by it (1.3: 30 %
+    /// denser). Default: the trace's own times.
     #[arg(long, value_name = "FACTOR")]
     pub load: Option<f64>,
     /// Orders jobs that arrive in the same millisecond (same seed, same output).

@@ -21,9 +21,8 @@ use crate::trace::{TraceJob, TraceNode};
 /// How the replay runs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimConfig {
-    /// Offered load: arrivals are compressed (or stretched) so that the trace's GPU time is this
-    /// many times what the cluster can do between the first and the last arrival (1.3: 30 %
-    /// more work than the cluster can run). None: the trace's own times.
+    /// Arrivals are compressed by this factor: the trace's arrival times divided by it (1.3:
+    /// 30 % denser). None: the trace's own times.
     pub load: Option<f64>,
     /// Orders jobs that arrive in the same millisecond.
     pub seed: u64,
@@ -145,18 +144,10 @@ struct Sim<'a> {
     arrivals: Vec<i64>,
 }
 
-/// Arrival times: the trace's, or compressed so the offered load is `load` (see `SimConfig`).
-fn arrivals(jobs: &[TraceJob], total_gpus: u32, load: Option<f64>) -> Vec<i64> {
-    let first = jobs.iter().map(|j| j.submit_ms).min().unwrap_or(0);
-    let last = jobs.iter().map(|j| j.submit_ms).max().unwrap_or(0);
-    let demand: f64 = jobs.iter().map(|j| f64::from(j.gpus) * j.duration_ms as f64).sum();
-    let scale = match load {
-        Some(load) if load > 0.0 && last > first && total_gpus > 0 => {
-            demand / (load * f64::from(total_gpus)) / (last - first) as f64
-        }
-        _ => 1.0,
-    };
-    jobs.iter().map(|j| first + ((j.submit_ms - first) as f64 * scale) as i64).collect()
+/// Arrival times: the trace's divided by `load` (1.3: arrivals 30 % denser).
+fn arrivals(jobs: &[TraceJob], load: Option<f64>) -> Vec<i64> {
+    let load = load.filter(|l| *l > 0.0 && l.is_finite()).unwrap_or(1.0);
+    jobs.iter().map(|j| (j.submit_ms as f64 / load) as i64).collect()
 }
 
 impl<'a> Sim<'a> {
@@ -215,7 +206,7 @@ impl<'a> Sim<'a> {
         };
         // Same-millisecond arrivals in an order drawn from the seed.
         let mut rng = SplitMix(config.seed);
-        sim.arrivals = arrivals(jobs, total_gpus, config.load);
+        sim.arrivals = arrivals(jobs, config.load);
         for (i, at) in sim.arrivals.clone().into_iter().enumerate() {
             sim.first_submit_ms = sim.first_submit_ms.min(at);
             sim.last_submit_ms = sim.last_submit_ms.max(at);

@@ -27,9 +27,9 @@ fn sim(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn the_replay_is_deterministic_and_a_policy_change_shows_in_its_figures() {
-    let first = sim(&["--json", "--seed", "3", "--load", "20"]);
+    let first = sim(&["--json", "--seed", "3", "--load", "5"]);
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
-    let again = sim(&["--json", "--seed", "3", "--load", "20"]);
+    let again = sim(&["--json", "--seed", "3", "--load", "5"]);
     assert_eq!(first.stdout, again.stdout, "the same seed gave other output");
     let report: Value = serde_json::from_slice(&first.stdout).unwrap();
     for key in [
@@ -64,7 +64,7 @@ fn the_replay_is_deterministic_and_a_policy_change_shows_in_its_figures() {
         "--seed",
         "3",
         "--load",
-        "20",
+        "5",
         "--compare",
         &policy("replay.toml"),
         &policy("no-preemption.toml"),
@@ -83,7 +83,7 @@ fn the_replay_is_deterministic_and_a_policy_change_shows_in_its_figures() {
         "--seed",
         "3",
         "--load",
-        "20",
+        "5",
         "--compare",
         &policy("replay.toml"),
         &policy("no-preemption.toml"),
