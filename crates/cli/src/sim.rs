@@ -3,7 +3,7 @@
 
 use clap::Args;
 
-use kairos_sim::{replay_policy, simulate, SimConfig};
+use kairos_sim::{replay_policy, SimConfig};
 
 #[derive(Args, Debug)]
 pub struct SimArgs {
@@ -37,6 +37,10 @@ pub struct SimArgs {
     /// Replay under each of these policies and show them side by side.
     #[arg(long, value_name = "FILE.toml", num_args = 1..)]
     pub compare: Vec<std::path::PathBuf>,
+    /// Also draw the wait CDF per class and the GPUs allocated over time into this SVG (with
+    /// --compare: of the first policy).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 /// A policy file (`kairos policy apply` format) as the core's policy, validated.
@@ -86,10 +90,15 @@ pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
     } else {
         vec![("replay".to_string(), replay_policy())]
     };
-    let reports: Vec<(String, kairos_sim::Report)> = policies
-        .into_iter()
-        .map(|(name, policy)| (name, simulate(&nodes, &jobs, &policy, &config)))
-        .collect();
+    let mut reports: Vec<(String, kairos_sim::Report)> = Vec::new();
+    for (i, (name, policy)) in policies.into_iter().enumerate() {
+        let (report, series) = kairos_sim::simulate_with_series(&nodes, &jobs, &policy, &config);
+        if let (0, Some(path)) = (i, &args.plot) {
+            std::fs::write(path, kairos_sim::plot::svg(&series))
+                .map_err(|e| anyhow::anyhow!("--plot: writing {}: {e}", path.display()))?;
+        }
+        reports.push((name, report));
+    }
     match (json, args.compare.is_empty()) {
         (true, true) => println!("{}", serde_json::to_string_pretty(&reports[0].1)?),
         (true, false) => {

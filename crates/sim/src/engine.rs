@@ -111,9 +111,19 @@ struct Areas {
 
 /// Replays `jobs` on `nodes` under `policy`.
 pub fn simulate(nodes: &[TraceNode], jobs: &[TraceJob], policy: &Policy, config: &SimConfig) -> Report {
+    simulate_with_series(nodes, jobs, policy, config).0
+}
+
+/// `simulate`, with what the plot needs (`crate::plot`).
+pub fn simulate_with_series(
+    nodes: &[TraceNode],
+    jobs: &[TraceJob],
+    policy: &Policy,
+    config: &SimConfig,
+) -> (Report, crate::plot::Series) {
     let mut sim = Sim::new(nodes, jobs, policy, config);
     sim.run();
-    sim.report()
+    (sim.report(), sim.series())
 }
 
 struct Sim<'a> {
@@ -142,6 +152,8 @@ struct Sim<'a> {
     last_end_ms: i64,
     /// When each job arrives in the replay.
     arrivals: Vec<i64>,
+    /// (time, GPUs allocated) at every change, for the plot.
+    allocation: Vec<(i64, u32)>,
 }
 
 /// Arrival times: the trace's divided by `load` (1.3: arrivals 30 % denser).
@@ -203,6 +215,7 @@ impl<'a> Sim<'a> {
             last_submit_ms: i64::MIN,
             last_end_ms: 0,
             arrivals: Vec::new(),
+            allocation: Vec::new(),
         };
         // Same-millisecond arrivals in an order drawn from the seed.
         let mut rng = SplitMix(config.seed);
@@ -310,6 +323,7 @@ impl<'a> Sim<'a> {
                     if matches!(event, Event::End { .. }) { RunExit::Code(0) } else { RunExit::Signal(15) };
                 self.apply(now, Op::JobExited { job, attempt, node: node.clone(), exit });
                 self.release(&node, gpus);
+                self.allocation.push((now, self.allocated));
                 let state = self.state.jobs.get(&job).map(|j| j.state);
                 if state.is_some_and(|s| s.is_terminal()) {
                     if let Some(t) = self.tracks.get_mut(&job) {
@@ -372,6 +386,7 @@ impl<'a> Sim<'a> {
         let (attempt, gpus) = (j.attempt, j.total_gpus());
         self.apply(now, Op::JobStarted { job, attempt, node: node.clone() });
         self.take(&node, gpus);
+        self.allocation.push((now, self.allocated));
         let Some(t) = self.tracks.get_mut(&job) else { return };
         t.first_start_ms.get_or_insert(now);
         t.run_start_ms = now;
@@ -416,6 +431,22 @@ impl<'a> Sim<'a> {
         *used = used.saturating_sub(gpus);
         self.allocated -= before - *used;
         self.partial_free = self.partial_free - partial(cap, before) + partial(cap, *used);
+    }
+
+    fn series(&self) -> crate::plot::Series {
+        let mut series = crate::plot::Series { total_gpus: self.total_gpus, ..Default::default() };
+        for t in self.tracks.values() {
+            let Some(start) = t.first_start_ms else { continue };
+            let wait = (start - self.arrivals[t.trace]) as f64 / 1000.0;
+            if self.jobs[t.trace].inference {
+                series.inference_waits.push(wait);
+            } else {
+                series.training_waits.push(wait);
+            }
+        }
+        let first = self.first_submit_ms.min(self.last_end_ms);
+        series.allocation = self.allocation.iter().map(|(t, a)| (t - first, *a)).collect();
+        series
     }
 
     fn report(&self) -> Report {

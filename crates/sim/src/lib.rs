@@ -6,11 +6,13 @@
 //! - `trace`: the Alibaba GPU trace (v2023 CSVs) and a generic JSONL form.
 //! - `engine`: the discrete-event replay (arrivals, the leader's passes, modelled agents).
 //! - `report`: the figures, as JSON and as a side-by-side table.
+//! - `plot`: the wait CDFs and GPU allocation over time, as SVG.
 
 pub mod engine;
+pub mod plot;
 pub mod report;
 pub mod trace;
 
-pub use engine::{replay_policy, simulate, SimConfig};
+pub use engine::{replay_policy, simulate, simulate_with_series, SimConfig};
 pub use report::Report;
 pub use trace::{TraceJob, TraceNode};

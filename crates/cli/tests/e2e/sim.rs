@@ -78,6 +78,16 @@ fn the_replay_is_deterministic_and_a_policy_change_shows_in_its_figures() {
         preempting["inference"]["wait_s"]["p99"].as_f64() < waiting["inference"]["wait_s"]["p99"].as_f64(),
         "preemption did not shorten inference waits: {both}"
     );
+    // The plot: an SVG with both panels.
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("replay.svg");
+    let out = sim(&["--seed", "3", "--load", "5", "--plot", svg.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        picture.starts_with("<svg") && picture.contains("Wait CDF") && picture.contains("GPUs allocated")
+    );
+    assert_eq!(picture.matches("<polyline").count(), 3);
     // The table names both.
     let table = sim(&[
         "--seed",
