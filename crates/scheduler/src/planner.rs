@@ -116,8 +116,9 @@ struct FreeNode<'a> {
     name: &'a str,
     labels: &'a BTreeMap<String, String>,
     node: &'a Node,
-    /// (index, link group, model) of each free GPU, ascending by index.
-    free: Vec<(GpuIndex, u32, &'a str)>,
+    /// (index, link group, model) of each free GPU, ascending by index (inline up to 8: no
+    /// allocation per node per pass for the usual node sizes).
+    free: smallvec::SmallVec<[(GpuIndex, u32, &'a str); 8]>,
     /// GPUs the reservation holds on this node (free now or freed by then).
     reserved: Vec<GpuIndex>,
     /// A cloud burst node: only burstable jobs may use it.
@@ -194,7 +195,7 @@ struct Pass<'a> {
 
 impl<'a> Pass<'a> {
     fn new(state: &'a ClusterState) -> Pass<'a> {
-        let mut nodes = Vec::new();
+        let mut nodes = Vec::with_capacity(state.nodes.len());
         for (name, n) in state.nodes.iter().filter(|(_, n)| n.state == NodeState::Up) {
             let free = n
                 .info
@@ -526,6 +527,8 @@ impl<'a> Pass<'a> {
 
 /// Computes a plan for the current state.
 pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
+    // A fresh job index when apply kept none (declared first: the pass outlives nothing of it).
+    let built;
     let mut pass = Pass::new(state);
     // The most GPUs of a model (constraint) one Up node of a partition has, per pair seen.
     let largest_of = |model: Option<&str>, part: Option<&Partition>| -> u32 {
@@ -555,7 +558,6 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
         largest_by.push((model.map(str::to_string), part_name.to_string(), n));
         n
     };
-    let built;
     let index = match state.job_index.current(&state.jobs) {
         Some(index) => index,
         None => {
