@@ -20,7 +20,13 @@ pub struct SimArgs {
     /// denser). Default: the trace's own times.
     #[arg(long, value_name = "FACTOR")]
     pub load: Option<f64>,
-    /// Orders jobs that arrive in the same millisecond (same seed, same output).
+    /// Inflate the trace the way the FGD paper does: draw tasks (with the seed) until they ask
+    /// for FACTOR × the cluster's GPUs (1.3: 30 % more than it has), copies of drawn tasks
+    /// beyond the trace's own, a drawn subset below it.
+    #[arg(long, value_name = "FACTOR")]
+    pub inflate: Option<f64>,
+    /// Orders jobs that arrive in the same millisecond, and draws --inflate's tasks (same seed,
+    /// same output).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Preempted training saves its work on the checkpoint signal (else only every
@@ -73,6 +79,11 @@ pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
     if let Some(load) = args.load.filter(|l| !(*l > 0.0 && l.is_finite())) {
         anyhow::bail!("--load: {load} is not a positive factor");
     }
+    let jobs = match args.inflate {
+        Some(f) if !(f > 0.0 && f <= 100.0) => anyhow::bail!("--inflate: {f} is not a factor in (0, 100]"),
+        Some(f) => kairos_sim::inflate(&jobs, nodes.iter().map(|n| n.gpus).sum(), f, args.seed),
+        None => jobs,
+    };
     let config = SimConfig {
         load: args.load,
         seed: args.seed,

@@ -499,6 +499,49 @@ fn partial(cap: u32, used: u32) -> u32 {
     }
 }
 
+/// The trace inflated (or thinned) the way the FGD paper's experiments do: tasks drawn from it,
+/// with the seed, until the GPUs they ask for are `factor` × the cluster's `total_gpus` — all
+/// of the trace's tasks and then copies of drawn ones (named `NAME#k`), or, below the trace's
+/// own share, a drawn subset. Each copy keeps its task's arrival and run time.
+pub fn inflate(jobs: &[TraceJob], total_gpus: u32, factor: f64, seed: u64) -> Vec<TraceJob> {
+    let target = (f64::from(total_gpus) * factor.max(0.0)).ceil() as u64;
+    let mut rng = SplitMix(seed ^ 0x5EED_1F1A_7E00_0000);
+    let asked: u64 = jobs.iter().map(|j| u64::from(j.gpus)).sum();
+    if jobs.is_empty() {
+        return Vec::new();
+    }
+    if asked >= target {
+        // A drawn subset: shuffle the order (Fisher-Yates), keep a prefix reaching the target,
+        // then restore the trace's order.
+        let mut order: Vec<usize> = (0..jobs.len()).collect();
+        for i in (1..order.len()).rev() {
+            let j = (rng.next() % (i as u64 + 1)) as usize;
+            order.swap(i, j);
+        }
+        let mut kept = Vec::new();
+        let mut sum = 0u64;
+        for i in order {
+            if sum >= target {
+                break;
+            }
+            sum += u64::from(jobs[i].gpus);
+            kept.push(i);
+        }
+        kept.sort_unstable();
+        return kept.into_iter().map(|i| jobs[i].clone()).collect();
+    }
+    let mut out = jobs.to_vec();
+    let mut sum = asked;
+    let mut copy = 0u64;
+    while sum < target {
+        let j = &jobs[(rng.next() % jobs.len() as u64) as usize];
+        copy += 1;
+        out.push(TraceJob { name: format!("{}#{copy}", j.name), ..j.clone() });
+        sum += u64::from(j.gpus);
+    }
+    out
+}
+
 /// splitmix64: the seed's stream.
 struct SplitMix(u64);
 
@@ -575,6 +618,35 @@ mod tests {
         let report: Report = simulate(&nodes(4, 8), &jobs, &replay_policy(), &SimConfig::default());
         assert_eq!(report.unfinished, 0);
         assert!(report.utilization > 0.0 && report.utilization <= 1.0, "{report:?}");
+    }
+}
+
+#[cfg(test)]
+mod inflate_tests {
+    use super::*;
+
+    #[test]
+    fn inflation_draws_tasks_to_the_target_share_of_the_gpus() {
+        let jobs: Vec<TraceJob> = (0..10)
+            .map(|i| TraceJob {
+                name: format!("t{i}"),
+                submit_ms: i * 1000,
+                duration_ms: 1000,
+                gpus: 1 + (i % 2) as u32,
+                inference: false,
+            })
+            .collect(); // 15 GPUs asked
+        let up = inflate(&jobs, 10, 3.0, 1);
+        assert!(up.len() > 10 && up.iter().map(|j| j.gpus).sum::<u32>() >= 30);
+        assert_eq!(&up[..10], &jobs[..], "every task of the trace, then copies");
+        assert!(up[10..].iter().all(|j| j.name.contains('#')));
+        assert_eq!(inflate(&jobs, 10, 3.0, 1), up, "the same seed, the same draw");
+        let down = inflate(&jobs, 10, 0.5, 1);
+        let asked: u32 = down.iter().map(|j| j.gpus).sum();
+        assert!(
+            (5..=6).contains(&asked) && down.windows(2).all(|w| w[0].submit_ms <= w[1].submit_ms),
+            "{down:?}"
+        );
     }
 }
 

@@ -106,6 +106,7 @@ fn the_replay_is_deterministic_and_a_policy_change_shows_in_its_figures() {
 fn bad_sim_input_is_a_one_line_error() {
     for (args, says) in [
         (&["--load", "0"][..], "--load: 0 is not a positive factor"),
+        (&["--inflate", "-1"][..], "--inflate: -1 is not a factor"),
         (&["--policy", "/nonexistent.toml"][..], "reading /nonexistent.toml"),
     ] {
         let out = sim(args);
