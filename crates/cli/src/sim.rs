@@ -18,12 +18,12 @@ pub struct SimArgs {
     pub jobs: Option<std::path::PathBuf>,
     /// Compress arrivals by this factor: the trace's arrival times divided by it (1.3: 30 %
     /// denser). Default: the trace's own times.
-    #[arg(long, value_name = "FACTOR")]
+    #[arg(long, value_name = "FACTOR", allow_negative_numbers = true)]
     pub load: Option<f64>,
     /// Inflate the trace the way the FGD paper does: draw tasks (with the seed) until they ask
     /// for FACTOR × the cluster's GPUs (1.3: 30 % more than it has), copies of drawn tasks
     /// beyond the trace's own, a drawn subset below it.
-    #[arg(long, value_name = "FACTOR")]
+    #[arg(long, value_name = "FACTOR", allow_negative_numbers = true)]
     pub inflate: Option<f64>,
     /// Orders jobs that arrive in the same millisecond, and draws --inflate's tasks (same seed,
     /// same output).
