@@ -145,6 +145,20 @@ fn states_of(numbers: &[i32]) -> Result<Vec<pb::JobState>, Status> {
         .collect()
 }
 
+/// A listing's page size (0: the default; at most the maximum) and where it continues: the
+/// token is the id of the last job of the previous page.
+fn page(limit: u32, token: &str) -> Result<(usize, u64), Status> {
+    let limit = match limit as usize {
+        0 => LIST_LIMIT_DEFAULT,
+        n => n.min(LIST_LIMIT_MAX),
+    };
+    let after = match token {
+        "" => 0,
+        t => t.parse().map_err(|_| Status::invalid_argument("page_token: not a token this server gave"))?,
+    };
+    Ok((limit, after))
+}
+
 /// Whether a job submitted at `submit` and ended at `end` (0: not yet) was live in the window.
 fn in_window(submit: i64, end: i64, since: i64, until: i64) -> bool {
     (until == 0 || submit <= until) && (since == 0 || end == 0 || end >= since)
@@ -159,17 +173,8 @@ impl JobService for Jobs {
         let me = self.ctx.principal(&request)?;
         self.ctx.readable()?;
         let req = request.into_inner();
-        let limit = match req.limit as usize {
-            0 => LIST_LIMIT_DEFAULT,
-            n => n.min(LIST_LIMIT_MAX),
-        };
+        let (limit, after) = page(req.limit, &req.page_token)?;
         let states = states_of(&req.states)?;
-        let after: u64 = match req.page_token.as_str() {
-            "" => 0,
-            t => {
-                t.parse().map_err(|_| Status::invalid_argument("page_token: not a token this server gave"))?
-            }
-        };
         let now = crate::context::now_ms();
         let (records, next_page_token) = self.ctx.replica.read(|a| {
             // Purged records and live jobs, merged by id (an id is in one or the other).
@@ -238,18 +243,8 @@ impl JobService for Jobs {
         let me = self.ctx.principal(&request)?;
         self.ctx.readable()?;
         let req = request.into_inner();
-        let limit = match req.limit as usize {
-            0 => LIST_LIMIT_DEFAULT,
-            n => n.min(LIST_LIMIT_MAX),
-        };
+        let (limit, after) = page(req.limit, &req.page_token)?;
         let states = states_of(&req.states)?;
-        // The token is the id of the last job of the previous page.
-        let after: u64 = match req.page_token.as_str() {
-            "" => 0,
-            t => {
-                t.parse().map_err(|_| Status::invalid_argument("page_token: not a token this server gave"))?
-            }
-        };
         let reasons = self.ctx.pending_reasons();
         let (jobs, next_page_token) = self.ctx.replica.read(|a| {
             let prioritizer = Prioritizer::new(&a.state);

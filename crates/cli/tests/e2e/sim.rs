@@ -59,16 +59,13 @@ fn the_replay_is_deterministic_and_a_policy_change_shows_in_its_figures() {
     let utilization = report["utilization"].as_f64().unwrap();
     assert!(utilization > 0.0 && utilization <= 1.0, "{report}");
     // Side by side: inference that may preempt training against inference that waits.
-    let out = sim(&[
-        "--json",
-        "--seed",
-        "3",
-        "--load",
-        "5",
-        "--compare",
-        &policy("replay.toml"),
-        &policy("no-preemption.toml"),
-    ]);
+    let compare = |json: bool| {
+        let (replay, waiting) = (policy("replay.toml"), policy("no-preemption.toml"));
+        let mut args = vec!["--seed", "3", "--load", "5", "--compare", replay.as_str(), waiting.as_str()];
+        args.extend(json.then_some("--json"));
+        sim(&args)
+    };
+    let out = compare(true);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let both: Value = serde_json::from_slice(&out.stdout).unwrap();
     let (preempting, waiting) = (&both[policy("replay.toml")], &both[policy("no-preemption.toml")]);
@@ -89,15 +86,7 @@ fn the_replay_is_deterministic_and_a_policy_change_shows_in_its_figures() {
     );
     assert_eq!(picture.matches("<polyline").count(), 3);
     // The table names both.
-    let table = sim(&[
-        "--seed",
-        "3",
-        "--load",
-        "5",
-        "--compare",
-        &policy("replay.toml"),
-        &policy("no-preemption.toml"),
-    ]);
+    let table = compare(false);
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(text.contains("replay.toml") && text.contains("inference wait p50 / p99 / max"), "{text}");
 }
