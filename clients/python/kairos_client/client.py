@@ -140,9 +140,13 @@ class Client:
         after_ok: Iterable[int] = (),
         hold: bool = False,
         request_id: Optional[str] = None,
+        array: Iterable[int] = (),
+        array_max_running: int = 0,
     ) -> int:
         """Submits a job and returns its id. Retries are safe: every attempt of one call carries
-        the same request id, so the cluster creates at most one job."""
+        the same request id, so the cluster creates at most one job. With `array` (indices,
+        e.g. `range(8)`), one job per index and the array's id is returned; at most
+        `array_max_running` of them run at once (0: no limit)."""
         spec = job_pb2.JobSpec(
             name=name,
             argv=list(argv),
@@ -155,6 +159,8 @@ class Client:
             time_limit_s=time_limit_s,
             after_ok=list(after_ok),
             hold=hold,
+            array_indices=sorted(set(array)),
+            array_max_running=array_max_running,
         )
         if requeue is not None:
             spec.requeue = requeue
@@ -178,6 +184,37 @@ class Client:
             token = page.next_page_token
             if not token:
                 return jobs
+
+    def history(
+        self,
+        since_ms: int = 0,
+        until_ms: int = 0,
+        user: str = "",
+        account: str = "",
+        states: Iterable[str] = (),
+    ) -> List[dict]:
+        """Accounting (like sacct): jobs live in [since_ms, until_ms] (Unix ms; 0: unbounded),
+        finished ones included after they left the live state (`purged`), every page."""
+        numbers = [job_pb2.JobState.Value("JOB_STATE_" + s.upper()) for s in states]
+        records: List[dict] = []
+        token = ""
+        while True:
+            page = self._call(
+                "ListHistory",
+                job_pb2.ListHistoryRequest(
+                    since_ms=since_ms, until_ms=until_ms, user=user, account=account, states=numbers, page_token=token
+                ),
+            )
+            for r in page.records:
+                d = json_format.MessageToDict(r, preserving_proto_field_name=True)
+                d["id"] = int(r.id)
+                d["state"] = job_pb2.JobState.Name(r.state).removeprefix("JOB_STATE_")
+                if r.HasField("exit_code"):
+                    d["exit_code"] = r.exit_code
+                records.append(d)
+            token = page.next_page_token
+            if not token:
+                return records
 
     def cancel(self, job_id: int) -> dict:
         """Cancels a job; returns it."""

@@ -50,6 +50,17 @@ def client_library(addresses, dead: str, token_file: str) -> None:
     assert held in {j["id"] for j in client.list()}, "the held job is listed"
     assert client.cancel(held)["state"] == "CANCELLED"
     assert client.wait(held, timeout=10)["state"] == "CANCELLED"
+    # An array of three held tasks: consecutive ids from the array's; cancelling the array's id
+    # cancels them all; the history lists them.
+    array = client.submit(["true"], hold=True, array=[0, 1, 2], array_max_running=1)
+    tasks = [j for j in client.list() if j.get("array_job_id") and int(j["array_job_id"]) == array]
+    assert [int(t["id"]) for t in tasks] == [array, array + 1, array + 2], tasks
+    assert [t.get("array_task_id", 0) for t in tasks] == [0, 1, 2], tasks
+    client.cancel(array)
+    assert all(client.get(t)["state"] == "CANCELLED" for t in (array, array + 1, array + 2))
+    recorded = {r["id"]: r for r in client.history(states=["CANCELLED", "FAILED"])}
+    assert {array, array + 1, array + 2, job_id} <= set(recorded), recorded
+    assert recorded[job_id]["exit_code"] == 3, recorded[job_id]
     every = client.list(all=True)
     assert {job_id, held} <= {j["id"] for j in every}, every
     try:
@@ -58,7 +69,7 @@ def client_library(addresses, dead: str, token_file: str) -> None:
     except KairosError as e:
         assert e.code == grpc.StatusCode.NOT_FOUND, e
     client.close()
-    print(f"kairos_client: submit, wait (exit 3), logs, list, cancel, timeout — job {job_id}")
+    print(f"kairos_client: submit, wait (exit 3), logs, list, cancel, timeout, arrays, history — job {job_id}")
 
 
 def main() -> int:
