@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::brief::JobIndex;
 use crate::model::TaskPlacement;
-use crate::model::{model_matches, GpuIndex, Job, JobId, JobState, Node, NodeState};
+use crate::model::{model_matches, Gpu, GpuIndex, Job, JobId, JobState, Node, NodeState};
 use crate::policy::Partition;
 use crate::queue::scan;
 use crate::state::{over_wall, ClusterState, Placement, Plan, PLAN_PLACEMENTS_MAX};
@@ -116,9 +116,9 @@ struct FreeNode<'a> {
     name: &'a str,
     labels: &'a BTreeMap<String, String>,
     node: &'a Node,
-    /// (index, link group, model) of each free GPU, ascending by index (inline up to 8: no
-    /// allocation per node per pass for the usual node sizes).
-    free: smallvec::SmallVec<[(GpuIndex, u32, &'a str); 8]>,
+    /// Each free GPU, ascending by index (inline up to 8, one pointer each: no allocation and
+    /// little copying per node per pass for the usual node sizes).
+    free: smallvec::SmallVec<[&'a Gpu; 8]>,
     /// GPUs the reservation holds on this node (free now or freed by then).
     reserved: Vec<GpuIndex>,
     /// A cloud burst node: only burstable jobs may use it.
@@ -130,7 +130,9 @@ impl FreeNode<'_> {
     fn usable_count(&self, model: Option<&str>, may_use_reserved: bool) -> usize {
         self.free
             .iter()
-            .filter(|(i, _, m)| model_matches(model, m) && (may_use_reserved || !self.reserved.contains(i)))
+            .filter(|g| {
+                model_matches(model, &g.model) && (may_use_reserved || !self.reserved.contains(&g.index))
+            })
             .count()
     }
 
@@ -138,14 +140,16 @@ impl FreeNode<'_> {
     fn usable(&self, model: Option<&str>, may_use_reserved: bool) -> Vec<(GpuIndex, u32)> {
         self.free
             .iter()
-            .filter(|(i, _, m)| model_matches(model, m) && (may_use_reserved || !self.reserved.contains(i)))
-            .map(|(i, g, _)| (*i, *g))
+            .filter(|g| {
+                model_matches(model, &g.model) && (may_use_reserved || !self.reserved.contains(&g.index))
+            })
+            .map(|g| (g.index, g.link_group))
             .collect()
     }
 
     /// The count the index files this node under: free GPUs outside the reservation.
     fn indexed_free(&self) -> usize {
-        self.free.iter().filter(|(i, _, _)| !self.reserved.contains(i)).count()
+        self.free.iter().filter(|g| !self.reserved.contains(&g.index)).count()
     }
 }
 
@@ -202,12 +206,27 @@ impl<'a> Pass<'a> {
                 .gpus
                 .iter()
                 .filter(|g| !n.claimed.contains_key(&g.index) && !n.allocated.contains_key(&g.index))
-                .map(|g| (g.index, g.link_group, g.model.as_str()))
                 .collect();
             let cloud = n.info.labels.contains_key(crate::burst::BURST_LABEL);
             nodes.push(FreeNode { name, labels: &n.info.labels, node: n, free, reserved: Vec::new(), cloud });
         }
-        let by_free = nodes.iter().enumerate().map(|(i, n)| (n.free.len(), i)).collect();
+        // (free count, position) in order by a counting sort, so building the set (which sorts
+        // its input) costs one linear pass over already sorted pairs.
+        let most = nodes.iter().map(|n| n.free.len()).max().unwrap_or(0);
+        let mut starts = vec![0usize; most + 2];
+        for n in &nodes {
+            starts[n.free.len() + 1] += 1;
+        }
+        for k in 1..starts.len() {
+            starts[k] += starts[k - 1];
+        }
+        let mut pairs = vec![(0usize, 0usize); nodes.len()];
+        for (pos, n) in nodes.iter().enumerate() {
+            let k = n.free.len();
+            pairs[starts[k]] = (k, pos);
+            starts[k] += 1;
+        }
+        let by_free = pairs.into_iter().collect();
         let has_cloud = nodes.iter().any(|n| n.cloud);
         Pass { state, nodes, by_free, placed_until: BTreeMap::new(), has_cloud, model_nodes: Vec::new() }
     }
@@ -283,9 +302,13 @@ impl<'a> Pass<'a> {
     fn take(&mut self, pos: usize, gpus: &[GpuIndex], until_ms: i64) {
         let node = &mut self.nodes[pos];
         self.by_free.remove(&(node.indexed_free(), pos));
-        let taken: Vec<(GpuIndex, &'a str)> =
-            node.free.iter().filter(|(i, _, _)| gpus.contains(i)).map(|(i, _, m)| (*i, *m)).collect();
-        node.free.retain(|(i, _, _)| !gpus.contains(i));
+        let taken: Vec<(GpuIndex, &'a str)> = node
+            .free
+            .iter()
+            .filter(|g| gpus.contains(&g.index))
+            .map(|g| (g.index, g.model.as_str()))
+            .collect();
+        node.free.retain(|g| !gpus.contains(&g.index));
         self.by_free.insert((node.indexed_free(), pos));
         let busy = self.placed_until.entry(pos).or_default();
         for (gpu, model) in taken {
@@ -692,7 +715,7 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
                             .gpus
                             .iter()
                             .copied()
-                            .filter(|g| pass.nodes[pos].free.iter().any(|(i, _, _)| i == g))
+                            .filter(|g| pass.nodes[pos].free.iter().any(|f| f.index == *g))
                             .collect();
                         pass.take(pos, &free, i64::MAX);
                     }
