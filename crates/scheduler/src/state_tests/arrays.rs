@@ -101,3 +101,28 @@ fn bad_arrays_are_refused_whole() {
     assert!(matches!(out, Outcome::Rejected(Rejection::ResourceExhausted(_))), "{out:?}");
     assert!(s.jobs.is_empty());
 }
+
+#[test]
+fn apply_refuses_a_plan_that_starts_more_tasks_than_the_arrays_limit() {
+    let mut s = cluster(8);
+    let first = submitted(s.apply(&cmd(
+        2,
+        Op::Submit { spec: array_spec(vec![0, 1, 2], Some(1)), request_id: None, hold: false, limits: None },
+    )));
+    // A stale or forged plan placing two tasks of a %1 array: the second is refused.
+    let forged = Plan {
+        placements: vec![
+            Placement { job: first, node: "n1".into(), gpus: vec![0], more: Vec::new() },
+            Placement { job: first + 1, node: "n1".into(), gpus: vec![1], more: Vec::new() },
+        ],
+    };
+    match s.apply(&cmd(3, Op::ApplyPlan { plan: forged })) {
+        Outcome::PlanApplied { accepted, rejected } => {
+            assert_eq!(accepted, vec![first]);
+            assert_eq!(rejected.len(), 1, "{rejected:?}");
+            assert!(rejected[0].1.contains("JobArrayTaskLimit"), "{rejected:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.check_invariants(), Ok(()));
+}
