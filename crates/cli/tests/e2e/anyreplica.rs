@@ -20,8 +20,7 @@ fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
 #[test]
 fn a_client_that_only_knows_a_follower_gets_every_write_and_reads_its_own_writes() {
     let c = Cluster::start_with(3, 2, &[]);
-    let leader = c.leader();
-    let follower = (0..3).find(|i| *i != leader).unwrap();
+    let follower = c.follower();
     let token = std::fs::read_to_string(c.token_file()).unwrap().trim().to_string();
     let addr = format!("http://{}", c.controllers[follower].addr);
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -167,8 +166,7 @@ fn peak_rss_kib(pid: u32) -> u64 {
 #[test]
 fn a_follower_refuses_unauthenticated_calls_before_reading_their_bodies() {
     let c = Cluster::start_with(3, 1, &[]);
-    let leader = c.leader();
-    let follower = (0..3).find(|i| *i != leader).unwrap();
+    let follower = c.follower();
     let pid = c.controllers[follower].child.as_ref().unwrap().id();
     let before = peak_rss_kib(pid);
     let addr = format!("http://{}", c.controllers[follower].addr);

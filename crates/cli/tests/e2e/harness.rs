@@ -359,6 +359,17 @@ impl Cluster {
         })
     }
 
+    /// A replica other than the leader, once it knows the leader (right after an election a
+    /// follower may not have heard from it yet and answers "no leader is elected").
+    pub fn follower(&self) -> usize {
+        let leader = self.leader();
+        let follower = (0..self.controllers.len()).find(|i| *i != leader).expect("a second replica");
+        wait_for("the follower to know the leader", || {
+            self.status_of(follower).is_some_and(|s| s["leader"] == self.controllers[leader].id).then_some(())
+        });
+        follower
+    }
+
     /// Waits until every running replica reports the same applied index and state digest.
     pub fn wait_converged(&self) -> Value {
         wait_for("replicas to converge", || {
