@@ -1,6 +1,6 @@
-//! EASY backfill against virtual time: jobs run exactly their time limit, the cluster is driven
-//! pass by pass, and the top blocked job must start no later than its reservation — and so no
-//! later than it would without backfill.
+//! EASY backfill against virtual time: jobs (single-node and gangs) run exactly their time
+//! limit, the cluster is driven pass by pass, and the top blocked job must start no later than
+//! its reservation — and so no later than it would without backfill.
 
 use std::collections::BTreeMap;
 
@@ -11,9 +11,13 @@ use crate::planner::{plan_with, PlanConfig};
 use crate::state::{ClusterState, Command, Op, RunExit};
 use crate::testing::{node_info, spec};
 
-/// Runs `jobs` (GPUs, limit in seconds) on nodes of `nodes` GPUs; returns each job's start time
-/// and every (job, reserved start) the planner announced.
-fn simulate(nodes: &[u32], jobs: &[(u32, u64)], backfill: bool) -> (BTreeMap<JobId, i64>, Vec<(JobId, i64)>) {
+/// Runs `jobs` (GPUs per task, tasks, limit in seconds) on nodes of `nodes` GPUs; returns each
+/// job's start time and every (job, reserved start) the planner announced.
+fn simulate(
+    nodes: &[u32],
+    jobs: &[(u32, u32, u64)],
+    backfill: bool,
+) -> (BTreeMap<JobId, i64>, Vec<(JobId, i64)>) {
     let mut s = ClusterState::new();
     let mut now = 0i64;
     // Submit order decides: no job-size or age factor in these scenarios.
@@ -24,8 +28,9 @@ fn simulate(nodes: &[u32], jobs: &[(u32, u64)], backfill: bool) -> (BTreeMap<Job
     for (i, gpus) in nodes.iter().enumerate() {
         s.apply(&Command { now_ms: now, op: Op::RegisterNode { info: node_info(&format!("n{i}"), *gpus) } });
     }
-    for (gpus, limit) in jobs {
+    for (gpus, tasks, limit) in jobs {
         let mut sp = spec(*gpus, "batch");
+        sp.tasks = *tasks;
         sp.time_limit_s = Some(*limit);
         s.apply(&Command {
             now_ms: now,
@@ -61,7 +66,7 @@ fn simulate(nodes: &[u32], jobs: &[(u32, u64)], backfill: bool) -> (BTreeMap<Job
             .values()
             .filter(|j| j.state == JobState::Running)
             .filter(|j| j.start_time_ms.unwrap() + j.spec.time_limit_s.unwrap() as i64 * 1000 <= now)
-            .map(|j| (j.id, j.allocation.as_ref().unwrap().node.clone()))
+            .flat_map(|j| j.allocation.as_ref().unwrap().tasks().map(|(_, n, _)| (j.id, n.to_string())))
             .collect();
         for (job, node) in ending {
             s.apply(&Command {
@@ -78,14 +83,27 @@ fn simulate(nodes: &[u32], jobs: &[(u32, u64)], backfill: bool) -> (BTreeMap<Job
 fn a_short_job_backfills_around_a_blocked_wide_job() {
     // One 4-GPU node: a 3-GPU job runs 100 s; a 4-GPU job waits for it; a 1-GPU job of 50 s
     // fits in the gap and ends before the wide job's reservation.
-    let (starts, reservations) = simulate(&[4], &[(3, 100), (4, 100), (1, 50)], true);
+    let (starts, reservations) = simulate(&[4], &[(3, 1, 100), (4, 1, 100), (1, 1, 50)], true);
     assert_eq!(starts[&3], 0, "the short job backfilled");
     assert_eq!(starts[&2], 100_000, "the wide job was not delayed");
     assert_eq!(reservations[0], (2, 100_000));
     // A 1-GPU job longer than the gap may not start before the wide job.
-    let (starts, _) = simulate(&[4], &[(3, 100), (4, 100), (1, 500)], true);
+    let (starts, _) = simulate(&[4], &[(3, 1, 100), (4, 1, 100), (1, 1, 500)], true);
     assert_eq!(starts[&2], 100_000);
     assert!(starts[&3] >= 100_000, "a long job would have delayed the reservation");
+}
+
+#[test]
+fn small_jobs_backfill_around_a_blocked_gang_without_delaying_it() {
+    // Two 4-GPU nodes: 2-GPU jobs of 100 s on both; a gang of 2 × 4 GPUs waits for them; short
+    // 1-GPU jobs fit in the gap. Before gangs had reservations, nothing ran behind a blocked
+    // gang: the short jobs waited until the gang had ended (t = 200 s).
+    let jobs = [(2, 1, 100), (2, 1, 100), (4, 2, 100), (1, 1, 50), (1, 1, 50), (1, 1, 500)];
+    let (starts, reservations) = simulate(&[4, 4], &jobs, true);
+    assert_eq!(reservations[0], (3, 100_000), "the gang's reservation");
+    assert_eq!(starts[&3], 100_000, "the gang was not delayed");
+    assert_eq!((starts[&4], starts[&5]), (0, 0), "the short jobs backfilled");
+    assert!(starts[&6] >= 200_000, "a long job would have delayed the gang: {}", starts[&6]);
 }
 
 proptest! {
@@ -94,10 +112,18 @@ proptest! {
     #[test]
     fn backfill_never_delays_the_reserved_job(
         nodes in proptest::collection::vec(1u32..9, 1..4),
-        jobs in proptest::collection::vec((1u32..9, 1u64..50), 1..25),
+        jobs in proptest::collection::vec((1u32..9, 1u32..4, 1u64..50), 1..25),
     ) {
-        let largest = *nodes.iter().max().unwrap();
-        let jobs: Vec<(u32, u64)> = jobs.into_iter().map(|(g, l)| (g.min(largest), l)).collect();
+        // Each job fits the cluster: a gang of t tasks asks at most what the t-th largest node has.
+        let mut sizes = nodes.clone();
+        sizes.sort_unstable_by(|a, b| b.cmp(a));
+        let jobs: Vec<(u32, u32, u64)> = jobs
+            .into_iter()
+            .map(|(g, t, l)| {
+                let t = t.min(sizes.len() as u32);
+                (g.min(sizes[t as usize - 1]), t, l)
+            })
+            .collect();
         let (with, reservations) = simulate(&nodes, &jobs, true);
         let (without, _) = simulate(&nodes, &jobs, false);
         prop_assert_eq!(with.len(), jobs.len(), "every job ran with backfill");

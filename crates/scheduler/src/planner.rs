@@ -5,8 +5,8 @@
 //! and jobs no Up node could ever hold wait without holding back the jobs behind them.
 //!
 //! **EASY backfill**: the first job that does not fit gets a reservation — the node and GPUs
-//! where it can start earliest, and that time, computed from the running (and just placed)
-//! jobs' time limits. A lower-priority job may then start only where it does not touch the
+//! where it can start earliest (a gang: the nodes, one per task, whose GPUs are all free
+//! soonest), and that time, computed from the running (and just placed) jobs' time limits. A lower-priority job may then start only where it does not touch the
 //! reserved GPUs, or if its own time limit ends before the reservation starts. So backfill never
 //! delays the top blocked job past its reservation (property-tested with virtual time).
 //!
@@ -162,6 +162,8 @@ pub struct Reservation {
     pub job: JobId,
     pub node: String,
     pub gpus: Vec<GpuIndex>,
+    /// A gang's other tasks: the nodes and GPUs held for ranks 1.. .
+    pub more: Vec<TaskPlacement>,
     pub start_ms: i64,
 }
 
@@ -195,6 +197,8 @@ struct Pass<'a> {
     has_cloud: bool,
     /// Per GPU model constraint seen in this pass: the positions of the nodes with a GPU it matches.
     model_nodes: Vec<(Option<&'a str>, Vec<usize>)>,
+    /// Positions of the nodes the reservation holds GPUs on.
+    reserved_nodes: Vec<usize>,
 }
 
 impl<'a> Pass<'a> {
@@ -228,7 +232,15 @@ impl<'a> Pass<'a> {
         }
         let by_free = pairs.into_iter().collect();
         let has_cloud = nodes.iter().any(|n| n.cloud);
-        Pass { state, nodes, by_free, placed_until: BTreeMap::new(), has_cloud, model_nodes: Vec::new() }
+        Pass {
+            state,
+            nodes,
+            by_free,
+            placed_until: BTreeMap::new(),
+            has_cloud,
+            model_nodes: Vec::new(),
+            reserved_nodes: Vec::new(),
+        }
     }
 
     /// Picks the best-fitting node and GPUs for `count` GPUs of `model` now. `ends_ms` is when
@@ -286,8 +298,8 @@ impl<'a> Pass<'a> {
                     break;
                 }
             }
-            if let Some(r) = res.filter(|_| may_use_reserved) {
-                if let Some(pos) = self.nodes.iter().position(|n| n.name == r.node) {
+            if res.is_some() && may_use_reserved {
+                for &pos in &self.reserved_nodes {
                     consider(pos, &mut best);
                 }
             }
@@ -506,14 +518,16 @@ impl<'a> Pass<'a> {
         running.chain(placed).filter(|(_, _, m)| model_matches(model, m)).map(|(e, g, _)| (e, g)).collect()
     }
 
-    /// The earliest node, GPUs and time at which `job` could start, from expected ends.
-    fn reserve(&mut self, job: &Job) -> Option<Reservation> {
+    /// The earliest time at which `job` could start, and where, from expected ends: per node the
+    /// time it has the job's GPUs free; a gang of `tasks` takes the nodes free soonest and
+    /// starts when the last of them is.
+    fn reserve(&mut self, job: &Job, tasks: usize) -> Option<Reservation> {
         let now = self.state.now_ms;
         let count = job.gpus() as usize;
         let model = job.spec.gpu_model.as_deref();
         let part = self.state.partition_of(job);
         let cloud_ok = self.state.may_burst(job);
-        let mut best: Option<(i64, usize, Vec<GpuIndex>)> = None;
+        let mut options: Vec<(i64, usize, Vec<GpuIndex>)> = Vec::new();
         for (pos, node) in self.nodes.iter().enumerate() {
             if part.is_some_and(|p| !p.contains(node.name, node.labels)) || (node.cloud && !cloud_ok) {
                 continue;
@@ -535,16 +549,25 @@ impl<'a> Pass<'a> {
                 continue;
             }
             gpus.truncate(count);
-            if best.as_ref().is_none_or(|(t, p, _)| (at, pos) < (*t, *p)) {
-                best = Some((at, pos, gpus));
-            }
+            options.push((at, pos, gpus));
         }
-        let (start_ms, pos, gpus) = best?;
-        let node = &mut self.nodes[pos];
-        self.by_free.remove(&(node.indexed_free(), pos));
-        node.reserved = gpus.clone();
-        self.by_free.insert((node.indexed_free(), pos));
-        Some(Reservation { job: job.id, node: node.name.to_string(), gpus, start_ms })
+        if options.len() < tasks.max(1) {
+            return None;
+        }
+        options.sort_unstable();
+        options.truncate(tasks.max(1));
+        let start_ms = options.iter().map(|(at, _, _)| *at).max()?;
+        let mut held = Vec::with_capacity(options.len());
+        for (_, pos, gpus) in options {
+            let node = &mut self.nodes[pos];
+            self.by_free.remove(&(node.indexed_free(), pos));
+            node.reserved = gpus.clone();
+            self.by_free.insert((node.indexed_free(), pos));
+            self.reserved_nodes.push(pos);
+            held.push(TaskPlacement { node: node.name.to_string(), gpus });
+        }
+        let first = held.remove(0);
+        Some(Reservation { job: job.id, node: first.node, gpus: first.gpus, more: held, start_ms })
     }
 }
 
@@ -706,8 +729,6 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             None if !blocked => {
                 blocked = true;
                 reasons[entry] = Some(PendingReason::Resources);
-                // A blocked gang gets no reservation yet: protect it by backfilling nothing.
-                strict = tasks > 1;
                 if let Some(p) = (tasks == 1).then(|| pass.preempt_for(job)).flatten() {
                     // The free GPUs it will use are kept from the jobs behind it in this pass.
                     if let Some(pos) = pass.nodes.iter().position(|n| n.name == p.node) {
@@ -720,8 +741,10 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
                         pass.take(pos, &free, i64::MAX);
                     }
                     out.preemption = Some(p);
-                } else if config.backfill && !strict {
-                    out.reservation = pass.reserve(job);
+                } else if config.backfill {
+                    out.reservation = pass.reserve(job, tasks);
+                    // A gang nothing could be reserved for is protected by backfilling nothing.
+                    strict = out.reservation.is_none() && tasks > 1;
                 }
             }
             None => {
