@@ -328,6 +328,19 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// Keeps `gpus` of the node at `pos` for a preemptor: free ones are taken, and none of them
+    /// is counted as freed when a reservation is computed.
+    fn promise(&mut self, pos: usize, gpus: &[GpuIndex]) {
+        let free: Vec<GpuIndex> =
+            gpus.iter().copied().filter(|g| self.nodes[pos].free.iter().any(|f| f.index == *g)).collect();
+        self.take(pos, &free, i64::MAX);
+        let node = self.nodes[pos].node;
+        let busy = self.placed_until.entry(pos).or_default();
+        for g in node.info.gpus.iter().filter(|g| gpus.contains(&g.index) && !free.contains(&g.index)) {
+            busy.push((i64::MAX, g.index, g.model.as_str()));
+        }
+    }
+
     /// `tasks` distinct nodes with `count` usable GPUs each, tightest first (all or nothing).
     #[allow(clippy::too_many_arguments)]
     fn find_gang(
@@ -515,7 +528,15 @@ impl<'a> Pass<'a> {
             Some((end.max(now), g.index, g.model.as_str()))
         });
         let placed = self.placed_until.get(&pos).into_iter().flatten().copied();
-        running.chain(placed).filter(|(_, _, m)| model_matches(model, m)).map(|(e, g, _)| (e, g)).collect()
+        let mut ends: Vec<(GpuIndex, i64)> = running
+            .chain(placed)
+            .filter(|(_, _, m)| model_matches(model, m))
+            .map(|(e, g, _)| (g, e))
+            .collect();
+        // A victim's GPU promised to a preemptor in this pass is listed twice: the later end holds.
+        ends.sort_unstable_by(|a, b| b.cmp(a));
+        ends.dedup_by_key(|(g, _)| *g);
+        ends.into_iter().map(|(g, e)| (e, g)).collect()
     }
 
     /// The earliest time at which `job` could start, and where, from expected ends: per node the
@@ -618,8 +639,9 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
     // Reasons are kept by queue entry (entries are in id order), so the map is built in one
     // ordered sweep at the end: far cheaper than 100k inserts, and no sort.
     let mut reasons: Vec<Option<PendingReason>> = vec![None; scan.len()];
-    let mut blocked = false;
-    let mut strict = false;
+    // Some job waits for resources; the reservation holder (or the first blocked job without
+    // backfill) is found; no job behind it may start (a gang nothing could be reserved for).
+    let (mut waiting, mut blocked, mut strict) = (false, false, false);
     for (entry, q) in scan.queue() {
         let (part, model) = (q.part, q.model);
         // Held jobs, unmet dependencies and QoS limits: the job waits without holding back
@@ -727,24 +749,27 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
                 out.plan.placements.push(Placement { job: q.id, node, gpus, more });
             }
             None if !blocked => {
-                blocked = true;
+                waiting = true;
                 reasons[entry] = Some(PendingReason::Resources);
-                if let Some(p) = (tasks == 1).then(|| pass.preempt_for(job)).flatten() {
-                    // The free GPUs it will use are kept from the jobs behind it in this pass.
+                let preempt =
+                    (tasks == 1 && out.preemption.is_none()).then(|| pass.preempt_for(job)).flatten();
+                if let Some(p) = preempt {
+                    // The GPUs it will use are kept from the jobs behind it in this pass: the
+                    // free ones taken, the victims' never free for a reservation.
                     if let Some(pos) = pass.nodes.iter().position(|n| n.name == p.node) {
-                        let free: Vec<GpuIndex> = p
-                            .gpus
-                            .iter()
-                            .copied()
-                            .filter(|g| pass.nodes[pos].free.iter().any(|f| f.index == *g))
-                            .collect();
-                        pass.take(pos, &free, i64::MAX);
+                        pass.promise(pos, &p.gpus);
                     }
                     out.preemption = Some(p);
-                } else if config.backfill {
-                    out.reservation = pass.reserve(job, tasks);
-                    // A gang nothing could be reserved for is protected by backfilling nothing.
-                    strict = out.reservation.is_none() && tasks > 1;
+                    // With backfill the reservation goes to the next job that cannot start, so
+                    // a big job behind a preemptor is not left to be starved by small ones.
+                    blocked = !config.backfill;
+                } else {
+                    blocked = true;
+                    if config.backfill {
+                        out.reservation = pass.reserve(job, tasks);
+                        // A gang nothing could be reserved for is protected by backfilling nothing.
+                        strict = out.reservation.is_none() && tasks > 1;
+                    }
                 }
             }
             None => {
@@ -752,7 +777,7 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             }
         }
     }
-    if !blocked {
+    if !waiting {
         out.grow = pass.grow_back(&scan.elastic);
     }
     out.pending = scan.ids().zip(reasons).filter_map(|(id, r)| Some((id, r?))).collect();
@@ -870,6 +895,50 @@ mod tests {
         let mut out = plan(&s);
         out.plan.placements.retain(|p| p.job == j3);
         assert_eq!(out.plan.placements, vec![Placement::single(j3, "b".into(), vec![0, 1, 2, 3])]);
+    }
+
+    #[test]
+    fn a_whole_node_job_behind_a_preemptor_still_gets_the_reservation() {
+        let mut s = state_with(&[("a", 8), ("b", 8), ("c", 8)]);
+        let run = |s: &mut ClusterState, gpus: u32, limit_s: u64, node: &str, qos: &str| {
+            let mut sp = spec(gpus, qos);
+            sp.time_limit_s = Some(limit_s);
+            let Outcome::Submitted { job } = s.apply(&Command {
+                now_ms: 2,
+                op: Op::Submit { spec: sp, request_id: None, hold: false, limits: None },
+            }) else {
+                panic!("submit failed")
+            };
+            let plan = Plan { placements: vec![Placement::single(job, node.into(), (0..gpus).collect())] };
+            s.apply(&Command { now_ms: 2, op: Op::ApplyPlan { plan } });
+            s.apply(&Command { now_ms: 2, op: Op::JobStarted { job, attempt: 0, node: node.into() } });
+            assert_eq!(s.jobs[&job].state, JobState::Running);
+        };
+        // Only "a" runs preemptible work (inference is never preempted).
+        run(&mut s, 8, 3600, "a", "training");
+        run(&mut s, 6, 3600, "b", "inference");
+        run(&mut s, 6, 7200, "c", "inference");
+        let urgent = submit(&mut s, 8, "urgent");
+        let mut whole = spec(8, "training");
+        whole.time_limit_s = Some(3600);
+        let Outcome::Submitted { job: whole } = s.apply(&Command {
+            now_ms: 3,
+            op: Op::Submit { spec: whole, request_id: None, hold: false, limits: None },
+        }) else {
+            panic!("submit failed")
+        };
+        let small = submit(&mut s, 1, "training");
+        let out = plan(&s);
+        assert_eq!(out.preemption.as_ref().map(|p| (p.preemptor, p.node.as_str())), Some((urgent, "a")));
+        // The 8-GPU job waiting behind the preemptor holds node "b" (free soonest) ...
+        let r = out.reservation.expect("a reservation for the whole-node job");
+        assert_eq!((r.job, r.node.as_str(), r.gpus.len()), (whole, "b", 8));
+        assert_eq!(out.pending.get(&whole), Some(&PendingReason::Resources));
+        // ... so the long small job keeps off it (before, it was packed onto "b").
+        assert_eq!(
+            out.plan.placements.iter().map(|p| (p.job, p.node.as_str())).collect::<Vec<_>>(),
+            vec![(small, "c")]
+        );
     }
 
     #[test]
