@@ -43,6 +43,7 @@
 //! user_gpus = 8             # optional
 //! user_jobs = 4             # optional
 //! burstable = true
+//! headroom_gpus = 2         # optional: GPUs kept idle for this QoS's jobs
 //! ```
 //!
 //! Unknown keys are errors, so a typo never silently drops a setting.
@@ -137,6 +138,12 @@ pub struct QosEntry {
     pub user_jobs: Option<u32>,
     #[serde(default)]
     pub burstable: bool,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub headroom_gpus: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 fn off() -> String {
@@ -218,6 +225,7 @@ impl PolicyFile {
                 user_gpus: q.user_gpus,
                 user_jobs: q.user_jobs,
                 burstable: q.burstable,
+                headroom_gpus: q.headroom_gpus,
             });
         }
         let accounts = self
@@ -298,6 +306,7 @@ impl PolicyFile {
                     user_gpus: q.user_gpus,
                     user_jobs: q.user_jobs,
                     burstable: q.burstable,
+                    headroom_gpus: q.headroom_gpus,
                 };
                 (q.name.clone(), entry)
             })
@@ -368,6 +377,7 @@ priority = 200
 max_wall = "2h"
 grp_gpus = 64
 burstable = true
+headroom_gpus = 2
 
 [qos.training]
 priority = 100
@@ -388,6 +398,8 @@ max_wall = "1day"
         assert_eq!(pb.qos.len(), 3);
         let training = pb.qos.iter().find(|q| q.name == "training").unwrap();
         assert_eq!((training.grace_s, training.max_wall_s), (300, 48 * 3600));
+        let inference = pb.qos.iter().find(|q| q.name == "inference").unwrap();
+        assert_eq!((inference.headroom_gpus, training.headroom_gpus), (2, 0));
         let again = PolicyFile::parse(&PolicyFile::from_pb(&pb).to_toml().unwrap()).unwrap();
         assert_eq!(again.to_pb().unwrap(), pb);
     }

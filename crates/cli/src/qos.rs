@@ -71,6 +71,10 @@ pub struct QosFlags {
     /// Its jobs may run on cloud burst nodes (true or false).
     #[arg(long)]
     burstable: Option<bool>,
+    /// GPUs kept idle for its jobs (inference headroom); jobs of QoS without headroom may not
+    /// start if they would leave fewer free.
+    #[arg(long)]
+    headroom_gpus: Option<u32>,
 }
 
 fn parse_limit(field: &str, v: &str) -> anyhow::Result<Option<u32>> {
@@ -116,6 +120,9 @@ impl QosFlags {
         if let Some(b) = self.burstable {
             q.burstable = b;
         }
+        if let Some(h) = self.headroom_gpus {
+            q.headroom_gpus = h;
+        }
         Ok(())
     }
 }
@@ -149,6 +156,7 @@ fn qos_json(q: &pb::Qos) -> serde_json::Value {
         "user_gpus": q.user_gpus,
         "user_jobs": q.user_jobs,
         "burstable": q.burstable,
+        "headroom_gpus": q.headroom_gpus,
     })
 }
 

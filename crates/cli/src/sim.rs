@@ -8,23 +8,35 @@ use kairos_sim::{replay_policy, SimConfig};
 #[derive(Args, Debug)]
 pub struct SimArgs {
     /// Alibaba v2023 pod list (openb_pod_list_*.csv): class LS is inference, the rest training.
-    #[arg(long, value_name = "CSV", requires = "nodes", conflicts_with = "jobs")]
+    #[arg(long, value_name = "CSV", conflicts_with = "jobs")]
     pub pods: Option<std::path::PathBuf>,
     /// Alibaba v2023 GPU node list (openb_node_list_gpu_node.csv).
-    #[arg(long, value_name = "CSV")]
+    #[arg(long, value_name = "CSV", conflicts_with = "cluster")]
     pub nodes: Option<std::path::PathBuf>,
+    /// A cluster of N nodes with G GPUs each instead of a node list (e.g. 4x8).
+    #[arg(long, value_name = "NxG")]
+    pub cluster: Option<String>,
     /// A JSONL trace instead: {"submit_s", "duration_s", "gpus", "class": inference|training}.
-    #[arg(long, value_name = "JSONL", requires = "nodes")]
+    #[arg(long, value_name = "JSONL")]
     pub jobs: Option<std::path::PathBuf>,
     /// Compress arrivals by this factor: the trace's arrival times divided by it (1.3: 30 %
     /// denser). Default: the trace's own times.
-    #[arg(long, value_name = "FACTOR", allow_negative_numbers = true)]
+    #[arg(long, value_name = "FACTOR", allow_negative_numbers = true, conflicts_with = "offered_load")]
     pub load: Option<f64>,
+    /// Compress arrivals so the offered load — GPU time asked / (GPUs × the arrival window) —
+    /// is X (1.3: 30 % more work than the cluster can do while jobs arrive).
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    pub offered_load: Option<f64>,
     /// Inflate the trace the way the FGD paper does: draw tasks (with the seed) until they ask
     /// for FACTOR × the cluster's GPUs (1.3: 30 % more than it has), copies of drawn tasks
     /// beyond the trace's own, a drawn subset below it.
     #[arg(long, value_name = "FACTOR", allow_negative_numbers = true)]
     pub inflate: Option<f64>,
+    /// Jobs that arrive before this time (seconds from the trace's start) arrive at it instead:
+    /// the Alibaba trace's first pods all existed when it began (time 0), and the rest arrive
+    /// from day 117 on (10108800), so that gap would otherwise dominate any compression.
+    #[arg(long, value_name = "SECONDS")]
+    pub from: Option<u64>,
     /// Orders jobs that arrive in the same millisecond, and draws --inflate's tasks (same seed,
     /// same output).
     #[arg(long, default_value_t = 1)]
@@ -62,30 +74,58 @@ fn policy_of(path: &std::path::Path) -> anyhow::Result<kairos_scheduler::policy:
     Ok(policy)
 }
 
+/// `--cluster NxG`: N nodes (`n0` …) of G GPUs.
+fn cluster_of(text: &str) -> anyhow::Result<Vec<kairos_sim::TraceNode>> {
+    let bad = || anyhow::anyhow!("--cluster: \"{text}\" is not NODESxGPUS (e.g. 4x8)");
+    let (n, g) = text.split_once(['x', 'X']).ok_or_else(bad)?;
+    let (n, g): (u32, u32) = (n.trim().parse().map_err(|_| bad())?, g.trim().parse().map_err(|_| bad())?);
+    if n == 0 || g == 0 || n > 100_000 || g > 64 {
+        return Err(bad());
+    }
+    Ok((0..n)
+        .map(|i| kairos_sim::TraceNode { name: format!("n{i}"), gpus: g, model: "sim".into() })
+        .collect())
+}
+
 pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
     let read = |p: &std::path::Path| {
         std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))
     };
-    let nodes_path =
-        args.nodes.as_deref().ok_or_else(|| anyhow::anyhow!("--nodes: the GPU node list is needed"))?;
-    let nodes = kairos_sim::trace::alibaba_nodes(&nodes_path.display().to_string(), &read(nodes_path)?)?;
+    let nodes = match (&args.nodes, &args.cluster) {
+        (Some(p), _) => kairos_sim::trace::alibaba_nodes(&p.display().to_string(), &read(p)?)?,
+        (None, Some(c)) => cluster_of(c)?,
+        (None, None) => anyhow::bail!("--nodes CSV or --cluster NxG: the GPU nodes are needed"),
+    };
     let jobs = match (&args.pods, &args.jobs) {
         (Some(p), _) => kairos_sim::trace::alibaba_pods(&p.display().to_string(), &read(p)?)?.0,
         (None, Some(j)) => kairos_sim::trace::jsonl(&j.display().to_string(), &read(j)?)?,
-        (None, None) => {
-            anyhow::bail!("a trace is needed: --pods CSV --nodes CSV, or --jobs JSONL --nodes CSV")
-        }
+        (None, None) => anyhow::bail!("a trace is needed: --pods CSV or --jobs JSONL"),
     };
     if let Some(load) = args.load.filter(|l| !(*l > 0.0 && l.is_finite())) {
         anyhow::bail!("--load: {load} is not a positive factor");
+    }
+    let mut jobs = jobs;
+    if let Some(from_ms) = args.from.map(|s| s.saturating_mul(1000).min(i64::MAX as u64) as i64) {
+        for j in &mut jobs {
+            j.submit_ms = j.submit_ms.max(from_ms) - from_ms;
+        }
     }
     let jobs = match args.inflate {
         Some(f) if !(f > 0.0 && f <= 100.0) => anyhow::bail!("--inflate: {f} is not a factor in (0, 100]"),
         Some(f) => kairos_sim::inflate(&jobs, nodes.iter().map(|n| n.gpus).sum(), f, args.seed),
         None => jobs,
     };
+    let load = match args.offered_load {
+        Some(x) if !(x > 0.0 && x <= 100.0) => anyhow::bail!("--offered-load: {x} is not in (0, 100]"),
+        Some(x) => {
+            Some(kairos_sim::load_for(&jobs, nodes.iter().map(|n| n.gpus).sum(), x).ok_or_else(|| {
+                anyhow::anyhow!("--offered-load: {x} is more than these jobs can offer even all at once")
+            })?)
+        }
+        None => args.load,
+    };
     let config = SimConfig {
-        load: args.load,
+        load,
         seed: args.seed,
         checkpoint_on_signal: args.checkpoint_on_signal,
         checkpoint_every_s: args.checkpoint_every.max(1),

@@ -42,6 +42,7 @@ pub fn qos_from_pb(q: pb::Qos) -> Result<Qos, Status> {
         user_gpus: q.user_gpus,
         user_jobs: q.user_jobs,
         burstable: q.burstable,
+        headroom_gpus: q.headroom_gpus,
         name: q.name,
     })
 }
@@ -59,6 +60,7 @@ pub fn qos_to_pb(q: &Qos) -> pb::Qos {
         user_gpus: q.user_gpus,
         user_jobs: q.user_jobs,
         burstable: q.burstable,
+        headroom_gpus: q.headroom_gpus,
     }
 }
 

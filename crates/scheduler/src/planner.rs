@@ -54,6 +54,9 @@ pub enum PendingReason {
     DependencyNeverSatisfied(JobId),
     /// Its time limit is longer than its partition allows.
     PartitionTimeLimit,
+    /// Starting it would leave fewer GPUs free than the QoS headrooms keep idle (for
+    /// inference); it starts as GPUs free up beyond them.
+    Headroom,
 }
 
 impl std::fmt::Display for PendingReason {
@@ -70,6 +73,7 @@ impl std::fmt::Display for PendingReason {
             PendingReason::Dependency => f.write_str("Dependency"),
             PendingReason::JobArrayTaskLimit => f.write_str("JobArrayTaskLimit"),
             PendingReason::PartitionTimeLimit => f.write_str("PartitionTimeLimit"),
+            PendingReason::Headroom => f.write_str("Headroom"),
             PendingReason::DependencyNeverSatisfied(dep) => {
                 write!(f, "DependencyNeverSatisfied: job {dep} did not complete")
             }
@@ -199,6 +203,9 @@ struct Pass<'a> {
     model_nodes: Vec<(Option<&'a str>, Vec<usize>)>,
     /// Positions of the nodes the reservation holds GPUs on.
     reserved_nodes: Vec<usize>,
+    /// Free GPUs on all Up nodes (the QoS headrooms are kept out of these), and all their GPUs.
+    free_total: usize,
+    gpus_total: usize,
 }
 
 impl<'a> Pass<'a> {
@@ -232,6 +239,8 @@ impl<'a> Pass<'a> {
         }
         let by_free = pairs.into_iter().collect();
         let has_cloud = nodes.iter().any(|n| n.cloud);
+        let free_total = nodes.iter().map(|n| n.free.len()).sum();
+        let gpus_total = nodes.iter().map(|n| n.node.info.gpus.len()).sum();
         Pass {
             state,
             nodes,
@@ -240,6 +249,8 @@ impl<'a> Pass<'a> {
             has_cloud,
             model_nodes: Vec::new(),
             reserved_nodes: Vec::new(),
+            free_total,
+            gpus_total,
         }
     }
 
@@ -320,7 +331,9 @@ impl<'a> Pass<'a> {
             .filter(|g| gpus.contains(&g.index))
             .map(|g| (g.index, g.model.as_str()))
             .collect();
+        let before = node.free.len();
         node.free.retain(|g| !gpus.contains(&g.index));
+        self.free_total -= before - node.free.len();
         self.by_free.insert((node.indexed_free(), pos));
         let busy = self.placed_until.entry(pos).or_default();
         for (gpu, model) in taken {
@@ -373,9 +386,11 @@ impl<'a> Pass<'a> {
         Some(chosen.collect())
     }
 
-    /// The least damaging preemption that lets `job` start now: per node, victims its QoS may
-    /// preempt, cheapest first (GPU-time since their last checkpoint, then priority, then id), until enough GPUs are
-    /// free; across nodes, the least total damage, then the fewest victims.
+    /// The cheapest preemption that lets `job` start now, in GPU-ms (`preemption_cost`): per
+    /// node, victims its QoS may preempt, cheapest first (work lost — weighted by recent
+    /// preemptions — plus the GPUs idle until they free; suspendable victims cost nothing),
+    /// until enough GPUs are free; across nodes, the least total — the victims' lost work plus
+    /// the preemptor's GPUs idle until the slowest victim is gone — then the fewest victims.
     fn preempt_for(&self, job: &Job) -> Option<PreemptPlan> {
         let state = self.state;
         let now = state.now_ms;
@@ -385,6 +400,7 @@ impl<'a> Pass<'a> {
         let need = job.gpus() as usize;
         let model = job.spec.gpu_model.as_deref();
         let mut best: Option<((u128, usize, &str), PreemptPlan)> = None;
+        let need_gpus = need as u128;
         let cloud_ok = state.may_burst(job);
         for node in &self.nodes {
             if state.partition_of(job).is_some_and(|p| !p.contains(node.name, node.labels))
@@ -394,7 +410,7 @@ impl<'a> Pass<'a> {
             }
             let mut gpus: Vec<GpuIndex> = node.usable(model, true).into_iter().map(|(i, _)| i).collect();
             let Some(n) = state.nodes.get(node.name) else { continue };
-            let mut candidates: Vec<(u128, i64, JobId, Vec<GpuIndex>)> = state
+            let mut candidates: Vec<(u128, i64, JobId, u64, u128, Vec<GpuIndex>)> = state
                 .jobs_on(node.name)
                 .into_iter()
                 .filter(|v| state.preemptible(job, v, now).is_ok())
@@ -418,24 +434,20 @@ impl<'a> Pass<'a> {
                     if matching.is_empty() {
                         return None;
                     }
-                    // Work lost = GPU time since the last checkpoint (or since the start); a
-                    // suspended job loses none.
-                    let safe_at =
-                        v.start_time_ms.unwrap_or(now).max(v.last_checkpoint_ms.unwrap_or(i64::MIN));
-                    let ran_ms = now.saturating_sub(safe_at).max(0) as u128;
-                    let free = state.preemption_is_free(v, matching.len().min(need) as u32);
-                    let damage = if free { 0 } else { u128::from(v.total_gpus()) * ran_ms };
-                    Some((damage, v.priority, v.id, matching))
+                    let cost = state.preemption_cost(v, matching.len().min(need) as u32, now);
+                    let alone = cost.lost_gpu_ms + need_gpus * u128::from(cost.free_ms);
+                    Some((alone, v.priority, v.id, cost.free_ms, cost.lost_gpu_ms, matching))
                 })
                 .collect();
             candidates.sort();
             let mut victims = Vec::new();
-            let mut damage = 0u128;
-            for (d, _, id, freed) in candidates {
+            let (mut lost, mut slowest) = (0u128, 0u64);
+            for (_, _, id, free_ms, lost_gpu_ms, freed) in candidates {
                 if gpus.len() >= need {
                     break;
                 }
-                damage += d;
+                lost += lost_gpu_ms;
+                slowest = slowest.max(free_ms);
                 victims.push(id);
                 gpus.extend(freed);
             }
@@ -443,7 +455,7 @@ impl<'a> Pass<'a> {
                 continue;
             }
             gpus.truncate(need);
-            let key = (damage, victims.len(), node.name);
+            let key = (lost + need_gpus * u128::from(slowest), victims.len(), node.name);
             if best.as_ref().is_none_or(|(k, _)| key < *k) {
                 let plan = PreemptPlan { preemptor: job.id, node: node.name.to_string(), victims, gpus };
                 best = Some((key, plan));
@@ -633,6 +645,7 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
         }
     };
     let mut scan = scan(state, index);
+    let headroom: usize = state.policy.qos.values().map(|q| q.headroom_gpus as usize).sum();
     let mut usage = std::mem::take(&mut scan.usage);
     let mut array_running = std::mem::take(&mut scan.array_running);
     let mut out = PlanOutput::default();
@@ -719,6 +732,17 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
         }
         if out.plan.placements.len() >= PLAN_PLACEMENTS_MAX || (blocked && (!config.backfill || strict)) {
             reasons[entry] = Some(PendingReason::Priority);
+            continue;
+        }
+        // Inference headroom: a job of a QoS without one leaves the headrooms' GPUs free —
+        // unless it could then never start (it needs more than the cluster keeps outside them).
+        let total = q.total_gpus as usize;
+        if headroom > 0
+            && q.qos.is_none_or(|qos| qos.headroom_gpus == 0)
+            && pass.free_total < headroom + total
+            && total + headroom <= pass.gpus_total
+        {
+            reasons[entry] = Some(PendingReason::Headroom);
             continue;
         }
         // Only now is the job itself read: to place it (a few thousand per pass at most).
@@ -939,6 +963,48 @@ mod tests {
             out.plan.placements.iter().map(|p| (p.job, p.node.as_str())).collect::<Vec<_>>(),
             vec![(small, "c")]
         );
+    }
+
+    #[test]
+    fn training_leaves_the_inference_headroom_free_and_inference_takes_it() {
+        let mut s = state_with(&[("a", 4), ("b", 4)]);
+        let mut policy = s.policy.clone();
+        policy.qos.get_mut("inference").expect("inference qos").headroom_gpus = 2;
+        s.apply(&Command { now_ms: 2, op: Op::SetPolicy { policy } });
+        let big = submit(&mut s, 4, "training");
+        let second = submit(&mut s, 3, "training");
+        let small = submit(&mut s, 1, "training");
+        let out = plan(&s);
+        // 8 GPUs, 2 kept idle: the 4-GPU job fits (4 left), the 3-GPU one would leave 1.
+        let placed: Vec<JobId> = out.plan.placements.iter().map(|p| p.job).collect();
+        assert_eq!(placed, vec![big, small], "the 1-GPU job leaves 3 free");
+        assert_eq!(out.pending.get(&second), Some(&PendingReason::Headroom));
+        s.apply(&Command { now_ms: 3, op: Op::ApplyPlan { plan: out.plan } });
+        // A job that could never start outside the headroom (7 > 8 - 2) is not held by it.
+        let mut t = state_with(&[("a", 8)]);
+        let mut policy = t.policy.clone();
+        policy.qos.get_mut("inference").expect("inference qos").headroom_gpus = 2;
+        t.apply(&Command { now_ms: 2, op: Op::SetPolicy { policy } });
+        let (whole, six) = (submit(&mut t, 8, "training"), submit(&mut t, 6, "training"));
+        let out = plan(&t);
+        assert_eq!(out.plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![whole]);
+        assert_eq!(
+            out.pending.get(&six),
+            Some(&PendingReason::Headroom),
+            "6 + 2 fit in 8: it waits for them"
+        );
+        // Inference may use the headroom.
+        let inf = submit(&mut s, 2, "inference");
+        let out = plan(&s);
+        assert_eq!(out.plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![inf]);
+        assert_eq!(out.pending.get(&second), Some(&PendingReason::Headroom));
+        // Without headroom the 3-GPU job starts in the GPUs the inference job has not taken.
+        let mut policy = s.policy.clone();
+        policy.qos.get_mut("inference").expect("inference qos").headroom_gpus = 0;
+        s.apply(&Command { now_ms: 4, op: Op::SetPolicy { policy } });
+        s.apply(&Command { now_ms: 4, op: Op::Cancel { job: inf, by: "alice".into() } });
+        let out = plan(&s);
+        assert_eq!(out.plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![second]);
     }
 
     #[test]

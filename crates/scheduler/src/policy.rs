@@ -77,6 +77,12 @@ pub struct Qos {
     pub user_jobs: Option<u32>,
     /// Jobs of this QoS may run on cloud burst capacity.
     pub burstable: bool,
+    /// GPUs kept idle for jobs of this QoS (inference headroom): a job of a QoS without
+    /// headroom may not start if it would leave fewer GPUs free than all QoS's headrooms
+    /// together (unless it asks more than the cluster has outside them: it could never start);
+    /// jobs of a QoS with headroom may use any of it.
+    #[serde(default)]
+    pub headroom_gpus: u32,
 }
 
 impl Qos {
@@ -93,6 +99,7 @@ impl Qos {
             user_gpus: None,
             user_jobs: None,
             burstable: false,
+            headroom_gpus: 0,
         }
     }
 }

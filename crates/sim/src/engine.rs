@@ -472,6 +472,9 @@ impl<'a> Sim<'a> {
             jobs: self.jobs.len(),
             unfinished,
             gpus: self.total_gpus,
+            offered_load: offered_load(self.jobs, self.total_gpus, self.config.load),
+            load: self.config.load.unwrap_or(1.0),
+            arrival_window_s: (self.last_submit_ms - self.first_submit_ms).max(0) as f64 / 1000.0,
             inference: inference.summary(),
             training: training.summary(),
             utilization: self.areas.allocated
@@ -540,6 +543,40 @@ pub fn inflate(jobs: &[TraceJob], total_gpus: u32, factor: f64, seed: u64) -> Ve
         sum += u64::from(j.gpus);
     }
     out
+}
+
+/// The offered load of `jobs` on `total_gpus` with arrivals compressed by `load`: the GPU time
+/// they ask for inside the arrival window (a run past its end counts up to it) / (GPUs × the
+/// window). Above 1 the cluster cannot keep up while jobs arrive.
+pub fn offered_load(jobs: &[TraceJob], total_gpus: u32, load: Option<f64>) -> f64 {
+    let at = arrivals(jobs, load);
+    let (Some(first), Some(last)) = (at.iter().min().copied(), at.iter().max().copied()) else { return 0.0 };
+    let span = (last - first).max(1);
+    let asked: f64 = jobs
+        .iter()
+        .zip(&at)
+        .map(|(j, a)| f64::from(j.gpus) * j.duration_ms.min(last - a).max(0) as f64)
+        .sum();
+    asked / (f64::from(total_gpus.max(1)) * span as f64)
+}
+
+/// The least arrival compression (`SimConfig::load`) that gives `jobs` an offered load of
+/// `target` on `total_gpus` (see `offered_load`: it rises with compression, then falls once the
+/// window is shorter than the runs), found by a scan and bisection; None when none reaches it.
+pub fn load_for(jobs: &[TraceJob], total_gpus: u32, target: f64) -> Option<f64> {
+    let at = |log2: f64| offered_load(jobs, total_gpus, Some(log2.exp2()));
+    let steps = (-80..=160).map(|k| f64::from(k) / 4.0);
+    let mut hi = steps.clone().find(|l| at(*l) >= target)?;
+    let mut lo = hi - 0.25;
+    for _ in 0..40 {
+        let mid = (lo + hi) / 2.0;
+        if at(mid) < target {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Some(hi.exp2())
 }
 
 /// splitmix64: the seed's stream.

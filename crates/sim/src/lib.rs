@@ -13,6 +13,6 @@ pub mod plot;
 pub mod report;
 pub mod trace;
 
-pub use engine::{inflate, replay_policy, simulate, simulate_with_series, SimConfig};
+pub use engine::{inflate, load_for, offered_load, replay_policy, simulate, simulate_with_series, SimConfig};
 pub use report::Report;
 pub use trace::{TraceJob, TraceNode};

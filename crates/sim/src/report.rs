@@ -69,6 +69,12 @@ pub struct Report {
     /// Jobs that never finished (e.g. larger than any node).
     pub unfinished: usize,
     pub gpus: u32,
+    /// GPU time asked / (GPUs × the arrival window): above 1 the cluster cannot keep up.
+    pub offered_load: f64,
+    /// The arrival compression the replay used (1: the trace's own times).
+    pub load: f64,
+    /// From the first arrival to the last.
+    pub arrival_window_s: f64,
     pub inference: ClassSummary,
     pub training: ClassSummary,
     /// GPU time allocated between the first and the last arrival / (GPUs × that time).
@@ -100,6 +106,9 @@ impl Report {
             c.slowdown = round3(c.slowdown);
         }
         self.utilization = round3(self.utilization);
+        self.offered_load = round3(self.offered_load);
+        self.load = round3(self.load);
+        self.arrival_window_s = round3(self.arrival_window_s);
         self.redone_gpu_hours = round3(self.redone_gpu_hours);
         self.fragmentation = round3(self.fragmentation);
         self.makespan_s = round3(self.makespan_s);
@@ -110,6 +119,11 @@ impl Report {
     pub fn table(named: &[(String, Report)]) -> String {
         let rows: Vec<(&str, Cell)> = vec![
             ("jobs", Box::new(|r: &Report| format!("{} ({} unfinished)", r.jobs, r.unfinished))),
+            ("offered load", Box::new(|r: &Report| format!("{:.2}", r.offered_load))),
+            (
+                "arrival window (s) / compression",
+                Box::new(|r: &Report| format!("{:.0} / {:.3}", r.arrival_window_s, r.load)),
+            ),
             ("inference wait p50 / p99 / max (s)", Box::new(|r: &Report| waits(&r.inference))),
             ("training wait p50 / p99 / max (s)", Box::new(|r: &Report| waits(&r.training))),
             (

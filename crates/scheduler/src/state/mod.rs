@@ -30,7 +30,7 @@ mod submit;
 
 pub use jobs::Jobs;
 pub use ops::*;
-pub use preempt::{PREEMPTION_RECORDS_MAX, THRASH_PREEMPTIONS_MAX, THRASH_WINDOW_MS};
+pub use preempt::{VictimCost, PREEMPTION_RECORDS_MAX, THRASH_PREEMPTIONS_MAX, THRASH_WINDOW_MS};
 pub(crate) use queries::{limit_ms, over_wall};
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -16,6 +16,15 @@ enum VictimAction {
     Suspend,
 }
 
+/// What one preemption victim costs (`ClusterState::preemption_cost`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VictimCost {
+    /// Work lost, GPU-ms, weighted by recent preemptions.
+    pub lost_gpu_ms: u128,
+    /// The longest the victim may take to free its GPUs.
+    pub free_ms: u64,
+}
+
 /// Most preemption records kept.
 pub const PREEMPTION_RECORDS_MAX: usize = 1000;
 /// A job preempted this often within `THRASH_WINDOW_MS` is not preempted again.
@@ -232,6 +241,25 @@ impl ClusterState {
     /// Whether preempting `victim` to take `taken` of its GPUs loses no work (it is suspended).
     pub fn preemption_is_free(&self, victim: &Job, taken: u32) -> bool {
         self.victim_action(victim, taken) == VictimAction::Suspend
+    }
+
+    /// What preempting `victim` for `taken` of its GPUs costs at `now`, in GPU-ms: the work it
+    /// loses (its GPUs × the time since its last checkpoint or start), weighted up by how often
+    /// it was preempted in the anti-thrash window (each recent preemption counts it once more),
+    /// and how long the GPUs take to be free (its QoS grace — the most it may take to save and
+    /// stop; a suspended job frees them at once and loses nothing).
+    pub fn preemption_cost(&self, victim: &Job, taken: u32, now: i64) -> VictimCost {
+        if self.preemption_is_free(victim, taken) {
+            return VictimCost { lost_gpu_ms: 0, free_ms: 0 };
+        }
+        let safe_at = victim.start_time_ms.unwrap_or(now).max(victim.last_checkpoint_ms.unwrap_or(i64::MIN));
+        let ran_ms = now.saturating_sub(safe_at).max(0) as u128;
+        let recent = victim.preempted_at.iter().filter(|t| now - **t < THRASH_WINDOW_MS).count() as u128;
+        let grace_s = self.policy.qos(&victim.spec.qos).map_or(0, |q| q.grace_s);
+        VictimCost {
+            lost_gpu_ms: u128::from(victim.total_gpus()) * ran_ms * (1 + recent),
+            free_ms: grace_s.saturating_mul(1000),
+        }
     }
 
     /// Resumes every suspended job whose lent GPUs are free again (no holder, no claim).

@@ -260,3 +260,60 @@ fn a_suspended_job_can_be_cancelled_and_one_that_is_not_suspendable_is_requeued(
     assert!(s.suspended.is_empty());
     s.check_invariants().unwrap();
 }
+
+/// Two 1-GPU jobs of `qos_a` and `qos_b` running on one 2-GPU node since t = 0, and an urgent
+/// 1-GPU job at `now`: which one does the planner pick as its victim?
+fn victim_of(
+    policy: crate::policy::Policy,
+    qos_a: &str,
+    qos_b: &str,
+    recent_a: &[i64],
+    now: i64,
+) -> (u64, u64, u64) {
+    let mut s = cluster(2);
+    s.apply(&cmd(0, Op::SetPolicy { policy }));
+    let mut ids = Vec::new();
+    for qos in [qos_a, qos_b] {
+        let id = submitted(
+            s.apply(&cmd(0, Op::Submit { spec: spec(1, qos), request_id: None, hold: false, limits: None })),
+        );
+        ids.push(id);
+    }
+    run_plan(&mut s, 0);
+    for id in &ids {
+        s.apply(&cmd(0, Op::JobStarted { job: *id, attempt: 0, node: "n1".into() }));
+    }
+    s.jobs.get_mut(&ids[0]).expect("job a").preempted_at.extend_from_slice(recent_a);
+    submitted(s.apply(&cmd(
+        now,
+        Op::Submit { spec: spec(1, "urgent"), request_id: None, hold: false, limits: None },
+    )));
+    let p = plan(&s).preemption.expect("a preemption");
+    assert_eq!(p.victims.len(), 1);
+    (ids[0], ids[1], p.victims[0])
+}
+
+#[test]
+fn the_victim_that_frees_its_gpus_sooner_is_chosen_at_equal_lost_work() {
+    // Both ran 10 min without a checkpoint; batch (the lower priority, which was chosen before
+    // the grace counted) may take 5 min to stop, training 10 s.
+    let mut policy = crate::policy::Policy::default();
+    policy.qos.get_mut("training").unwrap().grace_s = 10;
+    policy.qos.get_mut("batch").unwrap().grace_s = 300;
+    let (training, _batch, victim) = victim_of(policy, "training", "batch", &[], 600_000);
+    assert_eq!(victim, training);
+}
+
+#[test]
+fn a_recently_preempted_victim_is_spared_at_equal_lost_work() {
+    // Same QoS, same start: before, the lower id was taken though it was preempted twice in
+    // the last hour (below the anti-thrash bound of 3).
+    let policy = crate::policy::Policy::default();
+    let (again, fresh, victim) = victim_of(policy, "training", "training", &[0, 100_000], 600_000);
+    assert_eq!(victim, fresh, "job {again} was preempted twice recently");
+    // Outside the window the earlier preemptions no longer count.
+    let hour = crate::state::THRASH_WINDOW_MS;
+    let (again, _, victim) =
+        victim_of(crate::policy::Policy::default(), "training", "training", &[0, 1], hour + 10);
+    assert_eq!(victim, again);
+}
