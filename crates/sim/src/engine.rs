@@ -618,6 +618,28 @@ mod tests {
     }
 
     #[test]
+    fn the_offered_load_counts_work_inside_the_arrival_window_and_load_for_reaches_a_target() {
+        // One GPU; arrivals at 0 and 100 s, 100 s each: the first fills the window, the second
+        // arrives at its end (nothing of it inside).
+        let jobs = [job("a", 0, 100, 1, false), job("b", 100, 100, 1, false)];
+        assert_eq!(offered_load(&jobs, 1, None), 1.0);
+        assert_eq!(offered_load(&jobs, 2, None), 0.5);
+        // Work past the window's end is not counted: a 1000-s job at 0 offers the window's 100 s.
+        let long = [job("a", 0, 1000, 1, false), job("b", 100, 100, 1, false)];
+        assert_eq!(offered_load(&long, 1, None), 1.0);
+        // Many short jobs spread over a day: compression finds any load they can offer.
+        let spread: Vec<TraceJob> =
+            (0..200).map(|i| job(&format!("j{i}"), i * 432, 600, 1 + (i % 3) as u32, i % 2 == 0)).collect();
+        for target in [0.5, 1.0, 1.3, 2.0] {
+            let load = load_for(&spread, 8, target).expect("reachable");
+            let got = offered_load(&spread, 8, Some(load));
+            assert!((got - target).abs() < 1e-3, "target {target}: compression {load} gave {got}");
+        }
+        // More than all of them at once can offer is refused.
+        assert_eq!(load_for(&spread, 8, 1e6), None);
+    }
+
+    #[test]
     fn the_replay_runs_the_production_core_and_a_policy_change_shows() {
         let config = SimConfig::default();
         let preempting = simulate(&nodes(2, 8), &saturated(), &replay_policy(), &config);

@@ -91,9 +91,59 @@ fn the_replay_is_deterministic_and_a_policy_change_shows_in_its_figures() {
     assert!(text.contains("replay.toml") && text.contains("inference wait p50 / p99 / max"), "{text}");
 }
 
+/// `kairos sim` of the excerpt on a cluster of its own (`--cluster`), arrivals compressed to an
+/// offered load.
+fn sim_on(cluster: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+        .args(["sim", "--pods", &testdata("alibaba_pods_400.csv"), "--cluster", cluster])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn at_an_offered_load_of_1_3_inference_headroom_trades_training_wait_for_inference_wait() {
+    // 4 × 8 GPUs; the excerpt's pods that existed at the trace's start arrive with the rest
+    // (--from), compressed until the work asked inside the arrival window is 1.3 × the GPUs'.
+    let (replay, headroom, waiting) =
+        (policy("replay.toml"), policy("headroom.toml"), policy("no-preemption.toml"));
+    let out = sim_on(
+        "4x8",
+        &["--from", "9900000", "--offered-load", "1.3", "--json", "--compare", &replay, &headroom, &waiting],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (r, h, w) = (&all[&replay], &all[&headroom], &all[&waiting]);
+    for x in [r, h, w] {
+        assert_eq!((x["gpus"].as_u64(), x["unfinished"].as_u64()), (Some(32), Some(0)), "{all}");
+        let offered = x["offered_load"].as_f64().unwrap();
+        assert!((offered - 1.3).abs() < 0.002, "offered load {offered}: {all}");
+        assert!(x["load"].as_f64().unwrap() > 1.0 && x["arrival_window_s"].as_f64().unwrap() > 0.0);
+    }
+    let p = |x: &Value, class: &str, q: &str| x[class]["wait_s"][q].as_f64().unwrap();
+    // Preempting training starts inference after its victims stop (the modelled 5 s); waiting
+    // for training to end takes far longer.
+    assert!(p(r, "inference", "p99") <= 10.0 && p(w, "inference", "p50") > 1000.0, "{all}");
+    // Idle GPUs kept for inference start most of it at once, and cost training wait and
+    // utilisation.
+    assert!(p(h, "inference", "p50") < p(r, "inference", "p50"), "{all}");
+    assert!(p(h, "training", "p50") > p(r, "training", "p50"), "{all}");
+    assert!(h["utilization"].as_f64() < r["utilization"].as_f64(), "{all}");
+    assert!(h["preemptions"].as_u64() < r["preemptions"].as_u64(), "{all}");
+}
+
 #[test]
 fn bad_sim_input_is_a_one_line_error() {
+    for (cluster, says) in [("4by8", "--cluster: \"4by8\" is not NODESxGPUS"), ("0x8", "is not NODESxGPUS")] {
+        let out = sim_on(cluster, &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says) && err.trim().lines().count() == 1, "{err}");
+    }
+    let out = sim_on("4x8", &["--offered-load", "50"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--offered-load: 50 is more than these jobs can offer"), "{err}");
     for (args, says) in [
+        (&["--offered-load", "0"][..], "--offered-load: 0 is not in (0, 100]"),
         (&["--load", "0"][..], "--load: 0 is not a positive factor"),
         (&["--inflate", "-1"][..], "--inflate: -1 is not a factor"),
         (&["--policy", "/nonexistent.toml"][..], "reading /nonexistent.toml"),
