@@ -289,6 +289,9 @@ pub enum StopReason {
     },
     /// Its node is draining (a spot interruption notice): checkpoint, stop, requeue.
     Drained,
+    /// Stopped to give the QoS headrooms their idle GPUs back (`Op::Vacate`): checkpoint,
+    /// stop, requeue.
+    Vacated,
 }
 
 /// GPUs freed by preemption and promised to the preemptor until it starts (or kept for a

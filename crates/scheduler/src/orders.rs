@@ -67,9 +67,9 @@ pub fn checkpoint_of<'a>(state: &ClusterState, job: &'a Job) -> (&'a str, u32) {
 /// How a run stopped for `reason` is asked to stop.
 pub fn stop_action(reason: &StopReason, checkpoint_signal: &str, grace_s: u32) -> RunAction {
     let (signal, grace_s) = match reason {
-        StopReason::Preempted { mode: PreemptMode::Requeue, .. } | StopReason::Resize { .. } => {
-            (checkpoint_signal, grace_s)
-        }
+        StopReason::Preempted { mode: PreemptMode::Requeue, .. }
+        | StopReason::Resize { .. }
+        | StopReason::Vacated => (checkpoint_signal, grace_s),
         StopReason::Preempted { .. } => ("SIGTERM", grace_s),
         StopReason::Drained => (checkpoint_signal, grace_s.min(DRAIN_GRACE_S)),
         StopReason::Cancelled | StopReason::TimeLimit | StopReason::TaskFailed => ("SIGTERM", KILL_GRACE_S),

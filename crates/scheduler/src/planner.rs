@@ -93,6 +93,9 @@ pub struct PlanOutput {
     /// Shrunk elastic jobs to grow back onto free GPUs of their node, or shrunk elastic gangs
     /// onto free nodes (only when no job waits for resources).
     pub grow: Vec<GrowPlan>,
+    /// Running jobs to stop so the QoS headrooms have their idle GPUs again (`Op::Vacate`),
+    /// cheapest first; the last one makes up the shortfall.
+    pub vacate: Vec<JobId>,
 }
 
 /// Growing one running elastic job back (proposed as `Op::Resize`).
@@ -804,8 +807,44 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
     if !waiting {
         out.grow = pass.grow_back(&scan.elastic);
     }
+    if headroom > 0 && out.preemption.is_none() {
+        let shortfall = headroom.saturating_sub(pass.free_total + state.headroom_freeing());
+        out.vacate = vacate_for(state, shortfall);
+    }
     out.pending = scan.ids().zip(reasons).filter_map(|(id, r)| Some((id, r?))).collect();
     out
+}
+
+/// The running jobs to stop so the headrooms get `shortfall` GPUs back: the ones that may be
+/// stopped for them (`ClusterState::vacatable`), cheapest first by what stopping them costs
+/// (`preemption_cost`: lost work, then time to free), until enough GPUs are freed.
+fn vacate_for(state: &ClusterState, shortfall: usize) -> Vec<JobId> {
+    if shortfall == 0 {
+        return Vec::new();
+    }
+    let now = state.now_ms;
+    let up = state.nodes.values().filter(|n| n.state == NodeState::Up);
+    let holders: BTreeSet<JobId> = up.flat_map(|n| n.allocated.values().copied()).collect();
+    let mut candidates: Vec<(u128, u64, i64, JobId, usize)> = holders
+        .into_iter()
+        .filter_map(|id| state.jobs.get(&id))
+        .filter(|j| state.vacatable(j, now).is_ok())
+        .map(|j| {
+            let cost = state.preemption_cost(j, j.total_gpus(), now);
+            (cost.lost_gpu_ms, cost.free_ms, j.priority, j.id, j.total_gpus() as usize)
+        })
+        .collect();
+    candidates.sort_unstable();
+    let mut victims = Vec::new();
+    let mut freed = 0;
+    for (_, _, _, id, gpus) in candidates {
+        if freed >= shortfall {
+            break;
+        }
+        victims.push(id);
+        freed += gpus;
+    }
+    victims
 }
 
 /// How many Up nodes (in `part`) have at least `count` GPUs of `model` at all.

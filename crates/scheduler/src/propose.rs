@@ -36,14 +36,20 @@ pub fn propose(state: &ClusterState, now_ms: i64, silent: &BTreeSet<String>, tim
         for g in out.grow {
             ops.push(Op::Resize { job: g.job, attempt: g.attempt, gpus: g.gpus, more: g.more });
         }
+        // After the placements: the headroom's shortfall is judged with them applied.
+        if !out.vacate.is_empty() {
+            ops.push(Op::Vacate { victims: out.vacate });
+        }
     }
     ops
 }
 
-/// Whether a planning pass can change anything: a GPU is free, or a pending job holds a claim
-/// or may preempt. (Saves the pass on a cluster full of work that cannot preempt.)
+/// Whether a planning pass can change anything: a GPU is free, a pending job holds a claim
+/// or may preempt, or the headroom lacks GPUs. (Saves the pass on a cluster full of work that
+/// cannot preempt.)
 fn may_place_or_preempt(state: &ClusterState) -> bool {
     state.has_free_gpus()
+        || state.headroom_shortfall() > 0
         || state
             .jobs
             .values()

@@ -130,6 +130,9 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
             Some(kairos_scheduler::StopReason::Resize { by: Some(by) }) => format!("shrinking for job {by}"),
             Some(kairos_scheduler::StopReason::Resize { by: None }) => "growing".to_string(),
             Some(kairos_scheduler::StopReason::Drained) => "node draining; will requeue".to_string(),
+            Some(kairos_scheduler::StopReason::Vacated) => {
+                "stopping for the inference headroom; will requeue".to_string()
+            }
             Some(_) => "Stopping".to_string(),
             None if job.state == JobState::Suspended => "suspended for a preemptor".to_string(),
             None => String::new(),

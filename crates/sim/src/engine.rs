@@ -356,7 +356,7 @@ impl<'a> Sim<'a> {
                         self.start(now, job);
                     }
                 }
-                Outcome::Preempted { victims, .. } => {
+                Outcome::Preempted { victims, .. } | Outcome::Vacated { victims } => {
                     for victim in victims {
                         self.preempted(now, victim);
                     }

@@ -15,10 +15,11 @@
 //!
 //! By concept: `ops` (the log's vocabulary, its persistent format), this file (the state and the
 //! apply dispatch), `submit` (users' job commands, policy), `runs` (placements, starts, exits,
-//! time limits), `preempt`, `elastic`, `node_ops`, `queries` (read-only questions) and
+//! time limits), `preempt`, `headroom` (the idle GPUs kept for inference), `elastic`, `node_ops`, `queries` (read-only questions) and
 //! `invariants`. Every op that hands out GPUs checks them with `check_grant` (`crate::grant`).
 
 mod elastic;
+mod headroom;
 mod invariants;
 mod jobs;
 mod node_ops;
@@ -158,6 +159,7 @@ impl ClusterState {
             Op::Preempt { preemptor, node, victims, gpus } => {
                 self.preempt(*preemptor, node, victims, gpus, now)
             }
+            Op::Vacate { victims } => self.vacate(victims, now),
             Op::RunNote { job, attempt, node, kind, message } => match self.current_run(*job, *attempt, node)
             {
                 Ok(j) => {

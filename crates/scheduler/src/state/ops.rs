@@ -149,6 +149,12 @@ pub enum Op {
         victims: Vec<JobId>,
         gpus: Vec<GpuIndex>,
     },
+    /// Stops running `victims` (they requeue) so the QoS headrooms have their idle GPUs again.
+    /// Re-validated whole on apply: a shortfall exists, each victim may be preempted by a QoS
+    /// with headroom, and no more are stopped than needed (all but the last fall short).
+    Vacate {
+        victims: Vec<JobId>,
+    },
     /// Grows running elastic job `job` to `gpus` on its node (a superset of what it holds):
     /// it restarts there with the checkpoint signal; the added GPUs are claimed for it meanwhile.
     Resize {
@@ -327,6 +333,10 @@ pub enum Outcome {
     PolicyChanged,
     Preempted {
         preemptor: JobId,
+        victims: Vec<JobId>,
+    },
+    /// Runs stopped for the headroom (`Op::Vacate`).
+    Vacated {
         victims: Vec<JobId>,
     },
     HoldChanged {

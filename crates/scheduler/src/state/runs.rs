@@ -167,13 +167,25 @@ impl ClusterState {
                 self.requeue_run(id, "its node was drained", now);
                 return Outcome::RunUpdated { job: id, state: JobState::Pending };
             }
+            Some(StopReason::Vacated) => {
+                self.requeue_run(id, "stopped to keep GPUs idle for the inference headroom", now);
+                return Outcome::RunUpdated { job: id, state: JobState::Pending };
+            }
             _ => {}
         }
         let (state, reason) = match (stop, exit) {
             (Some(StopReason::Cancelled), _) => (JobState::Cancelled, "cancelled".to_string()),
             (Some(StopReason::TimeLimit), _) => (JobState::Timeout, "time limit reached".to_string()),
             (Some(StopReason::TaskFailed), _) => (JobState::Failed, "a task failed".to_string()),
-            (Some(StopReason::Preempted { .. } | StopReason::Resize { .. } | StopReason::Drained), _) => {
+            (
+                Some(
+                    StopReason::Preempted { .. }
+                    | StopReason::Resize { .. }
+                    | StopReason::Drained
+                    | StopReason::Vacated,
+                ),
+                _,
+            ) => {
                 unreachable!("handled above")
             }
             (None, RunExit::Code(0)) => (JobState::Completed, String::new()),
@@ -252,7 +264,7 @@ impl ClusterState {
             Some(StopReason::TaskFailed) => (JobState::Failed, failure.unwrap_or_default()),
             Some(StopReason::Preempted { by, .. }) => (JobState::Cancelled, format!("preempted by job {by}")),
             Some(StopReason::Resize { by }) => return self.resized_run_ended(id, by, now),
-            Some(StopReason::Drained) => {
+            Some(StopReason::Drained | StopReason::Vacated) => {
                 self.requeue_run(id, "a node of the gang was drained", now);
                 return Outcome::RunUpdated { job: id, state: JobState::Pending };
             }

@@ -51,3 +51,19 @@ proptest! {
         prop_assert_eq!(serde_json::to_vec(&replica).unwrap(), serde_json::to_vec(&s).unwrap());
     }
 }
+
+/// The preemption driver reaches headroom refills (so the property above covers `Op::Vacate`):
+/// over a fixed set of generated sequences, some runs were stopped for the headroom.
+#[test]
+fn the_preemption_driver_refills_the_headroom() {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = proptest::collection::vec(preemption_step(), 1..100);
+    let mut vacated = 0;
+    for _ in 0..200 {
+        let steps = strategy.new_tree(&mut runner).expect("a sequence").current();
+        let (s, _) = drive(&steps);
+        vacated += s.preemption_totals.get("vacate").copied().unwrap_or(0);
+    }
+    assert!(vacated > 0, "no sequence stopped a run for the headroom");
+}

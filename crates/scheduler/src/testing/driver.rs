@@ -63,6 +63,12 @@ pub enum Step {
     Preempt,
     /// Applies the planner's first grow-back, if it proposes one.
     Grow,
+    /// Applies the planner's headroom refill, if it proposes one.
+    Vacate,
+    /// A hand-made headroom refill, often invalid.
+    ForgeVacate {
+        jobs: Vec<u8>,
+    },
     /// Cancels every pending job (so that nothing waits and elastic jobs may grow back).
     Drain,
     Tick {
@@ -94,6 +100,8 @@ pub fn step() -> impl Strategy<Value = Step> {
         1 => (0u8..24, 0u8..3, 0i32..2).prop_map(|(job, rank, code)| Step::RankExited { job, rank, code }),
         3 => Just(Step::Preempt),
         2 => Just(Step::Grow),
+        2 => Just(Step::Vacate),
+        1 => proptest::collection::vec(0u8..24, 0..3).prop_map(|jobs| Step::ForgeVacate { jobs }),
         1 => (0u32..100_000).prop_map(|ms| Step::Tick { ms }),
         1 => proptest::collection::vec(0u8..24, 0..4).prop_map(|jobs| Step::Purge { jobs }),
     ]
@@ -109,6 +117,7 @@ pub fn preemption_step() -> impl Strategy<Value = Step> {
         3 => (0u8..24).prop_map(|job| Step::Started { job }),
         4 => Just(Step::Preempt),
         2 => Just(Step::Grow),
+        2 => Just(Step::Vacate),
         1 => Just(Step::Drain),
         2 => (0u8..24, 0i32..2).prop_map(|(job, code)| Step::Exited { job, code }),
         1 => (0u8..24).prop_map(|job| Step::Cancel { job }),
@@ -127,6 +136,8 @@ pub fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
     // Tight limits, so the generated streams hit them.
     let mut policy = s.policy.clone();
     policy.qos.get_mut("batch").unwrap().preempt_mode = crate::policy::PreemptMode::Suspend;
+    // Urgent work keeps a GPU idle: other work stays out of it and is stopped to refill it.
+    policy.qos.get_mut("urgent").unwrap().headroom_gpus = 1;
     for (name, q) in policy.qos.iter_mut() {
         q.grp_gpus = Some(if name == "batch" { 6 } else { 9 });
         q.user_gpus = Some(5);
@@ -236,6 +247,10 @@ pub fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                 victims: p.victims,
                 gpus: p.gpus,
             }),
+            Step::Vacate => {
+                Some(plan(&s).vacate).filter(|v| !v.is_empty()).map(|victims| Op::Vacate { victims })
+            }
+            Step::ForgeVacate { jobs } => Some(Op::Vacate { victims: jobs.iter().map(job_id).collect() }),
             Step::Grow => plan(&s).grow.first().map(|g| Op::Resize {
                 job: g.job,
                 attempt: g.attempt,
