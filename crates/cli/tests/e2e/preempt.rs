@@ -384,3 +384,59 @@ fn a_requeued_job_that_saves_on_sigterm_loses_no_work() {
     let first = std::fs::read_to_string(c.path(&format!("agent/jobs/{victim}/attempt-0.log"))).unwrap();
     assert!(first.contains("checkpoint at step") && first.contains("saved at step"), "{first}");
 }
+
+#[test]
+fn inference_starts_in_the_headroom_and_training_is_stopped_to_refill_it_without_losing_work() {
+    // One agent with 2 GPUs; inference keeps 1 idle and may preempt training.
+    let c = Cluster::start_with(3, 2, &[]);
+    c.ok(&["qos", "update", "inference", "--headroom-gpus", "1", "--preempt", "training"]);
+    let steps = c.path("trainer.steps");
+    let env_out = format!("OUT={}", steps.display());
+    let trainer = c.submit(&[
+        "--qos",
+        "training",
+        "--env",
+        "STEPS=40",
+        "--env",
+        "CHECKPOINT_EVERY=5",
+        "--env",
+        &env_out,
+        "--",
+        "sh",
+        &train_script(),
+    ]);
+    c.wait_state(trainer, "RUNNING");
+    // A second training job would leave no GPU idle: it waits, saying why.
+    let second = c.submit(&["--qos", "training", "--", "true"]);
+    wait_for("the second training job to wait for the headroom", || {
+        (c.job(second)["reason"] == "Headroom").then_some(())
+    });
+    wait_for("training progress", || {
+        let n = std::fs::read_to_string(&steps).unwrap_or_default().lines().count();
+        (n >= 8).then_some(())
+    });
+    // Inference starts in the idle GPU without preempting anything ...
+    let inference = c.submit(&["--qos", "inference", "--", "sleep", "2"]);
+    let job = c.wait_done(inference);
+    assert_eq!((job["state"].as_str(), job["attempt"].as_u64()), (Some("COMPLETED"), Some(0)), "{job}");
+    let list: serde_json::Value = serde_json::from_str(&c.ok(&["preemptions", "--json"])).unwrap();
+    assert!(list.as_array().unwrap().iter().all(|p| p["preemptor"] != inference), "{list}");
+    // ... and the training run is stopped (checkpoint signal) to give the headroom its GPU
+    // back, requeued, and resumed from its checkpoint: every step exactly once.
+    let t = c.wait_done(trainer);
+    assert_eq!((t["state"].as_str(), t["attempt"].as_u64()), (Some("COMPLETED"), Some(1)), "{t}");
+    let events = t["events"].as_array().unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["kind"] == "preempted" && e["message"].as_str().unwrap().contains("headroom")),
+        "{t}"
+    );
+    let log = std::fs::read_to_string(&steps).unwrap();
+    let got: Vec<u32> = log.lines().map(|l| l.trim_start_matches("step ").parse().unwrap()).collect();
+    assert_eq!(got, (1..=40).collect::<Vec<u32>>(), "steps lost or repeated across the refill");
+    assert_eq!(c.wait_done(second)["state"], "COMPLETED");
+    let inf: serde_json::Value =
+        serde_json::from_str(&c.ok(&["qos", "show", "inference", "--json"])).unwrap();
+    assert_eq!(inf["headroom_gpus"], 1, "{inf}");
+}
