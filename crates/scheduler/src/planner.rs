@@ -739,20 +739,20 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
         }
         // Inference headroom: a job of a QoS without one leaves the headrooms' GPUs free —
         // unless it could then never start (it needs more than the cluster keeps outside them).
+        // Held out, it is blocked like a job that does not fit (the first one gets the
+        // reservation, so big jobs are not starved by small ones behind the headroom).
         let total = q.total_gpus as usize;
-        if headroom > 0
+        let over_headroom = headroom > 0
             && q.qos.is_none_or(|qos| qos.headroom_gpus == 0)
             && pass.free_total < headroom + total
-            && total + headroom <= pass.gpus_total
-        {
-            reasons[entry] = Some(PendingReason::Headroom);
-            continue;
-        }
+            && total + headroom <= pass.gpus_total;
         // Only now is the job itself read: to place it (a few thousand per pass at most).
         let Some(job) = state.jobs.get(&q.id) else { continue };
         let ends_ms = state.now_ms.saturating_add(q.limit_ms);
         let cloud_ok = pass.has_cloud && state.may_burst(job);
-        let found = if tasks > 1 {
+        let found = if over_headroom {
+            None
+        } else if tasks > 1 {
             pass.find_gang(tasks, q.gpus as usize, model, part, cloud_ok, ends_ms, out.reservation.as_ref())
         } else {
             let res = out.reservation.as_ref();
@@ -777,9 +777,11 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             }
             None if !blocked => {
                 waiting = true;
-                reasons[entry] = Some(PendingReason::Resources);
-                let preempt =
-                    (tasks == 1 && out.preemption.is_none()).then(|| pass.preempt_for(job)).flatten();
+                reasons[entry] =
+                    Some(if over_headroom { PendingReason::Headroom } else { PendingReason::Resources });
+                let preempt = (tasks == 1 && !over_headroom && out.preemption.is_none())
+                    .then(|| pass.preempt_for(job))
+                    .flatten();
                 if let Some(p) = preempt {
                     // The GPUs it will use are kept from the jobs behind it in this pass: the
                     // free ones taken, the victims' never free for a reservation.
@@ -800,7 +802,8 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
                 }
             }
             None => {
-                reasons[entry] = Some(PendingReason::Priority);
+                reasons[entry] =
+                    Some(if over_headroom { PendingReason::Headroom } else { PendingReason::Priority });
             }
         }
     }

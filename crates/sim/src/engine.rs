@@ -452,17 +452,22 @@ impl<'a> Sim<'a> {
     fn report(&self) -> Report {
         let mut inference = Class::default();
         let mut training = Class::default();
+        let mut whole_node = Class::default();
+        let largest = self.capacity.values().copied().max().unwrap_or(0);
         let mut unfinished = 0;
         for t in self.tracks.values() {
             let j = &self.jobs[t.trace];
             let class = if j.inference { &mut inference } else { &mut training };
             let submit = self.arrivals[t.trace];
             match (t.first_start_ms, t.end_ms) {
-                (Some(start), Some(end)) => class.add(
-                    (start - submit) as f64 / 1000.0,
-                    (end - submit) as f64 / 1000.0,
-                    j.duration_ms as f64 / 1000.0,
-                ),
+                (Some(start), Some(end)) => {
+                    let (wait, completion) =
+                        ((start - submit) as f64 / 1000.0, (end - submit) as f64 / 1000.0);
+                    class.add(wait, completion, j.duration_ms as f64 / 1000.0);
+                    if j.gpus >= largest {
+                        whole_node.add(wait, completion, j.duration_ms as f64 / 1000.0);
+                    }
+                }
                 _ => unfinished += 1,
             }
         }
@@ -477,6 +482,7 @@ impl<'a> Sim<'a> {
             arrival_window_s: (self.last_submit_ms - self.first_submit_ms).max(0) as f64 / 1000.0,
             inference: inference.summary(),
             training: training.summary(),
+            whole_node: whole_node.summary(),
             utilization: self.areas.allocated
                 / (f64::from(self.total_gpus.max(1))
                     * (self.last_submit_ms - self.first_submit_ms).max(1) as f64),

@@ -77,6 +77,8 @@ pub struct Report {
     pub arrival_window_s: f64,
     pub inference: ClassSummary,
     pub training: ClassSummary,
+    /// Jobs that ask for a whole node of the largest size (also counted in their class).
+    pub whole_node: ClassSummary,
     /// GPU time allocated between the first and the last arrival / (GPUs × that time).
     pub utilization: f64,
     pub preemptions: u64,
@@ -95,7 +97,7 @@ fn round3(x: f64) -> f64 {
 impl Report {
     /// Figures at millisecond (and 1e-3) precision, so output is stable to read and compare.
     pub fn rounded(mut self) -> Report {
-        for c in [&mut self.inference, &mut self.training] {
+        for c in [&mut self.inference, &mut self.training, &mut self.whole_node] {
             c.wait_s = Waits {
                 p50: round3(c.wait_s.p50),
                 p90: round3(c.wait_s.p90),
@@ -126,6 +128,10 @@ impl Report {
             ),
             ("inference wait p50 / p99 / max (s)", Box::new(|r: &Report| waits(&r.inference))),
             ("training wait p50 / p99 / max (s)", Box::new(|r: &Report| waits(&r.training))),
+            (
+                "whole-node jobs: count, wait p50 / p99 / max (s)",
+                Box::new(|r: &Report| format!("{}: {}", r.whole_node.jobs, waits(&r.whole_node))),
+            ),
             (
                 "inference / training slowdown",
                 Box::new(|r: &Report| format!("{:.2} / {:.2}", r.inference.slowdown, r.training.slowdown)),
