@@ -124,12 +124,12 @@ fn at_an_offered_load_of_1_3_inference_headroom_trades_training_wait_for_inferen
     // Preempting training starts inference after its victims stop (the modelled 5 s); waiting
     // for training to end takes far longer.
     assert!(p(r, "inference", "p99") <= 10.0 && p(w, "inference", "p50") > 1000.0, "{all}");
-    // Idle GPUs kept for inference start most of it at once, and cost training wait and
-    // utilisation.
+    // Idle GPUs kept for inference (refilled by stopping training) start it at once, and cost
+    // training wait and utilisation.
     assert!(p(h, "inference", "p50") < p(r, "inference", "p50"), "{all}");
+    assert!(p(h, "inference", "p99") < p(r, "inference", "p99"), "{all}");
     assert!(p(h, "training", "p50") > p(r, "training", "p50"), "{all}");
     assert!(h["utilization"].as_f64() < r["utilization"].as_f64(), "{all}");
-    assert!(h["preemptions"].as_u64() < r["preemptions"].as_u64(), "{all}");
 }
 
 #[test]
