@@ -38,8 +38,9 @@ fn state_name(s: JobState) -> &'static str {
     name.strip_prefix("JOB_STATE_").unwrap_or(name)
 }
 
-/// How a preemption treated its victim (`ClusterState::preemption_totals`' keys).
-const PREEMPT_MODES: [&str; 4] = ["cancel", "requeue", "suspend", "shrink"];
+/// How a preemption treated its victim (`ClusterState::preemption_totals`' keys; `vacate`: stopped
+/// to refill the inference headroom).
+const PREEMPT_MODES: [&str; 5] = ["cancel", "requeue", "suspend", "shrink", "vacate"];
 
 const INSTANCE_STATES: [InstanceState; 4] =
     [InstanceState::Requested, InstanceState::Launched, InstanceState::Terminating, InstanceState::Gone];

@@ -118,6 +118,7 @@ fn prometheus_scrapes_every_daemon_and_the_cluster_sums_hold_across_a_failover()
     let (_, text) = http_get(&targets[0], "/metrics").unwrap();
     for series in [
         "kairos_preemptions_total{mode=\"requeue\"} 0",
+        "kairos_preemptions_total{mode=\"vacate\"} 0",
         "kairos_submits_total{outcome=\"rate_limited\"} 0",
         "kairos_burst_instances{state=\"launched\"} 0",
     ] {
