@@ -28,20 +28,23 @@ fn a_snapshot_saved_from_one_cluster_restores_into_a_new_one_with_the_same_jobs(
     std::fs::copy(old.path("agent/node.credential"), &credential).unwrap();
     drop(old);
 
-    let new = Cluster::start_opts(
+    let mut new = Cluster::start_opts(
         3,
         2,
         Options {
             first_controller_flags: vec!["--restore-from".into(), file.display().to_string()],
+            no_agent: true,
             ..Options::default()
         },
     );
     // The node's agent comes back with its credential (same cluster secret): it registers again
-    // under its restored record.
-    let mut new = new;
-    new.kill_agent();
+    // under its restored record. (Started only now: an agent without it cannot take over the
+    // restored node, and once the restored record has gone down for lack of heartbeats — a
+    // slow start under load — nothing would bring it up.)
+    std::fs::create_dir_all(new.path("agent")).unwrap();
     std::fs::copy(&credential, new.path("agent/node.credential")).unwrap();
     new.start_agent();
+    new.wait_node_up();
     // The same jobs (ids, states, exit codes), the same policy, the same tokens.
     let jobs = |c: &Cluster| -> Vec<(u64, String, serde_json::Value)> {
         let v: serde_json::Value = serde_json::from_str(&c.ok(&["queue", "--all", "--json"])).unwrap();

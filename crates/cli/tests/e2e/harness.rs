@@ -129,6 +129,8 @@ pub struct Options {
     pub metrics: bool,
     /// Extra environment for every daemon.
     pub daemon_env: Vec<(String, String)>,
+    /// Start no agent (the test starts it with `start_agent`, e.g. after placing a credential).
+    pub no_agent: bool,
 }
 
 impl Cluster {
@@ -181,8 +183,10 @@ impl Cluster {
         for i in 0..c.controllers.len() {
             c.start_controller(i);
         }
-        c.start_agent();
-        c.wait_node_up();
+        if !options.no_agent {
+            c.start_agent();
+            c.wait_node_up();
+        }
         c
     }
 
