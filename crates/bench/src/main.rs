@@ -5,6 +5,8 @@
 //!   prints throughput and latency percentiles of acknowledged submits.
 //! - `failover`: under a steady submit stream, SIGKILLs the leader each round and measures the
 //!   gap from the kill to the first acknowledged submit.
+//! - `etcd-put`: the `submit` load against a running etcd cluster's `KV.Put` (`etcd`), for
+//!   `scripts/bench-vs-etcd.sh`.
 //!
 //! Build in release first: `cargo build --release --bins`; kairosd is taken from beside this
 //! binary.
@@ -23,6 +25,8 @@ use kairos_proto::v1::admin_service_client::AdminServiceClient;
 use kairos_proto::v1::job_service_client::JobServiceClient;
 use serde_json::json;
 use tonic::transport::{Channel, Endpoint};
+
+mod etcd;
 
 #[derive(Parser)]
 #[command(name = "kairos-bench", about = "kairos benchmarks (JSON on stdout)")]
@@ -65,6 +69,19 @@ enum Bench {
         running: u32,
         #[arg(long, default_value_t = 10)]
         passes: usize,
+    },
+    /// The submit load (closed loop, one connection per client) as puts to a running etcd.
+    EtcdPut {
+        /// etcd client addresses, comma-separated (host:port).
+        #[arg(long, value_delimiter = ',', required = true)]
+        endpoints: Vec<String>,
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Bytes per value (default: about an encoded submit request).
+        #[arg(long, default_value_t = 256)]
+        value_bytes: usize,
     },
     /// Leader-failover gap under a steady submit stream.
     Failover {
@@ -742,6 +759,9 @@ async fn main() {
         }
         Bench::Schedule { nodes, gpus_per_node, pending, running, passes } => {
             bench_schedule(nodes, gpus_per_node, pending, running, passes.max(1))
+        }
+        Bench::EtcdPut { endpoints, clients, seconds, value_bytes } => {
+            etcd::bench_etcd_put(endpoints, clients.max(1), seconds, value_bytes).await
         }
         Bench::Failover { controllers, rounds, clients } => {
             if controllers < 3 {

@@ -1,0 +1,126 @@
+//! `kairos-bench etcd-put`: the same closed-loop load as `submit` — C clients, one HTTP/2
+//! connection each, one request in flight per client — against etcd's v3 gRPC `KV.Put`, so the
+//! two figures of `scripts/bench-vs-etcd.sh` are measured the same way. The two messages are
+//! declared here (field numbers of etcd's `rpc.proto`); the reply's other fields are ignored.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use serde_json::json;
+use tonic::transport::{Channel, Endpoint};
+
+/// etcdserverpb.PutRequest (key = 1, value = 2).
+#[derive(Clone, PartialEq, prost::Message)]
+struct PutRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    key: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
+/// etcdserverpb.PutResponse: only whether it came back matters.
+#[derive(Clone, PartialEq, prost::Message)]
+struct PutResponse {}
+
+async fn put(channel: &Channel, key: Vec<u8>, value: Vec<u8>) -> Result<(), tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    grpc.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/etcdserverpb.KV/Put");
+    let codec = tonic_prost::ProstCodec::<PutRequest, PutResponse>::default();
+    grpc.unary(tonic::Request::new(PutRequest { key, value }), path, codec).await.map(|_| ())
+}
+
+async fn connect(addr: &str) -> anyhow::Result<Channel> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?.connect_timeout(Duration::from_millis(500)).connect().await?)
+}
+
+/// Puts of `value_bytes`-byte values under distinct keys from `clients` clients (client `c` on
+/// endpoint `c mod n`, as etcd's own benchmark spreads them) for `seconds`, after a 1-s warm-up.
+pub async fn bench_etcd_put(
+    endpoints: Vec<String>,
+    clients: usize,
+    seconds: u64,
+    value_bytes: usize,
+) -> anyhow::Result<serde_json::Value> {
+    anyhow::ensure!(!endpoints.is_empty(), "--endpoints: at least one etcd client address");
+    // Wait (bounded) until the cluster takes a put.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ok = match connect(&endpoints[0]).await {
+            Ok(ch) => put(&ch, b"bench/ready".to_vec(), b"1".to_vec()).await.is_ok(),
+            Err(_) => false,
+        };
+        if ok {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "etcd at {} took no put within 30 s", endpoints[0]);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut channels = Vec::with_capacity(clients);
+    for c in 0..clients {
+        let addr = &endpoints[c % endpoints.len()];
+        channels.push(connect(addr).await.with_context(|| format!("connecting to {addr}"))?);
+    }
+    let run = |measure: bool| {
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(AtomicU64::new(0));
+        let hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds")));
+        let tasks: Vec<_> = channels
+            .iter()
+            .enumerate()
+            .map(|(c, ch)| {
+                let (ch, stop, acked, hist) = (ch.clone(), stop.clone(), acked.clone(), hist.clone());
+                let value = vec![b'x'; value_bytes];
+                tokio::spawn(async move {
+                    let mut seq = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        seq += 1;
+                        let key = format!("bench/{}/{c}/{seq}", u8::from(measure)).into_bytes();
+                        let t0 = Instant::now();
+                        match tokio::time::timeout(Duration::from_secs(10), put(&ch, key, value.clone())).await {
+                            Ok(Ok(())) => {
+                                if let Ok(mut h) = hist.lock() {
+                                    let _ = h.record((t0.elapsed().as_micros() as u64).max(1));
+                                }
+                                acked.fetch_add(1, Ordering::Relaxed);
+                            }
+                            _ => tokio::time::sleep(Duration::from_millis(10)).await,
+                        }
+                    }
+                })
+            })
+            .collect();
+        (stop, acked, hist, tasks)
+    };
+    let (stop, _, _, tasks) = run(false);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let (stop, acked, hist, tasks) = run(true);
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let hist = hist.lock().map(|h| h.clone()).map_err(|_| anyhow::anyhow!("histogram lock poisoned"))?;
+    let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    Ok(json!({
+        "bench": "etcd-put",
+        "endpoints": endpoints.len(),
+        "clients": clients,
+        "seconds": seconds,
+        "value_bytes": value_bytes,
+        "acknowledged": acked.load(Ordering::Relaxed),
+        "puts_per_s": (hist.len() as f64 / elapsed).round(),
+        "p50_ms": ms(0.50),
+        "p99_ms": ms(0.99),
+        "max_ms": hist.max() as f64 / 1000.0,
+    }))
+}
