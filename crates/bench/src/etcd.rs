@@ -34,7 +34,10 @@ async fn put(channel: &Channel, key: Vec<u8>, value: Vec<u8>) -> Result<(), toni
 }
 
 async fn connect(addr: &str) -> anyhow::Result<Channel> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?.connect_timeout(Duration::from_millis(500)).connect().await?)
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_millis(500))
+        .connect()
+        .await?)
 }
 
 /// Puts of `value_bytes`-byte values under distinct keys from `clients` clients (client `c` on
@@ -80,7 +83,9 @@ pub async fn bench_etcd_put(
                         seq += 1;
                         let key = format!("bench/{}/{c}/{seq}", u8::from(measure)).into_bytes();
                         let t0 = Instant::now();
-                        match tokio::time::timeout(Duration::from_secs(10), put(&ch, key, value.clone())).await {
+                        match tokio::time::timeout(Duration::from_secs(10), put(&ch, key, value.clone()))
+                            .await
+                        {
                             Ok(Ok(())) => {
                                 if let Ok(mut h) = hist.lock() {
                                     let _ = h.record((t0.elapsed().as_micros() as u64).max(1));

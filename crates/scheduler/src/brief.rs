@@ -97,6 +97,10 @@ pub(crate) struct Index {
     pub names: Interner,
     pub users: Interner,
     pub briefs: BTreeMap<JobId, Brief>,
+    /// Pending briefs by (QoS, partition) name numbers, and how many of them hold a claim:
+    /// kept with the briefs, so the leader's "can a pass act?" reads a few counters.
+    pending: BTreeMap<(u32, u32), u32>,
+    pending_claimed: u32,
 }
 
 impl Index {
@@ -115,6 +119,44 @@ impl Index {
             }
         }
         (usage, keys)
+    }
+
+    /// Whether some pending job holds a claim or may preempt (`ClusterState::may_preempt`: its
+    /// QoS preempts some QoS, or its partition is above the lowest tier) — per interned name
+    /// once, then integer lookups per job: the leader asks this every pass.
+    pub(crate) fn pending_may_act(&self, policy: &Policy) -> bool {
+        let names = self.names.names();
+        let preempts: Vec<bool> =
+            names.iter().map(|n| policy.qos(n).is_some_and(|q| !q.preempt.is_empty())).collect();
+        let lowest = policy.partitions.values().map(|p| p.priority_tier).min().unwrap_or(0);
+        let high_tier: Vec<bool> = names
+            .iter()
+            .map(|n| {
+                let name = if n.is_empty() { &policy.default_partition } else { n };
+                policy.partitions.get(name).is_some_and(|p| p.priority_tier > lowest)
+            })
+            .collect();
+        self.pending_claimed > 0
+            || self
+                .pending
+                .iter()
+                .any(|((qos, part), n)| *n > 0 && (preempts[*qos as usize] || high_tier[*part as usize]))
+    }
+
+    /// Counts `b` in (`add`) or out of the pending counters.
+    fn count(&mut self, b: &Brief, add: bool) {
+        if b.state != JobState::Pending {
+            return;
+        }
+        let n = self.pending.entry((b.qos, b.partition)).or_insert(0);
+        let c = &mut self.pending_claimed;
+        if add {
+            *n += 1;
+            *c += u32::from(b.claimed);
+        } else {
+            *n = n.saturating_sub(1);
+            *c = c.saturating_sub(u32::from(b.claimed));
+        }
     }
 
     fn build(jobs: &BTreeMap<JobId, Job>) -> Index {
@@ -150,14 +192,16 @@ impl Index {
 
     /// Brings the brief of job `id` up to date (`job` is its record, None if it is gone).
     fn refresh(&mut self, id: JobId, job: Option<&Job>) {
-        match job.filter(|j| !j.state.is_terminal()) {
+        let old = match job.filter(|j| !j.state.is_terminal()) {
             Some(job) => {
                 let brief = Index::brief(&mut self.names, &mut self.users, job);
-                self.briefs.insert(id, brief);
+                self.count(&brief, true);
+                self.briefs.insert(id, brief)
             }
-            None => {
-                self.briefs.remove(&id);
-            }
+            None => self.briefs.remove(&id),
+        };
+        if let Some(old) = old {
+            self.count(&old, false);
         }
     }
 }
@@ -226,6 +270,11 @@ impl JobIndex {
         }
     }
 
+    /// `Index::pending_may_act` from the index when current, else None.
+    pub(crate) fn pending_may_act(&self, jobs: &Jobs, policy: &Policy) -> Option<bool> {
+        self.current(jobs).map(|index| index.pending_may_act(policy))
+    }
+
     /// A fresh index of `jobs` (for a pass over a state whose index is not current).
     pub(crate) fn build(jobs: &Jobs) -> Index {
         Index::build(jobs)
@@ -261,6 +310,18 @@ impl JobIndex {
             return Err(format!(
                 "job index drifted: job {:?} differs, job {:?} should not be there",
                 differs, extra
+            ));
+        }
+        let mut fresh = Index::default();
+        for b in want.values() {
+            fresh.count(b, true);
+        }
+        let kept: BTreeMap<(u32, u32), u32> =
+            index.pending.iter().filter(|(_, n)| **n > 0).map(|(k, n)| (*k, *n)).collect();
+        if kept != fresh.pending || index.pending_claimed != fresh.pending_claimed {
+            return Err(format!(
+                "job index's pending counts drifted: {kept:?} and {} claimed, want {:?} and {}",
+                index.pending_claimed, fresh.pending, fresh.pending_claimed
             ));
         }
         Ok(())

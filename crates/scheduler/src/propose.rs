@@ -51,9 +51,15 @@ fn may_place_or_preempt(state: &ClusterState) -> bool {
     state.has_free_gpus()
         || state.headroom_shortfall() > 0
         || state
-            .jobs
-            .values()
-            .any(|j| j.state == JobState::Pending && (j.claim.is_some() || state.may_preempt(j)))
+            .job_index
+            .pending_may_act(&state.jobs, &state.policy)
+            .unwrap_or_else(|| pending_may_act(state))
+}
+
+/// Some pending job holds a claim or may preempt, from the job records (what the kept index
+/// answers without reading them; the property driver checks they agree).
+pub(crate) fn pending_may_act(state: &ClusterState) -> bool {
+    state.jobs.values().any(|j| j.state == JobState::Pending && (j.claim.is_some() || state.may_preempt(j)))
 }
 
 #[cfg(test)]

@@ -234,6 +234,13 @@ pub fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                 let mut unindexed = s.clone();
                 unindexed.job_index = Default::default();
                 assert_eq!(plan(&unindexed), out, "a plan from the kept job index differs from a fresh one");
+                if let Some(kept) = s.job_index.pending_may_act(&s.jobs, &s.policy) {
+                    assert_eq!(
+                        kept,
+                        crate::propose::pending_may_act(&s),
+                        "the kept index misjudges the pending jobs"
+                    );
+                }
                 Some(Op::ApplyPlan { plan: out.plan })
             }
             Step::SavePlan => {
