@@ -283,7 +283,7 @@ async fn client_loop(
         let t0 = Instant::now();
         let result = tokio::time::timeout(Duration::from_secs(10), jobs.submit(req)).await;
         match result {
-            Ok(Ok(_)) => {
+            Ok(Ok(answer)) => {
                 let us = t0.elapsed().as_micros() as u64;
                 if let Ok(mut h) = hist.lock() {
                     let _ = h.record(us.max(1));
@@ -292,7 +292,12 @@ async fn client_loop(
                 if let Ok(mut t) = last_ack.lock() {
                     *t = Instant::now();
                 }
-                conn = Some(jobs);
+                // A follower relayed it: go to the leader it names (as a client that saves the hop).
+                let hint = answer.metadata().get("kairos-leader").and_then(|v| v.to_str().ok());
+                match hint.and_then(|h| addrs.iter().position(|a| a == h)) {
+                    Some(i) if i != target => target = i,
+                    _ => conn = Some(jobs),
+                }
             }
             Ok(Err(status)) => {
                 let hint = status.metadata().get("kairos-leader").and_then(|v| v.to_str().ok());

@@ -25,8 +25,9 @@
 //!
 //! A forwarded call carries `kairos-forwarded`; a replica never forwards such a call again
 //! (leadership moved meanwhile: the client gets `UNAVAILABLE` with the new leader, as before).
-//! The hint header stays on every `UNAVAILABLE`, so a client may still go to the leader
-//! itself and save the hop.
+//! The hint header stays on every `UNAVAILABLE`, and a relayed answer carries it too (the
+//! leader's address in `kairos-leader`), so a client may go to the leader itself and save the
+//! hop (`kairos-bench` does; plain clients need not).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -162,8 +163,11 @@ impl Forwarder {
             channel.call(request).await
         };
         match tokio::time::timeout(wait, sent).await {
-            Ok(Ok(response)) => {
+            Ok(Ok(mut response)) => {
                 self.forwarded.forwarded();
+                if let Ok(value) = http::HeaderValue::from_str(addr) {
+                    response.headers_mut().entry(LEADER_HEADER).or_insert(value);
+                }
                 Some(response)
             }
             Err(_) => {

@@ -21,6 +21,7 @@ fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
 fn a_client_that_only_knows_a_follower_gets_every_write_and_reads_its_own_writes() {
     let c = Cluster::start_with(3, 2, &[]);
     let follower = c.follower();
+    let leader = c.leader();
     let token = std::fs::read_to_string(c.token_file()).unwrap().trim().to_string();
     let addr = format!("http://{}", c.controllers[follower].addr);
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -43,6 +44,10 @@ fn a_client_that_only_knows_a_follower_gets_every_write_and_reads_its_own_writes
                 ))
                 .await
                 .unwrap_or_else(|s| panic!("submit {i} through a follower: {s:?}"));
+            // The relayed answer names the leader, so a client may save the hop next time.
+            let hint =
+                answer.metadata().get("kairos-leader").and_then(|v| v.to_str().ok()).map(str::to_string);
+            assert_eq!(hint.as_deref(), Some(c.controllers[leader].addr.as_str()), "submit {i}");
             let id = answer.into_inner().job_id;
             // Read at once, through the same follower: the job is there (served by the follower
             // once applied, else by the leader on its behalf) — never "not found".
