@@ -215,12 +215,15 @@ impl<'a> Pass<'a> {
     fn new(state: &'a ClusterState) -> Pass<'a> {
         let mut nodes = Vec::with_capacity(state.nodes.len());
         for (name, n) in state.nodes.iter().filter(|(_, n)| n.state == NodeState::Up) {
-            let free = n
-                .info
-                .gpus
-                .iter()
-                .filter(|g| !n.claimed.contains_key(&g.index) && !n.allocated.contains_key(&g.index))
-                .collect();
+            let free = if n.claimed.is_empty() && n.allocated.is_empty() {
+                n.info.gpus.iter().collect()
+            } else {
+                n.info
+                    .gpus
+                    .iter()
+                    .filter(|g| !n.claimed.contains_key(&g.index) && !n.allocated.contains_key(&g.index))
+                    .collect()
+            };
             let cloud = n.info.labels.contains_key(crate::burst::BURST_LABEL);
             nodes.push(FreeNode { name, labels: &n.info.labels, node: n, free, reserved: Vec::new(), cloud });
         }
@@ -611,17 +614,32 @@ impl<'a> Pass<'a> {
 pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
     // A fresh job index when apply kept none (declared first: the pass outlives nothing of it).
     let built;
+    let index = match state.job_index.current(&state.jobs) {
+        Some(index) => index,
+        None => {
+            built = JobIndex::build(&state.jobs);
+            &built
+        }
+    };
+    let mut scan = scan(state, index);
+    let headroom: usize = state.policy.qos.values().map(|q| q.headroom_gpus as usize).sum();
+    // Nothing waits, nothing may grow back, no headroom to refill: no node table to build.
+    if scan.len() == 0 && scan.elastic.is_empty() && headroom == 0 {
+        return PlanOutput::default();
+    }
     let mut pass = Pass::new(state);
     // The most GPUs of a model (constraint) one Up node of a partition has, per pair seen.
     let largest_of = |model: Option<&str>, part: Option<&Partition>| -> u32 {
         let up = state.nodes.values().filter(|n| n.state == NodeState::Up);
         let inside = up.filter(|n| part.is_none_or(|p| p.contains(&n.info.name, &n.info.labels)));
-        inside
-            .map(|n| n.info.gpus.iter().filter(|g| model_matches(model, &g.model)).count() as u32)
-            .max()
-            .unwrap_or(0)
+        let count = |n: &Node| match model {
+            None => n.info.gpus.len() as u32,
+            Some(_) => n.info.gpus.iter().filter(|g| model_matches(model, &g.model)).count() as u32,
+        };
+        inside.map(count).max().unwrap_or(0)
     };
-    let largest_any = largest_of(None, None);
+    // Without a model or partition constraint, from the pass's own node table.
+    let largest_any = pass.nodes.iter().map(|n| n.node.info.gpus.len() as u32).max().unwrap_or(0);
     let mut largest_by: Vec<(Option<String>, String, u32)> = Vec::new();
     let mut largest_up = |model: Option<&'_ str>, part: Option<&Partition>| -> u32 {
         if model.is_none() && part.is_none_or(Partition::is_everything) {
@@ -640,15 +658,6 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
         largest_by.push((model.map(str::to_string), part_name.to_string(), n));
         n
     };
-    let index = match state.job_index.current(&state.jobs) {
-        Some(index) => index,
-        None => {
-            built = JobIndex::build(&state.jobs);
-            &built
-        }
-    };
-    let mut scan = scan(state, index);
-    let headroom: usize = state.policy.qos.values().map(|q| q.headroom_gpus as usize).sum();
     let mut usage = std::mem::take(&mut scan.usage);
     let mut array_running = std::mem::take(&mut scan.array_running);
     let mut out = PlanOutput::default();
