@@ -140,6 +140,7 @@ fn qos_row(q: &pb::Qos) -> Vec<String> {
         limit(q.user_gpus),
         limit(q.user_jobs),
         q.burstable.to_string(),
+        q.headroom_gpus.to_string(),
     ]
 }
 
@@ -221,7 +222,7 @@ pub async fn qos_command(client: &Client, command: QosCmd, json: bool) -> anyhow
     Ok(0)
 }
 
-const QOS_HEADER: [&str; 10] = [
+const QOS_HEADER: [&str; 11] = [
     "NAME",
     "PRIORITY",
     "PREEMPT",
@@ -232,4 +233,5 @@ const QOS_HEADER: [&str; 10] = [
     "USER_GPUS",
     "USER_JOBS",
     "BURSTABLE",
+    "HEADROOM",
 ];

@@ -429,4 +429,7 @@ fn inference_starts_in_the_headroom_and_training_is_stopped_to_refill_it_without
     let inf: serde_json::Value =
         serde_json::from_str(&c.ok(&["qos", "show", "inference", "--json"])).unwrap();
     assert_eq!(inf["headroom_gpus"], 1, "{inf}");
+    let table = c.ok(&["qos", "list"]);
+    let row = table.lines().find(|l| l.starts_with("inference")).unwrap_or_default();
+    assert!(table.contains("HEADROOM") && row.split_whitespace().last() == Some("1"), "{table}");
 }
