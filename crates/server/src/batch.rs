@@ -54,8 +54,23 @@ impl Batcher {
     }
 }
 
+/// The command's encoded size, counted as it is written (no buffer: this runs per submit).
 fn encoded_len(cmd: &Command) -> usize {
-    serde_json::to_vec(cmd).map(|v| v.len()).unwrap_or(0)
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, cmd) {
+        Ok(()) => count.0,
+        Err(_) => 0,
+    }
 }
 
 async fn run(replica: Replica, mut rx: mpsc::Receiver<(Command, Reply)>) {
@@ -100,5 +115,30 @@ async fn run(replica: Replica, mut rx: mpsc::Receiver<(Command, Reply)>) {
             }
             drop(permit);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_counted_size_is_the_encoded_size() {
+        let spec = kairos_scheduler::model::JobSpec::new(
+            "job \"quoted\"",
+            "alice",
+            vec!["echo".into(), "ü".into()],
+            2,
+        );
+        let cmd = Command {
+            now_ms: 7,
+            op: kairos_scheduler::Op::Submit {
+                spec,
+                request_id: Some("r-1".into()),
+                hold: false,
+                limits: None,
+            },
+        };
+        assert_eq!(encoded_len(&cmd), serde_json::to_vec(&cmd).unwrap().len());
     }
 }
