@@ -837,10 +837,11 @@ fn vacate_for(state: &ClusterState, shortfall: usize) -> Vec<JobId> {
     let now = state.now_ms;
     let up = state.nodes.values().filter(|n| n.state == NodeState::Up);
     let holders: BTreeSet<JobId> = up.flat_map(|n| n.allocated.values().copied()).collect();
+    let up_gpus = state.up_gpus();
     let mut candidates: Vec<(u128, u64, i64, JobId, usize)> = holders
         .into_iter()
         .filter_map(|id| state.jobs.get(&id))
-        .filter(|j| state.vacatable(j, now).is_ok())
+        .filter(|j| state.vacatable(j, now, up_gpus).is_ok())
         .map(|j| {
             let cost = state.preemption_cost(j, j.total_gpus(), now);
             (cost.lost_gpu_ms, cost.free_ms, j.priority, j.id, j.total_gpus() as usize)

@@ -12,6 +12,11 @@ impl ClusterState {
         self.policy.qos.values().map(|q| q.headroom_gpus as usize).sum()
     }
 
+    /// GPUs of Up nodes.
+    pub fn up_gpus(&self) -> usize {
+        self.nodes.values().filter(|n| n.state == NodeState::Up).map(|n| n.info.gpus.len()).sum()
+    }
+
     /// GPUs of Up nodes that runs stopping for the headroom will free.
     pub fn headroom_freeing(&self) -> usize {
         let up = self.nodes.values().filter(|n| n.state == NodeState::Up);
@@ -45,10 +50,11 @@ impl ClusterState {
         headroom.saturating_sub(free + self.headroom_freeing())
     }
 
-    /// Whether running job `victim` may be stopped to refill the headroom at `now`: a QoS with
-    /// headroom may preempt its QoS, which requeues (never cancels) its jobs, and it passes
-    /// every check any preemption makes.
-    pub fn vacatable(&self, victim: &Job, now: i64) -> Result<(), String> {
+    /// Whether running job `victim` may be stopped to refill the headroom at `now` on a cluster
+    /// of `up_gpus` GPUs: a QoS with headroom may preempt its QoS, which requeues (never
+    /// cancels) its jobs; it could run outside the headroom (else, held by nothing, it would
+    /// start in it again); and it passes every check any preemption makes.
+    pub fn vacatable(&self, victim: &Job, now: i64, up_gpus: usize) -> Result<(), String> {
         let v_qos = self.policy.qos(&victim.spec.qos).ok_or("unknown qos")?;
         let alloc = victim.allocation.as_ref().ok_or("not running")?;
         if victim.state != JobState::Running || alloc.stop.is_some() || alloc.task_count() > 1 {
@@ -62,6 +68,12 @@ impl ClusterState {
         if v_qos.preempt_mode == crate::policy::PreemptMode::Cancel {
             return Err(format!("qos \"{}\" cancels its preempted jobs", v_qos.name));
         }
+        if victim.total_gpus() as usize + self.headroom_gpus() > up_gpus {
+            return Err(format!(
+                "job {} needs more GPUs than the cluster has outside the headroom",
+                victim.id
+            ));
+        }
         self.undisturbed_victim(victim, v_qos, now)
     }
 
@@ -73,13 +85,13 @@ impl ClusterState {
         if shortfall == 0 || victims.is_empty() {
             return reject("the headroom lacks no GPUs".into());
         }
-        let mut gpus = 0usize;
+        let (mut gpus, up_gpus) = (0usize, self.up_gpus());
         for (i, v) in victims.iter().enumerate() {
             let Some(victim) = self.jobs.get(v) else { return reject(format!("job {v} not found")) };
             if victims[..i].contains(v) {
                 return reject(format!("job {v} is named twice"));
             }
-            if let Err(why) = self.vacatable(victim, now) {
+            if let Err(why) = self.vacatable(victim, now, up_gpus) {
                 return reject(why);
             }
             if gpus >= shortfall {

@@ -95,3 +95,26 @@ fn a_refill_is_refused_when_it_stops_more_than_needed_or_what_it_may_not() {
     assert!(s.jobs.values().all(|j| j.allocation.as_ref().is_some_and(|a| a.stop.is_none())));
     s.check_invariants().unwrap();
 }
+
+#[test]
+fn a_run_too_big_to_fit_outside_the_headroom_is_not_stopped_for_it() {
+    // 4 GPUs, 1 kept idle: a 4-GPU training job may start (it could never start otherwise) and
+    // uses the headroom; stopping it would only let it start there again.
+    let mut s = cluster(4);
+    let mut policy = crate::policy::Policy::default();
+    let inference = policy.qos.get_mut("inference").unwrap();
+    inference.headroom_gpus = 1;
+    inference.preempt = ["training".to_string()].into();
+    policy.qos.get_mut("training").unwrap().preempt_mode = crate::policy::PreemptMode::Requeue;
+    s.apply(&cmd(0, Op::SetPolicy { policy }));
+    let big = submitted(s.apply(&cmd(
+        0,
+        Op::Submit { spec: spec(4, "training"), request_id: None, hold: false, limits: None },
+    )));
+    run_plan(&mut s, 0);
+    s.apply(&cmd(0, Op::JobStarted { job: big, attempt: 0, node: "n1".into() }));
+    assert_eq!(s.jobs[&big].state, JobState::Running, "the headroom does not hold it");
+    assert_eq!(s.headroom_shortfall(), 1);
+    assert!(plan(&s).vacate.is_empty());
+    assert!(matches!(s.apply(&cmd(600_000, Op::Vacate { victims: vec![big] })), Outcome::Rejected(_)));
+}
