@@ -6,8 +6,9 @@
 //!
 //! **EASY backfill**: the first job that does not fit gets a reservation — the node and GPUs
 //! where it can start earliest (a gang: the nodes, one per task, whose GPUs are all free
-//! soonest), and that time, computed from the running (and just placed) jobs' time limits. A lower-priority job may then start only where it does not touch the
-//! reserved GPUs, or if its own time limit ends before the reservation starts. So backfill never
+//! soonest), and that time, computed from the running (and just placed) jobs' time limits. A
+//! lower-priority job may then start only where it does not touch the reserved GPUs, or if its
+//! own time limit ends before the reservation starts. So backfill never
 //! delays the top blocked job past its reservation (property-tested with virtual time).
 //!
 //! Placement is inside one node: the node whose free GPUs fit most tightly (packing keeps whole
@@ -622,7 +623,7 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
         }
     };
     let mut scan = scan(state, index);
-    let headroom: usize = state.policy.qos.values().map(|q| q.headroom_gpus as usize).sum();
+    let headroom = state.headroom_gpus();
     // Nothing waits, nothing may grow back, no headroom to refill: no node table to build.
     if scan.len() == 0 && scan.elastic.is_empty() && headroom == 0 {
         return PlanOutput::default();

@@ -3,9 +3,8 @@
 
 use super::*;
 
-/// One 4-GPU node, inference keeping 1 GPU idle; two 1-GPU and one 2-GPU training runs
-/// started at t = 0 (all 4 GPUs busy: the headroom lacks 1).
-fn full() -> (ClusterState, Vec<u64>) {
+/// One 4-GPU node; inference keeps 1 GPU idle and may preempt training, which requeues.
+fn with_headroom() -> ClusterState {
     let mut s = cluster(4);
     let mut policy = crate::policy::Policy::default();
     let inference = policy.qos.get_mut("inference").unwrap();
@@ -13,6 +12,13 @@ fn full() -> (ClusterState, Vec<u64>) {
     inference.preempt = ["training".to_string()].into();
     policy.qos.get_mut("training").unwrap().preempt_mode = crate::policy::PreemptMode::Requeue;
     s.apply(&cmd(0, Op::SetPolicy { policy }));
+    s
+}
+
+/// One 4-GPU node, inference keeping 1 GPU idle; two 1-GPU and one 2-GPU training runs
+/// started at t = 0 (all 4 GPUs busy: the headroom lacks 1).
+fn full() -> (ClusterState, Vec<u64>) {
+    let mut s = with_headroom();
     let mut ids = Vec::new();
     for gpus in [1, 1, 2] {
         let id = submitted(s.apply(&cmd(
@@ -100,13 +106,7 @@ fn a_refill_is_refused_when_it_stops_more_than_needed_or_what_it_may_not() {
 fn a_run_too_big_to_fit_outside_the_headroom_is_not_stopped_for_it() {
     // 4 GPUs, 1 kept idle: a 4-GPU training job may start (it could never start otherwise) and
     // uses the headroom; stopping it would only let it start there again.
-    let mut s = cluster(4);
-    let mut policy = crate::policy::Policy::default();
-    let inference = policy.qos.get_mut("inference").unwrap();
-    inference.headroom_gpus = 1;
-    inference.preempt = ["training".to_string()].into();
-    policy.qos.get_mut("training").unwrap().preempt_mode = crate::policy::PreemptMode::Requeue;
-    s.apply(&cmd(0, Op::SetPolicy { policy }));
+    let mut s = with_headroom();
     let big = submitted(s.apply(&cmd(
         0,
         Op::Submit { spec: spec(4, "training"), request_id: None, hold: false, limits: None },
