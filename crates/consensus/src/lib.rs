@@ -30,6 +30,7 @@ pub mod failstop;
 pub mod freshness;
 pub mod membership;
 pub mod network;
+pub mod runtime;
 pub mod service;
 pub mod store;
 pub mod sync;
@@ -66,6 +67,7 @@ openraft::declare_raft_types!(
         NodeId = ReplicaId,
         Node = BasicNode,
         SnapshotData = std::io::Cursor<Vec<u8>>,
+        AsyncRuntime = runtime::KairosRuntime,
 );
 
 pub type KairosRaft = Raft<TypeConfig>;
@@ -154,6 +156,15 @@ impl ReplicaConfig {
     pub const ELECTION_TIMEOUT_MS_DEFAULT: u64 = 150;
 }
 
+/// A replica's opened storage: the log (and vote), the state machine, the applied index it
+/// reports and the commit index the log keeps.
+pub struct Storage<LS> {
+    pub log: LS,
+    pub sm: store::StateMachineStore,
+    pub applied: watch::Receiver<u64>,
+    pub commit_index: Arc<std::sync::atomic::AtomicU64>,
+}
+
 /// A running replica: the Raft handle plus read access to the applied state.
 #[derive(Clone)]
 pub struct Replica {
@@ -165,7 +176,7 @@ pub struct Replica {
     /// The latest commit index this replica knows.
     pub commit_index: Arc<std::sync::atomic::AtomicU64>,
     /// When a quorum last confirmed this replica's leadership (term, time).
-    confirmed: Arc<std::sync::Mutex<Option<(u64, std::time::Instant)>>>,
+    confirmed: Arc<std::sync::Mutex<Option<(u64, tokio::time::Instant)>>>,
     /// One confirmation round at a time.
     confirming: Arc<tokio::sync::Mutex<()>>,
     /// How long a confirmation counts: no other leader can be elected sooner.
@@ -206,6 +217,31 @@ impl Replica {
         let commit_index = log_store.commit_index();
         let (applied_tx, applied_rx) = watch::channel(0);
         let sm = store::StateMachineStore::new(data_dir, applied_tx)?;
+        let network =
+            network::Network { from: config.id, key: config.key.clone(), tls: config.peer_tls.clone() };
+        Replica::start(
+            config,
+            members,
+            Storage { log: log_store, sm, applied: applied_rx, commit_index },
+            network,
+        )
+        .await
+    }
+
+    /// Starts Raft for `config` on `storage`, talking to peers through `network`: what `open`
+    /// does once the storage is open. The deterministic simulation (`kairos-chaos`) starts
+    /// replicas on its simulated disk and network through here.
+    pub async fn start<LS, N>(
+        config: &ReplicaConfig,
+        members: &BTreeMap<ReplicaId, String>,
+        storage: Storage<LS>,
+        network: N,
+    ) -> Result<Replica, ConsensusError>
+    where
+        LS: openraft::storage::RaftLogStorage<TypeConfig>,
+        N: openraft::network::RaftNetworkFactory<TypeConfig>,
+    {
+        let Storage { log: log_store, sm, applied: applied_rx, commit_index } = storage;
         let shared = sm.shared();
         let raft_config = Config {
             cluster_name: "kairos".into(),
@@ -219,15 +255,9 @@ impl Replica {
             ..Config::default()
         };
         let raft_config = Arc::new(raft_config.validate().map_err(|e| ConsensusError::Raft(e.to_string()))?);
-        let raft = Raft::new(
-            config.id,
-            raft_config,
-            network::Network { from: config.id, key: config.key.clone(), tls: config.peer_tls.clone() },
-            log_store,
-            sm,
-        )
-        .await
-        .map_err(|e| ConsensusError::Raft(e.to_string()))?;
+        let raft = Raft::new(config.id, raft_config, network, log_store, sm)
+            .await
+            .map_err(|e| ConsensusError::Raft(e.to_string()))?;
         let initialized = raft.is_initialized().await.map_err(|e| ConsensusError::Raft(e.to_string()))?;
         let lowest = members.keys().next().copied().unwrap_or(config.id);
         if !initialized && !config.join && lowest == config.id {
@@ -289,7 +319,7 @@ impl Replica {
             return false;
         }
         let term = self.raft.metrics().borrow().current_term;
-        let fresh = |c: &Option<(u64, std::time::Instant)>| {
+        let fresh = |c: &Option<(u64, tokio::time::Instant)>| {
             c.is_some_and(|(t, at)| t == term && at.elapsed() < self.lease)
         };
         if fresh(&self.confirmed.lock().unwrap_or_else(|p| p.into_inner())) {
@@ -299,7 +329,7 @@ impl Replica {
         if fresh(&self.confirmed.lock().unwrap_or_else(|p| p.into_inner())) {
             return true;
         }
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         match tokio::time::timeout(self.lease, self.raft.ensure_linearizable()).await {
             Ok(Ok(_)) => {
                 *self.confirmed.lock().unwrap_or_else(|p| p.into_inner()) = Some((term, started));

@@ -281,12 +281,44 @@ impl StoredSnapshot {
     }
 }
 
-/// Reads the current snapshot file, if there is one.
-fn read_snapshot(dir: &std::path::Path) -> Result<Option<StoredSnapshot>, crate::ConsensusError> {
-    match std::fs::read(dir.join(SNAPSHOT_FILE)) {
-        Ok(bytes) => Ok(Some(StoredSnapshot::decode(&bytes)?)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(crate::ConsensusError::Format(format!("reading the snapshot: {e}"))),
+/// Where snapshots are kept: a file in the replica's data directory, or (the deterministic
+/// simulation's disk) memory that survives the simulated replica's crashes. Both replace the
+/// snapshot whole, durably, before the write returns.
+#[derive(Clone, Debug)]
+pub enum SnapshotMedium {
+    Dir(std::path::PathBuf),
+    Memory(Arc<std::sync::Mutex<Option<Vec<u8>>>>),
+}
+
+impl SnapshotMedium {
+    fn read(&self) -> Result<Option<StoredSnapshot>, crate::ConsensusError> {
+        let bytes = match self {
+            SnapshotMedium::Dir(dir) => match std::fs::read(dir.join(SNAPSHOT_FILE)) {
+                Ok(bytes) => bytes,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(crate::ConsensusError::Format(format!("reading the snapshot: {e}"))),
+            },
+            SnapshotMedium::Memory(cell) => match cell.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                Some(bytes) => bytes,
+                None => return Ok(None),
+            },
+        };
+        Ok(Some(StoredSnapshot::decode(&bytes)?))
+    }
+
+    async fn write(&self, bytes: Vec<u8>) -> std::io::Result<()> {
+        match self {
+            SnapshotMedium::Dir(dir) => {
+                let dir = dir.clone();
+                tokio::task::spawn_blocking(move || write_snapshot(&dir, &bytes))
+                    .await
+                    .map_err(std::io::Error::other)?
+            }
+            SnapshotMedium::Memory(cell) => {
+                *cell.lock().unwrap_or_else(|p| p.into_inner()) = Some(bytes);
+                Ok(())
+            }
+        }
     }
 }
 
@@ -304,7 +336,7 @@ fn write_snapshot(dir: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
 /// The scheduling core as openraft's state machine, with snapshots kept as files.
 #[derive(Clone)]
 pub struct StateMachineStore {
-    dir: std::path::PathBuf,
+    snapshots: SnapshotMedium,
     shared: SharedState,
     applied_tx: watch::Sender<u64>,
 }
@@ -312,15 +344,23 @@ pub struct StateMachineStore {
 impl StateMachineStore {
     /// Opens the store, loading the latest snapshot when there is one.
     pub fn new(dir: &std::path::Path, applied_tx: watch::Sender<u64>) -> Result<Self, crate::ConsensusError> {
+        Self::on(SnapshotMedium::Dir(dir.to_path_buf()), applied_tx)
+    }
+
+    /// Opens the store with its snapshots on `snapshots`.
+    pub fn on(
+        snapshots: SnapshotMedium,
+        applied_tx: watch::Sender<u64>,
+    ) -> Result<Self, crate::ConsensusError> {
         let mut applied = Applied { state: ClusterState::new(), ..Applied::default() };
-        if let Some(stored) = read_snapshot(dir)? {
+        if let Some(stored) = snapshots.read()? {
             applied.state = decode_snapshot(&stored.data)?;
             applied.last_applied = stored.meta.last_log_id;
             applied.membership = stored.meta.last_membership.clone();
         }
         let index = applied.last_applied.map(|l| l.index).unwrap_or(0);
         applied_tx.send_replace(index);
-        Ok(StateMachineStore { dir: dir.to_path_buf(), shared: Arc::new(RwLock::new(applied)), applied_tx })
+        Ok(StateMachineStore { snapshots, shared: Arc::new(RwLock::new(applied)), applied_tx })
     }
 
     pub fn shared(&self) -> SharedState {
@@ -337,13 +377,8 @@ impl StateMachineStore {
 
     async fn save_snapshot(&self, stored: &StoredSnapshot) -> StorageResult<()> {
         let bytes = stored.encode().map_err(write_err)?;
-        let dir = self.dir.clone();
         // A snapshot may let openraft purge the log behind it: it must be on disk first.
-        tokio::task::spawn_blocking(move || write_snapshot(&dir, &bytes))
-            .await
-            .map_err(write_err)?
-            .map_err(write_err)?;
-        Ok(())
+        self.snapshots.write(bytes).await.map_err(write_err)
     }
 }
 
@@ -495,7 +530,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {
-        match read_snapshot(&self.dir).map_err(read_err)? {
+        match self.snapshots.read().map_err(read_err)? {
             Some(stored) => {
                 Ok(Some(Snapshot { meta: stored.meta, snapshot: Box::new(Cursor::new(stored.data)) }))
             }

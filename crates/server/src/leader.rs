@@ -17,7 +17,7 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use kairos_scheduler::propose::propose;
+use kairos_scheduler::propose::{propose, silent_nodes};
 use kairos_scheduler::{Command, Op};
 
 use crate::context::{now_ms, Ctx};
@@ -95,19 +95,11 @@ fn trace_placements(ctx: &Ctx, outcomes: &[kairos_scheduler::Outcome], began: st
 /// which nodes fell silent.
 fn pass(ctx: &Ctx, leader_since: Instant) -> Vec<Op> {
     let timeout = ctx.timing.node_timeout;
-    let silent: BTreeSet<String> = if leader_since.elapsed() >= timeout {
-        let heartbeats = ctx.heartbeats.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        ctx.replica.read(|a| {
-            a.state
-                .nodes
-                .keys()
-                .filter(|name| heartbeats.get(*name).is_none_or(|(seen, _)| seen.elapsed() >= timeout))
-                .cloned()
-                .collect()
+    let silent: BTreeSet<String> = ctx.replica.read(|a| {
+        silent_nodes(&a.state, leader_since.elapsed(), timeout, |name| {
+            ctx.heartbeats.lock().unwrap_or_else(|p| p.into_inner()).get(name).map(|(seen, _)| seen.elapsed())
         })
-    } else {
-        BTreeSet::new()
-    };
+    });
     let now = now_ms();
     let ops = ctx.replica.read(|a| propose(&a.state, now, &silent, timeout.as_secs()));
     for op in &ops {

@@ -17,6 +17,7 @@ pub mod cluster;
 pub mod netns;
 pub mod proxy;
 pub mod scenario;
+pub mod sim;
 pub mod workload;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -124,6 +125,14 @@ pub enum Violation {
     NoLeader { waited_ms: i64, bound_ms: i64 },
     #[error("{pending} jobs still queued after healing and draining")]
     QueueNotDrained { pending: usize },
+    #[error("replicas did not converge after healing (need {expected}): (replica, applied index, digest) {replicas:?}")]
+    NotConverged { expected: usize, replicas: Vec<(u64, u64, String)> },
+    #[error("job {job}: its cancel was acknowledged but it ended {state}")]
+    CancelNotHonoured { job: JobId, state: String },
+    #[error("job {job} started (its events say so) but no process of it was recorded")]
+    NoProcessRecord { job: JobId },
+    #[error("the run itself failed: {what}")]
+    Harness { what: String },
 }
 
 const TERMINAL: [&str; 5] = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"];
@@ -252,6 +261,80 @@ pub fn digests_agree(replicas: &[(u64, String)]) -> Result<(), Violation> {
 
 /// After healing at `healed_ms`, a leader was seen by `leader_ms` within `bound_ms`, and the
 /// queue drained (`pending` jobs left).
+/// After healing, every replica (at least `expected`) reports the same applied index and
+/// digest. A replica that is down, behind or missing is a violation — not skipped.
+pub fn replicas_converged(expected: usize, replicas: &[(u64, u64, String)]) -> Result<(), Violation> {
+    let same = replicas.windows(2).all(|w| w[0].1 == w[1].1 && w[0].2 == w[1].2);
+    if replicas.len() >= expected && same {
+        return Ok(());
+    }
+    let at_index: Vec<(u64, String)> = replicas.iter().map(|(_, i, d)| (*i, d.clone())).collect();
+    digests_agree(&at_index)?;
+    Err(Violation::NotConverged { expected, replicas: replicas.to_vec() })
+}
+
+/// A cancel the cluster acknowledged ends its job `CANCELLED` (a cancel of a job that had
+/// already ended is refused, so it is never acknowledged).
+pub fn acked_cancels_hold(history: &[Operation], jobs: &[FinalJob]) -> Result<(), Violation> {
+    for op in history {
+        let Operation::Cancel { job, acked: true } = op else { continue };
+        let state =
+            jobs.iter().find(|j| j.id == *job).map(|j| j.state.clone()).unwrap_or_else(|| "missing".into());
+        if state != "CANCELLED" {
+            return Err(Violation::CancelNotHonoured { job: *job, state });
+        }
+    }
+    Ok(())
+}
+
+/// Every job whose events say it started has a process record: the GPU and attempt checkers
+/// cannot pass on process logs that are empty or unread.
+pub fn processes_recorded(jobs: &[FinalJob], processes: &[ProcessRecord]) -> Result<(), Violation> {
+    let recorded: BTreeSet<JobId> = processes.iter().map(|p| p.job).collect();
+    match jobs.iter().find(|j| j.events.iter().any(|e| e == "started") && !recorded.contains(&j.id)) {
+        Some(j) => Err(Violation::NoProcessRecord { job: j.id }),
+        None => Ok(()),
+    }
+}
+
+/// Everything one run recorded, for `check_all`.
+pub struct Run<'a> {
+    pub history: &'a [Operation],
+    pub processes: &'a [ProcessRecord],
+    pub finals: &'a [FinalJob],
+    /// (replica, applied index, digest) after healing.
+    pub replicas: &'a [(u64, u64, String)],
+    pub expected_replicas: usize,
+    /// When a leader was first seen after healing (ms after), if ever.
+    pub leader_after_ms: Option<i64>,
+    pub bound_ms: i64,
+    /// Jobs not finished at the end.
+    pub unfinished: usize,
+}
+
+/// Every checker over one run.
+pub fn check_all(run: &Run) -> Vec<Violation> {
+    [
+        no_acknowledged_submit_lost(run.history, run.finals),
+        no_submit_applied_twice(run.finals),
+        no_gpu_held_twice(run.processes),
+        no_attempt_runs_twice(run.processes),
+        one_terminal_state_each(run.finals),
+        replicas_converged(run.expected_replicas, run.replicas),
+        acked_cancels_hold(run.history, run.finals),
+        processes_recorded(run.finals, run.processes),
+        recovered(0, run.leader_after_ms, run.bound_ms, run.unfinished),
+    ]
+    .into_iter()
+    .filter_map(Result::err)
+    .collect()
+}
+
+/// FNV-1a 64.
+pub fn fnv64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
 pub fn recovered(
     healed_ms: i64,
     leader_ms: Option<i64>,

@@ -1,0 +1,74 @@
+//! The simulated client: submits jobs with request ids (retrying a submit whose answer it did
+//! not get, as a careful client does), cancels some of those it got acknowledged, and records
+//! each operation and how it was answered (the history the checkers judge).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kairos_consensus::ReplicaId;
+use kairos_scheduler::{JobId, JobSpec, Op, Outcome};
+
+use super::World;
+use crate::Operation;
+
+/// Tries per operation before the client gives up on it (its outcome then unknown).
+const TRIES: usize = 6;
+
+fn spec(name: &str, gpus: u32, qos: &str) -> JobSpec {
+    let mut spec = JobSpec::new(name, "alice", vec!["train".into()], gpus);
+    spec.qos = qos.into();
+    spec.requeue = qos == "training";
+    spec
+}
+
+/// Runs the workload: `jobs` submits spread over the fault window, then returns.
+pub async fn run(w: Arc<World>) {
+    let mut via: ReplicaId = 1;
+    let mut acked: Vec<JobId> = Vec::new();
+    for i in 0..w.cfg.jobs {
+        tokio::time::sleep(Duration::from_millis(
+            100 + w.draw(w.cfg.window.as_millis() as u64 * 2 / w.cfg.jobs as u64),
+        ))
+        .await;
+        let request_id = format!("s{}-{i}", w.seed);
+        let qos = ["training", "training", "batch", "urgent"][w.draw(4) as usize];
+        let gpus = [1, 1, 2, 4][w.draw(4) as usize].min(w.cfg.gpus_per_node);
+        let op = Op::Submit {
+            spec: spec(&request_id, gpus, qos),
+            request_id: Some(request_id.clone()),
+            hold: false,
+            limits: None,
+        };
+        let mut answer = None;
+        for _ in 0..TRIES {
+            match w.write(&mut via, vec![op.clone()]).await {
+                Ok(outcomes) => {
+                    if let Some(Outcome::Submitted { job }) = outcomes.first() {
+                        answer = Some(*job);
+                    }
+                    break;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100 + w.draw(300))).await,
+            }
+        }
+        w.record(Operation::Submit { request_id, acked: answer });
+        if let Some(job) = answer {
+            acked.push(job);
+        }
+        // Now and then, cancel a job acknowledged earlier.
+        if !acked.is_empty() && w.draw(5) == 0 {
+            let job = acked[w.draw(acked.len() as u64) as usize];
+            let mut ok = false;
+            for _ in 0..TRIES {
+                match w.write(&mut via, vec![Op::Cancel { job, by: "alice".into() }]).await {
+                    Ok(outcomes) => {
+                        ok = matches!(outcomes.first(), Some(Outcome::Cancelled { .. }));
+                        break;
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100 + w.draw(300))).await,
+                }
+            }
+            w.record(Operation::Cancel { job, acked: ok });
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! The simulated controller cluster: replicas that are the real `kairos_consensus::Replica`
+//! (openraft, the state machine, `ClusterState::apply`) on a simulated disk and network, each
+//! with the leader's pass (`kairos_scheduler::propose`, as `kairosd`'s leader loop runs it), and
+//! the calls clients and agents make to it.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kairos_consensus::store::{SnapshotMedium, StateMachineStore};
+use kairos_consensus::{Replica, ReplicaConfig, ReplicaId, Storage, WriteError};
+use kairos_scheduler::propose::{propose, silent_nodes};
+use kairos_scheduler::{Command, Op, Outcome};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::disk::Disk;
+use super::net::{self, SimNetwork};
+use super::World;
+
+/// The leader's pass period (`kairosd --tick`).
+const TICK: Duration = Duration::from_millis(100);
+
+/// One replica's machine: its disk survives crashes, the rest is its running incarnation.
+pub struct Slot {
+    pub disk: Disk,
+    pub snapshots: Arc<Mutex<Option<Vec<u8>>>>,
+    pub replica: Option<Replica>,
+    pub leader_loop: Option<JoinHandle<()>>,
+    /// Agents' heartbeats this replica received as leader (memory only, as in kairosd).
+    pub heartbeats: Arc<Mutex<BTreeMap<String, Instant>>>,
+    /// How far this machine's wall clock is off.
+    pub skew_ms: i64,
+    /// Whether the replica is (meant to be) in the membership.
+    pub member: bool,
+    /// Started with `--join` (it was added to a running cluster, never initialises one).
+    pub join: bool,
+    /// A fault keeps it down until then; afterwards the supervisor restarts it.
+    pub down_until: Option<Instant>,
+}
+
+impl Slot {
+    pub fn new(sync_time: Duration, member: bool) -> Slot {
+        Slot {
+            disk: Disk::new(sync_time),
+            snapshots: Arc::default(),
+            replica: None,
+            leader_loop: None,
+            heartbeats: Arc::default(),
+            skew_ms: 0,
+            member,
+            join: !member,
+            down_until: None,
+        }
+    }
+}
+
+pub fn addr(id: ReplicaId) -> String {
+    format!("replica-{id}")
+}
+
+impl World {
+    pub fn config(&self, id: ReplicaId, join: bool) -> ReplicaConfig {
+        ReplicaConfig {
+            id,
+            addr: addr(id),
+            snapshot_logs: self.cfg.snapshot_logs,
+            join,
+            heartbeat_ms: ReplicaConfig::HEARTBEAT_MS_DEFAULT,
+            election_timeout_ms: ReplicaConfig::ELECTION_TIMEOUT_MS_DEFAULT,
+            key: kairos_consensus::auth::ClusterKey::new("simulated"),
+            peer_tls: None,
+        }
+    }
+
+    /// Starts replica `id` on its disk (a crashed one restarts from what its disk kept).
+    pub async fn start_replica(self: &Arc<Self>, id: ReplicaId, join: bool) -> Result<(), String> {
+        let (log, snapshots) = {
+            let slots = self.slots();
+            let slot = slots.get(&id).ok_or("no such replica")?;
+            if slot.replica.is_some() {
+                return Ok(());
+            }
+            if slot.disk.state.lock().unwrap_or_else(|p| p.into_inner()).full {
+                return Err("disk full".into());
+            }
+            (slot.disk.open(), slot.snapshots.clone())
+        };
+        let commit_index = log.commit_index();
+        let (applied_tx, applied) = tokio::sync::watch::channel(0);
+        let sm = StateMachineStore::on(SnapshotMedium::Memory(snapshots), applied_tx)
+            .map_err(|e| e.to_string())?;
+        let members: BTreeMap<ReplicaId, String> = self.initial_members();
+        let storage = Storage { log, sm, applied, commit_index };
+        let network = SimNetwork { from: id, net: self.net.clone() };
+        let replica = Replica::start(&self.config(id, join), &members, storage, network)
+            .await
+            .map_err(|e| e.to_string())?;
+        net::lock(&self.net).rafts.insert(id, replica.raft.clone());
+        let heartbeats: Arc<Mutex<BTreeMap<String, Instant>>> = Arc::default();
+        let task = tokio::spawn(leader_loop(self.clone(), id, replica.clone(), heartbeats.clone()));
+        let mut slots = self.slots();
+        let slot = slots.get_mut(&id).ok_or("no such replica")?;
+        slot.heartbeats = heartbeats;
+        slot.replica = Some(replica);
+        slot.leader_loop = Some(task);
+        Ok(())
+    }
+
+    pub fn initial_members(&self) -> BTreeMap<ReplicaId, String> {
+        (1..=self.cfg.replicas as ReplicaId).map(|id| (id, addr(id))).collect()
+    }
+
+    /// Crashes replica `id`: its process ends at once; of its disk's unsynced writes `survive`
+    /// reach the platter and, with `tear`, the next in part.
+    pub async fn crash_replica(&self, id: ReplicaId, survive: usize, tear: bool) {
+        let (replica, task) = {
+            let mut slots = self.slots();
+            let Some(slot) = slots.get_mut(&id) else { return };
+            slot.disk.crash(survive, tear);
+            (slot.replica.take(), slot.leader_loop.take())
+        };
+        net::lock(&self.net).rafts.remove(&id);
+        if let Some(t) = task {
+            t.abort();
+        }
+        if let Some(r) = replica {
+            // The old incarnation's disk handle is dead; its tasks end here.
+            let _ = tokio::time::timeout(Duration::from_secs(2), r.raft.shutdown()).await;
+        }
+    }
+
+    /// Whether a replica that is down may start again (no fault holds it down).
+    pub fn restart_due(&self, id: ReplicaId) -> bool {
+        self.slots().get(&id).is_some_and(|s| s.down_until.is_none_or(|t| Instant::now() >= t))
+    }
+
+    pub fn joins(&self, id: ReplicaId) -> bool {
+        self.slots().get(&id).is_some_and(|s| s.join)
+    }
+
+    /// Replicas that run now.
+    pub fn running(&self) -> Vec<(ReplicaId, Replica)> {
+        self.slots().iter().filter_map(|(id, s)| s.replica.clone().map(|r| (*id, r))).collect()
+    }
+
+    /// The replica that leads now (by its own belief, unpaused), if any.
+    pub fn leader(&self) -> Option<(ReplicaId, Replica)> {
+        let paused = net::lock(&self.net).paused.clone();
+        self.running().into_iter().find(|(id, r)| !paused.contains(id) && r.is_leader())
+    }
+
+    /// This replica's wall clock, in ms.
+    pub fn wall_ms(&self, id: ReplicaId) -> i64 {
+        let skew = self.slots().get(&id).map(|s| s.skew_ms).unwrap_or(0);
+        super::WALL_BASE_MS + self.elapsed_ms() + skew
+    }
+
+    /// A call to the cluster as a client or agent makes it: to `via` (or the leader it names),
+    /// the ops time-stamped by the replica that proposes them. A lost reply is an error even
+    /// when the ops committed.
+    pub async fn write(&self, via: &mut ReplicaId, ops: Vec<Op>) -> Result<Vec<Outcome>, String> {
+        let target = {
+            let slots = self.slots();
+            slots.get(via).and_then(|s| s.replica.clone())
+        };
+        let Some(replica) = target else {
+            *via = self.any_replica();
+            return Err("replica down".into());
+        };
+        if !self.wait_unpaused(*via, Duration::from_secs(2)).await {
+            return Err("replica paused".into());
+        }
+        let now = self.wall_ms(*via);
+        let commands = ops.into_iter().map(|op| Command { now_ms: now, op }).collect();
+        match replica.write(commands).await {
+            Ok(outcomes) => {
+                let lost = {
+                    let mut n = net::lock(&self.net);
+                    n.lose_replies_per_mille > 0 && n.rng.below(1000) < n.lose_replies_per_mille
+                };
+                if lost {
+                    return Err("reply lost".into());
+                }
+                Ok(outcomes)
+            }
+            Err(WriteError::NotLeader { leader, .. }) => {
+                *via = leader.unwrap_or_else(|| self.any_replica());
+                Err("not the leader".into())
+            }
+            Err(e) => {
+                *via = self.any_replica();
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// Waits while `id` is paused; false when `within` passed first.
+    pub async fn wait_unpaused(&self, id: ReplicaId, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while net::lock(&self.net).paused.contains(&id) {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        true
+    }
+
+    /// A random running replica (the first one when none runs).
+    pub fn any_replica(&self) -> ReplicaId {
+        let running: Vec<ReplicaId> = self.running().into_iter().map(|(id, _)| id).collect();
+        if running.is_empty() {
+            return 1;
+        }
+        running[self.draw(running.len() as u64) as usize]
+    }
+}
+
+/// What `kairosd`'s leader loop does each tick, while this replica leads and is not paused:
+/// gather the silent nodes, ask the core what to change, propose it.
+async fn leader_loop(
+    w: Arc<World>,
+    id: ReplicaId,
+    replica: Replica,
+    heartbeats: Arc<Mutex<BTreeMap<String, Instant>>>,
+) {
+    let mut leader_since: Option<Instant> = None;
+    loop {
+        tokio::time::sleep(TICK).await;
+        if net::lock(&w.net).paused.contains(&id) {
+            continue;
+        }
+        if !replica.is_leader() {
+            leader_since = None;
+            continue;
+        }
+        let since = *leader_since.get_or_insert_with(Instant::now);
+        let timeout = w.cfg.node_timeout;
+        let now = w.wall_ms(id);
+        let ops = replica.read(|a| {
+            let hb = heartbeats.lock().unwrap_or_else(|p| p.into_inner());
+            let silent = silent_nodes(&a.state, since.elapsed(), timeout, |n| hb.get(n).map(|t| t.elapsed()));
+            propose(&a.state, now, &silent, timeout.as_secs())
+        });
+        if ops.is_empty() {
+            continue;
+        }
+        let commands = ops.into_iter().map(|op| Command { now_ms: now, op }).collect();
+        let _ = replica.write(commands).await;
+    }
+}

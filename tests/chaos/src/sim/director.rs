@@ -1,0 +1,306 @@
+//! The director: injects each fault of the schedule (and ends it after its hold), heals
+//! everything after the window, waits (bounded) for the cluster to settle and hands what it
+//! finds to the checkers.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kairos_consensus::ReplicaId;
+use openraft::BasicNode;
+use tokio::time::Instant;
+
+use super::faults::{Fault, FaultKind};
+use super::{cluster, locked, net, Settled, World};
+use crate::{FinalJob, Violation};
+
+impl World {
+    /// The leader, or failing that any running replica (a fault aimed at the leader then hits
+    /// whoever runs).
+    fn target(&self, pick: u64) -> Option<ReplicaId> {
+        if let Some((id, _)) = self.leader() {
+            if pick % 4 != 0 {
+                return Some(id);
+            }
+        }
+        let running: Vec<ReplicaId> = self.running().into_iter().map(|(id, _)| id).collect();
+        (!running.is_empty()).then(|| running[(pick as usize / 4) % running.len()])
+    }
+
+    fn hold_down(&self, id: ReplicaId, hold: Duration) {
+        if let Some(s) = self.slots().get_mut(&id) {
+            s.down_until = Some(Instant::now() + hold);
+        }
+    }
+
+    /// Injects `f`; false when there was nothing to inject it on.
+    pub async fn inject(self: &Arc<Self>, f: &Fault) -> bool {
+        let hold = Duration::from_millis(f.hold_ms);
+        let pick = f.pick;
+        match f.kind {
+            FaultKind::KillLeader => {
+                let Some(id) = self.target(pick) else { return false };
+                self.hold_down(id, hold);
+                self.crash_replica(id, 0, false).await;
+            }
+            FaultKind::TornWrite => {
+                let Some(id) = self.target(pick | 1) else { return false };
+                let unsynced = self.slots().get(&id).map(|s| s.disk.unsynced()).unwrap_or(0);
+                self.hold_down(id, hold);
+                self.crash_replica(id, (pick >> 8) as usize % (unsynced + 1), true).await;
+            }
+            FaultKind::PowerLoss => {
+                let running: Vec<ReplicaId> = self.running().into_iter().map(|(id, _)| id).collect();
+                for id in running {
+                    self.hold_down(id, hold);
+                    let unsynced = self.slots().get(&id).map(|s| s.disk.unsynced()).unwrap_or(0);
+                    // Whatever the page cache had happened to write out survives, nothing else.
+                    self.crash_replica(id, (pick >> id) as usize % (unsynced + 1), false).await;
+                }
+            }
+            FaultKind::PauseLeader => {
+                let Some(id) = self.target(pick) else { return false };
+                net::lock(&self.net).paused.insert(id);
+                let net = self.net.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(hold).await;
+                    net::lock(&net).paused.remove(&id);
+                });
+            }
+            FaultKind::Partition => {
+                let Some(x) = self.target(pick) else { return false };
+                let others: Vec<ReplicaId> = self.slots().keys().copied().filter(|o| *o != x).collect();
+                let mut cut = BTreeSet::new();
+                for o in others {
+                    match (pick >> 16) % 3 {
+                        0 => {
+                            cut.insert((x, o));
+                            cut.insert((o, x));
+                        }
+                        1 => {
+                            cut.insert((x, o));
+                        }
+                        _ => {
+                            cut.insert((o, x));
+                        }
+                    }
+                }
+                net::lock(&self.net).cut.extend(cut.iter().copied());
+                let net = self.net.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(hold).await;
+                    let mut n = net::lock(&net);
+                    for c in cut {
+                        n.cut.remove(&c);
+                    }
+                });
+            }
+            FaultKind::AgentStall | FaultKind::AgentCrash => {
+                let node = format!("node-{}", pick % self.cfg.nodes as u64);
+                let until = Some(Instant::now() + hold);
+                let mut faults = locked(&self.agent_faults);
+                let fault = faults.entry(node).or_default();
+                if f.kind == FaultKind::AgentStall {
+                    fault.stalled_until = until;
+                } else {
+                    fault.crashed_until = until;
+                }
+            }
+            FaultKind::DiskFull => {
+                let Some(id) = self.target(pick) else { return false };
+                let disk = self.slots().get(&id).map(|s| s.disk.clone());
+                let Some(disk) = disk else { return false };
+                disk.state.lock().unwrap_or_else(|p| p.into_inner()).full = true;
+                tokio::spawn(async move {
+                    tokio::time::sleep(hold).await;
+                    disk.state.lock().unwrap_or_else(|p| p.into_inner()).full = false;
+                });
+            }
+            FaultKind::ClockSkew => {
+                let Some(id) = self.target(pick) else { return false };
+                let minutes = 1 + (pick >> 8) % 10;
+                let sign = if (pick >> 20) % 2 == 0 { 1 } else { -1 };
+                if let Some(s) = self.slots().get_mut(&id) {
+                    s.skew_ms = sign * (minutes as i64) * 60_000;
+                }
+            }
+            FaultKind::SlowLinks => {
+                net::lock(&self.net).slow_ms = 20 + pick % 300;
+                let net = self.net.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(hold).await;
+                    net::lock(&net).slow_ms = 0;
+                });
+            }
+            FaultKind::LostReplies => {
+                net::lock(&self.net).lose_replies_per_mille = 100 + pick % 300;
+                let net = self.net.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(hold).await;
+                    net::lock(&net).lose_replies_per_mille = 0;
+                });
+            }
+            FaultKind::MembershipChange => {
+                let w = self.clone();
+                tokio::spawn(async move { w.change_membership(pick).await });
+            }
+        }
+        true
+    }
+
+    /// Adds the spare replica when the cluster has its initial size, else removes a voter
+    /// (perhaps the leader), through the leader, as `kairos cluster add|remove` does.
+    async fn change_membership(self: Arc<Self>, pick: u64) {
+        let Some((_, leader)) = self.leader() else { return };
+        let voters: BTreeSet<ReplicaId> =
+            leader.raft.metrics().borrow().membership_config.voter_ids().collect();
+        let spare = self.slots().iter().find(|(_, s)| !s.member).map(|(id, _)| *id);
+        let within = Duration::from_secs(10);
+        match spare {
+            Some(spare) if voters.len() == self.cfg.replicas => {
+                if let Some(s) = self.slots().get_mut(&spare) {
+                    s.member = true;
+                    s.join = true;
+                }
+                if self.start_replica(spare, true).await.is_err() {
+                    return;
+                }
+                let node = BasicNode::new(cluster::addr(spare));
+                let added = tokio::time::timeout(within, leader.raft.add_learner(spare, node, true)).await;
+                if !matches!(added, Ok(Ok(_))) {
+                    return;
+                }
+                let mut next = voters;
+                next.insert(spare);
+                let _ = tokio::time::timeout(within, leader.raft.change_membership(next, false)).await;
+            }
+            _ => {
+                let list: Vec<ReplicaId> = voters.iter().copied().collect();
+                if list.len() <= self.cfg.replicas.min(3) {
+                    return;
+                }
+                let gone = list[pick as usize % list.len()];
+                let next: BTreeSet<ReplicaId> = voters.iter().copied().filter(|v| *v != gone).collect();
+                let changed = tokio::time::timeout(within, leader.raft.change_membership(next, false)).await;
+                if matches!(changed, Ok(Ok(_))) {
+                    // Removed: stopped and wiped; it may be added back later, empty.
+                    if let Some(s) = self.slots().get_mut(&gone) {
+                        s.member = false;
+                    }
+                    self.crash_replica(gone, 0, false).await;
+                    if let Some(s) = self.slots().get_mut(&gone) {
+                        s.disk.wipe();
+                        *s.snapshots.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                        s.skew_ms = 0;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends every fault: links whole, nothing paused, disks with space, clocks right, agents
+    /// up, every member replica running.
+    pub async fn heal_all(self: &Arc<Self>) {
+        {
+            let mut n = net::lock(&self.net);
+            n.cut.clear();
+            n.paused.clear();
+            n.slow_ms = 0;
+            n.lose_replies_per_mille = 0;
+        }
+        locked(&self.agent_faults).clear();
+        let members: Vec<(ReplicaId, bool)> = {
+            let mut slots = self.slots();
+            for s in slots.values_mut() {
+                s.disk.state.lock().unwrap_or_else(|p| p.into_inner()).full = false;
+                s.skew_ms = 0;
+                s.down_until = None;
+            }
+            slots.iter().filter(|(_, s)| s.member).map(|(id, s)| (*id, s.join)).collect()
+        };
+        for (id, join) in members {
+            let _ = self.start_replica(id, join).await;
+        }
+    }
+
+    /// Waits, at most the settle bound, until a leader leads, no job is unfinished and every
+    /// member replica applied the same entries.
+    pub async fn settle(&self, healed: Instant) -> Settled {
+        let deadline = healed + self.cfg.settle;
+        let mut leader_after_ms = None;
+        loop {
+            let leader = self.leader();
+            if leader_after_ms.is_none() && leader.is_some() {
+                leader_after_ms = Some(Instant::now().duration_since(healed).as_millis() as i64);
+            }
+            let settled = self.observe(leader.as_ref().map(|(_, r)| r));
+            let converged = settled.replicas.len() >= self.cfg.replicas
+                && settled.replicas.windows(2).all(|p| p[0].1 == p[1].1 && p[0].2 == p[1].2);
+            if (leader.is_some() && settled.unfinished == 0 && converged) || Instant::now() >= deadline {
+                return Settled { leader_after_ms, ..settled };
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    fn observe(&self, leader: Option<&kairos_consensus::Replica>) -> Settled {
+        let members: Vec<(ReplicaId, Option<kairos_consensus::Replica>)> =
+            self.slots().iter().filter(|(_, s)| s.member).map(|(id, s)| (*id, s.replica.clone())).collect();
+        let replicas = members
+            .iter()
+            .map(|(id, r)| match r {
+                Some(r) => {
+                    let (index, digest) = r.read(|a| {
+                        (
+                            a.last_applied.map(|l| l.index).unwrap_or(0),
+                            kairos_consensus::state_digest(&a.state),
+                        )
+                    });
+                    (*id, index, digest)
+                }
+                None => (*id, 0, "down".to_string()),
+            })
+            .collect();
+        let source = leader.cloned().or_else(|| members.iter().find_map(|(_, r)| r.clone()));
+        let finals: Vec<FinalJob> = source
+            .map(|r| {
+                r.read(|a| {
+                    a.state
+                        .jobs
+                        .values()
+                        .map(|j| FinalJob {
+                            id: j.id,
+                            name: j.spec.name.clone(),
+                            state: j.state.as_str().to_string(),
+                            events: j.events.iter().map(|e| e.kind.clone()).collect(),
+                        })
+                        .collect()
+                })
+            })
+            .unwrap_or_default();
+        let unfinished = finals.iter().filter(|j| !crate::TERMINAL.contains(&j.state.as_str())).count();
+        Settled { finals, replicas, leader_after_ms: None, unfinished }
+    }
+
+    /// Every checker over what this schedule recorded. Also returns what the fingerprint covers
+    /// of the final state.
+    pub fn check(
+        &self,
+        settled: Settled,
+        _healed: Instant,
+    ) -> (Vec<Violation>, Vec<(ReplicaId, u64, String)>) {
+        let records = locked(&self.records);
+        let bound_ms = self.cfg.settle.as_millis() as i64;
+        let violations = crate::check_all(&crate::Run {
+            history: &records.history,
+            processes: &records.processes,
+            finals: &settled.finals,
+            replicas: &settled.replicas,
+            expected_replicas: self.cfg.replicas,
+            leader_after_ms: settled.leader_after_ms,
+            bound_ms,
+            unfinished: settled.unfinished,
+        });
+        (violations, settled.replicas)
+    }
+}

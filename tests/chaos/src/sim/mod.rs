@@ -1,0 +1,331 @@
+//! Deterministic simulation of the control plane (issue 14).
+//!
+//! One schedule runs a whole cluster in one thread, on tokio's paused clock: three replicas that
+//! are the real `kairos_consensus::Replica` (openraft, the state machine, `ClusterState::apply`,
+//! the leader's pass through `kairos_scheduler::propose`), modelled agents (`agent`) and a client
+//! with a history (`client`), over a simulated network (`net`) and disk (`disk`). Time advances
+//! only when every task waits, so minutes of faults take a fraction of a second, and every
+//! random choice — the fault schedule, message delays and losses, run times, openraft's election
+//! timeouts (`kairos_consensus::runtime`) — comes from the schedule's seed: a failing seed
+//! replays alone.
+//!
+//! After the faults (`faults::schedule`) the director heals everything, lets the cluster settle
+//! (bounded) and runs every checker (`crate::check_all`) on what the run recorded.
+
+pub mod agent;
+pub mod client;
+pub mod cluster;
+mod director;
+pub mod disk;
+pub mod faults;
+pub mod net;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kairos_consensus::ReplicaId;
+use tokio::time::Instant;
+
+use crate::proxy::Rng;
+use crate::{FinalJob, JobId, Operation, ProcessRecord, Violation};
+use agent::AgentFault;
+use cluster::Slot;
+use faults::FaultKind;
+
+/// The replicas' wall clock at the simulation's start (ms since the epoch).
+pub const WALL_BASE_MS: i64 = 1_780_000_000_000;
+
+/// A test build may break one safety mechanism on purpose, to show the checkers catch it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Broken {
+    /// Agents keep running (and launching) after their lease lapsed; no watchdog.
+    pub agents_ignore_lease: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub replicas: usize,
+    pub nodes: usize,
+    pub gpus_per_node: u32,
+    /// Submits over the fault window.
+    pub jobs: usize,
+    /// Faults start within this time.
+    pub window: Duration,
+    /// After healing, the cluster must elect a leader, finish every job and converge within this.
+    pub settle: Duration,
+    /// `kairosd --node-timeout`.
+    pub node_timeout: Duration,
+    /// Snapshot after this many entries (small, so snapshots and their installs happen).
+    pub snapshot_logs: u64,
+    pub broken: Broken,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            replicas: 3,
+            nodes: 3,
+            gpus_per_node: 4,
+            jobs: 24,
+            window: Duration::from_secs(20),
+            settle: Duration::from_secs(90),
+            node_timeout: Duration::from_secs(3),
+            snapshot_logs: 40,
+            broken: Broken::default(),
+        }
+    }
+}
+
+impl Config {
+    /// The agent's lease and fence grace, as `kairosd` derives them (`Timing::lease`,
+    /// `Timing::fence_grace`): lease + grace stays below the node timeout.
+    pub fn lease(&self) -> Duration {
+        self.node_timeout / 2
+    }
+
+    pub fn fence_grace(&self) -> Duration {
+        self.node_timeout / 5
+    }
+}
+
+#[derive(Default)]
+struct Records {
+    history: Vec<Operation>,
+    processes: Vec<ProcessRecord>,
+}
+
+/// Everything one schedule's tasks share.
+pub struct World {
+    pub cfg: Config,
+    pub seed: u64,
+    pub net: net::Net,
+    start: Instant,
+    slots: Mutex<BTreeMap<ReplicaId, Slot>>,
+    rng: Mutex<Rng>,
+    records: Mutex<Records>,
+    agent_faults: Mutex<BTreeMap<String, AgentFault>>,
+}
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl World {
+    pub fn slots(&self) -> std::sync::MutexGuard<'_, BTreeMap<ReplicaId, Slot>> {
+        locked(&self.slots)
+    }
+
+    pub fn elapsed_ms(&self) -> i64 {
+        self.ms_at(Instant::now())
+    }
+
+    fn ms_at(&self, t: Instant) -> i64 {
+        t.saturating_duration_since(self.start).as_millis() as i64
+    }
+
+    /// A draw in 0..n from the schedule's generator.
+    pub fn draw(&self, n: u64) -> u64 {
+        locked(&self.rng).below(n)
+    }
+
+    pub fn record(&self, op: Operation) {
+        locked(&self.records).history.push(op);
+    }
+
+    pub fn replica(&self, id: ReplicaId) -> Option<kairos_consensus::Replica> {
+        self.slots().get(&id).and_then(|s| s.replica.clone())
+    }
+
+    pub fn heartbeat_seen(&self, via: ReplicaId, node: &str) {
+        if let Some(s) = self.slots().get(&via) {
+            locked(&s.heartbeats).insert(node.to_string(), Instant::now());
+        }
+    }
+
+    /// Whether a reply to an agent or client is lost now.
+    pub fn reply_lost(&self) -> bool {
+        let mut n = net::lock(&self.net);
+        n.lose_replies_per_mille > 0 && n.rng.below(1000) < n.lose_replies_per_mille
+    }
+
+    pub fn agent_fault(&self, node: &str) -> AgentFault {
+        locked(&self.agent_faults).get(node).copied().unwrap_or_default()
+    }
+
+    pub fn clear_agent_fault(&self, node: &str) {
+        locked(&self.agent_faults).remove(node);
+    }
+
+    /// How long the run of the job named `name` takes when nothing stops it (1–6 s, from the
+    /// name, so a requeued job runs as long again).
+    pub fn run_time(&self, name: &str) -> Duration {
+        let h = name.bytes().fold(self.seed, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
+        Duration::from_millis(1_000 + Rng::new(h).below(5_000))
+    }
+
+    pub fn start_process(&self, node: &str, job: JobId, attempt: u32, gpus: &[u32], at: Instant) -> usize {
+        let mut r = locked(&self.records);
+        r.processes.push(ProcessRecord {
+            node: node.to_string(),
+            job,
+            attempt,
+            gpus: gpus.to_vec(),
+            start_ms: self.ms_at(at),
+            end_ms: None,
+        });
+        r.processes.len() - 1
+    }
+
+    pub fn end_process(&self, record: usize, at: Instant) {
+        let at = self.ms_at(at);
+        if let Some(p) = locked(&self.records).processes.get_mut(record) {
+            p.end_ms = Some(at);
+        }
+    }
+}
+
+/// What one schedule did and found.
+#[derive(Clone, Debug)]
+pub struct ScheduleReport {
+    pub seed: u64,
+    pub faults: Vec<FaultKind>,
+    pub operations: usize,
+    pub acknowledged: usize,
+    pub processes: usize,
+    pub violations: Vec<Violation>,
+    /// A digest of everything recorded: equal on every replay of the seed.
+    pub fingerprint: String,
+    /// Simulated time the schedule took, ms.
+    pub simulated_ms: i64,
+}
+
+/// Runs schedule `seed` on this thread and checks it.
+pub fn run_schedule(seed: u64, cfg: &Config) -> ScheduleReport {
+    kairos_consensus::runtime::seed_thread_rng(seed);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build();
+    match runtime {
+        Ok(rt) => rt.block_on(simulate(seed, cfg.clone())),
+        Err(e) => ScheduleReport {
+            seed,
+            faults: Vec::new(),
+            operations: 0,
+            acknowledged: 0,
+            processes: 0,
+            violations: vec![Violation::Harness { what: format!("building the runtime: {e}") }],
+            fingerprint: String::new(),
+            simulated_ms: 0,
+        },
+    }
+}
+
+async fn simulate(seed: u64, cfg: Config) -> ScheduleReport {
+    let mut rng = Rng::new(seed);
+    let mut slots = BTreeMap::new();
+    // Replicas 1..=n start as the cluster; one more is the spare a membership change adds.
+    for id in 1..=(cfg.replicas as ReplicaId + 1) {
+        let sync = Duration::from_millis(1 + rng.below(8));
+        slots.insert(id, Slot::new(sync, id <= cfg.replicas as ReplicaId));
+    }
+    let w = Arc::new(World {
+        net: net::new_net(rng.next_u64()),
+        rng: Mutex::new(Rng::new(rng.next_u64())),
+        seed,
+        start: Instant::now(),
+        slots: Mutex::new(slots),
+        records: Mutex::default(),
+        agent_faults: Mutex::default(),
+        cfg,
+    });
+    let mut tasks = Vec::new();
+    let mut injected = Vec::new();
+    let mut violations = Vec::new();
+    for id in 1..=w.cfg.replicas as ReplicaId {
+        if let Err(e) = w.start_replica(id, false).await {
+            violations.push(Violation::Harness { what: format!("starting replica {id}: {e}") });
+        }
+    }
+    tasks.push(tokio::spawn(supervise(w.clone())));
+    for n in 0..w.cfg.nodes {
+        tasks.push(tokio::spawn(agent::run(w.clone(), format!("node-{n}"))));
+    }
+    let client = tokio::spawn(client::run(w.clone()));
+    let window_ms = w.cfg.window.as_millis() as u64;
+    for fault in faults::schedule(seed, window_ms, w.cfg.node_timeout.as_millis() as u64) {
+        tokio::time::sleep_until(w.start + Duration::from_millis(fault.at_ms)).await;
+        if w.inject(&fault).await {
+            injected.push(fault.kind);
+        }
+    }
+    tokio::time::sleep_until(w.start + w.cfg.window + Duration::from_secs(6)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(120), client).await;
+    w.heal_all().await;
+    let healed = Instant::now();
+    let settled = w.settle(healed).await;
+    for t in &tasks {
+        t.abort();
+    }
+    let found = w.check(settled, healed);
+    violations.extend(found.0);
+    for (id, _) in w.running() {
+        w.crash_replica(id, 0, false).await;
+    }
+    let records = locked(&w.records);
+    let acknowledged = records
+        .history
+        .iter()
+        .filter(|o| {
+            matches!(o, Operation::Submit { acked: Some(_), .. } | Operation::Cancel { acked: true, .. })
+        })
+        .count();
+    let fingerprint = crate::fnv64(
+        format!("{:?}{:?}{:?}{:?}", records.history, records.processes, found.1, injected).as_bytes(),
+    );
+    ScheduleReport {
+        seed,
+        faults: injected,
+        operations: records.history.len(),
+        acknowledged,
+        processes: records.processes.len(),
+        violations,
+        fingerprint: format!("{fingerprint:016x}"),
+        simulated_ms: w.elapsed_ms(),
+    }
+}
+
+/// `systemd`'s part: a replica whose Raft stopped (a storage error: fail-stop) is restarted
+/// once its disk takes writes again.
+async fn supervise(w: Arc<World>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let failed: Vec<ReplicaId> = w
+            .running()
+            .into_iter()
+            .filter(|(_, r)| r.raft.metrics().borrow().running_state.is_err())
+            .map(|(id, _)| id)
+            .collect();
+        for id in failed {
+            w.crash_replica(id, 0, false).await;
+        }
+        let down: Vec<(ReplicaId, bool)> = w
+            .slots()
+            .iter()
+            .filter(|(_, s)| s.member && s.replica.is_none())
+            .map(|(id, s)| (*id, s.disk.state.lock().unwrap_or_else(|p| p.into_inner()).full))
+            .collect();
+        for (id, full) in down {
+            if !full && w.restart_due(id) {
+                let _ = w.start_replica(id, w.joins(id)).await;
+            }
+        }
+    }
+}
+
+/// The settled cluster as the checkers see it.
+pub struct Settled {
+    pub finals: Vec<FinalJob>,
+    /// (replica, applied index, digest) of every member.
+    pub replicas: Vec<(ReplicaId, u64, String)>,
+    pub leader_after_ms: Option<i64>,
+    pub unfinished: usize,
+}

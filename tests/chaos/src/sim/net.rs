@@ -1,0 +1,182 @@
+//! The simulated network between replicas: openraft's RPCs are delivered by calling the target's
+//! `Raft` in the same process, after a delay drawn from the schedule's generator.
+//!
+//! A link can be cut one way (`cut` holds directed pairs: a request or a reply on it is lost and
+//! the caller hears nothing until its RPC deadline), slow (extra random delay per message, which
+//! also reorders messages of different streams), and replies can be lost with a probability
+//! (the request took effect; the caller cannot tell). A paused replica neither receives nor
+//! sends until it resumes: what reaches it waits, up to the caller's deadline.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kairos_consensus::{KairosRaft, ReplicaId, TypeConfig};
+use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use tokio::time::Instant;
+
+use crate::proxy::Rng;
+
+/// Everything the network knows and every fault on it.
+pub struct NetState {
+    /// Replicas that run, by id.
+    pub rafts: BTreeMap<ReplicaId, KairosRaft>,
+    pub paused: BTreeSet<ReplicaId>,
+    /// Directed links on which every message is lost.
+    pub cut: BTreeSet<(ReplicaId, ReplicaId)>,
+    /// Extra delay (up to this many ms, random per message) on every link.
+    pub slow_ms: u64,
+    /// Replies lost, per mille.
+    pub lose_replies_per_mille: u64,
+    pub rng: Rng,
+    pub delivered: u64,
+    pub lost: u64,
+}
+
+pub type Net = Arc<Mutex<NetState>>;
+
+pub fn new_net(seed: u64) -> Net {
+    Arc::new(Mutex::new(NetState {
+        rafts: BTreeMap::new(),
+        paused: BTreeSet::new(),
+        cut: BTreeSet::new(),
+        slow_ms: 0,
+        lose_replies_per_mille: 0,
+        rng: Rng::new(seed),
+        delivered: 0,
+        lost: 0,
+    }))
+}
+
+pub fn lock(net: &Net) -> std::sync::MutexGuard<'_, NetState> {
+    net.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl NetState {
+    /// One message on `from → to`: its delay, or None when it is lost.
+    fn leg(&mut self, from: ReplicaId, to: ReplicaId, reply: bool) -> Option<Duration> {
+        let lost = self.cut.contains(&(from, to))
+            || (reply
+                && self.lose_replies_per_mille > 0
+                && self.rng.below(1000) < self.lose_replies_per_mille);
+        if lost {
+            self.lost += 1;
+            return None;
+        }
+        self.delivered += 1;
+        let extra = if self.slow_ms > 0 { self.rng.below(self.slow_ms) } else { 0 };
+        Some(Duration::from_millis(1 + self.rng.below(3) + extra))
+    }
+}
+
+/// openraft's network factory for one replica.
+pub struct SimNetwork {
+    pub from: ReplicaId,
+    pub net: Net,
+}
+
+impl RaftNetworkFactory<TypeConfig> for SimNetwork {
+    type Network = SimConnection;
+
+    async fn new_client(&mut self, target: ReplicaId, _node: &BasicNode) -> SimConnection {
+        SimConnection { from: self.from, target, net: self.net.clone() }
+    }
+}
+
+pub struct SimConnection {
+    from: ReplicaId,
+    target: ReplicaId,
+    net: Net,
+}
+
+type RpcResult<T, E> = Result<T, RPCError<ReplicaId, BasicNode, RaftError<ReplicaId, E>>>;
+
+fn unreachable<E: std::error::Error>(why: &str) -> RPCError<ReplicaId, BasicNode, RaftError<ReplicaId, E>> {
+    RPCError::Unreachable(Unreachable::new(&std::io::Error::other(why.to_string())))
+}
+
+impl SimConnection {
+    /// Waits while either end is paused; false when the deadline passed first.
+    async fn until_running(&self, deadline: Instant) -> bool {
+        loop {
+            let paused = {
+                let n = lock(&self.net);
+                n.paused.contains(&self.from) || n.paused.contains(&self.target)
+            };
+            if !paused {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn call<Resp, E, F, Fut>(&self, option: &RPCOption, f: F) -> RpcResult<Resp, E>
+    where
+        E: std::error::Error,
+        F: FnOnce(KairosRaft) -> Fut,
+        Fut: Future<Output = Result<Resp, RaftError<ReplicaId, E>>>,
+    {
+        let deadline = Instant::now() + option.hard_ttl();
+        let there = lock(&self.net).leg(self.from, self.target, false);
+        let Some(delay) = there else {
+            tokio::time::sleep_until(deadline).await;
+            return Err(unreachable("request lost"));
+        };
+        tokio::time::sleep(delay).await;
+        if !self.until_running(deadline).await {
+            return Err(unreachable("peer paused"));
+        }
+        let raft = lock(&self.net).rafts.get(&self.target).cloned();
+        let Some(raft) = raft else {
+            return Err(unreachable("peer down"));
+        };
+        let result = f(raft).await;
+        let back = lock(&self.net).leg(self.target, self.from, true);
+        let Some(delay) = back else {
+            tokio::time::sleep_until(deadline).await;
+            return Err(unreachable("reply lost"));
+        };
+        tokio::time::sleep(delay).await;
+        match result {
+            Ok(r) => Ok(r),
+            Err(RaftError::Fatal(_)) => Err(unreachable("peer stopped")),
+            Err(e) => Err(RPCError::RemoteError(RemoteError::new(self.target, e))),
+        }
+    }
+}
+
+impl RaftNetwork<TypeConfig> for SimConnection {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<ReplicaId>, openraft::error::Infallible> {
+        self.call(&option, |raft| async move { raft.append_entries(rpc).await }).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<ReplicaId>, InstallSnapshotError> {
+        self.call(&option, |raft| async move { raft.install_snapshot(rpc).await }).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<ReplicaId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<ReplicaId>, openraft::error::Infallible> {
+        self.call(&option, |raft| async move { raft.vote(rpc).await }).await
+    }
+}
