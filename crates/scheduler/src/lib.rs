@@ -20,6 +20,7 @@ pub mod burst_apply;
 pub mod grant;
 pub mod history;
 pub mod limits;
+pub mod liveness;
 pub mod model;
 pub mod nodes;
 pub mod orders;

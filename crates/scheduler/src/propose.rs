@@ -13,22 +13,6 @@ use crate::model::{JobState, NodeState};
 use crate::planner::plan;
 use crate::state::{ClusterState, Op};
 
-/// The nodes a leader judges silent: none until it has led for `timeout` (heartbeats live in
-/// the leader's memory, so a new leader has none and gives every node a full timeout of grace),
-/// then every node whose last heartbeat here is `timeout` old or older, or unknown. The caller
-/// measures the ages on its own monotonic clock (`heartbeat_age`).
-pub fn silent_nodes(
-    state: &ClusterState,
-    led_for: std::time::Duration,
-    timeout: std::time::Duration,
-    heartbeat_age: impl Fn(&str) -> Option<std::time::Duration>,
-) -> BTreeSet<String> {
-    if led_for < timeout {
-        return BTreeSet::new();
-    }
-    state.nodes.keys().filter(|name| heartbeat_age(name).is_none_or(|age| age >= timeout)).cloned().collect()
-}
-
 /// The ops of one leader pass at `now_ms`. `silent` are the nodes whose heartbeats stopped
 /// `timeout_s` ago or more (empty while a new leader gives every node its grace).
 pub fn propose(state: &ClusterState, now_ms: i64, silent: &BTreeSet<String>, timeout_s: u64) -> Vec<Op> {

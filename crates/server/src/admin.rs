@@ -82,13 +82,9 @@ impl AdminService for Admin {
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
         self.ctx.principal(&request)?;
         self.ctx.readable()?;
-        let heartbeats = self.ctx.heartbeats.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let liveness = self.ctx.liveness().clone();
         let nodes = self.ctx.replica.read(|a| {
-            a.state
-                .nodes
-                .values()
-                .map(|n| node_to_pb(n, heartbeats.get(&n.info.name).map(|(_, ms)| *ms).unwrap_or(0)))
-                .collect()
+            a.state.nodes.values().map(|n| node_to_pb(n, liveness.last_seen_ms(&n.info.name))).collect()
         });
         Ok(Response::new(pb::ListNodesResponse { nodes }))
     }

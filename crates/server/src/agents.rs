@@ -71,9 +71,29 @@ impl AgentService for Agents {
         // leadership (which waits for the state machine to catch up) before reading the epoch.
         let _ = self.ctx.replica.leads_confirmed().await;
         let credential_epoch = self.ctx.auth.check_join(&metadata, &name, self.ctx.node_epoch(&name))?;
+        // Fencing (`kairos_scheduler::liveness`): no lease while this leader's NodeDown for the
+        // node is in flight, nor from a registration that a NodeDown overtook in the log.
+        let may = self.ctx.replica.read(|a| self.ctx.liveness().may_register(&a.state, &name));
+        if !may {
+            return Err(Status::unavailable(format!(
+                "node \"{name}\" is being marked down; register again shortly"
+            )));
+        }
         match self.ctx.write(Op::JoinNode { info, credential_epoch }).await? {
             Outcome::NodeRegistered { epoch, .. } => {
-                self.ctx.record_heartbeat(&name);
+                let stands = self.ctx.replica.read(|a| {
+                    self.ctx.liveness().registration_stands(
+                        &a.state,
+                        &name,
+                        std::time::Instant::now(),
+                        crate::context::now_ms(),
+                    )
+                });
+                if !stands {
+                    return Err(Status::unavailable(format!(
+                        "node \"{name}\" was marked down meanwhile; register again"
+                    )));
+                }
                 self.ctx.kick.notify_one();
                 tracing::info!(node = %name, "node registered");
                 Ok(Response::new(pb::RegisterResponse {
@@ -114,7 +134,12 @@ impl AgentService for Agents {
                 req.node_id
             )));
         }
-        self.ctx.record_heartbeat(&req.node_id);
+        if !self.ctx.record_heartbeat(&req.node_id) {
+            return Err(Status::failed_precondition(format!(
+                "node \"{}\" missed its heartbeats and is being marked down; register again",
+                req.node_id
+            )));
+        }
         Ok(Response::new(pb::HeartbeatResponse {}))
     }
 

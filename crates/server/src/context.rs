@@ -57,7 +57,8 @@ pub struct Ctx {
     /// Wakes the scheduling loop (submit, job exit, node join).
     pub kick: Arc<Notify>,
     /// Last heartbeat per node, as seen by this replica. Never replicated.
-    pub heartbeats: Arc<Mutex<BTreeMap<String, (Instant, i64)>>>,
+    /// Node liveness as this replica saw it while leading (`kairos_scheduler::liveness`).
+    pub heartbeats: Arc<Mutex<kairos_scheduler::liveness::Liveness>>,
     pub timing: Timing,
     pub batcher: Batcher,
     /// At most one planning pass per applied index for all read paths together.
@@ -204,9 +205,14 @@ impl Ctx {
         }
     }
 
-    pub fn record_heartbeat(&self, node: &str) {
-        let mut hb = self.heartbeats.lock().unwrap_or_else(|p| p.into_inner());
-        hb.insert(node.to_string(), (Instant::now(), now_ms()));
+    /// A node's heartbeat: false when this leader judged the node silent (it must register
+    /// again, after its `NodeDown`).
+    pub fn record_heartbeat(&self, node: &str) -> bool {
+        self.liveness().heartbeat(node, Instant::now(), now_ms())
+    }
+
+    pub fn liveness(&self) -> std::sync::MutexGuard<'_, kairos_scheduler::liveness::Liveness> {
+        self.heartbeats.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -17,7 +17,7 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use kairos_scheduler::propose::{propose, silent_nodes};
+use kairos_scheduler::propose::propose;
 use kairos_scheduler::{Command, Op};
 
 use crate::context::{now_ms, Ctx};
@@ -26,7 +26,8 @@ use crate::context::{now_ms, Ctx};
 const PURGE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub async fn run(ctx: Ctx) {
-    let mut leader_since: Option<Instant> = None;
+    // (term, since): a new term of leadership starts with no liveness and a full grace.
+    let mut leader_since: Option<(u64, Instant)> = None;
     let mut last_purge = Instant::now();
     loop {
         tokio::select! {
@@ -37,7 +38,12 @@ pub async fn run(ctx: Ctx) {
             leader_since = None;
             continue;
         }
-        let since = *leader_since.get_or_insert_with(Instant::now);
+        let term = ctx.replica.raft.metrics().borrow().current_term;
+        if leader_since.is_none_or(|(t, _)| t != term) {
+            leader_since = Some((term, Instant::now()));
+            *ctx.liveness() = Default::default();
+        }
+        let since = leader_since.map(|(_, at)| at).unwrap_or_else(Instant::now);
         let (started, pass_began) = (Instant::now(), std::time::SystemTime::now());
         let mut ops = pass(&ctx, since);
         ctx.metrics.pass(started.elapsed().as_secs_f64());
@@ -95,11 +101,9 @@ fn trace_placements(ctx: &Ctx, outcomes: &[kairos_scheduler::Outcome], began: st
 /// which nodes fell silent.
 fn pass(ctx: &Ctx, leader_since: Instant) -> Vec<Op> {
     let timeout = ctx.timing.node_timeout;
-    let silent: BTreeSet<String> = ctx.replica.read(|a| {
-        silent_nodes(&a.state, leader_since.elapsed(), timeout, |name| {
-            ctx.heartbeats.lock().unwrap_or_else(|p| p.into_inner()).get(name).map(|(seen, _)| seen.elapsed())
-        })
-    });
+    let silent: BTreeSet<String> = ctx
+        .replica
+        .read(|a| ctx.liveness().judge_silent(&a.state, leader_since.elapsed(), timeout, Instant::now()));
     let now = now_ms();
     let ops = ctx.replica.read(|a| propose(&a.state, now, &silent, timeout.as_secs()));
     for op in &ops {

@@ -19,7 +19,7 @@ mod ratelimit;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -333,7 +333,7 @@ async fn run() -> anyhow::Result<()> {
     let ctx = Ctx {
         replica: replica.clone(),
         kick: Arc::new(Notify::new()),
-        heartbeats: Arc::new(Mutex::new(BTreeMap::new())),
+        heartbeats: Arc::default(),
         batcher: batch::Batcher::start(replica.clone()),
         reasons: Arc::default(),
         auth: Arc::new(auth),

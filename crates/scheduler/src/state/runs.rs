@@ -307,6 +307,19 @@ impl ClusterState {
     /// next attempt when it allows requeue and has attempts left, else ends in `state`.
     /// Returns the job's new state.
     pub(super) fn fail_run(&mut self, id: JobId, state: JobState, reason: String, now: i64) -> JobState {
+        // A run already stopping for good (cancelled, out of time) ends as it was told to: the
+        // cluster losing it must not bring the job back.
+        let stop = self.jobs.get(&id).and_then(|j| j.allocation.as_ref()).and_then(|a| a.stop);
+        let for_good = match stop {
+            Some(StopReason::Cancelled) => Some(JobState::Cancelled),
+            Some(StopReason::TimeLimit) => Some(JobState::Timeout),
+            // (A gang that lost a task stops the rest with `TaskFailed` and requeues from here.)
+            _ => None,
+        };
+        if let Some(ended) = for_good {
+            self.end_run(id, ended, format!("{} ({reason})", ended.as_str().to_ascii_lowercase()), now);
+            return ended;
+        }
         let requeue = self.jobs.get(&id).is_some_and(|j| j.spec.requeue && j.attempt + 1 < ATTEMPTS_MAX);
         if !requeue {
             self.end_run(id, state, reason, now);

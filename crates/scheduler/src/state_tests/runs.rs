@@ -134,6 +134,35 @@ fn node_down_fails_its_jobs_and_frees_gpus() {
     s.check_invariants().unwrap();
 }
 
+/// Found by the deterministic simulation (issue 14): a cancel was acknowledged, the run's node
+/// went down before it stopped, and the job — requeueable — was queued again and completed.
+#[test]
+fn a_run_stopping_for_good_ends_so_when_its_node_fails_instead_of_requeueing() {
+    let stops = [
+        (Op::Cancel { job: 0, by: "alice".into() }, JobState::Cancelled),
+        (Op::EnforceTimeLimit { job: 0, attempt: 0 }, JobState::Timeout),
+    ];
+    for (stop, ended) in stops {
+        let mut s = cluster(2);
+        let mut sp = spec(1, "training");
+        sp.requeue = true;
+        sp.time_limit_s = Some(1);
+        let id = start(&mut s, sp, 2);
+        let stop = match stop {
+            Op::Cancel { by, .. } => Op::Cancel { job: id, by },
+            Op::EnforceTimeLimit { .. } => Op::EnforceTimeLimit { job: id, attempt: 0 },
+            other => other,
+        };
+        s.apply(&cmd(5_000, stop));
+        assert_eq!(s.jobs[&id].state, JobState::Running, "stopping, not stopped");
+        assert!(s.jobs[&id].allocation.as_ref().is_some_and(|a| a.stop.is_some()));
+        s.apply(&cmd(6_000, Op::NodeDown { node: "n1".into(), reason: "silent".into() }));
+        assert_eq!(s.jobs[&id].state, ended);
+        assert_eq!(s.jobs[&id].attempt, 0, "not requeued");
+        assert_eq!(s.check_invariants(), Ok(()));
+    }
+}
+
 #[test]
 fn requeueable_jobs_go_back_to_pending_with_the_next_attempt_when_their_node_fails() {
     let mut s = cluster(2);

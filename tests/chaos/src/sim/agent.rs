@@ -19,7 +19,7 @@ use kairos_scheduler::orders::{runs_on, RunAction};
 use kairos_scheduler::{Gpu, JobId, NodeInfo, NodeState, Op, Outcome, RunExit};
 use tokio::time::Instant;
 
-use super::World;
+use super::{locked, World};
 
 const TICK: Duration = Duration::from_millis(100);
 
@@ -114,6 +114,13 @@ pub async fn run(w: Arc<World>, node: String) {
             }
         }
         if !registered {
+            // As the agent service's `register` does (`kairos_scheduler::liveness`).
+            let may = w
+                .replica(via)
+                .is_none_or(|r| r.read(|a| locked(&w.liveness(via)).may_register(&a.state, &node)));
+            if !may {
+                continue;
+            }
             let sent = Instant::now();
             if let Ok(outcomes) =
                 w.write(&mut via, vec![Op::JoinNode { info: info.clone(), credential_epoch: epoch }]).await
@@ -121,9 +128,14 @@ pub async fn run(w: Arc<World>, node: String) {
                 match outcomes.first() {
                     Some(Outcome::NodeRegistered { epoch: e, .. }) => {
                         epoch = Some(*e);
-                        registered = true;
-                        lease_until = Some(sent + w.cfg.lease());
-                        w.heartbeat_seen(via, &node);
+                        let now = Instant::now().into_std();
+                        let stands = w.replica(via).is_some_and(|r| {
+                            r.read(|a| locked(&w.liveness(via)).registration_stands(&a.state, &node, now, 0))
+                        });
+                        if stands && !w.reply_lost() {
+                            registered = true;
+                            lease_until = Some(sent + w.cfg.lease());
+                        }
                     }
                     // A registration of another epoch (a stale credential): join afresh.
                     Some(Outcome::Rejected(_)) => epoch = None,
@@ -154,7 +166,10 @@ pub async fn run(w: Arc<World>, node: String) {
             registered = false;
             continue;
         }
-        w.heartbeat_seen(via, &node);
+        if !locked(&w.liveness(via)).heartbeat(&node, Instant::now().into_std(), 0) {
+            registered = false;
+            continue;
+        }
         if w.reply_lost() {
             continue;
         }
@@ -192,9 +207,12 @@ pub async fn run(w: Arc<World>, node: String) {
                         p.stop_at = Some(now + grace);
                     }
                 }
-                (RunAction::Stop { .. }, None) => {}
                 (_, Some(_)) => {}
-                (_, None) if started => {
+                // A run it should have but does not (it ended unreported across a crash, or
+                // was never launched): reported lost, so its GPUs come back.
+                (RunAction::Stop { .. }, None) | (_, None)
+                    if started || matches!(action, RunAction::Stop { .. }) =>
+                {
                     if lost_reported.insert(key) {
                         reports.push(Op::JobExited {
                             job,

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use kairos_consensus::store::{SnapshotMedium, StateMachineStore};
 use kairos_consensus::{Replica, ReplicaConfig, ReplicaId, Storage, WriteError};
-use kairos_scheduler::propose::{propose, silent_nodes};
+use kairos_scheduler::liveness::Liveness;
+use kairos_scheduler::propose::propose;
 use kairos_scheduler::{Command, Op, Outcome};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -27,8 +28,8 @@ pub struct Slot {
     pub snapshots: Arc<Mutex<Option<Vec<u8>>>>,
     pub replica: Option<Replica>,
     pub leader_loop: Option<JoinHandle<()>>,
-    /// Agents' heartbeats this replica received as leader (memory only, as in kairosd).
-    pub heartbeats: Arc<Mutex<BTreeMap<String, Instant>>>,
+    /// Node liveness as this replica saw it leading (memory only, as in kairosd).
+    pub liveness: Arc<Mutex<Liveness>>,
     /// How far this machine's wall clock is off.
     pub skew_ms: i64,
     /// Whether the replica is (meant to be) in the membership.
@@ -46,7 +47,7 @@ impl Slot {
             snapshots: Arc::default(),
             replica: None,
             leader_loop: None,
-            heartbeats: Arc::default(),
+            liveness: Arc::default(),
             skew_ms: 0,
             member,
             join: !member,
@@ -97,11 +98,12 @@ impl World {
             .await
             .map_err(|e| e.to_string())?;
         net::lock(&self.net).rafts.insert(id, replica.raft.clone());
-        let heartbeats: Arc<Mutex<BTreeMap<String, Instant>>> = Arc::default();
-        let task = tokio::spawn(leader_loop(self.clone(), id, replica.clone(), heartbeats.clone()));
+        self.trace(|| format!("replica {id} starts"));
+        let liveness: Arc<Mutex<Liveness>> = Arc::default();
+        let task = tokio::spawn(leader_loop(self.clone(), id, replica.clone(), liveness.clone()));
         let mut slots = self.slots();
         let slot = slots.get_mut(&id).ok_or("no such replica")?;
-        slot.heartbeats = heartbeats;
+        slot.liveness = liveness;
         slot.replica = Some(replica);
         slot.leader_loop = Some(task);
         Ok(())
@@ -114,6 +116,7 @@ impl World {
     /// Crashes replica `id`: its process ends at once; of its disk's unsynced writes `survive`
     /// reach the platter and, with `tear`, the next in part.
     pub async fn crash_replica(&self, id: ReplicaId, survive: usize, tear: bool) {
+        self.trace(|| format!("replica {id} crashes (unsynced writes surviving: {survive}, torn: {tear})"));
         let (replica, task) = {
             let mut slots = self.slots();
             let Some(slot) = slots.get_mut(&id) else { return };
@@ -172,8 +175,15 @@ impl World {
             return Err("replica paused".into());
         }
         let now = self.wall_ms(*via);
+        let shown = if self.traced {
+            format!("{:?}", ops.iter().map(op_name).collect::<Vec<_>>())
+        } else {
+            String::new()
+        };
         let commands = ops.into_iter().map(|op| Command { now_ms: now, op }).collect();
-        match replica.write(commands).await {
+        let result = replica.write(commands).await;
+        self.trace(|| format!("via {via}: {shown} -> {result:?}"));
+        match result {
             Ok(outcomes) => {
                 let lost = {
                     let mut n = net::lock(&self.net);
@@ -219,13 +229,8 @@ impl World {
 
 /// What `kairosd`'s leader loop does each tick, while this replica leads and is not paused:
 /// gather the silent nodes, ask the core what to change, propose it.
-async fn leader_loop(
-    w: Arc<World>,
-    id: ReplicaId,
-    replica: Replica,
-    heartbeats: Arc<Mutex<BTreeMap<String, Instant>>>,
-) {
-    let mut leader_since: Option<Instant> = None;
+async fn leader_loop(w: Arc<World>, id: ReplicaId, replica: Replica, liveness: Arc<Mutex<Liveness>>) {
+    let mut leader_since: Option<(u64, Instant)> = None;
     loop {
         tokio::time::sleep(TICK).await;
         if net::lock(&w.net).paused.contains(&id) {
@@ -235,18 +240,35 @@ async fn leader_loop(
             leader_since = None;
             continue;
         }
-        let since = *leader_since.get_or_insert_with(Instant::now);
+        let term = replica.raft.metrics().borrow().current_term;
+        if leader_since.is_none_or(|(t, _)| t != term) {
+            w.trace(|| format!("leader {id}: leads (term {term})"));
+            leader_since = Some((term, Instant::now()));
+            *liveness.lock().unwrap_or_else(|p| p.into_inner()) = Liveness::default();
+        }
+        let since = leader_since.map(|(_, at)| at).unwrap_or_else(Instant::now);
         let timeout = w.cfg.node_timeout;
         let now = w.wall_ms(id);
         let ops = replica.read(|a| {
-            let hb = heartbeats.lock().unwrap_or_else(|p| p.into_inner());
-            let silent = silent_nodes(&a.state, since.elapsed(), timeout, |n| hb.get(n).map(|t| t.elapsed()));
+            let mut l = liveness.lock().unwrap_or_else(|p| p.into_inner());
+            let silent = l.judge_silent(&a.state, since.elapsed(), timeout, Instant::now().into_std());
             propose(&a.state, now, &silent, timeout.as_secs())
         });
         if ops.is_empty() {
             continue;
         }
+        w.trace(|| format!("leader {id}: proposes {ops:?}"));
         let commands = ops.into_iter().map(|op| Command { now_ms: now, op }).collect();
-        let _ = replica.write(commands).await;
+        let result = replica.write(commands).await;
+        w.trace(|| format!("leader {id}: {result:?}"));
+    }
+}
+
+/// An op in a trace line (a submit without its spec).
+fn op_name(op: &Op) -> String {
+    match op {
+        Op::Submit { request_id, .. } => format!("Submit({request_id:?})"),
+        Op::JoinNode { info, credential_epoch } => format!("JoinNode({}, {credential_epoch:?})", info.name),
+        other => format!("{other:?}"),
     }
 }

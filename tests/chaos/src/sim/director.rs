@@ -162,17 +162,28 @@ impl World {
                     s.member = true;
                     s.join = true;
                 }
-                if self.start_replica(spare, true).await.is_err() {
-                    return;
-                }
-                let node = BasicNode::new(cluster::addr(spare));
-                let added = tokio::time::timeout(within, leader.raft.add_learner(spare, node, true)).await;
-                if !matches!(added, Ok(Ok(_))) {
-                    return;
-                }
                 let mut next = voters;
                 next.insert(spare);
-                let _ = tokio::time::timeout(within, leader.raft.change_membership(next, false)).await;
+                let mut added = self.start_replica(spare, true).await.is_ok();
+                if added {
+                    let node = BasicNode::new(cluster::addr(spare));
+                    let learner =
+                        tokio::time::timeout(within, leader.raft.add_learner(spare, node, true)).await;
+                    added = matches!(learner, Ok(Ok(_)));
+                }
+                if added {
+                    let _ = tokio::time::timeout(within, leader.raft.change_membership(next, false)).await;
+                }
+                // Whether it became a voter (or a learner) is what the membership says, wherever
+                // it got to; one that is in neither is stopped and wiped again.
+                let metrics = leader.raft.metrics().borrow().clone();
+                let joined = metrics.membership_config.nodes().any(|(id, _)| *id == spare);
+                self.trace(|| {
+                    format!("membership: adding {spare}: {}", if joined { "in" } else { "not in" })
+                });
+                if !joined {
+                    self.retire(spare).await;
+                }
             }
             _ => {
                 let list: Vec<ReplicaId> = voters.iter().copied().collect();
@@ -182,19 +193,24 @@ impl World {
                 let gone = list[pick as usize % list.len()];
                 let next: BTreeSet<ReplicaId> = voters.iter().copied().filter(|v| *v != gone).collect();
                 let changed = tokio::time::timeout(within, leader.raft.change_membership(next, false)).await;
+                self.trace(|| format!("membership: removing {gone}: {changed:?}"));
                 if matches!(changed, Ok(Ok(_))) {
-                    // Removed: stopped and wiped; it may be added back later, empty.
-                    if let Some(s) = self.slots().get_mut(&gone) {
-                        s.member = false;
-                    }
-                    self.crash_replica(gone, 0, false).await;
-                    if let Some(s) = self.slots().get_mut(&gone) {
-                        s.disk.wipe();
-                        *s.snapshots.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                        s.skew_ms = 0;
-                    }
+                    self.retire(gone).await;
                 }
             }
+        }
+    }
+
+    /// A replica out of the membership: stopped and wiped; it may be added back later, empty.
+    async fn retire(&self, id: ReplicaId) {
+        if let Some(s) = self.slots().get_mut(&id) {
+            s.member = false;
+        }
+        self.crash_replica(id, 0, false).await;
+        if let Some(s) = self.slots().get_mut(&id) {
+            s.disk.wipe();
+            *s.snapshots.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            s.skew_ms = 0;
         }
     }
 
@@ -233,10 +249,35 @@ impl World {
             if leader_after_ms.is_none() && leader.is_some() {
                 leader_after_ms = Some(Instant::now().duration_since(healed).as_millis() as i64);
             }
+            if let Some((_, l)) = &leader {
+                // Membership is what the cluster says: a replica whose addition never committed
+                // (its leader lost) is stopped and wiped, like an operator's retry would start over.
+                let listed: BTreeSet<ReplicaId> =
+                    l.raft.metrics().borrow().membership_config.nodes().map(|(id, _)| *id).collect();
+                let strays: Vec<ReplicaId> = self
+                    .slots()
+                    .iter()
+                    .filter(|(id, s)| s.member && !listed.contains(id))
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in strays {
+                    self.trace(|| format!("replica {id} is not in the membership: retired"));
+                    self.retire(id).await;
+                }
+            }
             let settled = self.observe(leader.as_ref().map(|(_, r)| r));
             let converged = settled.replicas.len() >= self.cfg.replicas
                 && settled.replicas.windows(2).all(|p| p[0].1 == p[1].1 && p[0].2 == p[1].2);
             if (leader.is_some() && settled.unfinished == 0 && converged) || Instant::now() >= deadline {
+                for (id, r) in self.running() {
+                    self.trace(|| {
+                        let m = r.raft.metrics().borrow().clone();
+                        format!(
+                            "replica {id}: {:?} term {} leader {:?} log {:?} applied {:?} snapshot {:?} membership {:?}",
+                            m.state, m.current_term, m.current_leader, m.last_log_index, m.last_applied, m.snapshot, m.membership_config
+                        )
+                    });
+                }
                 return Settled { leader_after_ms, ..settled };
             }
             tokio::time::sleep(Duration::from_millis(250)).await;

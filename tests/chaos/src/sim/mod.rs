@@ -105,6 +105,7 @@ pub struct World {
     rng: Mutex<Rng>,
     records: Mutex<Records>,
     agent_faults: Mutex<BTreeMap<String, AgentFault>>,
+    pub(crate) traced: bool,
 }
 
 fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -124,12 +125,21 @@ impl World {
         t.saturating_duration_since(self.start).as_millis() as i64
     }
 
+    /// Prints `what` at the simulated time when the run is traced (`KAIROS_SIM_TRACE=1`, what
+    /// `kairos-chaos --replay` of a failing seed is for).
+    pub fn trace(&self, what: impl FnOnce() -> String) {
+        if self.traced {
+            eprintln!("{:>7} ms  {}", self.elapsed_ms(), what());
+        }
+    }
+
     /// A draw in 0..n from the schedule's generator.
     pub fn draw(&self, n: u64) -> u64 {
         locked(&self.rng).below(n)
     }
 
     pub fn record(&self, op: Operation) {
+        self.trace(|| format!("client: {op:?}"));
         locked(&self.records).history.push(op);
     }
 
@@ -137,10 +147,9 @@ impl World {
         self.slots().get(&id).and_then(|s| s.replica.clone())
     }
 
-    pub fn heartbeat_seen(&self, via: ReplicaId, node: &str) {
-        if let Some(s) = self.slots().get(&via) {
-            locked(&s.heartbeats).insert(node.to_string(), Instant::now());
-        }
+    /// The liveness `via` keeps as leader.
+    pub fn liveness(&self, via: ReplicaId) -> Arc<Mutex<kairos_scheduler::liveness::Liveness>> {
+        self.slots().get(&via).map(|s| s.liveness.clone()).unwrap_or_default()
     }
 
     /// Whether a reply to an agent or client is lost now.
@@ -174,6 +183,7 @@ impl World {
             start_ms: self.ms_at(at),
             end_ms: None,
         });
+        self.trace(|| format!("{node}: start job {job} attempt {attempt} on GPUs {gpus:?}"));
         r.processes.len() - 1
     }
 
@@ -181,6 +191,15 @@ impl World {
         let at = self.ms_at(at);
         if let Some(p) = locked(&self.records).processes.get_mut(record) {
             p.end_ms = Some(at);
+            if self.traced {
+                eprintln!(
+                    "{:>7} ms  {}: end job {} attempt {} (at {at} ms)",
+                    self.elapsed_ms(),
+                    p.node,
+                    p.job,
+                    p.attempt
+                );
+            }
         }
     }
 }
@@ -235,6 +254,7 @@ async fn simulate(seed: u64, cfg: Config) -> ScheduleReport {
         slots: Mutex::new(slots),
         records: Mutex::default(),
         agent_faults: Mutex::default(),
+        traced: std::env::var_os("KAIROS_SIM_TRACE").is_some(),
         cfg,
     });
     let mut tasks = Vec::new();
@@ -253,6 +273,7 @@ async fn simulate(seed: u64, cfg: Config) -> ScheduleReport {
     let window_ms = w.cfg.window.as_millis() as u64;
     for fault in faults::schedule(seed, window_ms, w.cfg.node_timeout.as_millis() as u64) {
         tokio::time::sleep_until(w.start + Duration::from_millis(fault.at_ms)).await;
+        w.trace(|| format!("fault {} for {} ms", fault.kind.name(), fault.hold_ms));
         if w.inject(&fault).await {
             injected.push(fault.kind);
         }

@@ -1,0 +1,145 @@
+//! Node liveness as the leader sees it, in its memory: each node's last heartbeat, and the nodes
+//! it has judged silent. The caller passes every time in (its monotonic clock); nothing here
+//! reads a clock.
+//!
+//! The fencing promise — a run that the cluster requeues has stopped before its next attempt
+//! starts — needs the agent's lease (`sent + lease`, runs killed by `lease + grace`, less than
+//! the node timeout) never to be renewed after the leader decided the node is silent. A
+//! heartbeat or registration answered while the `NodeDown` is in flight would renew it past the
+//! requeue (the deterministic simulation found this: a heartbeat answered between the proposal
+//! and its commit let an agent launch a run the `NodeDown` then requeued elsewhere). So a node
+//! judged silent is *condemned*: its heartbeats are refused, and it may register again only once
+//! the state shows it down, and a registration that a `NodeDown` overtook in the log is refused
+//! too (`registration_stands`). A new leader starts with empty liveness and gives every node a
+//! full timeout of grace.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use crate::model::NodeState;
+use crate::state::ClusterState;
+
+#[derive(Clone, Debug, Default)]
+pub struct Liveness {
+    /// Last heartbeat (or registration) per node: when (monotonic) and the wall-clock ms.
+    seen: BTreeMap<String, (Instant, i64)>,
+    /// Nodes judged silent, until they register again.
+    condemned: BTreeSet<String>,
+}
+
+impl Liveness {
+    /// A heartbeat from `node`: false (refused: the node must register again) when it was
+    /// judged silent.
+    pub fn heartbeat(&mut self, node: &str, now: Instant, wall_ms: i64) -> bool {
+        if self.condemned.contains(node) {
+            return false;
+        }
+        self.seen.insert(node.to_string(), (now, wall_ms));
+        true
+    }
+
+    /// Whether `node` may register now: not while this leader's `NodeDown` for it is in flight
+    /// (the state does not show it down yet).
+    pub fn may_register(&self, state: &ClusterState, node: &str) -> bool {
+        !self.condemned.contains(node) || is_down(state, node)
+    }
+
+    /// After its `JoinNode` committed: whether the registration stands (no `NodeDown` came after
+    /// it in the log), and if so the node is live again.
+    pub fn registration_stands(
+        &mut self,
+        state: &ClusterState,
+        node: &str,
+        now: Instant,
+        wall_ms: i64,
+    ) -> bool {
+        if is_down(state, node) {
+            return false;
+        }
+        self.condemned.remove(node);
+        self.seen.insert(node.to_string(), (now, wall_ms));
+        true
+    }
+
+    /// The nodes to mark down now, condemned from here on: none until this leader has led for
+    /// `timeout`, then every node not down whose last heartbeat here is `timeout` old or older,
+    /// or unknown.
+    pub fn judge_silent(
+        &mut self,
+        state: &ClusterState,
+        led_for: Duration,
+        timeout: Duration,
+        now: Instant,
+    ) -> BTreeSet<String> {
+        if led_for < timeout {
+            return BTreeSet::new();
+        }
+        let silent: BTreeSet<String> = state
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.state != NodeState::Down)
+            .filter(|(name, _)| {
+                self.seen
+                    .get(name.as_str())
+                    .is_none_or(|(at, _)| now.saturating_duration_since(*at) >= timeout)
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        self.condemned.extend(silent.iter().cloned());
+        silent
+    }
+
+    /// When `node` was last heard of (wall-clock ms; 0: never, here).
+    pub fn last_seen_ms(&self, node: &str) -> i64 {
+        self.seen.get(node).map(|(_, ms)| *ms).unwrap_or(0)
+    }
+}
+
+fn is_down(state: &ClusterState, node: &str) -> bool {
+    state.nodes.get(node).is_some_and(|n| n.state == NodeState::Down)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Command, Op};
+    use crate::testing::node_info;
+
+    fn state() -> ClusterState {
+        let mut s = ClusterState::new();
+        s.apply(&Command { now_ms: 1, op: Op::RegisterNode { info: node_info("n1", 1) } });
+        s
+    }
+
+    #[test]
+    fn a_node_judged_silent_gets_no_lease_until_it_registers_after_the_node_down() {
+        let t0 = Instant::now();
+        let timeout = Duration::from_secs(3);
+        let mut s = state();
+        let mut l = Liveness::default();
+        assert!(l.judge_silent(&s, Duration::from_secs(1), timeout, t0).is_empty(), "a new leader's grace");
+        assert!(l.heartbeat("n1", t0, 1));
+        let later = t0 + Duration::from_secs(2);
+        assert!(l.judge_silent(&s, Duration::from_secs(5), timeout, later).is_empty());
+        let silent_at = t0 + timeout;
+        assert_eq!(
+            l.judge_silent(&s, Duration::from_secs(5), timeout, silent_at),
+            BTreeSet::from(["n1".into()])
+        );
+        // The NodeDown is in flight: the node's heartbeat and registration are refused.
+        assert!(!l.heartbeat("n1", silent_at, 2), "a heartbeat must not renew the lease now");
+        assert!(!l.may_register(&s, "n1"));
+        // A registration that committed before the NodeDown does not stand once it applied.
+        s.apply(&Command { now_ms: 3, op: Op::NodeDown { node: "n1".into(), reason: "silent".into() } });
+        assert!(!l.registration_stands(&s, "n1", silent_at, 3));
+        assert!(l.may_register(&s, "n1"), "once down, it may register again");
+        s.apply(&Command { now_ms: 4, op: Op::RegisterNode { info: node_info("n1", 1) } });
+        assert!(l.registration_stands(&s, "n1", silent_at, 4));
+        assert!(l.heartbeat("n1", silent_at, 5));
+        assert_eq!(l.last_seen_ms("n1"), 5);
+        // A node already down is not judged again.
+        s.apply(&Command { now_ms: 6, op: Op::NodeDown { node: "n1".into(), reason: "silent".into() } });
+        let much_later = silent_at + Duration::from_secs(60);
+        assert!(l.judge_silent(&s, Duration::from_secs(60), timeout, much_later).is_empty());
+    }
+}
