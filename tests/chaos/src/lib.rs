@@ -131,6 +131,8 @@ pub enum Violation {
     CancelNotHonoured { job: JobId, state: String },
     #[error("job {job} started (its events say so) but no process of it was recorded")]
     NoProcessRecord { job: JobId },
+    #[error("replica {replica}: the state breaks its own invariants: {what}")]
+    StateInvariant { replica: u64, what: String },
     #[error("the run itself failed: {what}")]
     Harness { what: String },
 }
@@ -297,6 +299,14 @@ pub fn processes_recorded(jobs: &[FinalJob], processes: &[ProcessRecord]) -> Res
     }
 }
 
+/// Every replica's state passed its own invariant check.
+pub fn states_hold_their_invariants(checked: &[(u64, Result<(), String>)]) -> Result<(), Violation> {
+    match checked.iter().find_map(|(r, c)| c.as_ref().err().map(|e| (*r, e.clone()))) {
+        Some((replica, what)) => Err(Violation::StateInvariant { replica, what }),
+        None => Ok(()),
+    }
+}
+
 /// Everything one run recorded, for `check_all`.
 pub struct Run<'a> {
     pub history: &'a [Operation],
@@ -310,6 +320,8 @@ pub struct Run<'a> {
     pub bound_ms: i64,
     /// Jobs not finished at the end.
     pub unfinished: usize,
+    /// `ClusterState::check_invariants` of each replica's state, where the run can read it.
+    pub invariants: &'a [(u64, Result<(), String>)],
 }
 
 /// Every checker over one run.
@@ -324,6 +336,7 @@ pub fn check_all(run: &Run) -> Vec<Violation> {
         acked_cancels_hold(run.history, run.finals),
         processes_recorded(run.finals, run.processes),
         recovered(0, run.leader_after_ms, run.bound_ms, run.unfinished),
+        states_hold_their_invariants(run.invariants),
     ]
     .into_iter()
     .filter_map(Result::err)
@@ -527,6 +540,79 @@ not json
         assert!(matches!(recovered(1000, Some(3000), 1000, 0), Err(Violation::NoLeader { .. })));
         assert!(matches!(recovered(1000, None, 1000, 0), Err(Violation::NoLeader { .. })));
         assert_eq!(recovered(1000, Some(1100), 1000, 3), Err(Violation::QueueNotDrained { pending: 3 }));
+    }
+
+    #[test]
+    fn replicas_that_did_not_converge_are_reported_not_skipped() {
+        let r = |id: u64, index: u64, d: &str| (id, index, d.to_string());
+        assert_eq!(replicas_converged(3, &[r(1, 9, "aa"), r(2, 9, "aa"), r(3, 9, "aa")]), Ok(()));
+        // Behind (what digests_agree alone let pass), absent, or down.
+        assert!(matches!(
+            replicas_converged(3, &[r(1, 9, "aa"), r(2, 9, "aa"), r(3, 7, "bb")]),
+            Err(Violation::NotConverged { .. })
+        ));
+        assert!(matches!(
+            replicas_converged(3, &[r(1, 9, "aa"), r(2, 9, "aa")]),
+            Err(Violation::NotConverged { .. })
+        ));
+        assert!(matches!(replicas_converged(3, &[]), Err(Violation::NotConverged { .. })));
+        // Different states at one index stay the sharper finding.
+        assert!(matches!(
+            replicas_converged(3, &[r(1, 9, "aa"), r(2, 9, "ab"), r(3, 9, "aa")]),
+            Err(Violation::DigestsDiffer { index: 9, .. })
+        ));
+    }
+
+    #[test]
+    fn an_acknowledged_cancel_of_a_job_that_ended_otherwise_is_reported() {
+        let history =
+            vec![Operation::Cancel { job: 1, acked: true }, Operation::Cancel { job: 2, acked: false }];
+        let fine = vec![job(1, "CANCELLED", &["cancelled"]), job(2, "COMPLETED", &["completed"])];
+        assert_eq!(acked_cancels_hold(&history, &fine), Ok(()));
+        let requeued =
+            vec![job(1, "COMPLETED", &["requeued", "completed"]), job(2, "COMPLETED", &["completed"])];
+        assert_eq!(
+            acked_cancels_hold(&history, &requeued),
+            Err(Violation::CancelNotHonoured { job: 1, state: "COMPLETED".into() })
+        );
+        assert!(matches!(
+            acked_cancels_hold(&history, &[]),
+            Err(Violation::CancelNotHonoured { job: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn jobs_that_started_without_a_process_record_are_reported() {
+        let jobs = vec![job(1, "COMPLETED", &["started", "completed"]), job(2, "PENDING", &[])];
+        assert_eq!(processes_recorded(&jobs, &[proc("n1", 1, 0, &[0], 0, Some(5))]), Ok(()));
+        // Empty or unread process logs no longer pass the GPU and attempt checkers unseen.
+        assert_eq!(processes_recorded(&jobs, &[]), Err(Violation::NoProcessRecord { job: 1 }));
+    }
+
+    #[test]
+    fn a_state_that_breaks_its_invariants_is_reported_and_every_checker_runs() {
+        let checked = vec![(1, Ok(())), (2, Err("GPU 0 of n1 allocated twice".to_string()))];
+        assert_eq!(
+            states_hold_their_invariants(&checked),
+            Err(Violation::StateInvariant { replica: 2, what: "GPU 0 of n1 allocated twice".into() })
+        );
+        let history = vec![Operation::Submit { request_id: "r1".into(), acked: Some(1) }];
+        let run = Run {
+            history: &history,
+            processes: &[],
+            finals: &[],
+            replicas: &[],
+            expected_replicas: 3,
+            leader_after_ms: None,
+            bound_ms: 1000,
+            unfinished: 0,
+            invariants: &checked,
+        };
+        let found = check_all(&run);
+        assert!(found.iter().any(|v| matches!(v, Violation::LostSubmit { .. })));
+        assert!(found.iter().any(|v| matches!(v, Violation::NotConverged { .. })));
+        assert!(found.iter().any(|v| matches!(v, Violation::NoLeader { .. })));
+        assert!(found.iter().any(|v| matches!(v, Violation::StateInvariant { .. })));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use kairos_chaos::sim::{faults, run_schedule, Config, ScheduleReport};
+use kairos_chaos::sim::{faults, run_schedule, Config, Observed, ScheduleReport};
 
 struct Args {
     schedules: usize,
@@ -63,7 +63,7 @@ fn fresh_seed() -> u64 {
 }
 
 fn replay(seed: u64) -> i32 {
-    let cfg = Config::default();
+    let cfg = Config::for_seed(seed);
     let plan = faults::schedule(seed, cfg.window.as_millis() as u64, cfg.node_timeout.as_millis() as u64);
     for f in &plan {
         eprintln!("fault {} at {} ms for {} ms (pick {:#x})", f.kind.name(), f.at_ms, f.hold_ms, f.pick);
@@ -83,6 +83,8 @@ fn replay(seed: u64) -> i32 {
             "violations": report.violations.iter().map(|v| v.to_string()).collect::<Vec<_>>(),
             "simulated_ms": report.simulated_ms,
             "fingerprint": report.fingerprint,
+            "replicas": cfg.replicas,
+            "observed": report.observed,
         })
     );
     i32::from(!report.violations.is_empty())
@@ -104,7 +106,6 @@ fn main() {
     let started = std::time::Instant::now();
     let next = AtomicUsize::new(0);
     let reports: Mutex<Vec<ScheduleReport>> = Mutex::new(Vec::new());
-    let cfg = Config::default();
     std::thread::scope(|s| {
         for _ in 0..args.threads {
             s.spawn(|| loop {
@@ -112,7 +113,8 @@ fn main() {
                 if i >= args.schedules {
                     return;
                 }
-                let report = run_schedule(schedule_seed(seed, i), &cfg);
+                let seed = schedule_seed(seed, i);
+                let report = run_schedule(seed, &Config::for_seed(seed));
                 for v in &report.violations {
                     eprintln!(
                         "schedule {}: {v} (rerun alone: kairos-chaos --replay {})",
@@ -142,6 +144,10 @@ fn main() {
             "seconds": (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
             "simulated_seconds": reports.iter().map(|r| r.simulated_ms).sum::<i64>() / 1000,
             "failing_seeds": failing,
+            "observed": reports.iter().fold(Observed::default(), |mut o, r| {
+                o.add(&r.observed);
+                o
+            }),
         })
     );
     std::process::exit(i32::from(violations > 0));

@@ -99,6 +99,9 @@ impl World {
             .map_err(|e| e.to_string())?;
         net::lock(&self.net).rafts.insert(id, replica.raft.clone());
         self.trace(|| format!("replica {id} starts"));
+        if self.elapsed_ms() > 0 {
+            self.restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let liveness: Arc<Mutex<Liveness>> = Arc::default();
         let task = tokio::spawn(leader_loop(self.clone(), id, replica.clone(), liveness.clone()));
         let mut slots = self.slots();
@@ -260,6 +263,10 @@ async fn leader_loop(w: Arc<World>, id: ReplicaId, replica: Replica, liveness: A
         w.trace(|| format!("leader {id}: proposes {ops:?}"));
         let commands = ops.into_iter().map(|op| Command { now_ms: now, op }).collect();
         let result = replica.write(commands).await;
+        if let Ok(outcomes) = &result {
+            let downs = outcomes.iter().filter(|o| matches!(o, Outcome::NodeDown { .. })).count();
+            w.node_downs.fetch_add(downs as u64, std::sync::atomic::Ordering::Relaxed);
+        }
         w.trace(|| format!("leader {id}: {result:?}"));
     }
 }

@@ -27,6 +27,18 @@ impl World {
         (!running.is_empty()).then(|| running[(pick as usize / 4) % running.len()])
     }
 
+    /// Waits (at most half a second) until `id`'s disk has a write in flight: crashes and power
+    /// cuts strike mid-write, where durability bugs live.
+    async fn while_writing(&self, id: Option<ReplicaId>) {
+        let Some(disk) = id.and_then(|id| self.slots().get(&id).map(|s| s.disk.clone())) else { return };
+        for _ in 0..500 {
+            if disk.unsynced() > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     fn hold_down(&self, id: ReplicaId, hold: Duration) {
         if let Some(s) = self.slots().get_mut(&id) {
             s.down_until = Some(Instant::now() + hold);
@@ -45,11 +57,13 @@ impl World {
             }
             FaultKind::TornWrite => {
                 let Some(id) = self.target(pick | 1) else { return false };
+                self.while_writing(Some(id)).await;
                 let unsynced = self.slots().get(&id).map(|s| s.disk.unsynced()).unwrap_or(0);
                 self.hold_down(id, hold);
                 self.crash_replica(id, (pick >> 8) as usize % (unsynced + 1), true).await;
             }
             FaultKind::PowerLoss => {
+                self.while_writing(self.leader().map(|(id, _)| id)).await;
                 let running: Vec<ReplicaId> = self.running().into_iter().map(|(id, _)| id).collect();
                 for id in running {
                     self.hold_down(id, hold);
@@ -68,20 +82,28 @@ impl World {
                 });
             }
             FaultKind::Partition => {
+                // One side: the target (often the leader) and, in larger clusters, up to a
+                // minority more; cut from the rest both ways or one way.
                 let Some(x) = self.target(pick) else { return false };
-                let others: Vec<ReplicaId> = self.slots().keys().copied().filter(|o| *o != x).collect();
+                let all: Vec<ReplicaId> = self.slots().keys().copied().collect();
+                let extra = (pick >> 24) as usize % all.len().div_ceil(2);
+                let side: BTreeSet<ReplicaId> =
+                    std::iter::once(x).chain(all.iter().copied().filter(|o| *o != x).take(extra)).collect();
+                self.trace(|| format!("partition {side:?} | rest, mode {}", (pick >> 16) % 3));
                 let mut cut = BTreeSet::new();
-                for o in others {
-                    match (pick >> 16) % 3 {
-                        0 => {
-                            cut.insert((x, o));
-                            cut.insert((o, x));
-                        }
-                        1 => {
-                            cut.insert((x, o));
-                        }
-                        _ => {
-                            cut.insert((o, x));
+                for a in &side {
+                    for o in all.iter().filter(|o| !side.contains(o)) {
+                        match (pick >> 16) % 3 {
+                            0 => {
+                                cut.insert((*a, *o));
+                                cut.insert((*o, *a));
+                            }
+                            1 => {
+                                cut.insert((*a, *o));
+                            }
+                            _ => {
+                                cut.insert((*o, *a));
+                            }
                         }
                     }
                 }
@@ -287,6 +309,10 @@ impl World {
     fn observe(&self, leader: Option<&kairos_consensus::Replica>) -> Settled {
         let members: Vec<(ReplicaId, Option<kairos_consensus::Replica>)> =
             self.slots().iter().filter(|(_, s)| s.member).map(|(id, s)| (*id, s.replica.clone())).collect();
+        let invariants = members
+            .iter()
+            .filter_map(|(id, r)| r.as_ref().map(|r| (*id, r.read(|a| a.state.check_invariants()))))
+            .collect();
         let replicas = members
             .iter()
             .map(|(id, r)| match r {
@@ -320,7 +346,7 @@ impl World {
             })
             .unwrap_or_default();
         let unfinished = finals.iter().filter(|j| !crate::TERMINAL.contains(&j.state.as_str())).count();
-        Settled { finals, replicas, leader_after_ms: None, unfinished }
+        Settled { finals, replicas, invariants, leader_after_ms: None, unfinished }
     }
 
     /// Every checker over what this schedule recorded. Also returns what the fingerprint covers
@@ -341,6 +367,7 @@ impl World {
             leader_after_ms: settled.leader_after_ms,
             bound_ms,
             unfinished: settled.unfinished,
+            invariants: &settled.invariants,
         });
         (violations, settled.replicas)
     }

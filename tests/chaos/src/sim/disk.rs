@@ -74,6 +74,8 @@ pub struct DiskState {
     pub torn_dropped: u64,
     /// Writes refused because the disk was full.
     pub refused: u64,
+    /// Unsynced writes crashes lost.
+    pub lost: u64,
 }
 
 /// A disk and how long a sync takes on it.
@@ -81,11 +83,13 @@ pub struct DiskState {
 pub struct Disk {
     pub state: Arc<Mutex<DiskState>>,
     pub sync_time: Duration,
+    /// Broken on purpose (a test build): appends are acknowledged before they are synced.
+    pub acks_before_sync: bool,
 }
 
 impl Disk {
     pub fn new(sync_time: Duration) -> Disk {
-        Disk { state: Arc::default(), sync_time }
+        Disk { state: Arc::default(), sync_time, acks_before_sync: false }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, DiskState> {
@@ -98,6 +102,7 @@ impl Disk {
         let mut d = self.lock();
         let pending = std::mem::take(&mut d.pending);
         let survive = survive.min(pending.len());
+        d.lost += (pending.len() - survive) as u64;
         for w in &pending[..survive] {
             d.durable.apply(w);
         }
@@ -293,6 +298,16 @@ impl RaftLogStorage<TypeConfig> for SimLog {
             writes.push(Write::Put(e.log_id.index, serde_json::to_vec(&e).map_err(read_err)?));
         }
         self.write(writes).map_err(write_err)?;
+        if self.disk.acks_before_sync {
+            // The bug: done at once, synced by a background flush some time later.
+            callback.log_io_completed(Ok(()));
+            let log = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(log.disk.sync_time * 20).await;
+                let _ = log.sync().await;
+            });
+            return Ok(());
+        }
         // Readable now; appended only once synced. A crash before then never calls back.
         match self.sync().await {
             Ok(()) => callback.log_io_completed(Ok(())),

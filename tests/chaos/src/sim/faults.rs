@@ -76,11 +76,11 @@ fn hold_ms(kind: FaultKind, node_timeout_ms: u64, rng: &mut Rng) -> u64 {
     }
 }
 
-/// The faults of the schedule `seed` within `window_ms`: 4 to 9 of them at random times, each
+/// The faults of the schedule `seed` within `window_ms`: 5 to 14 of them at random times, each
 /// of a random kind, overlapping as they fall.
 pub fn schedule(seed: u64, window_ms: u64, node_timeout_ms: u64) -> Vec<Fault> {
     let mut rng = Rng::new(seed ^ 0x5eed_fa17);
-    let count = 4 + rng.below(6);
+    let count = 5 + rng.below(10);
     let mut faults: Vec<Fault> = (0..count)
         .map(|_| {
             let kind = FaultKind::ALL[rng.below(FaultKind::ALL.len() as u64) as usize];
@@ -107,7 +107,7 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         for seed in 0..100 {
             let s = schedule(seed, 20_000, 3_000);
-            assert!((4..10).contains(&s.len()));
+            assert!((5..15).contains(&s.len()));
             assert!(s.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
             for f in s {
                 assert!(f.at_ms >= 1_000 && f.at_ms < 20_000);

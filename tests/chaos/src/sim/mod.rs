@@ -41,6 +41,8 @@ pub const WALL_BASE_MS: i64 = 1_780_000_000_000;
 pub struct Broken {
     /// Agents keep running (and launching) after their lease lapsed; no watchdog.
     pub agents_ignore_lease: bool,
+    /// The log acknowledges appends before syncing them.
+    pub log_acks_before_sync: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -65,10 +67,10 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             replicas: 3,
-            nodes: 3,
+            nodes: 4,
             gpus_per_node: 4,
-            jobs: 24,
-            window: Duration::from_secs(20),
+            jobs: 36,
+            window: Duration::from_secs(30),
             settle: Duration::from_secs(90),
             node_timeout: Duration::from_secs(3),
             snapshot_logs: 40,
@@ -78,6 +80,12 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The configuration schedule `seed` runs: one in three clusters has five replicas.
+    pub fn for_seed(seed: u64) -> Config {
+        let replicas = if seed % 3 == 0 { 5 } else { 3 };
+        Config { replicas, ..Config::default() }
+    }
+
     /// The agent's lease and fence grace, as `kairosd` derives them (`Timing::lease`,
     /// `Timing::fence_grace`): lease + grace stays below the node timeout.
     pub fn lease(&self) -> Duration {
@@ -106,6 +114,9 @@ pub struct World {
     records: Mutex<Records>,
     agent_faults: Mutex<BTreeMap<String, AgentFault>>,
     pub(crate) traced: bool,
+    /// What the faults did, counted as it happens.
+    pub node_downs: std::sync::atomic::AtomicU64,
+    pub restarts: std::sync::atomic::AtomicU64,
 }
 
 fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -217,6 +228,38 @@ pub struct ScheduleReport {
     pub fingerprint: String,
     /// Simulated time the schedule took, ms.
     pub simulated_ms: i64,
+    pub observed: Observed,
+}
+
+/// What the faults did to the cluster in one schedule: evidence that they bit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Observed {
+    /// Nodes marked down (fencing ran).
+    pub node_downs: u64,
+    /// Runs requeued (after a node failure or preemption).
+    pub requeues: u64,
+    pub preemptions: u64,
+    /// The highest Raft term reached (elections).
+    pub max_term: u64,
+    /// Replica starts after the first (crashes, power losses, fail-stops).
+    pub restarts: u64,
+    /// Unsynced writes that crashes lost, torn entries dropped at open, writes a full disk refused.
+    pub unsynced_lost: u64,
+    pub torn_dropped: u64,
+    pub disk_refused: u64,
+}
+
+impl Observed {
+    pub fn add(&mut self, o: &Observed) {
+        self.node_downs += o.node_downs;
+        self.requeues += o.requeues;
+        self.preemptions += o.preemptions;
+        self.max_term = self.max_term.max(o.max_term);
+        self.restarts += o.restarts;
+        self.unsynced_lost += o.unsynced_lost;
+        self.torn_dropped += o.torn_dropped;
+        self.disk_refused += o.disk_refused;
+    }
 }
 
 /// Runs schedule `seed` on this thread and checks it.
@@ -234,6 +277,7 @@ pub fn run_schedule(seed: u64, cfg: &Config) -> ScheduleReport {
             violations: vec![Violation::Harness { what: format!("building the runtime: {e}") }],
             fingerprint: String::new(),
             simulated_ms: 0,
+            observed: Observed::default(),
         },
     }
 }
@@ -243,8 +287,11 @@ async fn simulate(seed: u64, cfg: Config) -> ScheduleReport {
     let mut slots = BTreeMap::new();
     // Replicas 1..=n start as the cluster; one more is the spare a membership change adds.
     for id in 1..=(cfg.replicas as ReplicaId + 1) {
-        let sync = Duration::from_millis(1 + rng.below(8));
-        slots.insert(id, Slot::new(sync, id <= cfg.replicas as ReplicaId));
+        // fsync latency: a fast SSD to a slow disk.
+        let sync = Duration::from_millis(1 + rng.below(20));
+        let mut slot = Slot::new(sync, id <= cfg.replicas as ReplicaId);
+        slot.disk.acks_before_sync = cfg.broken.log_acks_before_sync;
+        slots.insert(id, slot);
     }
     let w = Arc::new(World {
         net: net::new_net(rng.next_u64()),
@@ -255,6 +302,8 @@ async fn simulate(seed: u64, cfg: Config) -> ScheduleReport {
         records: Mutex::default(),
         agent_faults: Mutex::default(),
         traced: std::env::var_os("KAIROS_SIM_TRACE").is_some(),
+        node_downs: Default::default(),
+        restarts: Default::default(),
         cfg,
     });
     let mut tasks = Vec::new();
@@ -286,6 +335,25 @@ async fn simulate(seed: u64, cfg: Config) -> ScheduleReport {
     for t in &tasks {
         t.abort();
     }
+    let events = |kind: &str| -> u64 {
+        settled.finals.iter().map(|j| j.events.iter().filter(|e| *e == kind).count() as u64).sum()
+    };
+    let mut observed = Observed {
+        node_downs: w.node_downs.load(std::sync::atomic::Ordering::Relaxed),
+        requeues: events("requeued"),
+        preemptions: events("preempted"),
+        restarts: w.restarts.load(std::sync::atomic::Ordering::Relaxed),
+        ..Observed::default()
+    };
+    for (_, r) in w.running() {
+        observed.max_term = observed.max_term.max(r.raft.metrics().borrow().current_term);
+    }
+    for s in w.slots().values() {
+        let d = s.disk.state.lock().unwrap_or_else(|p| p.into_inner());
+        observed.unsynced_lost += d.lost;
+        observed.torn_dropped += d.torn_dropped;
+        observed.disk_refused += d.refused;
+    }
     let found = w.check(settled, healed);
     violations.extend(found.0);
     for (id, _) in w.running() {
@@ -311,6 +379,7 @@ async fn simulate(seed: u64, cfg: Config) -> ScheduleReport {
         violations,
         fingerprint: format!("{fingerprint:016x}"),
         simulated_ms: w.elapsed_ms(),
+        observed,
     }
 }
 
@@ -347,6 +416,8 @@ pub struct Settled {
     pub finals: Vec<FinalJob>,
     /// (replica, applied index, digest) of every member.
     pub replicas: Vec<(ReplicaId, u64, String)>,
+    /// Each running member's own invariant check.
+    pub invariants: Vec<(ReplicaId, Result<(), String>)>,
     pub leader_after_ms: Option<i64>,
     pub unfinished: usize,
 }
