@@ -14,6 +14,10 @@ use super::faults::{Fault, FaultKind};
 use super::{cluster, locked, net, Settled, World};
 use crate::{FinalJob, Violation};
 
+/// Membership changes never take a cluster below three replicas; every member (as the healed
+/// cluster's membership lists them) must converge.
+const MIN_MEMBERS: usize = 3;
+
 impl World {
     /// The leader, or failing that any running replica (a fault aimed at the leader then hits
     /// whoever runs).
@@ -209,7 +213,7 @@ impl World {
             }
             _ => {
                 let list: Vec<ReplicaId> = voters.iter().copied().collect();
-                if list.len() <= self.cfg.replicas.min(3) {
+                if list.len() <= MIN_MEMBERS {
                     return;
                 }
                 let gone = list[pick as usize % list.len()];
@@ -288,7 +292,7 @@ impl World {
                 }
             }
             let settled = self.observe(leader.as_ref().map(|(_, r)| r));
-            let converged = settled.replicas.len() >= self.cfg.replicas
+            let converged = settled.replicas.len() >= MIN_MEMBERS
                 && settled.replicas.windows(2).all(|p| p[0].1 == p[1].1 && p[0].2 == p[1].2);
             if (leader.is_some() && settled.unfinished == 0 && converged) || Instant::now() >= deadline {
                 for (id, r) in self.running() {
@@ -363,7 +367,7 @@ impl World {
             processes: &records.processes,
             finals: &settled.finals,
             replicas: &settled.replicas,
-            expected_replicas: self.cfg.replicas,
+            expected_replicas: MIN_MEMBERS,
             leader_after_ms: settled.leader_after_ms,
             bound_ms,
             unfinished: settled.unfinished,
