@@ -72,12 +72,17 @@ struct ProcessLine {
 }
 
 /// Pairs the start and exit lines of agents' process logs into process records (a start with no
-/// exit is still running). Lines that do not parse are skipped.
-pub fn parse_process_log(text: &str) -> Vec<ProcessRecord> {
+/// exit is still running), and counts the non-empty lines that do not parse (a run treats any
+/// as a failure: records it cannot read are records the checkers never saw).
+pub fn parse_process_log(text: &str) -> (Vec<ProcessRecord>, usize) {
     let mut records: Vec<ProcessRecord> = Vec::new();
     let mut open: BTreeMap<(String, JobId, u32), usize> = BTreeMap::new();
-    for line in text.lines() {
-        let Ok(l) = serde_json::from_str::<ProcessLine>(line) else { continue };
+    let mut unparsed = 0;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let Ok(l) = serde_json::from_str::<ProcessLine>(line) else {
+            unparsed += 1;
+            continue;
+        };
         let key = (l.node.clone(), l.job, l.attempt);
         match l.event.as_str() {
             "start" => {
@@ -99,7 +104,7 @@ pub fn parse_process_log(text: &str) -> Vec<ProcessRecord> {
             _ => {}
         }
     }
-    records
+    (records, unparsed)
 }
 
 /// What a checker found wrong.
@@ -460,8 +465,9 @@ not json
 {"t_ms":20,"event":"exit","node":"n0","job":1,"attempt":0,"how":"exit 0"}
 {"t_ms":21,"event":"exit","node":"n0","job":9,"attempt":0,"how":"orphan killed"}
 "#;
-        let records = parse_process_log(log);
+        let (records, unparsed) = parse_process_log(log);
         assert_eq!(records, vec![proc("n0", 1, 0, &[0, 1], 10, Some(20)), proc("n1", 2, 0, &[0], 12, None)]);
+        assert_eq!(unparsed, 1, "the line that is not JSON is counted");
     }
 
     #[test]

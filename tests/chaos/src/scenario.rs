@@ -12,10 +12,7 @@ use std::sync::atomic::Ordering;
 
 use crate::proxy::{self, Faults, Rng};
 use crate::workload::{self, in_namespace, Client};
-use crate::{
-    digests_agree, no_acknowledged_submit_lost, no_attempt_runs_twice, no_gpu_held_twice,
-    no_submit_applied_twice, one_terminal_state_each, parse_process_log, recovered, Summary, Violation,
-};
+use crate::{check_all, parse_process_log, Run, Summary, Violation};
 
 /// What goes wrong during a scenario.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -359,26 +356,28 @@ pub fn run(prefix: &str, s: &Scenario) -> Result<Outcome, ClusterError> {
         .map_err(ClusterError::Io)?;
     // Stop the agents gracefully so every process end is logged, then read the logs.
     c.stop();
-    let processes = parse_process_log(&c.process_logs());
+    let (processes, unparsed) = parse_process_log(&c.process_logs());
     let finals = workload::final_jobs(&jobs);
     let pending = jobs.iter().filter(|j| !is_terminal(j.state)).count();
 
-    let mut violations = Vec::new();
     let leader_ms = slowest.map(|_| recover_ms);
-    for check in [
-        no_acknowledged_submit_lost(&history, &finals),
-        no_submit_applied_twice(&finals),
-        no_gpu_held_twice(&processes),
-        no_attempt_runs_twice(&processes),
-        one_terminal_state_each(&finals),
-        digests_agree(
-            &statuses.iter().map(|s| (s.applied_index, s.state_digest.clone())).collect::<Vec<_>>(),
-        ),
-        recovered(0, leader_ms, s.leader_bound.as_millis() as i64, pending),
-    ] {
-        if let Err(v) = check {
-            violations.push(v);
-        }
+    // Replicas that did not answer or converge within the reader's bound are a violation (the
+    // checker needs all three), not skipped.
+    let replicas: Vec<(u64, u64, String)> =
+        statuses.iter().map(|s| (s.id, s.applied_index, s.state_digest.clone())).collect();
+    let mut violations = check_all(&Run {
+        history: &history,
+        processes: &processes,
+        finals: &finals,
+        replicas: &replicas,
+        expected_replicas: s.topology.controllers,
+        leader_after_ms: leader_ms,
+        bound_ms: s.leader_bound.as_millis() as i64,
+        unfinished: pending,
+        invariants: &[],
+    });
+    if unparsed > 0 {
+        violations.push(Violation::Harness { what: format!("{unparsed} process log lines did not parse") });
     }
     let acked: Vec<u64> = history
         .iter()
