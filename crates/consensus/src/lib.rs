@@ -187,6 +187,8 @@ pub struct Replica {
     staleness: std::time::Duration,
     /// `state_fresh` has held at least once since this replica started.
     caught_up: Arc<std::sync::atomic::AtomicBool>,
+    /// The latest applied stamp and when (`clock_ms`).
+    clock: store::ClockSeen,
 }
 
 impl Replica {
@@ -243,6 +245,7 @@ impl Replica {
     {
         let Storage { log: log_store, sm, applied: applied_rx, commit_index } = storage;
         let shared = sm.shared();
+        let clock = sm.clock();
         let raft_config = Config {
             cluster_name: "kairos".into(),
             heartbeat_interval: config.heartbeat_ms,
@@ -282,7 +285,20 @@ impl Replica {
             contact: Arc::default(),
             staleness: freshness::staleness_bound(std::time::Duration::from_millis(config.heartbeat_ms)),
             caught_up: Arc::default(),
+            clock,
         })
+    }
+
+    /// The time to stamp into commands proposed now, given this machine's wall clock: the
+    /// cluster's timeline, which a wall clock minutes off cannot jump (`kairos_scheduler::clock`).
+    pub fn clock_ms(&self, wall_ms: i64) -> i64 {
+        let seen = *self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        match seen {
+            Some((last, at)) => {
+                kairos_scheduler::clock::stamp(last, at.elapsed().as_millis() as i64, wall_ms)
+            }
+            None => wall_ms,
+        }
     }
 
     /// Proposes commands as one log entry and waits until it is committed (on a quorum's disks)

@@ -339,6 +339,18 @@ pub struct StateMachineStore {
     snapshots: SnapshotMedium,
     shared: SharedState,
     applied_tx: watch::Sender<u64>,
+    clock: ClockSeen,
+}
+
+/// The latest stamp this replica applied (`ClusterState::now_ms`) and when, on its monotonic
+/// clock: what `Replica::clock_ms` extrapolates from (`kairos_scheduler::clock`).
+pub type ClockSeen = Arc<std::sync::Mutex<Option<(i64, tokio::time::Instant)>>>;
+
+fn saw(clock: &ClockSeen, now_ms: i64) {
+    let mut seen = clock.lock().unwrap_or_else(|p| p.into_inner());
+    if now_ms > 0 && seen.is_none_or(|(t, _)| now_ms != t) {
+        *seen = Some((now_ms, tokio::time::Instant::now()));
+    }
 }
 
 impl StateMachineStore {
@@ -360,11 +372,17 @@ impl StateMachineStore {
         }
         let index = applied.last_applied.map(|l| l.index).unwrap_or(0);
         applied_tx.send_replace(index);
-        Ok(StateMachineStore { snapshots, shared: Arc::new(RwLock::new(applied)), applied_tx })
+        let clock = ClockSeen::default();
+        saw(&clock, applied.state.now_ms);
+        Ok(StateMachineStore { snapshots, shared: Arc::new(RwLock::new(applied)), applied_tx, clock })
     }
 
     pub fn shared(&self) -> SharedState {
         self.shared.clone()
+    }
+
+    pub fn clock(&self) -> ClockSeen {
+        self.clock.clone()
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Applied> {
@@ -496,6 +514,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             }
         }
         if let Some(index) = last {
+            saw(&self.clock, self.read().state.now_ms);
             self.applied_tx.send_replace(index);
         }
         Ok(responses)
@@ -525,6 +544,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             applied.last_applied = meta.last_log_id;
             applied.membership = meta.last_membership.clone();
         }
+        saw(&self.clock, self.read().state.now_ms);
         self.applied_tx.send_replace(meta.last_log_id.map(|l| l.index).unwrap_or(0));
         Ok(())
     }

@@ -17,6 +17,7 @@
 pub mod brief;
 pub mod burst;
 pub mod burst_apply;
+pub mod clock;
 pub mod grant;
 pub mod history;
 pub mod limits;

@@ -267,7 +267,7 @@ impl AdminService for Admin {
     ) -> Result<Response<pb::BurstStatusResponse>, Status> {
         self.ctx.principal(&request)?;
         self.ctx.readable()?;
-        let now = crate::context::now_ms();
+        let now = self.ctx.cluster_now();
         Ok(Response::new(self.ctx.replica.read(|a| burst_status(&a.state, now))))
     }
 
@@ -342,7 +342,7 @@ impl AdminService for Admin {
                 )))
             }
         };
-        let now = now_ms();
+        let now = self.ctx.cluster_now();
         let record = TokenRecord {
             user: req.user,
             role,

@@ -11,7 +11,7 @@ use kairos_burst::reconcile::{round, Memory, Settings};
 use kairos_burst::Ec2Cloud;
 use kairos_scheduler::Command;
 
-use crate::context::{now_ms, Ctx};
+use crate::context::Ctx;
 
 /// How the reconciler reaches the cloud and how patient it is.
 #[derive(Clone, Debug)]
@@ -44,7 +44,7 @@ pub async fn run(ctx: Ctx, options: BurstOptions) {
             memory = Memory::default();
             continue;
         }
-        let now = now_ms();
+        let now = ctx.cluster_now();
         let (burst, decision) =
             ctx.replica.read(|a| (a.state.burst.clone(), kairos_burst::decide(&a.state, now)));
         if !burst.config.enabled && burst.live().next().is_none() {
@@ -86,7 +86,7 @@ pub async fn run(ctx: Ctx, options: BurstOptions) {
         if ops.is_empty() {
             continue;
         }
-        let now = now_ms();
+        let now = ctx.cluster_now();
         let commands: Vec<Command> = ops.into_iter().map(|op| Command { now_ms: now, op }).collect();
         match ctx.replica.write(commands).await {
             Ok(outcomes) => {

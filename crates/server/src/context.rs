@@ -81,9 +81,16 @@ pub fn now_ms() -> i64 {
 }
 
 impl Ctx {
+    /// The cluster's time (ms since the epoch) for commands proposed and decisions made now:
+    /// this machine's wall clock, unless it is off the replicated timeline
+    /// (`Replica::clock_ms`).
+    pub fn cluster_now(&self) -> i64 {
+        self.replica.clock_ms(now_ms())
+    }
+
     /// Commits one command (batched with concurrent ones) and returns its outcome.
     pub async fn write(&self, op: Op) -> Result<Outcome, Status> {
-        self.batcher.write(Command { now_ms: now_ms(), op }).await
+        self.batcher.write(Command { now_ms: self.cluster_now(), op }).await
     }
 
     /// The current pending reasons (computed once per applied index).
@@ -130,7 +137,7 @@ impl Ctx {
                 ),
             ));
         }
-        match self.replica.read(|a| crate::auth::issued_token(token, &a.state, now_ms())) {
+        match self.replica.read(|a| crate::auth::issued_token(token, &a.state, self.cluster_now())) {
             Some(me) => Ok(me),
             None if !leads => {
                 Err(self.to_leader(false, "the leader settles tokens this replica does not accept"))

@@ -175,7 +175,7 @@ impl JobService for Jobs {
         let req = request.into_inner();
         let (limit, after) = page(req.limit, &req.page_token)?;
         let states = states_of(&req.states)?;
-        let now = crate::context::now_ms();
+        let now = self.ctx.cluster_now();
         let (records, next_page_token) = self.ctx.replica.read(|a| {
             // Purged records and live jobs, merged by id (an id is in one or the other).
             let purged = a.state.history.after(after).map(|r| (r.id, crate::convert::record_to_pb(r, true)));

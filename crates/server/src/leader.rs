@@ -20,7 +20,7 @@ use std::time::Instant;
 use kairos_scheduler::propose::propose;
 use kairos_scheduler::{Command, Op};
 
-use crate::context::{now_ms, Ctx};
+use crate::context::Ctx;
 
 /// How often the leader looks for finished jobs past the retention (one scan of the jobs).
 const PURGE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
@@ -49,7 +49,7 @@ pub async fn run(ctx: Ctx) {
         ctx.metrics.pass(started.elapsed().as_secs_f64());
         if last_purge.elapsed() >= PURGE_EVERY {
             last_purge = Instant::now();
-            let now = now_ms();
+            let now = ctx.cluster_now();
             let due =
                 ctx.replica.read(|a| kairos_scheduler::history::purge_due(&a.state, now, &ctx.retention));
             ops.extend(due);
@@ -57,7 +57,7 @@ pub async fn run(ctx: Ctx) {
         if ops.is_empty() {
             continue;
         }
-        let now = now_ms();
+        let now = ctx.cluster_now();
         let commands: Vec<Command> = ops.into_iter().map(|op| Command { now_ms: now, op }).collect();
         let count = commands.len();
         match ctx.replica.write(commands).await {
@@ -104,7 +104,7 @@ fn pass(ctx: &Ctx, leader_since: Instant) -> Vec<Op> {
     let silent: BTreeSet<String> = ctx
         .replica
         .read(|a| ctx.liveness().judge_silent(&a.state, leader_since.elapsed(), timeout, Instant::now()));
-    let now = now_ms();
+    let now = ctx.cluster_now();
     let ops = ctx.replica.read(|a| propose(&a.state, now, &silent, timeout.as_secs()));
     for op in &ops {
         if let Op::NodeDown { node, .. } = op {

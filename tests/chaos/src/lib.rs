@@ -45,6 +45,8 @@ pub struct ProcessRecord {
     pub gpus: Vec<u32>,
     pub start_ms: i64,
     pub end_ms: Option<i64>,
+    /// It ended because it was stopped (a signal, a kill, the watchdog), not by itself.
+    pub killed: bool,
 }
 
 /// A job as the healed cluster reports it at the end of a run.
@@ -57,6 +59,8 @@ pub struct FinalJob {
     pub state: String,
     /// Kinds of its events, oldest first ("submitted", "completed", ...).
     pub events: Vec<String>,
+    /// Its wall-clock limit, when it asked for one.
+    pub time_limit_ms: Option<i64>,
 }
 
 /// One line of an agent's process log (`kairos-agent --process-log`).
@@ -69,6 +73,9 @@ struct ProcessLine {
     attempt: u32,
     #[serde(default)]
     gpus: Vec<u32>,
+    /// How an exit came about: "exit 0", "signal 9", "ended by the lease deadline (watchdog)", ...
+    #[serde(default)]
+    how: String,
 }
 
 /// Pairs the start and exit lines of agents' process logs into process records (a start with no
@@ -94,11 +101,13 @@ pub fn parse_process_log(text: &str) -> (Vec<ProcessRecord>, usize) {
                     gpus: l.gpus,
                     start_ms: l.t_ms,
                     end_ms: None,
+                    killed: false,
                 });
             }
             "exit" => {
                 if let Some(i) = open.remove(&key) {
                     records[i].end_ms = Some(l.t_ms);
+                    records[i].killed = !l.how.starts_with("exit");
                 }
             }
             _ => {}
@@ -138,6 +147,8 @@ pub enum Violation {
     NoProcessRecord { job: JobId },
     #[error("replica {replica}: the state breaks its own invariants: {what}")]
     StateInvariant { replica: u64, what: String },
+    #[error("job {job} was stopped for its time limit after {ran_ms} ms of its {limit_ms} ms")]
+    EarlyTimeout { job: JobId, ran_ms: i64, limit_ms: i64 },
     #[error("the run itself failed: {what}")]
     Harness { what: String },
 }
@@ -304,6 +315,33 @@ pub fn processes_recorded(jobs: &[FinalJob], processes: &[ProcessRecord]) -> Res
     }
 }
 
+/// The cluster stops a run for its time limit only once the run has had its limit in real
+/// time — counted, as the limit is, from the allocation — however wrong a replica's wall clock.
+/// `stops` are the time-limit stops that committed, (job, real ms); `allocations` the
+/// placements that committed, (job, real ms). Tolerance: the cluster clock's own bound
+/// (`kairos_scheduler::clock`: 1 s offset, 1 % slew).
+pub fn no_early_timeout(
+    stops: &[(JobId, i64)],
+    allocations: &[(JobId, i64)],
+    jobs: &[FinalJob],
+) -> Result<(), Violation> {
+    for &(job, at_ms) in stops {
+        let Some(limit_ms) = jobs.iter().find(|j| j.id == job).and_then(|j| j.time_limit_ms) else {
+            continue;
+        };
+        let Some(allocated) =
+            allocations.iter().filter(|(j, t)| *j == job && *t <= at_ms).map(|(_, t)| *t).max()
+        else {
+            continue;
+        };
+        let ran_ms = at_ms - allocated;
+        if ran_ms < limit_ms - 1_000 - limit_ms / 100 {
+            return Err(Violation::EarlyTimeout { job, ran_ms, limit_ms });
+        }
+    }
+    Ok(())
+}
+
 /// Every replica's state passed its own invariant check.
 pub fn states_hold_their_invariants(checked: &[(u64, Result<(), String>)]) -> Result<(), Violation> {
     match checked.iter().find_map(|(r, c)| c.as_ref().err().map(|e| (*r, e.clone()))) {
@@ -327,6 +365,9 @@ pub struct Run<'a> {
     pub unfinished: usize,
     /// `ClusterState::check_invariants` of each replica's state, where the run can read it.
     pub invariants: &'a [(u64, Result<(), String>)],
+    /// Time-limit stops and placements that committed: (job, real ms), where the run sees them.
+    pub time_limit_stops: &'a [(JobId, i64)],
+    pub allocations: &'a [(JobId, i64)],
 }
 
 /// Every checker over one run.
@@ -342,6 +383,7 @@ pub fn check_all(run: &Run) -> Vec<Violation> {
         processes_recorded(run.finals, run.processes),
         recovered(0, run.leader_after_ms, run.bound_ms, run.unfinished),
         states_hold_their_invariants(run.invariants),
+        no_early_timeout(run.time_limit_stops, run.allocations, run.finals),
     ]
     .into_iter()
     .filter_map(Result::err)
@@ -434,7 +476,15 @@ mod tests {
         start: i64,
         end: Option<i64>,
     ) -> ProcessRecord {
-        ProcessRecord { node: node.into(), job, attempt, gpus: gpus.to_vec(), start_ms: start, end_ms: end }
+        ProcessRecord {
+            node: node.into(),
+            job,
+            attempt,
+            gpus: gpus.to_vec(),
+            start_ms: start,
+            end_ms: end,
+            killed: end.is_some(),
+        }
     }
 
     fn job(id: JobId, state: &str, events: &[&str]) -> FinalJob {
@@ -443,6 +493,7 @@ mod tests {
             name: format!("r{id}"),
             state: state.into(),
             events: events.iter().map(|e| e.to_string()).collect(),
+            time_limit_ms: None,
         }
     }
 
@@ -588,6 +639,22 @@ not json
     }
 
     #[test]
+    fn a_time_limit_stop_before_the_run_had_its_limit_is_reported() {
+        let mut j = job(1, "TIMEOUT", &["started", "timeout"]);
+        j.time_limit_ms = Some(10_000);
+        let jobs = std::slice::from_ref(&j);
+        // Allocated at 0, requeued, allocated again at 5 s.
+        let allocations = [(1, 0), (1, 5_000)];
+        assert_eq!(no_early_timeout(&[(1, 15_100)], &allocations, jobs), Ok(()));
+        // Within the cluster clock's tolerance (1 s + 1 %).
+        assert_eq!(no_early_timeout(&[(1, 13_950)], &allocations, jobs), Ok(()));
+        assert_eq!(
+            no_early_timeout(&[(1, 7_000)], &allocations, jobs),
+            Err(Violation::EarlyTimeout { job: 1, ran_ms: 2_000, limit_ms: 10_000 })
+        );
+    }
+
+    #[test]
     fn jobs_that_started_without_a_process_record_are_reported() {
         let jobs = vec![job(1, "COMPLETED", &["started", "completed"]), job(2, "PENDING", &[])];
         assert_eq!(processes_recorded(&jobs, &[proc("n1", 1, 0, &[0], 0, Some(5))]), Ok(()));
@@ -613,6 +680,8 @@ not json
             bound_ms: 1000,
             unfinished: 0,
             invariants: &checked,
+            time_limit_stops: &[],
+            allocations: &[],
         };
         let found = check_all(&run);
         assert!(found.iter().any(|v| matches!(v, Violation::LostSubmit { .. })));

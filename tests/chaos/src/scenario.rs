@@ -375,6 +375,8 @@ pub fn run(prefix: &str, s: &Scenario) -> Result<Outcome, ClusterError> {
         bound_ms: s.leader_bound.as_millis() as i64,
         unfinished: pending,
         invariants: &[],
+        time_limit_stops: &[],
+        allocations: &[],
     });
     if unparsed > 0 {
         violations.push(Violation::Harness { what: format!("{unparsed} process log lines did not parse") });

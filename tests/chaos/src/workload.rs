@@ -307,6 +307,11 @@ pub fn final_jobs(jobs: &[pb::Job]) -> Vec<FinalJob> {
                 .map(|s| s.as_str_name().trim_start_matches("JOB_STATE_").to_string())
                 .unwrap_or_default(),
             events: j.events.iter().map(|e| e.kind.clone()).collect(),
+            time_limit_ms: j
+                .spec
+                .as_ref()
+                .filter(|s| s.time_limit_s > 0)
+                .map(|s| s.time_limit_s as i64 * 1000),
         })
         .collect()
 }

@@ -316,12 +316,10 @@ impl ClusterState {
             }
             JobState::Running | JobState::Suspended => {
                 if let Some(alloc) = job.allocation.as_mut() {
-                    // A preempted or resizing run would come back; a cancel ends it for good.
-                    let stopping_for_good = matches!(
-                        alloc.stop,
-                        Some(StopReason::Cancelled | StopReason::TimeLimit | StopReason::TaskFailed)
-                    );
-                    if !stopping_for_good {
+                    // A preempted or resizing run would come back; a cancel ends it for good. An
+                    // acknowledged cancel ends the job CANCELLED, also when the run was already
+                    // stopping for another reason (its time limit, a failed task of its gang).
+                    if alloc.stop != Some(StopReason::Cancelled) {
                         alloc.stop = Some(StopReason::Cancelled);
                         job.record(now, "cancel-requested", format!("by \"{by}\""));
                     }

@@ -134,6 +134,23 @@ fn node_down_fails_its_jobs_and_frees_gpus() {
     s.check_invariants().unwrap();
 }
 
+/// Found by the deterministic simulation (issue 14): a cancel acknowledged while the run was
+/// stopping for its time limit ended the job TIMEOUT.
+#[test]
+fn an_acknowledged_cancel_of_a_run_stopping_for_its_time_limit_ends_it_cancelled() {
+    let mut s = cluster(2);
+    let mut sp = spec(1, "batch");
+    sp.time_limit_s = Some(1);
+    let id = start(&mut s, sp, 2);
+    s.apply(&cmd(5_000, Op::EnforceTimeLimit { job: id, attempt: 0 }));
+    assert!(s.jobs[&id].allocation.as_ref().is_some_and(|a| a.stop == Some(StopReason::TimeLimit)));
+    let out = s.apply(&cmd(5_100, Op::Cancel { job: id, by: "alice".into() }));
+    assert_eq!(out, Outcome::Cancelled { job: id, was_running: true });
+    s.apply(&cmd(5_200, Op::JobExited { job: id, attempt: 0, node: "n1".into(), exit: RunExit::Signal(15) }));
+    assert_eq!(s.jobs[&id].state, JobState::Cancelled);
+    assert_eq!(s.check_invariants(), Ok(()));
+}
+
 /// Found by the deterministic simulation (issue 14): a cancel was acknowledged, the run's node
 /// went down before it stopped, and the job — requeueable — was queued again and completed.
 #[test]

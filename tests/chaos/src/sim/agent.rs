@@ -88,7 +88,7 @@ pub async fn run(w: Arc<World>, node: String) {
             }
             if let Some((at, exit)) = ends.into_iter().filter(|(at, _)| *at <= now).min_by_key(|(at, _)| *at)
             {
-                w.end_process(p.record, at);
+                w.end_process(p.record, at, !matches!(exit, RunExit::Code(_)));
                 p.ended = Some(exit);
             }
         }

@@ -18,6 +18,8 @@ fn spec(name: &str, gpus: u32, qos: &str) -> JobSpec {
     let mut spec = JobSpec::new(name, "alice", vec!["train".into()], gpus);
     spec.qos = qos.into();
     spec.requeue = qos == "training";
+    // Batch jobs have a limit some of their runs exceed (`World::run_time`: 1–10 s).
+    spec.time_limit_s = (qos == "batch").then_some(6);
     spec
 }
 

@@ -177,7 +177,7 @@ impl World {
         if !self.wait_unpaused(*via, Duration::from_secs(2)).await {
             return Err("replica paused".into());
         }
-        let now = self.wall_ms(*via);
+        let now = replica.clock_ms(self.wall_ms(*via));
         let shown = if self.traced {
             format!("{:?}", ops.iter().map(op_name).collect::<Vec<_>>())
         } else {
@@ -251,7 +251,7 @@ async fn leader_loop(w: Arc<World>, id: ReplicaId, replica: Replica, liveness: A
         }
         let since = leader_since.map(|(_, at)| at).unwrap_or_else(Instant::now);
         let timeout = w.cfg.node_timeout;
-        let now = w.wall_ms(id);
+        let now = replica.clock_ms(w.wall_ms(id));
         let ops = replica.read(|a| {
             let mut l = liveness.lock().unwrap_or_else(|p| p.into_inner());
             let silent = l.judge_silent(&a.state, since.elapsed(), timeout, Instant::now().into_std());
@@ -261,9 +261,18 @@ async fn leader_loop(w: Arc<World>, id: ReplicaId, replica: Replica, liveness: A
             continue;
         }
         w.trace(|| format!("leader {id}: proposes {ops:?}"));
+        let limits: Vec<Option<u64>> = ops
+            .iter()
+            .map(|op| match op {
+                Op::EnforceTimeLimit { job, .. } => Some(*job),
+                _ => None,
+            })
+            .collect();
         let commands = ops.into_iter().map(|op| Command { now_ms: now, op }).collect();
+        let proposed_ms = w.elapsed_ms();
         let result = replica.write(commands).await;
         if let Ok(outcomes) = &result {
+            w.committed(proposed_ms, outcomes, &limits);
             let downs = outcomes.iter().filter(|o| matches!(o, Outcome::NodeDown { .. })).count();
             w.node_downs.fetch_add(downs as u64, std::sync::atomic::Ordering::Relaxed);
         }

@@ -344,6 +344,7 @@ impl World {
                             name: j.spec.name.clone(),
                             state: j.state.as_str().to_string(),
                             events: j.events.iter().map(|e| e.kind.clone()).collect(),
+                            time_limit_ms: j.spec.time_limit_s.map(|s| s as i64 * 1000),
                         })
                         .collect()
                 })
@@ -372,6 +373,8 @@ impl World {
             bound_ms,
             unfinished: settled.unfinished,
             invariants: &settled.invariants,
+            time_limit_stops: &records.time_limit_stops,
+            allocations: &records.allocations,
         });
         (violations, settled.replicas)
     }

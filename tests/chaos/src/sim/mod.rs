@@ -101,6 +101,9 @@ impl Config {
 struct Records {
     history: Vec<Operation>,
     processes: Vec<ProcessRecord>,
+    /// Time-limit stops and placements that committed: (job, ms).
+    time_limit_stops: Vec<(JobId, i64)>,
+    allocations: Vec<(JobId, i64)>,
 }
 
 /// Everything one schedule's tasks share.
@@ -177,11 +180,11 @@ impl World {
         locked(&self.agent_faults).remove(node);
     }
 
-    /// How long the run of the job named `name` takes when nothing stops it (1–6 s, from the
+    /// How long the run of the job named `name` takes when nothing stops it (1–10 s, from the
     /// name, so a requeued job runs as long again).
     pub fn run_time(&self, name: &str) -> Duration {
         let h = name.bytes().fold(self.seed, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
-        Duration::from_millis(1_000 + Rng::new(h).below(5_000))
+        Duration::from_millis(1_000 + Rng::new(h).below(9_000))
     }
 
     pub fn start_process(&self, node: &str, job: JobId, attempt: u32, gpus: &[u32], at: Instant) -> usize {
@@ -193,15 +196,41 @@ impl World {
             gpus: gpus.to_vec(),
             start_ms: self.ms_at(at),
             end_ms: None,
+            killed: false,
         });
         self.trace(|| format!("{node}: start job {job} attempt {attempt} on GPUs {gpus:?}"));
         r.processes.len() - 1
     }
 
-    pub fn end_process(&self, record: usize, at: Instant) {
+    /// What a leader's pass proposed at `proposed_ms` committed, that the time-limit checker
+    /// needs: placements at the proposal (they cannot have committed sooner), time-limit stops
+    /// now (not later) — bounds that never make the checker stricter than the truth.
+    pub fn committed(
+        &self,
+        proposed_ms: i64,
+        outcomes: &[kairos_scheduler::Outcome],
+        limits: &[Option<JobId>],
+    ) {
+        let at = self.elapsed_ms();
+        let mut r = locked(&self.records);
+        for (outcome, limit) in outcomes.iter().zip(limits) {
+            match (outcome, limit) {
+                (kairos_scheduler::Outcome::RunUpdated { .. }, Some(job)) => {
+                    r.time_limit_stops.push((*job, at))
+                }
+                (kairos_scheduler::Outcome::PlanApplied { accepted, .. }, _) => {
+                    r.allocations.extend(accepted.iter().map(|j| (*j, proposed_ms)));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    pub fn end_process(&self, record: usize, at: Instant, killed: bool) {
         let at = self.ms_at(at);
         if let Some(p) = locked(&self.records).processes.get_mut(record) {
             p.end_ms = Some(at);
+            p.killed = killed;
             if self.traced {
                 eprintln!(
                     "{:>7} ms  {}: end job {} attempt {} (at {at} ms)",
