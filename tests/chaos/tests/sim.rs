@@ -58,3 +58,12 @@ fn a_log_that_acknowledges_appends_before_syncing_them_is_caught() {
     eprintln!("caught: {found:?}");
     assert!(found.is_some(), "acknowledged entries lost at a power loss must show");
 }
+
+#[test]
+fn replicas_stamping_their_skewed_wall_clocks_are_caught_stopping_runs_early() {
+    let cfg = Config { broken: Broken { stamp_wall_clock: true, ..Broken::default() }, ..Config::default() };
+    let early = |v: &Violation| matches!(v, Violation::EarlyTimeout { .. });
+    let found = first_failing(&cfg, early, 200);
+    eprintln!("caught: {found:?}");
+    assert!(found.is_some(), "a replica minutes ahead fires time limits early");
+}

@@ -213,7 +213,7 @@ pub async fn run(w: Arc<World>, node: String) {
                 (RunAction::Stop { .. }, None) | (_, None)
                     if started || matches!(action, RunAction::Stop { .. }) =>
                 {
-                    if lost_reported.insert(key) {
+                    if !lost_reported.contains(&key) {
                         reports.push(Op::JobExited {
                             job,
                             attempt,
@@ -262,11 +262,15 @@ pub async fn run(w: Arc<World>, node: String) {
             if w.write(&mut via, vec![op]).await.is_err() {
                 break;
             }
-            if let Some(p) = procs.get_mut(&key) {
-                if is_start {
-                    p.started_reported = true;
-                } else if p.started_reported {
+            match procs.get_mut(&key) {
+                Some(p) if is_start => p.started_reported = true,
+                Some(p) if p.started_reported => {
                     procs.remove(&key);
+                }
+                Some(_) => {}
+                // A run reported lost: once committed, not again.
+                None => {
+                    lost_reported.insert(key);
                 }
             }
         }

@@ -156,6 +156,16 @@ impl World {
         self.running().into_iter().find(|(id, r)| !paused.contains(id) && r.is_leader())
     }
 
+    /// The time replica `id` stamps into commands now: its wall clock through the cluster
+    /// clock (`Replica::clock_ms`), as `kairosd` does.
+    pub fn stamp_ms(&self, id: ReplicaId, replica: &Replica) -> i64 {
+        let wall = self.wall_ms(id);
+        if self.cfg.broken.stamp_wall_clock {
+            return wall;
+        }
+        replica.clock_ms(wall)
+    }
+
     /// This replica's wall clock, in ms.
     pub fn wall_ms(&self, id: ReplicaId) -> i64 {
         let skew = self.slots().get(&id).map(|s| s.skew_ms).unwrap_or(0);
@@ -177,7 +187,7 @@ impl World {
         if !self.wait_unpaused(*via, Duration::from_secs(2)).await {
             return Err("replica paused".into());
         }
-        let now = replica.clock_ms(self.wall_ms(*via));
+        let now = self.stamp_ms(*via, &replica);
         let shown = if self.traced {
             format!("{:?}", ops.iter().map(op_name).collect::<Vec<_>>())
         } else {
@@ -251,7 +261,7 @@ async fn leader_loop(w: Arc<World>, id: ReplicaId, replica: Replica, liveness: A
         }
         let since = leader_since.map(|(_, at)| at).unwrap_or_else(Instant::now);
         let timeout = w.cfg.node_timeout;
-        let now = replica.clock_ms(w.wall_ms(id));
+        let now = w.stamp_ms(id, &replica);
         let ops = replica.read(|a| {
             let mut l = liveness.lock().unwrap_or_else(|p| p.into_inner());
             let silent = l.judge_silent(&a.state, since.elapsed(), timeout, Instant::now().into_std());

@@ -43,6 +43,8 @@ pub struct Broken {
     pub agents_ignore_lease: bool,
     /// The log acknowledges appends before syncing them.
     pub log_acks_before_sync: bool,
+    /// Replicas stamp commands with their wall clock, not the cluster's timeline.
+    pub stamp_wall_clock: bool,
 }
 
 #[derive(Clone, Debug)]
