@@ -23,7 +23,7 @@ impl World {
     /// whoever runs).
     fn target(&self, pick: u64) -> Option<ReplicaId> {
         if let Some((id, _)) = self.leader() {
-            if pick % 4 != 0 {
+            if !pick.is_multiple_of(4) {
                 return Some(id);
             }
         }
@@ -145,7 +145,7 @@ impl World {
             FaultKind::ClockSkew => {
                 let Some(id) = self.target(pick) else { return false };
                 let minutes = 1 + (pick >> 8) % 10;
-                let sign = if (pick >> 20) % 2 == 0 { 1 } else { -1 };
+                let sign = if (pick >> 20).is_multiple_of(2) { 1 } else { -1 };
                 if let Some(s) = self.slots().get_mut(&id) {
                     s.skew_ms = sign * (minutes as i64) * 60_000;
                 }
