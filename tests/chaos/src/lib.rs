@@ -483,7 +483,7 @@ mod tests {
             gpus: gpus.to_vec(),
             start_ms: start,
             end_ms: end,
-            killed: end.is_some(),
+            killed: false,
         }
     }
 

@@ -130,6 +130,10 @@ fn main() {
     let mut failing: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
     failing.sort_unstable();
     let violations: usize = reports.iter().map(|r| r.violations.len()).sum();
+    // Every schedule's fingerprint, in seed order: equal on every rerun of the same seed.
+    let mut prints: Vec<(u64, &str)> = reports.iter().map(|r| (r.seed, r.fingerprint.as_str())).collect();
+    prints.sort_unstable();
+    let fingerprint = kairos_chaos::fnv64(format!("{prints:?}").as_bytes());
     println!(
         "{}",
         serde_json::json!({
@@ -144,6 +148,7 @@ fn main() {
             "seconds": (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
             "simulated_seconds": reports.iter().map(|r| r.simulated_ms).sum::<i64>() / 1000,
             "failing_seeds": failing,
+            "fingerprint": format!("{fingerprint:016x}"),
             "observed": reports.iter().fold(Observed::default(), |mut o, r| {
                 o.add(&r.observed);
                 o
