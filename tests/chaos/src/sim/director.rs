@@ -43,6 +43,15 @@ impl World {
         }
     }
 
+    /// Ends a network fault: `heal` runs on the network after `hold`.
+    fn on_net_after(&self, hold: Duration, heal: impl FnOnce(&mut net::NetState) + Send + 'static) {
+        let net = self.net.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(hold).await;
+            heal(&mut net::lock(&net));
+        });
+    }
+
     fn hold_down(&self, id: ReplicaId, hold: Duration) {
         if let Some(s) = self.slots().get_mut(&id) {
             s.down_until = Some(Instant::now() + hold);
@@ -79,10 +88,8 @@ impl World {
             FaultKind::PauseLeader => {
                 let Some(id) = self.target(pick) else { return false };
                 net::lock(&self.net).paused.insert(id);
-                let net = self.net.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(hold).await;
-                    net::lock(&net).paused.remove(&id);
+                self.on_net_after(hold, move |n| {
+                    n.paused.remove(&id);
                 });
             }
             FaultKind::Partition => {
@@ -112,10 +119,7 @@ impl World {
                     }
                 }
                 net::lock(&self.net).cut.extend(cut.iter().copied());
-                let net = self.net.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(hold).await;
-                    let mut n = net::lock(&net);
+                self.on_net_after(hold, move |n| {
                     for c in cut {
                         n.cut.remove(&c);
                     }
@@ -152,19 +156,11 @@ impl World {
             }
             FaultKind::SlowLinks => {
                 net::lock(&self.net).slow_ms = 20 + pick % 300;
-                let net = self.net.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(hold).await;
-                    net::lock(&net).slow_ms = 0;
-                });
+                self.on_net_after(hold, |n| n.slow_ms = 0);
             }
             FaultKind::LostReplies => {
                 net::lock(&self.net).lose_replies_per_mille = 100 + pick % 300;
-                let net = self.net.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(hold).await;
-                    net::lock(&net).lose_replies_per_mille = 0;
-                });
+                self.on_net_after(hold, |n| n.lose_replies_per_mille = 0);
             }
             FaultKind::MembershipChange => {
                 let w = self.clone();

@@ -189,8 +189,8 @@ impl SimLog {
         self.committed.clone()
     }
 
-    /// Writes into the page cache (refused on a full disk or by a dead incarnation).
-    fn write(&self, writes: Vec<Write>) -> std::io::Result<()> {
+    /// The disk, when this incarnation may write to it now (not crashed, not full).
+    fn writable(&self) -> std::io::Result<std::sync::MutexGuard<'_, DiskState>> {
         let mut d = self.disk.lock();
         if d.incarnation != self.incarnation {
             return Err(io_err("this incarnation crashed"));
@@ -199,6 +199,12 @@ impl SimLog {
             d.refused += 1;
             return Err(io_err("No space left on device"));
         }
+        Ok(d)
+    }
+
+    /// Writes into the page cache (refused on a full disk or by a dead incarnation).
+    fn write(&self, writes: Vec<Write>) -> std::io::Result<()> {
+        let mut d = self.writable()?;
         for w in writes {
             d.visible.apply(&w);
             d.pending.push(w);
@@ -209,14 +215,7 @@ impl SimLog {
     /// fsync: after the disk's sync time, everything written so far is durable.
     async fn sync(&self) -> std::io::Result<()> {
         tokio::time::sleep(self.disk.sync_time).await;
-        let mut d = self.disk.lock();
-        if d.incarnation != self.incarnation {
-            return Err(io_err("this incarnation crashed"));
-        }
-        if d.full {
-            d.refused += 1;
-            return Err(io_err("No space left on device"));
-        }
+        let mut d = self.writable()?;
         let pending = std::mem::take(&mut d.pending);
         for w in &pending {
             d.durable.apply(w);
