@@ -23,29 +23,42 @@ use crate::state::ClusterState;
 pub struct Liveness {
     /// Last heartbeat (or registration) per node: when (monotonic) and the wall-clock ms.
     seen: BTreeMap<String, (Instant, i64)>,
-    /// Nodes judged silent, until they register again.
+    /// Nodes judged silent whose NodeDown has not applied yet.
     condemned: BTreeSet<String>,
+    /// Nodes judged silent and since marked down, until a registration after it stands.
+    downed: BTreeSet<String>,
 }
 
 impl Liveness {
     /// A heartbeat from `node`: false (refused: the node must register again) when it was
     /// judged silent.
     pub fn heartbeat(&mut self, node: &str, now: Instant, wall_ms: i64) -> bool {
-        if self.condemned.contains(node) {
+        if self.condemned.contains(node) || self.downed.contains(node) {
             return false;
         }
         self.seen.insert(node.to_string(), (now, wall_ms));
         true
     }
 
-    /// Whether `node` may register now: not while this leader's `NodeDown` for it is in flight
-    /// (the state does not show it down yet).
-    pub fn may_register(&self, state: &ClusterState, node: &str) -> bool {
-        !self.condemned.contains(node) || is_down(state, node)
+    /// Condemned nodes the state now shows down: their NodeDown applied.
+    fn settle(&mut self, state: &ClusterState) {
+        let applied: Vec<String> = self.condemned.iter().filter(|n| is_down(state, n)).cloned().collect();
+        for n in applied {
+            self.condemned.remove(&n);
+            self.downed.insert(n);
+        }
     }
 
-    /// After its `JoinNode` committed: whether the registration stands (no `NodeDown` came after
-    /// it in the log), and if so the node is live again.
+    /// Whether `node` may register now: not while this leader's `NodeDown` for it is in flight
+    /// (judged silent, not yet down in the state).
+    pub fn may_register(&mut self, state: &ClusterState, node: &str) -> bool {
+        self.settle(state);
+        !self.condemned.contains(node)
+    }
+
+    /// After its `JoinNode` committed: whether the registration stands — no `NodeDown` applied
+    /// after it, and none in flight (one proposed while the registration was may commit after
+    /// it) — and if so the node is live again.
     pub fn registration_stands(
         &mut self,
         state: &ClusterState,
@@ -53,17 +66,19 @@ impl Liveness {
         now: Instant,
         wall_ms: i64,
     ) -> bool {
-        if is_down(state, node) {
+        self.settle(state);
+        if is_down(state, node) || self.condemned.contains(node) {
             return false;
         }
-        self.condemned.remove(node);
+        self.downed.remove(node);
         self.seen.insert(node.to_string(), (now, wall_ms));
         true
     }
 
     /// The nodes to mark down now, condemned from here on: none until this leader has led for
     /// `timeout`, then every node not down whose last heartbeat here is `timeout` old or older,
-    /// or unknown.
+    /// or unknown (a condemned node again until its NodeDown applies: a proposal may not have
+    /// committed). A node marked down is not judged again until a registration stands.
     pub fn judge_silent(
         &mut self,
         state: &ClusterState,
@@ -74,10 +89,11 @@ impl Liveness {
         if led_for < timeout {
             return BTreeSet::new();
         }
+        self.settle(state);
         let silent: BTreeSet<String> = state
             .nodes
             .iter()
-            .filter(|(_, n)| n.state != NodeState::Down)
+            .filter(|(name, n)| n.state != NodeState::Down && !self.downed.contains(name.as_str()))
             .filter(|(name, _)| {
                 self.seen
                     .get(name.as_str())
@@ -134,9 +150,29 @@ mod tests {
         assert!(!l.registration_stands(&s, "n1", silent_at, 3));
         assert!(l.may_register(&s, "n1"), "once down, it may register again");
         s.apply(&Command { now_ms: 4, op: Op::RegisterNode { info: node_info("n1", 1) } });
+        // Registered (up in the state) but not yet confirmed: the pass does not judge it again.
+        let later_still = silent_at + Duration::from_secs(10);
+        assert!(l.judge_silent(&s, Duration::from_secs(60), timeout, later_still).is_empty());
         assert!(l.registration_stands(&s, "n1", silent_at, 4));
         assert!(l.heartbeat("n1", silent_at, 5));
         assert_eq!(l.last_seen_ms("n1"), 5);
+        // A registration racing a NodeDown (found by a 10,000-schedule soak): allowed before the
+        // pass judged the node, then the pass condemns it and the JoinNode commits first — it
+        // must not stand.
+        let t = silent_at + Duration::from_secs(20);
+        assert!(l.heartbeat("n1", t, 6));
+        assert!(l.may_register(&s, "n1"));
+        let judged = t + timeout;
+        assert_eq!(
+            l.judge_silent(&s, Duration::from_secs(60), timeout, judged),
+            BTreeSet::from(["n1".into()])
+        );
+        assert!(!l.registration_stands(&s, "n1", judged, 7), "a NodeDown is in flight");
+        assert!(!l.may_register(&s, "n1"));
+        s.apply(&Command { now_ms: 8, op: Op::NodeDown { node: "n1".into(), reason: "silent".into() } });
+        assert!(l.may_register(&s, "n1"));
+        s.apply(&Command { now_ms: 9, op: Op::RegisterNode { info: node_info("n1", 1) } });
+        assert!(l.registration_stands(&s, "n1", judged, 9));
         // A node already down is not judged again.
         s.apply(&Command { now_ms: 6, op: Op::NodeDown { node: "n1".into(), reason: "silent".into() } });
         let much_later = silent_at + Duration::from_secs(60);
