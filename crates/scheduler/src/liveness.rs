@@ -9,9 +9,10 @@
 //! requeue (the deterministic simulation found this: a heartbeat answered between the proposal
 //! and its commit let an agent launch a run the `NodeDown` then requeued elsewhere). So a node
 //! judged silent is *condemned*: its heartbeats are refused, and it may register again only once
-//! the state shows it down, and a registration that a `NodeDown` overtook in the log is refused
-//! too (`registration_stands`). A new leader starts with empty liveness and gives every node a
-//! full timeout of grace.
+//! the state shows it down; a registration stands only if no `NodeDown` applied after it and
+//! none is in flight (`registration_stands`: one checked just before the node was judged can
+//! commit ahead of its `NodeDown`). A node marked down is not judged again until a registration
+//! stands. A new leader starts with empty liveness and gives every node a full timeout of grace.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
