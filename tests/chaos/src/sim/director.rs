@@ -352,11 +352,7 @@ impl World {
 
     /// Every checker over what this schedule recorded. Also returns what the fingerprint covers
     /// of the final state.
-    pub fn check(
-        &self,
-        settled: Settled,
-        _healed: Instant,
-    ) -> (Vec<Violation>, Vec<(ReplicaId, u64, String)>) {
+    pub fn check(&self, settled: Settled) -> (Vec<Violation>, Vec<(ReplicaId, u64, String)>) {
         let records = locked(&self.records);
         let bound_ms = self.cfg.settle.as_millis() as i64;
         let violations = crate::check_all(&crate::Run {

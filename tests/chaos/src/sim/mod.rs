@@ -385,7 +385,7 @@ async fn simulate(seed: u64, cfg: Config) -> ScheduleReport {
         observed.torn_dropped += d.torn_dropped;
         observed.disk_refused += d.refused;
     }
-    let found = w.check(settled, healed);
+    let found = w.check(settled);
     violations.extend(found.0);
     for (id, _) in w.running() {
         w.crash_replica(id, 0, false).await;

@@ -36,8 +36,6 @@ pub struct NetState {
     /// Replies lost, per mille.
     pub lose_replies_per_mille: u64,
     pub rng: Rng,
-    pub delivered: u64,
-    pub lost: u64,
 }
 
 pub type Net = Arc<Mutex<NetState>>;
@@ -50,8 +48,6 @@ pub fn new_net(seed: u64) -> Net {
         slow_ms: 0,
         lose_replies_per_mille: 0,
         rng: Rng::new(seed),
-        delivered: 0,
-        lost: 0,
     }))
 }
 
@@ -67,10 +63,8 @@ impl NetState {
                 && self.lose_replies_per_mille > 0
                 && self.rng.below(1000) < self.lose_replies_per_mille);
         if lost {
-            self.lost += 1;
             return None;
         }
-        self.delivered += 1;
         let extra = if self.slow_ms > 0 { self.rng.below(self.slow_ms) } else { 0 };
         Some(Duration::from_millis(1 + self.rng.below(3) + extra))
     }
