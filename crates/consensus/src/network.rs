@@ -1,7 +1,9 @@
 //! The client side of the Raft RPCs: openraft's network over tonic.
 //!
 //! Each openraft message travels as JSON inside a `RaftMessage`. A peer that cannot be reached
-//! is reported as `Unreachable` so openraft backs off; a remote Raft error is passed through.
+//! is reported as `Unreachable` so openraft backs off (`backoff_delays`: 50 ms doubling to
+//! 500 ms); a call that outlived its deadline is a `Timeout` (retried at once, on the same
+//! connection); a remote Raft error is passed through.
 //! Snapshots go as openraft's chunked `InstallSnapshot` calls, so no message grows with the state.
 //!
 //! openraft gives every `AppendEntries` a hard timeout of one heartbeat interval, and sends up to
@@ -13,7 +15,10 @@
 
 use kairos_proto::v1::raft_service_client::RaftServiceClient;
 use kairos_proto::v1::RaftMessage;
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Timeout, Unreachable,
+};
+use openraft::network::RPCTypes;
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
@@ -144,6 +149,15 @@ impl Connection {
         self.unanswered = 0;
         let reply = match result {
             Ok(r) => r.into_inner(),
+            Err(status) if timed_out(&status) => {
+                // A slow answer, not a lost peer: no back-off, and the connection stays.
+                return Err(RPCError::Timeout(Timeout {
+                    action: kind.rpc_type(),
+                    id: self.from,
+                    target: self.target,
+                    timeout: option.hard_ttl(),
+                }));
+            }
             Err(status) => {
                 self.client = None;
                 return Err(RPCError::Unreachable(Unreachable::new(&status)));
@@ -171,6 +185,43 @@ mod tests {
         assert_eq!(prefix_within(&entries[..1], 50), 1);
         assert_eq!(prefix_within::<String>(&[], 50), 0);
     }
+
+    #[tokio::test]
+    async fn a_call_past_its_deadline_is_a_timeout_and_a_refused_connection_is_unreachable() {
+        // A real tonic call to a peer that accepts but never answers, with a short deadline.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = silent.local_addr().unwrap();
+        let held = tokio::spawn(async move {
+            let mut kept = Vec::new();
+            while let Ok((s, _)) = silent.accept().await {
+                kept.push(s);
+            }
+        });
+        let channel = Endpoint::from_shared(format!("http://{addr}")).unwrap().connect_lazy();
+        let mut client = RaftServiceClient::new(channel);
+        let mut msg = tonic::Request::new(RaftMessage { payload: Vec::new() });
+        msg.set_timeout(std::time::Duration::from_millis(50));
+        let status = client.append_entries(msg).await.unwrap_err();
+        assert!(timed_out(&status), "{status:?}");
+        held.abort();
+
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gone = closed.local_addr().unwrap();
+        drop(closed);
+        let channel = Endpoint::from_shared(format!("http://{gone}")).unwrap().connect_lazy();
+        let status = RaftServiceClient::new(channel)
+            .append_entries(tonic::Request::new(RaftMessage { payload: Vec::new() }))
+            .await
+            .unwrap_err();
+        assert!(!timed_out(&status), "{status:?}");
+        assert!(timed_out(&tonic::Status::deadline_exceeded("peer's deadline")));
+    }
+
+    #[test]
+    fn an_unreachable_peer_is_retried_within_an_election_timeout_then_every_half_second() {
+        let delays: Vec<u64> = backoff_delays().take(6).map(|d| d.as_millis() as u64).collect();
+        assert_eq!(delays, [50, 100, 200, 400, 500, 500]);
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -180,7 +231,49 @@ enum RpcKind {
     Snapshot,
 }
 
+impl RpcKind {
+    fn rpc_type(self) -> RPCTypes {
+        match self {
+            RpcKind::Append => RPCTypes::AppendEntries,
+            RpcKind::Vote => RPCTypes::Vote,
+            RpcKind::Snapshot => RPCTypes::InstallSnapshot,
+        }
+    }
+}
+
+/// Whether a failed call ran out of its deadline (this side's timer or the peer's), as opposed to
+/// finding no peer. openraft backs off from an unreachable peer for as long as `backoff` says,
+/// sending it nothing, not even heartbeats: an append that is merely slower than its deadline
+/// (one heartbeat interval — a follower's fsync under load) must not be reported so, or the
+/// follower hears nothing for the back-off and calls an election.
+fn timed_out(status: &tonic::Status) -> bool {
+    if status.code() == tonic::Code::DeadlineExceeded {
+        return true;
+    }
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        if e.downcast_ref::<tonic::TimeoutExpired>().is_some() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// How long openraft waits before calling an unreachable peer again: soon at first (a peer that
+/// restarts is back within an election timeout), then at most every `BACKOFF_MAX`.
+fn backoff_delays() -> impl Iterator<Item = std::time::Duration> + Send + 'static {
+    std::iter::successors(Some(BACKOFF_FIRST), |d| Some((*d * 2).min(BACKOFF_MAX)))
+}
+
+const BACKOFF_FIRST: std::time::Duration = std::time::Duration::from_millis(50);
+const BACKOFF_MAX: std::time::Duration = std::time::Duration::from_millis(500);
+
 impl RaftNetwork<TypeConfig> for Connection {
+    fn backoff(&self) -> openraft::network::Backoff {
+        openraft::network::Backoff::new(backoff_delays())
+    }
+
     async fn append_entries(
         &mut self,
         mut rpc: AppendEntriesRequest<TypeConfig>,
