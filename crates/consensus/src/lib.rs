@@ -1,5 +1,5 @@
-//! Replication of the scheduling core: openraft's type config, the sled-backed log and state
-//! machine stores, and the Raft RPCs over tonic.
+//! Replication of the scheduling core: openraft's type config, the log (a write-ahead log of
+//! its own, `wal`) and state machine stores, and the Raft RPCs over tonic.
 //!
 //! Owns: durability (fsync before acknowledging), snapshots and log compaction, and turning
 //! committed entries into `ClusterState::apply` calls. Must not: decide anything. Every
@@ -7,7 +7,7 @@
 //! persists commands and applies them.
 //!
 //! ```text
-//!   Replica::write(commands) ─▶ openraft ─▶ LogStore::append (sled, flush)
+//!   Replica::write(commands) ─▶ openraft ─▶ LogStore::append (wal: write, fdatasync)
 //!                                         ─▶ commit ─▶ StateMachineStore::apply ─▶ ClusterState::apply
 //!                                                                            └─▶ applied index (watch)
 //! ```
@@ -25,7 +25,6 @@ use tokio::sync::watch;
 
 pub mod auth;
 pub mod backup;
-pub mod chunked;
 pub mod failstop;
 pub mod freshness;
 pub mod membership;
@@ -33,7 +32,7 @@ pub mod network;
 pub mod runtime;
 pub mod service;
 pub mod store;
-pub mod sync;
+pub mod wal;
 pub mod watchdog;
 
 pub use store::{Applied, SharedState};
@@ -74,8 +73,6 @@ pub type KairosRaft = Raft<TypeConfig>;
 
 #[derive(Debug, Error)]
 pub enum ConsensusError {
-    #[error("storage: {0}")]
-    Sled(#[from] sled::Error),
     #[error("decoding stored data: {0}")]
     Decode(#[from] serde_json::Error),
     #[error("stored data: {0}")]
@@ -90,26 +87,6 @@ pub enum ConsensusError {
     Damaged { dir: String, why: String, id: ReplicaId },
     #[error("raft: {0}")]
     Raft(String),
-}
-
-/// Runs `open` (opening the storage at `path`). sled 0.34 panics on some damaged files (a blob
-/// torn at a power cut: `tried to serialize Uninitialized`); such a panic becomes
-/// `ConsensusError::Damaged`, its message kept out of the log, so the replica stops with a clear
-/// reason. (Only at start, before other threads run.)
-fn catch_damage<T>(path: &Path, id: ReplicaId, open: impl FnOnce() -> T) -> Result<T, ConsensusError> {
-    let why = Arc::new(std::sync::Mutex::new(String::new()));
-    let hook = std::panic::take_hook();
-    let seen = why.clone();
-    std::panic::set_hook(Box::new(move |info| {
-        *seen.lock().unwrap_or_else(|p| p.into_inner()) = info.to_string();
-    }));
-    let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(open));
-    std::panic::set_hook(hook);
-    opened.map_err(|_| ConsensusError::Damaged {
-        dir: path.display().to_string(),
-        why: why.lock().unwrap_or_else(|p| p.into_inner()).clone(),
-        id,
-    })
 }
 
 /// Why a write did not commit.
@@ -204,18 +181,7 @@ impl Replica {
     ) -> Result<Replica, ConsensusError> {
         std::fs::create_dir_all(data_dir)
             .map_err(|e| ConsensusError::Format(format!("creating {}: {e}", data_dir.display())))?;
-        let sled_dir = data_dir.join(store::SLED_DIR);
-        let db = catch_damage(&sled_dir, config.id, || sled::Config::new().path(&sled_dir).open())?.map_err(
-            |e| match e {
-                sled::Error::Io(io)
-                    if io.kind() == std::io::ErrorKind::WouldBlock || io.to_string().contains("lock") =>
-                {
-                    ConsensusError::DataDirInUse(data_dir.display().to_string())
-                }
-                other => ConsensusError::Sled(other),
-            },
-        )?;
-        let log_store = store::LogStore::new(&db, &sled_dir)?;
+        let log_store = store::LogStore::open(data_dir, config.id)?;
         let commit_index = log_store.commit_index();
         let (applied_tx, applied_rx) = watch::channel(0);
         let sm = store::StateMachineStore::new(data_dir, applied_tx)?;
@@ -503,28 +469,4 @@ pub fn state_digest(state: &ClusterState) -> String {
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
     format!("{hash:016x}")
-}
-
-#[cfg(test)]
-mod open_tests {
-    use super::*;
-
-    #[test]
-    fn a_panic_while_opening_storage_is_a_clear_refusal() {
-        let refused = catch_damage(Path::new("/data/raft.sled"), 2, || -> u32 {
-            panic!("tried to serialize Uninitialized")
-        });
-        match refused {
-            Err(e @ ConsensusError::Damaged { .. }) => {
-                let msg = e.to_string();
-                assert!(msg.contains("/data/raft.sled is damaged"), "{msg}");
-                assert!(msg.contains("tried to serialize Uninitialized"), "{msg}");
-                assert!(msg.contains("kairos cluster remove 2"), "{msg}");
-            }
-            other => panic!("{other:?}"),
-        }
-        // Panics elsewhere are reported as before.
-        assert_eq!(catch_damage(Path::new("/x"), 1, || 7).unwrap(), 7);
-        assert!(std::panic::catch_unwind(|| panic!("still reported")).is_err());
-    }
 }

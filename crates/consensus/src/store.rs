@@ -1,19 +1,19 @@
-//! Raft storage: the log and vote in sled (`LogStore`), and the state machine with its
-//! snapshots (`StateMachineStore`).
+//! Raft storage: the log and vote (`LogStore`, on the write-ahead log of `wal`), and the state
+//! machine with its snapshots (`StateMachineStore`).
 //!
-//! Durability: every append, truncate, purge and vote is followed by a sled flush (fsync)
-//! before openraft is told it is done, so a vote or an append is acknowledged only once it is on
-//! disk. The state machine itself lives in memory; its durable form is the latest snapshot plus
-//! the log after it. The committed log id is persisted too (without a flush of its own), so a
-//! restarted replica re-applies its committed tail at once instead of waiting for a leader.
+//! Durability: an append is reported done only once its records are fsync'd (`wal`'s sync
+//! thread, one fdatasync for every append queued meanwhile); a truncation, a purge and a vote
+//! are durable before they return. The vote and the purge point live in `raft.log/meta`,
+//! replaced atomically (temporary file, fsync, rename, directory fsync). The committed log id
+//! is kept in `raft.log/committed` without an fsync of its own — a stale or missing one after a
+//! crash is allowed (the tail is re-committed by the next leader), and one ahead of the log that
+//! survived is ignored — so a restarted replica re-applies its committed tail at once instead of
+//! waiting for a leader. The state machine lives in memory; its durable form is the latest
+//! snapshot plus the log after it.
 //!
-//! Snapshots are files beside the sled database (`snapshot`, written to a temporary file,
-//! fsync'd, renamed, directory fsync'd): a snapshot of a large state is tens of megabytes, and
-//! flushing such a value through sled would stall the log's own flushes behind it. The file is a
-//! JSON line of metadata followed by the snapshot bytes.
-//!
-//! Log entries are stored in chunks of a few KiB (`chunked`), keyed by big-endian (index, chunk),
-//! so sled's order is the log's order and no entry becomes one of sled's unsafe blob files.
+//! Snapshots are files in the data directory (`snapshot`, written to a temporary file,
+//! fsync'd, renamed, directory fsync'd). The file is a JSON line of metadata followed by the
+//! snapshot bytes.
 
 // openraft's traits fix `StorageError` as the error type; its size is not ours to choose.
 #![allow(clippy::result_large_err)]
@@ -21,7 +21,9 @@
 use std::fmt::Debug;
 use std::io::Cursor;
 use std::ops::RangeBounds;
-use std::sync::{Arc, RwLock};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex, RwLock};
 
 use kairos_scheduler::ClusterState;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
@@ -36,18 +38,13 @@ use crate::{NodeId, Response, TypeConfig, SNAPSHOT_FORMAT_VERSION};
 
 type StorageResult<T> = Result<T, StorageError<NodeId>>;
 
-/// The log tree: entries in chunks (`chunked`).
-const LOG_TREE: &str = "raft_log_chunks";
-/// The log tree of earlier versions (one sled value per entry); moved into `LOG_TREE` at open.
-const OLD_LOG_TREE: &str = "raft_log";
-const KEY_VOTE: &[u8] = b"vote";
-const KEY_COMMITTED: &[u8] = b"committed";
-const KEY_LAST_PURGED: &[u8] = b"last_purged";
 const SNAPSHOT_FILE: &str = "snapshot";
-/// The sled database's directory under the data directory.
-pub(crate) const SLED_DIR: &str = "raft.sled";
-const META_TREE: &str = "raft_meta";
 const SNAPSHOT_TMP: &str = "snapshot.tmp";
+/// The sled database of kairosd versions before the write-ahead log (refused at open).
+pub(crate) const SLED_DIR: &str = "raft.sled";
+const META_FILE: &str = "meta";
+const META_TMP: &str = "meta.tmp";
+const COMMITTED_FILE: &str = "committed";
 
 fn read_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
     crate::failstop::storage_failed(&format!("reading: {e}"));
@@ -59,64 +56,102 @@ fn write_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
     StorageIOError::write(&e).into()
 }
 
-fn to_io(e: sled::Error) -> std::io::Error {
-    std::io::Error::other(e)
+/// What must survive a crash besides the entries: the vote and the purge point.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct LogMeta {
+    vote: Option<Vote<NodeId>>,
+    last_purged: Option<LogId<NodeId>>,
 }
 
-/// The Raft log and vote in sled.
+/// Replaces `dir/meta` with `meta`, durably.
+fn write_meta(dir: &Path, meta: &LogMeta) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(meta).map_err(std::io::Error::other)?;
+    let tmp = dir.join(META_TMP);
+    let f = std::fs::File::create(&tmp)?;
+    f.write_all_at(&bytes, 0)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(META_FILE))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+fn read_meta(dir: &Path) -> Result<LogMeta, crate::ConsensusError> {
+    match std::fs::read(dir.join(META_FILE)) {
+        Ok(bytes) => Ok(serde_json::from_slice(&bytes)?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(LogMeta::default()),
+        Err(e) => Err(crate::ConsensusError::Format(format!("reading the log's meta: {e}"))),
+    }
+}
+
+/// The committed log id as `committed` holds it: length, checksum, JSON (None when torn).
+fn decode_committed(bytes: &[u8]) -> Option<LogId<NodeId>> {
+    let len = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+    let crc = u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?);
+    let body = bytes.get(8..8 + len)?;
+    (crc32fast::hash(body) == crc).then(|| serde_json::from_slice(body).ok()).flatten()
+}
+
+fn encode_committed(committed: &Option<LogId<NodeId>>) -> Vec<u8> {
+    let body = serde_json::to_vec(committed).unwrap_or_default();
+    let mut out = Vec::with_capacity(body.len() + 8);
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// The Raft log and vote on the write-ahead log.
 #[derive(Clone)]
 pub struct LogStore {
-    db: sled::Db,
-    log: sled::Tree,
-    meta: sled::Tree,
+    wal: Arc<crate::wal::Wal>,
+    meta: Arc<Mutex<LogMeta>>,
+    committed_file: Arc<std::fs::File>,
     /// The latest committed index openraft told us about, for status reports.
     committed: Arc<std::sync::atomic::AtomicU64>,
-    /// Syncs what sled's flush leaves unsynced (its main file, large values' blob files).
-    sled_sync: Arc<crate::sync::SledSync>,
 }
 
 impl LogStore {
-    /// The log in `db`, the sled database at `sled_dir`.
-    pub fn new(db: &sled::Db, sled_dir: &std::path::Path) -> Result<Self, crate::ConsensusError> {
-        let store = LogStore {
-            db: db.clone(),
-            log: db.open_tree(LOG_TREE)?,
-            meta: db.open_tree(META_TREE)?,
+    /// Opens (creating when missing) the log of the replica whose data directory is
+    /// `data_dir`, repairing what a crash left (`wal::Wal::open`).
+    pub fn open(data_dir: &Path, id: NodeId) -> Result<Self, crate::ConsensusError> {
+        if data_dir.join(SLED_DIR).exists() {
+            return Err(crate::ConsensusError::Format(format!(
+                "{} holds the Raft log of an earlier kairosd (raft.sled), which this version does not \
+                 read: start this replica empty with --join and add it back (kairos cluster remove {id}, \
+                 then kairos cluster add {id} ADDR), or restore the cluster from a backup (--restore-from)",
+                data_dir.display()
+            )));
+        }
+        let dir = data_dir.join(crate::wal::DIR);
+        let meta = read_meta(&dir)?;
+        let (wal, recovery) = crate::wal::Wal::open(&dir, meta.last_purged.map(|l| l.index)).map_err(|e| match e
+            .kind()
+        {
+            std::io::ErrorKind::WouldBlock => crate::ConsensusError::DataDirInUse(data_dir.display().to_string()),
+            std::io::ErrorKind::InvalidData => {
+                crate::ConsensusError::Damaged { dir: dir.display().to_string(), why: e.to_string(), id }
+            }
+            _ => crate::ConsensusError::Format(format!("opening the log in {}: {e}", dir.display())),
+        })?;
+        if recovery != crate::wal::Recovery::default() {
+            tracing::warn!(
+                cut_bytes = recovery.cut_bytes,
+                removed_segments = recovery.removed_segments,
+                "the log ended in writes that never completed (a crash); they were cut off"
+            );
+        }
+        let committed_file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join(COMMITTED_FILE))
+            .map_err(|e| crate::ConsensusError::Format(format!("opening the commit record: {e}")))?;
+        Ok(LogStore {
+            wal: Arc::new(wal),
+            meta: Arc::new(Mutex::new(meta)),
+            committed_file: Arc::new(committed_file),
             committed: Arc::default(),
-            sled_sync: Arc::new(crate::sync::SledSync::open(sled_dir).map_err(sled::Error::Io)?),
-        };
-        store.move_old_log()?;
-        Ok(store)
-    }
-
-    /// Moves a log of an earlier version (one value per entry, 8-byte keys) into chunks.
-    fn move_old_log(&self) -> Result<(), crate::ConsensusError> {
-        if !self.db.tree_names().iter().any(|t| t.as_ref() == OLD_LOG_TREE.as_bytes()) {
-            return Ok(());
-        }
-        let old = self.db.open_tree(OLD_LOG_TREE)?;
-        let mut batch = sled::Batch::default();
-        for item in old.iter() {
-            let (k, v) = item?;
-            let index: [u8; 8] = k.as_ref().try_into().map_err(|_| {
-                crate::ConsensusError::Format(format!("old log key of {} bytes (not 8)", k.len()))
-            })?;
-            crate::chunked::insert(&mut batch, u64::from_be_bytes(index), &v);
-        }
-        self.log.apply_batch(batch)?;
-        self.db.flush()?;
-        self.sled_sync.after_flush().map_err(sled::Error::Io)?;
-        old.clear()?;
-        self.db.drop_tree(OLD_LOG_TREE)?;
-        self.db.flush()?;
-        Ok(())
-    }
-
-    /// sled's flush, then fsync of its main file and of the blob files it wrote: only then is
-    /// a write durable.
-    async fn flush(&self) -> std::io::Result<()> {
-        self.db.flush_async().await.map_err(to_io)?;
-        self.sled_sync.after_flush().map(|_| ())
+        })
     }
 
     /// A handle that always holds the latest known commit index.
@@ -124,19 +159,40 @@ impl LogStore {
         self.committed.clone()
     }
 
-    fn get_meta<T: for<'de> Deserialize<'de>>(&self, key: &[u8]) -> StorageResult<Option<T>> {
-        match self.meta.get(key).map_err(read_err)? {
-            Some(bytes) => Ok(Some(serde_json::from_slice(&bytes).map_err(read_err)?)),
-            None => Ok(None),
-        }
+    fn meta(&self) -> LogMeta {
+        self.meta.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    async fn put_meta<T: Serialize>(&self, key: &[u8], value: &T) -> StorageResult<()> {
-        let bytes = serde_json::to_vec(value).map_err(write_err)?;
-        self.meta.insert(key, bytes).map_err(write_err)?;
-        self.flush().await.map_err(write_err)?;
+    /// Changes the stored meta durably (on a blocking thread: two fsyncs).
+    async fn update_meta(&self, change: impl FnOnce(&mut LogMeta)) -> StorageResult<()> {
+        let mut meta = self.meta();
+        change(&mut meta);
+        let dir = self.wal.dir().to_path_buf();
+        let written = meta.clone();
+        tokio::task::spawn_blocking(move || write_meta(&dir, &written))
+            .await
+            .map_err(|e| write_err(std::io::Error::other(e)))?
+            .map_err(write_err)?;
+        *self.meta.lock().unwrap_or_else(|p| p.into_inner()) = meta;
         Ok(())
     }
+
+    /// Runs a log operation that reports through a `wal::Done` and waits for it.
+    async fn durably(
+        &self,
+        op: impl FnOnce(crate::wal::Done) -> std::io::Result<()>,
+    ) -> StorageResult<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        op(Box::new(move |r| {
+            let _ = tx.send(r);
+        }))
+        .map_err(write_err)?;
+        rx.await.map_err(|e| write_err(std::io::Error::other(e)))?.map_err(write_err)
+    }
+}
+
+fn decode_entry(bytes: &[u8]) -> StorageResult<Entry<TypeConfig>> {
+    serde_json::from_slice(bytes).map_err(read_err)
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -150,8 +206,18 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(i) => i.saturating_add(1),
             Bound::Unbounded => 0,
         };
-        let chunks = crate::chunked::read_from(&self.log, start, |i| range.contains(&i)).map_err(read_err)?;
-        chunks.iter().map(|(_, bytes)| serde_json::from_slice(bytes).map_err(read_err)).collect()
+        let end = match range.end_bound() {
+            Bound::Included(i) => i.saturating_add(1),
+            Bound::Excluded(i) => *i,
+            Bound::Unbounded => u64::MAX,
+        };
+        // Purged entries may linger in a segment that also holds later ones: never served.
+        let start = match self.meta().last_purged {
+            Some(p) => start.max(p.index.saturating_add(1)),
+            None => start,
+        };
+        let records = self.wal.read(start, end).map_err(read_err)?;
+        records.iter().map(|(_, bytes)| decode_entry(bytes)).collect()
     }
 }
 
@@ -159,14 +225,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> StorageResult<LogState<TypeConfig>> {
-        let last_purged: Option<LogId<NodeId>> = self.get_meta(KEY_LAST_PURGED)?;
-        let last = match crate::chunked::last(&self.log).map_err(read_err)? {
-            Some((_, value)) => {
-                let entry: Entry<TypeConfig> = serde_json::from_slice(&value).map_err(read_err)?;
-                Some(entry.log_id)
-            }
+        let last_purged = self.meta().last_purged;
+        let last = match self.wal.bounds() {
+            Some((_, last)) => match self.wal.read(last, last + 1).map_err(read_err)?.first() {
+                Some((_, bytes)) => Some(decode_entry(bytes)?.log_id),
+                None => last_purged,
+            },
             None => last_purged,
         };
+        // Entries at or below the purge point may linger in a segment: they do not count.
+        let last = last.max(last_purged);
         Ok(LogState { last_purged_log_id: last_purged, last_log_id: last })
     }
 
@@ -175,19 +243,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StorageResult<()> {
-        // Flushed before the vote is acknowledged.
-        self.put_meta(KEY_VOTE, vote).await
+        // Durable before the vote is acknowledged.
+        let vote = *vote;
+        self.update_meta(|m| m.vote = Some(vote)).await
     }
 
     async fn read_vote(&mut self) -> StorageResult<Option<Vote<NodeId>>> {
-        self.get_meta(KEY_VOTE)
+        Ok(self.meta().vote)
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
-        // No flush of its own: a committed index that is a little stale after a crash is allowed
-        // (the tail is re-committed by the next leader); it reaches disk with the next append.
-        let bytes = serde_json::to_vec(&committed).map_err(write_err)?;
-        self.meta.insert(KEY_COMMITTED, bytes).map_err(write_err)?;
+        // No fsync of its own (see the module's description).
+        self.committed_file.write_all_at(&encode_committed(&committed), 0).map_err(write_err)?;
         if let Some(c) = committed {
             self.committed.fetch_max(c.index, std::sync::atomic::Ordering::Relaxed);
         }
@@ -195,7 +262,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_committed(&mut self) -> StorageResult<Option<LogId<NodeId>>> {
-        Ok(self.get_meta::<Option<LogId<NodeId>>>(KEY_COMMITTED)?.flatten())
+        let len = self.committed_file.metadata().map_err(read_err)?.len();
+        let mut bytes = vec![0u8; len.min(4096) as usize];
+        self.committed_file.read_exact_at(&mut bytes, 0).map_err(read_err)?;
+        let committed = decode_committed(&bytes);
+        // A commit record that reached the disk while the entries it covers did not is ignored.
+        let held = self.wal.bounds().map(|(_, last)| last);
+        Ok(committed.filter(|c| held.is_some_and(|last| c.index <= last)))
     }
 
     async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>
@@ -203,41 +276,26 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut batch = sled::Batch::default();
+        let mut records = Vec::new();
         for entry in entries {
-            let bytes = serde_json::to_vec(&entry).map_err(write_err)?;
-            crate::chunked::insert(&mut batch, entry.log_id.index, &bytes);
+            records.push((entry.log_id.index, serde_json::to_vec(&entry).map_err(write_err)?));
         }
-        self.log.apply_batch(batch).map_err(write_err)?;
-        // The entries are readable now; they count as appended only once flushed.
-        let result = self.flush().await;
-        if let Err(e) = &result {
-            crate::failstop::storage_failed(&format!("syncing the log: {e}"));
-        }
-        callback.log_io_completed(result);
-        Ok(())
+        // Readable now; appended once on disk (the sync thread calls back).
+        self.wal
+            .append(&records, Box::new(move |result| callback.log_io_completed(result)))
+            .map_err(write_err)
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
-        use std::ops::Bound;
-        let mut batch = sled::Batch::default();
-        let from = Bound::Included(crate::chunked::first_key(log_id.index));
-        crate::chunked::remove_range(&self.log, &mut batch, (from, Bound::Unbounded)).map_err(write_err)?;
-        self.log.apply_batch(batch).map_err(write_err)?;
-        self.flush().await.map_err(write_err)?;
-        Ok(())
+        let wal = self.wal.clone();
+        self.durably(|done| wal.truncate(log_id.index, done)).await
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
         // Record the purge point first: a crash in between leaves extra entries, never a hole.
-        self.put_meta(KEY_LAST_PURGED, &log_id).await?;
-        use std::ops::Bound;
-        let mut batch = sled::Batch::default();
-        let to = Bound::Excluded(crate::chunked::first_key(log_id.index.saturating_add(1)));
-        crate::chunked::remove_range(&self.log, &mut batch, (Bound::Unbounded, to)).map_err(write_err)?;
-        self.log.apply_batch(batch).map_err(write_err)?;
-        self.flush().await.map_err(write_err)?;
-        Ok(())
+        self.update_meta(|m| m.last_purged = Some(log_id)).await?;
+        let wal = self.wal.clone();
+        self.durably(|done| wal.purge(log_id.index, done)).await
     }
 }
 
@@ -420,7 +478,7 @@ pub(crate) fn decode_snapshot(data: &[u8]) -> Result<ClusterState, crate::Consen
 
 /// Whether `data_dir` holds a replica's storage (a log database or a snapshot).
 pub(crate) fn holds_data(data_dir: &std::path::Path) -> bool {
-    data_dir.join(SLED_DIR).exists() || data_dir.join(SNAPSHOT_FILE).exists()
+    [crate::wal::DIR, SLED_DIR, SNAPSHOT_FILE].iter().any(|f| data_dir.join(f).exists())
 }
 
 /// Writes the storage of a replica that has applied the cluster's first entry (index 0, the
@@ -442,12 +500,12 @@ pub(crate) fn seed(
     let stored = StoredSnapshot { meta, data: encode_snapshot(state)? };
     write_snapshot(data_dir, &stored.encode()?)
         .map_err(|e| crate::ConsensusError::Format(format!("writing the snapshot: {e}")))?;
-    let db = sled::Config::new().path(data_dir.join(SLED_DIR)).open()?;
-    let meta = db.open_tree(META_TREE)?;
-    meta.insert(KEY_LAST_PURGED, serde_json::to_vec(&first)?)?;
-    meta.insert(KEY_COMMITTED, serde_json::to_vec(&Some(first))?)?;
-    db.flush()?;
-    Ok(())
+    let dir = data_dir.join(crate::wal::DIR);
+    let fail = |e: std::io::Error| crate::ConsensusError::Format(format!("writing the log's meta: {e}"));
+    std::fs::create_dir_all(&dir).map_err(fail)?;
+    write_meta(&dir, &LogMeta { vote: None, last_purged: Some(first) }).map_err(fail)?;
+    std::fs::write(dir.join(COMMITTED_FILE), encode_committed(&Some(first))).map_err(fail)?;
+    std::fs::File::open(data_dir).and_then(|d| d.sync_all()).map_err(fail)
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {

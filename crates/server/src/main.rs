@@ -285,7 +285,7 @@ async fn main() {
 
 async fn run() -> anyhow::Result<()> {
     let args = parse_args();
-    kairos_telemetry::logs::init(args.log_format, "info,openraft=warn,sled=warn");
+    kairos_telemetry::logs::init(args.log_format, "info,openraft=warn");
     let mut traces = kairos_telemetry::traces::init("kairosd");
     let members = parse_peers(&args)?;
     let (flag, bind) = match &args.listen {
