@@ -34,6 +34,13 @@ use crate::{NodeId, TypeConfig};
 /// Most bytes of entries (as encoded) in one `AppendEntries`; a larger single entry goes alone.
 pub const APPEND_BYTES_BUDGET: usize = 256 * 1024;
 
+fn encode<T: Serialize, E>(value: &T) -> RpcResult<Vec<u8>, E>
+where
+    E: std::error::Error,
+{
+    serde_json::to_vec(value).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+}
+
 /// How many of `entries`, from the first, fit `budget` bytes (at least one).
 fn prefix_within<T: Serialize>(entries: &[T], budget: usize) -> usize {
     if entries.len() <= 1 {
@@ -105,7 +112,16 @@ impl Connection {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let payload = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let payload = encode(req)?;
+        self.call_encoded(kind, payload, option).await
+    }
+
+    /// `call` for a request already encoded as `payload`.
+    async fn call_encoded<Resp, E>(&mut self, kind: RpcKind, payload: Vec<u8>, option: &RPCOption) -> RpcResult<Resp, E>
+    where
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
         // The connection is kept across calls, also when openraft drops a call at its timeout: a
         // follower that is slow to answer must not also pay a new connection on every retry.
         if self.unanswered >= UNANSWERED_MAX {
@@ -279,10 +295,18 @@ impl RaftNetwork<TypeConfig> for Connection {
         mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
-        let sent = prefix_within(&rpc.entries, APPEND_BYTES_BUDGET);
-        let cut = (sent < rpc.entries.len()).then(|| rpc.entries[sent - 1].log_id);
-        rpc.entries.truncate(sent);
-        match (self.call(RpcKind::Append, &rpc, &option).await?, cut) {
+        // Encoded once; only an append over the budget is measured entry by entry and cut.
+        let mut payload = encode(&rpc)?;
+        let mut cut = None;
+        if payload.len() > APPEND_BYTES_BUDGET && rpc.entries.len() > 1 {
+            let sent = prefix_within(&rpc.entries, APPEND_BYTES_BUDGET);
+            if sent < rpc.entries.len() {
+                cut = Some(rpc.entries[sent - 1].log_id);
+                rpc.entries.truncate(sent);
+                payload = encode(&rpc)?;
+            }
+        }
+        match (self.call_encoded(RpcKind::Append, payload, &option).await?, cut) {
             (AppendEntriesResponse::Success, Some(last_sent)) => {
                 Ok(AppendEntriesResponse::PartialSuccess(Some(last_sent)))
             }

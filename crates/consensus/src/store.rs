@@ -99,10 +99,74 @@ fn encode_committed(committed: &Option<LogId<NodeId>>) -> Vec<u8> {
     out
 }
 
+/// The latest entries as appended, decoded: the leader reads each entry back once per follower
+/// it replicates to and once to apply it, a follower once to apply it — from here, not from
+/// the disk and a JSON decode. Mirrors the log exactly (appends, truncations and purges go
+/// through it); bounded by `CACHE_ENTRIES` and `CACHE_BYTES` (encoded size), oldest dropped.
+#[derive(Default)]
+struct EntryCache {
+    entries: std::collections::VecDeque<(Entry<TypeConfig>, usize)>,
+    bytes: usize,
+}
+
+const CACHE_ENTRIES: usize = 4096;
+const CACHE_BYTES: usize = 64 << 20;
+
+impl EntryCache {
+    fn push(&mut self, entry: Entry<TypeConfig>, size: usize) {
+        if self.entries.back().is_some_and(|(e, _)| e.log_id.index + 1 != entry.log_id.index) {
+            self.clear();
+        }
+        self.entries.push_back((entry, size));
+        self.bytes += size;
+        while self.entries.len() > CACHE_ENTRIES || self.bytes > CACHE_BYTES {
+            match self.entries.pop_front() {
+                Some((_, size)) => self.bytes -= size,
+                None => break,
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+    }
+
+    /// Drops the entries from `index` on.
+    fn truncate(&mut self, index: u64) {
+        while self.entries.back().is_some_and(|(e, _)| e.log_id.index >= index) {
+            if let Some((_, size)) = self.entries.pop_back() {
+                self.bytes -= size;
+            }
+        }
+    }
+
+    /// Drops the entries up to `index`.
+    fn purge(&mut self, index: u64) {
+        while self.entries.front().is_some_and(|(e, _)| e.log_id.index <= index) {
+            if let Some((_, size)) = self.entries.pop_front() {
+                self.bytes -= size;
+            }
+        }
+    }
+
+    /// The entries `start..end`, when all of them are here.
+    fn get(&self, start: u64, end: u64) -> Option<Vec<Entry<TypeConfig>>> {
+        let first = self.entries.front()?.0.log_id.index;
+        let last = self.entries.back()?.0.log_id.index;
+        if start < first || end > last + 1 || start >= end {
+            return None;
+        }
+        let from = (start - first) as usize;
+        Some(self.entries.range(from..from + (end - start) as usize).map(|(e, _)| e.clone()).collect())
+    }
+}
+
 /// The Raft log and vote on the write-ahead log.
 #[derive(Clone)]
 pub struct LogStore {
     wal: Arc<crate::wal::Wal>,
+    cache: Arc<Mutex<EntryCache>>,
     meta: Arc<Mutex<LogMeta>>,
     committed_file: Arc<std::fs::File>,
     /// The latest committed index openraft told us about, for status reports.
@@ -148,6 +212,7 @@ impl LogStore {
             .map_err(|e| crate::ConsensusError::Format(format!("opening the commit record: {e}")))?;
         Ok(LogStore {
             wal: Arc::new(wal),
+            cache: Arc::default(),
             meta: Arc::new(Mutex::new(meta)),
             committed_file: Arc::new(committed_file),
             committed: Arc::default(),
@@ -157,6 +222,10 @@ impl LogStore {
     /// A handle that always holds the latest known commit index.
     pub fn commit_index(&self) -> Arc<std::sync::atomic::AtomicU64> {
         self.committed.clone()
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, EntryCache> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn meta(&self) -> LogMeta {
@@ -216,6 +285,13 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Some(p) => start.max(p.index.saturating_add(1)),
             None => start,
         };
+        let end = match self.wal.bounds() {
+            Some((_, last)) => end.min(last.saturating_add(1)),
+            None => return Ok(Vec::new()),
+        };
+        if let Some(entries) = self.cache().get(start, end) {
+            return Ok(entries);
+        }
         let records = self.wal.read(start, end).map_err(read_err)?;
         records.iter().map(|(_, bytes)| decode_entry(bytes)).collect()
     }
@@ -277,16 +353,25 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let mut records = Vec::new();
+        let mut cached = Vec::new();
         for entry in entries {
-            records.push((entry.log_id.index, serde_json::to_vec(&entry).map_err(write_err)?));
+            let bytes = serde_json::to_vec(&entry).map_err(write_err)?;
+            cached.push((entry.clone(), bytes.len()));
+            records.push((entry.log_id.index, bytes));
         }
         // Readable now; appended once on disk (the sync thread calls back).
         self.wal
             .append(&records, Box::new(move |result| callback.log_io_completed(result)))
-            .map_err(write_err)
+            .map_err(write_err)?;
+        let mut cache = self.cache();
+        for (entry, size) in cached {
+            cache.push(entry, size);
+        }
+        Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+        self.cache().truncate(log_id.index);
         let wal = self.wal.clone();
         self.durably(|done| wal.truncate(log_id.index, done)).await
     }
@@ -294,6 +379,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
         // Record the purge point first: a crash in between leaves extra entries, never a hole.
         self.update_meta(|m| m.last_purged = Some(log_id)).await?;
+        self.cache().purge(log_id.index);
         let wal = self.wal.clone();
         self.durably(|done| wal.purge(log_id.index, done)).await
     }
@@ -690,5 +776,37 @@ mod tests {
         assert_eq!(decode_snapshot(&data).unwrap(), state);
         let foreign = serde_json::to_vec(&serde_json::json!({"format": 99, "state": state})).unwrap();
         assert!(matches!(decode_snapshot(&foreign), Err(crate::ConsensusError::Format(_))));
+    }
+
+    #[test]
+    fn the_entry_cache_serves_only_whole_ranges_it_holds_and_follows_truncation_and_purge() {
+        let entry = |i: u64| Entry::<TypeConfig> {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), i),
+            payload: EntryPayload::Blank,
+        };
+        let indexes = |v: Option<Vec<Entry<TypeConfig>>>| v.map(|v| v.iter().map(|e| e.log_id.index).collect::<Vec<_>>());
+        let mut cache = EntryCache::default();
+        for i in 5..10 {
+            cache.push(entry(i), 100);
+        }
+        assert_eq!(indexes(cache.get(6, 9)), Some(vec![6, 7, 8]));
+        assert_eq!(indexes(cache.get(4, 9)), None, "entry 4 is not held");
+        assert_eq!(indexes(cache.get(8, 11)), None, "entry 10 is not held");
+        cache.truncate(8);
+        assert_eq!(indexes(cache.get(5, 8)), Some(vec![5, 6, 7]));
+        assert_eq!(indexes(cache.get(5, 9)), None);
+        cache.purge(5);
+        assert_eq!(indexes(cache.get(5, 7)), None);
+        assert_eq!(cache.bytes, 200);
+        // An entry that does not follow the last (a truncation it missed) empties the cache.
+        cache.push(entry(20), 100);
+        assert_eq!(indexes(cache.get(6, 7)), None);
+        assert_eq!(indexes(cache.get(20, 21)), Some(vec![20]));
+        // Bounded: the oldest go first.
+        for i in 21..21 + CACHE_ENTRIES as u64 {
+            cache.push(entry(i), 1);
+        }
+        assert_eq!(cache.entries.len(), CACHE_ENTRIES);
+        assert_eq!(indexes(cache.get(20, 21)), None);
     }
 }
