@@ -641,10 +641,20 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
                 std::thread::Builder::new()
                     .name("kairos-snapshot".into())
                     .spawn(move || {
+                        let began = std::time::Instant::now();
                         let (state, last_applied, membership) =
                             copy_applied(&shared.read().unwrap_or_else(|p| p.into_inner()));
+                        let copied = began.elapsed();
                         yield_cpu();
-                        let _ = tx.send(encode_snapshot(&state).map(|data| (data, last_applied, membership)));
+                        let encoded = encode_snapshot(&state);
+                        tracing::info!(
+                            jobs = state.jobs.len(),
+                            bytes = encoded.as_ref().map_or(0, Vec::len),
+                            copy_ms = copied.as_millis() as u64,
+                            encode_ms = (began.elapsed() - copied).as_millis() as u64,
+                            "snapshot built"
+                        );
+                        let _ = tx.send(encoded.map(|data| (data, last_applied, membership)));
                     })
                     .map_err(write_err)?;
                 rx.await.map_err(|e| read_err(std::io::Error::other(e)))?.map_err(read_err)?

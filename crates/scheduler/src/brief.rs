@@ -159,9 +159,9 @@ impl Index {
         }
     }
 
-    fn build(jobs: &BTreeMap<JobId, Job>) -> Index {
+    fn build(jobs: &Jobs) -> Index {
         let mut index = Index::default();
-        for (id, job) in jobs {
+        for (id, job) in jobs.iter() {
             index.refresh(*id, Some(job));
         }
         index

@@ -125,7 +125,7 @@ mod tests {
     #[test]
     fn every_reason_is_found() {
         let (mut s, running, pending) = state();
-        let job = s.jobs[&pending].clone();
+        let job = Job::clone(&s.jobs[&pending]);
         let held = s.jobs[&running].allocation.as_ref().unwrap().gpus.clone();
         let free: Vec<GpuIndex> = (0..4).filter(|g| !held.contains(g)).collect();
         assert_eq!(s.check_grant(&job, "n1", &free, Some(2), Taking::Free), Ok(()));

@@ -4,9 +4,14 @@
 //! `values_mut`) records the ids it hands out, so apply can bring the planner's compact index
 //! (`crate::brief`) up to date for exactly the jobs a command touched — no hook per field, and
 //! no way to change a job without it being seen.
+//!
+//! Each job is shared (`Arc`) and copied on write (`Arc::make_mut` on every mutable access): a
+//! copy of the table — what a snapshot takes under the state's lock — copies pointers, not jobs,
+//! and a job is copied only if it changes while such a copy still holds it.
 
 use std::collections::BTreeMap;
 use std::ops::Deref;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -16,7 +21,7 @@ use crate::model::{Job, JobId};
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Jobs {
-    map: BTreeMap<JobId, Job>,
+    map: BTreeMap<JobId, Arc<Job>>,
     /// Ids handed out mutably since the last `take_touched`.
     #[serde(skip)]
     touched: Vec<JobId>,
@@ -31,7 +36,7 @@ impl PartialEq for Jobs {
 impl Eq for Jobs {}
 
 impl Deref for Jobs {
-    type Target = BTreeMap<JobId, Job>;
+    type Target = BTreeMap<JobId, Arc<Job>>;
 
     fn deref(&self) -> &Self::Target {
         &self.map
@@ -39,27 +44,48 @@ impl Deref for Jobs {
 }
 
 impl Jobs {
+    // Reads hand out `&Job` (the sharing stays inside): these shadow the map's own.
+
+    pub fn get(&self, id: &JobId) -> Option<&Job> {
+        self.map.get(id).map(Arc::as_ref)
+    }
+
+    pub fn values(&self) -> impl DoubleEndedIterator<Item = &Job> + Clone {
+        self.map.values().map(Arc::as_ref)
+    }
+
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (&JobId, &Job)> + Clone {
+        self.map.iter().map(|(id, job)| (id, job.as_ref()))
+    }
+
+    pub fn range<R: std::ops::RangeBounds<JobId>>(
+        &self,
+        range: R,
+    ) -> impl DoubleEndedIterator<Item = (&JobId, &Job)> + Clone {
+        self.map.range(range).map(|(id, job)| (id, job.as_ref()))
+    }
+
     pub fn get_mut(&mut self, id: &JobId) -> Option<&mut Job> {
         let job = self.map.get_mut(id)?;
         self.touched.push(*id);
-        Some(job)
+        Some(Arc::make_mut(job))
     }
 
     pub fn insert(&mut self, id: JobId, job: Job) -> Option<Job> {
         self.touched.push(id);
-        self.map.insert(id, job)
+        self.map.insert(id, Arc::new(job)).map(Arc::unwrap_or_clone)
     }
 
     /// Removes a job (counts as touched: its brief goes).
     pub fn remove(&mut self, id: &JobId) -> Option<Job> {
         self.touched.push(*id);
-        self.map.remove(id)
+        self.map.remove(id).map(Arc::unwrap_or_clone)
     }
 
     /// Every job, mutably (all count as touched).
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut Job> {
         self.touched.extend(self.map.keys().copied());
-        self.map.values_mut()
+        self.map.values_mut().map(Arc::make_mut)
     }
 
     /// Whether some job was handed out mutably since the last `take_touched`.
@@ -78,6 +104,6 @@ impl Jobs {
 
 impl FromIterator<(JobId, Job)> for Jobs {
     fn from_iter<I: IntoIterator<Item = (JobId, Job)>>(iter: I) -> Self {
-        Jobs { map: iter.into_iter().collect(), touched: Vec::new() }
+        Jobs { map: iter.into_iter().map(|(id, job)| (id, Arc::new(job))).collect(), touched: Vec::new() }
     }
 }
