@@ -109,8 +109,8 @@ struct EntryCache {
     bytes: usize,
 }
 
-const CACHE_ENTRIES: usize = 4096;
-const CACHE_BYTES: usize = 64 << 20;
+const CACHE_ENTRIES: usize = 1024;
+const CACHE_BYTES: usize = 16 << 20;
 
 impl EntryCache {
     fn push(&mut self, entry: Entry<TypeConfig>, size: usize) {

@@ -36,7 +36,11 @@ impl SubmitLimiter {
                 *tokens + now.saturating_duration_since(*at).as_secs_f64() * rate < burst
             });
         }
-        let (tokens, at) = buckets.entry(user.to_string()).or_insert((self.burst, now));
+        // The user's bucket, looked up before any allocation (a known user costs none).
+        let (tokens, at) = match buckets.get_mut(user) {
+            Some(bucket) => bucket,
+            None => buckets.entry(user.to_string()).or_insert((self.burst, now)),
+        };
         *tokens = (*tokens + now.saturating_duration_since(*at).as_secs_f64() * self.rate).min(self.burst);
         *at = now;
         if *tokens >= 1.0 {
