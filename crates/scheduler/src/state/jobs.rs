@@ -107,3 +107,28 @@ impl FromIterator<(JobId, Job)> for Jobs {
         Jobs { map: iter.into_iter().map(|(id, job)| (id, Arc::new(job))).collect(), touched: Vec::new() }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{ClusterState, Command, Op};
+
+    #[test]
+    fn a_copy_of_the_table_shares_its_jobs_until_one_changes() {
+        let mut state = ClusterState::new();
+        for _ in 0..2 {
+            let spec = crate::testing::spec(1, "batch");
+            state.apply(&Command { now_ms: 1, op: Op::Submit { spec, request_id: None, hold: false, limits: None } });
+        }
+        let copy = state.jobs.clone();
+        assert!(Arc::ptr_eq(&state.jobs.map[&1], &copy.map[&1]), "a copy copies pointers, not jobs");
+        if let Some(job) = state.jobs.get_mut(&1) {
+            job.held = true;
+        }
+        assert!(state.jobs.get(&1).is_some_and(|j| j.held));
+        assert!(copy.get(&1).is_some_and(|j| !j.held), "the copy keeps the job as it was");
+        assert!(!Arc::ptr_eq(&state.jobs.map[&1], &copy.map[&1]), "the changed job was copied");
+        assert!(Arc::ptr_eq(&state.jobs.map[&2], &copy.map[&2]), "the unchanged one is still shared");
+        assert_eq!(state.jobs.take_touched(), vec![1], "mutable access is still recorded");
+    }
+}
