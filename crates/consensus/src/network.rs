@@ -34,6 +34,8 @@ use crate::{NodeId, TypeConfig};
 /// Most bytes of entries (as encoded) in one `AppendEntries`; a larger single entry goes alone.
 pub const APPEND_BYTES_BUDGET: usize = 256 * 1024;
 
+// openraft fixes the error type; its size is not ours to choose.
+#[allow(clippy::result_large_err)]
 fn encode<T: Serialize, E>(value: &T) -> RpcResult<Vec<u8>, E>
 where
     E: std::error::Error,
@@ -117,7 +119,12 @@ impl Connection {
     }
 
     /// `call` for a request already encoded as `payload`.
-    async fn call_encoded<Resp, E>(&mut self, kind: RpcKind, payload: Vec<u8>, option: &RPCOption) -> RpcResult<Resp, E>
+    async fn call_encoded<Resp, E>(
+        &mut self,
+        kind: RpcKind,
+        payload: Vec<u8>,
+        option: &RPCOption,
+    ) -> RpcResult<Resp, E>
     where
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,

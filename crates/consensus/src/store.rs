@@ -187,15 +187,16 @@ impl LogStore {
         }
         let dir = data_dir.join(crate::wal::DIR);
         let meta = read_meta(&dir)?;
-        let (wal, recovery) = crate::wal::Wal::open(&dir, meta.last_purged.map(|l| l.index)).map_err(|e| match e
-            .kind()
-        {
-            std::io::ErrorKind::WouldBlock => crate::ConsensusError::DataDirInUse(data_dir.display().to_string()),
-            std::io::ErrorKind::InvalidData => {
-                crate::ConsensusError::Damaged { dir: dir.display().to_string(), why: e.to_string(), id }
-            }
-            _ => crate::ConsensusError::Format(format!("opening the log in {}: {e}", dir.display())),
-        })?;
+        let (wal, recovery) =
+            crate::wal::Wal::open(&dir, meta.last_purged.map(|l| l.index)).map_err(|e| match e.kind() {
+                std::io::ErrorKind::WouldBlock => {
+                    crate::ConsensusError::DataDirInUse(data_dir.display().to_string())
+                }
+                std::io::ErrorKind::InvalidData => {
+                    crate::ConsensusError::Damaged { dir: dir.display().to_string(), why: e.to_string(), id }
+                }
+                _ => crate::ConsensusError::Format(format!("opening the log in {}: {e}", dir.display())),
+            })?;
         if recovery != crate::wal::Recovery::default() {
             tracing::warn!(
                 cut_bytes = recovery.cut_bytes,
@@ -247,10 +248,7 @@ impl LogStore {
     }
 
     /// Runs a log operation that reports through a `wal::Done` and waits for it.
-    async fn durably(
-        &self,
-        op: impl FnOnce(crate::wal::Done) -> std::io::Result<()>,
-    ) -> StorageResult<()> {
+    async fn durably(&self, op: impl FnOnce(crate::wal::Done) -> std::io::Result<()>) -> StorageResult<()> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         op(Box::new(move |r| {
             let _ = tx.send(r);
@@ -342,8 +340,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut bytes = vec![0u8; len.min(4096) as usize];
         self.committed_file.read_exact_at(&mut bytes, 0).map_err(read_err)?;
         let committed = decode_committed(&bytes);
-        // A commit record that reached the disk while the entries it covers did not is ignored.
-        let held = self.wal.bounds().map(|(_, last)| last);
+        // A commit record that reached the disk while the entries it covers did not is ignored
+        // (what the snapshot covers counts as held).
+        let held = self.wal.bounds().map(|(_, last)| last).max(self.meta().last_purged.map(|p| p.index));
         Ok(committed.filter(|c| held.is_some_and(|last| c.index <= last)))
     }
 
@@ -480,7 +479,9 @@ fn write_snapshot(dir: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut at = 0u64;
     for piece in bytes.chunks(PIECE) {
         f.write_all_at(piece, at)?;
-        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+            | libc::SYNC_FILE_RANGE_WRITE
+            | libc::SYNC_FILE_RANGE_WAIT_AFTER;
         // Best effort (a filesystem may not support it): the fsync below is what makes it durable.
         // SAFETY: a range of a descriptor this function owns.
         let _ = unsafe { libc::sync_file_range(f.as_raw_fd(), at as i64, piece.len() as i64, flags) };
@@ -793,7 +794,9 @@ mod tests {
             log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), i),
             payload: EntryPayload::Blank,
         };
-        let indexes = |v: Option<Vec<Entry<TypeConfig>>>| v.map(|v| v.iter().map(|e| e.log_id.index).collect::<Vec<_>>());
+        let indexes = |v: Option<Vec<Entry<TypeConfig>>>| {
+            v.map(|v| v.iter().map(|e| e.log_id.index).collect::<Vec<_>>())
+        };
         let mut cache = EntryCache::default();
         for i in 5..10 {
             cache.push(entry(i), 100);

@@ -189,6 +189,16 @@ impl Wal {
         }
         names.sort();
         let mut recovery = Recovery::default();
+        // First the segments wholly at or below the purge point (the next one starts at or
+        // before the entry after it): their entries are in the snapshot, and one whose removal
+        // a crash undid must not pass for the log's end at the gap after it.
+        if let Some(purged) = purged {
+            while names.len() >= 2 && names[1].0 <= purged.saturating_add(1) {
+                let (_, path) = names.remove(0);
+                std::fs::remove_file(&path)?;
+                recovery.removed_segments += 1;
+            }
+        }
         let mut segments: Vec<Segment> = Vec::new();
         let mut ended = false;
         for (first, path) in names {
@@ -221,7 +231,7 @@ impl Wal {
             }
             segments.push(Segment { first, path, file: Arc::new(file), ends });
         }
-        // Wholly purged segments: their entries are in the snapshot.
+        // The last segment too, when all it holds is purged.
         if let Some(purged) = purged {
             while segments.first().is_some_and(|s| s.next() <= purged + 1) {
                 let s = segments.remove(0);
@@ -234,7 +244,9 @@ impl Wal {
         }
         let (tx, rx) = mpsc::channel();
         let sync_path = dir.to_path_buf();
-        std::thread::Builder::new().name("kairos-wal-sync".into()).spawn(move || sync_loop(&sync_path, rx))?;
+        std::thread::Builder::new()
+            .name("kairos-wal-sync".into())
+            .spawn(move || sync_loop(&sync_path, rx))?;
         Ok((
             Wal { dir: dir.to_path_buf(), segments: Mutex::new(segments), sync: Mutex::new(tx), _lock: lock },
             recovery,
@@ -443,7 +455,8 @@ mod tests {
     }
 
     fn append(wal: &Wal, from: u64, to: u64) {
-        let records: Vec<(u64, Vec<u8>)> = (from..to).map(|i| (i, format!("entry {i}").into_bytes())).collect();
+        let records: Vec<(u64, Vec<u8>)> =
+            (from..to).map(|i| (i, format!("entry {i}").into_bytes())).collect();
         let (done, rx) = done_now();
         wal.append(&records, done).unwrap();
         rx.recv().unwrap().unwrap();
@@ -481,6 +494,23 @@ mod tests {
         let (wal, rec) = Wal::open(&path, None).unwrap();
         assert_eq!(rec.removed_segments, 1);
         assert_eq!(indexes(&wal), (1..9).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_segment_a_purge_removed_before_a_crash_does_not_end_the_log_at_the_gap_after_it() {
+        // A snapshot was installed (purge point 9, past the end of the log, whose old segment
+        // was removed) and entries 10.. appended; the crash undid the removal.
+        let dir = tempfile::tempdir().unwrap();
+        for (first, to) in [(1u64, 4u64), (10, 13)] {
+            let mut bytes = MAGIC.to_vec();
+            for i in first..to {
+                encode_record(&mut bytes, i, b"entry");
+            }
+            std::fs::write(dir.path().join(segment_name(first)), bytes).unwrap();
+        }
+        let (wal, rec) = Wal::open(dir.path(), Some(9)).unwrap();
+        assert_eq!(indexes(&wal), vec![10, 11, 12], "the acknowledged entries after the snapshot stay");
+        assert_eq!(rec, Recovery { cut_bytes: 0, removed_segments: 1 });
     }
 
     #[test]
@@ -547,7 +577,12 @@ mod tests {
             wal.append(&[(i, big.clone())], done).unwrap();
             rx.recv().unwrap().unwrap();
         }
-        let count = || std::fs::read_dir(dir.path()).unwrap().filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "wal")).count();
+        let count = || {
+            std::fs::read_dir(dir.path())
+                .unwrap()
+                .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "wal"))
+                .count()
+        };
         assert_eq!(count(), 2);
         let (done, rx) = done_now();
         wal.purge(60, done).unwrap();

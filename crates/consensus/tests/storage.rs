@@ -304,7 +304,8 @@ mod corrupt_disk {
         assert!(e.contains("kairos cluster remove 2"), "{e}");
         let dir = TempDir::new().unwrap();
         std::fs::create_dir_all(dir.path().join("raft.log")).unwrap();
-        std::fs::write(dir.path().join("raft.log").join(format!("{:020}.wal", 1)), b"SQLite format 3\0").unwrap();
+        std::fs::write(dir.path().join("raft.log").join(format!("{:020}.wal", 1)), b"SQLite format 3\0")
+            .unwrap();
         match LogStore::open(dir.path(), 2) {
             Err(e @ kairos_consensus::ConsensusError::Damaged { .. }) => {
                 let msg = e.to_string();

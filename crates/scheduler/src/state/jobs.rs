@@ -118,7 +118,10 @@ mod tests {
         let mut state = ClusterState::new();
         for _ in 0..2 {
             let spec = crate::testing::spec(1, "batch");
-            state.apply(&Command { now_ms: 1, op: Op::Submit { spec, request_id: None, hold: false, limits: None } });
+            state.apply(&Command {
+                now_ms: 1,
+                op: Op::Submit { spec, request_id: None, hold: false, limits: None },
+            });
         }
         let copy = state.jobs.clone();
         assert!(Arc::ptr_eq(&state.jobs.map[&1], &copy.map[&1]), "a copy copies pointers, not jobs");
