@@ -150,15 +150,27 @@ impl EntryCache {
         }
     }
 
-    /// The entries `start..end`, when all of them are here.
-    fn get(&self, start: u64, end: u64) -> Option<Vec<Entry<TypeConfig>>> {
+    /// The entries `start..end`, when all of them are here; only those that fit `budget`
+    /// encoded bytes (the first always) when they are more.
+    fn get(&self, start: u64, end: u64, budget: u64) -> Option<Vec<Entry<TypeConfig>>> {
         let first = self.entries.front()?.0.log_id.index;
-        let last = self.entries.back()?.0.log_id.index;
-        if start < first || end > last + 1 || start >= end {
+        if start < first || start >= end || start - first >= self.entries.len() as u64 {
             return None;
         }
-        let from = (start - first) as usize;
-        Some(self.entries.range(from..from + (end - start) as usize).map(|(e, _)| e.clone()).collect())
+        let mut out = Vec::new();
+        let mut used = 0u64;
+        for (entry, size) in self.entries.range((start - first) as usize..) {
+            if entry.log_id.index >= end {
+                return Some(out);
+            }
+            used = used.saturating_add(*size as u64);
+            if used > budget && !out.is_empty() {
+                return Some(out);
+            }
+            out.push(entry.clone());
+        }
+        // Ran out before `end`: the rest is only on disk.
+        (out.last().map(|e| e.log_id.index + 1) == Some(end)).then_some(out)
     }
 }
 
@@ -278,6 +290,26 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(i) => *i,
             Bound::Unbounded => u64::MAX,
         };
+        self.entries_within(start, end, u64::MAX)
+    }
+
+    /// Replication's reads: at most `APPEND_BYTES_BUDGET` of entries (at least one). A follower
+    /// far behind on large entries is sent what one append can carry within its deadline, not
+    /// `max_payload_entries` entries read, decoded and encoded again on every retry (after a
+    /// restart, with nothing cached, that alone outlasted the deadline: it never caught up).
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> StorageResult<Vec<Entry<TypeConfig>>> {
+        self.entries_within(start, end, crate::network::APPEND_BYTES_BUDGET as u64)
+    }
+}
+
+impl LogStore {
+    /// The entries of `start..end` the log holds, stopping before the one that would take them
+    /// past `budget` encoded bytes (the first always comes).
+    fn entries_within(&self, start: u64, end: u64, budget: u64) -> StorageResult<Vec<Entry<TypeConfig>>> {
         // Purged entries may linger in a segment that also holds later ones: never served.
         let start = match self.meta().last_purged {
             Some(p) => start.max(p.index.saturating_add(1)),
@@ -287,10 +319,10 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Some((_, last)) => end.min(last.saturating_add(1)),
             None => return Ok(Vec::new()),
         };
-        if let Some(entries) = self.cache().get(start, end) {
+        if let Some(entries) = self.cache().get(start, end, budget) {
             return Ok(entries);
         }
-        let records = self.wal.read(start, end).map_err(read_err)?;
+        let records = self.wal.read_within(start, end, budget).map_err(read_err)?;
         records.iter().map(|(_, bytes)| decode_entry(bytes)).collect()
     }
 }
@@ -788,6 +820,12 @@ mod tests {
         assert!(matches!(decode_snapshot(&foreign), Err(crate::ConsensusError::Format(_))));
     }
 
+    impl EntryCache {
+        fn get_all(&self, start: u64, end: u64) -> Option<Vec<Entry<TypeConfig>>> {
+            self.get(start, end, u64::MAX)
+        }
+    }
+
     #[test]
     fn the_entry_cache_serves_only_whole_ranges_it_holds_and_follows_truncation_and_purge() {
         let entry = |i: u64| Entry::<TypeConfig> {
@@ -801,24 +839,29 @@ mod tests {
         for i in 5..10 {
             cache.push(entry(i), 100);
         }
-        assert_eq!(indexes(cache.get(6, 9)), Some(vec![6, 7, 8]));
-        assert_eq!(indexes(cache.get(4, 9)), None, "entry 4 is not held");
-        assert_eq!(indexes(cache.get(8, 11)), None, "entry 10 is not held");
+        assert_eq!(indexes(cache.get_all(6, 9)), Some(vec![6, 7, 8]));
+        // Within a byte budget: the prefix that fits, the first entry always.
+        assert_eq!(indexes(cache.get(5, 10, 250)), Some(vec![5, 6]));
+        assert_eq!(indexes(cache.get(5, 10, 10)), Some(vec![5]));
+        assert_eq!(indexes(cache.get(8, 12, 250)), None, "10 is not held: read from the disk");
+        assert_eq!(indexes(cache.get(12, 14, 250)), None, "past the last entry");
+        assert_eq!(indexes(cache.get_all(4, 9)), None, "entry 4 is not held");
+        assert_eq!(indexes(cache.get_all(8, 11)), None, "entry 10 is not held");
         cache.truncate(8);
-        assert_eq!(indexes(cache.get(5, 8)), Some(vec![5, 6, 7]));
-        assert_eq!(indexes(cache.get(5, 9)), None);
+        assert_eq!(indexes(cache.get_all(5, 8)), Some(vec![5, 6, 7]));
+        assert_eq!(indexes(cache.get_all(5, 9)), None);
         cache.purge(5);
-        assert_eq!(indexes(cache.get(5, 7)), None);
+        assert_eq!(indexes(cache.get_all(5, 7)), None);
         assert_eq!(cache.bytes, 200);
         // An entry that does not follow the last (a truncation it missed) empties the cache.
         cache.push(entry(20), 100);
-        assert_eq!(indexes(cache.get(6, 7)), None);
-        assert_eq!(indexes(cache.get(20, 21)), Some(vec![20]));
+        assert_eq!(indexes(cache.get_all(6, 7)), None);
+        assert_eq!(indexes(cache.get_all(20, 21)), Some(vec![20]));
         // Bounded: the oldest go first.
         for i in 21..21 + CACHE_ENTRIES as u64 {
             cache.push(entry(i), 1);
         }
         assert_eq!(cache.entries.len(), CACHE_ENTRIES);
-        assert_eq!(indexes(cache.get(20, 21)), None);
+        assert_eq!(indexes(cache.get_all(20, 21)), None);
     }
 }

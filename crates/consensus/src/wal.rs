@@ -329,19 +329,37 @@ impl Wal {
 
     /// The payloads of the entries in `from..to` that the log holds, in order.
     pub fn read(&self, from: u64, to: u64) -> io::Result<Vec<(u64, Vec<u8>)>> {
+        self.read_within(from, to, u64::MAX)
+    }
+
+    /// `read`, stopping before the record that would take the records read past `budget` bytes
+    /// (at least one record is read): the size is known from the index before anything is read.
+    pub fn read_within(&self, from: u64, to: u64, budget: u64) -> io::Result<Vec<(u64, Vec<u8>)>> {
         let mut out = Vec::new();
         if from >= to {
             return Ok(out);
         }
+        let mut left = budget;
         let segs = self.segments();
         for seg in segs.iter() {
             if seg.count() == 0 || seg.next() <= from || seg.first >= to {
                 continue;
             }
             let lo = from.max(seg.first);
-            let hi = to.min(seg.next());
-            let (a, b) = ((lo - seg.first) as usize, (hi - seg.first) as usize);
-            let (start, end) = (seg.start_of(a), seg.ends[b - 1]);
+            let a = (lo - seg.first) as usize;
+            let start = seg.start_of(a);
+            let mut b = (to.min(seg.next()) - seg.first) as usize;
+            // The records a..b that fit what is left of the budget (the first always, when
+            // nothing was read yet).
+            let fit = seg.ends[a..b].partition_point(|end| end - start <= left);
+            let fit = if out.is_empty() { fit.max(1) } else { fit };
+            b = a + fit;
+            if fit == 0 {
+                break;
+            }
+            let hi = seg.first + b as u64;
+            let end = seg.ends[b - 1];
+            left = left.saturating_sub(end - start);
             let mut bytes = vec![0u8; (end - start) as usize];
             seg.file.read_exact_at(&mut bytes, start)?;
             let mut at = 0usize;
@@ -359,6 +377,9 @@ impl Wal {
                 }
                 out.push((index, payload.to_vec()));
                 at += RECORD_HEAD + len;
+            }
+            if hi < to.min(seg.next()) || left == 0 {
+                break;
             }
         }
         Ok(out)
@@ -511,6 +532,27 @@ mod tests {
         let (wal, rec) = Wal::open(dir.path(), Some(9)).unwrap();
         assert_eq!(indexes(&wal), vec![10, 11, 12], "the acknowledged entries after the snapshot stay");
         assert_eq!(rec, Recovery { cut_bytes: 0, removed_segments: 1 });
+    }
+
+    #[test]
+    fn a_read_within_a_budget_stops_before_the_record_that_would_pass_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (wal, _) = Wal::open(dir.path(), None).unwrap();
+        append(&wal, 1, 4);
+        // Two segments: a gap starts the second.
+        append(&wal, 4, 4);
+        append(&wal, 10, 13);
+        // Each record is its payload ("entry N", 7 bytes; "entry 1N", 8) and a 16-byte head.
+        let within = |from, to, budget| -> Vec<u64> {
+            wal.read_within(from, to, budget).unwrap().into_iter().map(|(i, _)| i).collect()
+        };
+        assert_eq!(within(1, 4, 2 * 23), vec![1, 2]);
+        assert_eq!(within(1, 4, 2 * 23 - 1), vec![1]);
+        assert_eq!(within(2, 4, 1), vec![2], "the first record always comes");
+        assert_eq!(within(1, 13, 3 * 23 + 24), vec![1, 2, 3, 10], "across segments");
+        assert_eq!(within(1, 13, 3 * 23 + 23), vec![1, 2, 3]);
+        assert_eq!(within(1, 13, u64::MAX), vec![1, 2, 3, 10, 11, 12]);
+        assert_eq!(within(11, 12, 1), vec![11]);
     }
 
     #[test]

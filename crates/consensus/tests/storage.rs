@@ -296,6 +296,35 @@ mod corrupt_disk {
     }
 
     #[test]
+    fn replication_reads_carry_what_one_append_can_and_other_reads_the_whole_range() {
+        // After a restart nothing is cached: a follower far behind is sent at most the append
+        // budget of entries read from the disk, not the whole range at every retry.
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let dir = TempDir::new().expect("temp dir");
+            let records: Vec<_> = (1..=10_000).map(|i| (i, serde_json::to_vec(&entry(i)).unwrap())).collect();
+            let total: usize = records.iter().map(|(_, r)| r.len()).sum();
+            assert!(total > 2 * kairos_consensus::network::APPEND_BYTES_BUDGET);
+            {
+                let (wal, _) = kairos_consensus::wal::Wal::open(&dir.path().join("raft.log"), None).unwrap();
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                wal.append(&records, Box::new(move |r| drop(tx.send(r)))).expect("append");
+                rx.await.expect("synced").expect("on disk");
+            }
+            let mut store = LogStore::open(dir.path(), 1).expect("log store");
+            let limited = store.limited_get_log_entries(1, 10_001).await.unwrap();
+            let bytes: usize = limited.iter().map(|e| serde_json::to_vec(e).unwrap().len()).sum();
+            assert!(
+                !limited.is_empty() && bytes <= kairos_consensus::network::APPEND_BYTES_BUDGET,
+                "{bytes}"
+            );
+            assert!(limited.len() < 10_000);
+            assert_eq!(indexes(&limited), (1..=limited.len() as u64).collect::<Vec<_>>());
+            assert_eq!(store.try_get_log_entries(1..10_001).await.unwrap().len(), 10_000);
+        });
+    }
+
+    #[test]
     fn a_data_directory_of_the_sled_era_and_a_foreign_segment_are_refused_clearly() {
         let dir = TempDir::new().unwrap();
         std::fs::create_dir_all(dir.path().join("raft.sled")).unwrap();
