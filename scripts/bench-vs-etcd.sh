@@ -19,7 +19,9 @@ if ! command -v etcd >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q etcd-server >/dev/null \
     || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q etcd-server >/dev/null; }
 fi
-cargo build --release -q -p kairos-bench -p kairos-server --bins
+# The same build as the README's (`cargo build --release --bins`): selecting packages would resolve
+# features differently and rebuild most of the workspace.
+cargo build --release -q --bins --locked
 
 work=$(mktemp -d)
 pids=()
