@@ -48,10 +48,102 @@ pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
 
 /// One Raft log entry: a batch of commands applied in order. The commands are shared, so the
 /// copies openraft and the log's cache keep of an entry cost no deep clone (encoded as a list).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Its encoding (`{"version":…,"commands":[…]}`) is made once and shared by every copy too: the
+/// leader's log, its cache and each follower's append carry those bytes instead of encoding the
+/// commands again, and a follower keeps the bytes it received for its own log. Equality is the
+/// commands'.
+#[derive(Clone, Debug)]
 pub struct Request {
     pub version: u16,
     pub commands: Arc<[Command]>,
+    json: Arc<std::sync::OnceLock<Box<serde_json::value::RawValue>>>,
+}
+
+#[derive(Serialize)]
+struct RequestRef<'a> {
+    version: u16,
+    commands: &'a [Command],
+}
+
+#[derive(Deserialize)]
+struct RequestOwned {
+    version: u16,
+    commands: Vec<Command>,
+}
+
+impl Request {
+    /// An entry of `commands` in the current format.
+    pub fn new(commands: Vec<Command>) -> Request {
+        Request { version: ENTRY_FORMAT_VERSION, commands: commands.into(), json: Arc::default() }
+    }
+
+    /// An entry of `commands` whose encodings (`serde_json::to_vec` of each, in order) the
+    /// caller already made, so they are not made again. Encodings that do not fit together (not
+    /// one per command, or not JSON) are dropped and the entry is encoded on first use instead.
+    pub fn with_encoded(commands: Vec<Command>, encoded: &[Vec<u8>]) -> Request {
+        let request = Request::new(commands);
+        if encoded.len() != request.commands.len() {
+            return request;
+        }
+        let mut json = format!("{{\"version\":{ENTRY_FORMAT_VERSION},\"commands\":[");
+        json.reserve(encoded.iter().map(|e| e.len() + 1).sum::<usize>() + 2);
+        for (i, e) in encoded.iter().enumerate() {
+            let Ok(e) = std::str::from_utf8(e) else { return request };
+            if i > 0 {
+                json.push(',');
+            }
+            json.push_str(e);
+        }
+        json.push_str("]}");
+        let Ok(raw) = serde_json::value::RawValue::from_string(json) else { return request };
+        // In debug builds (the tests'), the encodings must be the commands' own.
+        debug_assert_eq!(
+            Some(raw.get()),
+            serde_json::to_string(&RequestRef { version: request.version, commands: &request.commands })
+                .ok()
+                .as_deref(),
+            "encodings are the commands' own"
+        );
+        let _ = request.json.set(raw);
+        request
+    }
+
+    /// The entry's encoding, made on first use.
+    pub fn json(&self) -> Result<&serde_json::value::RawValue, serde_json::Error> {
+        if let Some(raw) = self.json.get() {
+            return Ok(raw);
+        }
+        let raw =
+            serde_json::value::to_raw_value(&RequestRef { version: self.version, commands: &self.commands })?;
+        Ok(self.json.get_or_init(|| raw))
+    }
+}
+
+impl PartialEq for Request {
+    fn eq(&self, other: &Request) -> bool {
+        self.version == other.version && self.commands == other.commands
+    }
+}
+
+impl Eq for Request {}
+
+impl Serialize for Request {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.json().map_err(serde::ser::Error::custom)?.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Request {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Request, D::Error> {
+        let raw = Box::<serde_json::value::RawValue>::deserialize(d)?;
+        let owned: RequestOwned = serde_json::from_str(raw.get()).map_err(serde::de::Error::custom)?;
+        Ok(Request {
+            version: owned.version,
+            commands: owned.commands.into(),
+            json: Arc::new(std::sync::OnceLock::from(raw)),
+        })
+    }
 }
 
 /// The outcomes of one entry's commands, in order.
@@ -271,7 +363,11 @@ impl Replica {
     /// Proposes commands as one log entry and waits until it is committed (on a quorum's disks)
     /// and applied here. Returns one outcome per command.
     pub async fn write(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, WriteError> {
-        let req = Request { version: ENTRY_FORMAT_VERSION, commands: commands.into() };
+        self.write_request(Request::new(commands)).await
+    }
+
+    /// `write` for an entry already made (`Request::with_encoded`).
+    pub async fn write_request(&self, req: Request) -> Result<Vec<Outcome>, WriteError> {
         let result = tokio::time::timeout(WRITE_TIMEOUT, self.raft.client_write(req))
             .await
             .map_err(|_| WriteError::Timeout(WRITE_TIMEOUT))?;
@@ -384,7 +480,8 @@ impl Replica {
     /// Whether this replica currently leads a cluster it is a voter of. (A leader that removed
     /// itself keeps openraft's leader state for a while; it must not act as leader.)
     pub fn is_leader(&self) -> bool {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.raft.metrics();
+        let m = m.borrow();
         m.state == ServerState::Leader
             && m.current_leader == Some(self.id)
             && m.membership_config.voter_ids().any(|v| v == self.id)

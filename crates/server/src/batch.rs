@@ -58,23 +58,10 @@ impl Batcher {
     }
 }
 
-/// The command's encoded size, counted as it is written (no buffer: this runs per submit).
-fn encoded_len(cmd: &Command) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    match serde_json::to_writer(&mut count, cmd) {
-        Ok(()) => count.0,
-        Err(_) => 0,
-    }
+/// The command's encoding, as its log entry carries it: made here once (the batch's size bound
+/// needs it anyway) and taken into the entry as is (`Request::with_encoded`).
+fn encode(cmd: &Command) -> Vec<u8> {
+    serde_json::to_vec(cmd).unwrap_or_default()
 }
 
 async fn run(replica: Replica, mut rx: mpsc::Receiver<(Command, Reply)>) {
@@ -82,12 +69,14 @@ async fn run(replica: Replica, mut rx: mpsc::Receiver<(Command, Reply)>) {
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else { return };
         let Some(first) = rx.recv().await else { return };
-        let mut bytes = encoded_len(&first.0);
+        let mut encoded = vec![encode(&first.0)];
+        let mut bytes = encoded[0].len();
         let mut batch = vec![first];
         while batch.len() < BATCH_COMMANDS_MAX && bytes < BATCH_BYTES_MAX {
             match rx.try_recv() {
                 Ok(item) => {
-                    bytes += encoded_len(&item.0);
+                    encoded.push(encode(&item.0));
+                    bytes += encoded[encoded.len() - 1].len();
                     batch.push(item);
                 }
                 Err(_) => break,
@@ -97,7 +86,7 @@ async fn run(replica: Replica, mut rx: mpsc::Receiver<(Command, Reply)>) {
         tokio::spawn(async move {
             let (commands, replies): (Vec<Command>, Vec<Reply>) = batch.into_iter().unzip();
             let count = commands.len();
-            match replica.write(commands).await {
+            match replica.write_request(kairos_consensus::Request::with_encoded(commands, &encoded)).await {
                 Ok(outcomes) if outcomes.len() == count => {
                     for (reply, outcome) in replies.into_iter().zip(outcomes) {
                         let _ = reply.send(Ok(outcome));
@@ -127,22 +116,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_counted_size_is_the_encoded_size() {
+    fn an_entry_carries_the_batch_s_encodings_as_its_own() {
         let spec = kairos_scheduler::model::JobSpec::new(
             "job \"quoted\"",
             "alice",
             vec!["echo".into(), "ü".into()],
             2,
         );
-        let cmd = Command {
-            now_ms: 7,
+        let cmd = |n: i64| Command {
+            now_ms: n,
             op: kairos_scheduler::Op::Submit {
-                spec,
-                request_id: Some("r-1".into()),
+                spec: spec.clone(),
+                request_id: Some(format!("r-{n}")),
                 hold: false,
                 limits: None,
             },
         };
-        assert_eq!(encoded_len(&cmd), serde_json::to_vec(&cmd).unwrap().len());
+        let commands = vec![cmd(1), cmd(2)];
+        let encoded: Vec<Vec<u8>> = commands.iter().map(encode).collect();
+        let made = kairos_consensus::Request::with_encoded(commands.clone(), &encoded);
+        let plain = kairos_consensus::Request::new(commands);
+        assert_eq!(serde_json::to_vec(&made).unwrap(), serde_json::to_vec(&plain).unwrap());
+        let back: kairos_consensus::Request =
+            serde_json::from_slice(&serde_json::to_vec(&made).unwrap()).unwrap();
+        assert_eq!(back, plain);
     }
 }

@@ -1,12 +1,6 @@
 //! kairosd: the controller daemon. Wiring only: it opens the replica, serves the job, agent,
 //! admin, Raft, health and reflection services, and runs the leader loop.
 
-/// mimalloc: per-thread free lists instead of glibc's arenas. The submit path allocates and frees
-/// many small buffers on different threads (decode, encode, replication, apply); with glibc that
-/// cost ~10 % of the leader's CPU and grew and trimmed heaps (mprotect, page faults) all along.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 mod admin;
 mod agents;
 mod auth;
@@ -20,6 +14,7 @@ mod forward;
 mod health;
 mod jobs;
 mod leader;
+mod memory;
 mod metrics;
 mod ratelimit;
 
@@ -292,6 +287,9 @@ async fn main() {
 async fn run() -> anyhow::Result<()> {
     let args = parse_args();
     kairos_telemetry::logs::init(args.log_format, "info,openraft=warn");
+    if !memory::no_huge_pages() {
+        tracing::info!("transparent huge pages stay on (PR_SET_THP_DISABLE refused)");
+    }
     let mut traces = kairos_telemetry::traces::init("kairosd");
     let members = parse_peers(&args)?;
     let (flag, bind) = match &args.listen {
