@@ -568,3 +568,60 @@ pub fn state_digest(state: &ClusterState) -> String {
     }
     format!("{hash:016x}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn commands() -> Vec<Command> {
+        let spec =
+            kairos_scheduler::model::JobSpec::new("a \"b\"", "alice", vec!["echo".into(), "ü".into()], 1);
+        (1..=3)
+            .map(|n| Command {
+                now_ms: n,
+                op: kairos_scheduler::Op::Submit {
+                    spec: spec.clone(),
+                    request_id: Some(format!("r-{n}")),
+                    hold: false,
+                    limits: None,
+                },
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_entry_is_encoded_as_its_commands_and_keeps_the_bytes_it_was_decoded_from() {
+        let plain = Request::new(commands());
+        let bytes = serde_json::to_vec(&plain).unwrap();
+        let expected =
+            serde_json::to_vec(&RequestRef { version: ENTRY_FORMAT_VERSION, commands: &commands() }).unwrap();
+        assert_eq!(bytes, expected, "the stored format is the plain one");
+        // Copies share the encoding; a decoded entry equals the original and encodes to the same
+        // bytes without encoding its commands again.
+        assert!(std::ptr::eq(plain.json().unwrap(), plain.clone().json().unwrap()));
+        let back: Request = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(back, plain);
+        assert_eq!(back.json().unwrap().get().as_bytes(), &bytes[..]);
+        // Inside an openraft entry too (the log's and the append's encoding).
+        let entry = openraft::Entry::<TypeConfig> {
+            log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(2, 1), 7),
+            payload: openraft::EntryPayload::Normal(back),
+        };
+        let decoded: openraft::Entry<TypeConfig> =
+            serde_json::from_slice(&serde_json::to_vec(&entry).unwrap()).unwrap();
+        assert_eq!(decoded.payload, openraft::EntryPayload::Normal(plain));
+    }
+
+    #[test]
+    fn encodings_given_with_an_entry_are_used_only_when_they_fit_together() {
+        let encoded: Vec<Vec<u8>> = commands().iter().map(|c| serde_json::to_vec(c).unwrap()).collect();
+        let plain = serde_json::to_vec(&Request::new(commands())).unwrap();
+        let made = Request::with_encoded(commands(), &encoded);
+        assert_eq!(serde_json::to_vec(&made).unwrap(), plain);
+        // One missing, or not text: the entry is encoded from its commands instead.
+        for bad in [encoded[..2].to_vec(), vec![vec![0xff], encoded[1].clone(), encoded[2].clone()]] {
+            let made = Request::with_encoded(commands(), &bad);
+            assert_eq!(serde_json::to_vec(&made).unwrap(), plain);
+        }
+    }
+}
