@@ -117,22 +117,14 @@ mod tests {
 
     #[test]
     fn an_entry_carries_the_batch_s_encodings_as_its_own() {
-        let spec = kairos_scheduler::model::JobSpec::new(
-            "job \"quoted\"",
-            "alice",
-            vec!["echo".into(), "ü".into()],
-            2,
-        );
-        let cmd = |n: i64| Command {
-            now_ms: n,
-            op: kairos_scheduler::Op::Submit {
-                spec: spec.clone(),
-                request_id: Some(format!("r-{n}")),
-                hold: false,
-                limits: None,
-            },
-        };
-        let commands = vec![cmd(1), cmd(2)];
+        let commands: Vec<Command> = ["alice", "bob \"quoted\" ü"]
+            .iter()
+            .enumerate()
+            .map(|(i, by)| Command {
+                now_ms: i as i64,
+                op: kairos_scheduler::Op::Hold { job: 7, by: by.to_string() },
+            })
+            .collect();
         let encoded: Vec<Vec<u8>> = commands.iter().map(encode).collect();
         let made = kairos_consensus::Request::with_encoded(commands.clone(), &encoded);
         let plain = kairos_consensus::Request::new(commands);
