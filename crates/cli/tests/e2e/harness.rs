@@ -376,17 +376,44 @@ impl Cluster {
 
     /// Waits until every running replica reports the same applied index and state digest.
     pub fn wait_converged(&self) -> Value {
-        wait_for("replicas to converge", || {
-            let statuses: Vec<Value> = (0..self.controllers.len())
+        // What each replica said last, for the failure message: a stall names itself (no
+        // leader, a commit index that does not move, one replica far behind).
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let statuses: Vec<(usize, Option<Value>)> = (0..self.controllers.len())
                 .filter(|i| self.controllers[*i].child.is_some())
-                .map(|i| self.status_of(i))
-                .collect::<Option<Vec<_>>>()?;
-            let first = &statuses[0];
-            let same = statuses.iter().all(|s| {
-                s["applied_index"] == first["applied_index"] && s["state_digest"] == first["state_digest"]
-            });
-            same.then(|| first.clone())
-        })
+                .map(|i| (i, self.status_of(i)))
+                .collect();
+            if let Some(all) = statuses.iter().map(|(_, s)| s.clone()).collect::<Option<Vec<Value>>>() {
+                let first = &all[0];
+                if all.iter().all(|s| {
+                    s["applied_index"] == first["applied_index"] && s["state_digest"] == first["state_digest"]
+                }) {
+                    return first.clone();
+                }
+            }
+            let last: Vec<String> = statuses
+                .iter()
+                .map(|(i, s)| match s {
+                    Some(s) => format!(
+                        "replica {}: term {} leader {} last log {} commit {} applied {}",
+                        i + 1,
+                        s["term"],
+                        s["leader"],
+                        s["last_log_index"],
+                        s["commit_index"],
+                        s["applied_index"]
+                    ),
+                    None => format!("replica {}: no status", i + 1),
+                })
+                .collect();
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for replicas to converge; last seen:\n{}",
+                last.join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     pub fn kill_agent(&mut self) {
