@@ -612,6 +612,19 @@ mod tests {
         assert_eq!(decoded.payload, openraft::EntryPayload::Normal(plain));
     }
 
+    /// The leader applies an entry's commands and followers its bytes: bytes of other commands
+    /// would make them diverge. Only the batcher gives encodings (of the same commands, just
+    /// made); debug builds — every test — check them.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "encodings are the commands' own")]
+    fn encodings_of_other_commands_are_caught_in_debug_builds() {
+        let mut others = commands();
+        others.reverse();
+        let encoded: Vec<Vec<u8>> = others.iter().map(|c| serde_json::to_vec(c).unwrap()).collect();
+        let _ = Request::with_encoded(commands(), &encoded);
+    }
+
     #[test]
     fn encodings_given_with_an_entry_are_used_only_when_they_fit_together() {
         let encoded: Vec<Vec<u8>> = commands().iter().map(|c| serde_json::to_vec(c).unwrap()).collect();

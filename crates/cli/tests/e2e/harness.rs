@@ -392,26 +392,24 @@ impl Cluster {
                     return first.clone();
                 }
             }
-            let last: Vec<String> = statuses
-                .iter()
-                .map(|(i, s)| match s {
-                    Some(s) => format!(
-                        "replica {}: term {} leader {} last log {} commit {} applied {}",
-                        i + 1,
-                        s["term"],
-                        s["leader"],
-                        s["last_log_index"],
-                        s["commit_index"],
-                        s["applied_index"]
-                    ),
-                    None => format!("replica {}: no status", i + 1),
-                })
-                .collect();
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for replicas to converge; last seen:\n{}",
-                last.join("\n")
-            );
+            if Instant::now() >= deadline {
+                let last: Vec<String> = statuses
+                    .iter()
+                    .map(|(i, s)| match s {
+                        Some(s) => format!(
+                            "replica {}: term {} leader {} last log {} commit {} applied {}",
+                            i + 1,
+                            s["term"],
+                            s["leader"],
+                            s["last_log_index"],
+                            s["commit_index"],
+                            s["applied_index"]
+                        ),
+                        None => format!("replica {}: no status", i + 1),
+                    })
+                    .collect();
+                panic!("timed out waiting for replicas to converge; last seen:\n{}", last.join("\n"));
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
