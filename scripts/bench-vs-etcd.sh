@@ -10,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 clients=${1:-64}
 seconds=${2:-10}
+conns=${3:-$clients}
 
 if ! command -v etcd >/dev/null; then
   if [ "$(id -u)" -ne 0 ]; then
@@ -56,11 +57,12 @@ for i in 0 1 2; do
   pids+=($!)
 done
 
-etcd_json=$(./target/release/kairos-bench etcd-put --endpoints "$endpoints" --clients "$clients" --seconds "$seconds")
+etcd_json=$(./target/release/kairos-bench etcd-put --endpoints "$endpoints" --clients "$clients" --conns "$conns" --seconds "$seconds" \
+  --pids "$(IFS=,; echo "${pids[*]}")")
 for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
 wait 2>/dev/null || true
 pids=()
-kairos_json=$(./target/release/kairos-bench submit --controllers 3 --clients "$clients" --seconds "$seconds")
+kairos_json=$(./target/release/kairos-bench submit --controllers 3 --clients "$clients" --conns "$conns" --seconds "$seconds")
 
 ETCD="$etcd_json" KAIROS="$kairos_json" python3 -c '
 import json, os

@@ -45,8 +45,10 @@ async fn connect(addr: &str) -> anyhow::Result<Channel> {
 pub async fn bench_etcd_put(
     endpoints: Vec<String>,
     clients: usize,
+    conns: usize,
     seconds: u64,
     value_bytes: usize,
+    member_pids: Vec<u32>,
 ) -> anyhow::Result<serde_json::Value> {
     anyhow::ensure!(!endpoints.is_empty(), "--endpoints: at least one etcd client address");
     // Wait (bounded) until the cluster takes a put.
@@ -62,11 +64,15 @@ pub async fn bench_etcd_put(
         anyhow::ensure!(Instant::now() < deadline, "etcd at {} took no put within 30 s", endpoints[0]);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let mut channels = Vec::with_capacity(clients);
-    for c in 0..clients {
-        let addr = &endpoints[c % endpoints.len()];
-        channels.push(connect(addr).await.with_context(|| format!("connecting to {addr}"))?);
+    // `conns` connections to each endpoint; client `c` goes to endpoint `c mod n` over that
+    // endpoint's connection `(c / n) mod conns`.
+    let n = endpoints.len();
+    let mut pool = Vec::with_capacity(n * conns);
+    for slot in 0..n * conns.min(clients.div_ceil(n)) {
+        let addr = &endpoints[slot % n];
+        pool.push(connect(addr).await.with_context(|| format!("connecting to {addr}"))?);
     }
+    let channels: Vec<Channel> = (0..clients).map(|c| pool[c % pool.len()].clone()).collect();
     let run = |measure: bool| {
         let stop = Arc::new(AtomicBool::new(false));
         let acked = Arc::new(AtomicU64::new(0));
@@ -108,6 +114,9 @@ pub async fn bench_etcd_put(
     }
     let (stop, acked, hist, tasks) = run(true);
     let t0 = Instant::now();
+    let mut pids = vec![std::process::id()];
+    pids.extend(&member_pids);
+    let cpu = crate::cpu::Window::start(&pids);
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
@@ -115,11 +124,13 @@ pub async fn bench_etcd_put(
     }
     let elapsed = t0.elapsed().as_secs_f64();
     let hist = hist.lock().map(|h| h.clone()).map_err(|_| anyhow::anyhow!("histogram lock poisoned"))?;
+    let per_put = cpu.per_op(hist.len());
     let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
     Ok(json!({
         "bench": "etcd-put",
         "endpoints": endpoints.len(),
         "clients": clients,
+        "connections_per_endpoint": conns.min(clients.div_ceil(n)),
         "seconds": seconds,
         "value_bytes": value_bytes,
         "acknowledged": acked.load(Ordering::Relaxed),
@@ -127,5 +138,12 @@ pub async fn bench_etcd_put(
         "p50_ms": ms(0.50),
         "p99_ms": ms(0.99),
         "max_ms": hist.max() as f64 / 1000.0,
+        // CPU time (user + system) per acknowledged put, in µs, over the measured window (the
+        // members' only when their process ids were given).
+        "cpu_us_per_put": {
+            "clients": per_put[0],
+            "members": &per_put[1..],
+            "all": (per_put.iter().sum::<f64>() * 10.0).round() / 10.0,
+        },
     }))
 }

@@ -26,7 +26,9 @@ use kairos_proto::v1::job_service_client::JobServiceClient;
 use serde_json::json;
 use tonic::transport::{Channel, Endpoint};
 
+mod cpu;
 mod etcd;
+mod floor;
 
 #[derive(Parser)]
 #[command(name = "kairos-bench", about = "kairos benchmarks (JSON on stdout)")]
@@ -43,6 +45,9 @@ enum Bench {
         controllers: u64,
         #[arg(long, default_value_t = 64)]
         clients: usize,
+        /// HTTP/2 connections to each replica, shared by the clients (default: one per client).
+        #[arg(long)]
+        conns: Option<usize>,
         #[arg(long, default_value_t = 10)]
         seconds: u64,
     },
@@ -77,11 +82,33 @@ enum Bench {
         endpoints: Vec<String>,
         #[arg(long, default_value_t = 64)]
         clients: usize,
+        /// HTTP/2 connections to each endpoint, shared by the clients (default: one per client).
+        #[arg(long)]
+        conns: Option<usize>,
         #[arg(long, default_value_t = 10)]
         seconds: u64,
         /// Bytes per value (default: about an encoded submit request).
         #[arg(long, default_value_t = 256)]
         value_bytes: usize,
+        /// The members' process ids, comma-separated, to report their CPU time per put.
+        #[arg(long, value_delimiter = ',')]
+        pids: Vec<u32>,
+    },
+    /// The submit load against a server that answers at once: the gRPC edge's own cost.
+    GrpcFloor {
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        /// HTTP/2 connections, shared by the clients (default: one per client).
+        #[arg(long)]
+        conns: Option<usize>,
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+    },
+    /// The server `grpc-floor` starts (in a process of its own).
+    #[command(hide = true)]
+    FloorServe {
+        #[arg(long)]
+        addr: String,
     },
     /// Leader-failover gap under a steady submit stream.
     Failover {
@@ -248,8 +275,46 @@ fn spec() -> pb::JobSpec {
 
 /// One client: submits in a loop until `stop`, following leader hints, recording latencies of
 /// acknowledged submits.
+/// The load's HTTP/2 connections: `per_replica` to each replica, shared round-robin by the
+/// clients (client `c` uses connection `c mod per_replica` of its target), each multiplexing its
+/// clients' calls as gRPC clients sharing a channel do.
+struct Pool {
+    per_replica: usize,
+    conns: Mutex<std::collections::HashMap<(usize, usize), Conn>>,
+}
+
+impl Pool {
+    fn new(per_replica: usize) -> Pool {
+        Pool { per_replica: per_replica.max(1), conns: Mutex::new(Default::default()) }
+    }
+
+    async fn get(
+        &self,
+        addrs: &[String],
+        target: usize,
+        client: usize,
+    ) -> Result<Conn, tonic::transport::Error> {
+        let key = (target, client % self.per_replica);
+        if let Some(c) = self.conns.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(c);
+        }
+        let c = connect(&addrs[target]).await?;
+        if let Ok(mut m) = self.conns.lock() {
+            return Ok(m.entry(key).or_insert(c).clone());
+        }
+        Ok(c)
+    }
+
+    fn forget(&self, target: usize, client: usize) {
+        if let Ok(mut m) = self.conns.lock() {
+            m.remove(&(target, client % self.per_replica));
+        }
+    }
+}
+
 async fn client_loop(
     addrs: Vec<String>,
+    pool: Arc<Pool>,
     client: usize,
     stop: Arc<AtomicBool>,
     hist: Arc<Mutex<Histogram<u64>>>,
@@ -262,9 +327,10 @@ async fn client_loop(
     while !stop.load(Ordering::Relaxed) {
         let mut jobs = match conn.take() {
             Some(c) => c,
-            None => match connect(&addrs[target]).await {
+            None => match pool.get(&addrs, target, client).await {
                 Ok(ch) => JobServiceClient::new(ch),
                 Err(_) => {
+                    pool.forget(target, client);
                     target = (target + 1) % addrs.len();
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
@@ -309,7 +375,10 @@ async fn client_loop(
                     }
                 }
             }
-            Err(_) => target = (target + 1) % addrs.len(),
+            Err(_) => {
+                pool.forget(target, client);
+                target = (target + 1) % addrs.len();
+            }
         }
     }
 }
@@ -322,7 +391,8 @@ struct Load {
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
-fn start_load(addrs: &[String], clients: usize) -> anyhow::Result<Load> {
+fn start_load(addrs: &[String], clients: usize, conns: usize) -> anyhow::Result<Load> {
+    let pool = Arc::new(Pool::new(conns));
     let hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?));
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(AtomicU64::new(0));
@@ -331,6 +401,7 @@ fn start_load(addrs: &[String], clients: usize) -> anyhow::Result<Load> {
         .map(|c| {
             tokio::spawn(client_loop(
                 addrs.to_vec(),
+                pool.clone(),
                 c,
                 stop.clone(),
                 hist.clone(),
@@ -353,26 +424,41 @@ impl Load {
     }
 }
 
-async fn bench_submit(controllers: u64, clients: usize, seconds: u64) -> anyhow::Result<serde_json::Value> {
+async fn bench_submit(
+    controllers: u64,
+    clients: usize,
+    conns: usize,
+    seconds: u64,
+) -> anyhow::Result<serde_json::Value> {
     let cluster = Cluster::start(controllers)?;
     cluster.leader(Duration::from_secs(20)).await?;
     // Warm up connections and the leader, then measure.
-    let warm = start_load(&cluster.addrs, clients)?;
+    let warm = start_load(&cluster.addrs, clients, conns)?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     warm.finish().await;
     let term_before = cluster.term().await;
-    let load = start_load(&cluster.addrs, clients)?;
+    // This process (the clients) first, then each replica.
+    let mut pids = vec![std::process::id()];
+    pids.extend(cluster.children.iter().map(|c| c.as_ref().map_or(0, |c| c.id())));
+    let load = start_load(&cluster.addrs, clients, conns)?;
     let t0 = Instant::now();
+    let cpu = cpu::Window::start(&pids);
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     let acked = load.acked.clone();
     let hist = load.finish().await;
     let elapsed = t0.elapsed().as_secs_f64();
+    let per_submit = cpu.per_op(hist.len());
+    let leader = cluster.leader(Duration::from_secs(5)).await.ok();
     let term_after = cluster.term().await;
     let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    let replicas = &per_submit[1..];
+    let followers: Vec<f64> =
+        replicas.iter().enumerate().filter(|(i, _)| Some(*i) != leader).map(|(_, c)| *c).collect();
     Ok(json!({
         "bench": "submit",
         "controllers": controllers,
         "clients": clients,
+        "connections_per_replica": conns,
         "seconds": seconds,
         "acknowledged": acked.load(Ordering::Relaxed),
         "submits_per_s": (hist.len() as f64 / elapsed).round(),
@@ -380,6 +466,13 @@ async fn bench_submit(controllers: u64, clients: usize, seconds: u64) -> anyhow:
         "p99_ms": ms(0.99),
         "max_ms": hist.max() as f64 / 1000.0,
         "elections_during_run": term_after.saturating_sub(term_before),
+        // CPU time (user + system) per acknowledged submit, in µs, over the measured window.
+        "cpu_us_per_submit": {
+            "clients": per_submit[0],
+            "leader": leader.map(|l| replicas[l]),
+            "followers": followers,
+            "all": (per_submit.iter().sum::<f64>() * 10.0).round() / 10.0,
+        },
     }))
 }
 
@@ -390,7 +483,7 @@ async fn bench_failover(
 ) -> anyhow::Result<serde_json::Value> {
     let mut cluster = Cluster::start(controllers)?;
     cluster.leader(Duration::from_secs(20)).await?;
-    let load = start_load(&cluster.addrs, clients)?;
+    let load = start_load(&cluster.addrs, clients, clients)?;
     let mut gaps_ms: Vec<f64> = Vec::new();
     let mut elections_ms: Vec<f64> = Vec::new();
     for _ in 0..rounds {
@@ -756,8 +849,9 @@ fn bench_schedule(
 async fn main() {
     let args = Args::parse();
     let result = match args.command {
-        Bench::Submit { controllers, clients, seconds } => {
-            bench_submit(controllers, clients.max(1), seconds).await
+        Bench::Submit { controllers, clients, conns, seconds } => {
+            let clients = clients.max(1);
+            bench_submit(controllers, clients, conns.unwrap_or(clients).max(1), seconds).await
         }
         Bench::Preempt { controllers, agents, gpus_per_agent, rounds } => {
             bench_preempt(controllers, agents, gpus_per_agent, rounds.max(1)).await
@@ -765,9 +859,16 @@ async fn main() {
         Bench::Schedule { nodes, gpus_per_node, pending, running, passes } => {
             bench_schedule(nodes, gpus_per_node, pending, running, passes.max(1))
         }
-        Bench::EtcdPut { endpoints, clients, seconds, value_bytes } => {
-            etcd::bench_etcd_put(endpoints, clients.max(1), seconds, value_bytes).await
+        Bench::EtcdPut { endpoints, clients, conns, seconds, value_bytes, pids } => {
+            let clients = clients.max(1);
+            let conns = conns.unwrap_or(clients).max(1);
+            etcd::bench_etcd_put(endpoints, clients, conns, seconds, value_bytes, pids).await
         }
+        Bench::GrpcFloor { clients, conns, seconds } => {
+            let clients = clients.max(1);
+            floor::bench(clients, conns.unwrap_or(clients).max(1), seconds).await
+        }
+        Bench::FloorServe { addr } => floor::serve(addr).await,
         Bench::Failover { controllers, rounds, clients } => {
             if controllers < 3 {
                 eprintln!("kairos-bench: failover needs at least 3 controllers");
