@@ -37,19 +37,34 @@ struct Args {
     command: Bench,
 }
 
+/// The closed-loop load of `submit`, `etcd-put` and `grpc-floor`.
+#[derive(clap::Args)]
+struct LoadArgs {
+    #[arg(long, default_value_t = 64)]
+    clients: usize,
+    /// HTTP/2 connections to each server, shared by the clients (default: one per client).
+    #[arg(long)]
+    conns: Option<usize>,
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+}
+
+impl LoadArgs {
+    /// Clients, connections per server, seconds (at least one client and connection).
+    fn get(&self) -> (usize, usize, u64) {
+        let clients = self.clients.max(1);
+        (clients, self.conns.unwrap_or(clients).max(1), self.seconds)
+    }
+}
+
 #[derive(Subcommand)]
 enum Bench {
     /// Submit throughput and latency on a fresh cluster.
     Submit {
         #[arg(long, default_value_t = 3)]
         controllers: u64,
-        #[arg(long, default_value_t = 64)]
-        clients: usize,
-        /// HTTP/2 connections to each replica, shared by the clients (default: one per client).
-        #[arg(long)]
-        conns: Option<usize>,
-        #[arg(long, default_value_t = 10)]
-        seconds: u64,
+        #[command(flatten)]
+        load: LoadArgs,
     },
     /// Urgent-job time to start under preemption: agents full of REQUEUE jobs (grace 0).
     Preempt {
@@ -80,13 +95,8 @@ enum Bench {
         /// etcd client addresses, comma-separated (host:port).
         #[arg(long, value_delimiter = ',', required = true)]
         endpoints: Vec<String>,
-        #[arg(long, default_value_t = 64)]
-        clients: usize,
-        /// HTTP/2 connections to each endpoint, shared by the clients (default: one per client).
-        #[arg(long)]
-        conns: Option<usize>,
-        #[arg(long, default_value_t = 10)]
-        seconds: u64,
+        #[command(flatten)]
+        load: LoadArgs,
         /// Bytes per value (default: about an encoded submit request).
         #[arg(long, default_value_t = 256)]
         value_bytes: usize,
@@ -96,13 +106,8 @@ enum Bench {
     },
     /// The submit load against a server that answers at once: the gRPC edge's own cost.
     GrpcFloor {
-        #[arg(long, default_value_t = 64)]
-        clients: usize,
-        /// HTTP/2 connections, shared by the clients (default: one per client).
-        #[arg(long)]
-        conns: Option<usize>,
-        #[arg(long, default_value_t = 10)]
-        seconds: u64,
+        #[command(flatten)]
+        load: LoadArgs,
     },
     /// The server `grpc-floor` starts (in a process of its own).
     #[command(hide = true)]
@@ -849,9 +854,9 @@ fn bench_schedule(
 async fn main() {
     let args = Args::parse();
     let result = match args.command {
-        Bench::Submit { controllers, clients, conns, seconds } => {
-            let clients = clients.max(1);
-            bench_submit(controllers, clients, conns.unwrap_or(clients).max(1), seconds).await
+        Bench::Submit { controllers, load } => {
+            let (clients, conns, seconds) = load.get();
+            bench_submit(controllers, clients, conns, seconds).await
         }
         Bench::Preempt { controllers, agents, gpus_per_agent, rounds } => {
             bench_preempt(controllers, agents, gpus_per_agent, rounds.max(1)).await
@@ -859,14 +864,13 @@ async fn main() {
         Bench::Schedule { nodes, gpus_per_node, pending, running, passes } => {
             bench_schedule(nodes, gpus_per_node, pending, running, passes.max(1))
         }
-        Bench::EtcdPut { endpoints, clients, conns, seconds, value_bytes, pids } => {
-            let clients = clients.max(1);
-            let conns = conns.unwrap_or(clients).max(1);
+        Bench::EtcdPut { endpoints, load, value_bytes, pids } => {
+            let (clients, conns, seconds) = load.get();
             etcd::bench_etcd_put(endpoints, clients, conns, seconds, value_bytes, pids).await
         }
-        Bench::GrpcFloor { clients, conns, seconds } => {
-            let clients = clients.max(1);
-            floor::bench(clients, conns.unwrap_or(clients).max(1), seconds).await
+        Bench::GrpcFloor { load } => {
+            let (clients, conns, seconds) = load.get();
+            floor::bench(clients, conns, seconds).await
         }
         Bench::FloorServe { addr } => floor::serve(addr).await,
         Bench::Failover { controllers, rounds, clients } => {
