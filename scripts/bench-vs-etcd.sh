@@ -5,7 +5,9 @@
 #   3-replica kairos cluster with the same concurrency. Both are durable before they answer
 #   (etcd fsyncs its WAL; kairosd its log). Prints one JSON object: both results and the ratio.
 #
-#   scripts/bench-vs-etcd.sh [CLIENTS] [SECONDS]     (defaults 64 and 10)
+#   scripts/bench-vs-etcd.sh [CLIENTS] [SECONDS] [CONNS]   (defaults 64, 10, one connection per
+#   client; CONNS: connections to each server, shared by the clients). Both results carry each
+#   process's CPU time per operation.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 clients=${1:-64}

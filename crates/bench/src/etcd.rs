@@ -1,5 +1,6 @@
 //! `kairos-bench etcd-put`: the same closed-loop load as `submit` — C clients, one HTTP/2
-//! connection each, one request in flight per client — against etcd's v3 gRPC `KV.Put`, so the
+//! connection each (or `--conns` shared ones), one request in flight per client — against etcd's
+//! v3 gRPC `KV.Put`, so the
 //! two figures of `scripts/bench-vs-etcd.sh` are measured the same way. The two messages are
 //! declared here (field numbers of etcd's `rpc.proto`); the reply's other fields are ignored.
 

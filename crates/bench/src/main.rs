@@ -90,7 +90,7 @@ enum Bench {
         #[arg(long, default_value_t = 10)]
         passes: usize,
     },
-    /// The submit load (closed loop, one connection per client) as puts to a running etcd.
+    /// The submit load (closed loop) as puts to a running etcd.
     EtcdPut {
         /// etcd client addresses, comma-separated (host:port).
         #[arg(long, value_delimiter = ',', required = true)]
@@ -278,8 +278,6 @@ fn spec() -> pb::JobSpec {
     }
 }
 
-/// One client: submits in a loop until `stop`, following leader hints, recording latencies of
-/// acknowledged submits.
 /// The load's HTTP/2 connections: `per_replica` to each replica, shared round-robin by the
 /// clients (client `c` uses connection `c mod per_replica` of its target), each multiplexing its
 /// clients' calls as gRPC clients sharing a channel do.
@@ -317,6 +315,8 @@ impl Pool {
     }
 }
 
+/// One client: submits in a loop until `stop`, following leader hints, recording latencies of
+/// acknowledged submits.
 async fn client_loop(
     addrs: Vec<String>,
     pool: Arc<Pool>,
