@@ -5,6 +5,8 @@
 //!   prints throughput and latency percentiles of acknowledged submits.
 //! - `failover`: under a steady submit stream, SIGKILLs the leader each round and measures the
 //!   gap from the kill to the first acknowledged submit.
+//! - `entry-path`: a log entry's data path per submit (encode, decode, log record, apply) in one
+//!   process, steady to a few percent where the cluster benches move by tens.
 //! - `etcd-put`: the `submit` load against a running etcd cluster's `KV.Put` (`etcd`), for
 //!   `scripts/bench-vs-etcd.sh`.
 //!
@@ -27,6 +29,7 @@ use serde_json::json;
 use tonic::transport::{Channel, Endpoint};
 
 mod cpu;
+mod entry;
 mod etcd;
 mod floor;
 
@@ -103,6 +106,17 @@ enum Bench {
         /// The members' process ids, comma-separated, to report their CPU time per put.
         #[arg(long, value_delimiter = ',')]
         pids: Vec<u32>,
+    },
+    /// The log entry's data path per submit, in one process: encode, decode, log record, apply.
+    EntryPath {
+        #[arg(long, default_value_t = 60_000)]
+        submits: usize,
+        /// Submits per log entry (the group commit's size under `submit`'s load).
+        #[arg(long, default_value_t = 22)]
+        per_entry: usize,
+        /// Distinct users (one per client, as `submit`).
+        #[arg(long, default_value_t = 64)]
+        users: usize,
     },
     /// The submit load against a server that answers at once: the gRPC edge's own cost.
     GrpcFloor {
@@ -868,6 +882,7 @@ async fn main() {
             let (clients, conns, seconds) = load.get();
             etcd::bench_etcd_put(endpoints, clients, conns, seconds, value_bytes, pids).await
         }
+        Bench::EntryPath { submits, per_entry, users } => entry::run(submits.max(1), per_entry, users),
         Bench::GrpcFloor { load } => {
             let (clients, conns, seconds) = load.get();
             floor::bench(clients, conns, seconds).await
