@@ -8,7 +8,11 @@
 //!   the `AppendEntries` message encoded (the replication client);
 //! - `follower_decode`: the message decoded (the Raft service);
 //! - `log_record`: the entry's log record encoded (`LogStore::append`, on every replica);
-//! - `apply`: every command applied to a state that grows to `submits` jobs (every replica).
+//! - `apply`: every command applied to a state that grows to `submits` jobs (every replica);
+//! - `answer`: the new job's priority as the Submit answer reports it (the leader).
+//!
+//! With `accounts` > 1 the policy has that many fairshare accounts under the root, the users
+//! spread over them (a site's account tree), so costs that grow with the policy show.
 //!
 //! Prints the time of each per submit, as JSON.
 
@@ -16,6 +20,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use kairos_consensus::{Request, TypeConfig};
+use kairos_scheduler::policy::{Account, Policy, ROOT_ACCOUNT};
+use kairos_scheduler::priority::Prioritizer;
 use kairos_scheduler::quota::SubmitLimits;
 use kairos_scheduler::{ClusterState, Command, JobSpec, Op, Outcome};
 use openraft::raft::AppendEntriesRequest;
@@ -41,18 +47,47 @@ fn per_submit_us(d: Duration, submits: usize) -> f64 {
     (d.as_secs_f64() * 1e6 / submits.max(1) as f64 * 100.0).round() / 100.0
 }
 
-pub fn run(submits: usize, per_entry: usize, clients: usize) -> anyhow::Result<serde_json::Value> {
+/// The default policy with `accounts` accounts under the root (none added for 1), users
+/// `bench-0..users` spread over them, every account with at least one user.
+fn policy(accounts: usize, users: usize) -> Policy {
+    let mut policy = Policy::default();
+    if accounts <= 1 {
+        return policy;
+    }
+    for i in 0..accounts {
+        let members: std::collections::BTreeSet<String> =
+            (i..users).step_by(accounts).map(|u| format!("bench-{u}")).collect();
+        let members = if members.is_empty() { [format!("idle-{i}")].into() } else { members };
+        let name = format!("acct-{i}");
+        let account = Account {
+            name: name.clone(),
+            parent: Some(ROOT_ACCOUNT.into()),
+            shares: 1 + (i % 7) as u32,
+            users: members,
+        };
+        policy.accounts.insert(name, account);
+    }
+    policy
+}
+
+pub fn run(
+    submits: usize,
+    per_entry: usize,
+    clients: usize,
+    accounts: usize,
+) -> anyhow::Result<serde_json::Value> {
     let clients = clients.max(1);
     let commands: Vec<Command> =
         (0..submits).map(|i| submit(i % clients, i / clients, 1_000 + i as i64)).collect();
-    let mut out = measure(&commands, per_entry)?;
+    let mut out = measure(policy(accounts, clients), &commands, per_entry)?;
     out["users"] = json!(clients);
+    out["accounts"] = json!(accounts.max(1));
     Ok(out)
 }
 
 /// Takes `commands` (submits, every one of which must be admitted) through the data path in
 /// entries of `per_entry`.
-fn measure(commands: &[Command], per_entry: usize) -> anyhow::Result<serde_json::Value> {
+fn measure(policy: Policy, commands: &[Command], per_entry: usize) -> anyhow::Result<serde_json::Value> {
     let per_entry = per_entry.max(1);
     let submits = commands.len();
     let batches: Vec<Vec<Command>> = commands.chunks(per_entry).map(<[Command]>::to_vec).collect();
@@ -97,18 +132,31 @@ fn measure(commands: &[Command], per_entry: usize) -> anyhow::Result<serde_json:
     let log_record = t.elapsed();
 
     let mut state = ClusterState::new();
-    let t = Instant::now();
+    if let outcome @ Outcome::Rejected(_) = state.apply(&Command { now_ms: 1, op: Op::SetPolicy { policy } })
+    {
+        bail!("the bench's policy was refused: {outcome:?}");
+    }
+    let (mut apply, mut answer) = (Duration::ZERO, Duration::ZERO);
     let mut jobs = std::collections::HashSet::with_capacity(submits);
+    let mut priorities = 0i64;
     for e in &entries {
         if let EntryPayload::Normal(req) = &e.payload {
-            for cmd in req.commands.iter() {
-                if let Outcome::Submitted { job } = state.apply(cmd) {
-                    jobs.insert(job);
+            let t = Instant::now();
+            let outcomes: Vec<Outcome> = req.commands.iter().map(|cmd| state.apply(cmd)).collect();
+            apply += t.elapsed();
+            let t = Instant::now();
+            for outcome in outcomes {
+                if let Outcome::Submitted { job } = outcome {
+                    if jobs.insert(job) {
+                        let job = state.jobs.get(&job).context("a submitted job is missing")?;
+                        priorities = priorities
+                            .wrapping_add(Prioritizer::for_account(&state, &job.spec.account).priority(job));
+                    }
                 }
             }
+            answer += t.elapsed();
         }
     }
-    let apply = t.elapsed();
     // A new job each: a refused submit or a retry answered with an earlier job is not the work.
     let submitted = jobs.len();
     if submitted != submits {
@@ -124,7 +172,9 @@ fn measure(commands: &[Command], per_entry: usize) -> anyhow::Result<serde_json:
             "follower_decode": per_submit_us(follower_decode, submits),
             "log_record": per_submit_us(log_record, submits),
             "apply": per_submit_us(apply, submits),
+            "answer": per_submit_us(answer, submits),
         },
+        "priority_sum": priorities,
         "append_bytes_per_submit": messages.iter().map(Vec::len).sum::<usize>() / submits.max(1),
         "log_bytes_per_submit": record_bytes / submits.max(1),
     }))
@@ -134,9 +184,9 @@ fn measure(commands: &[Command], per_entry: usize) -> anyhow::Result<serde_json:
 mod tests {
     #[test]
     fn every_submit_goes_through_every_step_and_is_admitted() {
-        let out = super::run(300, 22, 8).unwrap();
+        let out = super::run(300, 22, 8, 5).unwrap();
         assert_eq!(out["submits"], 300);
-        for step in ["leader_encode", "follower_decode", "log_record", "apply"] {
+        for step in ["leader_encode", "follower_decode", "log_record", "apply", "answer"] {
             assert!(out["us_per_submit"][step].as_f64().unwrap() > 0.0, "{step}: {out}");
         }
         assert!(out["append_bytes_per_submit"].as_u64().unwrap() > 100, "{out}");
@@ -147,7 +197,7 @@ mod tests {
         let mut commands: Vec<_> = (0..5).map(|i| super::submit(0, i, 1_000)).collect();
         // The same request id again: answered with the first job, not admitted as a new one.
         commands.push(super::submit(0, 0, 1_000));
-        let err = super::measure(&commands, 2).unwrap_err().to_string();
+        let err = super::measure(super::policy(1, 1), &commands, 2).unwrap_err().to_string();
         assert!(err.contains("5 of 6 submits"), "{err}");
     }
 }

@@ -117,6 +117,9 @@ enum Bench {
         /// Distinct users (one per client, as `submit`).
         #[arg(long, default_value_t = 64)]
         users: usize,
+        /// Fairshare accounts in the policy (under the root, the users spread over them).
+        #[arg(long, default_value_t = 1)]
+        accounts: usize,
     },
     /// The submit load against a server that answers at once: the gRPC edge's own cost.
     GrpcFloor {
@@ -882,7 +885,9 @@ async fn main() {
             let (clients, conns, seconds) = load.get();
             etcd::bench_etcd_put(endpoints, clients, conns, seconds, value_bytes, pids).await
         }
-        Bench::EntryPath { submits, per_entry, users } => entry::run(submits.max(1), per_entry, users),
+        Bench::EntryPath { submits, per_entry, users, accounts } => {
+            entry::run(submits.max(1), per_entry, users, accounts)
+        }
         Bench::GrpcFloor { load } => {
             let (clients, conns, seconds) = load.get();
             floor::bench(clients, conns, seconds).await

@@ -40,8 +40,13 @@ fn job_view(state: &ClusterState, reasons: &PendingReasons, id: JobId) -> Result
         };
     };
     let pending = if job.state == JobState::Pending { reasons.get(&id) } else { None };
-    let priority =
-        if job.state == JobState::Pending { Prioritizer::new(state).priority(job) } else { job.priority };
+    // Only this job's account's fairshare factor: every account's would cost each answer (a
+    // submit's included) time that grows with the account tree, under the state's read lock.
+    let priority = if job.state == JobState::Pending {
+        Prioritizer::for_account(state, &job.spec.account).priority(job)
+    } else {
+        job.priority
+    };
     Ok(job_to_pb(job, pending, priority))
 }
 
