@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use kairos_burst::{Cloud, Ec2Cloud};
 
-use crate::harness::{bin, free_addr, python, stop_child, wait_for, Cluster};
+use crate::harness::{bin, free_addr, python, stop_child, wait_for, wait_for_within, Cluster};
 
 const CLUSTER: &str = "e2e";
 
@@ -465,7 +465,9 @@ fn a_storm_of_500_inference_jobs_never_takes_the_cloud_past_its_limits() {
     for _ in 0..500 {
         c.submit(&["--profile", "inference", "--", "true"]);
     }
-    wait_for("the storm to drain", || {
+    // 500 jobs through at most 8 cloud GPUs, a wave per planning pass: 24-55 s alone, past
+    // 60 s beside the other e2e tests on 2 cores. The bound is for the work, not a speed check.
+    wait_for_within("the storm to drain", Duration::from_secs(240), || {
         let q: serde_json::Value = serde_json::from_str(&c.ok(&["queue", "--json"])).ok()?;
         (q.as_array()?.len() == 1).then_some(())
     });

@@ -44,8 +44,14 @@ pub fn free_addr() -> String {
 }
 
 /// Polls `f` until it returns `Some`, or panics with `what` after `WAIT`.
-pub fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
+pub fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    wait_for_within(what, WAIT, f)
+}
+
+/// `wait_for` with a bound of its own, for waits whose length is the amount of work they wait
+/// on (hundreds of jobs), not a reaction time.
+pub fn wait_for_within<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
     loop {
         if let Some(v) = f() {
             return v;
