@@ -124,7 +124,7 @@ pub fn fairshare_factors(state: &ClusterState) -> BTreeMap<String, u64> {
         *sums.entry(a.parent.as_deref()).or_default() += u128::from(a.shares);
     }
     let siblings = |parent: Option<&str>| sums.get(&parent).copied().unwrap_or(0).max(1);
-    let total = Usage::total(state);
+    let total = TotalUsage::of(state);
     let mut norm: BTreeMap<&str, u128> = BTreeMap::new();
     policy
         .accounts
@@ -151,7 +151,7 @@ pub fn fairshare_factor(state: &ClusterState, account: &str) -> u64 {
             .max(1)
     };
     match normalised_shares(policy, account, &siblings, &mut BTreeMap::new()) {
-        Some(shares) => Usage::total(state).factor(state, account, shares),
+        Some(shares) => TotalUsage::of(state).factor(state, account, shares),
         None => ONE,
     }
 }
@@ -192,12 +192,12 @@ fn normalised_shares<'p>(
 }
 
 /// The whole cluster's decayed usage (its roots'), which every account's is normalised by.
-struct Usage(u128);
+struct TotalUsage(u128);
 
-impl Usage {
-    fn total(state: &ClusterState) -> Usage {
+impl TotalUsage {
+    fn of(state: &ClusterState) -> TotalUsage {
         let roots = state.policy.accounts.values().filter(|a| a.parent.is_none());
-        Usage(roots.map(|a| usage_of(state, &a.name)).sum())
+        TotalUsage(roots.map(|a| usage_of(state, &a.name)).sum())
     }
 
     /// 2^(−usage_norm / shares_norm) in Q16; ONE while nothing was used anywhere.
