@@ -467,9 +467,11 @@ fn a_storm_of_500_inference_jobs_never_takes_the_cloud_past_its_limits() {
     }
     // 500 jobs through at most 8 cloud GPUs, a wave per planning pass: 24-55 s alone, past
     // 60 s beside the other e2e tests on 2 cores. The bound is for the work, not a speed check.
+    // Drained: nothing unfinished but the training job (which a starved machine may yet see
+    // end NODE_FAIL: its node's heartbeats late past the 5 s node timeout).
     wait_for_within("the storm to drain", Duration::from_secs(240), || {
         let q: serde_json::Value = serde_json::from_str(&c.ok(&["queue", "--json"])).ok()?;
-        (q.as_array()?.len() == 1).then_some(())
+        q.as_array()?.iter().all(|j| j["id"] == training).then_some(())
     });
     let done: serde_json::Value = serde_json::from_str(&c.ok(&["queue", "--all", "--json"])).unwrap();
     let completed = done.as_array().unwrap().iter().filter(|j| j["state"] == "COMPLETED").count();
@@ -495,7 +497,8 @@ fn a_storm_of_500_inference_jobs_never_takes_the_cloud_past_its_limits() {
     let launched = moto_instances(&moto);
     assert!(launched.iter().all(|(_, intent, _)| intent != "-"), "{launched:?}");
     drop(booter);
-    c.ok(&["cancel", &training.to_string()]);
+    // Clean-up only: the training job may have ended already (see above).
+    let _ = c.kairos(&["cancel", &training.to_string()]);
 }
 
 /// A fake IMDSv2: `<base>/<instance id>/latest/...`; a spot notice for the ids in `notices`.
