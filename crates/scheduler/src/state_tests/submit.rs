@@ -321,6 +321,13 @@ fn fairshare_favours_the_account_with_less_past_usage() {
     );
     let factors = crate::priority::fairshare_factors(&s);
     assert!(factors["b"] > factors["a"], "{factors:?}");
+    // An answer's priority (its own account's factor only) is the planner's (every account's).
+    let all = crate::priority::Prioritizer::new(&s);
+    for job in [alice, bob].map(|id| &s.jobs[&id]) {
+        let one = crate::priority::Prioritizer::for_account(&s, &job.spec.account);
+        assert_eq!(one.priority(job), all.priority(job), "job {}", job.id);
+    }
+    assert_ne!(all.priority(&s.jobs[&alice]), all.priority(&s.jobs[&bob]), "usage tells them apart");
     let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, ten_hours) else { panic!() };
     assert_eq!(accepted, vec![bob]);
     assert_eq!(plan(&s).pending[&alice], PendingReason::Resources);
