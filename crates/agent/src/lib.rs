@@ -9,6 +9,7 @@ pub mod audit;
 pub mod cgroup;
 pub mod fence;
 pub mod gpu;
+pub mod jobfs;
 pub mod jobmap;
 pub mod logs;
 pub mod metrics;

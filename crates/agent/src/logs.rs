@@ -10,7 +10,8 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::runner::{log_path, Runner};
+use crate::jobfs::Dir;
+use crate::runner::{job_dir, log_name, Runner};
 
 const CHUNK_BYTES: usize = 64 * 1024;
 
@@ -47,17 +48,14 @@ impl AgentLogService for Logs {
     ) -> Result<Response<Self::ReadLogsStream>, Status> {
         self.check_caller(request.metadata())?;
         let req = request.into_inner();
-        let path = log_path(self.runner.state_dir(), req.job_id, req.attempt);
+        let dir = job_dir(self.runner.state_dir(), req.job_id, req.submit_time_ms);
         // A followed run may be placed and not launched yet (its log appears at launch): wait
         // for it a bounded while.
         let waiting_since = std::time::Instant::now();
-        let mut file = loop {
-            // Not through a symbolic link a job may have put in place of its log.
-            let opened = tokio::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(nix::libc::O_NOFOLLOW)
-                .open(&path)
-                .await;
+        let file = loop {
+            // Never through a link a job may have put in place of its log or directory, never
+            // blocking on a FIFO, never a file of another account (`jobfs`).
+            let opened = Dir::open(&dir).and_then(|d| d.open_existing(&log_name(req.attempt), false));
             match opened {
                 Ok(f) => break f,
                 Err(e)
@@ -67,14 +65,21 @@ impl AgentLogService for Logs {
                 {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                Err(e) => {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     return Err(Status::not_found(format!(
                         "no log for job {} attempt {} on this node: {e}",
                         req.job_id, req.attempt
                     )))
                 }
+                Err(e) => {
+                    return Err(Status::failed_precondition(format!(
+                        "the log of job {} attempt {} cannot be served: {e}",
+                        req.job_id, req.attempt
+                    )))
+                }
             }
         };
+        let mut file = tokio::fs::File::from_std(file);
         file.seek(std::io::SeekFrom::Start(req.offset))
             .await
             .map_err(|e| Status::internal(format!("seeking the log: {e}")))?;

@@ -460,10 +460,12 @@ fn dir_mode(dir: &std::path::Path, mode: u32) -> anyhow::Result<()> {
 
 /// Removes job directories untouched for `retention` whose job has no run on this node.
 fn sweep_job_dirs(runner: &Runner, retention: Duration) {
-    let Ok(entries) = std::fs::read_dir(runner.state_dir().join("jobs")) else { return };
+    let Ok(entries) = std::fs::read_dir(kairos_agent::runner::jobs_dir(runner.state_dir())) else { return };
     let live: std::collections::BTreeSet<u64> = runner.running().into_iter().map(|(job, _)| job).collect();
     for e in entries.flatten() {
-        let Some(job) = e.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) else { continue };
+        let Some(job) = e.file_name().to_str().and_then(kairos_agent::runner::job_of_dir_name) else {
+            continue;
+        };
         let old = e
             .metadata()
             .and_then(|m| m.modified())

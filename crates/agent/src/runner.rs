@@ -24,7 +24,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -38,6 +37,7 @@ use tokio::sync::mpsc;
 use crate::account::{base_env, Account, Accounts, RunAs};
 use crate::cgroup::{Cgroups, RunCgroup};
 use crate::fence::Lease;
+use crate::jobfs::Dir;
 
 /// A run is a job attempt.
 pub type RunKey = (u64, u32);
@@ -69,11 +69,13 @@ struct Run {
     /// The run was frozen (and not thawed since).
     suspended: bool,
     lost_message: String,
+    /// Where the run's job announces checkpoints (`<job dir>/checkpoint/.kairos-checkpoint`).
+    checkpoint_marker: PathBuf,
 }
 
 impl Run {
     /// A run chosen for launch whose process is not spawned yet: it holds its GPUs.
-    fn launching(a: &pb::Assignment) -> Run {
+    fn launching(a: &pb::Assignment, state_dir: &Path) -> Run {
         Run {
             pgid: None,
             cgroup: None,
@@ -84,6 +86,7 @@ impl Run {
             fenced: false,
             suspended: false,
             lost_message: String::new(),
+            checkpoint_marker: checkpoint_marker(state_dir, a),
         }
     }
 
@@ -169,13 +172,42 @@ pub const KILL_WAIT: Duration = Duration::from_secs(10);
 const STOP_POLL: Duration = Duration::from_millis(100);
 
 /// Where a run's log lives.
-pub fn log_path(state_dir: &Path, job: u64, attempt: u32) -> PathBuf {
-    job_dir(state_dir, job).join(format!("attempt-{attempt}.log"))
+pub fn log_path(state_dir: &Path, job: u64, submit_ms: i64, attempt: u32) -> PathBuf {
+    job_dir(state_dir, job, submit_ms).join(log_name(attempt))
+}
+
+/// The file name of an attempt's log in its job's directory.
+pub fn log_name(attempt: u32) -> String {
+    format!("attempt-{attempt}.log")
+}
+
+/// The file a job touches to announce a checkpoint, in its checkpoint directory.
+const MARKER: &str = ".kairos-checkpoint";
+
+fn checkpoint_marker(state_dir: &Path, a: &pb::Assignment) -> PathBuf {
+    job_dir(state_dir, a.job_id, a.submit_time_ms).join("checkpoint").join(MARKER)
+}
+
+/// Where job directories live.
+pub fn jobs_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("jobs")
+}
+
+/// The name of a job's directory: its id and submit time, so that a job id issued again (a
+/// cluster restored from a backup, a new cluster on this agent's state) never finds an earlier
+/// job's logs and checkpoints.
+pub fn job_dir_name(job: u64, submit_ms: i64) -> String {
+    format!("{job}-{submit_ms}")
+}
+
+/// The job id a job directory's name carries (`ID-MS`, or `ID` as older agents named them).
+pub fn job_of_dir_name(name: &str) -> Option<u64> {
+    name.split('-').next()?.parse().ok()
 }
 
 /// A job's directory on this node (its runs' logs, its checkpoint directory).
-pub fn job_dir(state_dir: &Path, job: u64) -> PathBuf {
-    state_dir.join("jobs").join(job.to_string())
+pub fn job_dir(state_dir: &Path, job: u64, submit_ms: i64) -> PathBuf {
+    jobs_dir(state_dir).join(job_dir_name(job, submit_ms))
 }
 
 fn signal_group(pgid: i32, signal: Signal) {
@@ -386,42 +418,19 @@ pub async fn kill_orphans(
     killed.len()
 }
 
-/// Creates `dir` owned by `account` (when given) with `mode`.
-///
-/// A job owns its directory, so it could leave a symbolic link where the agent (root) later
-/// creates, chowns or opens something: nothing here follows one (`lchown`, a refused link,
-/// `O_NOFOLLOW` in `open_log`).
-fn private_dir(dir: &Path, account: Option<&Account>, mode: u32) -> std::io::Result<()> {
-    match std::fs::create_dir(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if let Some(parent) = dir.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
-            std::fs::create_dir(dir)?;
-        }
-        Err(e) => return Err(e),
-    }
-    if !std::fs::symlink_metadata(dir)?.file_type().is_dir() {
-        return Err(std::io::Error::other(format!("{} is not a directory (a link?)", dir.display())));
-    }
-    if let Some(a) = account {
-        std::os::unix::fs::lchown(dir, Some(a.uid), Some(a.gid))?;
-    }
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
-}
-
-/// Opens (creating, appending) a run's log without following a symbolic link a job may have
-/// left in its place.
-pub fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(path)
+/// The job directory and checkpoint directory of a run, created (or reused) for `account`,
+/// and a new log for the attempt — all without trusting what the job left in its directory
+/// (`jobfs`).
+fn prepare_job_files(
+    state_dir: &Path,
+    a: &pb::Assignment,
+    account: Option<&Account>,
+) -> std::io::Result<std::fs::File> {
+    let owner = account.map(|a| (a.uid, a.gid));
+    let jobs = Dir::create(&jobs_dir(state_dir))?;
+    let job = jobs.subdir(&job_dir_name(a.job_id, a.submit_time_ms), owner, 0o700)?;
+    job.subdir("checkpoint", owner, 0o700)?;
+    job.create_fresh(&log_name(a.attempt), owner)
 }
 
 /// Copies a run's output into its log file, up to `max` bytes in all (shared by stdout and
@@ -667,7 +676,7 @@ impl Runner {
                     continue;
                 }
                 busy.extend(a.gpu_ids.iter().copied());
-                runs.insert((a.job_id, a.attempt), Run::launching(a));
+                runs.insert((a.job_id, a.attempt), Run::launching(a, &self.state_dir));
                 launch.push(a.clone());
             }
         }
@@ -680,9 +689,15 @@ impl Runner {
         let key = (a.job_id, a.attempt);
         tracing::warn!(job = a.job_id, %message, "launch failed");
         self.process_log.exit(a.job_id, a.attempt, "not started");
-        let path = log_path(&self.state_dir, a.job_id, a.attempt);
-        if path.parent().is_some_and(Path::exists) {
-            if let Ok(mut f) = open_log(&path) {
+        // Into the attempt's log when its job directory is there (a job's own file is never
+        // followed, nor anything but a regular file of one link appended to).
+        if let Ok(dir) = Dir::open(&job_dir(&self.state_dir, a.job_id, a.submit_time_ms)) {
+            let name = log_name(a.attempt);
+            let log = match dir.open_existing(&name, true) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => dir.create_fresh(&name, None),
+                other => other,
+            };
+            if let Ok(mut f) = log {
                 let _ = std::io::Write::write_all(&mut f, format!("kairos-agent: {message}\n").as_bytes());
             }
         }
@@ -698,6 +713,7 @@ impl Runner {
                 fenced: false,
                 suspended: false,
                 lost_message: message.clone(),
+                checkpoint_marker: PathBuf::new(),
             },
         );
         self.report(key, Some(Exit::Lost), message);
@@ -710,9 +726,9 @@ impl Runner {
             Ok(account) => account,
             Err(message) => return self.launch_failed(a, message),
         };
-        let path = log_path(&self.state_dir, a.job_id, a.attempt);
-        let job_dir = job_dir(&self.state_dir, a.job_id);
+        let job_dir = job_dir(&self.state_dir, a.job_id, a.submit_time_ms);
         let checkpoint_dir = job_dir.join("checkpoint");
+        let workdir = if a.workdir.is_empty() { job_dir.clone() } else { PathBuf::from(&a.workdir) };
         let checkpoint_signal = parse_signal(&a.checkpoint_signal, Signal::SIGUSR1);
         // Logged before the spawn: the logged interval must cover the process's life.
         self.process_log.start(a.job_id, a.attempt, &a.gpu_ids, None);
@@ -733,13 +749,7 @@ impl Runner {
         let traceparent = trace.as_ref().and_then(kairos_telemetry::traces::traceparent);
         let spawned = (|| -> std::io::Result<(tokio::process::Child, Arc<Mutex<std::fs::File>>)> {
             // The job's directory and log belong to the job's user, readable by nobody else.
-            private_dir(&job_dir, account.as_ref(), 0o700)?;
-            private_dir(&checkpoint_dir, account.as_ref(), 0o700)?;
-            let log = open_log(&path)?;
-            if let Some(acct) = &account {
-                std::os::unix::fs::fchown(&log, Some(acct.uid), Some(acct.gid))?;
-            }
-            log.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+            let log = prepare_job_files(&self.state_dir, a, account.as_ref())?;
             let gpus: Vec<String> = a.gpu_ids.iter().map(u32::to_string).collect();
             let program = a.argv.first().ok_or_else(|| std::io::Error::other("empty command"))?;
             let mut cmd = tokio::process::Command::new(program);
@@ -772,7 +782,6 @@ impl Runner {
                     if a.master_addr.is_empty() { "127.0.0.1" } else { a.master_addr.as_str() },
                 )
                 .env("MASTER_PORT", a.master_port.to_string())
-                .current_dir(if a.workdir.is_empty() { job_dir.as_path() } else { Path::new(&a.workdir) })
                 .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
@@ -788,8 +797,13 @@ impl Runner {
                     a.groups.iter().map(|g| nix::unistd::Gid::from_raw(*g)).collect();
                 (groups, nix::unistd::Gid::from_raw(a.gid), nix::unistd::Uid::from_raw(a.uid))
             });
+            // The working directory is entered as the job's account, after the switch: as root
+            // the chdir would pass directories the job's user may not enter.
+            let workdir = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(workdir.as_os_str()))
+                .map_err(|_| std::io::Error::other("the working directory holds a NUL byte"))?;
             // SAFETY: between fork and exec the child only makes system calls (write, setgroups,
-            // setgid, setuid) on values prepared before the fork; nothing allocates or locks.
+            // setgid, setuid, chdir) on values prepared before the fork; nothing allocates or
+            // locks.
             unsafe {
                 cmd.pre_exec(move || {
                     if let Some(fd) = procs_fd {
@@ -802,6 +816,9 @@ impl Runner {
                         nix::unistd::setgroups(groups)?;
                         nix::unistd::setgid(*gid)?;
                         nix::unistd::setuid(*uid)?;
+                    }
+                    if nix::libc::chdir(workdir.as_ptr()) != 0 {
+                        return Err(std::io::Error::last_os_error());
                     }
                     Ok(())
                 });
@@ -820,15 +837,19 @@ impl Runner {
                 }
                 return self.launch_failed(
                     a,
-                    format!("starting {:?}: {e}", a.argv.first().cloned().unwrap_or_default()),
+                    format!(
+                        "starting {:?} in {} as {}: {e}",
+                        a.argv.first().cloned().unwrap_or_default(),
+                        workdir.display(),
+                        account.as_ref().map_or("the agent's user", |a| a.name.as_str()),
+                    ),
                 );
             }
         };
         let pgid = child.id().map(|p| p as i32);
         tracing::info!(job = a.job_id, attempt = a.attempt, ?pgid, gpus = ?a.gpu_ids, user = %a.user, "run started");
-        let written = Arc::new(std::sync::atomic::AtomicU64::new(
-            std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0),
-        ));
+        // The log is new: nothing of it is written yet.
+        let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let max = self.isolation.log_max_bytes;
         let note = {
             let (reports, node) = (self.reports.clone(), self.node.clone());
@@ -871,6 +892,7 @@ impl Runner {
                 fenced,
                 suspended: false,
                 lost_message: String::new(),
+                checkpoint_marker: checkpoint_dir.join(MARKER),
             };
             if stopping || fenced {
                 run.kill();
@@ -881,7 +903,7 @@ impl Runner {
             journal_add(&self.state_dir, key, pgid);
         }
         self.report(key, None, String::new());
-        self.watch_checkpoints(key, checkpoint_dir.join(".kairos-checkpoint"));
+        self.watch_checkpoints(key, checkpoint_dir.join(MARKER));
         let runner = self.clone();
         tokio::spawn(async move {
             let mut exit = match child.wait().await {
@@ -999,7 +1021,7 @@ impl Runner {
             }
         }
         let runner = self.clone();
-        let marker = job_dir(&self.state_dir, key.0).join("checkpoint").join(".kairos-checkpoint");
+        let marker = self.lock().get(&key).map(|r| r.checkpoint_marker.clone()).unwrap_or_default();
         let touched = move || std::fs::metadata(&marker).and_then(|m| m.modified()).ok();
         // A checkpoint is reported by touching the marker: any change from now on counts (file
         // times come from a coarse clock, so a comparison with the time now could miss one).

@@ -1,6 +1,8 @@
 //! Tests of the runner: real child processes, process groups, cgroups where the host has them.
 
 use super::*;
+use crate::account::{Accounts, RunAs};
+use std::os::unix::fs::PermissionsExt;
 
 fn assignment(job: u64, argv: &[&str], started: bool, kill: bool) -> pb::Assignment {
     pb::Assignment {
@@ -22,6 +24,7 @@ fn assignment(job: u64, argv: &[&str], started: bool, kill: bool) -> pb::Assignm
         checkpoint_signal: "SIGUSR1".into(),
         user: "alice".into(),
         traceparent: String::new(),
+        submit_time_ms: 0,
     }
 }
 
@@ -49,7 +52,7 @@ async fn launches_once_reports_exit_and_never_relaunches() {
     assert_eq!((started.job_id, started.status), (7, pb::RunStatus::Started as i32));
     let exited = next(&mut rx).await;
     assert_eq!((exited.status, exited.exit_code), (pb::RunStatus::Exited as i32, 4));
-    let log = std::fs::read_to_string(log_path(dir.path(), 7, 0)).unwrap();
+    let log = std::fs::read_to_string(log_path(dir.path(), 7, 0, 0)).unwrap();
     // CUDA numbers GPUs as NVML (and these indices) do only in PCI bus order.
     assert_eq!(log, "3,5 PCI_BUS_ID 7\n");
     // The same set again (the controller has not applied the exit yet): the exit is
@@ -57,7 +60,7 @@ async fn launches_once_reports_exit_and_never_relaunches() {
     runner.reconcile(&set(vec![a]));
     let again = next(&mut rx).await;
     assert_eq!((again.status, again.exit_code), (pb::RunStatus::Exited as i32, 4));
-    assert_eq!(std::fs::read_to_string(log_path(dir.path(), 7, 0)).unwrap(), "3,5 PCI_BUS_ID 7\n");
+    assert_eq!(std::fs::read_to_string(log_path(dir.path(), 7, 0, 0)).unwrap(), "3,5 PCI_BUS_ID 7\n");
 }
 
 #[tokio::test]
@@ -68,7 +71,7 @@ async fn a_started_run_this_agent_lacks_is_lost_not_relaunched() {
     runner.reconcile(&set(vec![assignment(9, &["true"], true, false)]));
     let r = next(&mut rx).await;
     assert_eq!((r.job_id, r.status), (9, pb::RunStatus::Lost as i32));
-    assert!(!log_path(dir.path(), 9, 0).exists(), "the run was launched");
+    assert!(!log_path(dir.path(), 9, 0, 0).exists(), "the run was launched");
 }
 
 #[tokio::test]
@@ -362,11 +365,11 @@ async fn a_log_is_capped_with_a_marker_and_the_job_goes_on() {
     assert_eq!(note.status, pb::RunStatus::LogTruncated as i32, "{note:?}");
     let r = next(&mut rx).await;
     assert_eq!((r.status, r.exit_code), (pb::RunStatus::Exited as i32, 3), "the job did not go on");
-    let log = std::fs::read_to_string(log_path(dir.path(), 4, 0)).unwrap();
+    let log = std::fs::read_to_string(log_path(dir.path(), 4, 0, 0)).unwrap();
     assert!(log.len() < 4096 + 200, "{} bytes", log.len());
     assert!(log.contains("log truncated at 4096 bytes"), "{}", &log[log.len().saturating_sub(200)..]);
     use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(log_path(dir.path(), 4, 0)).unwrap().permissions().mode();
+    let mode = std::fs::metadata(log_path(dir.path(), 4, 0, 0)).unwrap().permissions().mode();
     assert_eq!(mode & 0o077, 0, "the log is readable by others: {mode:o}");
 }
 
@@ -387,7 +390,7 @@ async fn a_run_gets_an_allowlisted_environment_not_the_agents() {
     runner.reconcile(&set(vec![a]));
     next(&mut rx).await;
     next(&mut rx).await;
-    let log = std::fs::read_to_string(log_path(dir.path(), 5, 0)).unwrap();
+    let log = std::fs::read_to_string(log_path(dir.path(), 5, 0, 0)).unwrap();
     assert_eq!(log, "secret=none mine=yes\n");
 }
 
@@ -415,38 +418,148 @@ async fn concurrent_launch_passes_start_a_run_once() {
     runner.stop_all(Duration::from_secs(1)).await;
 }
 
+fn root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// A runner whose runs execute as the Unix account `nobody` when the test runs as root (as CI
+/// does), in a state directory such an account can pass through.
+fn runner_as_nobody(dir: &Path, tx: mpsc::Sender<pb::StatusReport>) -> Runner {
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let map = dir.join("users.map");
+    std::fs::write(&map, "alice = nobody\n").unwrap();
+    let run_as = if root() { RunAs::Submitter } else { RunAs::Agent };
+    let accounts = Accounts::new(run_as).with_map_file(&map).unwrap();
+    Runner::new("n1", dir, tx).with_isolation(Isolation { accounts, ..Default::default() })
+}
+
 #[tokio::test]
-async fn links_a_job_leaves_in_its_directory_are_never_followed() {
+async fn links_and_fifos_a_job_leaves_in_its_directory_are_never_followed_nor_waited_on() {
+    use std::os::unix::fs::MetadataExt;
     let dir = tempfile::tempdir().unwrap();
     let (tx, mut rx) = mpsc::channel(16);
-    let runner = Runner::new("n1", dir.path(), tx);
-    // A previous attempt of job 7 (its user owns the job directory) left links where the agent
-    // will open the next attempt's log and create the checkpoint directory.
+    let runner = runner_as_nobody(dir.path(), tx);
+    // A previous attempt of job 7 (its user owns the job directory) left a symbolic link, a
+    // hard link to a root-owned 0666 file and a FIFO where the agent will create the next
+    // attempts' logs.
     let target = dir.path().join("precious");
     std::fs::write(&target, "precious\n").unwrap();
-    let jd = job_dir(dir.path(), 7);
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let before = std::fs::metadata(&target).unwrap();
+    let jd = job_dir(dir.path(), 7, 0);
     std::fs::create_dir_all(&jd).unwrap();
     std::os::unix::fs::symlink(&target, jd.join("attempt-1.log")).unwrap();
-    let a = pb::Assignment { attempt: 1, ..assignment(7, &["echo", "overwritten"], false, false) };
-    runner.reconcile(&set(vec![a]));
-    let r = next(&mut rx).await;
-    assert_eq!((r.job_id, r.status), (7, pb::RunStatus::Lost as i32), "{r:?}");
+    std::fs::hard_link(&target, jd.join("attempt-2.log")).unwrap();
+    nix::unistd::mkfifo(&jd.join("attempt-3.log"), nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+    for attempt in 1..=3 {
+        let a = pb::Assignment { attempt, ..assignment(7, &["echo", "written"], false, false) };
+        // Bounded: a reconcile that opened the FIFO would block forever.
+        let r = runner.clone();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::task::spawn_blocking(move || r.reconcile(&set(vec![a]))),
+        )
+        .await
+        .expect("reconcile blocked on what the job left")
+        .unwrap();
+        let started = next(&mut rx).await;
+        assert_eq!(
+            (started.attempt, started.status),
+            (attempt, pb::RunStatus::Started as i32),
+            "{started:?}"
+        );
+        let exited = next(&mut rx).await;
+        assert_eq!((exited.status, exited.exit_code), (pb::RunStatus::Exited as i32, 0), "{exited:?}");
+        let log = log_path(dir.path(), 7, 0, attempt);
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "written\n");
+        let meta = std::fs::symlink_metadata(&log).unwrap();
+        assert!(meta.is_file() && meta.nlink() == 1 && meta.mode() & 0o777 == 0o600, "{meta:?}");
+        if root() {
+            assert_eq!(meta.uid(), 65534, "the log is not the job user's");
+        }
+    }
+    let after = std::fs::metadata(&target).unwrap();
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious\n");
-    // A link in place of the checkpoint directory: refused too, the target untouched.
+    assert_eq!((after.uid(), after.gid(), after.mode()), (before.uid(), before.gid(), before.mode()));
+    // A link in place of the checkpoint directory: refused, the target untouched.
     let elsewhere = dir.path().join("elsewhere");
     std::fs::create_dir(&elsewhere).unwrap();
-    std::fs::create_dir_all(job_dir(dir.path(), 8)).unwrap();
-    std::os::unix::fs::symlink(&elsewhere, job_dir(dir.path(), 8).join("checkpoint")).unwrap();
+    std::fs::create_dir_all(job_dir(dir.path(), 8, 0)).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, job_dir(dir.path(), 8, 0).join("checkpoint")).unwrap();
     runner.reconcile(&set(vec![assignment(8, &["true"], false, false)]));
     let r = next(&mut rx).await;
     assert_eq!((r.job_id, r.status), (8, pb::RunStatus::Lost as i32), "{r:?}");
     assert!(r.message.contains("not a directory"), "{}", r.message);
-    use std::os::unix::fs::PermissionsExt;
     assert_ne!(
         std::fs::metadata(&elsewhere).unwrap().permissions().mode() & 0o777,
         0o700,
         "chmod followed the link"
     );
+}
+
+#[tokio::test]
+async fn a_working_directory_is_entered_as_the_jobs_user_not_as_root() {
+    if !root() {
+        // Without root every run is the agent's own user: there is no one else to enter as.
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = runner_as_nobody(dir.path(), tx);
+    // Bob's home is his alone; a project below it is world-readable, as projects often are.
+    let home = dir.path().join("bob");
+    std::fs::create_dir_all(home.join("project")).unwrap();
+    std::fs::write(home.join("project/secret"), "bob's secret\n").unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(home.join("project"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let a = pb::Assignment {
+        workdir: home.join("project").display().to_string(),
+        ..assignment(9, &["cat", "secret"], false, false)
+    };
+    runner.reconcile(&set(vec![a]));
+    let r = next(&mut rx).await;
+    assert_eq!(
+        (r.job_id, r.status),
+        (9, pb::RunStatus::Lost as i32),
+        "the job started in bob's project: {r:?}"
+    );
+    assert!(r.message.contains("Permission denied") && r.message.contains("as nobody"), "{}", r.message);
+    let log = std::fs::read_to_string(log_path(dir.path(), 9, 0, 0)).unwrap_or_default();
+    assert!(!log.contains("secret\n") || log.contains("kairos-agent"), "{log}");
+    assert!(!log.contains("bob's secret"), "{log}");
+    // The job's own directory (the default) is entered as the job's user.
+    runner.reconcile(&set(vec![assignment(10, &["sh", "-c", "pwd; id -u"], false, false)]));
+    assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+    let exited = next(&mut rx).await;
+    assert_eq!((exited.job_id, exited.exit_code), (10, 0), "{exited:?}");
+    let out = std::fs::read_to_string(log_path(dir.path(), 10, 0, 0)).unwrap();
+    assert_eq!(out, format!("{}\n65534\n", job_dir(dir.path(), 10, 0).display()));
+}
+
+#[tokio::test]
+async fn a_job_id_issued_again_never_finds_an_earlier_jobs_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = Runner::new("n1", dir.path(), tx);
+    // Job 9 of an earlier cluster (or before a restore) ran here and left its log.
+    let old = pb::Assignment {
+        submit_time_ms: 1_000,
+        ..assignment(9, &["echo", "bob's old output"], false, false)
+    };
+    runner.reconcile(&set(vec![old]));
+    assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+    assert_eq!(next(&mut rx).await.exit_code, 0);
+    runner.reconcile(&set(vec![]));
+    // The id is issued again to another job.
+    let new =
+        pb::Assignment { submit_time_ms: 2_000, ..assignment(9, &["cat", "attempt-0.log"], false, false) };
+    runner.reconcile(&set(vec![new]));
+    assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+    assert_eq!(next(&mut rx).await.exit_code, 0);
+    let log = std::fs::read_to_string(log_path(dir.path(), 9, 2_000, 0)).unwrap();
+    assert!(!log.contains("bob's old output"), "{log}");
+    assert_eq!(std::fs::read_to_string(log_path(dir.path(), 9, 1_000, 0)).unwrap(), "bob's old output\n");
 }
 
 #[tokio::test]

@@ -53,6 +53,7 @@ pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> 
                 checkpoint_signal: o.checkpoint_signal.to_string(),
                 user: o.job.spec.user.clone(),
                 traceparent: o.job.spec.traceparent.as_deref().unwrap_or_default().to_string(),
+                submit_time_ms: o.job.submit_time_ms,
             }
         })
         .collect()

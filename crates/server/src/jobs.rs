@@ -384,10 +384,11 @@ impl JobService for Jobs {
                 .nodes
                 .get(&job.last_node)
                 .ok_or_else(|| Status::unavailable(format!("node \"{}\" is unknown", job.last_node)))?;
-            Ok((node.info.clone(), node.epoch, job.attempt))
+            Ok((node.info.clone(), node.epoch, job.attempt, job.submit_time_ms))
         });
-        let (node, epoch, attempt) = self.redirect_unknown(found)?;
+        let (node, epoch, attempt, submit_time_ms) = self.redirect_unknown(found)?;
         req.attempt = attempt;
+        req.submit_time_ms = submit_time_ms;
         let bad_addr = |e: tonic::transport::Error| {
             Status::internal(format!("node \"{}\" has a bad address: {e}", node.name))
         };

@@ -200,6 +200,19 @@ impl Cluster {
         self.dir.path().join(sub)
     }
 
+    /// The directory of `job` on the agent whose state directory is `agent` (e.g. "agent"):
+    /// `jobs/<id>-<submit ms>`.
+    pub fn job_dir(&self, agent: &str, job: u64) -> PathBuf {
+        let jobs = self.path(&format!("{agent}/jobs"));
+        let prefix = format!("{job}-");
+        std::fs::read_dir(&jobs)
+            .unwrap_or_else(|e| panic!("listing {}: {e}", jobs.display()))
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix)))
+            .unwrap_or_else(|| panic!("no directory of job {job} in {}", jobs.display()))
+    }
+
     /// The bootstrap admin token's file (what every CLI call of the harness uses).
     pub fn token_file(&self) -> PathBuf {
         self.path("admin.token")

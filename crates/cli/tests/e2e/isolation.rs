@@ -118,7 +118,7 @@ fn jobs_run_as_their_submitters_and_cannot_reach_each_other_or_kairos_credential
     assert!(log.starts_with(&format!("{}\n", users.uid(&ua))), "alice's job ran as someone else: {log}");
     assert!(log.contains(&format!("HOME=/home/{ua}")) && log.contains("agent=none"), "{log}");
     // Her job directory and log are hers alone.
-    let job_dir = c.path(&format!("agent/jobs/{alice}"));
+    let job_dir = c.job_dir("agent", alice);
     let meta = std::fs::metadata(&job_dir).unwrap();
     assert_eq!((meta.uid(), meta.mode() & 0o077), (users.uid(&ua), 0), "job dir {:o}", meta.mode());
     let log_file = job_dir.join("attempt-0.log");
@@ -302,4 +302,97 @@ fn an_agent_paused_past_the_node_timeout_never_overlaps_its_jobs_attempts() {
         "attempt 0 ran {} ms into the pause",
         (last_zero - paused_at) / 1_000_000
     );
+}
+
+/// `kairos logs ID` run with a bound: a CLI call that hangs fails the test instead.
+fn logs_within(c: &Cluster, job: u64, bound: Duration) -> std::process::Output {
+    let mut child = c
+        .cli()
+        .args(["logs", &job.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kairos logs");
+    let deadline = Instant::now() + bound;
+    while child.try_wait().expect("poll kairos logs").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("kairos logs {job} hung for {bound:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("kairos logs output")
+}
+
+#[test]
+fn links_and_fifos_a_job_plants_for_the_root_agent_change_nothing_and_stall_nothing() {
+    let tag = std::process::id() % 100_000;
+    let (ua, ub) = (format!("kp{tag}a"), format!("kp{tag}b"));
+    let users = Users::create(&[ua.clone(), ub.clone()]);
+    let (c, _map) = submitter_cluster(&ua, &ub);
+    c.wait_node_up();
+    // A root-owned file alice may write (0666): she can hard-link it (fs.protected_hardlinks
+    // allows a link to a file one may read and write).
+    let precious = c.path("precious");
+    std::fs::write(&precious, "root's\n").unwrap();
+    std::fs::set_permissions(&precious, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let before = std::fs::metadata(&precious).unwrap();
+    // Alice's training job: its first attempt plants a hard link at the next attempt's log and
+    // a FIFO at the one after; its second replaces its own log with a FIFO.
+    let script = format!(
+        "cd \"$KAIROS_CHECKPOINT_DIR/..\"; echo attempt $KAIROS_RESTART_COUNT; \
+         if [ $KAIROS_RESTART_COUNT = 0 ]; then ln {p} attempt-1.log && mkfifo attempt-2.log && echo planted; fi; \
+         if [ $KAIROS_RESTART_COUNT = 1 ]; then rm attempt-1.log && mkfifo attempt-1.log && echo fifo; fi; \
+         trap 'exit 0' USR1 TERM; while :; do sleep 0.1; done",
+        p = precious.display()
+    );
+    let alice = submit_as(&c, "alice", &["--qos", "training", "--", "sh", "-c", &script]);
+    c.wait_state(alice, "RUNNING");
+    wait_for("alice's plants", || c.ok(&["logs", &alice.to_string()]).contains("planted").then_some(()));
+    let job_dir = c.job_dir("agent", alice);
+    // Preempted: attempt 1 starts over the hard link.
+    let urgent = submit_as(&c, "bob", &["--qos", "urgent", "--gpus", "2", "--", "true"]);
+    assert_eq!(c.wait_done(urgent)["state"], "COMPLETED");
+    wait_for("alice's second attempt", || {
+        let j = c.try_job(alice)?;
+        (j["attempt"] == 1 && j["state"] == "RUNNING").then_some(())
+    });
+    let after = std::fs::metadata(&precious).unwrap();
+    assert_eq!(
+        (after.uid(), after.gid(), after.mode(), after.nlink()),
+        (before.uid(), before.gid(), before.mode(), 1),
+        "the agent changed the linked file"
+    );
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "root's\n");
+    let log1 = std::fs::symlink_metadata(job_dir.join("attempt-1.log")).unwrap();
+    assert_ne!(log1.ino(), before.ino());
+    // Its own log became a FIFO: reading it fails at once and never ties up the agent.
+    wait_for("alice's FIFO", || {
+        std::fs::symlink_metadata(job_dir.join("attempt-1.log"))
+            .ok()
+            .filter(|m| std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()))
+    });
+    for _ in 0..3 {
+        let out = logs_within(&c, alice, Duration::from_secs(20));
+        assert!(!out.status.success(), "a FIFO was served as a log");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("not a regular file"), "{out:?}");
+    }
+    // Preempted again: attempt 2 starts over the FIFO, and bob's job beside it completes.
+    let urgent = submit_as(&c, "bob", &["--qos", "urgent", "--gpus", "2", "--", "true"]);
+    assert_eq!(c.wait_done(urgent)["state"], "COMPLETED");
+    wait_for("alice's third attempt", || {
+        let j = c.try_job(alice)?;
+        (j["attempt"] == 2 && j["state"] == "RUNNING").then_some(())
+    });
+    let log2 = logs_within(&c, alice, Duration::from_secs(20));
+    assert!(String::from_utf8_lossy(&log2.stdout).contains("attempt 2"), "{log2:?}");
+    let bob = submit_as(&c, "bob", &["--", "sh", "-c", "echo bob done"]);
+    let done = c.wait_done(bob);
+    assert_eq!(done["state"], "COMPLETED", "{done}");
+    let nodes = c.ok(&["nodes", "--json"]);
+    assert!(!nodes.contains("DOWN") && !nodes.contains("\"down\""), "{nodes}");
+    c.ok(&["cancel", &alice.to_string()]);
+    c.wait_done(alice);
+    drop(c);
+    drop(users);
 }

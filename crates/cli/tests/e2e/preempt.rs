@@ -384,7 +384,7 @@ fn a_requeued_job_that_saves_on_sigterm_loses_no_work() {
         .collect();
     assert_eq!(got, (1..=60).collect::<Vec<u32>>(), "steps lost or repeated across the preemption");
     // The first attempt ended on SIGTERM, by itself, after its requested checkpoint.
-    let first = std::fs::read_to_string(c.path(&format!("agent/jobs/{victim}/attempt-0.log"))).unwrap();
+    let first = std::fs::read_to_string(c.job_dir("agent", victim).join("attempt-0.log")).unwrap();
     assert!(first.contains("checkpoint at step") && first.contains("saved at step"), "{first}");
 }
 
