@@ -31,15 +31,59 @@ pub fn mono_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// The lease file: "PID DEADLINE_MONO_MS" of the agent that holds it.
+/// The lease file: one fixed-size record "PID DEADLINE_MONO_MS CHECK", space-padded.
 pub fn lease_path(state_dir: &Path) -> PathBuf {
     state_dir.join("lease")
 }
 
-fn read_lease(path: &Path) -> Option<(i32, u64)> {
-    let text = std::fs::read_to_string(path).ok()?;
+/// Bytes of the lease record. The file is this long from its creation and every renewal
+/// overwrites it in place, so renewing needs no new disk block: a job that fills the disk the
+/// state directory is on cannot stop its node's lease from moving forward (the watchdog would
+/// then kill every run of a healthy node).
+const LEASE_RECORD: usize = 64;
+
+/// What a lease record checks itself with: a read that overlaps a renewal is seen as torn.
+fn lease_check(pid: i32, deadline: u64) -> u64 {
+    (u64::from(pid as u32) ^ deadline.rotate_left(17)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 8
+}
+
+fn encode_lease(pid: i32, deadline: u64) -> [u8; LEASE_RECORD] {
+    let text = format!("{pid} {deadline} {}", lease_check(pid, deadline));
+    let mut record = [b' '; LEASE_RECORD];
+    record[..text.len()].copy_from_slice(text.as_bytes());
+    record[LEASE_RECORD - 1] = b'\n';
+    record
+}
+
+fn decode_lease(text: &str) -> Option<(i32, u64)> {
     let mut f = text.split_whitespace();
-    Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+    let (pid, deadline, check): (i32, u64, u64) =
+        (f.next()?.parse().ok()?, f.next()?.parse().ok()?, f.next()?.parse().ok()?);
+    (check == lease_check(pid, deadline) && f.next().is_none()).then_some((pid, deadline))
+}
+
+/// The lease the file holds (None: no file, or no valid record after a few reads — a read
+/// overlapping a renewal is read again).
+fn read_lease(path: &Path) -> Option<(i32, u64)> {
+    for _ in 0..3 {
+        let text = std::fs::read_to_string(path).ok()?;
+        if let Some(lease) = decode_lease(&text) {
+            return Some(lease);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    None
+}
+
+/// Creates the lease file at its full size (no valid record yet: nothing for a watchdog to
+/// enforce until the first renewal).
+fn create_lease_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(path)?;
+    std::os::unix::fs::FileExt::write_all_at(&file, &[b' '; LEASE_RECORD], 0)?;
+    file.sync_all()?;
+    Ok(file)
 }
 
 /// The agent's lease, shared by its session (renews), its runner (launches only while valid)
@@ -53,6 +97,8 @@ struct LeaseInner {
     until: AtomicU64,
     grace_ms: AtomicU64,
     file: Option<PathBuf>,
+    /// The lease file, open and at its full size (None: it could not be created).
+    record: Option<std::fs::File>,
 }
 
 impl Lease {
@@ -62,15 +108,21 @@ impl Lease {
             until: AtomicU64::new(u64::MAX),
             grace_ms: AtomicU64::new(0),
             file: None,
+            record: None,
         }))
     }
 
-    /// A lapsed lease whose deadline the watchdog reads from `file`.
+    /// A lapsed lease whose deadline the watchdog reads from `file` (created now, at its full
+    /// size).
     pub fn new(file: PathBuf) -> Lease {
+        let record = create_lease_file(&file)
+            .map_err(|e| tracing::error!(error = %e, file = %file.display(), "cannot create the lease file: the watchdog cannot fence this node"))
+            .ok();
         Lease(Arc::new(LeaseInner {
             until: AtomicU64::new(0),
             grace_ms: AtomicU64::new(0),
             file: Some(file),
+            record,
         }))
     }
 
@@ -82,11 +134,11 @@ impl Lease {
         if until <= previous {
             return;
         }
-        if let Some(file) = &self.0.file {
-            // Written whole under another name and renamed, so the watchdog never reads half.
-            let tmp = file.with_extension("tmp");
-            let text = format!("{} {}\n", std::process::id(), until.saturating_add(grace_ms));
-            if let Err(e) = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, file)) {
+        if let Some(record) = &self.0.record {
+            // In place, in blocks the file already has (see LEASE_RECORD); a torn read fails
+            // the record's check and is read again.
+            let bytes = encode_lease(std::process::id() as i32, until.saturating_add(grace_ms));
+            if let Err(e) = std::os::unix::fs::FileExt::write_all_at(record, &bytes, 0) {
                 tracing::warn!(error = %e, "cannot write the lease file for the watchdog");
             }
         }
@@ -250,6 +302,61 @@ mod tests {
         short.renew(now.saturating_sub(10_000), 1000, 100);
         assert!(!short.valid() && short.lapsed());
         assert!(Lease::unfenced().valid());
+    }
+
+    #[test]
+    fn a_torn_or_foreign_lease_record_is_no_lease() {
+        let good = encode_lease(42, 1_000_000);
+        assert_eq!(decode_lease(std::str::from_utf8(&good).unwrap()), Some((42, 1_000_000)));
+        // Half of a renewal over the previous record: the check fails.
+        let newer = encode_lease(42, 1_999_999);
+        let mixed = [&newer[..12], &good[12..]].concat();
+        assert_eq!(decode_lease(std::str::from_utf8(&mixed).unwrap()), None);
+        assert_eq!(decode_lease("42 1000000\n"), None, "a record without its check");
+        assert_eq!(decode_lease(&" ".repeat(LEASE_RECORD)), None);
+    }
+
+    /// A tmpfs of its own, unmounted when dropped.
+    struct Tmpfs(tempfile::TempDir);
+
+    impl Drop for Tmpfs {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(self.0.path()).status();
+        }
+    }
+
+    #[test]
+    fn a_full_disk_does_not_stop_the_lease_from_moving_forward() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: mounting a small tmpfs needs root (CI runs as root)");
+            return;
+        }
+        let fs = Tmpfs(tempfile::tempdir().unwrap());
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=256k,mode=0700", "kairos-lease-test"])
+            .arg(fs.0.path())
+            .status()
+            .unwrap();
+        assert!(mounted.success());
+        let lease = Lease::new(lease_path(fs.0.path()));
+        let now = mono_ms();
+        lease.renew(now, 1_000, 100);
+        assert_eq!(read_lease(&lease_path(fs.0.path())).unwrap().1, now + 1_100);
+        // A job fills the disk.
+        let mut filler = std::fs::File::create(fs.0.path().join("jobs-data")).unwrap();
+        let full = loop {
+            if let Err(e) = std::io::Write::write_all(&mut filler, &[7u8; 4096]) {
+                break e;
+            }
+        };
+        assert_eq!(full.raw_os_error(), Some(nix::libc::ENOSPC), "{full}");
+        lease.renew(now + 500, 1_000, 100);
+        assert_eq!(
+            read_lease(&lease_path(fs.0.path())).unwrap(),
+            (std::process::id() as i32, now + 1_600),
+            "the renewal did not reach the watchdog's file"
+        );
+        drop(lease);
     }
 
     #[test]
