@@ -6,9 +6,11 @@
 //! are durable before they return. The vote and the purge point live in `raft.log/meta`,
 //! replaced atomically (temporary file, fsync, rename, directory fsync). The committed log id
 //! is kept in `raft.log/committed` without an fsync of its own — a stale or missing one after a
-//! crash is allowed (the tail is re-committed by the next leader), and one ahead of the log that
-//! survived is ignored — so a restarted replica re-applies its committed tail at once instead of
-//! waiting for a leader. The state machine lives in memory; its durable form is the latest
+//! crash is allowed (the tail is re-committed by the next leader) — so a restarted replica
+//! re-applies its committed tail at once instead of waiting for a leader. It is written only
+//! for entries already on disk (`Wal::durable_last`), so it is never ahead of the log a crash
+//! leaves: one that is ahead of the recovered log means acknowledged entries are gone, and the
+//! replica refuses to start (`Damaged`) rather than serve a log that lost committed writes. The state machine lives in memory; its durable form is the latest
 //! snapshot plus the log after it.
 //!
 //! Snapshots are files in the data directory (`snapshot`, written to a temporary file,
@@ -80,6 +82,14 @@ fn read_meta(dir: &Path) -> Result<LogMeta, crate::ConsensusError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(LogMeta::default()),
         Err(e) => Err(crate::ConsensusError::Format(format!("reading the log's meta: {e}"))),
     }
+}
+
+/// The commit record `file` holds (None: none, or torn).
+fn read_committed_file(file: &std::fs::File) -> std::io::Result<Option<LogId<NodeId>>> {
+    let len = file.metadata()?.len();
+    let mut bytes = vec![0u8; len.min(4096) as usize];
+    file.read_exact_at(&mut bytes, 0)?;
+    Ok(decode_committed(&bytes))
 }
 
 /// The committed log id as `committed` holds it: length, checksum, JSON (None when torn).
@@ -199,16 +209,25 @@ impl LogStore {
         }
         let dir = data_dir.join(crate::wal::DIR);
         let meta = read_meta(&dir)?;
-        let (wal, recovery) =
-            crate::wal::Wal::open(&dir, meta.last_purged.map(|l| l.index)).map_err(|e| match e.kind() {
-                std::io::ErrorKind::WouldBlock => {
-                    crate::ConsensusError::DataDirInUse(data_dir.display().to_string())
-                }
-                std::io::ErrorKind::InvalidData => {
-                    crate::ConsensusError::Damaged { dir: dir.display().to_string(), why: e.to_string(), id }
-                }
-                _ => crate::ConsensusError::Format(format!("opening the log in {}: {e}", dir.display())),
-            })?;
+        // The commit record is never written ahead of what is on disk: the log's recovery may
+        // not remove anything it covers (acknowledged entries would be lost).
+        let committed = match std::fs::read(dir.join(COMMITTED_FILE)) {
+            Ok(bytes) => decode_committed(&bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(crate::ConsensusError::Format(format!("reading the commit record: {e}"))),
+        };
+        let (wal, recovery) = crate::wal::Wal::open(
+            &dir,
+            meta.last_purged.map(|l| l.index),
+            committed.map(|c| c.index),
+        )
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock => crate::ConsensusError::DataDirInUse(data_dir.display().to_string()),
+            std::io::ErrorKind::InvalidData => {
+                crate::ConsensusError::Damaged { dir: dir.display().to_string(), why: e.to_string(), id }
+            }
+            _ => crate::ConsensusError::Format(format!("opening the log in {}: {e}", dir.display())),
+        })?;
         if recovery != crate::wal::Recovery::default() {
             tracing::warn!(
                 cut_bytes = recovery.cut_bytes,
@@ -359,21 +378,24 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
-        // No fsync of its own (see the module's description).
-        self.committed_file.write_all_at(&encode_committed(&committed), 0).map_err(write_err)?;
         if let Some(c) = committed {
             self.committed.fetch_max(c.index, std::sync::atomic::Ordering::Relaxed);
+            // Only for entries on disk (what a snapshot covers counts): the record stays behind
+            // until their sync is done, and the next commit writes it (see the module's
+            // description).
+            let durable = self.wal.durable_last().max(self.meta().last_purged.map(|p| p.index));
+            if durable.is_none_or(|d| c.index > d) {
+                return Ok(());
+            }
         }
+        // No fsync of its own (see the module's description).
+        self.committed_file.write_all_at(&encode_committed(&committed), 0).map_err(write_err)?;
         Ok(())
     }
 
     async fn read_committed(&mut self) -> StorageResult<Option<LogId<NodeId>>> {
-        let len = self.committed_file.metadata().map_err(read_err)?.len();
-        let mut bytes = vec![0u8; len.min(4096) as usize];
-        self.committed_file.read_exact_at(&mut bytes, 0).map_err(read_err)?;
-        let committed = decode_committed(&bytes);
-        // A commit record that reached the disk while the entries it covers did not is ignored
-        // (what the snapshot covers counts as held).
+        let committed = read_committed_file(&self.committed_file).map_err(read_err)?;
+        // `open` refused a record ahead of the log; one ahead now was written after it.
         let held = self.wal.bounds().map(|(_, last)| last).max(self.meta().last_purged.map(|p| p.index));
         Ok(committed.filter(|c| held.is_some_and(|last| c.index <= last)))
     }

@@ -17,12 +17,22 @@
 //! appends share one fsync. (It replaced sled, whose background I/O threads' hand-offs cost a
 //! follower about 40 % of its CPU under a submit load, for a structure a log does not need.)
 //!
-//! Recovery (`open`): records are checked in order — length, checksum, consecutive index. The
-//! first one that fails ends the log: it and everything after it in that segment are cut off
-//! and later segments removed. That is exactly what a power cut can leave (a torn or missing
-//! tail of writes never acknowledged, since each acknowledgement waits for the sync of
-//! everything written before it). Segments wholly at or below the purge point are removed.
-//! Truncation removes later segments and cuts the containing one, durably, before it returns.
+//! A new segment is created only after the previous one is synced, so a segment with a later
+//! one beside it is whole on disk: a crash can tear only the **last** segment's tail.
+//!
+//! Recovery (`open`): records are checked in order — length, checksum, consecutive index. In the
+//! last segment the first one that fails ends the log: it and everything after it are cut off.
+//! That is exactly what a power cut can leave (a torn or missing tail of writes never
+//! acknowledged, since each acknowledgement waits for the sync of everything written before it).
+//! A record that fails in any other segment is damage (a flipped bit, a bad sector), not a
+//! crash: `open` refuses with `InvalidData` naming the segment and changes nothing, since
+//! cutting there would drop acknowledged entries. A gap between segments (what an interrupted
+//! truncation can leave) ends the log there; segments wholly at or below the purge point are
+//! removed. Truncation removes later segments and cuts the containing one, durably, before it
+//! returns.
+//!
+//! The log also knows how far it is on disk (`durable_last`): what `open` found, advanced as
+//! each append's sync completes, pulled back by a truncation.
 
 use std::fs::File;
 use std::io;
@@ -93,6 +103,8 @@ impl Segment {
 pub struct Wal {
     dir: PathBuf,
     segments: Mutex<Vec<Segment>>,
+    /// How far the log is on disk: (truncations so far, one past the last index synced).
+    durable: Arc<Mutex<(u64, u64)>>,
     sync: Mutex<mpsc::Sender<SyncJob>>,
     /// Held (flock'd) for the life of the log.
     _lock: File,
@@ -165,8 +177,20 @@ fn open_rw(path: &Path) -> io::Result<File> {
 impl Wal {
     /// Opens (creating when missing) the log in `dir`, repairing a torn tail and dropping
     /// segments wholly at or below `purged` (the purge point). `WouldBlock` when another
-    /// process holds it; `InvalidData` for a segment that is not one of ours.
-    pub fn open(dir: &Path, purged: Option<u64>) -> io::Result<(Wal, Recovery)> {
+    /// process holds it; `InvalidData` for a segment that is not one of ours, for damage before
+    /// the last segment, and for any repair that would remove an entry at or below `committed`
+    /// (the commit record: entries known to be on disk and acknowledged) — nothing is changed
+    /// then.
+    pub fn open(dir: &Path, purged: Option<u64>, committed: Option<u64>) -> io::Result<(Wal, Recovery)> {
+        // Entries at or below this were acknowledged: no repair may remove them.
+        let kept = committed.filter(|c| purged.is_none_or(|p| c > &p));
+        let lost = |path: &Path, from: u64| {
+            damaged(format!(
+                "{}: entries from {from} are missing or fail their check, but entries through {} are committed",
+                path.display(),
+                kept.unwrap_or_default()
+            ))
+        };
         let created = !dir.exists();
         std::fs::create_dir_all(dir)?;
         if created {
@@ -201,8 +225,13 @@ impl Wal {
         }
         let mut segments: Vec<Segment> = Vec::new();
         let mut ended = false;
-        for (first, path) in names {
+        let count = names.len();
+        for (position, (first, path)) in names.into_iter().enumerate() {
+            let last = position + 1 == count;
             let expected = segments.last().map(Segment::next);
+            if let Some(e) = expected.filter(|e| !ended && *e != first && kept.is_some_and(|k| *e <= k)) {
+                return Err(lost(&path, e));
+            }
             if ended || expected.is_some_and(|e| e != first) {
                 // After the end of the log (a cut tail, or a gap): never acknowledged.
                 std::fs::remove_file(&path)?;
@@ -213,8 +242,11 @@ impl Wal {
             let mut bytes = std::fs::read(&path)?;
             let file = open_rw(&path)?;
             if !bytes.starts_with(MAGIC) {
-                if !MAGIC.starts_with(&bytes) {
+                if !MAGIC.starts_with(&bytes) || !last {
                     return Err(damaged(format!("{} is not a kairos log segment", path.display())));
+                }
+                if kept.is_some_and(|k| first <= k) {
+                    return Err(lost(&path, first));
                 }
                 // Created, its header torn: an empty segment.
                 file.write_all_at(MAGIC, 0)?;
@@ -223,13 +255,32 @@ impl Wal {
                 bytes = MAGIC.to_vec();
             }
             let (ends, valid) = scan(&bytes, first);
+            if valid < bytes.len() as u64 && !last {
+                return Err(damaged(format!(
+                    "segment {} fails its check at entry {} (byte {valid}) and later segments follow: damaged, not a crash's torn tail",
+                    path.display(),
+                    first + ends.len() as u64
+                )));
+            }
             if valid < bytes.len() as u64 {
+                let bad = first + ends.len() as u64;
+                if kept.is_some_and(|k| bad <= k) {
+                    return Err(lost(&path, bad));
+                }
                 recovery.cut_bytes += bytes.len() as u64 - valid;
                 file.set_len(valid)?;
                 file.sync_all()?;
                 ended = true;
             }
             segments.push(Segment { first, path, file: Arc::new(file), ends });
+        }
+        let end = segments.iter().rev().find(|s| s.count() > 0).map(Segment::next);
+        if let Some(k) = kept.filter(|k| end.is_none_or(|e| e <= *k)) {
+            return Err(damaged(format!(
+                "{}: the log ends at {} but entries through {k} are committed",
+                dir.display(),
+                end.map_or("nothing".to_string(), |e| (e - 1).to_string())
+            )));
         }
         // The last segment too, when all it holds is purged.
         if let Some(purged) = purged {
@@ -242,13 +293,24 @@ impl Wal {
         if recovery != Recovery::default() {
             sync_dir(dir)?;
         }
+        // What a previous process wrote may still be only in the page cache: on disk from now.
+        if let Some(s) = segments.last() {
+            s.file.sync_data()?;
+        }
+        let durable_next = segments.iter().rev().find(|s| s.count() > 0).map_or(0, Segment::next);
         let (tx, rx) = mpsc::channel();
         let sync_path = dir.to_path_buf();
         std::thread::Builder::new()
             .name("kairos-wal-sync".into())
             .spawn(move || sync_loop(&sync_path, rx))?;
         Ok((
-            Wal { dir: dir.to_path_buf(), segments: Mutex::new(segments), sync: Mutex::new(tx), _lock: lock },
+            Wal {
+                dir: dir.to_path_buf(),
+                segments: Mutex::new(segments),
+                durable: Arc::new(Mutex::new((0, durable_next))),
+                sync: Mutex::new(tx),
+                _lock: lock,
+            },
             recovery,
         ))
     }
@@ -264,6 +326,15 @@ impl Wal {
         }
     }
 
+    fn durable(&self) -> std::sync::MutexGuard<'_, (u64, u64)> {
+        self.durable.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The last index known to be on disk (None: none).
+    pub fn durable_last(&self) -> Option<u64> {
+        self.durable().1.checked_sub(1)
+    }
+
     /// The first and last index held (None when empty).
     pub fn bounds(&self) -> Option<(u64, u64)> {
         let segs = self.segments();
@@ -275,6 +346,23 @@ impl Wal {
     /// Writes `records` (consecutive indexes, following the last) to the page cache at once and
     /// calls `done` once they are on disk.
     pub fn append(&self, records: &[(u64, Vec<u8>)], done: Done) -> io::Result<()> {
+        let Some(last_index) = records.last().map(|r| r.0) else {
+            self.submit(Vec::new(), false, done);
+            return Ok(());
+        };
+        // Once synced, the log is on disk through the last record — unless a truncation came
+        // meanwhile (it pulled the mark back, and these records may be gone).
+        let durable = self.durable.clone();
+        let generation = self.durable().0;
+        let done: Done = Box::new(move |result| {
+            if result.is_ok() {
+                let mut d = durable.lock().unwrap_or_else(|p| p.into_inner());
+                if d.0 == generation {
+                    d.1 = d.1.max(last_index + 1);
+                }
+            }
+            done(result)
+        });
         let mut segs = self.segments();
         let mut files: Vec<Arc<File>> = Vec::new();
         let mut created = false;
@@ -301,6 +389,11 @@ impl Wal {
                 Some(s) => s.len() >= SEGMENT_BYTES,
             };
             if need_new {
+                // The previous segment whole on disk before the next exists: only the last
+                // segment's tail can ever be torn (what `open` relies on).
+                if let Some(previous) = segs.last() {
+                    previous.file.sync_data()?;
+                }
                 let path = self.dir.join(segment_name(index));
                 let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
                 file.write_all_at(MAGIC, 0)?;
@@ -387,6 +480,11 @@ impl Wal {
 
     /// Removes the entries from `from` on, durably, before returning (`done` is called then).
     pub fn truncate(&self, from: u64, done: Done) -> io::Result<()> {
+        {
+            let mut d = self.durable();
+            d.0 += 1;
+            d.1 = d.1.min(from);
+        }
         let mut segs = self.segments();
         let mut removed = false;
         while segs.last().is_some_and(|s| s.first >= from && !(s.first == from && s.count() == 0)) {
@@ -492,7 +590,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(DIR);
         {
-            let (wal, rec) = Wal::open(&path, None).unwrap();
+            let (wal, rec) = Wal::open(&path, None, None).unwrap();
             assert_eq!(rec, Recovery::default());
             append(&wal, 1, 11);
             assert_eq!(wal.read(3, 5).unwrap(), vec![(3, b"entry 3".to_vec()), (4, b"entry 4".to_vec())]);
@@ -502,7 +600,7 @@ mod tests {
             assert_eq!(wal.bounds(), Some((1, 7)));
             append(&wal, 8, 9);
         }
-        let (wal, rec) = Wal::open(&path, None).unwrap();
+        let (wal, rec) = Wal::open(&path, None, None).unwrap();
         assert_eq!(rec, Recovery::default());
         assert_eq!(indexes(&wal), (1..9).collect::<Vec<_>>());
         let e = wal.append(&[(5, b"x".to_vec())], Box::new(|_| {})).unwrap_err();
@@ -512,7 +610,7 @@ mod tests {
         append(&wal, 20, 22);
         assert_eq!(indexes(&wal), (1..9).chain(20..22).collect::<Vec<_>>());
         drop(wal);
-        let (wal, rec) = Wal::open(&path, None).unwrap();
+        let (wal, rec) = Wal::open(&path, None, None).unwrap();
         assert_eq!(rec.removed_segments, 1);
         assert_eq!(indexes(&wal), (1..9).collect::<Vec<_>>());
     }
@@ -529,7 +627,7 @@ mod tests {
             }
             std::fs::write(dir.path().join(segment_name(first)), bytes).unwrap();
         }
-        let (wal, rec) = Wal::open(dir.path(), Some(9)).unwrap();
+        let (wal, rec) = Wal::open(dir.path(), Some(9), None).unwrap();
         assert_eq!(indexes(&wal), vec![10, 11, 12], "the acknowledged entries after the snapshot stay");
         assert_eq!(rec, Recovery { cut_bytes: 0, removed_segments: 1 });
     }
@@ -537,7 +635,7 @@ mod tests {
     #[test]
     fn a_read_within_a_budget_stops_before_the_record_that_would_pass_it() {
         let dir = tempfile::tempdir().unwrap();
-        let (wal, _) = Wal::open(dir.path(), None).unwrap();
+        let (wal, _) = Wal::open(dir.path(), None, None).unwrap();
         append(&wal, 1, 4);
         // Two segments: a gap starts the second.
         append(&wal, 4, 4);
@@ -558,34 +656,93 @@ mod tests {
     #[test]
     fn a_second_process_cannot_open_the_same_log() {
         let dir = tempfile::tempdir().unwrap();
-        let (_wal, _) = Wal::open(dir.path(), None).unwrap();
+        let (_wal, _) = Wal::open(dir.path(), None, None).unwrap();
         // flock locks belong to the open file description: a second open conflicts.
-        assert!(Wal::open(dir.path(), None).is_err());
+        assert!(Wal::open(dir.path(), None, None).is_err());
     }
 
     #[test]
-    fn a_torn_tail_is_cut_and_later_segments_after_it_are_removed() {
+    fn a_torn_tail_is_cut_and_a_segment_after_a_gap_is_removed() {
         let dir = tempfile::tempdir().unwrap();
         let seg = dir.path().join(segment_name(1));
         {
-            let (wal, _) = Wal::open(dir.path(), None).unwrap();
+            let (wal, _) = Wal::open(dir.path(), None, None).unwrap();
             append(&wal, 1, 6);
         }
         // Tear the last record: its last byte never reached the disk.
         let len = std::fs::metadata(&seg).unwrap().len();
         open_rw(&seg).unwrap().set_len(len - 1).unwrap();
-        // And a later segment that cannot follow (written after the lost tail).
+        let (wal, rec) = Wal::open(dir.path(), None, None).unwrap();
+        assert_eq!(indexes(&wal), vec![1, 2, 3, 4]);
+        assert_eq!(wal.durable_last(), Some(4));
+        assert!(rec.cut_bytes > 0);
+        drop(wal);
+        // A segment that cannot follow (what an interrupted truncation leaves): after the end.
         let later = dir.path().join(segment_name(6));
         let mut bytes = MAGIC.to_vec();
         encode_record(&mut bytes, 6, b"never acknowledged");
         std::fs::write(&later, bytes).unwrap();
-        let (wal, rec) = Wal::open(dir.path(), None).unwrap();
+        let (wal, rec) = Wal::open(dir.path(), None, None).unwrap();
         assert_eq!(indexes(&wal), vec![1, 2, 3, 4]);
         assert_eq!(rec.removed_segments, 1);
-        assert!(rec.cut_bytes > 0);
         assert!(!later.exists());
         append(&wal, 5, 7);
         assert_eq!(indexes(&wal), (1..7).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_flipped_bit_in_a_segment_before_the_last_is_damage_and_nothing_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (wal, _) = Wal::open(dir.path(), None, None).unwrap();
+        // Records of ~1 MiB: a segment takes 64 of them; three segments.
+        let big = vec![7u8; 1 << 20];
+        for i in 1..=130u64 {
+            let (done, rx) = done_now();
+            wal.append(&[(i, big.clone())], done).unwrap();
+            rx.recv().unwrap().unwrap();
+        }
+        assert_eq!(wal.durable_last(), Some(130));
+        drop(wal);
+        let mut segs: Vec<PathBuf> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "wal"))
+            .collect();
+        segs.sort();
+        assert_eq!(segs.len(), 3);
+        let before: Vec<u64> = segs.iter().map(|p| std::fs::metadata(p).unwrap().len()).collect();
+        // One flipped bit in the middle of the first segment.
+        let mut bytes = std::fs::read(&segs[0]).unwrap();
+        let at = bytes.len() / 2;
+        bytes[at] ^= 0x10;
+        std::fs::write(&segs[0], &bytes).unwrap();
+        let e = Wal::open(dir.path(), None, None).err().unwrap();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        let text = e.to_string();
+        assert!(text.contains(&segs[0].display().to_string()) && text.contains("damaged"), "{text}");
+        assert!(!text.contains('\n'), "{text}");
+        // Nothing was cut or removed: the acknowledged entries are all still there to recover.
+        let after: Vec<u64> = segs.iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).collect();
+        assert_eq!(before, after);
+        // A torn header of a segment with a later one beside it is damage too.
+        std::fs::write(&segs[0], &bytes[..at]).unwrap();
+        std::fs::write(&segs[1], b"KRS").unwrap();
+        assert_eq!(Wal::open(dir.path(), None, None).err().unwrap().kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn the_durable_mark_follows_syncs_and_a_truncation_pulls_it_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (wal, _) = Wal::open(dir.path(), None, None).unwrap();
+        assert_eq!(wal.durable_last(), None);
+        append(&wal, 1, 6);
+        assert_eq!(wal.durable_last(), Some(5));
+        let (done, rx) = done_now();
+        wal.truncate(3, done).unwrap();
+        rx.recv().unwrap().unwrap();
+        assert_eq!(wal.durable_last(), Some(2));
+        append(&wal, 3, 4);
+        assert_eq!(wal.durable_last(), Some(3));
     }
 
     #[test]
@@ -593,25 +750,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let seg = dir.path().join(segment_name(1));
         {
-            let (wal, _) = Wal::open(dir.path(), None).unwrap();
+            let (wal, _) = Wal::open(dir.path(), None, None).unwrap();
             append(&wal, 1, 4);
         }
         let mut bytes = std::fs::read(&seg).unwrap();
         let last = bytes.len() - 2;
         bytes[last] ^= 0x40;
         std::fs::write(&seg, &bytes).unwrap();
-        let (wal, _) = Wal::open(dir.path(), None).unwrap();
+        let (wal, _) = Wal::open(dir.path(), None, None).unwrap();
         assert_eq!(indexes(&wal), vec![1, 2]);
         drop(wal);
         std::fs::write(&seg, b"{\"not\": \"a log\"}").unwrap();
-        let e = Wal::open(dir.path(), None).err().unwrap();
+        let e = Wal::open(dir.path(), None, None).err().unwrap();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
     }
 
     #[test]
     fn segments_roll_over_and_purged_ones_are_removed() {
         let dir = tempfile::tempdir().unwrap();
-        let (wal, _) = Wal::open(dir.path(), None).unwrap();
+        let (wal, _) = Wal::open(dir.path(), None, None).unwrap();
         // Records of ~1 MiB: a segment takes 64 of them.
         let big = vec![7u8; 1 << 20];
         for i in 1..=70u64 {
@@ -636,7 +793,7 @@ mod tests {
         assert_eq!(count(), 1);
         assert_eq!(wal.bounds().map(|b| b.1), Some(70));
         drop(wal);
-        let (wal, rec) = Wal::open(dir.path(), Some(70)).unwrap();
+        let (wal, rec) = Wal::open(dir.path(), Some(70), None).unwrap();
         assert_eq!(rec.removed_segments, 1, "wholly purged at open");
         assert_eq!(wal.bounds(), None);
         // After a purge past the end (a snapshot installed), the log restarts anywhere.

@@ -227,7 +227,7 @@ mod corrupt_disk {
         let dir = TempDir::new().expect("temp dir");
         {
             // As `LogStore::append` writes them (openraft's callback cannot be made here).
-            let (wal, _) = kairos_consensus::wal::Wal::open(&dir.path().join("raft.log"), None).unwrap();
+            let (wal, _) = kairos_consensus::wal::Wal::open(&dir.path().join("raft.log"), None, None).unwrap();
             let records: Vec<_> = (1..=3).map(|i| (i, serde_json::to_vec(&entry(i)).unwrap())).collect();
             let (tx, rx) = tokio::sync::oneshot::channel();
             wal.append(&records, Box::new(move |r| drop(tx.send(r)))).expect("append");
@@ -296,6 +296,40 @@ mod corrupt_disk {
     }
 
     #[test]
+    fn a_commit_record_ahead_of_the_recovered_log_refuses_to_start() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let (dir, seg) = written().await;
+            {
+                let mut store = LogStore::open(dir.path(), 1).expect("log store");
+                store.save_committed(Some(entry(3).log_id)).await.unwrap();
+                assert_eq!(store.read_committed().await.unwrap(), Some(entry(3).log_id));
+            }
+            // Entry 3 was on disk and committed; now it fails its check (a bad disk, an edited
+            // file): taken for a torn tail, it would be cut off.
+            let mut bytes = std::fs::read(&seg).unwrap();
+            let at = bytes.len() - 3;
+            bytes[at] ^= 0x01;
+            std::fs::write(&seg, &bytes).unwrap();
+            match LogStore::open(dir.path(), 1) {
+                Err(e @ kairos_consensus::ConsensusError::Damaged { .. }) => {
+                    let msg = e.to_string();
+                    assert!(msg.contains("entries from 3 are missing or fail their check, but entries through 3 are committed"), "{msg}");
+                    assert!(msg.contains(&seg.display().to_string()), "{msg}");
+                    assert!(msg.contains("kairos cluster remove 1") && !msg.contains('\n'), "{msg}");
+                }
+                Err(other) => panic!("{other}"),
+                Ok(_) => panic!("a log that lost committed entries was opened"),
+            }
+            assert_eq!(std::fs::read(&seg).unwrap(), bytes, "the refused log was changed");
+            // Cut off for real (nothing left to recover): refused too.
+            std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(at as u64 - 20).unwrap();
+            let e = LogStore::open(dir.path(), 1).err().expect("refused").to_string();
+            assert!(e.contains("is damaged") && e.contains("committed"), "{e}");
+        });
+    }
+
+    #[test]
     fn replication_reads_carry_what_one_append_can_and_other_reads_the_whole_range() {
         // After a restart nothing is cached: a follower far behind is sent at most the append
         // budget of entries read from the disk, not the whole range at every retry.
@@ -306,7 +340,7 @@ mod corrupt_disk {
             let total: usize = records.iter().map(|(_, r)| r.len()).sum();
             assert!(total > 2 * kairos_consensus::network::APPEND_BYTES_BUDGET);
             {
-                let (wal, _) = kairos_consensus::wal::Wal::open(&dir.path().join("raft.log"), None).unwrap();
+                let (wal, _) = kairos_consensus::wal::Wal::open(&dir.path().join("raft.log"), None, None).unwrap();
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 wal.append(&records, Box::new(move |r| drop(tx.send(r)))).expect("append");
                 rx.await.expect("synced").expect("on disk");
