@@ -84,6 +84,42 @@ fn read_meta(dir: &Path) -> Result<LogMeta, crate::ConsensusError> {
     }
 }
 
+/// The commit record, written only for entries on disk: a commit of entries still being synced
+/// waits (`pending`) and is written once their sync completes (`synced`).
+struct CommitRecord {
+    file: std::fs::File,
+    pending: Mutex<Option<LogId<NodeId>>>,
+}
+
+impl CommitRecord {
+    fn pending(&self) -> std::sync::MutexGuard<'_, Option<LogId<NodeId>>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records `committed` now if the log is on disk through it (`durable`), or once it is.
+    fn save(&self, committed: Option<LogId<NodeId>>, durable: Option<u64>) -> std::io::Result<()> {
+        let mut pending = self.pending();
+        if let Some(c) = committed.filter(|c| durable.is_none_or(|d| c.index > d)) {
+            *pending = Some(c);
+            return Ok(());
+        }
+        *pending = None;
+        // No fsync of its own (see the module's description).
+        self.file.write_all_at(&encode_committed(&committed), 0)
+    }
+
+    /// The log is on disk through `durable`: a commit waiting for that is written.
+    fn synced(&self, durable: Option<u64>) {
+        let mut pending = self.pending();
+        if let Some(c) = pending.filter(|c| durable.is_some_and(|d| c.index <= d)) {
+            *pending = None;
+            if let Err(e) = self.file.write_all_at(&encode_committed(&Some(c)), 0) {
+                tracing::warn!(error = %e, "cannot write the commit record");
+            }
+        }
+    }
+}
+
 /// The commit record `file` holds (None: none, or torn).
 fn read_committed_file(file: &std::fs::File) -> std::io::Result<Option<LogId<NodeId>>> {
     let len = file.metadata()?.len();
@@ -190,7 +226,7 @@ pub struct LogStore {
     wal: Arc<crate::wal::Wal>,
     cache: Arc<Mutex<EntryCache>>,
     meta: Arc<Mutex<LogMeta>>,
-    committed_file: Arc<std::fs::File>,
+    commit_record: Arc<CommitRecord>,
     /// The latest committed index openraft told us about, for status reports.
     committed: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -216,18 +252,19 @@ impl LogStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(crate::ConsensusError::Format(format!("reading the commit record: {e}"))),
         };
-        let (wal, recovery) = crate::wal::Wal::open(
-            &dir,
-            meta.last_purged.map(|l| l.index),
-            committed.map(|c| c.index),
-        )
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::WouldBlock => crate::ConsensusError::DataDirInUse(data_dir.display().to_string()),
-            std::io::ErrorKind::InvalidData => {
-                crate::ConsensusError::Damaged { dir: dir.display().to_string(), why: e.to_string(), id }
-            }
-            _ => crate::ConsensusError::Format(format!("opening the log in {}: {e}", dir.display())),
-        })?;
+        let (wal, recovery) =
+            crate::wal::Wal::open(&dir, meta.last_purged.map(|l| l.index), committed.map(|c| c.index))
+                .map_err(|e| match e.kind() {
+                    std::io::ErrorKind::WouldBlock => {
+                        crate::ConsensusError::DataDirInUse(data_dir.display().to_string())
+                    }
+                    std::io::ErrorKind::InvalidData => crate::ConsensusError::Damaged {
+                        dir: dir.display().to_string(),
+                        why: e.to_string(),
+                        id,
+                    },
+                    _ => crate::ConsensusError::Format(format!("opening the log in {}: {e}", dir.display())),
+                })?;
         if recovery != crate::wal::Recovery::default() {
             tracing::warn!(
                 cut_bytes = recovery.cut_bytes,
@@ -246,7 +283,7 @@ impl LogStore {
             wal: Arc::new(wal),
             cache: Arc::default(),
             meta: Arc::new(Mutex::new(meta)),
-            committed_file: Arc::new(committed_file),
+            commit_record: Arc::new(CommitRecord { file: committed_file, pending: Mutex::new(None) }),
             committed: Arc::default(),
         })
     }
@@ -380,21 +417,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
         if let Some(c) = committed {
             self.committed.fetch_max(c.index, std::sync::atomic::Ordering::Relaxed);
-            // Only for entries on disk (what a snapshot covers counts): the record stays behind
-            // until their sync is done, and the next commit writes it (see the module's
-            // description).
-            let durable = self.wal.durable_last().max(self.meta().last_purged.map(|p| p.index));
-            if durable.is_none_or(|d| c.index > d) {
-                return Ok(());
-            }
         }
-        // No fsync of its own (see the module's description).
-        self.committed_file.write_all_at(&encode_committed(&committed), 0).map_err(write_err)?;
-        Ok(())
+        // Only for entries on disk (what a snapshot covers counts; see the module's description).
+        let durable = self.wal.durable_last().max(self.meta().last_purged.map(|p| p.index));
+        self.commit_record.save(committed, durable).map_err(write_err)
     }
 
     async fn read_committed(&mut self) -> StorageResult<Option<LogId<NodeId>>> {
-        let committed = read_committed_file(&self.committed_file).map_err(read_err)?;
+        let committed = read_committed_file(&self.commit_record.file).map_err(read_err)?;
         // `open` refused a record ahead of the log; one ahead now was written after it.
         let held = self.wal.bounds().map(|(_, last)| last).max(self.meta().last_purged.map(|p| p.index));
         Ok(committed.filter(|c| held.is_some_and(|last| c.index <= last)))
@@ -412,10 +442,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             cached.push((entry.clone(), bytes.len()));
             records.push((entry.log_id.index, bytes));
         }
-        // Readable now; appended once on disk (the sync thread calls back).
-        self.wal
-            .append(&records, Box::new(move |result| callback.log_io_completed(result)))
-            .map_err(write_err)?;
+        // Readable now; appended once on disk (the sync thread calls back), and then a commit
+        // that waited for these entries is recorded.
+        let (wal, record) = (self.wal.clone(), self.commit_record.clone());
+        let done = Box::new(move |result: std::io::Result<()>| {
+            if result.is_ok() {
+                record.synced(wal.durable_last());
+            }
+            callback.log_io_completed(result)
+        });
+        self.wal.append(&records, done).map_err(write_err)?;
         let mut cache = self.cache();
         for (entry, size) in cached {
             cache.push(entry, size);

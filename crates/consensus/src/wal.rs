@@ -722,7 +722,8 @@ mod tests {
         assert!(text.contains(&segs[0].display().to_string()) && text.contains("damaged"), "{text}");
         assert!(!text.contains('\n'), "{text}");
         // Nothing was cut or removed: the acknowledged entries are all still there to recover.
-        let after: Vec<u64> = segs.iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).collect();
+        let after: Vec<u64> =
+            segs.iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).collect();
         assert_eq!(before, after);
         // A torn header of a segment with a later one beside it is damage too.
         std::fs::write(&segs[0], &bytes[..at]).unwrap();

@@ -227,7 +227,8 @@ mod corrupt_disk {
         let dir = TempDir::new().expect("temp dir");
         {
             // As `LogStore::append` writes them (openraft's callback cannot be made here).
-            let (wal, _) = kairos_consensus::wal::Wal::open(&dir.path().join("raft.log"), None, None).unwrap();
+            let (wal, _) =
+                kairos_consensus::wal::Wal::open(&dir.path().join("raft.log"), None, None).unwrap();
             let records: Vec<_> = (1..=3).map(|i| (i, serde_json::to_vec(&entry(i)).unwrap())).collect();
             let (tx, rx) = tokio::sync::oneshot::channel();
             wal.append(&records, Box::new(move |r| drop(tx.send(r)))).expect("append");
@@ -340,7 +341,8 @@ mod corrupt_disk {
             let total: usize = records.iter().map(|(_, r)| r.len()).sum();
             assert!(total > 2 * kairos_consensus::network::APPEND_BYTES_BUDGET);
             {
-                let (wal, _) = kairos_consensus::wal::Wal::open(&dir.path().join("raft.log"), None, None).unwrap();
+                let (wal, _) =
+                    kairos_consensus::wal::Wal::open(&dir.path().join("raft.log"), None, None).unwrap();
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 wal.append(&records, Box::new(move |r| drop(tx.send(r)))).expect("append");
                 rx.await.expect("synced").expect("on disk");

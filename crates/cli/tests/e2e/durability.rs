@@ -124,3 +124,70 @@ fn sigterm_stops_a_replica_with_open_agent_streams_within_ten_seconds() {
     };
     assert!(status.success(), "{status}");
 }
+
+#[test]
+fn a_flipped_bit_in_a_replicas_log_refuses_it_with_one_line_and_it_is_re_added_from_the_others() {
+    let mut c = Cluster::start_with(3, 8, &[]);
+    let ids: Vec<u64> = (0..20).map(|_| c.submit(&["--hold", "--", "true"])).collect();
+    c.wait_converged();
+    let victim = c.follower();
+    let id = c.controllers[victim].id;
+    c.kill_controller(victim);
+    // One flipped bit in the middle of its log: entries it had acknowledged.
+    let log_dir = c.path(&format!("controller-{id}/raft.log"));
+    let mut segments: Vec<_> = std::fs::read_dir(&log_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
+        .collect();
+    segments.sort();
+    let segment = segments.first().expect("a log segment").clone();
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x04;
+    std::fs::write(&segment, &bytes).unwrap();
+    // It refuses to start, with one line that names the segment, and changes nothing.
+    let mut damaged = c
+        .controller_command(id, &c.controllers[victim].addr.clone())
+        .args(["--peers", &c.peers()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while damaged.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = damaged.kill();
+            panic!("a replica with a damaged log started (and serves a log that lost entries)");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = damaged.wait_with_output().unwrap();
+    assert!(!out.status.success(), "a damaged replica started");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr.lines().find(|l| l.starts_with("kairosd:")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(line.contains("damaged") && line.contains(&segment.display().to_string()), "{line}");
+    assert!(line.contains(&format!("kairos cluster remove {id}")), "{line}");
+    assert_eq!(std::fs::read(&segment).unwrap(), bytes, "the refused log was changed");
+    // The others kept every acknowledged job; the replica is re-added empty as the message says.
+    for job in &ids {
+        assert_eq!(c.job(*job)["state"], "PENDING");
+    }
+    c.ok(&["cluster", "remove", &id.to_string()]);
+    std::fs::rename(c.path(&format!("controller-{id}")), c.path(&format!("controller-{id}.damaged")))
+        .unwrap();
+    let addr = c.controllers[victim].addr.clone();
+    let mut joiner = c.controller_command(id, &addr);
+    joiner.arg("--join");
+    c.controllers[victim].child = Some(joiner.spawn().unwrap());
+    c.ok(&["cluster", "add", &id.to_string(), &addr]);
+    let converged = c.wait_converged();
+    assert_eq!(converged["replicas"].as_array().unwrap().len(), 3, "{converged}");
+    let status = c.status_of(victim).unwrap();
+    assert_eq!(status["state_digest"], converged["state_digest"]);
+    // It serves every job it was given back.
+    for job in &ids {
+        let out = c.kairos_at(&addr, &["show", &job.to_string(), "--json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
