@@ -40,6 +40,15 @@ pub enum SnapshotCmd {
     },
 }
 
+/// A temporary name beside `file`: `.NAME.RANDOM.partial`.
+fn partial_name(file: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
+    let mut random = [0u8; 12];
+    getrandom::fill(&mut random)
+        .map_err(|e| CallError(format!("no randomness for a temporary name: {e}")))?;
+    let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok(file.with_file_name(format!(".{name}.{}.partial", hex::encode(random))))
+}
+
 /// Streams the leader's backup into `file` (through a temporary file, fsync'd, renamed).
 async fn save_snapshot(client: &Client, json: bool, file: &std::path::Path) -> anyhow::Result<i32> {
     use std::io::Write;
@@ -48,17 +57,35 @@ async fn save_snapshot(client: &Client, json: bool, file: &std::path::Path) -> a
         .admin(pb::SaveSnapshotRequest {}, |mut c, r| async move { c.save_snapshot(r).await })
         .await?
         .into_inner();
-    let tmp = file.with_extension("partial");
-    let mut out =
-        std::fs::File::create(&tmp).map_err(|e| CallError(format!("creating {}: {e}", tmp.display())))?;
-    let mut bytes = 0usize;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|s| CallError(format!("receiving the snapshot: {}", s.message())))?;
-        bytes += chunk.data.len();
-        out.write_all(&chunk.data).map_err(|e| CallError(format!("writing {}: {e}", tmp.display())))?;
+    // A backup holds every job's environment and the token digests: owner-only, and its
+    // temporary file is new (never one someone placed, nor through a link) under a name no one
+    // can guess.
+    let tmp = partial_name(file)?;
+    let mut out = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .map_err(|e| CallError(format!("creating {}: {e}", tmp.display())))?
+    };
+    let written = async {
+        let mut bytes = 0usize;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|s| CallError(format!("receiving the snapshot: {}", s.message())))?;
+            bytes += chunk.data.len();
+            out.write_all(&chunk.data).map_err(|e| CallError(format!("writing {}: {e}", tmp.display())))?;
+        }
+        out.sync_all().map_err(|e| CallError(format!("syncing {}: {e}", tmp.display())))?;
+        std::fs::rename(&tmp, file).map_err(|e| CallError(format!("renaming to {}: {e}", file.display())))?;
+        Ok::<usize, CallError>(bytes)
     }
-    out.sync_all().map_err(|e| CallError(format!("syncing {}: {e}", tmp.display())))?;
-    std::fs::rename(&tmp, file).map_err(|e| CallError(format!("renaming to {}: {e}", file.display())))?;
+    .await;
+    let bytes = written.inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })?;
     let header = std::fs::read(file)
         .ok()
         .and_then(|b| {

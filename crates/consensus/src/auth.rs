@@ -77,6 +77,17 @@ impl ClusterKey {
         hex::encode(mac.finalize().into_bytes())
     }
 
+    /// The hex HMAC-SHA256 of `data` under a key derived for `purpose` (a backup's seal).
+    pub fn mac(&self, purpose: &str, data: &[u8]) -> String {
+        let key = self.derive(purpose);
+        let mut mac = match <Hmac<Sha256> as KeyInit>::new_from_slice(key.as_bytes()) {
+            Ok(m) => m,
+            Err(_) => unreachable!("HMAC accepts keys of any length"),
+        };
+        mac.update(data);
+        hex::encode(mac.finalize().into_bytes())
+    }
+
     /// Whether `presented` is the credential for `purpose`.
     pub fn verify(&self, purpose: &str, presented: &str) -> bool {
         ct_eq(&self.derive(purpose), presented)

@@ -2,8 +2,12 @@
 //! from it.
 //!
 //! The file is one JSON line of metadata (`BackupHeader`: format, the log index and term the
-//! state was applied at, when it was taken, its length and SHA-256) followed by the state in the
-//! snapshot encoding. A damaged or truncated file is refused before anything is written.
+//! state was applied at, when it was taken, its length, SHA-256 and seal) followed by the state
+//! in the snapshot encoding. The seal is an HMAC-SHA256 of the header's fields and the state
+//! under a key derived from the cluster secret: a backup edited by anyone without the secret (a
+//! planted admin token, a phantom allocation) is refused, and so is one whose state fails the
+//! state's own invariants (`ClusterState::check_invariants`). A damaged, truncated, forged or
+//! inconsistent file is refused before anything is written.
 //!
 //! Restoring seeds an empty replica's storage as if the cluster's first entry (index 0, the
 //! membership entry `initialize` writes) had been applied onto the backed-up state and compacted
@@ -20,10 +24,13 @@ use kairos_scheduler::ClusterState;
 use openraft::{BasicNode, LogId};
 use serde::{Deserialize, Serialize};
 
+use crate::auth::ClusterKey;
 use crate::{ConsensusError, NodeId, ReplicaId};
 
-/// Format of the backup file's first line.
-pub const BACKUP_FORMAT: u32 = 1;
+/// Format of the backup file's first line (2: sealed with the cluster secret).
+pub const BACKUP_FORMAT: u32 = 2;
+/// What a backup's seal is derived for.
+const SEAL_PURPOSE: &str = "backup";
 /// Written into a data directory seeded from a backup: the backup's SHA-256.
 const RESTORED_MARKER: &str = "restored-from.sha256";
 
@@ -39,38 +46,63 @@ pub struct BackupHeader {
     /// Length and SHA-256 (hex) of the state bytes after the header line.
     pub bytes: u64,
     pub sha256: String,
+    /// HMAC-SHA256 (hex) of the fields above and the state, under the cluster secret.
+    pub seal: String,
 }
 
-/// The backup file of `state`, applied at `applied` (`None`: nothing applied yet).
+/// What a backup's seal covers: every header field and the state bytes.
+fn sealed(header: &BackupHeader, data: &[u8]) -> Vec<u8> {
+    let mut covered = format!(
+        "kairos-backup:{}:{}:{}:{}:{}:{}\n",
+        header.kairos_backup,
+        header.applied_index,
+        header.applied_term,
+        header.taken_at_ms,
+        header.bytes,
+        header.sha256
+    )
+    .into_bytes();
+    covered.extend_from_slice(data);
+    covered
+}
+
+/// The backup file of `state`, applied at `applied` (`None`: nothing applied yet), sealed
+/// with `key`.
 pub fn encode(
     state: &ClusterState,
     applied: Option<LogId<NodeId>>,
     taken_at_ms: i64,
+    key: &ClusterKey,
 ) -> Result<Vec<u8>, ConsensusError> {
     let data = crate::store::encode_snapshot(state)?;
-    let header = BackupHeader {
+    let mut header = BackupHeader {
         kairos_backup: BACKUP_FORMAT,
         applied_index: applied.map_or(0, |l| l.index),
         applied_term: applied.map_or(0, |l| l.leader_id.term),
         taken_at_ms,
         bytes: data.len() as u64,
         sha256: crate::auth::sha256_hex_bytes(&data),
+        seal: String::new(),
     };
+    header.seal = key.mac(SEAL_PURPOSE, &sealed(&header, &data));
     let mut out = serde_json::to_vec(&header)?;
     out.push(b'\n');
     out.extend_from_slice(&data);
     Ok(out)
 }
 
-/// The header and state of a backup file; a file that is not one, is truncated or damaged, or
-/// of another format is refused.
-pub fn decode(bytes: &[u8]) -> Result<(BackupHeader, ClusterState), ConsensusError> {
+/// The header and state of a backup file; a file that is not one, is truncated or damaged, of
+/// another format, not sealed with `key`, or whose state fails its invariants is refused.
+pub fn decode(bytes: &[u8], key: &ClusterKey) -> Result<(BackupHeader, ClusterState), ConsensusError> {
     let bad = |why: String| ConsensusError::Format(format!("not a usable kairos backup: {why}"));
     let split = bytes.iter().position(|b| *b == b'\n').ok_or_else(|| bad("no header line".into()))?;
     let header: BackupHeader =
         serde_json::from_slice(&bytes[..split]).map_err(|e| bad(format!("header: {e}")))?;
     if header.kairos_backup != BACKUP_FORMAT {
-        return Err(bad(format!("format {} (this kairosd reads {BACKUP_FORMAT})", header.kairos_backup)));
+        return Err(bad(format!(
+            "format {} (this kairosd reads {BACKUP_FORMAT}, backups sealed with the cluster secret; take a new one with `kairos cluster snapshot save`)",
+            header.kairos_backup
+        )));
     }
     let data = &bytes[split + 1..];
     if data.len() as u64 != header.bytes {
@@ -83,7 +115,14 @@ pub fn decode(bytes: &[u8]) -> Result<(BackupHeader, ClusterState), ConsensusErr
     if crate::auth::sha256_hex_bytes(data) != header.sha256 {
         return Err(bad("its SHA-256 does not match the header (damaged)".into()));
     }
+    let seal = key.mac(SEAL_PURPOSE, &sealed(&header, data));
+    if !kairos_proto::wire::ct_eq(&seal, &header.seal) {
+        return Err(bad(
+            "its seal does not match: it was edited, or taken by a cluster with another secret (--cluster-secret-file)".into(),
+        ));
+    }
     let state = crate::store::decode_snapshot(data).map_err(|e| bad(e.to_string()))?;
+    state.check_invariants().map_err(|why| bad(format!("its state fails its checks: {why}")))?;
     Ok((header, state))
 }
 
@@ -95,8 +134,9 @@ pub fn seed(
     data_dir: &Path,
     members: &BTreeMap<ReplicaId, String>,
     bytes: &[u8],
+    key: &ClusterKey,
 ) -> Result<(BackupHeader, bool), ConsensusError> {
-    let (header, state) = decode(bytes)?;
+    let (header, state) = decode(bytes, key)?;
     let marker = data_dir.join(RESTORED_MARKER);
     match std::fs::read_to_string(&marker) {
         Ok(seeded) if seeded.trim() == header.sha256 => return Ok((header, false)),
@@ -145,11 +185,15 @@ mod tests {
         state
     }
 
+    fn key() -> ClusterKey {
+        ClusterKey::new(&"s".repeat(32))
+    }
+
     #[test]
     fn a_backup_round_trips_and_damage_is_refused() {
         let state = sample();
-        let bytes = encode(&state, None, 7).unwrap();
-        let (header, back) = decode(&bytes).unwrap();
+        let bytes = encode(&state, None, 7, &key()).unwrap();
+        let (header, back) = decode(&bytes, &key()).unwrap();
         assert_eq!(back, state);
         assert_eq!((header.applied_index, header.taken_at_ms), (0, 7));
         // Truncated, one byte flipped, another format, not a backup at all.
@@ -157,7 +201,7 @@ mod tests {
         let last = flipped.len() - 2;
         flipped[last] ^= 1;
         let other = String::from_utf8(bytes.clone()).unwrap().replacen(
-            "\"kairos_backup\":1",
+            "\"kairos_backup\":2",
             "\"kairos_backup\":9",
             1,
         );
@@ -167,24 +211,74 @@ mod tests {
             (other.as_bytes(), "format 9"),
             (&b"hello\nworld"[..], "header"),
         ] {
-            let e = decode(bad).unwrap_err().to_string();
+            let e = decode(bad, &key()).unwrap_err().to_string();
             assert!(e.contains(says), "{e}");
         }
+    }
+
+    /// `bytes` with its state replaced by `state` and the SHA-256 made to match: what someone
+    /// without the cluster secret can make.
+    fn edited(bytes: &[u8], state: &ClusterState) -> Vec<u8> {
+        let split = bytes.iter().position(|b| *b == b'\n').unwrap();
+        let mut header: BackupHeader = serde_json::from_slice(&bytes[..split]).unwrap();
+        let data = crate::store::encode_snapshot(state).unwrap();
+        header.bytes = data.len() as u64;
+        header.sha256 = crate::auth::sha256_hex_bytes(&data);
+        let mut out = serde_json::to_vec(&header).unwrap();
+        out.push(b'\n');
+        out.extend_from_slice(&data);
+        out
+    }
+
+    #[test]
+    fn an_edited_backup_or_one_of_another_secret_is_refused_and_so_is_an_inconsistent_state() {
+        let bytes = encode(&sample(), None, 7, &key()).unwrap();
+        // A planted user: the digests match, the seal does not.
+        let mut planted = sample();
+        planted.apply(&kairos_scheduler::Command {
+            now_ms: 2_000,
+            op: kairos_scheduler::Op::Submit {
+                spec: kairos_scheduler::JobSpec::new("planted", "mallory", vec!["true".into()], 1),
+                request_id: None,
+                hold: true,
+                limits: None,
+            },
+        });
+        let e = decode(&edited(&bytes, &planted), &key()).unwrap_err().to_string();
+        assert!(e.contains("seal does not match"), "{e}");
+        let e = decode(&bytes, &ClusterKey::new(&"t".repeat(32))).unwrap_err().to_string();
+        assert!(e.contains("another secret"), "{e}");
+        // Sealed with the secret but inconsistent (a job running on no GPU of any node).
+        let mut broken = sample();
+        if let Some(job) = broken.jobs.values_mut().next() {
+            job.state = kairos_scheduler::JobState::Running;
+        }
+        assert!(broken.check_invariants().is_err());
+        let sealed = encode(&broken, None, 7, &key()).unwrap();
+        let e = decode(&sealed, &key()).unwrap_err().to_string();
+        assert!(e.contains("fails its checks"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let members = BTreeMap::from([(1, "127.0.0.1:1".to_string())]);
+        assert!(seed(dir.path(), &members, &sealed, &key()).is_err());
+        assert!(!crate::store::holds_data(dir.path()), "a refused backup seeded something");
     }
 
     #[test]
     fn seeding_refuses_a_directory_with_data_and_is_a_no_op_when_repeated() {
         let dir = tempfile::tempdir().unwrap();
         let members = BTreeMap::from([(1, "127.0.0.1:1".to_string())]);
-        let bytes = encode(&sample(), None, 1).unwrap();
-        assert!(seed(dir.path(), &members, &bytes).unwrap().1, "seeded");
-        assert!(!seed(dir.path(), &members, &bytes).unwrap().1, "the same backup again: nothing to do");
-        let other = encode(&ClusterState::new(), None, 2).unwrap();
-        let e = seed(dir.path(), &members, &other).unwrap_err().to_string();
+        let bytes = encode(&sample(), None, 1, &key()).unwrap();
+        assert!(seed(dir.path(), &members, &bytes, &key()).unwrap().1, "seeded");
+        assert!(
+            !seed(dir.path(), &members, &bytes, &key()).unwrap().1,
+            "the same backup again: nothing to do"
+        );
+        let other = encode(&ClusterState::new(), None, 2, &key()).unwrap();
+        let e = seed(dir.path(), &members, &other, &key()).unwrap_err().to_string();
         assert!(e.contains("another backup"), "{e}");
         let used = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(used.path().join("raft.sled")).unwrap();
-        let e = seed(used.path(), &members, &bytes).unwrap_err().to_string();
+        let e = seed(used.path(), &members, &bytes, &key()).unwrap_err().to_string();
         assert!(e.contains("already holds"), "{e}");
     }
 }

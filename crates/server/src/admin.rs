@@ -65,11 +65,13 @@ impl AdminService for Admin {
         }
         let (state, applied) = self.ctx.replica.read(|a| (a.state.clone(), a.last_applied));
         let taken = now_ms();
-        let bytes =
-            tokio::task::spawn_blocking(move || kairos_consensus::backup::encode(&state, applied, taken))
-                .await
-                .map_err(|e| Status::internal(format!("encoding the backup: {e}")))?
-                .map_err(|e| Status::internal(format!("encoding the backup: {e}")))?;
+        let key = self.ctx.auth.key.clone();
+        let bytes = tokio::task::spawn_blocking(move || {
+            kairos_consensus::backup::encode(&state, applied, taken, &key)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("encoding the backup: {e}")))?
+        .map_err(|e| Status::internal(format!("encoding the backup: {e}")))?;
         tracing::info!(bytes = bytes.len(), index = applied.map_or(0, |l| l.index), "backup taken");
         let chunks: Vec<Result<pb::SnapshotChunk, Status>> =
             bytes.chunks(BACKUP_CHUNK_BYTES).map(|c| Ok(pb::SnapshotChunk { data: c.to_vec() })).collect();

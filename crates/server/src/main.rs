@@ -210,6 +210,9 @@ fn load_auth(args: &Args, members: usize) -> anyhow::Result<(auth::Auth, String)
     use kairos_consensus::auth::{read_credential, write_private_new, ClusterKey};
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    // It holds every job's environment, token digests and the cluster secret: owner-only.
+    std::fs::set_permissions(&args.data_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .with_context(|| format!("making {} owner-only", args.data_dir.display()))?;
     let (secret_path, create) = match &args.cluster_secret_file {
         Some(p) => (p.clone(), false),
         None if members > 1 || args.join => bail!(
@@ -231,7 +234,12 @@ fn load_auth(args: &Args, members: usize) -> anyhow::Result<(auth::Auth, String)
 }
 
 /// Seeds this replica's empty data directory from a backup (`--restore-from`).
-fn restore(args: &Args, members: &BTreeMap<ReplicaId, String>, file: &std::path::Path) -> anyhow::Result<()> {
+fn restore(
+    args: &Args,
+    members: &BTreeMap<ReplicaId, String>,
+    file: &std::path::Path,
+    key: &kairos_consensus::auth::ClusterKey,
+) -> anyhow::Result<()> {
     let lowest = members.keys().next().copied().unwrap_or(args.id);
     if lowest != args.id {
         bail!(
@@ -240,7 +248,7 @@ fn restore(args: &Args, members: &BTreeMap<ReplicaId, String>, file: &std::path:
         );
     }
     let bytes = std::fs::read(file).with_context(|| format!("--restore-from: reading {}", file.display()))?;
-    let (header, seeded) = kairos_consensus::backup::seed(&args.data_dir, members, &bytes)
+    let (header, seeded) = kairos_consensus::backup::seed(&args.data_dir, members, &bytes, key)
         .with_context(|| format!("--restore-from {}", file.display()))?;
     if seeded {
         tracing::info!(file = %file.display(), index = header.applied_index, "restored from a backup");
@@ -285,6 +293,10 @@ async fn main() {
 }
 
 async fn run() -> anyhow::Result<()> {
+    // Everything kairosd creates (log segments, snapshots, metadata, backups it seeds from) is
+    // its own alone: files 0600, directories 0700.
+    // SAFETY: umask only sets this process's file mode creation mask.
+    unsafe { libc::umask(0o077) };
     let args = parse_args();
     kairos_telemetry::logs::init(args.log_format, "info,openraft=warn");
     if !memory::no_huge_pages() {
@@ -329,7 +341,7 @@ async fn run() -> anyhow::Result<()> {
         std::process::exit(3);
     });
     if let Some(file) = &args.restore_from {
-        restore(&args, &members, file)?;
+        restore(&args, &members, file, &auth.key)?;
     }
     let replica = Replica::open(&config, &args.data_dir, &members)
         .await

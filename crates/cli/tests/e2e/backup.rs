@@ -1,11 +1,25 @@
 //! Backup and restore: a snapshot saved from one cluster starts a new cluster with the same
 //! jobs, policy and tokens; every replica of the new cluster holds the restored state.
 
+use std::os::unix::fs::PermissionsExt;
+
 use crate::harness::{bin, wait_for, Cluster, Options};
+
+/// `path` and, for a directory, everything below it: no permission for group or others.
+fn assert_owner_only(path: &std::path::Path) {
+    let meta = std::fs::symlink_metadata(path).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o077, 0, "{} is {:o}", path.display(), meta.permissions().mode());
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path).unwrap() {
+            assert_owner_only(&entry.unwrap().path());
+        }
+    }
+}
 
 #[test]
 fn a_snapshot_saved_from_one_cluster_restores_into_a_new_one_with_the_same_jobs() {
-    let old = Cluster::start_with(3, 2, &[]);
+    // Snapshots taken often: their files are checked too.
+    let old = Cluster::start_with(3, 2, &["--snapshot-logs", "5"]);
     let done = old.submit(&["--", "sh", "-c", "exit 4"]);
     assert_eq!(old.wait_done(done)["exit_code"], 4);
     let held: Vec<u64> =
@@ -18,8 +32,25 @@ fn a_snapshot_saved_from_one_cluster_restores_into_a_new_one_with_the_same_jobs(
     // Saved through whichever replica the CLI reaches (followers pass the call to the leader).
     let keep = tempfile::tempdir().unwrap();
     let file = keep.path().join("backup.kairos");
+    // A link where the CLI once put its temporary file is not followed (nor is any name one
+    // can guess: the temporary file's name is random).
+    let target = keep.path().join("target");
+    std::fs::write(&target, "untouched").unwrap();
+    std::os::unix::fs::symlink(&target, keep.path().join("backup.partial")).unwrap();
     let out = old.kairos(&["cluster", "snapshot", "save", file.to_str().unwrap(), "--json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "untouched");
+    let left: Vec<_> = std::fs::read_dir(keep.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".partial") && n != "backup.partial")
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    // A backup, the data directories and everything in them are their owner's alone.
+    assert_owner_only(&file);
+    for id in 1..=3 {
+        assert_owner_only(&old.path(&format!("controller-{id}")));
+    }
     let saved: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(saved["header"]["applied_index"].as_u64().unwrap() > 0, "{saved}");
     let before = old.ok(&["queue", "--all", "--json"]);
@@ -95,7 +126,9 @@ fn a_snapshot_saved_from_one_cluster_restores_into_a_new_one_with_the_same_jobs(
 
     // A data directory that holds data is refused, and so is a damaged backup.
     let refused = std::process::Command::new(bin("kairosd"))
-        .args(["--restore-from", file.to_str().unwrap(), "--addr", "127.0.0.1:1", "--data-dir"])
+        .args(["--restore-from", file.to_str().unwrap(), "--addr", "127.0.0.1:1", "--cluster-secret-file"])
+        .arg(new.path("cluster.secret"))
+        .arg("--data-dir")
         .arg(new.path("controller-2"))
         .output()
         .unwrap();
@@ -107,7 +140,9 @@ fn a_snapshot_saved_from_one_cluster_restores_into_a_new_one_with_the_same_jobs(
     let damaged = new.path("damaged.kairos");
     std::fs::write(&damaged, &bytes).unwrap();
     let refused = std::process::Command::new(bin("kairosd"))
-        .args(["--restore-from", damaged.to_str().unwrap(), "--addr", "127.0.0.1:1", "--data-dir"])
+        .args(["--restore-from", damaged.to_str().unwrap(), "--addr", "127.0.0.1:1", "--cluster-secret-file"])
+        .arg(new.path("cluster.secret"))
+        .arg("--data-dir")
         .arg(new.path("fresh"))
         .output()
         .unwrap();
