@@ -3,12 +3,21 @@
 //! one IP address and `TOTAL_MAX` in all; a connection past either bound is closed at once,
 //! before a byte of it is read. Each connection carries at most `STREAMS_MAX` concurrent calls
 //! (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`, set where the server is built).
+//!
+//! A connection also has to speak: one that sends nothing within the handshake timeout of its
+//! accept, or nothing (not even the acknowledgement of the server's HTTP/2 keepalive pings)
+//! for the idle timeout, is closed, so silent sockets cannot hold the places of real clients.
+//! IPv6 addresses are counted per /64 (what one host is usually given). An accept that fails
+//! (out of file descriptors) waits a moment before the next, instead of spinning a core.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
+
+use std::future::Future;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -21,6 +30,42 @@ pub const PER_ADDRESS_MAX: usize = 4096;
 pub const TOTAL_MAX: usize = 65_536;
 /// Concurrent calls (HTTP/2 streams) on one connection.
 pub const STREAMS_MAX: u32 = 1024;
+/// How long a new connection may stay silent.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the server pings an HTTP/2 connection (the client's acknowledgement is traffic).
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+/// How long an established connection may send nothing at all: several keepalive rounds.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(75);
+/// The pause after a failed accept.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Bounds on how long a connection may be silent.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    pub handshake: Duration,
+    pub idle: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts { handshake: HANDSHAKE_TIMEOUT, idle: IDLE_TIMEOUT }
+    }
+}
+
+/// The address connections are counted under: an IPv4 address, or an IPv6 address's /64.
+fn counted_as(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let mut segments = v6.segments();
+                segments[4..].fill(0);
+                IpAddr::V6(std::net::Ipv6Addr::from(segments))
+            }
+        },
+        v4 => v4,
+    }
+}
 
 #[derive(Default)]
 struct Counts {
@@ -34,15 +79,23 @@ pub struct ConnLimit {
     counts: Arc<Mutex<Counts>>,
     per_address: usize,
     total: usize,
+    timeouts: Timeouts,
 }
 
 impl ConnLimit {
     pub fn new(per_address: usize, total: usize) -> ConnLimit {
-        ConnLimit { counts: Arc::default(), per_address, total }
+        ConnLimit { counts: Arc::default(), per_address, total, timeouts: Timeouts::default() }
+    }
+
+    /// Connections silent past `timeouts` are closed.
+    pub fn with_timeouts(mut self, timeouts: Timeouts) -> ConnLimit {
+        self.timeouts = timeouts;
+        self
     }
 
     /// A slot for a connection from `addr`, released when the slot is dropped; None past a bound.
     pub fn slot(&self, addr: IpAddr) -> Option<Slot> {
+        let addr = counted_as(addr);
         let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         let mine = c.by_addr.get(&addr).copied().unwrap_or(0);
         if mine >= self.per_address || c.total >= self.total {
@@ -57,7 +110,13 @@ impl ConnLimit {
     pub fn admit(&self, stream: TcpStream) -> Option<Counted> {
         let addr = stream.peer_addr().ok()?.ip();
         match self.slot(addr) {
-            Some(slot) => Some(Counted { stream, _slot: slot }),
+            Some(slot) => Some(Counted {
+                stream,
+                _slot: slot,
+                timeouts: self.timeouts,
+                spoken: false,
+                silence: Box::pin(tokio::time::sleep(self.timeouts.handshake)),
+            }),
             None => {
                 tracing::warn!(%addr, "connection refused: too many open connections");
                 None
@@ -92,10 +151,15 @@ impl Drop for Slot {
     }
 }
 
-/// A TCP connection holding its slot until it closes.
+/// A TCP connection holding its slot until it closes, closed when it stays silent too long.
 pub struct Counted {
     stream: TcpStream,
     _slot: Slot,
+    timeouts: Timeouts,
+    /// Whether it has sent anything yet (the handshake timeout applies until then).
+    spoken: bool,
+    /// When its silence ends it.
+    silence: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl Connected for Counted {
@@ -112,7 +176,29 @@ impl AsyncRead for Counted {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let before = buf.filled().len();
+        match Pin::new(&mut self.stream).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    self.spoken = true;
+                    let until = tokio::time::Instant::now() + self.timeouts.idle;
+                    self.silence.as_mut().reset(until);
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => match self.silence.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    let what = if self.spoken { "idle" } else { "silent since it was accepted" };
+                    tracing::debug!(peer = ?self.stream.peer_addr().ok(), "closing a connection {what}");
+                    Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("connection {what} past its timeout"),
+                    )))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+            other => other,
+        }
     }
 }
 
@@ -163,6 +249,47 @@ mod tests {
         drop(a1);
         assert_eq!(limit.open(a), (2, 1));
         assert!(limit.slot(b).is_some(), "a closed connection frees its place");
+    }
+
+    #[test]
+    fn ipv6_addresses_are_counted_per_64_and_mapped_ipv4_as_ipv4() {
+        let limit = ConnLimit::new(1, 10);
+        let _a = limit.slot("2001:db8:1:2::1".parse().unwrap()).expect("first of the /64");
+        assert!(limit.slot("2001:db8:1:2:ffff::9".parse().unwrap()).is_none(), "same /64");
+        assert!(limit.slot("2001:db8:1:3::1".parse().unwrap()).is_some(), "another /64");
+        let _v4 = limit.slot("10.0.0.1".parse().unwrap()).expect("v4");
+        assert!(limit.slot("::ffff:10.0.0.1".parse().unwrap()).is_none(), "mapped v4 is the same host");
+    }
+
+    #[tokio::test]
+    async fn a_silent_connection_is_closed_at_its_handshake_timeout_and_a_talking_one_at_its_idle_timeout() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let timeouts = Timeouts { handshake: Duration::from_millis(200), idle: Duration::from_millis(600) };
+        let limit = ConnLimit::new(10, 10).with_timeouts(timeouts);
+        // Silent: closed after the handshake timeout, and its place is free again.
+        let _silent = TcpStream::connect(addr).await.unwrap();
+        let mut conn = limit.admit(listener.accept().await.unwrap().0).unwrap();
+        let started = std::time::Instant::now();
+        let mut buf = [0u8; 16];
+        let e = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await.unwrap().unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert!(started.elapsed() >= Duration::from_millis(200), "{:?}", started.elapsed());
+        drop(conn);
+        assert_eq!(limit.open("127.0.0.1".parse().unwrap()), (0, 0));
+        // Talking: each byte moves the deadline to the idle timeout.
+        let mut talker = TcpStream::connect(addr).await.unwrap();
+        let mut conn = limit.admit(listener.accept().await.unwrap().0).unwrap();
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            talker.write_all(b"x").await.unwrap();
+            assert_eq!(conn.read(&mut buf).await.unwrap(), 1);
+        }
+        let quiet = std::time::Instant::now();
+        let e = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await.unwrap().unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert!(quiet.elapsed() >= Duration::from_millis(600), "{:?}", quiet.elapsed());
     }
 
     #[tokio::test]

@@ -112,6 +112,13 @@ struct Args {
     /// Open connections in all.
     #[arg(long, default_value_t = connlimit::TOTAL_MAX)]
     max_connections: usize,
+    /// A new connection that sends nothing for this long is closed.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    handshake_timeout: Duration,
+    /// A connection that sends nothing for this long (not even the acknowledgement of the
+    /// server's keepalive pings, sent every 20 s) is closed.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "75s")]
+    idle_timeout: Duration,
     /// Submits one user may make in a burst above the rate.
     #[arg(long, default_value_t = 5000)]
     submit_burst_per_user: u32,
@@ -427,7 +434,12 @@ async fn run() -> anyhow::Result<()> {
         tracing::info!("stopping");
         let _ = stop_tx.send(true);
     });
-    let mut server = tonic::transport::Server::builder().max_concurrent_streams(Some(connlimit::STREAMS_MAX));
+    let mut server = tonic::transport::Server::builder()
+        .max_concurrent_streams(Some(connlimit::STREAMS_MAX))
+        // Pings make an idle but live client's connection speak (its acknowledgements), so the
+        // idle timeout below closes only the silent ones.
+        .http2_keepalive_interval(Some(connlimit::KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(connlimit::KEEPALIVE_INTERVAL));
     if let Some(tls) = server_tls {
         server = server.tls_config(tls).context("TLS settings")?;
     }
@@ -474,13 +486,25 @@ async fn run() -> anyhow::Result<()> {
         .serve_with_incoming_shutdown(
             {
                 use tokio_stream::StreamExt;
-                let limit = connlimit::ConnLimit::new(args.max_connections_per_address, args.max_connections);
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)).filter_map(
-                    move |conn| match conn {
+                let limit = connlimit::ConnLimit::new(args.max_connections_per_address, args.max_connections)
+                    .with_timeouts(connlimit::Timeouts {
+                        handshake: args.handshake_timeout,
+                        idle: args.idle_timeout.max(connlimit::KEEPALIVE_INTERVAL * 2),
+                    });
+                tonic::transport::server::TcpIncoming::from(listener)
+                    .with_nodelay(Some(true))
+                    .then(|conn| async move {
+                        if let Err(e) = &conn {
+                            // Out of descriptors (EMFILE) fails every accept until one closes.
+                            tracing::warn!(error = %e, "accepting a connection failed");
+                            tokio::time::sleep(connlimit::ACCEPT_BACKOFF).await;
+                        }
+                        conn
+                    })
+                    .filter_map(move |conn| match conn {
                         Ok(stream) => limit.admit(stream).map(Ok),
                         Err(e) => Some(Err(e)),
-                    },
-                )
+                    })
             },
             async move {
                 let _ = stop_rx.changed().await;

@@ -157,3 +157,35 @@ fn connections_past_the_per_address_bound_are_closed_and_freed_ones_serve_again(
         c.kairos(&["queue"]).status.success().then_some(())
     });
 }
+
+#[test]
+fn silent_connections_are_closed_at_the_handshake_timeout_and_cannot_starve_real_clients() {
+    use std::io::Read;
+    let c = Cluster::start_with(1, 1, &["--max-connections-per-address", "8", "--handshake-timeout", "1s"]);
+    c.wait_node_up();
+    let addr = c.controllers[0].addr.clone();
+    // Sockets that connect and never speak, as many as the bound allows (the agent holds some).
+    let silent: Vec<std::net::TcpStream> =
+        (0..8).map(|_| std::net::TcpStream::connect(&addr).unwrap()).collect();
+    let opened = std::time::Instant::now();
+    // While they are held (never closed by the test), real calls succeed again within a few
+    // handshake timeouts.
+    crate::harness::wait_for("a call to get through the silent sockets", || {
+        c.kairos(&["queue"]).status.success().then_some(())
+    });
+    assert!(opened.elapsed() < std::time::Duration::from_secs(15), "{:?}", opened.elapsed());
+    // The server closed every silent one.
+    for mut s in silent {
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+        let mut buf = [0u8; 256];
+        let closed = loop {
+            match s.read(&mut buf) {
+                Ok(0) => break true,
+                Ok(_) => continue, // the server's HTTP/2 settings
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+                Err(_) => break false,
+            }
+        };
+        assert!(closed, "a silent connection was kept open");
+    }
+}
