@@ -86,9 +86,9 @@ impl Jobs {
         let me = self.ctx.principal(&request)?;
         let id = check_id(request.get_ref().job_id)?;
         self.authorize(&me, id)?;
-        let by = me.user;
+        let by = me.user.clone();
         let op = if held { Op::Hold { job: id, by } } else { Op::Release { job: id, by } };
-        match self.ctx.write(op).await? {
+        match self.job_write(&me, op, if held { "hold" } else { "release" }).await? {
             Outcome::HoldChanged { .. } => {
                 self.ctx.kick.notify_one();
                 let reasons = self.ctx.pending_reasons();
@@ -96,6 +96,18 @@ impl Jobs {
             }
             Outcome::Rejected(r) => Err(rejection_status(r)),
             other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
+    /// A hold, release or cancel: within the caller's write rate, judged on the applied state
+    /// first (`ClusterState::precheck`: a refused or already-done call costs no log entry), then
+    /// written (and judged again by apply).
+    async fn job_write(&self, me: &Principal, op: Op, what: &str) -> Result<Outcome, Status> {
+        self.limiter.take(&me.user, std::time::Instant::now(), what)?;
+        match self.ctx.replica.read(|a| a.state.precheck(&op)) {
+            Err(r) => Err(rejection_status(r)),
+            Ok(Some(already)) => Ok(already),
+            Ok(None) => self.ctx.write(op).await,
         }
     }
 
@@ -213,7 +225,7 @@ impl JobService for Jobs {
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         let user = self.ctx.principal(&request)?.user;
         // Before anything else: a flood costs neither validation nor a log entry.
-        if let Err(refused) = self.limiter.take(&user, std::time::Instant::now()) {
+        if let Err(refused) = self.limiter.take(&user, std::time::Instant::now(), "submit") {
             self.ctx.metrics.submit("rate_limited");
             return Err(refused);
         }
@@ -299,7 +311,7 @@ impl JobService for Jobs {
         let me = self.ctx.principal(&request)?;
         let id = check_id(request.into_inner().job_id)?;
         self.authorize(&me, id)?;
-        match self.ctx.write(Op::Cancel { job: id, by: me.user }).await? {
+        match self.job_write(&me, Op::Cancel { job: id, by: me.user.clone() }, "cancel").await? {
             Outcome::Cancelled { .. } => {
                 let reasons = self.ctx.pending_reasons();
                 Ok(Response::new(self.ctx.replica.read(|a| job_view(&a.state, &reasons, id))?))

@@ -1,6 +1,6 @@
-//! Per-user submit rate limit at the API edge: a token bucket per user (refilled at `rate` per
-//! second up to `burst`). A submit beyond it is refused with `RESOURCE_EXHAUSTED` before it
-//! costs a log entry. In memory, per replica: a leader change resets the buckets (generous to
+//! Per-user write rate limit at the API edge: a token bucket per user (refilled at `rate` per
+//! second up to `burst`), shared by submits, holds, releases and cancels. A write beyond it is
+//! refused with `RESOURCE_EXHAUSTED` before it costs a log entry. In memory, per replica: a leader change resets the buckets (generous to
 //! users, never to the log). The bucket map is bounded: full (idle) buckets are dropped first.
 
 use std::collections::HashMap;
@@ -24,8 +24,9 @@ impl SubmitLimiter {
         SubmitLimiter { rate: f64::from(rate), burst: f64::from(burst.max(1)), buckets: Mutex::default() }
     }
 
-    /// Takes one submit for `user` at `now`, or says when to retry.
-    pub fn take(&self, user: &str, now: Instant) -> Result<(), Status> {
+    /// Takes one write (`what`: "submit", "cancel", …) for `user` at `now`, or says when to
+    /// retry.
+    pub fn take(&self, user: &str, now: Instant, what: &str) -> Result<(), Status> {
         if self.rate <= 0.0 {
             return Ok(());
         }
@@ -49,7 +50,7 @@ impl SubmitLimiter {
         }
         let wait_ms = ((1.0 - *tokens) / self.rate * 1000.0).ceil() as u64;
         Err(Status::resource_exhausted(format!(
-            "submit rate limit: at most {} submits/s per user (bursts of {}); retry in {wait_ms} ms",
+            "{what} rate limit: at most {} writes/s per user (submits, holds, releases, cancels; bursts of {}); retry in {wait_ms} ms",
             self.rate, self.burst
         )))
     }
@@ -66,20 +67,20 @@ mod tests {
         let l = SubmitLimiter::new(10, 3);
         let t0 = Instant::now();
         for _ in 0..3 {
-            l.take("alice", t0).unwrap();
+            l.take("alice", t0, "submit").unwrap();
         }
-        let e = l.take("alice", t0).unwrap_err();
+        let e = l.take("alice", t0, "submit").unwrap_err();
         assert_eq!(e.code(), tonic::Code::ResourceExhausted);
         assert!(e.message().contains("retry in 100 ms"), "{}", e.message());
-        l.take("bob", t0).unwrap();
+        l.take("bob", t0, "submit").unwrap();
         // 100 ms later one more token is there, not two.
         let t1 = t0 + Duration::from_millis(100);
-        l.take("alice", t1).unwrap();
-        assert!(l.take("alice", t1).is_err());
+        l.take("alice", t1, "submit").unwrap();
+        assert!(l.take("alice", t1, "submit").is_err());
         // No limit at rate 0.
         let open = SubmitLimiter::new(0, 0);
         for _ in 0..1000 {
-            open.take("alice", t0).unwrap();
+            open.take("alice", t0, "submit").unwrap();
         }
     }
 }

@@ -325,10 +325,51 @@ fn a_user_flooding_submits_is_rate_limited_and_others_are_not() {
         }
     }
     let refused = refused.expect("a submit beyond the rate is refused");
-    assert!(refused.contains("submit rate limit: at most 1 submits/s per user"), "{refused}");
+    assert!(refused.contains("submit rate limit: at most 1 writes/s per user"), "{refused}");
     assert!(accepted >= 2 && accepted <= 2 + start.elapsed().as_secs() as usize + 1, "{accepted} accepted");
     assert!(as_user("calm").status.success(), "another user is not limited");
     assert_eq!(c.jobs().len(), accepted + 1, "the refused submit created nothing");
+}
+
+#[test]
+fn refused_or_redundant_holds_releases_and_cancels_cost_no_log_entry_and_are_rate_limited() {
+    let c = Cluster::start_with(1, 1, &["--submit-rate-per-user", "2", "--submit-burst-per-user", "40"]);
+    let commit = || c.status_of(0).and_then(|s| s["commit_index"].as_u64()).expect("a commit index");
+    let held = c.cli_as("mallory").args(["submit", "--hold", "--", "true"]).output().unwrap();
+    let held: u64 = String::from_utf8_lossy(&held.stdout).trim().parse().expect("a job id");
+    let done = c.cli_as("mallory").args(["submit", "--", "true"]).output().unwrap();
+    let done: u64 = String::from_utf8_lossy(&done.stdout).trim().parse().expect("a job id");
+    c.wait_done(done);
+    // Let the scheduler's own writes settle, then count.
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let before = commit();
+    let mut refused = 0;
+    for _ in 0..10 {
+        // Already held; cannot release a finished job; cannot cancel it again.
+        for args in
+            [["hold", &held.to_string()], ["release", &done.to_string()], ["cancel", &done.to_string()]]
+        {
+            let out = c.cli_as("mallory").args(args).output().unwrap();
+            if !out.status.success() {
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(refused, 20, "the redundant holds answer, the rest are refused");
+    assert_eq!(commit(), before, "refused or redundant calls committed log entries");
+    // Past the burst, the user is slowed down; another user is not.
+    let mut limited = None;
+    for _ in 0..40 {
+        let out = c.cli_as("mallory").args(["hold", &held.to_string()]).output().unwrap();
+        if !out.status.success() {
+            limited = Some(stderr(&out));
+            break;
+        }
+    }
+    let limited = limited.expect("holds beyond the rate are refused");
+    assert!(limited.contains("hold rate limit"), "{limited}");
+    let other = c.cli_as("calm").args(["submit", "--hold", "--", "true"]).output().unwrap();
+    assert!(other.status.success(), "{}", stderr(&other));
 }
 
 #[test]

@@ -243,21 +243,80 @@ impl ClusterState {
     }
 
     pub(super) fn set_held(&mut self, id: JobId, held: bool, by: &str, now: i64) -> Outcome {
-        let Some(job) = self.jobs.get_mut(&id) else {
-            return Outcome::Rejected(Rejection::NotFound(format!("job {id} not found")));
-        };
+        match self.hold_check(id, held) {
+            Err(r) => return Outcome::Rejected(r),
+            Ok(false) => {}
+            Ok(true) => {
+                if let Some(job) = self.jobs.get_mut(&id) {
+                    job.held = held;
+                    job.record(now, if held { "held" } else { "released" }, format!("by \"{by}\""));
+                }
+            }
+        }
+        Outcome::HoldChanged { job: id, held }
+    }
+
+    /// Whether holding (or releasing) job `id` would change it; refused unless it is pending.
+    fn hold_check(&self, id: JobId, held: bool) -> Result<bool, Rejection> {
+        let job = self.jobs.get(&id).ok_or_else(|| Rejection::NotFound(format!("job {id} not found")))?;
         if job.state != JobState::Pending {
             let verb = if held { "held" } else { "released" };
-            return Outcome::Rejected(Rejection::FailedPrecondition(format!(
+            return Err(Rejection::FailedPrecondition(format!(
                 "job {id} is {}; only pending jobs can be {verb}",
                 job.state.as_str()
             )));
         }
-        if job.held != held {
-            job.held = held;
-            job.record(now, if held { "held" } else { "released" }, format!("by \"{by}\""));
+        Ok(job.held != held)
+    }
+
+    /// What a hold, release or cancel would answer without changing anything, judged on this
+    /// (applied) state before it is proposed: `Err`, refused; `Ok(Some)`, already so (answered
+    /// without a log entry); `Ok(None)`, it changes the state and goes through the log (where
+    /// apply judges it again). Other operations: `Ok(None)`.
+    pub fn precheck(&self, op: &Op) -> Result<Option<Outcome>, Rejection> {
+        match op {
+            Op::Hold { job, .. } | Op::Release { job, .. } => {
+                let held = matches!(op, Op::Hold { .. });
+                Ok((!self.hold_check(*job, held)?).then_some(Outcome::HoldChanged { job: *job, held }))
+            }
+            Op::Cancel { job, .. } => {
+                let tasks = self.cancel_targets(*job)?;
+                let already = tasks.iter().all(|t| {
+                    self.jobs.get(t).is_some_and(|j| {
+                        j.allocation.as_ref().is_some_and(|a| a.stop == Some(StopReason::Cancelled))
+                    })
+                });
+                Ok(already.then_some(Outcome::Cancelled { job: *job, was_running: true }))
+            }
+            _ => Ok(None),
         }
-        Outcome::HoldChanged { job: id, held }
+    }
+
+    /// The jobs a cancel of `id` ends: every unfinished task of an array (by its id), or the
+    /// job; refused when there is nothing left to cancel.
+    fn cancel_targets(&self, id: JobId) -> Result<Vec<JobId>, Rejection> {
+        let count =
+            self.jobs.get(&id).and_then(|j| j.spec.array.as_ref()).filter(|a| a.id == id).map(|a| a.count);
+        if let Some(count) = count {
+            let tasks: Vec<JobId> = self
+                .jobs
+                .range(id..id.saturating_add(u64::from(count)))
+                .filter(|(_, j)| !j.state.is_terminal() && j.spec.array.as_ref().is_some_and(|a| a.id == id))
+                .map(|(t, _)| *t)
+                .collect();
+            if tasks.is_empty() {
+                return Err(Rejection::FailedPrecondition(format!("every task of array {id} already ended")));
+            }
+            return Ok(tasks);
+        }
+        let job = self.jobs.get(&id).ok_or_else(|| Rejection::NotFound(format!("job {id} not found")))?;
+        if job.state.is_terminal() {
+            return Err(Rejection::FailedPrecondition(format!(
+                "job {id} already ended ({})",
+                job.state.as_str()
+            )));
+        }
+        Ok(vec![id])
     }
 
     /// Whether the job's dependencies let it start: `Ok` when all completed, else the reason.
@@ -274,30 +333,17 @@ impl ClusterState {
     }
 
     pub(super) fn cancel(&mut self, id: JobId, by: &str, now: i64) -> Outcome {
-        // The id of an array (its first task) cancels every unfinished task of it.
-        let count =
-            self.jobs.get(&id).and_then(|j| j.spec.array.as_ref()).filter(|a| a.id == id).map(|a| a.count);
-        if let Some(count) = count {
-            let tasks: Vec<JobId> = self
-                .jobs
-                .range(id..id.saturating_add(u64::from(count)))
-                .filter(|(_, j)| !j.state.is_terminal() && j.spec.array.as_ref().is_some_and(|a| a.id == id))
-                .map(|(t, _)| *t)
-                .collect();
-            if tasks.is_empty() {
-                return Outcome::Rejected(Rejection::FailedPrecondition(format!(
-                    "every task of array {id} already ended"
-                )));
+        let tasks = match self.cancel_targets(id) {
+            Ok(tasks) => tasks,
+            Err(r) => return Outcome::Rejected(r),
+        };
+        let mut was_running = false;
+        for task in tasks {
+            if let Outcome::Cancelled { was_running: r, .. } = self.cancel_one(task, by, now) {
+                was_running |= r;
             }
-            let mut was_running = false;
-            for task in tasks {
-                if let Outcome::Cancelled { was_running: r, .. } = self.cancel_one(task, by, now) {
-                    was_running |= r;
-                }
-            }
-            return Outcome::Cancelled { job: id, was_running };
         }
-        self.cancel_one(id, by, now)
+        Outcome::Cancelled { job: id, was_running }
     }
 
     fn cancel_one(&mut self, id: JobId, by: &str, now: i64) -> Outcome {

@@ -507,3 +507,55 @@ fn accounts_and_partitions_are_put_and_deleted_one_at_a_time_and_validated_whole
         Outcome::Rejected(Rejection::NotFound(_))
     ));
 }
+
+#[test]
+fn a_precheck_answers_what_apply_would_without_a_change_and_passes_what_changes() {
+    let mut s = cluster(2);
+    let running = start(&mut s, spec(1, "batch"), 1);
+    let pending = submitted(
+        s.apply(&cmd(2, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: true, limits: None })),
+    );
+    let by = || "alice".to_string();
+    // Each case: the precheck, then what apply says on a copy (it must agree).
+    let cases: Vec<(Op, Result<Option<Outcome>, ()>)> = vec![
+        (Op::Hold { job: running, by: by() }, Err(())),
+        (Op::Hold { job: pending, by: by() }, Ok(Some(Outcome::HoldChanged { job: pending, held: true }))),
+        (Op::Release { job: pending, by: by() }, Ok(None)),
+        (Op::Hold { job: 999, by: by() }, Err(())),
+        (Op::Cancel { job: running, by: by() }, Ok(None)),
+        (Op::Cancel { job: 999, by: by() }, Err(())),
+    ];
+    for (op, want) in cases {
+        let got = s.precheck(&op);
+        let mut copy = s.clone();
+        let applied = copy.apply(&cmd(s.now_ms, op.clone()));
+        match (&got, &want) {
+            (Err(r), Err(())) => assert_eq!(applied, Outcome::Rejected(r.clone()), "{op:?}"),
+            (Ok(Some(answer)), Ok(Some(expected))) => {
+                assert_eq!(answer, expected, "{op:?}");
+                assert_eq!(&applied, answer, "{op:?}");
+                assert_eq!(
+                    copy, s,
+                    "{op:?}: a call answered without the log changed nothing in apply either"
+                );
+            }
+            (Ok(None), Ok(None)) => assert_ne!(copy, s, "{op:?} passed on but changes nothing"),
+            _ => panic!("{op:?}: precheck {got:?}, expected {want:?}"),
+        }
+    }
+    // Cancelled once: a second cancel is answered without the log; a finished job is refused.
+    s.apply(&cmd(4, Op::Cancel { job: running, by: by() }));
+    assert_eq!(
+        s.precheck(&Op::Cancel { job: running, by: by() }),
+        Ok(Some(Outcome::Cancelled { job: running, was_running: true }))
+    );
+    s.apply(&cmd(5, Op::Cancel { job: pending, by: by() }));
+    assert!(matches!(
+        s.precheck(&Op::Cancel { job: pending, by: by() }),
+        Err(Rejection::FailedPrecondition(_))
+    ));
+    assert!(matches!(
+        s.precheck(&Op::Release { job: pending, by: by() }),
+        Err(Rejection::FailedPrecondition(_))
+    ));
+}
