@@ -60,11 +60,23 @@ pub enum AccountError {
 pub struct Accounts {
     pub run_as: RunAs,
     map: BTreeMap<String, String>,
+    /// Accounts below this uid (system accounts: `sync`, `daemon`, …) are never taken by name
+    /// alone; the user map may still name one explicitly.
+    min_uid: u32,
 }
+
+/// The lowest uid a kairos user runs as by name alone (as `UID_MIN` in login.defs).
+pub const MIN_UID_DEFAULT: u32 = 1000;
 
 impl Accounts {
     pub fn new(run_as: RunAs) -> Accounts {
-        Accounts { run_as, map: BTreeMap::new() }
+        Accounts { run_as, map: BTreeMap::new(), min_uid: MIN_UID_DEFAULT }
+    }
+
+    /// Accounts below `min_uid` are taken only when the user map names them.
+    pub fn with_min_uid(mut self, min_uid: u32) -> Accounts {
+        self.min_uid = min_uid;
+        self
     }
 
     /// Reads a user map: one `KAIROS_USER = UNIX_ACCOUNT` per line, `#` comments. Users it does
@@ -94,7 +106,8 @@ impl Accounts {
         if self.run_as == RunAs::Agent {
             return Ok(None);
         }
-        let name = self.map.get(user).map(String::as_str).unwrap_or(user);
+        let mapped = self.map.get(user);
+        let name = mapped.map(String::as_str).unwrap_or(user);
         let found = nix::unistd::User::from_name(name)
             .map_err(|e| format!("looking up Unix account \"{name}\": {e}"))?
             .ok_or_else(|| {
@@ -103,6 +116,12 @@ impl Accounts {
         if found.uid.is_root() || found.gid.as_raw() == 0 {
             return Err(format!(
                 "kairos user \"{user}\" maps to Unix account \"{name}\" with uid or gid 0; runs never execute as root"
+            ));
+        }
+        if mapped.is_none() && found.uid.as_raw() < self.min_uid {
+            return Err(format!(
+                "kairos user \"{user}\" names the system account \"{name}\" (uid {}, below --min-uid {}); runs take such an account only when --user-map names it",
+                found.uid, self.min_uid
             ));
         }
         let cname = std::ffi::CString::new(name).map_err(|_| format!("bad account name \"{name}\""))?;
@@ -200,6 +219,12 @@ mod tests {
             assert_ne!(nobody.uid, 0);
         }
         assert_eq!(Accounts::new(RunAs::Agent).resolve("anyone").unwrap(), None);
+        // A kairos user named like a system account does not run as it by name alone.
+        let e = Accounts::new(RunAs::Submitter).resolve("sync").unwrap_err();
+        assert!(e.contains("system account \"sync\"") && e.contains("--user-map"), "{e}");
+        std::fs::write(&path, "syncer = sync\n").unwrap();
+        let mapped = Accounts::new(RunAs::Submitter).with_map_file(&path).unwrap();
+        assert_eq!(mapped.resolve("syncer").unwrap().map(|a| a.name), Some("sync".to_string()));
         std::fs::write(&path, "alice\n").unwrap();
         let e = Accounts::new(RunAs::Submitter).with_map_file(&path).unwrap_err();
         assert!(e.to_string().contains(":1:"), "{e}");

@@ -87,6 +87,10 @@ struct Args {
     /// `KAIROS_USER = UNIX_ACCOUNT` per line; unnamed users run as the account of their name.
     #[arg(long)]
     user_map: Option<PathBuf>,
+    /// With `--run-as submitter`: the lowest uid a kairos user runs as by its name alone;
+    /// system accounts below it (`sync`, `daemon`, …) only when the user map names them.
+    #[arg(long, default_value_t = kairos_agent::account::MIN_UID_DEFAULT)]
+    min_uid: u32,
     /// The cgroup v2 directory under which runs get their cgroups (default: the cgroup2 mount).
     #[arg(long)]
     cgroup_root: Option<PathBuf>,
@@ -507,7 +511,7 @@ async fn main() -> anyhow::Result<()> {
     if run_as == RunAs::Submitter && !root {
         bail!("--run-as submitter needs the agent to run as root (it switches to each job's Unix account)");
     }
-    let mut accounts = Accounts::new(run_as);
+    let mut accounts = Accounts::new(run_as).with_min_uid(args.min_uid);
     if let Some(map) = &args.user_map {
         accounts = accounts.with_map_file(map)?;
     }
