@@ -112,7 +112,9 @@ impl ClusterState {
             return if retry {
                 Outcome::TokensChanged
             } else {
-                Outcome::Rejected(Rejection::FailedPrecondition(format!("token {id} already exists")))
+                Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                    "token {id} already exists with other settings (a request id used again for another user, role, lifetime or description)"
+                )))
             };
         }
         if self.tokens.len() >= TOKENS_MAX {

@@ -332,11 +332,21 @@ impl AdminService for Admin {
                 let random = |n| random_hex(n).map_err(|e| Status::internal(e.to_string()));
                 (random(TOKEN_ID_LEN / 2)?, random(32)?)
             }
-            // A retry (perhaps at another replica) derives the same token from the cluster key.
+            // A retry (perhaps at another replica) derives the same token from the cluster key;
+            // the secret covers what the token grants, so the same request id with another
+            // user, role, lifetime or description derives another secret under the same id, and
+            // apply refuses it instead of answering with the first token.
             r if r.len() <= REQUEST_ID_LEN_MAX => {
                 let key = &self.ctx.auth.key;
                 let id = key.derive(&format!("token-id:{}:{r}", me.user))[..TOKEN_ID_LEN].to_string();
-                (id, key.derive(&format!("token-secret:{}:{r}", me.user)))
+                let grants = sha256_hex(&format!(
+                    "{}\n{}\n{}\n{}",
+                    req.user,
+                    role.as_str(),
+                    req.ttl_s,
+                    req.description
+                ));
+                (id, key.derive(&format!("token-secret:{}:{r}:{grants}", me.user)))
             }
             _ => {
                 return Err(Status::invalid_argument(format!(

@@ -397,17 +397,19 @@ fn a_retried_token_create_answers_the_same_token_and_creates_no_second() {
     let c = Cluster::start_with(3, 1, &[]);
     let admin = std::fs::read_to_string(c.token_file()).unwrap().trim().to_string();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let create = |i: usize, request_id: &str| {
+    let create_with = |i: usize, request_id: &str, role: &str, ttl_s: u64| {
         let mut req = tonic::Request::new(pb::CreateTokenRequest {
             user: "carol".into(),
-            role: "user".into(),
+            role: role.into(),
             request_id: request_id.into(),
+            ttl_s,
             ..Default::default()
         });
         kairos_proto::wire::set_bearer(req.metadata_mut(), &admin);
         let addr = format!("http://{}", c.controllers[i].addr);
         rt.block_on(async move { AdminServiceClient::connect(addr).await.unwrap().create_token(req).await })
     };
+    let create = |i: usize, request_id: &str| create_with(i, request_id, "user", 0);
     let leader = c.leader();
     let first = create(leader, "retry-me").expect("create").into_inner();
     // The retry (the answer was lost, say): the same token.
@@ -417,6 +419,14 @@ fn a_retried_token_create_answers_the_same_token_and_creates_no_second() {
     let carols = tokens.as_array().unwrap().iter().filter(|t| t["user"] == "carol").count();
     assert_eq!(carols, 1, "{tokens}");
     assert!(with_token(&c, Some(&first.token), &["queue"]).status.success());
+    // The same request id asking for something else (a lifetime, a role) is not answered with
+    // the first, never-expiring token.
+    for (role, ttl) in [("user", 60), ("admin", 0)] {
+        let e = create_with(leader, "retry-me", role, ttl)
+            .expect_err("another token's settings under a used request id");
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("other settings"), "{e:?}");
+    }
     // Another request id is another token; a revoked token's create retried stays revoked.
     let other = create(leader, "another").expect("create").into_inner();
     assert_ne!(other.id, first.id);
