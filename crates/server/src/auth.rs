@@ -189,6 +189,21 @@ pub fn split_token(token: &str) -> Option<(&str, &str)> {
     (id.len() == TOKEN_ID_LEN && !secret.is_empty()).then_some((id, secret))
 }
 
+/// Whether a token `state` does not accept might still be accepted by the leader: one whose id
+/// is not known here yet (created a moment ago), or a live-looking one this replica's clock
+/// calls expired. A malformed token, a wrong secret for a known id, or a revoked id never
+/// becomes valid: a follower refuses those itself instead of relaying them.
+pub fn leader_may_accept(token: &str, state: &ClusterState) -> bool {
+    let Some((id, secret)) = split_token(token) else { return false };
+    if state.revoked_tokens.contains_key(id) {
+        return false;
+    }
+    match state.tokens.get(id) {
+        None => true,
+        Some(rec) => ct_eq(&sha256_hex(secret), &rec.secret_sha256),
+    }
+}
+
 /// The principal of an issued token `kairos_<id>_<secret>` in `state`, if it is valid at
 /// `now_ms` — the serving replica's wall clock, or the state's clock if that is ahead: the
 /// state's clock moves only with writes, so on an idle cluster it would never reach an expiry.
@@ -237,6 +252,22 @@ mod tests {
             },
         );
         s
+    }
+
+    #[test]
+    fn a_follower_relays_only_tokens_the_leader_could_accept() {
+        let id = "00112233aabbccdd";
+        let mut s = state_with(id, "sekrit", "alice", Role::User, Some(500));
+        // Not known here yet: perhaps created a moment ago.
+        assert!(leader_may_accept("kairos_99112233aabbccdd_new", &s));
+        // Expired by this replica's reckoning: the leader's clock settles it.
+        assert!(leader_may_accept(&format!("kairos_{id}_sekrit"), &s));
+        // Never valid anywhere: malformed, a wrong secret for a known id, a revoked id.
+        for bad in ["garbage", "kairos_x_y", "kairos_00112233aabbccdd_wrong", &"k".repeat(4000)] {
+            assert!(!leader_may_accept(bad, &s), "{bad}");
+        }
+        s.revoked_tokens.insert("77112233aabbccdd".into(), 1);
+        assert!(!leader_may_accept("kairos_77112233aabbccdd_any", &s));
     }
 
     #[test]

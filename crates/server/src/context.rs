@@ -119,6 +119,16 @@ impl Ctx {
         self.auth.principal(req.metadata(), |token| self.settle_token(token))
     }
 
+    /// The refusal that ends a long stream whose caller's credential no longer holds (revoked,
+    /// expired); None while it holds, or while this replica cannot tell (it answers that only
+    /// the leader can settle the token: the stream goes on).
+    pub fn revoked(&self, credentials: &tonic::metadata::MetadataMap) -> Option<Status> {
+        match self.auth.principal(credentials, |token| self.settle_token(token)) {
+            Err(refused) if refused.code() != tonic::Code::Unavailable => Some(refused),
+            _ => None,
+        }
+    }
+
     /// Decides an issued token so that a revocation holds everywhere within the staleness
     /// bound and a new token works at once: only a replica whose state is fresh (the leader
     /// with a quorum's recent acknowledgement, or a follower that recently applied what the
@@ -137,9 +147,13 @@ impl Ctx {
                 ),
             ));
         }
-        match self.replica.read(|a| crate::auth::issued_token(token, &a.state, self.cluster_now())) {
+        let (found, leader_may) = self.replica.read(|a| {
+            let found = crate::auth::issued_token(token, &a.state, self.cluster_now());
+            (found.clone(), found.is_none() && !leads && crate::auth::leader_may_accept(token, &a.state))
+        });
+        match found {
             Some(me) => Ok(me),
-            None if !leads => {
+            None if leader_may => {
                 Err(self.to_leader(false, "the leader settles tokens this replica does not accept"))
             }
             None => Err(crate::auth::token_refused()),

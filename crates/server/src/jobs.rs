@@ -21,6 +21,8 @@ use crate::context::{rejection_status, Ctx, PendingReasons};
 use crate::convert::{job_spec_from_pb, job_to_pb, job_view_state};
 
 /// Most jobs one list answer carries.
+/// How often a long stream (`WatchJob`, `StreamLogs`) checks its caller's token again.
+const RECHECK: std::time::Duration = std::time::Duration::from_secs(2);
 const LIST_LIMIT_MAX: usize = 10_000;
 const LIST_LIMIT_DEFAULT: usize = 1_000;
 /// A page of jobs stays under this many encoded bytes (clients decode up to 4 MiB).
@@ -337,6 +339,7 @@ impl JobService for Jobs {
     ) -> Result<Response<Self::WatchJobStream>, Status> {
         let me = self.ctx.principal(&request)?;
         self.ctx.readable()?;
+        let credentials = request.metadata().clone();
         let id = check_id(request.into_inner().job_id)?;
         self.authorize(&me, id)?;
         let mut applied = self.ctx.replica.applied.clone();
@@ -354,10 +357,16 @@ impl JobService for Jobs {
                 if is_terminal(&last) {
                     return;
                 }
-                // Wake on the next apply, or end as soon as the client goes away.
+                // Wake on the next apply, or end as soon as the client goes away; a revoked or
+                // expired token ends the stream within `RECHECK`.
                 tokio::select! {
                     changed = applied.changed() => if changed.is_err() { return },
                     _ = tx.closed() => return,
+                    _ = tokio::time::sleep(RECHECK) => {}
+                }
+                if let Some(refused) = ctx.revoked(&credentials) {
+                    let _ = tx.send(Err(refused)).await;
+                    return;
                 }
                 let reasons = ctx.pending_reasons();
                 let Ok(view) = ctx.replica.read(|a| job_view(&a.state, &reasons, id)) else { return };
@@ -380,6 +389,7 @@ impl JobService for Jobs {
     ) -> Result<Response<Self::StreamLogsStream>, Status> {
         let me = self.ctx.principal(&request)?;
         self.ctx.readable()?;
+        let credentials = request.metadata().clone();
         let mut req = request.into_inner();
         let id = check_id(req.job_id)?;
         self.authorize(&me, id)?;
@@ -422,8 +432,28 @@ impl JobService for Jobs {
             req.metadata_mut(),
             &self.ctx.auth.key.node_credential(&node.name, epoch),
         );
-        let stream = AgentLogServiceClient::new(channel).read_logs(req).await?.into_inner();
-        Ok(Response::new(Box::pin(stream.map(|r| r))))
+        let mut stream = AgentLogServiceClient::new(channel).read_logs(req).await?.into_inner();
+        // Relayed while the caller's token holds: a revoked or expired one ends a followed log
+        // within `RECHECK`.
+        let ctx = self.ctx.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    chunk = stream.next() => match chunk {
+                        Some(chunk) => if tx.send(chunk).await.is_err() { return },
+                        None => return,
+                    },
+                    _ = tx.closed() => return,
+                    _ = tokio::time::sleep(RECHECK) => {}
+                }
+                if let Some(refused) = ctx.revoked(&credentials) {
+                    let _ = tx.send(Err(refused)).await;
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
 

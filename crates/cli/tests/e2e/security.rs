@@ -435,3 +435,57 @@ fn a_retried_token_create_answers_the_same_token_and_creates_no_second() {
     assert_eq!(late.code(), tonic::Code::FailedPrecondition, "{late:?}");
     refused(&with_token(&c, Some(&first.token), &["queue"]), "invalid, expired or revoked");
 }
+
+#[test]
+fn a_revoked_token_ends_the_streams_it_opened() {
+    let c = Cluster::start(1);
+    c.wait_node_up();
+    let created: Value =
+        serde_json::from_str(&c.ok(&["token", "create", "--user", "dora", "--json"])).unwrap();
+    let token = created["token"].as_str().unwrap().to_string();
+    let out =
+        with_token(&c, Some(&token), &["submit", "--", "sh", "-c", "while :; do echo tick; sleep 0.2; done"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    c.wait_state(id.parse().unwrap(), "RUNNING");
+    let spawn = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_kairos"))
+            .arg("--controllers")
+            .arg(c.addrs())
+            .env("HOME", c.path("no-home"))
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("KAIROS_TOKEN_FILE")
+            .env("KAIROS_TOKEN", &token)
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run kairos")
+    };
+    let mut follow = spawn(&["logs", "--follow", &id]);
+    let mut wait = spawn(&["wait", &id]);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert!(
+        follow.try_wait().unwrap().is_none() && wait.try_wait().unwrap().is_none(),
+        "a stream ended early"
+    );
+    c.ok(&["token", "revoke", created["id"].as_str().unwrap()]);
+    let revoked = std::time::Instant::now();
+    for (name, child) in [("logs --follow", &mut follow), ("wait", &mut wait)] {
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if revoked.elapsed() > std::time::Duration::from_secs(15) {
+                let _ = child.kill();
+                panic!("{name} outlived its token's revocation");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        assert!(!status.success(), "{name} ended successfully");
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        assert!(err.contains("revoked"), "{name}: {err}");
+    }
+    c.ok(&["cancel", &id]);
+}
