@@ -2,7 +2,7 @@
 
     from kairos_client import Client
 
-    client = Client(["10.0.0.1:7001", "10.0.0.2:7001", "10.0.0.3:7001"], token_file="~/.config/kairos/token")
+    client = Client(["10.0.0.1:7001", "10.0.0.2:7001", "10.0.0.3:7001"], token_file="~/.config/kairos/token", ca="ca.pem")
     job_id = client.submit(["python", "train.py"], gpus=2, qos="batch")
     job = client.wait(job_id, timeout=3600)
     print(job["state"], job.get("exit_code"), client.logs(job_id))

@@ -47,13 +47,28 @@ def _read_token(token: Optional[str], token_file: Optional[str]) -> str:
         return f.read().strip()
 
 
+def _loopback(address: str) -> bool:
+    """Whether HOST:PORT names this machine (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class Client:
     """A client of one kairos cluster.
 
     `addresses`: the controllers, as HOST:PORT strings (a list, or one comma-separated string).
     `token` / `token_file`: the API token (default: KAIROS_TOKEN, KAIROS_TOKEN_FILE, then
     ~/.config/kairos/token). `ca`: a PEM file to talk TLS (`cert`/`key` for mutual TLS).
-    `timeout`: seconds each call may take, failover included.
+    `timeout`: seconds each call may take, failover included. Without `ca` the token travels
+    in clear, so that is allowed only to loopback addresses unless `insecure=True` (a trusted
+    network).
     """
 
     def __init__(
@@ -65,11 +80,19 @@ class Client:
         cert: Optional[str] = None,
         key: Optional[str] = None,
         timeout: float = 30.0,
+        insecure: bool = False,
     ):
         if isinstance(addresses, str):
             addresses = [a.strip() for a in addresses.split(",") if a.strip()]
         if not addresses:
             raise ValueError("addresses: at least one controller address (HOST:PORT) is needed")
+        if not ca and not insecure:
+            remote = [a for a in addresses if not _loopback(a)]
+            if remote:
+                raise ValueError(
+                    f"refusing to send the API token in clear to {remote[0]}: pass ca= (TLS), "
+                    "or insecure=True on a network you trust"
+                )
         self._addresses: List[str] = list(addresses)
         self._token = _read_token(token, token_file)
         self._timeout = timeout

@@ -31,6 +31,18 @@ def plain_grpc_to_a_follower(follower: str, token: str) -> None:
     print(f"plain grpcio through the follower: {len(ids)} submits, all listed")
 
 
+def token_stays_off_plaintext_networks() -> None:
+    """Without TLS the client sends its token only to this machine, unless told otherwise."""
+    try:
+        Client(["10.1.2.3:7001"], token="kairos_x_y")
+        raise AssertionError("a plaintext client to a remote address was made")
+    except ValueError as e:
+        assert "in clear" in str(e), e
+    Client(["10.1.2.3:7001"], token="kairos_x_y", insecure=True).close()
+    Client(["127.0.0.1:7001", "[::1]:7001", "localhost:7001"], token="kairos_x_y").close()
+    print("plaintext to a remote address refused unless insecure=True")
+
+
 def client_library(addresses, dead: str, token_file: str) -> None:
     # A dead address first: the client moves on to the next one.
     client = Client([dead] + addresses, token_file=token_file, timeout=20)
@@ -82,6 +94,7 @@ def main() -> int:
     with open(args.token_file, encoding="utf-8") as f:
         token = f.read().strip()
     plain_grpc_to_a_follower(args.follower, token)
+    token_stays_off_plaintext_networks()
     client_library(args.addresses.split(","), args.dead, args.token_file)
     print("ok")
     return 0
