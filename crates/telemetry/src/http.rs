@@ -1,9 +1,12 @@
 //! The `/metrics` endpoint: a minimal HTTP/1.1 server for Prometheus scrapes. Each connection
 //! sends one request (head bounded to 8 KiB, read within 5 s); `GET /metrics` gets the
 //! exposition rendered at that moment, anything else 404 (405 for other methods), and the
-//! connection closes. At most 64 scrapes are served at once; more wait for the listener.
+//! connection closes. At most 64 connections are served at once; when all are taken, a new one
+//! closes the oldest that has not sent its request yet (so connections that only sit there
+//! cannot keep a scrape out), or is itself closed when every one is busy answering.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -13,7 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 const HEAD_BYTES_MAX: usize = 8 * 1024;
 /// How long a client may take to send its request and read the answer.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
-/// Scrapes served at once.
+/// Connections served at once.
 const CONCURRENT_MAX: usize = 64;
 
 /// What renders the exposition for a scrape.
@@ -24,11 +27,17 @@ pub async fn bind(addr: &str) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
+/// A connection being served: whether its request has arrived, and how to close it.
+struct Open {
+    asked: Arc<AtomicBool>,
+    task: tokio::task::AbortHandle,
+}
+
 /// Serves scrapes on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, render: Render) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(CONCURRENT_MAX));
+    // Oldest first.
+    let open: Arc<Mutex<Vec<Open>>> = Arc::default();
     loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else { return };
         let (stream, _) = match listener.accept().await {
             Ok(conn) => conn,
             Err(e) => {
@@ -37,15 +46,27 @@ pub async fn serve(listener: TcpListener, render: Render) {
                 continue;
             }
         };
-        let render = render.clone();
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(IO_TIMEOUT, answer(stream, &render)).await;
-            drop(permit);
-        });
+        {
+            let mut open = open.lock().unwrap_or_else(|p| p.into_inner());
+            open.retain(|o| !o.task.is_finished());
+            if open.len() >= CONCURRENT_MAX {
+                match open.iter().position(|o| !o.asked.load(Ordering::SeqCst)) {
+                    Some(silent) => open.remove(silent).task.abort(),
+                    None => continue, // every one is being answered: this one waits no slot
+                }
+            }
+            let asked = Arc::new(AtomicBool::new(false));
+            let render = render.clone();
+            let flag = asked.clone();
+            let task = tokio::spawn(async move {
+                let _ = tokio::time::timeout(IO_TIMEOUT, answer(stream, &render, &flag)).await;
+            });
+            open.push(Open { asked, task: task.abort_handle() });
+        }
     }
 }
 
-async fn answer(mut stream: TcpStream, render: &Render) -> std::io::Result<()> {
+async fn answer(mut stream: TcpStream, render: &Render, asked: &AtomicBool) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -58,6 +79,7 @@ async fn answer(mut stream: TcpStream, render: &Render) -> std::io::Result<()> {
         }
         head.extend_from_slice(&buf[..n]);
     }
+    asked.store(true, Ordering::SeqCst);
     let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
     let line = String::from_utf8_lossy(line);
     let mut parts = line.split(' ');
@@ -116,5 +138,25 @@ mod tests {
         let huge = format!("GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(10_000));
         assert!(get(addr, &huge).await.starts_with("HTTP/1.1 431"));
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2, "only the two scrapes rendered");
+    }
+
+    #[tokio::test]
+    async fn connections_that_only_sit_there_cannot_keep_a_scrape_out() {
+        let listener = bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let render: Render = Arc::new(|| "kairos_up 1\n".to_string());
+        tokio::spawn(serve(listener, render));
+        // Twice as many silent connections as there are places, kept open.
+        let mut silent = Vec::new();
+        for _ in 0..2 * CONCURRENT_MAX {
+            silent.push(TcpStream::connect(addr).await.unwrap());
+        }
+        let started = std::time::Instant::now();
+        let scrape = tokio::time::timeout(Duration::from_secs(2), get(addr, "GET /metrics HTTP/1.1\r\n\r\n"))
+            .await
+            .expect("the scrape waited behind silent connections");
+        assert!(scrape.ends_with("kairos_up 1\n"), "{scrape}");
+        assert!(started.elapsed() < IO_TIMEOUT, "{:?}", started.elapsed());
+        drop(silent);
     }
 }
