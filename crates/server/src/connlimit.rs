@@ -7,7 +7,9 @@
 //! A connection also has to speak: one that sends nothing within the handshake timeout of its
 //! accept, or nothing (not even the acknowledgement of the server's HTTP/2 keepalive pings)
 //! for the idle timeout, is closed, so silent sockets cannot hold the places of real clients.
-//! IPv6 addresses are counted per /64 (what one host is usually given). An accept that fails
+//! IPv6 addresses are counted per /64 (what one host is usually given). Connections from the
+//! other replicas' addresses count against their address's bound but are never refused by the
+//! total one, so clients filling the daemon cannot cut the Raft peers off. An accept that fails
 //! (out of file descriptors) waits a moment before the next, instead of spinning a core.
 
 use std::collections::HashMap;
@@ -80,11 +82,25 @@ pub struct ConnLimit {
     per_address: usize,
     total: usize,
     timeouts: Timeouts,
+    /// The other replicas' addresses (as counted).
+    peers: std::collections::HashSet<IpAddr>,
 }
 
 impl ConnLimit {
     pub fn new(per_address: usize, total: usize) -> ConnLimit {
-        ConnLimit { counts: Arc::default(), per_address, total, timeouts: Timeouts::default() }
+        ConnLimit {
+            counts: Arc::default(),
+            per_address,
+            total,
+            timeouts: Timeouts::default(),
+            peers: Default::default(),
+        }
+    }
+
+    /// Connections from `peers` (the other replicas) are never refused by the total bound.
+    pub fn with_peers(mut self, peers: impl IntoIterator<Item = IpAddr>) -> ConnLimit {
+        self.peers = peers.into_iter().map(counted_as).collect();
+        self
     }
 
     /// Connections silent past `timeouts` are closed.
@@ -98,7 +114,7 @@ impl ConnLimit {
         let addr = counted_as(addr);
         let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         let mine = c.by_addr.get(&addr).copied().unwrap_or(0);
-        if mine >= self.per_address || c.total >= self.total {
+        if mine >= self.per_address || (c.total >= self.total && !self.peers.contains(&addr)) {
             return None;
         }
         c.total += 1;
@@ -249,6 +265,19 @@ mod tests {
         drop(a1);
         assert_eq!(limit.open(a), (2, 1));
         assert!(limit.slot(b).is_some(), "a closed connection frees its place");
+    }
+
+    #[test]
+    fn clients_filling_the_total_cannot_keep_a_peer_out() {
+        let peer: IpAddr = "10.0.0.9".parse().unwrap();
+        let limit = ConnLimit::new(2, 3).with_peers([peer]);
+        let clients: Vec<Slot> =
+            (1..=3).map(|i| limit.slot(format!("10.0.1.{i}").parse().unwrap()).unwrap()).collect();
+        assert!(limit.slot("10.0.1.9".parse().unwrap()).is_none(), "past the total");
+        let _p1 = limit.slot(peer).expect("a peer past the total");
+        let _p2 = limit.slot(peer).expect("a second");
+        assert!(limit.slot(peer).is_none(), "a peer's address keeps its own bound");
+        drop(clients);
     }
 
     #[test]

@@ -211,6 +211,16 @@ fn parse_peers(args: &Args) -> anyhow::Result<BTreeMap<ReplicaId, String>> {
     }
 }
 
+/// The IP addresses of the other replicas (as their addresses resolve now).
+fn peer_ips(members: &BTreeMap<ReplicaId, String>, me: ReplicaId) -> Vec<std::net::IpAddr> {
+    use std::net::ToSocketAddrs;
+    members
+        .iter()
+        .filter(|(id, _)| **id != me)
+        .flat_map(|(_, addr)| addr.to_socket_addrs().into_iter().flatten().map(|a| a.ip()))
+        .collect()
+}
+
 /// The cluster secret, and the admin and join tokens (files, created with defaults as documented
 /// on the flags).
 fn load_auth(args: &Args, members: usize) -> anyhow::Result<(auth::Auth, String)> {
@@ -490,7 +500,8 @@ async fn run() -> anyhow::Result<()> {
                     .with_timeouts(connlimit::Timeouts {
                         handshake: args.handshake_timeout,
                         idle: args.idle_timeout.max(connlimit::KEEPALIVE_INTERVAL * 2),
-                    });
+                    })
+                    .with_peers(peer_ips(&members, args.id));
                 tonic::transport::server::TcpIncoming::from(listener)
                     .with_nodelay(Some(true))
                     .then(|conn| async move {
