@@ -96,7 +96,6 @@ struct LeaseInner {
     /// Valid until this CLOCK_MONOTONIC ms (0: never renewed; u64::MAX: no fencing).
     until: AtomicU64,
     grace_ms: AtomicU64,
-    file: Option<PathBuf>,
     /// The lease file, open and at its full size (None: it could not be created).
     record: Option<std::fs::File>,
 }
@@ -107,7 +106,6 @@ impl Lease {
         Lease(Arc::new(LeaseInner {
             until: AtomicU64::new(u64::MAX),
             grace_ms: AtomicU64::new(0),
-            file: None,
             record: None,
         }))
     }
@@ -118,12 +116,7 @@ impl Lease {
         let record = create_lease_file(&file)
             .map_err(|e| tracing::error!(error = %e, file = %file.display(), "cannot create the lease file: the watchdog cannot fence this node"))
             .ok();
-        Lease(Arc::new(LeaseInner {
-            until: AtomicU64::new(0),
-            grace_ms: AtomicU64::new(0),
-            file: Some(file),
-            record,
-        }))
+        Lease(Arc::new(LeaseInner { until: AtomicU64::new(0), grace_ms: AtomicU64::new(0), record }))
     }
 
     /// The leader answered a call sent at `sent` (mono ms): valid until `sent + lease_ms`.
@@ -159,9 +152,12 @@ impl Lease {
     }
 
     /// The agent stops on purpose: the watchdog has nothing to enforce.
+    /// The record is blanked in place (the file, and its blocks, stay for the next renewal).
     pub fn release(&self) {
-        if let Some(file) = &self.0.file {
-            let _ = std::fs::remove_file(file);
+        if let Some(record) = &self.0.record {
+            if let Err(e) = std::os::unix::fs::FileExt::write_all_at(record, &[b' '; LEASE_RECORD], 0) {
+                tracing::warn!(error = %e, "cannot release the lease file");
+            }
         }
     }
 }
@@ -298,6 +294,12 @@ mod tests {
         // An older answer does not move it back.
         lease.renew(now - 50_000, 60_000, 500);
         assert_eq!(read_lease(&lease_path(dir.path())).unwrap().1, now + 60_500);
+        // Released: nothing for the watchdog to enforce, and the next renewal is read again (the
+        // file stays: a renewal written into a removed file would never reach the watchdog).
+        lease.release();
+        assert_eq!(read_lease(&lease_path(dir.path())), None);
+        lease.renew(now + 1, 60_000, 500);
+        assert_eq!(read_lease(&lease_path(dir.path())).unwrap().1, now + 60_501);
         let short = Lease::new(lease_path(dir.path()));
         short.renew(now.saturating_sub(10_000), 1000, 100);
         assert!(!short.valid() && short.lapsed());

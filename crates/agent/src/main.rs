@@ -567,8 +567,8 @@ async fn main() -> anyhow::Result<()> {
     if orphans > 0 {
         tracing::warn!(orphans, "killed runs left by a previous agent");
     }
+    // A new lease file (a previous agent's record is gone with it): nothing to enforce yet.
     let lease = Lease::new(fence::lease_path(&state_dir));
-    lease.release();
     let mut watchdog = fence::spawn_watchdog(
         &state_dir,
         cgroups.as_ref().map(Cgroups::base),
