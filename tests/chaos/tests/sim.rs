@@ -60,6 +60,14 @@ fn a_log_that_acknowledges_appends_before_syncing_them_is_caught() {
 }
 
 #[test]
+fn a_log_recovery_that_cuts_committed_entries_off_is_caught() {
+    let cfg = Config { broken: Broken { log_cuts_damage: true, ..Broken::default() }, ..Config::default() };
+    let found = first_failing(&cfg, |_| true, 200);
+    eprintln!("caught: {found:?}");
+    assert!(found.is_some(), "a replica rejoining with committed entries cut off must show");
+}
+
+#[test]
 fn replicas_stamping_their_skewed_wall_clocks_are_caught_stopping_runs_early() {
     let cfg = Config { broken: Broken { stamp_wall_clock: true, ..Broken::default() }, ..Config::default() };
     let early = |v: &Violation| matches!(v, Violation::EarlyTimeout { .. });

@@ -85,7 +85,7 @@ impl World {
             if slot.disk.state.lock().unwrap_or_else(|p| p.into_inner()).full {
                 return Err("disk full".into());
             }
-            (slot.disk.open(), slot.snapshots.clone())
+            (slot.disk.open()?, slot.snapshots.clone())
         };
         let commit_index = log.commit_index();
         let (applied_tx, applied) = tokio::sync::watch::channel(0);

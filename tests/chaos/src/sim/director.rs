@@ -166,6 +166,32 @@ impl World {
                 let w = self.clone();
                 tokio::spawn(async move { w.change_membership(pick).await });
             }
+            FaultKind::BitRot => {
+                // A replica stops, and a committed entry of its log rots on the disk meanwhile:
+                // its log refuses to open, and the operator re-adds it empty.
+                use std::sync::atomic::Ordering;
+                if self.re_adding.swap(true, Ordering::SeqCst) {
+                    return false;
+                }
+                let Some(id) = self.target(pick) else {
+                    self.re_adding.store(false, Ordering::SeqCst);
+                    return false;
+                };
+                self.hold_down(id, hold);
+                self.crash_replica(id, 0, false).await;
+                let refusals = self.damaged_refusals(id);
+                let rotted = self.slots().get(&id).is_some_and(|s| s.disk.rot(pick >> 8));
+                self.trace(|| format!("bit rot in replica {id}'s committed log: {rotted}"));
+                if rotted {
+                    let w = self.clone();
+                    tokio::spawn(async move {
+                        w.clone().re_add_damaged(id, refusals).await;
+                        w.re_adding.store(false, Ordering::SeqCst);
+                    });
+                } else {
+                    self.re_adding.store(false, Ordering::SeqCst);
+                }
+            }
         }
         true
     }
@@ -221,6 +247,73 @@ impl World {
                 }
             }
         }
+    }
+
+    /// The runbook for a replica whose log refuses to open (damaged): removed from the
+    /// membership through the leader, emptied, and added back as a new member (`kairos cluster
+    /// remove N`, a fresh data directory, `--join`, `kairos cluster add N ADDR`), each step
+    /// retried through elections and other faults.
+    async fn re_add_damaged(self: Arc<Self>, id: ReplicaId, refusals: u64) {
+        let within = Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        // The operator acts on the replica's refusal to start (its one-line error); a log that
+        // opens anyway (the broken build) gets no runbook.
+        while self.damaged_refusals(id) == refusals {
+            if Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let voters = |leader: &kairos_consensus::Replica| -> BTreeSet<ReplicaId> {
+            leader.raft.metrics().borrow().membership_config.voter_ids().collect()
+        };
+        let listed = |leader: &kairos_consensus::Replica| -> bool {
+            leader.raft.metrics().borrow().membership_config.nodes().any(|(n, _)| *n == id)
+        };
+        while Instant::now() < deadline {
+            if let Some((_, leader)) = self.leader() {
+                if !listed(&leader) {
+                    break;
+                }
+                let next: BTreeSet<ReplicaId> = voters(&leader).into_iter().filter(|v| *v != id).collect();
+                let removed = tokio::time::timeout(within, leader.raft.change_membership(next, false)).await;
+                self.trace(|| format!("membership: removing damaged {id}: {removed:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        self.retire(id).await;
+        while Instant::now() < deadline {
+            if let Some((_, leader)) = self.leader() {
+                if voters(&leader).contains(&id) {
+                    self.trace(|| format!("membership: damaged {id} is back, empty"));
+                    return;
+                }
+                if let Some(s) = self.slots().get_mut(&id) {
+                    s.member = true;
+                    s.join = true;
+                }
+                if self.start_replica(id, true).await.is_ok() {
+                    let node = BasicNode::new(cluster::addr(id));
+                    if let Ok(Ok(_)) =
+                        tokio::time::timeout(within, leader.raft.add_learner(id, node, true)).await
+                    {
+                        let mut next = voters(&leader);
+                        next.insert(id);
+                        let _ =
+                            tokio::time::timeout(within, leader.raft.change_membership(next, false)).await;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// How often `id`'s log has refused to open as damaged.
+    fn damaged_refusals(&self, id: ReplicaId) -> u64 {
+        self.slots()
+            .get(&id)
+            .map(|s| s.disk.state.lock().unwrap_or_else(|p| p.into_inner()).damaged_refused)
+            .unwrap_or(0)
     }
 
     /// A replica out of the membership: stopped and wiped; it may be added back later, empty.

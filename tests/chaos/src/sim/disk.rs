@@ -74,6 +74,8 @@ pub struct DiskState {
     pub torn_dropped: u64,
     /// Writes refused because the disk was full.
     pub refused: u64,
+    /// Opens refused because the log was damaged below its commit record.
+    pub damaged_refused: u64,
     /// Unsynced writes crashes lost.
     pub lost: u64,
 }
@@ -85,11 +87,14 @@ pub struct Disk {
     pub sync_time: Duration,
     /// Broken on purpose (a test build): appends are acknowledged before they are synced.
     pub acks_before_sync: bool,
+    /// Broken on purpose (a test build): damage below the commit record is cut off at open, as
+    /// the log's recovery did before it refused (committed entries are lost).
+    pub cuts_damage: bool,
 }
 
 impl Disk {
     pub fn new(sync_time: Duration) -> Disk {
-        Disk { state: Arc::default(), sync_time, acks_before_sync: false }
+        Disk { state: Arc::default(), sync_time, acks_before_sync: false, cuts_damage: false }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, DiskState> {
@@ -131,10 +136,21 @@ impl Disk {
     }
 
     /// Opens the disk for a new incarnation of its replica: a torn entry at the end of the log
-    /// (and anything after it) is dropped.
-    pub fn open(&self) -> SimLog {
+    /// (and anything after it) is dropped. As the real log's recovery (`wal::Wal::open`), a bad
+    /// entry at or below the commit record is damage, not a crash's tail: the open is refused
+    /// and nothing is changed (the replica must be re-added empty).
+    pub fn open(&self) -> Result<SimLog, String> {
         let mut d = self.lock();
         d.incarnation += 1;
+        d.pending.clear();
+        let committed = d
+            .durable
+            .committed
+            .as_ref()
+            .and_then(|b| serde_json::from_slice::<Option<LogId<ReplicaId>>>(b).ok())
+            .flatten()
+            .map(|l| l.index)
+            .unwrap_or(0);
         let torn: Vec<u64> = d
             .durable
             .entries
@@ -142,25 +158,47 @@ impl Disk {
             .filter(|(_, b)| serde_json::from_slice::<Entry<TypeConfig>>(b).is_err())
             .map(|(i, _)| *i)
             .collect();
-        if let Some(first) = torn.first() {
-            d.durable.entries.split_off(first);
+        if let Some(first) = torn.first().copied() {
+            if first <= committed && !self.cuts_damage {
+                d.damaged_refused += 1;
+                return Err(format!(
+                    "damaged: entry {first} fails its check, entries through {committed} are committed"
+                ));
+            }
+            d.durable.entries.split_off(&first);
             d.torn_dropped += torn.len() as u64;
         }
-        d.pending.clear();
         d.visible = d.durable.clone();
+        Ok(SimLog {
+            disk: self.clone(),
+            incarnation: d.incarnation,
+            committed: Arc::new(AtomicU64::new(committed)),
+        })
+    }
+
+    /// Bit rot (the fault `bit_rot`): a committed entry of the durable log other than the last
+    /// one, chosen by `pick`, no longer passes its check. False when there is none.
+    pub fn rot(&self, pick: u64) -> bool {
+        let mut d = self.lock();
         let committed = d
-            .visible
+            .durable
             .committed
             .as_ref()
             .and_then(|b| serde_json::from_slice::<Option<LogId<ReplicaId>>>(b).ok())
             .flatten()
             .map(|l| l.index)
             .unwrap_or(0);
-        SimLog {
-            disk: self.clone(),
-            incarnation: d.incarnation,
-            committed: Arc::new(AtomicU64::new(committed)),
+        let last = d.durable.entries.keys().next_back().copied();
+        let candidates: Vec<u64> =
+            d.durable.entries.keys().copied().filter(|i| *i <= committed && Some(*i) != last).collect();
+        let Some(victim) = candidates.get(pick as usize % candidates.len().max(1)).copied() else {
+            return false;
+        };
+        if let Some(bytes) = d.durable.entries.get_mut(&victim) {
+            bytes[0] ^= 0x40;
         }
+        d.visible = d.durable.clone();
+        true
     }
 }
 
@@ -347,24 +385,45 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_crash_loses_unsynced_writes_and_a_torn_entry_is_dropped_at_open() {
         let disk = Disk::new(Duration::from_millis(2));
-        let log = disk.open();
+        let log = disk.open().unwrap();
         log.write(vec![Write::Put(1, entry(1))]).unwrap();
         log.sync().await.unwrap();
         log.write(vec![Write::Put(2, entry(2)), Write::Put(3, entry(3))]).unwrap();
         assert_eq!(disk.unsynced(), 2);
         disk.crash(0, false);
-        let mut log = disk.open();
+        let mut log = disk.open().unwrap();
         let state = log.get_log_state().await.unwrap();
         assert_eq!(state.last_log_id.map(|l| l.index), Some(1), "unsynced entries are gone");
         // The stale handle of the crashed incarnation cannot write.
         log.write(vec![Write::Put(2, entry(2)), Write::Put(3, entry(3))]).unwrap();
         disk.crash(1, true);
-        let mut reopened = disk.open();
+        let mut reopened = disk.open().unwrap();
         let state = reopened.get_log_state().await.unwrap();
         assert_eq!(state.last_log_id.map(|l| l.index), Some(2), "one survived, the torn one dropped");
         assert_eq!(disk.lock().torn_dropped, 1);
         assert!(log.write(vec![Write::Put(9, entry(9))]).is_err(), "a dead incarnation writes nothing");
         disk.lock().full = true;
         assert!(reopened.write(vec![Write::Put(3, entry(3))]).is_err(), "a full disk refuses");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bit_rot_below_the_commit_record_refuses_the_open_and_changes_nothing() {
+        let disk = Disk::new(Duration::from_millis(2));
+        let mut log = disk.open().unwrap();
+        log.write((1..=4).map(|i| Write::Put(i, entry(i))).collect()).unwrap();
+        log.sync().await.unwrap();
+        log.save_committed(Some(LogId::new(openraft::CommittedLeaderId::new(1, 0), 3))).await.unwrap();
+        log.sync().await.unwrap();
+        disk.crash(0, false);
+        assert!(disk.rot(1), "a committed entry to rot");
+        let before = disk.lock().durable.entries.clone();
+        let e = disk.open().err().expect("a damaged log was opened");
+        assert!(e.contains("damaged") && e.contains("committed"), "{e}");
+        assert_eq!(disk.lock().durable.entries, before, "the refused open changed the log");
+        // The broken build cuts it off instead: committed entries are gone.
+        let broken = Disk { cuts_damage: true, ..disk.clone() };
+        let mut cut = broken.open().unwrap();
+        let last = cut.get_log_state().await.unwrap().last_log_id.map(|l| l.index);
+        assert!(last.is_some_and(|l| l < 3), "{last:?}");
     }
 }

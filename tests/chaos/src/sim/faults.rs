@@ -17,10 +17,11 @@ pub enum FaultKind {
     MembershipChange,
     SlowLinks,
     LostReplies,
+    BitRot,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 13] = [
         FaultKind::KillLeader,
         FaultKind::PauseLeader,
         FaultKind::Partition,
@@ -33,6 +34,7 @@ impl FaultKind {
         FaultKind::MembershipChange,
         FaultKind::SlowLinks,
         FaultKind::LostReplies,
+        FaultKind::BitRot,
     ];
 
     pub fn name(self) -> &'static str {
@@ -49,6 +51,7 @@ impl FaultKind {
             FaultKind::MembershipChange => "membership_change",
             FaultKind::SlowLinks => "slow_links",
             FaultKind::LostReplies => "lost_replies",
+            FaultKind::BitRot => "bit_rot",
         }
     }
 }

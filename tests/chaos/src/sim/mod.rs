@@ -45,6 +45,8 @@ pub struct Broken {
     pub log_acks_before_sync: bool,
     /// Replicas stamp commands with their wall clock, not the cluster's timeline.
     pub stamp_wall_clock: bool,
+    /// The log's recovery cuts damage below the commit record off, instead of refusing.
+    pub log_cuts_damage: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -122,6 +124,9 @@ pub struct World {
     /// What the faults did, counted as it happens.
     pub node_downs: std::sync::atomic::AtomicU64,
     pub restarts: std::sync::atomic::AtomicU64,
+    /// A replica with a damaged log is being re-added: no second one is damaged meanwhile (two
+    /// of three logs lost is a restore from a backup, not a fault the cluster rides out).
+    pub(crate) re_adding: std::sync::atomic::AtomicBool,
 }
 
 fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -322,6 +327,7 @@ async fn simulate(seed: u64, cfg: Config) -> ScheduleReport {
         let sync = Duration::from_millis(1 + rng.below(20));
         let mut slot = Slot::new(sync, id <= cfg.replicas as ReplicaId);
         slot.disk.acks_before_sync = cfg.broken.log_acks_before_sync;
+        slot.disk.cuts_damage = cfg.broken.log_cuts_damage;
         slots.insert(id, slot);
     }
     let w = Arc::new(World {
@@ -335,6 +341,7 @@ async fn simulate(seed: u64, cfg: Config) -> ScheduleReport {
         traced: std::env::var_os("KAIROS_SIM_TRACE").is_some(),
         node_downs: Default::default(),
         restarts: Default::default(),
+        re_adding: Default::default(),
         cfg,
     });
     let mut tasks = Vec::new();
