@@ -417,7 +417,7 @@ mod tests {
         disk.crash(0, false);
         assert!(disk.rot(1), "a committed entry to rot");
         let before = disk.lock().durable.entries.clone();
-        let e = disk.open().err().expect("a damaged log was opened");
+        let e = disk.open().expect_err("a damaged log was opened");
         assert!(e.contains("damaged") && e.contains("committed"), "{e}");
         assert_eq!(disk.lock().durable.entries, before, "the refused open changed the log");
         // The broken build cuts it off instead: committed entries are gone.
