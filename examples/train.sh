@@ -1,8 +1,9 @@
 #!/bin/sh
 # A training-like job for kairos (no GPU needed): counts steps, checkpoints every
-# CHECKPOINT_EVERY steps and when asked to (the signal in KAIROS_CHECKPOINT_SIGNAL, SIGUSR1
-# unless the job chose another: what kairos sends before a REQUEUE preemption or an elastic
-# resize), and resumes from its checkpoint on the next attempt, on however many GPUs it has.
+# CHECKPOINT_EVERY steps and when asked to (the signal in KAIROS_CHECKPOINT_SIGNAL: SIGTERM, as
+# Slurm sends, unless the job chose another with --checkpoint-signal: what kairos sends before a
+# REQUEUE preemption or an elastic resize), and resumes from its checkpoint on the next attempt,
+# on however many GPUs it has.
 #
 #   STEPS=50 CHECKPOINT_EVERY=10 OUT=steps.log kairos submit --qos training -- sh examples/train.sh
 #
@@ -23,7 +24,7 @@ checkpoint() {
 }
 
 stop=0
-signal=${KAIROS_CHECKPOINT_SIGNAL:-SIGUSR1}
+signal=${KAIROS_CHECKPOINT_SIGNAL:-SIGTERM}
 trap 'stop=1' "${signal#SIG}"
 echo "attempt ${KAIROS_RESTART_COUNT:-0} resumes at step $step on ${KAIROS_GPUS:-?} GPUs"
 echo "attempt ${KAIROS_RESTART_COUNT:-0} gpus ${KAIROS_GPUS:-?} devices ${CUDA_VISIBLE_DEVICES:-} step $step world ${WORLD_SIZE:-1}" >> "$ATTEMPTS"

@@ -80,7 +80,7 @@ impl Run {
             pgid: None,
             cgroup: None,
             gpus: a.gpu_ids.clone(),
-            checkpoint_signal: parse_signal(&a.checkpoint_signal, Signal::SIGUSR1),
+            checkpoint_signal: parse_signal(&a.checkpoint_signal, Signal::SIGTERM),
             exit: None,
             stopping: false,
             fenced: false,
@@ -707,7 +707,7 @@ impl Runner {
                 pgid: None,
                 cgroup: None,
                 gpus: Vec::new(),
-                checkpoint_signal: Signal::SIGUSR1,
+                checkpoint_signal: Signal::SIGTERM,
                 exit: Some(Exit::Lost),
                 stopping: false,
                 fenced: false,
@@ -729,7 +729,7 @@ impl Runner {
         let job_dir = job_dir(&self.state_dir, a.job_id, a.submit_time_ms);
         let checkpoint_dir = job_dir.join("checkpoint");
         let workdir = if a.workdir.is_empty() { job_dir.clone() } else { PathBuf::from(&a.workdir) };
-        let checkpoint_signal = parse_signal(&a.checkpoint_signal, Signal::SIGUSR1);
+        let checkpoint_signal = parse_signal(&a.checkpoint_signal, Signal::SIGTERM);
         // Logged before the spawn: the logged interval must cover the process's life.
         self.process_log.start(a.job_id, a.attempt, &a.gpu_ids, None);
         let cgroup = match self.isolation.cgroups.as_ref().map(|c| c.create(key)).transpose() {
@@ -770,7 +770,7 @@ impl Runner {
                 .env("KAIROS_GPUS", gpus.len().to_string())
                 .env(
                     "KAIROS_CHECKPOINT_SIGNAL",
-                    if a.checkpoint_signal.is_empty() { "SIGUSR1" } else { a.checkpoint_signal.as_str() },
+                    if a.checkpoint_signal.is_empty() { "SIGTERM" } else { a.checkpoint_signal.as_str() },
                 )
                 // torchrun-compatible gang environment (one task per node).
                 .env("RANK", a.rank.to_string())
@@ -1015,6 +1015,8 @@ impl Runner {
             run.stopping = true;
             tracing::info!(job = key.0, attempt = key.1, %signal, "stopping run");
             run.signal(signal);
+            // As Slurm: SIGCONT with it, so a process the job stopped itself handles it too.
+            run.signal(Signal::SIGCONT);
             if std::mem::take(&mut run.suspended) {
                 // The signal is pending; the process handles it as soon as it is thawed.
                 run.freeze(false);

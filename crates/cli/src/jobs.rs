@@ -75,7 +75,7 @@ pub struct SubmitArgs {
     /// The job tolerates SIGSTOP/SIGCONT: a SUSPEND-mode QoS pauses it instead of stopping it.
     #[arg(long)]
     pub suspendable: bool,
-    /// Signal that asks the job to checkpoint before a requeue or resize (default SIGUSR1).
+    /// Signal that asks the job to checkpoint before a requeue or resize, sent first with the grace ending at the checkpoint report; without one a preempted job gets SIGTERM at once and SIGKILL when its grace ends (as Slurm).
     #[arg(long)]
     pub checkpoint_signal: Option<String>,
     /// How long the job gets to checkpoint and exit (default and maximum: the QoS grace).

@@ -145,7 +145,7 @@ pub struct JobSpec {
     /// The job tolerates SIGSTOP/SIGCONT: a SUSPEND-mode preemption pauses it instead.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspendable: bool,
-    /// The signal that asks the job to checkpoint before a requeue or resize (default SIGUSR1).
+    /// The signal that asks the job to checkpoint before a requeue or resize, sent first with the grace ending at the checkpoint report; without one a preempted job gets SIGTERM at once and SIGKILL when its grace ends (as Slurm).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_signal: Option<Box<str>>,
     /// How long the job may take to checkpoint and exit (at most, and by default, the QoS grace).

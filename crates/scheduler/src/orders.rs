@@ -10,7 +10,11 @@
 //! | node drained (spot notice) | the job's checkpoint signal | its grace, at most `DRAIN_GRACE_S` |
 //! | cancelled, time limit, a gang task failed | SIGTERM | `KILL_GRACE_S` |
 //!
-//! A job's checkpoint grace is its own (`--checkpoint-grace`), never above its QoS's grace.
+//! A job's checkpoint grace is its own (`--checkpoint-grace`), never above its QoS's grace. A
+//! job that named no checkpoint signal gets Slurm's sequence: SIGTERM (with SIGCONT) at once,
+//! SIGKILL when the grace ends — a job written for Slurm saves and exits on SIGTERM and frees its
+//! GPUs at once. One that names one (`--checkpoint-signal`, `#SBATCH --signal`) gets it first; the
+//! agent then ends the grace at its checkpoint report and follows with SIGTERM.
 
 use crate::model::{GpuIndex, Job, JobId, JobState, StopReason};
 use crate::policy::PreemptMode;
@@ -20,8 +24,9 @@ use crate::state::ClusterState;
 pub const KILL_GRACE_S: u32 = 10;
 /// Most grace a drained node's jobs get (a spot interruption notice comes 2 minutes ahead).
 pub const DRAIN_GRACE_S: u32 = 100;
-/// What a job is sent to checkpoint when it named no signal of its own.
-pub const DEFAULT_CHECKPOINT_SIGNAL: &str = "SIGUSR1";
+/// What a job is sent to stop for a requeue when it named no checkpoint signal of its own:
+/// SIGTERM, as Slurm sends a preempted job.
+pub const DEFAULT_CHECKPOINT_SIGNAL: &str = "SIGTERM";
 /// Gang rank 0 listens on `MASTER_PORT_BASE + (job id mod 10000)`.
 pub const MASTER_PORT_BASE: u32 = 29_500;
 
@@ -167,6 +172,10 @@ mod tests {
         assert_eq!((o.action.clone(), o.checkpoint_signal), (RunAction::Run, "SIGUSR2"));
         assert_eq!((o.master_host.as_str(), o.master_port), ("n1", MASTER_PORT_BASE + job as u32));
         assert!(runs_on(&s, "n2").is_empty(), "another node");
+        // A job that named no checkpoint signal is asked to stop with SIGTERM (Slurm's way).
+        let mut plain_job = (*s.jobs[&job]).clone();
+        plain_job.spec.checkpoint_signal = None;
+        assert_eq!(checkpoint_of(&s, &plain_job).0, "SIGTERM");
         apply(&mut s, Op::JobStarted { job, attempt: 0, node: "n1".into() });
         assert!(runs_on(&s, "n1")[0].started);
         // Cancelled: SIGTERM with the kill grace, whatever the checkpoint settings.

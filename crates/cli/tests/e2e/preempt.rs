@@ -73,7 +73,7 @@ fn a_preemption_interrupted_by_leader_failover_completes_exactly_once() {
     let marks = c.path("marks");
     // A victim that takes a while to checkpoint: it leaves time to kill the leader mid-preemption.
     let script = format!(
-        "echo \"start $KAIROS_RESTART_COUNT $(date +%s%N)\" >> {m}; trap 'sleep 1; echo \"stop $(date +%s%N)\" >> {m}; exit 0' USR1; \
+        "echo \"start $KAIROS_RESTART_COUNT $(date +%s%N)\" >> {m}; trap 'sleep 1; echo \"stop $(date +%s%N)\" >> {m}; exit 0' TERM; \
          while :; do sleep 0.1; done",
         m = marks.display()
     );
@@ -354,9 +354,12 @@ done
 fn a_requeued_job_that_saves_on_sigterm_loses_no_work() {
     let c = Cluster::start(1);
     let out = c.path("steps");
+    // It asks for a checkpoint signal: that comes first, SIGTERM after its checkpoint report.
     let victim = c.submit(&[
         "--qos",
         "training",
+        "--checkpoint-signal",
+        "SIGUSR1",
         "--env",
         &format!("OUT={}", out.display()),
         "--",
@@ -386,6 +389,62 @@ fn a_requeued_job_that_saves_on_sigterm_loses_no_work() {
     // The first attempt ended on SIGTERM, by itself, after its requested checkpoint.
     let first = std::fs::read_to_string(c.job_dir("agent", victim).join("attempt-0.log")).unwrap();
     assert!(first.contains("checkpoint at step") && first.contains("saved at step"), "{first}");
+}
+
+/// Milliseconds since the epoch of an RFC 3339 time the CLI printed.
+fn ms(v: &serde_json::Value) -> u128 {
+    let t = humantime::parse_rfc3339(v.as_str().unwrap_or_else(|| panic!("no time: {v}"))).unwrap();
+    t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+}
+
+#[test]
+fn a_slurm_style_job_that_saves_on_sigterm_frees_its_gpus_at_once_and_loses_nothing() {
+    // A training job written for Slurm: no checkpoint signal asked for; on SIGTERM it saves
+    // (half a second) and exits. The training QoS's grace is 5 minutes.
+    let c = Cluster::start(1);
+    c.ok(&["qos", "update", "inference", "--preempt", "training"]);
+    let out = c.path("steps");
+    let script = r#"
+dir=$KAIROS_CHECKPOINT_DIR; step=0
+[ -f "$dir/step" ] && step=$(cat "$dir/step")
+term=0
+trap 'term=1' TERM
+while [ "$step" -lt 40 ]; do
+  if [ "$term" = 1 ]; then sleep 0.5; echo "$step" > "$dir/step"; echo "saved at step $step"; exit 0; fi
+  step=$((step + 1))
+  echo "step $step" >> "$OUT"
+  sleep 0.1
+done
+"#;
+    let victim = c.submit(&[
+        "--qos",
+        "training",
+        "--env",
+        &format!("OUT={}", out.display()),
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    c.wait_state(victim, "RUNNING");
+    wait_for("some progress", || {
+        (std::fs::read_to_string(&out).unwrap_or_default().lines().count() >= 5).then_some(())
+    });
+    let inference = c.submit(&["--qos", "inference", "--", "sleep", "1"]);
+    let running = c.wait_state(inference, "RUNNING");
+    let waited = ms(&running["start_time"]) - ms(&running["submit_time"]);
+    assert!(waited <= 2_000, "the inference job started {waited} ms after its submit");
+    assert_eq!(c.wait_done(inference)["state"], "COMPLETED");
+    let v = c.wait_done(victim);
+    assert_eq!((v["state"].as_str(), v["attempt"].as_u64()), (Some("COMPLETED"), Some(1)), "{v}");
+    let got: Vec<u32> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim_start_matches("step ").parse().unwrap())
+        .collect();
+    assert_eq!(got, (1..=40).collect::<Vec<u32>>(), "steps lost or repeated across the preemption");
+    let first = std::fs::read_to_string(c.job_dir("agent", victim).join("attempt-0.log")).unwrap();
+    assert!(first.contains("saved at step"), "{first}");
 }
 
 #[test]
