@@ -287,8 +287,32 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     }
 }
 
+/// A reader that stops reading (`kairos queue --all | head -1`) ends the output: the CLI exits 0
+/// quietly, as coreutils' tools do, instead of panicking on the closed pipe (Rust ignores
+/// SIGPIPE, so `print!` meets `EPIPE`).
+fn quiet_on_closed_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        // `print!`'s "failed printing to stdout: Broken pipe", clap_complete's "failed to write
+        // completion file: … BrokenPipe …".
+        if message.starts_with("failed")
+            && (message.contains("Broken pipe") || message.contains("BrokenPipe"))
+        {
+            std::process::exit(0);
+        }
+        default(info)
+    }));
+}
+
 #[tokio::main]
 async fn main() {
+    quiet_on_closed_pipe();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

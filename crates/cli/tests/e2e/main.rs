@@ -436,3 +436,26 @@ fn completions_and_man_pages_are_generated() {
         assert!(text.contains(".TH"), "{page}: {text}");
     }
 }
+
+#[test]
+fn a_reader_that_closes_the_pipe_early_ends_the_output_quietly_with_status_0() {
+    let c = Cluster::start(1);
+    for _ in 0..3 {
+        c.submit(&["--hold", "--", "true"]);
+    }
+    for args in [&["queue", "--all"][..], &["history"][..], &["completions", "bash"][..]] {
+        let mut child = c
+            .cli()
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader goes away before anything is written (`| head -0`, a closed pager).
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked") && err.is_empty(), "{args:?}: {err}");
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+    }
+}
