@@ -49,7 +49,9 @@ pub async fn token_command(client: &Client, json: bool, command: TokenCmd) -> an
             if json {
                 println!("{}", serde_json::json!({"id": created.id, "token": created.token}));
             } else {
+                // The token alone on stdout (scripts capture it); its id, for `token revoke`, beside.
                 println!("{}", created.token);
+                eprintln!("token id {} (kairos token revoke {} ends it)", created.id, created.id);
             }
         }
         TokenCmd::List => {
@@ -63,13 +65,17 @@ pub async fn token_command(client: &Client, json: bool, command: TokenCmd) -> an
                     "created_by": t.created_by, "expires_ms": t.expires_ms, "description": t.description})
             };
             let row = |t: &pb::TokenInfo| {
-                let expires = if t.expires_ms == 0 { "never".to_string() } else { t.expires_ms.to_string() };
+                let when = |ms: i64| match crate::output::time_json(ms) {
+                    serde_json::Value::String(t) => t,
+                    _ => "never".to_string(),
+                };
                 vec![
                     t.id.clone(),
                     t.user.clone(),
                     t.role.clone(),
+                    when(t.created_ms),
                     t.created_by.clone(),
-                    expires,
+                    when(t.expires_ms),
                     t.description.clone(),
                 ]
             };
@@ -77,7 +83,7 @@ pub async fn token_command(client: &Client, json: bool, command: TokenCmd) -> an
                 json,
                 &tokens,
                 json_of,
-                &["ID", "USER", "ROLE", "CREATED_BY", "EXPIRES_MS", "DESCRIPTION"],
+                &["ID", "USER", "ROLE", "CREATED", "CREATED_BY", "EXPIRES", "DESCRIPTION"],
                 row,
             );
         }

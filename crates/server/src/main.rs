@@ -392,7 +392,12 @@ async fn run() -> anyhow::Result<()> {
             let listener = kairos_telemetry::http::bind(addr)
                 .await
                 .with_context(|| format!("binding --metrics-addr {addr}"))?;
-            println!("kairosd {} metrics at http://{}/metrics", args.id, listener.local_addr()?);
+            let at = listener.local_addr()?;
+            tracing::info!(metrics = %format!("http://{at}/metrics"), "serving metrics");
+            // The plain announcement only beside plain logs: `--log-format json` writes JSON only.
+            if args.log_format == kairos_telemetry::logs::LogFormat::Text {
+                println!("kairosd {} metrics at http://{at}/metrics", args.id);
+            }
             let c = ctx.clone();
             Some(tokio::spawn(kairos_telemetry::http::serve(listener, Arc::new(move || metrics::render(&c)))))
         }
@@ -436,7 +441,9 @@ async fn run() -> anyhow::Result<()> {
         .context("building the reflection service")?;
 
     tracing::info!(id = args.id, addr = %args.addr, data_dir = %args.data_dir.display(), "kairosd serving");
-    println!("kairosd {} listening on {listen} (dialled as {})", args.id, args.addr);
+    if args.log_format == kairos_telemetry::logs::LogFormat::Text {
+        println!("kairosd {} listening on {listen} (dialled as {})", args.id, args.addr);
+    }
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let mut stopping = stop_rx.clone();
     tokio::spawn(async move {

@@ -178,11 +178,12 @@ fn kairosd_log_format_json_writes_only_json_lines() {
     let dir = tempfile::tempdir().unwrap();
     let addr = free_addr();
     let stderr = dir.path().join("stderr.log");
+    let stdout = dir.path().join("stdout.log");
     let mut kairosd = Command::new(bin("kairosd"))
-        .args(["--id", "1", "--addr", &addr, "--log-format", "json"])
+        .args(["--id", "1", "--addr", &addr, "--log-format", "json", "--metrics-addr", &free_addr()])
         .arg("--data-dir")
         .arg(dir.path().join("data"))
-        .stdout(Stdio::null())
+        .stdout(std::fs::File::create(&stdout).unwrap())
         .stderr(std::fs::File::create(&stderr).unwrap())
         .spawn()
         .unwrap();
@@ -198,7 +199,13 @@ fn kairosd_log_format_json_writes_only_json_lines() {
     assert!(cli(&["submit", "--", "true"]).status.success());
     assert!(!cli(&["submit", "--gpus", "0", "--", "true"]).status.success());
     crate::harness::stop_child(&mut kairosd);
+    // Nothing plain on stdout either (the metrics address is in the JSON log).
+    let out = std::fs::read_to_string(&stdout).unwrap();
+    for line in out.lines() {
+        serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("not JSON on stdout ({e}): {line}"));
+    }
     let text = std::fs::read_to_string(&stderr).unwrap();
+    assert!(text.contains("serving metrics"), "{text}");
     let lines: Vec<&str> = text.lines().collect();
     assert!(lines.len() >= 2, "too few log lines to mean anything: {text}");
     for line in lines {

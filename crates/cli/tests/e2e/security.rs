@@ -489,3 +489,23 @@ fn a_revoked_token_ends_the_streams_it_opened() {
     }
     c.ok(&["cancel", &id]);
 }
+
+#[test]
+fn token_create_names_the_id_and_token_list_shows_times_people_read() {
+    let c = Cluster::start(1);
+    let out = c.kairos(&["token", "create", "--user", "alice", "--ttl", "1h"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(token.starts_with("kairos_") && !token.contains(' '), "stdout is the token alone: {token}");
+    let id = token.trim_start_matches("kairos_").split('_').next().unwrap().to_string();
+    assert!(stderr(&out).contains(&format!("token id {id}")), "{}", stderr(&out));
+    let list = c.ok(&["token", "list"]);
+    let row = list.lines().find(|l| l.starts_with(&id)).unwrap_or_else(|| panic!("{list}"));
+    assert!(list.lines().next().unwrap().contains("EXPIRES"), "{list}");
+    // RFC 3339 times, not epoch milliseconds.
+    assert!(row.matches('T').count() >= 2 && row.contains('Z'), "{row}");
+    assert!(
+        !row.split_whitespace().any(|w| w.len() >= 13 && w.chars().all(|ch| ch.is_ascii_digit())),
+        "{row}"
+    );
+}
