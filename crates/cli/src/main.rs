@@ -280,7 +280,12 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Up { addr, agent_addr, data_dir, fake_gpus, node_name, run_as } => {
-            let controllers = up::up_controllers(&cli.controllers, &addr)?;
+            // A local cluster takes its addresses from its own flags only: KAIROS_CONTROLLERS
+            // points the CLI at another cluster, and must not decide where this one binds.
+            let given = std::env::args().any(|a| a == "--controllers" || a.starts_with("--controllers="));
+            let controllers =
+                if given { cli.controllers.clone() } else { vec![up::DEFAULT_CONTROLLER.to_string()] };
+            let controllers = up::up_controllers(&controllers, &addr)?;
             up::run(up::UpArgs { controllers, agent_addr, data_dir, fake_gpus, node_name, run_as }).await?;
             Ok(0)
         }

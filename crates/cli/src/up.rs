@@ -238,9 +238,12 @@ fn metrics_addr(addr: &str) -> anyhow::Result<String> {
     Ok(std::net::SocketAddr::new(a.ip(), port).to_string())
 }
 
+/// The CLI's default controller address (`--controllers`).
+pub const DEFAULT_CONTROLLER: &str = "127.0.0.1:7001";
+
 /// `kairos up --controllers`: a replica count (consecutive ports from `base`) or addresses.
 pub fn up_controllers(controllers: &[String], base: &str) -> anyhow::Result<Vec<String>> {
-    let default = controllers.len() == 1 && controllers[0] == "127.0.0.1:7001";
+    let default = controllers.len() == 1 && controllers[0] == DEFAULT_CONTROLLER;
     let count = match controllers {
         _ if default => 1,
         [n] if n.chars().all(|c| c.is_ascii_digit()) => n.parse::<u16>().unwrap_or(0),

@@ -239,8 +239,11 @@ fn kairos_up_stops_cleanly_on_sigterm_leaving_no_processes() {
     // `kairos up` makes its admin token the CLI's default (~/.config/kairos/token): a
     // private HOME shows that the CLI then needs no token flag.
     let home = dir.path().join("home");
+    // The CLI's pointer at another cluster, as a user of one has exported: `up` takes its
+    // addresses from its own flags only.
     let mut up = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
         .env("HOME", &home)
+        .env("KAIROS_CONTROLLERS", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
         .env_remove("XDG_CONFIG_HOME")
         .env_remove("KAIROS_TOKEN")
         .env_remove("KAIROS_TOKEN_FILE")
@@ -458,4 +461,24 @@ fn a_reader_that_closes_the_pipe_early_ends_the_output_quietly_with_status_0() {
         assert!(!err.contains("panicked") && err.is_empty(), "{args:?}: {err}");
         assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn kairos_up_on_a_taken_port_fails_fast_naming_it_whatever_kairos_controllers_says() {
+    let dir = tempfile::Builder::new().prefix("kairos-up-").tempdir().unwrap();
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = held.local_addr().unwrap().to_string();
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+        .env("HOME", dir.path().join("home"))
+        .env("KAIROS_CONTROLLERS", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
+        .args(["up", "--addr", &taken, "--agent-addr", &harness::free_addr()])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "{:?}", started.elapsed());
+    assert!(stderr(&out).contains(&taken), "{}", stderr(&out));
+    drop(held);
 }
