@@ -22,20 +22,20 @@ pub enum ProfileArg {
 #[derive(clap::Args, Debug)]
 pub struct SubmitArgs {
     /// GPUs the job needs on each node.
-    #[arg(long, alias = "gpus-per-node", default_value_t = 1, allow_negative_numbers = true, value_parser = parse_gpus)]
+    #[arg(long, short = 'G', alias = "gpus-per-node", default_value_t = 1, allow_negative_numbers = true, value_parser = parse_gpus)]
     pub gpus: u32,
     /// Gang job: run one task on each of this many nodes, all or nothing (torchrun-style
     /// RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment).
-    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = parse_gpus)]
+    #[arg(long, short = 'N', default_value_t = 1, allow_negative_numbers = true, value_parser = parse_gpus)]
     pub nodes: u32,
     /// Job name (default: the command's file name).
-    #[arg(long, default_value = "")]
+    #[arg(long, short = 'J', default_value = "")]
     pub name: String,
     /// Wall-clock limit: 90s, 30m, 2h, 1h30m, HH:MM:SS, or whole minutes.
-    #[arg(long, value_parser = parse_time)]
+    #[arg(long, short = 't', value_parser = parse_time)]
     pub time: Option<u64>,
     /// QoS class (default: the partition's, else the profile's default QoS).
-    #[arg(long)]
+    #[arg(long, short = 'q')]
     pub qos: Option<String>,
     /// What kind of work it is: training, inference or batch (picks the default QoS).
     #[arg(long, value_enum)]
@@ -44,7 +44,7 @@ pub struct SubmitArgs {
     #[arg(long = "env", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
     /// Working directory of the job on its node.
-    #[arg(long)]
+    #[arg(long, short = 'D')]
     pub workdir: Option<String>,
     /// Requeue the job (next attempt) if its node fails, instead of ending it NODE_FAIL.
     #[arg(long)]
@@ -59,10 +59,10 @@ pub struct SubmitArgs {
     #[arg(long)]
     pub gpu_model: Option<String>,
     /// Fairshare account (default: your default account).
-    #[arg(long)]
+    #[arg(long, short = 'A')]
     pub account: Option<String>,
     /// Partition (default: the cluster's default partition).
-    #[arg(long)]
+    #[arg(long, short = 'p')]
     pub partition: Option<String>,
     /// Elastic job: the fewest GPUs it can run on. Preemption shrinks it (restart on fewer
     /// GPUs, KAIROS_GPUS says how many) instead of stopping it; it grows back later.

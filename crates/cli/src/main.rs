@@ -383,4 +383,22 @@ mod tests {
         walk(&super::Cli::command(), "kairos", &mut missing);
         assert!(missing.is_empty(), "without help text: {missing:#?}");
     }
+
+    #[test]
+    fn submit_takes_sbatchs_short_flags() {
+        use clap::Parser;
+        super::Cli::command().debug_assert();
+        let argv = [
+            "kairos", "submit", "-t", "10m", "-G", "2", "-J", "train", "-q", "batch", "-p", "big", "-A",
+            "vision", "-N", "2", "-D", "/work", "--", "true",
+        ];
+        let cli = super::Cli::try_parse_from(argv).expect("sbatch's short flags parse");
+        let super::Cmd::Submit(a) = cli.command else { panic!("not a submit") };
+        assert_eq!(
+            (a.time, a.gpus, a.name.as_str(), a.qos.as_deref()),
+            (Some(600), 2, "train", Some("batch"))
+        );
+        assert_eq!((a.partition.as_deref(), a.account.as_deref(), a.nodes), (Some("big"), Some("vision"), 2));
+        assert_eq!((a.workdir.as_deref(), a.command.as_slice()), (Some("/work"), &["true".to_string()][..]));
+    }
 }
