@@ -279,11 +279,22 @@ pub async fn queue(client: &Client, json: bool, args: QueueArgs) -> anyhow::Resu
 
 /// The job id of task `index` of array `array`.
 async fn array_task(client: &Client, array: u64, index: u32) -> anyhow::Result<u64> {
+    array_tasks(client, array)
+        .await?
+        .into_iter()
+        .find(|(i, _)| *i == index)
+        .map(|(_, id)| id)
+        .ok_or_else(|| anyhow::anyhow!("array {array} has no task {index}"))
+}
+
+/// Every task of array `array` as (index, job id), in id order.
+async fn array_tasks(client: &Client, array: u64) -> anyhow::Result<Vec<(u32, u64)>> {
     let head = get_job(client, array).await?;
     if head.array_job_id != array {
         anyhow::bail!("job {array} is not a job array");
     }
     // Tasks have consecutive ids from the array's.
+    let mut tasks = Vec::new();
     let mut page_token = String::new();
     loop {
         let req = pb::ListJobsRequest {
@@ -293,14 +304,20 @@ async fn array_task(client: &Client, array: u64, index: u32) -> anyhow::Result<u
             ..Default::default()
         };
         let page = client.jobs(req, |mut c, r| async move { c.list_jobs(r).await }).await?.into_inner();
-        if let Some(task) = page.jobs.iter().find(|j| j.array_job_id == array && j.array_task_id == index) {
-            return Ok(task.id);
-        }
+        tasks.extend(page.jobs.iter().filter(|j| j.array_job_id == array).map(|j| (j.array_task_id, j.id)));
         let past = page.jobs.last().is_none_or(|j| j.id >= array + u64::from(head.array_task_count));
         if page.next_page_token.is_empty() || past {
-            anyhow::bail!("array {array} has no task {index}");
+            return Ok(tasks);
         }
         page_token = page.next_page_token;
+    }
+}
+
+/// The job a reference names: a job id, or `ARRAY_INDEX` for one task of an array.
+pub async fn resolve(client: &Client, target: (u64, Option<u32>)) -> anyhow::Result<u64> {
+    match target {
+        (id, None) => Ok(id),
+        (array, Some(index)) => array_task(client, array, index).await,
     }
 }
 
@@ -322,10 +339,7 @@ pub async fn show(client: &Client, json: bool, id: u64) -> anyhow::Result<i32> {
 }
 
 pub async fn cancel(client: &Client, json: bool, target: (u64, Option<u32>)) -> anyhow::Result<i32> {
-    let id = match target {
-        (id, None) => id,
-        (array, Some(index)) => array_task(client, array, index).await?,
-    };
+    let id = resolve(client, target).await?;
     let job = client
         .jobs(pb::CancelJobRequest { job_id: id }, |mut c, r| async move { c.cancel_job(r).await })
         .await?
@@ -378,7 +392,36 @@ pub async fn logs(client: &Client, id: u64, follow: bool) -> anyhow::Result<i32>
 }
 
 /// Waits until a job ends: 0 if it completed, 1 otherwise.
-pub async fn wait(client: &Client, json: bool, id: u64) -> anyhow::Result<i32> {
+/// Waits for a job, or for every task of an array (by its id): the exit status is the largest
+/// of its tasks' (`wait_code`).
+pub async fn wait(client: &Client, json: bool, target: (u64, Option<u32>)) -> anyhow::Result<i32> {
+    let id = resolve(client, target).await?;
+    let head = get_job(client, id).await?;
+    if target.1.is_some() || head.array_job_id != id {
+        let job = wait_one(client, id).await?;
+        if json {
+            print_json(&job_json(&job));
+        } else {
+            println!("job {}: {}", output::job_label(&job), output::job_state_name(job.state));
+        }
+        return Ok(wait_code(&job));
+    }
+    let mut ended = Vec::new();
+    for (_, task) in array_tasks(client, id).await? {
+        ended.push(wait_one(client, task).await?);
+    }
+    if json {
+        print_json(&serde_json::Value::Array(ended.iter().map(job_json).collect()));
+    } else {
+        for job in &ended {
+            println!("job {}: {}", output::job_label(job), output::job_state_name(job.state));
+        }
+    }
+    Ok(ended.iter().map(wait_code).max().unwrap_or(0))
+}
+
+/// Watches job `id` until it ends.
+async fn wait_one(client: &Client, id: u64) -> anyhow::Result<pb::Job> {
     let mut stream = client
         .jobs(pb::WatchJobRequest { job_id: id }, |mut c, r| async move { c.watch_job(r).await })
         .await?
@@ -387,14 +430,7 @@ pub async fn wait(client: &Client, json: bool, id: u64) -> anyhow::Result<i32> {
     while let Some(job) = stream.next().await {
         last = Some(job.map_err(|s| CallError(format!("watching job {id}: {}", s.message())))?);
     }
-    let job = last.ok_or_else(|| CallError(format!("watching job {id}: stream ended early")))?;
-    let state = output::job_state_name(job.state);
-    if json {
-        print_json(&job_json(&job));
-    } else {
-        println!("job {id}: {state}");
-    }
-    Ok(wait_code(&job))
+    Ok(last.ok_or_else(|| CallError(format!("watching job {id}: stream ended early")))?)
 }
 
 /// `kairos wait`'s exit status for a job that ended: 0 when it completed, its exit code when it

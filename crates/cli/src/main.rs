@@ -85,8 +85,9 @@ enum Cmd {
     History(history::HistoryArgs),
     /// Show one job (also one only the history still holds).
     Show {
-        /// The job's id.
-        id: u64,
+        /// The job's id, or an array task as ARRAY_INDEX (e.g. 41_3).
+        #[arg(value_parser = args::parse_job_ref)]
+        id: (u64, Option<u32>),
     },
     /// Cancel a job; an array's id cancels every task of it, ID_N only task N.
     Cancel {
@@ -96,18 +97,21 @@ enum Cmd {
     },
     /// Keep a pending job from starting.
     Hold {
-        /// The job's id.
-        id: u64,
+        /// The job's id, or an array task as ARRAY_INDEX (e.g. 41_3).
+        #[arg(value_parser = args::parse_job_ref)]
+        id: (u64, Option<u32>),
     },
     /// Let a held job start.
     Release {
-        /// The job's id.
-        id: u64,
+        /// The job's id, or an array task as ARRAY_INDEX (e.g. 41_3).
+        #[arg(value_parser = args::parse_job_ref)]
+        id: (u64, Option<u32>),
     },
     /// Print a job's output.
     Logs {
-        /// The job's id.
-        id: u64,
+        /// The job's id, or an array task as ARRAY_INDEX (e.g. 41_3).
+        #[arg(value_parser = args::parse_job_ref)]
+        id: (u64, Option<u32>),
         /// Keep printing until the job ends.
         #[arg(long, short)]
         follow: bool,
@@ -115,8 +119,10 @@ enum Cmd {
     /// Wait until a job ends; exits with its outcome: 0 completed, the job's exit code when it
     /// failed, 128+N when signal N killed it, 124 timeout, 125 cancelled, 123 node failure.
     Wait {
-        /// The job's id.
-        id: u64,
+        /// The job's id (an array's id waits for every task; the status is the largest of
+        /// theirs), or an array task as ARRAY_INDEX (e.g. 41_3).
+        #[arg(value_parser = args::parse_job_ref)]
+        id: (u64, Option<u32>),
     },
     /// List GPU nodes.
     Nodes,
@@ -239,7 +245,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Cmd::Submit(args) => jobs::submit(client, json, args).await,
         Cmd::Queue(args) => jobs::queue(client, json, args).await,
-        Cmd::Show { id } => jobs::show(client, json, id).await,
+        Cmd::Show { id } => jobs::show(client, json, jobs::resolve(client, id).await?).await,
         Cmd::History(args) => history::history(client, json, args).await,
         Cmd::Cancel { id } => jobs::cancel(client, json, id).await,
         Cmd::Batch(args) => {
@@ -247,9 +253,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             let submit = batch::submit_args(&args.args, &env).map_err(|e| anyhow::anyhow!("{e}"))?;
             jobs::submit(client, json, submit).await
         }
-        Cmd::Hold { id } => jobs::hold(client, json, id, true).await,
-        Cmd::Release { id } => jobs::hold(client, json, id, false).await,
-        Cmd::Logs { id, follow } => jobs::logs(client, id, follow).await,
+        Cmd::Hold { id } => jobs::hold(client, json, jobs::resolve(client, id).await?, true).await,
+        Cmd::Release { id } => jobs::hold(client, json, jobs::resolve(client, id).await?, false).await,
+        Cmd::Logs { id, follow } => jobs::logs(client, jobs::resolve(client, id).await?, follow).await,
         Cmd::Wait { id } => jobs::wait(client, json, id).await,
         Cmd::CheckpointDone => jobs::checkpoint_done(),
         Cmd::Nodes => nodes::list(client, json).await,

@@ -152,6 +152,15 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
+/// A job as one-line messages name it: `ID`, or `ID (ARRAY_INDEX)` for an array task.
+pub fn job_label(job: &pb::Job) -> String {
+    if job.array_job_id == 0 {
+        job.id.to_string()
+    } else {
+        format!("{} ({}_{})", job.id, job.array_job_id, job.array_task_id)
+    }
+}
+
 /// A job's id as tables show it: `ID`, or `ARRAY_INDEX` for an array task, or
 /// `ARRAY_[INDICES%N]` for pending tasks folded onto one line (`fold_pending_tasks`).
 fn shown_id(job: &pb::Job) -> String {

@@ -482,3 +482,35 @@ fn kairos_up_on_a_taken_port_fails_fast_naming_it_whatever_kairos_controllers_sa
     assert!(stderr(&out).contains(&taken), "{}", stderr(&out));
     drop(held);
 }
+
+#[test]
+fn array_task_ids_work_everywhere_and_waiting_on_an_array_waits_for_every_task() {
+    let c = Cluster::start(4);
+    // Task 0 ends at once, task 1 fails (exit 3) after a second, task 2 completes after two.
+    let script = "echo task $SLURM_ARRAY_TASK_ID; sleep $SLURM_ARRAY_TASK_ID; [ $SLURM_ARRAY_TASK_ID = 1 ] && exit 3; exit 0";
+    let array = c.submit(&["--array", "0-2", "--", "sh", "-c", script]);
+    let a = array.to_string();
+    let out = c.kairos(&["wait", &a]);
+    assert_eq!(out.status.code(), Some(3), "the worst task's outcome: {}", stderr(&out));
+    // It returned only once every task had ended.
+    let states: Vec<String> = (0..3)
+        .map(|i| {
+            let j: serde_json::Value =
+                serde_json::from_str(&c.ok(&["show", &format!("{a}_{i}"), "--json"])).unwrap();
+            assert_eq!(j["array_task_id"], i, "{j}");
+            j["state"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(states, ["COMPLETED", "FAILED", "COMPLETED"]);
+    // Each command takes ARRAY_INDEX.
+    assert_eq!(c.ok(&["logs", &format!("{a}_2")]), "task 2\n");
+    assert_eq!(c.kairos(&["wait", &format!("{a}_1")]).status.code(), Some(3));
+    assert_eq!(c.kairos(&["wait", &format!("{a}_0")]).status.code(), Some(0));
+    let held = c.submit(&["--hold", "--array", "0-1", "--", "true"]);
+    c.ok(&["release", &format!("{held}_1")]);
+    assert_eq!(c.kairos(&["wait", &format!("{held}_1")]).status.code(), Some(0));
+    c.ok(&["hold", &format!("{held}_0")]);
+    c.ok(&["cancel", &format!("{held}_0")]);
+    let out = c.kairos(&["show", &format!("{a}_9")]);
+    assert!(!out.status.success() && stderr(&out).contains("no task 9"), "{}", stderr(&out));
+}
