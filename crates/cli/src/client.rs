@@ -69,6 +69,39 @@ impl std::fmt::Display for CallError {
 
 impl std::error::Error for CallError {}
 
+/// A watching command (`wait`, `logs --follow`) lost its stream and no controller answered for
+/// `REACH_WAIT`: the CLI exits `EXIT_UNREACHABLE`, which a job's own outcome reported by
+/// `kairos wait` is not confused with by scripts that check for it.
+#[derive(Debug)]
+pub struct Unreachable(pub String);
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unreachable {}
+
+/// The exit status when every controller was lost (sysexits' `EX_UNAVAILABLE`).
+pub const EXIT_UNREACHABLE: i32 = 69;
+/// How long a watching command tries to get its stream back before giving up.
+pub const REACH_WAIT: Duration = Duration::from_secs(15);
+
+/// Whether a stream that ended with `status` may be opened again elsewhere: the connection or
+/// the replica went away (not an answer about the job or the caller).
+pub fn resumable(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable
+            | Code::Unknown
+            | Code::Internal
+            | Code::Cancelled
+            | Code::Aborted
+            | Code::DeadlineExceeded
+    )
+}
+
 /// A plaintext HTTP/2 client talking to a TLS server sees its connection torn down, not a
 /// gRPC answer.
 fn broken_h2(status: &Status) -> bool {

@@ -376,22 +376,63 @@ pub async fn hold(client: &Client, json: bool, id: u64, hold: bool) -> anyhow::R
 }
 
 pub async fn logs(client: &Client, id: u64, follow: bool) -> anyhow::Result<i32> {
-    let mut stream = client
-        .jobs(pb::LogsRequest { job_id: id, follow, ..Default::default() }, |mut c, r| async move {
-            c.stream_logs(r).await
-        })
-        .await?
-        .into_inner();
     let mut out = std::io::stdout().lock();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|s| CallError(format!("reading logs of job {id}: {}", s.message())))?;
-        out.write_all(&chunk.data)?;
+    // Bytes printed so far: a stream opened again (another replica, after a failover) starts
+    // there, so no line is printed twice or skipped.
+    let mut offset = 0u64;
+    let mut lost_since: Option<std::time::Instant> = None;
+    let mut opened_once = false;
+    loop {
+        let req = pb::LogsRequest { job_id: id, follow, offset, ..Default::default() };
+        let mut stream = match client.jobs(req, |mut c, r| async move { c.stream_logs(r).await }).await {
+            Ok(s) => s.into_inner(),
+            Err(e) if !opened_once || !follow => return Err(e.into()),
+            Err(e) => {
+                give_up_after_reach_wait(&mut lost_since, &format!("following the logs of job {id}"), &e)?;
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        opened_once = true;
+        lost_since = None;
+        let mut broken = false;
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                Ok(chunk) => {
+                    out.write_all(&chunk.data)?;
+                    out.flush()?;
+                    offset += chunk.data.len() as u64;
+                }
+                Err(s) if follow && crate::client::resumable(&s) => {
+                    broken = true;
+                    break;
+                }
+                Err(s) => return Err(CallError(format!("reading logs of job {id}: {}", s.message())).into()),
+            }
+        }
+        if !broken {
+            return Ok(0);
+        }
     }
-    out.flush()?;
-    Ok(0)
 }
 
-/// Waits until a job ends: 0 if it completed, 1 otherwise.
+/// Ends a watching command with `Unreachable` once no controller answered for `REACH_WAIT`.
+fn give_up_after_reach_wait(
+    lost_since: &mut Option<std::time::Instant>,
+    what: &str,
+    last: &CallError,
+) -> anyhow::Result<()> {
+    let since = *lost_since.get_or_insert_with(std::time::Instant::now);
+    if since.elapsed() >= crate::client::REACH_WAIT {
+        return Err(crate::client::Unreachable(format!(
+            "{what}: no controller answered for {:?} ({last})",
+            crate::client::REACH_WAIT
+        ))
+        .into());
+    }
+    Ok(())
+}
+
 /// Waits for a job, or for every task of an array (by its id): the exit status is the largest
 /// of its tasks' (`wait_code`).
 pub async fn wait(client: &Client, json: bool, target: (u64, Option<u32>)) -> anyhow::Result<i32> {
@@ -420,17 +461,48 @@ pub async fn wait(client: &Client, json: bool, target: (u64, Option<u32>)) -> an
     Ok(ended.iter().map(wait_code).max().unwrap_or(0))
 }
 
-/// Watches job `id` until it ends.
+/// Watches job `id` until it ends, opening the watch again (another replica) when a stream
+/// breaks; `Unreachable` once no controller answered for `REACH_WAIT`.
 async fn wait_one(client: &Client, id: u64) -> anyhow::Result<pb::Job> {
-    let mut stream = client
-        .jobs(pb::WatchJobRequest { job_id: id }, |mut c, r| async move { c.watch_job(r).await })
-        .await?
-        .into_inner();
-    let mut last = None;
-    while let Some(job) = stream.next().await {
-        last = Some(job.map_err(|s| CallError(format!("watching job {id}: {}", s.message())))?);
+    let mut lost_since: Option<std::time::Instant> = None;
+    let mut opened_once = false;
+    loop {
+        let req = pb::WatchJobRequest { job_id: id };
+        match client.jobs(req, |mut c, r| async move { c.watch_job(r).await }).await {
+            Ok(stream) => {
+                opened_once = true;
+                lost_since = None;
+                let mut stream = stream.into_inner();
+                let mut last = None;
+                while let Some(item) = stream.next().await {
+                    match item {
+                        Ok(job) => last = Some(job),
+                        Err(s) if crate::client::resumable(&s) => break,
+                        Err(s) => return Err(CallError(format!("watching job {id}: {}", s.message())).into()),
+                    }
+                }
+                if let Some(job) = last.filter(ended) {
+                    return Ok(job);
+                }
+            }
+            Err(e) if !opened_once => return Err(e.into()),
+            Err(e) => give_up_after_reach_wait(&mut lost_since, &format!("watching job {id}"), &e)?,
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
-    Ok(last.ok_or_else(|| CallError(format!("watching job {id}: stream ended early")))?)
+}
+
+/// Whether the job has ended (what `wait` waits for).
+fn ended(job: &pb::Job) -> bool {
+    !matches!(
+        pb::JobState::try_from(job.state),
+        Ok(pb::JobState::Pending
+            | pb::JobState::Running
+            | pb::JobState::Preempting
+            | pb::JobState::Suspended
+            | pb::JobState::Unspecified)
+            | Err(_)
+    )
 }
 
 /// `kairos wait`'s exit status for a job that ended: 0 when it completed, its exit code when it

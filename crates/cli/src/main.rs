@@ -356,6 +356,9 @@ async fn main() {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("kairos: {}", e.to_string().lines().next().unwrap_or("error"));
+            if e.downcast_ref::<client::Unreachable>().is_some() {
+                std::process::exit(client::EXIT_UNREACHABLE);
+            }
             std::process::exit(1);
         }
     }

@@ -309,3 +309,54 @@ fn a_restarted_replica_serves_no_reads_until_it_has_caught_up() {
     let seen = wait_for("the replica to catch up and answer", || list(&c).0);
     assert_eq!(seen, ids);
 }
+
+/// The CLI at every replica, the leader first (its streams start there).
+fn at_leader_first(c: &Cluster, args: &[&str]) -> std::process::Child {
+    let leader = c.leader();
+    let mut addrs = vec![c.controllers[leader].addr.clone()];
+    addrs.extend((0..c.controllers.len()).filter(|i| *i != leader).map(|i| c.controllers[i].addr.clone()));
+    std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+        .arg("--controllers")
+        .arg(addrs.join(","))
+        .env("KAIROS_TOKEN_FILE", c.token_file())
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kairos")
+}
+
+#[test]
+fn wait_and_logs_follow_survive_the_leader_they_talk_to_and_lose_no_line() {
+    let mut c = Cluster::start_with(3, 1, &[]);
+    let id = c.submit(&["--", "sh", "-c", "for i in $(seq 1 40); do echo line $i; sleep 0.1; done; exit 7"]);
+    c.wait_state(id, "RUNNING");
+    let wait = at_leader_first(&c, &["wait", &id.to_string()]);
+    let follow = at_leader_first(&c, &["logs", "--follow", &id.to_string()]);
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let leader = c.leader();
+    c.kill_controller(leader);
+    let wait = wait.wait_with_output().unwrap();
+    assert_eq!(wait.status.code(), Some(7), "wait: {}", String::from_utf8_lossy(&wait.stderr));
+    let follow = follow.wait_with_output().unwrap();
+    assert!(follow.status.success(), "logs: {}", String::from_utf8_lossy(&follow.stderr));
+    let want: String = (1..=40).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(String::from_utf8_lossy(&follow.stdout), want, "lines lost or repeated");
+}
+
+#[test]
+fn wait_exits_69_when_every_controller_is_gone() {
+    let mut c = Cluster::start_with(3, 1, &[]);
+    let id = c.submit(&["--", "sleep", "300"]);
+    c.wait_state(id, "RUNNING");
+    let wait = at_leader_first(&c, &["wait", &id.to_string()]);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    for i in 0..3 {
+        c.kill_controller(i);
+    }
+    let started = Instant::now();
+    let out = wait.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(69), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no controller answered"));
+    assert!(started.elapsed() < std::time::Duration::from_secs(40), "{:?}", started.elapsed());
+}
