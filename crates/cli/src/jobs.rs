@@ -411,7 +411,26 @@ pub async fn logs(client: &Client, id: u64, follow: bool) -> anyhow::Result<i32>
             }
         }
         if !broken {
+            if offset == 0 {
+                output_elsewhere_hint(client, id).await;
+            }
             return Ok(0);
+        }
+    }
+}
+
+/// A batch job with `-o`/`-e` writes its output to its own files, not to the log: say where,
+/// rather than print nothing.
+async fn output_elsewhere_hint(client: &Client, id: u64) {
+    let Ok(job) = get_job(client, id).await else { return };
+    let Some(spec) = job.spec.as_ref() else { return };
+    if let [sh, c, redirect, ..] = spec.argv.as_slice() {
+        if sh == "/bin/sh" && c == "-c" && redirect.starts_with("exec >>") {
+            let to = redirect.trim_start_matches("exec ").split(';').next().unwrap_or_default();
+            eprintln!(
+                "kairos: job {id} sends its output to its -o/-e files ({to}, in {}), not to this log",
+                if spec.workdir.is_empty() { "its job directory" } else { spec.workdir.as_str() }
+            );
         }
     }
 }

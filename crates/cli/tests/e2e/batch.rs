@@ -41,6 +41,14 @@ fn an_array_script_runs_every_task_with_its_index_never_more_than_n_at_once() {
         assert_eq!(job["state"], "COMPLETED", "{job}");
         assert_eq!(job["array_job_id"], array);
     }
+    // `kairos logs` of a task says where its output went instead of printing nothing.
+    let out = c.kairos(&["logs", &array.to_string()]);
+    assert!(out.status.success() && out.stdout.is_empty());
+    assert!(
+        stderr(&out).contains("sends its output to its -o/-e files") && stderr(&out).contains("arr_"),
+        "{}",
+        stderr(&out)
+    );
     // Each task saw its index in both variables and wrote to its own output file.
     for i in 0..8 {
         let path = out_dir.join(format!("arr_{array}_{i}.out"));
