@@ -172,6 +172,19 @@ impl ClusterState {
             Op::Checkpointed { job, attempt, node } => match self.current_run(*job, *attempt, node) {
                 Ok(j) => {
                     j.last_checkpoint_ms = Some(now);
+                    let preempted = j
+                        .allocation
+                        .as_ref()
+                        .is_some_and(|a| matches!(a.stop, Some(StopReason::Preempted { .. })));
+                    if preempted {
+                        // It saved on the preemption's signal: the work the record counted as
+                        // lost was not.
+                        j.record(now, "checkpointed", "on the preemption signal: no work lost".into());
+                        let id = *job;
+                        if let Some(r) = self.preemptions.iter_mut().rev().find(|r| r.victim == id) {
+                            r.gpu_s_lost = 0;
+                        }
+                    }
                     Outcome::RunUpdated { job: *job, state: JobState::Running }
                 }
                 Err(why) => Outcome::Ignored(why),

@@ -317,3 +317,27 @@ fn a_recently_preempted_victim_is_spared_at_equal_lost_work() {
         victim_of(crate::policy::Policy::default(), "training", "training", &[0, 1], hour + 10);
     assert_eq!(victim, again);
 }
+
+#[test]
+fn a_victim_that_checkpoints_on_the_preemption_signal_lost_no_work() {
+    let mut s = cluster(2);
+    let victim = submitted(s.apply(&cmd(
+        0,
+        Op::Submit { spec: spec(2, "training"), request_id: None, hold: false, limits: None },
+    )));
+    run_plan(&mut s, 0);
+    s.apply(&cmd(0, Op::JobStarted { job: victim, attempt: 0, node: "n1".into() }));
+    let urgent = submitted(s.apply(&cmd(
+        600_000,
+        Op::Submit { spec: spec(2, "urgent"), request_id: None, hold: false, limits: None },
+    )));
+    let p = plan(&s).preemption.expect("a preemption");
+    let op = Op::Preempt { preemptor: urgent, node: p.node, victims: p.victims, gpus: p.gpus };
+    assert!(matches!(s.apply(&cmd(600_001, op)), Outcome::Preempted { .. }));
+    let lost = |s: &ClusterState| s.preemptions.iter().rev().find(|r| r.victim == victim).unwrap().gpu_s_lost;
+    assert_eq!(lost(&s), 2 * 600, "ten minutes of two GPUs since its start");
+    // It saves on the signal: the record says so.
+    s.apply(&cmd(600_500, Op::Checkpointed { job: victim, attempt: 0, node: "n1".into() }));
+    assert_eq!(lost(&s), 0);
+    assert!(s.jobs[&victim].events.iter().any(|e| e.message.contains("no work lost")));
+}
