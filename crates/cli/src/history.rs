@@ -138,12 +138,16 @@ pub fn record_json(r: &pb::JobRecord, now: i64) -> Value {
         "preemptions": r.preemptions,
         "attempts": r.attempts,
         "purged": r.purged,
+        "array_job_id": if r.array_job_id == 0 { Value::Null } else { json!(r.array_job_id) },
+        "array_task_id": if r.array_job_id == 0 { Value::Null } else { json!(r.array_task_id) },
     })
 }
 
 fn cell(r: &pb::JobRecord, column: &str, now: i64) -> String {
     let or_dash = |s: &str| if s.is_empty() { "-".to_string() } else { s.to_string() };
     match column {
+        // An array task as `queue` shows it (sacct's JobID).
+        "ID" if r.array_job_id != 0 => format!("{}_{}", r.array_job_id, r.array_task_id),
         "ID" => r.id.to_string(),
         "NAME" => or_dash(&r.name),
         "USER" => r.user.clone(),

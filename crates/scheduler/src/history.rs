@@ -63,6 +63,9 @@ pub struct JobRecord {
     pub preemptions: u32,
     /// GPU-seconds of the last run: its GPUs × its wall time.
     pub gpu_seconds: u64,
+    /// An array task's array (its first task's id) and index (sacct's `JobID` `A_i`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<(JobId, u32)>,
 }
 
 impl JobRecord {
@@ -91,6 +94,7 @@ impl JobRecord {
             attempts: job.attempt + 1,
             preemptions: preemptions.max(job.preempted_at.len() as u32),
             gpu_seconds: u64::from(gpus) * (ran_ms as u64) / 1000,
+            array: job.spec.array.as_ref().filter(|a| a.id != 0).map(|a| (a.id, a.index)),
         }
     }
 }

@@ -314,6 +314,8 @@ pub fn record_to_pb(r: &kairos_scheduler::history::JobRecord, purged: bool) -> p
         preemptions: r.preemptions,
         gpu_seconds: r.gpu_seconds,
         purged,
+        array_job_id: r.array.map_or(0, |a| a.0),
+        array_task_id: r.array.map_or(0, |a| a.1),
     }
 }
 

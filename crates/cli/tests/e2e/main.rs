@@ -502,6 +502,16 @@ fn array_task_ids_work_everywhere_and_waiting_on_an_array_waits_for_every_task()
         })
         .collect();
     assert_eq!(states, ["COMPLETED", "FAILED", "COMPLETED"]);
+    // Accounting names the tasks as the queue does.
+    let history = c.ok(&["history", "--format", "id,state"]);
+    for (i, state) in [(0, "COMPLETED"), (1, "FAILED"), (2, "COMPLETED")] {
+        assert!(
+            history
+                .lines()
+                .any(|l| l.split_whitespace().collect::<Vec<_>>() == [format!("{a}_{i}").as_str(), state]),
+            "{history}"
+        );
+    }
     // Each command takes ARRAY_INDEX.
     assert_eq!(c.ok(&["logs", &format!("{a}_2")]), "task 2\n");
     assert_eq!(c.kairos(&["wait", &format!("{a}_1")]).status.code(), Some(3));
