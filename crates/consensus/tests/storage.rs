@@ -297,6 +297,19 @@ mod corrupt_disk {
     }
 
     #[test]
+    fn replication_never_gets_entries_after_a_purge_for_a_start_the_purge_took() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let (dir, _) = written().await;
+            let mut store = LogStore::open(dir.path(), 1).expect("log store");
+            store.purge(entry(2).log_id).await.unwrap();
+            // Entries 3.. do not follow a prev_log_id of 0: nothing rather than a gap.
+            assert!(store.limited_get_log_entries(1, 4).await.unwrap().is_empty());
+            assert_eq!(indexes(&store.limited_get_log_entries(3, 4).await.unwrap()), [3]);
+        });
+    }
+
+    #[test]
     fn a_commit_record_ahead_of_the_recovered_log_refuses_to_start() {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {

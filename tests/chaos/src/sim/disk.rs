@@ -282,6 +282,19 @@ impl RaftLogReader<TypeConfig> for SimLog {
             self.disk.lock().visible.entries.range(range).map(|(_, b)| b.clone()).collect();
         bytes.iter().map(|b| serde_json::from_slice(b).map_err(read_err)).collect()
     }
+
+    /// Replication's reads, as `LogStore`'s: a start purged meanwhile gets nothing.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> StorageResult<Vec<Entry<TypeConfig>>> {
+        let purged: Option<LogId<ReplicaId>> = self.get(|m| m.last_purged.clone())?;
+        if purged.is_some_and(|p| start <= p.index) {
+            return Ok(Vec::new());
+        }
+        self.try_get_log_entries(start..end).await
+    }
 }
 
 impl RaftLogStorage<TypeConfig> for SimLog {
