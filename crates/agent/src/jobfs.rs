@@ -156,9 +156,13 @@ impl Dir {
     /// 0600. Whatever held the name before is unlinked, never opened.
     pub fn create_fresh(&self, name: &str, owner: Option<Owner>) -> io::Result<File> {
         let flags = OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_CREAT | OFlag::O_EXCL;
+        // Bounded: a job that keeps putting something back at the name cannot spin the agent.
+        let mut tries = 0;
         let fd = loop {
+            tries += 1;
             match self.openat(name, flags, 0o600) {
                 Ok(fd) => break fd,
+                Err(e) if tries >= 3 => return Err(e),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists || e.kind() == io::ErrorKind::Other => {
                     // A file, a link (symbolic or hard), a FIFO: its name goes, nothing else. A
                     // directory there is the job's business; the run cannot log.

@@ -892,7 +892,7 @@ impl Runner {
                 fenced,
                 suspended: false,
                 lost_message: String::new(),
-                checkpoint_marker: checkpoint_dir.join(MARKER),
+                checkpoint_marker: checkpoint_marker(&self.state_dir, a),
             };
             if stopping || fenced {
                 run.kill();
@@ -903,7 +903,7 @@ impl Runner {
             journal_add(&self.state_dir, key, pgid);
         }
         self.report(key, None, String::new());
-        self.watch_checkpoints(key, checkpoint_dir.join(MARKER));
+        self.watch_checkpoints(key, checkpoint_marker(&self.state_dir, a));
         let runner = self.clone();
         tokio::spawn(async move {
             let mut exit = match child.wait().await {

@@ -380,15 +380,20 @@ fn a_requeued_job_that_saves_on_sigterm_loses_no_work() {
     assert_eq!((v["state"].as_str(), v["attempt"].as_u64()), (Some("COMPLETED"), Some(1)), "{v}");
     // Every step exactly once: the steps after the requested checkpoint were saved on SIGTERM,
     // not thrown away by a kill.
-    let got: Vec<u32> = std::fs::read_to_string(&out)
-        .unwrap()
-        .lines()
-        .map(|l| l.trim_start_matches("step ").parse().unwrap())
-        .collect();
+    let got = steps_written(&out);
     assert_eq!(got, (1..=60).collect::<Vec<u32>>(), "steps lost or repeated across the preemption");
     // The first attempt ended on SIGTERM, by itself, after its requested checkpoint.
     let first = std::fs::read_to_string(c.job_dir("agent", victim).join("attempt-0.log")).unwrap();
     assert!(first.contains("checkpoint at step") && first.contains("saved at step"), "{first}");
+}
+
+/// The steps a training script wrote to `out` ("step N" lines), in order.
+fn steps_written(out: &std::path::Path) -> Vec<u32> {
+    std::fs::read_to_string(out)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim_start_matches("step ").parse().unwrap())
+        .collect()
 }
 
 /// Milliseconds since the epoch of an RFC 3339 time the CLI printed.
@@ -437,11 +442,7 @@ done
     assert_eq!(c.wait_done(inference)["state"], "COMPLETED");
     let v = c.wait_done(victim);
     assert_eq!((v["state"].as_str(), v["attempt"].as_u64()), (Some("COMPLETED"), Some(1)), "{v}");
-    let got: Vec<u32> = std::fs::read_to_string(&out)
-        .unwrap()
-        .lines()
-        .map(|l| l.trim_start_matches("step ").parse().unwrap())
-        .collect();
+    let got = steps_written(&out);
     assert_eq!(got, (1..=40).collect::<Vec<u32>>(), "steps lost or repeated across the preemption");
     let first = std::fs::read_to_string(c.job_dir("agent", victim).join("attempt-0.log")).unwrap();
     assert!(first.contains("saved at step"), "{first}");

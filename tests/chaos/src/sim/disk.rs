@@ -43,6 +43,15 @@ enum Write {
 }
 
 impl Media {
+    /// The index the commit record names (0: none, or unreadable).
+    fn committed_index(&self) -> u64 {
+        self.committed
+            .as_ref()
+            .and_then(|b| serde_json::from_slice::<Option<LogId<ReplicaId>>>(b).ok())
+            .flatten()
+            .map_or(0, |l| l.index)
+    }
+
     fn apply(&mut self, w: &Write) {
         match w {
             Write::Put(i, bytes) => {
@@ -143,14 +152,7 @@ impl Disk {
         let mut d = self.lock();
         d.incarnation += 1;
         d.pending.clear();
-        let committed = d
-            .durable
-            .committed
-            .as_ref()
-            .and_then(|b| serde_json::from_slice::<Option<LogId<ReplicaId>>>(b).ok())
-            .flatten()
-            .map(|l| l.index)
-            .unwrap_or(0);
+        let committed = d.durable.committed_index();
         let torn: Vec<u64> = d
             .durable
             .entries
@@ -180,14 +182,7 @@ impl Disk {
     /// one, chosen by `pick`, no longer passes its check. False when there is none.
     pub fn rot(&self, pick: u64) -> bool {
         let mut d = self.lock();
-        let committed = d
-            .durable
-            .committed
-            .as_ref()
-            .and_then(|b| serde_json::from_slice::<Option<LogId<ReplicaId>>>(b).ok())
-            .flatten()
-            .map(|l| l.index)
-            .unwrap_or(0);
+        let committed = d.durable.committed_index();
         let last = d.durable.entries.keys().next_back().copied();
         let candidates: Vec<u64> =
             d.durable.entries.keys().copied().filter(|i| *i <= committed && Some(*i) != last).collect();
