@@ -33,6 +33,7 @@ fn submit(client: usize, seq: usize, now_ms: i64) -> Command {
     let mut spec = JobSpec::new("bench", &format!("bench-{client}"), vec!["true".into()], 1);
     spec.traceparent = Some(format!("00-{:032x}-{:016x}-01", seq + 1, client + 1).into());
     Command {
+        skipped_ms: 0,
         now_ms,
         op: Op::Submit {
             spec,
@@ -132,7 +133,8 @@ fn measure(policy: Policy, commands: &[Command], per_entry: usize) -> anyhow::Re
     let log_record = t.elapsed();
 
     let mut state = ClusterState::new();
-    if let outcome @ Outcome::Rejected(_) = state.apply(&Command { now_ms: 1, op: Op::SetPolicy { policy } })
+    if let outcome @ Outcome::Rejected(_) =
+        state.apply(&Command { skipped_ms: 0, now_ms: 1, op: Op::SetPolicy { policy } })
     {
         bail!("the bench's policy was refused: {outcome:?}");
     }

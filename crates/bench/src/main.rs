@@ -752,7 +752,7 @@ fn bench_schedule(
     let rss_before = rss_mb();
     let mut state = ClusterState::new();
     let now = 1_000_000i64;
-    let apply = |state: &mut ClusterState, op: Op| state.apply(&Command { now_ms: now, op });
+    let apply = |state: &mut ClusterState, op: Op| state.apply(&Command { skipped_ms: 0, now_ms: now, op });
     for n in 0..nodes {
         let gpus = (0..gpus_per_node)
             .map(|i| Gpu {
@@ -833,7 +833,7 @@ fn bench_schedule(
         let mut after = state.clone();
         let plan = kairos_scheduler::plan(&state).plan;
         let t0 = Instant::now();
-        after.apply(&Command { now_ms: now, op: Op::ApplyPlan { plan } });
+        after.apply(&Command { skipped_ms: 0, now_ms: now, op: Op::ApplyPlan { plan } });
         let apply_ms = t0.elapsed().as_secs_f64() * 1000.0;
         let (free, whole) = after.fragmentation();
         (free, whole, apply_ms)

@@ -32,7 +32,7 @@ fn node(name: &str, gpus: u32, labels: &[(&str, &str)]) -> NodeInfo {
 }
 
 fn apply(s: &mut ClusterState, now: i64, op: Op) -> Outcome {
-    s.apply(&Command { now_ms: now, op })
+    s.apply(&Command { skipped_ms: 0, now_ms: now, op })
 }
 
 fn config() -> BurstConfig {

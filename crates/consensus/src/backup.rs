@@ -174,6 +174,7 @@ mod tests {
     fn sample() -> ClusterState {
         let mut state = ClusterState::new();
         state.apply(&kairos_scheduler::Command {
+            skipped_ms: 0,
             now_ms: 1_000,
             op: kairos_scheduler::Op::Submit {
                 spec: kairos_scheduler::JobSpec::new("j", "alice", vec!["true".into()], 1),
@@ -236,6 +237,7 @@ mod tests {
         // A planted user: the digests match, the seal does not.
         let mut planted = sample();
         planted.apply(&kairos_scheduler::Command {
+            skipped_ms: 0,
             now_ms: 2_000,
             op: kairos_scheduler::Op::Submit {
                 spec: kairos_scheduler::JobSpec::new("planted", "mallory", vec!["true".into()], 1),

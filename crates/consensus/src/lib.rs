@@ -29,6 +29,7 @@ pub mod failstop;
 pub mod freshness;
 pub mod membership;
 pub mod network;
+pub mod peerclock;
 pub mod runtime;
 pub mod service;
 pub mod store;
@@ -235,6 +236,10 @@ pub struct Storage<LS> {
     pub commit_index: Arc<std::sync::atomic::AtomicU64>,
 }
 
+/// The most a leader waits to hear a majority of the voters' clocks before stamping a command
+/// (`Replica::stamp_heard`): a few heartbeats.
+pub const HEARD_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A running replica: the Raft handle plus read access to the applied state.
 #[derive(Clone)]
 pub struct Replica {
@@ -259,6 +264,8 @@ pub struct Replica {
     caught_up: Arc<std::sync::atomic::AtomicBool>,
     /// The latest applied stamp and when (`clock_ms`).
     clock: store::ClockSeen,
+    /// The voters' wall clocks as their replies told them (`clock_ms`).
+    peer_clocks: Arc<peerclock::PeerClocks>,
 }
 
 impl Replica {
@@ -278,25 +285,33 @@ impl Replica {
         let commit_index = log_store.commit_index();
         let (applied_tx, applied_rx) = watch::channel(0);
         let sm = store::StateMachineStore::new(data_dir, applied_tx)?;
-        let network =
-            network::Network { from: config.id, key: config.key.clone(), tls: config.peer_tls.clone() };
+        let peer_clocks = Arc::new(peerclock::PeerClocks::default());
+        let network = network::Network {
+            from: config.id,
+            key: config.key.clone(),
+            tls: config.peer_tls.clone(),
+            clocks: peer_clocks.clone(),
+        };
         Replica::start(
             config,
             members,
             Storage { log: log_store, sm, applied: applied_rx, commit_index },
             network,
+            peer_clocks,
         )
         .await
     }
 
-    /// Starts Raft for `config` on `storage`, talking to peers through `network`: what `open`
-    /// does once the storage is open. The deterministic simulation (`kairos-chaos`) starts
-    /// replicas on its simulated disk and network through here.
+    /// Starts Raft for `config` on `storage`, talking to peers through `network`, which records
+    /// the wall clocks peers answer with in `peer_clocks`: what `open` does once the storage is
+    /// open. The deterministic simulation (`kairos-chaos`) starts replicas on its simulated disk
+    /// and network through here.
     pub async fn start<LS, N>(
         config: &ReplicaConfig,
         members: &BTreeMap<ReplicaId, String>,
         storage: Storage<LS>,
         network: N,
+        peer_clocks: Arc<peerclock::PeerClocks>,
     ) -> Result<Replica, ConsensusError>
     where
         LS: openraft::storage::RaftLogStorage<TypeConfig>,
@@ -345,19 +360,48 @@ impl Replica {
             staleness: freshness::staleness_bound(std::time::Duration::from_millis(config.heartbeat_ms)),
             caught_up: Arc::default(),
             clock,
+            peer_clocks,
         })
     }
 
     /// The time to stamp into commands proposed now, given this machine's wall clock: the
-    /// cluster's timeline, which a wall clock minutes off cannot jump (`kairos_scheduler::clock`).
+    /// cluster's timeline, which one wall clock minutes off cannot jump, and which meets the
+    /// wall clock a majority of the voters agree on after an outage (`kairos_scheduler::clock`).
     pub fn clock_ms(&self, wall_ms: i64) -> i64 {
-        let seen = *self.clock.lock().unwrap_or_else(|p| p.into_inner());
-        match seen {
-            Some((last, at)) => {
-                kairos_scheduler::clock::stamp(last, at.elapsed().as_millis() as i64, wall_ms)
+        self.stamp(wall_ms).now_ms
+    }
+
+    /// `clock_ms` with the timeline's skipped time, for a `Command`.
+    pub fn stamp(&self, wall_ms: i64) -> kairos_scheduler::clock::Stamp {
+        self.stamp_and_heard(wall_ms).0
+    }
+
+    /// `stamp` for a command about to be proposed: a leader that has not yet heard a majority
+    /// of the voters' clocks (it restarted leading, as openraft restores a leader whose vote was
+    /// committed, before any reply came) waits for their replies to its heartbeats, at most
+    /// `HEARD_WAIT`, so the first commands after an outage are not stamped with the old time.
+    pub async fn stamp_heard(&self, wall_ms: impl Fn() -> i64) -> kairos_scheduler::clock::Stamp {
+        let deadline = tokio::time::Instant::now() + HEARD_WAIT;
+        loop {
+            let (stamp, heard) = self.stamp_and_heard(wall_ms());
+            if heard || !self.is_leader() || tokio::time::Instant::now() >= deadline {
+                return stamp;
             }
-            None => wall_ms,
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
+    }
+
+    /// The stamp, and whether a majority of the voters' clocks were heard for it.
+    fn stamp_and_heard(&self, wall_ms: i64) -> (kairos_scheduler::clock::Stamp, bool) {
+        let seen = *self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((last, at)) = seen else {
+            return (kairos_scheduler::clock::Stamp { now_ms: wall_ms, skipped_ms: 0 }, true);
+        };
+        let voters: std::collections::BTreeSet<ReplicaId> =
+            self.raft.metrics().borrow().membership_config.voter_ids().collect();
+        let agreed = self.peer_clocks.agreed(self.id, wall_ms, &voters);
+        let stamp = kairos_scheduler::clock::stamp(last, at.elapsed().as_millis() as i64, wall_ms, agreed);
+        (stamp, agreed.is_some())
     }
 
     /// Proposes commands as one log entry and waits until it is committed (on a quorum's disks)
@@ -578,6 +622,7 @@ mod tests {
             kairos_scheduler::model::JobSpec::new("a \"b\"", "alice", vec!["echo".into(), "ü".into()], 1);
         (1..=3)
             .map(|n| Command {
+                skipped_ms: 0,
                 now_ms: n,
                 op: kairos_scheduler::Op::Submit {
                     spec: spec.clone(),

@@ -70,6 +70,8 @@ pub struct Network {
     pub key: crate::auth::ClusterKey,
     /// TLS towards peers, when the cluster uses it.
     pub tls: Option<ClientTlsConfig>,
+    /// Where the wall clocks peers answer with are recorded.
+    pub clocks: std::sync::Arc<crate::peerclock::PeerClocks>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -84,6 +86,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             addr: node.addr.clone(),
             client: None,
             unanswered: 0,
+            clocks: self.clocks.clone(),
         }
     }
 }
@@ -100,6 +103,7 @@ pub struct Connection {
     /// connection that stops answering altogether (a peer restarted behind a partition) is
     /// replaced after `UNANSWERED_MAX` of them.
     unanswered: u32,
+    clocks: std::sync::Arc<crate::peerclock::PeerClocks>,
 }
 
 /// Unanswered calls in a row after which a peer's connection is replaced.
@@ -171,7 +175,13 @@ impl Connection {
         };
         self.unanswered = 0;
         let reply = match result {
-            Ok(r) => r.into_inner(),
+            Ok(r) => {
+                let wall = r.metadata().get(crate::peerclock::WALL_HEADER);
+                if let Some(wall) = wall.and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()) {
+                    self.clocks.record(self.target, wall);
+                }
+                r.into_inner()
+            }
             Err(status) if timed_out(&status) => {
                 // A slow answer, not a lost peer: no back-off, and the connection stays.
                 return Err(RPCError::Timeout(Timeout {

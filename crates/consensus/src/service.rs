@@ -112,10 +112,15 @@ fn decode<T: DeserializeOwned>(msg: &RaftMessage) -> Result<T, Status> {
         .map_err(|e| Status::invalid_argument(format!("decoding raft message: {e}")))
 }
 
+/// A reply, with this replica's wall clock in its metadata (`peerclock`).
 fn encode<T: Serialize>(value: &T) -> Result<Response<RaftMessage>, Status> {
     let payload =
         serde_json::to_vec(value).map_err(|e| Status::internal(format!("encoding raft reply: {e}")))?;
-    Ok(Response::new(RaftMessage { payload }))
+    let mut reply = Response::new(RaftMessage { payload });
+    if let Ok(wall) = crate::peerclock::wall_now_ms().to_string().parse() {
+        reply.metadata_mut().insert(crate::peerclock::WALL_HEADER, wall);
+    }
+    Ok(reply)
 }
 
 #[tonic::async_trait]

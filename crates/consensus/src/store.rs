@@ -27,6 +27,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 
+use kairos_scheduler::clock::Stamp;
 use kairos_scheduler::ClusterState;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
 use openraft::{
@@ -602,12 +603,13 @@ pub struct StateMachineStore {
 
 /// The latest stamp this replica applied (`ClusterState::now_ms`) and when, on its monotonic
 /// clock: what `Replica::clock_ms` extrapolates from (`kairos_scheduler::clock`).
-pub type ClockSeen = Arc<std::sync::Mutex<Option<(i64, tokio::time::Instant)>>>;
+pub type ClockSeen = Arc<std::sync::Mutex<Option<(Stamp, tokio::time::Instant)>>>;
 
-fn saw(clock: &ClockSeen, now_ms: i64) {
+fn saw(clock: &ClockSeen, state: &ClusterState) {
+    let stamp = Stamp { now_ms: state.now_ms, skipped_ms: state.skipped_ms };
     let mut seen = clock.lock().unwrap_or_else(|p| p.into_inner());
-    if now_ms > 0 && seen.is_none_or(|(t, _)| now_ms != t) {
-        *seen = Some((now_ms, tokio::time::Instant::now()));
+    if stamp.now_ms > 0 && seen.is_none_or(|(t, _)| stamp != t) {
+        *seen = Some((stamp, tokio::time::Instant::now()));
     }
 }
 
@@ -631,7 +633,7 @@ impl StateMachineStore {
         let index = applied.last_applied.map(|l| l.index).unwrap_or(0);
         applied_tx.send_replace(index);
         let clock = ClockSeen::default();
-        saw(&clock, applied.state.now_ms);
+        saw(&clock, &applied.state);
         Ok(StateMachineStore { snapshots, shared: Arc::new(RwLock::new(applied)), applied_tx, clock })
     }
 
@@ -815,7 +817,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             }
         }
         if let Some(index) = last {
-            saw(&self.clock, self.read().state.now_ms);
+            saw(&self.clock, &self.read().state);
             self.applied_tx.send_replace(index);
         }
         Ok(responses)
@@ -845,7 +847,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             applied.last_applied = meta.last_log_id;
             applied.membership = meta.last_membership.clone();
         }
-        saw(&self.clock, self.read().state.now_ms);
+        saw(&self.clock, &self.read().state);
         self.applied_tx.send_replace(meta.last_log_id.map(|l| l.index).unwrap_or(0));
         Ok(())
     }

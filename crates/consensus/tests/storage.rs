@@ -68,6 +68,7 @@ async fn acknowledged_writes_survive_restart_through_snapshot_and_log_tail() {
         for n in 0..25 {
             let outcomes = replica
                 .write(vec![Command {
+                    skipped_ms: 0,
                     now_ms: n as i64,
                     op: Op::Submit { spec: spec(n), request_id: None, hold: false, limits: None },
                 }])
@@ -127,6 +128,7 @@ async fn acknowledged_writes_survive_restart_through_snapshot_and_log_tail() {
     // Ids continue after the restart instead of being reused.
     let outcomes = replica
         .write(vec![Command {
+            skipped_ms: 0,
             now_ms: 99,
             op: Op::Submit { spec: spec(99), request_id: None, hold: false, limits: None },
         }])

@@ -24,15 +24,20 @@ fn simulate(
     let mut policy = s.policy.clone();
     policy.weights.job_size = 0;
     policy.weights.age = 0;
-    s.apply(&Command { now_ms: now, op: Op::SetPolicy { policy } });
+    s.apply(&Command { skipped_ms: 0, now_ms: now, op: Op::SetPolicy { policy } });
     for (i, gpus) in nodes.iter().enumerate() {
-        s.apply(&Command { now_ms: now, op: Op::RegisterNode { info: node_info(&format!("n{i}"), *gpus) } });
+        s.apply(&Command {
+            skipped_ms: 0,
+            now_ms: now,
+            op: Op::RegisterNode { info: node_info(&format!("n{i}"), *gpus) },
+        });
     }
     for (gpus, tasks, limit) in jobs {
         let mut sp = spec(*gpus, "batch");
         sp.tasks = *tasks;
         sp.time_limit_s = Some(*limit);
         s.apply(&Command {
+            skipped_ms: 0,
             now_ms: now,
             op: Op::Submit { spec: sp, request_id: None, hold: false, limits: None },
         });
@@ -44,9 +49,10 @@ fn simulate(
         if let Some(r) = &out.reservation {
             reservations.push((r.job, r.start_ms));
         }
-        s.apply(&Command { now_ms: now, op: Op::ApplyPlan { plan: out.plan.clone() } });
+        s.apply(&Command { skipped_ms: 0, now_ms: now, op: Op::ApplyPlan { plan: out.plan.clone() } });
         for p in &out.plan.placements {
             s.apply(&Command {
+                skipped_ms: 0,
                 now_ms: now,
                 op: Op::JobStarted { job: p.job, attempt: 0, node: p.node.clone() },
             });
@@ -70,6 +76,7 @@ fn simulate(
             .collect();
         for (job, node) in ending {
             s.apply(&Command {
+                skipped_ms: 0,
                 now_ms: now,
                 op: Op::JobExited { job, attempt: 0, node, exit: RunExit::Code(0) },
             });

@@ -337,19 +337,19 @@ mod tests {
     #[test]
     fn the_index_follows_every_command_and_its_check_catches_a_change_it_missed() {
         let mut s = ClusterState::new();
-        s.apply(&Command { now_ms: 1, op: Op::RegisterNode { info: node_info("a", 2) } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 1, op: Op::RegisterNode { info: node_info("a", 2) } });
         let mut ids = Vec::new();
         for i in 0..4 {
             let op = Op::Submit { spec: spec(1, "batch"), request_id: None, hold: i >= 2, limits: None };
-            match s.apply(&Command { now_ms: 2, op }) {
+            match s.apply(&Command { skipped_ms: 0, now_ms: 2, op }) {
                 Outcome::Submitted { job } => ids.push(job),
                 other => panic!("{other:?}"),
             }
         }
         let plan = crate::plan(&s).plan;
-        s.apply(&Command { now_ms: 3, op: Op::ApplyPlan { plan } });
-        s.apply(&Command { now_ms: 4, op: Op::Cancel { job: ids[3], by: "alice".into() } });
-        s.apply(&Command { now_ms: 5, op: Op::Release { job: ids[2], by: "alice".into() } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 3, op: Op::ApplyPlan { plan } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 4, op: Op::Cancel { job: ids[3], by: "alice".into() } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 5, op: Op::Release { job: ids[2], by: "alice".into() } });
         s.check_invariants().unwrap();
         let index = s.job_index.current(&s.jobs).expect("built and current after apply");
         // The cancelled job left; the released one is no longer held; the placed one runs.

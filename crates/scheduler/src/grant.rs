@@ -106,7 +106,7 @@ mod tests {
 
     fn state() -> (ClusterState, JobId, JobId) {
         let mut s = ClusterState::new();
-        let apply = |s: &mut ClusterState, op| s.apply(&Command { now_ms: 1, op });
+        let apply = |s: &mut ClusterState, op| s.apply(&Command { skipped_ms: 0, now_ms: 1, op });
         apply(&mut s, Op::RegisterNode { info: node_info_model("n1", 4, "H100") });
         let submit = |s: &mut ClusterState, gpus| match apply(
             s,

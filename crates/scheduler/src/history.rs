@@ -207,7 +207,7 @@ mod tests {
     use crate::state::Command;
 
     fn apply(s: &mut ClusterState, now: i64, op: Op) -> Outcome {
-        s.apply(&Command { now_ms: now, op })
+        s.apply(&Command { skipped_ms: 0, now_ms: now, op })
     }
 
     fn submit(s: &mut ClusterState, now: i64, request: &str) -> JobId {

@@ -124,7 +124,7 @@ mod tests {
 
     fn state() -> ClusterState {
         let mut s = ClusterState::new();
-        s.apply(&Command { now_ms: 1, op: Op::RegisterNode { info: node_info("n1", 1) } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 1, op: Op::RegisterNode { info: node_info("n1", 1) } });
         s
     }
 
@@ -147,10 +147,14 @@ mod tests {
         assert!(!l.heartbeat("n1", silent_at, 2), "a heartbeat must not renew the lease now");
         assert!(!l.may_register(&s, "n1"));
         // A registration that committed before the NodeDown does not stand once it applied.
-        s.apply(&Command { now_ms: 3, op: Op::NodeDown { node: "n1".into(), reason: "silent".into() } });
+        s.apply(&Command {
+            skipped_ms: 0,
+            now_ms: 3,
+            op: Op::NodeDown { node: "n1".into(), reason: "silent".into() },
+        });
         assert!(!l.registration_stands(&s, "n1", silent_at, 3));
         assert!(l.may_register(&s, "n1"), "once down, it may register again");
-        s.apply(&Command { now_ms: 4, op: Op::RegisterNode { info: node_info("n1", 1) } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 4, op: Op::RegisterNode { info: node_info("n1", 1) } });
         // Registered (up in the state) but not yet confirmed: the pass does not judge it again.
         let later_still = silent_at + Duration::from_secs(10);
         assert!(l.judge_silent(&s, Duration::from_secs(60), timeout, later_still).is_empty());
@@ -170,12 +174,20 @@ mod tests {
         );
         assert!(!l.registration_stands(&s, "n1", judged, 7), "a NodeDown is in flight");
         assert!(!l.may_register(&s, "n1"));
-        s.apply(&Command { now_ms: 8, op: Op::NodeDown { node: "n1".into(), reason: "silent".into() } });
+        s.apply(&Command {
+            skipped_ms: 0,
+            now_ms: 8,
+            op: Op::NodeDown { node: "n1".into(), reason: "silent".into() },
+        });
         assert!(l.may_register(&s, "n1"));
-        s.apply(&Command { now_ms: 9, op: Op::RegisterNode { info: node_info("n1", 1) } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 9, op: Op::RegisterNode { info: node_info("n1", 1) } });
         assert!(l.registration_stands(&s, "n1", judged, 9));
         // A node already down is not judged again.
-        s.apply(&Command { now_ms: 6, op: Op::NodeDown { node: "n1".into(), reason: "silent".into() } });
+        s.apply(&Command {
+            skipped_ms: 0,
+            now_ms: 6,
+            op: Op::NodeDown { node: "n1".into(), reason: "silent".into() },
+        });
         let much_later = silent_at + Duration::from_secs(60);
         assert!(l.judge_silent(&s, Duration::from_secs(60), timeout, much_later).is_empty());
     }

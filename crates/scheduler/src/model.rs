@@ -416,6 +416,14 @@ pub struct Job {
     /// When the current suspension began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspended_since: Option<i64>,
+    /// The cluster's skipped time (`ClusterState::skipped_ms`) when the current run started:
+    /// what the timeline skips while it runs does not count against its time limit.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_at_start_ms: i64,
+}
+
+fn is_zero(v: &i64) -> bool {
+    *v == 0
 }
 
 impl Job {

@@ -59,7 +59,7 @@ mod tests {
     use crate::testing::node_info;
 
     fn apply(s: &mut ClusterState, op: Op) -> Outcome {
-        let out = s.apply(&Command { now_ms: 1, op });
+        let out = s.apply(&Command { skipped_ms: 0, now_ms: 1, op });
         s.check_invariants().unwrap();
         out
     }

@@ -148,7 +148,7 @@ mod tests {
     }
 
     fn apply(s: &mut ClusterState, op: Op) -> Outcome {
-        s.apply(&Command { now_ms: 5, op })
+        s.apply(&Command { skipped_ms: 0, now_ms: 5, op })
     }
 
     #[test]

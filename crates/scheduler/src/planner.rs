@@ -892,13 +892,18 @@ mod tests {
     fn state_with(nodes: &[(&str, u32)]) -> ClusterState {
         let mut s = ClusterState::new();
         for (name, gpus) in nodes {
-            s.apply(&Command { now_ms: 1, op: Op::RegisterNode { info: node_info(name, *gpus) } });
+            s.apply(&Command {
+                skipped_ms: 0,
+                now_ms: 1,
+                op: Op::RegisterNode { info: node_info(name, *gpus) },
+            });
         }
         s
     }
 
     fn submit(s: &mut ClusterState, gpus: u32, qos: &str) -> JobId {
         match s.apply(&Command {
+            skipped_ms: 0,
             now_ms: 2,
             op: Op::Submit { spec: spec(gpus, qos), request_id: None, hold: false, limits: None },
         }) {
@@ -926,8 +931,12 @@ mod tests {
         let big = submit(&mut s, 4, "batch");
         let small = submit(&mut s, 1, "batch");
         // Node "a" loses its GPUs' availability: mark it down so only "b" (2 GPUs) is up.
-        s.apply(&Command { now_ms: 3, op: Op::RegisterNode { info: node_info("b", 2) } });
-        s.apply(&Command { now_ms: 3, op: Op::NodeDown { node: "a".into(), reason: "test".into() } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 3, op: Op::RegisterNode { info: node_info("b", 2) } });
+        s.apply(&Command {
+            skipped_ms: 0,
+            now_ms: 3,
+            op: Op::NodeDown { node: "a".into(), reason: "test".into() },
+        });
         let out = plan(&s);
         assert!(matches!(out.pending.get(&first), Some(PendingReason::ReqNodeNotAvail(_))));
         assert!(matches!(out.pending.get(&big), Some(PendingReason::ReqNodeNotAvail(_))));
@@ -958,7 +967,7 @@ mod tests {
         let j1 = submit(&mut s, 6, "batch");
         let out = plan(&s);
         assert_eq!(
-            s.apply(&Command { now_ms: 3, op: Op::ApplyPlan { plan: out.plan } }),
+            s.apply(&Command { skipped_ms: 0, now_ms: 3, op: Op::ApplyPlan { plan: out.plan } }),
             Outcome::PlanApplied { accepted: vec![j1], rejected: vec![] }
         );
         let j2 = submit(&mut s, 2, "batch");
@@ -981,14 +990,19 @@ mod tests {
             let mut sp = spec(gpus, qos);
             sp.time_limit_s = Some(limit_s);
             let Outcome::Submitted { job } = s.apply(&Command {
+                skipped_ms: 0,
                 now_ms: 2,
                 op: Op::Submit { spec: sp, request_id: None, hold: false, limits: None },
             }) else {
                 panic!("submit failed")
             };
             let plan = Plan { placements: vec![Placement::single(job, node.into(), (0..gpus).collect())] };
-            s.apply(&Command { now_ms: 2, op: Op::ApplyPlan { plan } });
-            s.apply(&Command { now_ms: 2, op: Op::JobStarted { job, attempt: 0, node: node.into() } });
+            s.apply(&Command { skipped_ms: 0, now_ms: 2, op: Op::ApplyPlan { plan } });
+            s.apply(&Command {
+                skipped_ms: 0,
+                now_ms: 2,
+                op: Op::JobStarted { job, attempt: 0, node: node.into() },
+            });
             assert_eq!(s.jobs[&job].state, JobState::Running);
         };
         // Only "a" runs preemptible work (inference is never preempted).
@@ -999,6 +1013,7 @@ mod tests {
         let mut whole = spec(8, "training");
         whole.time_limit_s = Some(3600);
         let Outcome::Submitted { job: whole } = s.apply(&Command {
+            skipped_ms: 0,
             now_ms: 3,
             op: Op::Submit { spec: whole, request_id: None, hold: false, limits: None },
         }) else {
@@ -1023,7 +1038,7 @@ mod tests {
         let mut s = state_with(&[("a", 4), ("b", 4)]);
         let mut policy = s.policy.clone();
         policy.qos.get_mut("inference").expect("inference qos").headroom_gpus = 2;
-        s.apply(&Command { now_ms: 2, op: Op::SetPolicy { policy } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 2, op: Op::SetPolicy { policy } });
         let big = submit(&mut s, 4, "training");
         let second = submit(&mut s, 3, "training");
         let small = submit(&mut s, 1, "training");
@@ -1032,12 +1047,12 @@ mod tests {
         let placed: Vec<JobId> = out.plan.placements.iter().map(|p| p.job).collect();
         assert_eq!(placed, vec![big, small], "the 1-GPU job leaves 3 free");
         assert_eq!(out.pending.get(&second), Some(&PendingReason::Headroom));
-        s.apply(&Command { now_ms: 3, op: Op::ApplyPlan { plan: out.plan } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 3, op: Op::ApplyPlan { plan: out.plan } });
         // A job that could never start outside the headroom (7 > 8 - 2) is not held by it.
         let mut t = state_with(&[("a", 8)]);
         let mut policy = t.policy.clone();
         policy.qos.get_mut("inference").expect("inference qos").headroom_gpus = 2;
-        t.apply(&Command { now_ms: 2, op: Op::SetPolicy { policy } });
+        t.apply(&Command { skipped_ms: 0, now_ms: 2, op: Op::SetPolicy { policy } });
         let (whole, six) = (submit(&mut t, 8, "training"), submit(&mut t, 6, "training"));
         let out = plan(&t);
         assert_eq!(out.plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![whole]);
@@ -1054,8 +1069,8 @@ mod tests {
         // Without headroom the 3-GPU job starts in the GPUs the inference job has not taken.
         let mut policy = s.policy.clone();
         policy.qos.get_mut("inference").expect("inference qos").headroom_gpus = 0;
-        s.apply(&Command { now_ms: 4, op: Op::SetPolicy { policy } });
-        s.apply(&Command { now_ms: 4, op: Op::Cancel { job: inf, by: "alice".into() } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 4, op: Op::SetPolicy { policy } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 4, op: Op::Cancel { job: inf, by: "alice".into() } });
         let out = plan(&s);
         assert_eq!(out.plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![second]);
     }

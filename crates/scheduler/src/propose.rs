@@ -69,7 +69,7 @@ mod tests {
     use crate::testing::{node_info, spec};
 
     fn apply(s: &mut ClusterState, now_ms: i64, op: Op) -> Outcome {
-        s.apply(&Command { now_ms, op })
+        s.apply(&Command { skipped_ms: 0, now_ms, op })
     }
 
     /// Applies what `propose` says, as the leader would.

@@ -151,10 +151,10 @@ mod tests {
     #[test]
     fn the_scan_orders_by_priority_then_id_and_counts_usage_like_a_walk_of_the_running_jobs() {
         let mut s = ClusterState::new();
-        s.apply(&Command { now_ms: 1, op: Op::RegisterNode { info: node_info("a", 4) } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 1, op: Op::RegisterNode { info: node_info("a", 4) } });
         let mut policy = s.policy.clone();
         policy.qos.get_mut("batch").expect("default qos").user_gpus = Some(8);
-        s.apply(&Command { now_ms: 1, op: Op::SetPolicy { policy } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 1, op: Op::SetPolicy { policy } });
         let mut ids = Vec::new();
         for (i, qos) in ["batch", "inference", "batch", "inference", "batch"].iter().enumerate() {
             let op = Op::Submit {
@@ -163,14 +163,14 @@ mod tests {
                 hold: false,
                 limits: None,
             };
-            match s.apply(&Command { now_ms: 2 + i as i64, op }) {
+            match s.apply(&Command { skipped_ms: 0, now_ms: 2 + i as i64, op }) {
                 Outcome::Submitted { job } => ids.push(job),
                 other => panic!("{other:?}"),
             }
         }
         let plan = crate::plan(&s).plan;
         assert!(!plan.placements.is_empty());
-        s.apply(&Command { now_ms: 10, op: Op::ApplyPlan { plan } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 10, op: Op::ApplyPlan { plan } });
         let index = crate::brief::JobIndex::build(&s.jobs);
         let scan = scan(&s, &index);
         // Usage from the scan equals usage counted over the running jobs.

@@ -121,6 +121,7 @@ mod tests {
         let mut sp = spec(1, "batch");
         sp.user = user.into();
         let out = s.apply(&Command {
+            skipped_ms: 0,
             now_ms: 2,
             op: Op::Submit { spec: sp, request_id: None, hold: true, limits: Some(limits) },
         });
@@ -131,7 +132,7 @@ mod tests {
     #[test]
     fn unfinished_jobs_are_bounded_per_user_and_in_all_and_ended_jobs_free_room() {
         let mut s = ClusterState::new();
-        s.apply(&Command { now_ms: 1, op: Op::RegisterNode { info: node_info("n1", 2) } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 1, op: Op::RegisterNode { info: node_info("n1", 2) } });
         let l = SubmitLimits { max_jobs_per_user: 2, max_jobs: 3 };
         assert!(matches!(submit(&mut s, "alice", l), Outcome::Submitted { .. }));
         assert!(matches!(submit(&mut s, "alice", l), Outcome::Submitted { .. }));
@@ -149,16 +150,24 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // A cancelled job no longer counts.
-        s.apply(&Command { now_ms: 3, op: Op::Cancel { job: 1, by: "alice".into() } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 3, op: Op::Cancel { job: 1, by: "alice".into() } });
         s.check_invariants().unwrap();
         assert!(matches!(submit(&mut s, "alice", l), Outcome::Submitted { .. }));
         // A job that runs and exits no longer counts either.
-        s.apply(&Command { now_ms: 4, op: Op::Release { job: 2, by: "alice".into() } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 4, op: Op::Release { job: 2, by: "alice".into() } });
         let plan = crate::plan(&s).plan;
-        s.apply(&Command { now_ms: 5, op: Op::ApplyPlan { plan } });
-        s.apply(&Command { now_ms: 6, op: Op::JobStarted { job: 2, attempt: 0, node: "n1".into() } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 5, op: Op::ApplyPlan { plan } });
+        s.apply(&Command {
+            skipped_ms: 0,
+            now_ms: 6,
+            op: Op::JobStarted { job: 2, attempt: 0, node: "n1".into() },
+        });
         let exit = crate::state::RunExit::Code(0);
-        s.apply(&Command { now_ms: 7, op: Op::JobExited { job: 2, attempt: 0, node: "n1".into(), exit } });
+        s.apply(&Command {
+            skipped_ms: 0,
+            now_ms: 7,
+            op: Op::JobExited { job: 2, attempt: 0, node: "n1".into(), exit },
+        });
         s.check_invariants().unwrap();
         assert_eq!(s.jobs[&2].state, crate::model::JobState::Completed);
         assert!(matches!(submit(&mut s, "alice", l), Outcome::Submitted { .. }));

@@ -168,7 +168,7 @@ mod tests {
     }
 
     fn apply(s: &mut ClusterState, op: Op) -> Outcome {
-        s.apply(&Command { now_ms: 10, op })
+        s.apply(&Command { skipped_ms: 0, now_ms: 10, op })
     }
 
     #[test]
@@ -202,7 +202,7 @@ mod tests {
         for i in 0..TOKENS_MAX as u64 + 5 {
             let id = format!("{i:016x}");
             s.tokens.insert(id.clone(), record("alice"));
-            let out = s.apply(&Command { now_ms: 10 + i as i64, op: Op::RevokeToken { id } });
+            let out = s.apply(&Command { skipped_ms: 0, now_ms: 10 + i as i64, op: Op::RevokeToken { id } });
             assert_eq!(out, Outcome::TokensChanged);
         }
         assert_eq!(s.revoked_tokens.len(), TOKENS_MAX);

@@ -121,6 +121,7 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, by)| Command {
+                skipped_ms: 0,
                 now_ms: i as i64,
                 op: kairos_scheduler::Op::Hold { job: 7, by: by.to_string() },
             })

@@ -86,8 +86,7 @@ pub async fn run(ctx: Ctx, options: BurstOptions) {
         if ops.is_empty() {
             continue;
         }
-        let now = ctx.cluster_now();
-        let commands: Vec<Command> = ops.into_iter().map(|op| Command { now_ms: now, op }).collect();
+        let commands: Vec<Command> = ctx.stamped(ops);
         match ctx.replica.write(commands).await {
             Ok(outcomes) => {
                 tracing::debug!(?outcomes, "burst round committed");

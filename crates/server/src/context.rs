@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use kairos_consensus::{Replica, WriteError};
 use kairos_scheduler::{plan, Command, JobId, Op, Outcome, PendingReason, Rejection};
@@ -77,7 +77,7 @@ pub struct Ctx {
 
 /// Wall-clock time in Unix milliseconds; read only at the edge and stamped into commands.
 pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    kairos_consensus::peerclock::wall_now_ms()
 }
 
 impl Ctx {
@@ -88,9 +88,16 @@ impl Ctx {
         self.replica.clock_ms(now_ms())
     }
 
+    /// `ops` as commands stamped now with the cluster's timeline (`Replica::stamp`).
+    pub fn stamped(&self, ops: impl IntoIterator<Item = Op>) -> Vec<Command> {
+        let stamp = self.replica.stamp(now_ms());
+        ops.into_iter().map(|op| Command { now_ms: stamp.now_ms, skipped_ms: stamp.skipped_ms, op }).collect()
+    }
+
     /// Commits one command (batched with concurrent ones) and returns its outcome.
     pub async fn write(&self, op: Op) -> Result<Outcome, Status> {
-        self.batcher.write(Command { now_ms: self.cluster_now(), op }).await
+        let stamp = self.replica.stamp_heard(now_ms).await;
+        self.batcher.write(Command { now_ms: stamp.now_ms, skipped_ms: stamp.skipped_ms, op }).await
     }
 
     /// The current pending reasons (computed once per applied index).

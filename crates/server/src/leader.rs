@@ -57,8 +57,7 @@ pub async fn run(ctx: Ctx) {
         if ops.is_empty() {
             continue;
         }
-        let now = ctx.cluster_now();
-        let commands: Vec<Command> = ops.into_iter().map(|op| Command { now_ms: now, op }).collect();
+        let commands: Vec<Command> = ctx.stamped(ops);
         let count = commands.len();
         match ctx.replica.write(commands).await {
             Ok(outcomes) => {

@@ -165,7 +165,7 @@ fn arrivals(jobs: &[TraceJob], load: Option<f64>) -> Vec<i64> {
 impl<'a> Sim<'a> {
     fn new(nodes: &[TraceNode], jobs: &'a [TraceJob], policy: &Policy, config: &'a SimConfig) -> Sim<'a> {
         let mut state = ClusterState::new();
-        state.apply(&Command { now_ms: 0, op: Op::SetPolicy { policy: policy.clone() } });
+        state.apply(&Command { skipped_ms: 0, now_ms: 0, op: Op::SetPolicy { policy: policy.clone() } });
         let mut capacity = BTreeMap::new();
         for n in nodes {
             let info = NodeInfo {
@@ -186,7 +186,7 @@ impl<'a> Sim<'a> {
                 gpu_backend: "sim".into(),
                 isolation: String::new(),
             };
-            state.apply(&Command { now_ms: 0, op: Op::RegisterNode { info } });
+            state.apply(&Command { skipped_ms: 0, now_ms: 0, op: Op::RegisterNode { info } });
             capacity.insert(n.name.clone(), n.gpus);
         }
         let total_gpus = capacity.values().sum();
@@ -235,7 +235,7 @@ impl<'a> Sim<'a> {
     }
 
     fn apply(&mut self, now: i64, op: Op) -> Outcome {
-        self.state.apply(&Command { now_ms: now, op })
+        self.state.apply(&Command { skipped_ms: 0, now_ms: now, op })
     }
 
     fn run(&mut self) {

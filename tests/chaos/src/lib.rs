@@ -149,6 +149,8 @@ pub enum Violation {
     StateInvariant { replica: u64, what: String },
     #[error("job {job} was stopped for its time limit after {ran_ms} ms of its {limit_ms} ms")]
     EarlyTimeout { job: JobId, ran_ms: i64, limit_ms: i64 },
+    #[error("after healing, the cluster's timeline is {lag_ms} ms behind the clocks (at most {TIMELINE_LAG_MAX_MS} ms)")]
+    TimelineBehind { lag_ms: i64 },
     #[error("the run itself failed: {what}")]
     Harness { what: String },
 }
@@ -342,6 +344,18 @@ pub fn no_early_timeout(
     Ok(())
 }
 
+/// How far behind the clocks the timeline may be once they are all right and a leader leads:
+/// the catch-up after an outage (`kairos_scheduler::clock`) must have happened.
+pub const TIMELINE_LAG_MAX_MS: i64 = 2_000;
+
+/// The cluster's time meets the (right) clocks after healing, however long everything was down.
+pub fn timeline_caught_up(lag_ms: Option<i64>) -> Result<(), Violation> {
+    match lag_ms {
+        Some(lag_ms) if lag_ms > TIMELINE_LAG_MAX_MS => Err(Violation::TimelineBehind { lag_ms }),
+        _ => Ok(()),
+    }
+}
+
 /// Every replica's state passed its own invariant check.
 pub fn states_hold_their_invariants(checked: &[(u64, Result<(), String>)]) -> Result<(), Violation> {
     match checked.iter().find_map(|(r, c)| c.as_ref().err().map(|e| (*r, e.clone()))) {
@@ -368,6 +382,9 @@ pub struct Run<'a> {
     /// Time-limit stops and placements that committed: (job, real ms), where the run sees them.
     pub time_limit_stops: &'a [(JobId, i64)],
     pub allocations: &'a [(JobId, i64)],
+    /// After healing (every clock right): how far the time the leader would stamp now is
+    /// behind the clocks, where the run can ask.
+    pub timeline_lag_ms: Option<i64>,
 }
 
 /// Every checker over one run.
@@ -384,6 +401,7 @@ pub fn check_all(run: &Run) -> Vec<Violation> {
         recovered(0, run.leader_after_ms, run.bound_ms, run.unfinished),
         states_hold_their_invariants(run.invariants),
         no_early_timeout(run.time_limit_stops, run.allocations, run.finals),
+        timeline_caught_up(run.timeline_lag_ms),
     ]
     .into_iter()
     .filter_map(Result::err)
@@ -655,6 +673,14 @@ not json
     }
 
     #[test]
+    fn a_timeline_still_behind_the_clocks_after_healing_is_reported() {
+        assert_eq!(timeline_caught_up(None), Ok(()));
+        assert_eq!(timeline_caught_up(Some(-300)), Ok(()), "a timeline slewed ahead a little");
+        assert_eq!(timeline_caught_up(Some(TIMELINE_LAG_MAX_MS)), Ok(()));
+        assert_eq!(timeline_caught_up(Some(59_000)), Err(Violation::TimelineBehind { lag_ms: 59_000 }));
+    }
+
+    #[test]
     fn jobs_that_started_without_a_process_record_are_reported() {
         let jobs = vec![job(1, "COMPLETED", &["started", "completed"]), job(2, "PENDING", &[])];
         assert_eq!(processes_recorded(&jobs, &[proc("n1", 1, 0, &[0], 0, Some(5))]), Ok(()));
@@ -682,12 +708,14 @@ not json
             invariants: &checked,
             time_limit_stops: &[],
             allocations: &[],
+            timeline_lag_ms: Some(60_000),
         };
         let found = check_all(&run);
         assert!(found.iter().any(|v| matches!(v, Violation::LostSubmit { .. })));
         assert!(found.iter().any(|v| matches!(v, Violation::NotConverged { .. })));
         assert!(found.iter().any(|v| matches!(v, Violation::NoLeader { .. })));
         assert!(found.iter().any(|v| matches!(v, Violation::StateInvariant { .. })));
+        assert!(found.iter().any(|v| matches!(v, Violation::TimelineBehind { lag_ms: 60_000 })));
     }
 
     #[test]

@@ -377,6 +377,7 @@ pub fn run(prefix: &str, s: &Scenario) -> Result<Outcome, ClusterError> {
         invariants: &[],
         time_limit_stops: &[],
         allocations: &[],
+        timeline_lag_ms: None,
     });
     if unparsed > 0 {
         violations.push(Violation::Harness { what: format!("{unparsed} process log lines did not parse") });

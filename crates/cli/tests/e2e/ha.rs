@@ -360,3 +360,52 @@ fn wait_exits_69_when_every_controller_is_gone() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no controller answered"));
     assert!(started.elapsed() < std::time::Duration::from_secs(40), "{:?}", started.elapsed());
 }
+
+/// When a job's `submit_time` (RFC 3339) was, in ms since the epoch.
+fn submit_ms(job: &Value) -> i64 {
+    let text = job["submit_time"].as_str().expect("submit_time");
+    let t = humantime::parse_rfc3339(text).expect("an RFC 3339 time");
+    t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+#[test]
+fn after_every_replica_was_down_a_minute_the_cluster_time_is_the_clocks_again() {
+    let mut c = Cluster::start_with(3, 1, &[]);
+    let before = c.submit(&["--", "true"]);
+    assert!((submit_ms(&c.job(before)) - wall_ms()).abs() < 2_000);
+    c.wait_done(before);
+    for i in 0..3 {
+        c.kill_controller(i);
+    }
+    std::thread::sleep(std::time::Duration::from_secs(60));
+    for i in 0..3 {
+        c.start_controller(i);
+    }
+    let id = wait_for("a leader to take a submit", || {
+        let sent = wall_ms();
+        let out = c.kairos(&["submit", "--hold", "--", "true"]);
+        out.status
+            .success()
+            .then(|| (String::from_utf8_lossy(&out.stdout).trim().parse::<u64>().unwrap(), sent))
+    });
+    let (id, sent) = id;
+    let stamped = submit_ms(&c.job(id));
+    assert!(
+        (stamped - sent).abs() <= 2_000,
+        "submitted at {sent} ms by the clock, stamped {stamped} ms ({} s off)",
+        (stamped - sent) / 1000
+    );
+    // What the time is used for sees it: a job just submitted is in the last minute's history.
+    let recent = c.ok(&["history", "--json", "--since", "1m"]);
+    let ids: Vec<u64> = serde_json::from_str::<Value>(&recent)
+        .unwrap()
+        .as_array()
+        .map(|a| a.iter().filter_map(|j| j["id"].as_u64()).collect())
+        .unwrap_or_default();
+    assert!(ids.contains(&id), "job {id} missing from `history --since 1m`: {recent}");
+    assert!(!ids.contains(&before), "job {before} ended over a minute ago: {recent}");
+}

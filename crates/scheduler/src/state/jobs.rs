@@ -119,6 +119,7 @@ mod tests {
         for _ in 0..2 {
             let spec = crate::testing::spec(1, "batch");
             state.apply(&Command {
+                skipped_ms: 0,
                 now_ms: 1,
                 op: Op::Submit { spec, request_id: None, hold: false, limits: None },
             });

@@ -10,7 +10,7 @@
 //! is turned into a `Rejected`/`Ignored` outcome here, never into a double allocation.
 //!
 //! ```text
-//!   Command { now_ms, op } ──▶ apply ──▶ (new state, Outcome)
+//!   Command { skipped_ms: 0, now_ms, op } ──▶ apply ──▶ (new state, Outcome)
 //! ```
 //!
 //! By concept: `ops` (the log's vocabulary, its persistent format), this file (the state and the
@@ -51,6 +51,10 @@ use crate::validate::{validate_node, validate_spec};
 pub struct ClusterState {
     /// The latest time stamped into an applied command; never goes backwards.
     pub now_ms: i64,
+    /// The most the timeline has skipped in all, of the applied commands' (`crate::clock`):
+    /// `now_ms` moved that much more than time passed on any replica's monotonic clock.
+    #[serde(default)]
+    pub skipped_ms: i64,
     pub next_job_id: JobId,
     pub jobs: Jobs,
     pub nodes: BTreeMap<String, Node>,
@@ -103,6 +107,7 @@ impl ClusterState {
     pub fn new() -> Self {
         ClusterState {
             now_ms: 0,
+            skipped_ms: 0,
             next_job_id: 1,
             jobs: Jobs::default(),
             nodes: BTreeMap::new(),
@@ -127,6 +132,7 @@ impl ClusterState {
     pub fn apply(&mut self, cmd: &Command) -> Outcome {
         // A new leader's clock may lag the old one's: time in the state never goes backwards.
         self.now_ms = self.now_ms.max(cmd.now_ms);
+        self.skipped_ms = self.skipped_ms.max(cmd.skipped_ms);
         let now = self.now_ms;
         let outcome = self.apply_op(&cmd.op, now);
         if !self.suspended.is_empty() {

@@ -46,7 +46,15 @@ pub struct Plan {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Command {
     pub now_ms: i64,
+    /// How much time the cluster's timeline has skipped in all, as the stamping replica knew
+    /// it (`crate::clock`): never counted as time a run ran.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_ms: i64,
     pub op: Op,
+}
+
+fn is_zero(v: &i64) -> bool {
+    *v == 0
 }
 
 // A submit carries a whole job spec, inline: ops are built once per command and moved into a

@@ -85,11 +85,17 @@ impl ClusterState {
     /// When a running job will have ended at the latest: its start plus its time limit (plus
     /// the time it spent suspended).
     pub fn expected_end_ms(&self, job: &Job) -> i64 {
-        let suspended = self.suspended_ms(job, self.now_ms);
         job.start_time_ms
             .unwrap_or(self.now_ms)
             .saturating_add(self.time_limit_ms(job))
-            .saturating_add(suspended)
+            .saturating_add(self.uncounted_ms(job, self.now_ms))
+    }
+
+    /// Time since the current run of `job` started that does not count against its limit:
+    /// what it spent suspended, and what the timeline skipped meanwhile (`crate::clock`).
+    fn uncounted_ms(&self, job: &Job, now_ms: i64) -> i64 {
+        let skipped = self.skipped_ms.saturating_sub(job.skipped_at_start_ms).max(0);
+        self.suspended_ms(job, now_ms).saturating_add(skipped)
     }
 
     /// How long the current run of `job` has been suspended in all, at `now_ms`.
@@ -114,9 +120,8 @@ impl ClusterState {
     pub(super) fn past_limit(&self, job: &Job, now_ms: i64) -> bool {
         match (self.time_limit_s(job), job.start_time_ms) {
             (Some(limit_s), Some(start)) => {
-                // Time spent suspended does not count.
-                let suspended = self.suspended_ms(job, now_ms);
-                now_ms.saturating_sub(start).saturating_sub(suspended)
+                // Time spent suspended, or skipped by the timeline, does not count.
+                now_ms.saturating_sub(start).saturating_sub(self.uncounted_ms(job, now_ms))
                     >= (limit_s as i64).saturating_mul(1000)
             }
             _ => false,

@@ -88,7 +88,9 @@ impl ClusterState {
                 node.allocated.insert(*gpu, p.job);
             }
         }
+        let skipped = self.skipped_ms;
         let job = self.jobs.get_mut(&p.job).expect("placement was validated");
+        job.skipped_at_start_ms = skipped;
         job.state = JobState::Running;
         job.reason.clear();
         job.last_checkpoint_ms = None;
@@ -129,6 +131,7 @@ impl ClusterState {
     }
 
     pub(super) fn job_started(&mut self, id: JobId, attempt: u32, node: &str, now: i64) -> Outcome {
+        let skipped = self.skipped_ms;
         let job = match self.current_run(id, attempt, node) {
             Ok(job) => job,
             Err(why) => return Outcome::Ignored(why),
@@ -139,6 +142,7 @@ impl ClusterState {
         }
         alloc.started = true;
         job.start_time_ms = Some(now);
+        job.skipped_at_start_ms = skipped;
         job.record(now, "started", format!("on \"{node}\""));
         Outcome::RunUpdated { job: id, state: JobState::Running }
     }

@@ -144,6 +144,7 @@ impl ClusterState {
             tasks_now: None,
             suspended_ms: 0,
             suspended_since: None,
+            skipped_at_start_ms: 0,
         };
         job.record(now, "submitted", format!("by \"{}\", qos \"{}\"", job.spec.user, job.spec.qos));
         if let Some(r) = request_id {

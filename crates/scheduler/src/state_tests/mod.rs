@@ -17,7 +17,7 @@ mod runs;
 mod submit;
 
 fn cmd(now_ms: i64, op: Op) -> Command {
-    Command { now_ms, op }
+    Command { skipped_ms: 0, now_ms, op }
 }
 
 fn submitted(out: Outcome) -> u64 {

@@ -303,3 +303,37 @@ fn a_drained_node_takes_no_work_and_its_jobs_requeue_through_the_checkpoint_path
     ));
     s.check_invariants().unwrap();
 }
+
+#[test]
+fn time_the_timeline_skipped_does_not_count_against_a_time_limit() {
+    let mut s = cluster(2);
+    let mut sp = spec(1, "batch");
+    sp.time_limit_s = Some(10);
+    // Started at 1 s on a timeline that lags the clocks by a minute (all replicas were down).
+    let id = start(&mut s, sp.clone(), 1_000);
+    assert_eq!(s.jobs[&id].skipped_at_start_ms, 0);
+    // At 5 s the timeline catches up: it skips 60 s.
+    s.apply(&Command { now_ms: 65_000, skipped_ms: 60_000, op: Op::Hold { job: 999, by: "alice".into() } });
+    assert_eq!((s.now_ms, s.skipped_ms), (65_000, 60_000));
+    // 9 s of the 10 s limit have passed, not 69 s.
+    assert!(s.expired_runs(70_000).is_empty());
+    assert!(matches!(
+        s.apply(&Command {
+            now_ms: 70_000,
+            skipped_ms: 60_000,
+            op: Op::EnforceTimeLimit { job: id, attempt: 0 }
+        }),
+        Outcome::Ignored(_)
+    ));
+    assert_eq!(s.expected_end_ms(&s.jobs[&id]), 71_000);
+    assert_eq!(s.expired_runs(71_000), vec![(id, 0)]);
+    // A command stamped before the jump (skipping less) changes neither the time nor the skip.
+    s.apply(&cmd(6_000, Op::Hold { job: 999, by: "alice".into() }));
+    assert_eq!((s.now_ms, s.skipped_ms), (70_000, 60_000));
+    // A run started after the jump counts from it as usual.
+    let later = start(&mut s, sp, 70_000);
+    assert_eq!(s.jobs[&later].skipped_at_start_ms, 60_000);
+    assert!(s.expired_runs(79_999).iter().all(|(j, _)| *j != later));
+    assert!(s.expired_runs(80_000).contains(&(later, 0)));
+    s.check_invariants().unwrap();
+}

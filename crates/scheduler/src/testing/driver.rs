@@ -155,12 +155,16 @@ pub fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
             max_wall_s: None,
         },
     );
-    let c = Command { now_ms: 0, op: Op::SetPolicy { policy } };
+    let c = Command { skipped_ms: 0, now_ms: 0, op: Op::SetPolicy { policy } };
     assert_eq!(s.apply(&c), Outcome::PolicyChanged);
     log.push(c);
     // Start with nodes, so that runs fill them and preemption gets exercised.
     for (node, gpus, model) in [("n0", 6, "H100"), ("n1", 4, "A100"), ("n2", 4, "H100")] {
-        let c = Command { now_ms: 0, op: Op::RegisterNode { info: node_info_model(node, gpus, model) } };
+        let c = Command {
+            skipped_ms: 0,
+            now_ms: 0,
+            op: Op::RegisterNode { info: node_info_model(node, gpus, model) },
+        };
         s.apply(&c);
         log.push(c);
     }
@@ -268,7 +272,7 @@ pub fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                 let pending: Vec<u64> =
                     s.jobs.values().filter(|j| j.state == JobState::Pending).map(|j| j.id).collect();
                 for job in pending {
-                    let c = Command { now_ms: now, op: Op::Cancel { job, by: "ops".into() } };
+                    let c = Command { skipped_ms: 0, now_ms: now, op: Op::Cancel { job, by: "ops".into() } };
                     s.apply(&c);
                     log.push(c);
                 }
@@ -320,7 +324,7 @@ pub fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
             }
         };
         if let Some(op) = op {
-            let c = Command { now_ms: now, op };
+            let c = Command { skipped_ms: 0, now_ms: now, op };
             s.apply(&c);
             log.push(c);
             if let Err(e) = s.check_invariants() {

@@ -7,8 +7,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kairos_consensus::peerclock::PeerClocks;
 use kairos_consensus::store::{SnapshotMedium, StateMachineStore};
 use kairos_consensus::{Replica, ReplicaConfig, ReplicaId, Storage, WriteError};
+use kairos_scheduler::clock::Stamp;
 use kairos_scheduler::liveness::Liveness;
 use kairos_scheduler::propose::propose;
 use kairos_scheduler::{Command, Op, Outcome};
@@ -30,8 +32,6 @@ pub struct Slot {
     pub leader_loop: Option<JoinHandle<()>>,
     /// Node liveness as this replica saw it leading (memory only, as in kairosd).
     pub liveness: Arc<Mutex<Liveness>>,
-    /// How far this machine's wall clock is off.
-    pub skew_ms: i64,
     /// Whether the replica is (meant to be) in the membership.
     pub member: bool,
     /// Started with `--join` (it was added to a running cluster, never initialises one).
@@ -48,7 +48,6 @@ impl Slot {
             replica: None,
             leader_loop: None,
             liveness: Arc::default(),
-            skew_ms: 0,
             member,
             join: !member,
             down_until: None,
@@ -93,8 +92,9 @@ impl World {
             .map_err(|e| e.to_string())?;
         let members: BTreeMap<ReplicaId, String> = self.initial_members();
         let storage = Storage { log, sm, applied, commit_index };
-        let network = SimNetwork { from: id, net: self.net.clone() };
-        let replica = Replica::start(&self.config(id, join), &members, storage, network)
+        let clocks: Arc<PeerClocks> = Arc::default();
+        let network = SimNetwork { from: id, net: self.net.clone(), clocks: clocks.clone() };
+        let replica = Replica::start(&self.config(id, join), &members, storage, network, clocks)
             .await
             .map_err(|e| e.to_string())?;
         net::lock(&self.net).rafts.insert(id, replica.raft.clone());
@@ -158,18 +158,17 @@ impl World {
 
     /// The time replica `id` stamps into commands now: its wall clock through the cluster
     /// clock (`Replica::clock_ms`), as `kairosd` does.
-    pub fn stamp_ms(&self, id: ReplicaId, replica: &Replica) -> i64 {
+    pub fn stamp(&self, id: ReplicaId, replica: &Replica) -> Stamp {
         let wall = self.wall_ms(id);
         if self.cfg.broken.stamp_wall_clock {
-            return wall;
+            return Stamp { now_ms: wall, skipped_ms: 0 };
         }
-        replica.clock_ms(wall)
+        replica.stamp(wall)
     }
 
     /// This replica's wall clock, in ms.
     pub fn wall_ms(&self, id: ReplicaId) -> i64 {
-        let skew = self.slots().get(&id).map(|s| s.skew_ms).unwrap_or(0);
-        super::WALL_BASE_MS + self.elapsed_ms() + skew
+        net::lock(&self.net).wall_ms(id)
     }
 
     /// A call to the cluster as a client or agent makes it: to `via` (or the leader it names),
@@ -187,13 +186,22 @@ impl World {
         if !self.wait_unpaused(*via, Duration::from_secs(2)).await {
             return Err("replica paused".into());
         }
-        let now = self.stamp_ms(*via, &replica);
+        // As `kairosd` stamps a client's command: waiting to hear the voters' clocks first.
+        let now = if self.cfg.broken.stamp_wall_clock {
+            self.stamp(*via, &replica)
+        } else {
+            let id = *via;
+            replica.stamp_heard(|| self.wall_ms(id)).await
+        };
         let shown = if self.traced {
             format!("{:?}", ops.iter().map(op_name).collect::<Vec<_>>())
         } else {
             String::new()
         };
-        let commands = ops.into_iter().map(|op| Command { now_ms: now, op }).collect();
+        let commands = ops
+            .into_iter()
+            .map(|op| Command { now_ms: now.now_ms, skipped_ms: now.skipped_ms, op })
+            .collect();
         let result = replica.write(commands).await;
         self.trace(|| format!("via {via}: {shown} -> {result:?}"));
         match result {
@@ -261,11 +269,11 @@ async fn leader_loop(w: Arc<World>, id: ReplicaId, replica: Replica, liveness: A
         }
         let since = leader_since.map(|(_, at)| at).unwrap_or_else(Instant::now);
         let timeout = w.cfg.node_timeout;
-        let now = w.stamp_ms(id, &replica);
+        let now = w.stamp(id, &replica);
         let ops = replica.read(|a| {
             let mut l = liveness.lock().unwrap_or_else(|p| p.into_inner());
             let silent = l.judge_silent(&a.state, since.elapsed(), timeout, Instant::now().into_std());
-            propose(&a.state, now, &silent, timeout.as_secs())
+            propose(&a.state, now.now_ms, &silent, timeout.as_secs())
         });
         if ops.is_empty() {
             continue;
@@ -278,7 +286,10 @@ async fn leader_loop(w: Arc<World>, id: ReplicaId, replica: Replica, liveness: A
                 _ => None,
             })
             .collect();
-        let commands = ops.into_iter().map(|op| Command { now_ms: now, op }).collect();
+        let commands = ops
+            .into_iter()
+            .map(|op| Command { now_ms: now.now_ms, skipped_ms: now.skipped_ms, op })
+            .collect();
         let proposed_ms = w.elapsed_ms();
         let result = replica.write(commands).await;
         if let Ok(outcomes) = &result {

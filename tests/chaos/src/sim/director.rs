@@ -150,9 +150,11 @@ impl World {
                 let Some(id) = self.target(pick) else { return false };
                 let minutes = 1 + (pick >> 8) % 10;
                 let sign = if (pick >> 20).is_multiple_of(2) { 1 } else { -1 };
-                if let Some(s) = self.slots().get_mut(&id) {
-                    s.skew_ms = sign * (minutes as i64) * 60_000;
-                }
+                // One clock off at a time: a majority of wrong clocks that agree is what the
+                // cluster takes as the time (`kairos_scheduler::clock`), not a fault it rides out.
+                let mut n = net::lock(&self.net);
+                n.skew_ms.clear();
+                n.skew_ms.insert(id, sign * (minutes as i64) * 60_000);
             }
             FaultKind::SlowLinks => {
                 net::lock(&self.net).slow_ms = 20 + pick % 300;
@@ -275,8 +277,8 @@ impl World {
                 if !listed(&leader) {
                     break;
                 }
-                let next: BTreeSet<ReplicaId> = voters(&leader).into_iter().filter(|v| *v != id).collect();
-                let removed = tokio::time::timeout(within, leader.raft.change_membership(next, false)).await;
+                // `kairos cluster remove N`: as a voter, or as a learner it was still being added as.
+                let removed = tokio::time::timeout(within, leader.remove_replica(id)).await;
                 self.trace(|| format!("membership: removing damaged {id}: {removed:?}"));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -284,9 +286,21 @@ impl World {
         self.retire(id).await;
         while Instant::now() < deadline {
             if let Some((_, leader)) = self.leader() {
+                let joint =
+                    leader.raft.metrics().borrow().membership_config.membership().get_joint_config().len()
+                        > 1;
                 if voters(&leader).contains(&id) {
-                    self.trace(|| format!("membership: damaged {id} is back, empty"));
-                    return;
+                    if !joint {
+                        self.trace(|| format!("membership: damaged {id} is back, empty"));
+                        return;
+                    }
+                    // Added, but the change is still joint: until it leaves the joint
+                    // configuration the old majority is still needed, so it is not back yet.
+                    let _ =
+                        tokio::time::timeout(within, leader.raft.change_membership(voters(&leader), false))
+                            .await;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
                 }
                 if let Some(s) = self.slots().get_mut(&id) {
                     s.member = true;
@@ -325,8 +339,8 @@ impl World {
         if let Some(s) = self.slots().get_mut(&id) {
             s.disk.wipe();
             *s.snapshots.lock().unwrap_or_else(|p| p.into_inner()) = None;
-            s.skew_ms = 0;
         }
+        net::lock(&self.net).skew_ms.remove(&id);
     }
 
     /// Ends every fault: links whole, nothing paused, disks with space, clocks right, agents
@@ -338,13 +352,13 @@ impl World {
             n.paused.clear();
             n.slow_ms = 0;
             n.lose_replies_per_mille = 0;
+            n.skew_ms.clear();
         }
         locked(&self.agent_faults).clear();
         let members: Vec<(ReplicaId, bool)> = {
             let mut slots = self.slots();
             for s in slots.values_mut() {
                 s.disk.state.lock().unwrap_or_else(|p| p.into_inner()).full = false;
-                s.skew_ms = 0;
                 s.down_until = None;
             }
             slots.iter().filter(|(_, s)| s.member).map(|(id, s)| (*id, s.join)).collect()
@@ -393,7 +407,8 @@ impl World {
                         )
                     });
                 }
-                return Settled { leader_after_ms, ..settled };
+                let timeline_lag_ms = leader.map(|(id, r)| self.wall_ms(id) - self.stamp(id, &r).now_ms);
+                return Settled { leader_after_ms, timeline_lag_ms, ..settled };
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
@@ -440,7 +455,7 @@ impl World {
             })
             .unwrap_or_default();
         let unfinished = finals.iter().filter(|j| !crate::TERMINAL.contains(&j.state.as_str())).count();
-        Settled { finals, replicas, invariants, leader_after_ms: None, unfinished }
+        Settled { finals, replicas, invariants, leader_after_ms: None, unfinished, timeline_lag_ms: None }
     }
 
     /// Every checker over what this schedule recorded. Also returns what the fingerprint covers
@@ -460,6 +475,7 @@ impl World {
             invariants: &settled.invariants,
             time_limit_stops: &records.time_limit_stops,
             allocations: &records.allocations,
+            timeline_lag_ms: settled.timeline_lag_ms,
         });
         (violations, settled.replicas)
     }

@@ -458,4 +458,6 @@ pub struct Settled {
     pub invariants: Vec<(ReplicaId, Result<(), String>)>,
     pub leader_after_ms: Option<i64>,
     pub unfinished: usize,
+    /// How far the time the leader would stamp is behind the (healed) clocks, when one leads.
+    pub timeline_lag_ms: Option<i64>,
 }

@@ -12,6 +12,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kairos_consensus::peerclock::PeerClocks;
 use kairos_consensus::{KairosRaft, ReplicaId, TypeConfig};
 use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
@@ -35,6 +36,10 @@ pub struct NetState {
     pub slow_ms: u64,
     /// Replies lost, per mille.
     pub lose_replies_per_mille: u64,
+    /// How far each replica machine's wall clock is off.
+    pub skew_ms: BTreeMap<ReplicaId, i64>,
+    /// When the simulation started: its wall clocks read `super::WALL_BASE_MS` then.
+    pub start: Instant,
     pub rng: Rng,
 }
 
@@ -47,6 +52,8 @@ pub fn new_net(seed: u64) -> Net {
         cut: BTreeSet::new(),
         slow_ms: 0,
         lose_replies_per_mille: 0,
+        skew_ms: BTreeMap::new(),
+        start: Instant::now(),
         rng: Rng::new(seed),
     }))
 }
@@ -56,6 +63,12 @@ pub fn lock(net: &Net) -> std::sync::MutexGuard<'_, NetState> {
 }
 
 impl NetState {
+    /// Replica `id`'s machine's wall clock, in ms.
+    pub fn wall_ms(&self, id: ReplicaId) -> i64 {
+        let elapsed = Instant::now().saturating_duration_since(self.start).as_millis() as i64;
+        super::WALL_BASE_MS + elapsed + self.skew_ms.get(&id).copied().unwrap_or(0)
+    }
+
     /// One message on `from → to`: its delay, or None when it is lost.
     fn leg(&mut self, from: ReplicaId, to: ReplicaId, reply: bool) -> Option<Duration> {
         let lost = self.cut.contains(&(from, to))
@@ -74,13 +87,15 @@ impl NetState {
 pub struct SimNetwork {
     pub from: ReplicaId,
     pub net: Net,
+    /// Where the wall clocks peers answer with are recorded, as `kairos_consensus::network` does.
+    pub clocks: Arc<PeerClocks>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for SimNetwork {
     type Network = SimConnection;
 
     async fn new_client(&mut self, target: ReplicaId, _node: &BasicNode) -> SimConnection {
-        SimConnection { from: self.from, target, net: self.net.clone() }
+        SimConnection { from: self.from, target, net: self.net.clone(), clocks: self.clocks.clone() }
     }
 }
 
@@ -88,6 +103,7 @@ pub struct SimConnection {
     from: ReplicaId,
     target: ReplicaId,
     net: Net,
+    clocks: Arc<PeerClocks>,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<ReplicaId, BasicNode, RaftError<ReplicaId, E>>>;
@@ -135,12 +151,15 @@ impl SimConnection {
             return Err(unreachable("peer down"));
         };
         let result = f(raft).await;
+        // The reply carries the target's wall clock as it leaves.
+        let wall = lock(&self.net).wall_ms(self.target);
         let back = lock(&self.net).leg(self.target, self.from, true);
         let Some(delay) = back else {
             tokio::time::sleep_until(deadline).await;
             return Err(unreachable("reply lost"));
         };
         tokio::time::sleep(delay).await;
+        self.clocks.record(self.target, wall);
         match result {
             Ok(r) => Ok(r),
             Err(RaftError::Fatal(_)) => Err(unreachable("peer stopped")),
