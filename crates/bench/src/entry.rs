@@ -39,7 +39,7 @@ fn submit(client: usize, seq: usize, now_ms: i64) -> Command {
             spec,
             request_id: Some(format!("bench-{client}-{seq}")),
             hold: false,
-            limits: Some(SubmitLimits { max_jobs_per_user: 1_000_000, max_jobs: 10_000_000 }),
+            limits: Some(SubmitLimits { max_jobs_per_user: 1_000_000, max_jobs: 10_000_000, any_qos: false }),
         },
     }
 }
@@ -65,6 +65,8 @@ fn policy(accounts: usize, users: usize) -> Policy {
             parent: Some(ROOT_ACCOUNT.into()),
             shares: 1 + (i % 7) as u32,
             users: members,
+            qos: Default::default(),
+            user_qos: Default::default(),
         };
         policy.accounts.insert(name, account);
     }

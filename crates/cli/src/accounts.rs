@@ -46,6 +46,16 @@ pub struct AccountFlags {
     /// Members, comma-separated ("" = open to every user).
     #[arg(long)]
     users: Option<String>,
+    /// QoS its jobs may use, comma-separated ("" = as the parent allows; every QoS at the top).
+    #[arg(long, value_name = "QOS,..")]
+    allowed_qos: Option<String>,
+    /// QoS its jobs get when they name none ("" = the parent's).
+    #[arg(long, value_name = "QOS")]
+    default_qos: Option<String>,
+    /// Set --allowed-qos/--default-qos for this user's jobs under the account only (like
+    /// Slurm's association), before the account's own.
+    #[arg(long, value_name = "USER")]
+    user: Option<String>,
 }
 
 impl AccountFlags {
@@ -59,7 +69,32 @@ impl AccountFlags {
         if let Some(u) = &self.users {
             a.users = csv(u);
         }
+        let (allowed, default) = match &self.user {
+            None => (&mut a.allowed_qos, &mut a.default_qos),
+            Some(user) => {
+                if !a.user_qos.iter().any(|u| &u.user == user) {
+                    a.user_qos.push(pb::UserQos { user: user.clone(), ..Default::default() });
+                }
+                let entry = a.user_qos.iter_mut().find(|u| &u.user == user).expect("just added");
+                (&mut entry.allowed_qos, &mut entry.default_qos)
+            }
+        };
+        if let Some(q) = &self.allowed_qos {
+            *allowed = csv(q);
+        }
+        if let Some(q) = &self.default_qos {
+            default.clone_from(q);
+        }
+        // A user entry that says nothing is no entry.
+        a.user_qos.retain(|u| !u.allowed_qos.is_empty() || !u.default_qos.is_empty());
     }
+}
+
+/// `a,b` or "(inherited)" for an empty QoS list; "-" for no default.
+fn qos_cell(allowed: &[String], default: &str) -> String {
+    let allowed = if allowed.is_empty() { "(inherited)".to_string() } else { allowed.join(",") };
+    let default = if default.is_empty() { "-" } else { default };
+    format!("{allowed} (default {default})")
 }
 
 async fn put_account(
@@ -79,11 +114,36 @@ pub async fn account_command(client: &Client, json: bool, command: AccountCmd) -
             print_list(
                 json,
                 &policy.accounts,
-                |a| serde_json::json!({"name": a.name, "parent": parent(a), "shares": a.shares, "users": a.users}),
-                &["ACCOUNT", "PARENT", "SHARES", "USERS"],
+                |a| {
+                    let user_qos: serde_json::Map<String, serde_json::Value> = a
+                        .user_qos
+                        .iter()
+                        .map(|u| {
+                            let default = (!u.default_qos.is_empty()).then(|| u.default_qos.clone());
+                            (
+                                u.user.clone(),
+                                serde_json::json!({"allowed_qos": u.allowed_qos, "default_qos": default}),
+                            )
+                        })
+                        .collect();
+                    let default = (!a.default_qos.is_empty()).then(|| a.default_qos.clone());
+                    serde_json::json!({"name": a.name, "parent": parent(a), "shares": a.shares, "users": a.users,
+                        "allowed_qos": a.allowed_qos, "default_qos": default, "user_qos": user_qos})
+                },
+                &["ACCOUNT", "PARENT", "SHARES", "USERS", "QOS"],
                 |a| {
                     let users = if a.users.is_empty() { "(open)".into() } else { a.users.join(",") };
-                    vec![a.name.clone(), parent(a).unwrap_or_else(|| "-".into()), a.shares.to_string(), users]
+                    let mut qos = qos_cell(&a.allowed_qos, &a.default_qos);
+                    for u in &a.user_qos {
+                        qos.push_str(&format!("; {}: {}", u.user, qos_cell(&u.allowed_qos, &u.default_qos)));
+                    }
+                    vec![
+                        a.name.clone(),
+                        parent(a).unwrap_or_else(|| "-".into()),
+                        a.shares.to_string(),
+                        users,
+                        qos,
+                    ]
                 },
             );
         }

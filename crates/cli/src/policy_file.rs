@@ -21,6 +21,10 @@
 //! parent = "root"
 //! shares = 2
 //! users = ["alice", "bob"]  # empty = open to every user
+//! allowed_qos = ["training", "inference"]  # empty = as the parent allows
+//! default_qos = "training"  # optional; else the parent's
+//! [accounts.vision.user_qos.alice]   # one user's jobs under this account
+//! allowed_qos = ["training", "inference", "urgent"]
 //!
 //! default_partition = "default"   # (top level, before any table)
 //! [partitions.default]      # nodes = [..] by name, or a label selector; neither = all nodes
@@ -111,6 +115,22 @@ pub struct AccountEntry {
     pub shares: u32,
     #[serde(default)]
     pub users: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_qos: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_qos: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub user_qos: BTreeMap<String, UserQosEntry>,
+}
+
+/// Which QoS one user's jobs under an account may use, and their default.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserQosEntry {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_qos: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_qos: Option<String>,
 }
 
 fn one() -> u32 {
@@ -236,6 +256,17 @@ impl PolicyFile {
                 parent: a.parent.clone().unwrap_or_default(),
                 shares: a.shares,
                 users: a.users.clone(),
+                allowed_qos: a.allowed_qos.clone(),
+                default_qos: a.default_qos.clone().unwrap_or_default(),
+                user_qos: a
+                    .user_qos
+                    .iter()
+                    .map(|(user, u)| pb::UserQos {
+                        user: user.clone(),
+                        allowed_qos: u.allowed_qos.clone(),
+                        default_qos: u.default_qos.clone().unwrap_or_default(),
+                    })
+                    .collect(),
             })
             .collect();
         let weights = match &self.weights {
@@ -319,6 +350,19 @@ impl PolicyFile {
                     parent: (!a.parent.is_empty()).then(|| a.parent.clone()),
                     shares: a.shares,
                     users: a.users.clone(),
+                    allowed_qos: a.allowed_qos.clone(),
+                    default_qos: (!a.default_qos.is_empty()).then(|| a.default_qos.clone()),
+                    user_qos: a
+                        .user_qos
+                        .iter()
+                        .map(|u| {
+                            let entry = UserQosEntry {
+                                allowed_qos: u.allowed_qos.clone(),
+                                default_qos: (!u.default_qos.is_empty()).then(|| u.default_qos.clone()),
+                            };
+                            (u.user.clone(), entry)
+                        })
+                        .collect(),
                 };
                 (a.name.clone(), entry)
             })

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::v1 as pb;
-use kairos_scheduler::policy::{Account, Partition, Policy, PreemptMode, Qos};
+use kairos_scheduler::policy::{Account, Partition, Policy, PreemptMode, Qos, QosAccess};
 use kairos_scheduler::priority::PriorityWeights;
 use kairos_scheduler::Profile;
 use tonic::Status;
@@ -104,11 +104,17 @@ pub fn weights_to_pb(w: &PriorityWeights) -> pb::PriorityWeights {
 }
 
 pub fn account_from_pb(a: pb::Account) -> Account {
+    let access = |allowed: Vec<String>, default: String| QosAccess {
+        allowed: allowed.into_iter().collect(),
+        default: (!default.is_empty()).then_some(default),
+    };
     Account {
         parent: (!a.parent.is_empty()).then_some(a.parent),
         shares: a.shares,
         users: a.users.into_iter().collect(),
         name: a.name,
+        qos: access(a.allowed_qos, a.default_qos),
+        user_qos: a.user_qos.into_iter().map(|u| (u.user, access(u.allowed_qos, u.default_qos))).collect(),
     }
 }
 
@@ -118,6 +124,17 @@ pub fn account_to_pb(a: &Account) -> pb::Account {
         parent: a.parent.clone().unwrap_or_default(),
         shares: a.shares,
         users: a.users.iter().cloned().collect(),
+        allowed_qos: a.qos.allowed.iter().cloned().collect(),
+        default_qos: a.qos.default.clone().unwrap_or_default(),
+        user_qos: a
+            .user_qos
+            .iter()
+            .map(|(user, q)| pb::UserQos {
+                user: user.clone(),
+                allowed_qos: q.allowed.iter().cloned().collect(),
+                default_qos: q.default.clone().unwrap_or_default(),
+            })
+            .collect(),
     }
 }
 

@@ -113,6 +113,44 @@ pub struct Account {
     pub shares: u32,
     /// Users who may submit under it; empty = open to every user.
     pub users: BTreeSet<String>,
+    /// The QoS its jobs may use and the one they get when they name none; an empty list (and
+    /// no default) is inherited from the parent account (`Policy::qos_access`).
+    #[serde(default, skip_serializing_if = "QosAccess::is_empty")]
+    pub qos: QosAccess,
+    /// The same for one user's jobs under this account (Slurm's association), before the
+    /// account's own.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub user_qos: BTreeMap<String, QosAccess>,
+}
+
+/// Which QoS an account (or a user in it) may use, and its default.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QosAccess {
+    /// Empty = as the parent says (every QoS at the top).
+    #[serde(default)]
+    pub allowed: BTreeSet<String>,
+    #[serde(default)]
+    pub default: Option<String>,
+}
+
+impl QosAccess {
+    pub fn is_empty(&self) -> bool {
+        self.allowed.is_empty() && self.default.is_none()
+    }
+}
+
+/// What `Policy::qos_access` finds for a user in an account.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EffectiveQos {
+    /// None = every QoS.
+    pub allowed: Option<BTreeSet<String>>,
+    pub default: Option<String>,
+}
+
+impl EffectiveQos {
+    pub fn allows(&self, qos: &str) -> bool {
+        self.allowed.as_ref().is_none_or(|a| a.contains(qos))
+    }
 }
 
 /// One named piece of the policy that can be put or deleted on its own (`Op::PutPolicyItem`).
@@ -268,7 +306,16 @@ fn default_partition_name() -> String {
 }
 
 fn default_accounts() -> BTreeMap<String, Account> {
-    let root = Account { name: ROOT_ACCOUNT.into(), parent: None, shares: 1, users: BTreeSet::new() };
+    // `urgent` preempts training: it is left to operators and to the accounts they give it.
+    let everyday = ["inference", "training", "batch", "premium"].map(String::from).into();
+    let root = Account {
+        name: ROOT_ACCOUNT.into(),
+        parent: None,
+        shares: 1,
+        users: BTreeSet::new(),
+        qos: QosAccess { allowed: everyday, default: None },
+        user_qos: BTreeMap::new(),
+    };
     [(root.name.clone(), root)].into()
 }
 
@@ -351,6 +398,10 @@ pub enum PolicyError {
     PartitionUnknownQos { name: String, qos: String },
     #[error("partition \"{name}\": default qos \"{qos}\" is not among its allowed qos")]
     PartitionDefaultNotAllowed { name: String, qos: String },
+    #[error("account \"{name}\": qos \"{qos}\" is not a defined qos")]
+    AccountUnknownQos { name: String, qos: String },
+    #[error("account \"{name}\": default qos \"{qos}\" is not among the qos it allows")]
+    AccountDefaultNotAllowed { name: String, qos: String },
     #[error("partition \"{0}\": max_wall must be between 1 s and one year")]
     PartitionBadMaxWall(String),
     #[error("default_partition: unknown partition \"{0}\"")]
@@ -500,8 +551,49 @@ impl Policy {
             if at.is_some() {
                 return Err(PolicyError::AccountCycle(a.name.clone()));
             }
+            for access in std::iter::once(&a.qos).chain(a.user_qos.values()) {
+                for q in access.allowed.iter().chain(access.default.iter()) {
+                    if !self.qos.contains_key(q) {
+                        return Err(PolicyError::AccountUnknownQos { name: a.name.clone(), qos: q.clone() });
+                    }
+                }
+            }
+            for user in a.user_qos.keys() {
+                self.qos_access(user, &a.name)
+                    .default
+                    .map_or(Ok(()), |d| self.default_allowed(a, user, d))?;
+            }
+            self.qos_access("", &a.name).default.map_or(Ok(()), |d| self.default_allowed(a, "", d))?;
         }
         Ok(())
+    }
+
+    /// The effective default of `user` in `account` must be among what it may use.
+    fn default_allowed(&self, account: &Account, user: &str, default: String) -> Result<(), PolicyError> {
+        if self.qos_access(user, &account.name).allows(&default) {
+            return Ok(());
+        }
+        Err(PolicyError::AccountDefaultNotAllowed { name: account.name.clone(), qos: default })
+    }
+
+    /// The QoS `user` may use under `account`, and its default: for each, the nearest that says
+    /// — the user's entry in the account, the account, then each ancestor up the tree. Nothing
+    /// said anywhere = every QoS, no default of its own.
+    pub fn qos_access(&self, user: &str, account: &str) -> EffectiveQos {
+        let mut found = EffectiveQos::default();
+        for name in self.account_chain(account) {
+            let Some(a) = self.accounts.get(&name) else { continue };
+            let said = a.user_qos.get(user).into_iter().chain(std::iter::once(&a.qos));
+            for access in said {
+                if found.allowed.is_none() && !access.allowed.is_empty() {
+                    found.allowed = Some(access.allowed.clone());
+                }
+                if found.default.is_none() {
+                    found.default.clone_from(&access.default);
+                }
+            }
+        }
+        found
     }
 
     /// The account a job of `user` gets when it names `requested` ("" = the user's default:

@@ -398,6 +398,8 @@ mod tests {
                 parent,
                 shares: *shares,
                 users: Default::default(),
+                qos: Default::default(),
+                user_qos: Default::default(),
             };
             state.policy.accounts.insert(name.clone(), account);
             if *used > 0 {

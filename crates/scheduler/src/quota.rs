@@ -19,6 +19,9 @@ pub struct SubmitLimits {
     pub max_jobs_per_user: u32,
     /// Unfinished jobs the cluster may hold.
     pub max_jobs: u32,
+    /// Submitted by an operator: any QoS, whatever the account allows.
+    #[serde(default)]
+    pub any_qos: bool,
 }
 
 /// Unfinished jobs by user, derived from `ClusterState::jobs` (a cache: equal to any other, never
@@ -133,7 +136,7 @@ mod tests {
     fn unfinished_jobs_are_bounded_per_user_and_in_all_and_ended_jobs_free_room() {
         let mut s = ClusterState::new();
         s.apply(&Command { skipped_ms: 0, now_ms: 1, op: Op::RegisterNode { info: node_info("n1", 2) } });
-        let l = SubmitLimits { max_jobs_per_user: 2, max_jobs: 3 };
+        let l = SubmitLimits { max_jobs_per_user: 2, max_jobs: 3, any_qos: false };
         assert!(matches!(submit(&mut s, "alice", l), Outcome::Submitted { .. }));
         assert!(matches!(submit(&mut s, "alice", l), Outcome::Submitted { .. }));
         let before = s.jobs.len();

@@ -274,5 +274,6 @@ pub fn rejection_status(r: Rejection) -> Status {
         Rejection::Invalid(m) => Status::invalid_argument(m),
         Rejection::FailedPrecondition(m) => Status::failed_precondition(m),
         Rejection::ResourceExhausted(m) => Status::resource_exhausted(m),
+        Rejection::PermissionDenied(m) => Status::permission_denied(m),
     }
 }

@@ -57,6 +57,7 @@ impl Jobs {
     async fn submit_as(
         &self,
         user: &str,
+        any_qos: bool,
         req: pb::SubmitRequest,
         trace: &opentelemetry::Context,
     ) -> Result<Response<pb::SubmitResponse>, Status> {
@@ -64,7 +65,7 @@ impl Jobs {
         spec.traceparent = kairos_telemetry::traces::traceparent(trace).map(Into::into);
         let request_id = (!req.request_id.is_empty()).then_some(req.request_id);
         let hold = req.spec.as_ref().is_some_and(|s| s.hold);
-        let limits = Some(self.ctx.submit_limits);
+        let limits = Some(kairos_scheduler::quota::SubmitLimits { any_qos, ..self.ctx.submit_limits });
         let commit = kairos_telemetry::traces::start("commit", trace, Vec::new());
         let written = self.ctx.write(Op::Submit { spec, request_id, hold, limits }).await;
         kairos_telemetry::traces::end(&commit);
@@ -225,7 +226,10 @@ impl JobService for Jobs {
         &self,
         request: Request<pb::SubmitRequest>,
     ) -> Result<Response<pb::SubmitResponse>, Status> {
-        let user = self.ctx.principal(&request)?.user;
+        let me = self.ctx.principal(&request)?;
+        let user = me.user;
+        // Operators may submit with any QoS; users with those their accounts allow.
+        let any_qos = me.role >= kairos_scheduler::tokens::Role::Operator;
         // Before anything else: a flood costs neither validation nor a log entry.
         if let Err(refused) = self.limiter.take(&user, std::time::Instant::now(), "submit") {
             self.ctx.metrics.submit("rate_limited");
@@ -239,7 +243,7 @@ impl JobService for Jobs {
             .map(kairos_telemetry::traces::context_of)
             .unwrap_or_default();
         let span = kairos_telemetry::traces::start("submit", &parent, Vec::new());
-        let answer = self.submit_as(&user, request.into_inner(), &span).await;
+        let answer = self.submit_as(&user, any_qos, request.into_inner(), &span).await;
         kairos_telemetry::traces::end(&span);
         self.ctx.metrics.submit(crate::metrics::submit_outcome(&answer.as_ref().map(|_| ())));
         answer

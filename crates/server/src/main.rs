@@ -379,6 +379,7 @@ async fn run() -> anyhow::Result<()> {
         submit_limits: kairos_scheduler::quota::SubmitLimits {
             max_jobs_per_user: args.max_jobs_per_user,
             max_jobs: args.max_jobs,
+            any_qos: false,
         },
         timing: Timing {
             heartbeat_interval: Duration::from_millis(args.heartbeat_ms),

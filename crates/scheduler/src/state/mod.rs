@@ -254,6 +254,16 @@ impl ClusterState {
                         profile.as_str()
                     )));
                 }
+                let lists = |a: &crate::policy::Account| {
+                    let mut named = std::iter::once(&a.qos).chain(a.user_qos.values());
+                    named.any(|q| q.allowed.contains(name) || q.default.as_ref() == Some(name))
+                };
+                if let Some(account) = policy.accounts.values().find(|a| lists(a)) {
+                    return Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                        "qos \"{name}\" is allowed by account \"{}\"; change that first",
+                        account.name
+                    )));
+                }
                 if let Some(user) = policy.qos.values().find(|q| q.preempt.contains(name)) {
                     return Outcome::Rejected(Rejection::FailedPrecondition(format!(
                         "qos \"{name}\" is preempted by qos \"{}\"; change that first",

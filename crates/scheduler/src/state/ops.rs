@@ -294,6 +294,8 @@ pub enum Rejection {
     FailedPrecondition(String),
     /// A bound on the state (`kairosd --max-jobs-per-user`, `--max-jobs`) would be passed.
     ResourceExhausted(String),
+    /// The caller may not do this (a QoS its account does not allow).
+    PermissionDenied(String),
 }
 
 impl std::fmt::Display for Rejection {
@@ -302,7 +304,8 @@ impl std::fmt::Display for Rejection {
             Rejection::NotFound(m)
             | Rejection::Invalid(m)
             | Rejection::FailedPrecondition(m)
-            | Rejection::ResourceExhausted(m) => f.write_str(m),
+            | Rejection::ResourceExhausted(m)
+            | Rejection::PermissionDenied(m) => f.write_str(m),
         }
     }
 }

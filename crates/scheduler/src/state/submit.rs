@@ -34,10 +34,19 @@ impl ClusterState {
             let name: String = spec.partition.chars().take(64).collect();
             return Outcome::Rejected(Rejection::Invalid(format!("partition: unknown partition \"{name}\"")));
         };
-        let qos = match (spec.qos.is_empty(), &partition.default_qos) {
-            (false, _) => self.policy.qos(&spec.qos),
-            (true, Some(d)) => self.policy.qos(d),
-            (true, None) => self.policy.default_qos(spec.profile),
+        let account = match self.policy.resolve_account(&spec.user, &spec.account) {
+            Ok(a) => a,
+            Err(why) if spec.account.is_empty() => {
+                return Outcome::Rejected(Rejection::FailedPrecondition(why))
+            }
+            Err(why) => return Outcome::Rejected(Rejection::Invalid(why)),
+        };
+        // The QoS it names, else its user's (or account's) default, the partition's, the profile's.
+        let access = self.policy.qos_access(&spec.user, &account);
+        let qos = match (spec.qos.is_empty(), &access.default, &partition.default_qos) {
+            (false, _, _) => self.policy.qos(&spec.qos),
+            (true, Some(d), _) | (true, None, Some(d)) => self.policy.qos(d),
+            (true, None, None) => self.policy.default_qos(spec.profile),
         };
         let Some(qos) = qos else {
             let known: Vec<&str> = self.policy.qos.keys().map(String::as_str).collect();
@@ -47,6 +56,16 @@ impl ClusterState {
                 known.join(", ")
             )));
         };
+        let checked = limits.is_some_and(|l| !l.any_qos);
+        if checked && !access.allows(&qos.name) {
+            let allowed: Vec<&str> = access.allowed.iter().flatten().map(String::as_str).collect();
+            return Outcome::Rejected(Rejection::PermissionDenied(format!(
+                "qos \"{}\" is not allowed for user \"{}\" in account \"{account}\" (allowed: {})",
+                qos.name,
+                spec.user,
+                allowed.join(", ")
+            )));
+        }
         if let Err(why) = Self::check_qos_fit(spec, qos) {
             return Outcome::Rejected(why);
         }
@@ -61,13 +80,6 @@ impl ClusterState {
             return Outcome::Rejected(Rejection::NotFound(format!("after_ok: job {dep} not found")));
         }
         let (qos_name, priority) = (qos.name.clone(), qos.priority);
-        let account = match self.policy.resolve_account(&spec.user, &spec.account) {
-            Ok(a) => a,
-            Err(why) if spec.account.is_empty() => {
-                return Outcome::Rejected(Rejection::FailedPrecondition(why))
-            }
-            Err(why) => return Outcome::Rejected(Rejection::Invalid(why)),
-        };
         // A job that may burst may also be larger than any on-prem node, up to the largest
         // allowed cloud instance type.
         let cloud = &self.burst.config;

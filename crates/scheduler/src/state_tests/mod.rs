@@ -47,6 +47,8 @@ fn two_accounts() -> crate::policy::Policy {
             parent: Some("root".into()),
             shares: 1,
             users: [user.to_string()].into(),
+            qos: Default::default(),
+            user_qos: Default::default(),
         };
         policy.accounts.insert(name.into(), account);
     }

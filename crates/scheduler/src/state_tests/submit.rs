@@ -168,6 +168,7 @@ fn policy_changes_are_validated_whole_and_refuse_removing_a_qos_in_use() {
     )));
     let mut without_premium = s.policy.clone();
     without_premium.qos.remove("premium");
+    without_premium.accounts.get_mut("root").unwrap().qos.allowed.remove("premium");
     assert!(matches!(
         s.apply(&cmd(3, Op::SetPolicy { policy: without_premium })),
         Outcome::Rejected(Rejection::FailedPrecondition(m)) if m == format!("qos \"premium\" is in use by job {j}")
@@ -202,6 +203,16 @@ fn policy_changes_are_validated_whole_and_refuse_removing_a_qos_in_use() {
     s.apply(&cmd(6, Op::PutQos { qos: premium, must_exist: Some(true) }));
     assert_eq!(s.jobs[&j].priority, 7);
     s.apply(&cmd(7, Op::Cancel { job: j, by: "a".into() }));
+    // Still allowed by the root account: removing it there first (else the list would shrink
+    // behind the operator's back).
+    assert!(matches!(
+        s.apply(&cmd(8, Op::DeleteQos { name: "premium".into() })),
+        Outcome::Rejected(Rejection::FailedPrecondition(m)) if m.contains("allowed by account \"root\"")
+    ));
+    let mut root = s.policy.accounts["root"].clone();
+    root.qos.allowed.remove("premium");
+    let put = Op::PutPolicyItem { item: crate::policy::PolicyItem::Account(root), must_exist: Some(true) };
+    assert_eq!(s.apply(&cmd(8, put)), Outcome::PolicyChanged);
     assert_eq!(s.apply(&cmd(8, Op::DeleteQos { name: "premium".into() })), Outcome::PolicyChanged);
 }
 
@@ -458,6 +469,8 @@ fn accounts_and_partitions_are_put_and_deleted_one_at_a_time_and_validated_whole
             parent: Some(parent.into()),
             shares: 2,
             users: Default::default(),
+            qos: Default::default(),
+            user_qos: Default::default(),
         })
     };
     let put =
@@ -558,4 +571,77 @@ fn a_precheck_answers_what_apply_would_without_a_change_and_passes_what_changes(
         s.precheck(&Op::Release { job: pending, by: by() }),
         Err(Rejection::FailedPrecondition(_))
     ));
+}
+
+#[test]
+fn a_qos_an_account_does_not_allow_is_refused_naming_the_allowed_ones() {
+    use crate::policy::QosAccess;
+    let mut s = cluster(4);
+    let mut policy = two_accounts();
+    // The shipped tree: every QoS but `urgent` at the root. Account b may use urgent too, and
+    // defaults to inference; alice alone, in a, may use urgent.
+    let b = policy.accounts.get_mut("b").unwrap();
+    b.qos = QosAccess {
+        allowed: ["urgent", "inference", "training"].map(String::from).into(),
+        default: Some("inference".into()),
+    };
+    assert_eq!(s.apply(&cmd(1, Op::SetPolicy { policy: policy.clone() })), Outcome::PolicyChanged);
+    let limits = crate::quota::SubmitLimits { max_jobs_per_user: 100, max_jobs: 100, any_qos: false };
+    let submit = |s: &mut ClusterState, user: &str, qos: &str, limits| {
+        let mut sp = spec(1, qos);
+        sp.user = user.into();
+        s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None, hold: true, limits: Some(limits) }))
+    };
+    let before = s.clone();
+    assert_eq!(
+        submit(&mut s, "alice", "urgent", limits),
+        Outcome::Rejected(Rejection::PermissionDenied(
+            "qos \"urgent\" is not allowed for user \"alice\" in account \"a\" (allowed: batch, inference, premium, training)"
+                .into()
+        ))
+    );
+    assert_eq!(
+        (&s.jobs, s.next_job_id),
+        (&before.jobs, before.next_job_id),
+        "a refused submit changes nothing"
+    );
+    // bob's account was given urgent; its own list replaces the inherited one.
+    let job = submitted(submit(&mut s, "bob", "urgent", limits));
+    assert_eq!(s.jobs[&job].spec.qos, "urgent");
+    assert!(
+        matches!(submit(&mut s, "bob", "batch", limits), Outcome::Rejected(Rejection::PermissionDenied(m)) if m.contains("allowed: inference, training, urgent"))
+    );
+    // A job naming no QoS gets the account's default (before the profile's).
+    let job = submitted(submit(&mut s, "bob", "", limits));
+    assert_eq!(s.jobs[&job].spec.qos, "inference");
+    // An operator's submit may use any QoS.
+    submitted(submit(&mut s, "alice", "urgent", crate::quota::SubmitLimits { any_qos: true, ..limits }));
+    // One user's entry in an account comes before the account's.
+    policy.accounts.get_mut("a").unwrap().user_qos.insert(
+        "alice".into(),
+        QosAccess {
+            allowed: ["urgent", "training"].map(String::from).into(),
+            default: Some("training".into()),
+        },
+    );
+    assert_eq!(s.apply(&cmd(3, Op::SetPolicy { policy: policy.clone() })), Outcome::PolicyChanged);
+    let job = submitted(submit(&mut s, "alice", "urgent", limits));
+    assert_eq!(s.jobs[&job].spec.qos, "urgent");
+    let job = submitted(submit(&mut s, "alice", "", limits));
+    assert_eq!(s.jobs[&job].spec.qos, "training");
+    assert_eq!(
+        s.policy.qos_access("carol", "a"),
+        crate::policy::EffectiveQos {
+            allowed: Some(["batch", "inference", "premium", "training"].map(String::from).into()),
+            default: None
+        },
+        "another user of a inherits the root's list"
+    );
+    // A policy whose default is not among what the account allows, or names no QoS, is refused.
+    let mut bad = policy.clone();
+    bad.accounts.get_mut("b").unwrap().qos.default = Some("batch".into());
+    assert!(matches!(s.apply(&cmd(4, Op::SetPolicy { policy: bad })), Outcome::Rejected(_)));
+    let mut bad = policy;
+    bad.accounts.get_mut("a").unwrap().qos.allowed.insert("nope".into());
+    assert!(matches!(s.apply(&cmd(4, Op::SetPolicy { policy: bad })), Outcome::Rejected(_)));
 }
