@@ -298,3 +298,51 @@ fn accounts_and_partitions_are_managed_from_the_cli() {
     let parts: serde_json::Value = serde_json::from_str(&c.ok(&["partition", "list", "--json"])).unwrap();
     assert_eq!(parts.as_array().unwrap().len(), 1);
 }
+
+#[test]
+fn urgent_is_refused_to_a_user_without_it_naming_the_allowed_qos_and_works_for_an_account_given_it() {
+    let c = Cluster::start(1);
+    let submit_as = |user: &str, args: &[&str]| c.cli_as(user).arg("submit").args(args).output().unwrap();
+    let out = submit_as("alice", &["--qos", "urgent", "--", "true"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("qos \"urgent\" is not allowed for user \"alice\" in account \"root\" (allowed: batch, inference, premium, training)"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(c.jobs().is_empty(), "a refused submit leaves no job");
+    // An account given urgent (with training as its default), alice a member.
+    c.ok(&["account", "create", "oncall", "--parent", "root", "--users", "alice"]);
+    c.ok(&["account", "update", "oncall", "--allowed-qos", "urgent,training", "--default-qos", "training"]);
+    let out = submit_as("alice", &["--account", "oncall", "--qos", "urgent", "--", "true"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let job: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert_eq!(c.wait_done(job)["qos"], "urgent");
+    let out = submit_as("alice", &["--account", "oncall", "--hold", "--", "true"]);
+    let job: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert_eq!(c.job(job)["qos"], "training", "the account's default");
+    // Inference is not among oncall's: refused there, naming what it allows.
+    let err = stderr(&submit_as("alice", &["--account", "oncall", "--qos", "inference", "--", "true"]));
+    assert!(err.contains("(allowed: training, urgent)"), "{err}");
+    // One user alone (bob, in root) may be given urgent, as Slurm's association.
+    c.ok(&["account", "update", "root", "--user", "bob", "--allowed-qos", "urgent"]);
+    assert!(submit_as("bob", &["--qos", "urgent", "--hold", "--", "true"]).status.success());
+    assert!(!submit_as("carol", &["--qos", "urgent", "--hold", "--", "true"]).status.success());
+    // The policy file carries all of it, and the listing shows it.
+    let exported = c.ok(&["policy", "export"]);
+    assert!(exported.contains("[accounts.root.user_qos.bob]"), "{exported}");
+    assert!(exported.contains("default_qos = \"training\""), "{exported}");
+    let accounts: serde_json::Value = serde_json::from_str(&c.ok(&["account", "list", "--json"])).unwrap();
+    let oncall = accounts.as_array().unwrap().iter().find(|a| a["name"] == "oncall").cloned().unwrap();
+    assert_eq!(oncall["allowed_qos"], serde_json::json!(["training", "urgent"]));
+    assert_eq!(oncall["default_qos"], "training");
+    // A default the account does not allow is refused.
+    let out = c.kairos(&["account", "update", "oncall", "--default-qos", "batch"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("default qos \"batch\" is not among the qos it allows"),
+        "{}",
+        stderr(&out)
+    );
+}
