@@ -30,15 +30,22 @@ pub struct Client {
     traceparent: Option<String>,
 }
 
-/// Where the token comes from: `--token-file`/KAIROS_TOKEN_FILE, else KAIROS_TOKEN, else
-/// `$XDG_CONFIG_HOME/kairos/token` or `~/.config/kairos/token` when that file exists.
-pub fn load_token(file: Option<&std::path::Path>) -> Result<Option<String>, CallError> {
+/// Where the token comes from: `--token-file`/KAIROS_TOKEN_FILE, else KAIROS_TOKEN, else the
+/// context's token file, else `$XDG_CONFIG_HOME/kairos/token` or `~/.config/kairos/token` when
+/// that file exists.
+pub fn load_token(
+    file: Option<&std::path::Path>,
+    context_file: Option<&std::path::Path>,
+) -> Result<Option<String>, CallError> {
     if let Some(path) = file {
         return kairos_proto::wire::read_credential_file(path).map(Some).map_err(|e| CallError(e.0));
     }
     if let Ok(t) = std::env::var("KAIROS_TOKEN") {
         let t = t.trim().to_string();
         return Ok((!t.is_empty()).then_some(t));
+    }
+    if let Some(path) = context_file {
+        return kairos_proto::wire::read_credential_file(path).map(Some).map_err(|e| CallError(e.0));
     }
     match default_token_path() {
         Some(path) if path.exists() => {
@@ -50,11 +57,7 @@ pub fn load_token(file: Option<&std::path::Path>) -> Result<Option<String>, Call
 
 /// `$XDG_CONFIG_HOME/kairos/token`, else `$HOME/.config/kairos/token`.
 pub fn default_token_path() -> Option<std::path::PathBuf> {
-    let config = std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|v| !v.is_empty())
-        .map(std::path::PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".config")))?;
-    Some(config.join("kairos").join("token"))
+    crate::context::config_dir().map(|d| d.join("token"))
 }
 
 /// A failed call, already phrased for the user.

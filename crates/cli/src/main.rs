@@ -13,6 +13,7 @@ mod burst;
 mod burst_file;
 mod client;
 mod cluster;
+mod context;
 mod history;
 mod jobs;
 mod nodes;
@@ -36,19 +37,18 @@ use crate::client::Client;
 #[derive(Parser, Debug)]
 #[command(name = "kairos", version, about = "kairos GPU cluster scheduler client")]
 struct Cli {
-    /// Controller addresses, HOST:PORT[,HOST:PORT...].
-    #[arg(
-        long,
-        global = true,
-        env = "KAIROS_CONTROLLERS",
-        default_value = "127.0.0.1:7001",
-        value_delimiter = ','
-    )]
-    controllers: Vec<String>,
+    /// Controller addresses, HOST:PORT[,HOST:PORT...] (default: the context's, else
+    /// 127.0.0.1:7001).
+    #[arg(long, global = true, env = "KAIROS_CONTROLLERS", value_delimiter = ',')]
+    controllers: Option<Vec<String>>,
+    /// The context to use (default: the current one; `kairos context list`).
+    #[arg(long, global = true, env = "KAIROS_CONTEXT")]
+    context: Option<String>,
     /// Print JSON instead of text.
     #[arg(long, global = true)]
     json: bool,
-    /// File holding the API token (default: KAIROS_TOKEN, else ~/.config/kairos/token).
+    /// File holding the API token (default: KAIROS_TOKEN, else the context's token file, else
+    /// ~/.config/kairos/token).
     #[arg(long, global = true, env = "KAIROS_TOKEN_FILE")]
     token_file: Option<PathBuf>,
     /// Act as another user (admins only; the call gets that user's rights).
@@ -192,6 +192,11 @@ enum Cmd {
         #[command(subcommand)]
         command: burst::BurstCmd,
     },
+    /// Named clusters to talk to, like kubeconfig's (~/.config/kairos/config.toml).
+    Context {
+        #[command(subcommand)]
+        command: context::ContextCmd,
+    },
     /// Print a shell completion script (e.g. `kairos completions bash > /etc/bash_completion.d/kairos`).
     Completions {
         /// bash, zsh, fish, elvish or powershell.
@@ -230,17 +235,33 @@ enum Cmd {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<i32> {
-    let tls =
-        kairos_proto::wire::TlsFiles { ca: cli.ca.clone(), cert: cli.cert.clone(), key: cli.key.clone() }
-            .client()
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let token = match &cli.command {
-        Cmd::Up { .. } | Cmd::CheckpointDone | Cmd::Completions { .. } | Cmd::Man { .. } | Cmd::Sim(_) => {
-            None
-        }
-        _ => client::load_token(cli.token_file.as_deref())?,
+    // Flags and the environment first, then the context (`context`), then the defaults.
+    let local = matches!(
+        cli.command,
+        Cmd::Up { .. }
+            | Cmd::CheckpointDone
+            | Cmd::Completions { .. }
+            | Cmd::Man { .. }
+            | Cmd::Sim(_)
+            | Cmd::Context { .. }
+    );
+    let config = if local { context::Config::default() } else { context::Config::load()? };
+    let ctx = config.selected(cli.context.as_deref())?.map(|(_, c)| c.clone()).unwrap_or_default();
+    let tls = kairos_proto::wire::TlsFiles {
+        ca: cli.ca.clone().or(ctx.ca),
+        cert: cli.cert.clone().or(ctx.cert),
+        key: cli.key.clone().or(ctx.key),
+    }
+    .client()
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let token =
+        if local { None } else { client::load_token(cli.token_file.as_deref(), ctx.token_file.as_deref())? };
+    let controllers = match (&cli.controllers, ctx.controllers.is_empty()) {
+        (Some(given), _) => given.clone(),
+        (None, false) => ctx.controllers,
+        (None, true) => vec![up::DEFAULT_CONTROLLER.to_string()],
     };
-    let client = Client::new(cli.controllers.clone(), token, cli.act_as.clone(), tls);
+    let client = Client::new(controllers, token, cli.act_as.clone(), tls);
     let (client, json) = (&client, cli.json);
     match cli.command {
         Cmd::Submit(args) => jobs::submit(client, json, args).await,
@@ -271,6 +292,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Partition { command } => partitions::partition_command(client, json, command).await,
         Cmd::Policy { command } => policy::policy_command(client, command).await,
         Cmd::Burst { command } => burst::burst_command(client, json, command).await,
+        Cmd::Context { command } => context::context_command(json, command),
         Cmd::Sim(args) => sim::sim(json, args),
         Cmd::Completions { shell } => {
             use clap::CommandFactory;
@@ -289,8 +311,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             // A local cluster takes its addresses from its own flags only: KAIROS_CONTROLLERS
             // points the CLI at another cluster, and must not decide where this one binds.
             let given = std::env::args().any(|a| a == "--controllers" || a.starts_with("--controllers="));
-            let controllers =
-                if given { cli.controllers.clone() } else { vec![up::DEFAULT_CONTROLLER.to_string()] };
+            let controllers = match (&cli.controllers, given) {
+                (Some(c), true) => c.clone(),
+                _ => vec![up::DEFAULT_CONTROLLER.to_string()],
+            };
             let controllers = up::up_controllers(&controllers, &addr)?;
             up::run(up::UpArgs { controllers, agent_addr, data_dir, fake_gpus, node_name, run_as }).await?;
             Ok(0)
@@ -321,10 +345,34 @@ fn quiet_on_closed_pipe() {
     }));
 }
 
+/// The command line as parsed: `Cli`, with the global (connection, TLS, output) options listed
+/// once, in `kairos --help`: every subcommand gets them hidden (clap then does not propagate
+/// its own, shown, copies), so they are still accepted before or after any subcommand.
+fn command() -> clap::Command {
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    let globals: Vec<clap::Arg> = cmd.get_arguments().filter(|a| a.is_global_set()).cloned().collect();
+    fn hide_in(cmd: clap::Command, globals: &[clap::Arg]) -> clap::Command {
+        let names: Vec<String> = cmd.get_subcommands().map(|c| c.get_name().to_string()).collect();
+        names.into_iter().fold(cmd, |cmd, name| {
+            cmd.mut_subcommand(name, |sub| {
+                let sub = globals.iter().fold(sub, |sub, g| sub.arg(g.clone().hide(true)));
+                hide_in(sub, globals)
+            })
+        })
+    }
+    hide_in(cmd, &globals)
+}
+
+fn parse_cli(argv: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Cli, clap::Error> {
+    use clap::FromArgMatches;
+    Cli::from_arg_matches(&command().try_get_matches_from(argv)?)
+}
+
 #[tokio::main]
 async fn main() {
     quiet_on_closed_pipe();
-    let cli = match Cli::try_parse() {
+    let cli = match parse_cli(std::env::args_os()) {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind;

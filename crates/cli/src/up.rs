@@ -76,23 +76,21 @@ fn ensure_secret(path: &Path, prefix: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Makes the cluster's admin token the CLI's default token (`~/.config/kairos/token`), keeping
-/// a different previous one as `token.bak`. Returns where it went.
-fn install_admin_token(admin: &Path) -> anyhow::Result<Option<PathBuf>> {
-    let Some(dest) = crate::client::default_token_path() else { return Ok(None) };
-    let token = kairos_proto::wire::read_credential_file(admin)?;
-    if kairos_proto::wire::read_credential_file(&dest).is_ok_and(|old| old == token) {
-        return Ok(Some(dest));
-    }
-    if let Some(dir) = dest.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    if dest.exists() {
-        std::fs::rename(&dest, dest.with_extension("bak"))
-            .with_context(|| format!("saving {}", dest.display()))?;
-    }
-    kairos_proto::wire::write_private_new(&dest, &token)?;
-    Ok(Some(dest))
+/// Adds this cluster to the CLI's contexts under a name of its own and makes it current
+/// (`context::Config::add_local`): no other context, and no token file, is changed. Returns
+/// the context's name, or why there is none (the cluster runs anyway).
+fn add_context(controllers: &[String], admin_token: &Path) -> Result<String, String> {
+    let token_file =
+        std::path::absolute(admin_token).map_err(|e| format!("{}: {e}", admin_token.display()))?;
+    let mut config = crate::context::Config::load().map_err(|e| e.to_string())?;
+    let ctx = crate::context::Context {
+        controllers: controllers.to_vec(),
+        token_file: Some(token_file),
+        ..Default::default()
+    };
+    let name = config.add_local(ctx);
+    config.save().map_err(|e| e.to_string())?;
+    Ok(name)
 }
 
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
@@ -106,7 +104,6 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     ensure_secret(&args.data_dir.join("cluster.secret"), "")?;
     ensure_secret(&args.data_dir.join("admin.token"), "kairos-admin.")?;
     ensure_secret(&args.data_dir.join("join.token"), "kairos-join.")?;
-    let token_path = install_admin_token(&args.data_dir.join("admin.token"))?;
 
     // Every address must be free now: a replica that cannot bind would leave a cluster that
     // never elects a leader.
@@ -190,9 +187,16 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         args.agent_addr
     );
     println!("kairos up: Prometheus metrics at {}", metrics.join(", "));
-    match &token_path {
-        Some(p) => println!("kairos up: admin token in {} (the CLI's default token)", p.display()),
-        None => println!("kairos up: admin token in {} (export KAIROS_TOKEN_FILE=…)", data("admin.token")),
+    match add_context(&args.controllers, &args.data_dir.join("admin.token")) {
+        Ok(name) => println!(
+            "kairos up: context \"{name}\" (current; admin token {}); `kairos context list` shows the others",
+            data("admin.token")
+        ),
+        Err(why) => println!(
+            "kairos up: no context ({why}); export KAIROS_CONTROLLERS={} KAIROS_TOKEN_FILE={}",
+            args.controllers.join(","),
+            data("admin.token")
+        ),
     }
     println!(
         "kairos up: try `kairos submit --gpus 2 -- sh -c 'echo $CUDA_VISIBLE_DEVICES'`, `kairos queue`; Ctrl-C stops the cluster"

@@ -236,9 +236,15 @@ fn kairos_up_stops_cleanly_on_sigterm_leaving_no_processes() {
     let dir = tempfile::Builder::new().prefix("kairos-up-").tempdir().unwrap();
     let addr = harness::free_addr();
     let agent_addr = harness::free_addr();
-    // `kairos up` makes its admin token the CLI's default (~/.config/kairos/token): a
-    // private HOME shows that the CLI then needs no token flag.
+    // `kairos up` adds a context of its own and makes it current: a private HOME shows that the
+    // CLI then needs neither addresses nor a token — and that another cluster's context, and a
+    // token already there, are left as they were.
     let home = dir.path().join("home");
+    let config_dir = home.join(".config").join("kairos");
+    std::fs::create_dir_all(&config_dir).unwrap();
+    let other = "current = \"local\"\n\n[contexts.local]\ncontrollers = [\"10.9.9.9:7001\"]\ntoken_file = \"/elsewhere/admin.token\"\n";
+    std::fs::write(config_dir.join("config.toml"), other).unwrap();
+    std::fs::write(config_dir.join("token"), "kairos-admin.another-clusters-token\n").unwrap();
     // The CLI's pointer at another cluster, as a user of one has exported: `up` takes its
     // addresses from its own flags only.
     let mut up = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
@@ -260,8 +266,8 @@ fn kairos_up_stops_cleanly_on_sigterm_leaving_no_processes() {
             .env_remove("XDG_CONFIG_HOME")
             .env_remove("KAIROS_TOKEN")
             .env_remove("KAIROS_TOKEN_FILE")
-            .arg("--controllers")
-            .arg(&addr)
+            .env_remove("KAIROS_CONTROLLERS")
+            .env_remove("KAIROS_CONTEXT")
             .args(args)
             .output()
             .unwrap()
@@ -271,6 +277,27 @@ fn kairos_up_stops_cleanly_on_sigterm_leaving_no_processes() {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
         (v[0]["state"] == "UP").then_some(())
     });
+    let contexts: serde_json::Value =
+        serde_json::from_slice(&cli(&["context", "list", "--json"]).stdout).unwrap();
+    let port = addr.rsplit(':').next().unwrap();
+    let mine = contexts.as_array().unwrap().iter().find(|c| c["current"] == true).cloned().unwrap();
+    assert_eq!(mine["name"], format!("local-{port}"), "{contexts}");
+    assert_eq!(mine["controllers"], serde_json::json!([addr]));
+    let config = std::fs::read_to_string(config_dir.join("config.toml")).unwrap();
+    assert!(config.contains("[contexts.local]\ncontrollers = [\"10.9.9.9:7001\"]"), "{config}");
+    assert_eq!(
+        std::fs::read_to_string(config_dir.join("token")).unwrap(),
+        "kairos-admin.another-clusters-token\n"
+    );
+    // Switching: the other context is used (and does not answer), then back.
+    assert!(cli(&["context", "use", "local"]).status.success());
+    let out = cli(&["--json", "nodes"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/elsewhere/admin.token"), "{}", stderr(&out));
+    let out = cli(&["--context", &format!("local-{port}"), "nodes", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(cli(&["context", "use", &format!("local-{port}")]).status.success());
+    let out = cli(&["context", "use", "nope"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("context \"nope\" not found"), "{}", stderr(&out));
     let pidfile = dir.path().join("job.pid");
     let out = cli(&["submit", "--", "sh", "-c", &format!("echo $$ > {}; exec sleep 300", pidfile.display())]);
     assert!(out.status.success(), "{}", stderr(&out));
