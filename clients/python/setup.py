@@ -1,8 +1,9 @@
-"""Builds kairos_client with gRPC stubs generated from the repository's proto/ files.
+"""Builds kairos_client with gRPC stubs generated from the kairos .proto files.
 
-The stubs are written into kairos_client/_pb/ (not kept in git) with their imports made
-package-relative, so they never clash with another package's generated `kairos` modules.
-KAIROS_PROTO_DIR overrides where the .proto files are read from.
+Run by the build backend (build_backend/kairos_build.py) in a copy of the sources, which holds
+the protos as proto/: the stubs are written into that copy's kairos_client/_pb/ with their
+imports made package-relative, so they never clash with another package's generated `kairos`
+modules. KAIROS_PROTO_DIR overrides where the .proto files are read from.
 """
 
 import os
@@ -15,11 +16,11 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 
 def proto_dir() -> pathlib.Path:
-    found = os.environ.get("KAIROS_PROTO_DIR") or str(HERE.parent.parent / "proto")
+    found = os.environ.get("KAIROS_PROTO_DIR") or str(HERE / "proto")
     path = pathlib.Path(found)
     if not (path / "kairos" / "v1").is_dir():
         raise SystemExit(
-            f"kairos_client: no kairos/v1/*.proto under {path}; build from the kairos repository "
+            f"kairos_client: no kairos/v1/*.proto under {path}; build through the package's backend "
             "(pip install ./clients/python) or set KAIROS_PROTO_DIR"
         )
     return path

@@ -1,22 +1,27 @@
-"""The kairos client: jobs as plain dicts over gRPC, with failover across controller addresses."""
+"""The kairos client: jobs as typed results over gRPC, with failover across controller addresses."""
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from typing import Dict, Iterable, List, Optional, Sequence
 
 import grpc
-from google.protobuf import json_format
 
 from kairos_client._pb.kairos.v1 import job_pb2, job_pb2_grpc
-
-#: Job states after which a job never changes again.
-TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"})
+from kairos_client.config import resolve
+from kairos_client.types import TERMINAL_STATES, Job
 
 #: Calls answered with these codes are tried again on the next address.
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+
+#: How a watch stream that lost its controller ends, and how often in a row it is reopened.
+_STREAM_LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL)
+_STREAM_REOPENS_MAX = 50
+
+#: The longest one attempt at one address may take to answer (a paused controller accepts
+#: connections but never answers: the client moves on), as the CLI's.
+_ATTEMPT_S = 8.0
 
 
 class KairosError(Exception):
@@ -28,23 +33,23 @@ class KairosError(Exception):
         self.message = message
 
 
-def _job_dict(job: job_pb2.Job) -> dict:
-    d = json_format.MessageToDict(job, preserving_proto_field_name=True, use_integers_for_enums=False)
-    d["id"] = int(job.id)
-    d["state"] = job_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
-    if job.HasField("exit_code"):
-        d["exit_code"] = job.exit_code
-    return d
+class Unreachable(KairosError):
+    """No controller answered at any address for `connect_timeout` seconds."""
+
+    def __init__(self, addresses: Sequence[str], waited: float, last: str):
+        super().__init__(
+            grpc.StatusCode.UNAVAILABLE,
+            f"no controller answered at {', '.join(addresses)} within {waited:g}s ({last})",
+        )
 
 
-def _read_token(token: Optional[str], token_file: Optional[str]) -> str:
-    if token:
-        return token.strip()
-    if os.environ.get("KAIROS_TOKEN"):
-        return os.environ["KAIROS_TOKEN"].strip()
-    path = token_file or os.environ.get("KAIROS_TOKEN_FILE") or "~/.config/kairos/token"
-    with open(os.path.expanduser(path), encoding="utf-8") as f:
-        return f.read().strip()
+def _not_answered(e: grpc.RpcError) -> bool:
+    """Whether the call never reached a controller (nothing listening, unreachable), as
+    opposed to a controller answering UNAVAILABLE (an election under way)."""
+    if e.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = (e.details() or "").lower()
+    return any(s in details for s in ("failed to connect", "connection refused", "dns resolution", "unreachable"))
 
 
 def _loopback(address: str) -> bool:
@@ -63,17 +68,20 @@ def _loopback(address: str) -> bool:
 class Client:
     """A client of one kairos cluster.
 
-    `addresses`: the controllers, as HOST:PORT strings (a list, or one comma-separated string).
-    `token` / `token_file`: the API token (default: KAIROS_TOKEN, KAIROS_TOKEN_FILE, then
-    ~/.config/kairos/token). `ca`: a PEM file to talk TLS (`cert`/`key` for mutual TLS).
-    `timeout`: seconds each call may take, failover included. Without `ca` the token travels
-    in clear, so that is allowed only to loopback addresses unless `insecure=True` (a trusted
-    network).
+    Found like the `kairos` CLI finds it (`kairos_client.config`): `addresses` (HOST:PORT
+    strings, a list or one comma-separated string), else KAIROS_CONTROLLERS, else the CLI's
+    context (`context=`, KAIROS_CONTEXT, or the current one), else 127.0.0.1:7001; the token
+    from `token` / `token_file`, else KAIROS_TOKEN_FILE, KAIROS_TOKEN, the context's token file,
+    ~/.config/kairos/token; `ca` (TLS; `cert`/`key` for mutual TLS) likewise, or KAIROS_CA….
+    `timeout`: seconds each call may take, failover included; `connect_timeout`: seconds after
+    which a call that reached no controller at all fails (`Unreachable`). Without TLS the token
+    travels in clear, so that is allowed only to loopback addresses unless `insecure=True` (a
+    trusted network).
     """
 
     def __init__(
         self,
-        addresses: Sequence[str] | str,
+        addresses: Optional[Sequence[str] | str] = None,
         token: Optional[str] = None,
         token_file: Optional[str] = None,
         ca: Optional[str] = None,
@@ -81,27 +89,32 @@ class Client:
         key: Optional[str] = None,
         timeout: float = 30.0,
         insecure: bool = False,
+        context: Optional[str] = None,
+        connect_timeout: float = 3.0,
     ):
-        if isinstance(addresses, str):
-            addresses = [a.strip() for a in addresses.split(",") if a.strip()]
-        if not addresses:
-            raise ValueError("addresses: at least one controller address (HOST:PORT) is needed")
-        if not ca and not insecure:
-            remote = [a for a in addresses if not _loopback(a)]
+        settings = resolve(addresses, token, token_file, ca, cert, key, context)
+        if not settings.ca and not insecure:
+            remote = [a for a in settings.addresses if not _loopback(a)]
             if remote:
                 raise ValueError(
                     f"refusing to send the API token in clear to {remote[0]}: pass ca= (TLS), "
                     "or insecure=True on a network you trust"
                 )
-        self._addresses: List[str] = list(addresses)
-        self._token = _read_token(token, token_file)
+        self._addresses: List[str] = settings.addresses
+        self._token = settings.token
         self._timeout = timeout
+        self._connect_timeout = connect_timeout
         self._credentials = None
-        if ca:
+        if settings.ca:
             read = lambda p: open(p, "rb").read() if p else None  # noqa: E731
-            self._credentials = grpc.ssl_channel_credentials(read(ca), read(key), read(cert))
+            self._credentials = grpc.ssl_channel_credentials(read(settings.ca), read(settings.key), read(settings.cert))
         self._channels: Dict[str, grpc.Channel] = {}
         self._current = 0
+
+    @property
+    def addresses(self) -> List[str]:
+        """The controller addresses this client uses."""
+        return list(self._addresses)
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -120,9 +133,11 @@ class Client:
 
     def _call(self, method: str, request, deadline: Optional[float] = None):
         """Calls `method` on the current address, moving on to the next one while the cluster
-        answers UNAVAILABLE (a replica down, an election), until the deadline."""
+        answers UNAVAILABLE (a replica down, an election), until the deadline; raises
+        `Unreachable` once no address has answered for `connect_timeout` seconds."""
         deadline = deadline or time.monotonic() + self._timeout
         last: Optional[grpc.RpcError] = None
+        silent_since: Optional[float] = None
         pause = 0.05
         while True:
             address = self._addresses[self._current % len(self._addresses)]
@@ -131,15 +146,22 @@ class Client:
                 break
             try:
                 rpc = getattr(self._stub(address), method)
-                return rpc(request, metadata=self._metadata(), timeout=remaining)
+                return rpc(request, metadata=self._metadata(), timeout=min(remaining, _ATTEMPT_S))
             except grpc.RpcError as e:  # noqa: PERF203 - a retry loop
-                if e.code() not in _RETRYABLE:
+                timed_out = e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and deadline - time.monotonic() > 0
+                if e.code() not in _RETRYABLE and not timed_out:
                     raise KairosError(e.code(), e.details() or "") from None
                 last = e
+                if _not_answered(e) or timed_out:
+                    silent_since = silent_since or time.monotonic()
+                    if time.monotonic() - silent_since >= self._connect_timeout:
+                        raise Unreachable(self._addresses, self._connect_timeout, e.details() or "") from None
+                else:
+                    silent_since = None
                 self._current += 1
                 if self._current % len(self._addresses) == 0:
                     time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-                    pause = min(pause * 2, 1.0)
+                    pause = min(pause * 2, 0.5)
         if last is not None:
             raise KairosError(last.code(), last.details() or "") from None
         raise KairosError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no controller answered within {self._timeout}s")
@@ -190,20 +212,20 @@ class Client:
         request = job_pb2.SubmitRequest(spec=spec, request_id=request_id or uuid.uuid4().hex)
         return int(self._call("Submit", request).job_id)
 
-    def get(self, job_id: int) -> dict:
-        """The job as a dict (`state` as a name such as "RUNNING"; `exit_code` once it ran)."""
-        return _job_dict(self._call("GetJob", job_pb2.GetJobRequest(job_id=job_id)))
+    def get(self, job_id: int) -> Job:
+        """The job (`state` as a name such as "RUNNING"; `exit_code` once it ran)."""
+        return Job.from_pb(self._call("GetJob", job_pb2.GetJobRequest(job_id=job_id)))
 
-    def list(self, all: bool = False, user: str = "", qos: str = "", name: str = "") -> List[dict]:  # noqa: A002
+    def list(self, all: bool = False, user: str = "", qos: str = "", name: str = "") -> List[Job]:  # noqa: A002
         """Jobs, every page followed: pending and running ones, or every job with `all=True`."""
-        jobs: List[dict] = []
+        jobs: List[Job] = []
         token = ""
         while True:
             page = self._call(
                 "ListJobs",
                 job_pb2.ListJobsRequest(all=all, user=user, qos=qos, name=name, page_token=token),
             )
-            jobs.extend(_job_dict(j) for j in page.jobs)
+            jobs.extend(Job.from_pb(j) for j in page.jobs)
             token = page.next_page_token
             if not token:
                 return jobs
@@ -215,11 +237,11 @@ class Client:
         user: str = "",
         account: str = "",
         states: Iterable[str] = (),
-    ) -> List[dict]:
+    ) -> List[Job]:
         """Accounting (like sacct): jobs live in [since_ms, until_ms] (Unix ms; 0: unbounded),
         finished ones included after they left the live state (`purged`), every page."""
         numbers = [job_pb2.JobState.Value("JOB_STATE_" + s.upper()) for s in states]
-        records: List[dict] = []
+        records: List[Job] = []
         token = ""
         while True:
             page = self._call(
@@ -228,31 +250,28 @@ class Client:
                     since_ms=since_ms, until_ms=until_ms, user=user, account=account, states=numbers, page_token=token
                 ),
             )
-            for r in page.records:
-                d = json_format.MessageToDict(r, preserving_proto_field_name=True)
-                d["id"] = int(r.id)
-                d["state"] = job_pb2.JobState.Name(r.state).removeprefix("JOB_STATE_")
-                if r.HasField("exit_code"):
-                    d["exit_code"] = r.exit_code
-                records.append(d)
+            records.extend(Job.from_record(r) for r in page.records)
             token = page.next_page_token
             if not token:
                 return records
 
-    def cancel(self, job_id: int) -> dict:
+    def cancel(self, job_id: int) -> Job:
         """Cancels a job; returns it."""
-        return _job_dict(self._call("CancelJob", job_pb2.CancelJobRequest(job_id=job_id)))
+        return Job.from_pb(self._call("CancelJob", job_pb2.CancelJobRequest(job_id=job_id)))
 
-    def wait(self, job_id: int, timeout: Optional[float] = None) -> dict:
+    def wait(self, job_id: int, timeout: Optional[float] = None) -> Job:
         """Waits until the job has ended and returns it; raises TimeoutError after `timeout`
-        seconds (None: no limit). Survives controller failover."""
+        seconds (None: no limit). Survives controller failover: a lost stream is opened again
+        at another controller; `Unreachable` when none answers for `connect_timeout`."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        lost = 0
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise TimeoutError(f"job {job_id} did not end within {timeout}s")
-            job = self.get(job_id)
-            if job["state"] in TERMINAL_STATES:
+            call_deadline = time.monotonic() + (self._timeout if remaining is None else min(remaining, self._timeout))
+            job = Job.from_pb(self._call("GetJob", job_pb2.GetJobRequest(job_id=job_id), call_deadline))
+            if job.done:
                 return job
             address = self._addresses[self._current % len(self._addresses)]
             try:
@@ -260,12 +279,15 @@ class Client:
                     job_pb2.WatchJobRequest(job_id=job_id), metadata=self._metadata(), timeout=remaining
                 )
                 for update in stream:
-                    if job_pb2.JobState.Name(update.state).removeprefix("JOB_STATE_") in TERMINAL_STATES:
-                        return _job_dict(update)
+                    if _state_name(update.state) in TERMINAL_STATES:
+                        return Job.from_pb(update)
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise TimeoutError(f"job {job_id} did not end within {timeout}s") from None
-                if e.code() not in _RETRYABLE:
+                # A controller that went away mid-stream ends it UNAVAILABLE, CANCELLED or
+                # INTERNAL (a reset HTTP/2 stream): the next one (GetJob fails over first).
+                lost += 1
+                if e.code() not in _STREAM_LOST or lost > _STREAM_REOPENS_MAX:
                     raise KairosError(e.code(), e.details() or "") from None
                 self._current += 1
                 time.sleep(0.1)
@@ -298,3 +320,7 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _state_name(number: int) -> str:
+    return job_pb2.JobState.Name(number).removeprefix("JOB_STATE_")

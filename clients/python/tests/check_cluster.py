@@ -9,7 +9,7 @@ import sys
 
 import grpc
 
-from kairos_client import Client, KairosError
+from kairos_client import Client, Job, KairosError
 from kairos_client._pb.kairos.v1 import job_pb2, job_pb2_grpc
 
 
@@ -48,8 +48,10 @@ def client_library(addresses, dead: str, token_file: str) -> None:
     client = Client([dead] + addresses, token_file=token_file, timeout=20)
     job_id = client.submit(["sh", "-c", "echo hello from python; exit 3"], gpus=1, name="py-client")
     job = client.wait(job_id, timeout=60)
-    assert job["state"] == "FAILED" and job["exit_code"] == 3, job
-    assert job["spec"]["name"] == "py-client", job
+    assert isinstance(job, Job) and job.done, job
+    assert job.state == "FAILED" and job.exit_code == 3, job
+    assert job.name == "py-client" and job["spec"]["name"] == "py-client", job
+    assert job.gpus == 1 and job.submit_time_ms > 0 and job.end_time_ms >= job.start_time_ms > 0, job
     text = client.logs(job_id)
     assert text == "hello from python\n", repr(text)
     assert client.get(job_id)["id"] == job_id
@@ -59,20 +61,20 @@ def client_library(addresses, dead: str, token_file: str) -> None:
         raise AssertionError("waiting on a held job did not time out")
     except TimeoutError:
         pass
-    assert held in {j["id"] for j in client.list()}, "the held job is listed"
+    assert held in {j.id for j in client.list()}, "the held job is listed"
     assert client.cancel(held)["state"] == "CANCELLED"
     assert client.wait(held, timeout=10)["state"] == "CANCELLED"
     # An array of three held tasks: consecutive ids from the array's; cancelling the array's id
     # cancels them all; the history lists them.
     array = client.submit(["true"], hold=True, array=[0, 1, 2], array_max_running=1)
-    tasks = [j for j in client.list() if j.get("array_job_id") and int(j["array_job_id"]) == array]
-    assert [int(t["id"]) for t in tasks] == [array, array + 1, array + 2], tasks
-    assert [t.get("array_task_id", 0) for t in tasks] == [0, 1, 2], tasks
+    tasks = [j for j in client.list() if j.array_job_id == array]
+    assert [t.id for t in tasks] == [array, array + 1, array + 2], tasks
+    assert [t.array_task_id for t in tasks] == [0, 1, 2], tasks
     client.cancel(array)
-    assert all(client.get(t)["state"] == "CANCELLED" for t in (array, array + 1, array + 2))
-    recorded = {r["id"]: r for r in client.history(states=["CANCELLED", "FAILED"])}
+    assert all(client.get(t).state == "CANCELLED" for t in (array, array + 1, array + 2))
+    recorded = {r.id: r for r in client.history(states=["CANCELLED", "FAILED"])}
     assert {array, array + 1, array + 2, job_id} <= set(recorded), recorded
-    assert recorded[job_id]["exit_code"] == 3, recorded[job_id]
+    assert recorded[job_id].exit_code == 3 and recorded[array + 2].array_task_id == 2, recorded[job_id]
     every = client.list(all=True)
     assert {job_id, held} <= {j["id"] for j in every}, every
     try:

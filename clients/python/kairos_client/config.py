@@ -1,0 +1,126 @@
+"""Where a client finds its cluster, as the `kairos` CLI does.
+
+First found wins: the arguments given to `Client`, then the environment (`KAIROS_CONTROLLERS`,
+`KAIROS_TOKEN_FILE`, `KAIROS_TOKEN`, `KAIROS_CA`, `KAIROS_CERT`, `KAIROS_KEY`), then the CLI's
+context (`context=` or `KAIROS_CONTEXT`, else the current one, in
+`$XDG_CONFIG_HOME/kairos/config.toml` or `~/.config/kairos/config.toml`), then the defaults
+(`127.0.0.1:7001`, `~/.config/kairos/token`).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+try:  # Python 3.11+
+    import tomllib as _toml
+except ModuleNotFoundError:  # pragma: no cover - older Pythons install tomli (pyproject.toml)
+    import tomli as _toml  # type: ignore[no-redef]
+
+#: The CLI's default controller address.
+DEFAULT_CONTROLLER = "127.0.0.1:7001"
+
+
+def config_dir() -> Optional[pathlib.Path]:
+    """`$XDG_CONFIG_HOME/kairos`, else `~/.config/kairos` (None without either)."""
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    if xdg:
+        return pathlib.Path(xdg) / "kairos"
+    home = os.environ.get("HOME")
+    return pathlib.Path(home) / ".config" / "kairos" if home else None
+
+
+def load_context(name: Optional[str] = None) -> dict:
+    """The CLI context named `name` (else KAIROS_CONTEXT, else the current one) as a dict, or
+    {} when none is named. A named context that is not there is a ValueError."""
+    directory = config_dir()
+    path = directory / "config.toml" if directory else None
+    config: dict = {}
+    if path is not None and path.exists():
+        with open(path, "rb") as f:
+            try:
+                config = _toml.load(f)
+            except _toml.TOMLDecodeError as e:
+                raise ValueError(f"{path}: {e}") from None
+    wanted = name or os.environ.get("KAIROS_CONTEXT") or config.get("current")
+    if not wanted:
+        return {}
+    contexts = config.get("contexts", {})
+    if wanted not in contexts:
+        known = ", ".join(sorted(contexts)) or "none"
+        raise ValueError(f'context "{wanted}" not found (known: {known})')
+    return dict(contexts[wanted])
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a client connects with, resolved (`resolve`)."""
+
+    addresses: List[str]
+    token: str
+    ca: Optional[str]
+    cert: Optional[str]
+    key: Optional[str]
+
+
+def _split(addresses: Sequence[str] | str) -> List[str]:
+    if isinstance(addresses, str):
+        return [a.strip() for a in addresses.split(",") if a.strip()]
+    return [a.strip() for a in addresses if a.strip()]
+
+
+def _read(path: str) -> str:
+    full = os.path.expanduser(path)
+    try:
+        with open(full, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as e:
+        raise ValueError(f"reading the API token from {full}: {e.strerror}") from None
+    if not token:
+        raise ValueError(f"the token file {full} is empty")
+    return token
+
+
+def resolve(
+    addresses: Optional[Sequence[str] | str] = None,
+    token: Optional[str] = None,
+    token_file: Optional[str] = None,
+    ca: Optional[str] = None,
+    cert: Optional[str] = None,
+    key: Optional[str] = None,
+    context: Optional[str] = None,
+) -> Settings:
+    """The addresses, token and TLS files a client uses, in the CLI's order (module doc)."""
+    ctx = load_context(context)
+    env = os.environ.get
+    found = addresses if addresses is not None else env("KAIROS_CONTROLLERS") or ctx.get("controllers")
+    resolved = _split(found) if found else [DEFAULT_CONTROLLER]
+    if not resolved:
+        raise ValueError("addresses: at least one controller address (HOST:PORT) is needed")
+    if token:
+        secret = token.strip()
+    elif token_file or env("KAIROS_TOKEN_FILE"):
+        secret = _read(token_file or env("KAIROS_TOKEN_FILE", ""))
+    elif env("KAIROS_TOKEN", "").strip():
+        secret = env("KAIROS_TOKEN", "").strip()
+    elif ctx.get("token_file"):
+        secret = _read(ctx["token_file"])
+    else:
+        directory = config_dir()
+        default = directory / "token" if directory else None
+        if default is None or not default.exists():
+            raise ValueError(
+                "no API token: pass token= or token_file=, set KAIROS_TOKEN_FILE or KAIROS_TOKEN, "
+                "or use a CLI context (kairos context list)"
+            )
+        secret = _read(str(default))
+    pick = lambda given, var, name: given or env(var) or ctx.get(name)  # noqa: E731
+    return Settings(
+        addresses=resolved,
+        token=secret,
+        ca=pick(ca, "KAIROS_CA", "ca"),
+        cert=pick(cert, "KAIROS_CERT", "cert"),
+        key=pick(key, "KAIROS_KEY", "key"),
+    )
