@@ -375,7 +375,7 @@ pub async fn hold(client: &Client, json: bool, id: u64, hold: bool) -> anyhow::R
     Ok(0)
 }
 
-pub async fn logs(client: &Client, id: u64, follow: bool) -> anyhow::Result<i32> {
+pub async fn logs(client: &Client, id: u64, follow: bool, attempt: Option<u32>) -> anyhow::Result<i32> {
     let mut out = std::io::stdout().lock();
     // Bytes printed so far: a stream opened again (another replica, after a failover) starts
     // there, so no line is printed twice or skipped.
@@ -383,7 +383,7 @@ pub async fn logs(client: &Client, id: u64, follow: bool) -> anyhow::Result<i32>
     let mut lost_since: Option<std::time::Instant> = None;
     let mut opened_once = false;
     loop {
-        let req = pb::LogsRequest { job_id: id, follow, offset, ..Default::default() };
+        let req = pb::LogsRequest { job_id: id, follow, offset, read_attempt: attempt, ..Default::default() };
         let mut stream = match client.jobs(req, |mut c, r| async move { c.stream_logs(r).await }).await {
             Ok(s) => s.into_inner(),
             Err(e) if !opened_once || !follow => return Err(e.into()),

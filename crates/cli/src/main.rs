@@ -115,6 +115,10 @@ enum Cmd {
         /// Keep printing until the job ends.
         #[arg(long, short)]
         follow: bool,
+        /// The log of attempt N (0 = the first run; default: the current attempt), e.g. the
+        /// run before a requeue.
+        #[arg(long, value_name = "N")]
+        attempt: Option<u32>,
     },
     /// Wait until a job ends; exits with its outcome: 0 completed, the job's exit code when it
     /// failed, 128+N when signal N killed it, 124 timeout, 125 cancelled, 123 node failure.
@@ -276,7 +280,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Hold { id } => jobs::hold(client, json, jobs::resolve(client, id).await?, true).await,
         Cmd::Release { id } => jobs::hold(client, json, jobs::resolve(client, id).await?, false).await,
-        Cmd::Logs { id, follow } => jobs::logs(client, jobs::resolve(client, id).await?, follow).await,
+        Cmd::Logs { id, follow, attempt } => {
+            jobs::logs(client, jobs::resolve(client, id).await?, follow, attempt).await
+        }
         Cmd::Wait { id } => jobs::wait(client, json, id).await,
         Cmd::CheckpointDone => jobs::checkpoint_done(),
         Cmd::Nodes => nodes::list(client, json).await,

@@ -420,7 +420,14 @@ pub struct Job {
     /// what the timeline skips while it runs does not count against its time limit.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub skipped_at_start_ms: i64,
+    /// The node each recent attempt ran on (its first task's), for its log: at most
+    /// `ATTEMPT_NODES_KEPT`, the latest.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attempt_nodes: BTreeMap<u32, String>,
 }
+
+/// How many attempts' nodes a job keeps (`Job::attempt_nodes`).
+pub const ATTEMPT_NODES_KEPT: usize = 16;
 
 fn is_zero(v: &i64) -> bool {
     *v == 0

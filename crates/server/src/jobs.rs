@@ -405,15 +405,35 @@ impl JobService for Jobs {
                     "job {id} has not started yet; it has no logs"
                 )));
             }
+            let (attempt, ran_on) = match req.read_attempt {
+                None => (job.attempt, &job.last_node),
+                Some(n) if n > job.attempt => {
+                    return Err(Status::invalid_argument(format!(
+                        "job {id} has had attempts 0 to {} only",
+                        job.attempt
+                    )))
+                }
+                Some(n) => match job.attempt_nodes.get(&n) {
+                    Some(node) => (n, node),
+                    None if n == job.attempt => (n, &job.last_node),
+                    None => {
+                        return Err(Status::not_found(format!(
+                            "job {id} attempt {n} never ran, or ran too long ago to be recorded"
+                        )))
+                    }
+                },
+            };
             let node = a
                 .state
                 .nodes
-                .get(&job.last_node)
-                .ok_or_else(|| Status::unavailable(format!("node \"{}\" is unknown", job.last_node)))?;
-            Ok((node.info.clone(), node.epoch, job.attempt, job.submit_time_ms))
+                .get(ran_on)
+                .ok_or_else(|| Status::unavailable(format!("node \"{ran_on}\" is unknown")))?;
+            Ok((node.info.clone(), node.epoch, attempt, job.attempt, job.submit_time_ms))
         });
-        let (node, epoch, attempt, submit_time_ms) = self.redirect_unknown(found)?;
+        let (node, epoch, attempt, current, submit_time_ms) = self.redirect_unknown(found)?;
         req.attempt = attempt;
+        // An earlier attempt's log is complete: read, never followed.
+        req.follow &= attempt == current;
         req.submit_time_ms = submit_time_ms;
         let bad_addr = |e: tonic::transport::Error| {
             Status::internal(format!("node \"{}\" has a bad address: {e}", node.name))

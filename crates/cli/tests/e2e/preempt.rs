@@ -65,6 +65,19 @@ fn urgent_job_preempts_a_training_job_which_resumes_from_its_checkpoint() {
     let got: Vec<u32> = log.lines().map(|l| l.trim_start_matches("step ").parse().unwrap()).collect();
     let want: Vec<u32> = (1..=40).collect();
     assert_eq!(got, want, "steps lost or repeated across the preemption");
+    // Each attempt's own log: the run before the requeue, and the current one.
+    let id = victim.to_string();
+    let first = c.ok(&["logs", &id, "--attempt", "0"]);
+    assert!(
+        first.starts_with("attempt 0 resumes at step 0") && first.contains("checkpointed at step"),
+        "{first}"
+    );
+    let current = c.ok(&["logs", &id]);
+    assert!(current.starts_with("attempt 1 resumes at step ") && !current.contains("attempt 0"), "{current}");
+    assert_eq!(c.ok(&["logs", &id, "--attempt", "1"]), current);
+    let out = c.kairos(&["logs", &id, "--attempt", "2"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has had attempts 0 to 1 only"));
 }
 
 #[test]

@@ -107,6 +107,10 @@ impl ClusterState {
             lent: Vec::new(),
         });
         job.last_node = p.node.clone();
+        job.attempt_nodes.insert(job.attempt, p.node.clone());
+        while job.attempt_nodes.len() > crate::model::ATTEMPT_NODES_KEPT {
+            job.attempt_nodes.pop_first();
+        }
         job.last_gpus = p.gpus.clone();
         job.last_more = p.more.clone();
         job.start_time_ms = Some(now);

@@ -157,6 +157,7 @@ impl ClusterState {
             suspended_ms: 0,
             suspended_since: None,
             skipped_at_start_ms: 0,
+            attempt_nodes: Default::default(),
         };
         job.record(now, "submitted", format!("by \"{}\", qos \"{}\"", job.spec.user, job.spec.qos));
         if let Some(r) = request_id {
