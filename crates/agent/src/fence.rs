@@ -263,16 +263,16 @@ pub fn spawn_watchdog(
     let pid_file = state_dir.join("watchdog.pid");
     stop_previous_watchdog(state_dir);
     let or_dash = |p: Option<&Path>| p.map(|p| p.as_os_str().to_owned()).unwrap_or_else(|| "-".into());
-    let child = std::process::Command::new(std::env::current_exe()?)
-        .arg(WATCHDOG_ARG)
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.arg(WATCHDOG_ARG)
         .arg(state_dir)
         .arg(std::process::id().to_string())
         .arg(or_dash(cgroup_base))
         .arg(or_dash(process_log))
         .arg(node)
         .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .spawn()?;
+        .stdout(std::process::Stdio::null());
+    let child = crate::reaper::spawn(|| cmd.spawn(), |c| Some(c.id()))?;
     std::fs::write(&pid_file, format!("{}\n", child.id()))?;
     Ok(child)
 }

@@ -13,5 +13,6 @@ pub mod jobfs;
 pub mod jobmap;
 pub mod logs;
 pub mod metrics;
+pub mod reaper;
 pub mod runner;
 pub mod spot;

@@ -569,6 +569,15 @@ async fn main() -> anyhow::Result<()> {
     }
     // A new lease file (a previous agent's record is gone with it): nothing to enforce yet.
     let lease = Lease::new(fence::lease_path(&state_dir));
+    // What a job leaves behind is the agent's to reap, not PID 1's (`reaper`).
+    match kairos_agent::reaper::become_subreaper() {
+        Ok(()) => {
+            tokio::spawn(kairos_agent::reaper::run());
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot become the jobs' child subreaper; their orphans go to PID 1")
+        }
+    }
     let mut watchdog = fence::spawn_watchdog(
         &state_dir,
         cgroups.as_ref().map(Cgroups::base),

@@ -823,7 +823,8 @@ impl Runner {
                     Ok(())
                 });
             }
-            let child = cmd.spawn()?;
+            // Recorded as the agent's own: the orphan reaper leaves its exit status to the run.
+            let child = crate::reaper::spawn(|| cmd.spawn(), tokio::process::Child::id)?;
             Ok((child, Arc::new(Mutex::new(log))))
         })();
         if let Some(trace) = &trace {

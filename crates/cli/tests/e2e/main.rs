@@ -551,3 +551,28 @@ fn array_task_ids_work_everywhere_and_waiting_on_an_array_waits_for_every_task()
     let out = c.kairos(&["show", &format!("{a}_9")]);
     assert!(!out.status.success() && stderr(&out).contains("no task 9"), "{}", stderr(&out));
 }
+
+/// `PPid` of a process, from /proc (None once it is gone).
+fn parent_of(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("PPid:")).and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn what_a_job_leaves_behind_is_adopted_and_reaped_by_the_agent_not_pid_1() {
+    let c = Cluster::start(1);
+    let agent = c.agent.as_ref().unwrap().id();
+    let pidfile = c.path("orphan.pid");
+    // A helper the job starts and whose parent exits at once: an orphan while the job runs.
+    let script = format!("sh -c 'sleep 300 & echo $! > {}'; sleep 300", pidfile.display());
+    let id = c.submit(&["--", "sh", "-c", &script]);
+    let orphan = wait_for("the helper to start", || read_pid(&pidfile));
+    let parent = wait_for("the helper's parent to exit", || parent_of(orphan).filter(|p| *p != 0));
+    assert_eq!(parent, agent, "the orphan went to {parent}, not the agent ({agent})");
+    // Cancelled, its processes are killed: the agent reaps the orphan; no zombie is left.
+    c.ok(&["cancel", &id.to_string()]);
+    assert_eq!(c.wait_done(id)["state"], "CANCELLED");
+    crate::harness::wait_for_within("the orphan to be reaped", std::time::Duration::from_secs(5), || {
+        (!std::path::Path::new(&format!("/proc/{orphan}")).exists()).then_some(())
+    });
+}
