@@ -169,6 +169,26 @@ fn directives(script: &str, path: &str) -> Result<Options, String> {
     Ok(options)
 }
 
+/// `command` behind a shell that sends its stdout to `output` (default `kairos-%j.out`) and its
+/// stderr to `error` (default: with stdout), each an sbatch file name pattern, appending; `arg0` names the
+/// shell (`$0`). Unchanged when neither is given.
+pub fn redirected(
+    command: Vec<String>,
+    output: Option<&str>,
+    error: Option<&str>,
+    arg0: &str,
+) -> Vec<String> {
+    if output.is_none() && error.is_none() {
+        return command;
+    }
+    let out = output.unwrap_or("kairos-%j.out");
+    let (out, err) = (pattern(out), pattern(error.unwrap_or(out)));
+    let redirect = format!("exec >>{out} 2>>{err}; exec \"$@\"");
+    let mut wrapped = vec!["/bin/sh".to_string(), "-c".to_string(), redirect, arg0.to_string()];
+    wrapped.extend(command);
+    wrapped
+}
+
 /// A double-quoted shell word for an output pattern: `%j` and the others become the job's
 /// variables, everything else is literal.
 fn pattern(p: &str) -> String {
@@ -307,17 +327,9 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
     let mut command = interpreter(&script);
     command.extend(["-c".to_string(), script.clone(), path.clone()]);
     command.extend(script_args.iter().cloned());
-    let output = o.get("output").map(pattern);
-    let error = o.get("error").map(pattern);
-    if output.is_some() || error.is_some() {
-        let out = output.clone().unwrap_or_else(|| pattern("kairos-%j.out"));
-        let err = error.unwrap_or(out.clone());
-        let redirect = format!("exec >>{out} 2>>{err}; exec \"$@\"");
-        let mut wrapped = vec!["/bin/sh".to_string(), "-c".to_string(), redirect, path.clone()];
-        wrapped.extend(command);
-        command = wrapped;
-    }
     Ok(SubmitArgs {
+        output: o.get("output").map(str::to_string),
+        error: o.get("error").map(str::to_string),
         gpus,
         nodes: o.get("nodes").map(|n| parse_gpus(n).map_err(|e| bad("nodes", e))).transpose()?.unwrap_or(1),
         name,

@@ -84,6 +84,13 @@ pub struct SubmitArgs {
     /// A job array: one job per index, Slurm's form (`0-31:2,40%4`; `%N`: at most N at once).
     #[arg(long, short = 'a', value_parser = crate::args::parse_array)]
     pub array: Option<(Vec<u32>, Option<u32>)>,
+    /// Send the job's output to this file on the node, appending (sbatch's patterns: %j job id,
+    /// %A array id, %a task, %x name, %u user, %N node, %% a %); stderr too unless -e.
+    #[arg(long, short = 'o', value_name = "PATTERN")]
+    pub output: Option<String>,
+    /// Send the job's stderr to this file on the node (patterns as -o).
+    #[arg(long, short = 'e', value_name = "PATTERN")]
+    pub error: Option<String>,
     /// The command and its arguments, after `--`.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -112,6 +119,8 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         checkpoint_signal,
         checkpoint_grace,
         array,
+        output,
+        error,
         command,
     } = args;
     let profile = match profile {
@@ -125,6 +134,7 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
     } else {
         name
     };
+    let command = crate::batch::redirected(command, output.as_deref(), error.as_deref(), &name);
     let spec = pb::JobSpec {
         name,
         argv: command,

@@ -96,3 +96,55 @@ fn an_unsupported_directive_is_refused_naming_it_and_tasks_cancel_alone_or_toget
     let out = c.kairos(&["cancel", &format!("{array}_9")]);
     assert!(stderr(&out).contains(&format!("array {array} has no task 9")), "{}", stderr(&out));
 }
+
+#[test]
+fn submit_takes_sbatch_s_short_flags_and_its_output_files() {
+    let c = Cluster::start(2);
+    let dir = c.path("outputs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.display().to_string();
+    let out = c.ok(&[
+        "submit",
+        "-J",
+        "shorts",
+        "-G",
+        "1",
+        "-t",
+        "5m",
+        "-q",
+        "batch",
+        "-D",
+        &d,
+        "-o",
+        "out-%j-%x.txt",
+        "-e",
+        "err-%j.txt",
+        "--",
+        "sh",
+        "-c",
+        "echo to stdout; echo to stderr >&2",
+    ]);
+    let id: u64 = out.trim().parse().unwrap();
+    let job = c.wait_done(id);
+    assert_eq!(job["state"], "COMPLETED", "{job}");
+    assert_eq!(job["name"], "shorts", "{job}");
+    let read =
+        |name: String| std::fs::read_to_string(dir.join(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(read(format!("out-{id}-shorts.txt")), "to stdout\n");
+    assert_eq!(read(format!("err-{id}.txt")), "to stderr\n");
+    // -o alone takes stderr too.
+    let id: u64 = c
+        .ok(&["submit", "-D", &d, "-o", "both-%j.txt", "--", "sh", "-c", "echo a; echo b >&2"])
+        .trim()
+        .parse()
+        .unwrap();
+    c.wait_done(id);
+    assert_eq!(read(format!("both-{id}.txt")), "a\nb\n");
+    // `kairos logs` says where the output went.
+    let logs = c.kairos(&["logs", &id.to_string()]);
+    assert!(
+        stderr(&logs).contains("sends its output to its -o/-e files (>>\"both-${SLURM_JOB_ID}.txt\""),
+        "{}",
+        stderr(&logs)
+    );
+}
