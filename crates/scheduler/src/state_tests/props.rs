@@ -2,7 +2,7 @@
 //! gives a byte-identical state.
 
 use super::*;
-use crate::testing::driver::{drive, preemption_step, step};
+use crate::testing::driver::{drive, preemption_step, step, Step};
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
@@ -66,4 +66,23 @@ fn the_preemption_driver_refills_the_headroom() {
         vacated += s.preemption_totals.get("vacate").copied().unwrap_or(0);
     }
     assert!(vacated > 0, "no sequence stopped a run for the headroom");
+}
+
+/// The minimal case a fresh-clone CI found: the limits checker read a dependency from the live
+/// jobs after it was purged into the history, and panicked (`drive` runs `check_limits`).
+#[test]
+fn a_dependency_purged_into_the_history_is_checked_there() {
+    let submit = |flags| Step::Submit { gpus: 1, qos: 0, rid: None, flags };
+    let steps = [
+        submit(0),
+        submit(5),
+        Step::Plan,
+        Step::RankExited { job: 0, rank: 0, code: 0 },
+        Step::Purge { jobs: vec![0] },
+        Step::Plan,
+    ];
+    let (s, _) = drive(&steps);
+    let dependent = s.jobs.values().find(|j| !j.spec.after_ok.is_empty()).expect("the dependent job");
+    assert!(!s.jobs.contains_key(&dependent.spec.after_ok[0]), "the dependency was purged");
+    assert_eq!(dependent.state, JobState::Running, "its dependency completed: it ran");
 }
