@@ -20,6 +20,19 @@ use std::time::{Duration, Instant};
 use crate::model::NodeState;
 use crate::state::ClusterState;
 
+/// How long after sending its last answered heartbeat an agent may run jobs: half the node
+/// timeout. The leader sees that heartbeat no earlier than it was sent and declares the node
+/// down a node timeout after it saw it, so every run is stopped (lease + fence grace = 0.7 node
+/// timeout) before its jobs can be placed again.
+pub fn lease(node_timeout: Duration) -> Duration {
+    node_timeout / 2
+}
+
+/// How long a fenced agent's runs get between the checkpoint signal and the kill.
+pub fn fence_grace(node_timeout: Duration) -> Duration {
+    node_timeout / 5
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Liveness {
     /// Last heartbeat (or registration) per node: when (monotonic) and the wall-clock ms.

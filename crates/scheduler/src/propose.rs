@@ -13,6 +13,21 @@ use crate::model::{JobState, NodeState};
 use crate::planner::plan;
 use crate::state::{ClusterState, Op};
 
+/// One step of the leader, as `kairosd` and the simulation both take it: judge which nodes fell
+/// silent (`Liveness::judge_silent`, condemning them), then propose. `led_for` is how long this
+/// replica has led; `now` its monotonic clock, `now_ms` the cluster's time.
+pub fn leader_step(
+    state: &ClusterState,
+    liveness: &mut crate::liveness::Liveness,
+    led_for: std::time::Duration,
+    node_timeout: std::time::Duration,
+    now: std::time::Instant,
+    now_ms: i64,
+) -> Vec<Op> {
+    let silent = liveness.judge_silent(state, led_for, node_timeout, now);
+    propose(state, now_ms, &silent, node_timeout.as_secs())
+}
+
 /// The ops of one leader pass at `now_ms`. `silent` are the nodes whose heartbeats stopped
 /// `timeout_s` ago or more (empty while a new leader gives every node its grace).
 pub fn propose(state: &ClusterState, now_ms: i64, silent: &BTreeSet<String>, timeout_s: u64) -> Vec<Op> {

@@ -27,17 +27,14 @@ pub struct Timing {
 }
 
 impl Timing {
-    /// How long after sending its last answered heartbeat an agent may run jobs: half the node
-    /// timeout. The leader sees that heartbeat no earlier than it was sent and declares the
-    /// node down a node timeout after it saw it, so every run is stopped
-    /// (lease + fence grace = 0.7 node timeout) before its jobs can be placed again.
+    /// The agents' lease (`kairos_scheduler::liveness::lease`).
     pub fn lease(&self) -> Duration {
-        self.node_timeout / 2
+        kairos_scheduler::liveness::lease(self.node_timeout)
     }
 
-    /// How long a fenced agent's runs get between the checkpoint signal and the kill.
+    /// A fenced agent's grace (`kairos_scheduler::liveness::fence_grace`).
     pub fn fence_grace(&self) -> Duration {
-        self.node_timeout / 5
+        kairos_scheduler::liveness::fence_grace(self.node_timeout)
     }
 }
 

@@ -14,10 +14,9 @@
 //! Heartbeats live in memory only. A replica that just became leader has none, so it gives
 //! every node a full timeout of grace before judging it: a failover never causes mass NodeDown.
 
-use std::collections::BTreeSet;
 use std::time::Instant;
 
-use kairos_scheduler::propose::propose;
+use kairos_scheduler::propose::leader_step;
 use kairos_scheduler::{Command, Op};
 
 use crate::context::Ctx;
@@ -100,11 +99,10 @@ fn trace_placements(ctx: &Ctx, outcomes: &[kairos_scheduler::Outcome], began: st
 /// which nodes fell silent.
 fn pass(ctx: &Ctx, leader_since: Instant) -> Vec<Op> {
     let timeout = ctx.timing.node_timeout;
-    let silent: BTreeSet<String> = ctx
-        .replica
-        .read(|a| ctx.liveness().judge_silent(&a.state, leader_since.elapsed(), timeout, Instant::now()));
     let now = ctx.cluster_now();
-    let ops = ctx.replica.read(|a| propose(&a.state, now, &silent, timeout.as_secs()));
+    let ops = ctx.replica.read(|a| {
+        leader_step(&a.state, &mut ctx.liveness(), leader_since.elapsed(), timeout, Instant::now(), now)
+    });
     for op in &ops {
         if let Op::NodeDown { node, .. } = op {
             tracing::warn!(node = %node, "node missed heartbeats; marking it down");

@@ -12,7 +12,7 @@ use kairos_consensus::store::{SnapshotMedium, StateMachineStore};
 use kairos_consensus::{Replica, ReplicaConfig, ReplicaId, Storage, WriteError};
 use kairos_scheduler::clock::Stamp;
 use kairos_scheduler::liveness::Liveness;
-use kairos_scheduler::propose::propose;
+use kairos_scheduler::propose::leader_step;
 use kairos_scheduler::{Command, Op, Outcome};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -272,8 +272,7 @@ async fn leader_loop(w: Arc<World>, id: ReplicaId, replica: Replica, liveness: A
         let now = w.stamp(id, &replica);
         let ops = replica.read(|a| {
             let mut l = liveness.lock().unwrap_or_else(|p| p.into_inner());
-            let silent = l.judge_silent(&a.state, since.elapsed(), timeout, Instant::now().into_std());
-            propose(&a.state, now.now_ms, &silent, timeout.as_secs())
+            leader_step(&a.state, &mut l, since.elapsed(), timeout, Instant::now().into_std(), now.now_ms)
         });
         if ops.is_empty() {
             continue;

@@ -93,11 +93,11 @@ impl Config {
     /// The agent's lease and fence grace, as `kairosd` derives them (`Timing::lease`,
     /// `Timing::fence_grace`): lease + grace stays below the node timeout.
     pub fn lease(&self) -> Duration {
-        self.node_timeout / 2
+        kairos_scheduler::liveness::lease(self.node_timeout)
     }
 
     pub fn fence_grace(&self) -> Duration {
-        self.node_timeout / 5
+        kairos_scheduler::liveness::fence_grace(self.node_timeout)
     }
 }
 
