@@ -27,7 +27,8 @@ pub fn seed_thread_rng(seed: u64) {
     STATE.with(|s| s.set(seed));
 }
 
-/// This thread's generator (splitmix64): cheap, and reproducible from its seed.
+/// This thread's generator (`kairos_scheduler::seeded`, splitmix64): cheap, and reproducible
+/// from its seed.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ThreadRng;
 
@@ -38,12 +39,9 @@ impl rand::RngCore for ThreadRng {
 
     fn next_u64(&mut self) -> u64 {
         STATE.with(|s| {
-            let x = s.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
-            s.set(x);
-            let mut z = x;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
+            let (next, value) = kairos_scheduler::seeded::step(s.get());
+            s.set(next);
+            value
         })
     }
 

@@ -182,7 +182,7 @@ pub fn policy_from_pb(p: pb::Policy) -> Result<Policy, Status> {
         }
     }
     if accounts.is_empty() {
-        accounts = Policy::default().accounts;
+        accounts = kairos_scheduler::policy::default_accounts_for(&qos);
     }
     let mut partitions = BTreeMap::new();
     for part in p.partitions {

@@ -305,15 +305,25 @@ fn default_partition_name() -> String {
     DEFAULT_PARTITION.into()
 }
 
+/// A root account open to every user and every QoS (a stored policy from before QoS access).
 fn default_accounts() -> BTreeMap<String, Account> {
-    // `urgent` preempts training: it is left to operators and to the accounts they give it.
-    let everyday = ["inference", "training", "batch", "premium"].map(String::from).into();
+    default_accounts_for(&BTreeMap::new())
+}
+
+/// The account tree of a policy that gives none: one root account, open to every user, that
+/// allows every QoS of `qos` that preempts nothing. A QoS that preempts other jobs (the shipped
+/// `urgent`) is left to operators and to the accounts they give it. (No such QoS, or only such:
+/// no list, every QoS.)
+pub fn default_accounts_for(qos: &BTreeMap<String, Qos>) -> BTreeMap<String, Account> {
+    let everyday: BTreeSet<String> =
+        qos.values().filter(|q| q.preempt.is_empty()).map(|q| q.name.clone()).collect();
+    let allowed = if everyday.len() == qos.len() { BTreeSet::new() } else { everyday };
     let root = Account {
         name: ROOT_ACCOUNT.into(),
         parent: None,
         shares: 1,
         users: BTreeSet::new(),
-        qos: QosAccess { allowed: everyday, default: None },
+        qos: QosAccess { allowed, default: None },
         user_qos: BTreeMap::new(),
     };
     [(root.name.clone(), root)].into()
@@ -334,8 +344,9 @@ impl Default for Policy {
         let mut batch = Qos::named("batch", 10, 24 * HOUR_S);
         batch.preempt_mode = PreemptMode::Requeue;
         let premium = Qos::named("premium", 250, 48 * HOUR_S);
-        let qos =
+        let qos: BTreeMap<String, Qos> =
             [inference, training, urgent, batch, premium].into_iter().map(|q| (q.name.clone(), q)).collect();
+        let accounts = default_accounts_for(&qos);
         let profile_qos = [
             (Profile::Training, "training".to_string()),
             (Profile::Inference, "inference".to_string()),
@@ -345,7 +356,7 @@ impl Default for Policy {
         Policy {
             qos,
             profile_qos,
-            accounts: default_accounts(),
+            accounts,
             weights: PriorityWeights::default(),
             partitions: default_partitions(),
             default_partition: default_partition_name(),

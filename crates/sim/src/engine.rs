@@ -218,7 +218,7 @@ impl<'a> Sim<'a> {
             allocation: Vec::new(),
         };
         // Same-millisecond arrivals in an order drawn from the seed.
-        let mut rng = SplitMix(config.seed);
+        let mut rng = SplitMix(kairos_scheduler::seeded::SplitMix64::new(config.seed));
         sim.arrivals = arrivals(jobs, config.load);
         for (i, at) in sim.arrivals.clone().into_iter().enumerate() {
             sim.first_submit_ms = sim.first_submit_ms.min(at);
@@ -514,7 +514,7 @@ fn partial(cap: u32, used: u32) -> u32 {
 /// own share, a drawn subset. Each copy keeps its task's arrival and run time.
 pub fn inflate(jobs: &[TraceJob], total_gpus: u32, factor: f64, seed: u64) -> Vec<TraceJob> {
     let target = (f64::from(total_gpus) * factor.max(0.0)).ceil() as u64;
-    let mut rng = SplitMix(seed ^ 0x5EED_1F1A_7E00_0000);
+    let mut rng = SplitMix(kairos_scheduler::seeded::SplitMix64::new(seed ^ 0x5EED_1F1A_7E00_0000));
     let asked: u64 = jobs.iter().map(|j| u64::from(j.gpus)).sum();
     if jobs.is_empty() {
         return Vec::new();
@@ -585,16 +585,12 @@ pub fn load_for(jobs: &[TraceJob], total_gpus: u32, target: f64) -> Option<f64> 
     Some(hi.exp2())
 }
 
-/// splitmix64: the seed's stream.
-struct SplitMix(u64);
+/// The seed's stream (`kairos_scheduler::seeded`), 63 bits a draw.
+struct SplitMix(kairos_scheduler::seeded::SplitMix64);
 
 impl SplitMix {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        (z ^ (z >> 31)) >> 1
+        self.0.next_u64() >> 1
     }
 }
 

@@ -45,28 +45,8 @@ impl Faults {
     }
 }
 
-/// splitmix64: small, seedable, good enough to schedule faults reproducibly.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in 0..n (n > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-}
+/// The project's one seeded generator: faults are scheduled reproducibly from a seed.
+pub type Rng = kairos_scheduler::seeded::SplitMix64;
 
 /// Proxies every connection accepted on `listener` to `target` under `faults`, until the task
 /// is dropped. `seed` drives the random choices.

@@ -351,7 +351,7 @@ fn links_and_fifos_a_job_plants_for_the_root_agent_change_nothing_and_stall_noth
     wait_for("alice's plants", || c.ok(&["logs", &alice.to_string()]).contains("planted").then_some(()));
     let job_dir = c.job_dir("agent", alice);
     // Preempted: attempt 1 starts over the hard link.
-    c.ok(&["account", "update", "root", "--user", "bob", "--allowed-qos", "urgent"]);
+    c.ok(&["account", "update", "root", "--user", "bob", "--allowed-qos", "urgent,training,inference,batch"]);
     let urgent = submit_as(&c, "bob", &["--qos", "urgent", "--gpus", "2", "--", "true"]);
     assert_eq!(c.wait_done(urgent)["state"], "COMPLETED");
     wait_for("alice's second attempt", || {
@@ -379,7 +379,7 @@ fn links_and_fifos_a_job_plants_for_the_root_agent_change_nothing_and_stall_noth
         assert!(String::from_utf8_lossy(&out.stderr).contains("not a regular file"), "{out:?}");
     }
     // Preempted again: attempt 2 starts over the FIFO, and bob's job beside it completes.
-    c.ok(&["account", "update", "root", "--user", "bob", "--allowed-qos", "urgent"]);
+    c.ok(&["account", "update", "root", "--user", "bob", "--allowed-qos", "urgent,training,inference,batch"]);
     let urgent = submit_as(&c, "bob", &["--qos", "urgent", "--gpus", "2", "--", "true"]);
     assert_eq!(c.wait_done(urgent)["state"], "COMPLETED");
     wait_for("alice's third attempt", || {
