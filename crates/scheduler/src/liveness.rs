@@ -43,7 +43,35 @@ pub struct Liveness {
     downed: BTreeSet<String>,
 }
 
+/// Why a heartbeat renews no lease: the node must register again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeartbeatRefused {
+    /// The state shows it down (or does not know it).
+    Down,
+    /// This leader judged it silent; its NodeDown may still be in flight.
+    Condemned,
+}
+
 impl Liveness {
+    /// Whether a heartbeat from `node` renews its lease, as `kairosd`'s leader and the
+    /// simulation's both answer it: not for a node the state shows down or does not know, nor
+    /// for one this leader judged silent (`heartbeat`); else it counts.
+    pub fn admit_heartbeat(
+        &mut self,
+        state: &ClusterState,
+        node: &str,
+        now: Instant,
+        wall_ms: i64,
+    ) -> Result<(), HeartbeatRefused> {
+        if state.nodes.get(node).is_none_or(|n| n.state == NodeState::Down) {
+            return Err(HeartbeatRefused::Down);
+        }
+        if !self.heartbeat(node, now, wall_ms) {
+            return Err(HeartbeatRefused::Condemned);
+        }
+        Ok(())
+    }
+
     /// A heartbeat from `node`: false (refused: the node must register again) when it was
     /// judged silent.
     pub fn heartbeat(&mut self, node: &str, now: Instant, wall_ms: i64) -> bool {
@@ -139,6 +167,25 @@ mod tests {
         let mut s = ClusterState::new();
         s.apply(&Command { skipped_ms: 0, now_ms: 1, op: Op::RegisterNode { info: node_info("n1", 1) } });
         s
+    }
+
+    #[test]
+    fn a_heartbeat_is_admitted_only_from_a_known_node_that_is_up_and_not_condemned() {
+        let mut s = state();
+        let mut l = Liveness::default();
+        let t0 = Instant::now();
+        assert_eq!(l.admit_heartbeat(&s, "n1", t0, 1), Ok(()));
+        assert_eq!(l.admit_heartbeat(&s, "ghost", t0, 1), Err(HeartbeatRefused::Down));
+        let timeout = Duration::from_secs(10);
+        let silent = l.judge_silent(&s, timeout, timeout, t0 + timeout);
+        assert!(silent.contains("n1"));
+        assert_eq!(l.admit_heartbeat(&s, "n1", t0 + timeout, 2), Err(HeartbeatRefused::Condemned));
+        s.apply(&Command {
+            skipped_ms: 0,
+            now_ms: 3,
+            op: Op::NodeDown { node: "n1".into(), reason: "silent".into() },
+        });
+        assert_eq!(l.admit_heartbeat(&s, "n1", t0 + timeout, 3), Err(HeartbeatRefused::Down));
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::pin::Pin;
 use futures::Stream;
 use kairos_proto::v1 as pb;
 use kairos_proto::v1::agent_service_server::AgentService;
+use kairos_scheduler::liveness::HeartbeatRefused;
 use kairos_scheduler::orders::{runs_on, RunAction, KILL_GRACE_S};
 use kairos_scheduler::{ClusterState, Op, Outcome, RunExit};
 use tokio_stream::wrappers::ReceiverStream;
@@ -126,22 +127,20 @@ impl AgentService for Agents {
             return Err(write_status(WriteError::NotLeader { leader: None, leader_addr: None }));
         }
         self.ctx.check_node(&req.node_id)?;
-        let down = self.ctx.replica.read(|a| {
-            a.state.nodes.get(&req.node_id).is_some_and(|n| n.state == kairos_scheduler::NodeState::Down)
+        let admitted = self.ctx.replica.read(|a| {
+            let now = (std::time::Instant::now(), crate::context::now_ms());
+            self.ctx.liveness().admit_heartbeat(&a.state, &req.node_id, now.0, now.1)
         });
-        if down {
-            return Err(Status::failed_precondition(format!(
-                "node \"{}\" is down; register again",
-                req.node_id
-            )));
-        }
-        if !self.ctx.record_heartbeat(&req.node_id) {
-            return Err(Status::failed_precondition(format!(
+        match admitted {
+            Ok(()) => Ok(Response::new(pb::HeartbeatResponse {})),
+            Err(HeartbeatRefused::Down) => {
+                Err(Status::failed_precondition(format!("node \"{}\" is down; register again", req.node_id)))
+            }
+            Err(HeartbeatRefused::Condemned) => Err(Status::failed_precondition(format!(
                 "node \"{}\" missed its heartbeats and is being marked down; register again",
                 req.node_id
-            )));
+            ))),
         }
-        Ok(Response::new(pb::HeartbeatResponse {}))
     }
 
     type AssignmentsStream = Pin<Box<dyn Stream<Item = Result<pb::AssignmentSet, Status>> + Send>>;

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kairos_consensus::{Replica, WriteError};
 use kairos_scheduler::{plan, Command, JobId, Op, Outcome, PendingReason, Rejection};
@@ -232,10 +232,6 @@ impl Ctx {
 
     /// A node's heartbeat: false when this leader judged the node silent (it must register
     /// again, after its `NodeDown`).
-    pub fn record_heartbeat(&self, node: &str) -> bool {
-        self.liveness().heartbeat(node, Instant::now(), now_ms())
-    }
-
     pub fn liveness(&self) -> std::sync::MutexGuard<'_, kairos_scheduler::liveness::Liveness> {
         self.heartbeats.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use kairos_consensus::ReplicaId;
 use kairos_scheduler::orders::{runs_on, RunAction};
-use kairos_scheduler::{Gpu, JobId, NodeInfo, NodeState, Op, Outcome, RunExit};
+use kairos_scheduler::{Gpu, JobId, NodeInfo, Op, Outcome, RunExit};
 use tokio::time::Instant;
 
 use super::{locked, World};
@@ -161,12 +161,10 @@ pub async fn run(w: Arc<World>, node: String) {
             via = w.any_replica();
             continue;
         }
-        let node_down = replica.read(|a| a.state.nodes.get(&node).is_none_or(|n| n.state == NodeState::Down));
-        if node_down {
-            registered = false;
-            continue;
-        }
-        if !locked(&w.liveness(via)).heartbeat(&node, Instant::now().into_std(), 0) {
+        let admitted = replica.read(|a| {
+            locked(&w.liveness(via)).admit_heartbeat(&a.state, &node, Instant::now().into_std(), 0)
+        });
+        if admitted.is_err() {
             registered = false;
             continue;
         }
