@@ -1,0 +1,22 @@
+//! kairosd as a library: the controller's services, its leader and burst loops, and the API
+//! edge (validation, authentication, rate limits, forwarding), so that tests and the
+//! deterministic simulation can use what the daemon runs. `main.rs` parses the flags and wires
+//! these together.
+
+pub mod admin;
+pub mod agents;
+pub mod auth;
+pub mod batch;
+pub mod burst;
+pub mod connlimit;
+pub mod context;
+pub mod convert;
+pub mod convert_burst;
+pub mod daemon;
+pub mod forward;
+pub mod health;
+pub mod jobs;
+pub mod leader;
+pub mod memory;
+pub mod metrics;
+pub mod ratelimit;
