@@ -281,7 +281,7 @@ mod tests {
         };
         assert_eq!(
             s.dependency_state(&s.jobs[&job]),
-            Err(crate::planner::PendingReason::DependencyNeverSatisfied(first))
+            Err(crate::reasons::PendingReason::DependencyNeverSatisfied(first))
         );
     }
 }

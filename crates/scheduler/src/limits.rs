@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasherDefault;
 
 use crate::model::{Job, JobState};
-use crate::planner::PendingReason;
 use crate::policy::{Policy, Qos};
+use crate::reasons::PendingReason;
 
 /// `UsageKey::cell` of a QoS without per-user limits: no per-user counters.
 const NO_CELL: u32 = u32::MAX;

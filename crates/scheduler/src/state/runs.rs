@@ -25,7 +25,7 @@ impl ClusterState {
                         return Err(format!(
                             "job {}: {}",
                             p.job,
-                            crate::planner::PendingReason::JobArrayTaskLimit
+                            crate::reasons::PendingReason::JobArrayTaskLimit
                         ));
                     }
                     *running += 1;
@@ -72,7 +72,7 @@ impl ClusterState {
             return Err(format!("job {}: two tasks on one node", p.job));
         }
         if self.over_partition_wall(job) {
-            return Err(format!("job {}: {}", p.job, crate::planner::PendingReason::PartitionTimeLimit));
+            return Err(format!("job {}: {}", p.job, crate::reasons::PendingReason::PartitionTimeLimit));
         }
         for (name, gpus) in tasks {
             self.check_grant(job, name, gpus, Some(job.gpus()), Taking::Free).map_err(|e| e.to_string())?;

@@ -334,8 +334,8 @@ impl ClusterState {
     }
 
     /// Whether the job's dependencies let it start: `Ok` when all completed, else the reason.
-    pub fn dependency_state(&self, job: &Job) -> Result<(), crate::planner::PendingReason> {
-        use crate::planner::PendingReason;
+    pub fn dependency_state(&self, job: &Job) -> Result<(), crate::reasons::PendingReason> {
+        use crate::reasons::PendingReason;
         for dep in &job.spec.after_ok {
             match self.job_state(*dep) {
                 Some(JobState::Completed) => {}

@@ -4,7 +4,7 @@ use proptest::prelude::*;
 
 use crate::model::{JobState, NodeState, StopReason};
 use crate::planner::plan;
-use crate::planner::PendingReason;
+use crate::reasons::PendingReason;
 use crate::state::{ClusterState, Command, Op, Outcome, Placement, Plan, Rejection, RunExit};
 use crate::testing::{node_info, node_info_model, spec};
 

@@ -141,8 +141,8 @@ fn qos_limits_hold_jobs_with_a_reason_and_max_wall_rejects() {
     // job... but first the group limit (3 + 1 + 1 > 4) holds it.
     let placed: Vec<u64> = out.plan.placements.iter().map(|p| p.job).collect();
     assert_eq!(placed, vec![a, c]);
-    assert_eq!(out.pending[&b], crate::planner::PendingReason::QosGrpGpuLimit);
-    assert_eq!(out.pending[&d], crate::planner::PendingReason::QosGrpGpuLimit);
+    assert_eq!(out.pending[&b], crate::reasons::PendingReason::QosGrpGpuLimit);
+    assert_eq!(out.pending[&d], crate::reasons::PendingReason::QosGrpGpuLimit);
     // A forged plan that ignores the limit is rejected on apply.
     let forged = Plan {
         placements: vec![

@@ -1,0 +1,58 @@
+//! Why a pending job waits: the vocabulary the planner, the limits, the queue scan and apply
+//! share (its own module, so none of them imports it from the planner).
+
+use crate::model::JobId;
+
+/// Why a pending job is not starting now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PendingReason {
+    /// It fits no node's free GPUs right now.
+    Resources,
+    /// A higher-priority job is waiting ahead of it.
+    Priority,
+    /// No Up node has enough GPUs in total.
+    ReqNodeNotAvail(String),
+    /// Starting it would exceed its QoS's GPU limit for all jobs together.
+    QosGrpGpuLimit,
+    /// Starting it would exceed its QoS's per-user GPU limit.
+    QosUserGpuLimit,
+    /// Starting it would exceed its QoS's per-user running-job limit.
+    QosUserJobLimit,
+    /// Held by a user (`kairos hold`); `kairos release` lets it start.
+    JobHeldUser,
+    /// Its preemption victims are stopping; the GPUs they free are claimed for it.
+    Preempting,
+    /// Waiting for the jobs it depends on to complete.
+    Dependency,
+    /// The job's array already runs as many tasks as its `%N` allows.
+    JobArrayTaskLimit,
+    /// A job it depends on ended without completing: it can never start.
+    DependencyNeverSatisfied(JobId),
+    /// Its time limit is longer than its partition allows.
+    PartitionTimeLimit,
+    /// Starting it would leave fewer GPUs free than the QoS headrooms keep idle (for
+    /// inference); it starts as GPUs free up beyond them.
+    Headroom,
+}
+
+impl std::fmt::Display for PendingReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PendingReason::Resources => f.write_str("Resources"),
+            PendingReason::Priority => f.write_str("Priority"),
+            PendingReason::ReqNodeNotAvail(why) => write!(f, "ReqNodeNotAvail: {why}"),
+            PendingReason::QosGrpGpuLimit => f.write_str("QosGrpGpuLimit"),
+            PendingReason::QosUserGpuLimit => f.write_str("QosUserGpuLimit"),
+            PendingReason::QosUserJobLimit => f.write_str("QosUserJobLimit"),
+            PendingReason::JobHeldUser => f.write_str("JobHeldUser"),
+            PendingReason::Preempting => f.write_str("Preempting"),
+            PendingReason::Dependency => f.write_str("Dependency"),
+            PendingReason::JobArrayTaskLimit => f.write_str("JobArrayTaskLimit"),
+            PendingReason::PartitionTimeLimit => f.write_str("PartitionTimeLimit"),
+            PendingReason::Headroom => f.write_str("Headroom"),
+            PendingReason::DependencyNeverSatisfied(dep) => {
+                write!(f, "DependencyNeverSatisfied: job {dep} did not complete")
+            }
+        }
+    }
+}
