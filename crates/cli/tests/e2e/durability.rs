@@ -181,10 +181,14 @@ fn a_flipped_bit_in_a_replicas_log_refuses_it_with_one_line_and_it_is_re_added_f
     joiner.arg("--join");
     c.controllers[victim].child = Some(joiner.spawn().unwrap());
     c.ok(&["cluster", "add", &id.to_string(), &addr]);
+    // Converged: all three (the re-added one included) at one applied index with one digest —
+    // asked of each in turn, so compared while nothing else applies (the agent may register or
+    // be marked down in between on a loaded machine: a later status alone could differ).
     let converged = c.wait_converged();
     assert_eq!(converged["replicas"].as_array().unwrap().len(), 3, "{converged}");
-    let status = c.status_of(victim).unwrap();
-    assert_eq!(status["state_digest"], converged["state_digest"]);
+    assert!(c
+        .status_of(victim)
+        .is_some_and(|s| s["applied_index"].as_u64() >= converged["applied_index"].as_u64()));
     // It serves every job it was given back.
     for job in &ids {
         let out = c.kairos_at(&addr, &["show", &job.to_string(), "--json"]);
