@@ -260,6 +260,15 @@ fn kairos_up_stops_cleanly_on_sigterm_leaving_no_processes() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    // A failed assertion below must not leave the cluster running: SIGTERM on the way out
+    // (kairos up stops its daemons on it), unless the test already stopped it.
+    struct StopOnDrop(u32);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            signal(self.0, libc::SIGTERM);
+        }
+    }
+    let stop = StopOnDrop(up.id());
     let cli = |args: &[&str]| {
         std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
             .env("HOME", &home)
@@ -305,6 +314,8 @@ fn kairos_up_stops_cleanly_on_sigterm_leaving_no_processes() {
 
     signal(up.id(), libc::SIGTERM);
     let status = wait_for("kairos up to exit", || up.try_wait().unwrap());
+    // Stopped and reaped: its pid may be another process's now.
+    std::mem::forget(stop);
     assert!(status.success(), "kairos up exited with {status}");
     assert!(!alive(job_pid), "the job outlived kairos up");
     // No daemon of this cluster is left: nothing runs with this data directory on its command line.
