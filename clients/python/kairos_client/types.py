@@ -64,49 +64,35 @@ class Job:
         return d
 
     @classmethod
-    def from_pb(cls, job: job_pb2.Job) -> "Job":
+    def _of(cls, m, name: str, account: str, partition: str, gpus: int) -> "Job":
+        """The fields a live job (`Job`) and a history record (`JobRecord`) share, from `m`."""
         return cls(
-            id=int(job.id),
-            state=_state(job.state),
-            name=job.spec.name,
-            user=job.user,
-            qos=job.qos,
-            account=job.spec.account,
-            partition=job.spec.partition,
-            gpus=job.spec.resources.gpus,
-            node=job.node,
-            exit_code=job.exit_code if job.HasField("exit_code") else None,
-            signal=job.signal,
-            reason=job.reason,
-            submit_time_ms=job.submit_time_ms,
-            start_time_ms=job.start_time_ms,
-            end_time_ms=job.end_time_ms,
-            array_job_id=int(job.array_job_id) if job.array_job_id else None,
-            array_task_id=job.array_task_id if job.array_job_id else None,
-            purged=job.purged,
-            raw=cls._raw(job),
+            id=int(m.id),
+            state=_state(m.state),
+            name=name,
+            user=m.user,
+            qos=m.qos,
+            account=account,
+            partition=partition,
+            gpus=gpus,
+            node=m.node,
+            exit_code=m.exit_code if m.HasField("exit_code") else None,
+            signal=m.signal,
+            reason=m.reason,
+            submit_time_ms=m.submit_time_ms,
+            start_time_ms=m.start_time_ms,
+            end_time_ms=m.end_time_ms,
+            array_job_id=int(m.array_job_id) if m.array_job_id else None,
+            array_task_id=m.array_task_id if m.array_job_id else None,
+            purged=m.purged,
+            raw=cls._raw(m),
         )
 
     @classmethod
+    def from_pb(cls, job: job_pb2.Job) -> "Job":
+        spec = job.spec
+        return cls._of(job, spec.name, spec.account, spec.partition, spec.resources.gpus)
+
+    @classmethod
     def from_record(cls, r: job_pb2.JobRecord) -> "Job":
-        return cls(
-            id=int(r.id),
-            state=_state(r.state),
-            name=r.name,
-            user=r.user,
-            qos=r.qos,
-            account=r.account,
-            partition=r.partition,
-            gpus=r.gpus,
-            node=r.node,
-            exit_code=r.exit_code if r.HasField("exit_code") else None,
-            signal=r.signal,
-            reason=r.reason,
-            submit_time_ms=r.submit_time_ms,
-            start_time_ms=r.start_time_ms,
-            end_time_ms=r.end_time_ms,
-            array_job_id=int(r.array_job_id) if r.array_job_id else None,
-            array_task_id=r.array_task_id if r.array_job_id else None,
-            purged=r.purged,
-            raw=cls._raw(r),
-        )
+        return cls._of(r, r.name, r.account, r.partition, r.gpus)
