@@ -27,6 +27,7 @@ pub mod auth;
 pub mod backup;
 pub mod failstop;
 pub mod freshness;
+pub mod fs;
 pub mod membership;
 pub mod network;
 pub mod peerclock;

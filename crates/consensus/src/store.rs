@@ -23,9 +23,10 @@
 use std::fmt::Debug;
 use std::io::Cursor;
 use std::ops::RangeBounds;
-use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
+
+use crate::fs::{Fs, FsFile, Mode};
 
 use kairos_scheduler::clock::Stamp;
 use kairos_scheduler::ClusterState;
@@ -66,19 +67,32 @@ struct LogMeta {
     last_purged: Option<LogId<NodeId>>,
 }
 
-/// Replaces `dir/meta` with `meta`, durably.
-fn write_meta(dir: &Path, meta: &LogMeta) -> std::io::Result<()> {
-    let bytes = serde_json::to_vec(meta).map_err(std::io::Error::other)?;
-    let tmp = dir.join(META_TMP);
-    let f = std::fs::File::create(&tmp)?;
-    f.write_all_at(&bytes, 0)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(META_FILE))?;
-    std::fs::File::open(dir)?.sync_all()
+/// Replaces `dir/name` with `bytes` atomically and durably: a temporary file `tmp` written in
+/// pieces (each pushed to the disk before the next, `FsFile::write_back`), synced, renamed over
+/// it, the directory synced.
+fn replace_file(fs: &dyn Fs, dir: &Path, tmp: &str, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    const PIECE: usize = 4 << 20;
+    let path = dir.join(tmp);
+    let f = fs.open(&path, Mode::Empty)?;
+    let mut at = 0u64;
+    for piece in bytes.chunks(PIECE) {
+        f.write_at(piece, at)?;
+        f.write_back(at, piece.len() as u64);
+        at += piece.len() as u64;
+    }
+    f.sync()?;
+    fs.rename(&path, &dir.join(name))?;
+    fs.sync_dir(dir)
 }
 
-fn read_meta(dir: &Path) -> Result<LogMeta, crate::ConsensusError> {
-    match std::fs::read(dir.join(META_FILE)) {
+/// Replaces `dir/meta` with `meta`, durably.
+fn write_meta(fs: &dyn Fs, dir: &Path, meta: &LogMeta) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(meta).map_err(std::io::Error::other)?;
+    replace_file(fs, dir, META_TMP, META_FILE, &bytes)
+}
+
+fn read_meta(fs: &dyn Fs, dir: &Path) -> Result<LogMeta, crate::ConsensusError> {
+    match fs.read(&dir.join(META_FILE)) {
         Ok(bytes) => Ok(serde_json::from_slice(&bytes)?),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(LogMeta::default()),
         Err(e) => Err(crate::ConsensusError::Format(format!("reading the log's meta: {e}"))),
@@ -88,7 +102,7 @@ fn read_meta(dir: &Path) -> Result<LogMeta, crate::ConsensusError> {
 /// The commit record, written only for entries on disk: a commit of entries still being synced
 /// waits (`pending`) and is written once their sync completes (`synced`).
 struct CommitRecord {
-    file: std::fs::File,
+    file: Arc<dyn FsFile>,
     pending: Mutex<Option<LogId<NodeId>>>,
 }
 
@@ -106,7 +120,7 @@ impl CommitRecord {
         }
         *pending = None;
         // No fsync of its own (see the module's description).
-        self.file.write_all_at(&encode_committed(&committed), 0)
+        self.file.write_at(&encode_committed(&committed), 0)
     }
 
     /// The log is on disk through `durable`: a commit waiting for that is written.
@@ -114,7 +128,7 @@ impl CommitRecord {
         let mut pending = self.pending();
         if let Some(c) = pending.filter(|c| durable.is_some_and(|d| c.index <= d)) {
             *pending = None;
-            if let Err(e) = self.file.write_all_at(&encode_committed(&Some(c)), 0) {
+            if let Err(e) = self.file.write_at(&encode_committed(&Some(c)), 0) {
                 tracing::warn!(error = %e, "cannot write the commit record");
             }
         }
@@ -122,11 +136,22 @@ impl CommitRecord {
 }
 
 /// The commit record `file` holds (None: none, or torn).
-fn read_committed_file(file: &std::fs::File) -> std::io::Result<Option<LogId<NodeId>>> {
-    let len = file.metadata()?.len();
+fn read_committed_file(file: &dyn FsFile) -> std::io::Result<Option<LogId<NodeId>>> {
+    let len = file.size()?;
     let mut bytes = vec![0u8; len.min(4096) as usize];
-    file.read_exact_at(&mut bytes, 0)?;
+    file.read_at(&mut bytes, 0)?;
     Ok(decode_committed(&bytes))
+}
+
+/// The index a commit record's bytes name (None: none, or torn): for tools that look at a
+/// log's files (the simulation's disk).
+pub fn committed_index(bytes: &[u8]) -> Option<u64> {
+    decode_committed(bytes).map(|c| c.index)
+}
+
+/// The purge point a log meta file's bytes name (None: none, or unreadable).
+pub fn purged_index(bytes: &[u8]) -> Option<u64> {
+    serde_json::from_slice::<LogMeta>(bytes).ok()?.last_purged.map(|p| p.index)
 }
 
 /// The committed log id as `committed` holds it: length, checksum, JSON (None when torn).
@@ -224,7 +249,9 @@ impl EntryCache {
 /// The Raft log and vote on the write-ahead log.
 #[derive(Clone)]
 pub struct LogStore {
+    fs: Arc<dyn Fs>,
     wal: Arc<crate::wal::Wal>,
+    recovery: crate::wal::Recovery,
     cache: Arc<Mutex<EntryCache>>,
     meta: Arc<Mutex<LogMeta>>,
     commit_record: Arc<CommitRecord>,
@@ -236,7 +263,17 @@ impl LogStore {
     /// Opens (creating when missing) the log of the replica whose data directory is
     /// `data_dir`, repairing what a crash left (`wal::Wal::open`).
     pub fn open(data_dir: &Path, id: NodeId) -> Result<Self, crate::ConsensusError> {
-        if data_dir.join(SLED_DIR).exists() {
+        LogStore::open_on(crate::fs::OsFs::shared(), data_dir, id, crate::wal::SEGMENT_BYTES)
+    }
+
+    /// `open` on the file system `fs`, with log segments of `segment_bytes`.
+    pub fn open_on(
+        fs: Arc<dyn Fs>,
+        data_dir: &Path,
+        id: NodeId,
+        segment_bytes: u64,
+    ) -> Result<Self, crate::ConsensusError> {
+        if fs.exists(&data_dir.join(SLED_DIR)) {
             return Err(crate::ConsensusError::Format(format!(
                 "{} holds the Raft log of an earlier kairosd (raft.sled), which this version does not \
                  read: start this replica empty with --join and add it back (kairos cluster remove {id}, \
@@ -245,16 +282,17 @@ impl LogStore {
             )));
         }
         let dir = data_dir.join(crate::wal::DIR);
-        let meta = read_meta(&dir)?;
+        let meta = read_meta(fs.as_ref(), &dir)?;
         // The commit record is never written ahead of what is on disk: the log's recovery may
         // not remove anything it covers (acknowledged entries would be lost).
-        let committed = match std::fs::read(dir.join(COMMITTED_FILE)) {
+        let committed = match fs.read(&dir.join(COMMITTED_FILE)) {
             Ok(bytes) => decode_committed(&bytes),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(crate::ConsensusError::Format(format!("reading the commit record: {e}"))),
         };
+        let purged = meta.last_purged.map(|l| l.index);
         let (wal, recovery) =
-            crate::wal::Wal::open(&dir, meta.last_purged.map(|l| l.index), committed.map(|c| c.index))
+            crate::wal::Wal::open_on(fs.clone(), &dir, segment_bytes, purged, committed.map(|c| c.index))
                 .map_err(|e| match e.kind() {
                     std::io::ErrorKind::WouldBlock => {
                         crate::ConsensusError::DataDirInUse(data_dir.display().to_string())
@@ -273,20 +311,23 @@ impl LogStore {
                 "the log ended in writes that never completed (a crash); they were cut off"
             );
         }
-        let committed_file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(dir.join(COMMITTED_FILE))
+        let committed_file = fs
+            .open(&dir.join(COMMITTED_FILE), Mode::Keep)
             .map_err(|e| crate::ConsensusError::Format(format!("opening the commit record: {e}")))?;
         Ok(LogStore {
+            fs,
             wal: Arc::new(wal),
+            recovery,
             cache: Arc::default(),
             meta: Arc::new(Mutex::new(meta)),
             commit_record: Arc::new(CommitRecord { file: committed_file, pending: Mutex::new(None) }),
             committed: Arc::default(),
         })
+    }
+
+    /// What opening the log repaired (a torn tail cut off, segments removed).
+    pub fn recovery(&self) -> &crate::wal::Recovery {
+        &self.recovery
     }
 
     /// A handle that always holds the latest known commit index.
@@ -302,15 +343,16 @@ impl LogStore {
         self.meta.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Changes the stored meta durably (on a blocking thread: two fsyncs).
+    /// Changes the stored meta durably (where the file system blocks: two fsyncs).
     async fn update_meta(&self, change: impl FnOnce(&mut LogMeta)) -> StorageResult<()> {
         let mut meta = self.meta();
         change(&mut meta);
         let dir = self.wal.dir().to_path_buf();
         let written = meta.clone();
-        tokio::task::spawn_blocking(move || write_meta(&dir, &written))
+        let fs = self.fs.clone();
+        self.fs
+            .blocking(Box::new(move || write_meta(fs.as_ref(), &dir, &written)))
             .await
-            .map_err(|e| write_err(std::io::Error::other(e)))?
             .map_err(write_err)?;
         *self.meta.lock().unwrap_or_else(|p| p.into_inner()) = meta;
         Ok(())
@@ -434,7 +476,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_committed(&mut self) -> StorageResult<Option<LogId<NodeId>>> {
-        let committed = read_committed_file(&self.commit_record.file).map_err(read_err)?;
+        let committed = read_committed_file(self.commit_record.file.as_ref()).map_err(read_err)?;
         // `open` refused a record ahead of the log; one ahead now was written after it.
         let held = self.wal.bounds().map(|(_, last)| last).max(self.meta().last_purged.map(|p| p.index));
         Ok(committed.filter(|c| held.is_some_and(|last| c.index <= last)))
@@ -524,78 +566,43 @@ impl StoredSnapshot {
     }
 }
 
-/// Where snapshots are kept: a file in the replica's data directory, or (the deterministic
-/// simulation's disk) memory that survives the simulated replica's crashes. Both replace the
-/// snapshot whole, durably, before the write returns.
-#[derive(Clone, Debug)]
-pub enum SnapshotMedium {
-    Dir(std::path::PathBuf),
-    Memory(Arc<std::sync::Mutex<Option<Vec<u8>>>>),
+/// Where snapshots are kept: the file `snapshot` in the replica's data directory, replaced
+/// whole, durably, before a write returns.
+#[derive(Clone)]
+pub struct Snapshots {
+    fs: Arc<dyn Fs>,
+    dir: PathBuf,
 }
 
-impl SnapshotMedium {
-    fn read(&self) -> Result<Option<StoredSnapshot>, crate::ConsensusError> {
-        let bytes = match self {
-            SnapshotMedium::Dir(dir) => match std::fs::read(dir.join(SNAPSHOT_FILE)) {
-                Ok(bytes) => bytes,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                Err(e) => return Err(crate::ConsensusError::Format(format!("reading the snapshot: {e}"))),
-            },
-            SnapshotMedium::Memory(cell) => match cell.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-                Some(bytes) => bytes,
-                None => return Ok(None),
-            },
-        };
-        Ok(Some(StoredSnapshot::decode(&bytes)?))
+impl Snapshots {
+    pub fn on(fs: Arc<dyn Fs>, dir: &Path) -> Snapshots {
+        Snapshots { fs, dir: dir.to_path_buf() }
     }
 
-    async fn write(&self, bytes: Vec<u8>) -> std::io::Result<()> {
-        match self {
-            SnapshotMedium::Dir(dir) => {
-                let dir = dir.clone();
-                tokio::task::spawn_blocking(move || write_snapshot(&dir, &bytes))
-                    .await
-                    .map_err(std::io::Error::other)?
-            }
-            SnapshotMedium::Memory(cell) => {
-                *cell.lock().unwrap_or_else(|p| p.into_inner()) = Some(bytes);
-                Ok(())
-            }
+    fn read(&self) -> Result<Option<StoredSnapshot>, crate::ConsensusError> {
+        match self.fs.read(&self.dir.join(SNAPSHOT_FILE)) {
+            Ok(bytes) => Ok(Some(StoredSnapshot::decode(&bytes)?)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(crate::ConsensusError::Format(format!("reading the snapshot: {e}"))),
         }
     }
-}
 
-/// Replaces the snapshot file atomically and durably.
-///
-/// Written in pieces, each pushed to the disk before the next is written (`sync_file_range`), so
-/// a snapshot of tens of megabytes never lies dirty in the page cache at once: its final fsync
-/// would have every log fsync of the moment wait behind it (ext4 commits them in one journal
-/// transaction), stalling appends and heartbeats into elections.
-fn write_snapshot(dir: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    const PIECE: usize = 4 << 20;
-    let tmp = dir.join(SNAPSHOT_TMP);
-    let f = std::fs::File::create(&tmp)?;
-    let mut at = 0u64;
-    for piece in bytes.chunks(PIECE) {
-        f.write_all_at(piece, at)?;
-        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
-            | libc::SYNC_FILE_RANGE_WRITE
-            | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-        // Best effort (a filesystem may not support it): the fsync below is what makes it durable.
-        // SAFETY: a range of a descriptor this function owns.
-        let _ = unsafe { libc::sync_file_range(f.as_raw_fd(), at as i64, piece.len() as i64, flags) };
-        at += piece.len() as u64;
+    /// Written in pieces, each pushed to the disk before the next is written, so a snapshot of
+    /// tens of megabytes never lies dirty in the page cache at once: its final fsync would have
+    /// every log fsync of the moment wait behind it (ext4 commits them in one journal
+    /// transaction), stalling appends and heartbeats into elections.
+    async fn write(&self, bytes: Vec<u8>) -> std::io::Result<()> {
+        let (fs, dir) = (self.fs.clone(), self.dir.clone());
+        self.fs
+            .blocking(Box::new(move || replace_file(fs.as_ref(), &dir, SNAPSHOT_TMP, SNAPSHOT_FILE, &bytes)))
+            .await
     }
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(SNAPSHOT_FILE))?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 /// The scheduling core as openraft's state machine, with snapshots kept as files.
 #[derive(Clone)]
 pub struct StateMachineStore {
-    snapshots: SnapshotMedium,
+    snapshots: Snapshots,
     shared: SharedState,
     applied_tx: watch::Sender<u64>,
     clock: ClockSeen,
@@ -616,14 +623,11 @@ fn saw(clock: &ClockSeen, state: &ClusterState) {
 impl StateMachineStore {
     /// Opens the store, loading the latest snapshot when there is one.
     pub fn new(dir: &std::path::Path, applied_tx: watch::Sender<u64>) -> Result<Self, crate::ConsensusError> {
-        Self::on(SnapshotMedium::Dir(dir.to_path_buf()), applied_tx)
+        Self::on(Snapshots::on(crate::fs::OsFs::shared(), dir), applied_tx)
     }
 
     /// Opens the store with its snapshots on `snapshots`.
-    pub fn on(
-        snapshots: SnapshotMedium,
-        applied_tx: watch::Sender<u64>,
-    ) -> Result<Self, crate::ConsensusError> {
+    pub fn on(snapshots: Snapshots, applied_tx: watch::Sender<u64>) -> Result<Self, crate::ConsensusError> {
         let mut applied = Applied { state: ClusterState::new(), ..Applied::default() };
         if let Some(stored) = snapshots.read()? {
             applied.state = decode_snapshot(&stored.data)?;
@@ -700,12 +704,13 @@ pub(crate) fn seed(
         snapshot_id: "restored".into(),
     };
     let stored = StoredSnapshot { meta, data: encode_snapshot(state)? };
-    write_snapshot(data_dir, &stored.encode()?)
+    let os = crate::fs::OsFs;
+    replace_file(&os, data_dir, SNAPSHOT_TMP, SNAPSHOT_FILE, &stored.encode()?)
         .map_err(|e| crate::ConsensusError::Format(format!("writing the snapshot: {e}")))?;
     let dir = data_dir.join(crate::wal::DIR);
     let fail = |e: std::io::Error| crate::ConsensusError::Format(format!("writing the log's meta: {e}"));
     std::fs::create_dir_all(&dir).map_err(fail)?;
-    write_meta(&dir, &LogMeta { vote: None, last_purged: Some(first) }).map_err(fail)?;
+    write_meta(&os, &dir, &LogMeta { vote: None, last_purged: Some(first) }).map_err(fail)?;
     std::fs::write(dir.join(COMMITTED_FILE), encode_committed(&Some(first))).map_err(fail)?;
     std::fs::File::open(data_dir).and_then(|d| d.sync_all()).map_err(fail)
 }
@@ -718,49 +723,35 @@ fn copy_applied(applied: &Applied) -> AppliedCopy {
     (applied.state.clone(), applied.last_applied, applied.membership.clone())
 }
 
-/// Lowers the calling thread's CPU priority (nice 10, a per-thread attribute on Linux): encoding
-/// the snapshot of a large state takes a core for a second, and on a busy machine it must not
-/// delay heartbeats and appends into elections.
-fn yield_cpu() {
-    // SAFETY: setpriority on the calling thread (who = 0), no memory involved.
-    unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, 0, 10);
-    }
-}
-
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
-        let (data, last_applied, membership) = match &self.snapshots {
-            // The simulation's replicas run on one thread under a paused clock: inline.
-            SnapshotMedium::Memory(_) => {
-                let (state, last_applied, membership) = copy_applied(&self.read());
-                (encode_snapshot(&state).map_err(read_err)?, last_applied, membership)
-            }
-            SnapshotMedium::Dir(_) => {
-                let shared = self.shared.clone();
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                std::thread::Builder::new()
-                    .name("kairos-snapshot".into())
-                    .spawn(move || {
-                        let began = std::time::Instant::now();
-                        let (state, last_applied, membership) =
-                            copy_applied(&shared.read().unwrap_or_else(|p| p.into_inner()));
-                        let copied = began.elapsed();
-                        yield_cpu();
-                        let encoded = encode_snapshot(&state);
-                        tracing::info!(
-                            jobs = state.jobs.len(),
-                            bytes = encoded.as_ref().map_or(0, Vec::len),
-                            copy_ms = copied.as_millis() as u64,
-                            encode_ms = (began.elapsed() - copied).as_millis() as u64,
-                            "snapshot built"
-                        );
-                        let _ = tx.send(encoded.map(|data| (data, last_applied, membership)));
-                    })
-                    .map_err(write_err)?;
-                rx.await.map_err(|e| read_err(std::io::Error::other(e)))?.map_err(read_err)?
-            }
-        };
+        // Encoded where the file system runs long work: a thread of its own at low CPU priority
+        // (the simulation: inline, on its one thread under a paused clock).
+        let shared = self.shared.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.snapshots
+            .fs
+            .background(
+                "kairos-snapshot",
+                Box::new(move || {
+                    let began = std::time::Instant::now();
+                    let (state, last_applied, membership) =
+                        copy_applied(&shared.read().unwrap_or_else(|p| p.into_inner()));
+                    let copied = began.elapsed();
+                    let encoded = encode_snapshot(&state);
+                    tracing::info!(
+                        jobs = state.jobs.len(),
+                        bytes = encoded.as_ref().map_or(0, Vec::len),
+                        copy_ms = copied.as_millis() as u64,
+                        encode_ms = (began.elapsed() - copied).as_millis() as u64,
+                        "snapshot built"
+                    );
+                    let _ = tx.send(encoded.map(|data| (data, last_applied, membership)));
+                }),
+            )
+            .map_err(write_err)?;
+        let (data, last_applied, membership) =
+            rx.await.map_err(|e| read_err(std::io::Error::other(e)))?.map_err(read_err)?;
         let snapshot_id = match last_applied {
             Some(l) => format!("{}-{}-{}", l.leader_id, l.index, data.len()),
             None => format!("empty-{}", data.len()),

@@ -34,11 +34,11 @@
 //! The log also knows how far it is on disk (`durable_last`): what `open` found, advanced as
 //! each append's sync completes, pulled back by a truncation.
 
-use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
+
+use crate::fs::{Fs, FsFile, Mode};
 
 /// The log's directory under the data directory.
 pub const DIR: &str = "raft.log";
@@ -46,7 +46,8 @@ pub const DIR: &str = "raft.log";
 const MAGIC: &[u8; 8] = b"KRSWAL01";
 const HEADER: u64 = MAGIC.len() as u64;
 const RECORD_HEAD: usize = 16;
-/// A segment past this size gets no more records; the next append starts a new one.
+/// A segment past this size gets no more records; the next append starts a new one (the
+/// simulation's logs use small segments, so its crashes meet logs of many).
 pub const SEGMENT_BYTES: u64 = 64 << 20;
 /// Largest payload a record header may announce (larger is damage, not an entry).
 const RECORD_BYTES_MAX: u64 = 1 << 30;
@@ -63,8 +64,9 @@ pub struct Recovery {
 /// Called once the request is on disk (or failed); runs on the sync thread.
 pub type Done = Box<dyn FnOnce(io::Result<()>) + Send>;
 
-struct SyncJob {
-    files: Vec<Arc<File>>,
+/// One request to the sync thread: files to sync, whether the directory too, and whom to tell.
+pub struct SyncJob {
+    files: Vec<Arc<dyn FsFile>>,
     dir: bool,
     done: Done,
 }
@@ -72,7 +74,7 @@ struct SyncJob {
 struct Segment {
     first: u64,
     path: PathBuf,
-    file: Arc<File>,
+    file: Arc<dyn FsFile>,
     /// End offset of each record, in order (record `i` holds index `first + i`).
     ends: Vec<u64>,
 }
@@ -101,13 +103,15 @@ impl Segment {
 }
 
 pub struct Wal {
+    fs: Arc<dyn Fs>,
     dir: PathBuf,
+    segment_bytes: u64,
     segments: Mutex<Vec<Segment>>,
     /// How far the log is on disk: (truncations so far, one past the last index synced).
     durable: Arc<Mutex<(u64, u64)>>,
-    sync: Mutex<mpsc::Sender<SyncJob>>,
+    sync: tokio::sync::mpsc::UnboundedSender<SyncJob>,
     /// Held (flock'd) for the life of the log.
-    _lock: File,
+    _lock: Box<dyn Send + Sync>,
 }
 
 fn damaged(why: String) -> io::Error {
@@ -116,10 +120,6 @@ fn damaged(why: String) -> io::Error {
 
 fn segment_name(first: u64) -> String {
     format!("{first:020}.wal")
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 /// The valid records of a segment's bytes: their end offsets and where the valid part ends.
@@ -160,18 +160,33 @@ fn encode_record(buf: &mut Vec<u8>, index: u64, payload: &[u8]) {
     buf.extend_from_slice(payload);
 }
 
-fn lock(dir: &Path) -> io::Result<File> {
-    use std::os::fd::AsRawFd;
-    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join("LOCK"))?;
-    // SAFETY: flock on a descriptor this function owns.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(io::Error::last_os_error());
+/// The records a segment's bytes hold, in order, as (index, byte range of the record), up to
+/// the first that fails its check; and where the valid part ends. What recovery reads, for
+/// tools that look at a log's files (the simulation's disk).
+pub fn records(bytes: &[u8], first: u64) -> (Vec<(u64, std::ops::Range<u64>)>, u64) {
+    if !bytes.starts_with(MAGIC) {
+        return (Vec::new(), 0);
     }
-    Ok(file)
+    let (ends, valid) = scan(bytes, first);
+    let mut start = HEADER;
+    let spans = ends
+        .iter()
+        .enumerate()
+        .map(|(i, end)| {
+            let span = (first + i as u64, start..*end);
+            start = *end;
+            span
+        })
+        .collect();
+    (spans, valid)
 }
 
-fn open_rw(path: &Path) -> io::Result<File> {
-    std::fs::OpenOptions::new().read(true).write(true).open(path)
+/// The index of the first record of a segment named `path` (None: not a segment).
+pub fn segment_first(path: &Path) -> Option<u64> {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_suffix(".wal"))
+        .and_then(|n| n.parse().ok())
 }
 
 impl Wal {
@@ -182,6 +197,17 @@ impl Wal {
     /// (the commit record: entries known to be on disk and acknowledged) — nothing is changed
     /// then.
     pub fn open(dir: &Path, purged: Option<u64>, committed: Option<u64>) -> io::Result<(Wal, Recovery)> {
+        Wal::open_on(crate::fs::OsFs::shared(), dir, SEGMENT_BYTES, purged, committed)
+    }
+
+    /// `open` on the file system `fs`, with segments of `segment_bytes`.
+    pub fn open_on(
+        fs: Arc<dyn Fs>,
+        dir: &Path,
+        segment_bytes: u64,
+        purged: Option<u64>,
+        committed: Option<u64>,
+    ) -> io::Result<(Wal, Recovery)> {
         // Entries at or below this were acknowledged: no repair may remove them.
         let kept = committed.filter(|c| purged.is_none_or(|p| c > &p));
         let lost = |path: &Path, from: u64| {
@@ -191,23 +217,17 @@ impl Wal {
                 kept.unwrap_or_default()
             ))
         };
-        let created = !dir.exists();
-        std::fs::create_dir_all(dir)?;
+        let created = !fs.exists(dir);
+        fs.create_dir_all(dir)?;
         if created {
             if let Some(parent) = dir.parent() {
-                sync_dir(parent)?;
+                fs.sync_dir(parent)?;
             }
         }
-        let lock = lock(dir)?;
+        let lock = fs.lock(dir)?;
         let mut names: Vec<(u64, PathBuf)> = Vec::new();
-        for item in std::fs::read_dir(dir)? {
-            let path = item?.path();
-            let first = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.strip_suffix(".wal"))
-                .and_then(|n| n.parse::<u64>().ok());
-            if let Some(first) = first {
+        for path in fs.list(dir)? {
+            if let Some(first) = segment_first(&path) {
                 names.push((first, path));
             }
         }
@@ -219,7 +239,7 @@ impl Wal {
         if let Some(purged) = purged {
             while names.len() >= 2 && names[1].0 <= purged.saturating_add(1) {
                 let (_, path) = names.remove(0);
-                std::fs::remove_file(&path)?;
+                fs.remove(&path)?;
                 recovery.removed_segments += 1;
             }
         }
@@ -234,13 +254,13 @@ impl Wal {
             }
             if ended || expected.is_some_and(|e| e != first) {
                 // After the end of the log (a cut tail, or a gap): never acknowledged.
-                std::fs::remove_file(&path)?;
+                fs.remove(&path)?;
                 recovery.removed_segments += 1;
                 ended = true;
                 continue;
             }
-            let mut bytes = std::fs::read(&path)?;
-            let file = open_rw(&path)?;
+            let mut bytes = fs.read(&path)?;
+            let file = fs.open(&path, Mode::Existing)?;
             if !bytes.starts_with(MAGIC) {
                 if !MAGIC.starts_with(&bytes) || !last {
                     return Err(damaged(format!("{} is not a kairos log segment", path.display())));
@@ -249,9 +269,9 @@ impl Wal {
                     return Err(lost(&path, first));
                 }
                 // Created, its header torn: an empty segment.
-                file.write_all_at(MAGIC, 0)?;
+                file.write_at(MAGIC, 0)?;
                 file.set_len(HEADER)?;
-                file.sync_all()?;
+                file.sync()?;
                 bytes = MAGIC.to_vec();
             }
             let (ends, valid) = scan(&bytes, first);
@@ -269,10 +289,10 @@ impl Wal {
                 }
                 recovery.cut_bytes += bytes.len() as u64 - valid;
                 file.set_len(valid)?;
-                file.sync_all()?;
+                file.sync()?;
                 ended = true;
             }
-            segments.push(Segment { first, path, file: Arc::new(file), ends });
+            segments.push(Segment { first, path, file, ends });
         }
         let end = segments.iter().rev().find(|s| s.count() > 0).map(Segment::next);
         if let Some(k) = kept.filter(|k| end.is_none_or(|e| e <= *k)) {
@@ -286,29 +306,29 @@ impl Wal {
         if let Some(purged) = purged {
             while segments.first().is_some_and(|s| s.next() <= purged + 1) {
                 let s = segments.remove(0);
-                std::fs::remove_file(&s.path)?;
+                fs.remove(&s.path)?;
                 recovery.removed_segments += 1;
             }
         }
         if recovery != Recovery::default() {
-            sync_dir(dir)?;
+            fs.sync_dir(dir)?;
         }
         // What a previous process wrote may still be only in the page cache: on disk from now.
         if let Some(s) = segments.last() {
-            s.file.sync_data()?;
+            s.file.sync()?;
         }
         let durable_next = segments.iter().rev().find(|s| s.count() > 0).map_or(0, Segment::next);
-        let (tx, rx) = mpsc::channel();
-        let sync_path = dir.to_path_buf();
-        std::thread::Builder::new()
-            .name("kairos-wal-sync".into())
-            .spawn(move || sync_loop(&sync_path, rx))?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (round_fs, round_dir) = (fs.clone(), dir.to_path_buf());
+        fs.syncer(rx, Box::new(move |jobs| sync_round(round_fs.as_ref(), &round_dir, jobs)))?;
         Ok((
             Wal {
+                fs,
                 dir: dir.to_path_buf(),
+                segment_bytes: segment_bytes.max(HEADER + 1),
                 segments: Mutex::new(segments),
                 durable: Arc::new(Mutex::new((0, durable_next))),
-                sync: Mutex::new(tx),
+                sync: tx,
                 _lock: lock,
             },
             recovery,
@@ -319,9 +339,9 @@ impl Wal {
         self.segments.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn submit(&self, files: Vec<Arc<File>>, dir: bool, done: Done) {
+    fn submit(&self, files: Vec<Arc<dyn FsFile>>, dir: bool, done: Done) {
         let job = SyncJob { files, dir, done };
-        if let Err(mpsc::SendError(job)) = self.sync.lock().unwrap_or_else(|p| p.into_inner()).send(job) {
+        if let Err(tokio::sync::mpsc::error::SendError(job)) = self.sync.send(job) {
             (job.done)(Err(io::Error::other("the log's sync thread has stopped")));
         }
     }
@@ -364,7 +384,7 @@ impl Wal {
             done(result)
         });
         let mut segs = self.segments();
-        let mut files: Vec<Arc<File>> = Vec::new();
+        let mut files: Vec<Arc<dyn FsFile>> = Vec::new();
         let mut created = false;
         let mut i = 0;
         while i < records.len() {
@@ -373,7 +393,7 @@ impl Wal {
                 None => true,
                 Some(s) if s.count() == 0 && s.next() != index => {
                     // An empty segment left where the log now starts elsewhere.
-                    std::fs::remove_file(&s.path)?;
+                    self.fs.remove(&s.path)?;
                     segs.pop();
                     true
                 }
@@ -386,30 +406,30 @@ impl Wal {
                 // openraft appends each entry after the last; a gap (only its conformance
                 // suite makes one) starts a segment of its own. At open, a gap ends the log.
                 Some(s) if s.next() < index => true,
-                Some(s) => s.len() >= SEGMENT_BYTES,
+                Some(s) => s.len() >= self.segment_bytes,
             };
             if need_new {
                 // The previous segment whole on disk before the next exists: only the last
                 // segment's tail can ever be torn (what `open` relies on).
                 if let Some(previous) = segs.last() {
-                    previous.file.sync_data()?;
+                    previous.file.sync()?;
                 }
                 let path = self.dir.join(segment_name(index));
-                let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
-                file.write_all_at(MAGIC, 0)?;
-                segs.push(Segment { first: index, path, file: Arc::new(file), ends: Vec::new() });
+                let file = self.fs.open(&path, Mode::New)?;
+                file.write_at(MAGIC, 0)?;
+                segs.push(Segment { first: index, path, file, ends: Vec::new() });
                 created = true;
             }
             let seg = segs.last_mut().ok_or_else(|| io::Error::other("no segment"))?;
             let start = seg.len();
             let mut buf = Vec::new();
             let mut ends = Vec::new();
-            while i < records.len() && start + (buf.len() as u64) < SEGMENT_BYTES {
+            while i < records.len() && start + (buf.len() as u64) < self.segment_bytes {
                 encode_record(&mut buf, records[i].0, &records[i].1);
                 ends.push(start + buf.len() as u64);
                 i += 1;
             }
-            seg.file.write_all_at(&buf, start)?;
+            seg.file.write_at(&buf, start)?;
             seg.ends.extend(ends);
             if !files.iter().any(|f| Arc::ptr_eq(f, &seg.file)) {
                 files.push(seg.file.clone());
@@ -454,7 +474,7 @@ impl Wal {
             let end = seg.ends[b - 1];
             left = left.saturating_sub(end - start);
             let mut bytes = vec![0u8; (end - start) as usize];
-            seg.file.read_exact_at(&mut bytes, start)?;
+            seg.file.read_at(&mut bytes, start)?;
             let mut at = 0usize;
             for index in lo..hi {
                 let head = bytes
@@ -489,7 +509,7 @@ impl Wal {
         let mut removed = false;
         while segs.last().is_some_and(|s| s.first >= from && !(s.first == from && s.count() == 0)) {
             if let Some(s) = segs.pop() {
-                std::fs::remove_file(&s.path)?;
+                self.fs.remove(&s.path)?;
                 removed = true;
             }
         }
@@ -513,7 +533,7 @@ impl Wal {
         let mut removed = false;
         while segs.first().is_some_and(|s| s.next() <= upto + 1) {
             let s = segs.remove(0);
-            std::fs::remove_file(&s.path)?;
+            self.fs.remove(&s.path)?;
             removed = true;
         }
         drop(segs);
@@ -527,40 +547,39 @@ impl Wal {
     }
 }
 
-/// The sync thread: each round takes every queued request, syncs each file once (and the
-/// directory when asked), then reports the requests done in the order they came.
-fn sync_loop(dir: &Path, rx: mpsc::Receiver<SyncJob>) {
-    while let Ok(first) = rx.recv() {
-        let mut jobs = vec![first];
-        jobs.extend(rx.try_iter());
-        let mut synced: Vec<&Arc<File>> = Vec::new();
-        let mut result = Ok(());
-        for job in &jobs {
-            for f in &job.files {
-                if result.is_ok() && !synced.iter().any(|s| Arc::ptr_eq(s, f)) {
-                    result = f.sync_data();
-                    synced.push(f);
-                }
+/// One round of the sync thread (`Fs::syncer` runs them): every request queued meanwhile,
+/// each file synced once (and the directory when asked), then the requests reported done in
+/// the order they came.
+fn sync_round(fs: &dyn Fs, dir: &Path, jobs: Vec<SyncJob>) {
+    let mut synced: Vec<&Arc<dyn FsFile>> = Vec::new();
+    let mut result = Ok(());
+    for job in &jobs {
+        for f in &job.files {
+            if result.is_ok() && !synced.iter().any(|s| Arc::ptr_eq(s, f)) {
+                result = f.sync();
+                synced.push(f);
             }
         }
-        if result.is_ok() && jobs.iter().any(|j| j.dir) {
-            result = sync_dir(dir);
-        }
-        let why = result.err().map(|e| e.to_string());
-        if let Some(why) = &why {
-            crate::failstop::storage_failed(&format!("syncing the log: {why}"));
-        }
-        for job in jobs {
-            (job.done)(match &why {
-                None => Ok(()),
-                Some(why) => Err(io::Error::other(why.clone())),
-            });
-        }
+    }
+    if result.is_ok() && jobs.iter().any(|j| j.dir) {
+        result = fs.sync_dir(dir);
+    }
+    let why = result.err().map(|e| e.to_string());
+    if let Some(why) = &why {
+        crate::failstop::storage_failed(&format!("syncing the log: {why}"));
+    }
+    for job in jobs {
+        (job.done)(match &why {
+            None => Ok(()),
+            Some(why) => Err(io::Error::other(why.clone())),
+        });
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::mpsc;
+
     use super::*;
 
     fn done_now() -> (Done, mpsc::Receiver<io::Result<()>>) {
@@ -671,7 +690,7 @@ mod tests {
         }
         // Tear the last record: its last byte never reached the disk.
         let len = std::fs::metadata(&seg).unwrap().len();
-        open_rw(&seg).unwrap().set_len(len - 1).unwrap();
+        std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(len - 1).unwrap();
         let (wal, rec) = Wal::open(dir.path(), None, None).unwrap();
         assert_eq!(indexes(&wal), vec![1, 2, 3, 4]);
         assert_eq!(wal.durable_last(), Some(4));

@@ -51,9 +51,9 @@ fn agents_that_ignore_their_lease_are_caught_and_the_seed_replays_the_violation(
 }
 
 #[test]
-fn a_log_that_acknowledges_appends_before_syncing_them_is_caught() {
+fn disks_that_acknowledge_syncs_before_the_writes_are_durable_are_caught() {
     let cfg =
-        Config { broken: Broken { log_acks_before_sync: true, ..Broken::default() }, ..Config::default() };
+        Config { broken: Broken { disks_lie_about_syncs: true, ..Broken::default() }, ..Config::default() };
     let found = first_failing(&cfg, |_| true, 200);
     eprintln!("caught: {found:?}");
     assert!(found.is_some(), "acknowledged entries lost at a power loss must show");

@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kairos_consensus::peerclock::PeerClocks;
-use kairos_consensus::store::{SnapshotMedium, StateMachineStore};
 use kairos_consensus::{Replica, ReplicaConfig, ReplicaId, Storage, WriteError};
 use kairos_scheduler::clock::Stamp;
 use kairos_scheduler::liveness::Liveness;
@@ -27,7 +26,6 @@ const TICK: Duration = Duration::from_millis(100);
 /// One replica's machine: its disk survives crashes, the rest is its running incarnation.
 pub struct Slot {
     pub disk: Disk,
-    pub snapshots: Arc<Mutex<Option<Vec<u8>>>>,
     pub replica: Option<Replica>,
     pub leader_loop: Option<JoinHandle<()>>,
     /// Node liveness as this replica saw it leading (memory only, as in kairosd).
@@ -41,10 +39,9 @@ pub struct Slot {
 }
 
 impl Slot {
-    pub fn new(sync_time: Duration, member: bool) -> Slot {
+    pub fn new(disk: Disk, member: bool) -> Slot {
         Slot {
-            disk: Disk::new(sync_time),
-            snapshots: Arc::default(),
+            disk,
             replica: None,
             leader_loop: None,
             liveness: Arc::default(),
@@ -75,7 +72,7 @@ impl World {
 
     /// Starts replica `id` on its disk (a crashed one restarts from what its disk kept).
     pub async fn start_replica(self: &Arc<Self>, id: ReplicaId, join: bool) -> Result<(), String> {
-        let (log, snapshots) = {
+        let opened = {
             let slots = self.slots();
             let slot = slots.get(&id).ok_or("no such replica")?;
             if slot.replica.is_some() {
@@ -84,14 +81,11 @@ impl World {
             if slot.disk.state.lock().unwrap_or_else(|p| p.into_inner()).full {
                 return Err("disk full".into());
             }
-            (slot.disk.open()?, slot.snapshots.clone())
+            slot.disk.open(id)?
         };
-        let commit_index = log.commit_index();
-        let (applied_tx, applied) = tokio::sync::watch::channel(0);
-        let sm = StateMachineStore::on(SnapshotMedium::Memory(snapshots), applied_tx)
-            .map_err(|e| e.to_string())?;
+        let commit_index = opened.log.commit_index();
         let members: BTreeMap<ReplicaId, String> = self.initial_members();
-        let storage = Storage { log, sm, applied, commit_index };
+        let storage = Storage { log: opened.log, sm: opened.sm, applied: opened.applied, commit_index };
         let clocks: Arc<PeerClocks> = Arc::default();
         let network = SimNetwork { from: id, net: self.net.clone(), clocks: clocks.clone() };
         let replica = Replica::start(&self.config(id, join), &members, storage, network, clocks)

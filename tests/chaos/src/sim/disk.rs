@@ -1,92 +1,184 @@
-//! The simulated disk: a replica's Raft log, vote, commit index and purge point, written like
-//! the real store writes sled (`kairos_consensus::store::LogStore`): every append, truncate,
-//! purge and vote is synced before openraft hears it is done, the commit index is not.
+//! The simulated disk: a small file system beneath the production storage
+//! (`kairos_consensus::fs::Fs`), so the replicas' real write-ahead log, meta and commit record
+//! (`store::LogStore`, `wal::Wal`) and snapshots run on it, and the simulation's power cuts
+//! meet the production recovery code.
 //!
-//! What was written but not yet synced lives in a page cache (`pending`). A crash loses it —
-//! all of it, or (a torn write) a prefix of it with the first lost entry half written, which the
-//! log drops at open as a checksummed store drops a torn tail. A full disk refuses every write,
-//! and the replica stops (fail-stop, as `kairosd` exits on a storage error). Each opening of the
-//! disk is one incarnation: a handle of an earlier one (a crashed replica's task still finishing
-//! a sync) changes nothing.
+//! Every file has what is on the platter (`durable`) and what reads see (`now`); a write, a
+//! resize and a directory change (create, remove, rename) go to `now` at once and wait in the
+//! page cache (`pending`, in order) until a sync of their file (or of their directory) puts
+//! them on the platter. A crash loses the page cache — all of it, or (`survive`) a prefix of
+//! it, with (`tear`) the next write half done. A full disk refuses writes and syncs (the
+//! replica fails-stop, as `kairosd` exits on a storage error). Each opening of the disk is one
+//! incarnation: a handle of an earlier one (a crashed replica's task still finishing a sync)
+//! changes nothing. Syncs and meta writes take the disk's sync time, in virtual time.
 
-#![allow(clippy::result_large_err)]
-
-use std::collections::BTreeMap;
-use std::fmt::Debug;
-use std::ops::RangeBounds;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kairos_consensus::{ReplicaId, TypeConfig};
-use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
+use kairos_consensus::fs::{Fs, FsFile, Mode, Pending, SyncQueue, Work};
+use kairos_consensus::store::{LogStore, Snapshots, StateMachineStore};
+use kairos_consensus::{wal, ConsensusError, ReplicaId};
 
-type StorageResult<T> = Result<T, StorageError<ReplicaId>>;
+/// The replica's data directory on its disk.
+pub const DATA_DIR: &str = "/kairos";
 
 #[derive(Clone, Debug, Default)]
-struct Media {
-    entries: BTreeMap<u64, Vec<u8>>,
-    vote: Option<Vec<u8>>,
-    committed: Option<Vec<u8>>,
-    last_purged: Option<Vec<u8>>,
+struct Inode {
+    durable: Vec<u8>,
+    now: Vec<u8>,
 }
 
+/// A change waiting in the page cache.
 #[derive(Clone, Debug)]
-enum Write {
-    Put(u64, Vec<u8>),
-    RemoveFrom(u64),
-    RemoveTo(u64),
-    Vote(Vec<u8>),
-    Committed(Vec<u8>),
-    LastPurged(Vec<u8>),
+enum Change {
+    Write {
+        inode: u64,
+        at: u64,
+        bytes: Vec<u8>,
+    },
+    Resize {
+        inode: u64,
+        len: u64,
+    },
+    /// A directory entry: `path` names `inode`, or (None) nothing.
+    Name {
+        path: PathBuf,
+        inode: Option<u64>,
+    },
 }
 
-impl Media {
-    /// The index the commit record names (0: none, or unreadable).
-    fn committed_index(&self) -> u64 {
-        self.committed
-            .as_ref()
-            .and_then(|b| serde_json::from_slice::<Option<LogId<ReplicaId>>>(b).ok())
-            .flatten()
-            .map_or(0, |l| l.index)
-    }
-
-    fn apply(&mut self, w: &Write) {
-        match w {
-            Write::Put(i, bytes) => {
-                self.entries.insert(*i, bytes.clone());
-            }
-            Write::RemoveFrom(i) => {
-                self.entries.split_off(i);
-            }
-            Write::RemoveTo(i) => {
-                self.entries = self.entries.split_off(&(i + 1));
-            }
-            Write::Vote(b) => self.vote = Some(b.clone()),
-            Write::Committed(b) => self.committed = Some(b.clone()),
-            Write::LastPurged(b) => self.last_purged = Some(b.clone()),
+impl Change {
+    fn inode(&self) -> Option<u64> {
+        match self {
+            Change::Write { inode, .. } | Change::Resize { inode, .. } => Some(*inode),
+            Change::Name { .. } => None,
         }
     }
+}
+
+fn write_into(bytes: &mut Vec<u8>, at: u64, data: &[u8]) {
+    let end = at as usize + data.len();
+    if bytes.len() < end {
+        bytes.resize(end, 0);
+    }
+    bytes[at as usize..end].copy_from_slice(data);
 }
 
 /// One replica's disk, shared by its incarnations.
 #[derive(Debug, Default)]
 pub struct DiskState {
     incarnation: u64,
-    durable: Media,
-    pending: Vec<Write>,
-    /// What reads see: durable plus pending.
-    visible: Media,
+    inodes: BTreeMap<u64, Inode>,
+    next_inode: u64,
+    /// The directory entries on the platter, and as they are now.
+    durable_names: BTreeMap<PathBuf, u64>,
+    names: BTreeMap<PathBuf, u64>,
+    dirs: BTreeSet<PathBuf>,
+    pending: Vec<Change>,
+    /// How many of the pending changes were already pending at the previous sync: the kernel
+    /// has written those back by the next (a lying disk writes back only those).
+    lag: usize,
     pub full: bool,
-    /// Torn entries dropped at an open.
+    /// Opens whose recovery cut a torn tail off.
     pub torn_dropped: u64,
     /// Writes refused because the disk was full.
     pub refused: u64,
     /// Opens refused because the log was damaged below its commit record.
     pub damaged_refused: u64,
-    /// Unsynced writes crashes lost.
+    /// Unsynced changes crashes lost.
     pub lost: u64,
+}
+
+impl DiskState {
+    fn persist(&mut self, change: &Change) {
+        match change {
+            Change::Write { inode, at, bytes } => {
+                if let Some(i) = self.inodes.get_mut(inode) {
+                    write_into(&mut i.durable, *at, bytes);
+                }
+            }
+            Change::Resize { inode, len } => {
+                if let Some(i) = self.inodes.get_mut(inode) {
+                    i.durable.resize(*len as usize, 0);
+                }
+            }
+            Change::Name { path, inode: Some(inode) } => {
+                self.durable_names.insert(path.clone(), *inode);
+            }
+            Change::Name { path, inode: None } => {
+                self.durable_names.remove(path);
+            }
+        }
+    }
+
+    /// A sync: the pending changes `which` picks go on the platter (a lying disk's sync puts
+    /// none there), and so do those pending since the previous sync (the kernel's writeback).
+    fn flush(&mut self, lies: bool, which: impl Fn(&Change) -> bool) {
+        let pending = std::mem::take(&mut self.pending);
+        let old = self.lag.min(pending.len());
+        for (n, change) in pending.into_iter().enumerate() {
+            if n < old || (!lies && which(&change)) {
+                self.persist(&change);
+            } else {
+                self.pending.push(change);
+            }
+        }
+        self.lag = self.pending.len();
+    }
+
+    fn inode_of(&self, path: &Path) -> io::Result<u64> {
+        self.names
+            .get(path)
+            .copied()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, path.display().to_string()))
+    }
+
+    fn name(&mut self, path: &Path, inode: Option<u64>) {
+        match inode {
+            Some(i) => self.names.insert(path.to_path_buf(), i),
+            None => self.names.remove(path),
+        };
+        self.pending.push(Change::Name { path: path.to_path_buf(), inode });
+    }
+
+    /// The bytes of `path` on the platter.
+    fn durable(&self, path: &Path) -> Option<&Vec<u8>> {
+        self.durable_names.get(path).and_then(|i| self.inodes.get(i)).map(|i| &i.durable)
+    }
+
+    fn durable_mut(&mut self, path: &Path) -> Option<&mut Inode> {
+        let inode = self.durable_names.get(path).copied()?;
+        self.inodes.get_mut(&inode)
+    }
+
+    /// The log's segments on the platter, in order: (path, index of their first record).
+    fn durable_segments(&self) -> Vec<(PathBuf, u64)> {
+        let dir = Path::new(DATA_DIR).join(wal::DIR);
+        let mut segments: Vec<(PathBuf, u64)> = self
+            .durable_names
+            .keys()
+            .filter(|p| p.parent() == Some(dir.as_path()))
+            .filter_map(|p| wal::segment_first(p).map(|first| (p.clone(), first)))
+            .collect();
+        segments.sort_by_key(|s| s.1);
+        segments
+    }
+
+    /// The platter as it is: what reads see after a crash.
+    fn reset_to_durable(&mut self) {
+        self.names = self.durable_names.clone();
+        let live: BTreeSet<u64> = self.names.values().copied().collect();
+        self.inodes.retain(|i, _| live.contains(i));
+        for inode in self.inodes.values_mut() {
+            inode.now = inode.durable.clone();
+        }
+        self.pending.clear();
+        self.lag = 0;
+        self.incarnation += 1;
+    }
 }
 
 /// A disk and how long a sync takes on it.
@@ -94,344 +186,348 @@ pub struct DiskState {
 pub struct Disk {
     pub state: Arc<Mutex<DiskState>>,
     pub sync_time: Duration,
-    /// Broken on purpose (a test build): appends are acknowledged before they are synced.
-    pub acks_before_sync: bool,
+    /// Log segments on it are this large (small: crashes meet logs of many segments).
+    pub segment_bytes: u64,
+    /// Broken on purpose (a test build): a sync is acknowledged before it is durable (a disk
+    /// whose volatile cache lies).
+    pub lies_about_syncs: bool,
     /// Broken on purpose (a test build): damage below the commit record is cut off at open, as
     /// the log's recovery did before it refused (committed entries are lost).
     pub cuts_damage: bool,
 }
 
+/// What a replica runs on: its log and state machine on the disk, opened for one incarnation.
+pub struct Opened {
+    pub log: LogStore,
+    pub sm: StateMachineStore,
+    pub applied: tokio::sync::watch::Receiver<u64>,
+}
+
 impl Disk {
-    pub fn new(sync_time: Duration) -> Disk {
-        Disk { state: Arc::default(), sync_time, acks_before_sync: false, cuts_damage: false }
+    pub fn new(sync_time: Duration, segment_bytes: u64) -> Disk {
+        Disk { state: Arc::default(), sync_time, segment_bytes, lies_about_syncs: false, cuts_damage: false }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, DiskState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A crash: the page cache is lost. With `survive` > 0, that many of the unsynced writes
-    /// had reached the platter anyway; with `tear`, the next one did only in part.
+    /// A crash: the page cache is lost. With `survive` > 0, that many of the unsynced changes
+    /// had reached the platter anyway; with `tear`, the next one (a write) did only in part.
     pub fn crash(&self, survive: usize, tear: bool) {
         let mut d = self.lock();
         let pending = std::mem::take(&mut d.pending);
         let survive = survive.min(pending.len());
         d.lost += (pending.len() - survive) as u64;
-        for w in &pending[..survive] {
-            d.durable.apply(w);
+        for change in &pending[..survive] {
+            d.persist(change);
         }
-        if tear {
-            if let Some(Write::Put(i, bytes)) = pending.get(survive) {
-                let half = bytes[..bytes.len() / 2].to_vec();
-                d.durable.apply(&Write::Put(*i, half));
-            }
+        if let (true, Some(Change::Write { inode, at, bytes })) = (tear, pending.get(survive)) {
+            let half = Change::Write { inode: *inode, at: *at, bytes: bytes[..bytes.len() / 2].to_vec() };
+            d.persist(&half);
         }
-        d.visible = d.durable.clone();
-        d.incarnation += 1;
+        d.reset_to_durable();
     }
 
-    /// Unsynced writes now.
+    /// Unsynced changes now.
     pub fn unsynced(&self) -> usize {
         self.lock().pending.len()
+    }
+
+    /// Where the unsynced writes to log segments are among the unsynced changes.
+    pub fn log_writes_in_flight(&self) -> Vec<usize> {
+        let d = self.lock();
+        let segments: BTreeSet<u64> =
+            d.names.iter().filter(|(p, _)| wal::segment_first(p).is_some()).map(|(_, i)| *i).collect();
+        let writes = d.pending.iter().enumerate();
+        writes
+            .filter(|(_, c)| matches!(c, Change::Write { inode, .. } if segments.contains(inode)))
+            .map(|(n, _)| n)
+            .collect()
     }
 
     /// Wipes the disk (a replica removed from the cluster and later added back empty).
     pub fn wipe(&self) {
         let mut d = self.lock();
-        d.durable = Media::default();
-        d.visible = Media::default();
-        d.pending.clear();
-        d.incarnation += 1;
+        d.inodes.clear();
+        d.durable_names.clear();
+        d.dirs.clear();
+        d.reset_to_durable();
     }
 
-    /// Opens the disk for a new incarnation of its replica: a torn entry at the end of the log
-    /// (and anything after it) is dropped. As the real log's recovery (`wal::Wal::open`), a bad
-    /// entry at or below the commit record is damage, not a crash's tail: the open is refused
-    /// and nothing is changed (the replica must be re-added empty).
-    pub fn open(&self) -> Result<SimLog, String> {
-        let mut d = self.lock();
-        d.incarnation += 1;
-        d.pending.clear();
-        let committed = d.durable.committed_index();
-        let torn: Vec<u64> = d
-            .durable
-            .entries
-            .iter()
-            .filter(|(_, b)| serde_json::from_slice::<Entry<TypeConfig>>(b).is_err())
-            .map(|(i, _)| *i)
-            .collect();
-        if let Some(first) = torn.first().copied() {
-            if first <= committed && !self.cuts_damage {
-                d.damaged_refused += 1;
-                return Err(format!(
-                    "damaged: entry {first} fails its check, entries through {committed} are committed"
-                ));
-            }
-            d.durable.entries.split_off(&first);
-            d.torn_dropped += torn.len() as u64;
+    /// Opens the disk for a new incarnation of its replica: the production storage's own
+    /// recovery runs on it (a torn tail is cut off; damage at or below the commit record
+    /// refuses the open and changes nothing, and the replica must be re-added empty).
+    pub fn open(&self, id: ReplicaId) -> Result<Opened, String> {
+        if self.cuts_damage {
+            self.cut_at_damage();
         }
-        d.visible = d.durable.clone();
-        Ok(SimLog {
-            disk: self.clone(),
-            incarnation: d.incarnation,
-            committed: Arc::new(AtomicU64::new(committed)),
+        let fs = self.incarnation();
+        let dir = Path::new(DATA_DIR);
+        let log = match LogStore::open_on(fs.clone(), dir, id, self.segment_bytes) {
+            Ok(log) => log,
+            Err(e) => {
+                if matches!(e, ConsensusError::Damaged { .. }) {
+                    self.lock().damaged_refused += 1;
+                }
+                return Err(e.to_string());
+            }
+        };
+        if log.recovery().cut_bytes > 0 {
+            self.lock().torn_dropped += 1;
+        }
+        let (applied_tx, applied) = tokio::sync::watch::channel(0);
+        let sm = StateMachineStore::on(Snapshots::on(fs, dir), applied_tx).map_err(|e| e.to_string())?;
+        Ok(Opened { log, sm, applied })
+    }
+
+    /// A new incarnation's file system (what reads see: the platter).
+    fn incarnation(&self) -> Arc<dyn Fs> {
+        let mut d = self.lock();
+        d.reset_to_durable();
+        Arc::new(SimFs { disk: self.clone(), incarnation: d.incarnation })
+    }
+
+    /// The commit record's and the purge point's indexes on the platter.
+    fn durable_marks(d: &DiskState) -> (u64, u64) {
+        let log = Path::new(DATA_DIR).join(wal::DIR);
+        let committed =
+            d.durable(&log.join("committed")).and_then(|b| kairos_consensus::store::committed_index(b));
+        let purged = d.durable(&log.join("meta")).and_then(|b| kairos_consensus::store::purged_index(b));
+        (committed.unwrap_or(0), purged.unwrap_or(0))
+    }
+
+    /// Bit rot (the fault `bit_rot`): a committed entry of the log on the platter, after the
+    /// purge point and other than the last one, chosen by `pick`, no longer passes its check.
+    /// False when there is none.
+    pub fn rot(&self, pick: u64) -> bool {
+        let mut guard = self.lock();
+        let d = &mut *guard;
+        let (committed, purged) = Disk::durable_marks(d);
+        let mut records: Vec<(PathBuf, u64, std::ops::Range<u64>)> = Vec::new();
+        for (path, first) in d.durable_segments() {
+            if let Some(bytes) = d.durable(&path) {
+                records.extend(wal::records(bytes, first).0.into_iter().map(|(i, r)| (path.clone(), i, r)));
+            }
+        }
+        records.pop();
+        records.retain(|(_, i, _)| *i > purged && *i <= committed);
+        let Some((path, _, span)) = records.get(pick as usize % records.len().max(1)).cloned() else {
+            return false;
+        };
+        let Some(inode) = d.durable_mut(&path) else { return false };
+        // The first byte of its payload: its checksum fails.
+        let at = span.start as usize + 16;
+        inode.durable[at] ^= 0x40;
+        inode.now = inode.durable.clone();
+        true
+    }
+
+    /// The broken recovery (`cuts_damage`): the log is cut at its first record that fails its
+    /// check, whatever the commit record says, and the commit record goes.
+    fn cut_at_damage(&self) {
+        let mut guard = self.lock();
+        let d = &mut *guard;
+        let mut cut = false;
+        for (path, first) in d.durable_segments() {
+            let Some(inode) = d.durable_mut(&path) else { continue };
+            if cut {
+                d.durable_names.remove(&path);
+                continue;
+            }
+            let (_, valid) = wal::records(&inode.durable, first);
+            if valid > 0 && (valid as usize) < inode.durable.len() {
+                inode.durable.truncate(valid as usize);
+                cut = true;
+            }
+        }
+        if cut {
+            d.durable_names.remove(&Path::new(DATA_DIR).join(wal::DIR).join("committed"));
+        }
+        d.reset_to_durable();
+    }
+}
+
+/// One incarnation's view of its disk.
+struct SimFs {
+    disk: Disk,
+    incarnation: u64,
+}
+
+impl SimFs {
+    /// The disk, when this incarnation may change it now (not crashed, not full).
+    fn writable(&self) -> io::Result<std::sync::MutexGuard<'_, DiskState>> {
+        writable(&self.disk, self.incarnation)
+    }
+}
+
+fn writable(disk: &Disk, incarnation: u64) -> io::Result<std::sync::MutexGuard<'_, DiskState>> {
+    let mut d = disk.lock();
+    if d.incarnation != incarnation {
+        return Err(io::Error::other("this incarnation crashed"));
+    }
+    if d.full {
+        d.refused += 1;
+        return Err(io::Error::other("No space left on device"));
+    }
+    Ok(d)
+}
+
+struct SimFile {
+    disk: Disk,
+    incarnation: u64,
+    inode: u64,
+}
+
+impl FsFile for SimFile {
+    fn write_at(&self, bytes: &[u8], offset: u64) -> io::Result<()> {
+        let mut d = writable(&self.disk, self.incarnation)?;
+        if let Some(i) = d.inodes.get_mut(&self.inode) {
+            write_into(&mut i.now, offset, bytes);
+        }
+        d.pending.push(Change::Write { inode: self.inode, at: offset, bytes: bytes.to_vec() });
+        Ok(())
+    }
+
+    fn read_at(&self, bytes: &mut [u8], offset: u64) -> io::Result<()> {
+        let d = self.disk.lock();
+        let now = d.inodes.get(&self.inode).map(|i| &i.now[..]).unwrap_or_default();
+        let source = now
+            .get(offset as usize..offset as usize + bytes.len())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end"))?;
+        bytes.copy_from_slice(source);
+        Ok(())
+    }
+
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.disk.lock().inodes.get(&self.inode).map_or(0, |i| i.now.len() as u64))
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let mut d = writable(&self.disk, self.incarnation)?;
+        if let Some(i) = d.inodes.get_mut(&self.inode) {
+            i.now.resize(len as usize, 0);
+        }
+        d.pending.push(Change::Resize { inode: self.inode, len });
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let mut d = writable(&self.disk, self.incarnation)?;
+        d.flush(self.disk.lies_about_syncs, |c| c.inode() == Some(self.inode));
+        Ok(())
+    }
+}
+
+impl Fs for SimFs {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        let mut d = self.writable()?;
+        d.dirs.extend(dir.ancestors().map(Path::to_path_buf));
+        Ok(())
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        let d = self.disk.lock();
+        d.names.contains_key(path) || d.dirs.contains(path)
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        let d = self.disk.lock();
+        Ok(d.names.keys().filter(|p| p.parent() == Some(dir)).cloned().collect())
+    }
+
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        let d = self.disk.lock();
+        let inode = d.inode_of(path)?;
+        Ok(d.inodes.get(&inode).map(|i| i.now.clone()).unwrap_or_default())
+    }
+
+    fn open(&self, path: &Path, mode: Mode) -> io::Result<Arc<dyn FsFile>> {
+        let mut d = self.writable()?;
+        let inode = match (d.names.get(path).copied(), mode) {
+            (Some(_), Mode::New) => {
+                return Err(io::Error::new(io::ErrorKind::AlreadyExists, path.display().to_string()))
+            }
+            (None, Mode::Existing) => {
+                return Err(io::Error::new(io::ErrorKind::NotFound, path.display().to_string()))
+            }
+            (Some(inode), _) => inode,
+            (None, _) => {
+                d.next_inode += 1;
+                let inode = d.next_inode;
+                d.inodes.insert(inode, Inode::default());
+                d.name(path, Some(inode));
+                inode
+            }
+        };
+        drop(d);
+        let file = SimFile { disk: self.disk.clone(), incarnation: self.incarnation, inode };
+        if mode == Mode::Empty {
+            file.set_len(0)?;
+        }
+        Ok(Arc::new(file))
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        let mut d = self.writable()?;
+        d.inode_of(path)?;
+        d.name(path, None);
+        Ok(())
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut d = self.writable()?;
+        let inode = d.inode_of(from)?;
+        d.name(to, Some(inode));
+        d.name(from, None);
+        Ok(())
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        let mut d = self.writable()?;
+        d.flush(
+            self.disk.lies_about_syncs,
+            |c| matches!(c, Change::Name { path, .. } if path.parent() == Some(dir)),
+        );
+        Ok(())
+    }
+
+    fn lock(&self, _dir: &Path) -> io::Result<Box<dyn Send + Sync>> {
+        Ok(Box::new(()))
+    }
+
+    fn blocking(&self, work: Work<io::Result<()>>) -> Pending<io::Result<()>> {
+        let sync_time = self.disk.sync_time;
+        Box::pin(async move {
+            tokio::time::sleep(sync_time).await;
+            work()
         })
     }
 
-    /// Bit rot (the fault `bit_rot`): a committed entry of the durable log other than the last
-    /// one, chosen by `pick`, no longer passes its check. False when there is none.
-    pub fn rot(&self, pick: u64) -> bool {
-        let mut d = self.lock();
-        let committed = d.durable.committed_index();
-        let last = d.durable.entries.keys().next_back().copied();
-        let candidates: Vec<u64> =
-            d.durable.entries.keys().copied().filter(|i| *i <= committed && Some(*i) != last).collect();
-        let Some(victim) = candidates.get(pick as usize % candidates.len().max(1)).copied() else {
-            return false;
-        };
-        if let Some(bytes) = d.durable.entries.get_mut(&victim) {
-            bytes[0] ^= 0x40;
-        }
-        d.visible = d.durable.clone();
-        true
-    }
-}
-
-fn io_err(what: &str) -> std::io::Error {
-    std::io::Error::other(what.to_string())
-}
-
-fn write_err(e: std::io::Error) -> StorageError<ReplicaId> {
-    StorageIOError::write(&e).into()
-}
-
-fn read_err(e: impl std::error::Error + 'static) -> StorageError<ReplicaId> {
-    StorageIOError::read(&e).into()
-}
-
-/// One incarnation's handle on its disk: openraft's log storage.
-#[derive(Clone, Debug)]
-pub struct SimLog {
-    disk: Disk,
-    incarnation: u64,
-    committed: Arc<AtomicU64>,
-}
-
-impl SimLog {
-    pub fn commit_index(&self) -> Arc<AtomicU64> {
-        self.committed.clone()
-    }
-
-    /// The disk, when this incarnation may write to it now (not crashed, not full).
-    fn writable(&self) -> std::io::Result<std::sync::MutexGuard<'_, DiskState>> {
-        let mut d = self.disk.lock();
-        if d.incarnation != self.incarnation {
-            return Err(io_err("this incarnation crashed"));
-        }
-        if d.full {
-            d.refused += 1;
-            return Err(io_err("No space left on device"));
-        }
-        Ok(d)
-    }
-
-    /// Writes into the page cache (refused on a full disk or by a dead incarnation).
-    fn write(&self, writes: Vec<Write>) -> std::io::Result<()> {
-        let mut d = self.writable()?;
-        for w in writes {
-            d.visible.apply(&w);
-            d.pending.push(w);
-        }
+    fn background(&self, _name: &str, work: Work<()>) -> io::Result<()> {
+        work();
         Ok(())
     }
 
-    /// fsync: after the disk's sync time, everything written so far is durable.
-    async fn sync(&self) -> std::io::Result<()> {
-        tokio::time::sleep(self.disk.sync_time).await;
-        let mut d = self.writable()?;
-        let pending = std::mem::take(&mut d.pending);
-        for w in &pending {
-            d.durable.apply(w);
-        }
-        Ok(())
-    }
-
-    fn get<T: serde::de::DeserializeOwned>(
+    fn syncer(
         &self,
-        pick: impl Fn(&Media) -> Option<Vec<u8>>,
-    ) -> StorageResult<Option<T>> {
-        let bytes = pick(&self.disk.lock().visible);
-        match bytes {
-            Some(b) => Ok(Some(serde_json::from_slice(&b).map_err(read_err)?)),
-            None => Ok(None),
-        }
-    }
-}
-
-impl RaftLogReader<TypeConfig> for SimLog {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
-        &mut self,
-        range: RB,
-    ) -> StorageResult<Vec<Entry<TypeConfig>>> {
-        let bytes: Vec<Vec<u8>> =
-            self.disk.lock().visible.entries.range(range).map(|(_, b)| b.clone()).collect();
-        bytes.iter().map(|b| serde_json::from_slice(b).map_err(read_err)).collect()
-    }
-
-    /// Replication's reads, as `LogStore`'s: a start purged meanwhile gets nothing.
-    async fn limited_get_log_entries(
-        &mut self,
-        start: u64,
-        end: u64,
-    ) -> StorageResult<Vec<Entry<TypeConfig>>> {
-        let purged: Option<LogId<ReplicaId>> = self.get(|m| m.last_purged.clone())?;
-        if purged.is_some_and(|p| start <= p.index) {
-            return Ok(Vec::new());
-        }
-        self.try_get_log_entries(start..end).await
-    }
-}
-
-impl RaftLogStorage<TypeConfig> for SimLog {
-    type LogReader = Self;
-
-    async fn get_log_state(&mut self) -> StorageResult<LogState<TypeConfig>> {
-        let last_purged: Option<LogId<ReplicaId>> = self.get(|m| m.last_purged.clone())?;
-        let last_bytes = self.disk.lock().visible.entries.values().next_back().cloned();
-        let last = match last_bytes {
-            Some(b) => Some(serde_json::from_slice::<Entry<TypeConfig>>(&b).map_err(read_err)?.log_id),
-            None => last_purged,
-        };
-        Ok(LogState { last_purged_log_id: last_purged, last_log_id: last })
-    }
-
-    async fn get_log_reader(&mut self) -> Self::LogReader {
-        self.clone()
-    }
-
-    async fn save_vote(&mut self, vote: &Vote<ReplicaId>) -> StorageResult<()> {
-        let bytes = serde_json::to_vec(vote).map_err(read_err)?;
-        self.write(vec![Write::Vote(bytes)]).map_err(write_err)?;
-        self.sync().await.map_err(write_err)
-    }
-
-    async fn read_vote(&mut self) -> StorageResult<Option<Vote<ReplicaId>>> {
-        self.get(|m| m.vote.clone())
-    }
-
-    async fn save_committed(&mut self, committed: Option<LogId<ReplicaId>>) -> StorageResult<()> {
-        // Not synced of its own, as in the real store.
-        let bytes = serde_json::to_vec(&committed).map_err(read_err)?;
-        self.write(vec![Write::Committed(bytes)]).map_err(write_err)?;
-        if let Some(c) = committed {
-            self.committed.fetch_max(c.index, Ordering::Relaxed);
-        }
-        Ok(())
-    }
-
-    async fn read_committed(&mut self) -> StorageResult<Option<LogId<ReplicaId>>> {
-        Ok(self.get::<Option<LogId<ReplicaId>>>(|m| m.committed.clone())?.flatten())
-    }
-
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>
-    where
-        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
-        I::IntoIter: OptionalSend,
-    {
-        let mut writes = Vec::new();
-        for e in entries {
-            writes.push(Write::Put(e.log_id.index, serde_json::to_vec(&e).map_err(read_err)?));
-        }
-        self.write(writes).map_err(write_err)?;
-        if self.disk.acks_before_sync {
-            // The bug: done at once, synced by a background flush some time later.
-            callback.log_io_completed(Ok(()));
-            let log = self.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(log.disk.sync_time * 20).await;
-                let _ = log.sync().await;
-            });
-            return Ok(());
-        }
-        // Readable now; appended only once synced. A crash before then never calls back.
-        match self.sync().await {
-            Ok(()) => callback.log_io_completed(Ok(())),
-            Err(e) => {
-                callback.log_io_completed(Err(io_err(&e.to_string())));
-                return Err(write_err(e));
+        mut queue: SyncQueue,
+        mut round: Box<dyn FnMut(Vec<wal::SyncJob>) + Send>,
+    ) -> io::Result<()> {
+        let sync_time = self.disk.sync_time;
+        tokio::spawn(async move {
+            while let Some(first) = queue.recv().await {
+                let mut jobs = vec![first];
+                while let Ok(job) = queue.try_recv() {
+                    jobs.push(job);
+                }
+                tokio::time::sleep(sync_time).await;
+                round(jobs);
             }
-        }
+        });
         Ok(())
-    }
-
-    async fn truncate(&mut self, log_id: LogId<ReplicaId>) -> StorageResult<()> {
-        self.write(vec![Write::RemoveFrom(log_id.index)]).map_err(write_err)?;
-        self.sync().await.map_err(write_err)
-    }
-
-    async fn purge(&mut self, log_id: LogId<ReplicaId>) -> StorageResult<()> {
-        let bytes = serde_json::to_vec(&log_id).map_err(read_err)?;
-        self.write(vec![Write::LastPurged(bytes)]).map_err(write_err)?;
-        self.sync().await.map_err(write_err)?;
-        self.write(vec![Write::RemoveTo(log_id.index)]).map_err(write_err)?;
-        self.sync().await.map_err(write_err)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn entry(index: u64) -> Vec<u8> {
-        let e: Entry<TypeConfig> = Entry {
-            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 0), index),
-            payload: openraft::EntryPayload::Blank,
-        };
-        serde_json::to_vec(&e).expect("encodes")
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_crash_loses_unsynced_writes_and_a_torn_entry_is_dropped_at_open() {
-        let disk = Disk::new(Duration::from_millis(2));
-        let log = disk.open().unwrap();
-        log.write(vec![Write::Put(1, entry(1))]).unwrap();
-        log.sync().await.unwrap();
-        log.write(vec![Write::Put(2, entry(2)), Write::Put(3, entry(3))]).unwrap();
-        assert_eq!(disk.unsynced(), 2);
-        disk.crash(0, false);
-        let mut log = disk.open().unwrap();
-        let state = log.get_log_state().await.unwrap();
-        assert_eq!(state.last_log_id.map(|l| l.index), Some(1), "unsynced entries are gone");
-        // The stale handle of the crashed incarnation cannot write.
-        log.write(vec![Write::Put(2, entry(2)), Write::Put(3, entry(3))]).unwrap();
-        disk.crash(1, true);
-        let mut reopened = disk.open().unwrap();
-        let state = reopened.get_log_state().await.unwrap();
-        assert_eq!(state.last_log_id.map(|l| l.index), Some(2), "one survived, the torn one dropped");
-        assert_eq!(disk.lock().torn_dropped, 1);
-        assert!(log.write(vec![Write::Put(9, entry(9))]).is_err(), "a dead incarnation writes nothing");
-        disk.lock().full = true;
-        assert!(reopened.write(vec![Write::Put(3, entry(3))]).is_err(), "a full disk refuses");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn bit_rot_below_the_commit_record_refuses_the_open_and_changes_nothing() {
-        let disk = Disk::new(Duration::from_millis(2));
-        let mut log = disk.open().unwrap();
-        log.write((1..=4).map(|i| Write::Put(i, entry(i))).collect()).unwrap();
-        log.sync().await.unwrap();
-        log.save_committed(Some(LogId::new(openraft::CommittedLeaderId::new(1, 0), 3))).await.unwrap();
-        log.sync().await.unwrap();
-        disk.crash(0, false);
-        assert!(disk.rot(1), "a committed entry to rot");
-        let before = disk.lock().durable.entries.clone();
-        let e = disk.open().expect_err("a damaged log was opened");
-        assert!(e.contains("damaged") && e.contains("committed"), "{e}");
-        assert_eq!(disk.lock().durable.entries, before, "the refused open changed the log");
-        // The broken build cuts it off instead: committed entries are gone.
-        let broken = Disk { cuts_damage: true, ..disk.clone() };
-        let mut cut = broken.open().unwrap();
-        let last = cut.get_log_state().await.unwrap().last_log_id.map(|l| l.index);
-        assert!(last.is_some_and(|l| l < 3), "{last:?}");
-    }
-}
+mod tests;

@@ -31,6 +31,7 @@ use crate::proxy::Rng;
 use crate::{FinalJob, JobId, Operation, ProcessRecord, Violation};
 use agent::AgentFault;
 use cluster::Slot;
+use disk::Disk;
 use faults::FaultKind;
 
 /// The replicas' wall clock at the simulation's start (ms since the epoch).
@@ -41,8 +42,8 @@ pub const WALL_BASE_MS: i64 = 1_780_000_000_000;
 pub struct Broken {
     /// Agents keep running (and launching) after their lease lapsed; no watchdog.
     pub agents_ignore_lease: bool,
-    /// The log acknowledges appends before syncing them.
-    pub log_acks_before_sync: bool,
+    /// The disks acknowledge syncs before their writes are durable (a lying volatile cache).
+    pub disks_lie_about_syncs: bool,
     /// Replicas stamp commands with their wall clock, not the cluster's timeline.
     pub stamp_wall_clock: bool,
     /// The log's recovery cuts damage below the commit record off, instead of refusing.
@@ -325,10 +326,11 @@ async fn simulate(seed: u64, cfg: Config) -> ScheduleReport {
     for id in 1..=(cfg.replicas as ReplicaId + 1) {
         // fsync latency: a fast SSD to a slow disk.
         let sync = Duration::from_millis(1 + rng.below(20));
-        let mut slot = Slot::new(sync, id <= cfg.replicas as ReplicaId);
-        slot.disk.acks_before_sync = cfg.broken.log_acks_before_sync;
-        slot.disk.cuts_damage = cfg.broken.log_cuts_damage;
-        slots.insert(id, slot);
+        // Small log segments (2–64 KiB): crashes meet logs of many.
+        let mut disk = Disk::new(sync, 2048 << rng.below(6));
+        disk.lies_about_syncs = cfg.broken.disks_lie_about_syncs;
+        disk.cuts_damage = cfg.broken.log_cuts_damage;
+        slots.insert(id, Slot::new(disk, id <= cfg.replicas as ReplicaId));
     }
     let w = Arc::new(World {
         net: net::new_net(rng.next_u64()),
