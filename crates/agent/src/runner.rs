@@ -40,7 +40,8 @@ use crate::fence::Lease;
 use crate::jobfs::Dir;
 
 /// A run is a job attempt.
-pub type RunKey = (u64, u32);
+pub use crate::decide::RunKey;
+use crate::decide::{self, Action, Assigned, Local, Lost};
 
 /// How often a running job's checkpoint marker is looked at.
 const CHECKPOINT_POLL: Duration = Duration::from_millis(500);
@@ -475,6 +476,36 @@ async fn copy_output(
 }
 
 /// The signal named `name` ("SIGUSR1"), or `fallback`.
+/// The controller's assignment set as `decide` reads it.
+fn assigned_of(set: &pb::AssignmentSet) -> Vec<Assigned> {
+    set.runs
+        .iter()
+        .map(|a| Assigned {
+            key: (a.job_id, a.attempt),
+            gpus: a.gpu_ids.clone(),
+            started: a.started,
+            stop: a.kill.then(|| (a.kill_signal.clone(), a.kill_grace_s)),
+            suspend: a.suspend,
+        })
+        .collect()
+}
+
+/// The node's runs as `decide` reads them.
+fn local_of(runs: &BTreeMap<RunKey, Run>) -> BTreeMap<RunKey, Local> {
+    runs.iter()
+        .map(|(key, r)| {
+            let local = Local {
+                gpus: r.gpus.clone(),
+                spawned: r.pgid.is_some() || r.cgroup.is_some(),
+                ended: r.exit.is_some(),
+                stopping: r.stopping,
+                suspended: r.suspended,
+            };
+            (*key, local)
+        })
+        .collect()
+}
+
 fn parse_signal(name: &str, fallback: Signal) -> Signal {
     name.parse::<Signal>().unwrap_or(fallback)
 }
@@ -562,75 +593,57 @@ impl Runner {
         }
     }
 
-    /// Makes the local runs match the controller's assignment set.
+    /// Makes the local runs match the controller's assignment set: carries out what
+    /// `decide::reconcile` says, then launches what may start (`launch_ready`).
     pub fn reconcile(&self, set: &pb::AssignmentSet) {
-        let assigned: BTreeMap<RunKey, &pb::Assignment> =
-            set.runs.iter().map(|a| ((a.job_id, a.attempt), a)).collect();
+        let assigned = assigned_of(set);
         let mut stop = Vec::new();
         let mut reports = Vec::new();
         {
             let mut runs = self.lock();
-            for (key, a) in &assigned {
-                // Freeze or thaw first, so a preemptor launched below never shares a GPU with
-                // a process that still computes (a frozen run is thawed by `stop`, after its stop
-                // signal is queued).
-                if let Some(run) = runs.get_mut(key).filter(|r| r.exit.is_none() && !a.kill) {
-                    if a.suspend != run.suspended {
-                        tracing::info!(
-                            job = key.0,
-                            attempt = key.1,
-                            suspend = a.suspend,
-                            "suspend state changes"
-                        );
-                        run.freeze(a.suspend);
-                        run.suspended = a.suspend;
-                    }
-                }
-                match runs.get(key) {
-                    Some(run) => match run.exit {
-                        Some(exit) => reports.push((*key, Some(exit), run.lost_message.clone())),
-                        None if a.kill && !run.stopping => {
-                            stop.push((*key, a.kill_grace_s, a.kill_signal.clone()))
+            for action in decide::reconcile(&assigned, &local_of(&runs)) {
+                match action {
+                    Action::Freeze(key, frozen) => {
+                        if let Some(run) = runs.get_mut(&key) {
+                            tracing::info!(job = key.0, attempt = key.1, suspend = frozen, "suspend state changes");
+                            run.freeze(frozen);
+                            run.suspended = frozen;
                         }
-                        // Our "started" report was lost (e.g. in a failover): say it again — once
-                        // the process exists (not while it is still being spawned).
-                        None if !a.started && (run.pgid.is_some() || run.cgroup.is_some()) => {
-                            reports.push((*key, None, String::new()))
+                    }
+                    Action::ReportExit(key) => {
+                        if let Some(run) = runs.get(&key) {
+                            reports.push((key, run.exit, run.lost_message.clone()));
                         }
-                        None => {}
-                    },
-                    None if a.kill => {
-                        reports.push((*key, Some(Exit::Lost), "stopped before it started".into()))
                     }
-                    None if a.started => reports.push((
-                        *key,
-                        Some(Exit::Lost),
-                        format!("node \"{}\" has no process for this run (agent restarted?)", self.node),
-                    )),
-                    None => {} // launched below, once it may be
-                }
-            }
-            let mut forget = Vec::new();
-            for (key, run) in runs.iter_mut() {
-                if assigned.contains_key(key) {
-                    continue;
-                }
-                if run.exit.is_none() && (run.pgid.is_some() || run.cgroup.is_some()) {
-                    if !run.stopping {
-                        tracing::warn!(
-                            job = key.0,
-                            attempt = key.1,
-                            "killing a run the controller no longer assigns"
-                        );
+                    Action::ReportStarted(key) => reports.push((key, None, String::new())),
+                    Action::ReportLost(key, why) => {
+                        let message = match why {
+                            Lost::StoppedBeforeStart => "stopped before it started".to_string(),
+                            Lost::NoProcess => format!(
+                                "node \"{}\" has no process for this run (agent restarted?)",
+                                self.node
+                            ),
+                        };
+                        reports.push((key, Some(Exit::Lost), message));
                     }
-                    run.stopping = true;
-                    run.kill();
-                } else if run.exit.is_some() {
-                    forget.push(*key);
+                    Action::Stop { key, signal, grace_s } => stop.push((key, grace_s, signal)),
+                    Action::Kill(key) => {
+                        if let Some(run) = runs.get_mut(&key) {
+                            if !run.stopping {
+                                tracing::warn!(
+                                    job = key.0,
+                                    attempt = key.1,
+                                    "killing a run the controller no longer assigns"
+                                );
+                            }
+                            run.stopping = true;
+                            run.kill();
+                        }
+                    }
+                    Action::Forget(key) => {
+                        runs.remove(&key);
+                    }
                 }
-            }
-            for key in forget {
-                runs.remove(&key);
             }
             *self.last_set.lock().unwrap_or_else(|p| p.into_inner()) = Some(set.clone());
         }
@@ -646,14 +659,10 @@ impl Runner {
         self.launch_ready();
     }
 
-    /// Launches the assigned runs that are not running here yet and may start now: the lease
-    /// is valid and none of their GPUs is held by a run of this node whose processes have not
-    /// all ended (a run being killed included; a frozen run lends its GPUs). The others wait
-    /// for the next call (a run's end, a lease renewal, a new set).
+    /// Launches the assigned runs that may start now (`decide::launches`: the lease is valid and
+    /// none of their GPUs is held by a run of this node whose processes have not all ended). The
+    /// others wait for the next call (a run's end, a lease renewal, a new set).
     pub fn launch_ready(&self) {
-        if !self.lease.valid() {
-            return;
-        }
         let mut launch = Vec::new();
         {
             // Chosen and marked under one lock, from the set `reconcile` stored under the same
@@ -661,23 +670,16 @@ impl Runner {
             // run twice, nor one a newer set no longer assigns.
             let mut runs = self.lock();
             let Some(set) = self.last_set.lock().unwrap_or_else(|p| p.into_inner()).clone() else { return };
-            // A suspended (frozen) run lends its GPUs: it computes nothing until thawed.
-            let mut busy: BTreeSet<u32> = runs
-                .values()
-                .filter(|r| r.exit.is_none() && !r.suspended)
-                .flat_map(|r| r.gpus.iter().copied())
-                .collect();
+            let assigned = assigned_of(&set);
+            let ready = decide::launches(&assigned, &local_of(&runs), self.lease.valid());
             for a in &set.runs {
-                if a.kill || a.started || runs.contains_key(&(a.job_id, a.attempt)) {
-                    continue;
-                }
-                if a.gpu_ids.iter().any(|g| busy.contains(g)) {
+                let key = (a.job_id, a.attempt);
+                if ready.contains(&key) {
+                    runs.insert(key, Run::launching(a, &self.state_dir));
+                    launch.push(a.clone());
+                } else if !a.kill && !a.started && !runs.contains_key(&key) && self.lease.valid() {
                     tracing::info!(job = a.job_id, attempt = a.attempt, gpus = ?a.gpu_ids, "launch waits: a GPU's previous run has not ended");
-                    continue;
                 }
-                busy.extend(a.gpu_ids.iter().copied());
-                runs.insert((a.job_id, a.attempt), Run::launching(a, &self.state_dir));
-                launch.push(a.clone());
             }
         }
         for a in launch {

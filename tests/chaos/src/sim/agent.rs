@@ -10,13 +10,14 @@
 //! `lease + grace` even while the agent is stalled or crashed. A crashed agent keeps its runs
 //! (it adopts them again, as the real agent does from its job map).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kairos_agent::decide::{self, Action, Assigned, Local, RunKey};
 use kairos_consensus::ReplicaId;
 use kairos_scheduler::orders::{runs_on, RunAction};
-use kairos_scheduler::{Gpu, JobId, NodeInfo, Op, Outcome, RunExit};
+use kairos_scheduler::{Gpu, NodeInfo, Op, Outcome, RunExit};
 use tokio::time::Instant;
 
 use super::{locked, World};
@@ -29,7 +30,7 @@ struct Proc {
     natural_end: Instant,
     stop_at: Option<Instant>,
     ended: Option<RunExit>,
-    started_reported: bool,
+    suspended: bool,
 }
 
 /// What the director does to an agent.
@@ -68,8 +69,7 @@ pub async fn run(w: Arc<World>, node: String) {
     let mut epoch: Option<u64> = None;
     let mut registered = false;
     let mut lease_until: Option<Instant> = None;
-    let mut procs: BTreeMap<(JobId, u32), Proc> = BTreeMap::new();
-    let mut lost_reported: BTreeSet<(JobId, u32)> = BTreeSet::new();
+    let mut procs: BTreeMap<RunKey, Proc> = BTreeMap::new();
     let mut was_down = false;
     loop {
         tokio::time::sleep(TICK).await;
@@ -172,105 +172,99 @@ pub async fn run(w: Arc<World>, node: String) {
             continue;
         }
         lease_until = Some(sent + w.cfg.lease());
-        // Reconcile with the assignments on the leader's state.
-        let orders: Vec<(JobId, u32, Vec<u32>, bool, RunAction, String)> = replica.read(|a| {
+        // Reconcile with the assignments on the leader's state, as the real agent decides
+        // (`kairos_agent::decide`), carried out on the modelled processes.
+        let (assigned, names): (Vec<Assigned>, BTreeMap<RunKey, String>) = replica.read(|a| {
             runs_on(&a.state, &node)
                 .into_iter()
                 .map(|o| {
-                    (
-                        o.job.id,
-                        o.attempt,
-                        o.gpus.clone(),
-                        o.started,
-                        o.action.clone(),
-                        o.job.spec.name.clone(),
-                    )
+                    let stop = match &o.action {
+                        RunAction::Stop { signal, grace_s } => Some((signal.clone(), *grace_s)),
+                        RunAction::Run | RunAction::Suspend => None,
+                    };
+                    let key = (o.job.id, o.attempt);
+                    let assigned = Assigned {
+                        key,
+                        gpus: o.gpus.clone(),
+                        started: o.started,
+                        stop,
+                        suspend: o.action == RunAction::Suspend,
+                    };
+                    (assigned, (key, o.job.spec.name.clone()))
                 })
-                .collect()
+                .unzip()
         });
         let now = Instant::now();
-        let listed: BTreeSet<(JobId, u32)> = orders.iter().map(|o| (o.0, o.1)).collect();
-        for (_, p) in procs.iter_mut().filter(|(k, p)| !listed.contains(k) && p.ended.is_none()) {
-            if p.stop_at.is_none_or(|s| s > now) {
-                p.stop_at = Some(now);
-            }
-        }
         let mut reports: Vec<Op> = Vec::new();
-        for (job, attempt, gpus, started, action, name) in orders {
-            let key = (job, attempt);
-            match (&action, procs.get_mut(&key)) {
-                (RunAction::Stop { grace_s, .. }, Some(p)) => {
-                    if p.ended.is_none() && p.stop_at.is_none() {
-                        let grace = Duration::from_millis(u64::from(*grace_s).min(2) * 500);
-                        p.stop_at = Some(now + grace);
+        for action in decide::reconcile(&assigned, &local_view(&procs)) {
+            match action {
+                Action::Freeze(key, frozen) => {
+                    if let Some(p) = procs.get_mut(&key) {
+                        p.suspended = frozen;
                     }
                 }
-                (_, Some(_)) => {}
+                Action::ReportStarted((job, attempt)) => {
+                    reports.push(Op::JobStarted { job, attempt, node: node.clone() })
+                }
+                Action::ReportExit(key) => {
+                    if let Some(exit) = procs.get(&key).and_then(|p| p.ended.clone()) {
+                        reports.push(Op::JobExited { job: key.0, attempt: key.1, node: node.clone(), exit });
+                    }
+                }
                 // A run it should have but does not (it ended unreported across a crash, or
                 // was never launched): reported lost, so its GPUs come back.
-                (RunAction::Stop { .. }, None) | (_, None)
-                    if started || matches!(action, RunAction::Stop { .. }) =>
-                {
-                    if !lost_reported.contains(&key) {
-                        reports.push(Op::JobExited {
-                            job,
-                            attempt,
-                            node: node.clone(),
-                            exit: RunExit::Lost("not running on the agent".into()),
-                        });
+                Action::ReportLost((job, attempt), _) => reports.push(Op::JobExited {
+                    job,
+                    attempt,
+                    node: node.clone(),
+                    exit: RunExit::Lost("not running on the agent".into()),
+                }),
+                Action::Stop { key, grace_s, .. } => {
+                    if let Some(p) = procs.get_mut(&key) {
+                        p.stop_at = Some(now + Duration::from_millis(u64::from(grace_s).min(2) * 500));
                     }
                 }
-                (_, None) => {
-                    let busy =
-                        procs.values().any(|p| p.ended.is_none() && p.gpus.iter().any(|g| gpus.contains(g)));
-                    if busy {
-                        continue;
+                Action::Kill(key) => {
+                    if let Some(p) = procs.get_mut(&key) {
+                        p.stop_at = Some(p.stop_at.map_or(now, |s| s.min(now)));
                     }
-                    let record = w.start_process(&node, job, attempt, &gpus, now);
-                    let natural_end = now + w.run_time(&name);
-                    procs.insert(
-                        key,
-                        Proc {
-                            record,
-                            gpus,
-                            natural_end,
-                            stop_at: None,
-                            ended: None,
-                            started_reported: false,
-                        },
-                    );
+                }
+                Action::Forget(key) => {
+                    procs.remove(&key);
                 }
             }
         }
-        for (&(job, attempt), p) in &procs {
-            if !p.started_reported {
-                reports.push(Op::JobStarted { job, attempt, node: node.clone() });
-            }
-            if let Some(exit) = &p.ended {
-                reports.push(Op::JobExited { job, attempt, node: node.clone(), exit: exit.clone() });
-            }
+        for key in decide::launches(&assigned, &local_view(&procs), leased) {
+            let Some(a) = assigned.iter().find(|a| a.key == key) else { continue };
+            let record = w.start_process(&node, key.0, key.1, &a.gpus, now);
+            let name = names.get(&key).map(String::as_str).unwrap_or_default();
+            let natural_end = now + w.run_time(name);
+            let p = Proc { record, gpus: a.gpus.clone(), natural_end, stop_at: None, ended: None, suspended: false };
+            procs.insert(key, p);
+            reports.push(Op::JobStarted { job: key.0, attempt: key.1, node: node.clone() });
         }
         // Reports in order, one call each, until one fails.
         for op in reports {
-            let key = match &op {
-                Op::JobStarted { job, attempt, .. } | Op::JobExited { job, attempt, .. } => (*job, *attempt),
-                _ => continue,
-            };
-            let is_start = matches!(op, Op::JobStarted { .. });
             if w.write(&mut via, vec![op]).await.is_err() {
                 break;
             }
-            match procs.get_mut(&key) {
-                Some(p) if is_start => p.started_reported = true,
-                Some(p) if p.started_reported => {
-                    procs.remove(&key);
-                }
-                Some(_) => {}
-                // A run reported lost: once committed, not again.
-                None => {
-                    lost_reported.insert(key);
-                }
-            }
         }
     }
+}
+
+/// The modelled processes as `decide` reads a node's runs.
+fn local_view(procs: &BTreeMap<RunKey, Proc>) -> BTreeMap<RunKey, Local> {
+    procs
+        .iter()
+        .map(|(key, p)| {
+            let local = Local {
+                gpus: p.gpus.clone(),
+                spawned: true,
+                ended: p.ended.is_some(),
+                stopping: p.stop_at.is_some(),
+                suspended: p.suspended,
+            };
+            (*key, local)
+        })
+        .collect()
 }

@@ -1,0 +1,188 @@
+//! The agent's decisions, pure: from the runs the controller assigns this node and the runs
+//! the node has, what to do — freeze or thaw, report, stop, kill, forget, launch. The runner
+//! (`runner::Runner`) carries the actions out on processes and cgroups; the deterministic
+//! simulation's agent (`kairos-chaos`) on modelled processes. No IO, no clock.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A run: (job id, attempt).
+pub type RunKey = (u64, u32);
+
+/// One run the controller assigns this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assigned {
+    pub key: RunKey,
+    pub gpus: Vec<u32>,
+    /// The controller has heard it started.
+    pub started: bool,
+    /// It must stop: (signal, grace before SIGKILL in seconds).
+    pub stop: Option<(String, u32)>,
+    /// It must be frozen (SUSPEND preemption).
+    pub suspend: bool,
+}
+
+/// One run the node has (launching, running, or ended and not yet forgotten).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Local {
+    pub gpus: Vec<u32>,
+    /// Its processes exist (it is not still being launched).
+    pub spawned: bool,
+    pub ended: bool,
+    /// A stop or kill is under way.
+    pub stopping: bool,
+    pub suspended: bool,
+}
+
+/// Why a run the controller lists is reported lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lost {
+    /// Told to stop before it was ever launched here.
+    StoppedBeforeStart,
+    /// The controller heard it started, and this node has no process for it.
+    NoProcess,
+}
+
+/// What to do with one run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Freeze (true) or thaw (false) it.
+    Freeze(RunKey, bool),
+    /// Tell the controller it started (its earlier report was lost).
+    ReportStarted(RunKey),
+    /// Tell the controller how it ended.
+    ReportExit(RunKey),
+    /// Tell the controller a run this node does not have is lost.
+    ReportLost(RunKey, Lost),
+    /// Send `signal`, then SIGKILL after `grace_s`.
+    Stop { key: RunKey, signal: String, grace_s: u32 },
+    /// Kill it at once: the controller no longer assigns it.
+    Kill(RunKey),
+    /// Forget an ended run the controller no longer assigns.
+    Forget(RunKey),
+}
+
+/// The actions that make the node's runs match `assigned` (launches aside: `launches`, once
+/// these are carried out). Freezes and thaws come first, so a launch never shares a GPU with a
+/// process that still computes.
+pub fn reconcile(assigned: &[Assigned], local: &BTreeMap<RunKey, Local>) -> Vec<Action> {
+    let mut actions = Vec::new();
+    let listed: BTreeSet<RunKey> = assigned.iter().map(|a| a.key).collect();
+    for a in assigned {
+        let Some(run) = local.get(&a.key) else {
+            if a.stop.is_some() {
+                actions.push(Action::ReportLost(a.key, Lost::StoppedBeforeStart));
+            } else if a.started {
+                actions.push(Action::ReportLost(a.key, Lost::NoProcess));
+            }
+            // Otherwise it is launched, once it may be.
+            continue;
+        };
+        if !run.ended && a.stop.is_none() && a.suspend != run.suspended {
+            actions.push(Action::Freeze(a.key, a.suspend));
+        }
+        if run.ended {
+            actions.push(Action::ReportExit(a.key));
+        } else if let Some((signal, grace_s)) = a.stop.as_ref().filter(|_| !run.stopping) {
+            actions.push(Action::Stop { key: a.key, signal: signal.clone(), grace_s: *grace_s });
+        } else if !a.started && run.spawned {
+            // The "started" report was lost (a failover): said again once the process exists.
+            actions.push(Action::ReportStarted(a.key));
+        }
+    }
+    for (key, run) in local.iter().filter(|(key, _)| !listed.contains(key)) {
+        if run.ended {
+            actions.push(Action::Forget(*key));
+        } else if run.spawned {
+            actions.push(Action::Kill(*key));
+        }
+    }
+    actions
+}
+
+/// The assigned runs to launch now, in order: with a valid lease, those not started, not told
+/// to stop and not here yet, none of whose GPUs a run of this node still holds (one being
+/// killed included; a frozen run lends its GPUs). The others wait for a later call.
+pub fn launches(assigned: &[Assigned], local: &BTreeMap<RunKey, Local>, leased: bool) -> Vec<RunKey> {
+    if !leased {
+        return Vec::new();
+    }
+    let mut busy: BTreeSet<u32> =
+        local.values().filter(|r| !r.ended && !r.suspended).flat_map(|r| r.gpus.iter().copied()).collect();
+    let mut out = Vec::new();
+    for a in assigned {
+        if a.stop.is_some() || a.started || local.contains_key(&a.key) || a.gpus.iter().any(|g| busy.contains(g)) {
+            continue;
+        }
+        busy.extend(a.gpus.iter().copied());
+        out.push(a.key);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assigned(job: u64, gpus: &[u32]) -> Assigned {
+        Assigned { key: (job, 0), gpus: gpus.to_vec(), started: false, stop: None, suspend: false }
+    }
+
+    fn running(gpus: &[u32]) -> Local {
+        Local { gpus: gpus.to_vec(), spawned: true, ..Local::default() }
+    }
+
+    #[test]
+    fn a_run_whose_gpu_is_still_held_waits_and_a_frozen_run_lends_its_gpus() {
+        let set = vec![assigned(1, &[0]), assigned(2, &[0]), assigned(3, &[1])];
+        let mut local = BTreeMap::new();
+        assert_eq!(launches(&set, &local, true), vec![(1, 0), (3, 0)], "two runs never share GPU 0");
+        assert_eq!(launches(&set, &local, false), Vec::<RunKey>::new(), "no lease, no launch");
+        local.insert((9, 0), Local { stopping: true, ..running(&[1]) });
+        assert_eq!(launches(&set, &local, true), vec![(1, 0)], "a run being killed still holds GPU 1");
+        local.insert((9, 0), Local { suspended: true, ..running(&[1]) });
+        assert_eq!(launches(&set, &local, true), vec![(1, 0), (3, 0)]);
+    }
+
+    #[test]
+    fn stops_reports_and_kills_follow_the_assignment() {
+        let mut stop = assigned(1, &[0]);
+        stop.stop = Some(("SIGUSR1".into(), 30));
+        let mut gone = assigned(2, &[1]);
+        gone.started = true;
+        let mut lost_start = assigned(3, &[2]);
+        lost_start.started = false;
+        let mut freeze = assigned(4, &[3]);
+        freeze.suspend = true;
+        freeze.started = true;
+        let set = vec![stop.clone(), gone, lost_start, freeze];
+        let mut local = BTreeMap::new();
+        local.insert((1, 0), running(&[0]));
+        local.insert((3, 0), running(&[2]));
+        local.insert((4, 0), running(&[3]));
+        local.insert((7, 0), running(&[5]));
+        local.insert((8, 0), Local { ended: true, ..running(&[6]) });
+        local.insert((6, 0), Local { spawned: false, ..Local::default() });
+        let actions = reconcile(&set, &local);
+        assert_eq!(
+            actions,
+            vec![
+                Action::Stop { key: (1, 0), signal: "SIGUSR1".into(), grace_s: 30 },
+                Action::ReportLost((2, 0), Lost::NoProcess),
+                Action::ReportStarted((3, 0)),
+                Action::Freeze((4, 0), true),
+                // A run still being launched is neither killed nor forgotten.
+                Action::Kill((7, 0)),
+                Action::Forget((8, 0)),
+            ]
+        );
+        // Once stopping, not stopped again; once ended, its exit is reported.
+        local.insert((1, 0), Local { stopping: true, ..running(&[0]) });
+        assert!(!reconcile(&[stop.clone()], &local).iter().any(|a| matches!(a, Action::Stop { .. })));
+        local.insert((1, 0), Local { ended: true, ..running(&[0]) });
+        assert_eq!(reconcile(&[stop.clone()], &local)[0], Action::ReportExit((1, 0)));
+        assert_eq!(
+            reconcile(&[stop], &BTreeMap::new()),
+            vec![Action::ReportLost((1, 0), Lost::StoppedBeforeStart)]
+        );
+    }
+}
