@@ -14,12 +14,9 @@
 //! - `validate`: size limits and validity checks shared by the API edge and apply
 //! - `burst`: cloud burst configuration, launch intents and instances (applied in `burst_apply`)
 
-pub mod brief;
 pub mod burst;
 pub mod burst_apply;
 pub mod clock;
-pub mod grant;
-pub mod history;
 pub mod limits;
 pub mod liveness;
 pub mod model;
@@ -27,14 +24,12 @@ pub mod nodes;
 pub mod orders;
 pub mod planner;
 pub mod policy;
-pub mod priority;
 pub mod propose;
 pub mod queue;
-pub mod quota;
 pub mod reasons;
 pub mod seeded;
 pub mod state;
-pub mod tokens;
+pub use state::{brief, grant, history, priority, quota, tokens};
 pub mod validate;
 
 #[cfg(any(test, feature = "testing"))]

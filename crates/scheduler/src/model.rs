@@ -280,7 +280,7 @@ pub enum StopReason {
     /// Preempted by job `by`; `mode` says what happens once the process is gone.
     Preempted {
         by: JobId,
-        mode: crate::policy::PreemptMode,
+        mode: PreemptMode,
     },
     /// An elastic job restarts on another GPU count: shrunk for preemptor `by`, or grown back
     /// (`by` = None). The GPUs of its next run are claimed for it on its node meanwhile.
@@ -493,3 +493,34 @@ impl Job {
         self.events.push(JobEvent { time_ms, kind: kind.to_string(), message });
     }
 }
+/// What happens to a running job of a QoS when it is preempted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum PreemptMode {
+    /// Never preempted.
+    Off,
+    Cancel,
+    Requeue,
+    Suspend,
+}
+
+impl PreemptMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PreemptMode::Off => "off",
+            PreemptMode::Cancel => "cancel",
+            PreemptMode::Requeue => "requeue",
+            PreemptMode::Suspend => "suspend",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<PreemptMode> {
+        match s.to_ascii_lowercase().as_str() {
+            "off" => Some(PreemptMode::Off),
+            "cancel" => Some(PreemptMode::Cancel),
+            "requeue" => Some(PreemptMode::Requeue),
+            "suspend" => Some(PreemptMode::Suspend),
+            _ => None,
+        }
+    }
+}
+

@@ -21,7 +21,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::brief::JobIndex;
+use crate::state::brief::JobIndex;
 use crate::model::TaskPlacement;
 use crate::model::{model_matches, Gpu, GpuIndex, Job, JobId, JobState, Node, NodeState};
 use crate::policy::Partition;

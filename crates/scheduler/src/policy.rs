@@ -11,7 +11,6 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::model::Profile;
-use crate::priority::PriorityWeights;
 
 /// Longest name of a policy object.
 pub const POLICY_NAME_LEN_MAX: usize = 64;
@@ -23,36 +22,8 @@ pub const MAX_WALL_S_MAX: u64 = 365 * 24 * 3600;
 
 const HOUR_S: u64 = 3600;
 
-/// What happens to a running job of a QoS when it is preempted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum PreemptMode {
-    /// Never preempted.
-    Off,
-    Cancel,
-    Requeue,
-    Suspend,
-}
+pub use crate::model::PreemptMode;
 
-impl PreemptMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PreemptMode::Off => "off",
-            PreemptMode::Cancel => "cancel",
-            PreemptMode::Requeue => "requeue",
-            PreemptMode::Suspend => "suspend",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<PreemptMode> {
-        match s.to_ascii_lowercase().as_str() {
-            "off" => Some(PreemptMode::Off),
-            "cancel" => Some(PreemptMode::Cancel),
-            "requeue" => Some(PreemptMode::Requeue),
-            "suspend" => Some(PreemptMode::Suspend),
-            _ => None,
-        }
-    }
-}
 
 /// A quality-of-service class (Slurm semantics).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -671,6 +642,36 @@ impl Policy {
         }
         let mut marks = BTreeMap::new();
         self.qos.keys().find(|q| visit(self, q, &mut marks)).cloned()
+    }
+}
+
+/// Weights of the priority factors and the parameters of age and fairshare.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PriorityWeights {
+    pub qos: u32,
+    pub age: u32,
+    pub fairshare: u32,
+    pub job_size: u32,
+    /// Weight of the partition's priority tier.
+    #[serde(default)]
+    pub partition: u32,
+    /// Age stops counting after this long.
+    pub age_max_s: u64,
+    /// Usage halves every this long.
+    pub fairshare_half_life_s: u64,
+}
+
+impl Default for PriorityWeights {
+    fn default() -> Self {
+        PriorityWeights {
+            qos: 10_000,
+            age: 1_000,
+            fairshare: 5_000,
+            job_size: 500,
+            partition: 1_000,
+            age_max_s: 7 * 24 * 3600,
+            fairshare_half_life_s: 7 * 24 * 3600,
+        }
     }
 }
 

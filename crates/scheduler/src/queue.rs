@@ -12,11 +12,11 @@
 
 use std::cmp::Reverse;
 
-use crate::brief::{Index, NO_MODEL};
+use crate::state::brief::{Index, NO_MODEL};
 use crate::limits::{Usage, UsageKey};
 use crate::model::{Job, JobId, JobState};
 use crate::policy::{Partition, Qos};
-use crate::priority::{Of, Prioritizer};
+use crate::state::priority::{Of, Prioritizer};
 use crate::reasons::PendingReason;
 use crate::state::{limit_ms, ClusterState};
 
@@ -171,7 +171,7 @@ mod tests {
         let plan = crate::plan(&s).plan;
         assert!(!plan.placements.is_empty());
         s.apply(&Command { skipped_ms: 0, now_ms: 10, op: Op::ApplyPlan { plan } });
-        let index = crate::brief::JobIndex::build(&s.jobs);
+        let index = crate::state::brief::JobIndex::build(&s.jobs);
         let scan = scan(&s, &index);
         // Usage from the scan equals usage counted over the running jobs.
         assert_eq!(scan.usage, Usage::of(s.jobs_running(), &s.policy));

@@ -149,6 +149,8 @@ pub enum Violation {
     StateInvariant { replica: u64, what: String },
     #[error("job {job} was stopped for its time limit after {ran_ms} ms of its {limit_ms} ms")]
     EarlyTimeout { job: JobId, ran_ms: i64, limit_ms: i64 },
+    #[error("job {job}: attempt {attempt} was ordered to stop at {ordered_ms} ms and still ran at {ran_ms} ms (at most {bound_ms} ms later)")]
+    StopIgnored { job: JobId, attempt: u32, ordered_ms: i64, ran_ms: i64, bound_ms: i64 },
     #[error("after healing, the cluster's timeline is {lag_ms} ms behind the clocks (at most {TIMELINE_LAG_MAX_MS} ms)")]
     TimelineBehind { lag_ms: i64 },
     #[error("the run itself failed: {what}")]
@@ -344,6 +346,28 @@ pub fn no_early_timeout(
     Ok(())
 }
 
+/// A run the cluster ordered to stop ends within `bound_ms` of the order — a stop's grace, or
+/// (its agent cut off or stalled) its lease and the fence's grace: what an agent that ignores
+/// a stop, or a fence that does not hold, breaks. `orders` are (job, attempt, ms first seen
+/// committed); a process still running at `end_ms` ran to it.
+pub fn stops_honoured(
+    orders: &[(JobId, u32, i64)],
+    processes: &[ProcessRecord],
+    bound_ms: i64,
+    end_ms: i64,
+) -> Result<(), Violation> {
+    for &(job, attempt, ordered_ms) in orders {
+        let runs = processes.iter().filter(|p| p.job == job && p.attempt == attempt && p.start_ms <= ordered_ms);
+        for p in runs {
+            let ran_ms = p.end_ms.unwrap_or(end_ms);
+            if ran_ms > ordered_ms + bound_ms {
+                return Err(Violation::StopIgnored { job, attempt, ordered_ms, ran_ms, bound_ms });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// How far behind the clocks the timeline may be once they are all right and a leader leads:
 /// the catch-up after an outage (`kairos_scheduler::clock`) must have happened.
 pub const TIMELINE_LAG_MAX_MS: i64 = 2_000;
@@ -382,6 +406,12 @@ pub struct Run<'a> {
     /// Time-limit stops and placements that committed: (job, real ms), where the run sees them.
     pub time_limit_stops: &'a [(JobId, i64)],
     pub allocations: &'a [(JobId, i64)],
+    /// Runs the cluster ordered to stop: (job, attempt, real ms when the order was first seen
+    /// committed), where the run sees them; and how long after that a run may still go on.
+    pub stop_orders: &'a [(JobId, u32, i64)],
+    pub stop_bound_ms: i64,
+    /// When the run ended (a process still running then counts as running to it).
+    pub end_ms: i64,
     /// After healing (every clock right): how far the time the leader would stamp now is
     /// behind the clocks, where the run can ask.
     pub timeline_lag_ms: Option<i64>,
@@ -402,6 +432,7 @@ pub fn check_all(run: &Run) -> Vec<Violation> {
         states_hold_their_invariants(run.invariants),
         no_early_timeout(run.time_limit_stops, run.allocations, run.finals),
         timeline_caught_up(run.timeline_lag_ms),
+        stops_honoured(run.stop_orders, run.processes, run.stop_bound_ms, run.end_ms),
     ]
     .into_iter()
     .filter_map(Result::err)
@@ -673,6 +704,22 @@ not json
     }
 
     #[test]
+    fn a_run_that_outlives_its_stop_order_is_reported() {
+        let processes = [proc("n1", 1, 0, &[0], 0, Some(4_000)), proc("n1", 2, 0, &[1], 0, None)];
+        assert_eq!(stops_honoured(&[(1, 0, 3_500)], &processes, 1_000, 9_000), Ok(()));
+        // An attempt started after the order is another story (a requeue's next attempt).
+        assert_eq!(stops_honoured(&[(1, 0, -10)], &processes, 1_000, 9_000), Ok(()));
+        assert_eq!(
+            stops_honoured(&[(1, 0, 2_000)], &processes, 1_000, 9_000),
+            Err(Violation::StopIgnored { job: 1, attempt: 0, ordered_ms: 2_000, ran_ms: 4_000, bound_ms: 1_000 })
+        );
+        assert!(matches!(
+            stops_honoured(&[(2, 0, 1_000)], &processes, 1_000, 9_000),
+            Err(Violation::StopIgnored { ran_ms: 9_000, .. })
+        ));
+    }
+
+    #[test]
     fn a_timeline_still_behind_the_clocks_after_healing_is_reported() {
         assert_eq!(timeline_caught_up(None), Ok(()));
         assert_eq!(timeline_caught_up(Some(-300)), Ok(()), "a timeline slewed ahead a little");
@@ -708,6 +755,9 @@ not json
             invariants: &checked,
             time_limit_stops: &[],
             allocations: &[],
+            stop_orders: &[(1, 0, 0)],
+            stop_bound_ms: 1_000,
+            end_ms: 5_000,
             timeline_lag_ms: Some(60_000),
         };
         let found = check_all(&run);

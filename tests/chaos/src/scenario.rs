@@ -377,6 +377,9 @@ pub fn run(prefix: &str, s: &Scenario) -> Result<Outcome, ClusterError> {
         invariants: &[],
         time_limit_stops: &[],
         allocations: &[],
+        stop_orders: &[],
+        stop_bound_ms: 0,
+        end_ms: 0,
         timeline_lag_ms: None,
     });
     if unparsed > 0 {

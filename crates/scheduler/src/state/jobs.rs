@@ -2,7 +2,7 @@
 //!
 //! Reads go straight to the map (`Deref`). Every mutable access (`get_mut`, `insert`,
 //! `values_mut`) records the ids it hands out, so apply can bring the planner's compact index
-//! (`crate::brief`) up to date for exactly the jobs a command touched — no hook per field, and
+//! (`crate::state::brief`) up to date for exactly the jobs a command touched — no hook per field, and
 //! no way to change a job without it being seen.
 //!
 //! Each job is shared (`Arc`) and copied on write (`Arc::make_mut` on every mutable access): a

@@ -16,18 +16,24 @@
 //! By concept: `ops` (the log's vocabulary, its persistent format), this file (the state and the
 //! apply dispatch), `submit` (users' job commands, policy), `runs` (placements, starts, exits,
 //! time limits), `preempt`, `headroom` (the idle GPUs kept for inference), `elastic`, `node_ops`, `queries` (read-only questions) and
-//! `invariants`. Every op that hands out GPUs checks them with `check_grant` (`crate::grant`).
+//! `invariants`. Every op that hands out GPUs checks them with `check_grant` (`crate::state::grant`).
 
+pub mod brief;
 mod elastic;
+pub mod grant;
 mod headroom;
+pub mod history;
 mod invariants;
 mod jobs;
 mod node_ops;
 mod ops;
 mod preempt;
+pub mod priority;
 mod queries;
+pub mod quota;
 mod runs;
 mod submit;
+pub mod tokens;
 
 pub use jobs::Jobs;
 pub use ops::*;
@@ -38,7 +44,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::grant::Taking;
+use crate::state::grant::Taking;
 use crate::limits::Usage;
 use crate::model::{
     Allocation, GpuIndex, Job, JobId, JobSpec, JobState, Node, NodeInfo, NodeState, StopReason, TaskPlacement,
@@ -73,7 +79,7 @@ pub struct ClusterState {
     pub preemption_totals: BTreeMap<String, u64>,
     /// Decayed GPU usage per account, for fairshare.
     #[serde(default)]
-    pub usage: BTreeMap<String, crate::priority::AccountUsage>,
+    pub usage: BTreeMap<String, crate::state::priority::AccountUsage>,
     /// The most GPUs any registered node has (kept on registration; every submit checks it).
     #[serde(default)]
     largest_node_gpus: u32,
@@ -85,7 +91,7 @@ pub struct ClusterState {
     pub burst: crate::burst::BurstState,
     /// Issued API tokens (hashed), by token id.
     #[serde(default)]
-    pub tokens: crate::tokens::Tokens,
+    pub tokens: crate::state::tokens::Tokens,
     /// Ids of revoked tokens (a retried create never brings one back), with when (Unix ms).
     #[serde(default)]
     pub revoked_tokens: BTreeMap<String, i64>,
@@ -94,13 +100,13 @@ pub struct ClusterState {
     pub node_epoch_seq: u64,
     /// Unfinished jobs by user (a cache of `jobs`, rebuilt when missing).
     #[serde(skip)]
-    pub(crate) unfinished: crate::quota::UnfinishedIndex,
-    /// Records of finished jobs purged from `jobs` (bounded; `crate::history`).
+    pub(crate) unfinished: crate::state::quota::UnfinishedIndex,
+    /// Records of finished jobs purged from `jobs` (bounded; `crate::state::history`).
     #[serde(default)]
-    pub history: crate::history::History,
+    pub history: crate::state::history::History,
     /// The planner's compact view of the unfinished jobs (a cache kept by apply).
     #[serde(skip)]
-    pub(crate) job_index: crate::brief::JobIndex,
+    pub(crate) job_index: crate::state::brief::JobIndex,
 }
 
 impl ClusterState {

@@ -73,13 +73,13 @@ pub enum Op {
         hold: bool,
         /// The proposing replica's bounds on unfinished jobs (none: unbounded).
         #[serde(default)]
-        limits: Option<crate::quota::SubmitLimits>,
+        limits: Option<crate::state::quota::SubmitLimits>,
     },
-    /// Finished jobs leave the live state for the history (`crate::history`); apply re-checks
+    /// Finished jobs leave the live state for the history (`crate::state::history`); apply re-checks
     /// that each is finished and has been for `retention.job_ms`.
     PurgeJobs {
         jobs: Vec<JobId>,
-        retention: crate::history::Retention,
+        retention: crate::state::history::Retention,
     },
     Cancel {
         job: JobId,
@@ -226,7 +226,7 @@ pub enum Op {
     /// Issues an API token (only its hash is kept).
     CreateToken {
         id: String,
-        record: crate::tokens::TokenRecord,
+        record: crate::state::tokens::TokenRecord,
     },
     RevokeToken {
         id: String,

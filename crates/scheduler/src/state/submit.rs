@@ -9,7 +9,7 @@ impl ClusterState {
         spec: &JobSpec,
         request_id: Option<&str>,
         hold: bool,
-        limits: Option<&crate::quota::SubmitLimits>,
+        limits: Option<&crate::state::quota::SubmitLimits>,
         now: i64,
     ) -> Outcome {
         if request_id.is_some_and(|r| r.is_empty() || r.len() > crate::validate::REQUEST_ID_LEN_MAX) {

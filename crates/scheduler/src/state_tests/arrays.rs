@@ -88,7 +88,7 @@ fn bad_arrays_are_refused_whole() {
         );
     }
     // Past the per-user limit as a whole: nothing is created.
-    let limits = crate::quota::SubmitLimits { max_jobs_per_user: 3, max_jobs: 100, any_qos: false };
+    let limits = crate::state::quota::SubmitLimits { max_jobs_per_user: 3, max_jobs: 100, any_qos: false };
     let out = s.apply(&cmd(
         3,
         Op::Submit {

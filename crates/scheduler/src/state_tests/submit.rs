@@ -330,12 +330,12 @@ fn fairshare_favours_the_account_with_less_past_usage() {
     let bob = submitted(
         s.apply(&cmd(ten_hours, Op::Submit { spec: light, request_id: None, hold: false, limits: None })),
     );
-    let factors = crate::priority::fairshare_factors(&s);
+    let factors = crate::state::priority::fairshare_factors(&s);
     assert!(factors["b"] > factors["a"], "{factors:?}");
     // An answer's priority (its own account's factor only) is the planner's (every account's).
-    let all = crate::priority::Prioritizer::new(&s);
+    let all = crate::state::priority::Prioritizer::new(&s);
     for job in [alice, bob].map(|id| &s.jobs[&id]) {
-        let one = crate::priority::Prioritizer::for_account(&s, &job.spec.account);
+        let one = crate::state::priority::Prioritizer::for_account(&s, &job.spec.account);
         assert_eq!(one.priority(job), all.priority(job), "job {}", job.id);
     }
     assert_ne!(all.priority(&s.jobs[&alice]), all.priority(&s.jobs[&bob]), "usage tells them apart");
@@ -375,7 +375,7 @@ fn accounts_are_checked_at_submit_and_cannot_vanish_under_jobs() {
         Outcome::Rejected(Rejection::Invalid(_))
     ));
     let mut no_weights = two_accounts();
-    no_weights.weights = crate::priority::PriorityWeights {
+    no_weights.weights = crate::state::priority::PriorityWeights {
         qos: 0,
         age: 0,
         fairshare: 0,
@@ -586,7 +586,7 @@ fn a_qos_an_account_does_not_allow_is_refused_naming_the_allowed_ones() {
         default: Some("inference".into()),
     };
     assert_eq!(s.apply(&cmd(1, Op::SetPolicy { policy: policy.clone() })), Outcome::PolicyChanged);
-    let limits = crate::quota::SubmitLimits { max_jobs_per_user: 100, max_jobs: 100, any_qos: false };
+    let limits = crate::state::quota::SubmitLimits { max_jobs_per_user: 100, max_jobs: 100, any_qos: false };
     let submit = |s: &mut ClusterState, user: &str, qos: &str, limits| {
         let mut sp = spec(1, qos);
         sp.user = user.into();
@@ -615,7 +615,7 @@ fn a_qos_an_account_does_not_allow_is_refused_naming_the_allowed_ones() {
     let job = submitted(submit(&mut s, "bob", "", limits));
     assert_eq!(s.jobs[&job].spec.qos, "inference");
     // An operator's submit may use any QoS.
-    submitted(submit(&mut s, "alice", "urgent", crate::quota::SubmitLimits { any_qos: true, ..limits }));
+    submitted(submit(&mut s, "alice", "urgent", crate::state::quota::SubmitLimits { any_qos: true, ..limits }));
     // One user's entry in an account comes before the account's.
     policy.accounts.get_mut("a").unwrap().user_qos.insert(
         "alice".into(),

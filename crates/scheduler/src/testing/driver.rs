@@ -226,7 +226,7 @@ pub fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
             Step::Cancel { job } => Some(Op::Cancel { job: job_id(job), by: "bob".into() }),
             Step::Purge { jobs } => Some(Op::PurgeJobs {
                 jobs: jobs.iter().map(job_id).collect(),
-                retention: crate::history::Retention {
+                retention: crate::state::history::Retention {
                     job_ms: 0,
                     history_max_jobs: 3,
                     history_max_age_ms: 1_000_000,

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::faults::{Fault, FaultKind};
 use super::{cluster, locked, net, Settled, World};
-use crate::{FinalJob, Violation};
+use crate::{FinalJob, JobId, Violation};
 
 /// Membership changes never take a cluster below three replicas; every member (as the healed
 /// cluster's membership lists them) must converge.
@@ -476,6 +476,12 @@ impl World {
     pub fn check(&self, settled: Settled) -> (Vec<Violation>, Vec<(ReplicaId, u64, String)>) {
         let records = locked(&self.records);
         let bound_ms = self.cfg.settle.as_millis() as i64;
+        let stop_orders: Vec<(JobId, u32, i64)> =
+            records.stop_orders.iter().map(|(&(job, attempt), &at)| (job, attempt, at)).collect();
+        // The longest an honest agent takes: its lease lapses (it is cut off or stalled), the
+        // fence's grace, the longest stop grace the modelled processes take (1 s), and 2 s for
+        // a new leader's state to catch up to what was committed.
+        let stop_bound_ms = (self.cfg.lease() + self.cfg.fence_grace()).as_millis() as i64 + 3_000;
         let violations = crate::check_all(&crate::Run {
             history: &records.history,
             processes: &records.processes,
@@ -488,6 +494,9 @@ impl World {
             invariants: &settled.invariants,
             time_limit_stops: &records.time_limit_stops,
             allocations: &records.allocations,
+            stop_orders: &stop_orders,
+            stop_bound_ms,
+            end_ms: self.elapsed_ms(),
             timeline_lag_ms: settled.timeline_lag_ms,
         });
         (violations, settled.replicas)

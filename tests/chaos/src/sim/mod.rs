@@ -109,6 +109,8 @@ struct Records {
     /// Time-limit stops and placements that committed: (job, ms).
     time_limit_stops: Vec<(JobId, i64)>,
     allocations: Vec<(JobId, i64)>,
+    /// Runs ordered to stop, and when the order was first seen committed (ms).
+    stop_orders: BTreeMap<(JobId, u32), i64>,
 }
 
 /// Everything one schedule's tasks share.
@@ -355,6 +357,7 @@ async fn simulate(seed: u64, cfg: Config) -> ScheduleReport {
         }
     }
     tasks.push(tokio::spawn(supervise(w.clone())));
+    tasks.push(tokio::spawn(watch_stop_orders(w.clone())));
     for n in 0..w.cfg.nodes {
         tasks.push(tokio::spawn(agent::run(w.clone(), format!("node-{n}"))));
     }
@@ -447,6 +450,29 @@ async fn supervise(w: Arc<World>) {
             if !full && w.restart_due(id) {
                 let _ = w.start_replica(id, w.joins(id)).await;
             }
+        }
+    }
+}
+
+/// The harness's own look, each tick, at the stop orders on the leader's applied state (so
+/// committed): when each run was first ordered to stop, for the `stops_honoured` checker.
+async fn watch_stop_orders(w: Arc<World>) {
+    use kairos_scheduler::orders::{runs_on, RunAction};
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let Some((_, leader)) = w.leader() else { continue };
+        let orders: Vec<(JobId, u32)> = leader.read(|a| {
+            let nodes = a.state.nodes.keys();
+            nodes
+                .flat_map(|node| runs_on(&a.state, node))
+                .filter(|o| matches!(o.action, RunAction::Stop { .. }))
+                .map(|o| (o.job.id, o.attempt))
+                .collect()
+        });
+        let now = w.elapsed_ms();
+        let mut records = locked(&w.records);
+        for key in orders {
+            records.stop_orders.entry(key).or_insert(now);
         }
     }
 }

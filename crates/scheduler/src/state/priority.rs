@@ -46,35 +46,8 @@ pub fn pow2_neg(x_q16: u64) -> u64 {
     (q32 >> whole) >> 16
 }
 
-/// Weights of the priority factors and the parameters of age and fairshare.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PriorityWeights {
-    pub qos: u32,
-    pub age: u32,
-    pub fairshare: u32,
-    pub job_size: u32,
-    /// Weight of the partition's priority tier.
-    #[serde(default)]
-    pub partition: u32,
-    /// Age stops counting after this long.
-    pub age_max_s: u64,
-    /// Usage halves every this long.
-    pub fairshare_half_life_s: u64,
-}
+pub use crate::policy::PriorityWeights;
 
-impl Default for PriorityWeights {
-    fn default() -> Self {
-        PriorityWeights {
-            qos: 10_000,
-            age: 1_000,
-            fairshare: 5_000,
-            job_size: 500,
-            partition: 1_000,
-            age_max_s: 7 * 24 * 3600,
-            fairshare_half_life_s: 7 * 24 * 3600,
-        }
-    }
-}
 
 /// Decayed usage of one account.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
