@@ -110,7 +110,11 @@ pub fn launches(assigned: &[Assigned], local: &BTreeMap<RunKey, Local>, leased: 
         local.values().filter(|r| !r.ended && !r.suspended).flat_map(|r| r.gpus.iter().copied()).collect();
     let mut out = Vec::new();
     for a in assigned {
-        if a.stop.is_some() || a.started || local.contains_key(&a.key) || a.gpus.iter().any(|g| busy.contains(g)) {
+        if a.stop.is_some()
+            || a.started
+            || local.contains_key(&a.key)
+            || a.gpus.iter().any(|g| busy.contains(g))
+        {
             continue;
         }
         busy.extend(a.gpus.iter().copied());

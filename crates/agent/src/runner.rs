@@ -605,7 +605,12 @@ impl Runner {
                 match action {
                     Action::Freeze(key, frozen) => {
                         if let Some(run) = runs.get_mut(&key) {
-                            tracing::info!(job = key.0, attempt = key.1, suspend = frozen, "suspend state changes");
+                            tracing::info!(
+                                job = key.0,
+                                attempt = key.1,
+                                suspend = frozen,
+                                "suspend state changes"
+                            );
                             run.freeze(frozen);
                             run.suspended = frozen;
                         }

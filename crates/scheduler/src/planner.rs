@@ -21,11 +21,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::state::brief::JobIndex;
 use crate::model::TaskPlacement;
 use crate::model::{model_matches, Gpu, GpuIndex, Job, JobId, JobState, Node, NodeState};
 use crate::policy::Partition;
-use crate::queue::scan;
+use crate::queue::{scan, Queued};
+use crate::state::brief::JobIndex;
 use crate::state::{over_wall, ClusterState, Placement, Plan, PLAN_PLACEMENTS_MAX};
 
 pub use crate::reasons::PendingReason;
@@ -559,7 +559,9 @@ impl<'a> Pass<'a> {
     }
 }
 
-/// Computes a plan for the current state.
+/// Computes a plan for the current state: each pending job, by priority, goes through the
+/// checks of `Planning::consider` (Nomad's feasibility checks, then placement): the first that
+/// fails records its pending reason.
 pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
     // A fresh job index when apply kept none (declared first: the pass outlives nothing of it).
     let built;
@@ -576,23 +578,56 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
     if scan.len() == 0 && scan.elastic.is_empty() && headroom == 0 {
         return PlanOutput::default();
     }
-    let mut pass = Pass::new(state);
-    // The most GPUs of a model (constraint) one Up node of a partition has, per pair seen.
-    let largest_of = |model: Option<&str>, part: Option<&Partition>| -> u32 {
-        let up = state.nodes.values().filter(|n| n.state == NodeState::Up);
-        let inside = up.filter(|n| part.is_none_or(|p| p.contains(&n.info.name, &n.info.labels)));
-        let count = |n: &Node| match model {
-            None => n.info.gpus.len() as u32,
-            Some(_) => n.info.gpus.iter().filter(|g| model_matches(model, &g.model)).count() as u32,
-        };
-        inside.map(count).max().unwrap_or(0)
+    let pass = Pass::new(state);
+    let largest = Largest::new(state, &pass);
+    let mut p = Planning {
+        state,
+        config,
+        pass,
+        largest,
+        usage: std::mem::take(&mut scan.usage),
+        array_running: std::mem::take(&mut scan.array_running),
+        headroom,
+        out: PlanOutput::default(),
+        waiting: false,
+        blocked: false,
+        strict: false,
     };
-    // Without a model or partition constraint, from the pass's own node table.
-    let largest_any = pass.nodes.iter().map(|n| n.node.info.gpus.len() as u32).max().unwrap_or(0);
-    let mut largest_by: Vec<(Option<String>, String, u32)> = Vec::new();
-    let mut largest_up = |model: Option<&'_ str>, part: Option<&Partition>| -> u32 {
+    // Reasons are kept by queue entry (entries are in id order), so the map is built in one
+    // ordered sweep at the end: far cheaper than 100k inserts, and no sort.
+    let mut reasons: Vec<Option<PendingReason>> = vec![None; scan.len()];
+    for (entry, q) in scan.queue() {
+        reasons[entry] = p.consider(q).err();
+    }
+    if !p.waiting {
+        p.out.grow = p.pass.grow_back(&scan.elastic);
+    }
+    if headroom > 0 && p.out.preemption.is_none() {
+        let shortfall = headroom.saturating_sub(p.pass.free_total + state.headroom_freeing());
+        p.out.vacate = vacate_for(state, shortfall);
+    }
+    let mut out = p.out;
+    out.pending = scan.ids().zip(reasons).filter_map(|(id, r)| Some((id, r?))).collect();
+    out
+}
+
+/// The most GPUs (of a model) one Up node (of a partition) has, per pair asked, for one pass.
+struct Largest<'s> {
+    state: &'s ClusterState,
+    /// Without a model or partition constraint, from the pass's own node table.
+    any: u32,
+    by: Vec<(Option<String>, String, u32)>,
+}
+
+impl<'s> Largest<'s> {
+    fn new(state: &'s ClusterState, pass: &Pass) -> Largest<'s> {
+        let any = pass.nodes.iter().map(|n| n.node.info.gpus.len() as u32).max().unwrap_or(0);
+        Largest { state, any, by: Vec::new() }
+    }
+
+    fn up(&mut self, model: Option<&str>, part: Option<&Partition>) -> u32 {
         if model.is_none() && part.is_none_or(Partition::is_everything) {
-            return largest_any;
+            return self.any;
         }
         let part_name = part.map(|p| p.name.as_str()).unwrap_or("");
         let same_model = |k: &Option<String>| match (k, model) {
@@ -600,73 +635,105 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             (Some(a), Some(b)) => a.eq_ignore_ascii_case(b),
             _ => false,
         };
-        if let Some((_, _, n)) = largest_by.iter().find(|(m, p, _)| same_model(m) && p == part_name) {
+        if let Some((_, _, n)) = self.by.iter().find(|(m, p, _)| same_model(m) && p == part_name) {
             return *n;
         }
-        let n = largest_of(model, part);
-        largest_by.push((model.map(str::to_string), part_name.to_string(), n));
+        let up = self.state.nodes.values().filter(|n| n.state == NodeState::Up);
+        let inside = up.filter(|n| part.is_none_or(|p| p.contains(&n.info.name, &n.info.labels)));
+        let count = |n: &Node| match model {
+            None => n.info.gpus.len() as u32,
+            Some(_) => n.info.gpus.iter().filter(|g| model_matches(model, &g.model)).count() as u32,
+        };
+        let n = inside.map(count).max().unwrap_or(0);
+        self.by.push((model.map(str::to_string), part_name.to_string(), n));
         n
-    };
-    let mut usage = std::mem::take(&mut scan.usage);
-    let mut array_running = std::mem::take(&mut scan.array_running);
-    let mut out = PlanOutput::default();
-    // Reasons are kept by queue entry (entries are in id order), so the map is built in one
-    // ordered sweep at the end: far cheaper than 100k inserts, and no sort.
-    let mut reasons: Vec<Option<PendingReason>> = vec![None; scan.len()];
-    // Some job waits for resources; the reservation holder (or the first blocked job without
-    // backfill) is found; no job behind it may start (a gang nothing could be reserved for).
-    let (mut waiting, mut blocked, mut strict) = (false, false, false);
-    for (entry, q) in scan.queue() {
-        let (part, model) = (q.part, q.model);
-        // Held jobs, unmet dependencies and QoS limits: the job waits without holding back
-        // the jobs behind it.
+    }
+}
+
+/// One planning pass over the queue: what it decided so far, and what holds jobs back.
+struct Planning<'s> {
+    state: &'s ClusterState,
+    config: PlanConfig,
+    pass: Pass<'s>,
+    largest: Largest<'s>,
+    usage: crate::limits::Usage,
+    array_running: std::collections::HashMap<JobId, u32, crate::limits::Fixed>,
+    headroom: usize,
+    out: PlanOutput,
+    /// Some job waits for resources (then no elastic job grows back).
+    waiting: bool,
+    /// The reservation holder (or, without backfill, the first job that does not fit) is
+    /// found: the jobs behind it only backfill.
+    blocked: bool,
+    /// A gang nothing could be reserved for: no job behind it may start.
+    strict: bool,
+}
+
+impl<'s> Planning<'s> {
+    /// One pending job through the checks, in order; the first that fails is why it waits.
+    fn consider(&mut self, q: &Queued<'s>) -> Result<(), PendingReason> {
+        self.admitted(q)?;
+        if let Some(claim) = self.claim_of(q) {
+            return self.start_claimed(q, claim);
+        }
+        self.could_ever_fit(q)?;
+        self.not_held_back(q)?;
+        self.place(q)
+    }
+
+    /// Held jobs, unmet dependencies, QoS limits and array task limits: the job waits without
+    /// holding back the jobs behind it.
+    fn admitted(&self, q: &Queued) -> Result<(), PendingReason> {
         if let Some(reason) = &q.waits {
-            reasons[entry] = Some(PendingReason::clone(reason));
-            continue;
+            return Err(PendingReason::clone(reason));
         }
         if let (Some(key), Some(qos)) = (q.usage, q.qos) {
-            if let Err(reason) = usage.admits_at(key, qos, q.total_gpus) {
-                reasons[entry] = Some(reason);
-                continue;
-            }
+            self.usage.admits_at(key, qos, q.total_gpus)?;
         }
-        if let Some((array, limit)) = q.array {
-            if array_running.get(&array).copied().unwrap_or(0) >= limit {
-                reasons[entry] = Some(PendingReason::JobArrayTaskLimit);
-                continue;
+        match q.array {
+            Some((array, limit)) if self.array_running.get(&array).copied().unwrap_or(0) >= limit => {
+                Err(PendingReason::JobArrayTaskLimit)
             }
+            _ => Ok(()),
         }
-        if let Some(claim) = q.claimed.then(|| state.jobs.get(&q.id).and_then(|j| j.claim.as_ref())).flatten()
-        {
-            // A preemptor (or a resized job) starts exactly on its claimed GPUs, once all free.
-            let free = claim.tasks().all(|(node, gpus)| {
-                state.nodes.get(node).is_some_and(|n| {
-                    n.state == NodeState::Up && gpus.iter().all(|g| !n.allocated.contains_key(g))
-                })
-            });
-            if free && out.plan.placements.len() < PLAN_PLACEMENTS_MAX {
-                if let Some(key) = q.usage {
-                    usage.add_at(key, q.total_gpus);
-                }
-                if let Some((array, _)) = q.array {
-                    *array_running.entry(array).or_insert(0) += 1;
-                }
-                out.plan.placements.push(Placement {
-                    job: q.id,
-                    node: claim.node.clone(),
-                    gpus: claim.gpus.clone(),
-                    more: claim.more.clone(),
-                });
-            } else {
-                reasons[entry] = Some(PendingReason::Preempting);
-            }
-            continue;
+    }
+
+    /// The GPUs a preemptor (or a resized job) was promised, when it has a claim.
+    fn claim_of(&self, q: &Queued) -> Option<&'s crate::model::Claim> {
+        let state = self.state;
+        q.claimed.then(|| state.jobs.get(&q.id).and_then(|j| j.claim.as_ref())).flatten()
+    }
+
+    /// A claimed job starts exactly on its claimed GPUs, once they are all free.
+    fn start_claimed(&mut self, q: &Queued, claim: &crate::model::Claim) -> Result<(), PendingReason> {
+        let state = self.state;
+        let free = claim.tasks().all(|(node, gpus)| {
+            state.nodes.get(node).is_some_and(|n| {
+                n.state == NodeState::Up && gpus.iter().all(|g| !n.allocated.contains_key(g))
+            })
+        });
+        if !free || self.out.plan.placements.len() >= PLAN_PLACEMENTS_MAX {
+            return Err(PendingReason::Preempting);
         }
+        self.count_started(q);
+        let placement = Placement {
+            job: q.id,
+            node: claim.node.clone(),
+            gpus: claim.gpus.clone(),
+            more: claim.more.clone(),
+        };
+        self.out.plan.placements.push(placement);
+        Ok(())
+    }
+
+    /// Its partition's time limit, and whether any Up node (enough of them, for a gang) could
+    /// ever hold it: a job that never could waits without holding back the others.
+    fn could_ever_fit(&mut self, q: &Queued) -> Result<(), PendingReason> {
+        let (part, model) = (q.part, q.model);
         if over_wall(part, q.limit_ms) {
-            reasons[entry] = Some(PendingReason::PartitionTimeLimit);
-            continue;
+            return Err(PendingReason::PartitionTimeLimit);
         }
-        let largest_up = largest_up(model, part);
+        let largest_up = self.largest.up(model, part);
         if q.gpus > largest_up {
             let of = model.map(|m| format!(" {m}")).unwrap_or_default();
             let within = part
@@ -678,102 +745,124 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
             } else {
                 format!("no up node{within} has {}{of} GPUs", q.gpus)
             };
-            reasons[entry] = Some(PendingReason::ReqNodeNotAvail(why));
-            continue;
+            return Err(PendingReason::ReqNodeNotAvail(why));
         }
         let tasks = q.tasks as usize;
         if tasks > 1 {
-            let total = largest_gang(state, q.gpus as usize, model, part);
+            let total = largest_gang(self.state, q.gpus as usize, model, part);
             if total < tasks {
                 let of = model.map(|m| format!("{m} ")).unwrap_or_default();
                 let why = format!("only {total} up nodes have {} {of}GPUs; the job needs {tasks}", q.gpus);
-                reasons[entry] = Some(PendingReason::ReqNodeNotAvail(why));
-                continue;
+                return Err(PendingReason::ReqNodeNotAvail(why));
             }
         }
-        if out.plan.placements.len() >= PLAN_PLACEMENTS_MAX || (blocked && (!config.backfill || strict)) {
-            reasons[entry] = Some(PendingReason::Priority);
-            continue;
+        Ok(())
+    }
+
+    /// A full plan, or a blocked job ahead without backfill (or a gang nothing could be
+    /// reserved for): it waits its turn.
+    fn not_held_back(&self, _q: &Queued) -> Result<(), PendingReason> {
+        let full = self.out.plan.placements.len() >= PLAN_PLACEMENTS_MAX;
+        if full || (self.blocked && (!self.config.backfill || self.strict)) {
+            return Err(PendingReason::Priority);
         }
-        // Inference headroom: a job of a QoS without one leaves the headrooms' GPUs free —
-        // unless it could then never start (it needs more than the cluster keeps outside them).
-        // Held out, it is blocked like a job that does not fit (the first one gets the
-        // reservation, so big jobs are not starved by small ones behind the headroom).
+        Ok(())
+    }
+
+    /// Inference headroom: a job of a QoS without one leaves the headrooms' GPUs free — unless
+    /// it could then never start (it needs more than the cluster keeps outside them). Held
+    /// out, it is blocked like a job that does not fit (the first one gets the reservation, so
+    /// big jobs are not starved by small ones behind the headroom).
+    fn over_headroom(&self, q: &Queued) -> bool {
         let total = q.total_gpus as usize;
-        let over_headroom = headroom > 0
+        self.headroom > 0
             && q.qos.is_none_or(|qos| qos.headroom_gpus == 0)
-            && pass.free_total < headroom + total
-            && total + headroom <= pass.gpus_total;
+            && self.pass.free_total < self.headroom + total
+            && total + self.headroom <= self.pass.gpus_total
+    }
+
+    /// Places the job on free GPUs (backfilling around the reservation); when none fit, the
+    /// first such job gets a preemption or the reservation.
+    fn place(&mut self, q: &Queued<'s>) -> Result<(), PendingReason> {
+        let over_headroom = self.over_headroom(q);
         // Only now is the job itself read: to place it (a few thousand per pass at most).
-        let Some(job) = state.jobs.get(&q.id) else { continue };
-        let ends_ms = state.now_ms.saturating_add(q.limit_ms);
-        let cloud_ok = pass.has_cloud && state.may_burst(job);
+        let Some(job) = self.state.jobs.get(&q.id) else { return Ok(()) };
+        let (tasks, gpus, model, part) = (q.tasks as usize, q.gpus as usize, q.model, q.part);
+        let ends_ms = self.state.now_ms.saturating_add(q.limit_ms);
+        let cloud_ok = self.pass.has_cloud && self.state.may_burst(job);
+        let res = self.out.reservation.as_ref();
         let found = if over_headroom {
             None
         } else if tasks > 1 {
-            pass.find_gang(tasks, q.gpus as usize, model, part, cloud_ok, ends_ms, out.reservation.as_ref())
+            self.pass.find_gang(tasks, gpus, model, part, cloud_ok, ends_ms, res)
         } else {
-            let res = out.reservation.as_ref();
-            pass.find(q.gpus as usize, model, part, cloud_ok, ends_ms, res).map(|t| vec![t])
+            self.pass.find(gpus, model, part, cloud_ok, ends_ms, res).map(|t| vec![t])
         };
         match found {
             Some(placed) => {
-                for (pos, gpus) in &placed {
-                    pass.take(*pos, gpus, ends_ms);
-                }
-                if let Some(key) = q.usage {
-                    usage.add_at(key, q.total_gpus);
-                }
-                if let Some((array, _)) = q.array {
-                    *array_running.entry(array).or_insert(0) += 1;
-                }
-                let mut tasks_placed =
-                    placed.into_iter().map(|(pos, gpus)| (pass.nodes[pos].name.to_string(), gpus));
-                let (node, gpus) = tasks_placed.next().expect("at least one task");
-                let more = tasks_placed.map(|(node, gpus)| TaskPlacement { node, gpus }).collect();
-                out.plan.placements.push(Placement { job: q.id, node, gpus, more });
+                self.start(q, placed, ends_ms);
+                Ok(())
             }
-            None if !blocked => {
-                waiting = true;
-                reasons[entry] =
-                    Some(if over_headroom { PendingReason::Headroom } else { PendingReason::Resources });
-                let preempt = (tasks == 1 && !over_headroom && out.preemption.is_none())
-                    .then(|| pass.preempt_for(job))
-                    .flatten();
-                if let Some(p) = preempt {
-                    // The GPUs it will use are kept from the jobs behind it in this pass: the
-                    // free ones taken, the victims' never free for a reservation.
-                    if let Some(pos) = pass.nodes.iter().position(|n| n.name == p.node) {
-                        pass.promise(pos, &p.gpus);
-                    }
-                    out.preemption = Some(p);
-                    // With backfill the reservation goes to the next job that cannot start, so
-                    // a big job behind a preemptor is not left to be starved by small ones.
-                    blocked = !config.backfill;
-                } else {
-                    blocked = true;
-                    if config.backfill {
-                        out.reservation = pass.reserve(job, tasks);
-                        // A gang nothing could be reserved for is protected by backfilling nothing.
-                        strict = out.reservation.is_none() && tasks > 1;
-                    }
-                }
-            }
-            None => {
-                reasons[entry] =
-                    Some(if over_headroom { PendingReason::Headroom } else { PendingReason::Priority });
-            }
+            None if !self.blocked => Err(self.block(job, tasks, over_headroom)),
+            None if over_headroom => Err(PendingReason::Headroom),
+            None => Err(PendingReason::Priority),
         }
     }
-    if !waiting {
-        out.grow = pass.grow_back(&scan.elastic);
+
+    /// Counts a starting job under its QoS limits and its array's task limit.
+    fn count_started(&mut self, q: &Queued) {
+        if let Some(key) = q.usage {
+            self.usage.add_at(key, q.total_gpus);
+        }
+        if let Some((array, _)) = q.array {
+            *self.array_running.entry(array).or_insert(0) += 1;
+        }
     }
-    if headroom > 0 && out.preemption.is_none() {
-        let shortfall = headroom.saturating_sub(pass.free_total + state.headroom_freeing());
-        out.vacate = vacate_for(state, shortfall);
+
+    /// Starts the job on the GPUs found (one entry per task).
+    fn start(&mut self, q: &Queued, placed: Vec<(usize, Vec<GpuIndex>)>, ends_ms: i64) {
+        for (pos, gpus) in &placed {
+            self.pass.take(*pos, gpus, ends_ms);
+        }
+        self.count_started(q);
+        let nodes = &self.pass.nodes;
+        let mut tasks = placed.into_iter().map(|(pos, gpus)| (nodes[pos].name.to_string(), gpus));
+        let Some((node, gpus)) = tasks.next() else { return };
+        let more = tasks.map(|(node, gpus)| TaskPlacement { node, gpus }).collect();
+        self.out.plan.placements.push(Placement { job: q.id, node, gpus, more });
     }
-    out.pending = scan.ids().zip(reasons).filter_map(|(id, r)| Some((id, r?))).collect();
-    out
+
+    /// The first job that does not fit: it gets a preemption when its QoS may preempt, else the
+    /// reservation (EASY backfill); the jobs behind it only backfill from now on.
+    fn block(&mut self, job: &Job, tasks: usize, over_headroom: bool) -> PendingReason {
+        self.waiting = true;
+        let preempt = (tasks == 1 && !over_headroom && self.out.preemption.is_none())
+            .then(|| self.pass.preempt_for(job))
+            .flatten();
+        if let Some(p) = preempt {
+            // The GPUs it will use are kept from the jobs behind it in this pass: the free ones
+            // taken, the victims' never free for a reservation.
+            if let Some(pos) = self.pass.nodes.iter().position(|n| n.name == p.node) {
+                self.pass.promise(pos, &p.gpus);
+            }
+            self.out.preemption = Some(p);
+            // With backfill the reservation goes to the next job that cannot start, so a big
+            // job behind a preemptor is not left to be starved by small ones.
+            self.blocked = !self.config.backfill;
+        } else {
+            self.blocked = true;
+            if self.config.backfill {
+                self.out.reservation = self.pass.reserve(job, tasks);
+                // A gang nothing could be reserved for is protected by backfilling nothing.
+                self.strict = self.out.reservation.is_none() && tasks > 1;
+            }
+        }
+        if over_headroom {
+            PendingReason::Headroom
+        } else {
+            PendingReason::Resources
+        }
+    }
 }
 
 /// The running jobs to stop so the headrooms get `shortfall` GPUs back: the ones that may be

@@ -24,7 +24,6 @@ const HOUR_S: u64 = 3600;
 
 pub use crate::model::PreemptMode;
 
-
 /// A quality-of-service class (Slurm semantics).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Qos {

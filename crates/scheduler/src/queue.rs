@@ -12,12 +12,12 @@
 
 use std::cmp::Reverse;
 
-use crate::state::brief::{Index, NO_MODEL};
 use crate::limits::{Usage, UsageKey};
 use crate::model::{Job, JobId, JobState};
 use crate::policy::{Partition, Qos};
-use crate::state::priority::{Of, Prioritizer};
 use crate::reasons::PendingReason;
+use crate::state::brief::{Index, NO_MODEL};
+use crate::state::priority::{Of, Prioritizer};
 use crate::state::{limit_ms, ClusterState};
 
 /// One pending job in the queue: what the pass asks of every pending job, so the pass looks

@@ -357,7 +357,8 @@ pub fn stops_honoured(
     end_ms: i64,
 ) -> Result<(), Violation> {
     for &(job, attempt, ordered_ms) in orders {
-        let runs = processes.iter().filter(|p| p.job == job && p.attempt == attempt && p.start_ms <= ordered_ms);
+        let runs =
+            processes.iter().filter(|p| p.job == job && p.attempt == attempt && p.start_ms <= ordered_ms);
         for p in runs {
             let ran_ms = p.end_ms.unwrap_or(end_ms);
             if ran_ms > ordered_ms + bound_ms {
@@ -711,7 +712,13 @@ not json
         assert_eq!(stops_honoured(&[(1, 0, -10)], &processes, 1_000, 9_000), Ok(()));
         assert_eq!(
             stops_honoured(&[(1, 0, 2_000)], &processes, 1_000, 9_000),
-            Err(Violation::StopIgnored { job: 1, attempt: 0, ordered_ms: 2_000, ran_ms: 4_000, bound_ms: 1_000 })
+            Err(Violation::StopIgnored {
+                job: 1,
+                attempt: 0,
+                ordered_ms: 2_000,
+                ran_ms: 4_000,
+                bound_ms: 1_000
+            })
         );
         assert!(matches!(
             stops_honoured(&[(2, 0, 1_000)], &processes, 1_000, 9_000),

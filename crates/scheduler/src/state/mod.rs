@@ -44,12 +44,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::state::grant::Taking;
 use crate::limits::Usage;
 use crate::model::{
     Allocation, GpuIndex, Job, JobId, JobSpec, JobState, Node, NodeInfo, NodeState, StopReason, TaskPlacement,
 };
 use crate::policy::{Policy, PolicyKind, Qos};
+use crate::state::grant::Taking;
 use crate::validate::{validate_node, validate_spec};
 
 /// Everything the controller cluster agrees on.

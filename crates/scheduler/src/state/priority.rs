@@ -48,7 +48,6 @@ pub fn pow2_neg(x_q16: u64) -> u64 {
 
 pub use crate::policy::PriorityWeights;
 
-
 /// Decayed usage of one account.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AccountUsage {

@@ -615,7 +615,12 @@ fn a_qos_an_account_does_not_allow_is_refused_naming_the_allowed_ones() {
     let job = submitted(submit(&mut s, "bob", "", limits));
     assert_eq!(s.jobs[&job].spec.qos, "inference");
     // An operator's submit may use any QoS.
-    submitted(submit(&mut s, "alice", "urgent", crate::state::quota::SubmitLimits { any_qos: true, ..limits }));
+    submitted(submit(
+        &mut s,
+        "alice",
+        "urgent",
+        crate::state::quota::SubmitLimits { any_qos: true, ..limits },
+    ));
     // One user's entry in an account comes before the account's.
     policy.accounts.get_mut("a").unwrap().user_qos.insert(
         "alice".into(),

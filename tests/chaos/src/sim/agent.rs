@@ -239,7 +239,14 @@ pub async fn run(w: Arc<World>, node: String) {
             let record = w.start_process(&node, key.0, key.1, &a.gpus, now);
             let name = names.get(&key).map(String::as_str).unwrap_or_default();
             let natural_end = now + w.run_time(name);
-            let p = Proc { record, gpus: a.gpus.clone(), natural_end, stop_at: None, ended: None, suspended: false };
+            let p = Proc {
+                record,
+                gpus: a.gpus.clone(),
+                natural_end,
+                stop_at: None,
+                ended: None,
+                suspended: false,
+            };
             procs.insert(key, p);
             reports.push(Op::JobStarted { job: key.0, attempt: key.1, node: node.clone() });
         }
