@@ -61,6 +61,12 @@ impl ClusterState {
         Outcome::PolicyChanged
     }
 
+    /// A note in the burst log (bounded).
+    pub(crate) fn burst_note(&mut self, message: &str, now: i64) -> Outcome {
+        self.burst.note(now, message.chars().take(256).collect());
+        Outcome::Burst { intents: Vec::new() }
+    }
+
     pub(crate) fn burst_launch(&mut self, launches: &[LaunchRequest], reason: &str, now: i64) -> Outcome {
         let config = &self.burst.config;
         if !config.enabled {

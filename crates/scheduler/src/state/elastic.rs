@@ -3,6 +3,22 @@
 use super::*;
 
 impl ClusterState {
+    /// A running elastic job grows (or shrinks) to `gpus` (and, for a gang, `more`).
+    pub(super) fn resize(
+        &mut self,
+        job: JobId,
+        attempt: u32,
+        gpus: &[GpuIndex],
+        more: &[TaskPlacement],
+        now: i64,
+    ) -> Outcome {
+        if more.is_empty() {
+            self.grow(job, attempt, gpus, now)
+        } else {
+            self.grow_gang(job, attempt, gpus, more, now)
+        }
+    }
+
     /// Whether running `job` may grow to `gpus` GPUs within its QoS limits.
     pub fn may_grow(&self, job: &Job, gpus: u32, tasks: u32) -> bool {
         let usage = Usage::of(self.jobs_running().filter(|j| j.id != job.id), &self.policy);

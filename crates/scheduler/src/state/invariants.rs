@@ -24,6 +24,13 @@ impl ClusterState {
             }
         }
         self.job_index.check(&self.jobs)?;
+        self.check_allocated()?;
+        self.check_claimed()?;
+        self.check_running()
+    }
+
+    /// Every allocated GPU exists on its node and is held by a running job that lists it.
+    fn check_allocated(&self) -> Result<(), String> {
         for (name, node) in &self.nodes {
             for (gpu, holder) in &node.allocated {
                 if !node.info.gpus.iter().any(|g| g.index == *gpu) {
@@ -42,6 +49,11 @@ impl ClusterState {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Every claimed GPU is claimed by a preemptor (or a resizing run) that has that claim.
+    fn check_claimed(&self) -> Result<(), String> {
         for (name, node) in &self.nodes {
             for (gpu, claimer) in &node.claimed {
                 let ok = self.jobs.get(claimer).is_some_and(|j| match j.state {
@@ -64,6 +76,12 @@ impl ClusterState {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Every running (or suspended) job holds the GPUs it lists, one task per node, on existing
+    /// nodes; no other job has an allocation; the suspended set matches.
+    fn check_running(&self) -> Result<(), String> {
         for job in self.jobs.values() {
             if (job.state == JobState::Suspended) != self.suspended.contains(&job.id) {
                 return Err(format!(

@@ -27,6 +27,7 @@ mod invariants;
 mod jobs;
 mod node_ops;
 mod ops;
+mod policy_ops;
 mod preempt;
 pub mod priority;
 mod queries;
@@ -151,6 +152,9 @@ impl ClusterState {
         outcome
     }
 
+    /// The one place every `Op` meets its handler: add an operation here (and its handler in
+    /// the file of its concept: `submit`, `runs`, `node_ops`, `preempt`, `elastic`,
+    /// `policy_ops`, `tokens`, `burst_apply`).
     fn apply_op(&mut self, op: &Op, now: i64) -> Outcome {
         match op {
             Op::Submit { spec, request_id, hold, limits } => {
@@ -172,43 +176,12 @@ impl ClusterState {
                 self.preempt(*preemptor, node, victims, gpus, now)
             }
             Op::Vacate { victims } => self.vacate(victims, now),
-            Op::RunNote { job, attempt, node, kind, message } => match self.current_run(*job, *attempt, node)
-            {
-                Ok(j) => {
-                    let kind: String = kind.chars().take(32).collect();
-                    j.record(now, &kind, message.chars().take(256).collect());
-                    Outcome::RunUpdated { job: *job, state: j.state }
-                }
-                Err(why) => Outcome::Ignored(why),
-            },
-            Op::Checkpointed { job, attempt, node } => match self.current_run(*job, *attempt, node) {
-                Ok(j) => {
-                    j.last_checkpoint_ms = Some(now);
-                    let preempted = j
-                        .allocation
-                        .as_ref()
-                        .is_some_and(|a| matches!(a.stop, Some(StopReason::Preempted { .. })));
-                    if preempted {
-                        // It saved on the preemption's signal: the work the record counted as
-                        // lost was not.
-                        j.record(now, "checkpointed", "on the preemption signal: no work lost".into());
-                        let id = *job;
-                        if let Some(r) = self.preemptions.iter_mut().rev().find(|r| r.victim == id) {
-                            r.gpu_s_lost = 0;
-                        }
-                    }
-                    Outcome::RunUpdated { job: *job, state: JobState::Running }
-                }
-                Err(why) => Outcome::Ignored(why),
-            },
-            Op::Release { job, by } => self.set_held(*job, false, by, now),
-            Op::Resize { job, attempt, gpus, more } => {
-                if more.is_empty() {
-                    self.grow(*job, *attempt, gpus, now)
-                } else {
-                    self.grow_gang(*job, *attempt, gpus, more, now)
-                }
+            Op::RunNote { job, attempt, node, kind, message } => {
+                self.run_note(*job, *attempt, node, kind, message, now)
             }
+            Op::Checkpointed { job, attempt, node } => self.checkpointed(*job, *attempt, node, now),
+            Op::Release { job, by } => self.set_held(*job, false, by, now),
+            Op::Resize { job, attempt, gpus, more } => self.resize(*job, *attempt, gpus, more, now),
             Op::SetBurstConfig { config } => self.set_burst_config(config, now),
             Op::DrainNode { node, reason } => self.drain_node(node, reason, now),
             Op::CreateToken { id, record } => self.create_token(id, record),
@@ -220,64 +193,11 @@ impl ClusterState {
             }
             Op::BurstTerminate { intent, reason } => self.burst_terminate(*intent, reason, now),
             Op::BurstGone { intent, reason } => self.burst_gone(*intent, reason, now),
-            Op::BurstNote { message } => {
-                self.burst.note(now, message.chars().take(256).collect());
-                Outcome::Burst { intents: Vec::new() }
-            }
-            Op::PutQos { qos, must_exist } => {
-                if let Some(refused) = self.check_exists(PolicyKind::Qos, &qos.name, *must_exist) {
-                    return refused;
-                }
-                let mut policy = self.policy.clone();
-                policy.qos.insert(qos.name.clone(), qos.clone());
-                self.set_policy(&policy)
-            }
-            Op::PutPolicyItem { item, must_exist } => {
-                if let Some(refused) = self.check_exists(item.kind(), item.name(), *must_exist) {
-                    return refused;
-                }
-                let mut policy = self.policy.clone();
-                policy.put(item);
-                self.set_policy(&policy)
-            }
-            Op::DeletePolicyItem { kind, name } => {
-                if let Some(refused) = self.check_exists(*kind, name, Some(true)) {
-                    return refused;
-                }
-                let mut policy = self.policy.clone();
-                policy.remove(*kind, name);
-                self.set_policy(&policy)
-            }
-            Op::DeleteQos { name } => {
-                if let Some(refused) = self.check_exists(PolicyKind::Qos, name, Some(true)) {
-                    return refused;
-                }
-                let mut policy = self.policy.clone();
-                policy.qos.remove(name);
-                if let Some((profile, _)) = policy.profile_qos.iter().find(|(_, q)| *q == name) {
-                    return Outcome::Rejected(Rejection::FailedPrecondition(format!(
-                        "qos \"{name}\" is the default of profile {}; change the submit rule first",
-                        profile.as_str()
-                    )));
-                }
-                let lists = |a: &crate::policy::Account| {
-                    let mut named = std::iter::once(&a.qos).chain(a.user_qos.values());
-                    named.any(|q| q.allowed.contains(name) || q.default.as_ref() == Some(name))
-                };
-                if let Some(account) = policy.accounts.values().find(|a| lists(a)) {
-                    return Outcome::Rejected(Rejection::FailedPrecondition(format!(
-                        "qos \"{name}\" is allowed by account \"{}\"; change that first",
-                        account.name
-                    )));
-                }
-                if let Some(user) = policy.qos.values().find(|q| q.preempt.contains(name)) {
-                    return Outcome::Rejected(Rejection::FailedPrecondition(format!(
-                        "qos \"{name}\" is preempted by qos \"{}\"; change that first",
-                        user.name
-                    )));
-                }
-                self.set_policy(&policy)
-            }
+            Op::BurstNote { message } => self.burst_note(message, now),
+            Op::PutQos { qos, must_exist } => self.put_qos(qos, *must_exist),
+            Op::PutPolicyItem { item, must_exist } => self.put_policy_item(item, *must_exist),
+            Op::DeletePolicyItem { kind, name } => self.delete_policy_item(*kind, name),
+            Op::DeleteQos { name } => self.delete_qos(name),
         }
     }
 }

@@ -89,131 +89,13 @@ impl ClusterState {
         gpus: &[GpuIndex],
         now: i64,
     ) -> Outcome {
-        let reject = |m: String| Outcome::Rejected(Rejection::FailedPrecondition(m));
-        let Some(p) = self.jobs.get(&preemptor) else {
-            return Outcome::Rejected(Rejection::NotFound(format!("job {preemptor} not found")));
+        let actions = match self.preemption_checked(preemptor, node, victims, gpus, now) {
+            Ok(actions) => actions,
+            Err(refused) => return Outcome::Rejected(refused),
         };
-        if p.state != JobState::Pending || p.claim.is_some() || p.held || p.spec.tasks > 1 {
-            return reject(format!("job {preemptor} cannot preempt now"));
-        }
-        if victims.is_empty() || gpus.len() != p.gpus() as usize {
-            return reject("a preemption needs victims and exactly the preemptor's GPU count".into());
-        }
-        // The GPUs: of a node open to the preemptor, each free or a victim's, claimed by nobody.
-        if let Err(e) = self.check_grant(p, node, gpus, Some(p.gpus()), Taking::FromVictims(victims)) {
-            return reject(e.to_string());
-        }
-        for v in victims {
-            let Some(victim) = self.jobs.get(v) else { return reject(format!("job {v} not found")) };
-            if let Err(why) = self.preemptible(p, victim, now) {
-                return reject(why);
-            }
-            if victim.allocation.as_ref().is_none_or(|a| a.rank_on(node).is_none()) {
-                return reject(format!("job {v} does not run on \"{node}\""));
-            }
-        }
-        // What happens to each victim: shrink, suspend, or stop (requeue / cancel).
-        let mut actions = Vec::with_capacity(victims.len());
-        for v in victims {
-            let victim = &self.jobs[v];
-            // The victim's task on this node (rank 0's for a single-node job).
-            let held = victim
-                .allocation
-                .as_ref()
-                .and_then(|a| a.tasks().find(|(_, n, _)| *n == node).map(|(_, _, g)| g))
-                .unwrap_or_default();
-            let taken: Vec<GpuIndex> = held.iter().copied().filter(|g| gpus.contains(g)).collect();
-            if taken.is_empty() {
-                return reject(format!("job {v} gives none of the GPUs"));
-            }
-            actions.push((*v, self.victim_action(victim, taken.len() as u32), taken));
-        }
         // Commit: victims stop, shrink or pause; the GPUs are claimed for the preemptor.
         for (v, action, taken) in actions {
-            let victim = self.jobs.get_mut(&v).expect("validated");
-            let held = victim.total_gpus();
-            let safe_at =
-                victim.start_time_ms.unwrap_or(now).max(victim.last_checkpoint_ms.unwrap_or(i64::MIN));
-            let lost_s = now.saturating_sub(safe_at).max(0) as u64 / 1000;
-            let mut record = PreemptionRecord {
-                time_ms: now,
-                preemptor,
-                victim: v,
-                mode: crate::policy::PreemptMode::Requeue,
-                node: node.to_string(),
-                gpu_s_lost: u64::from(held) * lost_s,
-                shrunk_to: None,
-                suspended: false,
-            };
-            let alloc = victim.allocation.as_mut().expect("a victim runs");
-            let message = match action {
-                VictimAction::Stop(mode) => {
-                    alloc.stop = Some(StopReason::Preempted { by: preemptor, mode });
-                    record.mode = mode;
-                    format!("by job {preemptor}, mode {}, {} GPU-s lost", mode.as_str(), record.gpu_s_lost)
-                }
-                VictimAction::ShrinkGang => {
-                    alloc.stop = Some(StopReason::Resize { by: Some(preemptor) });
-                    // Every other node of the gang is kept (claimed for the next run).
-                    let kept: Vec<(String, Vec<GpuIndex>)> = alloc
-                        .tasks()
-                        .filter(|(_, n, _)| *n != node)
-                        .map(|(_, n, g)| (n.to_string(), g.to_vec()))
-                        .collect();
-                    record.shrunk_to = Some(kept.iter().map(|(_, g)| g.len() as u32).sum());
-                    for (n, gs) in &kept {
-                        if let Some(n) = self.nodes.get_mut(n) {
-                            for g in gs {
-                                n.claimed.insert(*g, v);
-                            }
-                        }
-                    }
-                    format!(
-                        "by job {preemptor}: releasing node \"{node}\", {} nodes remain, {} GPU-s lost",
-                        kept.len(),
-                        record.gpu_s_lost
-                    )
-                }
-                VictimAction::Shrink => {
-                    alloc.stop = Some(StopReason::Resize { by: Some(preemptor) });
-                    let kept: Vec<GpuIndex> =
-                        alloc.gpus.iter().copied().filter(|g| !taken.contains(g)).collect();
-                    record.shrunk_to = Some(kept.len() as u32);
-                    let n = self.nodes.get_mut(node).expect("validated");
-                    for g in &kept {
-                        n.claimed.insert(*g, v);
-                    }
-                    format!(
-                        "by job {preemptor}: shrinking to {} GPUs, {} GPU-s lost",
-                        kept.len(),
-                        record.gpu_s_lost
-                    )
-                }
-                VictimAction::Suspend => {
-                    alloc.lent = taken.clone();
-                    victim.state = JobState::Suspended;
-                    victim.suspended_since = Some(now);
-                    record.mode = crate::policy::PreemptMode::Suspend;
-                    record.suspended = true;
-                    record.gpu_s_lost = 0;
-                    self.suspended.insert(v);
-                    let n = self.nodes.get_mut(node).expect("validated");
-                    n.allocated.retain(|g, holder| *holder != v || !taken.contains(g));
-                    format!("by job {preemptor}: suspended, GPUs {taken:?} lent until it ends")
-                }
-            };
-            let victim = self.jobs.get_mut(&v).expect("validated");
-            victim.preempted_at.push(now);
-            if victim.preempted_at.len() > 16 {
-                victim.preempted_at.remove(0);
-            }
-            victim.record(now, "preempted", message);
-            let how = if record.shrunk_to.is_some() { "shrink" } else { record.mode.as_str() };
-            *self.preemption_totals.entry(how.to_string()).or_default() += 1;
-            self.preemptions.push_back(record);
-            if self.preemptions.len() > PREEMPTION_RECORDS_MAX {
-                self.preemptions.pop_front();
-            }
+            self.preempt_victim(preemptor, node, v, action, &taken, now);
         }
         let n = self.nodes.get_mut(node).expect("validated");
         for g in gpus {
@@ -223,6 +105,153 @@ impl ClusterState {
         p.claim = Some(crate::model::Claim { node: node.to_string(), gpus: gpus.to_vec(), more: Vec::new() });
         p.record(now, "preempting", format!("jobs {victims:?} on \"{node}\" for GPUs {gpus:?}"));
         Outcome::Preempted { preemptor, victims: victims.to_vec() }
+    }
+
+    /// A preemption re-validated whole: the preemptor may start on these GPUs of `node`, each
+    /// free or a victim's, and every victim may be preempted now; with what happens to each
+    /// victim (shrink, suspend, or stop) and which of its GPUs it gives.
+    fn preemption_checked(
+        &self,
+        preemptor: JobId,
+        node: &str,
+        victims: &[JobId],
+        gpus: &[GpuIndex],
+        now: i64,
+    ) -> Result<Vec<(JobId, VictimAction, Vec<GpuIndex>)>, Rejection> {
+        let reject = |m: String| Rejection::FailedPrecondition(m);
+        let Some(p) = self.jobs.get(&preemptor) else {
+            return Err(Rejection::NotFound(format!("job {preemptor} not found")));
+        };
+        if p.state != JobState::Pending || p.claim.is_some() || p.held || p.spec.tasks > 1 {
+            return Err(reject(format!("job {preemptor} cannot preempt now")));
+        }
+        if victims.is_empty() || gpus.len() != p.gpus() as usize {
+            return Err(reject("a preemption needs victims and exactly the preemptor's GPU count".into()));
+        }
+        // The GPUs: of a node open to the preemptor, each free or a victim's, claimed by nobody.
+        self.check_grant(p, node, gpus, Some(p.gpus()), Taking::FromVictims(victims))
+            .map_err(|e| reject(e.to_string()))?;
+        let mut actions = Vec::with_capacity(victims.len());
+        for v in victims {
+            let Some(victim) = self.jobs.get(v) else { return Err(reject(format!("job {v} not found"))) };
+            self.preemptible(p, victim, now).map_err(reject)?;
+            // The victim's task on this node (rank 0's for a single-node job).
+            let Some(held) = victim.allocation.as_ref().and_then(|a| a.tasks().find(|(_, n, _)| *n == node))
+            else {
+                return Err(reject(format!("job {v} does not run on \"{node}\"")));
+            };
+            let taken: Vec<GpuIndex> = held.2.iter().copied().filter(|g| gpus.contains(g)).collect();
+            if taken.is_empty() {
+                return Err(reject(format!("job {v} gives none of the GPUs")));
+            }
+            actions.push((*v, self.victim_action(victim, taken.len() as u32), taken));
+        }
+        Ok(actions)
+    }
+
+    /// Victim `v` gives `taken` of its GPUs on `node` to `preemptor`: it stops, shrinks or is
+    /// suspended, and the preemption is recorded (its history bounded).
+    fn preempt_victim(
+        &mut self,
+        preemptor: JobId,
+        node: &str,
+        v: JobId,
+        action: VictimAction,
+        taken: &[GpuIndex],
+        now: i64,
+    ) {
+        let victim = self.jobs.get_mut(&v).expect("validated");
+        let safe_at = victim.start_time_ms.unwrap_or(now).max(victim.last_checkpoint_ms.unwrap_or(i64::MIN));
+        let lost_s = now.saturating_sub(safe_at).max(0) as u64 / 1000;
+        let mut record = PreemptionRecord {
+            time_ms: now,
+            preemptor,
+            victim: v,
+            mode: crate::policy::PreemptMode::Requeue,
+            node: node.to_string(),
+            gpu_s_lost: u64::from(victim.total_gpus()) * lost_s,
+            shrunk_to: None,
+            suspended: false,
+        };
+        let message = self.victim_gives(&mut record, action, taken, now);
+        let victim = self.jobs.get_mut(&v).expect("validated");
+        victim.preempted_at.push(now);
+        if victim.preempted_at.len() > 16 {
+            victim.preempted_at.remove(0);
+        }
+        victim.record(now, "preempted", message);
+        let how = if record.shrunk_to.is_some() { "shrink" } else { record.mode.as_str() };
+        *self.preemption_totals.entry(how.to_string()).or_default() += 1;
+        self.preemptions.push_back(record);
+        if self.preemptions.len() > PREEMPTION_RECORDS_MAX {
+            self.preemptions.pop_front();
+        }
+    }
+
+    /// What `action` does to the victim of `record` (its run told to stop or resize, or
+    /// suspended with its GPUs lent; what it keeps claimed for its next run), and the event's
+    /// message.
+    fn victim_gives(
+        &mut self,
+        record: &mut PreemptionRecord,
+        action: VictimAction,
+        taken: &[GpuIndex],
+        now: i64,
+    ) -> String {
+        let (preemptor, v, node) = (record.preemptor, record.victim, record.node.as_str());
+        let victim = self.jobs.get_mut(&v).expect("validated");
+        let alloc = victim.allocation.as_mut().expect("a victim runs");
+        match action {
+            VictimAction::Stop(mode) => {
+                alloc.stop = Some(StopReason::Preempted { by: preemptor, mode });
+                record.mode = mode;
+                format!("by job {preemptor}, mode {}, {} GPU-s lost", mode.as_str(), record.gpu_s_lost)
+            }
+            VictimAction::ShrinkGang => {
+                alloc.stop = Some(StopReason::Resize { by: Some(preemptor) });
+                // Every other node of the gang is kept (claimed for the next run).
+                let kept: Vec<(String, Vec<GpuIndex>)> = alloc
+                    .tasks()
+                    .filter(|(_, n, _)| *n != node)
+                    .map(|(_, n, g)| (n.to_string(), g.to_vec()))
+                    .collect();
+                record.shrunk_to = Some(kept.iter().map(|(_, g)| g.len() as u32).sum());
+                for (n, gs) in &kept {
+                    if let Some(n) = self.nodes.get_mut(n) {
+                        n.claimed.extend(gs.iter().map(|g| (*g, v)));
+                    }
+                }
+                let lost = record.gpu_s_lost;
+                format!(
+                    "by job {preemptor}: releasing node \"{node}\", {} nodes remain, {lost} GPU-s lost",
+                    kept.len()
+                )
+            }
+            VictimAction::Shrink => {
+                alloc.stop = Some(StopReason::Resize { by: Some(preemptor) });
+                let kept: Vec<GpuIndex> = alloc.gpus.iter().copied().filter(|g| !taken.contains(g)).collect();
+                record.shrunk_to = Some(kept.len() as u32);
+                let n = self.nodes.get_mut(node).expect("validated");
+                n.claimed.extend(kept.iter().map(|g| (*g, v)));
+                format!(
+                    "by job {preemptor}: shrinking to {} GPUs, {} GPU-s lost",
+                    kept.len(),
+                    record.gpu_s_lost
+                )
+            }
+            VictimAction::Suspend => {
+                alloc.lent = taken.to_vec();
+                victim.state = JobState::Suspended;
+                victim.suspended_since = Some(now);
+                record.mode = crate::policy::PreemptMode::Suspend;
+                record.suspended = true;
+                record.gpu_s_lost = 0;
+                self.suspended.insert(v);
+                let n = self.nodes.get_mut(node).expect("validated");
+                n.allocated.retain(|g, holder| *holder != v || !taken.contains(g));
+                format!("by job {preemptor}: suspended, GPUs {taken:?} lent until it ends")
+            }
+        }
     }
 
     /// How preemption treats `victim` when `taken` of its GPUs go to the preemptor: an elastic

@@ -399,3 +399,44 @@ impl ClusterState {
         job.reason = reason;
     }
 }
+
+impl ClusterState {
+    /// A note an agent records on a current run (kind and message bounded).
+    pub(super) fn run_note(
+        &mut self,
+        job: JobId,
+        attempt: u32,
+        node: &str,
+        kind: &str,
+        message: &str,
+        now: i64,
+    ) -> Outcome {
+        match self.current_run(job, attempt, node) {
+            Ok(j) => {
+                let kind: String = kind.chars().take(32).collect();
+                j.record(now, &kind, message.chars().take(256).collect());
+                Outcome::RunUpdated { job, state: j.state }
+            }
+            Err(why) => Outcome::Ignored(why),
+        }
+    }
+
+    /// A current run saved a checkpoint: on a preemption's signal, the work its preemption
+    /// record counted as lost was not.
+    pub(super) fn checkpointed(&mut self, job: JobId, attempt: u32, node: &str, now: i64) -> Outcome {
+        let j = match self.current_run(job, attempt, node) {
+            Ok(j) => j,
+            Err(why) => return Outcome::Ignored(why),
+        };
+        j.last_checkpoint_ms = Some(now);
+        let preempted =
+            j.allocation.as_ref().is_some_and(|a| matches!(a.stop, Some(StopReason::Preempted { .. })));
+        if preempted {
+            j.record(now, "checkpointed", "on the preemption signal: no work lost".into());
+            if let Some(r) = self.preemptions.iter_mut().rev().find(|r| r.victim == job) {
+                r.gpu_s_lost = 0;
+            }
+        }
+        Outcome::RunUpdated { job, state: JobState::Running }
+    }
+}

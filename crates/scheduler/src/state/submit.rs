@@ -41,8 +41,39 @@ impl ClusterState {
             }
             Err(why) => return Outcome::Rejected(Rejection::Invalid(why)),
         };
-        // The QoS it names, else its user's (or account's) default, the partition's, the profile's.
-        let access = self.policy.qos_access(&spec.user, &account);
+        let qos = match self.resolve_qos(spec, limits, partition, &account) {
+            Ok(qos) => qos,
+            Err(why) => return Outcome::Rejected(why),
+        };
+        let partition_name = partition.name.clone();
+        if let Some(dep) = spec.after_ok.iter().find(|d| self.job_state(**d).is_none()) {
+            return Outcome::Rejected(Rejection::NotFound(format!("after_ok: job {dep} not found")));
+        }
+        let (qos_name, priority) = (qos.name.clone(), qos.priority);
+        if let Err(why) = self.check_size(spec, qos) {
+            return Outcome::Rejected(why);
+        }
+        let mut spec = spec.clone();
+        spec.qos = qos_name;
+        spec.account = account;
+        spec.partition = partition_name;
+        let Some(array) = spec.array.take() else {
+            return Outcome::Submitted { job: self.add_job(spec, priority, request_id, hold, now) };
+        };
+        Outcome::Submitted { job: self.add_array(&spec, &array, priority, request_id, hold, now) }
+    }
+
+    /// The QoS a job runs under — the one it names, else its user's (or account's) default, the
+    /// partition's, the profile's — once its user may use it (unless `limits` say any QoS may
+    /// be used), it fits the QoS's limits and its partition allows it.
+    fn resolve_qos(
+        &self,
+        spec: &JobSpec,
+        limits: Option<&crate::state::quota::SubmitLimits>,
+        partition: &crate::policy::Partition,
+        account: &str,
+    ) -> Result<&Qos, Rejection> {
+        let access = self.policy.qos_access(&spec.user, account);
         let qos = match (spec.qos.is_empty(), &access.default, &partition.default_qos) {
             (false, _, _) => self.policy.qos(&spec.qos),
             (true, Some(d), _) | (true, None, Some(d)) => self.policy.qos(d),
@@ -51,7 +82,7 @@ impl ClusterState {
         let Some(qos) = qos else {
             let known: Vec<&str> = self.policy.qos.keys().map(String::as_str).collect();
             let name: String = spec.qos.chars().take(64).collect();
-            return Outcome::Rejected(Rejection::Invalid(format!(
+            return Err(Rejection::Invalid(format!(
                 "qos: unknown qos \"{name}\" (known: {})",
                 known.join(", ")
             )));
@@ -59,29 +90,26 @@ impl ClusterState {
         let checked = limits.is_some_and(|l| !l.any_qos);
         if checked && !access.allows(&qos.name) {
             let allowed: Vec<&str> = access.allowed.iter().flatten().map(String::as_str).collect();
-            return Outcome::Rejected(Rejection::PermissionDenied(format!(
+            return Err(Rejection::PermissionDenied(format!(
                 "qos \"{}\" is not allowed for user \"{}\" in account \"{account}\" (allowed: {})",
                 qos.name,
                 spec.user,
                 allowed.join(", ")
             )));
         }
-        if let Err(why) = Self::check_qos_fit(spec, qos) {
-            return Outcome::Rejected(why);
-        }
+        Self::check_qos_fit(spec, qos)?;
         if !partition.allowed_qos.is_empty() && !partition.allowed_qos.contains(&qos.name) {
-            return Outcome::Rejected(Rejection::Invalid(format!(
+            return Err(Rejection::Invalid(format!(
                 "qos \"{}\" is not allowed in partition \"{}\"",
                 qos.name, partition.name
             )));
         }
-        let partition_name = partition.name.clone();
-        if let Some(dep) = spec.after_ok.iter().find(|d| self.job_state(**d).is_none()) {
-            return Outcome::Rejected(Rejection::NotFound(format!("after_ok: job {dep} not found")));
-        }
-        let (qos_name, priority) = (qos.name.clone(), qos.priority);
-        // A job that may burst may also be larger than any on-prem node, up to the largest
-        // allowed cloud instance type.
+        Ok(qos)
+    }
+
+    /// Whether a node could ever hold the job: the largest node, or for a job that may burst,
+    /// the largest allowed cloud instance type.
+    fn check_size(&self, spec: &JobSpec, qos: &Qos) -> Result<(), Rejection> {
         let cloud = &self.burst.config;
         let may_burst = if cloud.qos.is_empty() { qos.burstable } else { cloud.qos.contains(&qos.name) };
         let largest_cloud = if cloud.enabled && may_burst {
@@ -91,19 +119,25 @@ impl ClusterState {
         };
         let largest = self.largest_node_gpus().max(largest_cloud);
         if largest > 0 && spec.gpus > largest {
-            return Outcome::Rejected(Rejection::FailedPrecondition(format!(
+            return Err(Rejection::FailedPrecondition(format!(
                 "job requests {} GPUs but the largest node has {largest}",
                 spec.gpus
             )));
         }
-        let mut spec = spec.clone();
-        spec.qos = qos_name;
-        spec.account = account;
-        spec.partition = partition_name;
-        let Some(array) = spec.array.take() else {
-            return Outcome::Submitted { job: self.add_job(spec, priority, request_id, hold, now) };
-        };
-        // One job per index, with consecutive ids; the first one's id is the array's.
+        Ok(())
+    }
+
+    /// Adds an array's tasks: one job per index, with consecutive ids; the first one's id is
+    /// the array's.
+    fn add_array(
+        &mut self,
+        spec: &JobSpec,
+        array: &crate::model::ArraySpec,
+        priority: i64,
+        request_id: Option<&str>,
+        hold: bool,
+        now: i64,
+    ) -> JobId {
         let first = self.next_job_id;
         let count = array.indices.len() as u32;
         for (n, index) in array.indices.iter().enumerate() {
@@ -117,7 +151,7 @@ impl ClusterState {
             }));
             self.add_job(task, priority, request_id.filter(|_| n == 0), hold, now);
         }
-        Outcome::Submitted { job: first }
+        first
     }
 
     /// Adds one pending job (a validated, resolved spec) under the next id.
@@ -194,66 +228,6 @@ impl ClusterState {
             }
         }
         Ok(())
-    }
-
-    /// Replaces the policy after validating it whole; a QoS still used by an unfinished job
-    /// cannot disappear.
-    /// `must_exist`: Some(true) refuses a missing piece (NOT_FOUND), Some(false) an existing one.
-    pub(super) fn check_exists(
-        &self,
-        kind: PolicyKind,
-        name: &str,
-        must_exist: Option<bool>,
-    ) -> Option<Outcome> {
-        let what = kind.as_str();
-        match (must_exist, self.policy.has(kind, name)) {
-            (Some(true), false) => {
-                Some(Outcome::Rejected(Rejection::NotFound(format!("{what} \"{name}\" not found"))))
-            }
-            (Some(false), true) => Some(Outcome::Rejected(Rejection::FailedPrecondition(format!(
-                "{what} \"{name}\" already exists"
-            )))),
-            _ => None,
-        }
-    }
-
-    pub(super) fn set_policy(&mut self, policy: &Policy) -> Outcome {
-        if let Err(e) = policy.validate() {
-            return Outcome::Rejected(Rejection::Invalid(e.to_string()));
-        }
-        // Nothing an unfinished job refers to may disappear.
-        let unfinished = || self.jobs.values().filter(|j| !j.state.is_terminal());
-        let missing = unfinished()
-            .find_map(|j| (!policy.qos.contains_key(&j.spec.qos)).then_some(("qos", &j.spec.qos, j.id)))
-            .or_else(|| {
-                unfinished().find_map(|j| {
-                    (!policy.accounts.contains_key(&j.spec.account)).then_some((
-                        "account",
-                        &j.spec.account,
-                        j.id,
-                    ))
-                })
-            })
-            .or_else(|| {
-                unfinished().find_map(|j| {
-                    let gone =
-                        !j.spec.partition.is_empty() && !policy.partitions.contains_key(&j.spec.partition);
-                    gone.then_some(("partition", &j.spec.partition, j.id))
-                })
-            });
-        if let Some((what, name, job)) = missing {
-            return Outcome::Rejected(Rejection::FailedPrecondition(format!(
-                "{what} \"{name}\" is in use by job {job}"
-            )));
-        }
-        self.policy = policy.clone();
-        // Priorities follow the QoS; pending and running jobs take the new values.
-        for job in self.jobs.values_mut().filter(|j| !j.state.is_terminal()) {
-            if let Some(q) = self.policy.qos.get(&job.spec.qos) {
-                job.priority = q.priority;
-            }
-        }
-        Outcome::PolicyChanged
     }
 
     pub(super) fn set_held(&mut self, id: JobId, held: bool, by: &str, now: i64) -> Outcome {
