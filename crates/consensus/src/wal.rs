@@ -189,6 +189,113 @@ pub fn segment_first(path: &Path) -> Option<u64> {
         .and_then(|n| n.parse().ok())
 }
 
+/// One line naming where acknowledged entries would be lost.
+fn lost(path: &Path, from: u64, kept: Option<u64>) -> io::Error {
+    damaged(format!(
+        "{}: entries from {from} are missing or fail their check, but entries through {} are committed",
+        path.display(),
+        kept.unwrap_or_default()
+    ))
+}
+
+/// The segments in `dir` by their first index, after removing those wholly at or below the
+/// purge point (the next one starts at or before the entry after it): their entries are in the
+/// snapshot, and one whose removal a crash undid must not pass for the log's end at the gap
+/// after it.
+fn segment_names(
+    fs: &dyn Fs,
+    dir: &Path,
+    purged: Option<u64>,
+    recovery: &mut Recovery,
+) -> io::Result<Vec<(u64, PathBuf)>> {
+    let mut names: Vec<(u64, PathBuf)> =
+        fs.list(dir)?.into_iter().filter_map(|path| Some((segment_first(&path)?, path))).collect();
+    names.sort();
+    if let Some(purged) = purged {
+        while names.len() >= 2 && names[1].0 <= purged.saturating_add(1) {
+            let (_, path) = names.remove(0);
+            fs.remove(&path)?;
+            recovery.removed_segments += 1;
+        }
+    }
+    Ok(names)
+}
+
+/// The segments checked in order: a gap or a cut tail ends the log (what follows is removed);
+/// damage before the last segment, or any cut of an entry at or below `kept`, refuses.
+fn recover_segments(
+    fs: &dyn Fs,
+    names: Vec<(u64, PathBuf)>,
+    kept: Option<u64>,
+    recovery: &mut Recovery,
+) -> io::Result<Vec<Segment>> {
+    let mut segments: Vec<Segment> = Vec::new();
+    let mut ended = false;
+    let count = names.len();
+    for (position, (first, path)) in names.into_iter().enumerate() {
+        let expected = segments.last().map(Segment::next);
+        if let Some(e) = expected.filter(|e| !ended && *e != first && kept.is_some_and(|k| *e <= k)) {
+            return Err(lost(&path, e, kept));
+        }
+        if ended || expected.is_some_and(|e| e != first) {
+            // After the end of the log (a cut tail, or a gap): never acknowledged.
+            fs.remove(&path)?;
+            recovery.removed_segments += 1;
+            ended = true;
+            continue;
+        }
+        let (segment, cut) = recover_segment(fs, first, path, position + 1 == count, kept)?;
+        recovery.cut_bytes += cut;
+        ended = cut > 0;
+        segments.push(segment);
+    }
+    Ok(segments)
+}
+
+/// One segment checked record by record; in the last, a torn tail is cut off (and how many
+/// bytes were cut is returned); anywhere else a record that fails is damage.
+fn recover_segment(
+    fs: &dyn Fs,
+    first: u64,
+    path: PathBuf,
+    last: bool,
+    kept: Option<u64>,
+) -> io::Result<(Segment, u64)> {
+    let mut bytes = fs.read(&path)?;
+    let file = fs.open(&path, Mode::Existing)?;
+    if !bytes.starts_with(MAGIC) {
+        if !MAGIC.starts_with(&bytes) || !last {
+            return Err(damaged(format!("{} is not a kairos log segment", path.display())));
+        }
+        if kept.is_some_and(|k| first <= k) {
+            return Err(lost(&path, first, kept));
+        }
+        // Created, its header torn: an empty segment.
+        file.write_at(MAGIC, 0)?;
+        file.set_len(HEADER)?;
+        file.sync()?;
+        bytes = MAGIC.to_vec();
+    }
+    let (ends, valid) = scan(&bytes, first);
+    let mut cut = 0;
+    if valid < bytes.len() as u64 {
+        let bad = first + ends.len() as u64;
+        if !last {
+            return Err(damaged(format!(
+                "segment {} fails its check at entry {bad} (byte {valid}) and later segments follow: damaged, not a crash's torn tail",
+                path.display(),
+            )));
+        }
+        if kept.is_some_and(|k| bad <= k) {
+            return Err(lost(&path, bad, kept));
+        }
+        cut = bytes.len() as u64 - valid;
+        file.set_len(valid)?;
+        file.sync()?;
+    }
+    Ok((Segment { first, path, file, ends }, cut))
+}
+
 impl Wal {
     /// Opens (creating when missing) the log in `dir`, repairing a torn tail and dropping
     /// segments wholly at or below `purged` (the purge point). `WouldBlock` when another
@@ -210,13 +317,6 @@ impl Wal {
     ) -> io::Result<(Wal, Recovery)> {
         // Entries at or below this were acknowledged: no repair may remove them.
         let kept = committed.filter(|c| purged.is_none_or(|p| c > &p));
-        let lost = |path: &Path, from: u64| {
-            damaged(format!(
-                "{}: entries from {from} are missing or fail their check, but entries through {} are committed",
-                path.display(),
-                kept.unwrap_or_default()
-            ))
-        };
         let created = !fs.exists(dir);
         fs.create_dir_all(dir)?;
         if created {
@@ -225,75 +325,9 @@ impl Wal {
             }
         }
         let lock = fs.lock(dir)?;
-        let mut names: Vec<(u64, PathBuf)> = Vec::new();
-        for path in fs.list(dir)? {
-            if let Some(first) = segment_first(&path) {
-                names.push((first, path));
-            }
-        }
-        names.sort();
         let mut recovery = Recovery::default();
-        // First the segments wholly at or below the purge point (the next one starts at or
-        // before the entry after it): their entries are in the snapshot, and one whose removal
-        // a crash undid must not pass for the log's end at the gap after it.
-        if let Some(purged) = purged {
-            while names.len() >= 2 && names[1].0 <= purged.saturating_add(1) {
-                let (_, path) = names.remove(0);
-                fs.remove(&path)?;
-                recovery.removed_segments += 1;
-            }
-        }
-        let mut segments: Vec<Segment> = Vec::new();
-        let mut ended = false;
-        let count = names.len();
-        for (position, (first, path)) in names.into_iter().enumerate() {
-            let last = position + 1 == count;
-            let expected = segments.last().map(Segment::next);
-            if let Some(e) = expected.filter(|e| !ended && *e != first && kept.is_some_and(|k| *e <= k)) {
-                return Err(lost(&path, e));
-            }
-            if ended || expected.is_some_and(|e| e != first) {
-                // After the end of the log (a cut tail, or a gap): never acknowledged.
-                fs.remove(&path)?;
-                recovery.removed_segments += 1;
-                ended = true;
-                continue;
-            }
-            let mut bytes = fs.read(&path)?;
-            let file = fs.open(&path, Mode::Existing)?;
-            if !bytes.starts_with(MAGIC) {
-                if !MAGIC.starts_with(&bytes) || !last {
-                    return Err(damaged(format!("{} is not a kairos log segment", path.display())));
-                }
-                if kept.is_some_and(|k| first <= k) {
-                    return Err(lost(&path, first));
-                }
-                // Created, its header torn: an empty segment.
-                file.write_at(MAGIC, 0)?;
-                file.set_len(HEADER)?;
-                file.sync()?;
-                bytes = MAGIC.to_vec();
-            }
-            let (ends, valid) = scan(&bytes, first);
-            if valid < bytes.len() as u64 && !last {
-                return Err(damaged(format!(
-                    "segment {} fails its check at entry {} (byte {valid}) and later segments follow: damaged, not a crash's torn tail",
-                    path.display(),
-                    first + ends.len() as u64
-                )));
-            }
-            if valid < bytes.len() as u64 {
-                let bad = first + ends.len() as u64;
-                if kept.is_some_and(|k| bad <= k) {
-                    return Err(lost(&path, bad));
-                }
-                recovery.cut_bytes += bytes.len() as u64 - valid;
-                file.set_len(valid)?;
-                file.sync()?;
-                ended = true;
-            }
-            segments.push(Segment { first, path, file, ends });
-        }
+        let names = segment_names(fs.as_ref(), dir, purged, &mut recovery)?;
+        let mut segments = recover_segments(fs.as_ref(), names, kept, &mut recovery)?;
         let end = segments.iter().rev().find(|s| s.count() > 0).map(Segment::next);
         if let Some(k) = kept.filter(|k| end.is_none_or(|e| e <= *k)) {
             return Err(damaged(format!(
