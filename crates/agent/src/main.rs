@@ -485,50 +485,31 @@ fn sweep_job_dirs(runner: &Runner, retention: Duration) {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let argv: Vec<String> = std::env::args().collect();
-    if argv.get(1).map(String::as_str) == Some(fence::WATCHDOG_ARG) {
-        return watchdog_main(&argv[2..]);
-    }
-    let args = {
-        use clap::CommandFactory;
-        match kairos_telemetry::config::expand(std::env::args_os().collect(), &Args::command()) {
-            Ok(argv) => Args::parse_from(argv),
-            Err(e) => {
-                eprintln!("kairos-agent: --config: {e}");
-                std::process::exit(2);
-            }
+/// The command line, with `--config` files expanded (exits 2 on a bad one).
+fn parse_args() -> Args {
+    use clap::CommandFactory;
+    match kairos_telemetry::config::expand(std::env::args_os().collect(), &Args::command()) {
+        Ok(argv) => Args::parse_from(argv),
+        Err(e) => {
+            eprintln!("kairos-agent: --config: {e}");
+            std::process::exit(2);
         }
-    };
-    kairos_telemetry::logs::init(args.log_format, "info");
-    let mut traces = kairos_telemetry::traces::init("kairos-agent");
-    if args.controllers.is_empty() {
-        bail!("--controllers: at least one address is required");
     }
-    let root = nix::unistd::geteuid().is_root();
-    let run_as = args.run_as.unwrap_or(if root { RunAs::Submitter } else { RunAs::Agent });
-    if run_as == RunAs::Submitter && !root {
-        bail!("--run-as submitter needs the agent to run as root (it switches to each job's Unix account)");
-    }
-    let mut accounts = Accounts::new(run_as).with_min_uid(args.min_uid);
-    if let Some(map) = &args.user_map {
-        accounts = accounts.with_map_file(map)?;
-    }
-    let name = args.name.clone().unwrap_or_else(host_name);
-    let inv = inventory(&args, &name)?;
-    let gpus = inv.discover().context("discovering GPUs")?;
+}
+
+/// Creates and resolves `--state-dir`: the agent's own files (credential, lease, journal) are
+/// out of jobs' reach; job directories below `jobs/` belong to their jobs' users, who may pass
+/// through but not list.
+fn prepare_state_dir(args: &Args, run_as: RunAs) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("creating {}", args.state_dir.display()))?;
     let state_dir = std::fs::canonicalize(&args.state_dir).context("resolving --state-dir")?;
-    // The agent's own files (credential, lease, journal) are out of jobs' reach; job
-    // directories below `jobs/` belong to their jobs' users, who may pass through but not list.
     let traverse = if run_as == RunAs::Submitter { 0o711 } else { 0o700 };
     dir_mode(&state_dir, traverse)?;
     dir_mode(&state_dir.join("jobs"), traverse)?;
     dir_mode(&state_dir.join("live"), 0o700)?;
+    use std::os::unix::fs::PermissionsExt;
     if run_as == RunAs::Submitter {
-        use std::os::unix::fs::PermissionsExt;
         // Jobs reach their directories by absolute path ($KAIROS_CHECKPOINT_DIR).
         for dir in state_dir.ancestors().skip(1) {
             if std::fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o001 == 0) {
@@ -537,14 +518,16 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     if let Some(path) = &args.join_token_file {
-        use std::os::unix::fs::PermissionsExt;
         if std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
             tracing::warn!(file = %path.display(), "the join token file is readable by other users: make it owner-only (chmod 600)");
         }
     }
-    // Before anything of the node's is touched: a watchdog left by a previous agent goes first.
-    fence::stop_previous_watchdog(&state_dir);
-    let cgroups = match Cgroups::detect(&name, &state_dir, args.cgroup_root.as_deref()) {
+    Ok(state_dir)
+}
+
+/// A cgroup per run where the node has cgroups to give; process groups otherwise (said loudly).
+fn detect_cgroups(name: &str, state_dir: &std::path::Path, args: &Args) -> Option<Cgroups> {
+    match Cgroups::detect(name, state_dir, args.cgroup_root.as_deref()) {
         Ok(c) => {
             tracing::info!(base = %c.base().display(), "a cgroup per run");
             Some(c)
@@ -556,35 +539,255 @@ async fn main() -> anyhow::Result<()> {
             );
             None
         }
+    }
+}
+
+/// The address the controllers are told to reach the log service at: `--advertise-addr` (a
+/// host name or an IP address, and a port), else the bound one.
+fn advertised(args: &Args, bound: String) -> anyhow::Result<String> {
+    let Some(a) = &args.advertise_addr else { return Ok(bound) };
+    let port_ok =
+        a.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if !port_ok {
+        bail!("--advertise-addr \"{a}\" is not HOST:PORT");
+    }
+    Ok(a.clone())
+}
+
+/// Runs `step` every `every`, for the life of the agent.
+fn every(every: Duration, mut step: impl FnMut() + Send + 'static) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            step();
+            tokio::time::sleep(every).await;
+        }
+    })
+}
+
+/// The metrics endpoint at `--metrics-addr`, when asked for.
+async fn serve_metrics(
+    args: &Args,
+    name: &str,
+    runner: &Runner,
+    inv: Arc<dyn GpuInventory>,
+    gpus: usize,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    let Some(at) = &args.metrics_addr else { return Ok(None) };
+    let listener =
+        kairos_telemetry::http::bind(at).await.with_context(|| format!("binding --metrics-addr {at}"))?;
+    println!("kairos-agent {name} metrics at http://{}/metrics", listener.local_addr()?);
+    let (runner, node_name) = (runner.clone(), name.to_string());
+    let render = move || {
+        kairos_agent::metrics::render(&kairos_agent::metrics::AgentFigures {
+            node: node_name.clone(),
+            runs: runner.running().len(),
+            gpus,
+            usage: inv.usage(),
+        })
     };
+    let served = kairos_telemetry::http::serve(listener, Arc::new(render));
+    Ok(Some(tokio::spawn(async move {
+        let _ = served.await;
+    })))
+}
+
+/// Sessions with the controllers, one after another, for the life of the agent: a leader's
+/// hint is followed at once; otherwise the next controller after a growing pause.
+async fn follow_controllers(
+    mut controllers: Controllers,
+    client_tls: Option<ClientTlsConfig>,
+    node: pb::NodeInfo,
+    runner: Runner,
+    lease: Lease,
+    creds: Credentials,
+    client_tx: watch::Sender<Option<AgentServiceClient<Channel>>>,
+) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match controllers.connect(client_tls.as_ref()).await {
+            Some((addr, channel)) => {
+                if let Err(status) = session(channel, &node, &runner, &lease, &creds, &client_tx).await {
+                    client_tx.send_replace(None);
+                    tracing::warn!(controller = %addr, status = %status.message(), "controller session ended");
+                    if let Some(hint) = leader_hint(&status) {
+                        controllers.hint = Some(hint);
+                        continue;
+                    }
+                    if status.code() != tonic::Code::Unavailable {
+                        backoff = Duration::from_millis(100);
+                    }
+                }
+            }
+            None => tracing::debug!("no controller reachable"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// What the node is: its name, address, GPUs, CPUs, labels and how it runs jobs.
+fn node_info(
+    args: &Args,
+    name: &str,
+    addr: &str,
+    gpus: Vec<pb::Gpu>,
+    backend: &str,
+    isolation: String,
+) -> pb::NodeInfo {
+    pb::NodeInfo {
+        name: name.to_string(),
+        addr: addr.to_string(),
+        gpus,
+        cpus: std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1),
+        memory_mib: 0,
+        labels: args.labels.iter().cloned().collect(),
+        gpu_backend: backend.to_string(),
+        isolation,
+    }
+}
+
+/// Whose account jobs run as (`--run-as`: the submitter's needs root) and how accounts are
+/// resolved.
+fn accounts_of(args: &Args) -> anyhow::Result<(RunAs, Accounts)> {
+    let root = nix::unistd::geteuid().is_root();
+    let run_as = args.run_as.unwrap_or(if root { RunAs::Submitter } else { RunAs::Agent });
+    if run_as == RunAs::Submitter && !root {
+        bail!("--run-as submitter needs the agent to run as root (it switches to each job's Unix account)");
+    }
+    let mut accounts = Accounts::new(run_as).with_min_uid(args.min_uid);
+    if let Some(map) = &args.user_map {
+        accounts = accounts.with_map_file(map)?;
+    }
+    Ok((run_as, accounts))
+}
+
+/// The node's credential (kept in the state directory), and the join token it starts from.
+fn credentials(args: &Args, state_dir: &std::path::Path) -> anyhow::Result<Credentials> {
+    let join = match &args.join_token_file {
+        Some(path) => Some(Arc::from(
+            kairos_proto::wire::read_credential_file(path)
+                .with_context(|| "--join-token-file".to_string())?,
+        )),
+        None => None,
+    };
+    Ok(Credentials::load(join, state_dir.join("node.credential")))
+}
+
+/// The log service, on `listener`.
+fn serve_logs(
+    logs: Logs,
+    listener: tokio::net::TcpListener,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        server = server.tls_config(tls).context("TLS settings")?;
+    }
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let serving = server.add_service(AgentLogServiceServer::new(logs)).serve_with_incoming(incoming);
+    Ok(tokio::spawn(async move {
+        if let Err(e) = serving.await {
+            tracing::warn!(error = %e, "the log service stopped");
+        }
+    }))
+}
+
+/// What the agent holds of its node while it runs.
+struct Node {
+    cgroups: Option<Cgroups>,
+    process_log: kairos_agent::audit::ProcessLog,
+    lease: Lease,
+    watchdog: std::process::Child,
+}
+
+/// Takes the node over from whatever a previous agent left: its watchdog stopped, its runs
+/// killed, a new lease (nothing to enforce yet), this agent the jobs' subreaper, and a fencing
+/// watchdog of its own.
+async fn take_over(args: &Args, name: &str, state_dir: &std::path::Path) -> anyhow::Result<Node> {
+    // Before anything of the node's is touched: a watchdog left by a previous agent goes first.
+    fence::stop_previous_watchdog(state_dir);
+    let cgroups = detect_cgroups(name, state_dir, args);
     // Before taking any work: nothing a previous (crashed) agent started may keep running.
     let process_log = match &args.process_log {
-        Some(path) => kairos_agent::audit::ProcessLog::open(path, &name)
+        Some(path) => kairos_agent::audit::ProcessLog::open(path, name)
             .with_context(|| format!("opening --process-log {}", path.display()))?,
         None => Default::default(),
     };
-    let orphans = kairos_agent::runner::kill_orphans(&state_dir, cgroups.as_ref(), &process_log).await;
+    let orphans = kairos_agent::runner::kill_orphans(state_dir, cgroups.as_ref(), &process_log).await;
     if orphans > 0 {
         tracing::warn!(orphans, "killed runs left by a previous agent");
     }
     // A new lease file (a previous agent's record is gone with it): nothing to enforce yet.
-    let lease = Lease::new(fence::lease_path(&state_dir));
+    let lease = Lease::new(fence::lease_path(state_dir));
     // What a job leaves behind is the agent's to reap, not PID 1's (`reaper`).
     match kairos_agent::reaper::become_subreaper() {
-        Ok(()) => {
-            tokio::spawn(kairos_agent::reaper::run());
-        }
+        Ok(()) => drop(tokio::spawn(kairos_agent::reaper::run())),
         Err(e) => {
             tracing::warn!(error = %e, "cannot become the jobs' child subreaper; their orphans go to PID 1")
         }
     }
-    let mut watchdog = fence::spawn_watchdog(
-        &state_dir,
+    let watchdog = fence::spawn_watchdog(
+        state_dir,
         cgroups.as_ref().map(Cgroups::base),
         args.process_log.as_deref(),
-        &name,
+        name,
     )
     .context("starting the fencing watchdog")?;
+    Ok(Node { cgroups, process_log, lease, watchdog })
+}
+
+/// The agent's periodic work: fencing (when the lease lapses, every run is stopped; the
+/// watchdog kills what is left at the hard deadline, should this process be unable to), the
+/// sweep of old job directories, and the HPC job mapping where asked for.
+fn keep_up(
+    args: &Args,
+    runner: &Runner,
+    lease: &Lease,
+) -> (tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>, Vec<tokio::task::AbortHandle>) {
+    let fencer = {
+        let (runner, lease) = (runner.clone(), lease.clone());
+        every(Duration::from_millis(100), move || {
+            if lease.lapsed() {
+                runner.fence(lease.grace());
+            }
+        })
+    };
+    let sweeper = {
+        let runner = runner.clone();
+        let retention = Duration::from_secs(args.job_dir_retention_hours.saturating_mul(3600));
+        every(Duration::from_secs(600), move || sweep_job_dirs(&runner, retention))
+    };
+    let mut tasks = Vec::new();
+    if let Some(dir) = args.hpc_job_mapping_dir.clone() {
+        let runner = runner.clone();
+        let write = move || {
+            if let Err(e) = kairos_agent::jobmap::write(&dir, &runner.running_gpus()) {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot write the HPC job mapping");
+            }
+        };
+        tasks.push(every(Duration::from_secs(1), write).abort_handle());
+    }
+    (fencer, sweeper, tasks)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(fence::WATCHDOG_ARG) {
+        return watchdog_main(&argv[2..]);
+    }
+    let args = parse_args();
+    kairos_telemetry::logs::init(args.log_format, "info");
+    let mut traces = kairos_telemetry::traces::init("kairos-agent");
+    if args.controllers.is_empty() {
+        bail!("--controllers: at least one address is required");
+    }
+    let (run_as, accounts) = accounts_of(&args)?;
+    let name = args.name.clone().unwrap_or_else(host_name);
+    let inv = inventory(&args, &name)?;
+    let gpus = inv.discover().context("discovering GPUs")?;
+    let state_dir = prepare_state_dir(&args, run_as)?;
+    let Node { cgroups, process_log, lease, mut watchdog } = take_over(&args, &name, &state_dir).await?;
     let isolation = kairos_agent::runner::Isolation {
         accounts,
         cgroups: cgroups.clone(),
@@ -596,38 +799,9 @@ async fn main() -> anyhow::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     let bound = listener.local_addr().context("reading the log service address")?.to_string();
-    let addr = match &args.advertise_addr {
-        Some(a) => {
-            // A host name or an IP address, and a port.
-            let port_ok = a
-                .rsplit_once(':')
-                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-            if !port_ok {
-                bail!("--advertise-addr \"{a}\" is not HOST:PORT");
-            }
-            a.clone()
-        }
-        None => bound,
-    };
-
-    let node = pb::NodeInfo {
-        name: name.clone(),
-        addr: addr.clone(),
-        gpus,
-        cpus: std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1),
-        memory_mib: 0,
-        labels: args.labels.iter().cloned().collect(),
-        gpu_backend: inv.backend().to_string(),
-        isolation: isolation.describe(),
-    };
-    let join = match &args.join_token_file {
-        Some(path) => Some(Arc::from(
-            kairos_proto::wire::read_credential_file(path)
-                .with_context(|| "--join-token-file".to_string())?,
-        )),
-        None => None,
-    };
-    let creds = Credentials::load(join, state_dir.join("node.credential"));
+    let addr = advertised(&args, bound)?;
+    let node = node_info(&args, &name, &addr, gpus, inv.backend(), isolation.describe());
+    let creds = credentials(&args, &state_dir)?;
     let tls =
         kairos_proto::wire::TlsFiles { ca: args.ca.clone(), cert: args.cert.clone(), key: args.key.clone() };
     let server_tls = tls.server(false)?;
@@ -638,120 +812,32 @@ async fn main() -> anyhow::Result<()> {
         .with_process_log(process_log)
         .with_isolation(isolation)
         .with_lease(lease.clone());
-    // Fencing: when the lease lapses, every run is stopped (the watchdog kills what is left
-    // at the hard deadline, should this process be unable to).
-    let fencer = {
-        let (runner, lease) = (runner.clone(), lease.clone());
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                if lease.lapsed() {
-                    runner.fence(lease.grace());
-                }
-            }
-        })
-    };
-    let job_mapping = args.hpc_job_mapping_dir.clone().map(|dir| {
-        let runner = runner.clone();
-        tokio::spawn(async move {
-            loop {
-                if let Err(e) = kairos_agent::jobmap::write(&dir, &runner.running_gpus()) {
-                    tracing::warn!(dir = %dir.display(), error = %e, "cannot write the HPC job mapping");
-                }
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        })
-    });
-    let sweeper = {
-        let runner = runner.clone();
-        let retention = Duration::from_secs(args.job_dir_retention_hours.saturating_mul(3600));
-        tokio::spawn(async move {
-            loop {
-                sweep_job_dirs(&runner, retention);
-                tokio::time::sleep(Duration::from_secs(600)).await;
-            }
-        })
-    };
+    let (fencer, sweeper, mut tasks) = keep_up(&args, &runner, &lease);
     let (client_tx, client_rx) = watch::channel(None);
-    let spot_watch = imds.map(|imds| {
-        let client_rx = client_rx.clone();
-        let every = Duration::from_millis(args.spot_poll_ms.max(100));
-        tokio::spawn(watch_spot(imds, every, name.clone(), creds.clone(), client_rx))
-    });
-    let reporter = tokio::spawn(deliver_reports(creds.clone(), report_rx, client_rx));
-    let logs = Logs { runner: runner.clone(), credential: creds.node.clone() };
-    let mut log_server = tonic::transport::Server::builder();
-    if let Some(tls) = server_tls {
-        log_server = log_server.tls_config(tls).context("TLS settings")?;
+    if let Some(imds) = imds {
+        let poll = Duration::from_millis(args.spot_poll_ms.max(100));
+        let watch = watch_spot(imds, poll, name.clone(), creds.clone(), client_rx.clone());
+        tasks.push(tokio::spawn(watch).abort_handle());
     }
-    let log_server =
-        tokio::spawn(log_server.add_service(AgentLogServiceServer::new(logs)).serve_with_incoming(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-        ));
+    tasks.push(tokio::spawn(deliver_reports(creds.clone(), report_rx, client_rx)).abort_handle());
+    let logs = Logs { runner: runner.clone(), credential: creds.node.clone() };
+    tasks.push(serve_logs(logs, listener, server_tls)?.abort_handle());
+    let backend = inv.backend();
     println!(
-        "kairos-agent {name} ({} {} GPUs, runs: {}) logs on {addr}",
+        "kairos-agent {name} ({} {backend} GPUs, runs: {}) logs on {addr}",
         node.gpus.len(),
-        inv.backend(),
         node.isolation
     );
-    tracing::info!(node = %name, gpus = node.gpus.len(), backend = inv.backend(), %addr, "agent starting");
-    let metrics_server = match &args.metrics_addr {
-        Some(at) => {
-            let listener = kairos_telemetry::http::bind(at)
-                .await
-                .with_context(|| format!("binding --metrics-addr {at}"))?;
-            println!("kairos-agent {name} metrics at http://{}/metrics", listener.local_addr()?);
-            let (runner, inv, node_name, gpus) =
-                (runner.clone(), Arc::<dyn GpuInventory>::from(inv), name.clone(), node.gpus.len());
-            let render = move || {
-                kairos_agent::metrics::render(&kairos_agent::metrics::AgentFigures {
-                    node: node_name.clone(),
-                    runs: runner.running().len(),
-                    gpus,
-                    usage: inv.usage(),
-                })
-            };
-            Some(tokio::spawn(kairos_telemetry::http::serve(listener, Arc::new(render))))
-        }
-        None => None,
-    };
-
-    let controllers = Arc::new(tokio::sync::Mutex::new(Controllers {
-        addrs: args.controllers.clone(),
-        next: 0,
-        hint: None,
-    }));
-    let sessions = {
-        let runner = runner.clone();
-        let lease = lease.clone();
-        async move {
-            let mut backoff = Duration::from_millis(100);
-            loop {
-                let connected = controllers.lock().await.connect(client_tls.as_ref()).await;
-                match connected {
-                    Some((addr, channel)) => {
-                        match session(channel, &node, &runner, &lease, &creds, &client_tx).await {
-                            Ok(()) => {}
-                            Err(status) => {
-                                client_tx.send_replace(None);
-                                tracing::warn!(controller = %addr, status = %status.message(), "controller session ended");
-                                if let Some(hint) = leader_hint(&status) {
-                                    controllers.lock().await.hint = Some(hint);
-                                    continue;
-                                }
-                                if status.code() != tonic::Code::Unavailable {
-                                    backoff = Duration::from_millis(100);
-                                }
-                            }
-                        }
-                    }
-                    None => tracing::debug!("no controller reachable"),
-                }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-            }
-        }
-    };
+    tracing::info!(node = %name, gpus = node.gpus.len(), backend, %addr, "agent starting");
+    let gpu_count = node.gpus.len();
+    if let Some(m) =
+        serve_metrics(&args, &name, &runner, Arc::<dyn GpuInventory>::from(inv), gpu_count).await?
+    {
+        tasks.push(m.abort_handle());
+    }
+    let controllers = Controllers { addrs: args.controllers.clone(), next: 0, hint: None };
+    let sessions =
+        follow_controllers(controllers, client_tls, node, runner.clone(), lease.clone(), creds, client_tx);
     tokio::select! {
         r = shutdown_signal() => r?,
         _ = sessions => {}
@@ -766,21 +852,11 @@ async fn main() -> anyhow::Result<()> {
     if let Some(c) = &cgroups {
         c.remove_empty();
     }
-    reporter.abort();
-    log_server.abort();
-    if let Some(m) = metrics_server {
-        m.abort();
-    }
-    if let Some(t) = job_mapping {
-        t.abort();
-    }
+    tasks.iter().for_each(tokio::task::AbortHandle::abort);
     if let Some(dir) = &args.hpc_job_mapping_dir {
         let _ = kairos_agent::jobmap::write(dir, &[]);
     }
     traces.shutdown();
-    if let Some(w) = spot_watch {
-        w.abort();
-    }
     Ok(())
 }
 

@@ -476,6 +476,48 @@ async fn copy_output(
 }
 
 /// The signal named `name` ("SIGUSR1"), or `fallback`.
+/// Makes the child confine itself before any of the job's code runs: into the run's cgroup
+/// (through the returned `cgroup.procs` file, which must stay open until the spawn), to the
+/// job's account, then into its working directory — entered as that account, after the switch:
+/// as root the chdir would pass directories the job's user may not enter.
+fn confine(
+    cmd: &mut tokio::process::Command,
+    cgroup: Option<&RunCgroup>,
+    account: Option<&crate::account::Account>,
+    workdir: &Path,
+) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
+    let procs = cgroup.map(RunCgroup::procs_file).transpose()?;
+    let procs_fd = procs.as_ref().map(|f| f.as_raw_fd());
+    let ids = account.map(|a| {
+        let groups: Vec<nix::unistd::Gid> = a.groups.iter().map(|g| nix::unistd::Gid::from_raw(*g)).collect();
+        (groups, nix::unistd::Gid::from_raw(a.gid), nix::unistd::Uid::from_raw(a.uid))
+    });
+    let workdir = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(workdir.as_os_str()))
+        .map_err(|_| std::io::Error::other("the working directory holds a NUL byte"))?;
+    // SAFETY: between fork and exec the child only makes system calls (write, setgroups,
+    // setgid, setuid, chdir) on values prepared before the fork; nothing allocates or locks.
+    unsafe {
+        cmd.pre_exec(move || {
+            if let Some(fd) = procs_fd {
+                // Into the run's cgroup before any of the job's code runs.
+                if nix::libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if let Some((groups, gid, uid)) = &ids {
+                nix::unistd::setgroups(groups)?;
+                nix::unistd::setgid(*gid)?;
+                nix::unistd::setuid(*uid)?;
+            }
+            if nix::libc::chdir(workdir.as_ptr()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(procs)
+}
+
 /// The controller's assignment set as `decide` reads it.
 fn assigned_of(set: &pb::AssignmentSet) -> Vec<Assigned> {
     set.runs
@@ -734,9 +776,7 @@ impl Runner {
             Err(message) => return self.launch_failed(a, message),
         };
         let job_dir = job_dir(&self.state_dir, a.job_id, a.submit_time_ms);
-        let checkpoint_dir = job_dir.join("checkpoint");
         let workdir = if a.workdir.is_empty() { job_dir.clone() } else { PathBuf::from(&a.workdir) };
-        let checkpoint_signal = parse_signal(&a.checkpoint_signal, Signal::SIGTERM);
         // Logged before the spawn: the logged interval must cover the process's life.
         self.process_log.start(a.job_id, a.attempt, &a.gpu_ids, None);
         let cgroup = match self.isolation.cgroups.as_ref().map(|c| c.create(key)).transpose() {
@@ -757,79 +797,9 @@ impl Runner {
         let spawned = (|| -> std::io::Result<(tokio::process::Child, Arc<Mutex<std::fs::File>>)> {
             // The job's directory and log belong to the job's user, readable by nobody else.
             let log = prepare_job_files(&self.state_dir, a, account.as_ref())?;
-            let gpus: Vec<String> = a.gpu_ids.iter().map(u32::to_string).collect();
-            let program = a.argv.first().ok_or_else(|| std::io::Error::other("empty command"))?;
-            let mut cmd = tokio::process::Command::new(program);
-            cmd.args(&a.argv[1..])
-                .env_clear()
-                .envs(base_env(std::env::vars(), account.as_ref()))
-                .envs(&a.env)
-                .env("KAIROS_JOB_ID", a.job_id.to_string())
-                .env("KAIROS_RESTART_COUNT", a.attempt.to_string())
-                .env("KAIROS_NODE", &self.node)
-                // Survives attempts (on this node): where the job keeps checkpoints to resume from.
-                .env("KAIROS_CHECKPOINT_DIR", &checkpoint_dir)
-                .env("CUDA_VISIBLE_DEVICES", gpus.join(","))
-                // The indices are NVML's, which follow the PCI bus; CUDA's default order
-                // (fastest first) can differ, so a job would use GPUs it was not given.
-                .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-                // An elastic job's GPU count changes between attempts.
-                .env("KAIROS_GPUS", gpus.len().to_string())
-                .env(
-                    "KAIROS_CHECKPOINT_SIGNAL",
-                    if a.checkpoint_signal.is_empty() { "SIGTERM" } else { a.checkpoint_signal.as_str() },
-                )
-                // torchrun-compatible gang environment (one task per node).
-                .env("RANK", a.rank.to_string())
-                .env("WORLD_SIZE", a.world_size.max(1).to_string())
-                .env("LOCAL_RANK", "0")
-                .env("LOCAL_WORLD_SIZE", "1")
-                .env(
-                    "MASTER_ADDR",
-                    if a.master_addr.is_empty() { "127.0.0.1" } else { a.master_addr.as_str() },
-                )
-                .env("MASTER_PORT", a.master_port.to_string())
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .process_group(0)
-                .kill_on_drop(false);
-            if let Some(tp) = &traceparent {
-                cmd.env("TRACEPARENT", tp);
-            }
-            let procs = cgroup.as_ref().map(RunCgroup::procs_file).transpose()?;
-            let procs_fd = procs.as_ref().map(|f| f.as_raw_fd());
-            let ids = account.as_ref().map(|a| {
-                let groups: Vec<nix::unistd::Gid> =
-                    a.groups.iter().map(|g| nix::unistd::Gid::from_raw(*g)).collect();
-                (groups, nix::unistd::Gid::from_raw(a.gid), nix::unistd::Uid::from_raw(a.uid))
-            });
-            // The working directory is entered as the job's account, after the switch: as root
-            // the chdir would pass directories the job's user may not enter.
-            let workdir = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(workdir.as_os_str()))
-                .map_err(|_| std::io::Error::other("the working directory holds a NUL byte"))?;
-            // SAFETY: between fork and exec the child only makes system calls (write, setgroups,
-            // setgid, setuid, chdir) on values prepared before the fork; nothing allocates or
-            // locks.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if let Some(fd) = procs_fd {
-                        // Into the run's cgroup before any of the job's code runs.
-                        if nix::libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                            return Err(std::io::Error::last_os_error());
-                        }
-                    }
-                    if let Some((groups, gid, uid)) = &ids {
-                        nix::unistd::setgroups(groups)?;
-                        nix::unistd::setgid(*gid)?;
-                        nix::unistd::setuid(*uid)?;
-                    }
-                    if nix::libc::chdir(workdir.as_ptr()) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            let mut cmd = self.job_command(a, account.as_ref(), &job_dir.join("checkpoint"), traceparent)?;
+            // Held open until the child has written itself into it.
+            let _procs = confine(&mut cmd, cgroup.as_ref(), account.as_ref(), &workdir)?;
             // Recorded as the agent's own: the orphan reaper leaves its exit status to the run.
             let child = crate::reaper::spawn(|| cmd.spawn(), tokio::process::Child::id)?;
             Ok((child, Arc::new(Mutex::new(log))))
@@ -843,19 +813,84 @@ impl Runner {
                 if let Some(cg) = &cgroup {
                     cg.remove();
                 }
+                let who = account.as_ref().map_or("the agent's user", |a| a.name.as_str());
+                let program = a.argv.first().cloned().unwrap_or_default();
                 return self.launch_failed(
                     a,
-                    format!(
-                        "starting {:?} in {} as {}: {e}",
-                        a.argv.first().cloned().unwrap_or_default(),
-                        workdir.display(),
-                        account.as_ref().map_or("the agent's user", |a| a.name.as_str()),
-                    ),
+                    format!("starting {program:?} in {} as {who}: {e}", workdir.display()),
                 );
             }
         };
         let pgid = child.id().map(|p| p as i32);
         tracing::info!(job = a.job_id, attempt = a.attempt, ?pgid, gpus = ?a.gpu_ids, user = %a.user, "run started");
+        let copiers = self.copy_outputs(key, &mut child, log);
+        self.spawned(a, pgid, cgroup.clone());
+        if let Some(pgid) = pgid {
+            journal_add(&self.state_dir, key, pgid);
+        }
+        self.report(key, None, String::new());
+        self.watch_checkpoints(key, checkpoint_marker(&self.state_dir, a));
+        tokio::spawn(self.clone().watch_exit(key, child, pgid, cgroup, copiers));
+    }
+
+    /// The job's command: its argv with the environment a run gets (kairos's, Slurm-like and
+    /// torchrun-compatible variables, its GPUs as CUDA sees them), output piped, its own process
+    /// group.
+    fn job_command(
+        &self,
+        a: &pb::Assignment,
+        account: Option<&crate::account::Account>,
+        checkpoint_dir: &Path,
+        traceparent: Option<String>,
+    ) -> std::io::Result<tokio::process::Command> {
+        let gpus: Vec<String> = a.gpu_ids.iter().map(u32::to_string).collect();
+        let program = a.argv.first().ok_or_else(|| std::io::Error::other("empty command"))?;
+        let or = |value: &'_ str, default: &'static str| -> String {
+            if value.is_empty() { default } else { value }.to_string()
+        };
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(&a.argv[1..])
+            .env_clear()
+            .envs(base_env(std::env::vars(), account))
+            .envs(&a.env)
+            .env("KAIROS_JOB_ID", a.job_id.to_string())
+            .env("KAIROS_RESTART_COUNT", a.attempt.to_string())
+            .env("KAIROS_NODE", &self.node)
+            // Survives attempts (on this node): where the job keeps checkpoints to resume from.
+            .env("KAIROS_CHECKPOINT_DIR", checkpoint_dir)
+            .env("CUDA_VISIBLE_DEVICES", gpus.join(","))
+            // The indices are NVML's, which follow the PCI bus; CUDA's default order (fastest
+            // first) can differ, so a job would use GPUs it was not given.
+            .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+            // An elastic job's GPU count changes between attempts.
+            .env("KAIROS_GPUS", gpus.len().to_string())
+            .env("KAIROS_CHECKPOINT_SIGNAL", or(&a.checkpoint_signal, "SIGTERM"))
+            // torchrun-compatible gang environment (one task per node).
+            .env("RANK", a.rank.to_string())
+            .env("WORLD_SIZE", a.world_size.max(1).to_string())
+            .env("LOCAL_RANK", "0")
+            .env("LOCAL_WORLD_SIZE", "1")
+            .env("MASTER_ADDR", or(&a.master_addr, "127.0.0.1"))
+            .env("MASTER_PORT", a.master_port.to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(false);
+        if let Some(tp) = &traceparent {
+            cmd.env("TRACEPARENT", tp);
+        }
+        Ok(cmd)
+    }
+
+    /// Copies the child's stdout and stderr into the run's log, up to the log's bound (the
+    /// controller is told once when it is reached).
+    fn copy_outputs(
+        &self,
+        key: RunKey,
+        child: &mut tokio::process::Child,
+        log: Arc<Mutex<std::fs::File>>,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
         // The log is new: nothing of it is written yet.
         let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let max = self.isolation.log_max_bytes;
@@ -873,87 +908,88 @@ impl Runner {
                 });
             }
         };
-        let copiers: Vec<_> = [
-            child
-                .stdout
-                .take()
-                .map(|o| tokio::spawn(copy_output(o, log.clone(), written.clone(), max, note.clone()))),
-            child
-                .stderr
-                .take()
-                .map(|o| tokio::spawn(copy_output(o, log.clone(), written.clone(), max, note.clone()))),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        {
-            let mut runs = self.lock();
-            // A stop or a fence that came while it was being spawned still applies.
-            let (stopping, fenced) = runs.get(&key).map(|r| (r.stopping, r.fenced)).unwrap_or_default();
-            let run = Run {
-                pgid,
-                cgroup: cgroup.clone(),
-                gpus: a.gpu_ids.clone(),
-                checkpoint_signal,
-                exit: None,
-                stopping,
-                fenced,
-                suspended: false,
-                lost_message: String::new(),
-                checkpoint_marker: checkpoint_marker(&self.state_dir, a),
-            };
-            if stopping || fenced {
-                run.kill();
-            }
-            runs.insert(key, run);
+        let copy = |o| tokio::spawn(copy_output(o, log.clone(), written.clone(), max, note.clone()));
+        let stdout =
+            child.stdout.take().map(|o| copy(Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>));
+        let stderr =
+            child.stderr.take().map(|o| copy(Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>));
+        [stdout, stderr].into_iter().flatten().collect()
+    }
+
+    /// Records the spawned run; a stop or a fence that came while it was being spawned still
+    /// applies.
+    fn spawned(&self, a: &pb::Assignment, pgid: Option<i32>, cgroup: Option<RunCgroup>) {
+        let key = (a.job_id, a.attempt);
+        let mut runs = self.lock();
+        let (stopping, fenced) = runs.get(&key).map(|r| (r.stopping, r.fenced)).unwrap_or_default();
+        let run = Run {
+            pgid,
+            cgroup,
+            gpus: a.gpu_ids.clone(),
+            checkpoint_signal: parse_signal(&a.checkpoint_signal, Signal::SIGTERM),
+            exit: None,
+            stopping,
+            fenced,
+            suspended: false,
+            lost_message: String::new(),
+            checkpoint_marker: checkpoint_marker(&self.state_dir, a),
+        };
+        if stopping || fenced {
+            run.kill();
         }
-        if let Some(pgid) = pgid {
-            journal_add(&self.state_dir, key, pgid);
+        runs.insert(key, run);
+    }
+
+    /// Waits for the run's main process, then for every process of it to be gone and its
+    /// output copied; records and reports how it ended (a fenced run as lost), and launches
+    /// what waited for its GPUs.
+    async fn watch_exit(
+        self,
+        key: RunKey,
+        mut child: tokio::process::Child,
+        pgid: Option<i32>,
+        cgroup: Option<RunCgroup>,
+        copiers: Vec<tokio::task::JoinHandle<()>>,
+    ) {
+        let mut exit = match child.wait().await {
+            Ok(status) => match (status.code(), status.signal()) {
+                (Some(code), _) => Exit::Code(code),
+                (None, Some(sig)) => Exit::Signal(sig),
+                (None, None) => Exit::Lost,
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "waiting for a run");
+                Exit::Lost
+            }
+        };
+        // The main process is gone: nothing of the run may outlive it, and the run ends only
+        // when its last process has.
+        self.wait_gone(key, pgid, cgroup.as_ref()).await;
+        for c in copiers {
+            let _ = c.await;
         }
-        self.report(key, None, String::new());
-        self.watch_checkpoints(key, checkpoint_marker(&self.state_dir, a));
-        let runner = self.clone();
-        tokio::spawn(async move {
-            let mut exit = match child.wait().await {
-                Ok(status) => match (status.code(), status.signal()) {
-                    (Some(code), _) => Exit::Code(code),
-                    (None, Some(sig)) => Exit::Signal(sig),
-                    (None, None) => Exit::Lost,
-                },
-                Err(e) => {
-                    tracing::warn!(error = %e, "waiting for a run");
-                    Exit::Lost
-                }
-            };
-            // The main process is gone: nothing of the run may outlive it, and the run ends
-            // only when its last process has.
-            runner.wait_gone(key, pgid, cgroup.as_ref()).await;
-            for c in copiers {
-                let _ = c.await;
+        tracing::info!(job = key.0, attempt = key.1, ?exit, "run exited");
+        let how = match exit {
+            Exit::Code(c) => format!("exit {c}"),
+            Exit::Signal(s) => format!("signal {s}"),
+            Exit::Lost => "lost".to_string(),
+        };
+        self.process_log.exit(key.0, key.1, &how);
+        journal_remove(self.state_dir(), key);
+        if let Some(cg) = &cgroup {
+            cg.remove();
+        }
+        let mut message = String::new();
+        if let Some(run) = self.lock().get_mut(&key) {
+            if run.fenced {
+                exit = Exit::Lost;
+                message = "stopped on its node: the agent's lease lapsed (no controller answered)".into();
+                run.lost_message = message.clone();
             }
-            tracing::info!(job = key.0, attempt = key.1, ?exit, "run exited");
-            let how = match exit {
-                Exit::Code(c) => format!("exit {c}"),
-                Exit::Signal(s) => format!("signal {s}"),
-                Exit::Lost => "lost".to_string(),
-            };
-            runner.process_log.exit(key.0, key.1, &how);
-            journal_remove(runner.state_dir(), key);
-            if let Some(cg) = &cgroup {
-                cg.remove();
-            }
-            let mut message = String::new();
-            if let Some(run) = runner.lock().get_mut(&key) {
-                if run.fenced {
-                    exit = Exit::Lost;
-                    message = "stopped on its node: the agent's lease lapsed (no controller answered)".into();
-                    run.lost_message = message.clone();
-                }
-                run.exit = Some(exit);
-            }
-            runner.report(key, Some(exit), message);
-            runner.launch_ready();
-        });
+            run.exit = Some(exit);
+        }
+        self.report(key, Some(exit), message);
+        self.launch_ready();
     }
 
     /// Kills what is left of a run whose main process ended and waits until every process of it
