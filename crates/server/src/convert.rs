@@ -119,10 +119,10 @@ pub fn job_state_to_pb(s: JobState) -> pb::JobState {
     }
 }
 
-/// The API view of a job; `pending` is its derived pending reason, if it waits, and `priority`
-/// its current multifactor priority (pending jobs) or the one it started with.
-pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> pb::Job {
-    let reason = match (job.state, pending) {
+/// Why a job is where it is, in the API's words: its pending reason, how its run is stopping
+/// (or growing), or the reason it ended with.
+fn view_reason(job: &Job, pending: Option<&PendingReason>) -> String {
+    match (job.state, pending) {
         (JobState::Pending, Some(r)) => r.to_string(),
         (JobState::Pending, None) => "Scheduling".to_string(),
         (JobState::Running | JobState::Suspended, _) => match job.allocation.as_ref().and_then(|a| a.stop) {
@@ -138,12 +138,12 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
             None => String::new(),
         },
         _ => job.reason.clone(),
-    };
-    let (node, gpus) = match &job.allocation {
-        Some(a) => (a.node.clone(), a.gpus.clone()),
-        None => (job.last_node.clone(), job.last_gpus.clone()),
-    };
-    let tasks = match &job.allocation {
+    }
+}
+
+/// Its tasks: the current run's, else the last run's.
+fn tasks_of(job: &Job) -> Vec<pb::TaskAllocation> {
+    match &job.allocation {
         Some(a) => a
             .tasks()
             .map(|(rank, node, gpus)| pb::TaskAllocation {
@@ -163,41 +163,58 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
             std::iter::once(first).chain(more).collect()
         }
         None => Vec::new(),
+    }
+}
+
+/// Its spec as submitted (with what submit resolved: QoS, account, partition).
+fn spec_to_pb(job: &Job) -> pb::JobSpec {
+    let s = &job.spec;
+    pb::JobSpec {
+        name: s.name.clone(),
+        argv: s.argv.clone(),
+        env: s.env.clone().into_iter().collect(),
+        workdir: s.workdir.clone(),
+        qos: s.qos.clone(),
+        profile: profile_to_pb(s.profile) as i32,
+        resources: Some(pb::Resources {
+            gpus: s.gpus,
+            tasks: s.tasks,
+            gpu_model: s.gpu_model.clone().unwrap_or_default(),
+            min_gpus: s.min_gpus.unwrap_or(0),
+            min_tasks: s.min_tasks.unwrap_or(0),
+            ..Default::default()
+        }),
+        suspendable: s.suspendable,
+        checkpoint: (s.checkpoint_signal.is_some() || s.checkpoint_grace_s.is_some()).then(|| {
+            pb::CheckpointSpec {
+                signal: s.checkpoint_signal.as_deref().unwrap_or_default().to_string(),
+                grace_s: s.checkpoint_grace_s.unwrap_or(0).min(u64::from(u32::MAX)) as u32,
+                dir: String::new(),
+            }
+        }),
+        after_ok: s.after_ok.clone(),
+        hold: job.held,
+        account: s.account.clone(),
+        partition: s.partition.clone(),
+        time_limit_s: s.time_limit_s.unwrap_or(0),
+        requeue: Some(s.requeue),
+        ..Default::default()
+    }
+}
+
+/// The API view of a job; `pending` is its derived pending reason, if it waits, and `priority`
+/// its current multifactor priority (pending jobs) or the one it started with.
+pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> pb::Job {
+    let reason = view_reason(job, pending);
+    let (node, gpus) = match &job.allocation {
+        Some(a) => (a.node.clone(), a.gpus.clone()),
+        None => (job.last_node.clone(), job.last_gpus.clone()),
     };
+    let tasks = tasks_of(job);
     let s = &job.spec;
     pb::Job {
         id: job.id,
-        spec: Some(pb::JobSpec {
-            name: s.name.clone(),
-            argv: s.argv.clone(),
-            env: s.env.clone().into_iter().collect(),
-            workdir: s.workdir.clone(),
-            qos: s.qos.clone(),
-            profile: profile_to_pb(s.profile) as i32,
-            resources: Some(pb::Resources {
-                gpus: s.gpus,
-                tasks: s.tasks,
-                gpu_model: s.gpu_model.clone().unwrap_or_default(),
-                min_gpus: s.min_gpus.unwrap_or(0),
-                min_tasks: s.min_tasks.unwrap_or(0),
-                ..Default::default()
-            }),
-            suspendable: s.suspendable,
-            checkpoint: (s.checkpoint_signal.is_some() || s.checkpoint_grace_s.is_some()).then(|| {
-                pb::CheckpointSpec {
-                    signal: s.checkpoint_signal.as_deref().unwrap_or_default().to_string(),
-                    grace_s: s.checkpoint_grace_s.unwrap_or(0).min(u64::from(u32::MAX)) as u32,
-                    dir: String::new(),
-                }
-            }),
-            after_ok: s.after_ok.clone(),
-            hold: job.held,
-            account: s.account.clone(),
-            partition: s.partition.clone(),
-            time_limit_s: s.time_limit_s.unwrap_or(0),
-            requeue: Some(s.requeue),
-            ..Default::default()
-        }),
+        spec: Some(spec_to_pb(job)),
         user: s.user.clone(),
         state: job_view_state(job) as i32,
         reason,

@@ -287,33 +287,13 @@ async fn shutdown_signal() {
 /// finish before it exits anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
-/// Runs kairosd with the process's command line until it is told to stop.
-pub async fn run() -> anyhow::Result<()> {
-    // Everything kairosd creates (log segments, snapshots, metadata, backups it seeds from) is
-    // its own alone: files 0600, directories 0700.
-    // SAFETY: umask only sets this process's file mode creation mask.
-    unsafe { libc::umask(0o077) };
-    let args = parse_args();
-    kairos_telemetry::logs::init(args.log_format, "info,openraft=warn");
-    if !memory::no_huge_pages() {
-        tracing::info!("transparent huge pages stay on (PR_SET_THP_DISABLE refused)");
-    }
-    let mut traces = kairos_telemetry::traces::init("kairosd");
-    let members = parse_peers(&args)?;
-    let (flag, bind) = match &args.listen {
-        Some(l) => ("--listen", l),
-        None => ("--addr", &args.addr),
-    };
-    let listen: std::net::SocketAddr =
-        bind.parse().with_context(|| format!("{flag} \"{bind}\" is not HOST:PORT"))?;
-    let listener =
-        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
-
-    let (auth, join_token) = load_auth(&args, members.len())?;
-    let tls =
-        kairos_proto::wire::TlsFiles { ca: args.ca.clone(), cert: args.cert.clone(), key: args.key.clone() };
-    let server_tls = tls.server(args.mutual_tls)?;
-    let client_tls = tls.client()?;
+/// The replica's settings, with the timing rules checked: agents hold a lease of half the
+/// node timeout and must renew it more than once; elections outlast heartbeats.
+fn replica_config(
+    args: &Args,
+    auth: &auth::Auth,
+    peer_tls: Option<tonic::transport::ClientTlsConfig>,
+) -> anyhow::Result<ReplicaConfig> {
     let config = ReplicaConfig {
         id: args.id,
         addr: args.addr.clone(),
@@ -322,7 +302,7 @@ pub async fn run() -> anyhow::Result<()> {
         heartbeat_ms: args.raft_heartbeat_ms,
         election_timeout_ms: args.election_timeout_ms,
         key: auth.key.clone(),
-        peer_tls: client_tls.clone(),
+        peer_tls,
     };
     if args.heartbeat_ms == 0 || args.node_timeout_ms < 4 * args.heartbeat_ms {
         bail!("--node-timeout-ms must be at least 4 × --heartbeat-ms: agents hold a lease of half the node timeout and must renew it more than once");
@@ -330,30 +310,29 @@ pub async fn run() -> anyhow::Result<()> {
     if config.heartbeat_ms == 0 || config.election_timeout_ms <= config.heartbeat_ms {
         bail!("--election-timeout-ms must be larger than --raft-heartbeat-ms (and both above 0)");
     }
-    // Fail-stop: any storage error ends this process, non-zero, with the error in its log.
-    kairos_consensus::failstop::on_storage_error(|what| {
-        tracing::error!(error = %what, "storage error: this replica stops (fail-stop)");
-        eprintln!("kairosd: storage error, stopping: {what}");
-        std::process::exit(3);
-    });
-    if let Some(file) = &args.restore_from {
-        restore(&args, &members, file, &auth.key)?;
-    }
-    let replica = Replica::open(&config, &args.data_dir, &members)
-        .await
-        .with_context(|| format!("opening replica data in {}", args.data_dir.display()))?;
-    let ctx = Ctx {
+    Ok(config)
+}
+
+/// What every service and loop of this replica shares.
+fn context(
+    args: &Args,
+    replica: &Replica,
+    auth: auth::Auth,
+    agent_tls: Option<tonic::transport::ClientTlsConfig>,
+) -> Ctx {
+    let ms = |d: Duration| d.as_millis().min(i64::MAX as u128) as i64;
+    Ctx {
         replica: replica.clone(),
         kick: Arc::new(Notify::new()),
         heartbeats: Arc::default(),
         batcher: batch::Batcher::start(replica.clone()),
         reasons: Arc::default(),
         auth: Arc::new(auth),
-        agent_tls: client_tls,
+        agent_tls,
         retention: kairos_scheduler::history::Retention {
-            job_ms: args.job_retention.as_millis().min(i64::MAX as u128) as i64,
+            job_ms: ms(args.job_retention),
             history_max_jobs: args.history_max_jobs,
-            history_max_age_ms: args.history_retention.as_millis().min(i64::MAX as u128) as i64,
+            history_max_age_ms: ms(args.history_retention),
         },
         submit_limits: kairos_scheduler::quota::SubmitLimits {
             max_jobs_per_user: args.max_jobs_per_user,
@@ -366,40 +345,42 @@ pub async fn run() -> anyhow::Result<()> {
             tick: Duration::from_millis(args.tick_ms),
         },
         metrics: Arc::default(),
-    };
-    let metrics_task = match &args.metrics_addr {
-        Some(addr) => {
-            let listener = kairos_telemetry::http::bind(addr)
-                .await
-                .with_context(|| format!("binding --metrics-addr {addr}"))?;
-            let at = listener.local_addr()?;
-            tracing::info!(metrics = %format!("http://{at}/metrics"), "serving metrics");
-            // The plain announcement only beside plain logs: `--log-format json` writes JSON only.
-            if args.log_format == kairos_telemetry::logs::LogFormat::Text {
-                println!("kairosd {} metrics at http://{at}/metrics", args.id);
-            }
-            let c = ctx.clone();
-            Some(tokio::spawn(kairos_telemetry::http::serve(listener, Arc::new(move || metrics::render(&c)))))
-        }
-        None => None,
-    };
-    let leader_task = tokio::spawn(leader::run(ctx.clone()));
-    let watchdog_task = tokio::spawn(kairos_consensus::watchdog::run(replica.clone()));
-    let burst_task = tokio::spawn(burst::run(
-        ctx.clone(),
-        burst::BurstOptions {
-            cluster: args.cluster_name.clone(),
-            endpoint: args.burst_endpoint.clone(),
-            interval: Duration::from_millis(args.burst_interval_ms),
-            leak_grace: Duration::from_millis(args.burst_leak_grace_ms),
-            vanish_grace: Duration::from_millis(args.burst_vanish_grace_ms),
-            crash_after_launch: args.burst_test_crash_after_launch,
-            join_token,
-        },
-    ));
+    }
+}
 
-    let (health, health_service) = tonic_health::server::health_reporter();
-    let health_task = tokio::spawn(health::run(replica.clone(), health));
+/// The metrics endpoint at `--metrics-addr`, when asked for.
+async fn serve_metrics(args: &Args, ctx: &Ctx) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    let Some(addr) = &args.metrics_addr else { return Ok(None) };
+    let listener =
+        kairos_telemetry::http::bind(addr).await.with_context(|| format!("binding --metrics-addr {addr}"))?;
+    let at = listener.local_addr()?;
+    tracing::info!(metrics = %format!("http://{at}/metrics"), "serving metrics");
+    // The plain announcement only beside plain logs: `--log-format json` writes JSON only.
+    if args.log_format == kairos_telemetry::logs::LogFormat::Text {
+        println!("kairosd {} metrics at http://{at}/metrics", args.id);
+    }
+    let c = ctx.clone();
+    let served = kairos_telemetry::http::serve(listener, Arc::new(move || metrics::render(&c)));
+    Ok(Some(tokio::spawn(async move {
+        let _ = served.await;
+    })))
+}
+
+fn burst_options(args: &Args, join_token: String) -> burst::BurstOptions {
+    burst::BurstOptions {
+        cluster: args.cluster_name.clone(),
+        endpoint: args.burst_endpoint.clone(),
+        interval: Duration::from_millis(args.burst_interval_ms),
+        leak_grace: Duration::from_millis(args.burst_leak_grace_ms),
+        vanish_grace: Duration::from_millis(args.burst_vanish_grace_ms),
+        crash_after_launch: args.burst_test_crash_after_launch,
+        join_token,
+    }
+}
+
+/// Passes what only the leader answers on to it, once the caller's headers pass the same
+/// check the services make (`forward`).
+fn forwarder(ctx: &Ctx) -> forward::Forwarder {
     let gate: forward::Gate = {
         let ctx = ctx.clone();
         Arc::new(move |headers: &http::HeaderMap| {
@@ -408,29 +389,77 @@ pub async fn run() -> anyhow::Result<()> {
             ctx.principal(&request).map(|_| ())
         })
     };
-    let forwarder = forward::Forwarder::new(
-        replica.clone(),
+    forward::Forwarder::new(
+        ctx.replica.clone(),
         gate,
         ctx.agent_tls.clone(),
         API_MESSAGE_BYTES_MAX,
         ctx.metrics.clone(),
-    );
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(kairos_proto::v1::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .context("building the reflection service")?;
+    )
+}
 
-    tracing::info!(id = args.id, addr = %args.addr, data_dir = %args.data_dir.display(), "kairosd serving");
-    if args.log_format == kairos_telemetry::logs::LogFormat::Text {
-        println!("kairosd {} listening on {listen} (dialled as {})", args.id, args.addr);
-    }
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let mut stopping = stop_rx.clone();
+/// The accepted connections the server serves: bounded per address and in all (the other
+/// replicas never refused by the total), closed when silent past the handshake or idle
+/// timeout; a failed accept (out of descriptors) backs off.
+fn incoming(
+    listener: tokio::net::TcpListener,
+    args: &Args,
+    members: &BTreeMap<ReplicaId, String>,
+) -> impl tokio_stream::Stream<Item = std::io::Result<connlimit::Counted>> {
+    use tokio_stream::StreamExt;
+    let limit = connlimit::ConnLimit::new(args.max_connections_per_address, args.max_connections)
+        .with_timeouts(connlimit::Timeouts {
+            handshake: args.handshake_timeout,
+            idle: args.idle_timeout.max(connlimit::KEEPALIVE_INTERVAL * 2),
+        })
+        .with_peers(peer_ips(members, args.id));
+    tonic::transport::server::TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .then(|conn| async move {
+            if let Err(e) = &conn {
+                // Out of descriptors (EMFILE) fails every accept until one closes.
+                tracing::warn!(error = %e, "accepting a connection failed");
+                tokio::time::sleep(connlimit::ACCEPT_BACKOFF).await;
+            }
+            conn
+        })
+        .filter_map(move |conn| match conn {
+            Ok(stream) => limit.admit(stream).map(Ok),
+            Err(e) => Some(Err(e)),
+        })
+}
+
+/// Becomes true at SIGINT or SIGTERM.
+fn stop_on_signal() -> tokio::sync::watch::Receiver<bool> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown_signal().await;
         tracing::info!("stopping");
         let _ = stop_tx.send(true);
     });
+    stop_rx
+}
+
+/// Serves the gRPC services (health, reflection, jobs, agents, admin, Raft) on `listener`
+/// until SIGINT or SIGTERM, then lets open calls finish for a grace.
+async fn serve(
+    args: &Args,
+    ctx: &Ctx,
+    members: &BTreeMap<ReplicaId, String>,
+    listener: tokio::net::TcpListener,
+    server_tls: Option<tonic::transport::ServerTlsConfig>,
+    health_service: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+) -> anyhow::Result<()> {
+    let forwarder = forwarder(ctx);
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kairos_proto::v1::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the reflection service")?;
+
+    let mut stop_rx = stop_on_signal();
+    let mut stopping = stop_rx.clone();
     let mut server = tonic::transport::Server::builder()
         .max_concurrent_streams(Some(connlimit::STREAMS_MAX))
         // Pings make an idle but live client's connection speak (its acknowledgements), so the
@@ -475,39 +504,14 @@ pub async fn run() -> anyhow::Result<()> {
             )),
         )
         .add_service(RaftRpc::server(
-            replica.raft.clone(),
+            ctx.replica.raft.clone(),
             members.keys().copied().collect(),
             ctx.auth.key.clone(),
-            replica.contact.clone(),
+            ctx.replica.contact.clone(),
         ))
-        .serve_with_incoming_shutdown(
-            {
-                use tokio_stream::StreamExt;
-                let limit = connlimit::ConnLimit::new(args.max_connections_per_address, args.max_connections)
-                    .with_timeouts(connlimit::Timeouts {
-                        handshake: args.handshake_timeout,
-                        idle: args.idle_timeout.max(connlimit::KEEPALIVE_INTERVAL * 2),
-                    })
-                    .with_peers(peer_ips(&members, args.id));
-                tonic::transport::server::TcpIncoming::from(listener)
-                    .with_nodelay(Some(true))
-                    .then(|conn| async move {
-                        if let Err(e) = &conn {
-                            // Out of descriptors (EMFILE) fails every accept until one closes.
-                            tracing::warn!(error = %e, "accepting a connection failed");
-                            tokio::time::sleep(connlimit::ACCEPT_BACKOFF).await;
-                        }
-                        conn
-                    })
-                    .filter_map(move |conn| match conn {
-                        Ok(stream) => limit.admit(stream).map(Ok),
-                        Err(e) => Some(Err(e)),
-                    })
-            },
-            async move {
-                let _ = stop_rx.changed().await;
-            },
-        );
+        .serve_with_incoming_shutdown(incoming(listener, args, members), async move {
+            let _ = stop_rx.changed().await;
+        });
     tokio::select! {
         served = server => served.context("serving gRPC")?,
         // Long-lived streams never end by themselves: after the grace, stop regardless.
@@ -516,6 +520,63 @@ pub async fn run() -> anyhow::Result<()> {
             tokio::time::sleep(SHUTDOWN_GRACE).await;
         } => tracing::warn!("open calls did not finish within the shutdown grace"),
     }
+
+    Ok(())
+}
+
+/// Runs kairosd with the process's command line until it is told to stop.
+pub async fn run() -> anyhow::Result<()> {
+    // Everything kairosd creates (log segments, snapshots, metadata, backups it seeds from) is
+    // its own alone: files 0600, directories 0700.
+    // SAFETY: umask only sets this process's file mode creation mask.
+    unsafe { libc::umask(0o077) };
+    let args = parse_args();
+    kairos_telemetry::logs::init(args.log_format, "info,openraft=warn");
+    if !memory::no_huge_pages() {
+        tracing::info!("transparent huge pages stay on (PR_SET_THP_DISABLE refused)");
+    }
+    let mut traces = kairos_telemetry::traces::init("kairosd");
+    let members = parse_peers(&args)?;
+    let (flag, bind) = match &args.listen {
+        Some(l) => ("--listen", l),
+        None => ("--addr", &args.addr),
+    };
+    let listen: std::net::SocketAddr =
+        bind.parse().with_context(|| format!("{flag} \"{bind}\" is not HOST:PORT"))?;
+    let listener =
+        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+
+    let (auth, join_token) = load_auth(&args, members.len())?;
+    let tls =
+        kairos_proto::wire::TlsFiles { ca: args.ca.clone(), cert: args.cert.clone(), key: args.key.clone() };
+    let server_tls = tls.server(args.mutual_tls)?;
+    let client_tls = tls.client()?;
+    let config = replica_config(&args, &auth, client_tls.clone())?;
+    // Fail-stop: any storage error ends this process, non-zero, with the error in its log.
+    kairos_consensus::failstop::on_storage_error(|what| {
+        tracing::error!(error = %what, "storage error: this replica stops (fail-stop)");
+        eprintln!("kairosd: storage error, stopping: {what}");
+        std::process::exit(3);
+    });
+    if let Some(file) = &args.restore_from {
+        restore(&args, &members, file, &auth.key)?;
+    }
+    let replica = Replica::open(&config, &args.data_dir, &members)
+        .await
+        .with_context(|| format!("opening replica data in {}", args.data_dir.display()))?;
+    let ctx = context(&args, &replica, auth, client_tls);
+    let metrics_task = serve_metrics(&args, &ctx).await?;
+    let leader_task = tokio::spawn(leader::run(ctx.clone()));
+    let watchdog_task = tokio::spawn(kairos_consensus::watchdog::run(replica.clone()));
+    let burst_task = tokio::spawn(burst::run(ctx.clone(), burst_options(&args, join_token)));
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    let health_task = tokio::spawn(health::run(replica.clone(), health));
+    tracing::info!(id = args.id, addr = %args.addr, data_dir = %args.data_dir.display(), "kairosd serving");
+    if args.log_format == kairos_telemetry::logs::LogFormat::Text {
+        println!("kairosd {} listening on {listen} (dialled as {})", args.id, args.addr);
+    }
+    serve(&args, &ctx, &members, listener, server_tls, health_service).await?;
 
     tracing::info!("shutting down");
     leader_task.abort();

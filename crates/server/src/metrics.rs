@@ -166,6 +166,20 @@ impl Cluster {
 /// The exposition of one scrape.
 pub fn render(ctx: &Ctx) -> String {
     let (replica, metrics) = (&ctx.replica, &ctx.metrics);
+    let mut e = Exposition::new();
+    let leads = raft_figures(&mut e, replica);
+    let (cluster, qos_names) = replica.read(|a| {
+        let qos: Vec<String> = a.state.policy.qos.keys().cloned().collect();
+        (leads.then(|| Cluster::of(&a.state)), qos)
+    });
+    job_figures(&mut e, cluster.as_ref(), &qos_names);
+    edge_figures(&mut e, metrics);
+    preemption_and_burst_figures(&mut e, cluster.as_ref());
+    e.finish()
+}
+
+/// The replica's Raft figures; whether it leads.
+fn raft_figures(e: &mut Exposition, replica: &kairos_consensus::Replica) -> bool {
     let (term, applied) = {
         let m = replica.raft.metrics();
         let m = m.borrow();
@@ -173,7 +187,6 @@ pub fn render(ctx: &Ctx) -> String {
     };
     let leads = replica.is_leader();
     let commit = replica.commit_index.load(Ordering::Relaxed);
-    let mut e = Exposition::new();
     e.gauge(
         "kairos_raft_is_leader",
         "1 on the replica that leads, else 0.",
@@ -191,19 +204,20 @@ pub fn render(ctx: &Ctx) -> String {
         &[(&[], applied as f64)],
     );
 
-    let (cluster, qos_names) = replica.read(|a| {
-        let qos: Vec<String> = a.state.policy.qos.keys().cloned().collect();
-        (leads.then(|| Cluster::of(&a.state)), qos)
-    });
+    leads
+}
+
+/// Jobs by state and QoS, GPUs by state, waits by QoS (the leader's; zeros elsewhere).
+fn job_figures(e: &mut Exposition, cluster: Option<&Cluster>, qos_names: &[String]) {
     // Jobs: every known state × every QoS, from the start.
     let mut jobs: Vec<(String, String, f64)> = Vec::new();
     for state in JOB_STATES.map(state_name) {
-        for q in &qos_names {
-            let n = cluster.as_ref().and_then(|c| c.jobs.get(&(state, q.clone()))).copied().unwrap_or(0);
+        for q in qos_names {
+            let n = cluster.and_then(|c| c.jobs.get(&(state, q.clone()))).copied().unwrap_or(0);
             jobs.push((state.to_string(), q.clone(), n as f64));
         }
     }
-    if let Some(c) = &cluster {
+    if let Some(c) = cluster {
         // Jobs of a QoS no longer in the policy (finished ones keep their name).
         for ((state, q), n) in &c.jobs {
             if !qos_names.contains(q) {
@@ -217,7 +231,7 @@ pub fn render(ctx: &Ctx) -> String {
         job_labels.iter().zip(&jobs).map(|(l, (_, _, n))| (&l[..], *n)).collect();
     e.gauge("kairos_jobs", "Jobs by state and QoS (leader only; 0 elsewhere).", &job_samples);
 
-    let gpu = |f: fn(&Cluster) -> u64| cluster.as_ref().map_or(0.0, |c| f(c) as f64);
+    let gpu = |f: fn(&Cluster) -> u64| cluster.map_or(0.0, |c| f(c) as f64);
     e.gauge(
         "kairos_gpus",
         "GPUs by state: allocated, idle (on up nodes), unavailable (on down or draining nodes) (leader only).",
@@ -231,7 +245,7 @@ pub fn render(ctx: &Ctx) -> String {
     let empty = Histogram::new(&WAIT_BOUNDS);
     let waits: Vec<(String, &Histogram)> = qos_names
         .iter()
-        .map(|q| (q.clone(), cluster.as_ref().and_then(|c| c.waits.get(q)).unwrap_or(&empty)))
+        .map(|q| (q.clone(), cluster.and_then(|c| c.waits.get(q)).unwrap_or(&empty)))
         .collect();
     let wait_labels: Vec<[(&str, &str); 1]> = waits.iter().map(|(q, _)| [("qos", q.as_str())]).collect();
     let wait_series: Vec<(&[(&str, &str)], &Histogram)> =
@@ -241,7 +255,10 @@ pub fn render(ctx: &Ctx) -> String {
         "From submit to the start of the current run, of the jobs that started (leader only).",
         &wait_series,
     );
+}
 
+/// What this replica's own edge did: scheduling passes, submits answered, calls forwarded.
+fn edge_figures(e: &mut Exposition, metrics: &Metrics) {
     let passes = metrics.passes.lock().unwrap_or_else(|p| p.into_inner()).clone();
     e.histogram(
         "kairos_schedule_pass_seconds",
@@ -266,14 +283,15 @@ pub fn render(ctx: &Ctx) -> String {
         "Client calls this replica passed to the leader (writes and reads only the leader answers).",
         &[(&[], metrics.forwarded.load(Ordering::Relaxed) as f64)],
     );
+}
 
+/// Preemption victims by mode, burst instances by state and their spend (the leader's).
+fn preemption_and_burst_figures(e: &mut Exposition, cluster: Option<&Cluster>) {
     let mode_labels: Vec<[(&str, &str); 1]> = PREEMPT_MODES.iter().map(|m| [("mode", *m)]).collect();
     let mode_samples: Vec<(&[(&str, &str)], f64)> = mode_labels
         .iter()
         .zip(PREEMPT_MODES)
-        .map(|(l, m)| {
-            (&l[..], cluster.as_ref().and_then(|c| c.preemptions.get(m)).copied().unwrap_or(0) as f64)
-        })
+        .map(|(l, m)| (&l[..], cluster.and_then(|c| c.preemptions.get(m)).copied().unwrap_or(0) as f64))
         .collect();
     e.counter(
         "kairos_preemptions_total",
@@ -287,14 +305,13 @@ pub fn render(ctx: &Ctx) -> String {
         .iter()
         .zip(INSTANCE_STATES)
         .map(|(l, s)| {
-            (&l[..], cluster.as_ref().and_then(|c| c.instances.get(s.as_str())).copied().unwrap_or(0) as f64)
+            (&l[..], cluster.and_then(|c| c.instances.get(s.as_str())).copied().unwrap_or(0) as f64)
         })
         .collect();
     e.gauge("kairos_burst_instances", "Cloud burst instances by state (leader only).", &state_samples);
     e.gauge(
         "kairos_burst_spend_per_hour",
         "Dollars per hour of the live burst instances (leader only).",
-        &[(&[], cluster.as_ref().map_or(0.0, |c| c.spend_per_hour))],
+        &[(&[], cluster.map_or(0.0, |c| c.spend_per_hour))],
     );
-    e.finish()
 }
