@@ -54,11 +54,12 @@ struct Slot {
     free: u32,
 }
 
-pub fn decide(state: &ClusterState, now: i64) -> Decision {
-    let burst = &state.burst;
-    let cfg = &burst.config;
-    let mut d = Decision::default();
-    for i in burst.live() {
+/// Live instances to terminate: their agent never joined within the boot timeout, or they sat
+/// idle past the idle timeout (or burst was disabled).
+fn to_terminate(state: &ClusterState, now: i64) -> Vec<(u64, String)> {
+    let cfg = &state.burst.config;
+    let mut out = Vec::new();
+    for i in state.burst.live() {
         let node = state.nodes.get(&i.node_name()).filter(|n| n.state != NodeState::Down);
         let why = match (i.state, node, i.idle_since_ms) {
             (InstanceState::Terminating, _, _) => None,
@@ -74,9 +75,35 @@ pub fn decide(state: &ClusterState, now: i64) -> Decision {
             _ => None,
         };
         if let Some(why) = why {
-            d.terminate.push((i.intent, why));
+            out.push((i.intent, why));
         }
     }
+    out
+}
+
+/// Capacity already there or coming: free GPUs of live cloud nodes, whole instances not joined.
+fn cloud_capacity(state: &ClusterState) -> Vec<Slot> {
+    let live = state.burst.live().filter(|i| i.state != InstanceState::Terminating);
+    live.map(|i| {
+        let free = match state.nodes.get(&i.node_name()) {
+            Some(n) if n.state == NodeState::Up => n
+                .info
+                .gpus
+                .iter()
+                .filter(|g| !n.allocated.contains_key(&g.index) && !n.claimed.contains_key(&g.index))
+                .count() as u32,
+            Some(_) => 0,
+            None => i.gpus,
+        };
+        Slot { gpu_model: i.gpu_model.clone(), free }
+    })
+    .collect()
+}
+
+pub fn decide(state: &ClusterState, now: i64) -> Decision {
+    let burst = &state.burst;
+    let cfg = &burst.config;
+    let mut d = Decision { terminate: to_terminate(state, now), ..Decision::default() };
     if !cfg.enabled {
         return d;
     }
@@ -93,21 +120,7 @@ pub fn decide(state: &ClusterState, now: i64) -> Decision {
     if waiting.is_empty() {
         return d;
     }
-    // Capacity already there or coming: free GPUs of live cloud nodes, whole instances not joined.
-    let mut slots: Vec<Slot> = Vec::new();
-    for i in burst.live().filter(|i| i.state != InstanceState::Terminating) {
-        let free = match state.nodes.get(&i.node_name()) {
-            Some(n) if n.state == NodeState::Up => n
-                .info
-                .gpus
-                .iter()
-                .filter(|g| !n.allocated.contains_key(&g.index) && !n.claimed.contains_key(&g.index))
-                .count() as u32,
-            Some(_) => 0,
-            None => i.gpus,
-        };
-        slots.push(Slot { gpu_model: i.gpu_model.clone(), free });
-    }
+    let mut slots = cloud_capacity(state);
     let mut footprint = burst.footprint();
     let mut served = 0usize;
     for job in &waiting {

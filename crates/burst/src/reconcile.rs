@@ -138,6 +138,90 @@ fn spec(settings: &Settings, burst: &BurstState, i: &BurstInstance) -> LaunchSpe
     }
 }
 
+/// What the policy decided, as commands: launches, terminations, and why burstable work still
+/// waits (a limit, no fitting type) — noted once per change.
+fn decision_ops(burst: &BurstState, decision: &Decision) -> Vec<Op> {
+    let mut ops = Vec::new();
+    if !decision.launches.is_empty() {
+        ops.push(Op::BurstLaunch {
+            launches: decision.launches.clone(),
+            reason: decision.launch_reason.clone(),
+        });
+    }
+    for (intent, reason) in &decision.terminate {
+        ops.push(Op::BurstTerminate { intent: *intent, reason: reason.clone() });
+    }
+    if let Some(why) = decision.held_back.as_ref().filter(|w| !w.starts_with("on-prem GPUs are only")) {
+        ops.extend(note_once(burst, HELD_BACK, format!("{HELD_BACK}{why}")));
+    }
+    ops
+}
+
+/// A note for the burst log, unless the latest one of its kind (`prefix`) says the same.
+fn note_once(burst: &BurstState, prefix: &str, note: String) -> Option<Op> {
+    let last = burst.decisions.iter().rev().find(|(_, m)| m.starts_with(prefix));
+    last.is_none_or(|(_, m)| *m != note).then_some(Op::BurstNote { message: note })
+}
+
+/// Launches a requested instance: launched, failed for capacity, or (another error) retried
+/// next round until `LAUNCH_ATTEMPTS_MAX`.
+async fn launch<C: Cloud>(
+    cloud: &C,
+    burst: &BurstState,
+    i: &BurstInstance,
+    settings: &Settings,
+    memory: &mut Memory,
+    report: &mut Report,
+) -> Option<Op> {
+    match cloud.launch(&spec(settings, burst, i)).await {
+        Ok(id) => {
+            report.launched.push((i.intent, id.clone()));
+            Some(Op::BurstLaunched { intent: i.intent, instance_id: id })
+        }
+        Err(CloudError::Capacity(why)) => {
+            Some(Op::BurstLaunchFailed { intent: i.intent, reason: why, capacity: true })
+        }
+        Err(CloudError::Other(why) | CloudError::Invalid(why)) => {
+            let n = memory.failures.entry(i.intent).or_default();
+            *n += 1;
+            report.errors.push(format!("launching intent {}: {why}", i.intent));
+            (*n >= LAUNCH_ATTEMPTS_MAX).then(|| Op::BurstLaunchFailed {
+                intent: i.intent,
+                reason: format!("{why} ({n} attempts)"),
+                capacity: false,
+            })
+        }
+    }
+}
+
+/// Leaks: instances alive, tagged with this cluster, that no live intent knows — once seen so
+/// for the leak grace. Remembers when each unknown one was first seen.
+fn leaks(
+    alive: &[&CloudInstance],
+    burst: &BurstState,
+    settings: &Settings,
+    memory: &mut Memory,
+    now: i64,
+) -> Vec<String> {
+    let known: Vec<&str> = burst.live().filter_map(|i| i.instance_id.as_deref()).collect();
+    let live_intents: Vec<u64> = burst.live().map(|i| i.intent).collect();
+    let mut still_unknown = BTreeMap::new();
+    let mut leaked = Vec::new();
+    for i in alive {
+        let claimed = known.contains(&i.id.as_str()) || i.intent.is_some_and(|n| live_intents.contains(&n));
+        if claimed {
+            continue;
+        }
+        let first = *memory.leaks.get(&i.id).unwrap_or(&now);
+        if now - first >= settings.leak_grace_ms {
+            leaked.push(i.id.clone());
+        }
+        still_unknown.insert(i.id.clone(), first);
+    }
+    memory.leaks = still_unknown;
+    leaked
+}
+
 /// One round at `now`, given the applied burst state and the policy's decision on the same
 /// state (`policy::decide`): returns the commands to propose and what was done.
 pub async fn round<C: Cloud>(
@@ -148,25 +232,8 @@ pub async fn round<C: Cloud>(
     memory: &mut Memory,
     now: i64,
 ) -> (Vec<Op>, Report) {
-    let mut ops = Vec::new();
+    let mut ops = decision_ops(burst, decision);
     let mut report = Report::default();
-    if !decision.launches.is_empty() {
-        ops.push(Op::BurstLaunch {
-            launches: decision.launches.clone(),
-            reason: decision.launch_reason.clone(),
-        });
-    }
-    for (intent, reason) in &decision.terminate {
-        ops.push(Op::BurstTerminate { intent: *intent, reason: reason.clone() });
-    }
-    // Why burstable work still waits (a limit, no fitting type): noted once per change.
-    if let Some(why) = decision.held_back.as_ref().filter(|w| !w.starts_with("on-prem GPUs are only")) {
-        let note = format!("{HELD_BACK}{why}");
-        let last = burst.decisions.iter().rev().find(|(_, m)| m.starts_with(HELD_BACK));
-        if last.is_none_or(|(_, m)| *m != note) {
-            ops.push(Op::BurstNote { message: note });
-        }
-    }
     if !burst.config.enabled && burst.live().next().is_none() && memory.leaks.is_empty() {
         // Nothing of ours should exist; an occasional leak scan still runs while enabled or
         // while instances live.
@@ -178,10 +245,7 @@ pub async fn round<C: Cloud>(
             let error = format!("listing instances: {e}");
             // Surfaced in `burst status` (once per distinct error), retried next round.
             let note = format!("{CLOUD_ERROR}{}", error.chars().take(200).collect::<String>());
-            let last = burst.decisions.iter().rev().find(|(_, m)| m.starts_with(CLOUD_ERROR));
-            if last.is_none_or(|(_, m)| *m != note) {
-                ops.push(Op::BurstNote { message: note });
-            }
+            ops.extend(note_once(burst, CLOUD_ERROR, note));
             report.errors.push(error);
             return (ops, report);
         }
@@ -205,27 +269,7 @@ pub async fn round<C: Cloud>(
                     to_terminate.extend(found.iter().skip(1).map(|d| d.id.clone()));
                     continue;
                 }
-                match cloud.launch(&spec(settings, burst, i)).await {
-                    Ok(id) => {
-                        report.launched.push((i.intent, id.clone()));
-                        ops.push(Op::BurstLaunched { intent: i.intent, instance_id: id });
-                    }
-                    Err(CloudError::Capacity(why)) => {
-                        ops.push(Op::BurstLaunchFailed { intent: i.intent, reason: why, capacity: true })
-                    }
-                    Err(CloudError::Other(why) | CloudError::Invalid(why)) => {
-                        let n = memory.failures.entry(i.intent).or_default();
-                        *n += 1;
-                        report.errors.push(format!("launching intent {}: {why}", i.intent));
-                        if *n >= LAUNCH_ATTEMPTS_MAX {
-                            ops.push(Op::BurstLaunchFailed {
-                                intent: i.intent,
-                                reason: format!("{why} ({n} attempts)"),
-                                capacity: false,
-                            });
-                        }
-                    }
-                }
+                ops.extend(launch(cloud, burst, i, settings, memory, &mut report).await);
             }
             InstanceState::Launched => {
                 let id = i.instance_id.as_deref().unwrap_or_default();
@@ -256,23 +300,8 @@ pub async fn round<C: Cloud>(
             InstanceState::Gone => {}
         }
     }
-    // Leaks: alive, tagged with this cluster, and no live intent knows them.
-    let known: Vec<&str> = burst.live().filter_map(|i| i.instance_id.as_deref()).collect();
-    let live_intents: Vec<u64> = burst.live().map(|i| i.intent).collect();
-    let mut still_unknown = BTreeMap::new();
-    for i in &alive {
-        let claimed = known.contains(&i.id.as_str()) || i.intent.is_some_and(|n| live_intents.contains(&n));
-        if claimed {
-            continue;
-        }
-        let first = *memory.leaks.get(&i.id).unwrap_or(&now);
-        if now - first >= settings.leak_grace_ms {
-            report.leaks.push(i.id.clone());
-            to_terminate.push(i.id.clone());
-        }
-        still_unknown.insert(i.id.clone(), first);
-    }
-    memory.leaks = still_unknown;
+    report.leaks = leaks(&alive, burst, settings, memory, now);
+    to_terminate.extend(report.leaks.iter().cloned());
     memory
         .failures
         .retain(|intent, _| burst.instances.get(intent).is_some_and(|i| i.state == InstanceState::Requested));
