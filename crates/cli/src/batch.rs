@@ -229,20 +229,9 @@ fn interpreter(script: &str) -> Vec<String> {
     }
 }
 
-/// The submit a batch command line asks for (`args`: options, SCRIPT, its arguments), reading
-/// the script from disk; `env` is the submitting environment (for `--export`).
-pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<SubmitArgs, String> {
-    let mut given = Options::default();
-    let used = given.read(args, "command line")?;
-    let path = args.get(used).ok_or("a batch script is needed: kairos batch [OPTIONS] SCRIPT [ARGS]")?;
-    let script_args = &args[used + 1..];
-    let script = std::fs::read_to_string(path).map_err(|e| format!("reading {path}: {e}"))?;
-    let mut options = directives(&script, path)?;
-    // The command line wins over the script.
-    options.0.extend(given.0);
-    let o = &options;
+/// GPUs per task and their model: `--gres gpu[:TYPE]:N`, `--gpus [TYPE:]N` (1 by default).
+fn gpus_of(o: &Options) -> Result<(u32, Option<String>), String> {
     let bad = |long: &str, e: String| format!("--{long}: {e}");
-
     let (mut gpus, mut gpu_model) = (1u32, None);
     if let Some(g) = o.get("gres") {
         // gpu[:type]:N
@@ -270,7 +259,12 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
             None => gpus = parse_gpus(g).map_err(|e| bad("gpus", e))?,
         }
     }
-    let after_ok = match o.get("dependency") {
+    Ok((gpus, gpu_model))
+}
+
+/// `--dependency afterok:ID[:ID...]`.
+fn after_ok_of(o: &Options) -> Result<Vec<u64>, String> {
+    Ok(match o.get("dependency") {
         None => Vec::new(),
         Some(d) => {
             let ids = d
@@ -280,8 +274,12 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
                 .map(|i| i.parse::<u64>().map_err(|_| format!("--dependency: \"{i}\" is not a job id")))
                 .collect::<Result<Vec<u64>, String>>()?
         }
-    };
-    let checkpoint_signal = match o.get("signal") {
+    })
+}
+
+/// `--signal [B:]SIG` (not `@TIME`).
+fn checkpoint_signal_of(o: &Options) -> Result<Option<String>, String> {
+    Ok(match o.get("signal") {
         None => None,
         Some(s) if s.contains('@') => {
             return Err(format!(
@@ -289,7 +287,12 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
             ))
         }
         Some(s) => Some(s.strip_prefix("B:").unwrap_or(s).to_string()),
-    };
+    })
+}
+
+/// `--export`: NONE, ALL (but kairos's and Slurm's own variables), NAME or NAME=VALUE items.
+fn exported(o: &Options, env: &BTreeMap<String, String>) -> Result<Vec<(String, String)>, String> {
+    let bad = |long: &str, e: String| format!("--{long}: {e}");
     let mut exported: Vec<(String, String)> = Vec::new();
     if let Some(e) = o.get("export") {
         for item in e.split(',').filter(|i| !i.is_empty()) {
@@ -313,6 +316,27 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
             }
         }
     }
+    Ok(exported)
+}
+
+/// The submit a batch command line asks for (`args`: options, SCRIPT, its arguments), reading
+/// the script from disk; `env` is the submitting environment (for `--export`).
+pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<SubmitArgs, String> {
+    let mut given = Options::default();
+    let used = given.read(args, "command line")?;
+    let path = args.get(used).ok_or("a batch script is needed: kairos batch [OPTIONS] SCRIPT [ARGS]")?;
+    let script_args = &args[used + 1..];
+    let script = std::fs::read_to_string(path).map_err(|e| format!("reading {path}: {e}"))?;
+    let mut options = directives(&script, path)?;
+    // The command line wins over the script.
+    options.0.extend(given.0);
+    let o = &options;
+    let bad = |long: &str, e: String| format!("--{long}: {e}");
+
+    let (gpus, gpu_model) = gpus_of(o)?;
+    let after_ok = after_ok_of(o)?;
+    let checkpoint_signal = checkpoint_signal_of(o)?;
+    let exported = exported(o, env)?;
     let workdir = match o.get("chdir") {
         Some(d) => d.to_string(),
         None => std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default(),

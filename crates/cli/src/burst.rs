@@ -55,6 +55,86 @@ fn dollars(milli: u64) -> String {
     format!("${:.2}", milli as f64 / 1000.0)
 }
 
+/// `burst status --json`.
+fn status_json(s: &pb::BurstStatusResponse) -> serde_json::Value {
+    let instances: Vec<serde_json::Value> = s
+        .instances
+        .iter()
+        .map(|i| {
+            serde_json::json!({
+                "intent": i.intent, "instance_type": i.instance_type, "gpus": i.gpus, "spot": i.spot,
+                "price_milli": i.price_milli, "state": i.state, "instance_id": i.instance_id,
+                "node": i.node, "jobs": i.jobs, "requested": output::time_json(i.requested_ms),
+                "ended": output::time_json(i.ended_ms), "reason": i.reason,
+            })
+        })
+        .collect();
+    let decisions: Vec<serde_json::Value> = s
+        .decisions
+        .iter()
+        .map(|d| serde_json::json!({"time": output::time_json(d.time_ms), "message": d.message}))
+        .collect();
+    serde_json::json!({
+        "enabled": s.enabled, "live_instances": s.live_instances, "live_gpus": s.live_gpus,
+        "hourly_spend_milli": s.hourly_spend_milli, "spent_milli": s.spent_milli,
+        "max_instances": s.max_instances, "max_gpus": s.max_gpus,
+        "max_hourly_spend_milli": s.max_hourly_spend_milli,
+        "on_prem_used": s.on_prem_used, "on_prem_total": s.on_prem_total,
+        "instances": instances, "decisions": decisions,
+    })
+}
+
+/// `burst status`: the totals against the limits, the instances, the latest decisions.
+fn print_status(s: &pb::BurstStatusResponse) {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    let age = |from: i64| {
+        if from == 0 {
+            "-".to_string()
+        } else {
+            format!("{}s", (now_ms - from).max(0) / 1000)
+        }
+    };
+    println!(
+        "burst {}: {}/{} instances, {}/{} GPUs, {}/h of {}/h, {} spent; on-prem GPUs {}/{} allocated",
+        if s.enabled { "enabled" } else { "disabled" },
+        s.live_instances,
+        s.max_instances,
+        s.live_gpus,
+        s.max_gpus,
+        dollars(s.hourly_spend_milli),
+        dollars(s.max_hourly_spend_milli),
+        dollars(s.spent_milli),
+        s.on_prem_used,
+        s.on_prem_total
+    );
+    let rows: Vec<Vec<String>> = s
+        .instances
+        .iter()
+        .map(|i| {
+            vec![
+                i.intent.to_string(),
+                i.instance_id.clone(),
+                i.instance_type.clone(),
+                if i.spot { "spot" } else { "on-demand" }.to_string(),
+                i.state.clone(),
+                age(i.requested_ms),
+                if i.node.is_empty() { "-".into() } else { i.node.clone() },
+                i.jobs.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
+                i.reason.clone(),
+            ]
+        })
+        .collect();
+    if !rows.is_empty() {
+        table(&["INTENT", "INSTANCE", "TYPE", "MARKET", "STATE", "AGE", "NODE", "JOBS", "REASON"], &rows);
+    }
+    for d in s.decisions.iter().take(10) {
+        println!("{}  {}", output::time_json(d.time_ms).as_str().unwrap_or("-"), d.message);
+    }
+}
+
 pub async fn burst_command(client: &Client, json: bool, command: BurstCmd) -> anyhow::Result<i32> {
     match command {
         BurstCmd::Config { command: BurstConfigCmd::Show } => {
@@ -93,84 +173,10 @@ pub async fn burst_command(client: &Client, json: bool, command: BurstCmd) -> an
                 .admin(pb::BurstStatusRequest {}, |mut c, r| async move { c.burst_status(r).await })
                 .await?
                 .into_inner();
-            let now_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as i64)
-                .unwrap_or(0);
-            let age = |from: i64| {
-                if from == 0 {
-                    "-".to_string()
-                } else {
-                    format!("{}s", (now_ms - from).max(0) / 1000)
-                }
-            };
             if json {
-                let instances: Vec<serde_json::Value> = s
-                    .instances
-                    .iter()
-                    .map(|i| {
-                        serde_json::json!({
-                            "intent": i.intent, "instance_type": i.instance_type, "gpus": i.gpus, "spot": i.spot,
-                            "price_milli": i.price_milli, "state": i.state, "instance_id": i.instance_id,
-                            "node": i.node, "jobs": i.jobs, "requested": output::time_json(i.requested_ms),
-                            "ended": output::time_json(i.ended_ms), "reason": i.reason,
-                        })
-                    })
-                    .collect();
-                let decisions: Vec<serde_json::Value> = s
-                    .decisions
-                    .iter()
-                    .map(|d| serde_json::json!({"time": output::time_json(d.time_ms), "message": d.message}))
-                    .collect();
-                let out = serde_json::json!({
-                    "enabled": s.enabled, "live_instances": s.live_instances, "live_gpus": s.live_gpus,
-                    "hourly_spend_milli": s.hourly_spend_milli, "spent_milli": s.spent_milli,
-                    "max_instances": s.max_instances, "max_gpus": s.max_gpus,
-                    "max_hourly_spend_milli": s.max_hourly_spend_milli,
-                    "on_prem_used": s.on_prem_used, "on_prem_total": s.on_prem_total,
-                    "instances": instances, "decisions": decisions,
-                });
-                println!("{}", serde_json::to_string_pretty(&out)?);
-                return Ok(0);
-            }
-            println!(
-                "burst {}: {}/{} instances, {}/{} GPUs, {}/h of {}/h, {} spent; on-prem GPUs {}/{} allocated",
-                if s.enabled { "enabled" } else { "disabled" },
-                s.live_instances,
-                s.max_instances,
-                s.live_gpus,
-                s.max_gpus,
-                dollars(s.hourly_spend_milli),
-                dollars(s.max_hourly_spend_milli),
-                dollars(s.spent_milli),
-                s.on_prem_used,
-                s.on_prem_total
-            );
-            let rows: Vec<Vec<String>> = s
-                .instances
-                .iter()
-                .map(|i| {
-                    vec![
-                        i.intent.to_string(),
-                        i.instance_id.clone(),
-                        i.instance_type.clone(),
-                        if i.spot { "spot" } else { "on-demand" }.to_string(),
-                        i.state.clone(),
-                        age(i.requested_ms),
-                        if i.node.is_empty() { "-".into() } else { i.node.clone() },
-                        i.jobs.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
-                        i.reason.clone(),
-                    ]
-                })
-                .collect();
-            if !rows.is_empty() {
-                table(
-                    &["INTENT", "INSTANCE", "TYPE", "MARKET", "STATE", "AGE", "NODE", "JOBS", "REASON"],
-                    &rows,
-                );
-            }
-            for d in s.decisions.iter().take(10) {
-                println!("{}  {}", output::time_json(d.time_ms).as_str().unwrap_or("-"), d.message);
+                println!("{}", serde_json::to_string_pretty(&status_json(&s))?);
+            } else {
+                print_status(&s);
             }
         }
     }

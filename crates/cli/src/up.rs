@@ -93,20 +93,9 @@ fn add_context(controllers: &[String], admin_token: &Path) -> Result<String, Str
     Ok(name)
 }
 
-pub async fn run(args: UpArgs) -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("creating {}", args.data_dir.display()))?;
-    let data = |sub: &str| args.data_dir.join(sub).display().to_string();
-    // One secret and two tokens for the whole local cluster, kept across restarts.
-    ensure_secret(&args.data_dir.join("cluster.secret"), "")?;
-    ensure_secret(&args.data_dir.join("admin.token"), "kairos-admin.")?;
-    ensure_secret(&args.data_dir.join("join.token"), "kairos-join.")?;
-
-    // Every address must be free now: a replica that cannot bind would leave a cluster that
-    // never elects a leader.
+/// Every address must be free now: a replica that cannot bind would leave a cluster that
+/// never elects a leader.
+fn check_free(args: &UpArgs) -> anyhow::Result<()> {
     let mut wanted: Vec<String> = args.controllers.clone();
     wanted.push(args.agent_addr.clone());
     for a in args.controllers.iter().chain([&args.agent_addr]) {
@@ -119,25 +108,123 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+fn data(args: &UpArgs, sub: &str) -> String {
+    args.data_dir.join(sub).display().to_string()
+}
+
+/// The command line of controller `i` (id `i + 1`) at `addr`.
+fn controller_argv(args: &UpArgs, i: usize, addr: &str, peers: &[String]) -> Vec<String> {
+    let id = (i + 1).to_string();
+    let dir = data(args, &format!("controller-{id}"));
+    let mut argv = vec!["--id".to_string(), id, "--addr".into(), addr.to_string(), "--data-dir".into(), dir];
+    argv.extend([
+        "--cluster-secret-file".to_string(),
+        data(args, "cluster.secret"),
+        "--admin-token-file".into(),
+        data(args, "admin.token"),
+        "--join-token-file".into(),
+        data(args, "join.token"),
+    ]);
+    if args.controllers.len() > 1 {
+        argv.extend(["--peers".to_string(), peers.join(",")]);
+    }
+    argv
+}
+
+/// The agent's command line.
+fn agent_argv(args: &UpArgs, metrics: String) -> Vec<String> {
+    vec![
+        "--metrics-addr".into(),
+        metrics,
+        "--controllers".into(),
+        args.controllers.join(","),
+        "--addr".into(),
+        args.agent_addr.clone(),
+        "--state-dir".into(),
+        data(args, "agent"),
+        "--name".into(),
+        args.node_name.clone(),
+        "--fake-gpus".into(),
+        args.fake_gpus.clone(),
+        "--join-token-file".into(),
+        data(args, "join.token"),
+        "--run-as".into(),
+        args.run_as.clone(),
+    ]
+}
+
+/// Says what runs where, the context to use it by, and what to try.
+fn announce(args: &UpArgs, metrics: &[String]) {
+    println!(
+        "kairos up: controllers {} (data under {}), agent \"{}\" (log service {})",
+        args.controllers.join(","),
+        args.data_dir.display(),
+        args.node_name,
+        args.agent_addr
+    );
+    println!("kairos up: Prometheus metrics at {}", metrics.join(", "));
+    match add_context(&args.controllers, &args.data_dir.join("admin.token")) {
+        Ok(name) => println!(
+            "kairos up: context \"{name}\" (current; admin token {}); `kairos context list` shows the others",
+            data(args, "admin.token")
+        ),
+        Err(why) => println!(
+            "kairos up: no context ({why}); export KAIROS_CONTROLLERS={} KAIROS_TOKEN_FILE={}",
+            args.controllers.join(","),
+            data(args, "admin.token")
+        ),
+    }
+    println!(
+        "kairos up: try `kairos submit --gpus 2 -- sh -c 'echo $CUDA_VISIBLE_DEVICES'`, `kairos queue`; Ctrl-C stops the cluster"
+    );
+}
+
+/// Watches the daemons: a replica that dies is reported and the rest keep running (that is
+/// what HA is for); returns once the agent or every replica is gone.
+async fn watch_children(children: &mut [(&'static str, std::process::Child)]) -> &'static str {
+    let mut reported = vec![false; children.len()];
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for (i, (name, child)) in children.iter_mut().enumerate() {
+            if !reported[i] {
+                if let Ok(Some(status)) = child.try_wait() {
+                    eprintln!("kairos up: {name} (pid {}) exited: {status}", child.id());
+                    reported[i] = true;
+                }
+            }
+        }
+        let agent_gone = children.iter().zip(&reported).any(|((n, _), r)| *r && *n == "kairos-agent");
+        let controllers_gone = children.iter().zip(&reported).all(|((n, _), r)| *r || *n != "kairosd");
+        if agent_gone {
+            return "kairos-agent";
+        }
+        if controllers_gone {
+            return "every kairosd";
+        }
+    }
+}
+
+pub async fn run(args: UpArgs) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    // One secret and two tokens for the whole local cluster, kept across restarts.
+    ensure_secret(&args.data_dir.join("cluster.secret"), "")?;
+    ensure_secret(&args.data_dir.join("admin.token"), "kairos-admin.")?;
+    ensure_secret(&args.data_dir.join("join.token"), "kairos-join.")?;
+
+    check_free(&args)?;
     let peers: Vec<String> =
         args.controllers.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
     let mut metrics = Vec::new();
     let mut children = Vec::new();
     for (i, addr) in args.controllers.iter().enumerate() {
-        let id = (i + 1).to_string();
-        let dir = data(&format!("controller-{id}"));
-        let mut argv = vec!["--id".to_string(), id, "--addr".into(), addr.clone(), "--data-dir".into(), dir];
-        argv.extend([
-            "--cluster-secret-file".to_string(),
-            data("cluster.secret"),
-            "--admin-token-file".into(),
-            data("admin.token"),
-            "--join-token-file".into(),
-            data("join.token"),
-        ]);
-        if args.controllers.len() > 1 {
-            argv.extend(["--peers".to_string(), peers.join(",")]);
-        }
+        let mut argv = controller_argv(&args, i, addr, &peers);
         let at = metrics_addr(addr)?;
         argv.extend(["--metrics-addr".to_string(), at.clone()]);
         metrics.push(format!("http://{at}/metrics (kairosd {})", i + 1));
@@ -151,27 +238,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     }
     let agent_metrics = metrics_addr(&args.agent_addr)?;
     metrics.push(format!("http://{agent_metrics}/metrics (agent)"));
-    let agent = spawn(
-        &sibling("kairos-agent"),
-        &[
-            "--metrics-addr".into(),
-            agent_metrics,
-            "--controllers".into(),
-            args.controllers.join(","),
-            "--addr".into(),
-            args.agent_addr.clone(),
-            "--state-dir".into(),
-            data("agent"),
-            "--name".into(),
-            args.node_name.clone(),
-            "--fake-gpus".into(),
-            args.fake_gpus.clone(),
-            "--join-token-file".into(),
-            data("join.token"),
-            "--run-as".into(),
-            args.run_as.clone(),
-        ],
-    );
+    let agent = spawn(&sibling("kairos-agent"), &agent_argv(&args, agent_metrics));
     match agent {
         Ok(a) => children.push(("kairos-agent", a)),
         Err(e) => {
@@ -179,52 +246,14 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             return Err(e);
         }
     }
-    println!(
-        "kairos up: controllers {} (data under {}), agent \"{}\" (log service {})",
-        args.controllers.join(","),
-        args.data_dir.display(),
-        args.node_name,
-        args.agent_addr
-    );
-    println!("kairos up: Prometheus metrics at {}", metrics.join(", "));
-    match add_context(&args.controllers, &args.data_dir.join("admin.token")) {
-        Ok(name) => println!(
-            "kairos up: context \"{name}\" (current; admin token {}); `kairos context list` shows the others",
-            data("admin.token")
-        ),
-        Err(why) => println!(
-            "kairos up: no context ({why}); export KAIROS_CONTROLLERS={} KAIROS_TOKEN_FILE={}",
-            args.controllers.join(","),
-            data("admin.token")
-        ),
-    }
-    println!(
-        "kairos up: try `kairos submit --gpus 2 -- sh -c 'echo $CUDA_VISIBLE_DEVICES'`, `kairos queue`; Ctrl-C stops the cluster"
-    );
+    announce(&args, &metrics);
 
     // A replica that dies is reported and the rest keep running (that is what HA is for); the
     // cluster stops when the agent or every replica is gone.
-    let mut reported = vec![false; children.len()];
-    let exited = loop {
-        tokio::select! {
-            _ = term.recv() => break None,
-            _ = int.recv() => break None,
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {
-                for (i, (name, child)) in children.iter_mut().enumerate() {
-                    if !reported[i] {
-                        if let Ok(Some(status)) = child.try_wait() {
-                            eprintln!("kairos up: {name} (pid {}) exited: {status}", child.id());
-                            reported[i] = true;
-                        }
-                    }
-                }
-                let agent_gone = children.iter().zip(&reported).any(|((n, _), r)| *r && *n == "kairos-agent");
-                let controllers_gone = children.iter().zip(&reported).all(|((n, _), r)| *r || *n != "kairosd");
-                if agent_gone || controllers_gone {
-                    break Some(if agent_gone { "kairos-agent" } else { "every kairosd" });
-                }
-            }
-        }
+    let exited = tokio::select! {
+        _ = term.recv() => None,
+        _ = int.recv() => None,
+        gone = watch_children(&mut children) => Some(gone),
     };
     println!("kairos up: stopping");
     stop(&mut children);
