@@ -2,8 +2,9 @@
 //!
 //! One schedule runs a whole cluster in one thread, on tokio's paused clock: three replicas that
 //! are the real `kairos_consensus::Replica` (openraft, the state machine, `ClusterState::apply`,
-//! the leader's pass through `kairos_scheduler::propose`), modelled agents (`agent`) and a client
-//! with a history (`client`), over a simulated network (`net`) and disk (`disk`). Time advances
+//! the leader's pass through `kairos_scheduler::propose`), modelled agents that decide through
+//! `kairos_agent::decide` (`agent`) and a client with a history (`client`), over a simulated
+//! network (`net`) and a simulated disk beneath the production storage (`disk`). Time advances
 //! only when every task waits, so minutes of faults take a fraction of a second, and every
 //! random choice — the fault schedule, message delays and losses, run times, openraft's election
 //! timeouts (`kairos_consensus::runtime`) — comes from the schedule's seed: a failing seed
