@@ -13,19 +13,29 @@ use crate::model::{JobState, NodeState};
 use crate::planner::plan;
 use crate::state::{ClusterState, Op};
 
+/// What a leader step is given besides the state and the liveness it updates.
+#[derive(Clone, Copy, Debug)]
+pub struct Step<'r> {
+    /// How long this replica has led.
+    pub led_for: std::time::Duration,
+    pub node_timeout: std::time::Duration,
+    /// This replica's monotonic clock.
+    pub now: std::time::Instant,
+    /// The cluster's time.
+    pub now_ms: i64,
+    /// When it is time to look (the caller's cadence): the retention to purge finished jobs by.
+    pub purge: Option<&'r crate::state::history::Retention>,
+}
+
 /// One step of the leader, as `kairosd` and the simulation both take it: judge which nodes fell
-/// silent (`Liveness::judge_silent`, condemning them), then propose. `led_for` is how long this
-/// replica has led; `now` its monotonic clock, `now_ms` the cluster's time.
-pub fn leader_step(
-    state: &ClusterState,
-    liveness: &mut crate::liveness::Liveness,
-    led_for: std::time::Duration,
-    node_timeout: std::time::Duration,
-    now: std::time::Instant,
-    now_ms: i64,
-) -> Vec<Op> {
-    let silent = liveness.judge_silent(state, led_for, node_timeout, now);
-    propose(state, now_ms, &silent, node_timeout.as_secs())
+/// silent (`Liveness::judge_silent`, condemning them), propose, and purge what is due.
+pub fn leader_step(state: &ClusterState, liveness: &mut crate::liveness::Liveness, step: Step) -> Vec<Op> {
+    let silent = liveness.judge_silent(state, step.led_for, step.node_timeout, step.now);
+    let mut ops = propose(state, step.now_ms, &silent, step.node_timeout.as_secs());
+    if let Some(retention) = step.purge {
+        ops.extend(crate::state::history::purge_due(state, step.now_ms, retention));
+    }
+    ops
 }
 
 /// The ops of one leader pass at `now_ms`. `silent` are the nodes whose heartbeats stopped

@@ -16,7 +16,7 @@
 
 use std::time::Instant;
 
-use kairos_scheduler::propose::leader_step;
+use kairos_scheduler::propose::{leader_step, Step};
 use kairos_scheduler::{Command, Op};
 
 use crate::context::Ctx;
@@ -44,15 +44,12 @@ pub async fn run(ctx: Ctx) {
         }
         let since = leader_since.map(|(_, at)| at).unwrap_or_else(Instant::now);
         let (started, pass_began) = (Instant::now(), std::time::SystemTime::now());
-        let mut ops = pass(&ctx, since);
-        ctx.metrics.pass(started.elapsed().as_secs_f64());
-        if last_purge.elapsed() >= PURGE_EVERY {
+        let purge = last_purge.elapsed() >= PURGE_EVERY;
+        if purge {
             last_purge = Instant::now();
-            let now = ctx.cluster_now();
-            let due =
-                ctx.replica.read(|a| kairos_scheduler::history::purge_due(&a.state, now, &ctx.retention));
-            ops.extend(due);
         }
+        let ops = pass(&ctx, since, purge);
+        ctx.metrics.pass(started.elapsed().as_secs_f64());
         if ops.is_empty() {
             continue;
         }
@@ -95,14 +92,17 @@ fn trace_placements(ctx: &Ctx, outcomes: &[kairos_scheduler::Outcome], began: st
     }
 }
 
-/// What this pass proposes: the core decides (`kairos_scheduler::propose`); this only gathers
-/// which nodes fell silent.
-fn pass(ctx: &Ctx, leader_since: Instant) -> Vec<Op> {
-    let timeout = ctx.timing.node_timeout;
-    let now = ctx.cluster_now();
-    let ops = ctx.replica.read(|a| {
-        leader_step(&a.state, &mut ctx.liveness(), leader_since.elapsed(), timeout, Instant::now(), now)
-    });
+/// What this pass proposes (with `purge`, finished jobs past the retention too): the core
+/// decides (`kairos_scheduler::propose::leader_step`), on one read of the state.
+fn pass(ctx: &Ctx, leader_since: Instant, purge: bool) -> Vec<Op> {
+    let step = Step {
+        led_for: leader_since.elapsed(),
+        node_timeout: ctx.timing.node_timeout,
+        now: Instant::now(),
+        now_ms: ctx.cluster_now(),
+        purge: purge.then_some(&ctx.retention),
+    };
+    let ops = ctx.replica.read(|a| leader_step(&a.state, &mut ctx.liveness(), step));
     for op in &ops {
         if let Op::NodeDown { node, .. } = op {
             tracing::warn!(node = %node, "node missed heartbeats; marking it down");

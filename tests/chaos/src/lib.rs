@@ -63,6 +63,19 @@ pub struct FinalJob {
     pub time_limit_ms: Option<i64>,
 }
 
+impl FinalJob {
+    /// A job of the state as the checkers judge it.
+    pub fn of(j: &kairos_scheduler::Job) -> FinalJob {
+        FinalJob {
+            id: j.id,
+            name: j.spec.name.clone(),
+            state: j.state.as_str().to_string(),
+            events: j.events.iter().map(|e| e.kind.clone()).collect(),
+            time_limit_ms: j.spec.time_limit_s.map(|s| s as i64 * 1000),
+        }
+    }
+}
+
 /// One line of an agent's process log (`kairos-agent --process-log`).
 #[derive(serde::Deserialize)]
 struct ProcessLine {

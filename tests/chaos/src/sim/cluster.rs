@@ -10,8 +10,9 @@ use std::time::Duration;
 use kairos_consensus::peerclock::PeerClocks;
 use kairos_consensus::{Replica, ReplicaConfig, ReplicaId, Storage, WriteError};
 use kairos_scheduler::clock::Stamp;
+use kairos_scheduler::history::Retention;
 use kairos_scheduler::liveness::Liveness;
-use kairos_scheduler::propose::leader_step;
+use kairos_scheduler::propose::{leader_step, Step};
 use kairos_scheduler::{Command, Op, Outcome};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -22,6 +23,11 @@ use super::World;
 
 /// The leader's pass period (`kairosd --tick`).
 const TICK: Duration = Duration::from_millis(100);
+/// The leader looks for finished jobs to purge every this many passes (`kairosd`: every second).
+const PURGE_TICKS: u64 = 10;
+/// Finished jobs leave the live state 3 s (cluster time) after they ended.
+const SIM_RETENTION: Retention =
+    Retention { job_ms: 3_000, history_max_jobs: 100_000, history_max_age_ms: i64::MAX };
 
 /// One replica's machine: its disk survives crashes, the rest is its running incarnation.
 pub struct Slot {
@@ -246,8 +252,10 @@ impl World {
 /// gather the silent nodes, ask the core what to change, propose it.
 async fn leader_loop(w: Arc<World>, id: ReplicaId, replica: Replica, liveness: Arc<Mutex<Liveness>>) {
     let mut leader_since: Option<(u64, Instant)> = None;
+    let mut ticks = 0u64;
     loop {
         tokio::time::sleep(TICK).await;
+        ticks += 1;
         if net::lock(&w.net).paused.contains(&id) {
             continue;
         }
@@ -262,12 +270,22 @@ async fn leader_loop(w: Arc<World>, id: ReplicaId, replica: Replica, liveness: A
             *liveness.lock().unwrap_or_else(|p| p.into_inner()) = Liveness::default();
         }
         let since = leader_since.map(|(_, at)| at).unwrap_or_else(Instant::now);
-        let timeout = w.cfg.node_timeout;
         let now = w.stamp(id, &replica);
-        let ops = replica.read(|a| {
+        let step = Step {
+            led_for: since.elapsed(),
+            node_timeout: w.cfg.node_timeout,
+            now: Instant::now().into_std(),
+            now_ms: now.now_ms,
+            // As kairosd's PURGE_EVERY, with a retention short enough to purge within a schedule.
+            purge: ticks.is_multiple_of(PURGE_TICKS).then_some(&SIM_RETENTION),
+        };
+        let (ops, purged) = replica.read(|a| {
             let mut l = liveness.lock().unwrap_or_else(|p| p.into_inner());
-            leader_step(&a.state, &mut l, since.elapsed(), timeout, Instant::now().into_std(), now.now_ms)
+            let ops = leader_step(&a.state, &mut l, step);
+            let purged = purged_finals(&a.state, &ops);
+            (ops, purged)
         });
+        w.purging(purged);
         if ops.is_empty() {
             continue;
         }
@@ -292,6 +310,16 @@ async fn leader_loop(w: Arc<World>, id: ReplicaId, replica: Replica, liveness: A
         }
         w.trace(|| format!("leader {id}: {result:?}"));
     }
+}
+
+/// The jobs a pass proposes to purge, as the checkers must still see them once they have left the
+/// live state (`World::purging`).
+fn purged_finals(state: &kairos_scheduler::ClusterState, ops: &[Op]) -> Vec<crate::FinalJob> {
+    let purged = ops.iter().filter_map(|op| match op {
+        Op::PurgeJobs { jobs, .. } => Some(jobs),
+        _ => None,
+    });
+    purged.flatten().filter_map(|id| state.jobs.get(id)).map(crate::FinalJob::of).collect()
 }
 
 /// An op in a trace line (a submit without its spec).

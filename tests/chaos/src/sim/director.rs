@@ -450,20 +450,16 @@ impl World {
             })
             .collect();
         let source = leader.cloned().or_else(|| members.iter().find_map(|(_, r)| r.clone()));
+        // Live jobs, and purged ones where the history has them (a job in neither is lost).
+        let purged = locked(&self.records).purged.clone();
         let finals: Vec<FinalJob> = source
             .map(|r| {
                 r.read(|a| {
-                    a.state
-                        .jobs
-                        .values()
-                        .map(|j| FinalJob {
-                            id: j.id,
-                            name: j.spec.name.clone(),
-                            state: j.state.as_str().to_string(),
-                            events: j.events.iter().map(|e| e.kind.clone()).collect(),
-                            time_limit_ms: j.spec.time_limit_s.map(|s| s as i64 * 1000),
-                        })
-                        .collect()
+                    let live = a.state.jobs.values().map(FinalJob::of);
+                    let kept: BTreeSet<JobId> = a.state.history.iter().map(|h| h.id).collect();
+                    let gone =
+                        purged.values().filter(|j| !a.state.jobs.contains_key(&j.id) && kept.contains(&j.id));
+                    live.chain(gone.cloned()).collect()
                 })
             })
             .unwrap_or_default();

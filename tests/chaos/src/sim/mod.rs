@@ -112,6 +112,9 @@ struct Records {
     allocations: Vec<(JobId, i64)>,
     /// Runs ordered to stop, and when the order was first seen committed (ms).
     stop_orders: BTreeMap<(JobId, u32), i64>,
+    /// Finished jobs a leader proposed to purge, as they were then (the checkers judge the ones
+    /// the live state no longer holds and its history does).
+    purged: BTreeMap<JobId, FinalJob>,
 }
 
 /// Everything one schedule's tasks share.
@@ -234,6 +237,14 @@ impl World {
                 }
                 _ => {}
             }
+        }
+    }
+
+    /// A leader proposes to purge these finished jobs.
+    pub fn purging(&self, jobs: Vec<FinalJob>) {
+        let mut r = locked(&self.records);
+        for j in jobs {
+            r.purged.insert(j.id, j);
         }
     }
 
