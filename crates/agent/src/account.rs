@@ -38,7 +38,7 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 
 /// A Unix account a run executes as.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Account {
+pub struct UnixAccount {
     pub name: String,
     pub uid: u32,
     pub gid: u32,
@@ -57,10 +57,10 @@ pub enum AccountError {
 
 /// How kairos users map to Unix accounts on this node.
 #[derive(Clone, Debug)]
-pub struct Accounts {
+pub struct UnixAccounts {
     pub run_as: RunAs,
     map: BTreeMap<String, String>,
-    /// Accounts below this uid (system accounts: `sync`, `daemon`, …) are never taken by name
+    /// UnixAccounts below this uid (system accounts: `sync`, `daemon`, …) are never taken by name
     /// alone; the user map may still name one explicitly.
     min_uid: u32,
 }
@@ -68,20 +68,20 @@ pub struct Accounts {
 /// The lowest uid a kairos user runs as by name alone (as `UID_MIN` in login.defs).
 pub const MIN_UID_DEFAULT: u32 = 1000;
 
-impl Accounts {
-    pub fn new(run_as: RunAs) -> Accounts {
-        Accounts { run_as, map: BTreeMap::new(), min_uid: MIN_UID_DEFAULT }
+impl UnixAccounts {
+    pub fn new(run_as: RunAs) -> UnixAccounts {
+        UnixAccounts { run_as, map: BTreeMap::new(), min_uid: MIN_UID_DEFAULT }
     }
 
-    /// Accounts below `min_uid` are taken only when the user map names them.
-    pub fn with_min_uid(mut self, min_uid: u32) -> Accounts {
+    /// UnixAccounts below `min_uid` are taken only when the user map names them.
+    pub fn with_min_uid(mut self, min_uid: u32) -> UnixAccounts {
         self.min_uid = min_uid;
         self
     }
 
     /// Reads a user map: one `KAIROS_USER = UNIX_ACCOUNT` per line, `#` comments. Users it does
     /// not name run as the account of their own name.
-    pub fn with_map_file(mut self, path: &Path) -> Result<Accounts, AccountError> {
+    pub fn with_map_file(mut self, path: &Path) -> Result<UnixAccounts, AccountError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| AccountError::MapRead(path.display().to_string(), e))?;
         for (i, line) in text.lines().enumerate() {
@@ -102,7 +102,7 @@ impl Accounts {
     }
 
     /// The account a run of kairos user `user` executes as: `None` means the agent's own.
-    pub fn resolve(&self, user: &str) -> Result<Option<Account>, String> {
+    pub fn resolve(&self, user: &str) -> Result<Option<UnixAccount>, String> {
         if self.run_as == RunAs::Agent {
             return Ok(None);
         }
@@ -131,7 +131,7 @@ impl Accounts {
             .map(|g| g.as_raw())
             .filter(|g| *g != 0)
             .collect();
-        Ok(Some(Account {
+        Ok(Some(UnixAccount {
             name: name.to_string(),
             uid: found.uid.as_raw(),
             gid: found.gid.as_raw(),
@@ -145,7 +145,7 @@ impl Accounts {
 /// The base environment of a run: the allowlisted variables of `agent_env`, then who it runs as.
 pub fn base_env(
     agent_env: impl Iterator<Item = (String, String)>,
-    account: Option<&Account>,
+    account: Option<&UnixAccount>,
 ) -> BTreeMap<String, String> {
     let agent_env: BTreeMap<String, String> = agent_env.collect();
     let mut env: BTreeMap<String, String> =
@@ -184,7 +184,7 @@ mod tests {
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()));
-        let acct = Account {
+        let acct = UnixAccount {
             name: "alice".into(),
             uid: 1000,
             gid: 1000,
@@ -208,7 +208,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("map");
         std::fs::write(&path, "# kairos = unix\nalice = root\n\nbob=nobody # comment\n").unwrap();
-        let a = Accounts::new(RunAs::Submitter).with_map_file(&path).unwrap();
+        let a = UnixAccounts::new(RunAs::Submitter).with_map_file(&path).unwrap();
         // Mapped to root: refused, never run as root.
         assert!(a.resolve("alice").unwrap_err().contains("never execute as root"));
         let e = a.resolve("no-such-user-kairos").unwrap_err();
@@ -218,15 +218,15 @@ mod tests {
             assert_eq!(nobody.name, "nobody");
             assert_ne!(nobody.uid, 0);
         }
-        assert_eq!(Accounts::new(RunAs::Agent).resolve("anyone").unwrap(), None);
+        assert_eq!(UnixAccounts::new(RunAs::Agent).resolve("anyone").unwrap(), None);
         // A kairos user named like a system account does not run as it by name alone.
-        let e = Accounts::new(RunAs::Submitter).resolve("sync").unwrap_err();
+        let e = UnixAccounts::new(RunAs::Submitter).resolve("sync").unwrap_err();
         assert!(e.contains("system account \"sync\"") && e.contains("--user-map"), "{e}");
         std::fs::write(&path, "syncer = sync\n").unwrap();
-        let mapped = Accounts::new(RunAs::Submitter).with_map_file(&path).unwrap();
+        let mapped = UnixAccounts::new(RunAs::Submitter).with_map_file(&path).unwrap();
         assert_eq!(mapped.resolve("syncer").unwrap().map(|a| a.name), Some("sync".to_string()));
         std::fs::write(&path, "alice\n").unwrap();
-        let e = Accounts::new(RunAs::Submitter).with_map_file(&path).unwrap_err();
+        let e = UnixAccounts::new(RunAs::Submitter).with_map_file(&path).unwrap_err();
         assert!(e.to_string().contains(":1:"), "{e}");
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Parser, ValueEnum};
-use kairos_agent::account::{Accounts, RunAs};
+use kairos_agent::account::{RunAs, UnixAccounts};
 use kairos_agent::cgroup::Cgroups;
 use kairos_agent::fence::{self, Lease};
 use kairos_agent::gpu::{FakeInventory, GpuInventory, NvmlInventory};
@@ -648,13 +648,13 @@ fn node_info(
 
 /// Whose account jobs run as (`--run-as`: the submitter's needs root) and how accounts are
 /// resolved.
-fn accounts_of(args: &Args) -> anyhow::Result<(RunAs, Accounts)> {
+fn accounts_of(args: &Args) -> anyhow::Result<(RunAs, UnixAccounts)> {
     let root = nix::unistd::geteuid().is_root();
     let run_as = args.run_as.unwrap_or(if root { RunAs::Submitter } else { RunAs::Agent });
     if run_as == RunAs::Submitter && !root {
         bail!("--run-as submitter needs the agent to run as root (it switches to each job's Unix account)");
     }
-    let mut accounts = Accounts::new(run_as).with_min_uid(args.min_uid);
+    let mut accounts = UnixAccounts::new(run_as).with_min_uid(args.min_uid);
     if let Some(map) = &args.user_map {
         accounts = accounts.with_map_file(map)?;
     }

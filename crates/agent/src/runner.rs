@@ -34,7 +34,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::sync::mpsc;
 
-use crate::account::{base_env, Account, Accounts, RunAs};
+use crate::account::{base_env, RunAs, UnixAccount, UnixAccounts};
 use crate::cgroup::{Cgroups, RunCgroup};
 use crate::fence::Lease;
 use crate::jobfs::Dir;
@@ -126,7 +126,7 @@ impl Run {
 /// How runs are isolated on this node.
 #[derive(Clone, Debug)]
 pub struct Isolation {
-    pub accounts: Accounts,
+    pub accounts: UnixAccounts,
     /// None: process groups only (no cgroup could be created).
     pub cgroups: Option<Cgroups>,
     pub log_max_bytes: u64,
@@ -135,7 +135,7 @@ pub struct Isolation {
 impl Default for Isolation {
     fn default() -> Self {
         Isolation {
-            accounts: Accounts::new(RunAs::Agent),
+            accounts: UnixAccounts::new(RunAs::Agent),
             cgroups: None,
             log_max_bytes: LOG_MAX_BYTES_DEFAULT,
         }
@@ -425,7 +425,7 @@ pub async fn kill_orphans(
 fn prepare_job_files(
     state_dir: &Path,
     a: &pb::Assignment,
-    account: Option<&Account>,
+    account: Option<&UnixAccount>,
 ) -> std::io::Result<std::fs::File> {
     let owner = account.map(|a| (a.uid, a.gid));
     let jobs = Dir::create(&jobs_dir(state_dir))?;
@@ -483,7 +483,7 @@ async fn copy_output(
 fn confine(
     cmd: &mut tokio::process::Command,
     cgroup: Option<&RunCgroup>,
-    account: Option<&crate::account::Account>,
+    account: Option<&crate::account::UnixAccount>,
     workdir: &Path,
 ) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
     let procs = cgroup.map(RunCgroup::procs_file).transpose()?;
@@ -839,7 +839,7 @@ impl Runner {
     fn job_command(
         &self,
         a: &pb::Assignment,
-        account: Option<&crate::account::Account>,
+        account: Option<&crate::account::UnixAccount>,
         checkpoint_dir: &Path,
         traceparent: Option<String>,
     ) -> std::io::Result<tokio::process::Command> {

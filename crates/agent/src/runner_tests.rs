@@ -1,7 +1,7 @@
 //! Tests of the runner: real child processes, process groups, cgroups where the host has them.
 
 use super::*;
-use crate::account::{Accounts, RunAs};
+use crate::account::{RunAs, UnixAccounts};
 use std::os::unix::fs::PermissionsExt;
 
 fn assignment(job: u64, argv: &[&str], started: bool, kill: bool) -> pb::Assignment {
@@ -429,7 +429,7 @@ fn runner_as_nobody(dir: &Path, tx: mpsc::Sender<pb::StatusReport>) -> Runner {
     let map = dir.join("users.map");
     std::fs::write(&map, "alice = nobody\n").unwrap();
     let run_as = if root() { RunAs::Submitter } else { RunAs::Agent };
-    let accounts = Accounts::new(run_as).with_map_file(&map).unwrap();
+    let accounts = UnixAccounts::new(run_as).with_map_file(&map).unwrap();
     Runner::new("n1", dir, tx).with_isolation(Isolation { accounts, ..Default::default() })
 }
 

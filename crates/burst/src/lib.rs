@@ -11,11 +11,11 @@
 //! The replicated half (configuration, intents, instances, spend) lives in
 //! `kairos_scheduler::burst`, so that apply can re-check every limit.
 
-pub mod policy;
+pub mod decision;
 pub mod provider;
 pub mod reconcile;
 
-pub use policy::{decide, Decision};
+pub use decision::{decide, Decision};
 pub use provider::{check_instance_types, Cloud, CloudError, CloudInstance, Ec2Cloud, LaunchSpec, TypeInfo};
 
 #[cfg(test)]

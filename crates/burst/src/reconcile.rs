@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use kairos_scheduler::burst::{BurstInstance, BurstState, InstanceState};
 use kairos_scheduler::Op;
 
-use crate::policy::Decision;
+use crate::decision::Decision;
 use crate::provider::{Cloud, CloudError, CloudInstance, LaunchSpec};
 
 /// Prefix of the decisions that say why burst holds back.
@@ -223,7 +223,7 @@ fn leaks(
 }
 
 /// One round at `now`, given the applied burst state and the policy's decision on the same
-/// state (`policy::decide`): returns the commands to propose and what was done.
+/// state (`decision::decide`): returns the commands to propose and what was done.
 pub async fn round<C: Cloud>(
     cloud: &C,
     burst: &BurstState,

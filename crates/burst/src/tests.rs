@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use kairos_scheduler::burst::{BurstConfig, InstanceState, InstanceType, BURST_LABEL};
 use kairos_scheduler::{ClusterState, Command, Gpu, JobSpec, NodeInfo, Op, Outcome, Profile};
 
-use crate::policy::decide;
+use crate::decision::decide;
 use crate::provider::{Cloud, CloudError, CloudInstance, LaunchSpec};
 use crate::reconcile::{round, Memory, Settings};
 

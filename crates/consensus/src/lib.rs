@@ -25,6 +25,7 @@ use tokio::sync::watch;
 
 pub mod auth;
 pub mod backup;
+pub mod failover;
 pub mod failstop;
 pub mod freshness;
 pub mod fs;
@@ -35,7 +36,6 @@ pub mod runtime;
 pub mod service;
 pub mod store;
 pub mod wal;
-pub mod watchdog;
 
 pub use store::{Applied, SharedState};
 

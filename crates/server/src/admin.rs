@@ -23,7 +23,7 @@ use kairos_proto::policy::{
     qos_from_pb, qos_to_pb, weights_to_pb,
 };
 
-pub struct Admin {
+pub struct AdminApi {
     pub ctx: Ctx,
     /// The EC2 endpoint override (`--burst-endpoint`) instance types are checked against.
     pub burst_endpoint: Option<String>,
@@ -38,7 +38,7 @@ const BACKUP_CHUNK_BYTES: usize = 1024 * 1024;
 type BoxStream<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl AdminService for Admin {
+impl AdminService for AdminApi {
     type SaveSnapshotStream = BoxStream<pb::SnapshotChunk>;
 
     async fn save_snapshot(
@@ -453,7 +453,7 @@ impl AdminService for Admin {
 /// Longest lifetime a token may be created with (ten years).
 const TOKEN_TTL_S_MAX: u64 = 10 * 365 * 24 * 3600;
 
-impl Admin {
+impl AdminApi {
     /// Before an enabling configuration is committed: its instance types exist in the cloud
     /// with the configured GPU count and model (`DescribeInstanceTypes`). A configuration that
     /// is invalid on its own is left to apply's check (one message for both); a cloud that
@@ -576,7 +576,7 @@ fn membership_status(e: MembershipError) -> Status {
     }
 }
 
-impl Admin {
+impl AdminApi {
     async fn status(&self) -> pb::ClusterStatusResponse {
         let s = self.ctx.replica.status();
         // Whether each member answers a connection now (all probed at once, briefly).

@@ -21,7 +21,7 @@ use kairos_consensus::WriteError;
 use crate::context::{rejection_status, write_status, Ctx};
 use crate::convert::node_info_from_pb;
 
-pub struct Agents {
+pub struct AgentApi {
     pub ctx: Ctx,
 }
 
@@ -61,7 +61,7 @@ pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> 
 }
 
 #[tonic::async_trait]
-impl AgentService for Agents {
+impl AgentService for AgentApi {
     async fn register(
         &self,
         request: Request<pb::RegisterRequest>,

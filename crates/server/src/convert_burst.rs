@@ -68,7 +68,7 @@ pub fn burst_config_from_pb(c: pb::BurstConfig) -> BurstConfig {
 pub fn burst_status(state: &ClusterState, now: i64) -> pb::BurstStatusResponse {
     let b = &state.burst;
     let footprint = b.footprint();
-    let (on_prem_used, on_prem_total) = kairos_burst::policy::on_prem_usage(state);
+    let (on_prem_used, on_prem_total) = kairos_burst::decision::on_prem_usage(state);
     let instances = b
         .instances
         .values()

@@ -477,7 +477,7 @@ async fn serve(
         // Followers pass what only the leader answers to it (`forward`).
         .add_service(
             forwarder.wrap(tonic::service::interceptor::InterceptedService::new(
-                JobServiceServer::new(jobs::Jobs {
+                JobServiceServer::new(jobs::JobApi {
                     ctx: ctx.clone(),
                     limiter: Arc::new(ratelimit::SubmitLimiter::new(
                         args.submit_rate_per_user,
@@ -489,13 +489,13 @@ async fn serve(
             )),
         )
         .add_service(tonic::service::interceptor::InterceptedService::new(
-            AgentServiceServer::new(agents::Agents { ctx: ctx.clone() })
+            AgentServiceServer::new(agents::AgentApi { ctx: ctx.clone() })
                 .max_decoding_message_size(API_MESSAGE_BYTES_MAX),
             auth::agent_gate(ctx.auth.clone()),
         ))
         .add_service(
             forwarder.wrap(tonic::service::interceptor::InterceptedService::new(
-                AdminServiceServer::new(admin::Admin {
+                AdminServiceServer::new(admin::AdminApi {
                     ctx: ctx.clone(),
                     burst_endpoint: args.burst_endpoint.clone(),
                 })
@@ -567,7 +567,7 @@ pub async fn run() -> anyhow::Result<()> {
     let ctx = context(&args, &replica, auth, client_tls);
     let metrics_task = serve_metrics(&args, &ctx).await?;
     let leader_task = tokio::spawn(leader::run(ctx.clone()));
-    let watchdog_task = tokio::spawn(kairos_consensus::watchdog::run(replica.clone()));
+    let watchdog_task = tokio::spawn(kairos_consensus::failover::run(replica.clone()));
     let burst_task = tokio::spawn(burst::run(ctx.clone(), burst_options(&args, join_token)));
 
     let (health, health_service) = tonic_health::server::health_reporter();

@@ -20,8 +20,8 @@ const PERIOD: Duration = Duration::from_millis(250);
 /// The services whose status is reported ("" is the server as a whole).
 const SERVICES: [&str; 3] = [
     "",
-    <JobServiceServer<crate::jobs::Jobs> as NamedService>::NAME,
-    <AdminServiceServer<crate::admin::Admin> as NamedService>::NAME,
+    <JobServiceServer<crate::jobs::JobApi> as NamedService>::NAME,
+    <AdminServiceServer<crate::admin::AdminApi> as NamedService>::NAME,
 ];
 
 /// Keeps the health service's answers current; runs until aborted.

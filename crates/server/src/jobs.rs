@@ -28,7 +28,7 @@ const LIST_LIMIT_DEFAULT: usize = 1_000;
 /// A page of jobs stays under this many encoded bytes (clients decode up to 4 MiB).
 const LIST_PAGE_BYTES_MAX: usize = 2 * 1024 * 1024;
 
-pub struct Jobs {
+pub struct JobApi {
     pub ctx: Ctx,
     pub limiter: std::sync::Arc<crate::ratelimit::SubmitLimiter>,
 }
@@ -52,7 +52,7 @@ fn job_view(state: &ClusterState, reasons: &PendingReasons, id: JobId) -> Result
     Ok(job_to_pb(job, pending, priority))
 }
 
-impl Jobs {
+impl JobApi {
     /// A submit past the rate limit: validated, committed, answered.
     async fn submit_as(
         &self,
@@ -185,7 +185,7 @@ fn in_window(submit: i64, end: i64, since: i64, until: i64) -> bool {
 }
 
 #[tonic::async_trait]
-impl JobService for Jobs {
+impl JobService for JobApi {
     async fn list_history(
         &self,
         request: Request<pb::ListHistoryRequest>,
