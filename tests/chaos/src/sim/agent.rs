@@ -65,138 +65,178 @@ fn node_info(name: &str, gpus: u32) -> NodeInfo {
 /// The modelled agent of `node`, until the world ends.
 pub async fn run(w: Arc<World>, node: String) {
     let info = node_info(&node, w.cfg.gpus_per_node);
-    let mut via: ReplicaId = 1;
-    let mut epoch: Option<u64> = None;
-    let mut registered = false;
-    let mut lease_until: Option<Instant> = None;
-    let mut procs: BTreeMap<RunKey, Proc> = BTreeMap::new();
-    let mut was_down = false;
+    let mut agent = SimAgent {
+        w,
+        node,
+        info,
+        via: 1,
+        epoch: None,
+        registered: false,
+        lease_until: None,
+        procs: BTreeMap::new(),
+        was_down: false,
+    };
     loop {
         tokio::time::sleep(TICK).await;
-        let now = Instant::now();
-        // The processes go on by themselves; the watchdog holds the lease's hard deadline.
-        let hard = lease_until.map(|l| l + w.cfg.fence_grace());
-        for p in procs.values_mut().filter(|p| p.ended.is_none()) {
+        agent.advance(Instant::now());
+        if agent.down(Instant::now()) {
+            continue;
+        }
+        agent.fence(Instant::now());
+        if !agent.registered {
+            agent.register().await;
+            continue;
+        }
+        let Some(replica) = agent.heartbeat().await else { continue };
+        let reports = agent.reconcile(&replica);
+        // Reports in order, one call each, until one fails.
+        for op in reports {
+            if agent.w.write(&mut agent.via, vec![op]).await.is_err() {
+                break;
+            }
+        }
+    }
+}
+
+/// What one modelled agent knows between its ticks.
+struct SimAgent {
+    w: Arc<World>,
+    node: String,
+    info: NodeInfo,
+    /// The replica it talks to.
+    via: ReplicaId,
+    epoch: Option<u64>,
+    registered: bool,
+    lease_until: Option<Instant>,
+    procs: BTreeMap<RunKey, Proc>,
+    was_down: bool,
+}
+
+impl SimAgent {
+    /// The processes go on by themselves: each ends naturally, at its stop, or at the lease's
+    /// hard deadline (the watchdog), whichever comes first.
+    fn advance(&mut self, now: Instant) {
+        let w = &self.w;
+        let hard =
+            self.lease_until.map(|l| l + w.cfg.fence_grace()).filter(|_| !w.cfg.broken.agents_ignore_lease);
+        for p in self.procs.values_mut().filter(|p| p.ended.is_none()) {
             let mut ends: Vec<(Instant, RunExit)> = vec![(p.natural_end, RunExit::Code(0))];
-            if let Some(s) = p.stop_at {
-                ends.push((s, RunExit::Signal(15)));
-            }
-            if let Some(h) = hard {
-                if !w.cfg.broken.agents_ignore_lease {
-                    ends.push((h, RunExit::Signal(9)));
-                }
-            }
+            ends.extend(p.stop_at.map(|s| (s, RunExit::Signal(15))));
+            ends.extend(hard.map(|h| (h, RunExit::Signal(9))));
             if let Some((at, exit)) = ends.into_iter().filter(|(at, _)| *at <= now).min_by_key(|(at, _)| *at)
             {
                 w.end_process(p.record, at, !matches!(exit, RunExit::Code(_)));
                 p.ended = Some(exit);
             }
         }
-        let fault = w.agent_fault(&node);
+    }
+
+    /// Whether a fault holds the agent (stalled or crashed: a crashed one registers again).
+    fn down(&mut self, now: Instant) -> bool {
+        let fault = self.w.agent_fault(&self.node);
         let down =
             fault.stalled_until.is_some_and(|t| now < t) || fault.crashed_until.is_some_and(|t| now < t);
         if down {
             if fault.crashed_until.is_some() {
-                registered = false;
+                self.registered = false;
             }
-            was_down = true;
-            continue;
+            self.was_down = true;
+        } else if self.was_down {
+            self.was_down = false;
+            self.w.clear_agent_fault(&self.node);
         }
-        if was_down {
-            was_down = false;
-            w.clear_agent_fault(&node);
+        down
+    }
+
+    fn leased(&self, now: Instant) -> bool {
+        self.lease_until.is_some_and(|l| now < l) || self.w.cfg.broken.agents_ignore_lease
+    }
+
+    /// The lease lapsed: every run stops within the fence's grace.
+    fn fence(&mut self, now: Instant) {
+        if self.leased(now) {
+            return;
         }
-        // The lease lapsed: stop every run within the grace, launch nothing.
-        let leased = lease_until.is_some_and(|l| now < l) || w.cfg.broken.agents_ignore_lease;
-        if !leased {
-            for p in procs.values_mut().filter(|p| p.ended.is_none() && p.stop_at.is_none()) {
-                p.stop_at = Some(now + w.cfg.fence_grace());
-            }
+        let grace = self.w.cfg.fence_grace();
+        for p in self.procs.values_mut().filter(|p| p.ended.is_none() && p.stop_at.is_none()) {
+            p.stop_at = Some(now + grace);
         }
-        if !registered {
-            // As the agent service's `register` does (`kairos_scheduler::liveness`).
-            let may = w
-                .replica(via)
-                .is_none_or(|r| r.read(|a| locked(&w.liveness(via)).may_register(&a.state, &node)));
-            if !may {
-                continue;
-            }
-            let sent = Instant::now();
-            if let Ok(outcomes) =
-                w.write(&mut via, vec![Op::JoinNode { info: info.clone(), credential_epoch: epoch }]).await
-            {
-                match outcomes.first() {
-                    Some(Outcome::NodeRegistered { epoch: e, .. }) => {
-                        epoch = Some(*e);
-                        let now = Instant::now().into_std();
-                        let stands = w.replica(via).is_some_and(|r| {
-                            r.read(|a| locked(&w.liveness(via)).registration_stands(&a.state, &node, now, 0))
-                        });
-                        if stands && !w.reply_lost() {
-                            registered = true;
-                            lease_until = Some(sent + w.cfg.lease());
-                        }
-                    }
-                    // A registration of another epoch (a stale credential): join afresh.
-                    Some(Outcome::Rejected(_)) => epoch = None,
-                    _ => {}
+    }
+
+    /// Registers (`JoinNode`, with its credential's epoch after the first time), as the agent
+    /// service's `register` admits it (`kairos_scheduler::liveness`); the lease runs from when
+    /// it was sent.
+    async fn register(&mut self) {
+        let (w, node, via) = (self.w.clone(), self.node.clone(), self.via);
+        let may =
+            w.replica(via).is_none_or(|r| r.read(|a| locked(&w.liveness(via)).may_register(&a.state, &node)));
+        if !may {
+            return;
+        }
+        let sent = Instant::now();
+        let join = Op::JoinNode { info: self.info.clone(), credential_epoch: self.epoch };
+        let Ok(outcomes) = w.write(&mut self.via, vec![join]).await else { return };
+        match outcomes.first() {
+            Some(Outcome::NodeRegistered { epoch: e, .. }) => {
+                self.epoch = Some(*e);
+                let (now, via) = (Instant::now().into_std(), self.via);
+                let stands = w.replica(via).is_some_and(|r| {
+                    r.read(|a| locked(&w.liveness(via)).registration_stands(&a.state, &node, now, 0))
+                });
+                if stands && !w.reply_lost() {
+                    self.registered = true;
+                    self.lease_until = Some(sent + w.cfg.lease());
                 }
             }
-            continue;
+            // A registration of another epoch (a stale credential): join afresh.
+            Some(Outcome::Rejected(_)) => self.epoch = None,
+            _ => {}
         }
-        // Heartbeat: only a leader a quorum still follows counts it.
-        let Some(replica) = w.replica(via) else {
-            via = w.any_replica();
-            continue;
+    }
+
+    /// A heartbeat: only a leader a quorum still follows counts it. The leader it renewed the
+    /// lease with (to `sent + lease`), if it did.
+    async fn heartbeat(&mut self) -> Option<kairos_consensus::Replica> {
+        let w = self.w.clone();
+        let Some(replica) = w.replica(self.via) else {
+            self.via = w.any_replica();
+            return None;
         };
-        if !w.wait_unpaused(via, Duration::from_millis(500)).await {
-            continue;
+        if !w.wait_unpaused(self.via, Duration::from_millis(500)).await {
+            return None;
         }
         if !replica.is_leader() {
-            via = replica.leader().0.unwrap_or_else(|| w.any_replica());
-            continue;
+            self.via = replica.leader().0.unwrap_or_else(|| w.any_replica());
+            return None;
         }
         let sent = Instant::now();
         if !replica.leads_confirmed().await {
-            via = w.any_replica();
-            continue;
+            self.via = w.any_replica();
+            return None;
         }
         let admitted = replica.read(|a| {
-            locked(&w.liveness(via)).admit_heartbeat(&a.state, &node, Instant::now().into_std(), 0)
+            locked(&w.liveness(self.via)).admit_heartbeat(&a.state, &self.node, Instant::now().into_std(), 0)
         });
         if admitted.is_err() {
-            registered = false;
-            continue;
+            self.registered = false;
+            return None;
         }
         if w.reply_lost() {
-            continue;
+            return None;
         }
-        lease_until = Some(sent + w.cfg.lease());
-        // Reconcile with the assignments on the leader's state, as the real agent decides
-        // (`kairos_agent::decide`), carried out on the modelled processes.
-        let (assigned, names): (Vec<Assigned>, BTreeMap<RunKey, String>) = replica.read(|a| {
-            runs_on(&a.state, &node)
-                .into_iter()
-                .map(|o| {
-                    let stop = match &o.action {
-                        RunAction::Stop { signal, grace_s } => Some((signal.clone(), *grace_s)),
-                        RunAction::Run | RunAction::Suspend => None,
-                    };
-                    let key = (o.job.id, o.attempt);
-                    let assigned = Assigned {
-                        key,
-                        gpus: o.gpus.clone(),
-                        started: o.started,
-                        stop,
-                        suspend: o.action == RunAction::Suspend,
-                    };
-                    (assigned, (key, o.job.spec.name.clone()))
-                })
-                .unzip()
-        });
+        self.lease_until = Some(sent + w.cfg.lease());
+        Some(replica)
+    }
+
+    /// Reconciles with the assignments on the leader's state, as the real agent decides
+    /// (`kairos_agent::decide`), carried out on the modelled processes; the reports to send.
+    fn reconcile(&mut self, replica: &kairos_consensus::Replica) -> Vec<Op> {
+        let (assigned, names) = replica.read(|a| assignments(&a.state, &self.node));
         let now = Instant::now();
+        let node = self.node.clone();
         let mut reports: Vec<Op> = Vec::new();
-        for action in decide::reconcile(&assigned, &local_view(&procs)) {
+        for action in decide::reconcile(&assigned, &local_view(&self.procs)) {
+            let procs = &mut self.procs;
             match action {
                 Action::Freeze(key, frozen) => {
                     if let Some(p) = procs.get_mut(&key) {
@@ -234,11 +274,11 @@ pub async fn run(w: Arc<World>, node: String) {
                 }
             }
         }
-        for key in decide::launches(&assigned, &local_view(&procs), leased) {
+        for key in decide::launches(&assigned, &local_view(&self.procs), self.leased(now)) {
             let Some(a) = assigned.iter().find(|a| a.key == key) else { continue };
-            let record = w.start_process(&node, key.0, key.1, &a.gpus, now);
+            let record = self.w.start_process(&node, key.0, key.1, &a.gpus, now);
             let name = names.get(&key).map(String::as_str).unwrap_or_default();
-            let natural_end = now + w.run_time(name);
+            let natural_end = now + self.w.run_time(name);
             let p = Proc {
                 record,
                 gpus: a.gpus.clone(),
@@ -247,16 +287,37 @@ pub async fn run(w: Arc<World>, node: String) {
                 ended: None,
                 suspended: false,
             };
-            procs.insert(key, p);
+            self.procs.insert(key, p);
             reports.push(Op::JobStarted { job: key.0, attempt: key.1, node: node.clone() });
         }
-        // Reports in order, one call each, until one fails.
-        for op in reports {
-            if w.write(&mut via, vec![op]).await.is_err() {
-                break;
-            }
-        }
+        reports
     }
+}
+
+/// The runs the state assigns `node`, as `decide` reads them (the same orders the server sends
+/// its agents, `orders::runs_on`), and their jobs' names (what their run times derive from).
+fn assignments(
+    state: &kairos_scheduler::ClusterState,
+    node: &str,
+) -> (Vec<Assigned>, BTreeMap<RunKey, String>) {
+    runs_on(state, node)
+        .into_iter()
+        .map(|o| {
+            let stop = match &o.action {
+                RunAction::Stop { signal, grace_s } => Some((signal.clone(), *grace_s)),
+                RunAction::Run | RunAction::Suspend => None,
+            };
+            let key = (o.job.id, o.attempt);
+            let assigned = Assigned {
+                key,
+                gpus: o.gpus.clone(),
+                started: o.started,
+                stop,
+                suspend: o.action == RunAction::Suspend,
+            };
+            (assigned, (key, o.job.spec.name.clone()))
+        })
+        .unzip()
 }
 
 /// The modelled processes as `decide` reads a node's runs.
