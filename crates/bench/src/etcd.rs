@@ -41,6 +41,22 @@ async fn connect(addr: &str) -> anyhow::Result<Channel> {
         .await?)
 }
 
+/// Waits (at most 30 s) until the cluster at `endpoint` takes a put.
+async fn wait_ready(endpoint: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ok = match connect(endpoint).await {
+            Ok(ch) => put(&ch, b"bench/ready".to_vec(), b"1".to_vec()).await.is_ok(),
+            Err(_) => false,
+        };
+        if ok {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "etcd at {endpoint} took no put within 30 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Puts of `value_bytes`-byte values under distinct keys from `clients` clients (client `c` on
 /// endpoint `c mod n`, as etcd's own benchmark spreads them) for `seconds`, after a 1-s warm-up.
 pub async fn bench_etcd_put(
@@ -52,19 +68,7 @@ pub async fn bench_etcd_put(
     member_pids: Vec<u32>,
 ) -> anyhow::Result<serde_json::Value> {
     anyhow::ensure!(!endpoints.is_empty(), "--endpoints: at least one etcd client address");
-    // Wait (bounded) until the cluster takes a put.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let ok = match connect(&endpoints[0]).await {
-            Ok(ch) => put(&ch, b"bench/ready".to_vec(), b"1".to_vec()).await.is_ok(),
-            Err(_) => false,
-        };
-        if ok {
-            break;
-        }
-        anyhow::ensure!(Instant::now() < deadline, "etcd at {} took no put within 30 s", endpoints[0]);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_ready(&endpoints[0]).await?;
     // `conns` connections to each endpoint; client `c` goes to endpoint `c mod n` over that
     // endpoint's connection `(c / n) mod conns`.
     let n = endpoints.len();

@@ -596,20 +596,8 @@ async fn wait_state(jobs: &mut JobServiceClient<Conn>, id: u64, state: pb::JobSt
     bail!("job {id} did not reach {state:?}")
 }
 
-async fn bench_preempt(
-    controllers: u64,
-    agents: u32,
-    gpus: u32,
-    rounds: usize,
-) -> anyhow::Result<serde_json::Value> {
-    let cluster = Cluster::start(controllers)?;
-    let (mut jobs, mut admin) = leader_jobs(&cluster).await?;
-    // REQUEUE victims with no grace: the measurement is the scheduler's path, not the job's.
-    let mut policy = admin.get_policy(pb::GetPolicyRequest {}).await?.into_inner();
-    for q in policy.qos.iter_mut().filter(|q| q.name == "training") {
-        q.grace_s = 0;
-    }
-    admin.apply_policy(policy).await?;
+/// Starts `agents` fake-GPU agents of `gpus` GPUs each against the cluster.
+fn start_agents(cluster: &Cluster, agents: u32, gpus: u32) -> anyhow::Result<Vec<std::process::Child>> {
     let agent_bin = sibling("kairos-agent")?;
     let mut children = Vec::new();
     for a in 0..agents {
@@ -635,18 +623,58 @@ async fn bench_preempt(
             .context("starting kairos-agent")?;
         children.push(child);
     }
-    let result = async {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let nodes = admin.list_nodes(pb::ListNodesRequest {}).await?.into_inner().nodes;
-            if nodes.iter().filter(|n| n.state == pb::NodeState::Up as i32).count() == agents as usize {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("agents did not register");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    Ok(children)
+}
+
+/// Waits (at most 30 s) until `agents` nodes are up.
+async fn wait_agents_up(admin: &mut AdminServiceClient<Conn>, agents: u32) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let nodes = admin.list_nodes(pb::ListNodesRequest {}).await?.into_inner().nodes;
+        if nodes.iter().filter(|n| n.state == pb::NodeState::Up as i32).count() == agents as usize {
+            return Ok(());
         }
+        if Instant::now() > deadline {
+            bail!("agents did not register");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// SIGTERM to each agent (it stops its jobs' process groups before exiting), SIGKILL after 10 s.
+async fn stop_agents(children: Vec<std::process::Child>) {
+    for mut c in children {
+        // SAFETY: kill(2) on our own child.
+        unsafe {
+            libc::kill(c.id() as i32, libc::SIGTERM);
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), async {
+            while c.try_wait().ok().flatten().is_none() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        let _ = c.kill();
+    }
+}
+
+async fn bench_preempt(
+    controllers: u64,
+    agents: u32,
+    gpus: u32,
+    rounds: usize,
+) -> anyhow::Result<serde_json::Value> {
+    let cluster = Cluster::start(controllers)?;
+    let (mut jobs, mut admin) = leader_jobs(&cluster).await?;
+    // REQUEUE victims with no grace: the measurement is the scheduler's path, not the job's.
+    let mut policy = admin.get_policy(pb::GetPolicyRequest {}).await?.into_inner();
+    for q in policy.qos.iter_mut().filter(|q| q.name == "training") {
+        q.grace_s = 0;
+    }
+    admin.apply_policy(policy).await?;
+    let children = start_agents(&cluster, agents, gpus)?;
+    let result = async {
+        wait_agents_up(&mut admin, agents).await?;
         let training = |i: usize| pb::SubmitRequest {
             spec: Some(pb::JobSpec {
                 name: format!("train-{i}"),
@@ -712,20 +740,7 @@ async fn bench_preempt(
         }))
     }
     .await;
-    for mut c in children {
-        // SIGTERM: the agent stops its jobs' process groups before exiting.
-        // SAFETY: kill(2) on our own child.
-        unsafe {
-            libc::kill(c.id() as i32, libc::SIGTERM);
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(10), async {
-            while c.try_wait().ok().flatten().is_none() {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-        .await;
-        let _ = c.kill();
-    }
+    stop_agents(children).await;
     result
 }
 
@@ -741,53 +756,41 @@ fn rss_mb() -> f64 {
 }
 
 /// Builds the state through the same commands a cluster applies, then times `plan`.
-fn bench_schedule(
+/// Node `n` of the schedule benchmark: `gpus` GPUs in link groups of 4, every fifth node A100s.
+fn bench_node(n: u32, gpus: u32) -> kairos_scheduler::NodeInfo {
+    let gpus = (0..gpus)
+        .map(|i| kairos_scheduler::Gpu {
+            index: i,
+            uuid: format!("GPU-{n}-{i}"),
+            model: if n.is_multiple_of(5) { "A100".into() } else { "H100".into() },
+            memory_mib: 81920,
+            link_group: i / 4,
+        })
+        .collect();
+    kairos_scheduler::NodeInfo {
+        name: format!("node-{n:05}"),
+        addr: format!("10.0.{}.{}:7101", n / 256, n % 256),
+        gpus,
+        cpus: 128,
+        memory_mib: 1 << 20,
+        labels: Default::default(),
+        gpu_backend: "fake".into(),
+        isolation: String::new(),
+    }
+}
+
+/// Running jobs for the schedule benchmark: placed GPU by GPU across the nodes with explicit
+/// plans (under no QoS limit, so the setup is not refused by one); how many were placed.
+fn place_running(
+    state: &mut kairos_scheduler::ClusterState,
     nodes: u32,
     gpus_per_node: u32,
-    pending: u32,
     running: u32,
-    passes: usize,
-) -> anyhow::Result<serde_json::Value> {
-    use kairos_scheduler::{ClusterState, Command, Gpu, JobSpec, NodeInfo, Op, Placement, Plan, Profile};
-    let rss_before = rss_mb();
-    let mut state = ClusterState::new();
-    let now = 1_000_000i64;
-    let apply = |state: &mut ClusterState, op: Op| state.apply(&Command { skipped_ms: 0, now_ms: now, op });
-    for n in 0..nodes {
-        let gpus = (0..gpus_per_node)
-            .map(|i| Gpu {
-                index: i,
-                uuid: format!("GPU-{n}-{i}"),
-                model: if n.is_multiple_of(5) { "A100".into() } else { "H100".into() },
-                memory_mib: 81920,
-                link_group: i / 4,
-            })
-            .collect();
-        let info = NodeInfo {
-            name: format!("node-{n:05}"),
-            addr: format!("10.0.{}.{}:7101", n / 256, n % 256),
-            gpus,
-            cpus: 128,
-            memory_mib: 1 << 20,
-            labels: Default::default(),
-            gpu_backend: "fake".into(),
-            isolation: String::new(),
-        };
-        apply(&mut state, Op::RegisterNode { info });
-    }
-    let profiles =
-        [("training", Profile::Training), ("inference", Profile::Inference), ("batch", Profile::Batch)];
-    let spec = |i: u32, gpus: u32| {
-        let (qos, profile) = profiles[(i % 3) as usize];
-        let mut spec =
-            JobSpec::new(&format!("job-{i}"), &format!("user-{}", i % 200), vec!["train.py".into()], gpus);
-        spec.qos = qos.into();
-        spec.profile = profile;
-        spec.time_limit_s = Some(600 + u64::from(i % 3600));
-        spec.gpu_model = i.is_multiple_of(17).then(|| "A100".to_string());
-        spec
-    };
-    // Running jobs: placed GPU by GPU across the nodes with explicit plans.
+    spec: &dyn Fn(u32, u32) -> kairos_scheduler::JobSpec,
+    now: i64,
+) -> u32 {
+    use kairos_scheduler::{Command, Op, Placement, Plan};
+    let mut apply = |op: Op| state.apply(&Command { skipped_ms: 0, now_ms: now, op });
     let mut placements = Vec::new();
     let (mut node, mut gpu) = (0u32, 0u32);
     let mut placed = 0u32;
@@ -802,20 +805,50 @@ fn bench_schedule(
         }
         let mut sp = spec(i, want);
         sp.gpu_model = None;
-        // Running work under no QoS limit, so the setup is not refused by one.
         sp.qos = "premium".into();
         if let kairos_scheduler::Outcome::Submitted { job } =
-            apply(&mut state, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })
+            apply(Op::Submit { spec: sp, request_id: None, hold: false, limits: None })
         {
             placements.push(Placement::single(job, format!("node-{node:05}"), (gpu..gpu + want).collect()));
             placed += 1;
         }
         gpu += want;
         if placements.len() == 1000 {
-            apply(&mut state, Op::ApplyPlan { plan: Plan { placements: std::mem::take(&mut placements) } });
+            apply(Op::ApplyPlan { plan: Plan { placements: std::mem::take(&mut placements) } });
         }
     }
-    apply(&mut state, Op::ApplyPlan { plan: Plan { placements } });
+    apply(Op::ApplyPlan { plan: Plan { placements } });
+    placed
+}
+
+fn bench_schedule(
+    nodes: u32,
+    gpus_per_node: u32,
+    pending: u32,
+    running: u32,
+    passes: usize,
+) -> anyhow::Result<serde_json::Value> {
+    use kairos_scheduler::{ClusterState, Command, JobSpec, Op, Profile};
+    let rss_before = rss_mb();
+    let mut state = ClusterState::new();
+    let now = 1_000_000i64;
+    let apply = |state: &mut ClusterState, op: Op| state.apply(&Command { skipped_ms: 0, now_ms: now, op });
+    for n in 0..nodes {
+        apply(&mut state, Op::RegisterNode { info: bench_node(n, gpus_per_node) });
+    }
+    let profiles =
+        [("training", Profile::Training), ("inference", Profile::Inference), ("batch", Profile::Batch)];
+    let spec = |i: u32, gpus: u32| {
+        let (qos, profile) = profiles[(i % 3) as usize];
+        let mut spec =
+            JobSpec::new(&format!("job-{i}"), &format!("user-{}", i % 200), vec!["train.py".into()], gpus);
+        spec.qos = qos.into();
+        spec.profile = profile;
+        spec.time_limit_s = Some(600 + u64::from(i % 3600));
+        spec.gpu_model = i.is_multiple_of(17).then(|| "A100".to_string());
+        spec
+    };
+    let placed = place_running(&mut state, nodes, gpus_per_node, running, &spec, now);
     for i in 0..pending {
         let gpus = [1, 1, 2, 4, 8, 1, 2, 8][(i % 8) as usize].min(gpus_per_node);
         apply(
