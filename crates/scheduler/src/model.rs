@@ -434,6 +434,15 @@ fn is_zero(v: &i64) -> bool {
 }
 
 impl Job {
+    /// Its run is stopping so another job can take its GPUs (preempted, or shrunk for one):
+    /// what the API shows as PREEMPTING.
+    pub fn preempting(&self) -> bool {
+        self.state == JobState::Running
+            && self.allocation.as_ref().is_some_and(|a| {
+                matches!(a.stop, Some(StopReason::Preempted { .. } | StopReason::Resize { by: Some(_) }))
+            })
+    }
+
     /// What batch scripts read about their job, with Slurm's names (`SLURM_JOB_ID`,
     /// `SLURM_ARRAY_TASK_ID`, …) and, for array tasks, kairos's (`KAIROS_ARRAY_TASK_ID`,
     /// `KAIROS_ARRAY_JOB_ID`); set for every run beside the agent's own `KAIROS_*` variables.

@@ -91,16 +91,7 @@ fn profile_to_pb(p: Profile) -> pb::Profile {
 
 /// The API state: a running job being preempted (stopped or shrunk) shows as PREEMPTING.
 pub fn job_view_state(job: &Job) -> pb::JobState {
-    let preempting = job.allocation.as_ref().is_some_and(|a| {
-        matches!(
-            a.stop,
-            Some(
-                kairos_scheduler::StopReason::Preempted { .. }
-                    | kairos_scheduler::StopReason::Resize { by: Some(_) }
-            )
-        )
-    });
-    if job.state == JobState::Running && preempting {
+    if job.preempting() {
         return pb::JobState::Preempting;
     }
     job_state_to_pb(job.state)

@@ -55,18 +55,68 @@ const READ_WAIT: Duration = Duration::from_secs(2);
 /// Likewise for a write: the leader's commit wait, and a margin.
 const WRITE_WAIT: Duration = Duration::from_secs(kairos_consensus::WRITE_TIMEOUT.as_secs() + 2);
 
-/// Calls a follower answers from its own state, never forwarded first: its own view of the
-/// cluster, and long streams that would tie a connection to the leader for their whole life.
-const LOCAL: [&str; 3] = [
-    "/kairos.v1.AdminService/ClusterStatus",
-    "/kairos.v1.JobService/WatchJob",
-    "/kairos.v1.JobService/StreamLogs",
+/// How a follower treats a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    /// Answered from its own state, never forwarded first: its own view of the cluster, and long
+    /// streams that would tie a connection to the leader for their whole life.
+    Local,
+    /// Forwarded; a read (its answer comes without a commit wait).
+    Read,
+    /// Forwarded; a write (the leader's commit wait).
+    Write,
+}
+
+/// Every method of the services a follower forwards, and its route (a test checks the table
+/// against the protos: a new method cannot go unrouted).
+const ROUTES: [(&str, Route); 33] = [
+    ("/kairos.v1.JobService/Submit", Route::Write),
+    ("/kairos.v1.JobService/GetJob", Route::Read),
+    ("/kairos.v1.JobService/ListJobs", Route::Read),
+    ("/kairos.v1.JobService/CancelJob", Route::Write),
+    ("/kairos.v1.JobService/WatchJob", Route::Local),
+    ("/kairos.v1.JobService/StreamLogs", Route::Local),
+    ("/kairos.v1.JobService/HoldJob", Route::Write),
+    ("/kairos.v1.JobService/ReleaseJob", Route::Write),
+    ("/kairos.v1.JobService/ListHistory", Route::Read),
+    ("/kairos.v1.AdminService/ListNodes", Route::Read),
+    ("/kairos.v1.AdminService/ClusterStatus", Route::Local),
+    ("/kairos.v1.AdminService/AddReplica", Route::Write),
+    ("/kairos.v1.AdminService/RemoveReplica", Route::Write),
+    ("/kairos.v1.AdminService/SaveSnapshot", Route::Write),
+    ("/kairos.v1.AdminService/GetPolicy", Route::Read),
+    ("/kairos.v1.AdminService/ApplyPolicy", Route::Write),
+    ("/kairos.v1.AdminService/PutQos", Route::Write),
+    ("/kairos.v1.AdminService/DeleteQos", Route::Write),
+    ("/kairos.v1.AdminService/PutAccount", Route::Write),
+    ("/kairos.v1.AdminService/DeleteAccount", Route::Write),
+    ("/kairos.v1.AdminService/PutPartition", Route::Write),
+    ("/kairos.v1.AdminService/DeletePartition", Route::Write),
+    ("/kairos.v1.AdminService/GetPriorities", Route::Read),
+    ("/kairos.v1.AdminService/GetShares", Route::Read),
+    ("/kairos.v1.AdminService/ListPreemptions", Route::Read),
+    ("/kairos.v1.AdminService/GetBurstConfig", Route::Read),
+    ("/kairos.v1.AdminService/SetBurstConfig", Route::Write),
+    ("/kairos.v1.AdminService/BurstStatus", Route::Read),
+    ("/kairos.v1.AdminService/CreateToken", Route::Write),
+    ("/kairos.v1.AdminService/ListTokens", Route::Read),
+    ("/kairos.v1.AdminService/RevokeToken", Route::Write),
+    ("/kairos.v1.AdminService/DrainNode", Route::Write),
+    ("/kairos.v1.AdminService/RemoveNode", Route::Write),
 ];
 
-/// Whether the call at `path` only reads (its answer comes without a commit wait).
-fn reads(path: &str) -> bool {
-    let method = path.rsplit('/').next().unwrap_or_default();
-    ["Get", "List"].iter().any(|p| method.starts_with(p)) || method == "BurstStatus"
+/// The route of the call at `path` (one not in the table: a write, the longer wait).
+fn route(path: &str) -> Route {
+    ROUTES.iter().find(|(p, _)| *p == path).map_or(Route::Write, |(_, r)| *r)
+}
+
+/// How long a forwarded call may take to answer before this replica answers it itself.
+fn wait_for(path: &str) -> Duration {
+    if route(path) == Route::Read {
+        READ_WAIT
+    } else {
+        WRITE_WAIT
+    }
 }
 
 /// The caller check from the headers (`auth::user_gate`'s): `Ok` for a caller this replica
@@ -249,7 +299,7 @@ where
                     let addr = forwarder.leader_addr();
                     let (parts, body) = request.into_parts();
                     let head = Head { method: parts.method, uri: parts.uri, headers: parts.headers };
-                    let wait = if reads(head.uri.path()) { READ_WAIT } else { WRITE_WAIT };
+                    let wait = wait_for(head.uri.path());
                     let answer = match addr {
                         Some(addr) => forwarder.to_leader(&addr, &head, body, wait).await,
                         None => None,
@@ -270,9 +320,9 @@ where
             let head =
                 Head { method: parts.method.clone(), uri: parts.uri.clone(), headers: parts.headers.clone() };
             let path = head.uri.path();
-            let wait = if reads(path) { READ_WAIT } else { WRITE_WAIT };
+            let wait = wait_for(path);
             let mut tried = None;
-            if !LOCAL.contains(&path) {
+            if route(path) != Route::Local {
                 if let Some(addr) = forwarder.leader_addr() {
                     let kept = Body::new(Full::new(body.clone()));
                     if let Some(answer) = forwarder.to_leader(&addr, &head, kept, wait).await {
@@ -293,5 +343,45 @@ where
                 None => Ok(local),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every method of the forwarded services as the protos declare them.
+    fn declared() -> Vec<String> {
+        let protos = [
+            ("JobService", include_str!("../../../proto/kairos/v1/job.proto")),
+            ("AdminService", include_str!("../../../proto/kairos/v1/admin.proto")),
+        ];
+        let mut out = Vec::new();
+        for (service, text) in protos {
+            for line in text.lines() {
+                let Some(rest) = line.trim().strip_prefix("rpc ") else { continue };
+                let name = rest.split('(').next().unwrap_or_default().trim();
+                out.push(format!("/kairos.v1.{service}/{name}"));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_forwarded_method_has_its_route_and_no_route_names_a_method_that_is_gone() {
+        let declared = declared();
+        assert!(declared.len() > 20, "{declared:?}");
+        let routed: Vec<&str> = ROUTES.iter().map(|(p, _)| *p).collect();
+        for method in &declared {
+            assert!(routed.contains(&method.as_str()), "{method} has no route in forward::ROUTES");
+        }
+        for path in &routed {
+            assert!(declared.iter().any(|d| d == path), "{path} is routed but no longer declared");
+        }
+        assert_eq!(route("/kairos.v1.JobService/GetJob"), Route::Read);
+        assert_eq!(route("/kairos.v1.JobService/StreamLogs"), Route::Local);
+        assert_eq!(route("/kairos.v1.JobService/Submit"), Route::Write);
+        assert_eq!(route("/kairos.v1.JobService/Unknown"), Route::Write, "unknown: the longer wait");
+        assert_eq!(wait_for("/kairos.v1.AdminService/BurstStatus"), READ_WAIT);
     }
 }

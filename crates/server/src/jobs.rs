@@ -44,11 +44,7 @@ fn job_view(state: &ClusterState, reasons: &PendingReasons, id: JobId) -> Result
     let pending = if job.state == JobState::Pending { reasons.get(&id) } else { None };
     // Only this job's account's fairshare factor: every account's would cost each answer (a
     // submit's included) time that grows with the account tree, under the state's read lock.
-    let priority = if job.state == JobState::Pending {
-        Prioritizer::for_account(state, &job.spec.account).priority(job)
-    } else {
-        job.priority
-    };
+    let priority = Prioritizer::for_account(state, &job.spec.account).shown(job);
     Ok(job_to_pb(job, pending, priority))
 }
 
@@ -296,9 +292,7 @@ impl JobService for JobApi {
                 .peekable();
             let (mut page, mut bytes) = (Vec::new(), 0usize);
             while let Some(j) = matching.next_if(|_| page.len() < limit) {
-                let priority =
-                    if j.state == JobState::Pending { prioritizer.priority(j) } else { j.priority };
-                let job = job_to_pb(j, reasons.get(&j.id), priority);
+                let job = job_to_pb(j, reasons.get(&j.id), prioritizer.shown(j));
                 bytes += prost::Message::encoded_len(&job);
                 page.push(job);
                 if bytes >= LIST_PAGE_BYTES_MAX {

@@ -277,6 +277,16 @@ impl<'a> Prioritizer<'a> {
     pub fn priority(&self, job: &Job) -> i64 {
         self.factors(job).priority
     }
+
+    /// The priority a job shows: its multifactor priority now while it waits, else the one it
+    /// started with.
+    pub fn shown(&self, job: &Job) -> i64 {
+        if job.state == crate::model::JobState::Pending {
+            self.priority(job)
+        } else {
+            job.priority
+        }
+    }
 }
 
 #[cfg(test)]
