@@ -13,6 +13,49 @@ use crate::model::{JobState, NodeState};
 use crate::planner::plan;
 use crate::state::{ClusterState, Op};
 
+/// How often the leader looks for finished jobs past the retention (one scan of the jobs).
+pub const PURGE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A replica's leadership as its leader loop tracks it (`kairosd` and the simulation alike): a
+/// new term starts with no liveness and a full grace, so a failover never causes mass NodeDown;
+/// purges come every `PURGE_EVERY`.
+#[derive(Debug, Default)]
+pub struct Leadership {
+    /// The term it leads and since when.
+    since: Option<(u64, std::time::Instant)>,
+    last_purge: Option<std::time::Instant>,
+}
+
+impl Leadership {
+    /// At `now`, leading in `term` (None: not leading): how long it has led this term, the
+    /// liveness reset when the term is new.
+    pub fn led_for(
+        &mut self,
+        term: Option<u64>,
+        now: std::time::Instant,
+        liveness: &mut crate::liveness::Liveness,
+    ) -> Option<std::time::Duration> {
+        let Some(term) = term else {
+            self.since = None;
+            return None;
+        };
+        if self.since.is_none_or(|(t, _)| t != term) {
+            self.since = Some((term, now));
+            *liveness = crate::liveness::Liveness::default();
+        }
+        self.since.map(|(_, at)| now.saturating_duration_since(at))
+    }
+
+    /// Whether this pass purges (every `PURGE_EVERY`).
+    pub fn purges(&mut self, now: std::time::Instant) -> bool {
+        let due = self.last_purge.is_none_or(|at| now.saturating_duration_since(at) >= PURGE_EVERY);
+        if due {
+            self.last_purge = Some(now);
+        }
+        due
+    }
+}
+
 /// What a leader step is given besides the state and the liveness it updates.
 #[derive(Clone, Copy, Debug)]
 pub struct Step<'r> {
@@ -85,6 +128,29 @@ fn may_place_or_preempt(state: &ClusterState) -> bool {
 /// answers without reading them; the property driver checks they agree).
 pub(crate) fn pending_may_act(state: &ClusterState) -> bool {
     state.jobs.values().any(|j| j.state == JobState::Pending && (j.claim.is_some() || state.may_preempt(j)))
+}
+
+#[cfg(test)]
+mod leadership_tests {
+    use super::*;
+
+    #[test]
+    fn a_new_term_resets_the_liveness_and_restarts_the_lead_and_purges_come_every_second() {
+        let t0 = std::time::Instant::now();
+        let mut l = Leadership::default();
+        let mut live = crate::liveness::Liveness::default();
+        assert_eq!(l.led_for(None, t0, &mut live), None);
+        assert_eq!(l.led_for(Some(3), t0, &mut live), Some(std::time::Duration::ZERO));
+        let later = t0 + std::time::Duration::from_secs(5);
+        live.heartbeat("n1", later, 42);
+        assert_eq!(l.led_for(Some(3), later, &mut live), Some(std::time::Duration::from_secs(5)));
+        assert_eq!(live.last_seen_ms("n1"), 42, "the same term keeps what it heard");
+        assert_eq!(l.led_for(Some(4), later, &mut live), Some(std::time::Duration::ZERO), "a new term");
+        assert_eq!(live.last_seen_ms("n1"), 0, "a new term starts with no liveness");
+        assert!(l.purges(t0));
+        assert!(!l.purges(t0 + std::time::Duration::from_millis(500)));
+        assert!(l.purges(t0 + PURGE_EVERY));
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 //! ```text
 //!   kick (submit, exit, node join) ─┐
 //!   tick ───────────────────────────┴─▶ pass: NodeDown*, EnforceTimeLimit*, Preempt?, ApplyPlan, Resize* ─▶ Raft
-//!   every PURGE_EVERY ──────────────────▶ PurgeJobs? (finished jobs past --job-retention → history)
+//!   every propose::PURGE_EVERY ─────────▶ PurgeJobs? (finished jobs past --job-retention → history)
 //! ```
 //!
 //! Heartbeats live in memory only. A replica that just became leader has none, so it gives
@@ -16,39 +16,22 @@
 
 use std::time::Instant;
 
-use kairos_scheduler::propose::{leader_step, Step};
+use kairos_scheduler::propose::{leader_step, Leadership, Step};
 use kairos_scheduler::{Command, Op};
 
 use crate::context::Ctx;
 
-/// How often the leader looks for finished jobs past the retention (one scan of the jobs).
-const PURGE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
-
 pub async fn run(ctx: Ctx) {
-    // (term, since): a new term of leadership starts with no liveness and a full grace.
-    let mut leader_since: Option<(u64, Instant)> = None;
-    let mut last_purge = Instant::now();
+    let mut leadership = Leadership::default();
     loop {
         tokio::select! {
             _ = ctx.kick.notified() => {}
             _ = tokio::time::sleep(ctx.timing.tick) => {}
         }
-        if !ctx.replica.is_leader() {
-            leader_since = None;
-            continue;
-        }
-        let term = ctx.replica.raft.metrics().borrow().current_term;
-        if leader_since.is_none_or(|(t, _)| t != term) {
-            leader_since = Some((term, Instant::now()));
-            *ctx.liveness() = Default::default();
-        }
-        let since = leader_since.map(|(_, at)| at).unwrap_or_else(Instant::now);
+        let term = ctx.replica.is_leader().then(|| ctx.replica.raft.metrics().borrow().current_term);
+        let Some(led_for) = leadership.led_for(term, Instant::now(), &mut ctx.liveness()) else { continue };
         let (started, pass_began) = (Instant::now(), std::time::SystemTime::now());
-        let purge = last_purge.elapsed() >= PURGE_EVERY;
-        if purge {
-            last_purge = Instant::now();
-        }
-        let ops = pass(&ctx, since, purge);
+        let ops = pass(&ctx, led_for, leadership.purges(Instant::now()));
         ctx.metrics.pass(started.elapsed().as_secs_f64());
         if ops.is_empty() {
             continue;
@@ -94,9 +77,9 @@ fn trace_placements(ctx: &Ctx, outcomes: &[kairos_scheduler::Outcome], began: st
 
 /// What this pass proposes (with `purge`, finished jobs past the retention too): the core
 /// decides (`kairos_scheduler::propose::leader_step`), on one read of the state.
-fn pass(ctx: &Ctx, leader_since: Instant, purge: bool) -> Vec<Op> {
+fn pass(ctx: &Ctx, led_for: std::time::Duration, purge: bool) -> Vec<Op> {
     let step = Step {
-        led_for: leader_since.elapsed(),
+        led_for,
         node_timeout: ctx.timing.node_timeout,
         now: Instant::now(),
         now_ms: ctx.cluster_now(),

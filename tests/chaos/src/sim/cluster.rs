@@ -12,7 +12,7 @@ use kairos_consensus::{Replica, ReplicaConfig, ReplicaId, Storage, WriteError};
 use kairos_scheduler::clock::Stamp;
 use kairos_scheduler::history::Retention;
 use kairos_scheduler::liveness::Liveness;
-use kairos_scheduler::propose::{leader_step, Step};
+use kairos_scheduler::propose::{leader_step, Leadership, Step};
 use kairos_scheduler::{Command, Op, Outcome};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -23,8 +23,6 @@ use super::World;
 
 /// The leader's pass period (`kairosd --tick`).
 const TICK: Duration = Duration::from_millis(100);
-/// The leader looks for finished jobs to purge every this many passes (`kairosd`: every second).
-const PURGE_TICKS: u64 = 10;
 /// Finished jobs leave the live state 3 s (cluster time) after they ended.
 const SIM_RETENTION: Retention =
     Retention { job_ms: 3_000, history_max_jobs: 100_000, history_max_age_ms: i64::MAX };
@@ -251,33 +249,30 @@ impl World {
 /// What `kairosd`'s leader loop does each tick, while this replica leads and is not paused:
 /// gather the silent nodes, ask the core what to change, propose it.
 async fn leader_loop(w: Arc<World>, id: ReplicaId, replica: Replica, liveness: Arc<Mutex<Liveness>>) {
-    let mut leader_since: Option<(u64, Instant)> = None;
-    let mut ticks = 0u64;
+    let mut leadership = Leadership::default();
     loop {
         tokio::time::sleep(TICK).await;
-        ticks += 1;
         if net::lock(&w.net).paused.contains(&id) {
             continue;
         }
-        if !replica.is_leader() {
-            leader_since = None;
-            continue;
+        let term = replica.is_leader().then(|| replica.raft.metrics().borrow().current_term);
+        let now_std = Instant::now().into_std();
+        let led_for = {
+            let mut l = liveness.lock().unwrap_or_else(|p| p.into_inner());
+            leadership.led_for(term, now_std, &mut l)
+        };
+        let Some(led_for) = led_for else { continue };
+        if led_for.is_zero() {
+            w.trace(|| format!("leader {id}: leads (term {})", term.unwrap_or_default()));
         }
-        let term = replica.raft.metrics().borrow().current_term;
-        if leader_since.is_none_or(|(t, _)| t != term) {
-            w.trace(|| format!("leader {id}: leads (term {term})"));
-            leader_since = Some((term, Instant::now()));
-            *liveness.lock().unwrap_or_else(|p| p.into_inner()) = Liveness::default();
-        }
-        let since = leader_since.map(|(_, at)| at).unwrap_or_else(Instant::now);
         let now = w.stamp(id, &replica);
         let step = Step {
-            led_for: since.elapsed(),
+            led_for,
             node_timeout: w.cfg.node_timeout,
-            now: Instant::now().into_std(),
+            now: now_std,
             now_ms: now.now_ms,
-            // As kairosd's PURGE_EVERY, with a retention short enough to purge within a schedule.
-            purge: ticks.is_multiple_of(PURGE_TICKS).then_some(&SIM_RETENTION),
+            // As kairosd's, with a retention short enough to purge within a schedule.
+            purge: leadership.purges(now_std).then_some(&SIM_RETENTION),
         };
         let (ops, purged) = replica.read(|a| {
             let mut l = liveness.lock().unwrap_or_else(|p| p.into_inner());
