@@ -5,7 +5,7 @@ left out), each with the edges inside it.
 
     python3 scripts/module-cycles.py crates/scheduler/src
 
-Exits 1 when there is a cycle; `scripts/test.sh` runs it on the scheduler, which has none.
+Exits 1 when there is a cycle; `scripts/test.sh` runs it on every crate (none has one).
 """
 import collections
 import os

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::runner::RunKey;
+use crate::decide::RunKey;
 
 /// Where this agent's run cgroups live.
 #[derive(Clone, Debug)]

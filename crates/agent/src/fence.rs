@@ -180,7 +180,7 @@ pub struct Watch<'a> {
 /// agent holds the lease, or when its agent is gone and nothing is left to kill.
 pub fn watchdog(w: &Watch<'_>) -> ! {
     let lease_file = lease_path(w.state_dir);
-    let mut logged: std::collections::BTreeSet<crate::runner::RunKey> = Default::default();
+    let mut logged: std::collections::BTreeSet<crate::decide::RunKey> = Default::default();
     loop {
         std::thread::sleep(WATCHDOG_POLL);
         let lease = read_lease(&lease_file);
@@ -190,19 +190,19 @@ pub fn watchdog(w: &Watch<'_>) -> ! {
         let parent_alive = nix::unistd::getppid().as_raw() == w.parent;
         let expired = lease.is_some_and(|(_, deadline)| mono_ms() >= deadline);
         if expired {
-            let killed = crate::runner::kill_every_run(w.state_dir, w.cgroups);
+            let killed = crate::journal::kill_every_run(w.state_dir, w.cgroups);
             if !killed.is_empty() {
                 eprintln!("kairos-agent watchdog: the agent's lease lapsed; killing runs {killed:?}");
             }
             let until = std::time::Instant::now() + GONE_WAIT;
-            while crate::runner::any_run_alive(w.state_dir, w.cgroups) && std::time::Instant::now() < until {
+            while crate::journal::any_run_alive(w.state_dir, w.cgroups) && std::time::Instant::now() < until {
                 std::thread::sleep(Duration::from_millis(10));
             }
             // Every run of the node has ended by now — killed here, or ended on its own while
             // the agent could not record it (stopped): log it, so the process log's intervals
             // end no later than the deadline, not when the agent wakes up.
-            if !crate::runner::any_run_alive(w.state_dir, w.cgroups) {
-                for key in crate::runner::known_runs(w.state_dir, w.cgroups) {
+            if !crate::journal::any_run_alive(w.state_dir, w.cgroups) {
+                for key in crate::journal::known_runs(w.state_dir, w.cgroups) {
                     if logged.insert(key) {
                         w.process_log.exit(key.0, key.1, "ended by the lease deadline (watchdog)");
                     }
@@ -213,7 +213,7 @@ pub fn watchdog(w: &Watch<'_>) -> ! {
         }
         if !parent_alive
             && (expired || lease.is_none())
-            && !crate::runner::any_run_alive(w.state_dir, w.cgroups)
+            && !crate::journal::any_run_alive(w.state_dir, w.cgroups)
         {
             if let Some(c) = w.cgroups {
                 c.remove_empty();

@@ -12,6 +12,7 @@ pub mod fence;
 pub mod gpu;
 pub mod jobfs;
 pub mod jobmap;
+pub mod journal;
 pub mod logs;
 pub mod metrics;
 pub mod reaper;

@@ -713,7 +713,7 @@ async fn take_over(args: &Args, name: &str, state_dir: &std::path::Path) -> anyh
             .with_context(|| format!("opening --process-log {}", path.display()))?,
         None => Default::default(),
     };
-    let orphans = kairos_agent::runner::kill_orphans(state_dir, cgroups.as_ref(), &process_log).await;
+    let orphans = kairos_agent::journal::kill_orphans(state_dir, cgroups.as_ref(), &process_log).await;
     if orphans > 0 {
         tracing::warn!(orphans, "killed runs left by a previous agent");
     }

@@ -134,7 +134,7 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
     } else {
         name
     };
-    let command = crate::batch::redirected(command, output.as_deref(), error.as_deref(), &name);
+    let command = crate::redirect::redirected(command, output.as_deref(), error.as_deref(), &name);
     let spec = pb::JobSpec {
         name,
         argv: command,

@@ -23,6 +23,7 @@ mod policy;
 mod policy_file;
 mod priority;
 mod qos;
+mod redirect;
 mod sim;
 mod tokens;
 mod up;

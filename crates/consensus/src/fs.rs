@@ -68,15 +68,22 @@ pub trait Fs: Send + Sync {
     /// heartbeats; `work` reports through what it captures.
     fn background(&self, name: &str, work: Work<()>) -> io::Result<()>;
     /// Carries out a log's sync requests: each batch `queue` holds at a time goes to `round`.
-    fn syncer(
-        &self,
-        queue: SyncQueue,
-        round: Box<dyn FnMut(Vec<crate::wal::SyncJob>) + Send>,
-    ) -> io::Result<()>;
+    fn syncer(&self, queue: SyncQueue, round: Box<dyn FnMut(Vec<SyncJob>) + Send>) -> io::Result<()>;
+}
+
+/// Called once a sync request is on disk (or failed); runs where the syncs run.
+pub type Done = Box<dyn FnOnce(io::Result<()>) + Send>;
+
+/// One request to a log's sync thread: files to sync, whether their directory too, and whom
+/// to tell.
+pub struct SyncJob {
+    pub(crate) files: Vec<Arc<dyn FsFile>>,
+    pub(crate) dir: bool,
+    pub(crate) done: Done,
 }
 
 /// The log's queue of sync requests.
-pub type SyncQueue = tokio::sync::mpsc::UnboundedReceiver<crate::wal::SyncJob>;
+pub type SyncQueue = tokio::sync::mpsc::UnboundedReceiver<SyncJob>;
 
 /// The operating system's file system.
 #[derive(Clone, Copy, Debug, Default)]
@@ -196,11 +203,7 @@ impl Fs for OsFs {
         std::thread::Builder::new().name(name.into()).spawn(run).map(|_| ())
     }
 
-    fn syncer(
-        &self,
-        mut queue: SyncQueue,
-        mut round: Box<dyn FnMut(Vec<crate::wal::SyncJob>) + Send>,
-    ) -> io::Result<()> {
+    fn syncer(&self, mut queue: SyncQueue, mut round: Box<dyn FnMut(Vec<SyncJob>) + Send>) -> io::Result<()> {
         // A thread of its own (at normal priority): fsyncs never hold up the runtime's workers.
         let run = move || {
             while let Some(first) = queue.blocking_recv() {

@@ -58,6 +58,9 @@ fn prefix_within<T: Serialize>(entries: &[T], budget: usize) -> usize {
     entries.len()
 }
 
+/// Largest Raft message accepted (snapshots are chunked well below this).
+pub const RAFT_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
+
 /// Metadata key naming the sending replica on every Raft RPC.
 pub const FROM_HEADER: &str = "kairos-replica-from";
 
@@ -153,8 +156,8 @@ impl Connection {
                 }
                 let channel =
                     endpoint.connect().await.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
-                let client = RaftServiceClient::new(channel)
-                    .max_decoding_message_size(crate::service::RAFT_MESSAGE_BYTES_MAX);
+                let client =
+                    RaftServiceClient::new(channel).max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX);
                 self.client = Some(client.clone());
                 client
             }

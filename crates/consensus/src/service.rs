@@ -13,11 +13,8 @@ use std::sync::Arc;
 
 use crate::auth::{bearer, ClusterKey};
 use crate::freshness::LeaderContact;
-use crate::network::FROM_HEADER;
+use crate::network::{FROM_HEADER, RAFT_MESSAGE_BYTES_MAX};
 use crate::{KairosRaft, ReplicaId};
-
-/// Largest Raft message accepted (snapshots are chunked well below this).
-pub const RAFT_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
 
 /// Serves Raft RPCs, only to cluster members.
 ///

@@ -61,15 +61,7 @@ pub struct Recovery {
     pub removed_segments: usize,
 }
 
-/// Called once the request is on disk (or failed); runs on the sync thread.
-pub type Done = Box<dyn FnOnce(io::Result<()>) + Send>;
-
-/// One request to the sync thread: files to sync, whether the directory too, and whom to tell.
-pub struct SyncJob {
-    files: Vec<Arc<dyn FsFile>>,
-    dir: bool,
-    done: Done,
-}
+pub use crate::fs::{Done, SyncJob};
 
 struct Segment {
     first: u64,

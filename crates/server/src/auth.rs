@@ -148,19 +148,6 @@ impl Auth {
     }
 }
 
-/// The check a user-facing service makes from the headers alone, before a body is decoded.
-pub fn user_gate(
-    ctx: crate::context::Ctx,
-) -> impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, Status> + Clone {
-    move |mut request: tonic::Request<()>| {
-        // Handed on to the handler (request extensions survive decoding), so the caller is
-        // authenticated once per call.
-        let me = ctx.principal(&request)?;
-        request.extensions_mut().insert(me);
-        Ok(request)
-    }
-}
-
 /// The check the agent service makes from the headers alone: the join token, or something
 /// shaped like a node credential (which node it must be for is known only from the body).
 pub fn agent_gate(

@@ -17,7 +17,7 @@ use kairos_scheduler::{Command, Outcome};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tonic::Status;
 
-use crate::context::write_status;
+use crate::status::write_status;
 
 /// Most commands in one log entry.
 pub const BATCH_COMMANDS_MAX: usize = 512;

@@ -6,15 +6,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kairos_consensus::{Replica, WriteError};
-use kairos_scheduler::{plan, Command, JobId, Op, Outcome, PendingReason, Rejection};
+use kairos_scheduler::{plan, Command, JobId, Op, Outcome, PendingReason};
 use tokio::sync::Notify;
 use tonic::Status;
 
 use crate::auth::{Auth, Principal};
 use crate::batch::Batcher;
 
-/// Metadata key carrying the leader's address on an `UNAVAILABLE` answer.
-pub const LEADER_HEADER: &str = "kairos-leader";
+use crate::status::unavailable;
+pub use crate::status::{rejection_status, write_status, LEADER_HEADER};
 
 #[derive(Clone, Debug)]
 pub struct Timing {
@@ -116,7 +116,7 @@ impl Ctx {
 
     /// The authenticated user behind a job or admin request.
     pub fn principal<T>(&self, req: &tonic::Request<T>) -> Result<Principal, Status> {
-        // Authenticated from the headers before the body was decoded (`auth::user_gate`).
+        // Authenticated from the headers before the body was decoded (`context::user_gate`).
         if let Some(me) = req.extensions().get::<Principal>() {
             return Ok(me.clone());
         }
@@ -237,36 +237,13 @@ impl Ctx {
     }
 }
 
-/// `UNAVAILABLE` saying `why`, with the leader's address (message and `kairos-leader` metadata,
-/// where clients retry) when known.
-fn unavailable(why: &str, leader_addr: Option<String>) -> Status {
-    let mut status = Status::unavailable(match &leader_addr {
-        Some(addr) => format!("{why}; the leader is at {addr}"),
-        None => why.to_string(),
-    });
-    if let Some(addr) = leader_addr.and_then(|a| a.parse().ok()) {
-        status.metadata_mut().insert(LEADER_HEADER, addr);
-    }
-    status
-}
-
-pub fn write_status(e: WriteError) -> Status {
-    match e {
-        WriteError::NotLeader { leader_addr: Some(addr), .. } => unavailable("not the leader", Some(addr)),
-        WriteError::NotLeader { leader_addr: None, .. } => {
-            unavailable("no leader is elected (is a quorum of replicas up?)", None)
-        }
-        WriteError::Timeout(_) => Status::unavailable(e.to_string()),
-        WriteError::Raft(m) => Status::unavailable(format!("replication failed: {m}")),
-    }
-}
-
-pub fn rejection_status(r: Rejection) -> Status {
-    match r {
-        Rejection::NotFound(m) => Status::not_found(m),
-        Rejection::Invalid(m) => Status::invalid_argument(m),
-        Rejection::FailedPrecondition(m) => Status::failed_precondition(m),
-        Rejection::ResourceExhausted(m) => Status::resource_exhausted(m),
-        Rejection::PermissionDenied(m) => Status::permission_denied(m),
+/// The check a user-facing service makes from the headers alone, before a body is decoded.
+pub fn user_gate(ctx: Ctx) -> impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, Status> + Clone {
+    move |mut request: tonic::Request<()>| {
+        // Handed on to the handler (request extensions survive decoding), so the caller is
+        // authenticated once per call.
+        let me = ctx.principal(&request)?;
+        request.extensions_mut().insert(me);
+        Ok(request)
     }
 }

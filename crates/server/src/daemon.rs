@@ -15,7 +15,7 @@ use kairos_proto::v1::agent_service_server::AgentServiceServer;
 use kairos_proto::v1::job_service_server::JobServiceServer;
 use tokio::sync::Notify;
 
-use crate::context::{Ctx, Timing};
+use crate::context::{user_gate, Ctx, Timing};
 use crate::{
     admin, agents, auth, batch, burst, connlimit, forward, health, jobs, leader, memory, metrics, ratelimit,
 };
@@ -360,7 +360,8 @@ async fn serve_metrics(args: &Args, ctx: &Ctx) -> anyhow::Result<Option<tokio::t
         println!("kairosd {} metrics at http://{at}/metrics", args.id);
     }
     let c = ctx.clone();
-    let served = kairos_telemetry::http::serve(listener, Arc::new(move || metrics::render(&c)));
+    let served =
+        kairos_telemetry::http::serve(listener, Arc::new(move || metrics::render(&c.replica, &c.metrics)));
     Ok(Some(tokio::spawn(async move {
         let _ = served.await;
     })))
@@ -485,7 +486,7 @@ async fn serve(
                     )),
                 })
                 .max_decoding_message_size(API_MESSAGE_BYTES_MAX),
-                auth::user_gate(ctx.clone()),
+                user_gate(ctx.clone()),
             )),
         )
         .add_service(tonic::service::interceptor::InterceptedService::new(
@@ -500,7 +501,7 @@ async fn serve(
                     burst_endpoint: args.burst_endpoint.clone(),
                 })
                 .max_decoding_message_size(API_MESSAGE_BYTES_MAX),
-                auth::user_gate(ctx.clone()),
+                user_gate(ctx.clone()),
             )),
         )
         .add_service(RaftRpc::server(

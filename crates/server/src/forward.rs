@@ -43,7 +43,7 @@ use tonic::server::NamedService;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tower_service::Service;
 
-use crate::context::LEADER_HEADER;
+use crate::status::LEADER_HEADER;
 
 /// Marks a call one replica passed to another.
 pub const FORWARDED_HEADER: &str = "kairos-forwarded";
@@ -119,7 +119,7 @@ fn wait_for(path: &str) -> Duration {
     }
 }
 
-/// The caller check from the headers (`auth::user_gate`'s): `Ok` for a caller this replica
+/// The caller check from the headers (`context::user_gate`'s): `Ok` for a caller this replica
 /// knows, `UNAVAILABLE` naming the leader for one only the leader can settle, else the refusal.
 pub type Gate = Arc<dyn Fn(&http::HeaderMap) -> Result<(), tonic::Status> + Send + Sync>;
 

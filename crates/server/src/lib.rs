@@ -20,3 +20,4 @@ pub mod leader;
 pub mod memory;
 pub mod metrics;
 pub mod ratelimit;
+pub mod status;

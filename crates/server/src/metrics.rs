@@ -14,8 +14,6 @@ use kairos_scheduler::burst::InstanceState;
 use kairos_scheduler::{ClusterState, JobState, NodeState};
 use kairos_telemetry::{Exposition, Histogram};
 
-use crate::context::Ctx;
-
 /// How a submit ended at this replica's edge.
 pub const SUBMIT_OUTCOMES: [&str; 6] =
     ["accepted", "invalid", "rejected", "rate_limited", "unavailable", "error"];
@@ -164,8 +162,7 @@ impl Cluster {
 }
 
 /// The exposition of one scrape.
-pub fn render(ctx: &Ctx) -> String {
-    let (replica, metrics) = (&ctx.replica, &ctx.metrics);
+pub fn render(replica: &kairos_consensus::Replica, metrics: &Metrics) -> String {
     let mut e = Exposition::new();
     let leads = raft_figures(&mut e, replica);
     let (cluster, qos_names) = replica.read(|a| {

@@ -512,7 +512,7 @@ impl Fs for SimFs {
     fn syncer(
         &self,
         mut queue: SyncQueue,
-        mut round: Box<dyn FnMut(Vec<wal::SyncJob>) + Send>,
+        mut round: Box<dyn FnMut(Vec<kairos_consensus::fs::SyncJob>) + Send>,
     ) -> io::Result<()> {
         let sync_time = self.disk.sync_time;
         tokio::spawn(async move {
