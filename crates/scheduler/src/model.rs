@@ -88,9 +88,63 @@ pub struct Node {
     /// for it before.
     #[serde(default)]
     pub epoch: u64,
+    /// Every job with a live task on this node -> the CPUs and memory that task holds. The only
+    /// record of CPU and memory use (a CPU-only job holds no GPU, so it is listed only here).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub held: BTreeMap<JobId, Share>,
+}
+
+/// The CPUs and host memory one task of a job holds on its node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Share {
+    pub cpus: u32,
+    pub mem_mib: u64,
+}
+
+impl Share {
+    /// Whether `self` fits in `free`.
+    pub fn fits(self, free: Share) -> bool {
+        self.cpus <= free.cpus && self.mem_mib <= free.mem_mib
+    }
+
+    /// `self` less `other`, never below zero.
+    pub fn minus(self, other: Share) -> Share {
+        Share { cpus: self.cpus.saturating_sub(other.cpus), mem_mib: self.mem_mib.saturating_sub(other.mem_mib) }
+    }
+
+    pub fn plus(self, other: Share) -> Share {
+        Share { cpus: self.cpus.saturating_add(other.cpus), mem_mib: self.mem_mib.saturating_add(other.mem_mib) }
+    }
+
+    /// Which resource of `self` does not fit in `free` ("CPUs" first), for pending reasons.
+    pub fn short_of(self, free: Share) -> Option<&'static str> {
+        if self.cpus > free.cpus {
+            Some("CPUs")
+        } else if self.mem_mib > free.mem_mib {
+            Some("memory")
+        } else {
+            None
+        }
+    }
 }
 
 impl Node {
+    /// The CPUs and memory jobs may be granted on this node (what the agent reported,
+    /// reservations for the system already taken out).
+    pub fn capacity(&self) -> Share {
+        Share { cpus: self.info.cpus, mem_mib: self.info.memory_mib }
+    }
+
+    /// The CPUs and memory held by jobs.
+    pub fn used(&self) -> Share {
+        self.held.values().fold(Share::default(), |a, s| a.plus(*s))
+    }
+
+    /// The CPUs and memory not held by any job.
+    pub fn free_share(&self) -> Share {
+        self.capacity().minus(self.used())
+    }
+
     pub fn gpu_count(&self) -> u32 {
         self.info.gpus.len() as u32
     }
@@ -111,6 +165,13 @@ pub struct JobSpec {
     pub env: BTreeMap<String, String>,
     pub workdir: String,
     pub gpus: u32,
+    /// CPUs per task (node), resolved at submit (0: none asked for, the job shares the node's
+    /// cores nobody was granted).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub cpus: u32,
+    /// Host memory per task (node) in MiB, resolved at submit (0: none reserved, no limit).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub mem_mib: u64,
     /// Resolved QoS name (the API edge fills in the profile's default).
     pub qos: String,
     pub profile: Profile,
@@ -193,6 +254,8 @@ impl JobSpec {
             env: BTreeMap::new(),
             workdir: String::new(),
             gpus,
+            cpus: 0,
+            mem_mib: 0,
             qos: String::new(),
             profile: Profile::Batch,
             time_limit_s: None,
@@ -226,6 +289,19 @@ impl JobSpec {
     pub fn total_gpus(&self) -> u32 {
         self.gpus.saturating_mul(self.tasks.max(1))
     }
+
+    /// The CPUs and memory each task holds on its node.
+    pub fn share(&self) -> Share {
+        Share { cpus: self.cpus, mem_mib: self.mem_mib }
+    }
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
+fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
 }
 
 /// Whether a GPU model name satisfies a job's model constraint ("H100" matches
@@ -249,6 +325,8 @@ pub enum JobState {
     /// Stopped with SIGSTOP by a SUSPEND preemption; keeps its allocation, part of which is
     /// lent to the preemptor, and resumes (SIGCONT) when the lent GPUs are free again.
     Suspended,
+    /// The kernel's OOM killer ended it at its memory limit (nothing else on the node touched).
+    OutOfMemory,
 }
 
 impl JobState {
@@ -266,6 +344,7 @@ impl JobState {
             JobState::Timeout => "TIMEOUT",
             JobState::NodeFail => "NODE_FAIL",
             JobState::Suspended => "SUSPENDED",
+            JobState::OutOfMemory => "OUT_OF_MEMORY",
         }
     }
 }
@@ -424,6 +503,20 @@ pub struct Job {
     /// `ATTEMPT_NODES_KEPT`, the latest.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub attempt_nodes: BTreeMap<u32, String>,
+    /// What the current (or last) run used, as its agents reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<RunUsage>,
+}
+
+/// What one run used on its nodes (`Op::RunUsage`): sacct's MaxRSS and CPU time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunUsage {
+    /// Peak resident memory of the run's cgroup, KiB (the largest of its tasks).
+    pub max_rss_kib: u64,
+    /// CPU time, user and system, of all its processes and tasks, ms.
+    pub cpu_ms: u64,
+    /// How often the kernel's OOM killer killed a process of the run.
+    pub oom_kills: u32,
 }
 
 /// How many attempts' nodes a job keeps (`Job::attempt_nodes`).

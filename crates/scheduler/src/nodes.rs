@@ -35,8 +35,9 @@ impl ClusterState {
         let Some(node) = self.nodes.get(name) else {
             return Outcome::Rejected(Rejection::NotFound(format!("node \"{name}\" not found")));
         };
-        if !node.allocated.is_empty() {
-            let jobs: std::collections::BTreeSet<_> = node.allocated.values().collect();
+        if !node.allocated.is_empty() || !node.held.is_empty() {
+            let mut jobs: std::collections::BTreeSet<_> = node.allocated.values().collect();
+            jobs.extend(node.held.keys());
             return Outcome::Rejected(Rejection::FailedPrecondition(format!(
                 "node \"{name}\" still holds jobs {jobs:?}: drain it (`kairos drain {name}`) and wait \
                  for them to stop, or for the node to be declared down"

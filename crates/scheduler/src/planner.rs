@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::TaskPlacement;
-use crate::model::{model_matches, Gpu, GpuIndex, Job, JobId, JobState, Node, NodeState};
+use crate::model::{model_matches, Gpu, GpuIndex, Job, JobId, JobState, Node, NodeState, Share};
 use crate::policy::Partition;
 use crate::queue::{scan, Queued};
 use crate::state::brief::JobIndex;
@@ -77,11 +77,23 @@ struct FreeNode<'a> {
     free: smallvec::SmallVec<[&'a Gpu; 8]>,
     /// GPUs the reservation holds on this node (free now or freed by then).
     reserved: Vec<GpuIndex>,
+    /// CPUs and memory no job holds (less what this pass placed).
+    free_share: Share,
+    /// CPUs and memory the reservation holds on this node: a job that may not touch the
+    /// reservation leaves this much of the free share alone.
+    reserved_share: Share,
     /// A cloud burst node: only burstable jobs may use it.
     cloud: bool,
 }
 
 impl FreeNode<'_> {
+    /// Whether one task's CPUs and memory fit beside what is held (and, unless
+    /// `may_use_reserved`, beside the reservation's share too).
+    fn share_fits(&self, want: Share, may_use_reserved: bool) -> bool {
+        let free = if may_use_reserved { self.free_share } else { self.free_share.minus(self.reserved_share) };
+        want.fits(free)
+    }
+
     /// How many free GPUs a job of `model` could use (no allocation; the hot path).
     fn usable_count(&self, model: Option<&str>, may_use_reserved: bool) -> usize {
         self.free
@@ -149,6 +161,8 @@ struct Pass<'a> {
     /// Expected end of each GPU placed in this pass: node position → (end, gpu, model). The
     /// GPUs busy before the pass are read from the state only when a reservation needs them.
     placed_until: BTreeMap<usize, Vec<(i64, GpuIndex, &'a str)>>,
+    /// Expected end of each task placed in this pass, with the CPUs and memory it holds.
+    placed_share: BTreeMap<usize, Vec<(i64, Share)>>,
     /// Some Up node is a cloud burst node (the index fast path must then filter).
     has_cloud: bool,
     /// Per GPU model constraint seen in this pass: the positions of the nodes with a GPU it matches.
@@ -174,7 +188,16 @@ impl<'a> Pass<'a> {
                     .collect()
             };
             let cloud = n.info.labels.contains_key(crate::burst::BURST_LABEL);
-            nodes.push(FreeNode { name, labels: &n.info.labels, node: n, free, reserved: Vec::new(), cloud });
+            nodes.push(FreeNode {
+                name,
+                labels: &n.info.labels,
+                node: n,
+                free,
+                reserved: Vec::new(),
+                free_share: n.free_share(),
+                reserved_share: Share::default(),
+                cloud,
+            });
         }
         // (free count, position) in order by a counting sort, so building the set (which sorts
         // its input) costs one linear pass over already sorted pairs.
@@ -201,6 +224,7 @@ impl<'a> Pass<'a> {
             nodes,
             by_free,
             placed_until: BTreeMap::new(),
+            placed_share: BTreeMap::new(),
             has_cloud,
             model_nodes: Vec::new(),
             reserved_nodes: Vec::new(),
@@ -229,6 +253,7 @@ impl<'a> Pass<'a> {
     fn find(
         &mut self,
         count: usize,
+        share: Share,
         model: Option<&'a str>,
         part: Option<&Partition>,
         cloud_ok: bool,
@@ -247,7 +272,7 @@ impl<'a> Pass<'a> {
             }
             let may = may_use_reserved || node.reserved.is_empty();
             let n = node.usable_count(model, may);
-            if n < count || best.as_ref().is_some_and(|(bn, bp, _)| (n, pos) >= (*bn, *bp)) {
+            if n < count || !node.share_fits(share, may) || best.as_ref().is_some_and(|(bn, bp, _)| (n, pos) >= (*bn, *bp)) {
                 return;
             }
             *best = Some((n, pos, node.usable(model, may)));
@@ -278,6 +303,16 @@ impl<'a> Pass<'a> {
     }
 
     fn take(&mut self, pos: usize, gpus: &[GpuIndex], until_ms: i64) {
+        self.take_task(pos, gpus, Share::default(), until_ms);
+    }
+
+    /// Takes one task's GPUs and CPUs/memory on the node at `pos` until `until_ms`.
+    fn take_task(&mut self, pos: usize, gpus: &[GpuIndex], share: Share, until_ms: i64) {
+        if share != Share::default() {
+            let node = &mut self.nodes[pos];
+            node.free_share = node.free_share.minus(share);
+            self.placed_share.entry(pos).or_default().push((until_ms, share));
+        }
         let node = &mut self.nodes[pos];
         self.by_free.remove(&(node.indexed_free(), pos));
         let taken: Vec<(GpuIndex, &'a str)> = node
@@ -315,6 +350,7 @@ impl<'a> Pass<'a> {
         &self,
         tasks: usize,
         count: usize,
+        share: Share,
         model: Option<&str>,
         part: Option<&Partition>,
         cloud_ok: bool,
@@ -327,6 +363,7 @@ impl<'a> Pass<'a> {
             .iter()
             .enumerate()
             .filter(|(_, n)| part.is_none_or(|p| p.contains(n.name, n.labels)) && (cloud_ok || !n.cloud))
+            .filter(|(_, n)| n.share_fits(share, may_use_reserved || n.reserved.is_empty()))
             .map(|(pos, n)| (n.usable_count(model, may_use_reserved || n.reserved.is_empty()), pos))
             .filter(|(usable, _)| *usable >= count)
             .collect();
@@ -353,6 +390,7 @@ impl<'a> Pass<'a> {
             return None;
         }
         let need = job.gpus() as usize;
+        let want = job.spec.share();
         let model = job.spec.gpu_model.as_deref();
         let mut best: Option<((u128, usize, &str), PreemptPlan)> = None;
         let need_gpus = need as u128;
@@ -365,7 +403,12 @@ impl<'a> Pass<'a> {
             }
             let mut gpus: Vec<GpuIndex> = node.usable(model, true).into_iter().map(|(i, _)| i).collect();
             let Some(n) = state.nodes.get(node.name) else { continue };
-            let mut candidates: Vec<(u128, i64, JobId, u64, u128, Vec<GpuIndex>)> = state
+            if !want.fits(n.capacity()) {
+                continue;
+            }
+            let mut free = node.free_share;
+            type Candidate = (u128, i64, JobId, u64, u128, Vec<GpuIndex>, Share);
+            let mut candidates: Vec<Candidate> = state
                 .jobs_on(node.name)
                 .into_iter()
                 .filter(|v| state.preemptible(job, v, now).is_ok())
@@ -386,30 +429,49 @@ impl<'a> Pass<'a> {
                         let spare = v.gpus().saturating_sub(v.spec.min_gpus.unwrap_or(0)) as usize;
                         matching.drain(..matching.len().saturating_sub(spare));
                     }
-                    if matching.is_empty() {
+                    let taken = matching.len().min(need) as u32;
+                    let held = n.held.get(&v.id).copied().unwrap_or_default();
+                    let freed = state.freed_by(v, taken, held);
+                    // A victim is worth stopping for the GPUs it frees, or for the CPUs and
+                    // memory it frees when those are what the preemptor lacks.
+                    if matching.is_empty() && (want.fits(free) || freed == Share::default()) {
                         return None;
                     }
-                    let cost = state.preemption_cost(v, matching.len().min(need) as u32, now);
+                    let cost = state.preemption_cost(v, taken, now);
                     let alone = cost.lost_gpu_ms + need_gpus * u128::from(cost.free_ms);
-                    Some((alone, v.priority, v.id, cost.free_ms, cost.lost_gpu_ms, matching))
+                    Some((alone, v.priority, v.id, cost.free_ms, cost.lost_gpu_ms, matching, freed))
                 })
                 .collect();
             candidates.sort();
             let mut victims = Vec::new();
             let (mut lost, mut slowest) = (0u128, 0u64);
-            for (_, _, id, free_ms, lost_gpu_ms, freed) in candidates {
-                if gpus.len() >= need {
+            for (_, _, id, free_ms, lost_gpu_ms, freed, share) in candidates {
+                if gpus.len() >= need && want.fits(free) {
                     break;
                 }
                 lost += lost_gpu_ms;
                 slowest = slowest.max(free_ms);
                 victims.push(id);
                 gpus.extend(freed);
+                free = free.plus(share);
             }
-            if gpus.len() < need || victims.is_empty() {
+            if gpus.len() < need || !want.fits(free) || victims.is_empty() {
                 continue;
             }
             gpus.truncate(need);
+            // What each victim gives once the GPUs are chosen (apply judges it the same way):
+            // one that gives neither GPUs nor needed CPUs/memory is spared.
+            let mut free = node.free_share;
+            victims.retain(|v| {
+                let Some(victim) = state.jobs.get(v) else { return false };
+                let taken = gpus.iter().filter(|g| n.allocated.get(g) == Some(v)).count() as u32;
+                let freed = state.freed_by(victim, taken, n.held.get(v).copied().unwrap_or_default());
+                free = free.plus(freed);
+                taken > 0 || freed != Share::default()
+            });
+            if !want.fits(free) || victims.is_empty() {
+                continue;
+            }
             let key = (lost + need_gpus * u128::from(slowest), victims.len(), node.name);
             if best.as_ref().is_none_or(|(k, _)| key < *k) {
                 let plan = PreemptPlan { preemptor: job.id, node: node.name.to_string(), victims, gpus };
@@ -464,7 +526,7 @@ impl<'a> Pass<'a> {
             .nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| a.rank_on(n.name).is_none())
+            .filter(|(_, n)| a.rank_on(n.name).is_none() && job.spec.share().fits(n.free_share))
             .filter(|(_, n)| part.is_none_or(|p| p.contains(n.name, n.labels)) && (cloud_ok || !n.cloud))
             .map(|(pos, n)| (n.usable_count(model, false), pos))
             .filter(|(usable, _)| *usable >= count)
@@ -478,7 +540,7 @@ impl<'a> Pass<'a> {
         let mut more = a.more.clone();
         for pos in chosen {
             let gpus = pick_gpus(&self.nodes[pos].usable(model, false), count);
-            self.take(pos, &gpus, state.expected_end_ms(job));
+            self.take_task(pos, &gpus, job.spec.share(), state.expected_end_ms(job));
             more.push(TaskPlacement { node: self.nodes[pos].name.to_string(), gpus });
         }
         Some(GrowPlan { job: job.id, attempt: job.attempt, gpus: a.gpus.clone(), more })
@@ -506,34 +568,55 @@ impl<'a> Pass<'a> {
         ends.into_iter().map(|(g, e)| (e, g)).collect()
     }
 
+    /// When the CPUs and memory held on the node at `pos` are expected to be free: the running
+    /// tasks' expected ends (not before now) and the ends of this pass's placements.
+    fn shares_until(&self, pos: usize) -> impl Iterator<Item = (i64, Share)> + '_ {
+        let (state, n) = (self.state, self.nodes[pos].node);
+        let now = state.now_ms;
+        let running = n.held.iter().map(move |(id, share)| {
+            let end = state.jobs.get(id).map(|j| state.expected_end_ms(j)).unwrap_or(now);
+            (end.max(now), *share)
+        });
+        running.chain(self.placed_share.get(&pos).into_iter().flatten().copied())
+    }
+
     /// The earliest time at which `job` could start, and where, from expected ends: per node the
     /// time it has the job's GPUs free; a gang of `tasks` takes the nodes free soonest and
     /// starts when the last of them is.
     fn reserve(&mut self, job: &Job, tasks: usize) -> Option<Reservation> {
         let now = self.state.now_ms;
         let count = job.gpus() as usize;
+        let want = job.spec.share();
         let model = job.spec.gpu_model.as_deref();
         let part = self.state.partition_of(job);
         let cloud_ok = self.state.may_burst(job);
         let mut options: Vec<(i64, usize, Vec<GpuIndex>)> = Vec::new();
         for (pos, node) in self.nodes.iter().enumerate() {
-            if part.is_some_and(|p| !p.contains(node.name, node.labels)) || (node.cloud && !cloud_ok) {
+            if part.is_some_and(|p| !p.contains(node.name, node.labels))
+                || (node.cloud && !cloud_ok)
+                || !want.fits(node.node.capacity())
+            {
                 continue;
             }
             let mut gpus: Vec<GpuIndex> = node.usable(model, true).into_iter().map(|(i, _)| i).collect();
+            let mut free = node.free_share;
             let mut at = now;
-            if gpus.len() < count {
-                let mut ends = self.busy_until(pos, model);
+            if gpus.len() < count || !want.fits(free) {
+                // Each running task's end frees its GPUs and its CPUs and memory.
+                let mut ends: Vec<(i64, Option<GpuIndex>, Share)> =
+                    self.busy_until(pos, model).into_iter().map(|(e, g)| (e, Some(g), Share::default())).collect();
+                ends.extend(self.shares_until(pos).map(|(e, s)| (e, None, s)));
                 ends.sort();
-                for (end, gpu) in ends {
-                    gpus.push(gpu);
+                for (end, gpu, share) in ends {
+                    gpus.extend(gpu);
+                    free = free.plus(share);
                     at = end;
-                    if gpus.len() >= count {
+                    if gpus.len() >= count && want.fits(free) {
                         break;
                     }
                 }
             }
-            if gpus.len() < count {
+            if gpus.len() < count || !want.fits(free) {
                 continue;
             }
             gpus.truncate(count);
@@ -550,6 +633,7 @@ impl<'a> Pass<'a> {
             let node = &mut self.nodes[pos];
             self.by_free.remove(&(node.indexed_free(), pos));
             node.reserved = gpus.clone();
+            node.reserved_share = want;
             self.by_free.insert((node.indexed_free(), pos));
             self.reserved_nodes.push(pos);
             held.push(TaskPlacement { node: node.name.to_string(), gpus });
@@ -616,13 +700,19 @@ struct Largest<'s> {
     state: &'s ClusterState,
     /// Without a model or partition constraint, from the pass's own node table.
     any: u32,
+    /// The most CPUs and the most memory one Up node has to grant.
+    share: Share,
     by: Vec<(Option<String>, String, u32)>,
 }
 
 impl<'s> Largest<'s> {
     fn new(state: &'s ClusterState, pass: &Pass) -> Largest<'s> {
         let any = pass.nodes.iter().map(|n| n.node.info.gpus.len() as u32).max().unwrap_or(0);
-        Largest { state, any, by: Vec::new() }
+        let share = pass.nodes.iter().fold(Share::default(), |m, n| {
+            let c = n.node.capacity();
+            Share { cpus: m.cpus.max(c.cpus), mem_mib: m.mem_mib.max(c.mem_mib) }
+        });
+        Largest { state, any, share, by: Vec::new() }
     }
 
     fn up(&mut self, model: Option<&str>, part: Option<&Partition>) -> u32 {
@@ -709,13 +799,20 @@ impl<'s> Planning<'s> {
         let state = self.state;
         let free = claim.tasks().all(|(node, gpus)| {
             state.nodes.get(node).is_some_and(|n| {
-                n.state == NodeState::Up && gpus.iter().all(|g| !n.allocated.contains_key(g))
+                n.state == NodeState::Up
+                    && gpus.iter().all(|g| !n.allocated.contains_key(g))
+                    && self.pass.nodes.iter().find(|f| f.name == node).is_some_and(|f| q.share.fits(f.free_share))
             })
         });
         if !free || self.out.plan.placements.len() >= PLAN_PLACEMENTS_MAX {
             return Err(PendingReason::Preempting);
         }
         self.count_started(q);
+        for (node, _) in claim.tasks() {
+            if let Some(pos) = self.pass.nodes.iter().position(|f| f.name == node) {
+                self.pass.take_task(pos, &[], q.share, i64::MAX);
+            }
+        }
         let placement = Placement {
             job: q.id,
             node: claim.node.clone(),
@@ -734,6 +831,15 @@ impl<'s> Planning<'s> {
             return Err(PendingReason::PartitionTimeLimit);
         }
         let largest_up = self.largest.up(model, part);
+        if let Some(what) = q.share.short_of(self.largest.share) {
+            let (cpus, mem) = (q.share.cpus, q.share.mem_mib);
+            let why = if what == "CPUs" {
+                format!("no up node has {cpus} CPUs to grant")
+            } else {
+                format!("no up node has {mem} MiB of memory to grant")
+            };
+            return Err(PendingReason::ReqNodeNotAvail(why));
+        }
         if q.gpus > largest_up {
             let of = model.map(|m| format!(" {m}")).unwrap_or_default();
             let within = part
@@ -794,16 +900,16 @@ impl<'s> Planning<'s> {
         let found = if over_headroom {
             None
         } else if tasks > 1 {
-            self.pass.find_gang(tasks, gpus, model, part, cloud_ok, ends_ms, res)
+            self.pass.find_gang(tasks, gpus, q.share, model, part, cloud_ok, ends_ms, res)
         } else {
-            self.pass.find(gpus, model, part, cloud_ok, ends_ms, res).map(|t| vec![t])
+            self.pass.find(gpus, q.share, model, part, cloud_ok, ends_ms, res).map(|t| vec![t])
         };
         match found {
             Some(placed) => {
                 self.start(q, placed, ends_ms);
                 Ok(())
             }
-            None if !self.blocked => Err(self.block(job, tasks, over_headroom)),
+            None if !self.blocked => Err(self.block(job, tasks, over_headroom, q)),
             None if over_headroom => Err(PendingReason::Headroom),
             None => Err(PendingReason::Priority),
         }
@@ -822,7 +928,7 @@ impl<'s> Planning<'s> {
     /// Starts the job on the GPUs found (one entry per task).
     fn start(&mut self, q: &Queued, placed: Vec<(usize, Vec<GpuIndex>)>, ends_ms: i64) {
         for (pos, gpus) in &placed {
-            self.pass.take(*pos, gpus, ends_ms);
+            self.pass.take_task(*pos, gpus, q.share, ends_ms);
         }
         self.count_started(q);
         let nodes = &self.pass.nodes;
@@ -834,7 +940,7 @@ impl<'s> Planning<'s> {
 
     /// The first job that does not fit: it gets a preemption when its QoS may preempt, else the
     /// reservation (EASY backfill); the jobs behind it only backfill from now on.
-    fn block(&mut self, job: &Job, tasks: usize, over_headroom: bool) -> PendingReason {
+    fn block(&mut self, job: &Job, tasks: usize, over_headroom: bool, q: &Queued) -> PendingReason {
         self.waiting = true;
         let preempt = (tasks == 1 && !over_headroom && self.out.preemption.is_none())
             .then(|| self.pass.preempt_for(job))
@@ -860,7 +966,23 @@ impl<'s> Planning<'s> {
         if over_headroom {
             PendingReason::Headroom
         } else {
-            PendingReason::Resources
+            self.short_of(q)
+        }
+    }
+
+    /// Which resource a job that fits nowhere lacks: GPUs (plain `Resources`, as Slurm says),
+    /// or — where some node has its GPUs free — CPUs or memory.
+    fn short_of(&self, q: &Queued) -> PendingReason {
+        if q.share == Share::default() {
+            return PendingReason::Resources;
+        }
+        let part = q.part;
+        let gpus_free = self.pass.nodes.iter().filter(|n| {
+            part.is_none_or(|p| p.contains(n.name, n.labels)) && n.usable_count(q.model, true) >= q.gpus as usize
+        });
+        match gpus_free.map(|n| q.share.short_of(n.free_share)).min() {
+            Some(Some(what)) => PendingReason::ResourcesShort(what),
+            _ => PendingReason::Resources,
         }
     }
 }

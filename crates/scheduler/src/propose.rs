@@ -112,11 +112,15 @@ pub fn propose(state: &ClusterState, now_ms: i64, silent: &BTreeSet<String>, tim
     ops
 }
 
-/// Whether a planning pass can change anything: a GPU is free, a pending job holds a claim
+/// Whether a planning pass can change anything: a GPU is free (or a CPU, for a job asking no GPU), a pending job holds a claim
 /// or may preempt, or the headroom lacks GPUs. (Saves the pass on a cluster full of work that
 /// cannot preempt.)
 fn may_place_or_preempt(state: &ClusterState) -> bool {
     state.has_free_gpus()
+        || (state.has_free_cpus()
+            && state.job_index.pending_gpuless(&state.jobs).unwrap_or_else(|| {
+                state.jobs.values().any(|j| j.state == JobState::Pending && j.spec.gpus == 0)
+            }))
         || state.headroom_shortfall() > 0
         || state
             .job_index

@@ -40,6 +40,8 @@ pub(crate) struct Queued<'a> {
     pub gpus: u32,
     pub tasks: u32,
     pub total_gpus: u32,
+    /// CPUs and memory per task.
+    pub share: crate::model::Share,
     /// The array it is a task of, and how many of its tasks may run at once.
     pub array: Option<(JobId, u32)>,
 }
@@ -130,6 +132,7 @@ pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
                     gpus: b.gpus,
                     tasks: b.tasks,
                     total_gpus: b.total_gpus(),
+                    share: b.share,
                     array: b.array,
                 });
             }

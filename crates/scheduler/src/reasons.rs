@@ -8,6 +8,8 @@ use crate::model::JobId;
 pub enum PendingReason {
     /// It fits no node's free GPUs right now.
     Resources,
+    /// Its GPUs are free somewhere, but not this resource ("CPUs", "memory") beside them.
+    ResourcesShort(&'static str),
     /// A higher-priority job is waiting ahead of it.
     Priority,
     /// No Up node has enough GPUs in total.
@@ -39,6 +41,7 @@ impl std::fmt::Display for PendingReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PendingReason::Resources => f.write_str("Resources"),
+            PendingReason::ResourcesShort(what) => write!(f, "Resources: not enough free {what}"),
             PendingReason::Priority => f.write_str("Priority"),
             PendingReason::ReqNodeNotAvail(why) => write!(f, "ReqNodeNotAvail: {why}"),
             PendingReason::QosGrpGpuLimit => f.write_str("QosGrpGpuLimit"),

@@ -17,6 +17,10 @@ pub const SPEC_BYTES_MAX: usize = 128 * 1024;
 pub const GPUS_PER_JOB_MAX: u32 = 1024;
 pub const GPUS_PER_NODE_MAX: usize = 64;
 pub const TIME_LIMIT_S_MAX: u64 = 365 * 24 * 3600;
+/// Most CPUs one task may ask for.
+pub const CPUS_PER_TASK_MAX: u32 = 8192;
+/// Most memory one task may ask for (64 TiB).
+pub const MEM_PER_TASK_MAX_MIB: u64 = 64 << 20;
 /// Most nodes one gang job may span.
 pub const TASKS_MAX: u32 = 256;
 /// Most jobs one job may depend on.
@@ -27,8 +31,12 @@ pub const REQUEST_ID_LEN_MAX: usize = 128;
 /// Why a job spec or node description is not acceptable; each names the offending field.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ValidationError {
-    #[error("gpus: must be at least 1")]
+    #[error("cpus: a job without GPUs asks for at least 1 CPU")]
     NoGpus,
+    #[error("cpus: {0} per task is more than the limit of {CPUS_PER_TASK_MAX}")]
+    TooManyCpus(u32),
+    #[error("memory_mib: {0} MiB per task is more than the limit of {MEM_PER_TASK_MAX_MIB} MiB")]
+    TooMuchMemory(u64),
     #[error("gpus: {0} is more than the limit of {GPUS_PER_JOB_MAX}")]
     TooManyGpus(u32),
     #[error("argv: the command is empty")]
@@ -129,8 +137,14 @@ fn is_reserved_env(name: &str) -> bool {
 
 /// Checks a job spec's shape and size. The QoS itself is checked by the caller that knows it.
 pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
-    if spec.gpus == 0 {
+    if spec.gpus == 0 && spec.cpus == 0 {
         return Err(ValidationError::NoGpus);
+    }
+    if spec.cpus > CPUS_PER_TASK_MAX {
+        return Err(ValidationError::TooManyCpus(spec.cpus));
+    }
+    if spec.mem_mib > MEM_PER_TASK_MAX_MIB {
+        return Err(ValidationError::TooMuchMemory(spec.mem_mib));
     }
     if spec.gpus > GPUS_PER_JOB_MAX {
         return Err(ValidationError::TooManyGpus(spec.gpus));

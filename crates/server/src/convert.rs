@@ -17,9 +17,6 @@ fn unimplemented(field: &str, what: &str) -> Status {
 pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec, Status> {
     let spec = spec.ok_or_else(|| Status::invalid_argument("spec: required"))?;
     let res = spec.resources.unwrap_or_default();
-    if res.cpus != 0 || res.memory_mib != 0 {
-        return Err(unimplemented("resources.cpus/memory_mib", "CPU and memory requests"));
-    }
     let checkpoint = spec.checkpoint.unwrap_or_default();
     if !checkpoint.dir.is_empty() {
         return Err(unimplemented("checkpoint.dir", "a job-chosen checkpoint directory"));
@@ -60,6 +57,9 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
         env: spec.env.into_iter().collect(),
         workdir: spec.workdir,
         gpus: res.gpus,
+        // A job without GPUs gets one CPU unless it asks for more (Slurm's default).
+        cpus: if res.gpus == 0 { res.cpus.max(1) } else { res.cpus },
+        mem_mib: res.memory_mib,
         qos,
         profile,
         time_limit_s: (spec.time_limit_s != 0).then_some(spec.time_limit_s),
@@ -173,7 +173,8 @@ fn spec_to_pb(job: &Job) -> pb::JobSpec {
             gpu_model: s.gpu_model.clone().unwrap_or_default(),
             min_gpus: s.min_gpus.unwrap_or(0),
             min_tasks: s.min_tasks.unwrap_or(0),
-            ..Default::default()
+            cpus: s.cpus,
+            memory_mib: s.mem_mib,
         }),
         suspendable: s.suspendable,
         checkpoint: (s.checkpoint_signal.is_some() || s.checkpoint_grace_s.is_some()).then(|| {

@@ -72,6 +72,8 @@ pub(crate) struct Brief {
     pub tasks: u32,
     /// GPUs of all tasks as submitted (the priority's size factor).
     pub spec_gpus: u32,
+    /// CPUs and memory per task.
+    pub share: crate::model::Share,
     /// The job's own time limit in seconds (0: it set none; submit refuses 0).
     own_limit_s: u32,
     pub submit_time_ms: i64,
@@ -101,6 +103,8 @@ pub(crate) struct Index {
     /// kept with the briefs, so the leader's "can a pass act?" reads a few counters.
     pending: BTreeMap<(u32, u32), u32>,
     pending_claimed: u32,
+    /// Pending briefs that ask for no GPU (they may start on a node whose GPUs are all taken).
+    pending_gpuless: u32,
 }
 
 impl Index {
@@ -150,12 +154,16 @@ impl Index {
         }
         let n = self.pending.entry((b.qos, b.partition)).or_insert(0);
         let c = &mut self.pending_claimed;
+        let g = &mut self.pending_gpuless;
+        let gpuless = u32::from(b.gpus == 0);
         if add {
             *n += 1;
             *c += u32::from(b.claimed);
+            *g += gpuless;
         } else {
             *n = n.saturating_sub(1);
             *c = c.saturating_sub(u32::from(b.claimed));
+            *g = g.saturating_sub(gpuless);
         }
     }
 
@@ -183,6 +191,7 @@ impl Index {
             gpus: job.gpus(),
             tasks: job.tasks(),
             spec_gpus: spec.total_gpus(),
+            share: spec.share(),
             // Above u32::MAX seconds (136 years) a limit is as good as none: apply caps it at a year.
             own_limit_s: spec.time_limit_s.map_or(0, |s| s.clamp(1, u64::from(u32::MAX)) as u32),
             submit_time_ms: job.submit_time_ms,
@@ -271,6 +280,11 @@ impl JobIndex {
     }
 
     /// `Index::pending_may_act` from the index when current, else None.
+    /// Whether some pending job asks for no GPU (None when the index is not current).
+    pub(crate) fn pending_gpuless(&self, jobs: &Jobs) -> Option<bool> {
+        self.current(jobs).map(|index| index.pending_gpuless > 0)
+    }
+
     pub(crate) fn pending_may_act(&self, jobs: &Jobs, policy: &Policy) -> Option<bool> {
         self.current(jobs).map(|index| index.pending_may_act(policy))
     }

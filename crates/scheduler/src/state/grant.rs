@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::model::{GpuIndex, Job, JobId, NodeState};
+use crate::model::{GpuIndex, Job, JobId, Node, NodeState};
 use crate::state::ClusterState;
 
 /// Whose GPUs a grant may take.
@@ -39,6 +39,8 @@ pub enum GrantError {
     Held { node: String, gpu: GpuIndex, holder: JobId },
     #[error("GPU {gpu} of \"{node}\" is claimed by job {claimer}")]
     Claimed { node: String, gpu: GpuIndex, claimer: JobId },
+    #[error("node \"{node}\" has {free} {what} free, job {job} needs {wanted}")]
+    Short { node: String, job: JobId, what: &'static str, free: u64, wanted: u64 },
 }
 
 impl ClusterState {
@@ -93,6 +95,37 @@ impl ClusterState {
             if let Some(claimer) = node.claimed.get(gpu).filter(|c| **c != job.id) {
                 return Err(GrantError::Claimed { node: name.to_string(), gpu: *gpu, claimer: *claimer });
             }
+        }
+        self.check_share(job, node, gpus, taking)
+    }
+
+    /// Whether the node has the CPUs and memory of one of `job`'s tasks free (counting what
+    /// preemption victims give up when `gpus` are taken from them).
+    fn check_share(&self, job: &Job, node: &Node, gpus: &[GpuIndex], taking: Taking<'_>) -> Result<(), GrantError> {
+        let mut free = node.free_share();
+        if let Some(own) = node.held.get(&job.id) {
+            free = free.plus(*own);
+        }
+        if let Taking::FromVictims(victims) = taking {
+            for v in victims.iter().filter_map(|v| self.jobs.get(v)) {
+                let taken = gpus.iter().filter(|g| node.allocated.get(g) == Some(&v.id)).count() as u32;
+                let held = node.held.get(&v.id).copied().unwrap_or_default();
+                free = free.plus(self.freed_by(v, taken, held));
+            }
+        }
+        let want = job.spec.share();
+        let short = |what, free: u64, wanted: u64| GrantError::Short {
+            node: node.info.name.clone(),
+            job: job.id,
+            what,
+            free,
+            wanted,
+        };
+        if want.cpus > free.cpus {
+            return Err(short("CPUs", free.cpus.into(), want.cpus.into()));
+        }
+        if want.mem_mib > free.mem_mib {
+            return Err(short("MiB of memory", free.mem_mib, want.mem_mib));
         }
         Ok(())
     }

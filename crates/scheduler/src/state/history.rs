@@ -66,6 +66,16 @@ pub struct JobRecord {
     /// An array task's array (its first task's id) and index (sacct's `JobID` `A_i`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<(JobId, u32)>,
+    /// CPUs and memory (MiB) it asked for, per task (sacct's ReqCPUS, ReqMem).
+    #[serde(default)]
+    pub req_cpus: u32,
+    #[serde(default)]
+    pub req_mem_mib: u64,
+    /// What its last run used (sacct's MaxRSS and TotalCPU), as its agents reported it.
+    #[serde(default)]
+    pub max_rss_kib: u64,
+    #[serde(default)]
+    pub cpu_ms: u64,
 }
 
 impl JobRecord {
@@ -95,6 +105,10 @@ impl JobRecord {
             preemptions: preemptions.max(job.preempted_at.len() as u32),
             gpu_seconds: u64::from(gpus) * (ran_ms as u64) / 1000,
             array: job.spec.array.as_ref().filter(|a| a.id != 0).map(|a| (a.id, a.index)),
+            req_cpus: job.spec.cpus,
+            req_mem_mib: job.spec.mem_mib,
+            max_rss_kib: job.usage.map_or(0, |u| u.max_rss_kib),
+            cpu_ms: job.usage.map_or(0, |u| u.cpu_ms),
         }
     }
 }

@@ -25,6 +25,7 @@ impl ClusterState {
         }
         self.job_index.check(&self.jobs)?;
         self.check_allocated()?;
+        self.check_held()?;
         self.check_claimed()?;
         self.check_running()
     }
@@ -46,6 +47,24 @@ impl ClusterState {
                 }) && !alloc.lent.contains(gpu);
                 if !matches!(job.state, JobState::Running | JobState::Suspended) || !listed {
                     return Err(format!("GPU {gpu} of {name} held by job {holder} which does not own it"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every job a node lists as holding CPUs and memory runs a live task there.
+    fn check_held(&self) -> Result<(), String> {
+        for (name, node) in &self.nodes {
+            for holder in node.held.keys() {
+                let live = self.jobs.get(holder).is_some_and(|j| {
+                    matches!(j.state, JobState::Running | JobState::Suspended)
+                        && j.allocation.as_ref().is_some_and(|a| {
+                            a.tasks().any(|(r, n, _)| n == name.as_str() && !a.exits.contains_key(&r))
+                        })
+                });
+                if !live {
+                    return Err(format!("node {name} lists job {holder} as holding CPUs/memory; it runs nothing there"));
                 }
             }
         }
@@ -116,6 +135,17 @@ impl ClusterState {
                             if node.allocated.get(gpu) != Some(&job.id) {
                                 return Err(format!("job {} lists GPU {gpu} it does not hold", job.id));
                             }
+                        }
+                        let mut share = job.spec.share();
+                        if job.state == JobState::Suspended {
+                            share.cpus = 0;
+                        }
+                        if node.held.get(&job.id) != Some(&share) {
+                            return Err(format!(
+                                "job {} rank {rank} should hold {share:?} on {name}, the node says {:?}",
+                                job.id,
+                                node.held.get(&job.id)
+                            ));
                         }
                     }
                 }

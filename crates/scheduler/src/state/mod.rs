@@ -198,6 +198,7 @@ impl ClusterState {
             Op::PutPolicyItem { item, must_exist } => self.put_policy_item(item, *must_exist),
             Op::DeletePolicyItem { kind, name } => self.delete_policy_item(*kind, name),
             Op::DeleteQos { name } => self.delete_qos(name),
+            Op::RunUsage { job, attempt, node, usage } => self.run_usage(*job, *attempt, node, usage),
         }
     }
 }

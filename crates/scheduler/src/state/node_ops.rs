@@ -91,6 +91,7 @@ impl ClusterState {
                     reason: String::new(),
                     allocated: BTreeMap::new(),
                     claimed: BTreeMap::new(),
+                    held: BTreeMap::new(),
                     epoch: self.node_epoch_seq + 1,
                 };
                 self.node_epoch_seq += 1;

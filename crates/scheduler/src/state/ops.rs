@@ -244,6 +244,14 @@ pub enum Op {
         kind: crate::policy::PolicyKind,
         name: String,
     },
+    /// What the current run of `job` used on `node` (its cgroup's peak memory, CPU time, and
+    /// whether the kernel's OOM killer struck in it), reported just before its exit.
+    RunUsage {
+        job: JobId,
+        attempt: u32,
+        node: String,
+        usage: crate::model::RunUsage,
+    },
 }
 
 /// How a job's process ended, as its agent saw it.

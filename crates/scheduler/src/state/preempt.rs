@@ -141,8 +141,10 @@ impl ClusterState {
                 return Err(reject(format!("job {v} does not run on \"{node}\"")));
             };
             let taken: Vec<GpuIndex> = held.2.iter().copied().filter(|g| gpus.contains(g)).collect();
-            if taken.is_empty() {
-                return Err(reject(format!("job {v} gives none of the GPUs")));
+            let share = self.nodes.get(node).and_then(|n| n.held.get(v)).copied().unwrap_or_default();
+            let freed = self.freed_by(victim, taken.len() as u32, share);
+            if taken.is_empty() && freed == crate::model::Share::default() {
+                return Err(reject(format!("job {v} gives none of the GPUs, CPUs or memory")));
             }
             actions.push((*v, self.victim_action(victim, taken.len() as u32), taken));
         }
@@ -249,6 +251,10 @@ impl ClusterState {
                 self.suspended.insert(v);
                 let n = self.nodes.get_mut(node).expect("validated");
                 n.allocated.retain(|g, holder| *holder != v || !taken.contains(g));
+                // A stopped process uses no CPU: its cores are lent with the GPUs.
+                if let Some(held) = n.held.get_mut(&v) {
+                    held.cpus = 0;
+                }
                 format!("by job {preemptor}: suspended, GPUs {taken:?} lent until it ends")
             }
         }
@@ -271,6 +277,18 @@ impl ClusterState {
             Some(PreemptMode::Suspend) if victim.spec.suspendable => VictimAction::Suspend,
             Some(PreemptMode::Suspend | PreemptMode::Requeue) => VictimAction::Stop(PreemptMode::Requeue),
             _ => VictimAction::Stop(PreemptMode::Cancel),
+        }
+    }
+
+    /// The CPUs and memory a node gets back when `taken` of `victim`'s GPUs there go to a
+    /// preemptor (`held`: what its task holds there): a stopped run (or a gang giving this
+    /// node up) frees all; a suspended one its CPUs (its memory stays resident); a shrunk
+    /// one nothing (it runs on, on fewer GPUs).
+    pub fn freed_by(&self, victim: &Job, taken: u32, held: crate::model::Share) -> crate::model::Share {
+        match self.victim_action(victim, taken) {
+            VictimAction::Stop(_) | VictimAction::ShrinkGang => held,
+            VictimAction::Suspend => crate::model::Share { cpus: held.cpus, mem_mib: 0 },
+            VictimAction::Shrink => crate::model::Share::default(),
         }
     }
 
@@ -312,6 +330,7 @@ impl ClusterState {
                 };
                 job.state == JobState::Suspended
                     && a.lent.iter().all(|g| !n.allocated.contains_key(g) && !n.claimed.contains_key(g))
+                    && job.spec.cpus <= n.free_share().cpus
             })
             .collect();
         for id in ready {
@@ -322,6 +341,9 @@ impl ClusterState {
             let node = self.nodes.get_mut(&a.node).expect("checked");
             for g in &lent {
                 node.allocated.insert(*g, id);
+            }
+            if let Some(held) = node.held.get_mut(&id) {
+                held.cpus = job.spec.cpus;
             }
             job.state = JobState::Running;
             job.suspended_ms += job.suspended_since.take().map_or(0, |t| now.saturating_sub(t));

@@ -31,6 +31,7 @@ impl ClusterState {
     pub fn jobs_on(&self, node: &str) -> Vec<&Job> {
         let Some(n) = self.nodes.get(node) else { return Vec::new() };
         let mut ids: BTreeSet<JobId> = n.allocated.values().copied().collect();
+        ids.extend(n.held.keys());
         ids.extend(self.suspended.iter().filter(|id| {
             self.jobs.get(id).and_then(|j| j.allocation.as_ref()).is_some_and(|a| a.node == node)
         }));
@@ -41,6 +42,7 @@ impl ClusterState {
     /// through the nodes' GPU maps: O(running), not O(jobs).
     pub fn jobs_running(&self) -> impl Iterator<Item = &Job> {
         let mut ids: Vec<JobId> = self.nodes.values().flat_map(|n| n.allocated.values().copied()).collect();
+        ids.extend(self.nodes.values().flat_map(|n| n.held.keys().copied()));
         ids.extend(self.suspended.iter().copied());
         ids.sort_unstable();
         ids.dedup();
@@ -58,9 +60,14 @@ impl ClusterState {
         })
     }
 
-    /// Whether any Up node has a free GPU (if not, no plan can place anything).
+    /// Whether any Up node has a free GPU (if not, only a job asking for no GPU can start).
     pub fn has_free_gpus(&self) -> bool {
         self.nodes.values().any(|n| n.state == NodeState::Up && n.allocated.len() < n.info.gpus.len())
+    }
+
+    /// Whether any Up node has a CPU no job holds.
+    pub fn has_free_cpus(&self) -> bool {
+        self.nodes.values().any(|n| n.state == NodeState::Up && n.free_share().cpus > 0)
     }
 
     /// The partition a job runs in (None only for jobs from before partitions existed).

@@ -82,11 +82,13 @@ impl ClusterState {
 
     fn place(&mut self, p: &Placement, now: i64) {
         self.drop_claim(p.job);
+        let share = self.jobs.get(&p.job).map(|j| j.spec.share()).unwrap_or_default();
         for (name, gpus) in p.tasks() {
             let node = self.nodes.get_mut(name).expect("placement was validated");
             for gpu in gpus {
                 node.allocated.insert(*gpu, p.job);
             }
+            node.held.insert(p.job, share);
         }
         let skipped = self.skipped_ms;
         let job = self.jobs.get_mut(&p.job).expect("placement was validated");
@@ -96,6 +98,7 @@ impl ClusterState {
         job.last_checkpoint_ms = None;
         job.suspended_ms = 0;
         job.suspended_since = None;
+        job.usage = None;
         job.allocation = Some(Allocation {
             node: p.node.clone(),
             gpus: p.gpus.clone(),
@@ -197,6 +200,10 @@ impl ClusterState {
                 unreachable!("handled above")
             }
             (None, RunExit::Code(0)) => (JobState::Completed, String::new()),
+            (None, RunExit::Code(_) | RunExit::Signal(_)) if job.usage.is_some_and(|u| u.oom_kills > 0) => {
+                let limit = job.spec.mem_mib;
+                (JobState::OutOfMemory, format!("out of memory: the kernel killed it at its {limit} MiB limit"))
+            }
             (None, RunExit::Code(c)) => (JobState::Failed, format!("exit code {c}")),
             (None, RunExit::Signal(s)) => (JobState::Failed, format!("killed by signal {s}")),
             (None, RunExit::Lost(m)) => (JobState::Failed, format!("lost: {m}")),
@@ -262,6 +269,7 @@ impl ClusterState {
                 .is_some_and(|a| a.exits.values().any(|c| *c == LOST_EXIT));
         if let Some(n) = self.nodes.get_mut(node) {
             n.allocated.retain(|_, holder| *holder != id);
+            n.held.remove(&id);
         }
         if !done {
             return Outcome::RunUpdated { job: id, state: JobState::Running };
@@ -364,6 +372,7 @@ impl ClusterState {
         for (_, name, _) in alloc.tasks() {
             if let Some(node) = self.nodes.get_mut(name) {
                 node.allocated.retain(|_, holder| *holder != id);
+                node.held.remove(&id);
             }
         }
     }
@@ -402,6 +411,20 @@ impl ClusterState {
 
 impl ClusterState {
     /// A note an agent records on a current run (kind and message bounded).
+    /// Keeps what the current run used (the ranks of a gang add up; the peak is the largest).
+    pub(super) fn run_usage(&mut self, job: JobId, attempt: u32, node: &str, usage: &crate::model::RunUsage) -> Outcome {
+        match self.current_run(job, attempt, node) {
+            Ok(j) => {
+                let u = j.usage.get_or_insert_with(Default::default);
+                u.max_rss_kib = u.max_rss_kib.max(usage.max_rss_kib);
+                u.cpu_ms = u.cpu_ms.saturating_add(usage.cpu_ms);
+                u.oom_kills = u.oom_kills.saturating_add(usage.oom_kills);
+                Outcome::RunUpdated { job, state: j.state }
+            }
+            Err(why) => Outcome::Ignored(why),
+        }
+    }
+
     pub(super) fn run_note(
         &mut self,
         job: JobId,

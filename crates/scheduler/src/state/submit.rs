@@ -192,6 +192,7 @@ impl ClusterState {
             suspended_since: None,
             skipped_at_start_ms: 0,
             attempt_nodes: Default::default(),
+            usage: None,
         };
         job.record(now, "submitted", format!("by \"{}\", qos \"{}\"", job.spec.user, job.spec.qos));
         if let Some(r) = request_id {
