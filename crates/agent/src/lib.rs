@@ -13,6 +13,7 @@ pub mod gpu;
 pub mod jobfs;
 pub mod jobmap;
 pub mod journal;
+pub mod limits;
 pub mod logs;
 pub mod metrics;
 pub mod reaper;

@@ -91,6 +91,23 @@ struct Args {
     /// system accounts below it (`sync`, `daemon`, …) only when the user map names them.
     #[arg(long, default_value_t = kairos_agent::account::MIN_UID_DEFAULT)]
     min_uid: u32,
+    /// CPUs this node offers jobs (default: the host's cores), before --reserved-cpus.
+    #[arg(long)]
+    cpus: Option<u32>,
+    /// Memory this node offers jobs, e.g. 64G (default: the host's MemTotal), before
+    /// --reserved-memory.
+    #[arg(long, value_parser = parse_size)]
+    memory: Option<u64>,
+    /// CPUs kept for the system and the agent (Slurm's CoreSpecCount): never granted to jobs;
+    /// the highest-numbered cores.
+    #[arg(long, default_value_t = 0)]
+    reserved_cpus: u32,
+    /// Memory kept for the system and the agent (Slurm's MemSpecLimit), e.g. 2G.
+    #[arg(long, value_parser = parse_size, default_value = "0")]
+    reserved_memory: u64,
+    /// Most processes and threads one run may have (its cgroup's pids.max; 0: no limit).
+    #[arg(long, default_value_t = 32768)]
+    run_pids_max: u64,
     /// The cgroup v2 directory under which runs get their cgroups (default: the cgroup2 mount).
     #[arg(long)]
     cgroup_root: Option<PathBuf>,
@@ -625,6 +642,20 @@ async fn follow_controllers(
     }
 }
 
+/// A size flag (512M, 16G; MiB without a unit) in MiB.
+fn parse_size(s: &str) -> Result<u64, String> {
+    kairos_proto::units::parse_mem_mib(s)
+}
+
+/// The host's memory (MemTotal of /proc/meminfo) in MiB; 0 where it cannot be read.
+fn host_memory_mib() -> u64 {
+    let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok());
+    kib.unwrap_or(0) / 1024
+}
+
 /// What the node is: its name, address, GPUs, CPUs, labels and how it runs jobs.
 fn node_info(
     args: &Args,
@@ -638,8 +669,11 @@ fn node_info(
         name: name.to_string(),
         addr: addr.to_string(),
         gpus,
-        cpus: std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1),
-        memory_mib: 0,
+        cpus: args
+            .cpus
+            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1))
+            .saturating_sub(args.reserved_cpus),
+        memory_mib: args.memory.unwrap_or_else(host_memory_mib).saturating_sub(args.reserved_memory),
         labels: args.labels.iter().cloned().collect(),
         gpu_backend: backend.to_string(),
         isolation,
@@ -788,10 +822,17 @@ async fn main() -> anyhow::Result<()> {
     let gpus = inv.discover().context("discovering GPUs")?;
     let state_dir = prepare_state_dir(&args, run_as)?;
     let Node { cgroups, process_log, lease, mut watchdog } = take_over(&args, &name, &state_dir).await?;
+    let limiter = match &cgroups {
+        Some(c) => kairos_agent::limits::Limiter::detect(Some(c.base())),
+        None => kairos_agent::limits::Limiter::none(),
+    }
+    .with_reserved_cores(args.reserved_cpus);
     let isolation = kairos_agent::runner::Isolation {
         accounts,
         cgroups: cgroups.clone(),
         log_max_bytes: args.log_max_bytes.max(1024),
+        limiter: limiter.clone(),
+        pids_max: (args.run_pids_max > 0).then_some(args.run_pids_max),
     };
 
     let listen: std::net::SocketAddr =
@@ -852,6 +893,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(c) = &cgroups {
         c.remove_empty();
     }
+    kairos_agent::limits::remove_empty(&limiter);
     tasks.iter().for_each(tokio::task::AbortHandle::abort);
     if let Some(dir) = &args.hpc_job_mapping_dir {
         let _ = kairos_agent::jobmap::write(dir, &[]);

@@ -75,6 +75,8 @@ struct Run {
     lost_message: String,
     /// Where the run's job announces checkpoints (`<job dir>/checkpoint/.kairos-checkpoint`).
     checkpoint_marker: PathBuf,
+    /// The cores granted to it (empty: it asked for none).
+    cores: Vec<u32>,
 }
 
 impl Run {
@@ -91,6 +93,7 @@ impl Run {
             suspended: false,
             lost_message: String::new(),
             checkpoint_marker: checkpoint_marker(state_dir, a),
+            cores: Vec::new(),
         }
     }
 
@@ -133,6 +136,10 @@ pub struct Isolation {
     /// None: process groups only (no cgroup could be created).
     pub cgroups: Option<Cgroups>,
     pub log_max_bytes: u64,
+    /// The per-run limits this host enforces (cpuset, memory, pids, GPU devices).
+    pub limiter: crate::limits::Limiter,
+    /// Most processes and threads per run.
+    pub pids_max: Option<u64>,
 }
 
 impl Default for Isolation {
@@ -141,17 +148,21 @@ impl Default for Isolation {
             accounts: UnixAccounts::new(RunAs::Agent),
             cgroups: None,
             log_max_bytes: LOG_MAX_BYTES_DEFAULT,
+            limiter: crate::limits::Limiter::none(),
+            pids_max: None,
         }
     }
 }
 
 impl Isolation {
-    /// What `kairos nodes` shows: "cgroup2,submitter", "pgroup,agent", …
+    /// What `kairos nodes` shows: "cgroup2,submitter,limits=cpuset+memory+pids+devices",
+    /// "pgroup,agent,limits=none", …
     pub fn describe(&self) -> String {
         format!(
-            "{},{}",
+            "{},{},limits={}",
             if self.cgroups.is_some() { "cgroup2" } else { "pgroup" },
-            self.accounts.run_as.as_str()
+            self.accounts.run_as.as_str(),
+            self.limiter.enforced()
         )
     }
 }
@@ -278,11 +289,14 @@ async fn copy_output(
 fn confine(
     cmd: &mut tokio::process::Command,
     cgroup: Option<&RunCgroup>,
+    limited: &crate::limits::RunLimited,
     account: Option<&crate::account::UnixAccount>,
     workdir: &Path,
-) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
-    let procs = cgroup.map(RunCgroup::procs_file).transpose()?;
-    let procs_fd = procs.as_ref().map(|f| f.as_raw_fd());
+) -> std::io::Result<Vec<std::os::fd::OwnedFd>> {
+    let mut procs: Vec<std::os::fd::OwnedFd> =
+        cgroup.map(RunCgroup::procs_file).transpose()?.into_iter().collect();
+    procs.extend(limited.procs_files()?);
+    let procs_fds: Vec<i32> = procs.iter().map(|f| f.as_raw_fd()).collect();
     let ids = account.map(|a| {
         let groups: Vec<nix::unistd::Gid> = a.groups.iter().map(|g| nix::unistd::Gid::from_raw(*g)).collect();
         (groups, nix::unistd::Gid::from_raw(a.gid), nix::unistd::Uid::from_raw(a.uid))
@@ -293,9 +307,9 @@ fn confine(
     // setgid, setuid, chdir) on values prepared before the fork; nothing allocates or locks.
     unsafe {
         cmd.pre_exec(move || {
-            if let Some(fd) = procs_fd {
-                // Into the run's cgroup before any of the job's code runs.
-                if nix::libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+            for fd in &procs_fds {
+                // Into the run's cgroup (and its limits) before any of the job's code runs.
+                if nix::libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
                     return Err(std::io::Error::last_os_error());
                 }
             }
@@ -311,6 +325,25 @@ fn confine(
         });
     }
     Ok(procs)
+}
+
+/// What a run used, as its exit report carries it.
+#[derive(Clone, Copy, Debug, Default)]
+struct RunUsed {
+    max_rss_kib: u64,
+    cpu_ms: u64,
+    oom_kills: u32,
+}
+
+/// Reads what a finished run used from its cgroups (before they are removed).
+fn run_usage(cgroup: Option<&RunCgroup>, limited: &crate::limits::RunLimited) -> RunUsed {
+    let (peak2, ooms2, cpu) = cgroup.map(|c| crate::limits::v2_usage(c.dir())).unwrap_or_default();
+    let (peak1, ooms1) = limited.memory_usage().map_or((None, None), |(p, o)| (Some(p), Some(o)));
+    RunUsed {
+        max_rss_kib: peak2.or(peak1).unwrap_or(0),
+        cpu_ms: cpu.unwrap_or(0),
+        oom_kills: ooms2.unwrap_or(0).max(ooms1.unwrap_or(0)),
+    }
 }
 
 /// The controller's assignment set as `decide` reads it.
@@ -407,6 +440,10 @@ impl Runner {
     }
 
     fn report(&self, key: RunKey, exit: Option<Exit>, message: String) {
+        self.report_with(key, exit, message, RunUsed::default());
+    }
+
+    fn report_with(&self, key: RunKey, exit: Option<Exit>, message: String, usage: RunUsed) {
         let (status, exit_code, signal) = match exit {
             None => (pb::RunStatus::Started, 0, 0),
             Some(Exit::Code(c)) => (pb::RunStatus::Exited, c, 0),
@@ -421,6 +458,9 @@ impl Runner {
             exit_code,
             signal,
             message,
+            max_rss_kib: usage.max_rss_kib,
+            cpu_time_ms: usage.cpu_ms,
+            oom_kills: usage.oom_kills,
         };
         if let Err(mpsc::error::TrySendError::Full(report)) = self.reports.try_send(report) {
             let tx = self.reports.clone();
@@ -558,6 +598,7 @@ impl Runner {
                 suspended: false,
                 lost_message: message.clone(),
                 checkpoint_marker: PathBuf::new(),
+                cores: Vec::new(),
             },
         );
         self.report(key, Some(Exit::Lost), message);
@@ -578,6 +619,16 @@ impl Runner {
             Ok(cg) => cg,
             Err(e) => return self.launch_failed(a, format!("creating the run's cgroup: {e}")),
         };
+        let limits = self.run_limits(a);
+        let limited = match self.isolation.limiter.apply(key, &limits, cgroup.as_ref().map(RunCgroup::dir)) {
+            Ok(l) => l,
+            Err(e) => {
+                if let Some(cg) = &cgroup {
+                    cg.remove();
+                }
+                return self.launch_failed(a, format!("setting the run's limits: {e}"));
+            }
+        };
         // The launch joins the job's trace; the job gets it as TRACEPARENT to join its own spans.
         let trace = (!a.traceparent.is_empty()).then(|| {
             let parent = kairos_telemetry::traces::context_of(&a.traceparent);
@@ -593,8 +644,16 @@ impl Runner {
             // The job's directory and log belong to the job's user, readable by nobody else.
             let log = prepare_job_files(&self.state_dir, a, account.as_ref())?;
             let mut cmd = self.job_command(a, account.as_ref(), &job_dir.join("checkpoint"), traceparent)?;
-            // Held open until the child has written itself into it.
-            let _procs = confine(&mut cmd, cgroup.as_ref(), account.as_ref(), &workdir)?;
+            cmd.env("KAIROS_CPUS", limits.cores.len().to_string());
+            if a.cpus > 0 {
+                cmd.env("SLURM_CPUS_PER_TASK", a.cpus.to_string())
+                    .env("SLURM_CPUS_ON_NODE", a.cpus.to_string());
+            }
+            if a.memory_mib > 0 {
+                cmd.env("SLURM_MEM_PER_NODE", a.memory_mib.to_string());
+            }
+            // Held open until the child has written itself into them.
+            let _procs = confine(&mut cmd, cgroup.as_ref(), &limited, account.as_ref(), &workdir)?;
             // Recorded as the agent's own: the orphan reaper leaves its exit status to the run.
             let child = crate::reaper::spawn(|| cmd.spawn(), tokio::process::Child::id)?;
             Ok((child, Arc::new(Mutex::new(log))))
@@ -608,6 +667,7 @@ impl Runner {
                 if let Some(cg) = &cgroup {
                     cg.remove();
                 }
+                limited.remove();
                 let who = account.as_ref().map_or("the agent's user", |a| a.name.as_str());
                 let program = a.argv.first().cloned().unwrap_or_default();
                 return self.launch_failed(
@@ -619,13 +679,13 @@ impl Runner {
         let pgid = child.id().map(|p| p as i32);
         tracing::info!(job = a.job_id, attempt = a.attempt, ?pgid, gpus = ?a.gpu_ids, user = %a.user, "run started");
         let copiers = self.copy_outputs(key, &mut child, log);
-        self.spawned(a, pgid, cgroup.clone());
+        self.spawned(a, pgid, cgroup.clone(), limits.cores);
         if let Some(pgid) = pgid {
             journal_add(&self.state_dir, key, pgid);
         }
         self.report(key, None, String::new());
         self.watch_checkpoints(key, checkpoint_marker(&self.state_dir, a));
-        tokio::spawn(self.clone().watch_exit(key, child, pgid, cgroup, copiers));
+        tokio::spawn(self.clone().watch_exit(key, child, pgid, (cgroup, limited), copiers));
     }
 
     /// The job's command: its argv with the environment a run gets (kairos's, Slurm-like and
@@ -700,6 +760,7 @@ impl Runner {
                     exit_code: 0,
                     signal: 0,
                     message: format!("the log reached {max} bytes; later output is dropped"),
+                    ..Default::default()
                 });
             }
         };
@@ -713,7 +774,7 @@ impl Runner {
 
     /// Records the spawned run; a stop or a fence that came while it was being spawned still
     /// applies.
-    fn spawned(&self, a: &pb::Assignment, pgid: Option<i32>, cgroup: Option<RunCgroup>) {
+    fn spawned(&self, a: &pb::Assignment, pgid: Option<i32>, cgroup: Option<RunCgroup>, cores: Vec<u32>) {
         let key = (a.job_id, a.attempt);
         let mut runs = self.lock();
         let (stopping, fenced) = runs.get(&key).map(|r| (r.stopping, r.fenced)).unwrap_or_default();
@@ -728,6 +789,7 @@ impl Runner {
             suspended: false,
             lost_message: String::new(),
             checkpoint_marker: checkpoint_marker(&self.state_dir, a),
+            cores,
         };
         if stopping || fenced {
             run.kill();
@@ -743,7 +805,7 @@ impl Runner {
         key: RunKey,
         mut child: tokio::process::Child,
         pgid: Option<i32>,
-        cgroup: Option<RunCgroup>,
+        (cgroup, limited): (Option<RunCgroup>, crate::limits::RunLimited),
         copiers: Vec<tokio::task::JoinHandle<()>>,
     ) {
         let mut exit = match child.wait().await {
@@ -771,9 +833,11 @@ impl Runner {
         };
         self.process_log.exit(key.0, key.1, &how);
         journal_remove(self.state_dir(), key);
+        let usage = run_usage(cgroup.as_ref(), &limited);
         if let Some(cg) = &cgroup {
             cg.remove();
         }
+        limited.remove();
         let mut message = String::new();
         if let Some(run) = self.lock().get_mut(&key) {
             if run.fenced {
@@ -783,8 +847,24 @@ impl Runner {
             }
             run.exit = Some(exit);
         }
-        self.report(key, Some(exit), message);
+        self.report_with(key, Some(exit), message, usage);
         self.launch_ready();
+    }
+
+    /// What a run is limited to: its GPUs' devices, its memory, and its cores — granted ones
+    /// (not another live run's where the host has enough), or for a run that asked for none
+    /// the cores no live run was granted.
+    fn run_limits(&self, a: &pb::Assignment) -> crate::limits::RunLimits {
+        let all = self.isolation.limiter.cores();
+        let granted: Vec<Vec<u32>> =
+            self.lock().values().filter(|r| r.exit.is_none()).map(|r| r.cores.clone()).collect();
+        let cores = if a.cpus > 0 { crate::limits::pick_cores(all, &granted, a.cpus) } else { Vec::new() };
+        crate::limits::RunLimits {
+            cores,
+            memory_bytes: (a.memory_mib > 0).then(|| a.memory_mib.saturating_mul(1 << 20)),
+            pids_max: self.isolation.pids_max,
+            gpus: a.gpu_ids.clone(),
+        }
     }
 
     /// Kills what is left of a run whose main process ended and waits until every process of it
@@ -829,9 +909,7 @@ impl Runner {
                         job_id: key.0,
                         attempt: key.1,
                         status: pb::RunStatus::Checkpointed as i32,
-                        exit_code: 0,
-                        signal: 0,
-                        message: String::new(),
+                        ..Default::default()
                     };
                     let _ = runner.reports.send(report).await;
                 }

@@ -25,6 +25,8 @@ fn assignment(job: u64, argv: &[&str], started: bool, kill: bool) -> pb::Assignm
         user: "alice".into(),
         traceparent: String::new(),
         submit_time_ms: 0,
+        cpus: 0,
+        memory_mib: 0,
     }
 }
 

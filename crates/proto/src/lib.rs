@@ -8,6 +8,7 @@
 
 #[cfg(feature = "core")]
 pub mod policy;
+pub mod units;
 pub mod wire;
 
 #[allow(clippy::all)]

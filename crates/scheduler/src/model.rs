@@ -109,11 +109,17 @@ impl Share {
 
     /// `self` less `other`, never below zero.
     pub fn minus(self, other: Share) -> Share {
-        Share { cpus: self.cpus.saturating_sub(other.cpus), mem_mib: self.mem_mib.saturating_sub(other.mem_mib) }
+        Share {
+            cpus: self.cpus.saturating_sub(other.cpus),
+            mem_mib: self.mem_mib.saturating_sub(other.mem_mib),
+        }
     }
 
     pub fn plus(self, other: Share) -> Share {
-        Share { cpus: self.cpus.saturating_add(other.cpus), mem_mib: self.mem_mib.saturating_add(other.mem_mib) }
+        Share {
+            cpus: self.cpus.saturating_add(other.cpus),
+            mem_mib: self.mem_mib.saturating_add(other.mem_mib),
+        }
     }
 
     /// Which resource of `self` does not fit in `free` ("CPUs" first), for pending reasons.

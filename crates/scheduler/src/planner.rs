@@ -90,7 +90,8 @@ impl FreeNode<'_> {
     /// Whether one task's CPUs and memory fit beside what is held (and, unless
     /// `may_use_reserved`, beside the reservation's share too).
     fn share_fits(&self, want: Share, may_use_reserved: bool) -> bool {
-        let free = if may_use_reserved { self.free_share } else { self.free_share.minus(self.reserved_share) };
+        let free =
+            if may_use_reserved { self.free_share } else { self.free_share.minus(self.reserved_share) };
         want.fits(free)
     }
 
@@ -272,7 +273,10 @@ impl<'a> Pass<'a> {
             }
             let may = may_use_reserved || node.reserved.is_empty();
             let n = node.usable_count(model, may);
-            if n < count || !node.share_fits(share, may) || best.as_ref().is_some_and(|(bn, bp, _)| (n, pos) >= (*bn, *bp)) {
+            if n < count
+                || !node.share_fits(share, may)
+                || best.as_ref().is_some_and(|(bn, bp, _)| (n, pos) >= (*bn, *bp))
+            {
                 return;
             }
             *best = Some((n, pos, node.usable(model, may)));
@@ -603,8 +607,11 @@ impl<'a> Pass<'a> {
             let mut at = now;
             if gpus.len() < count || !want.fits(free) {
                 // Each running task's end frees its GPUs and its CPUs and memory.
-                let mut ends: Vec<(i64, Option<GpuIndex>, Share)> =
-                    self.busy_until(pos, model).into_iter().map(|(e, g)| (e, Some(g), Share::default())).collect();
+                let mut ends: Vec<(i64, Option<GpuIndex>, Share)> = self
+                    .busy_until(pos, model)
+                    .into_iter()
+                    .map(|(e, g)| (e, Some(g), Share::default()))
+                    .collect();
                 ends.extend(self.shares_until(pos).map(|(e, s)| (e, None, s)));
                 ends.sort();
                 for (end, gpu, share) in ends {
@@ -801,7 +808,12 @@ impl<'s> Planning<'s> {
             state.nodes.get(node).is_some_and(|n| {
                 n.state == NodeState::Up
                     && gpus.iter().all(|g| !n.allocated.contains_key(g))
-                    && self.pass.nodes.iter().find(|f| f.name == node).is_some_and(|f| q.share.fits(f.free_share))
+                    && self
+                        .pass
+                        .nodes
+                        .iter()
+                        .find(|f| f.name == node)
+                        .is_some_and(|f| q.share.fits(f.free_share))
             })
         });
         if !free || self.out.plan.placements.len() >= PLAN_PLACEMENTS_MAX {
@@ -978,7 +990,8 @@ impl<'s> Planning<'s> {
         }
         let part = q.part;
         let gpus_free = self.pass.nodes.iter().filter(|n| {
-            part.is_none_or(|p| p.contains(n.name, n.labels)) && n.usable_count(q.model, true) >= q.gpus as usize
+            part.is_none_or(|p| p.contains(n.name, n.labels))
+                && n.usable_count(q.model, true) >= q.gpus as usize
         });
         match gpus_free.map(|n| q.share.short_of(n.free_share)).min() {
             Some(Some(what)) => PendingReason::ResourcesShort(what),

@@ -55,6 +55,8 @@ pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> 
                 user: o.job.spec.user.clone(),
                 traceparent: o.job.spec.traceparent.as_deref().unwrap_or_default().to_string(),
                 submit_time_ms: o.job.submit_time_ms,
+                cpus: o.job.spec.cpus,
+                memory_mib: o.job.spec.mem_mib,
             }
         })
         .collect()
@@ -197,6 +199,17 @@ impl AgentService for AgentApi {
                 Op::JobStarted { job: r.job_id, attempt: r.attempt, node: r.node_id }
             }
             Ok(pb::RunStatus::Exited) => {
+                if r.max_rss_kib != 0 || r.cpu_time_ms != 0 || r.oom_kills != 0 {
+                    // Recorded first, so the exit is judged with it (OUT_OF_MEMORY).
+                    let usage = kairos_scheduler::model::RunUsage {
+                        max_rss_kib: r.max_rss_kib,
+                        cpu_ms: r.cpu_time_ms,
+                        oom_kills: r.oom_kills,
+                    };
+                    let op =
+                        Op::RunUsage { job: r.job_id, attempt: r.attempt, node: r.node_id.clone(), usage };
+                    self.ctx.write(op).await?;
+                }
                 let exit = if r.signal != 0 { RunExit::Signal(r.signal) } else { RunExit::Code(r.exit_code) };
                 Op::JobExited { job: r.job_id, attempt: r.attempt, node: r.node_id, exit }
             }

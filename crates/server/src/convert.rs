@@ -107,6 +107,7 @@ pub fn job_state_to_pb(s: JobState) -> pb::JobState {
         JobState::Timeout => pb::JobState::Timeout,
         JobState::NodeFail => pb::JobState::NodeFail,
         JobState::Suspended => pb::JobState::Suspended,
+        JobState::OutOfMemory => pb::JobState::OutOfMemory,
     }
 }
 
@@ -298,6 +299,8 @@ pub fn node_to_pb(node: &Node, last_heartbeat_ms: i64) -> pb::Node {
         allocated: node.allocated.iter().map(|(g, j)| (*g, *j)).collect(),
         last_heartbeat_ms,
         reason: node.reason.clone(),
+        cpus_used: node.used().cpus,
+        memory_used_mib: node.used().mem_mib,
     }
 }
 
@@ -325,6 +328,10 @@ pub fn record_to_pb(r: &kairos_scheduler::history::JobRecord, purged: bool) -> p
         purged,
         array_job_id: r.array.map_or(0, |a| a.0),
         array_task_id: r.array.map_or(0, |a| a.1),
+        req_cpus: r.req_cpus,
+        req_memory_mib: r.req_mem_mib,
+        max_rss_kib: r.max_rss_kib,
+        cpu_time_ms: r.cpu_ms,
     }
 }
 

@@ -101,7 +101,13 @@ impl ClusterState {
 
     /// Whether the node has the CPUs and memory of one of `job`'s tasks free (counting what
     /// preemption victims give up when `gpus` are taken from them).
-    fn check_share(&self, job: &Job, node: &Node, gpus: &[GpuIndex], taking: Taking<'_>) -> Result<(), GrantError> {
+    fn check_share(
+        &self,
+        job: &Job,
+        node: &Node,
+        gpus: &[GpuIndex],
+        taking: Taking<'_>,
+    ) -> Result<(), GrantError> {
         let mut free = node.free_share();
         if let Some(own) = node.held.get(&job.id) {
             free = free.plus(*own);

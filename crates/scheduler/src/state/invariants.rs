@@ -64,7 +64,9 @@ impl ClusterState {
                         })
                 });
                 if !live {
-                    return Err(format!("node {name} lists job {holder} as holding CPUs/memory; it runs nothing there"));
+                    return Err(format!(
+                        "node {name} lists job {holder} as holding CPUs/memory; it runs nothing there"
+                    ));
                 }
             }
         }

@@ -202,7 +202,10 @@ impl ClusterState {
             (None, RunExit::Code(0)) => (JobState::Completed, String::new()),
             (None, RunExit::Code(_) | RunExit::Signal(_)) if job.usage.is_some_and(|u| u.oom_kills > 0) => {
                 let limit = job.spec.mem_mib;
-                (JobState::OutOfMemory, format!("out of memory: the kernel killed it at its {limit} MiB limit"))
+                (
+                    JobState::OutOfMemory,
+                    format!("out of memory: the kernel killed it at its {limit} MiB limit"),
+                )
             }
             (None, RunExit::Code(c)) => (JobState::Failed, format!("exit code {c}")),
             (None, RunExit::Signal(s)) => (JobState::Failed, format!("killed by signal {s}")),
@@ -412,7 +415,13 @@ impl ClusterState {
 impl ClusterState {
     /// A note an agent records on a current run (kind and message bounded).
     /// Keeps what the current run used (the ranks of a gang add up; the peak is the largest).
-    pub(super) fn run_usage(&mut self, job: JobId, attempt: u32, node: &str, usage: &crate::model::RunUsage) -> Outcome {
+    pub(super) fn run_usage(
+        &mut self,
+        job: JobId,
+        attempt: u32,
+        node: &str,
+        usage: &crate::model::RunUsage,
+    ) -> Outcome {
         match self.current_run(job, attempt, node) {
             Ok(j) => {
                 let u = j.usage.get_or_insert_with(Default::default);
