@@ -40,7 +40,7 @@ pub fn parse_time(s: &str) -> Result<u64, String> {
 
 pub fn parse_gpus(s: &str) -> Result<u32, String> {
     match s.parse::<i64>() {
-        Ok(n) if n < 0 => Err(format!("{n} is negative; a job needs at least 1 GPU")),
+        Ok(n) if n < 0 => Err(format!("{n} is negative")),
         Ok(n) => u32::try_from(n).map_err(|_| format!("{n} is too large")),
         Err(_) => Err(format!("\"{s}\" is not a whole number")),
     }

@@ -47,11 +47,24 @@ const OPTIONS: &[(Option<char>, &str, bool)] = &[
     (Some('N'), "nodes", true),
     (Some('H'), "hold", false),
     (None, "signal", true),
+    (Some('c'), "cpus-per-task", true),
+    (None, "mem", true),
+    (None, "mem-per-gpu", true),
+    (None, "mem-per-cpu", true),
+    (Some('n'), "ntasks", true),
+    (None, "ntasks-per-node", true),
+    (None, "gpus-per-node", true),
+    (None, "gpus-per-task", true),
+    (Some('C'), "constraint", true),
+    // Accepted and ignored: kairos sends no mail (watch `kairos wait` or the job's events).
+    (None, "mail-type", true),
+    (None, "mail-user", true),
 ];
 
-/// Options by long name; a later `set` of the same one wins.
+/// Options by long name (a later `set` of the same one wins), and every unsupported one met,
+/// with where.
 #[derive(Debug, Default)]
-struct Options(BTreeMap<&'static str, String>);
+struct Options(BTreeMap<&'static str, String>, Vec<String>);
 
 impl Options {
     /// Reads options from `tokens` until the first that is not one; returns how many it took.
@@ -64,18 +77,24 @@ impl Options {
                     Some((n, v)) => (n, Some(v.to_string())),
                     None => (long, None),
                 };
-                let spec = OPTIONS.iter().find(|(_, l, _)| *l == name);
-                (spec.ok_or_else(|| unsupported(source, &format!("--{name}")))?, value)
+                let Some(spec) = OPTIONS.iter().find(|(_, l, _)| *l == name) else {
+                    i += self.unsupported(tokens, i, source, &format!("--{name}"), value.is_some());
+                    continue;
+                };
+                (spec, value)
             } else if let Some(short) = token.strip_prefix('-').filter(|s| !s.is_empty()) {
                 let c = short.chars().next().unwrap_or('-');
-                let spec = OPTIONS.iter().find(|(s, _, _)| *s == Some(c));
                 let rest = &short[c.len_utf8()..];
                 let value = (!rest.is_empty()).then(|| rest.trim_start_matches('=').to_string());
-                (spec.ok_or_else(|| unsupported(source, &format!("-{c}")))?, value)
+                let Some(spec) = OPTIONS.iter().find(|(s, _, _)| *s == Some(c)) else {
+                    i += self.unsupported(tokens, i, source, &format!("-{c}"), value.is_some());
+                    continue;
+                };
+                (spec, value)
             } else {
                 return Ok(i);
             };
-            let (_, long, takes_value) = *spec;
+            let &(_, long, takes_value) = spec;
             let value = match (takes_value, inline) {
                 (false, None) => String::new(),
                 (false, Some(_)) => return Err(format!("{source}: --{long} takes no value")),
@@ -95,13 +114,28 @@ impl Options {
         Ok(i)
     }
 
+    /// Notes an unsupported option at `tokens[i]`; returns how many tokens it spans (in a
+    /// directive, a following word that is no option is taken as its value).
+    fn unsupported(&mut self, tokens: &[String], i: usize, source: &str, option: &str, inline: bool) -> usize {
+        self.1.push(format!("{option} ({source})"));
+        let value_follows = source != "command line"
+            && !inline
+            && tokens.get(i + 1).is_some_and(|t| !t.starts_with('-'));
+        1 + usize::from(value_follows)
+    }
+
+    /// Refuses, naming every unsupported option at once.
+    fn refuse_unsupported(&self) -> Result<(), String> {
+        match self.1.as_slice() {
+            [] => Ok(()),
+            [one] => Err(format!("unsupported option {one}; nothing was submitted")),
+            many => Err(format!("unsupported options {}; nothing was submitted", many.join(", "))),
+        }
+    }
+
     fn get(&self, long: &str) -> Option<&str> {
         self.0.get(long).map(String::as_str)
     }
-}
-
-fn unsupported(source: &str, option: &str) -> String {
-    format!("{source}: unsupported option {option}; nothing was submitted")
 }
 
 /// Splits a directive's text into words like a shell: quotes group, `#` starts a comment.
@@ -177,10 +211,11 @@ fn interpreter(script: &str) -> Vec<String> {
     }
 }
 
-/// GPUs per task and their model: `--gres gpu[:TYPE]:N`, `--gpus [TYPE:]N` (1 by default).
+/// GPUs per node and their model: `--gres gpu[:TYPE]:N`, `--gpus [TYPE:]N`,
+/// `--gpus-per-node [TYPE:]N` (none by default, as sbatch; a model set from `--constraint`).
 fn gpus_of(o: &Options) -> Result<(u32, Option<String>), String> {
     let bad = |long: &str, e: String| format!("--{long}: {e}");
-    let (mut gpus, mut gpu_model) = (1u32, None);
+    let (mut gpus, mut gpu_model) = (0u32, o.get("constraint").map(str::to_string));
     if let Some(g) = o.get("gres") {
         // gpu[:type]:N
         let parts: Vec<&str> = g.split(':').collect();
@@ -198,13 +233,15 @@ fn gpus_of(o: &Options) -> Result<(u32, Option<String>), String> {
             }
         }
     }
-    if let Some(g) = o.get("gpus") {
-        match g.split_once(':') {
-            Some((model, n)) => {
-                gpus = parse_gpus(n).map_err(|e| bad("gpus", e))?;
-                gpu_model = Some(model.to_string());
+    for long in ["gpus", "gpus-per-node"] {
+        if let Some(g) = o.get(long) {
+            match g.split_once(':') {
+                Some((model, n)) => {
+                    gpus = parse_gpus(n).map_err(|e| bad(long, e))?;
+                    gpu_model = Some(model.to_string());
+                }
+                None => gpus = parse_gpus(g).map_err(|e| bad(long, e))?,
             }
-            None => gpus = parse_gpus(g).map_err(|e| bad("gpus", e))?,
         }
     }
     Ok((gpus, gpu_model))
@@ -276,6 +313,8 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
     let script_args = &args[used + 1..];
     let script = std::fs::read_to_string(path).map_err(|e| format!("reading {path}: {e}"))?;
     let mut options = directives(&script, path)?;
+    options.1.extend(given.1);
+    options.refuse_unsupported()?;
     // The command line wins over the script.
     options.0.extend(given.0);
     let o = &options;
@@ -299,7 +338,16 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
     let mut command = interpreter(&script);
     command.extend(["-c".to_string(), script.clone(), path.clone()]);
     command.extend(script_args.iter().cloned());
+    let number = |long: &str| o.get(long).map(|n| parse_gpus(n).map_err(|e| bad(long, e))).transpose();
+    let size = |long: &str| o.get(long).map(|n| crate::jobs::parse_size(n).map_err(|e| bad(long, e))).transpose();
     Ok(SubmitArgs {
+        cpus_per_task: number("cpus-per-task")?,
+        mem: size("mem")?,
+        mem_per_gpu: size("mem-per-gpu")?,
+        mem_per_cpu: size("mem-per-cpu")?,
+        ntasks: number("ntasks")?,
+        ntasks_per_node: number("ntasks-per-node")?,
+        gpus_per_task: number("gpus-per-task")?,
         output: o.get("output").map(str::to_string),
         error: o.get("error").map(str::to_string),
         gpus,
@@ -359,9 +407,55 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = script(dir.path(), "#!/bin/sh\n#SBATCH --licenses=matlab:1\ntrue\n");
         let e = submit_args(std::slice::from_ref(&path), &BTreeMap::new()).unwrap_err();
-        assert!(e.contains(":2: unsupported option --licenses"), "{e}");
+        assert!(e.contains("unsupported option --licenses (") && e.contains(":2)"), "{e}");
         let e = submit_args(&["-x".into(), path], &BTreeMap::new()).unwrap_err();
-        assert!(e.contains("command line: unsupported option -x"), "{e}");
+        assert!(e.contains("-x (command line)"), "{e}");
+    }
+
+    #[test]
+    fn every_unsupported_option_is_named_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = script(
+            dir.path(),
+            "#!/bin/sh
+#SBATCH --licenses=matlab:1
+#SBATCH -c 2 --mem 1G
+#SBATCH --exclusive
+             #SBATCH --reservation maint
+true
+",
+        );
+        let e = submit_args(std::slice::from_ref(&path), &BTreeMap::new()).unwrap_err();
+        for option in ["--licenses (", "--exclusive (", "--reservation ("] {
+            assert!(e.contains(option), "{option} missing from: {e}");
+        }
+        assert!(e.starts_with("unsupported options ") && e.ends_with("nothing was submitted"), "{e}");
+    }
+
+    #[test]
+    fn slurm_resource_options_make_per_node_cpus_memory_and_gpus() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = script(
+            dir.path(),
+            "#!/bin/sh
+#SBATCH -n 8 --ntasks-per-node=4 -c 2 --mem-per-cpu=1G
+             #SBATCH --gpus-per-task=1 --mail-type=END --mail-user=a@b
+#SBATCH --constraint=V100M16|V100M32
+true
+",
+        );
+        let s = submit_args(std::slice::from_ref(&path), &BTreeMap::new()).unwrap();
+        let shape = crate::jobs::shape_of(&s).unwrap();
+        assert_eq!(shape, crate::jobs::Shape { gpus: 4, cpus: 8, mem_mib: 8192, nodes: Some(2) });
+        assert_eq!(s.gpu_model.as_deref(), Some("V100M16|V100M32"));
+        // No GPU option: a CPU-only job (sbatch's default), one CPU.
+        let path = script(dir.path(), "#!/bin/sh
+#SBATCH --mem 256M
+true
+");
+        let s = submit_args(std::slice::from_ref(&path), &BTreeMap::new()).unwrap();
+        let shape = crate::jobs::shape_of(&s).unwrap();
+        assert_eq!(shape, crate::jobs::Shape { gpus: 0, cpus: 1, mem_mib: 256, nodes: None });
     }
 
     #[test]

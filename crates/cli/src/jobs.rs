@@ -21,9 +21,33 @@ pub enum ProfileArg {
 /// `kairos submit`'s flags and command.
 #[derive(clap::Args, Debug)]
 pub struct SubmitArgs {
-    /// GPUs the job needs on each node.
+    /// GPUs the job needs on each node (0: a CPU-only job, 1 CPU unless -c says more).
     #[arg(long, short = 'G', alias = "gpus-per-node", default_value_t = 1, allow_negative_numbers = true, value_parser = parse_gpus)]
     pub gpus: u32,
+    /// CPUs per task (Slurm's -c); a node's run gets CPUs per task × tasks per node, as a
+    /// cpuset of that many cores.
+    #[arg(long, short = 'c', value_parser = parse_gpus)]
+    pub cpus_per_task: Option<u32>,
+    /// Memory per node, e.g. 256M, 16G (MiB without a unit): the run's limit, no swap; over it
+    /// the job ends OUT_OF_MEMORY.
+    #[arg(long, value_parser = parse_size)]
+    pub mem: Option<u64>,
+    /// Memory per GPU (× GPUs per node).
+    #[arg(long, value_parser = parse_size, conflicts_with_all = ["mem", "mem_per_cpu"])]
+    pub mem_per_gpu: Option<u64>,
+    /// Memory per CPU (× CPUs per node).
+    #[arg(long, value_parser = parse_size, conflicts_with_all = ["mem", "mem_per_gpu"])]
+    pub mem_per_cpu: Option<u64>,
+    /// Slurm tasks in all (with -c, their CPUs are counted; kairos starts one process per node,
+    /// which starts the tasks itself, e.g. torchrun or srun-less MPI).
+    #[arg(long, short = 'n', value_parser = parse_gpus)]
+    pub ntasks: Option<u32>,
+    /// Slurm tasks per node (default: --ntasks spread over the nodes).
+    #[arg(long, value_parser = parse_gpus)]
+    pub ntasks_per_node: Option<u32>,
+    /// GPUs per Slurm task (× tasks per node = GPUs per node).
+    #[arg(long, value_parser = parse_gpus, conflicts_with = "gpus")]
+    pub gpus_per_task: Option<u32>,
     /// Gang job: run one task on each of this many nodes, all or nothing (torchrun-style
     /// RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment).
     #[arg(long, short = 'N', default_value_t = 1, allow_negative_numbers = true, value_parser = parse_gpus)]
@@ -96,10 +120,58 @@ pub struct SubmitArgs {
     pub command: Vec<String>,
 }
 
+/// What one node's run of a job holds, from Slurm's spelling of it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub gpus: u32,
+    pub cpus: u32,
+    pub mem_mib: u64,
+    /// Nodes implied by --ntasks over --ntasks-per-node (None: -N decides).
+    pub nodes: Option<u32>,
+}
+
+/// Resolves Slurm's task, CPU and memory options into per-node GPUs, CPUs and memory (kairos
+/// starts one process per node): tasks per node = --ntasks-per-node, else --ntasks over the
+/// nodes; CPUs = -c × tasks per node; memory = --mem, or per GPU/CPU times those.
+pub fn shape_of(a: &SubmitArgs) -> Result<Shape, String> {
+    let nodes = match (a.ntasks, a.ntasks_per_node) {
+        (Some(n), Some(per)) if per > 0 && a.nodes <= 1 => Some(n.div_ceil(per)),
+        _ => None,
+    };
+    let node_count = nodes.unwrap_or(a.nodes).max(1);
+    let per_node = match (a.ntasks_per_node, a.ntasks) {
+        (Some(per), _) => per.max(1),
+        (None, Some(n)) => n.div_ceil(node_count).max(1),
+        (None, None) => 1,
+    };
+    let gpus = match a.gpus_per_task {
+        Some(g) => g.checked_mul(per_node).ok_or("--gpus-per-task: too many GPUs")?,
+        None => a.gpus,
+    };
+    let cpus = match a.cpus_per_task {
+        Some(c) => c.checked_mul(per_node).ok_or("--cpus-per-task: too many CPUs")?,
+        None if a.ntasks.is_some() || a.ntasks_per_node.is_some() => per_node,
+        None => 0,
+    };
+    let cpus = if gpus == 0 { cpus.max(1) } else { cpus };
+    let mem_mib = match (a.mem, a.mem_per_gpu, a.mem_per_cpu) {
+        (Some(m), _, _) => m,
+        (_, Some(m), _) => m.saturating_mul(u64::from(gpus)),
+        (_, _, Some(m)) => m.saturating_mul(u64::from(cpus.max(1))),
+        _ => 0,
+    };
+    Ok(Shape { gpus, cpus, mem_mib, nodes })
+}
+
+/// A size flag (256M, 16G; MiB without a unit) in MiB.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    kairos_proto::units::parse_mem_mib(s)
+}
+
 /// Submits a job; prints its id (the job with --json).
 pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Result<i32> {
+    let shape = shape_of(&args).map_err(|e| anyhow::anyhow!(e))?;
     let SubmitArgs {
-        gpus,
         nodes,
         name,
         time,
@@ -122,6 +194,7 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         output,
         error,
         command,
+        ..
     } = args;
     let profile = match profile {
         None => pb::Profile::Unspecified,
@@ -143,8 +216,10 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         qos: qos.unwrap_or_default(),
         profile: profile as i32,
         resources: Some(pb::Resources {
-            gpus,
-            tasks: nodes,
+            gpus: shape.gpus,
+            tasks: shape.nodes.unwrap_or(nodes),
+            cpus: shape.cpus,
+            memory_mib: shape.mem_mib,
             gpu_model: gpu_model.unwrap_or_default(),
             min_gpus: min_gpus.unwrap_or(0),
             min_tasks: min_nodes.unwrap_or(0),

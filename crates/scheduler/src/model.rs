@@ -311,12 +311,15 @@ fn is_zero_u64(v: &u64) -> bool {
 }
 
 /// Whether a GPU model name satisfies a job's model constraint ("H100" matches
-/// "NVIDIA H100 80GB HBM3").
+/// "NVIDIA H100 80GB HBM3"); a set of models is written with `|` ("V100M16|V100M32": any).
 pub fn model_matches(constraint: Option<&str>, model: &str) -> bool {
     let Some(c) = constraint else { return true };
     // Case-insensitive substring test without allocating.
-    let (m, c) = (model.as_bytes(), c.as_bytes());
-    c.len() <= m.len() && m.windows(c.len()).any(|w| w.eq_ignore_ascii_case(c))
+    let m = model.as_bytes();
+    c.split('|').any(|c| {
+        let c = c.trim().as_bytes();
+        c.len() <= m.len() && m.windows(c.len()).any(|w| w.eq_ignore_ascii_case(c))
+    })
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
