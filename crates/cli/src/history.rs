@@ -29,13 +29,14 @@ pub struct HistoryArgs {
     #[arg(long, short = 'A')]
     pub account: Option<String>,
     /// Columns, comma-separated, of ID, NAME, USER, ACCOUNT, PARTITION, QOS, STATE, EXIT, GPUS,
-    /// NODE, SUBMIT, START, END, ELAPSED, GPU_SECONDS, PREEMPTIONS, ATTEMPTS, REASON.
+    /// NODE, SUBMIT, START, END, ELAPSED, GPU_SECONDS, PREEMPTIONS, ATTEMPTS, REQ_CPUS, REQ_MEM,
+    /// MAX_RSS, CPU_TIME, REASON (sacct's ReqCPUS, ReqMem, MaxRSS, TotalCPU).
     #[arg(long, value_delimiter = ',')]
     pub format: Vec<String>,
 }
 
 /// Every column `--format` knows, in the default order.
-const COLUMNS: [&str; 18] = [
+const COLUMNS: [&str; 22] = [
     "ID",
     "NAME",
     "USER",
@@ -53,6 +54,10 @@ const COLUMNS: [&str; 18] = [
     "GPU_SECONDS",
     "PREEMPTIONS",
     "ATTEMPTS",
+    "REQ_CPUS",
+    "REQ_MEM",
+    "MAX_RSS",
+    "CPU_TIME",
     "REASON",
 ];
 /// The columns shown without `--format`.
@@ -137,6 +142,10 @@ pub fn record_json(r: &pb::JobRecord, now: i64) -> Value {
         "gpu_seconds": r.gpu_seconds,
         "preemptions": r.preemptions,
         "attempts": r.attempts,
+        "req_cpus": r.req_cpus,
+        "req_memory_mib": r.req_memory_mib,
+        "max_rss_kib": r.max_rss_kib,
+        "cpu_time_ms": r.cpu_time_ms,
         "purged": r.purged,
         "array_job_id": if r.array_job_id == 0 { Value::Null } else { json!(r.array_job_id) },
         "array_task_id": if r.array_job_id == 0 { Value::Null } else { json!(r.array_task_id) },
@@ -169,6 +178,11 @@ fn cell(r: &pb::JobRecord, column: &str, now: i64) -> String {
         "GPU_SECONDS" => r.gpu_seconds.to_string(),
         "PREEMPTIONS" => r.preemptions.to_string(),
         "ATTEMPTS" => r.attempts.to_string(),
+        "REQ_CPUS" => r.req_cpus.to_string(),
+        "REQ_MEM" => crate::output::mib(r.req_memory_mib),
+        "MAX_RSS" => format!("{}K", r.max_rss_kib),
+        // sacct's TotalCPU: [D-]HH:MM:SS.mmm
+        "CPU_TIME" => format!("{}.{:03}", clock((r.cpu_time_ms / 1000) as i64), r.cpu_time_ms % 1000),
         _ => or_dash(&r.reason),
     }
 }

@@ -302,6 +302,7 @@ pub fn state_of(name: &str) -> Option<pb::JobState> {
         pb::JobState::NodeFail,
         pb::JobState::Preempting,
         pb::JobState::Suspended,
+        pb::JobState::OutOfMemory,
     ];
     all.into_iter().find(|s| output::job_state_name(*s as i32).eq_ignore_ascii_case(name.trim()))
 }
@@ -611,7 +612,8 @@ fn ended(job: &pb::Job) -> bool {
 
 /// `kairos wait`'s exit status for a job that ended: 0 when it completed, its exit code when it
 /// failed with one, 128 + N when signal N killed it, 124 on a time limit, 125 when cancelled,
-/// 123 when its node failed or its run was lost. (1 is also kairos's own failure.)
+/// 123 when its node failed or its run was lost, 122 when it ran out of memory. (1 is also
+/// kairos's own failure.)
 fn wait_code(job: &pb::Job) -> i32 {
     match pb::JobState::try_from(job.state) {
         Ok(pb::JobState::Completed) => 0,
@@ -619,6 +621,7 @@ fn wait_code(job: &pb::Job) -> i32 {
         Ok(pb::JobState::Failed) => job.exit_code.unwrap_or(1).clamp(1, 255),
         Ok(pb::JobState::Timeout) => 124,
         Ok(pb::JobState::Cancelled) => 125,
+        Ok(pb::JobState::OutOfMemory) => 122,
         _ => 123,
     }
 }

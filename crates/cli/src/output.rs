@@ -17,6 +17,7 @@ pub fn job_state_name(state: i32) -> &'static str {
         Ok(pb::JobState::NodeFail) => "NODE_FAIL",
         Ok(pb::JobState::Preempting) => "PREEMPTING",
         Ok(pb::JobState::Suspended) => "SUSPENDED",
+        Ok(pb::JobState::OutOfMemory) => "OUT_OF_MEMORY",
         _ => "UNKNOWN",
     }
 }
@@ -104,6 +105,10 @@ pub fn node_json(node: &pb::Node) -> Value {
         })).collect::<Vec<_>>(),
         "gpus_total": info.gpus.len(),
         "gpus_allocated": allocated.len(),
+        "cpus_total": info.cpus,
+        "cpus_used": node.cpus_used,
+        "memory_mib_total": info.memory_mib,
+        "memory_mib_used": node.memory_used_mib,
         "allocated": allocated.iter().map(|(g, j)| json!({"gpu": g, "job": j})).collect::<Vec<_>>(),
         "last_heartbeat": time_json(node.last_heartbeat_ms),
     })
@@ -286,6 +291,8 @@ pub fn node_row(node: &pb::Node) -> Vec<String> {
         text(&n["name"]),
         text(&n["state"]),
         format!("{}/{}", n["gpus_allocated"], n["gpus_total"]),
+        format!("{}/{}", node.cpus_used, node.info.as_ref().map_or(0, |i| i.cpus)),
+        format!("{}/{}", mib(node.memory_used_mib), mib(node.info.as_ref().map_or(0, |i| i.memory_mib))),
         if model.is_empty() { "-".into() } else { model },
         text(&n["gpu_backend"]),
         text(&n["isolation"]),
@@ -294,8 +301,28 @@ pub fn node_row(node: &pb::Node) -> Vec<String> {
     ]
 }
 
-pub const NODE_HEADER: [&str; 8] =
-    ["NAME", "STATE", "GPUS(USED/ALL)", "MODEL", "BACKEND", "RUNS", "ADDR", "REASON"];
+pub const NODE_HEADER: [&str; 10] = [
+    "NAME",
+    "STATE",
+    "GPUS(USED/ALL)",
+    "CPUS(USED/ALL)",
+    "MEM(USED/ALL)",
+    "MODEL",
+    "BACKEND",
+    "RUNS",
+    "ADDR",
+    "REASON",
+];
+
+/// A size in MiB as people read it: 512M, 1.5G, 2T.
+pub fn mib(m: u64) -> String {
+    match m {
+        0 => "0".into(),
+        m if m >= 1 << 20 => format!("{:.1}T", m as f64 / (1u64 << 20) as f64),
+        m if m >= 1 << 10 => format!("{:.1}G", m as f64 / 1024.0),
+        m => format!("{m}M"),
+    }
+}
 
 pub fn print_json(v: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
