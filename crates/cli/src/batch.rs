@@ -116,11 +116,17 @@ impl Options {
 
     /// Notes an unsupported option at `tokens[i]`; returns how many tokens it spans (in a
     /// directive, a following word that is no option is taken as its value).
-    fn unsupported(&mut self, tokens: &[String], i: usize, source: &str, option: &str, inline: bool) -> usize {
+    fn unsupported(
+        &mut self,
+        tokens: &[String],
+        i: usize,
+        source: &str,
+        option: &str,
+        inline: bool,
+    ) -> usize {
         self.1.push(format!("{option} ({source})"));
-        let value_follows = source != "command line"
-            && !inline
-            && tokens.get(i + 1).is_some_and(|t| !t.starts_with('-'));
+        let value_follows =
+            source != "command line" && !inline && tokens.get(i + 1).is_some_and(|t| !t.starts_with('-'));
         1 + usize::from(value_follows)
     }
 
@@ -339,7 +345,8 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
     command.extend(["-c".to_string(), script.clone(), path.clone()]);
     command.extend(script_args.iter().cloned());
     let number = |long: &str| o.get(long).map(|n| parse_gpus(n).map_err(|e| bad(long, e))).transpose();
-    let size = |long: &str| o.get(long).map(|n| crate::jobs::parse_size(n).map_err(|e| bad(long, e))).transpose();
+    let size =
+        |long: &str| o.get(long).map(|n| crate::jobs::parse_size(n).map_err(|e| bad(long, e))).transpose();
     Ok(SubmitArgs {
         cpus_per_task: number("cpus-per-task")?,
         mem: size("mem")?,
@@ -449,10 +456,13 @@ true
         assert_eq!(shape, crate::jobs::Shape { gpus: 4, cpus: 8, mem_mib: 8192, nodes: Some(2) });
         assert_eq!(s.gpu_model.as_deref(), Some("V100M16|V100M32"));
         // No GPU option: a CPU-only job (sbatch's default), one CPU.
-        let path = script(dir.path(), "#!/bin/sh
+        let path = script(
+            dir.path(),
+            "#!/bin/sh
 #SBATCH --mem 256M
 true
-");
+",
+        );
         let s = submit_args(std::slice::from_ref(&path), &BTreeMap::new()).unwrap();
         let shape = crate::jobs::shape_of(&s).unwrap();
         assert_eq!(shape, crate::jobs::Shape { gpus: 0, cpus: 1, mem_mib: 256, nodes: None });

@@ -18,6 +18,7 @@ mod policy;
 mod powercut;
 mod preempt;
 mod python_client;
+mod resources;
 mod security;
 mod sim;
 
@@ -164,7 +165,11 @@ fn bad_input_gets_a_one_line_error_and_changes_nothing() {
     let c = Cluster::start(8);
     let before = c.jobs().len();
     let cases: &[(&[&str], &str)] = &[
-        (&["submit", "--gpus", "0", "--", "true"], "gpus: must be at least 1"),
+        (&["submit", "--gpus", "0", "--mem", "lots", "--", "true"], "\"lots\" is not a size"),
+        (
+            &["submit", "--gpus", "1", "-c", "100000", "--", "true"],
+            "cpus: 100000 per task is more than the limit",
+        ),
         (&["submit", "--gpus", "-1", "--", "true"], "negative"),
         (&["submit", "--gpus", "9", "--", "true"], "largest node has 8"),
         (&["submit", "--gpus", "1", "--"], "command is empty"),
