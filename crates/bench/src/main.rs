@@ -846,11 +846,21 @@ fn bench_schedule(
         spec.profile = profile;
         spec.time_limit_s = Some(600 + u64::from(i % 3600));
         spec.gpu_model = i.is_multiple_of(17).then(|| "A100".to_string());
+        // CPUs and memory beside the GPUs (nodes have 128 CPUs and 1 TiB): data-loading-heavy
+        // jobs ask 16 CPUs per GPU, the rest 12; 64 GiB per GPU; every 16th pending job is
+        // CPU-only (4 CPUs, 16 GiB).
+        let gpus = spec.gpus;
+        spec.cpus = if gpus == 0 { 4 } else { gpus * if i.is_multiple_of(7) { 16 } else { 12 } };
+        spec.mem_mib = if gpus == 0 { 16 << 10 } else { u64::from(gpus) * (64 << 10) };
         spec
     };
     let placed = place_running(&mut state, nodes, gpus_per_node, running, &spec, now);
     for i in 0..pending {
-        let gpus = [1, 1, 2, 4, 8, 1, 2, 8][(i % 8) as usize].min(gpus_per_node);
+        let gpus = if i.is_multiple_of(16) {
+            0
+        } else {
+            [1, 1, 2, 4, 8, 1, 2, 8][(i % 8) as usize].min(gpus_per_node)
+        };
         apply(
             &mut state,
             Op::Submit { spec: spec(running + i, gpus), request_id: None, hold: false, limits: None },
@@ -885,6 +895,8 @@ fn bench_schedule(
         "bench": "schedule",
         "nodes": nodes,
         "gpus_per_node": gpus_per_node,
+        "cpus_per_node": 128,
+        "memory_mib_per_node": 1 << 20,
         "running": placed,
         "pending": pending,
         "pass_ms_p50": (times[times.len() / 2] * 10.0).round() / 10.0,

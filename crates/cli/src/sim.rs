@@ -83,7 +83,12 @@ fn cluster_of(text: &str) -> anyhow::Result<Vec<kairos_sim::TraceNode>> {
         return Err(bad());
     }
     Ok((0..n)
-        .map(|i| kairos_sim::TraceNode { name: format!("n{i}"), gpus: g, model: "sim".into() })
+        .map(|i| kairos_sim::TraceNode {
+            name: format!("n{i}"),
+            gpus: g,
+            model: "sim".into(),
+            ..Default::default()
+        })
         .collect())
 }
 

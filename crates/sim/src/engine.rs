@@ -107,6 +107,9 @@ struct Areas {
     /// Fraction of the free GPUs that sit on partly used nodes, × ms (while any GPU is free).
     fragmented: f64,
     free_time: f64,
+    /// CPU-ms and MiB-ms held by runs.
+    cpus: f64,
+    memory: f64,
 }
 
 /// Replays `jobs` on `nodes` under `policy`.
@@ -139,6 +142,9 @@ struct Sim<'a> {
     capacity: BTreeMap<String, u32>,
     used: HashMap<String, u32>,
     allocated: u32,
+    /// All nodes' CPUs and memory (MiB), when the trace says them; what runs hold of them.
+    share_totals: Option<(u64, u64)>,
+    share_used: (u64, u64),
     /// Free GPUs on partly used nodes.
     partial_free: u32,
     total_gpus: u32,
@@ -180,8 +186,9 @@ impl<'a> Sim<'a> {
                         link_group: i / 4,
                     })
                     .collect(),
-                cpus: 1,
-                memory_mib: 1,
+                // A node whose CPUs or memory the trace does not say binds nothing by them.
+                cpus: if n.cpus == 0 { u32::MAX / 2 } else { n.cpus },
+                memory_mib: if n.mem_mib == 0 { u64::MAX / 4 } else { n.mem_mib },
                 labels: BTreeMap::new(),
                 gpu_backend: "sim".into(),
                 isolation: String::new(),
@@ -189,6 +196,10 @@ impl<'a> Sim<'a> {
             state.apply(&Command { skipped_ms: 0, now_ms: 0, op: Op::RegisterNode { info } });
             capacity.insert(n.name.clone(), n.gpus);
         }
+        let share_totals = nodes
+            .iter()
+            .all(|n| n.cpus > 0 && n.mem_mib > 0)
+            .then(|| (nodes.iter().map(|n| u64::from(n.cpus)).sum(), nodes.iter().map(|n| n.mem_mib).sum()));
         let total_gpus = capacity.values().sum();
         let wall = |profile: Profile| {
             policy.default_qos(profile).map_or(kairos_scheduler::policy::MAX_WALL_S_MAX, |q| q.max_wall_s)
@@ -204,6 +215,8 @@ impl<'a> Sim<'a> {
             capacity,
             used: HashMap::new(),
             allocated: 0,
+            share_totals,
+            share_used: (0, 0),
             partial_free: 0,
             total_gpus,
             areas: Areas::default(),
@@ -270,6 +283,8 @@ impl<'a> Sim<'a> {
         // Utilisation counts while jobs arrive (the offered load's window).
         let (from, to) = (self.areas.last_ms.max(self.first_submit_ms), now.min(self.last_submit_ms));
         self.areas.allocated += f64::from(self.allocated) * (to - from).max(0) as f64;
+        self.areas.cpus += self.share_used.0 as f64 * (to - from).max(0) as f64;
+        self.areas.memory += self.share_used.1 as f64 * (to - from).max(0) as f64;
         let free = self.total_gpus - self.allocated;
         if free > 0 {
             self.areas.fragmented += f64::from(self.partial_free) / f64::from(free) * dt;
@@ -284,6 +299,9 @@ impl<'a> Sim<'a> {
             Event::Arrival(i) => {
                 let j = &self.jobs[i];
                 let mut spec = JobSpec::new(&j.name, "trace", vec!["true".into()], j.gpus);
+                spec.cpus = j.cpus;
+                spec.mem_mib = j.mem_mib;
+                spec.gpu_model = j.gpu_spec.clone();
                 spec.profile = if j.inference { Profile::Inference } else { Profile::Training };
                 spec.requeue = true;
                 // Jobs state their run time (plus a minute) as their limit, up to what the
@@ -319,10 +337,14 @@ impl<'a> Sim<'a> {
                     return false;
                 }
                 let gpus = j.total_gpus();
+                let share =
+                    (u64::from(j.spec.cpus) * u64::from(j.tasks()), j.spec.mem_mib * u64::from(j.tasks()));
                 let exit =
                     if matches!(event, Event::End { .. }) { RunExit::Code(0) } else { RunExit::Signal(15) };
                 self.apply(now, Op::JobExited { job, attempt, node: node.clone(), exit });
                 self.release(&node, gpus);
+                self.share_used =
+                    (self.share_used.0.saturating_sub(share.0), self.share_used.1.saturating_sub(share.1));
                 self.allocation.push((now, self.allocated));
                 let state = self.state.jobs.get(&job).map(|j| j.state);
                 if state.is_some_and(|s| s.is_terminal()) {
@@ -384,8 +406,10 @@ impl<'a> Sim<'a> {
         let Some(j) = self.state.jobs.get(&job) else { return };
         let Some(node) = j.allocation.as_ref().map(|a| a.node.clone()) else { return };
         let (attempt, gpus) = (j.attempt, j.total_gpus());
+        let share = (u64::from(j.spec.cpus) * u64::from(j.tasks()), j.spec.mem_mib * u64::from(j.tasks()));
         self.apply(now, Op::JobStarted { job, attempt, node: node.clone() });
         self.take(&node, gpus);
+        self.share_used = (self.share_used.0 + share.0, self.share_used.1 + share.1);
         self.allocation.push((now, self.allocated));
         let Some(t) = self.tracks.get_mut(&job) else { return };
         t.first_start_ms.get_or_insert(now);
@@ -486,6 +510,14 @@ impl<'a> Sim<'a> {
             utilization: self.areas.allocated
                 / (f64::from(self.total_gpus.max(1))
                     * (self.last_submit_ms - self.first_submit_ms).max(1) as f64),
+            cpu_utilization: self.share_totals.map(|(cpus, _)| {
+                self.areas.cpus
+                    / (cpus.max(1) as f64 * (self.last_submit_ms - self.first_submit_ms).max(1) as f64)
+            }),
+            memory_utilization: self.share_totals.map(|(_, mem)| {
+                self.areas.memory
+                    / (mem.max(1) as f64 * (self.last_submit_ms - self.first_submit_ms).max(1) as f64)
+            }),
             preemptions: self.preemptions,
             redone_gpu_hours: self.redone_gpu_ms / 3_600_000.0,
             fragmentation: if self.areas.free_time > 0.0 {
@@ -599,7 +631,9 @@ mod tests {
     use super::*;
 
     fn nodes(n: usize, gpus: u32) -> Vec<TraceNode> {
-        (0..n).map(|i| TraceNode { name: format!("n{i}"), gpus, model: "T4".into() }).collect()
+        (0..n)
+            .map(|i| TraceNode { name: format!("n{i}"), gpus, model: "T4".into(), ..TraceNode::default() })
+            .collect()
     }
 
     fn job(name: &str, submit_s: i64, duration_s: i64, gpus: u32, inference: bool) -> TraceJob {
@@ -609,6 +643,7 @@ mod tests {
             duration_ms: duration_s * 1000,
             gpus,
             inference,
+            ..TraceJob::default()
         }
     }
 
@@ -695,6 +730,7 @@ mod inflate_tests {
                 duration_ms: 1000,
                 gpus: 1 + (i % 2) as u32,
                 inference: false,
+                ..TraceJob::default()
             })
             .collect(); // 15 GPUs asked
         let up = inflate(&jobs, 10, 3.0, 1);
@@ -715,9 +751,44 @@ mod inflate_tests {
 mod limit_tests {
     use super::*;
 
+    /// A small excerpt of the Alibaba v2023 trace: pods with `gpu_spec` sets and CPU and memory
+    /// requests, on nodes of two models.
+    #[test]
+    fn the_trace_gpu_spec_and_cpu_memory_requests_are_honoured() {
+        let (nodes_csv, pods_csv) = (
+            "sn,cpu_milli,memory_mib,gpu,model\nn-p100,64000,262144,2,P100\nn-v100,16000,65536,4,V100M32\n",
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n\
+             a,4000,8192,1,1000,V100M32,BE,Succeeded,0,100,0\n\
+             b,4000,8192,1,1000,V100M16|V100M32,BE,Succeeded,0,100,0\n\
+             c,4000,8192,1,1000,P100,LS,Succeeded,0,100,0\n\
+             d,12000,8192,1,1000,V100M32,BE,Succeeded,0,100,0\n\
+             e,2000,4096,1,1000,,LS,Succeeded,150,250,150\n",
+        );
+        let nodes = crate::trace::alibaba_nodes("n.csv", nodes_csv).unwrap();
+        let (jobs, _) = crate::trace::alibaba_pods("p.csv", pods_csv).unwrap();
+        let config = SimConfig::default();
+        let policy = kairos_scheduler::policy::Policy::default();
+        let mut sim = Sim::new(&nodes, &jobs, &policy, &config);
+        sim.run();
+        let node_of = |name: &str| {
+            let live = sim.state.jobs.values().find(|j| j.spec.name == name).map(|j| j.last_node.clone());
+            live.or_else(|| sim.state.history.iter().find(|r| r.name == name).map(|r| r.node.clone()))
+        };
+        for (pod, allowed) in [("a", "n-v100"), ("b", "n-v100"), ("c", "n-p100"), ("d", "n-v100")] {
+            assert_eq!(node_of(pod).as_deref(), Some(allowed), "pod {pod} ran outside its gpu_spec");
+        }
+        // a, b and d fill the V100 node's 16 CPUs together (4 + 4 + 12 > 16): one of them waited.
+        let report = sim.report();
+        assert_eq!(report.unfinished, 0, "{report:?}");
+        assert!(report.training.wait_s.max >= 99.0, "a V100 pod waited for CPUs: {report:?}");
+        let (cpu, mem) = (report.cpu_utilization.unwrap(), report.memory_utilization.unwrap());
+        assert!(cpu > 0.0 && cpu <= 1.0 && mem > 0.0 && mem <= 1.0, "{report:?}");
+    }
+
     #[test]
     fn a_run_past_its_qos_wall_time_is_stopped_as_timeout() {
-        let nodes = vec![TraceNode { name: "n0".into(), gpus: 8, model: "T4".into() }];
+        let nodes =
+            vec![TraceNode { name: "n0".into(), gpus: 8, model: "T4".into(), ..TraceNode::default() }];
         // Inference may run 2 h under the shipped policy; this one would run 3 h.
         let jobs = vec![TraceJob {
             name: "long".into(),
@@ -725,6 +796,7 @@ mod limit_tests {
             duration_ms: 3 * 3_600_000,
             gpus: 1,
             inference: true,
+            ..TraceJob::default()
         }];
         let report =
             simulate(&nodes, &jobs, &kairos_scheduler::policy::Policy::default(), &SimConfig::default());

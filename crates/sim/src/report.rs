@@ -81,6 +81,10 @@ pub struct Report {
     pub whole_node: ClassSummary,
     /// GPU time allocated between the first and the last arrival / (GPUs × that time).
     pub utilization: f64,
+    /// CPU and memory time held by runs in that window / (all nodes' CPUs or memory × that
+    /// time); None when the trace does not say the nodes' CPUs and memory.
+    pub cpu_utilization: Option<f64>,
+    pub memory_utilization: Option<f64>,
     pub preemptions: u64,
     /// Work preemption threw away (done since the victim's last checkpoint), GPU-hours.
     pub redone_gpu_hours: f64,
@@ -108,6 +112,8 @@ impl Report {
             c.slowdown = round3(c.slowdown);
         }
         self.utilization = round3(self.utilization);
+        self.cpu_utilization = self.cpu_utilization.map(round3);
+        self.memory_utilization = self.memory_utilization.map(round3);
         self.offered_load = round3(self.offered_load);
         self.load = round3(self.load);
         self.arrival_window_s = round3(self.arrival_window_s);
@@ -137,6 +143,14 @@ impl Report {
                 Box::new(|r: &Report| format!("{:.2} / {:.2}", r.inference.slowdown, r.training.slowdown)),
             ),
             ("GPU utilization", Box::new(|r: &Report| format!("{:.3}", r.utilization))),
+            (
+                "CPU utilization",
+                Box::new(|r: &Report| r.cpu_utilization.map_or("-".into(), |u| format!("{u:.3}"))),
+            ),
+            (
+                "memory utilization",
+                Box::new(|r: &Report| r.memory_utilization.map_or("-".into(), |u| format!("{u:.3}"))),
+            ),
             ("preemptions", Box::new(|r: &Report| r.preemptions.to_string())),
             ("redone GPU-hours", Box::new(|r: &Report| format!("{:.1}", r.redone_gpu_hours))),
             ("fragmentation", Box::new(|r: &Report| format!("{:.3}", r.fragmentation))),

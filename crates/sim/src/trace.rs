@@ -3,7 +3,7 @@
 use serde::Deserialize;
 
 /// One job of a trace.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TraceJob {
     pub name: String,
     /// When it arrives (ms from the trace's start).
@@ -13,14 +13,22 @@ pub struct TraceJob {
     pub gpus: u32,
     /// Inference (latency-sensitive) or training.
     pub inference: bool,
+    /// CPUs (whole, rounded up) and memory (MiB) it asks for; 0: none.
+    pub cpus: u32,
+    pub mem_mib: u64,
+    /// The GPU models it accepts, `|`-separated (the trace's `gpu_spec`); None: any.
+    pub gpu_spec: Option<String>,
 }
 
 /// One GPU node of a trace.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TraceNode {
     pub name: String,
     pub gpus: u32,
     pub model: String,
+    /// CPUs and memory (MiB) it offers; 0: not known (then they bind nothing).
+    pub cpus: u32,
+    pub mem_mib: u64,
 }
 
 /// A trace that cannot be read.
@@ -60,7 +68,17 @@ pub fn alibaba_pods(file: &str, text: &str) -> Result<(Vec<TraceJob>, usize), Tr
     let cols = columns(
         file,
         header,
-        &["name", "num_gpu", "qos", "creation_time", "deletion_time", "scheduled_time"],
+        &[
+            "name",
+            "num_gpu",
+            "qos",
+            "creation_time",
+            "deletion_time",
+            "scheduled_time",
+            "cpu_milli",
+            "memory_mib",
+            "gpu_spec",
+        ],
     )?;
     let (mut jobs, mut skipped) = (Vec::new(), 0);
     for (i, line) in lines {
@@ -84,6 +102,11 @@ pub fn alibaba_pods(file: &str, text: &str) -> Result<(Vec<TraceJob>, usize), Tr
             duration_ms: (deleted - scheduled).max(1) * 1000,
             gpus: gpus.min(u32::MAX as i64) as u32,
             inference: field(2) == "LS",
+            cpus: (number(file, n, field(6), "cpu_milli")?.max(0) as u64)
+                .div_ceil(1000)
+                .min(u64::from(u32::MAX)) as u32,
+            mem_mib: number(file, n, field(7), "memory_mib")?.max(0) as u64,
+            gpu_spec: Some(field(8).trim()).filter(|s| !s.is_empty()).map(str::to_string),
         });
     }
     Ok((jobs, skipped))
@@ -93,7 +116,7 @@ pub fn alibaba_pods(file: &str, text: &str) -> Result<(Vec<TraceJob>, usize), Tr
 pub fn alibaba_nodes(file: &str, text: &str) -> Result<Vec<TraceNode>, TraceError> {
     let mut lines = text.lines().enumerate();
     let header = lines.next().map(|(_, l)| l).unwrap_or_default();
-    let cols = columns(file, header, &["sn", "gpu", "model"])?;
+    let cols = columns(file, header, &["sn", "gpu", "model", "cpu_milli", "memory_mib"])?;
     let mut nodes = Vec::new();
     for (i, line) in lines {
         if line.trim().is_empty() {
@@ -107,6 +130,9 @@ pub fn alibaba_nodes(file: &str, text: &str) -> Result<Vec<TraceNode>, TraceErro
                 name: field(0).to_string(),
                 gpus: gpus as u32,
                 model: field(2).to_string(),
+                cpus: (number(file, i + 1, field(3), "cpu_milli")?.max(0) / 1000).min(i64::from(u32::MAX))
+                    as u32,
+                mem_mib: number(file, i + 1, field(4), "memory_mib")?.max(0) as u64,
             });
         }
     }
@@ -149,6 +175,7 @@ pub fn jsonl(file: &str, text: &str) -> Result<Vec<TraceJob>, TraceError> {
             duration_ms: ((j.duration_s * 1000.0) as i64).max(1000),
             gpus: j.gpus,
             inference,
+            ..TraceJob::default()
         });
     }
     Ok(jobs)
@@ -175,14 +202,20 @@ mod tests {
                     submit_ms: 10_000,
                     duration_ms: 80_000,
                     gpus: 1,
-                    inference: true
+                    inference: true,
+                    cpus: 1,
+                    mem_mib: 1,
+                    gpu_spec: None,
                 },
                 TraceJob {
                     name: "p2".into(),
                     submit_ms: 30_000,
                     duration_ms: 10_000,
                     gpus: 8,
-                    inference: false
+                    inference: false,
+                    cpus: 1,
+                    mem_mib: 1,
+                    gpu_spec: Some("V100M32".into()),
                 },
             ]
         );
@@ -190,8 +223,12 @@ mod tests {
         assert_eq!(e.to_string(), "pods.csv: line 4: num_gpu \"x\" is not a number");
         assert!(matches!(alibaba_pods("p.csv", "a,b\n"), Err(TraceError::Header { .. })));
         let nodes =
-            alibaba_nodes("n.csv", "sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,8,T4\nn1,1,1,0,\n").unwrap();
-        assert_eq!(nodes, vec![TraceNode { name: "n0".into(), gpus: 8, model: "T4".into() }]);
+            alibaba_nodes("n.csv", "sn,cpu_milli,memory_mib,gpu,model\nn0,96000,1024,8,T4\nn1,1,1,0,\n")
+                .unwrap();
+        assert_eq!(
+            nodes,
+            vec![TraceNode { name: "n0".into(), gpus: 8, model: "T4".into(), cpus: 96, mem_mib: 1024 }]
+        );
         let j = jsonl("j", "{\"submit_s\": 1, \"duration_s\": 2, \"gpus\": 1, \"class\": \"inference\"}\n")
             .unwrap();
         assert_eq!((j[0].submit_ms, j[0].duration_ms, j[0].inference), (1000, 2000, true));
