@@ -91,6 +91,16 @@ pub struct PartitionEntry {
     pub default_qos: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_wall: Option<String>,
+    /// CPUs per GPU and memory per GPU (e.g. "32G") a job asking none gets; the most CPUs
+    /// and memory one node's run may ask.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub def_cpus_per_gpu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub def_mem_per_gpu: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cpus_per_node: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_mem_per_node: Option<String>,
 }
 
 /// Multifactor priority weights; omitted ones keep the shipped defaults.
@@ -160,6 +170,16 @@ pub struct QosEntry {
     pub burstable: bool,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub headroom_gpus: u32,
+    /// CPUs per GPU and memory per GPU (e.g. "32G") a job asking none gets; the most CPUs
+    /// and memory one node's run may ask.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub def_cpus_per_gpu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub def_mem_per_gpu: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cpus_per_node: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_mem_per_node: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -222,6 +242,33 @@ pub fn one_line(e: toml::de::Error) -> String {
 }
 
 impl PolicyFile {
+    /// A size as the policy file writes it (MiB, "M").
+    fn mib_text(m: u64) -> String {
+        format!("{m}M")
+    }
+
+    /// A QoS's or partition's resource defaults from the file's keys (None when it sets none).
+    fn resources_to_pb(
+        at: &str,
+        def_cpus_per_gpu: Option<u32>,
+        def_mem_per_gpu: &Option<String>,
+        max_cpus_per_node: Option<u32>,
+        max_mem_per_node: &Option<String>,
+    ) -> Result<Option<pb::ResourceDefaults>, String> {
+        let size = |key: &str, v: &Option<String>| {
+            v.as_deref()
+                .map(|v| kairos_proto::units::parse_mem_mib(v).map_err(|e| format!("{at}.{key}: {e}")))
+                .transpose()
+        };
+        let r = pb::ResourceDefaults {
+            def_cpus_per_gpu,
+            def_mem_per_gpu_mib: size("def_mem_per_gpu", def_mem_per_gpu)?,
+            max_cpus_per_node,
+            max_mem_per_node_mib: size("max_mem_per_node", max_mem_per_node)?,
+        };
+        Ok((r != pb::ResourceDefaults::default()).then_some(r))
+    }
+
     /// Parses a policy file; errors name the line and column.
     pub fn parse(text: &str) -> Result<PolicyFile, String> {
         toml::from_str(text).map_err(one_line)
@@ -246,6 +293,13 @@ impl PolicyFile {
                 user_jobs: q.user_jobs,
                 burstable: q.burstable,
                 headroom_gpus: q.headroom_gpus,
+                resources: Self::resources_to_pb(
+                    &format!("qos.{name}"),
+                    q.def_cpus_per_gpu,
+                    &q.def_mem_per_gpu,
+                    q.max_cpus_per_node,
+                    &q.max_mem_per_node,
+                )?,
             });
         }
         let accounts = self
@@ -309,6 +363,13 @@ impl PolicyFile {
                 allowed_qos: p.allowed_qos.clone(),
                 default_qos: p.default_qos.clone().unwrap_or_default(),
                 max_wall_s,
+                resources: Self::resources_to_pb(
+                    &format!("partitions.{name}"),
+                    p.def_cpus_per_gpu,
+                    &p.def_mem_per_gpu,
+                    p.max_cpus_per_node,
+                    &p.max_mem_per_node,
+                )?,
             });
         }
         Ok(pb::Policy {
@@ -338,6 +399,10 @@ impl PolicyFile {
                     user_jobs: q.user_jobs,
                     burstable: q.burstable,
                     headroom_gpus: q.headroom_gpus,
+                    def_cpus_per_gpu: q.resources.and_then(|r| r.def_cpus_per_gpu),
+                    def_mem_per_gpu: q.resources.and_then(|r| r.def_mem_per_gpu_mib).map(Self::mib_text),
+                    max_cpus_per_node: q.resources.and_then(|r| r.max_cpus_per_node),
+                    max_mem_per_node: q.resources.and_then(|r| r.max_mem_per_node_mib).map(Self::mib_text),
                 };
                 (q.name.clone(), entry)
             })
@@ -387,6 +452,10 @@ impl PolicyFile {
                     allowed_qos: part.allowed_qos.clone(),
                     default_qos: (!part.default_qos.is_empty()).then(|| part.default_qos.clone()),
                     max_wall: part.max_wall_s.map(format_secs),
+                    def_cpus_per_gpu: part.resources.and_then(|r| r.def_cpus_per_gpu),
+                    def_mem_per_gpu: part.resources.and_then(|r| r.def_mem_per_gpu_mib).map(Self::mib_text),
+                    max_cpus_per_node: part.resources.and_then(|r| r.max_cpus_per_node),
+                    max_mem_per_node: part.resources.and_then(|r| r.max_mem_per_node_mib).map(Self::mib_text),
                 };
                 (part.name.clone(), entry)
             })

@@ -43,7 +43,27 @@ pub fn qos_from_pb(q: pb::Qos) -> Result<Qos, Status> {
         user_jobs: q.user_jobs,
         burstable: q.burstable,
         headroom_gpus: q.headroom_gpus,
+        resources: resources_from_pb(q.resources),
         name: q.name,
+    })
+}
+
+fn resources_from_pb(r: Option<pb::ResourceDefaults>) -> kairos_scheduler::policy::ResourceDefaults {
+    let r = r.unwrap_or_default();
+    kairos_scheduler::policy::ResourceDefaults {
+        def_cpus_per_gpu: r.def_cpus_per_gpu,
+        def_mem_per_gpu_mib: r.def_mem_per_gpu_mib,
+        max_cpus_per_node: r.max_cpus_per_node,
+        max_mem_per_node_mib: r.max_mem_per_node_mib,
+    }
+}
+
+fn resources_to_pb(r: &kairos_scheduler::policy::ResourceDefaults) -> Option<pb::ResourceDefaults> {
+    (!r.is_empty()).then(|| pb::ResourceDefaults {
+        def_cpus_per_gpu: r.def_cpus_per_gpu,
+        def_mem_per_gpu_mib: r.def_mem_per_gpu_mib,
+        max_cpus_per_node: r.max_cpus_per_node,
+        max_mem_per_node_mib: r.max_mem_per_node_mib,
     })
 }
 
@@ -61,6 +81,7 @@ pub fn qos_to_pb(q: &Qos) -> pb::Qos {
         user_jobs: q.user_jobs,
         burstable: q.burstable,
         headroom_gpus: q.headroom_gpus,
+        resources: resources_to_pb(&q.resources),
     }
 }
 
@@ -146,6 +167,7 @@ pub fn partition_from_pb(part: pb::Partition) -> Partition {
         allowed_qos: part.allowed_qos.into_iter().collect(),
         default_qos: (!part.default_qos.is_empty()).then_some(part.default_qos),
         max_wall_s: part.max_wall_s,
+        resources: resources_from_pb(part.resources),
         name: part.name,
     }
 }
@@ -159,6 +181,7 @@ pub fn partition_to_pb(part: &Partition) -> pb::Partition {
         allowed_qos: part.allowed_qos.iter().cloned().collect(),
         default_qos: part.default_qos.clone().unwrap_or_default(),
         max_wall_s: part.max_wall_s,
+        resources: resources_to_pb(&part.resources),
     }
 }
 

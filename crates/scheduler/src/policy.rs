@@ -53,6 +53,50 @@ pub struct Qos {
     /// jobs of a QoS with headroom may use any of it.
     #[serde(default)]
     pub headroom_gpus: u32,
+    /// CPU and memory defaults and maxima of its jobs (a partition's win over these).
+    #[serde(default, skip_serializing_if = "ResourceDefaults::is_empty")]
+    pub resources: ResourceDefaults,
+}
+
+/// What a job gets when it asks for no CPUs or memory, and the most it may ask per node
+/// (Slurm's DefCpuPerGPU, DefMemPerGPU, MaxCPUsPerNode, MaxMemPerNode).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceDefaults {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub def_cpus_per_gpu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub def_mem_per_gpu_mib: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cpus_per_node: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_mem_per_node_mib: Option<u64>,
+}
+
+impl ResourceDefaults {
+    pub fn is_empty(&self) -> bool {
+        *self == ResourceDefaults::default()
+    }
+
+    fn check(&self, what: &str) -> Result<(), PolicyError> {
+        let zero = self.def_cpus_per_gpu == Some(0)
+            || self.max_cpus_per_node == Some(0)
+            || self.def_mem_per_gpu_mib == Some(0)
+            || self.max_mem_per_node_mib == Some(0);
+        if zero {
+            return Err(PolicyError::BadResourceDefaults(what.to_string()));
+        }
+        Ok(())
+    }
+
+    /// Each setting of `self`, else of `fallback`.
+    pub fn or(&self, fallback: &ResourceDefaults) -> ResourceDefaults {
+        ResourceDefaults {
+            def_cpus_per_gpu: self.def_cpus_per_gpu.or(fallback.def_cpus_per_gpu),
+            def_mem_per_gpu_mib: self.def_mem_per_gpu_mib.or(fallback.def_mem_per_gpu_mib),
+            max_cpus_per_node: self.max_cpus_per_node.or(fallback.max_cpus_per_node),
+            max_mem_per_node_mib: self.max_mem_per_node_mib.or(fallback.max_mem_per_node_mib),
+        }
+    }
 }
 
 impl Qos {
@@ -70,6 +114,7 @@ impl Qos {
             user_jobs: None,
             burstable: false,
             headroom_gpus: 0,
+            resources: ResourceDefaults::default(),
         }
     }
 }
@@ -218,6 +263,9 @@ pub struct Partition {
     pub default_qos: Option<String>,
     /// Longest wall time a job may run here (jobs asking more wait: PartitionTimeLimit).
     pub max_wall_s: Option<u64>,
+    /// CPU and memory defaults and maxima of jobs here (before their QoS's).
+    #[serde(default, skip_serializing_if = "ResourceDefaults::is_empty")]
+    pub resources: ResourceDefaults,
 }
 
 impl Partition {
@@ -267,6 +315,7 @@ fn default_partitions() -> BTreeMap<String, Partition> {
         allowed_qos: BTreeSet::new(),
         default_qos: None,
         max_wall_s: None,
+        resources: ResourceDefaults::default(),
     };
     [(all.name.clone(), all)].into()
 }
@@ -387,6 +436,8 @@ pub enum PolicyError {
     PartitionBadMaxWall(String),
     #[error("default_partition: unknown partition \"{0}\"")]
     UnknownDefaultPartition(String),
+    #[error("{0}: def_cpus_per_gpu, def_mem_per_gpu, max_cpus_per_node and max_mem_per_node must be at least 1 when set")]
+    BadResourceDefaults(String),
 }
 
 fn valid_name(name: &str) -> bool {
@@ -495,6 +546,10 @@ impl Policy {
             if p.max_wall_s.is_some_and(|w| w == 0 || w > MAX_WALL_S_MAX) {
                 return Err(PolicyError::PartitionBadMaxWall(p.name.clone()));
             }
+            p.resources.check(&format!("partition \"{}\"", p.name))?;
+        }
+        for q in self.qos.values() {
+            q.resources.check(&format!("qos \"{}\"", q.name))?;
         }
         if !self.partitions.contains_key(&self.default_partition) {
             return Err(PolicyError::UnknownDefaultPartition(self.default_partition.clone()));

@@ -194,6 +194,7 @@ mod tests {
             allowed_qos: Default::default(),
             default_qos: None,
             max_wall_s: None,
+            resources: Default::default(),
         }
     }
 

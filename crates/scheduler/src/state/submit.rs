@@ -3,6 +3,30 @@
 
 use super::*;
 
+/// Fills in the CPUs and memory a job asked none of from its partition's (else QoS's)
+/// per-GPU defaults, then holds it to their per-node maxima.
+fn with_resource_defaults(spec: &mut JobSpec, res: &crate::policy::ResourceDefaults) -> Result<(), String> {
+    if spec.cpus == 0 {
+        spec.cpus = res.def_cpus_per_gpu.unwrap_or(0).saturating_mul(spec.gpus);
+    }
+    if spec.mem_mib == 0 {
+        spec.mem_mib = res.def_mem_per_gpu_mib.unwrap_or(0).saturating_mul(u64::from(spec.gpus));
+    }
+    if let Some(max) = res.max_cpus_per_node.filter(|m| spec.cpus > *m) {
+        return Err(format!(
+            "cpus: {} per node is more than the partition's or QoS's maximum of {max}",
+            spec.cpus
+        ));
+    }
+    if let Some(max) = res.max_mem_per_node_mib.filter(|m| spec.mem_mib > *m) {
+        return Err(format!(
+            "memory_mib: {} MiB per node is more than the partition's or QoS's maximum of {max} MiB",
+            spec.mem_mib
+        ));
+    }
+    crate::validate::validate_spec(spec).map_err(|e| e.to_string())
+}
+
 impl ClusterState {
     pub(super) fn submit(
         &mut self,
@@ -54,6 +78,9 @@ impl ClusterState {
             return Outcome::Rejected(why);
         }
         let mut spec = spec.clone();
+        if let Err(why) = with_resource_defaults(&mut spec, &partition.resources.or(&qos.resources)) {
+            return Outcome::Rejected(Rejection::Invalid(why));
+        }
         spec.qos = qos_name;
         spec.account = account;
         spec.partition = partition_name;

@@ -13,6 +13,7 @@ mod elastic;
 mod headroom;
 mod preempt;
 mod props;
+mod resources;
 mod runs;
 mod submit;
 
@@ -64,6 +65,7 @@ fn with_partition(mut policy: crate::policy::Policy) -> crate::policy::Policy {
         allowed_qos: ["training".to_string(), "batch".to_string()].into(),
         default_qos: Some("training".into()),
         max_wall_s: Some(3600),
+        resources: Default::default(),
     };
     policy.partitions.insert(part.name.clone(), part);
     policy

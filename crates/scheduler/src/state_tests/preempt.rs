@@ -83,6 +83,7 @@ fn a_higher_tier_partition_preempts_a_lower_one() {
             allowed_qos: Default::default(),
             default_qos: None,
             max_wall_s: None,
+            resources: Default::default(),
         },
     );
     s.apply(&cmd(0, Op::SetPolicy { policy }));

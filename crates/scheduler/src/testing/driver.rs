@@ -153,6 +153,7 @@ pub fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
             allowed_qos: Default::default(),
             default_qos: None,
             max_wall_s: None,
+            resources: Default::default(),
         },
     );
     let c = Command { skipped_ms: 0, now_ms: 0, op: Op::SetPolicy { policy } };

@@ -1,0 +1,131 @@
+//! CPUs and memory beside GPUs: placement, the pending reason, preemption for CPUs, the
+//! partition's defaults and maxima, and OUT_OF_MEMORY.
+
+use super::*;
+use crate::model::{RunUsage, Share};
+
+/// One node with 4 GPUs, 8 CPUs and 16 GiB.
+fn small_node() -> ClusterState {
+    let mut s = ClusterState::new();
+    let mut info = node_info("n1", 4);
+    info.cpus = 8;
+    info.memory_mib = 16 << 10;
+    s.apply(&cmd(1, Op::RegisterNode { info }));
+    s
+}
+
+fn with(gpus: u32, cpus: u32, mem_mib: u64, qos: &str) -> crate::model::JobSpec {
+    let mut sp = spec(gpus, qos);
+    sp.cpus = cpus;
+    sp.mem_mib = mem_mib;
+    sp
+}
+
+fn submit(s: &mut ClusterState, sp: crate::model::JobSpec, now: i64) -> u64 {
+    submitted(s.apply(&cmd(now, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })))
+}
+
+#[test]
+fn cpus_and_memory_bind_placement_and_the_reason_names_the_short_one() {
+    let mut s = small_node();
+    let big = start(&mut s, with(1, 6, 1024, "batch"), 10);
+    assert_eq!(s.nodes["n1"].held[&big], Share { cpus: 6, mem_mib: 1024 });
+    let cpu_short = submit(&mut s, with(1, 4, 1024, "batch"), 11);
+    let out = plan(&s);
+    assert!(out.plan.placements.is_empty(), "3 GPUs are free but only 2 CPUs: {out:?}");
+    assert_eq!(out.pending[&cpu_short], PendingReason::ResourcesShort("CPUs"));
+    assert_eq!(out.pending[&cpu_short].to_string(), "Resources: not enough free CPUs");
+    // A forced placement is refused by apply's one grant check.
+    let forced = Plan { placements: vec![Placement::single(cpu_short, "n1".into(), vec![3])] };
+    let refused = s.apply(&cmd(12, Op::ApplyPlan { plan: forced }));
+    assert!(format!("{refused:?}").contains("CPUs free"), "{refused:?}");
+    s.apply(&cmd(13, Op::Cancel { job: cpu_short, by: "a".into() }));
+    let mem_short = submit(&mut s, with(1, 1, (15 << 10) + 1, "batch"), 14);
+    assert_eq!(plan(&s).pending[&mem_short], PendingReason::ResourcesShort("memory"));
+    // Asking more than any node has: never, said at once.
+    let never = submit(&mut s, with(1, 9, 0, "batch"), 15);
+    assert!(matches!(&plan(&s).pending[&never], PendingReason::ReqNodeNotAvail(w) if w.contains("9 CPUs")));
+    // The big job ends: its CPUs and memory are free again, and the waiting one starts.
+    s.apply(&cmd(20, Op::JobExited { job: big, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) }));
+    assert!(s.nodes["n1"].held.is_empty());
+    run_plan(&mut s, 21);
+    assert_eq!(s.jobs[&mem_short].state, JobState::Running);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_cpu_only_job_runs_beside_a_node_full_of_gpu_work() {
+    let mut s = small_node();
+    let gpus = start(&mut s, with(4, 2, 0, "batch"), 10);
+    let cpu = submit(&mut s, with(0, 2, 0, "batch"), 11);
+    let ops = crate::propose::propose(&s, 12, &Default::default(), 60);
+    assert!(
+        ops.iter().any(|op| matches!(op, Op::ApplyPlan { .. })),
+        "the leader plans with no GPU free: {ops:?}"
+    );
+    run_plan(&mut s, 12);
+    let a = s.jobs[&cpu].allocation.as_ref().expect("placed");
+    assert!(a.gpus.is_empty());
+    assert_eq!(s.jobs_on("n1").iter().map(|j| j.id).collect::<Vec<_>>(), vec![gpus, cpu]);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn urgent_work_preempts_for_the_cpus_it_lacks_even_with_gpus_free() {
+    let mut s = small_node();
+    let hog = start(&mut s, with(1, 8, 0, "training"), 10);
+    let urgent = submit(&mut s, with(1, 4, 0, "urgent"), 1_000_000);
+    let p = plan(&s).preemption.expect("a preemption for CPUs");
+    assert_eq!(p.victims, vec![hog]);
+    assert!(!p.gpus.contains(&s.jobs[&hog].allocation.as_ref().unwrap().gpus[0]), "free GPUs first: {p:?}");
+    let out = s.apply(&cmd(
+        1_000_001,
+        Op::Preempt { preemptor: urgent, node: p.node, victims: p.victims, gpus: p.gpus },
+    ));
+    assert!(matches!(out, Outcome::Preempted { .. }), "{out:?}");
+    s.apply(&cmd(
+        1_000_002,
+        Op::JobExited { job: hog, attempt: 0, node: "n1".into(), exit: RunExit::Signal(15) },
+    ));
+    run_plan(&mut s, 1_000_003);
+    assert_eq!(s.jobs[&urgent].state, JobState::Running);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn partition_defaults_fill_in_and_its_maxima_refuse() {
+    let mut s = small_node();
+    let mut policy = s.policy.clone();
+    let part = policy.partitions.get_mut("default").unwrap();
+    part.resources.def_cpus_per_gpu = Some(2);
+    part.resources.def_mem_per_gpu_mib = Some(1024);
+    part.resources.max_cpus_per_node = Some(6);
+    assert!(matches!(s.apply(&cmd(2, Op::SetPolicy { policy })), Outcome::PolicyChanged));
+    let id = submit(&mut s, with(2, 0, 0, "batch"), 3);
+    assert_eq!(s.jobs[&id].spec.share(), Share { cpus: 4, mem_mib: 2048 }, "2 GPUs × the defaults");
+    let own = submit(&mut s, with(2, 1, 0, "batch"), 4);
+    assert_eq!(s.jobs[&own].spec.cpus, 1, "a job's own request wins");
+    let out = s.apply(&cmd(
+        5,
+        Op::Submit { spec: with(4, 0, 0, "batch"), request_id: None, hold: false, limits: None },
+    ));
+    assert!(format!("{out:?}").contains("maximum of 6"), "{out:?}");
+}
+
+#[test]
+fn an_exit_after_the_oom_killer_struck_ends_out_of_memory_and_history_keeps_the_usage() {
+    let mut s = small_node();
+    let id = start(&mut s, with(1, 1, 256, "batch"), 10);
+    let usage = RunUsage { max_rss_kib: 262_144, cpu_ms: 1500, oom_kills: 1 };
+    s.apply(&cmd(11, Op::RunUsage { job: id, attempt: 0, node: "n1".into(), usage }));
+    s.apply(&cmd(12, Op::JobExited { job: id, attempt: 0, node: "n1".into(), exit: RunExit::Signal(9) }));
+    let job = &s.jobs[&id];
+    assert_eq!(job.state, JobState::OutOfMemory);
+    assert!(job.reason.contains("256 MiB"), "{}", job.reason);
+    let r = crate::state::history::JobRecord::of(job);
+    assert_eq!((r.req_cpus, r.req_mem_mib, r.max_rss_kib, r.cpu_ms), (1, 256, 262_144, 1500));
+    // Without the OOM killer the same signal is a plain failure.
+    let other = start(&mut s, with(1, 1, 256, "batch"), 20);
+    s.apply(&cmd(21, Op::JobExited { job: other, attempt: 0, node: "n1".into(), exit: RunExit::Signal(9) }));
+    assert_eq!(s.jobs[&other].state, JobState::Failed);
+}
