@@ -197,7 +197,7 @@ fn kairosd_log_format_json_writes_only_json_lines() {
     };
     wait_for("kairosd to answer", || cli(&["cluster", "status"]).status.success().then_some(()));
     assert!(cli(&["submit", "--", "true"]).status.success());
-    assert!(!cli(&["submit", "--gpus", "0", "--", "true"]).status.success());
+    assert!(!cli(&["submit", "-c", "100000", "--", "true"]).status.success());
     crate::harness::stop_child(&mut kairosd);
     // Nothing plain on stdout either (the metrics address is in the JSON log).
     let out = std::fs::read_to_string(&stdout).unwrap();

@@ -129,3 +129,13 @@ fn an_exit_after_the_oom_killer_struck_ends_out_of_memory_and_history_keeps_the_
     s.apply(&cmd(21, Op::JobExited { job: other, attempt: 0, node: "n1".into(), exit: RunExit::Signal(9) }));
     assert_eq!(s.jobs[&other].state, JobState::Failed);
 }
+
+#[test]
+fn the_property_checker_catches_a_node_handing_out_more_cpus_than_it_has() {
+    let mut s = small_node();
+    let id = start(&mut s, with(1, 4, 0, "batch"), 10);
+    crate::testing::driver::check_limits(&s);
+    s.nodes.get_mut("n1").unwrap().held.insert(id, Share { cpus: 9, mem_mib: 0 });
+    let caught = std::panic::catch_unwind(|| crate::testing::driver::check_limits(&s));
+    assert!(caught.is_err(), "9 CPUs held of 8 must fail the check");
+}

@@ -15,7 +15,9 @@ fn submit_assigns_ids_in_order_and_rejects_bad_specs_without_change() {
     let before = s.clone();
     let zero =
         s.apply(&cmd(3, Op::Submit { spec: spec(0, "batch"), request_id: None, hold: false, limits: None }));
-    assert!(matches!(zero, Outcome::Rejected(Rejection::Invalid(m)) if m.contains("gpus")));
+    assert!(
+        matches!(zero, Outcome::Rejected(Rejection::Invalid(m)) if m.contains("without GPUs asks for at least 1 CPU"))
+    );
     let too_big =
         s.apply(&cmd(3, Op::Submit { spec: spec(9, "batch"), request_id: None, hold: false, limits: None }));
     assert_eq!(

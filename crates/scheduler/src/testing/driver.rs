@@ -205,6 +205,15 @@ pub fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                     sp.min_gpus = Some(sp.gpus / 2);
                 }
                 sp.suspendable = flags % 3 == 1;
+                // CPUs and memory that bind (nodes have 64 CPUs, 512 GiB): 0 to 48 CPUs, 0 to
+                // 384 GiB; one job in sixteen is CPU-only.
+                sp.cpus = 16 * u32::from(flags % 4);
+                sp.mem_mib = u64::from(flags % 7 / 2) * (128 << 10);
+                if flags % 16 == 7 && sp.tasks == 1 && sp.array.is_none() {
+                    sp.gpus = 0;
+                    sp.min_gpus = None;
+                    sp.cpus = sp.cpus.max(8);
+                }
                 if flags % 16 == 5 && s.next_job_id > 1 {
                     sp.after_ok = vec![s.next_job_id - 1];
                 }
@@ -369,6 +378,11 @@ pub fn check_limits(s: &ClusterState) {
     }
     for (qos, used) in qos_gpus {
         assert!(used <= s.policy.qos[qos].grp_gpus.unwrap_or(u32::MAX), "qos {qos} holds {used} GPUs");
+    }
+    // No node hands out more CPUs or memory than it has (its capacity never shrinks here).
+    for (name, node) in &s.nodes {
+        let (used, cap) = (node.used(), node.capacity());
+        assert!(used.fits(cap), "node {name} holds {used:?} of {cap:?}");
     }
     for ((qos, user), used) in user_gpus {
         assert!(used <= s.policy.qos[qos].user_gpus.unwrap_or(u32::MAX), "{user} holds {used} GPUs of {qos}");
