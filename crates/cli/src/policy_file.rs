@@ -107,6 +107,10 @@ pub struct PartitionEntry {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WeightsEntry {
+    /// What a run's time is charged at per resource, relative to one GPU (TRESBillingWeights):
+    /// `billing = { gpu = 1.0, cpu = 0.05, mem_gb = 0.01 }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub billing: Option<BillingEntry>,
     pub qos: Option<u32>,
     pub age: Option<u32>,
     pub fairshare: Option<u32>,
@@ -114,6 +118,40 @@ pub struct WeightsEntry {
     pub partition: Option<u32>,
     pub age_max: Option<String>,
     pub fairshare_half_life: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BillingEntry {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_gb: Option<f64>,
+}
+
+impl BillingEntry {
+    /// In thousandths (GPUs 1.0 where the file is silent, the rest 0).
+    fn to_pb(&self) -> Result<pb::BillingWeights, String> {
+        let milli = |key: &str, v: Option<f64>, default: f64| {
+            let v = v.unwrap_or(default);
+            if !(0.0..=1_000_000.0).contains(&v) {
+                return Err(format!("weights.billing.{key}: {v} is not between 0 and 1000000"));
+            }
+            Ok((v * 1000.0).round() as u32)
+        };
+        Ok(pb::BillingWeights {
+            gpu_milli: milli("gpu", self.gpu, 1.0)?,
+            cpu_milli: milli("cpu", self.cpu, 0.0)?,
+            mem_gb_milli: milli("mem_gb", self.mem_gb, 0.0)?,
+        })
+    }
+
+    fn of(b: &pb::BillingWeights) -> BillingEntry {
+        let f = |m: u32| f64::from(m) / 1000.0;
+        BillingEntry { gpu: Some(f(b.gpu_milli)), cpu: Some(f(b.cpu_milli)), mem_gb: Some(f(b.mem_gb_milli)) }
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -346,6 +384,7 @@ impl PolicyFile {
                         .map(|v| parse_secs("weights.fairshare_half_life", v))
                         .transpose()?
                         .unwrap_or(week),
+                    billing: w.billing.as_ref().map(BillingEntry::to_pb).transpose()?,
                 })
             }
         };
@@ -433,6 +472,7 @@ impl PolicyFile {
             })
             .collect();
         let weights = p.weights.as_ref().map(|w| WeightsEntry {
+            billing: w.billing.as_ref().map(BillingEntry::of),
             qos: Some(w.qos),
             age: Some(w.age),
             fairshare: Some(w.fairshare),
@@ -497,6 +537,8 @@ priority = 100
 preempt_mode = "requeue"
 grace = "5m"
 max_wall = "48h"
+def_cpus_per_gpu = 12
+def_mem_per_gpu = "64G"
 
 [qos.batch]
 priority = 10
@@ -513,8 +555,29 @@ max_wall = "1day"
         assert_eq!((training.grace_s, training.max_wall_s), (300, 48 * 3600));
         let inference = pb.qos.iter().find(|q| q.name == "inference").unwrap();
         assert_eq!((inference.headroom_gpus, training.headroom_gpus), (2, 0));
+        let res = training.resources.unwrap();
+        assert_eq!(
+            (res.def_cpus_per_gpu, res.def_mem_per_gpu_mib, res.max_cpus_per_node),
+            (Some(12), Some(64 << 10), None)
+        );
+        assert_eq!(inference.resources, None);
         let again = PolicyFile::parse(&PolicyFile::from_pb(&pb).to_toml().unwrap()).unwrap();
         assert_eq!(again.to_pb().unwrap(), pb);
+    }
+
+    #[test]
+    fn billing_weights_are_thousandths_and_round_trip() {
+        let text = "[weights]\nbilling = { cpu = 0.05, mem_gb = 0.01 }\n";
+        let pb = PolicyFile::parse(text).unwrap().to_pb().unwrap();
+        let b = pb.weights.as_ref().unwrap().billing.unwrap();
+        assert_eq!((b.gpu_milli, b.cpu_milli, b.mem_gb_milli), (1000, 50, 10), "GPUs 1.0 unless said");
+        let again = PolicyFile::parse(&PolicyFile::from_pb(&pb).to_toml().unwrap()).unwrap();
+        assert_eq!(again.to_pb().unwrap(), pb);
+        let bad = PolicyFile::parse("[weights]\nbilling = { cpu = -1 }\n").unwrap().to_pb().unwrap_err();
+        assert!(bad.starts_with("weights.billing.cpu"), "{bad}");
+        let bad =
+            PolicyFile::parse("[partitions.p]\nmax_mem_per_node = \"lots\"\n").unwrap().to_pb().unwrap_err();
+        assert!(bad.starts_with("partitions.p.max_mem_per_node"), "{bad}");
     }
 
     #[test]

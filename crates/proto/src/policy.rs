@@ -108,6 +108,14 @@ fn weights_from_pb(w: Option<pb::PriorityWeights>) -> PriorityWeights {
             partition: w.partition,
             age_max_s: w.age_max_s,
             fairshare_half_life_s: w.fairshare_half_life_s,
+            billing: w
+                .billing
+                .map(|b| kairos_scheduler::policy::BillingWeights {
+                    gpu_milli: b.gpu_milli,
+                    cpu_milli: b.cpu_milli,
+                    mem_gb_milli: b.mem_gb_milli,
+                })
+                .unwrap_or_default(),
         },
     }
 }
@@ -121,6 +129,11 @@ pub fn weights_to_pb(w: &PriorityWeights) -> pb::PriorityWeights {
         partition: w.partition,
         age_max_s: w.age_max_s,
         fairshare_half_life_s: w.fairshare_half_life_s,
+        billing: Some(pb::BillingWeights {
+            gpu_milli: w.billing.gpu_milli,
+            cpu_milli: w.billing.cpu_milli,
+            mem_gb_milli: w.billing.mem_gb_milli,
+        }),
     }
 }
 

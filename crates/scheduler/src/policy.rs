@@ -420,7 +420,9 @@ pub enum PolicyError {
     ZeroShares(String),
     #[error("accounts: at least one account is needed")]
     NoAccounts,
-    #[error("weights: age_max and fairshare_half_life must be at least 1 s, and not every weight 0")]
+    #[error(
+        "weights: age_max and fairshare_half_life must be at least 1 s, and neither every weight nor every billing weight 0"
+    )]
     BadWeights,
     #[error("partition name \"{0}\": use 1-{POLICY_NAME_LEN_MAX} characters of [a-z0-9_-]")]
     BadPartitionName(String),
@@ -508,6 +510,7 @@ impl Policy {
         if w.age_max_s == 0
             || w.fairshare_half_life_s == 0
             || (w.qos | w.age | w.fairshare | w.job_size | w.partition) == 0
+            || (w.billing.gpu_milli | w.billing.cpu_milli | w.billing.mem_gb_milli) == 0
         {
             return Err(PolicyError::BadWeights);
         }
@@ -713,6 +716,36 @@ pub struct PriorityWeights {
     pub age_max_s: u64,
     /// Usage halves every this long.
     pub fairshare_half_life_s: u64,
+    /// What a run's time is charged at, per resource (Slurm's TRESBillingWeights).
+    #[serde(default)]
+    pub billing: BillingWeights,
+}
+
+/// Fairshare charge per resource, in thousandths of a GPU's (fixed point, as all replicated
+/// state): a run is charged `(gpus·gpu + cpus·cpu + GiB·mem_gb) / 1000` GPU-ms per ms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BillingWeights {
+    pub gpu_milli: u32,
+    #[serde(default)]
+    pub cpu_milli: u32,
+    #[serde(default)]
+    pub mem_gb_milli: u32,
+}
+
+impl Default for BillingWeights {
+    /// GPUs only (one GPU-ms per GPU and ms), as before billing weights existed.
+    fn default() -> Self {
+        BillingWeights { gpu_milli: 1000, cpu_milli: 0, mem_gb_milli: 0 }
+    }
+}
+
+impl BillingWeights {
+    /// A run's charge per ms, in thousandths of a GPU: `gpus` GPUs, `cpus` CPUs and `mem_mib` MiB.
+    pub fn milli_per_ms(&self, gpus: u32, cpus: u32, mem_mib: u64) -> u128 {
+        u128::from(gpus) * u128::from(self.gpu_milli)
+            + u128::from(cpus) * u128::from(self.cpu_milli)
+            + u128::from(mem_mib) * u128::from(self.mem_gb_milli) / 1024
+    }
 }
 
 impl Default for PriorityWeights {
@@ -725,6 +758,7 @@ impl Default for PriorityWeights {
             partition: 1_000,
             age_max_s: 7 * 24 * 3600,
             fairshare_half_life_s: 7 * 24 * 3600,
+            billing: BillingWeights::default(),
         }
     }
 }

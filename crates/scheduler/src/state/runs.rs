@@ -348,14 +348,21 @@ impl ClusterState {
         JobState::Pending
     }
 
-    /// Charges the GPU time of `job`'s current run to its account and the account's ancestors.
+    /// Charges the time of `job`'s current run, at the billing weights (its GPUs, all tasks',
+    /// by default), to its account and the account's ancestors.
     fn charge_run(&mut self, id: JobId, now: i64) {
         let Some(job) = self.jobs.get(&id) else { return };
         let Some(start) = job.start_time_ms else { return };
         // Suspended time is not charged: the GPUs were lent to the preemptor.
         let suspended = self.suspended_ms(job, now);
         let ran_ms = now.saturating_sub(start).saturating_sub(suspended).max(0);
-        let gpu_ms = u128::from(job.gpus()) * ran_ms as u128;
+        // Charged per the billing weights: GPUs alone by default.
+        let per_ms = self.policy.weights.billing.milli_per_ms(
+            job.total_gpus(),
+            job.spec.cpus.saturating_mul(job.tasks()),
+            job.spec.mem_mib.saturating_mul(u64::from(job.tasks())),
+        );
+        let gpu_ms = per_ms * ran_ms as u128 / 1000;
         if gpu_ms == 0 {
             return;
         }

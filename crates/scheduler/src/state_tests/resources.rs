@@ -139,3 +139,28 @@ fn the_property_checker_catches_a_node_handing_out_more_cpus_than_it_has() {
     let caught = std::panic::catch_unwind(|| crate::testing::driver::check_limits(&s));
     assert!(caught.is_err(), "9 CPUs held of 8 must fail the check");
 }
+
+#[test]
+fn fairshare_charges_cpus_and_memory_at_their_billing_weights() {
+    let charged = |billing: crate::policy::BillingWeights| {
+        let mut s = small_node();
+        let mut policy = s.policy.clone();
+        policy.weights.billing = billing;
+        assert!(matches!(s.apply(&cmd(2, Op::SetPolicy { policy })), Outcome::PolicyChanged));
+        let id = start(&mut s, with(1, 4, 2048, "batch"), 10);
+        s.apply(&cmd(1010, Op::JobExited { job: id, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) }));
+        let account = s.jobs[&id].spec.account.clone();
+        s.usage[&account].gpu_ms
+    };
+    use crate::policy::BillingWeights;
+    assert_eq!(charged(BillingWeights::default()), 1000, "1 GPU for 1 s: GPUs only by default");
+    // + 4 CPUs at 0.25 and 2 GiB at 0.5: 1 + 1 + 1 = 3 GPU-equivalents for 1 s.
+    assert_eq!(charged(BillingWeights { gpu_milli: 1000, cpu_milli: 250, mem_gb_milli: 500 }), 3000);
+    let mut s = small_node();
+    let mut policy = s.policy.clone();
+    policy.weights.billing = BillingWeights { gpu_milli: 0, cpu_milli: 0, mem_gb_milli: 0 };
+    assert!(
+        matches!(s.apply(&cmd(2, Op::SetPolicy { policy })), Outcome::Rejected(_)),
+        "nothing charged at all"
+    );
+}
