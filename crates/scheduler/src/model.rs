@@ -316,10 +316,12 @@ pub fn model_matches(constraint: Option<&str>, model: &str) -> bool {
     let Some(c) = constraint else { return true };
     // Case-insensitive substring test without allocating.
     let m = model.as_bytes();
-    c.split('|').any(|c| {
-        let c = c.trim().as_bytes();
-        c.len() <= m.len() && m.windows(c.len()).any(|w| w.eq_ignore_ascii_case(c))
-    })
+    let contains = |c: &[u8]| c.len() <= m.len() && m.windows(c.len()).any(|w| w.eq_ignore_ascii_case(c));
+    // One model (the usual case) without splitting; a set is `|`-separated.
+    if !c.as_bytes().contains(&b'|') {
+        return contains(c.as_bytes());
+    }
+    c.split('|').any(|c| contains(c.trim().as_bytes()))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

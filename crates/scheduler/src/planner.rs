@@ -120,7 +120,16 @@ impl FreeNode<'_> {
     fn indexed_free(&self) -> usize {
         self.free.iter().filter(|g| !self.reserved.contains(&g.index)).count()
     }
+
+    /// Where the pass's index files the node at `pos`.
+    fn key(&self, pos: usize) -> FreeKey {
+        (self.indexed_free(), std::cmp::Reverse(self.free_share.cpus), pos)
+    }
 }
+
+/// A node's place in the pass's index: (free GPUs outside the reservation, its free CPUs,
+/// most first, its position).
+type FreeKey = (usize, std::cmp::Reverse<u32>, usize);
 
 /// A placement candidate: (usable GPUs, node position, the usable GPUs with their link groups).
 type Candidate = (usize, usize, Vec<(GpuIndex, u32)>);
@@ -157,8 +166,10 @@ pub fn plan(state: &ClusterState) -> PlanOutput {
 struct Pass<'a> {
     state: &'a ClusterState,
     nodes: Vec<FreeNode<'a>>,
-    /// (free GPUs outside the reservation, node position): best fit is the first entry ≥ need.
-    by_free: BTreeSet<(usize, usize)>,
+    /// (free GPUs outside the reservation, most free CPUs first, node position): best fit is
+    /// the first entry ≥ need whose CPUs suffice — within one free-GPU count, the first entry
+    /// says whether any node of that count has the CPUs.
+    by_free: BTreeSet<FreeKey>,
     /// Expected end of each GPU placed in this pass: node position → (end, gpu, model). The
     /// GPUs busy before the pass are read from the state only when a reservation needs them.
     placed_until: BTreeMap<usize, Vec<(i64, GpuIndex, &'a str)>>,
@@ -200,23 +211,10 @@ impl<'a> Pass<'a> {
                 cloud,
             });
         }
-        // (free count, position) in order by a counting sort, so building the set (which sorts
-        // its input) costs one linear pass over already sorted pairs.
-        let most = nodes.iter().map(|n| n.free.len()).max().unwrap_or(0);
-        let mut starts = vec![0usize; most + 2];
-        for n in &nodes {
-            starts[n.free.len() + 1] += 1;
-        }
-        for k in 1..starts.len() {
-            starts[k] += starts[k - 1];
-        }
-        let mut pairs = vec![(0usize, 0usize); nodes.len()];
-        for (pos, n) in nodes.iter().enumerate() {
-            let k = n.free.len();
-            pairs[starts[k]] = (k, pos);
-            starts[k] += 1;
-        }
-        let by_free = pairs.into_iter().collect();
+        // Sorted first, so building the set (which sorts its input) costs one linear pass.
+        let mut keys: Vec<FreeKey> = nodes.iter().enumerate().map(|(pos, n)| n.key(pos)).collect();
+        keys.sort_unstable();
+        let by_free = keys.into_iter().collect();
         let has_cloud = nodes.iter().any(|n| n.cloud);
         let free_total = nodes.iter().map(|n| n.free.len()).sum();
         let gpus_total = nodes.iter().map(|n| n.node.info.gpus.len()).sum();
@@ -273,10 +271,8 @@ impl<'a> Pass<'a> {
             }
             let may = may_use_reserved || node.reserved.is_empty();
             let n = node.usable_count(model, may);
-            if n < count
-                || !node.share_fits(share, may)
-                || best.as_ref().is_some_and(|(bn, bp, _)| (n, pos) >= (*bn, *bp))
-            {
+            // The first node of the fewest usable GPUs wins (in the index's order, or by position).
+            if n < count || !node.share_fits(share, may) || best.as_ref().is_some_and(|(bn, _, _)| n >= *bn) {
                 return;
             }
             *best = Some((n, pos, node.usable(model, may)));
@@ -285,13 +281,23 @@ impl<'a> Pass<'a> {
             // Best fit without a model or partition constraint: the first indexed node with enough free GPUs.
             // Nodes names are in BTreeMap order, so position order is name order (deterministic).
             let mut seen = 0;
-            for &(free, pos) in self.by_free.range((count, 0)..) {
-                consider(pos, &mut best);
-                seen += 1;
-                // Entries with more free GPUs than the best found cannot fit tighter.
-                if best.as_ref().is_some_and(|(n, _, _)| free > *n) || seen > 64 {
-                    break;
+            let mut from = (count, std::cmp::Reverse(u32::MAX), 0);
+            'buckets: while let Some(&(free, _, _)) = self.by_free.range(from..).next() {
+                for &(free_now, std::cmp::Reverse(cpus), pos) in
+                    self.by_free.range((free, std::cmp::Reverse(u32::MAX), 0)..)
+                {
+                    // Entries with as many free GPUs as the best found or more cannot fit tighter.
+                    if best.as_ref().is_some_and(|(n, _, _)| free_now >= *n) || seen > 64 {
+                        break 'buckets;
+                    }
+                    if free_now != free || cpus < share.cpus {
+                        // No node of this free-GPU count has the CPUs: the next count.
+                        break;
+                    }
+                    consider(pos, &mut best);
+                    seen += 1;
                 }
+                from = (free + 1, std::cmp::Reverse(u32::MAX), 0);
             }
             if res.is_some() && may_use_reserved {
                 for &pos in &self.reserved_nodes {
@@ -312,13 +318,14 @@ impl<'a> Pass<'a> {
 
     /// Takes one task's GPUs and CPUs/memory on the node at `pos` until `until_ms`.
     fn take_task(&mut self, pos: usize, gpus: &[GpuIndex], share: Share, until_ms: i64) {
+        let key = self.nodes[pos].key(pos);
         if share != Share::default() {
             let node = &mut self.nodes[pos];
             node.free_share = node.free_share.minus(share);
             self.placed_share.entry(pos).or_default().push((until_ms, share));
         }
         let node = &mut self.nodes[pos];
-        self.by_free.remove(&(node.indexed_free(), pos));
+        self.by_free.remove(&key);
         let taken: Vec<(GpuIndex, &'a str)> = node
             .free
             .iter()
@@ -328,7 +335,7 @@ impl<'a> Pass<'a> {
         let before = node.free.len();
         node.free.retain(|g| !gpus.contains(&g.index));
         self.free_total -= before - node.free.len();
-        self.by_free.insert((node.indexed_free(), pos));
+        self.by_free.insert(node.key(pos));
         let busy = self.placed_until.entry(pos).or_default();
         for (gpu, model) in taken {
             busy.push((until_ms, gpu, model));
@@ -638,10 +645,10 @@ impl<'a> Pass<'a> {
         let mut held = Vec::with_capacity(options.len());
         for (_, pos, gpus) in options {
             let node = &mut self.nodes[pos];
-            self.by_free.remove(&(node.indexed_free(), pos));
+            self.by_free.remove(&node.key(pos));
             node.reserved = gpus.clone();
             node.reserved_share = want;
-            self.by_free.insert((node.indexed_free(), pos));
+            self.by_free.insert(node.key(pos));
             self.reserved_nodes.push(pos);
             held.push(TaskPlacement { node: node.name.to_string(), gpus });
         }
