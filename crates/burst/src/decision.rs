@@ -13,7 +13,7 @@
 use kairos_scheduler::burst::{
     BurstState, Footprint, InstanceState, InstanceType, LaunchRequest, BURST_LABEL,
 };
-use kairos_scheduler::model::model_matches;
+use kairos_scheduler::model::{model_matches, Share};
 use kairos_scheduler::{ClusterState, Job, JobState, NodeState};
 
 /// Most instances one decision launches.
@@ -52,6 +52,8 @@ pub fn on_prem_usage(state: &ClusterState) -> (u64, u64) {
 struct Slot {
     gpu_model: String,
     free: u32,
+    /// CPUs and memory not yet spoken for.
+    share: Share,
 }
 
 /// Live instances to terminate: their agent never joined within the boot timeout, or they sat
@@ -85,17 +87,23 @@ fn to_terminate(state: &ClusterState, now: i64) -> Vec<(u64, String)> {
 fn cloud_capacity(state: &ClusterState) -> Vec<Slot> {
     let live = state.burst.live().filter(|i| i.state != InstanceState::Terminating);
     live.map(|i| {
-        let free = match state.nodes.get(&i.node_name()) {
-            Some(n) if n.state == NodeState::Up => n
-                .info
-                .gpus
-                .iter()
-                .filter(|g| !n.allocated.contains_key(&g.index) && !n.claimed.contains_key(&g.index))
-                .count() as u32,
-            Some(_) => 0,
-            None => i.gpus,
+        let of_type = || {
+            let t = state.burst.config.instance_types.iter().find(|t| t.name == i.instance_type);
+            t.map_or(Share { cpus: u32::MAX, mem_mib: u64::MAX }, |t| t.share())
         };
-        Slot { gpu_model: i.gpu_model.clone(), free }
+        let (free, share) = match state.nodes.get(&i.node_name()) {
+            Some(n) if n.state == NodeState::Up => (
+                n.info
+                    .gpus
+                    .iter()
+                    .filter(|g| !n.allocated.contains_key(&g.index) && !n.claimed.contains_key(&g.index))
+                    .count() as u32,
+                n.free_share(),
+            ),
+            Some(_) => (0, Share::default()),
+            None => (i.gpus, of_type()),
+        };
+        Slot { gpu_model: i.gpu_model.clone(), free, share }
     })
     .collect()
 }
@@ -125,9 +133,12 @@ pub fn decide(state: &ClusterState, now: i64) -> Decision {
     let mut served = 0usize;
     for job in &waiting {
         let need = job.gpus();
+        let want = job.spec.share();
         let model = job.spec.gpu_model.as_deref();
-        if let Some(s) = slots.iter_mut().find(|s| s.free >= need && model_matches(model, &s.gpu_model)) {
+        let fits = |s: &Slot| s.free >= need && want.fits(s.share) && model_matches(model, &s.gpu_model);
+        if let Some(s) = slots.iter_mut().find(|s| fits(s)) {
             s.free -= need;
+            s.share = s.share.minus(want);
             served += 1;
             continue;
         }
@@ -135,15 +146,17 @@ pub fn decide(state: &ClusterState, now: i64) -> Decision {
             d.held_back = Some(format!("at most {LAUNCHES_MAX} launches per decision"));
             break;
         }
-        if cheapest(burst, need, model, now, None).is_none() {
+        if cheapest(burst, need, want, model, now, None).is_none() {
             d.held_back = Some(format!(
-                "job {} needs {need}{} GPUs: no allowed instance type fits (or all are backing off)",
+                "job {} needs {need}{} GPUs, {} CPUs and {} MiB: no allowed instance type fits (or all are backing off)",
                 job.id,
-                model.map(|m| format!(" {m}")).unwrap_or_default()
+                model.map(|m| format!(" {m}")).unwrap_or_default(),
+                want.cpus,
+                want.mem_mib
             ));
             continue;
         }
-        let Some((t, spot)) = cheapest(burst, need, model, now, Some(footprint)) else {
+        let Some((t, spot)) = cheapest(burst, need, want, model, now, Some(footprint)) else {
             d.held_back = Some(format!(
                 "limit reached: {} instances / {} GPUs / {} m$/h live or planned (max {} / {} / {})",
                 footprint.instances,
@@ -161,7 +174,11 @@ pub fn decide(state: &ClusterState, now: i64) -> Decision {
             gpus: footprint.gpus + t.gpus,
             hourly_milli: footprint.hourly_milli + extra.hourly_milli,
         };
-        slots.push(Slot { gpu_model: t.gpu_model.clone(), free: t.gpus - need });
+        slots.push(Slot {
+            gpu_model: t.gpu_model.clone(),
+            free: t.gpus - need,
+            share: t.share().minus(want),
+        });
         d.launches.push(LaunchRequest { instance_type: t.name.clone(), spot });
     }
     if !d.launches.is_empty() {
@@ -200,6 +217,7 @@ fn waiting_jobs(state: &ClusterState, now: i64) -> Vec<&Job> {
 fn cheapest<'a>(
     burst: &'a BurstState,
     need: u32,
+    want: Share,
     model: Option<&str>,
     now: i64,
     within: Option<Footprint>,
@@ -209,7 +227,7 @@ fn cheapest<'a>(
         |t: &InstanceType, spot: bool| burst.backoff.get(&(t.name.clone(), spot)).is_some_and(|u| now < *u);
     cfg.instance_types
         .iter()
-        .filter(|t| t.gpus >= need && model_matches(model, &t.gpu_model))
+        .filter(|t| t.gpus >= need && want.fits(t.share()) && model_matches(model, &t.gpu_model))
         .filter_map(|t| {
             if cfg.spot_allowed && !backing_off(t, true) {
                 Some((t, true))

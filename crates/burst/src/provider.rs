@@ -380,6 +380,8 @@ mod market_tests {
             gpu_model: model.into(),
             hourly_price_milli: 1000,
             spot_price_milli: None,
+            cpus: 0,
+            memory_mib: 0,
         };
         let found = [TypeInfo { name: "g5.xlarge".into(), gpus: 1, gpu_model: "A10G".into() }];
         assert_eq!(check_instance_types(&[t("g5.xlarge", 1, "a10g")], &found), Ok(()));

@@ -46,6 +46,8 @@ fn config() -> BurstConfig {
                 gpu_model: "A100".into(),
                 hourly_price_milli: 32_000,
                 spot_price_milli: Some(12_000),
+                cpus: 0,
+                memory_mib: 0,
             },
             InstanceType {
                 name: "g.small".into(),
@@ -53,6 +55,8 @@ fn config() -> BurstConfig {
                 gpu_model: "A10G".into(),
                 hourly_price_milli: 1_000,
                 spot_price_milli: None,
+                cpus: 0,
+                memory_mib: 0,
             },
             InstanceType {
                 name: "g.four".into(),
@@ -60,6 +64,8 @@ fn config() -> BurstConfig {
                 gpu_model: "A10G".into(),
                 hourly_price_milli: 5_000,
                 spot_price_milli: None,
+                cpus: 0,
+                memory_mib: 0,
             },
         ],
         max_instances: 3,
@@ -121,6 +127,33 @@ fn bursts_only_past_min_wait_and_picks_the_cheapest_type_per_gpu_that_fits() {
     let d = decide(&s, 60_000);
     let types: Vec<(&str, bool)> = d.launches.iter().map(|l| (l.instance_type.as_str(), l.spot)).collect();
     assert_eq!(types, vec![("g.big", true)], "spot at 12 $/h fits");
+}
+
+#[test]
+fn a_job_bursts_only_to_a_type_with_its_cpus_and_memory() {
+    // g.small has 1 GPU but only 8 CPUs; g.four 48 CPUs and 192 GiB.
+    let mut cfg = config();
+    cfg.instance_types[1].cpus = 8;
+    cfg.instance_types[2].cpus = 48;
+    cfg.instance_types[2].memory_mib = 192 << 10;
+    cfg.instance_types[0].memory_mib = 128 << 10;
+    let mut s = saturated(&[]);
+    apply(&mut s, 0, Op::SetBurstConfig { config: cfg });
+    let mut spec = JobSpec::new("i", "bob", vec!["true".into()], 1);
+    spec.profile = Profile::Inference;
+    spec.cpus = 16;
+    submit(&mut s, spec.clone());
+    let d = decide(&s, 60_000);
+    let types: Vec<&str> = d.launches.iter().map(|l| l.instance_type.as_str()).collect();
+    assert_eq!(types, vec!["g.four"], "the cheap 1-GPU type lacks the CPUs: {d:?}");
+    // A second such job fits in the coming g.four's spare GPUs and CPUs; one needing more
+    // memory than any type has holds back, saying so.
+    submit(&mut s, spec.clone());
+    spec.mem_mib = 256 << 10;
+    submit(&mut s, spec);
+    let d = decide(&s, 60_000);
+    assert_eq!(d.launches.len(), 1, "{d:?}");
+    assert!(d.held_back.as_deref().unwrap_or_default().contains("262144 MiB"), "{d:?}");
 }
 
 #[test]

@@ -75,6 +75,11 @@ pub struct InstanceTypeFile {
     pub hourly_price: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spot_price: Option<f64>,
+    /// CPUs and memory ("192G") it offers jobs; unset: not counted when choosing it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
 }
 
 fn default_region() -> String {
@@ -129,6 +134,16 @@ impl BurstFile {
                     Some(p) => milli(&format!("instance_types.{}.spot_price", t.name), p)?,
                     None => 0,
                 },
+                cpus: t.cpus.unwrap_or(0),
+                memory_mib: t
+                    .memory
+                    .as_deref()
+                    .map(|m| {
+                        kairos_proto::units::parse_mem_mib(m)
+                            .map_err(|e| format!("instance_types.{}.memory: {e}", t.name))
+                    })
+                    .transpose()?
+                    .unwrap_or(0),
             });
         }
         Ok(pb::BurstConfig {
@@ -175,6 +190,8 @@ impl BurstFile {
                     gpu_model: t.gpu_model.clone(),
                     hourly_price: dollars(t.hourly_price_milli),
                     spot_price: (t.spot_price_milli != 0).then(|| dollars(t.spot_price_milli)),
+                    cpus: (t.cpus != 0).then_some(t.cpus),
+                    memory: (t.memory_mib != 0).then(|| format!("{}M", t.memory_mib)),
                 })
                 .collect(),
         }
@@ -240,7 +257,7 @@ mod tests {
             let mut file = BurstFile::parse("").unwrap();
             file.max_hourly_spend = spend;
             file.instance_types.push(InstanceTypeFile {
-                name: "t".into(), gpus: 1, gpu_model: "A10G".into(), hourly_price: price, spot_price: Some(price),
+                name: "t".into(), gpus: 1, gpu_model: "A10G".into(), hourly_price: price, spot_price: Some(price), cpus: None, memory: None,
             });
             if let Ok(config) = file.to_pb() {
                 prop_assert!(spend >= 0.0 && price >= 0.0 && config.max_hourly_spend_milli <= 1_000_000_000);

@@ -42,9 +42,22 @@ pub struct InstanceType {
     /// on-demand price.
     #[serde(default)]
     pub spot_price_milli: Option<u64>,
+    /// Its CPUs and memory (MiB) for jobs; 0: not stated (then they bind nothing).
+    #[serde(default)]
+    pub cpus: u32,
+    #[serde(default)]
+    pub memory_mib: u64,
 }
 
 impl InstanceType {
+    /// What one task's CPUs and memory find on it (all it has; unstated ones bind nothing).
+    pub fn share(&self) -> crate::model::Share {
+        crate::model::Share {
+            cpus: if self.cpus == 0 { u32::MAX } else { self.cpus },
+            mem_mib: if self.memory_mib == 0 { u64::MAX } else { self.memory_mib },
+        }
+    }
+
     pub fn price_milli(&self, spot: bool) -> u64 {
         if spot {
             self.spot_price_milli.unwrap_or(self.hourly_price_milli)

@@ -19,6 +19,8 @@ pub fn burst_config_to_pb(c: &BurstConfig) -> pb::BurstConfig {
                 gpu_model: t.gpu_model.clone(),
                 hourly_price_milli: t.hourly_price_milli,
                 spot_price_milli: t.spot_price_milli.unwrap_or(0),
+                cpus: t.cpus,
+                memory_mib: t.memory_mib,
             })
             .collect(),
         spot_allowed: c.spot_allowed,
@@ -50,6 +52,8 @@ pub fn burst_config_from_pb(c: pb::BurstConfig) -> BurstConfig {
                 gpu_model: t.gpu_model,
                 hourly_price_milli: t.hourly_price_milli,
                 spot_price_milli: (t.spot_price_milli != 0).then_some(t.spot_price_milli),
+                cpus: t.cpus,
+                memory_mib: t.memory_mib,
             })
             .collect(),
         spot_allowed: c.spot_allowed,
