@@ -223,7 +223,6 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
             gpu_model: gpu_model.unwrap_or_default(),
             min_gpus: min_gpus.unwrap_or(0),
             min_tasks: min_nodes.unwrap_or(0),
-            ..Default::default()
         }),
         suspendable,
         checkpoint: (checkpoint_signal.is_some() || checkpoint_grace.is_some()).then(|| pb::CheckpointSpec {

@@ -72,7 +72,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Submit a job; prints its id.
-    Submit(jobs::SubmitArgs),
+    Submit(Box<jobs::SubmitArgs>),
     /// Replay a job trace through the production scheduling core, in virtual time (no cluster
     /// needed): waits per class, utilisation, preemptions, redone work.
     Sim(sim::SimArgs),
@@ -269,7 +269,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     let client = Client::new(controllers, token, cli.act_as.clone(), tls);
     let (client, json) = (&client, cli.json);
     match cli.command {
-        Cmd::Submit(args) => jobs::submit(client, json, args).await,
+        Cmd::Submit(args) => jobs::submit(client, json, *args).await,
         Cmd::Queue(args) => jobs::queue(client, json, args).await,
         Cmd::Show { id } => jobs::show(client, json, jobs::resolve(client, id).await?).await,
         Cmd::History(args) => history::history(client, json, args).await,

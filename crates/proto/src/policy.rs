@@ -59,7 +59,7 @@ fn resources_from_pb(r: Option<pb::ResourceDefaults>) -> kairos_scheduler::polic
 }
 
 fn resources_to_pb(r: &kairos_scheduler::policy::ResourceDefaults) -> Option<pb::ResourceDefaults> {
-    (!r.is_empty()).then(|| pb::ResourceDefaults {
+    (!r.is_empty()).then_some(pb::ResourceDefaults {
         def_cpus_per_gpu: r.def_cpus_per_gpu,
         def_mem_per_gpu_mib: r.def_mem_per_gpu_mib,
         max_cpus_per_node: r.max_cpus_per_node,
