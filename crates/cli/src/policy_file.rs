@@ -312,6 +312,37 @@ impl PolicyFile {
         toml::from_str(text).map_err(one_line)
     }
 
+    /// The priority weights the file sets (shipped defaults where it is silent).
+    fn weights_to_pb(&self) -> Result<Option<pb::PriorityWeights>, String> {
+        Ok(match &self.weights {
+            None => None,
+            Some(w) => {
+                // Defaults as shipped (7 days for both periods) where the file is silent.
+                let week = 7 * 24 * 3600;
+                Some(pb::PriorityWeights {
+                    qos: w.qos.unwrap_or(10_000),
+                    age: w.age.unwrap_or(1_000),
+                    fairshare: w.fairshare.unwrap_or(5_000),
+                    job_size: w.job_size.unwrap_or(500),
+                    partition: w.partition.unwrap_or(1_000),
+                    age_max_s: w
+                        .age_max
+                        .as_deref()
+                        .map(|v| parse_secs("weights.age_max", v))
+                        .transpose()?
+                        .unwrap_or(week),
+                    fairshare_half_life_s: w
+                        .fairshare_half_life
+                        .as_deref()
+                        .map(|v| parse_secs("weights.fairshare_half_life", v))
+                        .transpose()?
+                        .unwrap_or(week),
+                    billing: w.billing.as_ref().map(BillingEntry::to_pb).transpose()?,
+                })
+            }
+        })
+    }
+
     pub fn to_pb(&self) -> Result<pb::Policy, String> {
         let mut qos = Vec::new();
         for (name, q) in &self.qos {
@@ -361,33 +392,7 @@ impl PolicyFile {
                     .collect(),
             })
             .collect();
-        let weights = match &self.weights {
-            None => None,
-            Some(w) => {
-                // Defaults as shipped (7 days for both periods) where the file is silent.
-                let week = 7 * 24 * 3600;
-                Some(pb::PriorityWeights {
-                    qos: w.qos.unwrap_or(10_000),
-                    age: w.age.unwrap_or(1_000),
-                    fairshare: w.fairshare.unwrap_or(5_000),
-                    job_size: w.job_size.unwrap_or(500),
-                    partition: w.partition.unwrap_or(1_000),
-                    age_max_s: w
-                        .age_max
-                        .as_deref()
-                        .map(|v| parse_secs("weights.age_max", v))
-                        .transpose()?
-                        .unwrap_or(week),
-                    fairshare_half_life_s: w
-                        .fairshare_half_life
-                        .as_deref()
-                        .map(|v| parse_secs("weights.fairshare_half_life", v))
-                        .transpose()?
-                        .unwrap_or(week),
-                    billing: w.billing.as_ref().map(BillingEntry::to_pb).transpose()?,
-                })
-            }
-        };
+        let weights = self.weights_to_pb()?;
         let mut partitions = Vec::new();
         for (name, p) in &self.partitions {
             let max_wall_s = match &p.max_wall {
