@@ -147,12 +147,15 @@ pub fn decide(state: &ClusterState, now: i64) -> Decision {
             break;
         }
         if cheapest(burst, need, want, model, now, None).is_none() {
+            let share = if want == Share::default() {
+                String::new()
+            } else {
+                format!(" (with {} CPUs and {} MiB)", want.cpus, want.mem_mib)
+            };
             d.held_back = Some(format!(
-                "job {} needs {need}{} GPUs, {} CPUs and {} MiB: no allowed instance type fits (or all are backing off)",
+                "job {} needs {need}{} GPUs: no allowed instance type fits{share} (or all are backing off)",
                 job.id,
                 model.map(|m| format!(" {m}")).unwrap_or_default(),
-                want.cpus,
-                want.mem_mib
             ));
             continue;
         }
