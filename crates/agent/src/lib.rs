@@ -10,6 +10,7 @@ pub mod cgroup;
 pub mod decide;
 pub mod fence;
 pub mod gpu;
+pub mod health;
 pub mod jobfs;
 pub mod jobmap;
 pub mod journal;

@@ -2,6 +2,8 @@
 //! stream and runs jobs. Reconnects (to any listed controller, following leader hints) for as
 //! long as it lives; on SIGTERM/SIGINT it stops every job's process group before exiting.
 
+mod health_tasks;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +54,24 @@ struct Args {
     fake_gpu_model: String,
     #[arg(long, default_value_t = 81920)]
     fake_gpu_memory_mib: u64,
+    /// Fake GPUs: a file faults are injected through at run time, one per line appended:
+    /// `GPU XID` (e.g. `3 79`), `GPU ecc`, `GPU pending` or `GPU lost`.
+    #[arg(long, value_name = "FILE")]
+    fake_gpu_faults: Option<PathBuf>,
+    /// Critical XIDs that do not make a GPU unhealthy (the application's errors), comma-separated.
+    #[arg(long, value_name = "XIDS", default_value = "13,31,43,45,68,109")]
+    gpu_ignored_xids: String,
+    /// Run this program every --health-check-interval (like Slurm's HealthCheckProgram, e.g.
+    /// NHC or `dcgmi diag -r 1`): a non-zero exit drains the node with the program's first
+    /// output line as the reason; a later zero exit ends that drain.
+    #[arg(long, value_name = "PATH")]
+    health_check_program: Option<PathBuf>,
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_interval)]
+    health_check_interval: Duration,
+    /// What a failed health check does besides draining: `drain` (runs go on) or `requeue`
+    /// (runs are stopped with the checkpoint signal and requeued).
+    #[arg(long, value_enum, default_value_t = HealthAction::Drain)]
+    health_check_action: HealthAction,
     /// Node labels for partition selectors, KEY=VALUE (repeatable), e.g. rack=r2.
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
@@ -137,6 +157,20 @@ struct Args {
     /// Log lines as text (colours only on a terminal) or as JSON objects.
     #[arg(long, value_enum, default_value_t = kairos_telemetry::logs::LogFormat::Text)]
     log_format: kairos_telemetry::logs::LogFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum HealthAction {
+    Drain,
+    Requeue,
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("\"{s}\": {e} (e.g. 30s, 5m)"))?;
+    if d < Duration::from_millis(100) {
+        return Err(format!("\"{s}\" is shorter than 100ms"));
+    }
+    Ok(d)
 }
 
 /// The agent's credentials: the join token it registers with the first time, and the node
@@ -233,12 +267,10 @@ fn host_name() -> String {
 
 fn inventory(args: &Args, name: &str) -> anyhow::Result<Box<dyn GpuInventory>> {
     let fake = || -> anyhow::Result<Box<dyn GpuInventory>> {
-        Ok(Box::new(FakeInventory::parse(
-            name,
-            &args.fake_gpus,
-            &args.fake_gpu_model,
-            args.fake_gpu_memory_mib,
-        )?))
+        let mut inv =
+            FakeInventory::parse(name, &args.fake_gpus, &args.fake_gpu_model, args.fake_gpu_memory_mib)?;
+        inv.faults = args.fake_gpu_faults.clone();
+        Ok(Box::new(inv))
     };
     match args.gpu_backend {
         Backend::Fake => fake(),
@@ -428,7 +460,11 @@ async fn watch_spot(
     loop {
         let client = client_rx.borrow_and_update().clone();
         if let Some(mut c) = client {
-            let req = creds.request(pb::DrainRequest { node_id: node.clone(), reason: reason.clone() });
+            let req = creds.request(pb::DrainRequest {
+                node_id: node.clone(),
+                reason: reason.clone(),
+                ..Default::default()
+            });
             match c.drain(req).await {
                 Ok(_) => return,
                 Err(s) => tracing::warn!(status = %s, "drain request not taken; retrying"),
@@ -819,6 +855,8 @@ async fn main() -> anyhow::Result<()> {
     let (run_as, accounts) = accounts_of(&args)?;
     let name = args.name.clone().unwrap_or_else(host_name);
     let inv = inventory(&args, &name)?;
+    let xids = kairos_agent::health::XidPolicy::parse(&args.gpu_ignored_xids)
+        .map_err(|e| anyhow::anyhow!("--gpu-ignored-xids: {e}"))?;
     let gpus = inv.discover().context("discovering GPUs")?;
     let state_dir = prepare_state_dir(&args, run_as)?;
     let Node { cgroups, process_log, lease, mut watchdog } = take_over(&args, &name, &state_dir).await?;
@@ -859,6 +897,19 @@ async fn main() -> anyhow::Result<()> {
         let poll = Duration::from_millis(args.spot_poll_ms.max(100));
         let watch = watch_spot(imds, poll, name.clone(), creds.clone(), client_rx.clone());
         tasks.push(tokio::spawn(watch).abort_handle());
+    }
+    let (fault_tx, fault_rx) = mpsc::unbounded_channel();
+    inv.watch_health(node.gpus.clone(), xids, fault_tx);
+    let faults = health_tasks::deliver_faults(name.clone(), creds.clone(), fault_rx, client_rx.clone());
+    tasks.push(tokio::spawn(faults).abort_handle());
+    if let Some(program) = args.health_check_program.clone() {
+        let check = health_tasks::HealthCheck {
+            program,
+            every: args.health_check_interval,
+            requeue: args.health_check_action == HealthAction::Requeue,
+        };
+        let checks = health_tasks::health_check_loop(check, name.clone(), creds.clone(), client_rx.clone());
+        tasks.push(tokio::spawn(checks).abort_handle());
     }
     tasks.push(tokio::spawn(deliver_reports(creds.clone(), report_rx, client_rx)).abort_handle());
     let logs = Logs { runner: runner.clone(), credential: creds.node.clone() };

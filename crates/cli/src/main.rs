@@ -141,7 +141,8 @@ enum Cmd {
         reason: String,
     },
     /// One node (operators): `remove NAME` forgets a node that holds no job, so another agent
-    /// may register the name with the join token.
+    /// may register the name with the join token; `resume NAME` ends a drain; `gpu-reset NAME
+    /// GPU` returns an unhealthy GPU to service.
     Node {
         #[command(subcommand)]
         command: nodes::NodeCmd,

@@ -1,4 +1,4 @@
-//! Operators' node commands: list, drain, remove.
+//! Operators' node commands: list, drain, resume, remove, and GPU resets.
 
 use clap::Subcommand;
 use kairos_proto::v1 as pb;
@@ -12,6 +12,18 @@ pub enum NodeCmd {
     Remove {
         /// The node's name.
         name: String,
+    },
+    /// A draining node takes work again.
+    Resume {
+        /// The node's name.
+        name: String,
+    },
+    /// Return an unhealthy GPU to service (after the GPU was reset or replaced).
+    GpuReset {
+        /// The node's name.
+        name: String,
+        /// The GPU's index on the node.
+        gpu: u32,
     },
 }
 
@@ -36,10 +48,22 @@ pub async fn drain(client: &Client, node: String, reason: String) -> anyhow::Res
 }
 
 pub async fn node_command(client: &Client, command: NodeCmd) -> anyhow::Result<i32> {
-    let NodeCmd::Remove { name } = command;
-    client
-        .admin(pb::RemoveNodeRequest { node: name.clone() }, |mut c, r| async move { c.remove_node(r).await })
-        .await?;
-    println!("node {name} removed");
+    match command {
+        NodeCmd::Remove { name } => {
+            let req = pb::RemoveNodeRequest { node: name.clone() };
+            client.admin(req, |mut c, r| async move { c.remove_node(r).await }).await?;
+            println!("node {name} removed");
+        }
+        NodeCmd::Resume { name } => {
+            let req = pb::ResumeNodeRequest { node: name.clone() };
+            client.admin(req, |mut c, r| async move { c.resume_node(r).await }).await?;
+            println!("node {name} resumes");
+        }
+        NodeCmd::GpuReset { name, gpu } => {
+            let req = pb::ResetGpuRequest { node: name.clone(), gpu };
+            client.admin(req, |mut c, r| async move { c.reset_gpu(r).await }).await?;
+            println!("GPU {gpu} of node {name} is back in service");
+        }
+    }
     Ok(0)
 }

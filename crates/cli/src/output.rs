@@ -110,6 +110,9 @@ pub fn node_json(node: &pb::Node) -> Value {
         "memory_mib_total": info.memory_mib,
         "memory_mib_used": node.memory_used_mib,
         "allocated": allocated.iter().map(|(g, j)| json!({"gpu": g, "job": j})).collect::<Vec<_>>(),
+        "gpus_unhealthy": node.faults.iter().map(|f| json!({
+            "gpu": f.gpu, "reason": f.reason, "since": time_json(f.since_ms),
+        })).collect::<Vec<_>>(),
         "last_heartbeat": time_json(node.last_heartbeat_ms),
     })
 }
@@ -297,11 +300,20 @@ pub fn node_row(node: &pb::Node) -> Vec<String> {
         text(&n["gpu_backend"]),
         text(&n["isolation"]),
         text(&n["addr"]),
+        unhealthy(node),
         text(&n["reason"]),
     ]
 }
 
-pub const NODE_HEADER: [&str; 10] = [
+/// A node's unhealthy GPUs as `3(XID 79),5(double-bit ECC error)`, or `-`.
+fn unhealthy(node: &pb::Node) -> String {
+    if node.faults.is_empty() {
+        return "-".into();
+    }
+    node.faults.iter().map(|f| format!("{}({})", f.gpu, f.reason)).collect::<Vec<_>>().join(",")
+}
+
+pub const NODE_HEADER: [&str; 11] = [
     "NAME",
     "STATE",
     "GPUS(USED/ALL)",
@@ -311,6 +323,7 @@ pub const NODE_HEADER: [&str; 10] = [
     "BACKEND",
     "RUNS",
     "ADDR",
+    "UNHEALTHY",
     "REASON",
 ];
 

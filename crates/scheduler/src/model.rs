@@ -64,6 +64,10 @@ pub struct NodeInfo {
     pub isolation: String,
 }
 
+/// How the reason of a drain its node's health-check program caused begins (after
+/// "draining: "): only such a drain ends when the program passes again.
+pub const HEALTH_CHECK_REASON: &str = "health check: ";
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NodeState {
     Up,
@@ -92,6 +96,18 @@ pub struct Node {
     /// record of CPU and memory use (a CPU-only job holds no GPU, so it is listed only here).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub held: BTreeMap<JobId, Share>,
+    /// GPU index -> why it is unhealthy (its agent saw a fatal XID, a double-bit ECC error, or
+    /// the GPU stopped answering). Such a GPU is never granted until an operator resets it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub faults: BTreeMap<GpuIndex, GpuFault>,
+}
+
+/// Why and since when a GPU is unhealthy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuFault {
+    /// What the agent saw, e.g. "XID 79" or "NVML: GPU is lost".
+    pub reason: String,
+    pub since_ms: i64,
 }
 
 /// The CPUs and host memory one task of a job holds on its node.
@@ -155,9 +171,24 @@ impl Node {
         self.info.gpus.len() as u32
     }
 
-    /// Indices of GPUs not held by any job, in ascending order.
+    /// Whether GPU `gpu` is healthy (may be granted at all).
+    pub fn usable(&self, gpu: GpuIndex) -> bool {
+        !self.faults.contains_key(&gpu)
+    }
+
+    /// The GPUs that may be granted at all (every GPU but the unhealthy ones).
+    pub fn usable_gpus(&self) -> impl Iterator<Item = &Gpu> {
+        self.info.gpus.iter().filter(|g| self.usable(g.index))
+    }
+
+    /// Indices of healthy GPUs not held by any job, in ascending order.
     pub fn free_gpus(&self) -> Vec<GpuIndex> {
-        self.info.gpus.iter().map(|g| g.index).filter(|i| !self.allocated.contains_key(i)).collect()
+        self.usable_gpus().map(|g| g.index).filter(|i| !self.allocated.contains_key(i)).collect()
+    }
+
+    /// How many healthy GPUs no job holds.
+    pub fn free_gpu_count(&self) -> u32 {
+        self.usable_gpus().filter(|g| !self.allocated.contains_key(&g.index)).count() as u32
     }
 }
 
@@ -382,6 +413,9 @@ pub enum StopReason {
     /// Stopped to give the QoS headrooms their idle GPUs back (`Op::Vacate`): checkpoint,
     /// stop, requeue.
     Vacated,
+    /// A GPU of the run became unhealthy (`Op::GpuFault`; the message is the allocation's
+    /// `failure`): stop, requeue.
+    GpuFailed,
 }
 
 /// GPUs freed by preemption and promised to the preemptor until it starts (or kept for a

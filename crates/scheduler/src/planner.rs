@@ -190,12 +190,10 @@ impl<'a> Pass<'a> {
     fn new(state: &'a ClusterState) -> Pass<'a> {
         let mut nodes = Vec::with_capacity(state.nodes.len());
         for (name, n) in state.nodes.iter().filter(|(_, n)| n.state == NodeState::Up) {
-            let free = if n.claimed.is_empty() && n.allocated.is_empty() {
+            let free = if n.claimed.is_empty() && n.allocated.is_empty() && n.faults.is_empty() {
                 n.info.gpus.iter().collect()
             } else {
-                n.info
-                    .gpus
-                    .iter()
+                n.usable_gpus()
                     .filter(|g| !n.claimed.contains_key(&g.index) && !n.allocated.contains_key(&g.index))
                     .collect()
             };
@@ -433,7 +431,7 @@ impl<'a> Pass<'a> {
                         .filter(|g| {
                             n.info.gpus.iter().any(|x| x.index == *g && model_matches(model, &x.model))
                         })
-                        .filter(|g| !n.claimed.contains_key(g))
+                        .filter(|g| !n.claimed.contains_key(g) && n.usable(*g))
                         .collect();
                     // An elastic job gives only what it can spare above its minimum (it shrinks).
                     if v.spec.is_elastic() {
@@ -562,7 +560,7 @@ impl<'a> Pass<'a> {
     fn busy_until(&self, pos: usize, model: Option<&str>) -> Vec<(i64, GpuIndex)> {
         let (state, n) = (self.state, self.nodes[pos].node);
         let now = state.now_ms;
-        let running = n.info.gpus.iter().filter(|g| !n.claimed.contains_key(&g.index)).filter_map(|g| {
+        let running = n.usable_gpus().filter(|g| !n.claimed.contains_key(&g.index)).filter_map(|g| {
             let job = n.allocated.get(&g.index)?;
             let end = state.jobs.get(job).map(|j| state.expected_end_ms(j)).unwrap_or(now);
             Some((end.max(now), g.index, g.model.as_str()))
@@ -721,7 +719,7 @@ struct Largest<'s> {
 
 impl<'s> Largest<'s> {
     fn new(state: &'s ClusterState, pass: &Pass) -> Largest<'s> {
-        let any = pass.nodes.iter().map(|n| n.node.info.gpus.len() as u32).max().unwrap_or(0);
+        let any = pass.nodes.iter().map(|n| n.node.usable_gpus().count() as u32).max().unwrap_or(0);
         let share = pass.nodes.iter().fold(Share::default(), |m, n| {
             let c = n.node.capacity();
             Share { cpus: m.cpus.max(c.cpus), mem_mib: m.mem_mib.max(c.mem_mib) }
@@ -745,8 +743,8 @@ impl<'s> Largest<'s> {
         let up = self.state.nodes.values().filter(|n| n.state == NodeState::Up);
         let inside = up.filter(|n| part.is_none_or(|p| p.contains(&n.info.name, &n.info.labels)));
         let count = |n: &Node| match model {
-            None => n.info.gpus.len() as u32,
-            Some(_) => n.info.gpus.iter().filter(|g| model_matches(model, &g.model)).count() as u32,
+            None => n.usable_gpus().count() as u32,
+            Some(_) => n.usable_gpus().filter(|g| model_matches(model, &g.model)).count() as u32,
         };
         let n = inside.map(count).max().unwrap_or(0);
         self.by.push((model.map(str::to_string), part_name.to_string(), n));
@@ -814,7 +812,7 @@ impl<'s> Planning<'s> {
         let free = claim.tasks().all(|(node, gpus)| {
             state.nodes.get(node).is_some_and(|n| {
                 n.state == NodeState::Up
-                    && gpus.iter().all(|g| !n.allocated.contains_key(g))
+                    && gpus.iter().all(|g| !n.allocated.contains_key(g) && n.usable(*g))
                     && self
                         .pass
                         .nodes
@@ -1044,7 +1042,7 @@ fn vacate_for(state: &ClusterState, shortfall: usize) -> Vec<JobId> {
 fn largest_gang(state: &ClusterState, count: usize, model: Option<&str>, part: Option<&Partition>) -> usize {
     let up = state.nodes.values().filter(|n| n.state == NodeState::Up);
     up.filter(|n| part.is_none_or(|p| p.contains(&n.info.name, &n.info.labels)))
-        .filter(|n| n.info.gpus.iter().filter(|g| model_matches(model, &g.model)).count() >= count)
+        .filter(|n| n.usable_gpus().filter(|g| model_matches(model, &g.model)).count() >= count)
         .count()
 }
 

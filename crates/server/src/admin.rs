@@ -427,7 +427,7 @@ impl AdminService for AdminApi {
         let me = self.ctx.principal(&request)?;
         me.require(Role::Operator, "draining nodes")?;
         let r = request.into_inner();
-        self.ctx.drain_node(r.node, &format!("drained by \"{}\": {}", me.user, r.reason)).await?;
+        self.ctx.drain_node(r.node, &format!("drained by \"{}\": {}", me.user, r.reason), false).await?;
         Ok(Response::new(pb::DrainNodeResponse {}))
     }
 
@@ -447,6 +447,32 @@ impl AdminService for AdminApi {
             Outcome::Rejected(r) => Err(rejection_status(r)),
             other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
         }
+    }
+
+    async fn resume_node(
+        &self,
+        request: Request<pb::ResumeNodeRequest>,
+    ) -> Result<Response<pb::ResumeNodeResponse>, Status> {
+        let me = self.ctx.principal(&request)?;
+        me.require(Role::Operator, "resuming nodes")?;
+        let node = request.into_inner().node;
+        self.ctx.check_node(&node)?;
+        tracing::warn!(%node, by = %me.user, "node resumes");
+        self.ctx.node_write(Op::ResumeNode { node, only_reason: None }).await?;
+        Ok(Response::new(pb::ResumeNodeResponse {}))
+    }
+
+    async fn reset_gpu(
+        &self,
+        request: Request<pb::ResetGpuRequest>,
+    ) -> Result<Response<pb::ResetGpuResponse>, Status> {
+        let me = self.ctx.principal(&request)?;
+        me.require(Role::Operator, "resetting GPUs")?;
+        let r = request.into_inner();
+        self.ctx.check_node(&r.node)?;
+        tracing::warn!(node = %r.node, gpu = r.gpu, by = %me.user, "GPU reset");
+        self.ctx.node_write(Op::GpuReset { node: r.node, gpu: r.gpu }).await?;
+        Ok(Response::new(pb::ResetGpuResponse {}))
     }
 }
 

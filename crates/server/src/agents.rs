@@ -11,6 +11,7 @@ use futures::Stream;
 use kairos_proto::v1 as pb;
 use kairos_proto::v1::agent_service_server::AgentService;
 use kairos_scheduler::liveness::HeartbeatRefused;
+use kairos_scheduler::model::HEALTH_CHECK_REASON;
 use kairos_scheduler::orders::{runs_on, RunAction, KILL_GRACE_S};
 use kairos_scheduler::{ClusterState, Op, Outcome, RunExit};
 use tokio_stream::wrappers::ReceiverStream;
@@ -183,8 +184,66 @@ impl AgentService for AgentApi {
     async fn drain(&self, request: Request<pb::DrainRequest>) -> Result<Response<pb::DrainResponse>, Status> {
         self.ctx.authenticate_agent(request.metadata(), &request.get_ref().node_id)?;
         let r = request.into_inner();
-        self.ctx.drain_node(r.node_id, &r.reason).await?;
+        let reason = match r.health_check {
+            true => format!("{HEALTH_CHECK_REASON}{}", r.reason),
+            false => r.reason,
+        };
+        // A health check that keeps failing is told each run: no write for a drain it has.
+        let has =
+            |n: &kairos_scheduler::Node| n.reason.starts_with(&format!("draining: {HEALTH_CHECK_REASON}"));
+        if r.health_check
+            && !r.requeue
+            && self.ctx.replica.read(|a| a.state.nodes.get(&r.node_id).is_some_and(has))
+        {
+            return Ok(Response::new(pb::DrainResponse {}));
+        }
+        self.ctx.drain_node(r.node_id, &reason, r.health_check && !r.requeue).await?;
         Ok(Response::new(pb::DrainResponse {}))
+    }
+
+    async fn health_check_passed(
+        &self,
+        request: Request<pb::HealthCheckPassedRequest>,
+    ) -> Result<Response<pb::HealthCheckPassedResponse>, Status> {
+        self.ctx.authenticate_agent(request.metadata(), &request.get_ref().node_id)?;
+        let node = request.into_inner().node_id;
+        self.ctx.check_node(&node)?;
+        let draining = self.ctx.replica.read(|a| {
+            a.state
+                .nodes
+                .get(&node)
+                .is_some_and(|n| n.reason.starts_with(&format!("draining: {HEALTH_CHECK_REASON}")))
+        });
+        if draining {
+            tracing::info!(%node, "health check passes again; node resumes");
+            let op = Op::ResumeNode { node, only_reason: Some(HEALTH_CHECK_REASON.to_string()) };
+            self.ctx.node_write(op).await?;
+        }
+        Ok(Response::new(pb::HealthCheckPassedResponse {}))
+    }
+
+    async fn report_gpu_fault(
+        &self,
+        request: Request<pb::GpuFaultReport>,
+    ) -> Result<Response<pb::GpuFaultAck>, Status> {
+        self.ctx.authenticate_agent(request.metadata(), &request.get_ref().node_id)?;
+        let r = request.into_inner();
+        self.ctx.check_node(&r.node_id)?;
+        if r.uuid.len() > 128 || r.reason.len() > 1024 {
+            return Err(Status::invalid_argument("GPU fault report: uuid or reason too long"));
+        }
+        // A GPU already known to be unhealthy needs no write (an agent repeats a GPU that
+        // keeps failing its queries).
+        let known = self
+            .ctx
+            .replica
+            .read(|a| a.state.nodes.get(&r.node_id).is_some_and(|n| n.faults.contains_key(&r.gpu)));
+        if !known {
+            tracing::error!(node = %r.node_id, gpu = r.gpu, uuid = %r.uuid, reason = %r.reason, "GPU unhealthy");
+            let op = Op::GpuFault { node: r.node_id, gpu: r.gpu, uuid: r.uuid, reason: r.reason };
+            self.ctx.node_write(op).await?;
+        }
+        Ok(Response::new(pb::GpuFaultAck {}))
     }
 
     async fn report_status(

@@ -215,13 +215,20 @@ impl Ctx {
         })
     }
 
-    /// Drains `node` (nothing new is placed there; its runs checkpoint and requeue), for an
-    /// operator or for the node's own agent (a spot notice).
-    pub async fn drain_node(&self, node: String, reason: &str) -> Result<(), Status> {
+    /// Drains `node` (nothing new is placed there; its runs checkpoint and requeue unless
+    /// `keep_runs`), for an operator or for the node's own agent (a spot notice, a failed
+    /// health check).
+    pub async fn drain_node(&self, node: String, reason: &str, keep_runs: bool) -> Result<(), Status> {
         self.check_node(&node)?;
         let reason: String = reason.chars().take(256).collect();
-        tracing::warn!(node = %node, %reason, "node drains");
-        match self.write(Op::DrainNode { node, reason }).await? {
+        tracing::warn!(node = %node, %reason, keep_runs, "node drains");
+        self.node_write(Op::DrainNode { node, reason, keep_runs }).await
+    }
+
+    /// Writes a node-changing op; a rejection becomes its status, anything else wakes the
+    /// scheduling loop (runs were stopped, GPUs freed or taken out).
+    pub async fn node_write(&self, op: Op) -> Result<(), Status> {
+        match self.write(op).await? {
             Outcome::Rejected(rej) => Err(rejection_status(rej)),
             _ => {
                 self.kick.notify_one();

@@ -122,6 +122,12 @@ fn view_reason(job: &Job, pending: Option<&PendingReason>) -> String {
             Some(kairos_scheduler::StopReason::Resize { by: Some(by) }) => format!("shrinking for job {by}"),
             Some(kairos_scheduler::StopReason::Resize { by: None }) => "growing".to_string(),
             Some(kairos_scheduler::StopReason::Drained) => "node draining; will requeue".to_string(),
+            Some(kairos_scheduler::StopReason::GpuFailed) => {
+                match job.allocation.as_ref().and_then(|a| a.failure.as_deref()) {
+                    Some(f) => format!("{f}; will requeue"),
+                    None => "a GPU failed; will requeue".to_string(),
+                }
+            }
             Some(kairos_scheduler::StopReason::Vacated) => {
                 "stopping for the inference headroom; will requeue".to_string()
             }
@@ -301,6 +307,11 @@ pub fn node_to_pb(node: &Node, last_heartbeat_ms: i64) -> pb::Node {
         reason: node.reason.clone(),
         cpus_used: node.used().cpus,
         memory_used_mib: node.used().mem_mib,
+        faults: node
+            .faults
+            .iter()
+            .map(|(g, f)| pb::GpuFault { gpu: *g, reason: f.reason.clone(), since_ms: f.since_ms })
+            .collect(),
     }
 }
 

@@ -110,6 +110,7 @@ struct Cluster {
     allocated: u64,
     idle: u64,
     unavailable: u64,
+    unhealthy: u64,
     /// QoS → waits of the jobs whose current run started (submit → start).
     waits: std::collections::BTreeMap<String, Histogram>,
     preemptions: std::collections::BTreeMap<String, u64>,
@@ -124,6 +125,7 @@ impl Cluster {
             allocated: 0,
             idle: 0,
             unavailable: 0,
+            unhealthy: 0,
             waits: Default::default(),
             preemptions: state.preemption_totals.clone(),
             instances: Default::default(),
@@ -143,8 +145,11 @@ impl Cluster {
             }
         }
         for node in state.nodes.values() {
-            let total = u64::from(node.gpu_count());
-            let held = node.allocated.len() as u64;
+            // Every GPU is in one state: an unhealthy one is that (held or not) and nothing else.
+            let unhealthy = node.faults.len() as u64;
+            let total = u64::from(node.gpu_count()).saturating_sub(unhealthy);
+            let held = node.allocated.keys().filter(|g| node.usable(**g)).count() as u64;
+            c.unhealthy += unhealthy;
             if node.state == NodeState::Up {
                 c.allocated += held;
                 c.idle += total.saturating_sub(held);
@@ -231,11 +236,12 @@ fn job_figures(e: &mut Exposition, cluster: Option<&Cluster>, qos_names: &[Strin
     let gpu = |f: fn(&Cluster) -> u64| cluster.map_or(0.0, |c| f(c) as f64);
     e.gauge(
         "kairos_gpus",
-        "GPUs by state: allocated, idle (on up nodes), unavailable (on down or draining nodes) (leader only).",
+        "GPUs by state: allocated, idle (on up nodes), unavailable (on down or draining nodes), unhealthy (never allocated until reset) (leader only).",
         &[
             (&[("state", "allocated")], gpu(|c| c.allocated)),
             (&[("state", "idle")], gpu(|c| c.idle)),
             (&[("state", "unavailable")], gpu(|c| c.unavailable)),
+            (&[("state", "unhealthy")], gpu(|c| c.unhealthy)),
         ],
     );
 

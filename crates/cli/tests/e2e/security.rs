@@ -196,7 +196,8 @@ fn agents_join_with_the_join_token_and_act_only_as_their_own_node() {
         for cred in [x.as_str(), join.as_str()] {
             let e = agents.heartbeat(with_bearer(hb("node-a"), cred)).await.unwrap_err();
             assert_eq!(e.code(), tonic::Code::Unauthenticated);
-            let drain = pb::DrainRequest { node_id: "node-a".into(), reason: "forged".into() };
+            let drain =
+                pb::DrainRequest { node_id: "node-a".into(), reason: "forged".into(), ..Default::default() };
             let e = agents.drain(with_bearer(drain, cred)).await.unwrap_err();
             assert_eq!(e.code(), tonic::Code::Unauthenticated);
             let report =

@@ -35,6 +35,8 @@ pub enum GrantError {
     NoGpu { node: String, gpu: GpuIndex },
     #[error("GPU {gpu} of \"{node}\" is a {model}, not a {wanted}")]
     WrongModel { node: String, gpu: GpuIndex, model: String, wanted: String },
+    #[error("GPU {gpu} of \"{node}\" is unhealthy")]
+    Unhealthy { node: String, gpu: GpuIndex },
     #[error("GPU {gpu} of \"{node}\" is held by job {holder}")]
     Held { node: String, gpu: GpuIndex, holder: JobId },
     #[error("GPU {gpu} of \"{node}\" is claimed by job {claimer}")]
@@ -85,6 +87,9 @@ impl ClusterState {
                     model: g.model.clone(),
                     wanted: job.spec.gpu_model.clone().unwrap_or_default(),
                 });
+            }
+            if !node.usable(*gpu) {
+                return Err(GrantError::Unhealthy { node: name.to_string(), gpu: *gpu });
             }
             if let Some(holder) = node.allocated.get(gpu) {
                 let victim = matches!(taking, Taking::FromVictims(v) if v.contains(holder));

@@ -14,7 +14,7 @@ impl ClusterState {
 
     /// GPUs of Up nodes.
     pub fn up_gpus(&self) -> usize {
-        self.nodes.values().filter(|n| n.state == NodeState::Up).map(|n| n.info.gpus.len()).sum()
+        self.nodes.values().filter(|n| n.state == NodeState::Up).map(|n| n.usable_gpus().count()).sum()
     }
 
     /// GPUs of Up nodes that runs stopping for the headroom will free.
@@ -40,9 +40,7 @@ impl ClusterState {
             .values()
             .filter(|n| n.state == NodeState::Up)
             .map(|n| {
-                n.info
-                    .gpus
-                    .iter()
+                n.usable_gpus()
                     .filter(|g| !n.allocated.contains_key(&g.index) && !n.claimed.contains_key(&g.index))
                     .count()
             })

@@ -25,6 +25,7 @@ impl ClusterState {
         }
         self.job_index.check(&self.jobs)?;
         self.check_allocated()?;
+        self.check_faults()?;
         self.check_held()?;
         self.check_claimed()?;
         self.check_running()
@@ -47,6 +48,27 @@ impl ClusterState {
                 }) && !alloc.lent.contains(gpu);
                 if !matches!(job.state, JobState::Running | JobState::Suspended) || !listed {
                     return Err(format!("GPU {gpu} of {name} held by job {holder} which does not own it"));
+                }
+                // An unhealthy GPU is only ever held by a run on its way out.
+                if !node.usable(*gpu) && alloc.stop.is_none() {
+                    return Err(format!(
+                        "unhealthy GPU {gpu} of {name} held by job {holder}, which is not stopping"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every unhealthy GPU exists and no claim promises one.
+    fn check_faults(&self) -> Result<(), String> {
+        for (name, node) in &self.nodes {
+            for gpu in node.faults.keys() {
+                if !node.info.gpus.iter().any(|g| g.index == *gpu) {
+                    return Err(format!("node {name} records a fault of missing GPU {gpu}"));
+                }
+                if let Some(claimer) = node.claimed.get(gpu) {
+                    return Err(format!("unhealthy GPU {gpu} of {name} is claimed by job {claimer}"));
                 }
             }
         }

@@ -20,6 +20,7 @@
 
 pub mod brief;
 mod elastic;
+mod gpu_health;
 pub mod grant;
 mod headroom;
 pub mod history;
@@ -183,7 +184,10 @@ impl ClusterState {
             Op::Release { job, by } => self.set_held(*job, false, by, now),
             Op::Resize { job, attempt, gpus, more } => self.resize(*job, *attempt, gpus, more, now),
             Op::SetBurstConfig { config } => self.set_burst_config(config, now),
-            Op::DrainNode { node, reason } => self.drain_node(node, reason, now),
+            Op::DrainNode { node, reason, keep_runs } => self.drain_node(node, reason, *keep_runs, now),
+            Op::ResumeNode { node, only_reason } => self.resume_node(node, only_reason.as_deref()),
+            Op::GpuFault { node, gpu, uuid, reason } => self.gpu_fault(node, *gpu, uuid, reason, now),
+            Op::GpuReset { node, gpu } => self.gpu_reset(node, *gpu),
             Op::CreateToken { id, record } => self.create_token(id, record),
             Op::RevokeToken { id } => self.revoke_token(id, now),
             Op::BurstLaunch { launches, reason } => self.burst_launch(launches, reason, now),

@@ -1,31 +1,52 @@
 //! Nodes joining, draining and going down, as the state machine applies them.
 
 use super::*;
+use crate::model::HEALTH_CHECK_REASON;
 
 impl ClusterState {
     /// Drains `name`: Draining (nothing new placed), every run there stopped with the checkpoint
-    /// signal and requeued on exit; a burst node's instance is terminated.
-    pub(super) fn drain_node(&mut self, name: &str, reason: &str, now: i64) -> Outcome {
+    /// signal and requeued on exit (unless `keep_runs`); a burst node's instance is terminated.
+    pub(super) fn drain_node(&mut self, name: &str, reason: &str, keep_runs: bool, now: i64) -> Outcome {
         let reason: String = reason.chars().take(256).collect();
         let Some(node) = self.nodes.get_mut(name) else {
             return Outcome::Rejected(Rejection::NotFound(format!("node \"{name}\" not found")));
         };
-        match node.state {
+        let was_draining = match node.state {
             NodeState::Up => {
                 node.state = NodeState::Draining;
                 node.reason = format!("draining: {reason}");
+                false
             }
-            NodeState::Draining if node.reason.starts_with("draining:") => {
-                return Outcome::Ignored(format!("node \"{name}\" is already draining"))
+            // Another drain over the health check's takes its place: the check passing
+            // again must not end an operator's drain.
+            NodeState::Draining
+                if node.reason.starts_with(&format!("draining: {HEALTH_CHECK_REASON}"))
+                    && !reason.starts_with(HEALTH_CHECK_REASON) =>
+            {
+                node.reason = format!("draining: {reason}");
+                false
             }
-            NodeState::Draining => node.reason = format!("draining: {reason}"),
+            NodeState::Draining if node.reason.starts_with("draining:") => true,
+            NodeState::Draining => {
+                node.reason = format!("draining: {reason}");
+                false
+            }
             NodeState::Down => return Outcome::Ignored(format!("node \"{name}\" is down")),
-        }
+        };
         // Preemptors waiting for GPUs here plan again elsewhere.
         let claimers: BTreeSet<JobId> = node.claimed.values().copied().collect();
         for c in claimers {
             self.drop_claim(c);
         }
+        if keep_runs {
+            return match was_draining {
+                true => Outcome::Ignored(format!("node \"{name}\" is already draining")),
+                false => Outcome::NodeChanged { node: name.to_string(), stopped: Vec::new() },
+            };
+        }
+        // A drain that kept its runs (a failed health check) stops them when drained again
+        // without keeping them.
+        let mut stopped = Vec::new();
         let jobs: Vec<JobId> = self.jobs_on(name).iter().map(|j| j.id).collect();
         for id in jobs {
             let Some(job) = self.jobs.get_mut(&id) else { continue };
@@ -35,8 +56,12 @@ impl ClusterState {
             if matches!(alloc.stop, None | Some(StopReason::Preempted { .. } | StopReason::Resize { .. })) {
                 alloc.stop = Some(StopReason::Drained);
                 job.record(now, "drain", format!("node \"{name}\" is draining: {reason}"));
+                stopped.push(id);
             }
             self.drop_claim(id);
+        }
+        if was_draining && stopped.is_empty() {
+            return Outcome::Ignored(format!("node \"{name}\" is already draining"));
         }
         if let Some(intent) = self.burst.intent_of_node(name) {
             self.burst_terminate(intent, &reason, now);
@@ -77,7 +102,13 @@ impl ClusterState {
         }
         match self.nodes.get_mut(&info.name) {
             Some(node) => {
-                node.info = info.clone();
+                // A fault belongs to a GPU: one that is gone, or replaced (another UUID at its
+                // index), takes its fault with it.
+                let old = std::mem::replace(&mut node.info, info.clone());
+                node.faults.retain(|i, _| {
+                    let uuid = |n: &NodeInfo| n.gpus.iter().find(|g| g.index == *i).map(|g| g.uuid.clone());
+                    uuid(&old).is_some() && uuid(&old) == uuid(&node.info)
+                });
                 // A draining node stays draining when its agent reconnects.
                 if node.state != NodeState::Draining {
                     node.state = NodeState::Up;
@@ -92,6 +123,7 @@ impl ClusterState {
                     allocated: BTreeMap::new(),
                     claimed: BTreeMap::new(),
                     held: BTreeMap::new(),
+                    faults: BTreeMap::new(),
                     epoch: self.node_epoch_seq + 1,
                 };
                 self.node_epoch_seq += 1;

@@ -213,6 +213,32 @@ pub enum Op {
     DrainNode {
         node: String,
         reason: String,
+        /// Runs there go on (only nothing new is placed): a failed health check drains this
+        /// way unless the agent is told to requeue.
+        #[serde(default)]
+        keep_runs: bool,
+    },
+    /// A draining node takes work again. `only_reason` (a prefix) resumes only a drain whose
+    /// reason starts with it: an agent whose health check passes again undoes its own drain,
+    /// never an operator's.
+    ResumeNode {
+        node: String,
+        #[serde(default)]
+        only_reason: Option<String>,
+    },
+    /// GPU `gpu` of `node` is unhealthy (a fatal XID, a double-bit ECC error, NVML lost it):
+    /// it is never granted again until reset, and the run on it is stopped and requeued.
+    /// `uuid`, when given, must be the GPU's (a report about a GPU since replaced is refused).
+    GpuFault {
+        node: String,
+        gpu: GpuIndex,
+        uuid: String,
+        reason: String,
+    },
+    /// An operator returns an unhealthy GPU to service.
+    GpuReset {
+        node: String,
+        gpu: GpuIndex,
     },
     /// Keeps a pending job from starting until released.
     Hold {
@@ -340,6 +366,12 @@ pub enum Outcome {
     NodeDown {
         node: String,
         failed_jobs: Vec<JobId>,
+    },
+    /// A node's GPU health or drain changed (`GpuFault`, `GpuReset`, `ResumeNode`); the jobs
+    /// whose runs were stopped for it.
+    NodeChanged {
+        node: String,
+        stopped: Vec<JobId>,
     },
     PlanApplied {
         accepted: Vec<JobId>,

@@ -329,7 +329,9 @@ impl ClusterState {
                     return false;
                 };
                 job.state == JobState::Suspended
-                    && a.lent.iter().all(|g| !n.allocated.contains_key(g) && !n.claimed.contains_key(g))
+                    && a.lent
+                        .iter()
+                        .all(|g| !n.allocated.contains_key(g) && !n.claimed.contains_key(g) && n.usable(*g))
                     && job.spec.cpus <= n.free_share().cpus
             })
             .collect();

@@ -55,14 +55,14 @@ impl ClusterState {
     pub fn fragmentation(&self) -> (u32, u32) {
         let up = self.nodes.values().filter(|n| n.state == NodeState::Up);
         up.fold((0, 0), |(free, whole), n| {
-            let f = n.gpu_count() - n.allocated.len() as u32;
+            let f = n.free_gpu_count();
             (free + f, whole + if n.allocated.is_empty() { f } else { 0 })
         })
     }
 
     /// Whether any Up node has a free GPU (if not, only a job asking for no GPU can start).
     pub fn has_free_gpus(&self) -> bool {
-        self.nodes.values().any(|n| n.state == NodeState::Up && n.allocated.len() < n.info.gpus.len())
+        self.nodes.values().any(|n| n.state == NodeState::Up && n.free_gpu_count() > 0)
     }
 
     /// Whether any Up node has a CPU no job holds.

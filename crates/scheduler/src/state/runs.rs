@@ -182,6 +182,12 @@ impl ClusterState {
                 self.requeue_run(id, "stopped to keep GPUs idle for the inference headroom", now);
                 return Outcome::RunUpdated { job: id, state: JobState::Pending };
             }
+            Some(StopReason::GpuFailed) => {
+                // Not the job's doing either: requeue regardless of --requeue.
+                let why = self.fault_of(id);
+                self.requeue_run(id, &why, now);
+                return Outcome::RunUpdated { job: id, state: JobState::Pending };
+            }
             _ => {}
         }
         let (state, reason) = match (stop, exit) {
@@ -193,7 +199,8 @@ impl ClusterState {
                     StopReason::Preempted { .. }
                     | StopReason::Resize { .. }
                     | StopReason::Drained
-                    | StopReason::Vacated,
+                    | StopReason::Vacated
+                    | StopReason::GpuFailed,
                 ),
                 _,
             ) => {
@@ -285,6 +292,11 @@ impl ClusterState {
             Some(StopReason::Resize { by }) => return self.resized_run_ended(id, by, now),
             Some(StopReason::Drained | StopReason::Vacated) => {
                 self.requeue_run(id, "a node of the gang was drained", now);
+                return Outcome::RunUpdated { job: id, state: JobState::Pending };
+            }
+            Some(StopReason::GpuFailed) => {
+                let why = self.fault_of(id);
+                self.requeue_run(id, &why, now);
                 return Outcome::RunUpdated { job: id, state: JobState::Pending };
             }
             None => {

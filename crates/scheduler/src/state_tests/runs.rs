@@ -282,13 +282,14 @@ fn a_drained_node_takes_no_work_and_its_jobs_requeue_through_the_checkpoint_path
     let mut s = cluster(2);
     let id = start(&mut s, spec(1, "inference"), 0);
     assert!(!s.jobs[&id].spec.requeue);
-    let out = s.apply(&cmd(10, Op::DrainNode { node: "n1".into(), reason: "spot notice".into() }));
+    let out = s
+        .apply(&cmd(10, Op::DrainNode { node: "n1".into(), reason: "spot notice".into(), keep_runs: false }));
     assert!(matches!(out, Outcome::NodeDown { .. }), "{out:?}");
     assert_eq!(s.nodes["n1"].state, NodeState::Draining);
     assert_eq!(s.jobs[&id].allocation.as_ref().unwrap().stop, Some(StopReason::Drained));
     // Draining again changes nothing; an agent reconnecting does not undo it.
     assert!(matches!(
-        s.apply(&cmd(11, Op::DrainNode { node: "n1".into(), reason: "x".into() })),
+        s.apply(&cmd(11, Op::DrainNode { node: "n1".into(), reason: "x".into(), keep_runs: false })),
         Outcome::Ignored(_)
     ));
     s.apply(&cmd(12, Op::RegisterNode { info: node_info("n1", 2) }));
@@ -298,7 +299,7 @@ fn a_drained_node_takes_no_work_and_its_jobs_requeue_through_the_checkpoint_path
     assert_eq!((s.jobs[&id].state, s.jobs[&id].attempt), (JobState::Pending, 1));
     assert!(plan(&s).plan.placements.is_empty());
     assert!(matches!(
-        s.apply(&cmd(14, Op::DrainNode { node: "nope".into(), reason: "x".into() })),
+        s.apply(&cmd(14, Op::DrainNode { node: "nope".into(), reason: "x".into(), keep_runs: false })),
         Outcome::Rejected(Rejection::NotFound(_))
     ));
     s.check_invariants().unwrap();

@@ -47,6 +47,15 @@ pub enum Step {
     NodeDown {
         node: u8,
     },
+    /// A GPU of a node fails (uuid empty: any), or is reset.
+    GpuFault {
+        node: u8,
+        gpu: u32,
+    },
+    GpuReset {
+        node: u8,
+        gpu: u32,
+    },
     TimeLimit {
         job: u8,
     },
@@ -95,6 +104,8 @@ pub fn step() -> impl Strategy<Value = Step> {
         4 => (0u8..24).prop_map(|job| Step::Started { job }),
         2 => (0u8..24, 0i32..3).prop_map(|(job, code)| Step::Exited { job, code }),
         1 => (0u8..3).prop_map(|node| Step::NodeDown { node }),
+        1 => (0u8..3, 0u32..9).prop_map(|(node, gpu)| Step::GpuFault { node, gpu }),
+        1 => (0u8..3, 0u32..9).prop_map(|(node, gpu)| Step::GpuReset { node, gpu }),
         1 => (0u8..24).prop_map(|job| Step::TimeLimit { job }),
         1 => (0u8..24, any::<bool>()).prop_map(|(job, held)| Step::Hold { job, held }),
         1 => (0u8..24, 0u8..3, 0i32..2).prop_map(|(job, rank, code)| Step::RankExited { job, rank, code }),
@@ -122,6 +133,8 @@ pub fn preemption_step() -> impl Strategy<Value = Step> {
         2 => (0u8..24, 0i32..2).prop_map(|(job, code)| Step::Exited { job, code }),
         1 => (0u8..24).prop_map(|job| Step::Cancel { job }),
         1 => (0u8..3).prop_map(|node| Step::NodeDown { node }),
+        1 => (0u8..3, 0u32..4).prop_map(|(node, gpu)| Step::GpuFault { node, gpu }),
+        1 => (0u8..3, 0u32..4).prop_map(|(node, gpu)| Step::GpuReset { node, gpu }),
         1 => (0u8..3, 4u32..7).prop_map(|(node, gpus)| Step::Register { node, gpus }),
         1 => (0u32..100_000).prop_map(|ms| Step::Tick { ms }),
     ]
@@ -327,6 +340,13 @@ pub fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                 )
             }
             Step::NodeDown { node } => Some(Op::NodeDown { node: node_name(node), reason: "test".into() }),
+            Step::GpuFault { node, gpu } => Some(Op::GpuFault {
+                node: node_name(node),
+                gpu: *gpu,
+                uuid: String::new(),
+                reason: "XID 79".into(),
+            }),
+            Step::GpuReset { node, gpu } => Some(Op::GpuReset { node: node_name(node), gpu: *gpu }),
             Step::TimeLimit { job } => Some(Op::EnforceTimeLimit { job: job_id(job), attempt: 0 }),
             Step::Tick { ms } => {
                 now += i64::from(*ms);
