@@ -8,6 +8,7 @@ mod burst;
 mod deploy;
 mod durability;
 mod gang;
+mod gpu_health;
 mod ha;
 mod harness;
 mod history;

@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::harness::{bin, free_addr, wait_for, Cluster, Options};
 
 /// One HTTP GET on loopback: (status code, body).
-fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+pub(crate) fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;

@@ -1,0 +1,134 @@
+//! GPU health end to end: faults injected into the fake backend at run time take a GPU out of
+//! service and requeue the run on it; an operator's reset returns it; an operator's
+//! health-check program drains its node and, passing again, returns it.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::harness::{wait_for, wait_for_within, Cluster, Options};
+
+fn inject(file: &std::path::Path, line: &str) {
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(file).unwrap();
+    writeln!(f, "{line}").unwrap();
+}
+
+fn nodes(c: &Cluster) -> Value {
+    serde_json::from_str(&c.ok(&["nodes", "--json"])).unwrap()
+}
+
+/// The leader's `kairos_gpus{state="unhealthy"}`.
+fn unhealthy_metric(c: &Cluster) -> Option<f64> {
+    let addr = c.controllers[c.leader()].metrics.clone()?;
+    let (_, text) = crate::observability::http_get(&addr, "/metrics")?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("kairos_gpus{state=\"unhealthy\"} "))
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn an_injected_xid_79_requeues_the_run_and_keeps_the_gpu_out_until_reset_and_xid_13_changes_nothing() {
+    let faults_dir = tempfile::tempdir().unwrap();
+    let faults = faults_dir.path().join("faults");
+    let flags = vec!["--fake-gpu-faults".to_string(), faults.display().to_string()];
+    let c = Cluster::start_opts(1, 2, Options { agent_flags: flags, metrics: true, ..Options::default() });
+    let id = c.submit(&["--gpus", "1", "--", "sleep", "600"]);
+    let job = c.wait_state(id, "RUNNING");
+    let gpu = job["gpu_ids"][0].as_u64().unwrap();
+
+    // XID 13 is the application's error: nothing changes.
+    inject(&faults, &format!("{gpu} 13"));
+    std::thread::sleep(Duration::from_millis(1500));
+    let job = c.job(id);
+    assert_eq!((job["state"].as_str(), job["attempt"].as_u64()), (Some("RUNNING"), Some(0)), "{job}");
+    assert_eq!(nodes(&c)[0]["gpus_unhealthy"], serde_json::json!([]));
+
+    // XID 79 (fallen off the bus): the run is requeued, and its next attempt avoids the GPU.
+    let injected = Instant::now();
+    inject(&faults, &format!("{gpu} 79"));
+    wait_for_within("the job to be requeued", Duration::from_secs(10), || {
+        (c.job(id)["attempt"].as_u64() == Some(1)).then_some(())
+    });
+    let took = injected.elapsed();
+    eprintln!("XID 79 to requeue: {} ms", took.as_millis());
+    assert!(took < Duration::from_secs(2), "requeued {} ms after the fault", took.as_millis());
+    let events = c.ok(&["show", &id.to_string()]);
+    assert!(events.contains(&format!("GPU {gpu} (GPU-fake-node-a-{gpu}) failed: XID 79")), "{events}");
+    let job = c.wait_state(id, "RUNNING");
+    assert_ne!(job["gpu_ids"][0].as_u64(), Some(gpu), "{job}");
+    let node = &nodes(&c)[0];
+    assert_eq!(node["gpus_unhealthy"][0]["gpu"].as_u64(), Some(gpu), "{node}");
+    assert_eq!(node["gpus_unhealthy"][0]["reason"], "XID 79");
+    let table = c.ok(&["nodes"]);
+    assert!(table.contains("UNHEALTHY") && table.contains(&format!("{gpu}(XID 79)")), "{table}");
+    wait_for("the unhealthy GPU in the metrics", || (unhealthy_metric(&c) == Some(1.0)).then_some(()));
+
+    // The healthy GPU is taken; the unhealthy one is never given: the next job waits.
+    let next = c.submit(&["--gpus", "1", "--", "true"]);
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(c.job(next)["state"], "PENDING");
+    // Only operators reset GPUs; the reset returns it and the waiting job starts.
+    let out = c.cli_as("alice").args(["node", "gpu-reset", "node-a", &gpu.to_string()]).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("operator"));
+    c.ok(&["node", "gpu-reset", "node-a", &gpu.to_string()]);
+    assert_eq!(c.wait_done(next)["state"], "COMPLETED");
+    assert_eq!(nodes(&c)[0]["gpus_unhealthy"], serde_json::json!([]));
+    wait_for("the metrics to show no unhealthy GPU", || (unhealthy_metric(&c) == Some(0.0)).then_some(()));
+    let out = c.kairos(&["node", "gpu-reset", "node-a", "7"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("has no GPU 7"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    c.ok(&["cancel", &id.to_string()]);
+}
+
+#[test]
+fn a_failing_health_check_drains_its_node_with_its_message_and_passing_again_returns_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("broken");
+    let program = dir.path().join("check.sh");
+    std::fs::write(
+        &program,
+        format!(
+            "#!/bin/sh\nif [ -e {} ]; then echo 'ERROR: /scratch is full'; echo more; exit 1; fi\nexit 0\n",
+            broken.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&program, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let flags =
+        ["--health-check-program", &program.display().to_string(), "--health-check-interval", "300ms"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+    let c = Cluster::start_opts(1, 2, Options { agent_flags: flags, ..Options::default() });
+    let running = c.submit(&["--gpus", "1", "--", "sleep", "600"]);
+    c.wait_state(running, "RUNNING");
+
+    std::fs::write(&broken, "").unwrap();
+    let node = wait_for("the node to drain", || {
+        let n = nodes(&c)[0].clone();
+        (n["state"] == "DRAINING").then_some(n)
+    });
+    assert_eq!(node["reason"], "draining: health check: ERROR: /scratch is full");
+    // Its runs go on (the default action), nothing new starts there.
+    let waiting = c.submit(&["--gpus", "1", "--", "true"]);
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(c.job(waiting)["state"], "PENDING");
+    let job = c.job(running);
+    assert_eq!((job["state"].as_str(), job["attempt"].as_u64()), (Some("RUNNING"), Some(0)), "{job}");
+
+    // Fixed: the node returns by itself and the waiting job runs.
+    std::fs::remove_file(&broken).unwrap();
+    wait_for("the node to return", || (nodes(&c)[0]["state"] == "UP").then_some(()));
+    assert_eq!(c.wait_done(waiting)["state"], "COMPLETED");
+
+    // An operator's drain is the operator's: a passing check does not end it; resume does.
+    c.ok(&["drain", "node-a", "--reason", "rack work"]);
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(nodes(&c)[0]["state"], "DRAINING");
+    c.ok(&["node", "resume", "node-a"]);
+    assert_eq!(nodes(&c)[0]["state"], "UP");
+}
