@@ -3,7 +3,13 @@
 //!
 //! The link group of a GPU approximates its NVLink/PCIe domain: GPUs whose common ancestor is
 //! at most a PCIe switch tree (NVML's Internal/Single/Multiple levels) share a group.
+//!
+//! MIG: a GPU in MIG mode is offered only as its instances (never whole). A whole GPU keeps its
+//! NVML index; instances are numbered after the last physical GPU (8 GPUs: 8, 9, …), carry their
+//! parent's index, and a run sees them by their MIG-… UUIDs (`DeviceMap`). Changing MIG mode or
+//! the layout is the operator's job; the agent reads what is there when it starts.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +28,8 @@ pub enum InventoryError {
     Nvml { index: u32, source: nvml_wrapper::error::NvmlError },
     #[error("invalid --fake-gpus \"{0}\": expected COUNT or COUNTxMODEL, e.g. 8 or 8xH100")]
     BadFakeSpec(String),
+    #[error("invalid --fake-mig \"{0}\": expected COUNTxPROFILE, e.g. 7x1g.18gb (at most 7)")]
+    BadFakeMig(String),
 }
 
 /// What one GPU is doing now (for the agent's metrics).
@@ -53,25 +61,69 @@ pub trait GpuInventory: Send + Sync {
 const HEALTH_QUERY_EVERY: Duration = Duration::from_secs(10);
 const FAULT_FILE_POLL: Duration = Duration::from_millis(200);
 
-/// Sends the fault of GPU `index` (by its discovered UUID) when `policy` judges `symptom` fatal;
-/// false when no one listens any more.
+/// Sends the fault of physical GPU `physical` (every MIG instance of it, when it is in MIG mode)
+/// when `policy` judges `symptom` fatal.
 fn send_fault(
     gpus: &[pb::Gpu],
-    index: u32,
+    physical: u32,
     symptom: &Symptom,
     policy: &XidPolicy,
     tx: &UnboundedSender<GpuFault>,
-) -> bool {
+) {
     let Some(reason) = policy.judge(symptom) else {
-        tracing::info!(gpu = index, ?symptom, "GPU event ignored (an application's error)");
-        return true;
+        tracing::info!(gpu = physical, ?symptom, "GPU event ignored (an application's error)");
+        return;
     };
-    let Some(gpu) = gpus.iter().find(|g| g.index == index) else {
-        tracing::warn!(gpu = index, %reason, "fault of a GPU this node does not have; ignored");
-        return true;
-    };
-    tracing::error!(gpu = index, uuid = %gpu.uuid, %reason, "GPU unhealthy");
-    tx.send(GpuFault { index, uuid: gpu.uuid.clone(), reason }).is_ok()
+    let hit: Vec<&pb::Gpu> = gpus.iter().filter(|g| physical_index(g) == physical).collect();
+    if hit.is_empty() {
+        tracing::warn!(gpu = physical, %reason, "fault of a GPU this node does not have; ignored");
+    }
+    for gpu in hit {
+        tracing::error!(gpu = gpu.index, uuid = %gpu.uuid, %reason, "GPU unhealthy");
+        let _ = tx.send(GpuFault { index: gpu.index, uuid: gpu.uuid.clone(), reason: reason.clone() });
+    }
+}
+
+/// The NVML index of the GPU `g` is (or is carved from).
+fn physical_index(g: &pb::Gpu) -> u32 {
+    g.mig_parent.unwrap_or(g.index)
+}
+
+/// The physical GPUs behind `gpus`, each once.
+fn physical_indices(gpus: &[pb::Gpu]) -> Vec<u32> {
+    let mut p: Vec<u32> = gpus.iter().map(physical_index).collect();
+    p.sort_unstable();
+    p.dedup();
+    p
+}
+
+/// How a run sees the GPUs it was granted: whole GPUs by index (and their `/dev/nvidiaN`), MIG
+/// instances by UUID (and their parent's device).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceMap {
+    /// Instance index -> (its MIG UUID, its parent's index).
+    mig: BTreeMap<u32, (String, u32)>,
+}
+
+impl DeviceMap {
+    pub fn of(gpus: &[pb::Gpu]) -> DeviceMap {
+        let mig = gpus.iter().filter_map(|g| Some((g.index, (g.uuid.clone(), g.mig_parent?)))).collect();
+        DeviceMap { mig }
+    }
+
+    /// `CUDA_VISIBLE_DEVICES` for `ids`.
+    pub fn visible(&self, ids: &[u32]) -> String {
+        let one = |i: &u32| self.mig.get(i).map_or_else(|| i.to_string(), |(uuid, _)| uuid.clone());
+        ids.iter().map(one).collect::<Vec<_>>().join(",")
+    }
+
+    /// The GPU device minors `ids` need opened (sorted, each once).
+    pub fn minors(&self, ids: &[u32]) -> Vec<u32> {
+        let mut m: Vec<u32> = ids.iter().map(|i| self.mig.get(i).map_or(*i, |(_, p)| *p)).collect();
+        m.sort_unstable();
+        m.dedup();
+        m
+    }
 }
 
 /// Real GPUs through NVML.
@@ -100,12 +152,13 @@ impl GpuInventory for NvmlInventory {
         use nvml_wrapper::enum_wrappers::device::TopologyLevel;
         let count = self.nvml.device_count().map_err(|e| InventoryError::Nvml { index: 0, source: e })?;
         let mut gpus: Vec<pb::Gpu> = Vec::new();
+        let mut next_instance = count;
         for index in 0..count {
             let err = |source| InventoryError::Nvml { index, source };
             let dev = self.nvml.device_by_index(index).map_err(err)?;
             let mut link_group = index;
             for earlier in &gpus {
-                let Ok(other) = self.nvml.device_by_index(earlier.index) else { continue };
+                let Ok(other) = self.nvml.device_by_index(physical_index(earlier)) else { continue };
                 let close = matches!(
                     dev.topology_common_ancestor(other),
                     Ok(TopologyLevel::Internal | TopologyLevel::Single | TopologyLevel::Multiple)
@@ -115,12 +168,29 @@ impl GpuInventory for NvmlInventory {
                     break;
                 }
             }
+            // MIG mode on (1): the instances there are, by slot (absent slots skipped).
+            if dev.mig_mode().is_ok_and(|m| m.current == 1) {
+                for slot in 0..dev.mig_device_count().unwrap_or(0) {
+                    let Ok(mig) = dev.mig_device_by_index(slot) else { continue };
+                    gpus.push(pb::Gpu {
+                        index: next_instance,
+                        uuid: mig.uuid().map_err(err)?,
+                        model: mig.name().map_err(err)?,
+                        memory_mib: mig.memory_info().map_err(err)?.total / (1024 * 1024),
+                        link_group,
+                        mig_parent: Some(index),
+                    });
+                    next_instance += 1;
+                }
+                continue;
+            }
             gpus.push(pb::Gpu {
                 index,
                 uuid: dev.uuid().map_err(err)?,
                 model: dev.name().map_err(err)?,
                 memory_mib: dev.memory_info().map_err(err)?.total / (1024 * 1024),
                 link_group,
+                mig_parent: None,
             });
         }
         Ok(gpus)
@@ -166,17 +236,17 @@ fn nvml_health_loop(
     use nvml_wrapper::enums::event::XidError;
     let wanted = EventTypes::CRITICAL_XID_ERROR | EventTypes::DOUBLE_BIT_ECC_ERROR;
     let mut set = nvml.create_event_set().ok();
-    for g in gpus {
-        let (Some(s), Ok(dev)) = (set.take(), nvml.device_by_index(g.index)) else { continue };
+    for index in physical_indices(gpus) {
+        let (Some(s), Ok(dev)) = (set.take(), nvml.device_by_index(index)) else { continue };
         let types = dev.supported_event_types().map(|t| t & wanted).unwrap_or(wanted);
         match dev.register_events(types, s) {
             Ok(s) => {
-                tracing::info!(gpu = g.index, events = ?types, "GPU health events registered");
+                tracing::info!(gpu = index, events = ?types, "GPU health events registered");
                 set = Some(s);
             }
             Err(e) => {
                 // The set is released on failure: a fresh one for the other GPUs.
-                tracing::warn!(gpu = g.index, error = %e, "GPU health events not available; queries only");
+                tracing::warn!(gpu = index, error = %e, "GPU health events not available; queries only");
                 set = nvml.create_event_set().ok();
             }
         }
@@ -188,15 +258,15 @@ fn nvml_health_loop(
         }
         if last_query.elapsed() >= HEALTH_QUERY_EVERY {
             last_query = std::time::Instant::now();
-            for g in gpus {
-                let symptom = match nvml.device_by_index(g.index).and_then(|d| d.uuid().map(|_| d)) {
+            for index in physical_indices(gpus) {
+                let symptom = match nvml.device_by_index(index).and_then(|d| d.uuid().map(|_| d)) {
                     Err(e) => Some(Symptom::Lost(e.to_string())),
                     Ok(d) => {
                         d.are_pages_pending_retired().ok().filter(|p| *p).map(|_| Symptom::PendingRetirement)
                     }
                 };
                 if let Some(s) = symptom {
-                    send_fault(gpus, g.index, &s, policy, tx);
+                    send_fault(gpus, index, &s, policy, tx);
                 }
             }
         }
@@ -234,8 +304,37 @@ pub struct FakeInventory {
     pub model: String,
     pub memory_mib: u64,
     /// Where faults are injected at run time (`kairos-agent --fake-gpu-faults`): each line
-    /// appended is one (`crate::health::parse_injection`).
+    /// appended is one (`crate::health::parse_injection`), naming a physical GPU.
     pub faults: Option<PathBuf>,
+    /// Every GPU in MIG mode with this layout (`--fake-mig`).
+    pub mig: Option<FakeMig>,
+}
+
+/// A MIG layout of the fake backend: `count` instances of one profile per GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FakeMig {
+    pub count: u32,
+    /// E.g. "1g.18gb".
+    pub profile: String,
+    pub memory_mib: u64,
+}
+
+impl FakeMig {
+    /// Parses `COUNTxPROFILE`, e.g. `7x1g.18gb` (a GPU has at most 7 instances; the memory is
+    /// the number before "gb").
+    pub fn parse(spec: &str) -> Result<FakeMig, InventoryError> {
+        let bad = || InventoryError::BadFakeMig(spec.chars().take(64).collect());
+        let (count, profile) = spec.split_once('x').ok_or_else(bad)?;
+        let count: u32 = count.parse().map_err(|_| bad())?;
+        let (slices, mem) = profile.split_once('.').ok_or_else(bad)?;
+        let slices_ok =
+            slices.strip_suffix('g').is_some_and(|n| n.parse::<u32>().is_ok_and(|n| (1..=7).contains(&n)));
+        let gb: u64 = mem.strip_suffix("gb").and_then(|g| g.parse().ok()).ok_or_else(bad)?;
+        if !(1..=7).contains(&count) || !slices_ok {
+            return Err(bad());
+        }
+        Ok(FakeMig { count, profile: profile.to_string(), memory_mib: gb * 1024 })
+    }
 }
 
 impl FakeInventory {
@@ -256,7 +355,7 @@ impl FakeInventory {
         if count > 64 {
             return Err(bad());
         }
-        Ok(FakeInventory { node: node.to_string(), count, model, memory_mib, faults: None })
+        Ok(FakeInventory { node: node.to_string(), count, model, memory_mib, faults: None, mig: None })
     }
 }
 
@@ -266,13 +365,26 @@ impl GpuInventory for FakeInventory {
     }
 
     fn discover(&self) -> Result<Vec<pb::Gpu>, InventoryError> {
-        Ok((0..self.count)
-            .map(|index| pb::Gpu {
-                index,
-                uuid: format!("GPU-fake-{}-{index}", self.node),
-                model: self.model.clone(),
-                memory_mib: self.memory_mib,
-                link_group: index / 4,
+        let whole = |index| pb::Gpu {
+            index,
+            uuid: format!("GPU-fake-{}-{index}", self.node),
+            model: self.model.clone(),
+            memory_mib: self.memory_mib,
+            link_group: index / 4,
+            mig_parent: None,
+        };
+        let Some(mig) = &self.mig else { return Ok((0..self.count).map(whole).collect()) };
+        // Instances are numbered after the physical GPUs, as the NVML backend numbers them.
+        let instances = (0..self.count).flat_map(|parent| (0..mig.count).map(move |slot| (parent, slot)));
+        Ok(instances
+            .enumerate()
+            .map(|(k, (parent, slot))| pb::Gpu {
+                index: self.count + k as u32,
+                uuid: format!("MIG-fake-{}-{parent}-{slot}", self.node),
+                model: format!("{} MIG {}", self.model, mig.profile),
+                memory_mib: mig.memory_mib,
+                link_group: parent / 4,
+                mig_parent: Some(parent),
             })
             .collect())
     }
@@ -306,5 +418,45 @@ mod tests {
         for bad in ["", "x", "eight", "8x", "65", "-1"] {
             assert!(FakeInventory::parse("n", bad, "H100", 1).is_err(), "{bad} accepted");
         }
+    }
+
+    #[test]
+    fn a_fake_mig_layout_offers_instances_only_seen_by_uuid_through_their_parent_device() {
+        let mut f = FakeInventory::parse("n", "2xH200", "H100", 1).unwrap();
+        f.mig = Some(FakeMig::parse("3x2g.35gb").unwrap());
+        let gpus = f.discover().unwrap();
+        assert_eq!(gpus.iter().map(|g| g.index).collect::<Vec<_>>(), vec![2, 3, 4, 5, 6, 7]);
+        assert!(gpus.iter().all(|g| g.model == "H200 MIG 2g.35gb" && g.memory_mib == 35 * 1024));
+        assert_eq!(gpus[4].mig_parent, Some(1));
+        let map = DeviceMap::of(&gpus);
+        assert_eq!(map.visible(&[3, 5]), "MIG-fake-n-0-1,MIG-fake-n-1-0");
+        assert_eq!(map.minors(&[2, 3, 5]), vec![0, 1]);
+        // Whole GPUs are seen by index, as before.
+        let whole = DeviceMap::of(&FakeInventory::parse("n", "2", "H100", 1).unwrap().discover().unwrap());
+        assert_eq!((whole.visible(&[1, 0]).as_str(), whole.minors(&[1, 0])), ("1,0", vec![0, 1]));
+        for bad in ["7", "8x1g.18gb", "0x1g.18gb", "7x1g", "7xbig.18gb", "x1g.5gb", "7x9g.5gb"] {
+            assert!(FakeMig::parse(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn a_fault_of_a_gpu_in_mig_mode_takes_out_every_instance_of_it() {
+        let mut f = FakeInventory::parse("n", "2", "H100", 1).unwrap();
+        f.mig = Some(FakeMig::parse("2x3g.40gb").unwrap());
+        let gpus = f.discover().unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        send_fault(&gpus, 1, &Symptom::Xid(79), &XidPolicy::default(), &tx);
+        send_fault(&gpus, 0, &Symptom::Xid(13), &XidPolicy::default(), &tx);
+        let mut got = Vec::new();
+        while let Ok(f) = rx.try_recv() {
+            got.push((f.index, f.uuid, f.reason));
+        }
+        assert_eq!(
+            got,
+            vec![
+                (4, "MIG-fake-n-1-0".into(), "XID 79".into()),
+                (5, "MIG-fake-n-1-1".into(), "XID 79".into())
+            ]
+        );
     }
 }

@@ -54,6 +54,10 @@ struct Args {
     fake_gpu_model: String,
     #[arg(long, default_value_t = 81920)]
     fake_gpu_memory_mib: u64,
+    /// Fake GPUs: present every GPU in MIG mode as COUNT instances of PROFILE, e.g. 7x1g.18gb
+    /// (each scheduled as a GPU whose model is "MODEL MIG PROFILE").
+    #[arg(long, value_name = "COUNTxPROFILE")]
+    fake_mig: Option<String>,
     /// Fake GPUs: a file faults are injected through at run time, one per line appended:
     /// `GPU XID` (e.g. `3 79`), `GPU ecc`, `GPU pending` or `GPU lost`.
     #[arg(long, value_name = "FILE")]
@@ -270,6 +274,7 @@ fn inventory(args: &Args, name: &str) -> anyhow::Result<Box<dyn GpuInventory>> {
         let mut inv =
             FakeInventory::parse(name, &args.fake_gpus, &args.fake_gpu_model, args.fake_gpu_memory_mib)?;
         inv.faults = args.fake_gpu_faults.clone();
+        inv.mig = args.fake_mig.as_deref().map(kairos_agent::gpu::FakeMig::parse).transpose()?;
         Ok(Box::new(inv))
     };
     match args.gpu_backend {
@@ -871,6 +876,7 @@ async fn main() -> anyhow::Result<()> {
         log_max_bytes: args.log_max_bytes.max(1024),
         limiter: limiter.clone(),
         pids_max: (args.run_pids_max > 0).then_some(args.run_pids_max),
+        devices: kairos_agent::gpu::DeviceMap::of(&gpus),
     };
 
     let listen: std::net::SocketAddr =

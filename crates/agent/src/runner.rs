@@ -140,6 +140,8 @@ pub struct Isolation {
     pub limiter: crate::limits::Limiter,
     /// Most processes and threads per run.
     pub pids_max: Option<u64>,
+    /// How runs see their GPUs (MIG instances by UUID through their parent's device).
+    pub devices: crate::gpu::DeviceMap,
 }
 
 impl Default for Isolation {
@@ -150,6 +152,7 @@ impl Default for Isolation {
             log_max_bytes: LOG_MAX_BYTES_DEFAULT,
             limiter: crate::limits::Limiter::none(),
             pids_max: None,
+            devices: crate::gpu::DeviceMap::default(),
         }
     }
 }
@@ -698,7 +701,7 @@ impl Runner {
         checkpoint_dir: &Path,
         traceparent: Option<String>,
     ) -> std::io::Result<tokio::process::Command> {
-        let gpus: Vec<String> = a.gpu_ids.iter().map(u32::to_string).collect();
+        let visible = self.isolation.devices.visible(&a.gpu_ids);
         let program = a.argv.first().ok_or_else(|| std::io::Error::other("empty command"))?;
         let or = |value: &'_ str, default: &'static str| -> String {
             if value.is_empty() { default } else { value }.to_string()
@@ -713,12 +716,12 @@ impl Runner {
             .env("KAIROS_NODE", &self.node)
             // Survives attempts (on this node): where the job keeps checkpoints to resume from.
             .env("KAIROS_CHECKPOINT_DIR", checkpoint_dir)
-            .env("CUDA_VISIBLE_DEVICES", gpus.join(","))
+            .env("CUDA_VISIBLE_DEVICES", visible)
             // The indices are NVML's, which follow the PCI bus; CUDA's default order (fastest
             // first) can differ, so a job would use GPUs it was not given.
             .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
             // An elastic job's GPU count changes between attempts.
-            .env("KAIROS_GPUS", gpus.len().to_string())
+            .env("KAIROS_GPUS", a.gpu_ids.len().to_string())
             .env("KAIROS_CHECKPOINT_SIGNAL", or(&a.checkpoint_signal, "SIGTERM"))
             // torchrun-compatible gang environment (one task per node).
             .env("RANK", a.rank.to_string())
@@ -863,7 +866,7 @@ impl Runner {
             cores,
             memory_bytes: (a.memory_mib > 0).then(|| a.memory_mib.saturating_mul(1 << 20)),
             pids_max: self.isolation.pids_max,
-            gpus: a.gpu_ids.clone(),
+            gpus: self.isolation.devices.minors(&a.gpu_ids),
         }
     }
 

@@ -765,6 +765,7 @@ fn bench_node(n: u32, gpus: u32) -> kairos_scheduler::NodeInfo {
             model: if n.is_multiple_of(5) { "A100".into() } else { "H100".into() },
             memory_mib: 81920,
             link_group: i / 4,
+            mig_parent: None,
         })
         .collect();
     kairos_scheduler::NodeInfo {

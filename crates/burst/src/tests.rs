@@ -21,6 +21,7 @@ fn node(name: &str, gpus: u32, labels: &[(&str, &str)]) -> NodeInfo {
                 model: "H100".into(),
                 memory_mib: 1,
                 link_group: 0,
+                mig_parent: None,
             })
             .collect(),
         cpus: 1,

@@ -44,6 +44,10 @@ pub struct Gpu {
     pub memory_mib: u64,
     /// GPUs with the same group share an NVLink/PCIe domain.
     pub link_group: u32,
+    /// A MIG instance: the index of the GPU it is carved from (`index` is then the instance's
+    /// own, `model` its profile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_parent: Option<u32>,
 }
 
 /// A node as its agent describes itself when registering.

@@ -257,6 +257,7 @@ pub fn node_info_from_pb(info: Option<pb::NodeInfo>) -> Result<NodeInfo, Status>
                 model: g.model,
                 memory_mib: g.memory_mib,
                 link_group: g.link_group,
+                mig_parent: g.mig_parent,
             })
             .collect(),
         cpus: info.cpus,
@@ -282,6 +283,7 @@ pub fn node_info_to_pb(info: &NodeInfo) -> pb::NodeInfo {
                 model: g.model.clone(),
                 memory_mib: g.memory_mib,
                 link_group: g.link_group,
+                mig_parent: g.mig_parent,
             })
             .collect(),
         cpus: info.cpus,

@@ -184,6 +184,7 @@ impl<'a> Sim<'a> {
                         model: n.model.clone(),
                         memory_mib: 1,
                         link_group: i / 4,
+                        mig_parent: None,
                     })
                     .collect(),
                 // A node whose CPUs or memory the trace does not say binds nothing by them.

@@ -132,3 +132,43 @@ fn a_failing_health_check_drains_its_node_with_its_message_and_passing_again_ret
     c.ok(&["node", "resume", "node-a"]);
     assert_eq!(nodes(&c)[0]["state"], "UP");
 }
+
+#[test]
+fn a_fake_mig_layout_of_seven_instances_runs_seven_one_instance_jobs_at_once_each_on_its_own_uuid() {
+    let flags =
+        ["--fake-gpu-model", "H200", "--fake-mig", "7x1g.18gb"].iter().map(|s| s.to_string()).collect();
+    let c = Cluster::start_opts(1, 1, Options { agent_flags: flags, ..Options::default() });
+    let node = &nodes(&c)[0];
+    // The parent is offered only as its instances.
+    assert_eq!(node["gpus_total"], 7, "{node}");
+    assert!(node["gpus"].as_array().unwrap().iter().all(|g| g["model"] == "H200 MIG 1g.18gb"), "{node}");
+    let seen = c.path("seen");
+    std::fs::create_dir_all(&seen).unwrap();
+    let go = c.path("go");
+    // Each job says what it sees, then waits for the test: all seven must run at once.
+    let script = format!(
+        "echo $CUDA_VISIBLE_DEVICES > {}/$KAIROS_JOB_ID; for i in $(seq 600); do [ -e {} ] && exit 0; sleep 0.1; done; exit 1",
+        seen.display(),
+        go.display()
+    );
+    let ids: Vec<u64> = (0..7)
+        .map(|_| c.submit(&["--gpus", "1", "--gpu-model", "1g.18gb", "--", "sh", "-c", &script]))
+        .collect();
+    let eighth = c.submit(&["--gpus", "1", "--", "true"]);
+    let uuids = wait_for("seven jobs running at once", || {
+        let files: Vec<String> = ids
+            .iter()
+            .filter_map(|id| std::fs::read_to_string(seen.join(id.to_string())).ok())
+            .map(|s| s.trim().to_string())
+            .collect();
+        (files.len() == 7).then_some(files)
+    });
+    let distinct: std::collections::BTreeSet<&String> = uuids.iter().collect();
+    assert_eq!(distinct.len(), 7, "{uuids:?}");
+    assert!(uuids.iter().all(|u| u.starts_with("MIG-fake-node-a-0-")), "{uuids:?}");
+    assert_eq!(c.job(eighth)["state"], "PENDING", "an eighth instance does not exist");
+    std::fs::write(&go, "").unwrap();
+    for id in ids.iter().chain([&eighth]) {
+        assert_eq!(c.wait_done(*id)["state"], "COMPLETED", "job {id}");
+    }
+}

@@ -159,6 +159,7 @@ pub(crate) fn node(name: &str) -> pb::NodeInfo {
             model: "H100".into(),
             memory_mib: 1024,
             link_group: 0,
+            mig_parent: None,
         }],
         cpus: 1,
         ..Default::default()

@@ -19,6 +19,7 @@ pub fn node_info(name: &str, gpus: u32) -> NodeInfo {
                 model: "H100".into(),
                 memory_mib: 81920,
                 link_group: i / 4,
+                mig_parent: None,
             })
             .collect(),
         cpus: 64,

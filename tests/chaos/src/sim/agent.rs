@@ -52,6 +52,7 @@ fn node_info(name: &str, gpus: u32) -> NodeInfo {
                 model: "H100".into(),
                 memory_mib: 81920,
                 link_group: 0,
+                mig_parent: None,
             })
             .collect(),
         cpus: 64,
