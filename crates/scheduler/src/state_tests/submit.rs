@@ -308,6 +308,34 @@ fn a_gpu_model_constraint_is_honoured_by_plan_and_apply() {
 }
 
 #[test]
+fn a_model_set_places_on_any_of_its_models_and_never_on_another() {
+    let mut s = ClusterState::new();
+    for (name, model) in [("m16", "Tesla V100M16"), ("m32", "Tesla V100M32"), ("p", "Tesla P100")] {
+        s.apply(&cmd(1, Op::RegisterNode { info: node_info_model(name, 1, model) }));
+    }
+    let mut sp = spec(1, "batch");
+    sp.gpu_model = Some("V100M16|V100M32".into());
+    let ids: Vec<u64> = (0..3)
+        .map(|_| {
+            let submit = Op::Submit { spec: sp.clone(), request_id: None, hold: false, limits: None };
+            submitted(s.apply(&cmd(2, submit)))
+        })
+        .collect();
+    run_plan(&mut s, 3);
+    let nodes: std::collections::BTreeSet<String> =
+        ids[..2].iter().map(|id| s.jobs[id].allocation.as_ref().unwrap().node.clone()).collect();
+    assert_eq!(nodes, ["m16".to_string(), "m32".to_string()].into());
+    // The P100 is free, yet the third waits: it is not in the set.
+    assert_eq!(s.jobs[&ids[2]].state, JobState::Pending);
+    assert!(s.nodes["p"].allocated.is_empty());
+    let forged = Plan { placements: vec![Placement::single(ids[2], "p".into(), vec![0])] };
+    let Outcome::PlanApplied { accepted, .. } = s.apply(&cmd(4, Op::ApplyPlan { plan: forged })) else {
+        panic!()
+    };
+    assert!(accepted.is_empty(), "apply placed a V100 set on a P100");
+}
+
+#[test]
 fn fairshare_favours_the_account_with_less_past_usage() {
     let mut s = cluster(1);
     assert_eq!(s.apply(&cmd(1, Op::SetPolicy { policy: two_accounts() })), Outcome::PolicyChanged);
