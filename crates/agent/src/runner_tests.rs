@@ -27,6 +27,7 @@ fn assignment(job: u64, argv: &[&str], started: bool, kill: bool) -> pb::Assignm
         submit_time_ms: 0,
         cpus: 0,
         memory_mib: 0,
+        gpu_milli: 0,
     }
 }
 

@@ -355,6 +355,7 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
         ntasks: number("ntasks")?,
         ntasks_per_node: number("ntasks-per-node")?,
         gpus_per_task: number("gpus-per-task")?,
+        gpu_fraction: None,
         output: o.get("output").map(str::to_string),
         error: o.get("error").map(str::to_string),
         gpus,

@@ -79,9 +79,13 @@ pub struct SubmitArgs {
     /// Submit held: the job waits until `kairos release`.
     #[arg(long)]
     pub hold: bool,
-    /// Only GPUs of this model, e.g. H100 or A100.
+    /// Only GPUs of this model, e.g. H100 or A100; a set as A|B (any of them).
     #[arg(long)]
     pub gpu_model: Option<String>,
+    /// A fraction of one GPU (e.g. 0.25), shared with other fractions on that GPU, where the
+    /// QoS allows sharing (inference by default; training never).
+    #[arg(long, value_name = "FRACTION", value_parser = parse_fraction, conflicts_with_all = ["gpus", "gpus_per_node", "gpus_per_task", "min_gpus"])]
+    pub gpu_fraction: Option<u32>,
     /// Fairshare account (default: your default account).
     #[arg(long, short = 'A')]
     pub account: Option<String>,
@@ -133,6 +137,16 @@ pub struct Shape {
 /// Resolves Slurm's task, CPU and memory options into per-node GPUs, CPUs and memory (kairos
 /// starts one process per node): tasks per node = --ntasks-per-node, else --ntasks over the
 /// nodes; CPUs = -c × tasks per node; memory = --mem, or per GPU/CPU times those.
+/// `--gpu-fraction`: a fraction of one GPU (0 < F < 1, in thousandths) as thousandths.
+fn parse_fraction(s: &str) -> Result<u32, String> {
+    let f: f64 = s.parse().map_err(|_| format!("\"{s}\" is not a fraction such as 0.25"))?;
+    let milli = (f * 1000.0).round();
+    if !(1.0..=999.0).contains(&milli) {
+        return Err(format!("{s}: a GPU fraction is between 0.001 and 0.999 (a whole GPU is --gpus 1)"));
+    }
+    Ok(milli as u32)
+}
+
 pub fn shape_of(a: &SubmitArgs) -> Result<Shape, String> {
     let nodes = match (a.ntasks, a.ntasks_per_node) {
         (Some(n), Some(per)) if per > 0 && a.nodes <= 1 => Some(n.div_ceil(per)),
@@ -183,6 +197,7 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         after_ok,
         hold,
         gpu_model,
+        gpu_fraction,
         account,
         partition,
         min_gpus,
@@ -216,7 +231,8 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         qos: qos.unwrap_or_default(),
         profile: profile as i32,
         resources: Some(pb::Resources {
-            gpus: shape.gpus,
+            gpus: if gpu_fraction.is_some() { 1 } else { shape.gpus },
+            gpu_milli: gpu_fraction.unwrap_or(0),
             tasks: shape.nodes.unwrap_or(nodes),
             cpus: shape.cpus,
             memory_mib: shape.mem_mib,

@@ -48,6 +48,7 @@
 //! user_jobs = 4             # optional
 //! burstable = true
 //! headroom_gpus = 2         # optional: GPUs kept idle for this QoS's jobs
+//! gpu_sharing = true        # optional: its jobs may ask for GPU fractions (--gpu-fraction)
 //! ```
 //!
 //! Unknown keys are errors, so a typo never silently drops a setting.
@@ -208,6 +209,9 @@ pub struct QosEntry {
     pub burstable: bool,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub headroom_gpus: u32,
+    /// Its jobs may ask for a fraction of a GPU (`--gpu-fraction`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gpu_sharing: bool,
     /// CPUs per GPU and memory per GPU (e.g. "32G") a job asking none gets; the most CPUs
     /// and memory one node's run may ask.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -362,6 +366,7 @@ impl PolicyFile {
                 user_jobs: q.user_jobs,
                 burstable: q.burstable,
                 headroom_gpus: q.headroom_gpus,
+                gpu_sharing: q.gpu_sharing,
                 resources: Self::resources_to_pb(
                     &format!("qos.{name}"),
                     q.def_cpus_per_gpu,
@@ -443,6 +448,7 @@ impl PolicyFile {
                     user_jobs: q.user_jobs,
                     burstable: q.burstable,
                     headroom_gpus: q.headroom_gpus,
+                    gpu_sharing: q.gpu_sharing,
                     def_cpus_per_gpu: q.resources.and_then(|r| r.def_cpus_per_gpu),
                     def_mem_per_gpu: q.resources.and_then(|r| r.def_mem_per_gpu_mib).map(Self::mib_text),
                     max_cpus_per_node: q.resources.and_then(|r| r.max_cpus_per_node),

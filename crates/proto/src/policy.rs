@@ -44,6 +44,7 @@ pub fn qos_from_pb(q: pb::Qos) -> Result<Qos, Status> {
         burstable: q.burstable,
         headroom_gpus: q.headroom_gpus,
         resources: resources_from_pb(q.resources),
+        gpu_sharing: q.gpu_sharing,
         name: q.name,
     })
 }
@@ -82,6 +83,7 @@ pub fn qos_to_pb(q: &Qos) -> pb::Qos {
         burstable: q.burstable,
         headroom_gpus: q.headroom_gpus,
         resources: resources_to_pb(&q.resources),
+        gpu_sharing: q.gpu_sharing,
     }
 }
 

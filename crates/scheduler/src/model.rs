@@ -104,7 +104,14 @@ pub struct Node {
     /// the GPU stopped answering). Such a GPU is never granted until an operator resets it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub faults: BTreeMap<GpuIndex, GpuFault>,
+    /// GPU index -> the jobs holding fractions of it (job -> thousandths). A shared GPU is in
+    /// no job's `allocated`: it is the only record of fractional ownership.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub shared: BTreeMap<GpuIndex, BTreeMap<JobId, u32>>,
 }
+
+/// Thousandths of a GPU: a whole GPU.
+pub const GPU_MILLI: u32 = 1000;
 
 /// Why and since when a GPU is unhealthy.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -175,12 +182,27 @@ impl Node {
         self.info.gpus.len() as u32
     }
 
-    /// Whether GPU `gpu` is healthy (may be granted at all).
-    pub fn usable(&self, gpu: GpuIndex) -> bool {
+    /// Whether GPU `gpu` is healthy.
+    pub fn healthy(&self, gpu: GpuIndex) -> bool {
         !self.faults.contains_key(&gpu)
     }
 
-    /// The GPUs that may be granted at all (every GPU but the unhealthy ones).
+    /// Whether GPU `gpu` may be granted whole: healthy and not shared by fractions.
+    pub fn usable(&self, gpu: GpuIndex) -> bool {
+        self.healthy(gpu) && !self.shared.contains_key(&gpu)
+    }
+
+    /// The healthy GPUs (whole, or shared by fractions for now).
+    pub fn healthy_gpus(&self) -> impl Iterator<Item = &Gpu> {
+        self.info.gpus.iter().filter(|g| self.healthy(g.index))
+    }
+
+    /// Thousandths of GPU `gpu` that fractions hold.
+    pub fn shared_milli(&self, gpu: GpuIndex) -> u32 {
+        self.shared.get(&gpu).map_or(0, |s| s.values().sum())
+    }
+
+    /// The GPUs that may be granted whole (every GPU but the unhealthy and the shared ones).
     pub fn usable_gpus(&self) -> impl Iterator<Item = &Gpu> {
         self.info.gpus.iter().filter(|g| self.usable(g.index))
     }
@@ -224,6 +246,10 @@ pub struct JobSpec {
     /// Start only after all these jobs completed successfully.
     #[serde(default)]
     pub after_ok: Vec<JobId>,
+    /// A fraction of one GPU in thousandths (1..=999; 0: whole GPUs): `gpus` is then 1 and the
+    /// job shares that GPU with other fractions (its QoS must allow sharing).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub gpu_milli: u32,
     /// Only GPUs whose model contains this (case-insensitive), e.g. "H100".
     #[serde(default)]
     pub gpu_model: Option<String>,
@@ -302,6 +328,7 @@ impl JobSpec {
             time_limit_s: None,
             requeue: false,
             after_ok: Vec::new(),
+            gpu_milli: 0,
             gpu_model: None,
             account: String::new(),
             partition: String::new(),

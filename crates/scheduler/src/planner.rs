@@ -28,6 +28,8 @@ use crate::queue::{scan, Queued};
 use crate::state::brief::JobIndex;
 use crate::state::{over_wall, ClusterState, Placement, Plan, PLAN_PLACEMENTS_MAX};
 
+mod fraction;
+
 pub use crate::reasons::PendingReason;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -184,13 +186,19 @@ struct Pass<'a> {
     /// Free GPUs on all Up nodes (the QoS headrooms are kept out of these), and all their GPUs.
     free_total: usize,
     gpus_total: usize,
+    /// Thousandths of a GPU given to fractions in this pass, by (node position, GPU).
+    fractions: BTreeMap<(usize, GpuIndex), u32>,
 }
 
 impl<'a> Pass<'a> {
     fn new(state: &'a ClusterState) -> Pass<'a> {
         let mut nodes = Vec::with_capacity(state.nodes.len());
         for (name, n) in state.nodes.iter().filter(|(_, n)| n.state == NodeState::Up) {
-            let free = if n.claimed.is_empty() && n.allocated.is_empty() && n.faults.is_empty() {
+            let free = if n.claimed.is_empty()
+                && n.allocated.is_empty()
+                && n.faults.is_empty()
+                && n.shared.is_empty()
+            {
                 n.info.gpus.iter().collect()
             } else {
                 n.usable_gpus()
@@ -227,6 +235,7 @@ impl<'a> Pass<'a> {
             reserved_nodes: Vec::new(),
             free_total,
             gpus_total,
+            fractions: BTreeMap::new(),
         }
     }
 
@@ -719,7 +728,7 @@ struct Largest<'s> {
 
 impl<'s> Largest<'s> {
     fn new(state: &'s ClusterState, pass: &Pass) -> Largest<'s> {
-        let any = pass.nodes.iter().map(|n| n.node.usable_gpus().count() as u32).max().unwrap_or(0);
+        let any = pass.nodes.iter().map(|n| n.node.healthy_gpus().count() as u32).max().unwrap_or(0);
         let share = pass.nodes.iter().fold(Share::default(), |m, n| {
             let c = n.node.capacity();
             Share { cpus: m.cpus.max(c.cpus), mem_mib: m.mem_mib.max(c.mem_mib) }
@@ -743,8 +752,8 @@ impl<'s> Largest<'s> {
         let up = self.state.nodes.values().filter(|n| n.state == NodeState::Up);
         let inside = up.filter(|n| part.is_none_or(|p| p.contains(&n.info.name, &n.info.labels)));
         let count = |n: &Node| match model {
-            None => n.usable_gpus().count() as u32,
-            Some(_) => n.usable_gpus().filter(|g| model_matches(model, &g.model)).count() as u32,
+            None => n.healthy_gpus().count() as u32,
+            Some(_) => n.healthy_gpus().filter(|g| model_matches(model, &g.model)).count() as u32,
         };
         let n = inside.map(count).max().unwrap_or(0);
         self.by.push((model.map(str::to_string), part_name.to_string(), n));
@@ -914,6 +923,20 @@ impl<'s> Planning<'s> {
         let ends_ms = self.state.now_ms.saturating_add(q.limit_ms);
         let cloud_ok = self.pass.has_cloud && self.state.may_burst(job);
         let res = self.out.reservation.as_ref();
+        if job.spec.gpu_milli > 0 {
+            // A fraction that does not fit waits without holding back anything behind it.
+            let milli = job.spec.gpu_milli;
+            let (pos, gpu) = self
+                .pass
+                .find_fraction(milli, q.share, model, part, cloud_ok, ends_ms, res)
+                .filter(|_| !over_headroom)
+                .ok_or(PendingReason::Resources)?;
+            self.pass.take_fraction(pos, gpu, milli, q.share, ends_ms);
+            self.count_started(q);
+            let node = self.pass.nodes[pos].name.to_string();
+            self.out.plan.placements.push(Placement { job: q.id, node, gpus: vec![gpu], more: Vec::new() });
+            return Ok(());
+        }
         let found = if over_headroom {
             None
         } else if tasks > 1 {
@@ -1042,7 +1065,7 @@ fn vacate_for(state: &ClusterState, shortfall: usize) -> Vec<JobId> {
 fn largest_gang(state: &ClusterState, count: usize, model: Option<&str>, part: Option<&Partition>) -> usize {
     let up = state.nodes.values().filter(|n| n.state == NodeState::Up);
     up.filter(|n| part.is_none_or(|p| p.contains(&n.info.name, &n.info.labels)))
-        .filter(|n| n.usable_gpus().filter(|g| model_matches(model, &g.model)).count() >= count)
+        .filter(|n| n.healthy_gpus().filter(|g| model_matches(model, &g.model)).count() >= count)
         .count()
 }
 

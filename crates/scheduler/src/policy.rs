@@ -56,6 +56,9 @@ pub struct Qos {
     /// CPU and memory defaults and maxima of its jobs (a partition's win over these).
     #[serde(default, skip_serializing_if = "ResourceDefaults::is_empty")]
     pub resources: ResourceDefaults,
+    /// Its jobs may hold a fraction of a GPU (`JobSpec::gpu_milli`); training never does.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gpu_sharing: bool,
 }
 
 /// What a job gets when it asks for no CPUs or memory, and the most it may ask per node
@@ -115,6 +118,7 @@ impl Qos {
             burstable: false,
             headroom_gpus: 0,
             resources: ResourceDefaults::default(),
+            gpu_sharing: false,
         }
     }
 }
@@ -354,6 +358,7 @@ impl Default for Policy {
         let mut inference = Qos::named("inference", 200, 2 * HOUR_S);
         inference.grp_gpus = Some(64);
         inference.burstable = true;
+        inference.gpu_sharing = true;
         let mut training = Qos::named("training", 100, 48 * HOUR_S);
         training.grp_gpus = Some(512);
         training.preempt_mode = PreemptMode::Requeue;

@@ -117,6 +117,7 @@ pub fn propose(state: &ClusterState, now_ms: i64, silent: &BTreeSet<String>, tim
 /// cannot preempt.)
 fn may_place_or_preempt(state: &ClusterState) -> bool {
     state.has_free_gpus()
+        || state.has_shared_room()
         || (state.has_free_cpus()
             && state.job_index.pending_gpuless(&state.jobs).unwrap_or_else(|| {
                 state.jobs.values().any(|j| j.state == JobState::Pending && j.spec.gpus == 0)

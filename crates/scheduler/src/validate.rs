@@ -68,6 +68,8 @@ pub enum ValidationError {
     TooManyDependencies,
     #[error("gpu_model: 1 to 64 characters")]
     BadGpuModel,
+    #[error("gpu_milli: a fraction of one GPU is 1 to 999 thousandths, of one GPU (gpus 1), for a single-task job that is not elastic")]
+    BadGpuFraction,
     #[error("min_gpus: {min} must be between 1 and gpus ({gpus})")]
     BadMinGpus { min: u32, gpus: u32 },
     #[error("min_gpus: a gang shrinks by whole nodes; use min_tasks (--min-nodes) with a gang")]
@@ -148,6 +150,10 @@ pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
     }
     if spec.gpus > GPUS_PER_JOB_MAX {
         return Err(ValidationError::TooManyGpus(spec.gpus));
+    }
+    let whole_only = spec.gpus != 1 || spec.tasks > 1 || spec.min_gpus.is_some() || spec.min_tasks.is_some();
+    if spec.gpu_milli > 0 && (spec.gpu_milli >= crate::model::GPU_MILLI || whole_only) {
+        return Err(ValidationError::BadGpuFraction);
     }
     let program = spec.argv.first().ok_or(ValidationError::EmptyCommand)?;
     if program.is_empty() {

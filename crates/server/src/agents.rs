@@ -58,6 +58,7 @@ pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> 
                 submit_time_ms: o.job.submit_time_ms,
                 cpus: o.job.spec.cpus,
                 memory_mib: o.job.spec.mem_mib,
+                gpu_milli: o.job.spec.gpu_milli,
             }
         })
         .collect()

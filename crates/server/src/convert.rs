@@ -65,6 +65,7 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
         time_limit_s: (spec.time_limit_s != 0).then_some(spec.time_limit_s),
         requeue: spec.requeue.unwrap_or(false),
         after_ok: spec.after_ok,
+        gpu_milli: res.gpu_milli,
         gpu_model: (!res.gpu_model.is_empty()).then_some(res.gpu_model),
         account: spec.account,
         partition: spec.partition,
@@ -182,6 +183,7 @@ fn spec_to_pb(job: &Job) -> pb::JobSpec {
             min_tasks: s.min_tasks.unwrap_or(0),
             cpus: s.cpus,
             memory_mib: s.mem_mib,
+            gpu_milli: s.gpu_milli,
         }),
         suspendable: s.suspendable,
         checkpoint: (s.checkpoint_signal.is_some() || s.checkpoint_grace_s.is_some()).then(|| {
@@ -313,6 +315,13 @@ pub fn node_to_pb(node: &Node, last_heartbeat_ms: i64) -> pb::Node {
             .faults
             .iter()
             .map(|(g, f)| pb::GpuFault { gpu: *g, reason: f.reason.clone(), since_ms: f.since_ms })
+            .collect(),
+        shared: node
+            .shared
+            .iter()
+            .flat_map(|(g, holders)| {
+                holders.iter().map(|(j, m)| pb::GpuShare { gpu: *g, job_id: *j, milli: *m })
+            })
             .collect(),
     }
 }

@@ -148,7 +148,8 @@ impl Cluster {
             // Every GPU is in one state: an unhealthy one is that (held or not) and nothing else.
             let unhealthy = node.faults.len() as u64;
             let total = u64::from(node.gpu_count()).saturating_sub(unhealthy);
-            let held = node.allocated.keys().filter(|g| node.usable(**g)).count() as u64;
+            let held =
+                node.allocated.keys().chain(node.shared.keys()).filter(|g| node.healthy(**g)).count() as u64;
             c.unhealthy += unhealthy;
             if node.state == NodeState::Up {
                 c.allocated += held;

@@ -38,6 +38,7 @@ impl ClusterState {
         node.faults.insert(gpu, GpuFault { reason, since_ms: now });
         let claimer = node.claimed.get(&gpu).copied();
         let mut hit: Vec<JobId> = node.allocated.get(&gpu).copied().into_iter().collect();
+        hit.extend(node.shared.get(&gpu).into_iter().flat_map(|h| h.keys().copied()));
         hit.extend(self.suspended.iter().copied().filter(|id| {
             let a = self.jobs.get(id).and_then(|j| j.allocation.as_ref());
             a.is_some_and(|a| a.node == name && a.lent.contains(&gpu))

@@ -37,6 +37,10 @@ pub enum GrantError {
     WrongModel { node: String, gpu: GpuIndex, model: String, wanted: String },
     #[error("GPU {gpu} of \"{node}\" is unhealthy")]
     Unhealthy { node: String, gpu: GpuIndex },
+    #[error("GPU {gpu} of \"{node}\" is shared by GPU fractions")]
+    Shared { node: String, gpu: GpuIndex },
+    #[error("GPU {gpu} of \"{node}\" has {free} thousandths free, job {job} needs {wanted}")]
+    FractionShort { node: String, gpu: GpuIndex, job: JobId, free: u32, wanted: u32 },
     #[error("GPU {gpu} of \"{node}\" is held by job {holder}")]
     Held { node: String, gpu: GpuIndex, holder: JobId },
     #[error("GPU {gpu} of \"{node}\" is claimed by job {claimer}")]
@@ -88,8 +92,19 @@ impl ClusterState {
                     wanted: job.spec.gpu_model.clone().unwrap_or_default(),
                 });
             }
-            if !node.usable(*gpu) {
+            if !node.healthy(*gpu) {
                 return Err(GrantError::Unhealthy { node: name.to_string(), gpu: *gpu });
+            }
+            // A fraction goes onto a GPU no job holds whole, beside the fractions there; a
+            // whole grant never onto a shared GPU.
+            let milli = job.spec.gpu_milli;
+            let free_milli = crate::model::GPU_MILLI - node.shared_milli(*gpu).min(crate::model::GPU_MILLI);
+            if milli > 0 && milli > free_milli {
+                let (node, gpu, job, free, wanted) = (name.to_string(), *gpu, job.id, free_milli, milli);
+                return Err(GrantError::FractionShort { node, gpu, job, free, wanted });
+            }
+            if milli == 0 && node.shared.contains_key(gpu) {
+                return Err(GrantError::Shared { node: name.to_string(), gpu: *gpu });
             }
             if let Some(holder) = node.allocated.get(gpu) {
                 let victim = matches!(taking, Taking::FromVictims(v) if v.contains(holder));

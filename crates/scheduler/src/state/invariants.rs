@@ -26,6 +26,7 @@ impl ClusterState {
         self.job_index.check(&self.jobs)?;
         self.check_allocated()?;
         self.check_faults()?;
+        self.check_shared()?;
         self.check_held()?;
         self.check_claimed()?;
         self.check_running()
@@ -50,10 +51,47 @@ impl ClusterState {
                     return Err(format!("GPU {gpu} of {name} held by job {holder} which does not own it"));
                 }
                 // An unhealthy GPU is only ever held by a run on its way out.
-                if !node.usable(*gpu) && alloc.stop.is_none() {
+                if !node.healthy(*gpu) && alloc.stop.is_none() {
                     return Err(format!(
                         "unhealthy GPU {gpu} of {name} held by job {holder}, which is not stopping"
                     ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every shared GPU exists, is held whole by no one, claimed by no one, and its fractions
+    /// (at most a whole GPU together) belong to live single-task runs there that asked for them.
+    fn check_shared(&self) -> Result<(), String> {
+        for (name, node) in &self.nodes {
+            for (gpu, holders) in &node.shared {
+                if !node.info.gpus.iter().any(|g| g.index == *gpu) || holders.is_empty() {
+                    return Err(format!("node {name} shares missing GPU {gpu} (or none holds it)"));
+                }
+                if node.allocated.contains_key(gpu) || node.claimed.contains_key(gpu) {
+                    return Err(format!("shared GPU {gpu} of {name} is also held or claimed whole"));
+                }
+                if holders.values().sum::<u32>() > crate::model::GPU_MILLI {
+                    return Err(format!("GPU {gpu} of {name} is shared past a whole GPU: {holders:?}"));
+                }
+                for (job, milli) in holders {
+                    let j = self
+                        .jobs
+                        .get(job)
+                        .ok_or(format!("GPU {gpu} of {name} shared by unknown job {job}"))?;
+                    let live = matches!(j.state, JobState::Running | JobState::Suspended);
+                    let placed = j.allocation.as_ref().is_some_and(|a| a.node == *name && a.gpus == [*gpu]);
+                    if !live || !placed || j.spec.gpu_milli != *milli {
+                        return Err(format!(
+                            "GPU {gpu} of {name} shared by job {job}, which does not hold it"
+                        ));
+                    }
+                    if !node.healthy(*gpu) && j.allocation.as_ref().is_some_and(|a| a.stop.is_none()) {
+                        return Err(format!(
+                            "unhealthy GPU {gpu} of {name} shared by job {job}, which is not stopping"
+                        ));
+                    }
                 }
             }
         }
@@ -156,7 +194,11 @@ impl ClusterState {
                             return Err(format!("job {} rank {rank} has {} GPUs", job.id, gpus.len()));
                         }
                         for gpu in gpus.iter().filter(|g| !alloc.lent.contains(g)) {
-                            if node.allocated.get(gpu) != Some(&job.id) {
+                            let holds = match job.spec.gpu_milli {
+                                0 => node.allocated.get(gpu) == Some(&job.id),
+                                m => node.shared.get(gpu).and_then(|h| h.get(&job.id)) == Some(&m),
+                            };
+                            if !holds {
                                 return Err(format!("job {} lists GPU {gpu} it does not hold", job.id));
                             }
                         }

@@ -124,6 +124,7 @@ impl ClusterState {
                     claimed: BTreeMap::new(),
                     held: BTreeMap::new(),
                     faults: BTreeMap::new(),
+                    shared: BTreeMap::new(),
                     epoch: self.node_epoch_seq + 1,
                 };
                 self.node_epoch_seq += 1;

@@ -65,6 +65,14 @@ impl ClusterState {
         self.nodes.values().any(|n| n.state == NodeState::Up && n.free_gpu_count() > 0)
     }
 
+    /// Whether any Up node has a healthy GPU that fractions share with room for another.
+    pub fn has_shared_room(&self) -> bool {
+        self.nodes.values().any(|n| {
+            n.state == NodeState::Up
+                && n.shared.keys().any(|g| n.healthy(*g) && n.shared_milli(*g) < crate::model::GPU_MILLI)
+        })
+    }
+
     /// Whether any Up node has a CPU no job holds.
     pub fn has_free_cpus(&self) -> bool {
         self.nodes.values().any(|n| n.state == NodeState::Up && n.free_share().cpus > 0)

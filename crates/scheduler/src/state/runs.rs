@@ -83,10 +83,18 @@ impl ClusterState {
     fn place(&mut self, p: &Placement, now: i64) {
         self.drop_claim(p.job);
         let share = self.jobs.get(&p.job).map(|j| j.spec.share()).unwrap_or_default();
+        let milli = self.jobs.get(&p.job).map_or(0, |j| j.spec.gpu_milli);
         for (name, gpus) in p.tasks() {
             let node = self.nodes.get_mut(name).expect("placement was validated");
             for gpu in gpus {
-                node.allocated.insert(*gpu, p.job);
+                match milli {
+                    0 => {
+                        node.allocated.insert(*gpu, p.job);
+                    }
+                    m => {
+                        node.shared.entry(*gpu).or_default().insert(p.job, m);
+                    }
+                }
             }
             node.held.insert(p.job, share);
         }
@@ -395,6 +403,14 @@ impl ClusterState {
             if let Some(node) = self.nodes.get_mut(name) {
                 node.allocated.retain(|_, holder| *holder != id);
                 node.held.remove(&id);
+                for gpu in alloc.gpus.iter().filter(|_| alloc.node == name) {
+                    if let Some(holders) = node.shared.get_mut(gpu) {
+                        holders.remove(&id);
+                        if holders.is_empty() {
+                            node.shared.remove(gpu);
+                        }
+                    }
+                }
             }
         }
     }

@@ -74,6 +74,12 @@ impl ClusterState {
             return Outcome::Rejected(Rejection::NotFound(format!("after_ok: job {dep} not found")));
         }
         let (qos_name, priority) = (qos.name.clone(), qos.priority);
+        if spec.gpu_milli > 0 && (!qos.gpu_sharing || spec.profile == crate::model::Profile::Training) {
+            return Outcome::Rejected(Rejection::FailedPrecondition(format!(
+                "gpu_milli: qos \"{}\" does not share GPUs (training never does); ask for whole GPUs",
+                qos.name
+            )));
+        }
         if let Err(why) = self.check_size(spec, qos) {
             return Outcome::Rejected(why);
         }

@@ -239,6 +239,12 @@ pub fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                         count: 0,
                     }));
                 }
+                // Inference jobs of one task ask for a fraction now and then (0.25 to 0.75).
+                if QOS[*qos as usize] == "inference" && flags % 5 == 2 && sp.tasks == 1 && sp.gpus >= 1 {
+                    sp.gpus = 1;
+                    sp.min_gpus = None;
+                    sp.gpu_milli = 250 * u32::from(1 + flags % 3);
+                }
                 Some(Op::Submit {
                     spec: sp,
                     request_id: rid.map(|r| format!("r{r}")),
