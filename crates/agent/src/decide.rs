@@ -13,6 +13,8 @@ pub type RunKey = (u64, u32);
 pub struct Assigned {
     pub key: RunKey,
     pub gpus: Vec<u32>,
+    /// A fraction of its one GPU, in thousandths (0: its GPUs whole).
+    pub milli: u32,
     /// The controller has heard it started.
     pub started: bool,
     /// It must stop: (signal, grace before SIGKILL in seconds).
@@ -25,6 +27,8 @@ pub struct Assigned {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Local {
     pub gpus: Vec<u32>,
+    /// A fraction of its one GPU, in thousandths (0: its GPUs whole).
+    pub milli: u32,
     /// Its processes exist (it is not still being launched).
     pub spawned: bool,
     pub ended: bool,
@@ -101,34 +105,59 @@ pub fn reconcile(assigned: &[Assigned], local: &BTreeMap<RunKey, Local>) -> Vec<
 
 /// The assigned runs to launch now, in order: with a valid lease, those not started, not told
 /// to stop and not here yet, none of whose GPUs a run of this node still holds (one being
-/// killed included; a frozen run lends its GPUs). The others wait for a later call.
+/// killed included; a frozen run lends its GPUs) — or, for a fraction, whose GPU has its share
+/// free beside the fractions still there. The others wait for a later call.
 pub fn launches(assigned: &[Assigned], local: &BTreeMap<RunKey, Local>, leased: bool) -> Vec<RunKey> {
     if !leased {
         return Vec::new();
     }
-    let mut busy: BTreeSet<u32> =
-        local.values().filter(|r| !r.ended && !r.suspended).flat_map(|r| r.gpus.iter().copied()).collect();
+    // GPU -> thousandths held (a whole GPU: all of them).
+    let mut busy: BTreeMap<u32, u32> = BTreeMap::new();
+    let hold = |busy: &mut BTreeMap<u32, u32>, gpus: &[u32], milli: u32| {
+        for g in gpus {
+            *busy.entry(*g).or_insert(0) += if milli == 0 { WHOLE } else { milli };
+        }
+    };
+    for r in local.values().filter(|r| !r.ended && !r.suspended) {
+        hold(&mut busy, &r.gpus, r.milli);
+    }
     let mut out = Vec::new();
     for a in assigned {
+        let want = if a.milli == 0 { WHOLE } else { a.milli };
         if a.stop.is_some()
             || a.started
             || local.contains_key(&a.key)
-            || a.gpus.iter().any(|g| busy.contains(g))
+            || a.gpus.iter().any(|g| busy.get(g).copied().unwrap_or(0) + want > WHOLE)
         {
             continue;
         }
-        busy.extend(a.gpus.iter().copied());
+        hold(&mut busy, &a.gpus, a.milli);
         out.push(a.key);
     }
     out
 }
+
+/// Thousandths of a whole GPU.
+const WHOLE: u32 = 1000;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn assigned(job: u64, gpus: &[u32]) -> Assigned {
-        Assigned { key: (job, 0), gpus: gpus.to_vec(), started: false, stop: None, suspend: false }
+        Assigned { key: (job, 0), gpus: gpus.to_vec(), milli: 0, started: false, stop: None, suspend: false }
+    }
+
+    #[test]
+    fn fractions_share_a_gpu_up_to_a_whole_one_and_never_beside_a_whole_run() {
+        let frac = |job, milli| Assigned { milli, ..assigned(job, &[0]) };
+        let set = vec![frac(1, 500), frac(2, 250), frac(3, 500), frac(4, 250), assigned(5, &[0])];
+        assert_eq!(launches(&set, &BTreeMap::new(), true), vec![(1, 0), (2, 0), (4, 0)]);
+        let mut local = BTreeMap::new();
+        local.insert((9, 0), running(&[0]));
+        assert_eq!(launches(&set, &local, true), Vec::<RunKey>::new(), "a whole run still holds GPU 0");
+        local.insert((9, 0), Local { milli: 750, ..running(&[0]) });
+        assert_eq!(launches(&set, &local, true), vec![(2, 0)]);
     }
 
     fn running(gpus: &[u32]) -> Local {

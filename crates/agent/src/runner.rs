@@ -65,6 +65,8 @@ struct Run {
     pgid: Option<i32>,
     cgroup: Option<RunCgroup>,
     gpus: Vec<u32>,
+    /// A fraction of its one GPU, in thousandths (0: whole GPUs).
+    milli: u32,
     checkpoint_signal: Signal,
     exit: Option<Exit>,
     stopping: bool,
@@ -86,6 +88,7 @@ impl Run {
             pgid: None,
             cgroup: None,
             gpus: a.gpu_ids.clone(),
+            milli: a.gpu_milli,
             checkpoint_signal: parse_signal(&a.checkpoint_signal, Signal::SIGTERM),
             exit: None,
             stopping: false,
@@ -356,6 +359,7 @@ fn assigned_of(set: &pb::AssignmentSet) -> Vec<Assigned> {
         .map(|a| Assigned {
             key: (a.job_id, a.attempt),
             gpus: a.gpu_ids.clone(),
+            milli: a.gpu_milli,
             started: a.started,
             stop: a.kill.then(|| (a.kill_signal.clone(), a.kill_grace_s)),
             suspend: a.suspend,
@@ -369,6 +373,7 @@ fn local_of(runs: &BTreeMap<RunKey, Run>) -> BTreeMap<RunKey, Local> {
         .map(|(key, r)| {
             let local = Local {
                 gpus: r.gpus.clone(),
+                milli: r.milli,
                 spawned: r.pgid.is_some() || r.cgroup.is_some(),
                 ended: r.exit.is_some(),
                 stopping: r.stopping,
@@ -594,6 +599,7 @@ impl Runner {
                 pgid: None,
                 cgroup: None,
                 gpus: Vec::new(),
+                milli: 0,
                 checkpoint_signal: Signal::SIGTERM,
                 exit: Some(Exit::Lost),
                 stopping: false,
@@ -717,6 +723,19 @@ impl Runner {
             // Survives attempts (on this node): where the job keeps checkpoints to resume from.
             .env("KAIROS_CHECKPOINT_DIR", checkpoint_dir)
             .env("CUDA_VISIBLE_DEVICES", visible)
+            // A fraction of a GPU: its share of the SMs where MPS serves the GPU (not
+            // enforced otherwise; see docs/gpus.md), and the fraction itself.
+            .envs(
+                (a.gpu_milli > 0)
+                    .then(|| {
+                        [
+                            ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", a.gpu_milli.div_ceil(10).to_string()),
+                            ("KAIROS_GPU_FRACTION", format!("{:.3}", f64::from(a.gpu_milli) / 1000.0)),
+                        ]
+                    })
+                    .into_iter()
+                    .flatten(),
+            )
             // The indices are NVML's, which follow the PCI bus; CUDA's default order (fastest
             // first) can differ, so a job would use GPUs it was not given.
             .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
@@ -785,6 +804,7 @@ impl Runner {
             pgid,
             cgroup,
             gpus: a.gpu_ids.clone(),
+            milli: a.gpu_milli,
             checkpoint_signal: parse_signal(&a.checkpoint_signal, Signal::SIGTERM),
             exit: None,
             stopping,

@@ -84,7 +84,7 @@ pub struct SubmitArgs {
     pub gpu_model: Option<String>,
     /// A fraction of one GPU (e.g. 0.25), shared with other fractions on that GPU, where the
     /// QoS allows sharing (inference by default; training never).
-    #[arg(long, value_name = "FRACTION", value_parser = parse_fraction, conflicts_with_all = ["gpus", "gpus_per_node", "gpus_per_task", "min_gpus"])]
+    #[arg(long, value_name = "FRACTION", value_parser = parse_fraction, conflicts_with_all = ["gpus", "gpus_per_task", "min_gpus"])]
     pub gpu_fraction: Option<u32>,
     /// Fairshare account (default: your default account).
     #[arg(long, short = 'A')]

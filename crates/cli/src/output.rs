@@ -110,6 +110,7 @@ pub fn node_json(node: &pb::Node) -> Value {
         "memory_mib_total": info.memory_mib,
         "memory_mib_used": node.memory_used_mib,
         "allocated": allocated.iter().map(|(g, j)| json!({"gpu": g, "job": j})).collect::<Vec<_>>(),
+        "gpus_shared": node.shared.iter().map(|s| json!({"gpu": s.gpu, "job": s.job_id, "fraction": f64::from(s.milli) / 1000.0})).collect::<Vec<_>>(),
         "gpus_unhealthy": node.faults.iter().map(|f| json!({
             "gpu": f.gpu, "reason": f.reason, "since": time_json(f.since_ms),
         })).collect::<Vec<_>>(),
@@ -293,7 +294,7 @@ pub fn node_row(node: &pb::Node) -> Vec<String> {
     vec![
         text(&n["name"]),
         text(&n["state"]),
-        format!("{}/{}", n["gpus_allocated"], n["gpus_total"]),
+        format!("{}/{}", gpus_used(node), n["gpus_total"]),
         format!("{}/{}", node.cpus_used, node.info.as_ref().map_or(0, |i| i.cpus)),
         format!("{}/{}", mib(node.memory_used_mib), mib(node.info.as_ref().map_or(0, |i| i.memory_mib))),
         if model.is_empty() { "-".into() } else { model },
@@ -303,6 +304,12 @@ pub fn node_row(node: &pb::Node) -> Vec<String> {
         unhealthy(node),
         text(&n["reason"]),
     ]
+}
+
+/// GPUs held whole or shared by fractions.
+fn gpus_used(node: &pb::Node) -> usize {
+    let shared: std::collections::BTreeSet<u32> = node.shared.iter().map(|s| s.gpu).collect();
+    node.allocated.len() + shared.len()
 }
 
 /// A node's unhealthy GPUs as `3(XID 79),5(double-bit ECC error)`, or `-`.

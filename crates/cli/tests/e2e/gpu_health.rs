@@ -172,3 +172,44 @@ fn a_fake_mig_layout_of_seven_instances_runs_seven_one_instance_jobs_at_once_eac
         assert_eq!(c.wait_done(*id)["state"], "COMPLETED", "job {id}");
     }
 }
+
+#[test]
+fn four_quarter_gpu_inference_jobs_share_one_gpu_a_fifth_waits_and_training_never_shares() {
+    let c = Cluster::start(1);
+    let seen = c.path("seen");
+    std::fs::create_dir_all(&seen).unwrap();
+    let go = c.path("go");
+    let script = format!(
+        "echo $CUDA_VISIBLE_DEVICES $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE $KAIROS_GPU_FRACTION > {}/$KAIROS_JOB_ID; for i in $(seq 600); do [ -e {} ] && exit 0; sleep 0.1; done; exit 1",
+        seen.display(),
+        go.display()
+    );
+    let quarter = ["--profile", "inference", "--gpu-fraction", "0.25", "--", "sh", "-c", &script];
+    let ids: Vec<u64> = (0..4).map(|_| c.submit(&quarter)).collect();
+    let seen_by = wait_for("four fractions running at once", || {
+        let files: Vec<String> =
+            ids.iter().filter_map(|id| std::fs::read_to_string(seen.join(id.to_string())).ok()).collect();
+        (files.len() == 4).then_some(files)
+    });
+    assert!(seen_by.iter().all(|s| s.trim() == "0 25 0.250"), "{seen_by:?}");
+    let fifth = c.submit(&quarter);
+    let whole = c.submit(&["--gpus", "1", "--", "true"]);
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(
+        (c.job(fifth)["state"].as_str(), c.job(whole)["state"].as_str()),
+        (Some("PENDING"), Some("PENDING"))
+    );
+    let node = &nodes(&c)[0];
+    assert_eq!(node["gpus_shared"].as_array().unwrap().len(), 4, "{node}");
+    assert!(c.ok(&["nodes"]).lines().nth(1).unwrap().contains(" 1/1 "), "{}", c.ok(&["nodes"]));
+    // Training never shares; a bad fraction is a one-line error.
+    let out = c.kairos(&["submit", "--profile", "training", "--gpu-fraction", "0.5", "--", "true"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success() && err.contains("does not share GPUs"), "{err}");
+    let out = c.kairos(&["submit", "--gpu-fraction", "1.5", "--", "true"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("between 0.001 and 0.999"));
+    std::fs::write(&go, "").unwrap();
+    for id in ids.iter().chain([&fifth, &whole]) {
+        assert_eq!(c.wait_done(*id)["state"], "COMPLETED", "job {id}");
+    }
+}

@@ -312,6 +312,7 @@ fn assignments(
             let assigned = Assigned {
                 key,
                 gpus: o.gpus.clone(),
+                milli: o.job.spec.gpu_milli,
                 started: o.started,
                 stop,
                 suspend: o.action == RunAction::Suspend,
@@ -328,6 +329,8 @@ fn local_view(procs: &BTreeMap<RunKey, Proc>) -> BTreeMap<RunKey, Local> {
         .map(|(key, p)| {
             let local = Local {
                 gpus: p.gpus.clone(),
+                // The chaos workload asks for whole GPUs only.
+                milli: 0,
                 spawned: true,
                 ended: p.ended.is_some(),
                 stopping: p.stop_at.is_some(),
