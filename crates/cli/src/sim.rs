@@ -37,6 +37,11 @@ pub struct SimArgs {
     /// from day 117 on (10108800), so that gap would otherwise dominate any compression.
     #[arg(long, value_name = "SECONDS")]
     pub from: Option<u64>,
+    /// Inference pods the trace gives a fraction of a GPU (`gpu_milli` below 1000) ask for that
+    /// fraction and share GPUs (where their QoS allows; the shipped inference QoS does);
+    /// without it each takes a whole GPU.
+    #[arg(long)]
+    pub gpu_fractions: bool,
     /// Orders jobs that arrive in the same millisecond, and draws --inflate's tasks (same seed,
     /// same output).
     #[arg(long, default_value_t = 1)]
@@ -134,6 +139,7 @@ pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
         seed: args.seed,
         checkpoint_on_signal: args.checkpoint_on_signal,
         checkpoint_every_s: args.checkpoint_every.max(1),
+        fractions: args.gpu_fractions,
         ..SimConfig::default()
     };
     let policies: Vec<(String, kairos_scheduler::policy::Policy)> = if !args.compare.is_empty() {

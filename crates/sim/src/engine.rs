@@ -34,6 +34,9 @@ pub struct SimConfig {
     pub stop_delay_s: u64,
     /// The leader's pass period (ms).
     pub tick_ms: i64,
+    /// Inference jobs the trace gives a fraction of one GPU (`gpu_milli`) ask for that fraction
+    /// and share GPUs; otherwise each takes a whole GPU.
+    pub fractions: bool,
 }
 
 impl Default for SimConfig {
@@ -45,6 +48,7 @@ impl Default for SimConfig {
             checkpoint_on_signal: true,
             stop_delay_s: 5,
             tick_ms: 1000,
+            fractions: false,
         }
     }
 }
@@ -141,6 +145,8 @@ struct Sim<'a> {
     /// Node capacity and GPUs in use (by the replay's runs).
     capacity: BTreeMap<String, u32>,
     used: HashMap<String, u32>,
+    /// GPUs of each node fractions share (counted in `used`).
+    shared_gpus: HashMap<String, u32>,
     allocated: u32,
     /// All nodes' CPUs and memory (MiB), when the trace says them; what runs hold of them.
     share_totals: Option<(u64, u64)>,
@@ -215,6 +221,7 @@ impl<'a> Sim<'a> {
             tracks: BTreeMap::new(),
             capacity,
             used: HashMap::new(),
+            shared_gpus: HashMap::new(),
             allocated: 0,
             share_totals,
             share_used: (0, 0),
@@ -304,6 +311,9 @@ impl<'a> Sim<'a> {
                 spec.mem_mib = j.mem_mib;
                 spec.gpu_model = j.gpu_spec.clone();
                 spec.profile = if j.inference { Profile::Inference } else { Profile::Training };
+                if self.config.fractions && j.inference {
+                    spec.gpu_milli = j.gpu_milli;
+                }
                 spec.requeue = true;
                 // Jobs state their run time (plus a minute) as their limit, up to what the
                 // policy allows (past it a run is stopped as TIMEOUT, as on a cluster).
@@ -342,8 +352,12 @@ impl<'a> Sim<'a> {
                     (u64::from(j.spec.cpus) * u64::from(j.tasks()), j.spec.mem_mib * u64::from(j.tasks()));
                 let exit =
                     if matches!(event, Event::End { .. }) { RunExit::Code(0) } else { RunExit::Signal(15) };
+                let fraction = j.spec.gpu_milli > 0;
                 self.apply(now, Op::JobExited { job, attempt, node: node.clone(), exit });
-                self.release(&node, gpus);
+                match fraction {
+                    true => self.sync_shared(&node),
+                    false => self.release(&node, gpus),
+                }
                 self.share_used =
                     (self.share_used.0.saturating_sub(share.0), self.share_used.1.saturating_sub(share.1));
                 self.allocation.push((now, self.allocated));
@@ -408,8 +422,12 @@ impl<'a> Sim<'a> {
         let Some(node) = j.allocation.as_ref().map(|a| a.node.clone()) else { return };
         let (attempt, gpus) = (j.attempt, j.total_gpus());
         let share = (u64::from(j.spec.cpus) * u64::from(j.tasks()), j.spec.mem_mib * u64::from(j.tasks()));
+        let fraction = j.spec.gpu_milli > 0;
         self.apply(now, Op::JobStarted { job, attempt, node: node.clone() });
-        self.take(&node, gpus);
+        match fraction {
+            true => self.sync_shared(&node),
+            false => self.take(&node, gpus),
+        }
         self.share_used = (self.share_used.0 + share.0, self.share_used.1 + share.1);
         self.allocation.push((now, self.allocated));
         let Some(t) = self.tracks.get_mut(&job) else { return };
@@ -437,6 +455,18 @@ impl<'a> Sim<'a> {
             self.redone_gpu_ms += ((progress - saved) * i64::from(gpus)) as f64;
             t.saved_ms = (t.saved_ms + saved).min(self.jobs[t.trace].duration_ms);
             self.push(stop_at, Event::Stop { job, attempt });
+        }
+    }
+
+    /// A GPU shared by fractions counts as allocated while any fraction holds it: the count of
+    /// `node`'s shared GPUs is taken from the state after each change.
+    fn sync_shared(&mut self, node: &str) {
+        let now_shared = self.state.nodes.get(node).map_or(0, |n| n.shared.len() as u32);
+        let before = self.shared_gpus.insert(node.to_string(), now_shared).unwrap_or(0);
+        if now_shared > before {
+            self.take(node, now_shared - before);
+        } else {
+            self.release(node, before - now_shared);
         }
     }
 

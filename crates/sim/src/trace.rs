@@ -18,6 +18,9 @@ pub struct TraceJob {
     pub mem_mib: u64,
     /// The GPU models it accepts, `|`-separated (the trace's `gpu_spec`); None: any.
     pub gpu_spec: Option<String>,
+    /// Thousandths of its one GPU it asks (the trace's `gpu_milli` of a one-GPU pod below a
+    /// whole GPU); 0: whole GPUs.
+    pub gpu_milli: u32,
 }
 
 /// One GPU node of a trace.
@@ -59,8 +62,8 @@ fn number(file: &str, line: usize, field: &str, what: &str) -> Result<i64, Trace
 }
 
 /// The Alibaba v2023 pod list (`openb_pod_list_*.csv`): class `LS` is inference, every other
-/// class training; submit = creation time, duration = deletion − scheduled time; a fractional
-/// GPU counts as one. Pods without GPUs, and pods the trace never scheduled (no scheduled time:
+/// class training; submit = creation time, duration = deletion − scheduled time; a one-GPU
+/// pod's `gpu_milli` below 1000 is kept as its fraction (used where the replay shares GPUs). Pods without GPUs, and pods the trace never scheduled (no scheduled time:
 /// no run time is known), are left out; returns the jobs and how many were.
 pub fn alibaba_pods(file: &str, text: &str) -> Result<(Vec<TraceJob>, usize), TraceError> {
     let mut lines = text.lines().enumerate();
@@ -78,6 +81,7 @@ pub fn alibaba_pods(file: &str, text: &str) -> Result<(Vec<TraceJob>, usize), Tr
             "cpu_milli",
             "memory_mib",
             "gpu_spec",
+            "gpu_milli",
         ],
     )?;
     let (mut jobs, mut skipped) = (Vec::new(), 0);
@@ -107,6 +111,10 @@ pub fn alibaba_pods(file: &str, text: &str) -> Result<(Vec<TraceJob>, usize), Tr
                 .min(u64::from(u32::MAX)) as u32,
             mem_mib: number(file, n, field(7), "memory_mib")?.max(0) as u64,
             gpu_spec: Some(field(8).trim()).filter(|s| !s.is_empty()).map(str::to_string),
+            gpu_milli: match number(file, n, field(9), "gpu_milli")? {
+                m if gpus == 1 && (1..1000).contains(&m) => m as u32,
+                _ => 0,
+            },
         });
     }
     Ok((jobs, skipped))
@@ -206,6 +214,7 @@ mod tests {
                     cpus: 1,
                     mem_mib: 1,
                     gpu_spec: None,
+                    gpu_milli: 460,
                 },
                 TraceJob {
                     name: "p2".into(),
@@ -216,6 +225,7 @@ mod tests {
                     cpus: 1,
                     mem_mib: 1,
                     gpu_spec: Some("V100M32".into()),
+                    gpu_milli: 0,
                 },
             ]
         );
