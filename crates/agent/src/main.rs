@@ -479,6 +479,33 @@ async fn watch_spot(
     }
 }
 
+/// The GPU health watcher (its faults delivered to the controllers) and the health-check
+/// program, when one is configured.
+fn watch_health(
+    args: &Args,
+    inv: &dyn GpuInventory,
+    xids: kairos_agent::health::XidPolicy,
+    node: &pb::NodeInfo,
+    creds: &Credentials,
+    client_rx: &watch::Receiver<Option<AgentServiceClient<Channel>>>,
+) -> Vec<tokio::task::AbortHandle> {
+    let (fault_tx, fault_rx) = mpsc::unbounded_channel();
+    inv.watch_health(node.gpus.clone(), xids, fault_tx);
+    let faults = health_tasks::deliver_faults(node.name.clone(), creds.clone(), fault_rx, client_rx.clone());
+    let mut tasks = vec![tokio::spawn(faults).abort_handle()];
+    if let Some(program) = args.health_check_program.clone() {
+        let check = health_tasks::HealthCheck {
+            program,
+            every: args.health_check_interval,
+            requeue: args.health_check_action == HealthAction::Requeue,
+        };
+        let checks =
+            health_tasks::health_check_loop(check, node.name.clone(), creds.clone(), client_rx.clone());
+        tasks.push(tokio::spawn(checks).abort_handle());
+    }
+    tasks
+}
+
 async fn shutdown_signal() -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
@@ -904,19 +931,7 @@ async fn main() -> anyhow::Result<()> {
         let watch = watch_spot(imds, poll, name.clone(), creds.clone(), client_rx.clone());
         tasks.push(tokio::spawn(watch).abort_handle());
     }
-    let (fault_tx, fault_rx) = mpsc::unbounded_channel();
-    inv.watch_health(node.gpus.clone(), xids, fault_tx);
-    let faults = health_tasks::deliver_faults(name.clone(), creds.clone(), fault_rx, client_rx.clone());
-    tasks.push(tokio::spawn(faults).abort_handle());
-    if let Some(program) = args.health_check_program.clone() {
-        let check = health_tasks::HealthCheck {
-            program,
-            every: args.health_check_interval,
-            requeue: args.health_check_action == HealthAction::Requeue,
-        };
-        let checks = health_tasks::health_check_loop(check, name.clone(), creds.clone(), client_rx.clone());
-        tasks.push(tokio::spawn(checks).abort_handle());
-    }
+    tasks.extend(watch_health(&args, inv.as_ref(), xids, &node, &creds, &client_rx));
     tasks.push(tokio::spawn(deliver_reports(creds.clone(), report_rx, client_rx)).abort_handle());
     let logs = Logs { runner: runner.clone(), credential: creds.node.clone() };
     tasks.push(serve_logs(logs, listener, server_tls)?.abort_handle());

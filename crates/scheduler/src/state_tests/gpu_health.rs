@@ -38,8 +38,7 @@ fn a_failed_gpu_requeues_its_run_and_is_never_granted_until_reset() {
         plan(&s).pending[&big]
     );
     // A plan naming the unhealthy GPU (a stale leader's) is refused on apply.
-    let forged =
-        Plan { placements: vec![Placement::single(big, "n1".into(), vec![0, 1])], ..Plan::default() };
+    let forged = Plan { placements: vec![Placement::single(big, "n1".into(), vec![0, 1])] };
     match s.apply(&cmd(15, Op::ApplyPlan { plan: forged })) {
         Outcome::PlanApplied { accepted, rejected } => {
             assert!(accepted.is_empty());
