@@ -18,7 +18,41 @@ type ClientRx = watch::Receiver<Option<AgentServiceClient<Channel>>>;
 /// Longest reason a health-check program's output gives.
 const CHECK_REASON_MAX: usize = 200;
 
-/// Delivers every GPU fault, retrying until a controller takes it (or refuses it for good).
+/// Codes with which a controller refuses a report for good (retrying cannot help; what still
+/// matters is reported again).
+pub const REFUSED: [tonic::Code; 3] =
+    [tonic::Code::InvalidArgument, tonic::Code::NotFound, tonic::Code::PermissionDenied];
+
+/// Makes one call to the controller the agent is connected to, retrying with capped backoff
+/// until one takes it, or refuses it for good with one of `refused` (logged, dropped).
+pub async fn until_taken<F, Fut>(what: &str, refused: &[tonic::Code], client_rx: &mut ClientRx, mut call: F)
+where
+    F: FnMut(AgentServiceClient<Channel>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), tonic::Status>>,
+{
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let client = client_rx.borrow_and_update().clone();
+        let result = match client {
+            Some(c) => call(c).await,
+            None => Err(tonic::Status::unavailable("not connected")),
+        };
+        match result {
+            Ok(()) => return,
+            Err(s) if refused.contains(&s.code()) => {
+                tracing::error!(status = %s, "controller refused a {what}");
+                return;
+            }
+            Err(s) => {
+                tracing::debug!(status = %s, "{what} not delivered; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// Delivers every GPU fault until a controller takes it.
 pub async fn deliver_faults(
     node: String,
     creds: Credentials,
@@ -28,31 +62,13 @@ pub async fn deliver_faults(
     while let Some(f) = rx.recv().await {
         let report =
             pb::GpuFaultReport { node_id: node.clone(), gpu: f.index, uuid: f.uuid, reason: f.reason };
-        loop {
-            let client = client_rx.borrow_and_update().clone();
-            let result = match client {
-                Some(mut c) => c.report_gpu_fault(creds.request(report.clone())).await.map(|_| ()),
-                None => Err(tonic::Status::unavailable("not connected")),
-            };
-            match result {
-                Ok(()) => break,
-                Err(s)
-                    if matches!(
-                        s.code(),
-                        tonic::Code::InvalidArgument
-                            | tonic::Code::NotFound
-                            | tonic::Code::FailedPrecondition
-                    ) =>
-                {
-                    tracing::error!(status = %s, gpu = report.gpu, "controller refused a GPU fault report");
-                    break;
-                }
-                Err(s) => {
-                    tracing::debug!(status = %s, "GPU fault report not delivered; retrying");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-        }
+        // A GPU replaced since (another UUID at its index) is refused FAILED_PRECONDITION.
+        let refused = [REFUSED.as_slice(), &[tonic::Code::FailedPrecondition]].concat();
+        until_taken("GPU fault report", &refused, &mut client_rx, |mut c| {
+            let req = creds.request(report.clone());
+            async move { c.report_gpu_fault(req).await.map(|_| ()) }
+        })
+        .await;
     }
 }
 

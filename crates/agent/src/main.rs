@@ -414,39 +414,18 @@ async fn session(
     }
 }
 
-/// Delivers run reports, retrying with capped backoff until the controller takes them.
+/// Delivers run reports, each until a controller takes it.
 async fn deliver_reports(
     creds: Credentials,
     mut rx: mpsc::Receiver<pb::StatusReport>,
     mut client_rx: watch::Receiver<Option<AgentServiceClient<Channel>>>,
 ) {
     while let Some(report) = rx.recv().await {
-        let mut delay = Duration::from_millis(100);
-        loop {
-            let client = client_rx.borrow_and_update().clone();
-            let result = match client {
-                Some(mut c) => c.report_status(creds.request(report.clone())).await.map(|_| ()),
-                None => Err(tonic::Status::unavailable("not connected")),
-            };
-            match result {
-                Ok(()) => break,
-                Err(s)
-                    if matches!(
-                        s.code(),
-                        tonic::Code::InvalidArgument | tonic::Code::NotFound | tonic::Code::PermissionDenied
-                    ) =>
-                {
-                    // Retrying cannot help; the next assignment set re-reports what still matters.
-                    tracing::error!(status = %s, "controller refused a run report");
-                    break;
-                }
-                Err(s) => {
-                    tracing::debug!(status = %s, "run report not delivered; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(2));
-                }
-            }
-        }
+        health_tasks::until_taken("run report", &health_tasks::REFUSED, &mut client_rx, |mut c| {
+            let req = creds.request(report.clone());
+            async move { c.report_status(req).await.map(|_| ()) }
+        })
+        .await;
     }
 }
 
