@@ -10,15 +10,22 @@ proptest! {
     #[test]
     fn no_gpu_is_ever_held_by_two_jobs(steps in proptest::collection::vec(step(), 1..80)) {
         let (s, _) = drive(&steps);
-        let mut owners = std::collections::BTreeMap::new();
+        // Every holder of a GPU with its thousandths: a whole GPU is 1000, a fraction its share.
+        let mut owners: std::collections::BTreeMap<_, Vec<(_, u32)>> = std::collections::BTreeMap::new();
         for job in s.jobs.values().filter(|j| matches!(j.state, JobState::Running | JobState::Suspended)) {
             let a = job.allocation.as_ref().unwrap();
+            let milli = if job.spec.gpu_milli > 0 { job.spec.gpu_milli } else { crate::model::GPU_MILLI };
             // Tasks still running; a suspended job's lent GPUs are the preemptor's meanwhile.
             for (_, node, gpus) in a.tasks().filter(|(rank, _, _)| !a.exits.contains_key(rank)) {
                 for g in gpus.iter().filter(|g| !a.lent.contains(g)) {
-                    prop_assert!(owners.insert((node.to_string(), *g), job.id).is_none(), "GPU {g} of {node} held twice");
+                    owners.entry((node.to_string(), *g)).or_default().push((job.id, milli));
                 }
             }
+        }
+        for ((node, g), holders) in &owners {
+            // Fractions share a GPU up to a whole one; a whole holder (1000) is therefore alone.
+            let total: u32 = holders.iter().map(|(_, m)| m).sum();
+            prop_assert!(total <= crate::model::GPU_MILLI, "GPU {g} of {node} held past a whole GPU: {holders:?}");
         }
     }
 
