@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The NVML check, for a machine with a real NVIDIA GPU (not part of the test suite or CI): the
-# agent finds the GPUs through NVML, runs a job on one, and its metrics carry NVML's utilisation
-# and memory; dcgm-exporter's job-mapping file names the job. Uses release binaries in
+# agent finds the GPUs (and MIG instances, if a GPU is already in MIG mode: the mode is never
+# changed here) through NVML and registers its health watcher; a job runs a real kernel
+# (scripts/device-kernel.py, driver API only) and the agent's metrics carry NVML's utilisation
+# and memory while it runs; dcgm-exporter's job-mapping file names the job. Uses release binaries in
 # target/release (kairosd, kairos-agent, kairos); writes what it saw under $OUT.
 set -u
 OUT=${OUT:-$(mktemp -d)}
@@ -22,9 +24,10 @@ sleep 3
 export KAIROS_TOKEN_FILE="$D/c/admin.token"
 K() { "$B/kairos" --controllers 127.0.0.1:7001 "$@"; }
 K nodes --json > "$OUT/nodes.json" 2>&1
-id=$(K submit --gpus 1 -- sh -c 'echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER=$CUDA_DEVICE_ORDER; nvidia-smi --query-gpu=index,uuid,pci.bus_id --format=csv; sleep 8')
+kernel=$(realpath scripts/device-kernel.py)
+id=$(K submit --gpus 1 -- sh -c "echo CUDA_VISIBLE_DEVICES=\$CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER=\$CUDA_DEVICE_ORDER; nvidia-smi --query-gpu=index,uuid,pci.bus_id --format=csv; python3 $kernel 12")
 echo "job $id" > "$OUT/job.txt"
-sleep 4
+sleep 8
 get 9101 /metrics > "$OUT/agent-metrics.txt" 2>&1
 get 9001 /metrics > "$OUT/kairosd-metrics.txt" 2>&1
 { ls -l "$D/map"; for f in "$D"/map/*; do echo "$f: $(cat "$f")"; done; } > "$OUT/job-mapping.txt" 2>&1
@@ -32,5 +35,9 @@ K wait "$id" >> "$OUT/job.txt" 2>&1; echo "wait exit $?" >> "$OUT/job.txt"
 K logs "$id" >> "$OUT/job.txt" 2>&1
 kill "$agent" "$ctl"; wait
 grep -c 'kairos_agent_gpu_utilization_ratio{' "$OUT/agent-metrics.txt"
+echo "utilisation while the kernel ran:"; grep 'kairos_agent_gpu_utilization_ratio{' "$OUT/agent-metrics.txt"
+echo "health watcher:"; grep -i 'health events\|health watcher' "$OUT/agent.log"
+echo "MIG (nvidia-smi -L, then the GPUs the controller was told):"; grep -i mig "$OUT/nvidia-smi.txt"
+grep -ho '"model": *"[^"]*"' "$OUT/nodes.json" | sort | uniq -c
 grep -h 'gpu_backend\|"model"' "$OUT/nodes.json" | head -5
 cat "$OUT/job.txt" "$OUT/job-mapping.txt"

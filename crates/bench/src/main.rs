@@ -92,6 +92,10 @@ enum Bench {
         running: u32,
         #[arg(long, default_value_t = 10)]
         passes: usize,
+        /// Pending one-GPU inference jobs ask a fraction of a GPU (100, 250 or 500 thousandths,
+        /// as the trace's `gpu_milli`) instead of a whole one.
+        #[arg(long)]
+        fractions: bool,
     },
     /// The submit load (closed loop) as puts to a running etcd.
     EtcdPut {
@@ -828,6 +832,7 @@ fn bench_schedule(
     pending: u32,
     running: u32,
     passes: usize,
+    fractions: bool,
 ) -> anyhow::Result<serde_json::Value> {
     use kairos_scheduler::{ClusterState, Command, JobSpec, Op, Profile};
     let rss_before = rss_mb();
@@ -856,16 +861,26 @@ fn bench_schedule(
         spec
     };
     let placed = place_running(&mut state, nodes, gpus_per_node, running, &spec, now);
+    let mut fractional = 0u32;
     for i in 0..pending {
         let gpus = if i.is_multiple_of(16) {
             0
         } else {
             [1, 1, 2, 4, 8, 1, 2, 8][(i % 8) as usize].min(gpus_per_node)
         };
-        apply(
-            &mut state,
-            Op::Submit { spec: spec(running + i, gpus), request_id: None, hold: false, limits: None },
-        );
+        let mut spec = spec(running + i, gpus);
+        let fraction = fractions && gpus == 1 && spec.profile == Profile::Inference;
+        if fraction {
+            spec.gpu_milli = [100, 250, 500][(i % 3) as usize];
+        }
+        let outcome = apply(&mut state, Op::Submit { spec, request_id: None, hold: false, limits: None });
+        if fraction {
+            anyhow::ensure!(
+                matches!(outcome, kairos_scheduler::Outcome::Submitted { .. }),
+                "a fractional inference job was refused: {outcome:?}"
+            );
+            fractional += 1;
+        }
     }
     // The controller's memory for this state (before any copy of it), per job.
     let rss_state = rss_mb();
@@ -900,6 +915,7 @@ fn bench_schedule(
         "memory_mib_per_node": 1 << 20,
         "running": placed,
         "pending": pending,
+        "pending_fractions": fractional,
         "pass_ms_p50": (times[times.len() / 2] * 10.0).round() / 10.0,
         "pass_ms_max": (times[times.len() - 1] * 10.0).round() / 10.0,
         "placed": out.plan.placements.len(),
@@ -924,8 +940,8 @@ async fn main() {
         Bench::Preempt { controllers, agents, gpus_per_agent, rounds } => {
             bench_preempt(controllers, agents, gpus_per_agent, rounds.max(1)).await
         }
-        Bench::Schedule { nodes, gpus_per_node, pending, running, passes } => {
-            bench_schedule(nodes, gpus_per_node, pending, running, passes.max(1))
+        Bench::Schedule { nodes, gpus_per_node, pending, running, passes, fractions } => {
+            bench_schedule(nodes, gpus_per_node, pending, running, passes.max(1), fractions)
         }
         Bench::EtcdPut { endpoints, load, value_bytes, pids } => {
             let (clients, conns, seconds) = load.get();

@@ -102,6 +102,7 @@ pub fn node_json(node: &pb::Node) -> Value {
         "labels": info.labels.iter().collect::<std::collections::BTreeMap<_, _>>(),
         "gpus": info.gpus.iter().map(|g| json!({
             "index": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib, "link_group": g.link_group,
+            "mig_parent": g.mig_parent,
         })).collect::<Vec<_>>(),
         "gpus_total": info.gpus.len(),
         "gpus_allocated": allocated.len(),

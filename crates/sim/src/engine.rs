@@ -816,6 +816,33 @@ mod limit_tests {
         assert!(cpu > 0.0 && cpu <= 1.0 && mem > 0.0 && mem <= 1.0, "{report:?}");
     }
 
+    /// Five quarter-GPU inference pods on one GPU: shared, four run at once and the fifth waits
+    /// one run; whole, each waits for the one before.
+    #[test]
+    fn gpu_fractions_share_one_gpu_only_when_asked() {
+        let nodes =
+            vec![TraceNode { name: "n0".into(), gpus: 1, model: "T4".into(), ..TraceNode::default() }];
+        let jobs: Vec<TraceJob> = (0..5)
+            .map(|i| TraceJob {
+                name: format!("q{i}"),
+                submit_ms: 0,
+                duration_ms: 100_000,
+                gpus: 1,
+                gpu_milli: 250,
+                inference: true,
+                ..TraceJob::default()
+            })
+            .collect();
+        let policy = kairos_scheduler::policy::Policy::default();
+        let shared = simulate(&nodes, &jobs, &policy, &SimConfig { fractions: true, ..SimConfig::default() });
+        let whole = simulate(&nodes, &jobs, &policy, &SimConfig::default());
+        assert_eq!((shared.unfinished, whole.unfinished), (0, 0));
+        assert!(shared.makespan_s < 250.0, "four together, then the fifth: {shared:?}");
+        assert!(whole.makespan_s >= 500.0, "one at a time: {whole:?}");
+        assert!(shared.inference.wait_s.max >= 99.0, "the fifth waited for room: {shared:?}");
+        assert!(whole.inference.wait_s.max >= 399.0, "the last waited for four runs: {whole:?}");
+    }
+
     #[test]
     fn a_run_past_its_qos_wall_time_is_stopped_as_timeout() {
         let nodes =

@@ -142,6 +142,7 @@ fn a_fake_mig_layout_of_seven_instances_runs_seven_one_instance_jobs_at_once_eac
     // The parent is offered only as its instances.
     assert_eq!(node["gpus_total"], 7, "{node}");
     assert!(node["gpus"].as_array().unwrap().iter().all(|g| g["model"] == "H200 MIG 1g.18gb"), "{node}");
+    assert!(node["gpus"].as_array().unwrap().iter().all(|g| g["mig_parent"] == 0), "{node}");
     let seen = c.path("seen");
     std::fs::create_dir_all(&seen).unwrap();
     let go = c.path("go");
