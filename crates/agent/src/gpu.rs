@@ -103,12 +103,24 @@ fn physical_indices(gpus: &[pb::Gpu]) -> Vec<u32> {
 pub struct DeviceMap {
     /// Instance index -> (its MIG UUID, its parent's index).
     mig: BTreeMap<u32, (String, u32)>,
+    /// Index -> its memory in MiB (as discovered).
+    memory_mib: BTreeMap<u32, u64>,
 }
 
 impl DeviceMap {
     pub fn of(gpus: &[pb::Gpu]) -> DeviceMap {
         let mig = gpus.iter().filter_map(|g| Some((g.index, (g.uuid.clone(), g.mig_parent?)))).collect();
-        DeviceMap { mig }
+        let memory_mib = gpus.iter().map(|g| (g.index, g.memory_mib)).collect();
+        DeviceMap { mig, memory_mib }
+    }
+
+    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` for a run holding `milli` thousandths of the one GPU
+    /// `ids` names: its share of that GPU's memory, for the only device the run sees (ordinal
+    /// 0). None for whole GPUs, or where the share would be under a MiB.
+    pub fn fraction_memory_limit(&self, ids: &[u32], milli: u32) -> Option<String> {
+        let [id] = ids else { return None };
+        let share = self.memory_mib.get(id)?.saturating_mul(u64::from(milli)) / 1000;
+        (milli < 1000 && share > 0).then(|| format!("0={share}M"))
     }
 
     /// `CUDA_VISIBLE_DEVICES` for `ids`.
@@ -434,6 +446,11 @@ mod tests {
         // Whole GPUs are seen by index, as before.
         let whole = DeviceMap::of(&FakeInventory::parse("n", "2", "H100", 1).unwrap().discover().unwrap());
         assert_eq!((whole.visible(&[1, 0]).as_str(), whole.minors(&[1, 0])), ("1,0", vec![0, 1]));
+        // A fraction's memory share, of the one GPU (or instance) it is on.
+        assert_eq!(map.fraction_memory_limit(&[3], 250).as_deref(), Some("0=8960M"));
+        assert_eq!(map.fraction_memory_limit(&[3], 0), None, "a whole GPU is not limited");
+        assert_eq!(map.fraction_memory_limit(&[2, 3], 250), None);
+        assert_eq!(whole.fraction_memory_limit(&[1], 500), None, "1 MiB GPUs: no share");
         for bad in ["7", "8x1g.18gb", "0x1g.18gb", "7x1g", "7xbig.18gb", "x1g.5gb", "7x9g.5gb"] {
             assert!(FakeMig::parse(bad).is_err(), "{bad} accepted");
         }

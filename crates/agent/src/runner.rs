@@ -723,8 +723,8 @@ impl Runner {
             // Survives attempts (on this node): where the job keeps checkpoints to resume from.
             .env("KAIROS_CHECKPOINT_DIR", checkpoint_dir)
             .env("CUDA_VISIBLE_DEVICES", visible)
-            // A fraction of a GPU: its share of the SMs where MPS serves the GPU (not
-            // enforced otherwise; see docs/gpus.md), and the fraction itself.
+            // A fraction of a GPU: its share of the SMs and of the memory where MPS serves
+            // the GPU (not enforced otherwise; see docs/gpus.md), and the fraction itself.
             .envs(
                 (a.gpu_milli > 0)
                     .then(|| {
@@ -754,6 +754,9 @@ impl Runner {
             .stderr(std::process::Stdio::piped())
             .process_group(0)
             .kill_on_drop(false);
+        if let Some(limit) = self.isolation.devices.fraction_memory_limit(&a.gpu_ids, a.gpu_milli) {
+            cmd.env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", limit);
+        }
         if let Some(tp) = &traceparent {
             cmd.env("TRACEPARENT", tp);
         }

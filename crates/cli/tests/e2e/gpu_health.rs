@@ -181,7 +181,7 @@ fn four_quarter_gpu_inference_jobs_share_one_gpu_a_fifth_waits_and_training_neve
     std::fs::create_dir_all(&seen).unwrap();
     let go = c.path("go");
     let script = format!(
-        "echo $CUDA_VISIBLE_DEVICES $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE $KAIROS_GPU_FRACTION > {}/$KAIROS_JOB_ID; for i in $(seq 600); do [ -e {} ] && exit 0; sleep 0.1; done; exit 1",
+        "echo $CUDA_VISIBLE_DEVICES $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE $KAIROS_GPU_FRACTION $CUDA_MPS_PINNED_DEVICE_MEM_LIMIT > {}/$KAIROS_JOB_ID; for i in $(seq 600); do [ -e {} ] && exit 0; sleep 0.1; done; exit 1",
         seen.display(),
         go.display()
     );
@@ -192,7 +192,7 @@ fn four_quarter_gpu_inference_jobs_share_one_gpu_a_fifth_waits_and_training_neve
             ids.iter().filter_map(|id| std::fs::read_to_string(seen.join(id.to_string())).ok()).collect();
         (files.len() == 4).then_some(files)
     });
-    assert!(seen_by.iter().all(|s| s.trim() == "0 25 0.250"), "{seen_by:?}");
+    assert!(seen_by.iter().all(|s| s.trim() == "0 25 0.250 0=20480M"), "{seen_by:?}");
     let fifth = c.submit(&quarter);
     let whole = c.submit(&["--gpus", "1", "--", "true"]);
     std::thread::sleep(Duration::from_millis(1000));
