@@ -826,6 +826,46 @@ fn place_running(
     placed
 }
 
+/// Submits the schedule bench's `pending` jobs (ids after the `running` ones); with `fractions`,
+/// one-GPU inference jobs ask 100, 250 or 500 thousandths. Returns how many asked a fraction.
+fn submit_pending(
+    state: &mut kairos_scheduler::ClusterState,
+    running: u32,
+    pending: u32,
+    gpus_per_node: u32,
+    fractions: bool,
+    spec: &dyn Fn(u32, u32) -> kairos_scheduler::JobSpec,
+    now: i64,
+) -> anyhow::Result<u32> {
+    use kairos_scheduler::{Command, Op, Profile};
+    let mut fractional = 0u32;
+    for i in 0..pending {
+        let gpus = if i.is_multiple_of(16) {
+            0
+        } else {
+            [1, 1, 2, 4, 8, 1, 2, 8][(i % 8) as usize].min(gpus_per_node)
+        };
+        let mut spec = spec(running + i, gpus);
+        let fraction = fractions && gpus == 1 && spec.profile == Profile::Inference;
+        if fraction {
+            spec.gpu_milli = [100, 250, 500][(i % 3) as usize];
+        }
+        let outcome = state.apply(&Command {
+            skipped_ms: 0,
+            now_ms: now,
+            op: Op::Submit { spec, request_id: None, hold: false, limits: None },
+        });
+        if fraction {
+            anyhow::ensure!(
+                matches!(outcome, kairos_scheduler::Outcome::Submitted { .. }),
+                "a fractional inference job was refused: {outcome:?}"
+            );
+            fractional += 1;
+        }
+    }
+    Ok(fractional)
+}
+
 fn bench_schedule(
     nodes: u32,
     gpus_per_node: u32,
@@ -861,27 +901,7 @@ fn bench_schedule(
         spec
     };
     let placed = place_running(&mut state, nodes, gpus_per_node, running, &spec, now);
-    let mut fractional = 0u32;
-    for i in 0..pending {
-        let gpus = if i.is_multiple_of(16) {
-            0
-        } else {
-            [1, 1, 2, 4, 8, 1, 2, 8][(i % 8) as usize].min(gpus_per_node)
-        };
-        let mut spec = spec(running + i, gpus);
-        let fraction = fractions && gpus == 1 && spec.profile == Profile::Inference;
-        if fraction {
-            spec.gpu_milli = [100, 250, 500][(i % 3) as usize];
-        }
-        let outcome = apply(&mut state, Op::Submit { spec, request_id: None, hold: false, limits: None });
-        if fraction {
-            anyhow::ensure!(
-                matches!(outcome, kairos_scheduler::Outcome::Submitted { .. }),
-                "a fractional inference job was refused: {outcome:?}"
-            );
-            fractional += 1;
-        }
-    }
+    let fractional = submit_pending(&mut state, running, pending, gpus_per_node, fractions, &spec, now)?;
     // The controller's memory for this state (before any copy of it), per job.
     let rss_state = rss_mb();
     let jobs = state.jobs.len().max(1) as f64;
