@@ -22,6 +22,12 @@
 //! gpu_model = "A10G"
 //! hourly_price = 5.672                 # on-demand, US dollars per hour
 //! spot_price = 2.1                     # optional estimate
+//!
+//! [sim]                                # only `kairos sim --burst` reads it: the simulated cloud
+//! boot_min = "3m"                      # launch to a joined agent, uniform in [min, max]
+//! boot_max = "6m"
+//! spot_interruptions_per_hour = 0.01   # per spot instance
+//! capacity_errors = { "g5.12xlarge" = 0.1 }   # chance a launch finds no capacity
 //! ```
 //!
 //! Unknown keys are errors; durations are humantime ("90s", "10m", "2h").
@@ -64,6 +70,27 @@ pub struct BurstFile {
     pub qos: Vec<String>,
     #[serde(default)]
     pub instance_types: Vec<InstanceTypeFile>,
+    /// The simulated cloud of `kairos sim --burst` (`kairos burst config apply` ignores it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sim: Option<SimCloudFile>,
+}
+
+/// The `[sim]` table: how the simulated cloud behaves (`kairos_sim::cloud::CloudModel`; what is
+/// left out keeps its default).
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimCloudFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_min: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_max: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spot_interruptions_per_hour: Option<f64>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub capacity_errors: std::collections::BTreeMap<String, f64>,
+    /// The reconciler's period (kairosd's `--burst-interval-ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -165,6 +192,27 @@ impl BurstFile {
         })
     }
 
+    /// The simulated cloud this file describes (its `[sim]` table over the defaults).
+    pub fn cloud_model(&self) -> Result<kairos_sim::cloud::CloudModel, String> {
+        let mut m = kairos_sim::cloud::CloudModel::default();
+        let Some(f) = &self.sim else { return Ok(m) };
+        let ms = |field: &str, v: &Option<String>, default: i64| -> Result<i64, String> {
+            v.as_deref().map_or(Ok(default), |v| Ok(parse_secs(field, v)?.min(1 << 40) as i64 * 1000))
+        };
+        m.boot_min_ms = ms("sim.boot_min", &f.boot_min, m.boot_min_ms)?;
+        m.boot_max_ms = ms("sim.boot_max", &f.boot_max, m.boot_max_ms)?;
+        m.interval_ms = ms("sim.interval", &f.interval, m.interval_ms)?;
+        m.spot_interruptions_per_hour =
+            f.spot_interruptions_per_hour.unwrap_or(m.spot_interruptions_per_hour);
+        m.capacity_errors = f.capacity_errors.clone();
+        if let Some(t) = m.capacity_errors.keys().find(|t| !self.instance_types.iter().any(|i| &i.name == *t))
+        {
+            return Err(format!("sim.capacity_errors: \"{t}\" is not one of the instance_types"));
+        }
+        m.validate()?;
+        Ok(m)
+    }
+
     pub fn from_pb(c: &pb::BurstConfig) -> BurstFile {
         BurstFile {
             enabled: c.enabled,
@@ -194,6 +242,7 @@ impl BurstFile {
                     memory: (t.memory_mib != 0).then(|| format!("{}M", t.memory_mib)),
                 })
                 .collect(),
+            sim: None,
         }
     }
 

@@ -60,10 +60,33 @@ pub struct SimArgs {
     /// Replay under each of these policies and show them side by side.
     #[arg(long, value_name = "FILE.toml", num_args = 1..)]
     pub compare: Vec<std::path::PathBuf>,
+    /// Cloud burst: replay without it and under each of these burst configurations (the
+    /// `kairos burst config apply` format; its `[sim]` table describes the simulated cloud), side
+    /// by side. The production burst policy and reconciler decide; --plot then draws spend
+    /// against inference p99.
+    #[arg(long, value_name = "FILE.toml", num_args = 1.., conflicts_with = "compare")]
+    pub burst: Vec<std::path::PathBuf>,
     /// Also draw the wait CDF per class and the GPUs allocated over time into this SVG (with
-    /// --compare: of the first policy).
+    /// --compare: of the first policy; with --burst: spend per day against inference wait p99,
+    /// one point per configuration).
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<std::path::PathBuf>,
+}
+
+/// A burst file (`kairos burst config apply` format) as the core's configuration and the
+/// simulated cloud of its `[sim]` table, checked under `policy`.
+fn burst_of(
+    path: &std::path::Path,
+    policy: &kairos_scheduler::policy::Policy,
+) -> anyhow::Result<kairos_sim::cloud::BurstSetup> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    let fail = |e: String| anyhow::anyhow!("{}: {e}", path.display());
+    let file = crate::burst_file::BurstFile::parse(&text).map_err(fail)?;
+    let config = kairos_proto::burst::burst_config_from_pb(file.to_pb().map_err(fail)?);
+    let setup = kairos_sim::cloud::BurstSetup { config, model: file.cloud_model().map_err(fail)? };
+    setup.check(policy).map_err(fail)?;
+    Ok(setup)
 }
 
 /// A policy file (`kairos policy apply` format) as the core's policy, validated.
@@ -142,26 +165,32 @@ pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
         fractions: args.gpu_fractions,
         ..SimConfig::default()
     };
-    let policies: Vec<(String, kairos_scheduler::policy::Policy)> = if !args.compare.is_empty() {
-        args.compare
-            .iter()
-            .map(|p| Ok((p.display().to_string(), policy_of(p)?)))
-            .collect::<anyhow::Result<_>>()?
-    } else if let Some(p) = &args.policy {
-        vec![(p.display().to_string(), policy_of(p)?)]
-    } else {
-        vec![("replay".to_string(), replay_policy())]
-    };
+    let policies = policies_of(&args)?;
+    // One replay per policy, or (--burst) one without burst and one per burst file.
+    let mut runs: Vec<(String, &kairos_scheduler::policy::Policy, Option<kairos_sim::cloud::BurstSetup>)> =
+        policies.iter().map(|(name, p)| (name.clone(), p, None)).collect();
+    if !args.burst.is_empty() {
+        let policy = &policies[0].1;
+        runs = vec![("no burst".to_string(), policy, None)];
+        for path in &args.burst {
+            runs.push((path.display().to_string(), policy, Some(burst_of(path, policy)?)));
+        }
+    }
     let mut reports: Vec<(String, kairos_sim::Report)> = Vec::new();
-    for (i, (name, policy)) in policies.into_iter().enumerate() {
-        let (report, series) = kairos_sim::simulate_with_series(&nodes, &jobs, &policy, &config);
-        if let (0, Some(path)) = (i, &args.plot) {
+    for (i, (name, policy, burst)) in runs.into_iter().enumerate() {
+        let config = SimConfig { burst, ..config.clone() };
+        let (report, series) = kairos_sim::simulate_with_series(&nodes, &jobs, policy, &config);
+        if let (0, Some(path), true) = (i, &args.plot, args.burst.is_empty()) {
             std::fs::write(path, kairos_sim::plot::svg(&series))
                 .map_err(|e| anyhow::anyhow!("--plot: writing {}: {e}", path.display()))?;
         }
         reports.push((name, report));
     }
-    match (json, args.compare.is_empty()) {
+    if let (Some(path), false) = (&args.plot, args.burst.is_empty()) {
+        std::fs::write(path, kairos_sim::plot::tradeoff_svg(&reports))
+            .map_err(|e| anyhow::anyhow!("--plot: writing {}: {e}", path.display()))?;
+    }
+    match (json, args.compare.is_empty() && args.burst.is_empty()) {
         (true, true) => println!("{}", serde_json::to_string_pretty(&reports[0].1)?),
         (true, false) => {
             let by_name: serde_json::Map<String, serde_json::Value> = reports
@@ -173,4 +202,18 @@ pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
         (false, _) => println!("{}", kairos_sim::Report::table(&reports)),
     }
     Ok(0)
+}
+
+/// The policies to replay under: --compare's, --policy's, or the replay default.
+fn policies_of(args: &SimArgs) -> anyhow::Result<Vec<(String, kairos_scheduler::policy::Policy)>> {
+    Ok(if !args.compare.is_empty() {
+        args.compare
+            .iter()
+            .map(|p| Ok((p.display().to_string(), policy_of(p)?)))
+            .collect::<anyhow::Result<_>>()?
+    } else if let Some(p) = &args.policy {
+        vec![(p.display().to_string(), policy_of(p)?)]
+    } else {
+        vec![("replay".to_string(), replay_policy())]
+    })
 }

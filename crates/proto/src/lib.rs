@@ -1,11 +1,14 @@
 //! Generated protobuf and gRPC types of the `kairos.v1` API.
 //!
 //! These types stay at the transport edge: the scheduling core never sees them. Conversions to and
-//! from domain types live in the server and agent crates, except the policy's (`policy`, feature
-//! `core`), which the controller and the CLI's simulator share.
+//! from domain types live in the server and agent crates, except the policy's and the burst
+//! configuration's (`policy`, `burst`, feature `core`), which the controller and the CLI's
+//! simulator share.
 
 #![allow(missing_docs)]
 
+#[cfg(feature = "core")]
+pub mod burst;
 #[cfg(feature = "core")]
 pub mod policy;
 pub mod units;

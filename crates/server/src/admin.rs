@@ -17,7 +17,8 @@ use kairos_scheduler::validate::REQUEST_ID_LEN_MAX;
 use crate::auth::{split_token, Principal, TOKEN_PREFIX};
 use crate::context::{now_ms, rejection_status, write_status, Ctx};
 use crate::convert::node_to_pb;
-use crate::convert_burst::{burst_config_from_pb, burst_config_to_pb, burst_status};
+use crate::convert_burst::burst_status;
+use kairos_proto::burst::{burst_config_from_pb, burst_config_to_pb};
 use kairos_proto::policy::{
     account_from_pb, account_to_pb, partition_from_pb, partition_to_pb, policy_from_pb, policy_to_pb,
     qos_from_pb, qos_to_pb, weights_to_pb,

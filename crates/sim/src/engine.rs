@@ -15,8 +15,11 @@ use kairos_scheduler::policy::Policy;
 use kairos_scheduler::propose::propose;
 use kairos_scheduler::{ClusterState, Command, Op, Outcome, RunExit};
 
+use crate::cloud::BurstSetup;
 use crate::report::{Class, Report};
 use crate::trace::{TraceJob, TraceNode};
+
+mod burst;
 
 /// How the replay runs.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,6 +40,8 @@ pub struct SimConfig {
     /// Inference jobs the trace gives a fraction of one GPU (`gpu_milli`) ask for that fraction
     /// and share GPUs; otherwise each takes a whole GPU.
     pub fractions: bool,
+    /// Cloud burst under this configuration, against a simulated cloud (`crate::cloud`).
+    pub burst: Option<BurstSetup>,
 }
 
 impl Default for SimConfig {
@@ -49,6 +54,7 @@ impl Default for SimConfig {
             stop_delay_s: 5,
             tick_ms: 1000,
             fractions: false,
+            burst: None,
         }
     }
 }
@@ -90,6 +96,20 @@ enum Event {
         attempt: u32,
     },
     Tick,
+    /// The leader's burst round (`engine::burst`).
+    BurstRound,
+    /// A cloud instance's agent joins.
+    Join {
+        intent: u64,
+    },
+    /// A spot instance gets its interruption notice …
+    SpotNotice {
+        intent: u64,
+    },
+    /// … and is reclaimed.
+    Reclaim {
+        intent: u64,
+    },
 }
 
 /// What the replay keeps of each job (the state forgets finished ones).
@@ -166,6 +186,10 @@ struct Sim<'a> {
     arrivals: Vec<i64>,
     /// (time, GPUs allocated) at every change, for the plot.
     allocation: Vec<(i64, u32)>,
+    /// Cloud burst, when the replay has it.
+    cloud: Option<burst::CloudSide>,
+    /// The time of the last event.
+    last_event_ms: i64,
 }
 
 /// Arrival times: the trace's divided by `load` (1.3: arrivals 30 % denser).
@@ -237,6 +261,8 @@ impl<'a> Sim<'a> {
             last_end_ms: 0,
             arrivals: Vec::new(),
             allocation: Vec::new(),
+            cloud: config.burst.as_ref().map(|b| burst::CloudSide::new(b, config.seed)),
+            last_event_ms: 0,
         };
         // Same-millisecond arrivals in an order drawn from the seed.
         let mut rng = SplitMix(kairos_scheduler::seeded::SplitMix64::new(config.seed));
@@ -247,6 +273,10 @@ impl<'a> Sim<'a> {
             sim.events.push(Reverse((at, rng.next(), Event::Arrival(i))));
         }
         sim.seq = 1 << 63;
+        if let Some(b) = &config.burst {
+            let op = Op::SetBurstConfig { config: b.config.clone() };
+            sim.apply(0, op);
+        }
         sim
     }
 
@@ -262,6 +292,7 @@ impl<'a> Sim<'a> {
     fn run(&mut self) {
         while let Some(Reverse((now, _, _))) = self.events.peek().copied() {
             self.advance(now);
+            self.last_event_ms = now;
             let mut changed = false;
             while let Some(Reverse((at, _, event))) = self.events.peek().copied() {
                 if at != now {
@@ -272,6 +303,7 @@ impl<'a> Sim<'a> {
             }
             if changed {
                 self.pass(now);
+                self.wake_burst(now);
             }
             if self.finished.len() >= 512 {
                 let jobs = std::mem::take(&mut self.finished);
@@ -354,9 +386,10 @@ impl<'a> Sim<'a> {
                     if matches!(event, Event::End { .. }) { RunExit::Code(0) } else { RunExit::Signal(15) };
                 let fraction = j.spec.gpu_milli > 0;
                 self.apply(now, Op::JobExited { job, attempt, node: node.clone(), exit });
-                match fraction {
-                    true => self.sync_shared(&node),
-                    false => self.release(&node, gpus),
+                match (self.cloud.as_mut().filter(|c| c.is_cloud_node(&node)), fraction) {
+                    (Some(cloud), _) => cloud.run_ended(now, job, attempt),
+                    (None, true) => self.sync_shared(&node),
+                    (None, false) => self.release(&node, gpus),
                 }
                 self.share_used =
                     (self.share_used.0.saturating_sub(share.0), self.share_used.1.saturating_sub(share.1));
@@ -375,6 +408,10 @@ impl<'a> Sim<'a> {
                 self.next_tick = None;
                 true
             }
+            Event::BurstRound => self.burst_round(now),
+            Event::Join { intent } => self.burst_join(now, intent),
+            Event::SpotNotice { intent } => self.spot_notice(now, intent),
+            Event::Reclaim { intent } => self.reclaim(now, intent),
         }
     }
 
@@ -383,29 +420,7 @@ impl<'a> Sim<'a> {
         let ops = propose(&self.state, now, &BTreeSet::new(), 0);
         let acted = !ops.is_empty();
         for op in ops {
-            let limited = match &op {
-                Op::EnforceTimeLimit { job, attempt } => Some((*job, *attempt)),
-                _ => None,
-            };
-            match self.apply(now, op) {
-                Outcome::PlanApplied { accepted, .. } => {
-                    for job in accepted {
-                        self.start(now, job);
-                    }
-                }
-                Outcome::Preempted { victims, .. } | Outcome::Vacated { victims } => {
-                    for victim in victims {
-                        self.preempted(now, victim);
-                    }
-                }
-                Outcome::RunUpdated { .. } => {
-                    // A run stopped for its time limit ends after the stop delay.
-                    if let Some((job, attempt)) = limited {
-                        self.push(now + self.config.stop_delay_s as i64 * 1000, Event::Stop { job, attempt });
-                    }
-                }
-                _ => {}
-            }
+            self.apply_and_follow(now, op);
         }
         if acted {
             let at = now + self.config.tick_ms;
@@ -416,6 +431,36 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// Applies `op` with the agents' part: placed jobs start, preempted or drained ones stop
+    /// after the stop delay, as does a run stopped for its time limit.
+    fn apply_and_follow(&mut self, now: i64, op: Op) -> Outcome {
+        let limited = match &op {
+            Op::EnforceTimeLimit { job, attempt } => Some((*job, *attempt)),
+            _ => None,
+        };
+        let outcome = self.apply(now, op);
+        match &outcome {
+            Outcome::PlanApplied { accepted, .. } => {
+                for job in accepted.clone() {
+                    self.start(now, job);
+                }
+            }
+            Outcome::Preempted { victims, .. } | Outcome::Vacated { victims } => {
+                for victim in victims.clone() {
+                    self.preempted(now, victim);
+                }
+            }
+            Outcome::RunUpdated { .. } => {
+                // A run stopped for its time limit ends after the stop delay.
+                if let Some((job, attempt)) = limited {
+                    self.push(now + self.config.stop_delay_s as i64 * 1000, Event::Stop { job, attempt });
+                }
+            }
+            _ => {}
+        }
+        outcome
+    }
+
     /// A placed job's agent starts it at once.
     fn start(&mut self, now: i64, job: JobId) {
         let Some(j) = self.state.jobs.get(&job) else { return };
@@ -424,9 +469,10 @@ impl<'a> Sim<'a> {
         let share = (u64::from(j.spec.cpus) * u64::from(j.tasks()), j.spec.mem_mib * u64::from(j.tasks()));
         let fraction = j.spec.gpu_milli > 0;
         self.apply(now, Op::JobStarted { job, attempt, node: node.clone() });
-        match fraction {
-            true => self.sync_shared(&node),
-            false => self.take(&node, gpus),
+        match (self.cloud.as_mut().filter(|c| c.is_cloud_node(&node)), fraction) {
+            (Some(cloud), _) => cloud.run_started(now, &node, job, attempt, gpus),
+            (None, true) => self.sync_shared(&node),
+            (None, false) => self.take(&node, gpus),
         }
         self.share_used = (self.share_used.0 + share.0, self.share_used.1 + share.1);
         self.allocation.push((now, self.allocated));
@@ -557,6 +603,10 @@ impl<'a> Sim<'a> {
                 0.0
             },
             makespan_s: makespan_ms as f64 / 1000.0,
+            burst: self.cloud.as_ref().map(|c| {
+                let window_ms = self.last_submit_ms - self.first_submit_ms;
+                c.report(self.state.burst.spent_milli(self.last_event_ms), self.last_event_ms, window_ms)
+            }),
         }
         .rounded()
     }

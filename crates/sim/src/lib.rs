@@ -4,10 +4,13 @@
 //! policy reaches a real cluster.
 //!
 //! - `trace`: the Alibaba GPU trace (v2023 CSVs) and a generic JSONL form.
-//! - `engine`: the discrete-event replay (arrivals, the leader's passes, modelled agents).
+//! - `engine`: the discrete-event replay (arrivals, the leader's passes, modelled agents; with
+//!   `engine::burst`, the leader's burst rounds).
+//! - `cloud`: the simulated cloud burst meets (boot times, spot reclaims, capacity errors).
 //! - `report`: the figures, as JSON and as a side-by-side table.
 //! - `plot`: the wait CDFs and GPU allocation over time, as SVG.
 
+pub mod cloud;
 pub mod engine;
 pub mod plot;
 pub mod report;

@@ -141,6 +141,56 @@ pub fn svg(series: &Series) -> String {
     out
 }
 
+/// Escapes text for the SVG.
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// `kairos sim --burst … --plot`: each configuration as a point — spend per simulated day
+/// against inference wait p99 (log) — with its name, so the trade-off shows at a glance.
+pub fn tradeoff_svg(reports: &[(String, crate::Report)]) -> String {
+    let mut out = format!(
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif"><rect width="100%" height="100%" fill="white"/>"##
+    );
+    let spend = |r: &crate::Report| r.burst.as_ref().map_or(0.0, |b| b.spend_per_day_usd);
+    let most = reports.iter().map(|(_, r)| spend(r)).fold(1.0f64, f64::max);
+    let top = reports.iter().map(|(_, r)| r.inference.wait_s.p99).fold(1.0f64, f64::max);
+    let max_log10 = (1.0 + top).log10().ceil().max(1.0);
+    let x_ticks: Vec<(f64, String)> =
+        (0..=4).map(|i| (f64::from(i) / 4.0, format!("${:.0}", most * f64::from(i) / 4.0))).collect();
+    let y_ticks: Vec<(f64, String)> = (0..=max_log10 as i32)
+        .map(|e| (f64::from(e) / max_log10, format!("{}", 10f64.powi(e) as u64)))
+        .collect();
+    let left = PAD + 10.0;
+    let title = "Cloud spend vs inference wait";
+    panel(
+        &mut out,
+        left,
+        title,
+        "spend per simulated day (US$)",
+        "1 + inference p99 (s, log)",
+        &x_ticks,
+        &y_ticks,
+    );
+    let (w, h) = (W / 2.0 - PAD * 1.5, H - PAD * 2.0);
+    let legend = W / 2.0 + PAD;
+    for (i, (name, r)) in reports.iter().enumerate() {
+        let colour = ["#444", "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"][i % 6];
+        let (fx, fy) = (spend(r) / most, (1.0 + r.inference.wait_s.p99).log10() / max_log10);
+        let (x, y) = (left + fx.clamp(0.0, 1.0) * w, PAD + h - fy.clamp(0.0, 1.0) * h);
+        let _ = write!(
+            out,
+            r##"<circle cx="{x:.1}" cy="{y:.1}" r="5" fill="{colour}"/><text x="{legend}" y="{ly}" font-size="12" fill="{colour}">● {} — p99 {:.1} s, ${:.2}/day</text>"##,
+            escape(name),
+            r.inference.wait_s.p99,
+            spend(r),
+            ly = PAD + 16.0 * (i as f64 + 1.0),
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

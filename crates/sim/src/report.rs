@@ -92,6 +92,9 @@ pub struct Report {
     pub fragmentation: f64,
     /// From the first arrival to the last end.
     pub makespan_s: f64,
+    /// What cloud burst launched, cost and ran (`kairos sim --burst`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst: Option<crate::cloud::BurstReport>,
 }
 
 fn round3(x: f64) -> f64 {
@@ -120,6 +123,18 @@ impl Report {
         self.redone_gpu_hours = round3(self.redone_gpu_hours);
         self.fragmentation = round3(self.fragmentation);
         self.makespan_s = round3(self.makespan_s);
+        if let Some(b) = &mut self.burst {
+            for x in [
+                &mut b.instance_hours,
+                &mut b.idle_instance_hours,
+                &mut b.boot_instance_hours,
+                &mut b.spend_usd,
+                &mut b.spend_per_day_usd,
+                &mut b.cloud_gpu_hours,
+            ] {
+                *x = round3(*x);
+            }
+        }
         self
     }
 
@@ -156,6 +171,37 @@ impl Report {
             ("fragmentation", Box::new(|r: &Report| format!("{:.3}", r.fragmentation))),
             ("makespan (s)", Box::new(|r: &Report| format!("{:.0}", r.makespan_s))),
         ];
+        let burst = |f: fn(&crate::cloud::BurstReport) -> String| -> Cell {
+            Box::new(move |r: &Report| r.burst.as_ref().map_or("-".into(), f))
+        };
+        let mut rows = rows;
+        if named.iter().any(|(_, r)| r.burst.is_some()) {
+            rows.extend([
+                (
+                    "cloud: launched / capacity errors / spot interruptions",
+                    burst(|b| {
+                        format!("{} / {} / {}", b.instances_launched, b.launch_failures, b.spot_interruptions)
+                    }),
+                ),
+                (
+                    "cloud: instance-hours (idle / booting)",
+                    burst(|b| {
+                        format!(
+                            "{:.1} ({:.1} / {:.1})",
+                            b.instance_hours, b.idle_instance_hours, b.boot_instance_hours
+                        )
+                    }),
+                ),
+                (
+                    "cloud: spend $ (per day)",
+                    burst(|b| format!("{:.2} ({:.2})", b.spend_usd, b.spend_per_day_usd)),
+                ),
+                (
+                    "cloud: jobs / GPU-hours",
+                    burst(|b| format!("{} / {:.1}", b.cloud_jobs, b.cloud_gpu_hours)),
+                ),
+            ]);
+        }
         let mut cells: Vec<Vec<String>> =
             vec![std::iter::once(String::new()).chain(named.iter().map(|(n, _)| n.clone())).collect()];
         for (label, f) in &rows {
