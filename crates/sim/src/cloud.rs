@@ -5,7 +5,7 @@
 //! The decisions are production's: the burst policy (`kairos_burst::decide`) and one round of
 //! the leader's reconciler (`kairos_burst::reconcile::round`) run against `SimCloud`, an
 //! implementation of the same `Cloud` trait EC2 implements, and their commands go through
-//! `ClusterState::apply`, which re-checks every limit. The replay (`crate::engine`) turns what
+//! `ClusterState::apply`, which re-checks every limit. The replay (the engine) turns what
 //! the cloud did into events: an instance's agent joins after its boot time; a spot instance gets
 //! the two-minute notice (the agent drains its node) and is reclaimed.
 

@@ -153,3 +153,77 @@ fn bad_sim_input_is_a_one_line_error() {
         assert!(!out.status.success() && err.contains(says) && err.trim().lines().count() == 1, "{err}");
     }
 }
+
+#[test]
+fn burst_in_the_replay_runs_waiting_inference_in_the_cloud_and_says_what_it_cost() {
+    // Inference that may not preempt waits days on 32 saturated GPUs; burst runs it in the cloud.
+    let (burst, waiting) = (policy("burst.toml"), policy("no-preemption.toml"));
+    let args =
+        ["--from", "9900000", "--offered-load", "1.3", "--policy", &waiting, "--json", "--burst", &burst];
+    let out = sim_on("4x8", &args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(sim_on("4x8", &args).stdout, out.stdout, "the same seed gave other output");
+    let both: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (without, with) = (&both["no burst"], &both[&burst]);
+    assert!(without.get("burst").is_none(), "{without}");
+    let b = &with["burst"];
+    for key in [
+        "instances_launched",
+        "launch_failures",
+        "spot_interruptions",
+        "instance_hours",
+        "idle_instance_hours",
+        "boot_instance_hours",
+        "spend_usd",
+        "spend_per_day_usd",
+        "cloud_jobs",
+        "cloud_gpu_hours",
+    ] {
+        assert!(b[key].is_number(), "no burst.{key}: {with}");
+    }
+    assert!(b["instances_launched"].as_u64() > Some(0) && b["cloud_jobs"].as_u64() > Some(0), "{b}");
+    // The limits of deploy/sim/burst.toml: 40 $/h at most, so never more than that per hour.
+    let (spend, hours) = (b["spend_usd"].as_f64().unwrap(), b["instance_hours"].as_f64().unwrap());
+    assert!(spend > 0.0 && spend <= 5.672 * hours + 0.01, "{b}");
+    let p99 = |x: &Value| x["inference"]["wait_s"]["p99"].as_f64().unwrap();
+    assert!(p99(with) * 10.0 < p99(without), "burst did not shorten inference waits: {both}");
+    // The picture: spend against inference p99, a point per configuration.
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("burst.svg");
+    let plot = ["--from", "9900000", "--offered-load", "1.3", "--policy", &waiting, "--burst", &burst];
+    let out = sim_on("4x8", &[&plot[..], &["--plot", svg.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(picture.contains("Cloud spend vs inference wait") && picture.matches("<circle").count() == 2);
+    // The table says what the cloud did.
+    assert!(String::from_utf8_lossy(&out.stdout).contains("cloud: spend $ (per day)"));
+}
+
+#[test]
+fn a_bad_burst_file_is_a_one_line_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let shipped = std::fs::read_to_string(policy("burst.toml")).unwrap();
+    for (name, text, says) in [
+        ("unknown.toml", format!("{shipped}\nboot = \"1m\"\n"), "unknown field `boot`"),
+        (
+            "capacity.toml",
+            format!("{shipped}capacity_errors = {{ \"p5.48xlarge\" = 0.5 }}\n"),
+            "sim.capacity_errors: \"p5.48xlarge\" is not one of the instance_types",
+        ),
+        ("qos.toml", shipped.replace("qos = [\"inference\"]", "qos = [\"nope\"]"), "unknown qos \"nope\""),
+        (
+            "boot.toml",
+            shipped.replace("boot_min = \"3m\"", "boot_min = \"9m\""),
+            "sim.boot_min must be at most",
+        ),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = sim_on("4x8", &["--burst", path.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says) && err.trim().lines().count() == 1,
+            "{name}: {err}"
+        );
+    }
+}
