@@ -192,6 +192,37 @@ struct Sim<'a> {
     last_event_ms: i64,
 }
 
+/// A modelled node's registration: `gpus` GPUs of `model`; CPUs or memory of 0 (not said by
+/// the trace or the instance type) bind nothing.
+fn node_info(
+    name: &str,
+    gpus: u32,
+    model: &str,
+    cpus: u32,
+    mem_mib: u64,
+    labels: BTreeMap<String, String>,
+) -> NodeInfo {
+    NodeInfo {
+        name: name.to_string(),
+        addr: format!("{name}:1"),
+        gpus: (0..gpus)
+            .map(|i| Gpu {
+                index: i,
+                uuid: format!("GPU-{name}-{i}"),
+                model: model.to_string(),
+                memory_mib: 1,
+                link_group: i / 4,
+                mig_parent: None,
+            })
+            .collect(),
+        cpus: if cpus == 0 { u32::MAX / 2 } else { cpus },
+        memory_mib: if mem_mib == 0 { u64::MAX / 4 } else { mem_mib },
+        labels,
+        gpu_backend: "sim".into(),
+        isolation: String::new(),
+    }
+}
+
 /// Arrival times: the trace's divided by `load` (1.3: arrivals 30 % denser).
 fn arrivals(jobs: &[TraceJob], load: Option<f64>) -> Vec<i64> {
     let load = load.filter(|l| *l > 0.0 && l.is_finite()).unwrap_or(1.0);
@@ -204,26 +235,7 @@ impl<'a> Sim<'a> {
         state.apply(&Command { skipped_ms: 0, now_ms: 0, op: Op::SetPolicy { policy: policy.clone() } });
         let mut capacity = BTreeMap::new();
         for n in nodes {
-            let info = NodeInfo {
-                name: n.name.clone(),
-                addr: format!("{}:1", n.name),
-                gpus: (0..n.gpus)
-                    .map(|i| Gpu {
-                        index: i,
-                        uuid: format!("GPU-{}-{i}", n.name),
-                        model: n.model.clone(),
-                        memory_mib: 1,
-                        link_group: i / 4,
-                        mig_parent: None,
-                    })
-                    .collect(),
-                // A node whose CPUs or memory the trace does not say binds nothing by them.
-                cpus: if n.cpus == 0 { u32::MAX / 2 } else { n.cpus },
-                memory_mib: if n.mem_mib == 0 { u64::MAX / 4 } else { n.mem_mib },
-                labels: BTreeMap::new(),
-                gpu_backend: "sim".into(),
-                isolation: String::new(),
-            };
+            let info = node_info(&n.name, n.gpus, &n.model, n.cpus, n.mem_mib, BTreeMap::new());
             state.apply(&Command { skipped_ms: 0, now_ms: 0, op: Op::RegisterNode { info } });
             capacity.insert(n.name.clone(), n.gpus);
         }
@@ -290,7 +302,12 @@ impl<'a> Sim<'a> {
     }
 
     fn run(&mut self) {
-        while let Some(Reverse((now, _, _))) = self.events.peek().copied() {
+        while let Some(Reverse((now, _, event))) = self.events.peek().copied() {
+            if self.is_stale(event) {
+                // A spot notice or reclaim of an instance already gone: no time passes for it.
+                self.events.pop();
+                continue;
+            }
             self.advance(now);
             self.last_event_ms = now;
             let mut changed = false;

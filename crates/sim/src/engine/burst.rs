@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kairos_burst::reconcile::{self, Memory, Settings};
 use kairos_scheduler::burst::{node_name, BURST_LABEL};
-use kairos_scheduler::model::{Gpu, JobId, NodeInfo};
+use kairos_scheduler::model::JobId;
 use kairos_scheduler::{Op, Outcome};
 
 use super::{Event, Sim};
@@ -204,6 +204,17 @@ impl Sim<'_> {
         !kairos_burst::decide(&self.state, later).launches.is_empty()
     }
 
+    /// A cloud event about an instance the cloud no longer runs (a spot notice drawn for after
+    /// its end): it must not move the replay's clock.
+    pub(super) fn is_stale(&self, event: Event) -> bool {
+        match event {
+            Event::SpotNotice { intent } | Event::Reclaim { intent } => {
+                self.cloud.as_ref().is_some_and(|c| !c.cloud.is_alive(intent))
+            }
+            _ => false,
+        }
+    }
+
     /// Intent `intent`'s instance has booted: its agent registers its node.
     pub(super) fn burst_join(&mut self, now: i64, intent: u64) -> bool {
         if !self.cloud.as_ref().is_some_and(|c| c.cloud.is_alive(intent)) {
@@ -212,25 +223,8 @@ impl Sim<'_> {
         let Some(i) = self.state.burst.instances.get(&intent) else { return false };
         let Some(t) = self.state.burst.config.instance_type(&i.instance_type).cloned() else { return false };
         let name = node_name(intent);
-        let info = NodeInfo {
-            name: name.clone(),
-            addr: format!("{name}:1"),
-            gpus: (0..t.gpus)
-                .map(|g| Gpu {
-                    index: g,
-                    uuid: format!("GPU-{name}-{g}"),
-                    model: t.gpu_model.clone(),
-                    memory_mib: 1,
-                    link_group: g / 4,
-                    mig_parent: None,
-                })
-                .collect(),
-            cpus: if t.cpus == 0 { u32::MAX / 2 } else { t.cpus },
-            memory_mib: if t.memory_mib == 0 { u64::MAX / 4 } else { t.memory_mib },
-            labels: [(BURST_LABEL.to_string(), intent.to_string())].into(),
-            gpu_backend: "sim".into(),
-            isolation: String::new(),
-        };
+        let labels = [(BURST_LABEL.to_string(), intent.to_string())].into();
+        let info = super::node_info(&name, t.gpus, &t.gpu_model, t.cpus, t.memory_mib, labels);
         if matches!(self.apply(now, Op::RegisterNode { info }), Outcome::Rejected(_)) {
             return false;
         }
@@ -377,6 +371,27 @@ mod tests {
         assert_eq!(with.unfinished, 0, "every job finishes: {with:?}");
         // Spot is billed at its price.
         assert!((b.spend_usd - 0.4 * b.instance_hours).abs() < 0.01, "{b:?}");
+    }
+
+    #[test]
+    fn a_spot_notice_drawn_for_after_its_instance_ended_does_not_move_the_clock() {
+        // Two GPUs: one held long, one free early — a partly used node, so the time-weighted
+        // fragmentation shows any time added at the end of the replay.
+        let (mut nodes, mut jobs, policy) = scenario();
+        nodes[0].gpus = 2;
+        jobs.push(TraceJob { name: "short".into(), duration_ms: 1_000_000, gpus: 1, ..TraceJob::default() });
+        let replay = |spot: bool| {
+            let model = CloudModel { spot_interruptions_per_hour: 1e-4, ..fixed_boot(60_000) };
+            let config = SimConfig { burst: Some(setup(2, spot, model)), ..SimConfig::default() };
+            simulate(&nodes, &jobs, &policy, &config)
+        };
+        let (spot, on_demand) = (replay(true), replay(false));
+        assert_eq!(spot.burst.as_ref().map(|b| b.spot_interruptions), Some(0), "{spot:?}");
+        assert!(on_demand.fragmentation > 0.0, "{on_demand:?}");
+        assert_eq!(
+            (spot.fragmentation, spot.inference.clone()),
+            (on_demand.fragmentation, on_demand.inference)
+        );
     }
 
     #[test]
