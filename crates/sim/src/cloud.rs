@@ -181,10 +181,6 @@ impl SimCloud {
             i.alive = false;
         }
     }
-
-    pub fn live_count(&self) -> usize {
-        self.inner.borrow().instances.values().filter(|i| i.alive).count()
-    }
 }
 
 /// A uniform draw in [0, 1).
@@ -354,7 +350,7 @@ mod tests {
         cloud.reclaim(2);
         let listed = at_once(cloud.list("sim")).unwrap().unwrap();
         assert!(listed.iter().all(|i| !i.is_alive()), "{listed:?}");
-        assert_eq!((cloud.is_alive(1), cloud.is_alive(2), cloud.live_count()), (false, false, 0));
+        assert_eq!((listed.len(), cloud.is_alive(1), cloud.is_alive(2)), (2, false, false));
     }
 
     #[test]
