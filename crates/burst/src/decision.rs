@@ -3,16 +3,27 @@
 //! with its reason. No IO, no clock, no randomness: the same input gives the same decision.
 //!
 //! Launch when (1) burst is enabled, (2) on-prem GPUs are at least `saturation_pct` allocated,
-//! and (3) burstable jobs have waited at least `min_wait`, beyond what the cloud capacity already
-//! up or on its way can take. Each waiting job is packed onto a planned instance when one has
-//! room, else a new instance of the cheapest type per GPU that fits it (GPU count and model)
-//! is planned — spot first where allowed, on-demand as the fallback — as long as every limit
-//! (instances, GPUs, hourly spend) holds. Terminate a cloud node idle for `idle_timeout`, an
-//! instance whose agent never joined within `boot_timeout`, and idle ones once burst is off.
+//! and (3) one of:
+//! - burstable jobs have waited at least `min_wait`, beyond what the cloud capacity already up
+//!   or on its way can take (each is packed onto a planned instance with room, else a new one);
+//! - the forecast (`forecast_window` > 0, `crate::forecast`) expects more burstable GPUs over
+//!   the next window than free on-prem GPUs and idle cloud GPUs take: the
+//!   instances boot before the jobs come, instead of after they waited;
+//! - fewer than `min_idle_instances` instances sit idle (the warm pool, for latency targets
+//!   shorter than a boot; paid for, and counted in the limits like any instance).
+//!
+//! A new instance is of the cheapest type per GPU that fits (GPU count, model, CPUs, memory) —
+//! spot first where allowed, on-demand as the fallback — as long as every limit (instances,
+//! GPUs, hourly spend) holds. Terminate an instance whose agent never joined within
+//! `boot_timeout`, idle ones once burst is off, and ones idle for `idle_timeout` — but, with
+//! hysteresis, never in a decision that launches, never the warm pool while on-prem is
+//! saturated, and never one the forecast still expects work for.
 
 use kairos_scheduler::burst::{
-    BurstState, Footprint, InstanceState, InstanceType, LaunchRequest, BURST_LABEL,
+    BurstInstance, BurstState, Footprint, InstanceState, InstanceType, LaunchRequest, BURST_LABEL,
 };
+
+use crate::forecast::{self, Outlook};
 use kairos_scheduler::model::{model_matches, Share};
 use kairos_scheduler::{ClusterState, Job, JobState, NodeState};
 
@@ -50,37 +61,51 @@ pub fn on_prem_usage(state: &ClusterState) -> (u64, u64) {
 /// A cloud instance being planned (or one up / on its way), with room left.
 #[derive(Clone, Debug)]
 struct Slot {
+    /// The live instance (None: one this decision launches).
+    intent: Option<u64>,
+    gpus: u32,
     gpu_model: String,
     free: u32,
     /// CPUs and memory not yet spoken for.
     share: Share,
 }
 
-/// Live instances to terminate: their agent never joined within the boot timeout, or they sat
-/// idle past the idle timeout (or burst was disabled).
-fn to_terminate(state: &ClusterState, now: i64) -> Vec<(u64, String)> {
+/// Live instances to terminate whatever else holds: their agent never joined within the boot
+/// timeout, or they are idle and burst is disabled.
+fn unwanted(state: &ClusterState, now: i64) -> Vec<(u64, String)> {
     let cfg = &state.burst.config;
     let mut out = Vec::new();
-    for i in state.burst.live() {
+    for i in state.burst.live().filter(|i| i.state != InstanceState::Terminating) {
         let node = state.nodes.get(&i.node_name()).filter(|n| n.state != NodeState::Down);
-        let why = match (i.state, node, i.idle_since_ms) {
-            (InstanceState::Terminating, _, _) => None,
-            (_, None, _) if now - i.requested_ms >= secs(cfg.boot_timeout_s) => {
-                Some(format!("its agent did not join within {}s", cfg.boot_timeout_s))
+        match (node, i.idle_since_ms) {
+            (None, _) if now - i.requested_ms >= secs(cfg.boot_timeout_s) => {
+                out.push((i.intent, format!("its agent did not join within {}s", cfg.boot_timeout_s)));
             }
-            (_, Some(_), Some(idle)) if !cfg.enabled => {
-                Some(format!("burst is disabled (idle since {idle})"))
+            (Some(_), Some(since)) if !cfg.enabled => {
+                out.push((i.intent, format!("burst is disabled (idle since {since})")));
             }
-            (_, Some(_), Some(idle)) if now - idle >= secs(cfg.idle_timeout_s) => {
-                Some(format!("idle for {}s", (now - idle) / 1000))
-            }
-            _ => None,
-        };
-        if let Some(why) = why {
-            out.push((i.intent, why));
+            _ => {}
         }
     }
     out
+}
+
+/// Joined instances idle for at least `idle_timeout`, longest idle first.
+fn idle_due(state: &ClusterState, now: i64) -> Vec<(i64, &BurstInstance)> {
+    let timeout = secs(state.burst.config.idle_timeout_s);
+    let mut idle: Vec<(i64, &BurstInstance)> = state
+        .burst
+        .live()
+        .filter(|i| i.state != InstanceState::Terminating)
+        .filter(|i| state.nodes.get(&i.node_name()).is_some_and(|n| n.state != NodeState::Down))
+        .filter_map(|i| i.idle_since_ms.filter(|since| now - since >= timeout).map(|since| (since, i)))
+        .collect();
+    idle.sort_by_key(|(since, i)| (*since, i.intent));
+    idle
+}
+
+fn idle_reason(now: i64, since: i64) -> String {
+    format!("idle for {}s", (now - since) / 1000)
 }
 
 /// Capacity already there or coming: free GPUs of live cloud nodes, whole instances not joined.
@@ -103,15 +128,14 @@ fn cloud_capacity(state: &ClusterState) -> Vec<Slot> {
             Some(_) => (0, Share::default()),
             None => (i.gpus, of_type()),
         };
-        Slot { gpu_model: i.gpu_model.clone(), free, share }
+        Slot { intent: Some(i.intent), gpus: i.gpus, gpu_model: i.gpu_model.clone(), free, share }
     })
     .collect()
 }
 
 pub fn decide(state: &ClusterState, now: i64) -> Decision {
-    let burst = &state.burst;
-    let cfg = &burst.config;
-    let mut d = Decision { terminate: to_terminate(state, now), ..Decision::default() };
+    let cfg = &state.burst.config;
+    let mut d = Decision { terminate: unwanted(state, now), ..Decision::default() };
     if !cfg.enabled {
         return d;
     }
@@ -120,79 +144,201 @@ pub fn decide(state: &ClusterState, now: i64) -> Decision {
     let pct = (used * 100).checked_div(total).unwrap_or(100);
     if pct < u64::from(cfg.saturation_pct) {
         // (Not saturated: the pending jobs are not even looked at, so this costs O(nodes).)
+        d.terminate
+            .extend(idle_due(state, now).into_iter().map(|(since, i)| (i.intent, idle_reason(now, since))));
         d.held_back =
             Some(format!("on-prem GPUs are only {pct}% allocated (burst threshold {}%)", cfg.saturation_pct));
         return d;
     }
+    let mut plan = Plan::new(state, now, d);
     let waiting = waiting_jobs(state, now);
-    if waiting.is_empty() {
-        return d;
-    }
-    let mut slots = cloud_capacity(state);
-    let mut footprint = burst.footprint();
-    let mut served = 0usize;
     for job in &waiting {
-        let need = job.gpus();
-        let want = job.spec.share();
-        let model = job.spec.gpu_model.as_deref();
+        plan.serve(job);
+    }
+    if !plan.d.launches.is_empty() {
+        plan.reasons.push(format!(
+            "{} burstable jobs waited over {}s with on-prem GPUs {pct}% allocated ({} fit capacity already up or coming)",
+            waiting.len(),
+            cfg.min_wait_s,
+            plan.served
+        ));
+    }
+    // (Only a forecast or a warm pool needs the outlook, an O(jobs) scan.)
+    let outlook = if cfg.forecast_window_s > 0 || cfg.min_idle_instances > 0 {
+        forecast::outlook(state, now)
+    } else {
+        Outlook::default()
+    };
+    if cfg.forecast_window_s > 0 {
+        plan.ahead(&outlook);
+    }
+    plan.warm_pool(&outlook);
+    plan.scale_down(&outlook);
+    let mut d = plan.d;
+    d.launch_reason = plan.reasons.join("; ");
+    d
+}
+
+/// One decision being made: the cloud capacity up, coming and planned, and what is decided.
+struct Plan<'a> {
+    state: &'a ClusterState,
+    now: i64,
+    slots: Vec<Slot>,
+    footprint: Footprint,
+    /// Waiting jobs that fit capacity already up or coming.
+    served: usize,
+    reasons: Vec<String>,
+    d: Decision,
+}
+
+impl<'a> Plan<'a> {
+    fn new(state: &'a ClusterState, now: i64, d: Decision) -> Self {
+        let (slots, footprint) = (cloud_capacity(state), state.burst.footprint());
+        Plan { state, now, slots, footprint, served: 0, reasons: Vec::new(), d }
+    }
+
+    /// Places a waiting job on capacity up, coming or planned, else plans an instance for it.
+    fn serve(&mut self, job: &Job) {
+        let (need, want, model) = (job.gpus(), job.spec.share(), job.spec.gpu_model.as_deref());
         let fits = |s: &Slot| s.free >= need && want.fits(s.share) && model_matches(model, &s.gpu_model);
-        if let Some(s) = slots.iter_mut().find(|s| fits(s)) {
+        if let Some(s) = self.slots.iter_mut().find(|s| fits(s)) {
             s.free -= need;
             s.share = s.share.minus(want);
-            served += 1;
-            continue;
+            self.served += 1;
+            return;
         }
-        if d.launches.len() >= LAUNCHES_MAX {
-            d.held_back = Some(format!("at most {LAUNCHES_MAX} launches per decision"));
-            break;
-        }
-        if cheapest(burst, need, want, model, now, None).is_none() {
+        if cheapest(&self.state.burst, need, want, model, self.now, None).is_none() {
             let share = if want == Share::default() {
                 String::new()
             } else {
                 format!(" (with {} CPUs and {} MiB)", want.cpus, want.mem_mib)
             };
-            d.held_back = Some(format!(
+            self.d.held_back = Some(format!(
                 "job {} needs {need}{} GPUs: no allowed instance type fits{share} (or all are backing off)",
                 job.id,
                 model.map(|m| format!(" {m}")).unwrap_or_default(),
             ));
-            continue;
+            return;
         }
-        let Some((t, spot)) = cheapest(burst, need, want, model, now, Some(footprint)) else {
-            d.held_back = Some(format!(
+        if self.launch(need, want, model) {
+            let s = self.slots.last_mut().expect("launch adds a slot");
+            s.free -= need;
+            s.share = s.share.minus(want);
+        }
+    }
+
+    /// Plans one instance of the cheapest type that fits `need` GPUs of `model` with `want`,
+    /// within every limit; false (with the reason held back) when none may be launched.
+    fn launch(&mut self, need: u32, want: Share, model: Option<&str>) -> bool {
+        if self.d.launches.len() >= LAUNCHES_MAX {
+            self.d.held_back = Some(format!("at most {LAUNCHES_MAX} launches per decision"));
+            return false;
+        }
+        let burst = &self.state.burst;
+        let Some((t, spot)) = cheapest(burst, need, want, model, self.now, Some(self.footprint)) else {
+            let (f, cfg) = (self.footprint, &burst.config);
+            self.d.held_back = Some(format!(
                 "limit reached: {} instances / {} GPUs / {} m$/h live or planned (max {} / {} / {})",
-                footprint.instances,
-                footprint.gpus,
-                footprint.hourly_milli,
+                f.instances,
+                f.gpus,
+                f.hourly_milli,
                 cfg.max_instances,
                 cfg.max_gpus,
                 cfg.max_hourly_spend_milli
             ));
-            continue;
+            return false;
         };
-        let extra = Footprint { instances: 1, gpus: t.gpus, hourly_milli: t.price_milli(spot) };
-        footprint = Footprint {
-            instances: footprint.instances + 1,
-            gpus: footprint.gpus + t.gpus,
-            hourly_milli: footprint.hourly_milli + extra.hourly_milli,
+        self.footprint = Footprint {
+            instances: self.footprint.instances + 1,
+            gpus: self.footprint.gpus + t.gpus,
+            hourly_milli: self.footprint.hourly_milli + t.price_milli(spot),
         };
-        slots.push(Slot {
-            gpu_model: t.gpu_model.clone(),
-            free: t.gpus - need,
-            share: t.share().minus(want),
-        });
-        d.launches.push(LaunchRequest { instance_type: t.name.clone(), spot });
+        let (gpu_model, share) = (t.gpu_model.clone(), t.share());
+        self.slots.push(Slot { intent: None, gpus: t.gpus, gpu_model, free: t.gpus, share });
+        self.d.launches.push(LaunchRequest { instance_type: t.name.clone(), spot });
+        true
     }
-    if !d.launches.is_empty() {
-        d.launch_reason = format!(
-            "{} burstable jobs waited over {}s with on-prem GPUs {pct}% allocated ({} fit capacity already up or coming)",
-            waiting.len(),
-            cfg.min_wait_s,
-            served
-        );
+
+    /// Free cloud GPUs up, coming or planned that no waiting job is packed onto.
+    fn spare_gpus(&self) -> u64 {
+        self.slots.iter().map(|s| u64::from(s.free)).sum()
     }
-    d
+
+    /// Launches for the forecast's shortfall, instances that fit its largest job.
+    fn ahead(&mut self, o: &Outlook) {
+        let before = self.d.launches.len();
+        let spare = self.spare_gpus();
+        while o.shortfall(self.spare_gpus()) > 0 {
+            if !self.launch(o.largest_gpus.max(1), o.largest_share, None) {
+                break;
+            }
+        }
+        let n = self.d.launches.len() - before;
+        if n > 0 {
+            self.reasons.push(format!(
+                "forecast: {} burstable GPUs expected over {}s, beyond {} free on-prem GPUs and {spare} spare cloud GPUs ({n} launched ahead)",
+                o.expected, self.state.burst.config.forecast_window_s, o.headroom
+            ));
+        }
+    }
+
+    /// Instances up, coming or planned with nothing placed or packed on them.
+    fn idle_instances(&self) -> usize {
+        self.slots.iter().filter(|s| s.free == s.gpus).count()
+    }
+
+    /// Tops the warm pool up to `min_idle_instances`, with instances that fit the largest recent
+    /// or live burstable job (one GPU when none is known).
+    fn warm_pool(&mut self, o: &Outlook) {
+        let want = self.state.burst.config.min_idle_instances as usize;
+        let before = self.d.launches.len();
+        let idle = self.idle_instances();
+        let (gpus, share) = (o.largest_gpus.max(1), o.largest_share);
+        for _ in idle..want {
+            if !self.launch(gpus, share, None) {
+                break;
+            }
+        }
+        let n = self.d.launches.len() - before;
+        if n > 0 {
+            self.reasons.push(format!("warm pool: {idle} of {want} instances idle ({n} launched)"));
+        }
+    }
+
+    /// Idle instances past `idle_timeout` are terminated — unless this decision launches (no
+    /// launch/terminate flapping), they hold the warm pool, or the forecast still expects work
+    /// for them.
+    fn scale_down(&mut self, o: &Outlook) {
+        if !self.d.launches.is_empty() {
+            return;
+        }
+        let due = idle_due(self.state, self.now);
+        let idle_intents = |s: &&Slot| s.free == s.gpus && s.intent.is_some();
+        let idle_not_due = self
+            .slots
+            .iter()
+            .filter(idle_intents)
+            .filter(|s| !due.iter().any(|(_, i)| Some(i.intent) == s.intent));
+        let mut pool =
+            (self.state.burst.config.min_idle_instances as usize).saturating_sub(idle_not_due.count());
+        let mut spare = self.spare_gpus();
+        for (since, i) in due {
+            let packed = self.slots.iter().any(|s| s.intent == Some(i.intent) && s.free < s.gpus);
+            if packed {
+                continue;
+            }
+            if pool > 0 {
+                pool -= 1;
+                continue;
+            }
+            let without = spare.saturating_sub(u64::from(i.gpus));
+            if o.shortfall(without) > 0 {
+                continue;
+            }
+            spare = without;
+            self.d.terminate.push((i.intent, idle_reason(self.now, since)));
+        }
+    }
 }
 
 fn secs(s: u64) -> i64 {

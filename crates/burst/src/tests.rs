@@ -10,7 +10,7 @@ use crate::decision::decide;
 use crate::provider::{Cloud, CloudError, CloudInstance, LaunchSpec};
 use crate::reconcile::{round, Memory, Settings};
 
-fn node(name: &str, gpus: u32, labels: &[(&str, &str)]) -> NodeInfo {
+pub(crate) fn node(name: &str, gpus: u32, labels: &[(&str, &str)]) -> NodeInfo {
     NodeInfo {
         name: name.into(),
         addr: format!("{name}:1"),
@@ -32,11 +32,11 @@ fn node(name: &str, gpus: u32, labels: &[(&str, &str)]) -> NodeInfo {
     }
 }
 
-fn apply(s: &mut ClusterState, now: i64, op: Op) -> Outcome {
+pub(crate) fn apply(s: &mut ClusterState, now: i64, op: Op) -> Outcome {
     s.apply(&Command { skipped_ms: 0, now_ms: now, op })
 }
 
-fn config() -> BurstConfig {
+pub(crate) fn config() -> BurstConfig {
     BurstConfig {
         enabled: true,
         launch_template: "kairos-burst".into(),
@@ -80,7 +80,7 @@ fn config() -> BurstConfig {
 }
 
 /// One on-prem node of 4 GPUs, full of training; `inference` jobs of `gpus` GPUs submitted at 0.
-fn saturated(inference: &[u32]) -> ClusterState {
+pub(crate) fn saturated(inference: &[u32]) -> ClusterState {
     let mut s = ClusterState::new();
     apply(&mut s, 0, Op::RegisterNode { info: node("onprem", 4, &[]) });
     assert_eq!(apply(&mut s, 0, Op::SetBurstConfig { config: config() }), Outcome::PolicyChanged);
@@ -97,7 +97,7 @@ fn saturated(inference: &[u32]) -> ClusterState {
     s
 }
 
-fn submit(s: &mut ClusterState, spec: JobSpec) -> u64 {
+pub(crate) fn submit(s: &mut ClusterState, spec: JobSpec) -> u64 {
     match apply(s, 0, Op::Submit { spec, request_id: None, hold: false, limits: None }) {
         Outcome::Submitted { job } => job,
         other => panic!("{other:?}"),

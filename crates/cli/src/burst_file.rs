@@ -15,6 +15,9 @@
 //! boot_timeout = "15m"                 # an instance whose agent never joined, after this
 //! saturation_pct = 90                  # burst only when on-prem GPUs are this allocated
 //! qos = ["inference"]                  # may burst; empty = QoS marked burstable
+//! forecast_window = "10m"              # launch ahead for what the last 10m of burstable jobs
+//!                                      # asked beyond on-prem room ("0s": no forecast)
+//! min_idle_instances = 1               # warm pool kept idle while on-prem is saturated
 //!
 //! [[instance_types]]
 //! name = "g5.12xlarge"
@@ -68,6 +71,10 @@ pub struct BurstFile {
     pub saturation_pct: u32,
     #[serde(default)]
     pub qos: Vec<String>,
+    #[serde(default = "zero_seconds")]
+    pub forecast_window: String,
+    #[serde(default)]
+    pub min_idle_instances: u32,
     #[serde(default)]
     pub instance_types: Vec<InstanceTypeFile>,
     /// The simulated cloud of `kairos sim --burst` (`kairos burst config apply` ignores it).
@@ -117,6 +124,9 @@ fn yes() -> bool {
 }
 fn two_minutes() -> String {
     "2m".into()
+}
+fn zero_seconds() -> String {
+    "0s".into()
 }
 fn ten_minutes() -> String {
     "10m".into()
@@ -189,6 +199,8 @@ impl BurstFile {
             boot_timeout_s: parse_secs("boot_timeout", &self.boot_timeout)?,
             saturation_pct: self.saturation_pct,
             qos: self.qos.clone(),
+            forecast_window_s: parse_secs("forecast_window", &self.forecast_window)?,
+            min_idle_instances: self.min_idle_instances,
         })
     }
 
@@ -229,6 +241,8 @@ impl BurstFile {
             boot_timeout: format_secs(c.boot_timeout_s),
             saturation_pct: c.saturation_pct,
             qos: c.qos.clone(),
+            forecast_window: format_secs(c.forecast_window_s),
+            min_idle_instances: c.min_idle_instances,
             instance_types: c
                 .instance_types
                 .iter()
@@ -272,6 +286,8 @@ impl BurstFile {
             "boot_timeout" => self.boot_timeout = value.to_string(),
             "saturation_pct" => self.saturation_pct = u32_of(value)?,
             "qos" => self.qos = list_of(value),
+            "forecast_window" => self.forecast_window = value.to_string(),
+            "min_idle_instances" => self.min_idle_instances = u32_of(value)?,
             other => {
                 return Err(format!(
                     "unknown key \"{other}\" (instance types are set with `kairos burst config apply FILE`)"

@@ -34,6 +34,8 @@ pub fn burst_config_to_pb(c: &BurstConfig) -> pb::BurstConfig {
         boot_timeout_s: c.boot_timeout_s,
         saturation_pct: c.saturation_pct,
         qos: c.qos.iter().cloned().collect(),
+        forecast_window_s: c.forecast_window_s,
+        min_idle_instances: c.min_idle_instances,
     }
 }
 
@@ -67,5 +69,7 @@ pub fn burst_config_from_pb(c: pb::BurstConfig) -> BurstConfig {
         boot_timeout_s: c.boot_timeout_s,
         saturation_pct: c.saturation_pct,
         qos: c.qos.into_iter().collect(),
+        forecast_window_s: c.forecast_window_s,
+        min_idle_instances: c.min_idle_instances,
     }
 }

@@ -93,6 +93,14 @@ pub struct BurstConfig {
     pub saturation_pct: u32,
     /// QoS classes whose jobs may burst; empty = the QoS classes marked `burstable`.
     pub qos: BTreeSet<String>,
+    /// Launch ahead for the burstable GPUs the last this-many seconds asked for, taken as what
+    /// the next ones bring, beyond free on-prem GPUs and idle cloud ones (0: no forecast).
+    #[serde(default)]
+    pub forecast_window_s: u64,
+    /// Warm pool: while on-prem is saturated, keep this many instances idle (counted in the
+    /// limits; 0: none).
+    #[serde(default)]
+    pub min_idle_instances: u32,
 }
 
 impl Default for BurstConfig {
@@ -114,6 +122,8 @@ impl Default for BurstConfig {
             boot_timeout_s: 900,
             saturation_pct: 90,
             qos: BTreeSet::new(),
+            forecast_window_s: 0,
+            min_idle_instances: 0,
         }
     }
 }
@@ -169,6 +179,12 @@ impl BurstConfig {
         }
         if self.idle_timeout_s == 0 || self.boot_timeout_s == 0 {
             return Err("idle_timeout and boot_timeout must be at least 1 s".into());
+        }
+        if self.min_idle_instances > self.max_instances {
+            return Err("min_idle_instances: at most max_instances".into());
+        }
+        if self.forecast_window_s > 86_400 {
+            return Err("forecast_window: at most 24h".into());
         }
         if self.qos.len() > 32 || self.qos.iter().any(|q| !name_ok(q, 64)) {
             return Err("qos: at most 32 QoS names".into());

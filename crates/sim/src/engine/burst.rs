@@ -407,6 +407,32 @@ mod tests {
     }
 
     #[test]
+    fn the_forecast_starts_instances_before_min_wait_and_keeps_them_for_the_next_wave() {
+        // Two waves of two 10-minute inference jobs, at 10 s and at 1,200 s: after the first,
+        // the instances sit idle past idle_timeout (300 s) before the second comes.
+        let (nodes, mut jobs, policy) = scenario();
+        jobs.truncate(3);
+        for (i, j) in jobs.clone().iter().skip(1).enumerate() {
+            jobs.push(TraceJob { name: format!("late{i}"), submit_ms: 1_200_000, ..j.clone() });
+        }
+        let replay = |forecast_window_s: u64| {
+            let mut burst = setup(2, false, fixed_boot(100_000));
+            burst.config.forecast_window_s = forecast_window_s;
+            simulate(&nodes, &jobs, &policy, &SimConfig { burst: Some(burst), ..SimConfig::default() })
+        };
+        let (without, with) = (replay(0), replay(1_800));
+        assert_eq!((without.unfinished, with.unfinished), (0, 0));
+        // Without: each wave waits min_wait (60 s) and a boot (100 s); the instances of the
+        // first were terminated idle, so the second launches again.
+        let (w, b) = (&without.inference.wait_s, without.burst.clone().unwrap());
+        assert!(w.p50 >= 160.0 && w.max < 175.0 && b.instances_launched == 4, "{without:?}");
+        // With: the first wave waits only the boot; the second finds the instances kept, the
+        // forecast still expecting work within its window, and starts at once.
+        let (w, b) = (&with.inference.wait_s, with.burst.clone().unwrap());
+        assert!(w.p50 < 5.0 && (100.0..110.0).contains(&w.max) && b.instances_launched == 2, "{with:?}");
+    }
+
+    #[test]
     fn a_disabled_configuration_changes_nothing() {
         let mut off = setup(2, false, fixed_boot(60_000));
         off.config.enabled = false;
