@@ -17,9 +17,9 @@ use crate::harness::{bin, free_addr, python, stop_child, wait_for, wait_for_with
 const CLUSTER: &str = "e2e";
 
 /// A moto EC2 server on a free loopback port, stopped on drop.
-struct Moto {
+pub(crate) struct Moto {
     child: Child,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Moto {
@@ -43,7 +43,7 @@ impl Moto {
     }
 
     /// A server with the launch template `kairos-burst` in place; also returns its AMI id.
-    fn with_launch_template(log: &std::path::Path) -> (Moto, String) {
+    pub(crate) fn with_launch_template(log: &std::path::Path) -> (Moto, String) {
         let moto = Moto::start(log);
         let ami = moto.python("print(ec2.describe_images()['Images'][0]['ImageId'])");
         moto.python(&format!(

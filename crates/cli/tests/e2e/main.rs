@@ -5,6 +5,7 @@ mod anyreplica;
 mod backup;
 mod batch;
 mod burst;
+mod burst_chaos;
 mod deploy;
 mod durability;
 mod gang;
