@@ -84,7 +84,7 @@ fn the_warm_pool_stays_idle_while_saturated_within_the_limits_and_goes_after() {
     // A job takes the warm instance: the pool is empty again, so another one is launched.
     inference(&mut s, 1);
     let plan = kairos_scheduler::plan(&s).plan;
-    assert_eq!(plan.placements[0].node, "burst-1", "an idle cloud GPU is taken before any preemption");
+    assert_eq!(plan.placements[0].node, "burst-1", "the job takes the warm instance");
     apply(&mut s, 3_600_000, Op::ApplyPlan { plan });
     assert_eq!(decide(&s, 3_600_001).launches.len(), 1);
     // The pool counts against the limits like any instance: no room, no warm instance.
