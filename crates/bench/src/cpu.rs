@@ -49,16 +49,30 @@ impl Window {
 mod tests {
     use super::*;
 
+    /// This process's CPU time from the kernel's own clock (not /proc), the reference.
+    fn cpu_clock() -> Duration {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime writes into the timespec it is given.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+        assert_eq!(rc, 0);
+        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    }
+
     #[test]
     fn a_busy_process_shows_the_cpu_it_burnt_and_a_missing_one_none() {
         let me = std::process::id();
         let before = used(me).expect("own stat");
-        let t0 = std::time::Instant::now();
+        // Burn 300 ms of CPU by the kernel's clock, however long a busy machine takes to give
+        // it (wall time would measure the machine's load, not this process).
+        let (c0, deadline) = (cpu_clock(), std::time::Instant::now() + Duration::from_secs(60));
         let mut x = 0u64;
-        while t0.elapsed() < Duration::from_millis(300) {
-            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        while cpu_clock() - c0 < Duration::from_millis(300) && std::time::Instant::now() < deadline {
+            for _ in 0..10_000 {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
         }
         let after = used(me).expect("own stat");
+        // /proc counts in clock ticks (10 ms), updated as they pass.
         assert!(after - before >= Duration::from_millis(200), "{before:?} -> {after:?}");
         assert_eq!(used(u32::MAX), None);
         let w = Window::start(&[me, u32::MAX]);

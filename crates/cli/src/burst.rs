@@ -79,7 +79,8 @@ fn status_json(s: &pb::BurstStatusResponse) -> serde_json::Value {
         "hourly_spend_milli": s.hourly_spend_milli, "spent_milli": s.spent_milli,
         "max_instances": s.max_instances, "max_gpus": s.max_gpus,
         "max_hourly_spend_milli": s.max_hourly_spend_milli,
-        "on_prem_used": s.on_prem_used, "on_prem_total": s.on_prem_total,
+        "on_prem_used": s.on_prem_used, "on_prem_total": s.on_prem_total, "on_prem_free": s.on_prem_free,
+        "forecast_window_s": s.forecast_window_s, "forecast_expected_gpus": s.forecast_expected_gpus,
         "instances": instances, "decisions": decisions,
     })
 }
@@ -110,6 +111,12 @@ fn print_status(s: &pb::BurstStatusResponse) {
         s.on_prem_used,
         s.on_prem_total
     );
+    if s.forecast_window_s > 0 {
+        println!(
+            "forecast: {} burstable GPUs asked for over the last {}s, {} on-prem GPUs free",
+            s.forecast_expected_gpus, s.forecast_window_s, s.on_prem_free
+        );
+    }
     let rows: Vec<Vec<String>> = s
         .instances
         .iter()

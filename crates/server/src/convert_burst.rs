@@ -8,6 +8,13 @@ pub fn burst_status(state: &ClusterState, now: i64) -> pb::BurstStatusResponse {
     let b = &state.burst;
     let footprint = b.footprint();
     let (on_prem_used, on_prem_total) = kairos_burst::decision::on_prem_usage(state);
+    // (The outlook scans recent jobs: only when a forecast is configured.)
+    let (forecast_expected_gpus, on_prem_free) = if b.config.forecast_window_s > 0 {
+        let o = kairos_burst::forecast::outlook(state, now);
+        (o.expected, o.headroom)
+    } else {
+        (0, kairos_burst::forecast::headroom(state))
+    };
     let instances = b
         .instances
         .values()
@@ -55,5 +62,60 @@ pub fn burst_status(state: &ClusterState, now: i64) -> pb::BurstStatusResponse {
             .collect(),
         on_prem_used,
         on_prem_total,
+        forecast_window_s: b.config.forecast_window_s,
+        forecast_expected_gpus,
+        on_prem_free,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kairos_scheduler::burst::BurstConfig;
+    use kairos_scheduler::{ClusterState, Command, Gpu, JobSpec, NodeInfo, Op, Profile};
+
+    fn apply(s: &mut ClusterState, now: i64, op: Op) {
+        s.apply(&Command { skipped_ms: 0, now_ms: now, op });
+    }
+
+    #[test]
+    fn the_status_shows_the_forecast_against_the_free_on_prem_gpus() {
+        let mut s = ClusterState::new();
+        let gpu = |index| Gpu {
+            index,
+            uuid: format!("GPU-{index}"),
+            model: "A10G".into(),
+            memory_mib: 1,
+            link_group: 0,
+            mig_parent: None,
+        };
+        let info = NodeInfo {
+            name: "n0".into(),
+            addr: "n0:1".into(),
+            gpus: (0..3).map(gpu).collect(),
+            cpus: 8,
+            memory_mib: 1 << 14,
+            labels: Default::default(),
+            gpu_backend: "fake".into(),
+            isolation: String::new(),
+        };
+        apply(&mut s, 0, Op::RegisterNode { info });
+        let config = BurstConfig {
+            forecast_window_s: 600,
+            qos: ["inference".to_string()].into(),
+            ..BurstConfig::default()
+        };
+        apply(&mut s, 0, Op::SetBurstConfig { config });
+        for gpus in [1, 2] {
+            let mut spec = JobSpec::new("i", "bob", vec!["true".into()], gpus);
+            spec.profile = Profile::Inference;
+            apply(&mut s, 1_000, Op::Submit { spec, request_id: None, hold: false, limits: None });
+        }
+        let status = super::burst_status(&s, 2_000);
+        assert_eq!(
+            (status.forecast_window_s, status.forecast_expected_gpus, status.on_prem_free),
+            (600, 3, 3)
+        );
+        // Past the window, nothing is expected.
+        assert_eq!(super::burst_status(&s, 602_000).forecast_expected_gpus, 0);
     }
 }
