@@ -622,8 +622,9 @@ fn the_checkers_catch_what_they_check() {
 }
 
 /// `KAIROS_BURST_CHAOS_SCHEDULES` seeded schedules (default 16 in the test command; the full
-/// run of 120 is in docs/burst.md) from seed `KAIROS_BURST_CHAOS_FIRST` (default 1), two at a
-/// time, each worker with a moto server of its own (moto is single-threaded and slows as
+/// run of 120 is in docs/burst.md) from seed `KAIROS_BURST_CHAOS_FIRST` (default 1), on
+/// `KAIROS_BURST_CHAOS_WORKERS` workers (default 1: moto takes a whole core, and the other e2e
+/// tests run beside), each with a moto server of its own (single-threaded, it slows as
 /// instances pile up, so it is restarted every 8 schedules).
 #[test]
 fn burst_under_faults_never_breaks_a_limit_leaks_or_doubles_a_launch_and_every_job_finishes() {
@@ -631,11 +632,12 @@ fn burst_under_faults_never_breaks_a_limit_leaks_or_doubles_a_launch_and_every_j
     let env =
         |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     let (n, first) = (env("KAIROS_BURST_CHAOS_SCHEDULES", 16), env("KAIROS_BURST_CHAOS_FIRST", 1));
+    let workers = env("KAIROS_BURST_CHAOS_WORKERS", 1).clamp(1, 8);
     let next = std::sync::atomic::AtomicU64::new(first);
     let failures = Mutex::new(Vec::new());
     let totals = Mutex::new((0usize, 0usize, BTreeMap::<&'static str, u64>::new()));
     std::thread::scope(|s| {
-        for worker in 0..2 {
+        for worker in 0..workers {
             let (dir, next, failures, totals) = (dir.path(), &next, &failures, &totals);
             s.spawn(move || {
                 let mut moto: Option<Moto> = None;

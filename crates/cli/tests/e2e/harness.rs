@@ -242,6 +242,21 @@ impl Cluster {
         self.controllers.iter().map(|c| format!("{}={}", c.id, c.addr)).collect::<Vec<_>>().join(",")
     }
 
+    /// Why replica `index` may not answer: whether its process still runs, and its log's tail.
+    fn silent_replica(&self, index: usize) -> String {
+        let c = &self.controllers[index];
+        let pid = c.child.as_ref().map(|ch| ch.id());
+        // The process state letter (R, S, D, Z …) after the command name; none once reaped.
+        let state =
+            pid.and_then(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok()).and_then(|st| {
+                st.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next().map(String::from))
+            });
+        let log = std::fs::read_to_string(self.path(&format!("kairosd-{}.log", c.id))).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(15).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        format!("process {pid:?} state {state:?}; log tail:\n{}", tail.join("\n"))
+    }
+
     fn log_file(&self, name: &str) -> Stdio {
         let f = std::fs::OpenOptions::new()
             .create(true)
@@ -424,7 +439,7 @@ impl Cluster {
                             s["commit_index"],
                             s["applied_index"]
                         ),
-                        None => format!("replica {}: no status", i + 1),
+                        None => format!("replica {}: no status ({})", i + 1, self.silent_replica(*i)),
                     })
                     .collect();
                 panic!("timed out waiting for replicas to converge; last seen:\n{}", last.join("\n"));
