@@ -26,8 +26,8 @@ pub struct Outlook {
     pub headroom: u64,
     /// GPUs burstable jobs asked for over the last window.
     pub expected: u64,
-    /// The most GPUs, CPUs and memory one of those jobs asked for: an instance launched ahead
-    /// is one that fits it.
+    /// The GPUs, CPUs and memory of the largest of those jobs an allowed type fits: an
+    /// instance launched ahead is one that fits it.
     pub largest_gpus: u32,
     pub largest_share: Share,
 }
@@ -75,17 +75,18 @@ pub fn outlook(state: &ClusterState, now: i64) -> Outlook {
         newest.filter(|j| j.submit_time_ms <= now).filter(burstable).collect()
     };
     o.expected = recent.iter().map(|j| u64::from(j.gpus())).sum();
-    // The reference job: the largest recent one; without any, the largest pending or running.
-    let mut reference: Vec<&Job> = recent.into_iter().filter(|j| fits_a_type(j)).collect();
-    if reference.is_empty() {
+    // The reference job: the largest recent one (by GPUs, then memory, then CPUs) that some
+    // allowed type fits; without any, the largest pending or running one. One job, so the
+    // instance launched ahead always fits a real job.
+    let size = |j: &&Job| (j.gpus(), j.spec.share().mem_mib, j.spec.share().cpus, j.id);
+    let mut reference = recent.into_iter().filter(|j| fits_a_type(j)).max_by_key(size);
+    if reference.is_none() {
         let live = |j: &&Job| matches!(j.state, JobState::Pending | JobState::Running);
-        reference = state.jobs.values().filter(burstable).filter(live).filter(|j| fits_a_type(j)).collect();
+        reference =
+            state.jobs.values().filter(burstable).filter(live).filter(|j| fits_a_type(j)).max_by_key(size);
     }
-    for j in reference {
-        o.largest_gpus = o.largest_gpus.max(j.gpus());
-        let s = j.spec.share();
-        o.largest_share =
-            Share { cpus: o.largest_share.cpus.max(s.cpus), mem_mib: o.largest_share.mem_mib.max(s.mem_mib) };
+    if let Some(j) = reference {
+        (o.largest_gpus, o.largest_share) = (j.gpus(), j.spec.share());
     }
     o
 }

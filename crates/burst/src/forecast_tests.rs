@@ -132,3 +132,33 @@ fn idle_instances_stay_while_the_forecast_expects_work_and_never_go_in_a_launchi
     apply(&mut s, 600_000, Op::BurstLaunch { launches: d.launches, reason: "t".into() });
     assert_eq!(decide(&s, 600_001).terminate.len(), 1);
 }
+
+#[test]
+fn instances_launched_ahead_fit_one_real_job_not_a_mix_of_several() {
+    // One type has the CPUs, the other the GPUs and memory; no type has all three.
+    let mut cfg = BurstConfig { forecast_window_s: 600, max_instances: 3, ..config() };
+    cfg.instance_types = vec![
+        kairos_scheduler::burst::InstanceType {
+            cpus: 64,
+            memory_mib: 16 << 10,
+            ..cfg.instance_types[1].clone()
+        },
+        kairos_scheduler::burst::InstanceType {
+            cpus: 8,
+            memory_mib: 512 << 10,
+            ..cfg.instance_types[2].clone()
+        },
+    ];
+    let mut s = saturated(&[]);
+    set(&mut s, cfg);
+    let mut cpu_heavy = JobSpec::new("i", "bob", vec!["true".into()], 1);
+    cpu_heavy.profile = Profile::Inference;
+    cpu_heavy.cpus = 48;
+    submit(&mut s, cpu_heavy);
+    let mut big = JobSpec::new("i", "bob", vec!["true".into()], 4);
+    big.profile = Profile::Inference;
+    big.mem_mib = 300 << 10;
+    submit(&mut s, big);
+    let d = decide(&s, 1_000);
+    assert!(!d.launches.is_empty() && d.launches.iter().all(|l| l.instance_type == "g.four"), "{d:?}");
+}
