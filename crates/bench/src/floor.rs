@@ -53,6 +53,9 @@ impl JobService for Floor {
     async fn get_job(&self, _: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
         unimplemented()
     }
+    async fn who_am_i(&self, _: Request<pb::WhoAmIRequest>) -> Result<Response<pb::WhoAmIResponse>, Status> {
+        unimplemented()
+    }
     async fn list_jobs(
         &self,
         _: Request<pb::ListJobsRequest>,

@@ -101,6 +101,9 @@ fn check_free(args: &UpArgs) -> anyhow::Result<()> {
     for a in args.controllers.iter().chain([&args.agent_addr]) {
         wanted.push(metrics_addr(a)?);
     }
+    for a in &args.controllers {
+        wanted.push(http_addr(a)?);
+    }
     for a in &wanted {
         if let Err(e) = std::net::TcpListener::bind(a.as_str()) {
             bail!(
@@ -157,7 +160,7 @@ fn agent_argv(args: &UpArgs, metrics: String) -> Vec<String> {
 }
 
 /// Says what runs where, the context to use it by, and what to try.
-fn announce(args: &UpArgs, metrics: &[String]) {
+fn announce(args: &UpArgs, metrics: &[String], web: &[String]) {
     println!(
         "kairos up: controllers {} (data under {}), agent \"{}\" (log service {})",
         args.controllers.join(","),
@@ -166,6 +169,10 @@ fn announce(args: &UpArgs, metrics: &[String]) {
         args.agent_addr
     );
     println!("kairos up: Prometheus metrics at {}", metrics.join(", "));
+    println!(
+        "kairos up: web UI and JSON API at {} (log in with a token, e.g. the admin token below)",
+        web.join(", ")
+    );
     match add_context(&args.controllers, &args.data_dir.join("admin.token")) {
         Ok(name) => println!(
             "kairos up: context \"{name}\" (current; admin token {}); `kairos context list` shows the others",
@@ -222,12 +229,16 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let peers: Vec<String> =
         args.controllers.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
     let mut metrics = Vec::new();
+    let mut web = Vec::new();
     let mut children = Vec::new();
     for (i, addr) in args.controllers.iter().enumerate() {
         let mut argv = controller_argv(&args, i, addr, &peers);
         let at = metrics_addr(addr)?;
         argv.extend(["--metrics-addr".to_string(), at.clone()]);
         metrics.push(format!("http://{at}/metrics (kairosd {})", i + 1));
+        let http = http_addr(addr)?;
+        argv.extend(["--http-addr".to_string(), http.clone()]);
+        web.push(format!("http://{http}/"));
         match spawn(&sibling("kairosd"), &argv) {
             Ok(c) => children.push(("kairosd", c)),
             Err(e) => {
@@ -246,7 +257,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             return Err(e);
         }
     }
-    announce(&args, &metrics);
+    announce(&args, &metrics, &web);
 
     // A replica that dies is reported and the rest keep running (that is what HA is for); the
     // cluster stops when the agent or every replica is gone.
@@ -265,9 +276,18 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
 
 /// Where a daemon of `kairos up` serves its metrics: its own address, port + 2000 (7001 → 9001).
 fn metrics_addr(addr: &str) -> anyhow::Result<String> {
+    beside(addr, 2000, "metrics")
+}
+
+/// Where a controller of `kairos up` serves the web UI and JSON API: port + 1000 (7001 → 8001).
+fn http_addr(addr: &str) -> anyhow::Result<String> {
+    beside(addr, 1000, "web UI")
+}
+
+fn beside(addr: &str, offset: u16, what: &str) -> anyhow::Result<String> {
     let a: std::net::SocketAddr = addr.parse().map_err(|_| anyhow::anyhow!("\"{addr}\" is not HOST:PORT"))?;
     let port =
-        a.port().checked_add(2000).ok_or_else(|| anyhow::anyhow!("{addr}: no room for a metrics port"))?;
+        a.port().checked_add(offset).ok_or_else(|| anyhow::anyhow!("{addr}: no room for a {what} port"))?;
     Ok(std::net::SocketAddr::new(a.ip(), port).to_string())
 }
 

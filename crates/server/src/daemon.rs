@@ -156,6 +156,10 @@ struct Args {
     /// Serve Prometheus metrics at http://HOST:PORT/metrics.
     #[arg(long, value_name = "HOST:PORT")]
     metrics_addr: Option<String>,
+    /// Serve the JSON HTTP API (`/api/v1/…`, described at `/api/v1/openapi.json`) and the web UI
+    /// at http://HOST:PORT/: the same calls, tokens, roles and limits as the gRPC API.
+    #[arg(long, value_name = "HOST:PORT")]
+    http_addr: Option<String>,
     /// Log lines as text (colours only on a terminal) or as JSON objects.
     #[arg(long, value_enum, default_value_t = kairos_telemetry::logs::LogFormat::Text)]
     log_format: kairos_telemetry::logs::LogFormat,
@@ -367,6 +371,46 @@ async fn serve_metrics(args: &Args, ctx: &Ctx) -> anyhow::Result<Option<tokio::t
     })))
 }
 
+/// The JSON API and web UI at `--http-addr`, when asked for: a gateway to this replica's own
+/// gRPC port (`listen`), dialled over loopback, or at `--addr` with TLS.
+async fn serve_http(
+    args: &Args,
+    ctx: &Ctx,
+    listen: std::net::SocketAddr,
+    tls: Option<tonic::transport::ClientTlsConfig>,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    let Some(addr) = &args.http_addr else { return Ok(None) };
+    let grpc_url = match (&tls, args.cert.is_some()) {
+        (Some(_), true) => kairos_proto::wire::url(&args.addr, true),
+        (None, true) => {
+            bail!("--http-addr with --cert needs --ca: the gateway verifies this replica's certificate")
+        }
+        _ => {
+            let ip = match listen.ip() {
+                ip if ip.is_unspecified() && ip.is_ipv4() => std::net::Ipv4Addr::LOCALHOST.into(),
+                ip if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+                ip => ip,
+            };
+            kairos_proto::wire::url(&std::net::SocketAddr::new(ip, listen.port()).to_string(), false)
+        }
+    };
+    let gateway = crate::gateway::Gateway::new(crate::gateway::Options {
+        grpc_url,
+        tls,
+        key: ctx.auth.key.clone(),
+        body_max: API_MESSAGE_BYTES_MAX,
+    })?;
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding --http-addr {addr}"))?;
+    let at = listener.local_addr()?;
+    tracing::info!(http = %format!("http://{at}/"), "serving the web UI and JSON API");
+    if args.log_format == kairos_telemetry::logs::LogFormat::Text {
+        println!("kairosd {} web UI and JSON API at http://{at}/", args.id);
+    }
+    let limit = connlimit::ConnLimit::new(args.max_connections_per_address, args.max_connections);
+    Ok(Some(tokio::spawn(crate::gateway::serve(listener, Arc::new(gateway), limit))))
+}
+
 fn burst_options(args: &Args, join_token: String) -> burst::BurstOptions {
     burst::BurstOptions {
         cluster: args.cluster_name.clone(),
@@ -565,8 +609,9 @@ pub async fn run() -> anyhow::Result<()> {
     let replica = Replica::open(&config, &args.data_dir, &members)
         .await
         .with_context(|| format!("opening replica data in {}", args.data_dir.display()))?;
-    let ctx = context(&args, &replica, auth, client_tls);
+    let ctx = context(&args, &replica, auth, client_tls.clone());
     let metrics_task = serve_metrics(&args, &ctx).await?;
+    let http_task = serve_http(&args, &ctx, listen, client_tls.clone()).await?;
     let leader_task = tokio::spawn(leader::run(ctx.clone()));
     let watchdog_task = tokio::spawn(kairos_consensus::failover::run(replica.clone()));
     let burst_task = tokio::spawn(burst::run(ctx.clone(), burst_options(&args, join_token)));
@@ -584,7 +629,7 @@ pub async fn run() -> anyhow::Result<()> {
     watchdog_task.abort();
     burst_task.abort();
     health_task.abort();
-    if let Some(t) = metrics_task {
+    for t in [metrics_task, http_task].into_iter().flatten() {
         t.abort();
     }
     traces.shutdown();

@@ -182,6 +182,14 @@ fn in_window(submit: i64, end: i64, since: i64, until: i64) -> bool {
 
 #[tonic::async_trait]
 impl JobService for JobApi {
+    async fn who_am_i(
+        &self,
+        request: Request<pb::WhoAmIRequest>,
+    ) -> Result<Response<pb::WhoAmIResponse>, Status> {
+        let me = self.ctx.principal(&request)?;
+        Ok(Response::new(pb::WhoAmIResponse { user: me.user, role: me.role.as_str().into() }))
+    }
+
     async fn list_history(
         &self,
         request: Request<pb::ListHistoryRequest>,

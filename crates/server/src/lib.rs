@@ -14,6 +14,7 @@ pub mod convert;
 pub mod convert_burst;
 pub mod daemon;
 pub mod forward;
+pub mod gateway;
 pub mod health;
 pub mod jobs;
 pub mod leader;

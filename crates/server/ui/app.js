@@ -1,0 +1,505 @@
+// The kairos web UI: one page, views drawn from the JSON API (/api/v1, described at
+// /api/v1/openapi.json). Data is only ever put in the page as text, never as HTML.
+"use strict";
+
+const POLL_MS = 1000;
+const LOG_LINES = 200;
+const TERMINAL = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"];
+const STATES = ["PENDING", "RUNNING", "SUSPENDED", "PREEMPTING", ...TERMINAL];
+
+let me = null; // {user, role} once logged in
+let view = { stop() {} }; // what the current view must stop (timers, streams) when left
+
+// ---------- helpers ----------
+
+/** An element: h("td", {class: "x"}, "text", child, …). */
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === false || v === null || v === undefined) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+const short = (s, prefix) => String(s || "").replace(prefix, "");
+const stateOf = (j) => short(j.state, "JOB_STATE_");
+const when = (ms) => (ms ? new Date(Number(ms)).toLocaleString() : "–");
+const clock = (ms) => (ms ? new Date(Number(ms)).toLocaleTimeString() : "–");
+const badge = (s) => h("span", { class: `badge s-${s}` }, s);
+const operates = () => me && (me.role === "operator" || me.role === "admin");
+const mayAct = (owner) => me && (me.user === owner || operates());
+
+function csrf() {
+  const m = document.cookie.match(/(?:^|;\s*)kairos_csrf=([^;]+)/);
+  return m ? m[1] : "";
+}
+
+class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+/** Calls the API; changes carry the CSRF value the login set. */
+async function api(path, { method = "GET", body, signal } = {}) {
+  const headers = { Accept: "application/json" };
+  if (method !== "GET") headers["X-CSRF-Token"] = csrf();
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const r = await fetch(path, {
+    method, headers, signal, credentials: "same-origin",
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const data = await r.json().catch(() => ({}));
+  if (!r.ok) {
+    const e = data.error || {};
+    if (r.status === 401 && path !== "/ui/login") showLogin();
+    throw new ApiError(r.status, e.code || String(r.status), e.message || r.statusText);
+  }
+  return data;
+}
+
+function setMain(title, ...children) {
+  const main = document.getElementById("main");
+  main.replaceChildren(h("h1", {}, title), ...children);
+  document.title = `${title} · kairos`;
+}
+
+function failure(e) {
+  return h("p", { role: "alert" }, `${e.code || "error"}: ${e.message}`);
+}
+
+/** Runs `tick` now and every POLL_MS, never two at once, until the view is left. */
+function poll(tick) {
+  let timer = null;
+  let stopped = false;
+  const run = async () => {
+    try { await tick(); } catch (e) { if (!(e instanceof ApiError && e.status === 401)) console.warn(e); }
+    if (!stopped) timer = setTimeout(run, POLL_MS);
+  };
+  run();
+  return () => { stopped = true; clearTimeout(timer); };
+}
+
+const drawn = new WeakMap();
+/** Redraws `el` only when what it shows changed, so focus and selection survive the polling. */
+function redraw(el, data, build) {
+  const key = JSON.stringify(data);
+  if (drawn.get(el) === key) return;
+  drawn.set(el, key);
+  el.replaceChildren(...build());
+}
+
+// ---------- login ----------
+
+function showLogin(message) {
+  view.stop();
+  view = { stop() {} };
+  me = null;
+  document.getElementById("nav").hidden = true;
+  document.getElementById("logout").hidden = true;
+  document.getElementById("who").textContent = "";
+  const token = h("input", { id: "token", type: "password", autocomplete: "off", required: true });
+  const alert = h("p", { role: "alert", id: "login-error" }, message || "");
+  const form = h("form", { class: "login", id: "login-form" },
+    h("p", {}, "Log in with an API token (`kairos token create --user NAME`)."),
+    h("label", { for: "token" }, "API token", token),
+    h("p", {}, h("button", { type: "submit", id: "login-button" }, "Log in")),
+    alert);
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    try {
+      me = await api("/ui/login", { method: "POST", body: { token: token.value } });
+      token.value = "";
+      loggedIn();
+      if (!location.hash || location.hash === "#/login") location.hash = "#/jobs";
+      else route();
+    } catch (e) {
+      alert.textContent = `${e.code}: ${e.message}`;
+    }
+  });
+  setMain("Log in", form);
+  token.focus();
+}
+
+function loggedIn() {
+  document.getElementById("nav").hidden = false;
+  document.getElementById("logout").hidden = false;
+  document.getElementById("who").textContent = `${me.user} (${me.role})`;
+}
+
+async function logout() {
+  await api("/ui/logout", { method: "POST" }).catch(() => {});
+  location.hash = "#/login";
+  showLogin("Logged out.");
+}
+
+// ---------- jobs ----------
+
+function jobsView() {
+  const params = new URLSearchParams(location.hash.split("?")[1] || "");
+  const field = (name, label, input) => h("label", { for: `f-${name}` }, label, input);
+  const state = h("select", { id: "f-state", name: "state" },
+    h("option", { value: "" }, "pending and running"),
+    h("option", { value: "all" }, "all"),
+    STATES.map((s) => h("option", { value: s }, s.toLowerCase())));
+  state.value = params.get("state") || "";
+  const text = (name) => h("input", { id: `f-${name}`, name, value: params.get(name) || "", size: 10 });
+  const inputs = { user: text("user"), qos: text("qos"), partition: text("partition"), name: text("name") };
+  const form = h("form", { class: "filters", role: "search" },
+    field("state", "State", state),
+    ...Object.entries(inputs).map(([k, v]) => field(k, k[0].toUpperCase() + k.slice(1), v)),
+    h("button", { type: "submit" }, "Filter"));
+  const body = h("tbody", { id: "jobs-body" });
+  const status = h("p", { class: "muted", "aria-live": "polite" });
+  const more = h("button", { type: "button", hidden: true }, "Load more");
+  const open = new Set(); // arrays unfolded
+  let pages = 1;
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const q = new URLSearchParams();
+    if (state.value) q.set("state", state.value);
+    for (const [k, v] of Object.entries(inputs)) if (v.value.trim()) q.set(k, v.value.trim());
+    location.hash = `#/jobs?${q}`;
+  });
+  more.addEventListener("click", () => { pages += 1; refresh(); });
+  const query = (token) => {
+    const q = new URLSearchParams({ limit: "200" });
+    if (state.value === "all") q.set("all", "true");
+    else if (state.value) q.set("states", state.value);
+    for (const [k, v] of Object.entries(inputs)) if (v.value.trim()) q.set(k, v.value.trim());
+    if (token) q.set("page_token", token);
+    return `/api/v1/jobs?${q}`;
+  };
+  async function refresh() {
+    let jobs = [];
+    let token = "";
+    for (let p = 0; p < pages; p++) {
+      const page = await api(query(token));
+      jobs = jobs.concat(page.jobs);
+      token = page.next_page_token;
+      if (!token) break;
+    }
+    more.hidden = !token;
+    redraw(body, [jobs, [...open]], () => jobRows(jobs, open, refresh));
+    status.textContent = `${jobs.length} job${jobs.length === 1 ? "" : "s"} · updated ${new Date().toLocaleTimeString()}`;
+  }
+  const table = h("table", { id: "jobs" },
+    h("thead", {}, h("tr", {}, ["ID", "Name", "User", "QoS", "Partition", "State", "GPUs", "Node", "Pending reason", "Submitted"]
+      .map((c) => h("th", { scope: "col" }, c)))),
+    body);
+  setMain("Jobs", form, status, table, more);
+  view = { stop: poll(refresh) };
+}
+
+/** Rows of the jobs table: an array's tasks folded under one row until it is opened. */
+function jobRows(jobs, open, again) {
+  const rows = [];
+  const arrays = new Map();
+  for (const j of jobs) {
+    if (j.array_job_id && Number(j.array_job_id) !== 0) {
+      if (!arrays.has(j.array_job_id)) { arrays.set(j.array_job_id, []); rows.push({ array: j.array_job_id }); }
+      arrays.get(j.array_job_id).push(j);
+    } else rows.push({ job: j });
+  }
+  return rows.flatMap((r) => {
+    if (r.job) return [jobRow(r.job, String(r.job.id))];
+    const tasks = arrays.get(r.array);
+    const counts = {};
+    for (const t of tasks) counts[stateOf(t)] = (counts[stateOf(t)] || 0) + 1;
+    const isOpen = open.has(r.array);
+    const toggle = h("button", { type: "button", "aria-expanded": String(isOpen), class: "fold" },
+      `${isOpen ? "▾" : "▸"} ${r.array}_[${tasks.length} tasks]`);
+    toggle.addEventListener("click", () => { isOpen ? open.delete(r.array) : open.add(r.array); again(); });
+    const first = tasks[0];
+    const head = h("tr", { class: "array" },
+      h("td", {}, toggle), h("td", {}, first.spec?.name || ""), h("td", {}, first.user), h("td", {}, first.qos),
+      h("td", {}, first.spec?.partition || ""),
+      h("td", { colspan: 5 }, Object.entries(counts).map(([s, n]) => [badge(s), ` ${n} `])));
+    return [head, ...(isOpen ? tasks.map((t) => jobRow(t, `${t.array_job_id}_${t.array_task_id}`, "task")) : [])];
+  });
+}
+
+function jobRow(j, label, cls) {
+  const s = stateOf(j);
+  return h("tr", { class: cls, "data-job": j.id },
+    h("td", {}, h("a", { href: `#/jobs/${j.id}` }, label)),
+    h("td", {}, j.spec?.name || ""), h("td", {}, j.user), h("td", {}, j.qos), h("td", {}, j.spec?.partition || ""),
+    h("td", {}, badge(s)), h("td", {}, j.spec?.resources?.gpus ?? ""), h("td", {}, j.node || ""),
+    h("td", {}, s === "PENDING" ? j.reason : ""), h("td", {}, when(j.submit_time_ms)));
+}
+
+// ---------- one job ----------
+
+/** "Why pending" in words, from the scheduler's reason. */
+function whyPending(j) {
+  const r = j.reason || "";
+  if (j.spec?.hold || /held/i.test(r)) return `Held: it starts once released (${r}).`;
+  if (/depend/i.test(r)) return `Waiting for the jobs it depends on: ${r}.`;
+  if (/priority/i.test(r)) return `Other jobs come first (higher priority): ${r}.`;
+  if (/resource|gpu|free/i.test(r)) return `Not enough free GPUs for it yet: ${r}.`;
+  if (/limit|quota|qos/i.test(r)) return `A QoS or account limit holds it: ${r}.`;
+  return r ? `Waiting: ${r}.` : "Waiting for the next scheduling pass.";
+}
+
+function jobView(id) {
+  const ctl = new AbortController();
+  let watch = null;
+  view = { stop() { ctl.abort(); if (watch) watch.close(); } };
+  const log = h("pre", { class: "log", id: "log", "aria-live": "off", tabindex: "0" }, "");
+  const holder = h("div", { id: "job" }, h("p", { class: "muted" }, "Loading…"));
+  setMain(`Job ${id}`, holder, h("h2", {}, "Log tail"), log);
+  api(`/api/v1/jobs/${id}`, { signal: ctl.signal }).then((j) => {
+    drawJob(holder, j);
+    if (!TERMINAL.includes(stateOf(j))) {
+      // The job each time it changes, until it ends.
+      watch = new EventSource(`/api/v1/jobs/${id}/events`);
+      watch.onmessage = (ev) => drawJob(holder, JSON.parse(ev.data));
+      watch.onerror = () => { watch.close(); };
+    }
+    followLog(id, log, ctl.signal);
+  }).catch((e) => {
+    if (e.name === "AbortError") return;
+    if (e.status === 403) {
+      setMain("403 — Forbidden", h("p", { class: "big403" }, "403"),
+        h("p", { role: "alert" }, e.message), h("p", {}, h("a", { href: "#/jobs" }, "Back to the jobs")));
+    } else if (e.status === 404) {
+      setMain("404 — Not found", h("p", { role: "alert" }, e.message));
+    } else holder.replaceChildren(failure(e));
+  });
+}
+
+/** Streams the job's output into `pre`, keeping the last LOG_LINES lines. */
+async function followLog(id, pre, signal) {
+  try {
+    const r = await fetch(`/api/v1/jobs/${id}/logs?follow=true`, { signal, credentials: "same-origin" });
+    if (!r.ok) {
+      const e = (await r.json().catch(() => ({}))).error || {};
+      pre.textContent = `(no log: ${e.message || r.statusText})`;
+      return;
+    }
+    const reader = r.body.getReader();
+    const decoder = new TextDecoder();
+    let text = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      text += decoder.decode(value, { stream: true });
+      const lines = text.split("\n");
+      if (lines.length > LOG_LINES + 1) text = lines.slice(-LOG_LINES - 1).join("\n");
+      pre.textContent = text;
+      pre.scrollTop = pre.scrollHeight;
+    }
+  } catch (e) {
+    if (e.name !== "AbortError") pre.textContent += `\n(log stream ended: ${e.message})`;
+  }
+}
+
+function drawJob(holder, j) {
+  const s = stateOf(j);
+  const spec = j.spec || {};
+  const res = spec.resources || {};
+  const actions = h("div", { class: "actions" });
+  if (mayAct(j.user)) {
+    const act = (label, verb, cls) => {
+      const b = h("button", { type: "button", class: cls, id: `${verb}-button` }, label);
+      b.addEventListener("click", async () => {
+        b.disabled = true;
+        try { drawJob(holder, await api(`/api/v1/jobs/${j.id}/${verb}`, { method: "POST", body: {} })); }
+        catch (e) { actions.append(failure(e)); b.disabled = false; }
+      });
+      return b;
+    };
+    if (!TERMINAL.includes(s)) actions.append(act("Cancel", "cancel", "danger"));
+    if (s === "PENDING" && !spec.hold) actions.append(act("Hold", "hold"));
+    if (s === "PENDING" && spec.hold) actions.append(act("Release", "release"));
+  }
+  const dl = (pairs) => h("dl", { class: "spec" }, pairs.filter(([, v]) => v !== "" && v !== undefined)
+    .flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+  const attempts = (j.tasks || []).length
+    ? j.tasks.map((t) => `rank ${t.rank}: ${t.node} GPUs [${(t.gpu_ids || []).join(",")}]`).join("; ")
+    : (j.node ? `${j.node} GPUs [${(j.gpu_ids || []).join(",")}]` : "");
+  holder.replaceChildren(...[
+    h("p", {}, badge(s), " ", spec.name ? `“${spec.name}” ` : "", `by ${j.user}, QoS ${j.qos}`,
+      j.array_job_id && Number(j.array_job_id) ? `, array ${j.array_job_id}_${j.array_task_id}` : ""),
+    actions,
+    s === "PENDING" ? h("p", { class: "why", id: "why-pending" }, whyPending(j)) : null,
+    h("div", { class: "cols" },
+      h("section", {}, h("h2", {}, "Spec"), dl([
+        ["command", (spec.argv || []).join(" ")], ["profile", short(spec.profile || j.profile, "PROFILE_").toLowerCase()],
+        ["partition", spec.partition], ["account", spec.account], ["GPUs", res.gpus], ["CPUs", res.cpus || ""],
+        ["memory", res.memory_mib ? `${res.memory_mib} MiB` : ""], ["time limit", spec.time_limit_s ? `${spec.time_limit_s} s` : ""],
+        ["requeue", spec.requeue === undefined ? "" : String(spec.requeue)],
+        ["checkpoint signal", spec.checkpoint?.signal || ""], ["priority", j.priority],
+      ])),
+      h("section", {}, h("h2", {}, "Attempts"), dl([
+        ["attempt", j.attempt], ["placement", attempts], ["submitted", when(j.submit_time_ms)],
+        ["started", when(j.start_time_ms)], ["ended", when(j.end_time_ms)],
+        ["exit code", j.exit_code ?? ""], ["last checkpoint", j.last_checkpoint_ms ? when(j.last_checkpoint_ms) : ""],
+      ]))),
+    h("h2", {}, "Timeline"),
+    h("ol", { class: "timeline", id: "timeline" }, (j.events || []).map((e) =>
+      h("li", { class: `k-${e.kind}` }, h("time", {}, clock(e.time_ms)), h("span", { class: "kind" }, e.kind), e.message))),
+  ].filter(Boolean));
+}
+
+// ---------- nodes and GPUs ----------
+
+function gpuCell(node, g, shares) {
+  const fault = (node.faults || []).find((f) => f.gpu === g.index);
+  const job = node.allocated?.[g.index];
+  const shared = shares.filter((s) => s.gpu === g.index);
+  const state = short(node.state, "NODE_STATE_");
+  const cloud = Boolean(node.info?.labels?.["kairos.io/burst-intent"]);
+  let cls = "free", what = "free";
+  if (fault) { cls = "unhealthy"; what = `unhealthy: ${fault.reason}`; }
+  else if (job) { cls = "allocated"; what = "job "; }
+  else if (shared.length) { cls = "allocated"; what = "shared "; }
+  else if (state === "DRAINING") { cls = "draining"; what = "draining"; }
+  else if (state === "DOWN") { cls = "unhealthy"; what = "node down"; }
+  else if (cloud) { cls = "cloud"; what = "free (cloud)"; }
+  return h("div", { class: `gpu ${cls}`, "data-gpu": `${node.name}/${g.index}` },
+    h("strong", {}, `GPU ${g.index}`), h("span", { class: "muted" }, g.model || ""), h("br"),
+    what,
+    job ? h("a", { href: `#/jobs/${job}` }, String(job)) : null,
+    shared.map((s) => [h("a", { href: `#/jobs/${s.job_id}` }, String(s.job_id)), ` (${s.milli / 10}%) `]),
+    cloud && cls !== "cloud" ? h("div", { class: "muted" }, "cloud") : null);
+}
+
+/** Drain or resume a node: shown to operators and admins only (the server checks the role). */
+function nodeActions(n, state) {
+  const box = h("div", { class: "actions" });
+  const verb = state === "DRAINING" ? "resume" : "drain";
+  const b = h("button", { type: "button", class: "admin-action", id: `${verb}-${n.name}` },
+    verb === "drain" ? "Drain" : "Resume");
+  b.addEventListener("click", async () => {
+    b.disabled = true;
+    const body = verb === "drain" ? { reason: `from the web UI by ${me.user}` } : {};
+    try { await api(`/api/v1/nodes/${encodeURIComponent(n.name)}/${verb}`, { method: "POST", body }); }
+    catch (e) { box.append(failure(e)); }
+  });
+  box.append(b);
+  return box;
+}
+
+function nodesView() {
+  const holder = h("div", { id: "nodes" });
+  const legend = h("div", { class: "legend", "aria-label": "Legend" },
+    ["free", "allocated", "unhealthy", "draining", "cloud"].map((c) => h("span", { class: `gpu ${c}` }, c)));
+  setMain("Nodes & GPUs", legend, holder);
+  view = { stop: poll(async () => {
+    const { nodes } = await api("/api/v1/nodes");
+    for (const n of nodes) delete n.last_heartbeat_ms;
+    redraw(holder, nodes, () => nodes.map((n) => {
+      const state = short(n.state, "NODE_STATE_");
+      const info = n.info || {};
+      return h("section", { class: "node", "data-node": n.name },
+        h("h2", {}, n.name, badge(state), h("span", { class: "muted" },
+          `${info.gpu_backend || ""} · CPUs ${n.cpus_used}/${info.cpus} · memory ${n.memory_used_mib}/${info.memory_mib} MiB`),
+          n.reason ? h("span", { class: "muted" }, `(${n.reason})`) : null),
+        operates() ? nodeActions(n, state) : null,
+        h("div", { class: "gpus" }, (info.gpus || []).map((g) => gpuCell(n, g, n.shared || []))));
+    }));
+    if (!nodes.length) redraw(holder, [], () => [h("p", { class: "muted" }, "No node has registered.")]);
+  }) };
+}
+
+// ---------- queue and policy ----------
+
+function meter(used, limit) {
+  if (!limit) return h("span", {}, `${used} `, h("span", { class: "muted" }, "(no limit)"));
+  const pct = Math.min(100, Math.round((100 * used) / limit));
+  const bar = h("i");
+  bar.style.width = `${pct}%`; // through the CSSOM: the CSP allows no inline style attribute
+  return h("span", {}, h("span", { class: "meter", role: "img", "aria-label": `${used} of ${limit}` }, bar),
+    ` ${used}/${limit}`);
+}
+
+function policyView() {
+  const holder = h("div", { id: "policy" });
+  setMain("Queue & policy", holder);
+  view = { stop: poll(async () => {
+    const [policy, shares, pre, jobs, burst] = await Promise.all([
+      api("/api/v1/policy"), api("/api/v1/fairshare"), api("/api/v1/preemptions"),
+      api("/api/v1/jobs?limit=1000"), api("/api/v1/burst").catch(() => null),
+    ]);
+    const per = {};
+    for (const j of jobs.jobs) {
+      const q = (per[j.qos] ||= { run: 0, pend: 0 });
+      const g = Number(j.spec?.resources?.gpus || 0) * Math.max(1, Number(j.spec?.resources?.tasks || 1));
+      if (stateOf(j) === "PENDING") q.pend += g; else q.run += g;
+    }
+    const table = (cols, rows, id) => h("table", { id }, h("thead", {}, h("tr", {}, cols.map((c) => h("th", { scope: "col" }, c)))),
+      h("tbody", {}, rows));
+    const qos = table(["QoS", "priority", "preempts", "mode", "running GPUs (vs group limit)", "pending GPUs", "headroom", "burstable"],
+      policy.qos.map((q) => {
+        const u = per[q.name] || { run: 0, pend: 0 };
+        return h("tr", {}, h("td", {}, q.name), h("td", {}, q.priority), h("td", {}, (q.preempt || []).join(", ")),
+          h("td", {}, short(q.preempt_mode, "PREEMPT_MODE_").toLowerCase()), h("td", {}, meter(u.run, q.grp_gpus)),
+          h("td", {}, u.pend), h("td", {}, q.headroom_gpus || ""), h("td", {}, q.burstable ? "yes" : ""));
+      }), "qos-table");
+    const fair = table(["account", "parent", "shares", "GPU-hours used (decayed)", "fairshare factor"],
+      shares.accounts.map((a) => h("tr", {}, h("td", {}, a.name), h("td", {}, a.parent), h("td", {}, a.shares),
+        h("td", {}, (Number(a.usage_gpu_s) / 3600).toFixed(2)), h("td", {}, Number(a.fairshare_factor).toFixed(3)))), "fairshare-table");
+    const recent = pre.preemptions.slice(-20).reverse();
+    const pres = table(["time", "preemptor", "victim", "what happened", "node", "GPU-s lost"],
+      recent.map((p) => h("tr", {}, h("td", {}, when(p.time_ms)), h("td", {}, h("a", { href: `#/jobs/${p.preemptor}` }, String(p.preemptor))),
+        h("td", {}, h("a", { href: `#/jobs/${p.victim}` }, String(p.victim))), h("td", {}, p.mode), h("td", {}, p.node),
+        h("td", {}, p.gpu_s_lost))), "preemptions-table");
+    const parts = [h("h2", {}, "QoS: GPUs running and pending against limits"), qos,
+      h("h2", {}, "Fairshare by account"), fair,
+      h("h2", {}, "Recent preemptions"), recent.length ? pres : h("p", { class: "muted" }, "None recently.")];
+    if (burst) {
+      const $ = (m) => `$${(Number(m) / 1000).toFixed(2)}`;
+      parts.push(h("h2", {}, "Cloud burst"), burst.enabled
+        ? h("div", { id: "burst" },
+          h("p", {}, "instances ", meter(burst.live_instances, burst.max_instances), " · GPUs ", meter(burst.live_gpus, burst.max_gpus),
+            ` · spend ${$(burst.hourly_spend_milli)}/h of ${$(burst.max_hourly_spend_milli)}/h · spent ${$(burst.spent_milli)}`),
+          table(["intent", "type", "GPUs", "spot", "state", "node", "jobs"], burst.instances.map((i) => h("tr", {},
+            h("td", {}, i.intent), h("td", {}, i.instance_type), h("td", {}, i.gpus), h("td", {}, i.spot ? "spot" : "on-demand"),
+            h("td", {}, i.state), h("td", {}, i.node), h("td", {}, (i.jobs || []).join(", ")))), "burst-table"))
+        : h("p", { class: "muted" }, "Burst is off."));
+    }
+    redraw(holder, [policy, shares, pre, per, burst], () => parts);
+  }) };
+}
+
+// ---------- routing ----------
+
+function route() {
+  view.stop();
+  view = { stop() {} };
+  if (!me) return;
+  const hash = location.hash || "#/jobs";
+  const path = hash.slice(1).split("?")[0];
+  for (const a of document.querySelectorAll("nav a")) {
+    if (path.startsWith(`/${a.dataset.view}`)) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
+  }
+  const job = path.match(/^\/jobs\/(\d+)$/);
+  if (job) jobView(job[1]);
+  else if (path === "/nodes") nodesView();
+  else if (path === "/policy") policyView();
+  else if (path === "/login") showLogin();
+  else jobsView();
+  document.getElementById("main").focus({ preventScroll: true });
+}
+
+window.addEventListener("hashchange", () => (me ? route() : showLogin()));
+window.addEventListener("DOMContentLoaded", async () => {
+  document.getElementById("logout").addEventListener("click", logout);
+  try {
+    me = await api("/api/v1/whoami");
+    loggedIn();
+    route();
+  } catch (e) {
+    if (!(e instanceof ApiError && e.status === 401)) showLogin(`${e.code}: ${e.message}`);
+  }
+});
