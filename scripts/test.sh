@@ -25,8 +25,10 @@ if ! command -v python3 >/dev/null 2>&1; then
   echo "test.sh: python3 is required for the cloud burst (moto) and Python client tests" >&2
   exit 1
 fi
-py_pkgs=('moto[server]>=5.1,<6' 'boto3' 'grpcio>=1.60' 'grpcio-tools>=1.60' 'setuptools>=61' 'wheel')
-py_check='import moto.server, boto3, grpc, grpc_tools, setuptools'
+# selenium drives Chromium in the web UI test; openapi-spec-validator checks /api/v1/openapi.json.
+py_pkgs=('moto[server]>=5.1,<6' 'boto3' 'grpcio>=1.60' 'grpcio-tools>=1.60' 'setuptools>=61' 'wheel'
+  'selenium>=4.20' 'openapi-spec-validator>=0.7')
+py_check='import moto.server, boto3, grpc, grpc_tools, setuptools, selenium, openapi_spec_validator'
 pip_quiet=(--quiet --disable-pip-version-check)
 if [ -z "${KAIROS_TEST_NO_VENV:-}" ] && { [ -x target/tools/moto/bin/python ] || python3 -m venv target/tools/moto >/dev/null 2>&1; }; then
   export KAIROS_TEST_PYTHON="$PWD/target/tools/moto/bin/python"
@@ -47,20 +49,24 @@ fi
   "${py_target[@]}" ./clients/python
 "$KAIROS_TEST_PYTHON" -c 'import kairos_client' || { echo "test.sh: installing clients/python failed" >&2; exit 1; }
 
-# Debian packages the tests use, installed when missing (as root, with apt):
+# Debian packages the tests use, installed when missing (as root, with apt), beside the build:
 # - iproute2, iptables: the chaos tests build separate hosts from network namespaces;
 # - prometheus (with promtool): the observability tests scrape the daemons and lint rules;
-# - systemd (systemd-analyze): the deployment test verifies the unit files in deploy/systemd.
+# - systemd (systemd-analyze): the deployment test verifies the unit files in deploy/systemd;
+# - chromium, chromium-driver: the web UI test drives headless Chromium.
 missing=()
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v iptables >/dev/null 2>&1 || missing+=(iptables)
 { command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; } || missing+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+{ [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; } || missing+=(chromium chromium-driver)
+debs_log=$(mktemp)
+debs_pid=
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    ( export DEBIAN_FRONTEND=noninteractive
+      apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" ) >"$debs_log" 2>&1 &
+    debs_pid=$!
   else
     echo "test.sh: the tests need the Debian packages ${missing[*]}, and root to use them" >&2
     exit 1
@@ -74,6 +80,12 @@ nice -n 15 bash scripts/check-terraform.sh >"$tf_log" 2>&1 &
 tf_pid=$!
 cargo build --workspace --bins --locked
 cargo test --workspace --locked --no-run
+if [ -n "$debs_pid" ] && ! wait "$debs_pid"; then
+  cat "$debs_log"
+  echo "test.sh: installing the Debian packages ${missing[*]} failed" >&2
+  exit 1
+fi
+rm -f "$debs_log"
 # The deterministic simulation of the control plane (issue 14): seeded fault schedules from a
 # fresh seed each run (printed first; a failing schedule prints the command that replays it),
 # on one thread beside the tests, most of which wait on real time — niced, so that it takes the

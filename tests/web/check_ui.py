@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -91,9 +91,20 @@ class Ui:
         except TimeoutException:
             sys.exit(f"no element {css} on {self.d.current_url}:\n{self.text('main')}")
 
+    def click(self, css):
+        """Clicks the element, found again if a redraw replaced it in between."""
+        for _ in range(50):
+            try:
+                self.find(css).click()
+                return
+            except StaleElementReferenceException:
+                time.sleep(0.05)
+        sys.exit(f"{css} kept being redrawn under the click")
+
     def text(self, css):
-        els = self.d.find_elements(By.CSS_SELECTOR, css)
-        return els[0].text if els else ""
+        # Read in the page in one step: the views redraw while they are read.
+        return self.d.execute_script(
+            "const e = document.querySelector(arguments[0]); return e ? e.innerText : '';", css)
 
     def until_text(self, css, *wanted, within=WAIT_S):
         deadline = time.monotonic() + within
@@ -166,10 +177,10 @@ def main():
         spec = {"name": "sweep", "argv": ["sleep", "600"], "qos": "batch", "array_indices": [0, 1, 2],
                 "resources": {"gpus": 1}}
         sweep = ok(url, "POST", "/api/v1/jobs", alice, {"spec": spec})["job_id"]
-        fold = ui.find("#jobs-body button.fold")
-        if "[3 tasks]" not in fold.text or d.find_elements(By.CSS_SELECTOR, "#jobs-body tr.task"):
+        ui.until_text("#jobs-body button.fold", "[3 tasks]")
+        if d.find_elements(By.CSS_SELECTOR, "#jobs-body tr.task"):
             sys.exit(f"the array is not folded: {ui.text('#jobs-body')}")
-        fold.click()
+        ui.click("#jobs-body button.fold")
         wait("the array's tasks", lambda: len(d.find_elements(By.CSS_SELECTOR, "#jobs-body tr.task")) == 3)
         print("an array's tasks fold under one row and open on a click")
         if d.find_elements(By.CSS_SELECTOR, f'#jobs-body tr[data-job="{bobs}"]') or "bob" in ui.text("#jobs"):
@@ -191,7 +202,7 @@ def main():
         ui.shot("job")
 
         # Cancel from the page ends the running job CANCELLED.
-        ui.find("#cancel-button").click()
+        ui.click("#cancel-button")
         wait("the training job to be CANCELLED", lambda: state(url, alice, train) == "CANCELLED")
         ui.until_text("#job", "CANCELLED")
         print(f"cancel from job {train}'s page ends it CANCELLED")
@@ -219,7 +230,7 @@ def main():
         ui.shot("policy")
         print("the queue and policy view shows QoS usage and the preemption")
 
-        ui.find("#logout").click()
+        ui.click("#logout")
         ui.find("#token")
         cookies = {c["name"] for c in d.get_cookies()}
         if "kairos_session" in cookies:

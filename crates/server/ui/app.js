@@ -438,7 +438,8 @@ function policyView() {
     }
     const table = (cols, rows, id) => h("table", { id }, h("thead", {}, h("tr", {}, cols.map((c) => h("th", { scope: "col" }, c)))),
       h("tbody", {}, rows));
-    const qos = table(["QoS", "priority", "preempts", "mode", "running GPUs (vs group limit)", "pending GPUs", "headroom", "burstable"],
+    const seen = operates() ? "" : " — your jobs";
+    const qos = table(["QoS", "priority", "preempts", "mode", `running GPUs (vs group limit${seen})`, `pending GPUs${seen}`, "headroom", "burstable"],
       policy.qos.map((q) => {
         const u = per[q.name] || { run: 0, pend: 0 };
         return h("tr", {}, h("td", {}, q.name), h("td", {}, q.priority), h("td", {}, (q.preempt || []).join(", ")),

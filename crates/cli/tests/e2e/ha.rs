@@ -141,6 +141,7 @@ fn added_replica_installs_a_snapshot_becomes_voter_and_removing_the_leader_hands
         addr: addr.clone(),
         child: Some(joiner.spawn().unwrap()),
         metrics: None,
+        http: None,
     });
     let status: Value = serde_json::from_str(&c.ok(&["cluster", "add", "4", &addr, "--json"])).unwrap();
     let role = |s: &Value, id: u64| {

@@ -100,6 +100,8 @@ pub struct Controller {
     pub child: Option<Child>,
     /// Its `--metrics-addr`, when the cluster serves metrics.
     pub metrics: Option<String>,
+    /// Its `--http-addr`, when the cluster serves the JSON API and web UI.
+    pub http: Option<String>,
 }
 
 pub struct Cluster {
@@ -133,6 +135,8 @@ pub struct Options {
     pub cli_env: Vec<(String, String)>,
     /// Every daemon serves Prometheus metrics on an address of its own.
     pub metrics: bool,
+    /// Every kairosd serves the JSON API and web UI on an address of its own.
+    pub http: bool,
     /// Extra environment for every daemon.
     pub daemon_env: Vec<(String, String)>,
     /// Start no agent (the test starts it with `start_agent`, e.g. after placing a credential).
@@ -156,7 +160,13 @@ impl Cluster {
         let dir = tempfile::Builder::new().prefix("kairos-e2e-").tempdir().expect("temp dir");
         let metrics = || options.metrics.then(free_addr);
         let controllers = (1..=replicas)
-            .map(|id| Controller { id, addr: free_addr(), child: None, metrics: metrics() })
+            .map(|id| Controller {
+                id,
+                addr: free_addr(),
+                child: None,
+                metrics: metrics(),
+                http: options.http.then(free_addr),
+            })
             .collect();
         let agent_metrics = metrics();
         // One cluster secret and two tokens shared by every replica, agent and CLI call.
@@ -302,6 +312,9 @@ impl Cluster {
         }
         if let Some(m) = &self.controllers[index].metrics {
             cmd.args(["--metrics-addr", m]);
+        }
+        if let Some(h) = &self.controllers[index].http {
+            cmd.args(["--http-addr", h]);
         }
         self.controllers[index].child = Some(cmd.spawn().expect("start kairosd"));
     }

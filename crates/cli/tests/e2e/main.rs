@@ -23,6 +23,7 @@ mod python_client;
 mod resources;
 mod security;
 mod sim;
+mod web;
 
 use std::collections::BTreeSet;
 

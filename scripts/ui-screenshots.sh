@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Regenerates the web UI's screenshots in docs/ui/ (jobs, a job's page, the GPU grid, queue and
+# policy): the browser test (tests/web/check_ui.py, run by the e2e test
+# web::the_web_ui_in_headless_chromium_against_kairos_up) against a fresh `kairos up`, saving
+# each view as it checks it. Needs what scripts/test.sh installs (chromium, chromedriver,
+# Selenium under target/tools).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export KAIROS_TEST_PYTHON="${KAIROS_TEST_PYTHON:-$PWD/target/tools/moto/bin/python}"
+export KAIROS_UI_SCREENSHOTS="$PWD/docs/ui"
+mkdir -p "$KAIROS_UI_SCREENSHOTS"
+cargo build --bins --locked
+cargo test -p kairos-cli --test e2e --locked -- --exact web::the_web_ui_in_headless_chromium_against_kairos_up
+ls -l "$KAIROS_UI_SCREENSHOTS"
