@@ -69,7 +69,7 @@ enum Route {
 
 /// Every method of the services a follower forwards, and its route (a test checks the table
 /// against the protos: a new method cannot go unrouted).
-const ROUTES: [(&str, Route); 35] = [
+const ROUTES: [(&str, Route); 36] = [
     ("/kairos.v1.JobService/Submit", Route::Write),
     ("/kairos.v1.JobService/GetJob", Route::Read),
     ("/kairos.v1.JobService/ListJobs", Route::Read),
@@ -79,6 +79,8 @@ const ROUTES: [(&str, Route); 35] = [
     ("/kairos.v1.JobService/HoldJob", Route::Write),
     ("/kairos.v1.JobService/ReleaseJob", Route::Write),
     ("/kairos.v1.JobService/ListHistory", Route::Read),
+    // A token created a moment ago is known to the leader first.
+    ("/kairos.v1.JobService/WhoAmI", Route::Read),
     ("/kairos.v1.AdminService/ListNodes", Route::Read),
     ("/kairos.v1.AdminService/ClusterStatus", Route::Local),
     ("/kairos.v1.AdminService/AddReplica", Route::Write),

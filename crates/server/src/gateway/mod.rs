@@ -92,7 +92,7 @@ impl Gateway {
             }
             ("POST", "/ui/login") => self.login(req).await.unwrap_or_else(error),
             ("POST", "/ui/logout") => logout(),
-            (_, p) if p.starts_with("/api/") => self.api(req).await.unwrap_or_else(error),
+            (_, p) if p.starts_with("/api/") => self.api(req).await,
             (m, p) => assets::serve(m, p),
         };
         let h = answer.headers_mut();
@@ -102,15 +102,29 @@ impl Gateway {
         answer
     }
 
-    /// A call of the JSON API.
-    async fn api(&self, req: Request<Incoming>) -> Result<Response<Body>, Status> {
-        let (route, path_params) =
-            routes::find(req.method().as_str(), req.uri().path()).map_err(|known| match known {
-                true => {
-                    Status::unimplemented(format!("{} is not allowed on {}", req.method(), req.uri().path()))
-                }
-                false => Status::not_found(format!("no API route {}", req.uri().path())),
-            })?;
+    /// A call of the JSON API: 404 for a path no route has, 405 for a method its route lacks.
+    async fn api(&self, req: Request<Incoming>) -> Response<Body> {
+        match routes::find(req.method().as_str(), req.uri().path()) {
+            Ok((route, params)) => self.route(route, params, req).await.unwrap_or_else(error),
+            Err(known) => {
+                let (status, code, what) = match known {
+                    true => (StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED", "is not allowed on"),
+                    false => (StatusCode::NOT_FOUND, "NOT_FOUND", "has no API route at"),
+                };
+                let message = format!("{} {what} {}", req.method(), req.uri().path());
+                let body = serde_json::json!({"error": {"code": code, "message": message}});
+                bytes(status, "application/json", json_bytes(&body))
+            }
+        }
+    }
+
+    /// A call of `route`.
+    async fn route(
+        &self,
+        route: &'static Route,
+        path_params: routes::PathParams,
+        req: Request<Incoming>,
+    ) -> Result<Response<Body>, Status> {
         refuse_oversized(&req, self.body_max)?;
         let token = match session::credential(req.headers(), &self.key) {
             Credential::Header(t) => t,
@@ -328,7 +342,7 @@ pub fn http_status(code: tonic::Code) -> StatusCode {
         NotFound => StatusCode::NOT_FOUND,
         AlreadyExists | Aborted => StatusCode::CONFLICT,
         ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
-        Unimplemented => StatusCode::METHOD_NOT_ALLOWED,
+        Unimplemented => StatusCode::NOT_IMPLEMENTED,
         Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
         Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
