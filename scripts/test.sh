@@ -53,13 +53,16 @@ fi
 # - iproute2, iptables: the chaos tests build separate hosts from network namespaces;
 # - prometheus (with promtool): the observability tests scrape the daemons and lint rules;
 # - systemd (systemd-analyze): the deployment test verifies the unit files in deploy/systemd;
-# - chromium, chromium-driver: the web UI test drives headless Chromium.
+# - chromium, chromium-driver: the web UI test drives headless Chromium;
+# - umoci, busybox-static: the container tests build their image (an OCI layout of busybox).
 missing=()
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v iptables >/dev/null 2>&1 || missing+=(iptables)
 { command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; } || missing+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 { [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; } || missing+=(chromium chromium-driver)
+command -v umoci >/dev/null 2>&1 || missing+=(umoci)
+dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
 debs_log=$(mktemp)
 debs_pid=
 if [ "${#missing[@]}" -gt 0 ]; then

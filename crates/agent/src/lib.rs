@@ -1,16 +1,18 @@
 //! The kairos node agent: GPU inventory, job processes, and the log service.
 //!
 //! Owns everything that touches the node: NVML (behind `GpuInventory`), child processes and
-//! signals, cgroups and accounts (`Runner`, `cgroup`, `account`), fencing (`fence`), per-run log files (`Logs`), the process log (`audit`), spot interruption notices (`spot`); what to do with its runs is decided by a pure function (`decide`). Must not: decide placement or state; it does
+//! signals, cgroups and accounts (`Runner`, `cgroup`, `account`), container images and roots (`image`, `container`), fencing (`fence`), per-run log files (`Logs`), the process log (`audit`), spot interruption notices (`spot`); what to do with its runs is decided by a pure function (`decide`). Must not: decide placement or state; it does
 //! what the controller's assignment set says and reports what happened.
 
 pub mod account;
 pub mod audit;
 pub mod cgroup;
+pub mod container;
 pub mod decide;
 pub mod fence;
 pub mod gpu;
 pub mod health;
+pub mod image;
 pub mod jobfs;
 pub mod jobmap;
 pub mod journal;

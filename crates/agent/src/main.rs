@@ -143,6 +143,13 @@ struct Args {
     /// this many hours without a change.
     #[arg(long, default_value_t = 168)]
     job_dir_retention_hours: u64,
+    /// Where container images are cached, unpacked (default: <state-dir>/images).
+    #[arg(long)]
+    image_cache: Option<PathBuf>,
+    /// The image cache's bound (e.g. 50G): past it the least recently used images no run
+    /// holds are removed.
+    #[arg(long, value_parser = parse_size, default_value = "50G")]
+    image_cache_max: u64,
     /// Read flags from this TOML file: keys are the long flags with underscores (data_dir = "…"),
     /// values as on the command line; a flag given on the command line wins.
     #[arg(long, value_name = "FILE.toml")]
@@ -689,6 +696,29 @@ async fn follow_controllers(
     }
 }
 
+/// The per-run limits this host enforces, leaving `reserved` cores to the system.
+fn limiter_of(
+    cgroups: Option<&kairos_agent::cgroup::Cgroups>,
+    reserved: u32,
+) -> kairos_agent::limits::Limiter {
+    match cgroups {
+        Some(c) => kairos_agent::limits::Limiter::detect(Some(c.base())),
+        None => kairos_agent::limits::Limiter::none(),
+    }
+    .with_reserved_cores(reserved)
+}
+
+/// The container image cache (`--image-cache`, `--image-cache-max`).
+fn image_cache(
+    args: &Args,
+    state_dir: &std::path::Path,
+) -> anyhow::Result<std::sync::Arc<kairos_agent::image::ImageCache>> {
+    let dir = args.image_cache.clone().unwrap_or_else(|| state_dir.join("images"));
+    let cache = kairos_agent::image::ImageCache::new(&dir, args.image_cache_max.saturating_mul(1 << 20))
+        .with_context(|| format!("opening the image cache {}", dir.display()))?;
+    Ok(std::sync::Arc::new(cache))
+}
+
 /// A size flag (512M, 16G; MiB without a unit) in MiB.
 fn parse_size(s: &str) -> Result<u64, String> {
     kairos_proto::units::parse_mem_mib(s)
@@ -871,11 +901,7 @@ async fn main() -> anyhow::Result<()> {
     let gpus = inv.discover().context("discovering GPUs")?;
     let state_dir = prepare_state_dir(&args, run_as)?;
     let Node { cgroups, process_log, lease, mut watchdog } = take_over(&args, &name, &state_dir).await?;
-    let limiter = match &cgroups {
-        Some(c) => kairos_agent::limits::Limiter::detect(Some(c.base())),
-        None => kairos_agent::limits::Limiter::none(),
-    }
-    .with_reserved_cores(args.reserved_cpus);
+    let limiter = limiter_of(cgroups.as_ref(), args.reserved_cpus);
     let isolation = kairos_agent::runner::Isolation {
         accounts,
         cgroups: cgroups.clone(),
@@ -883,6 +909,7 @@ async fn main() -> anyhow::Result<()> {
         limiter: limiter.clone(),
         pids_max: (args.run_pids_max > 0).then_some(args.run_pids_max),
         devices: kairos_agent::gpu::DeviceMap::of(&gpus),
+        images: Some(image_cache(&args, &state_dir)?),
     };
 
     let listen: std::net::SocketAddr =

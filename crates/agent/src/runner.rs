@@ -79,6 +79,8 @@ struct Run {
     checkpoint_marker: PathBuf,
     /// The cores granted to it (empty: it asked for none).
     cores: Vec<u32>,
+    /// Its container image, kept in the cache while the run lives.
+    _image: Option<Arc<crate::image::Image>>,
 }
 
 impl Run {
@@ -97,6 +99,7 @@ impl Run {
             lost_message: String::new(),
             checkpoint_marker: checkpoint_marker(state_dir, a),
             cores: Vec::new(),
+            _image: None,
         }
     }
 
@@ -145,6 +148,8 @@ pub struct Isolation {
     pub pids_max: Option<u64>,
     /// How runs see their GPUs (MIG instances by UUID through their parent's device).
     pub devices: crate::gpu::DeviceMap,
+    /// Container images (None: this node runs no containers).
+    pub images: Option<Arc<crate::image::ImageCache>>,
 }
 
 impl Default for Isolation {
@@ -156,6 +161,7 @@ impl Default for Isolation {
             limiter: crate::limits::Limiter::none(),
             pids_max: None,
             devices: crate::gpu::DeviceMap::default(),
+            images: None,
         }
     }
 }
@@ -298,6 +304,7 @@ fn confine(
     limited: &crate::limits::RunLimited,
     account: Option<&crate::account::UnixAccount>,
     workdir: &Path,
+    container: Option<crate::container::Plan>,
 ) -> std::io::Result<Vec<std::os::fd::OwnedFd>> {
     let mut procs: Vec<std::os::fd::OwnedFd> =
         cgroup.map(RunCgroup::procs_file).transpose()?.into_iter().collect();
@@ -307,10 +314,14 @@ fn confine(
         let groups: Vec<nix::unistd::Gid> = a.groups.iter().map(|g| nix::unistd::Gid::from_raw(*g)).collect();
         (groups, nix::unistd::Gid::from_raw(a.gid), nix::unistd::Uid::from_raw(a.uid))
     });
-    let workdir = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(workdir.as_os_str()))
-        .map_err(|_| std::io::Error::other("the working directory holds a NUL byte"))?;
-    // SAFETY: between fork and exec the child only makes system calls (write, setgroups,
-    // setgid, setuid, chdir) on values prepared before the fork; nothing allocates or locks.
+    let workdir = match &container {
+        Some(plan) => plan.workdir().to_owned(),
+        None => std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(workdir.as_os_str()))
+            .map_err(|_| std::io::Error::other("the working directory holds a NUL byte"))?,
+    };
+    // SAFETY: between fork and exec the child only makes system calls (write, the container's
+    // mounts, setgroups, setgid, setuid, chdir) on values prepared before the fork; nothing
+    // allocates or locks.
     unsafe {
         cmd.pre_exec(move || {
             for fd in &procs_fds {
@@ -318,6 +329,10 @@ fn confine(
                 if nix::libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
                     return Err(std::io::Error::last_os_error());
                 }
+            }
+            // Into its container while still root; the user changes after.
+            if let Some(plan) = &container {
+                plan.enter()?;
             }
             if let Some((groups, gid, uid)) = &ids {
                 nix::unistd::setgroups(groups)?;
@@ -608,13 +623,55 @@ impl Runner {
                 lost_message: message.clone(),
                 checkpoint_marker: PathBuf::new(),
                 cores: Vec::new(),
+                _image: None,
             },
         );
         self.report(key, Some(Exit::Lost), message);
     }
 
-    /// Starts a run. Failures to start are reported as a lost run with the reason.
+    /// Starts a run; one in a container once its image is ready (pulled off the runner's
+    /// path). Failures to start are reported as a lost run with the reason.
     fn launch(&self, a: &pb::Assignment) {
+        let Some(container) = a.container.clone().filter(|c| !c.image.is_empty()) else {
+            return self.start(a, None);
+        };
+        let (this, a) = (self.clone(), a.clone());
+        tokio::spawn(async move {
+            let pulled = match this.isolation.images.clone() {
+                None => Err(crate::image::PullError("this node runs no containers".into())),
+                Some(cache) => {
+                    let image = container.image.clone();
+                    tokio::task::spawn_blocking(move || cache.prepare(&image))
+                        .await
+                        .unwrap_or_else(|e| Err(crate::image::PullError(e.to_string())))
+                }
+            };
+            match pulled {
+                Ok(image) => {
+                    let key = (a.job_id, a.attempt);
+                    let note = format!("{} (digest {})", container.image, image.digest);
+                    this.report_status(key, pb::RunStatus::Image, note);
+                    this.start(&a, Some(Arc::new(image)));
+                }
+                Err(e) => this.launch_failed(&a, e.to_string()),
+            }
+        });
+    }
+
+    /// Sends a report about a run that changes nothing of it (its log truncated, its image).
+    fn report_status(&self, key: RunKey, status: pb::RunStatus, message: String) {
+        let _ = self.reports.try_send(pb::StatusReport {
+            node_id: self.node.clone(),
+            job_id: key.0,
+            attempt: key.1,
+            status: status as i32,
+            message,
+            ..Default::default()
+        });
+    }
+
+    /// Starts a run's process (in `image`'s container when given).
+    fn start(&self, a: &pb::Assignment, image: Option<Arc<crate::image::Image>>) {
         let key = (a.job_id, a.attempt);
         let account = match self.isolation.accounts.resolve(&a.user) {
             Ok(account) => account,
@@ -652,6 +709,7 @@ impl Runner {
         let spawned = (|| -> std::io::Result<(tokio::process::Child, Arc<Mutex<std::fs::File>>)> {
             // The job's directory and log belong to the job's user, readable by nobody else.
             let log = prepare_job_files(&self.state_dir, a, account.as_ref())?;
+            let container = self.container_plan(a, image.as_deref(), &job_dir)?;
             let mut cmd = self.job_command(a, account.as_ref(), &job_dir.join("checkpoint"), traceparent)?;
             cmd.env("KAIROS_CPUS", limits.cores.len().to_string());
             if a.cpus > 0 {
@@ -662,7 +720,7 @@ impl Runner {
                 cmd.env("SLURM_MEM_PER_NODE", a.memory_mib.to_string());
             }
             // Held open until the child has written itself into them.
-            let _procs = confine(&mut cmd, cgroup.as_ref(), &limited, account.as_ref(), &workdir)?;
+            let _procs = confine(&mut cmd, cgroup.as_ref(), &limited, account.as_ref(), &workdir, container)?;
             // Recorded as the agent's own: the orphan reaper leaves its exit status to the run.
             let child = crate::reaper::spawn(|| cmd.spawn(), tokio::process::Child::id)?;
             Ok((child, Arc::new(Mutex::new(log))))
@@ -688,13 +746,49 @@ impl Runner {
         let pgid = child.id().map(|p| p as i32);
         tracing::info!(job = a.job_id, attempt = a.attempt, ?pgid, gpus = ?a.gpu_ids, user = %a.user, "run started");
         let copiers = self.copy_outputs(key, &mut child, log);
-        self.spawned(a, pgid, cgroup.clone(), limits.cores);
+        self.spawned(a, pgid, cgroup.clone(), limits.cores, image);
         if let Some(pgid) = pgid {
             journal_add(&self.state_dir, key, pgid);
         }
         self.report(key, None, String::new());
         self.watch_checkpoints(key, checkpoint_marker(&self.state_dir, a));
         tokio::spawn(self.clone().watch_exit(key, child, pgid, (cgroup, limited), copiers));
+    }
+
+    /// How a run of `a` in `image` enters its container: the job's directory bound at its own
+    /// path (its checkpoints and outputs), the job's mounts, the run's GPUs; it starts in the
+    /// container's workdir, else the job's directory. None for a bare run.
+    fn container_plan(
+        &self,
+        a: &pb::Assignment,
+        image: Option<&crate::image::Image>,
+        job_dir: &Path,
+    ) -> std::io::Result<Option<crate::container::Plan>> {
+        let (Some(image), Some(c)) = (image, a.container.as_ref()) else { return Ok(None) };
+        let own = job_dir.display().to_string();
+        let mut binds =
+            vec![crate::container::Bind { src: job_dir.to_path_buf(), dst: own.clone(), read_only: false }];
+        for m in &c.mounts {
+            let bind = crate::container::Bind::parse(m)
+                .ok_or_else(|| std::io::Error::other(format!("container mount {m:?} is not SRC:DST[:ro]")))?;
+            if !bind.src.exists() {
+                return Err(std::io::Error::other(format!(
+                    "container mount source {} does not exist on this node",
+                    bind.src.display()
+                )));
+            }
+            binds.push(bind);
+        }
+        let workdir = if c.workdir.is_empty() { own } else { c.workdir.clone() };
+        let minors = self.isolation.devices.minors(&a.gpu_ids);
+        crate::container::Plan::new(
+            &image.rootfs,
+            &self.state_dir.join("containers"),
+            &binds,
+            &minors,
+            &workdir,
+        )
+        .map(Some)
     }
 
     /// The job's command: its argv with the environment a run gets (kairos's, Slurm-like and
@@ -799,7 +893,14 @@ impl Runner {
 
     /// Records the spawned run; a stop or a fence that came while it was being spawned still
     /// applies.
-    fn spawned(&self, a: &pb::Assignment, pgid: Option<i32>, cgroup: Option<RunCgroup>, cores: Vec<u32>) {
+    fn spawned(
+        &self,
+        a: &pb::Assignment,
+        pgid: Option<i32>,
+        cgroup: Option<RunCgroup>,
+        cores: Vec<u32>,
+        image: Option<Arc<crate::image::Image>>,
+    ) {
         let key = (a.job_id, a.attempt);
         let mut runs = self.lock();
         let (stopping, fenced) = runs.get(&key).map(|r| (r.stopping, r.fenced)).unwrap_or_default();
@@ -816,6 +917,7 @@ impl Runner {
             lost_message: String::new(),
             checkpoint_marker: checkpoint_marker(&self.state_dir, a),
             cores,
+            _image: image,
         };
         if stopping || fenced {
             run.kill();

@@ -28,6 +28,7 @@ fn assignment(job: u64, argv: &[&str], started: bool, kill: bool) -> pb::Assignm
         cpus: 0,
         memory_mib: 0,
         gpu_milli: 0,
+        container: None,
     }
 }
 

@@ -56,6 +56,10 @@ const OPTIONS: &[(Option<char>, &str, bool)] = &[
     (None, "gpus-per-node", true),
     (None, "gpus-per-task", true),
     (Some('C'), "constraint", true),
+    // pyxis's container options.
+    (None, "container-image", true),
+    (None, "container-mounts", true),
+    (None, "container-workdir", true),
     // Accepted and ignored: kairos sends no mail (watch `kairos wait` or the job's events).
     (None, "mail-type", true),
     (None, "mail-user", true),
@@ -330,9 +334,12 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
     let after_ok = after_ok_of(o)?;
     let checkpoint_signal = checkpoint_signal_of(o)?;
     let exported = exported(o, env)?;
-    let workdir = match o.get("chdir") {
-        Some(d) => d.to_string(),
-        None => std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default(),
+    let container_image = o.get("container-image").map(str::to_string);
+    // A container job starts in its container's workdir, not in a directory of the host.
+    let workdir = match (o.get("chdir"), &container_image) {
+        (Some(d), _) => Some(d.to_string()),
+        (None, Some(_)) => None,
+        (None, None) => Some(std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default()),
     };
     let name = o
         .get("job-name")
@@ -365,7 +372,7 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
         qos: o.get("qos").map(str::to_string),
         profile: None,
         env: exported,
-        workdir: Some(workdir),
+        workdir,
         requeue: o.get("requeue").is_some(),
         after_ok,
         hold: o.get("hold").is_some(),
@@ -378,6 +385,12 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
         checkpoint_signal,
         checkpoint_grace: None,
         array: o.get("array").map(|a| parse_array(a).map_err(|e| bad("array", e))).transpose()?,
+        container_mounts: o
+            .get("container-mounts")
+            .map(|m| m.split(',').filter(|m| !m.is_empty()).map(str::to_string).collect())
+            .unwrap_or_default(),
+        container_workdir: o.get("container-workdir").map(str::to_string),
+        container_image,
         command,
     })
 }

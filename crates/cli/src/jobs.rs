@@ -119,6 +119,17 @@ pub struct SubmitArgs {
     /// Send the job's stderr to this file on the node (patterns as -o).
     #[arg(long, short = 'e', value_name = "PATTERN")]
     pub error: Option<String>,
+    /// Run inside this container image: oci:/PATH[:TAG] (an OCI image layout on the nodes),
+    /// oci-archive:/PATH.tar[:TAG], or a registry reference (docker://registry/name:tag) the
+    /// node pulls; the run keeps its user, cgroup, limits, GPUs and signals.
+    #[arg(long, value_name = "IMAGE")]
+    pub container_image: Option<String>,
+    /// Host paths bound into the container: SRC:DST or SRC:DST:ro (comma-separated, repeatable).
+    #[arg(long, value_name = "SRC:DST[:ro]", value_delimiter = ',')]
+    pub container_mounts: Vec<String>,
+    /// The working directory inside the container (default: the job's directory, bound in).
+    #[arg(long, value_name = "DIR", conflicts_with = "workdir")]
+    pub container_workdir: Option<String>,
     /// The command and its arguments, after `--`.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -182,6 +193,21 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     kairos_proto::units::parse_mem_mib(s)
 }
 
+/// `--container-image`, `--container-mounts`, `--container-workdir` as the spec's container.
+fn container_spec(
+    image: Option<String>,
+    mounts: Vec<String>,
+    workdir: Option<String>,
+) -> anyhow::Result<Option<pb::ContainerSpec>> {
+    match image {
+        None if !mounts.is_empty() || workdir.is_some() => {
+            anyhow::bail!("--container-mounts and --container-workdir need --container-image")
+        }
+        None => Ok(None),
+        Some(image) => Ok(Some(pb::ContainerSpec { image, mounts, workdir: workdir.unwrap_or_default() })),
+    }
+}
+
 /// Submits a job; prints its id (the job with --json).
 pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Result<i32> {
     let shape = shape_of(&args).map_err(|e| anyhow::anyhow!(e))?;
@@ -209,8 +235,12 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         output,
         error,
         command,
+        container_image,
+        container_mounts,
+        container_workdir,
         ..
     } = args;
+    let container = container_spec(container_image, container_mounts, container_workdir)?;
     let profile = match profile {
         None => pb::Profile::Unspecified,
         Some(ProfileArg::Training) => pb::Profile::Training,
@@ -254,6 +284,7 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         partition: partition.unwrap_or_default(),
         array_indices: array.as_ref().map(|(i, _)| i.clone()).unwrap_or_default(),
         array_max_running: array.and_then(|(_, n)| n).unwrap_or(0),
+        container,
         ..Default::default()
     };
     // One trace per job starts here (exported when OTEL_EXPORTER_OTLP_ENDPOINT is set).

@@ -85,7 +85,18 @@ pub fn job_json(job: &pb::Job) -> Value {
         "purged": job.purged,
         "array_job_id": if job.array_job_id == 0 { Value::Null } else { json!(job.array_job_id) },
         "array_task_id": if job.array_job_id == 0 { Value::Null } else { json!(job.array_task_id) },
+        "image": spec.container.as_ref().map(|c| c.image.clone()),
+        "image_digest": image_digest(job),
+        "container_mounts": spec.container.as_ref().map(|c| c.mounts.clone()),
+        "container_workdir": spec.container.as_ref().map(|c| c.workdir.clone()).filter(|w| !w.is_empty()),
     })
+}
+
+/// The digest of the image the job's latest run used, from the node's "image" event.
+fn image_digest(job: &pb::Job) -> Option<String> {
+    let e = job.events.iter().rev().find(|e| e.kind == "image")?;
+    let digest = e.message.rsplit_once("(digest ")?.1.trim_end_matches(')');
+    Some(digest.to_string())
 }
 
 pub fn node_json(node: &pb::Node) -> Value {
@@ -272,6 +283,8 @@ pub fn print_job_details(job: &pb::Job) {
         "attempt",
         "time_limit_s",
         "command",
+        "image",
+        "image_digest",
         "submit_time",
         "start_time",
         "end_time",

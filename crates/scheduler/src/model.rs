@@ -286,6 +286,49 @@ pub struct JobSpec {
     /// A job array (`crate::array`): in a submit, every index; in each task, its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<Box<ArraySpec>>,
+    /// Run inside this container image (None: the node's own userspace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<Box<Container>>,
+}
+
+/// A job's container: its image, host paths bound into it, and its working directory there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Container {
+    /// `oci:/layout[:tag]`, `oci-archive:/image.tar[:tag]`, or a registry reference.
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<ContainerMount>,
+    /// Inside the container ("" : the job's directory, bound in at its own path).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub workdir: String,
+}
+
+/// A host path bound into a container.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerMount {
+    pub src: String,
+    pub dst: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+}
+
+impl ContainerMount {
+    /// `SRC:DST` or `SRC:DST:ro` (`:rw` too), both absolute.
+    pub fn parse(text: &str) -> Option<ContainerMount> {
+        let parts: Vec<&str> = text.split(':').collect();
+        let (src, dst, read_only) = match parts.as_slice() {
+            [src, dst] => (*src, *dst, false),
+            [src, dst, "ro"] => (*src, *dst, true),
+            [src, dst, "rw"] => (*src, *dst, false),
+            _ => return None,
+        };
+        Some(ContainerMount { src: src.to_string(), dst: dst.to_string(), read_only })
+    }
+
+    /// Back to `SRC:DST[:ro]`.
+    pub fn text(&self) -> String {
+        format!("{}:{}{}", self.src, self.dst, if self.read_only { ":ro" } else { "" })
+    }
 }
 
 /// A job array: one submit, one job ("task") per index, like Slurm's `--array=0-31:2,40%4`.
@@ -340,6 +383,7 @@ impl JobSpec {
             checkpoint_grace_s: None,
             traceparent: None,
             array: None,
+            container: None,
         }
     }
 

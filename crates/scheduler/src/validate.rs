@@ -31,6 +31,8 @@ pub const REQUEST_ID_LEN_MAX: usize = 128;
 /// Why a job spec or node description is not acceptable; each names the offending field.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ValidationError {
+    #[error("container: {0}")]
+    BadContainer(String),
     #[error("cpus: a job without GPUs asks for at least 1 CPU")]
     NoGpus,
     #[error("cpus: {0} per task is more than the limit of {CPUS_PER_TASK_MAX}")]
@@ -138,7 +140,87 @@ fn is_reserved_env(name: &str) -> bool {
 }
 
 /// Checks a job spec's shape and size. The QoS itself is checked by the caller that knows it.
-pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
+/// Mounts one container may ask for.
+pub const CONTAINER_MOUNTS_MAX: usize = 32;
+/// The longest image reference or path.
+const CONTAINER_TEXT_MAX: usize = 1024;
+
+/// A path inside or outside a container: absolute, normal (no `..`, no empty or `.` parts), no
+/// control characters or `:`.
+fn clean_path(what: &str, p: &str) -> Result<(), String> {
+    let normal = p.starts_with('/')
+        && p.len() <= CONTAINER_TEXT_MAX
+        && p.split('/').skip(1).all(|c| c != ".." && c != ".")
+        && (p == "/" || !p.split('/').skip(1).any(str::is_empty))
+        && !p.chars().any(|c| c.is_control() || c == ':');
+    if normal {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} \"{}\" must be an absolute path without \"..\", \".\", \"//\" or \":\"",
+            p.chars().take(80).collect::<String>()
+        ))
+    }
+}
+
+/// An image reference: `oci:` or `oci-archive:` with an absolute path (and an optional
+/// `:tag`), or a registry reference of `[A-Za-z0-9._/:@-]`.
+fn check_image(image: &str) -> Result<(), String> {
+    if image.is_empty() || image.len() > CONTAINER_TEXT_MAX {
+        return Err(format!("image: 1 to {CONTAINER_TEXT_MAX} characters"));
+    }
+    for scheme in ["oci:", "oci-archive:"] {
+        if let Some(rest) = image.strip_prefix(scheme) {
+            let path = rest.split_once(':').map_or(rest, |(p, _)| p);
+            return clean_path("image path", path);
+        }
+    }
+    let reference = image.strip_prefix("docker://").unwrap_or(image);
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "._/:@-".contains(c);
+    if reference.is_empty() || !reference.chars().all(allowed) || reference.starts_with(['/', '-', '.']) {
+        return Err(format!(
+            "image \"{}\": oci:/PATH, oci-archive:/PATH.tar, or a registry reference such as docker://registry/name:tag",
+            image.chars().take(80).collect::<String>()
+        ));
+    }
+    Ok(())
+}
+
+/// A container, and the spec's host workdir (a container job has none).
+fn check_container(c: &crate::model::Container, host_workdir: &str) -> Result<(), String> {
+    if !host_workdir.is_empty() {
+        return Err(
+            "a container job starts in its container's workdir (--container-workdir), not a host directory"
+                .into(),
+        );
+    }
+    check_image(&c.image)?;
+    if c.mounts.len() > CONTAINER_MOUNTS_MAX {
+        return Err(format!("at most {CONTAINER_MOUNTS_MAX} mounts"));
+    }
+    for m in &c.mounts {
+        clean_path("mount source", &m.src)?;
+        clean_path("mount destination", &m.dst)?;
+        if m.dst == "/"
+            || m.dst == "/proc"
+            || m.dst.starts_with("/proc/")
+            || m.dst == "/dev"
+            || m.dst.starts_with("/dev/")
+        {
+            return Err(format!(
+                "mount destination \"{}\": /, /proc and /dev are the container's own",
+                m.dst
+            ));
+        }
+    }
+    if !c.workdir.is_empty() {
+        clean_path("workdir", &c.workdir)?;
+    }
+    Ok(())
+}
+
+/// What one task asks for: GPUs (or a fraction of one), CPUs, memory.
+fn check_shape(spec: &JobSpec) -> Result<(), ValidationError> {
     if spec.gpus == 0 && spec.cpus == 0 {
         return Err(ValidationError::NoGpus);
     }
@@ -155,6 +237,11 @@ pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
     if spec.gpu_milli > 0 && (spec.gpu_milli >= crate::model::GPU_MILLI || whole_only) {
         return Err(ValidationError::BadGpuFraction);
     }
+    Ok(())
+}
+
+pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
+    check_shape(spec)?;
     let program = spec.argv.first().ok_or(ValidationError::EmptyCommand)?;
     if program.is_empty() {
         return Err(ValidationError::EmptyProgram);
@@ -185,6 +272,9 @@ pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
     check_len("argv+env+workdir bytes", bytes, SPEC_BYTES_MAX)?;
     if spec.tasks == 0 || spec.tasks > TASKS_MAX {
         return Err(ValidationError::BadTasks);
+    }
+    if let Some(c) = &spec.container {
+        check_container(c, &spec.workdir).map_err(ValidationError::BadContainer)?;
     }
     if spec.after_ok.len() > AFTER_OK_MAX {
         return Err(ValidationError::TooManyDependencies);
@@ -258,4 +348,51 @@ pub fn validate_node(info: &NodeInfo) -> Result<(), ValidationError> {
         check_text("gpu model", &gpu.model, 128)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod container_tests {
+    use super::*;
+    use crate::model::{Container, ContainerMount};
+
+    fn spec_with(image: &str, mounts: &[&str], workdir: &str) -> JobSpec {
+        let mut s = JobSpec::new("c", "alice", vec!["true".into()], 1);
+        s.container = Some(Box::new(Container {
+            image: image.into(),
+            mounts: mounts.iter().map(|m| ContainerMount::parse(m).expect("mount")).collect(),
+            workdir: workdir.into(),
+        }));
+        s
+    }
+
+    #[test]
+    fn container_images_mounts_and_workdirs_are_checked() {
+        for ok in [
+            spec_with("oci:/srv/images/pytorch", &["/data:/data:ro", "/scratch/a:/ckpt"], "/workspace"),
+            spec_with("oci-archive:/srv/img.tar:v2", &[], ""),
+            spec_with("docker://nvcr.io/nvidia/pytorch:24.01-py3", &[], ""),
+            spec_with("ubuntu@sha256:0123abcd", &[], ""),
+        ] {
+            assert_eq!(validate_spec(&ok), Ok(()), "{:?}", ok.container);
+        }
+        for (bad, says) in [
+            (spec_with("oci:relative/path", &[], ""), "absolute"),
+            (spec_with("oci:/a/../etc", &[], ""), "absolute"),
+            (spec_with("", &[], ""), "1 to"),
+            (spec_with("bad image$", &[], ""), "registry reference"),
+            (spec_with("-rm", &[], ""), "registry reference"),
+            (spec_with("oci:/img", &["/a:/proc/x"], ""), "container's own"),
+            (spec_with("oci:/img", &["/a:/"], ""), "container's own"),
+            (spec_with("oci:/img", &["/a/..:/b"], ""), "absolute"),
+            (spec_with("oci:/img", &[], "work"), "absolute"),
+        ] {
+            let e = validate_spec(&bad).unwrap_err().to_string();
+            assert!(e.starts_with("container: ") && e.contains(says), "{e} lacks {says}");
+        }
+        let many: Vec<String> = (0..=CONTAINER_MOUNTS_MAX).map(|i| format!("/h{i}:/c{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert!(validate_spec(&spec_with("oci:/img", &many, "")).is_err());
+        assert_eq!(ContainerMount::parse("/a:/b:xx"), None);
+        assert_eq!(ContainerMount::parse("/a:/b:ro").map(|m| m.text()).as_deref(), Some("/a:/b:ro"));
+    }
 }

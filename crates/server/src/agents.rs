@@ -59,6 +59,7 @@ pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> 
                 cpus: o.job.spec.cpus,
                 memory_mib: o.job.spec.mem_mib,
                 gpu_milli: o.job.spec.gpu_milli,
+                container: o.job.spec.container.as_deref().map(crate::convert::container_to_pb),
             }
         })
         .collect()
@@ -282,6 +283,13 @@ impl AgentService for AgentApi {
                 node: r.node_id,
                 kind: "log truncated".into(),
                 message: r.message.chars().take(256).collect(),
+            },
+            Ok(pb::RunStatus::Image) => Op::RunNote {
+                job: r.job_id,
+                attempt: r.attempt,
+                node: r.node_id,
+                kind: "image".into(),
+                message: r.message.chars().take(512).collect(),
             },
             Ok(pb::RunStatus::Lost) => {
                 let message: String = r.message.chars().take(512).collect();

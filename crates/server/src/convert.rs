@@ -77,9 +77,47 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
         checkpoint_grace_s: (checkpoint.grace_s != 0).then_some(u64::from(checkpoint.grace_s)),
         // Set by the API edge from the caller's trace context, never by the spec.
         traceparent: None,
+        container: container_from_pb(spec.container)?,
     };
     validate_spec(&out).map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok(out)
+}
+
+/// A submit's container, its mounts parsed (`SRC:DST[:ro]`); checked with the rest of the spec.
+fn container_from_pb(
+    c: Option<pb::ContainerSpec>,
+) -> Result<Option<Box<kairos_scheduler::model::Container>>, Status> {
+    let Some(c) = c.filter(|c| !c.image.is_empty() || !c.mounts.is_empty() || !c.workdir.is_empty()) else {
+        return Ok(None);
+    };
+    if c.mounts.len() > kairos_scheduler::validate::CONTAINER_MOUNTS_MAX {
+        return Err(Status::invalid_argument(format!(
+            "container: at most {} mounts",
+            kairos_scheduler::validate::CONTAINER_MOUNTS_MAX
+        )));
+    }
+    let mounts = c
+        .mounts
+        .iter()
+        .map(|m| {
+            kairos_scheduler::model::ContainerMount::parse(m).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "container: mount \"{}\" is not SRC:DST or SRC:DST:ro",
+                    m.chars().take(80).collect::<String>()
+                ))
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Some(Box::new(kairos_scheduler::model::Container { image: c.image, mounts, workdir: c.workdir })))
+}
+
+/// The wire form of a job's container.
+pub fn container_to_pb(c: &kairos_scheduler::model::Container) -> pb::ContainerSpec {
+    pb::ContainerSpec {
+        image: c.image.clone(),
+        mounts: c.mounts.iter().map(|m| m.text()).collect(),
+        workdir: c.workdir.clone(),
+    }
 }
 
 fn profile_to_pb(p: Profile) -> pb::Profile {
@@ -199,6 +237,7 @@ fn spec_to_pb(job: &Job) -> pb::JobSpec {
         partition: s.partition.clone(),
         time_limit_s: s.time_limit_s.unwrap_or(0),
         requeue: Some(s.requeue),
+        container: s.container.as_deref().map(container_to_pb),
         ..Default::default()
     }
 }

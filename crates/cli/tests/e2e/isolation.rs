@@ -13,10 +13,10 @@ use crate::harness::{alive, read_pid, signal, wait_for, Cluster, Options};
 use crate::security::{agent_client, node, with_bearer};
 
 /// Unix accounts made for one test and removed (with their homes) when it ends.
-struct Users(Vec<String>);
+pub(crate) struct Users(Vec<String>);
 
 impl Users {
-    fn create(names: &[String]) -> Users {
+    pub(crate) fn create(names: &[String]) -> Users {
         // SAFETY: geteuid has no preconditions.
         assert_eq!(
             unsafe { libc::geteuid() },
@@ -35,7 +35,7 @@ impl Users {
         users
     }
 
-    fn uid(&self, name: &str) -> u32 {
+    pub(crate) fn uid(&self, name: &str) -> u32 {
         let out = Command::new("id").args(["-u", name]).output().expect("run id");
         String::from_utf8_lossy(&out.stdout).trim().parse().expect("a uid")
     }
@@ -53,19 +53,24 @@ impl Drop for Users {
 
 /// A cluster whose agent runs each job as its submitter, kairos users alice and bob mapped to
 /// the Unix accounts `a` and `b` (the map lives in the returned directory).
-fn submitter_cluster(a: &str, b: &str) -> (Cluster, tempfile::TempDir) {
+pub(crate) fn submitter_cluster(a: &str, b: &str) -> (Cluster, tempfile::TempDir) {
+    submitter_cluster_mapping(&format!("alice = {a}\nbob = {b}\n"))
+}
+
+/// A cluster whose agent runs each job as its submitter, through the user map `map`.
+pub(crate) fn submitter_cluster_mapping(map: &str) -> (Cluster, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let map = dir.path().join("users.map");
-    std::fs::write(&map, format!("alice = {a}\nbob = {b}\n")).unwrap();
+    let path = dir.path().join("users.map");
+    std::fs::write(&path, map).unwrap();
     let flags =
-        vec!["--run-as".to_string(), "submitter".into(), "--user-map".into(), map.display().to_string()];
+        vec!["--run-as".to_string(), "submitter".into(), "--user-map".into(), path.display().to_string()];
     let c = Cluster::start_opts(1, 2, Options { agent_flags: flags, ..Default::default() });
     // Jobs must reach their own directories under the cluster's (root's) test directory.
     std::fs::set_permissions(c.dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
     (c, dir)
 }
 
-fn submit_as(c: &Cluster, user: &str, args: &[&str]) -> u64 {
+pub(crate) fn submit_as(c: &Cluster, user: &str, args: &[&str]) -> u64 {
     let out = c.cli_as(user).arg("submit").args(args).output().expect("run kairos");
     assert!(out.status.success(), "submit as {user}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).trim().parse().expect("a job id")

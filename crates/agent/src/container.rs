@@ -1,0 +1,305 @@
+//! A run inside its container image, the way enroot (Slurm's pyxis) does it: no daemon and no
+//! runtime process between the agent and the job. Between fork and exec the run's process
+//! enters a mount namespace of its own whose root is an overlay of the cached image
+//! (`image::ImageCache`) under a writable tmpfs layer, with `/proc`, a `/dev` holding only the
+//! basic devices and the run's own GPUs (what a CDI spec injects: `/dev/nvidiaN` of its GPUs
+//! and the control devices), the host's `/etc/hosts` and `/etc/resolv.conf`, the job's
+//! directory at its own path, and the job's mounts. Everything else is a bare run's: the
+//! process is the agent's child, in the run's cgroup, as the submitter, with its signals. The
+//! namespace, and with it every mount, ends with the run's last process.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// What the child does to enter its container, prepared before the fork (nothing allocates in
+/// the child).
+pub struct Plan {
+    /// An empty directory of the agent's: the tmpfs for the writable layer is mounted on it.
+    scratch: CString,
+    upper: CString,
+    work: CString,
+    /// An empty directory of the agent's: the container's root is mounted on it.
+    root: CString,
+    overlay: CString,
+    /// Directories to make in the new root (mount points), parents first.
+    dirs: Vec<CString>,
+    /// Empty files to make in the new root (mount points of files and devices).
+    files: Vec<CString>,
+    /// Bind mounts: host path, path in the new root (under `root`), read-only.
+    binds: Vec<(CString, CString, bool)>,
+    proc_dir: CString,
+    dev_dir: CString,
+    shm_dir: CString,
+    links: Vec<(CString, CString)>,
+    /// The working directory inside the container.
+    workdir: CString,
+}
+
+/// The basic devices every container gets.
+const BASIC_DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+/// The NVIDIA control devices a CUDA program opens besides its GPUs.
+const NVIDIA_CONTROL: [&str; 4] = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"];
+
+fn c(p: &Path) -> std::io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::other(format!("{} holds a NUL byte", p.display())))
+}
+
+/// `inside` (an absolute path in the container) under `root`.
+fn under(root: &Path, inside: &str) -> PathBuf {
+    root.join(inside.trim_start_matches('/'))
+}
+
+/// Every directory from `root` down to `path` (exclusive of `root`), parents first.
+fn with_parents(root: &Path, path: &Path, out: &mut Vec<PathBuf>) {
+    let mut chain: Vec<PathBuf> =
+        path.ancestors().take_while(|p| *p != root && p.starts_with(root)).map(Path::to_path_buf).collect();
+    chain.reverse();
+    for p in chain {
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+}
+
+/// A mount of the job's: host source, path inside, read-only.
+pub struct Bind {
+    pub src: PathBuf,
+    pub dst: String,
+    pub read_only: bool,
+}
+
+impl Bind {
+    /// `SRC:DST`, `SRC:DST:ro` or `SRC:DST:rw` (as the controller checked them).
+    pub fn parse(text: &str) -> Option<Bind> {
+        let parts: Vec<&str> = text.split(':').collect();
+        let (src, dst, read_only) = match parts.as_slice() {
+            [src, dst] | [src, dst, "rw"] => (*src, *dst, false),
+            [src, dst, "ro"] => (*src, *dst, true),
+            _ => return None,
+        };
+        (src.starts_with('/') && dst.starts_with('/')).then(|| Bind {
+            src: src.into(),
+            dst: dst.into(),
+            read_only,
+        })
+    }
+}
+
+impl Plan {
+    /// The plan for a run of `rootfs` whose mount points are made under `base` (the agent's
+    /// `containers` directory), binding `binds` (the job's directory first), the GPU device
+    /// `minors`, and starting in `workdir` inside.
+    pub fn new(
+        rootfs: &Path,
+        base: &Path,
+        binds: &[Bind],
+        minors: &[u32],
+        workdir: &str,
+    ) -> std::io::Result<Plan> {
+        let scratch = base.join("scratch");
+        let root = base.join("root");
+        for d in [&scratch, &root] {
+            std::fs::create_dir_all(d)?;
+        }
+        let (mut dirs, mut files, mut mounts) = (Vec::new(), Vec::new(), Vec::new());
+        for name in ["proc", "dev"] {
+            with_parents(&root, &root.join(name), &mut dirs);
+        }
+        let mut devices: Vec<String> = BASIC_DEVICES.iter().map(|d| d.to_string()).collect();
+        if !minors.is_empty() {
+            devices.extend(minors.iter().map(|m| format!("nvidia{m}")));
+            devices.extend(NVIDIA_CONTROL.iter().map(|d| d.to_string()));
+        }
+        for d in devices {
+            let host = Path::new("/dev").join(&d);
+            if host.exists() {
+                let inside = root.join("dev").join(&d);
+                files.push(inside.clone());
+                mounts.push((host, inside, false));
+            }
+        }
+        for etc in ["/etc/hosts", "/etc/resolv.conf"] {
+            if Path::new(etc).is_file() && rootfs.join("etc").is_dir() {
+                let inside = under(&root, etc);
+                files.push(inside.clone());
+                mounts.push((PathBuf::from(etc), inside, true));
+            }
+        }
+        for b in binds {
+            let inside = under(&root, &b.dst);
+            if b.src.is_dir() {
+                with_parents(&root, &inside, &mut dirs);
+            } else {
+                with_parents(&root, inside.parent().unwrap_or(&root), &mut dirs);
+                files.push(inside.clone());
+            }
+            mounts.push((b.src.clone(), inside, b.read_only));
+        }
+        let overlay = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            rootfs.display(),
+            scratch.join("upper").display(),
+            scratch.join("work").display()
+        );
+        if overlay.contains(',') && overlay.matches(',').count() != 2 {
+            return Err(std::io::Error::other("an image path holds a comma"));
+        }
+        let cs = |v: Vec<PathBuf>| v.iter().map(|p| c(p)).collect::<std::io::Result<Vec<_>>>();
+        Ok(Plan {
+            upper: c(&scratch.join("upper"))?,
+            work: c(&scratch.join("work"))?,
+            scratch: c(&scratch)?,
+            overlay: CString::new(overlay).map_err(|_| std::io::Error::other("NUL in a path"))?,
+            proc_dir: c(&root.join("proc"))?,
+            dev_dir: c(&root.join("dev"))?,
+            shm_dir: c(&root.join("dev/shm"))?,
+            links: [
+                ("/proc/self/fd", "dev/fd"),
+                ("/proc/self/fd/0", "dev/stdin"),
+                ("/proc/self/fd/1", "dev/stdout"),
+                ("/proc/self/fd/2", "dev/stderr"),
+            ]
+            .iter()
+            .map(|(target, at)| {
+                Ok((CString::new(*target).map_err(std::io::Error::other)?, c(&root.join(at))?))
+            })
+            .collect::<std::io::Result<_>>()?,
+            root: c(&root)?,
+            dirs: cs(dirs)?,
+            files: cs(files)?,
+            binds: mounts.iter().map(|(s, d, ro)| Ok((c(s)?, c(d)?, *ro))).collect::<std::io::Result<_>>()?,
+            workdir: CString::new(workdir).map_err(|_| std::io::Error::other("NUL in the workdir"))?,
+        })
+    }
+
+    /// Enters the container: in the child, between fork and exec, before the user changes.
+    /// Only system calls on prepared values (async-signal-safe).
+    pub fn enter(&self) -> std::io::Result<()> {
+        use nix::libc;
+        let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) };
+        let none = std::ptr::null::<libc::c_char>();
+        // SAFETY: system calls on NUL-terminated strings prepared before the fork; the mount
+        // namespace is this process's own from the first call on.
+        unsafe {
+            check(libc::unshare(libc::CLONE_NEWNS))?;
+            check(libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()))?;
+            let tmpfs = c"tmpfs".as_ptr();
+            // The writable layer: its pages are charged to the run's memory limit.
+            check(libc::mount(
+                tmpfs,
+                self.scratch.as_ptr(),
+                tmpfs,
+                libc::MS_NOSUID | libc::MS_NODEV,
+                c"size=50%,mode=0755".as_ptr().cast(),
+            ))?;
+            check(libc::mkdir(self.upper.as_ptr(), 0o755))?;
+            check(libc::mkdir(self.work.as_ptr(), 0o755))?;
+            let overlay = c"overlay".as_ptr();
+            check(libc::mount(overlay, self.root.as_ptr(), overlay, 0, self.overlay.as_ptr().cast()))?;
+            for d in &self.dirs {
+                if libc::mkdir(d.as_ptr(), 0o755) != 0 && *libc::__errno_location() != libc::EEXIST {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            let proc_ = c"proc".as_ptr();
+            check(libc::mount(
+                proc_,
+                self.proc_dir.as_ptr(),
+                proc_,
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                std::ptr::null(),
+            ))?;
+            check(libc::mount(
+                tmpfs,
+                self.dev_dir.as_ptr(),
+                tmpfs,
+                libc::MS_NOSUID | libc::MS_NOEXEC,
+                c"mode=0755,size=64k".as_ptr().cast(),
+            ))?;
+            check(libc::mkdir(self.shm_dir.as_ptr(), 0o1777))?;
+            check(libc::mount(
+                tmpfs,
+                self.shm_dir.as_ptr(),
+                tmpfs,
+                libc::MS_NOSUID | libc::MS_NODEV,
+                c"mode=1777".as_ptr().cast(),
+            ))?;
+            for (target, at) in &self.links {
+                check(libc::symlink(target.as_ptr(), at.as_ptr()))?;
+            }
+            for f in &self.files {
+                let fd = libc::open(f.as_ptr(), libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC, 0o644);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(fd);
+            }
+            for (src, dst, ro) in &self.binds {
+                check(libc::mount(
+                    src.as_ptr(),
+                    dst.as_ptr(),
+                    none,
+                    libc::MS_BIND | libc::MS_REC,
+                    std::ptr::null(),
+                ))?;
+                if *ro {
+                    let flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY;
+                    check(libc::mount(none, dst.as_ptr(), none, flags, std::ptr::null()))?;
+                }
+            }
+            // The new root replaces the old, which is detached (pivot_root(".", ".")).
+            check(libc::chdir(self.root.as_ptr()))?;
+            let dot = c".".as_ptr();
+            if libc::syscall(libc::SYS_pivot_root, dot, dot) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            check(libc::umount2(dot, libc::MNT_DETACH))?;
+            check(libc::chdir(c"/".as_ptr()))?;
+        }
+        Ok(())
+    }
+
+    /// The working directory inside the container (the caller changes to it after the user
+    /// change, as for a bare run).
+    pub fn workdir(&self) -> &std::ffi::CStr {
+        &self.workdir
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_binds_the_job_its_mounts_and_only_its_gpus() {
+        let dir = tempfile::tempdir().unwrap();
+        let rootfs = dir.path().join("rootfs");
+        std::fs::create_dir_all(rootfs.join("etc")).unwrap();
+        let job = dir.path().join("jobs/7-1");
+        std::fs::create_dir_all(&job).unwrap();
+        let data = dir.path().join("data.txt");
+        std::fs::write(&data, "x").unwrap();
+        let binds = [
+            Bind { src: job.clone(), dst: job.display().to_string(), read_only: false },
+            Bind { src: data.clone(), dst: "/inputs/data.txt".into(), read_only: true },
+        ];
+        let plan = Plan::new(&rootfs, &dir.path().join("containers"), &binds, &[3], "/work").unwrap();
+        let root = dir.path().join("containers/root");
+        let has = |v: &[CString], p: PathBuf| v.iter().any(|c| c.as_bytes() == p.as_os_str().as_bytes());
+        // The job's directory at its own path, its parents made first.
+        assert!(has(&plan.dirs, under(&root, &job.display().to_string())));
+        let parent =
+            plan.dirs.iter().position(|d| d.as_bytes() == under(&root, "/tmp").as_os_str().as_bytes());
+        assert!(parent.is_some());
+        // A file mount gets a file as its mount point; read-only as asked.
+        assert!(has(&plan.files, root.join("inputs/data.txt")));
+        assert!(plan.binds.iter().any(|(s, _, ro)| s.as_bytes() == data.as_os_str().as_bytes() && *ro));
+        // Only the run's GPU device would be bound (none exist on this machine: none is).
+        assert!(!plan.binds.iter().any(|(s, _, _)| s.as_bytes() == b"/dev/nvidia0"));
+        assert!(plan.binds.iter().any(|(s, _, _)| s.as_bytes() == b"/dev/null"));
+        assert_eq!(plan.workdir().to_bytes(), b"/work");
+        assert!(plan.overlay.to_bytes().starts_with(b"lowerdir="));
+    }
+}

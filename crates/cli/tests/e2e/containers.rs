@@ -1,0 +1,204 @@
+//! Jobs in containers (`--container-image`), end to end: a test image built here from Debian
+//! packages (busybox-static into an OCI layout with umoci; scripts/test.sh installs both), real
+//! mount namespaces and overlays, real Unix users, real cgroups.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::harness::{wait_for, Cluster, Options};
+use crate::isolation::{submit_as, submitter_cluster_mapping, Users};
+
+fn run(cmd: &mut Command) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e} (scripts/test.sh installs umoci and busybox-static)"));
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// An OCI image layout under `dir` tagged `test`: busybox (static, every applet linked) and a
+/// marker file, /etc/kairos-image. Its reference, `oci:DIR/layout:test`.
+fn busybox_image(dir: &Path) -> String {
+    let layout = dir.join("layout");
+    let bundle = dir.join("bundle");
+    run(Command::new("umoci").args(["init", "--layout"]).arg(&layout));
+    run(Command::new("umoci").args(["new", "--image"]).arg(format!("{}:test", layout.display())));
+    run(Command::new("umoci")
+        .args(["unpack", "--image"])
+        .arg(format!("{}:test", layout.display()))
+        .arg(&bundle));
+    let rootfs = bundle.join("rootfs");
+    for d in ["bin", "etc", "tmp"] {
+        std::fs::create_dir_all(rootfs.join(d)).unwrap();
+    }
+    std::fs::set_permissions(rootfs.join("tmp"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).expect("/bin/busybox (busybox-static)");
+    // Every applet a relative link to it (`--install` would link to this host's path).
+    let list = Command::new("/bin/busybox").arg("--list").output().unwrap();
+    for applet in String::from_utf8_lossy(&list.stdout).lines().filter(|a| *a != "busybox") {
+        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
+    }
+    std::fs::write(rootfs.join("etc/kairos-image"), "kairos test image\n").unwrap();
+    run(Command::new("umoci")
+        .args(["repack", "--image"])
+        .arg(format!("{}:test", layout.display()))
+        .arg(&bundle));
+    format!("oci:{}:test", layout.display())
+}
+
+/// Pids of processes whose environment has KAIROS_JOB_ID=`job` and whose owner is `uid`.
+fn job_processes(job: u64, uid: u32) -> Vec<u32> {
+    let want = format!("KAIROS_JOB_ID={job}");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            (std::fs::metadata(e.path()).ok()?.uid() == uid).then_some(())?;
+            let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+            env.split(|b| *b == 0).any(|v| v == want.as_bytes()).then_some(pid)
+        })
+        .collect()
+}
+
+#[test]
+fn a_container_job_runs_in_its_image_as_its_submitter_and_is_preempted_resumed_and_cancelled() {
+    let users = Users::create(&["kc-alice".into(), "kc-bob".into()]);
+    // The admin's urgent job runs as kc-bob.
+    let (c, map) = submitter_cluster_mapping("alice = kc-alice\nadmin = kc-bob\n");
+    let image = busybox_image(map.path());
+    let uid = users.uid("kc-alice");
+
+    // Its root is the image's (no host python), its user the submitter, its GPUs and Slurm
+    // environment a bare run's.
+    let probe =
+        "cat /etc/kairos-image; echo uid=$(id -u); echo gpus=$CUDA_VISIBLE_DEVICES slurm=$SLURM_JOB_ID; \
+                 if [ -e /usr/bin/python3 ]; then echo host-python; else echo no-host-python; fi; pwd";
+    let id = submit_as(&c, "alice", &["--gpus", "1", "--container-image", &image, "--", "sh", "-c", probe]);
+    let job = c.wait_done(id);
+    assert_eq!(job["state"], "COMPLETED", "{job}");
+    let out = c.ok(&["logs", &id.to_string()]);
+    assert!(out.contains("kairos test image") && out.contains("no-host-python"), "{out}");
+    assert!(out.contains(&format!("uid={uid}")), "{out}");
+    assert!(out.contains(&format!("gpus={} slurm={id}", job["gpu_ids"][0])), "{out}");
+    assert!(
+        Path::new("/usr/bin/python3").exists(),
+        "the host has python3, so its absence shows the image's root"
+    );
+    assert_eq!(job["image"], Value::from(image.clone()));
+    assert!(job["image_digest"].as_str().is_some_and(|d| d.starts_with("sha256:")), "{job}");
+
+    // Preempted under REQUEUE, it resumes from its checkpoint (in the job's directory, bound
+    // into the container) and writes every step exactly once to a mounted host directory.
+    let ckpt = map.path().join("ckpt");
+    std::fs::create_dir(&ckpt).unwrap();
+    std::os::unix::fs::chown(&ckpt, Some(uid), None).unwrap();
+    let examples = std::fs::canonicalize(format!("{}/../../examples", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let mounts = format!("{}:/ckpt,{}:/examples:ro", ckpt.display(), examples.display());
+    let train = submit_as(
+        &c,
+        "alice",
+        &[
+            "--gpus",
+            "2",
+            "--qos",
+            "training",
+            "--container-image",
+            &image,
+            "--container-mounts",
+            &mounts,
+            "--env",
+            "STEPS=40",
+            "--env",
+            "CHECKPOINT_EVERY=5",
+            "--env",
+            "OUT=/ckpt/steps",
+            "--",
+            "sh",
+            "/examples/train.sh",
+        ],
+    );
+    c.wait_state(train, "RUNNING");
+    wait_for("training progress", || {
+        (std::fs::read_to_string(ckpt.join("steps")).unwrap_or_default().lines().count() >= 8).then_some(())
+    });
+    let urgent = c.submit(&["--qos", "urgent", "--gpus", "2", "--", "true"]);
+    assert_eq!(c.wait_done(urgent)["state"], "COMPLETED");
+    let t = c.wait_done(train);
+    assert_eq!((t["state"].as_str(), t["attempt"].as_u64()), (Some("COMPLETED"), Some(1)), "{t}");
+    let steps: Vec<u32> = std::fs::read_to_string(ckpt.join("steps"))
+        .unwrap()
+        .lines()
+        .map(|l| l.trim_start_matches("step ").parse().unwrap())
+        .collect();
+    assert_eq!(steps, (1..=40).collect::<Vec<u32>>(), "steps lost or repeated across the preemption");
+    let log = c.ok(&["logs", &train.to_string()]);
+    assert!(
+        log.starts_with("attempt 1 resumes at step ") && !log.starts_with("attempt 1 resumes at step 0"),
+        "{log}"
+    );
+
+    // Cancel leaves no process of it alive.
+    let sleeper =
+        submit_as(&c, "alice", &["--container-image", &image, "--", "sh", "-c", "sleep 600 & sleep 600"]);
+    c.wait_state(sleeper, "RUNNING");
+    wait_for("the container's processes", || (job_processes(sleeper, uid).len() >= 2).then_some(()));
+    c.ok(&["cancel", &sleeper.to_string()]);
+    assert_eq!(c.wait_done(sleeper)["state"], "CANCELLED");
+    let left = job_processes(sleeper, uid);
+    assert!(left.is_empty(), "processes of the cancelled container job still alive: {left:?}");
+}
+
+#[test]
+fn a_container_job_over_its_memory_ends_out_of_memory_and_a_missing_image_fails_fast() {
+    let flags = ["--cpus", "2", "--memory", "2G"].iter().map(|s| s.to_string()).collect();
+    let c = Cluster::start_opts(1, 1, Options { agent_flags: flags, ..Options::default() });
+    let dir = tempfile::tempdir().unwrap();
+    let image = busybox_image(dir.path());
+    // dd's 256 MiB buffer under a 128 MiB limit.
+    let hog = c.submit(&[
+        "--gpus",
+        "0",
+        "-c",
+        "1",
+        "--mem",
+        "128M",
+        "--container-image",
+        &image,
+        "--",
+        "dd",
+        "if=/dev/zero",
+        "of=/dev/null",
+        "bs=256M",
+        "count=1",
+    ]);
+    let job = c.wait_done(hog);
+    assert_eq!(job["state"], "OUT_OF_MEMORY", "{job}");
+
+    let started = Instant::now();
+    let missing = c.submit(&["--container-image", "oci:/nonexistent/image:v1", "--", "true"]);
+    let job = c.wait_done(missing);
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    assert_eq!(job["state"], "FAILED", "{job}");
+    let reason = job["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("image pull failed: oci:/nonexistent/image:v1"), "{reason}");
+
+    // Refused at submit, naming what is wrong, and nothing submitted.
+    for (args, says) in [
+        (vec!["--container-image", "oci:relative", "--", "true"], "absolute path"),
+        (
+            vec!["--container-image", &image, "--container-mounts", "/a:/proc/x", "--", "true"],
+            "container's own",
+        ),
+        (vec!["--container-mounts", "/a:/b", "--", "true"], "--container-image"),
+    ] {
+        let out = c.kairos(&[&["submit"], args.as_slice()].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{args:?}: {err}");
+    }
+    let all: Value = serde_json::from_str(&c.ok(&["queue", "--all", "--json"])).unwrap();
+    assert_eq!(all.as_array().map(Vec::len), Some(2), "{all}");
+}
