@@ -391,6 +391,7 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
             .unwrap_or_default(),
         container_workdir: o.get("container-workdir").map(str::to_string),
         container_image,
+        manifest: None,
         command,
     })
 }

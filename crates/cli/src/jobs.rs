@@ -3,6 +3,7 @@
 
 use std::io::Write;
 
+use anyhow::Context;
 use clap::ValueEnum;
 use kairos_proto::v1 as pb;
 use tokio_stream::StreamExt;
@@ -130,6 +131,10 @@ pub struct SubmitArgs {
     /// The working directory inside the container (default: the job's directory, bound in).
     #[arg(long, value_name = "DIR", conflicts_with = "workdir")]
     pub container_workdir: Option<String>,
+    /// Submit the Kubernetes manifests in this file instead (batch/v1 Jobs, v1 Pods, pod
+    /// groups; see `kairos submit --help` and docs/containers.md); one job id per line.
+    #[arg(short = 'f', long = "filename", value_name = "FILE.yaml")]
+    pub manifest: Option<std::path::PathBuf>,
     /// The command and its arguments, after `--`.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -210,6 +215,12 @@ fn container_spec(
 
 /// Submits a job; prints its id (the job with --json).
 pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Result<i32> {
+    if let Some(path) = &args.manifest {
+        if !args.command.is_empty() {
+            anyhow::bail!("-f takes its commands from the manifest: give no command after --");
+        }
+        return submit_manifest(client, json, path).await;
+    }
     let shape = shape_of(&args).map_err(|e| anyhow::anyhow!(e))?;
     let SubmitArgs {
         nodes,
@@ -287,6 +298,24 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         container,
         ..Default::default()
     };
+    send(client, json, spec).await
+}
+
+/// `kairos submit -f FILE.yaml`: every job the manifests ask for, or none (all are checked
+/// before the first is sent).
+async fn submit_manifest(client: &Client, json: bool, path: &std::path::Path) -> anyhow::Result<i32> {
+    let yaml = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let policy = crate::policy::get_policy(client).await?;
+    let specs =
+        crate::manifest::specs(&yaml, &policy).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    for spec in specs {
+        send(client, json, spec).await?;
+    }
+    Ok(0)
+}
+
+/// Submits `spec`; prints its id (the job with --json).
+async fn send(client: &Client, json: bool, spec: pb::JobSpec) -> anyhow::Result<i32> {
     // One trace per job starts here (exported when OTEL_EXPORTER_OTLP_ENDPOINT is set).
     let trace = kairos_telemetry::traces::start("kairos submit", &Default::default(), Vec::new());
     let traced = client.traced(kairos_telemetry::traces::traceparent(&trace));

@@ -16,6 +16,7 @@ mod cluster;
 mod context;
 mod history;
 mod jobs;
+mod manifest;
 mod nodes;
 mod output;
 mod partitions;

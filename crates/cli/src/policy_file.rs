@@ -7,6 +7,9 @@
 //! inference = "inference"
 //! batch = "batch"
 //!
+//! [priority_classes]        # Kubernetes priorityClassName -> QoS (`kairos submit -f`)
+//! high-priority = "urgent"
+//!
 //! [weights]               # multifactor priority; omitted keys keep the defaults
 //! qos = 10000
 //! age = 1000
@@ -64,6 +67,8 @@ use serde::{Deserialize, Serialize};
 pub struct PolicyFile {
     #[serde(default)]
     pub submit_rules: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub priority_classes: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weights: Option<WeightsEntry>,
     #[serde(default)]
@@ -428,6 +433,7 @@ impl PolicyFile {
             weights,
             partitions,
             default_partition: self.default_partition.clone().unwrap_or_default(),
+            priority_classes: self.priority_classes.clone().into_iter().collect(),
         })
     }
 
@@ -513,6 +519,7 @@ impl PolicyFile {
             .collect();
         PolicyFile {
             submit_rules: p.submit_rules.clone().into_iter().collect(),
+            priority_classes: p.priority_classes.clone().into_iter().collect(),
             weights,
             qos,
             accounts,

@@ -242,6 +242,7 @@ pub fn policy_from_pb(p: pb::Policy) -> Result<Policy, Status> {
         weights: weights_from_pb(p.weights),
         partitions,
         default_partition,
+        priority_classes: p.priority_classes.into_iter().collect(),
     })
 }
 
@@ -253,5 +254,6 @@ pub fn policy_to_pb(p: &Policy) -> pb::Policy {
         weights: Some(weights_to_pb(&p.weights)),
         partitions: p.partitions.values().map(partition_to_pb).collect(),
         default_partition: p.default_partition.clone(),
+        priority_classes: p.priority_classes.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
     }
 }

@@ -308,6 +308,9 @@ pub struct Policy {
     /// The partition of jobs that name none.
     #[serde(default = "default_partition_name")]
     pub default_partition: String,
+    /// Kubernetes priority classes and the QoS each stands for (`kairos submit -f`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub priority_classes: BTreeMap<String, String>,
 }
 
 fn default_partitions() -> BTreeMap<String, Partition> {
@@ -384,6 +387,7 @@ impl Default for Policy {
             weights: PriorityWeights::default(),
             partitions: default_partitions(),
             default_partition: default_partition_name(),
+            priority_classes: BTreeMap::new(),
         }
     }
 }
@@ -413,6 +417,10 @@ pub enum PolicyError {
     PreemptsUnpreemptable { name: String, target: String },
     #[error("submit rule for profile {profile}: unknown qos \"{qos}\"")]
     UnknownProfileQos { profile: &'static str, qos: String },
+    #[error("priority_classes: class \"{class}\" names QoS \"{qos}\", which does not exist")]
+    UnknownPriorityClassQos { class: String, qos: String },
+    #[error("priority_classes: \"{0}\" is not a priority class name (1-253 characters of [a-z0-9.-])")]
+    BadPriorityClass(String),
     #[error("submit rules: profile {0} has no default qos")]
     MissingProfileQos(&'static str),
     #[error("account name \"{0}\": use 1-{POLICY_NAME_LEN_MAX} characters of [a-z0-9_-]")]
@@ -526,6 +534,19 @@ impl Policy {
                     return Err(PolicyError::UnknownProfileQos { profile: profile.as_str(), qos: q.clone() })
                 }
                 Some(_) => {}
+            }
+        }
+        for (class, qos) in &self.priority_classes {
+            let valid = !class.is_empty()
+                && class.len() <= 253
+                && class
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+            if !valid {
+                return Err(PolicyError::BadPriorityClass(class.chars().take(253).collect()));
+            }
+            if !self.qos.contains_key(qos) {
+                return Err(PolicyError::UnknownPriorityClassQos { class: class.clone(), qos: qos.clone() });
             }
         }
         Ok(())

@@ -202,3 +202,94 @@ fn a_container_job_over_its_memory_ends_out_of_memory_and_a_missing_image_fails_
     let all: Value = serde_json::from_str(&c.ok(&["queue", "--all", "--json"])).unwrap();
     assert_eq!(all.as_array().map(Vec::len), Some(2), "{all}");
 }
+
+/// A Job manifest: `gpus` GPUs of the image, with a priority class.
+fn job_manifest(image: &str, class: &str, gpus: u32) -> String {
+    format!(
+        "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: infer\nspec:\n  template:\n    spec:\n      \
+         priorityClassName: {class}\n      restartPolicy: Never\n      containers:\n      - name: main\n        \
+         image: \"{image}\"\n        command: [sh, -c, \"cat /etc/kairos-image\"]\n        resources:\n          \
+         limits:\n            nvidia.com/gpu: {gpus}\n"
+    )
+}
+
+/// A Kueue pod group of two pods, each with 2 GPUs.
+fn pod_group(image: &str) -> String {
+    let pod = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels:\n    kueue.x-k8s.io/pod-group-name: ddp\n  \
+             annotations:\n    kueue.x-k8s.io/pod-group-total-count: \"2\"\nspec:\n  containers:\n  - name: c\n    \
+             image: \"{image}\"\n    command: [sh, -c, \"echo rank=$RANK of $WORLD_SIZE\"]\n    resources:\n      limits:\n        \
+             nvidia.com/gpu: 2\n"
+        )
+    };
+    format!("{}---\n{}", pod("ddp-0"), pod("ddp-1"))
+}
+
+#[test]
+fn kubernetes_manifests_run_in_their_qos_and_image_and_a_pod_group_starts_whole_or_not_at_all() {
+    let mut c = Cluster::start(2);
+    c.add_agent("node-b", 2);
+    let dir = tempfile::tempdir().unwrap();
+    let image = busybox_image(dir.path());
+    let file = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    // The policy maps the Kubernetes class to a QoS.
+    let mut policy = c.ok(&["policy", "export"]);
+    policy.push_str("\n[priority_classes]\nhigh-priority = \"urgent\"\n");
+    c.ok(&["policy", "apply", &file("policy.toml", &policy)]);
+
+    // Refused naming every unsupported field; nothing submitted.
+    let bad = job_manifest(&image, "high-priority", 1).replace(
+        "      restartPolicy: Never\n",
+        "      hostNetwork: true\n      volumes:\n      - name: data\n",
+    );
+    let out = c.kairos(&["submit", "-f", &file("bad.yaml", &bad)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("spec.hostNetwork") && err.contains("spec.volumes"),
+        "{err}"
+    );
+    assert!(c.jobs().is_empty(), "a refused manifest submitted something");
+
+    // Training fills every GPU; the manifest's high-priority job preempts one and runs as urgent
+    // from its image.
+    let trainings: Vec<u64> = (0..2)
+        .map(|_| c.submit(&["--qos", "training", "--gpus", "2", "--requeue", "--", "sleep", "600"]))
+        .collect();
+    for t in &trainings {
+        c.wait_state(*t, "RUNNING");
+    }
+    let infer: u64 = c
+        .ok(&["submit", "-f", &file("job.yaml", &job_manifest(&image, "high-priority", 2))])
+        .trim()
+        .parse()
+        .unwrap();
+    let job = c.wait_done(infer);
+    assert_eq!((job["state"].as_str(), job["qos"].as_str()), (Some("COMPLETED"), Some("urgent")), "{job}");
+    assert!(c.ok(&["logs", &infer.to_string()]).contains("kairos test image"));
+    let pre: Value = serde_json::from_str(&c.ok(&["preemptions", "--json"])).unwrap();
+    assert!(pre.as_array().unwrap().iter().any(|p| p["preemptor"] == infer), "{pre}");
+
+    // The pod group is one gang: while a node is taken neither pod starts; then both do.
+    for t in &trainings {
+        c.ok(&["cancel", &t.to_string()]);
+        c.wait_done(*t);
+    }
+    let blocker = c.submit(&["--gpus", "2", "--", "sleep", "600"]);
+    c.wait_state(blocker, "RUNNING");
+    let gang: u64 = c.ok(&["submit", "-f", &file("group.yaml", &pod_group(&image))]).trim().parse().unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let waiting = c.job(gang);
+    assert_eq!(waiting["state"], "PENDING", "{waiting}");
+    assert!(waiting["tasks"].as_array().is_none_or(|t| t.is_empty()), "{waiting}");
+    c.ok(&["cancel", &blocker.to_string()]);
+    let done = c.wait_done(gang);
+    assert_eq!(done["state"], "COMPLETED", "{done}");
+    let nodes: std::collections::BTreeSet<&str> =
+        done["tasks"].as_array().unwrap().iter().filter_map(|t| t["node"].as_str()).collect();
+    assert_eq!(nodes.len(), 2, "both pods ran, each on a node of its own: {done}");
+}

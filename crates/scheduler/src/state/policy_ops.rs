@@ -107,6 +107,11 @@ impl ClusterState {
                 profile.as_str()
             ));
         }
+        if let Some((class, _)) = policy.priority_classes.iter().find(|(_, q)| *q == name) {
+            return refused(format!(
+                "qos \"{name}\" is what priority class \"{class}\" maps to; change priority_classes first"
+            ));
+        }
         let lists = |a: &crate::policy::Account| {
             let mut named = std::iter::once(&a.qos).chain(a.user_qos.values());
             named.any(|q| q.allowed.contains(name) || q.default.as_deref() == Some(name))
