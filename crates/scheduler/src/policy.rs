@@ -843,6 +843,15 @@ mod tests {
         assert!(matches!(p.validate(), Err(PolicyError::UnknownProfileQos { .. })));
 
         let mut p = Policy::default();
+        p.priority_classes.insert("high-priority".into(), "urgent".into());
+        assert_eq!(p.validate(), Ok(()));
+        p.priority_classes.insert("low-priority".into(), "gold".into());
+        assert!(matches!(p.validate(), Err(PolicyError::UnknownPriorityClassQos { .. })));
+        let mut p = Policy::default();
+        p.priority_classes.insert("High Priority".into(), "urgent".into());
+        assert!(matches!(p.validate(), Err(PolicyError::BadPriorityClass(_))));
+
+        let mut p = Policy::default();
         let mut q = p.qos["batch"].clone();
         q.name = "Bad Name".into();
         p.qos.insert(q.name.clone(), q);
