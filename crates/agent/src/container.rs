@@ -2,8 +2,8 @@
 //! runtime process between the agent and the job. Between fork and exec the run's process
 //! enters a mount namespace of its own whose root is an overlay of the cached image
 //! (`image::ImageCache`) under a writable tmpfs layer, with `/proc`, a `/dev` holding only the
-//! basic devices and the run's own GPUs (what a CDI spec injects: `/dev/nvidiaN` of its GPUs
-//! and the control devices), the host's `/etc/hosts` and `/etc/resolv.conf`, the job's
+//! basic devices and the run's own GPUs (from the node's CDI spec, `cdi`, else `/dev/nvidiaN`
+//! of its GPUs and the control devices), the host's `/etc/hosts` and `/etc/resolv.conf`, the job's
 //! directory at its own path, and the job's mounts. Everything else is a bare run's: the
 //! process is the agent's child, in the run's cgroup, as the submitter, with its signals. The
 //! namespace, and with it every mount, ends with the run's last process.
@@ -87,15 +87,27 @@ impl Bind {
     }
 }
 
+/// The device nodes of GPU `minors` and the NVIDIA control devices, where no CDI spec says
+/// otherwise.
+pub fn gpu_devices(minors: &[u32]) -> Vec<(PathBuf, String)> {
+    if minors.is_empty() {
+        return Vec::new();
+    }
+    let names =
+        minors.iter().map(|m| format!("nvidia{m}")).chain(NVIDIA_CONTROL.iter().map(|d| d.to_string()));
+    names.map(|n| (Path::new("/dev").join(&n), format!("/dev/{n}"))).collect()
+}
+
 impl Plan {
     /// The plan for a run of `rootfs` whose mount points are made under `base` (the agent's
-    /// `containers` directory), binding `binds` (the job's directory first), the GPU device
-    /// `minors`, and starting in `workdir` inside.
+    /// `containers` directory), binding `binds` (the job's directory first) and `devices` (on
+    /// the host, under /dev inside: the run's GPUs, `gpu_devices` or a CDI spec's), and
+    /// starting in `workdir` inside.
     pub fn new(
         rootfs: &Path,
         base: &Path,
         binds: &[Bind],
-        minors: &[u32],
+        devices: &[(PathBuf, String)],
         workdir: &str,
     ) -> std::io::Result<Plan> {
         let scratch = base.join("scratch");
@@ -107,15 +119,10 @@ impl Plan {
         for name in ["proc", "dev"] {
             with_parents(&root, &root.join(name), &mut dirs);
         }
-        let mut devices: Vec<String> = BASIC_DEVICES.iter().map(|d| d.to_string()).collect();
-        if !minors.is_empty() {
-            devices.extend(minors.iter().map(|m| format!("nvidia{m}")));
-            devices.extend(NVIDIA_CONTROL.iter().map(|d| d.to_string()));
-        }
-        for d in devices {
-            let host = Path::new("/dev").join(&d);
-            if host.exists() {
-                let inside = root.join("dev").join(&d);
+        let basic = BASIC_DEVICES.iter().map(|d| (Path::new("/dev").join(d), format!("/dev/{d}")));
+        for (host, inside) in basic.chain(devices.iter().cloned()) {
+            if host.exists() && inside.starts_with("/dev/") {
+                let inside = under(&root, &inside);
                 files.push(inside.clone());
                 mounts.push((host, inside, false));
             }
@@ -285,7 +292,8 @@ mod tests {
             Bind { src: job.clone(), dst: job.display().to_string(), read_only: false },
             Bind { src: data.clone(), dst: "/inputs/data.txt".into(), read_only: true },
         ];
-        let plan = Plan::new(&rootfs, &dir.path().join("containers"), &binds, &[3], "/work").unwrap();
+        let plan =
+            Plan::new(&rootfs, &dir.path().join("containers"), &binds, &gpu_devices(&[3]), "/work").unwrap();
         let root = dir.path().join("containers/root");
         let has = |v: &[CString], p: PathBuf| v.iter().any(|c| c.as_bytes() == p.as_os_str().as_bytes());
         // The job's directory at its own path, its parents made first.

@@ -28,6 +28,8 @@ pub struct Image {
     pub rootfs: PathBuf,
     /// The manifest's digest (`sha256:…`).
     pub digest: String,
+    /// The image's environment (its config's `Env`): under the job's own.
+    pub env: Vec<(String, String)>,
     _lease: Lease,
 }
 
@@ -62,6 +64,7 @@ pub struct ImageCache {
 
 const READY: &str = "ready";
 const SIZE: &str = "size";
+const ENV: &str = "env.json";
 
 impl ImageCache {
     pub fn new(dir: &Path, max_bytes: u64) -> std::io::Result<ImageCache> {
@@ -75,7 +78,7 @@ impl ImageCache {
         let _busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
         let scratch = tempdir_in(&self.dir)?;
         let (layout, tag) = self.layout_of(reference, &scratch)?;
-        let (digest, layers) = manifest(&layout, tag.as_deref())?;
+        let (digest, config, layers) = manifest(&layout, tag.as_deref())?;
         let hex = digest.trim_start_matches("sha256:").to_string();
         let home = self.dir.join("images").join(&hex);
         if !home.join(READY).exists() {
@@ -87,6 +90,8 @@ impl ImageCache {
                 .map_err(|e| PullError(format!("caching: {e}")))?;
             std::fs::write(home.join(SIZE), size.to_string())
                 .map_err(|e| PullError(format!("caching: {e}")))?;
+            let env = serde_json::to_vec(&image_env(&layout, &config)?).unwrap_or_default();
+            std::fs::write(home.join(ENV), env).map_err(|e| PullError(format!("caching: {e}")))?;
             std::fs::write(home.join(READY), reference).map_err(|e| PullError(format!("caching: {e}")))?;
         }
         // Used now: the most recent (eviction goes by this time).
@@ -95,9 +100,14 @@ impl ImageCache {
         }
         let _ = std::fs::remove_dir_all(&scratch);
         *self.users.lock().unwrap_or_else(|p| p.into_inner()).entry(digest.clone()).or_default() += 1;
+        let env: Vec<(String, String)> = std::fs::read(home.join(ENV))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
         let image = Image {
             rootfs: home.join("rootfs"),
             digest: digest.clone(),
+            env,
             _lease: Lease { digest, users: self.users.clone() },
         };
         self.evict();
@@ -227,10 +237,20 @@ fn json(bytes: &[u8], what: &str) -> Result<serde_json::Value, PullError> {
 /// A layer: its digest and whether it is gzip-compressed.
 type Layer = (String, bool);
 
+/// The image config's `Env` (`KEY=VALUE` each) from blob `config`.
+fn image_env(layout: &Path, config: &str) -> Result<Vec<(String, String)>, PullError> {
+    let body = json(&read_blob(layout, config)?, "image config")?;
+    let env = body["config"]["Env"].as_array().cloned().unwrap_or_default();
+    Ok(env
+        .iter()
+        .filter_map(|e| e.as_str()?.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+        .collect())
+}
+
 /// The manifest `tag` names in the layout (the only one, or the one tagged "latest", when no
-/// tag is given): its digest and its layers. An image index is followed to its linux/amd64
+/// tag is given): its digest, its config's digest and its layers. An image index is followed to its linux/amd64
 /// (else first) manifest.
-fn manifest(layout: &Path, tag: Option<&str>) -> Result<(String, Vec<Layer>), PullError> {
+fn manifest(layout: &Path, tag: Option<&str>) -> Result<(String, String, Vec<Layer>), PullError> {
     let index_bytes =
         std::fs::read(layout.join("index.json")).map_err(|e| PullError(format!("index.json: {e}")))?;
     let index = json(&index_bytes, "index.json")?;
@@ -271,7 +291,8 @@ fn manifest(layout: &Path, tag: Option<&str>) -> Result<(String, Vec<Layer>), Pu
             }
             layers.push((l["digest"].as_str().unwrap_or_default().to_string(), gz));
         }
-        return Ok((digest, layers));
+        let config = body["config"]["digest"].as_str().unwrap_or_default().to_string();
+        return Ok((digest, config, layers));
     }
     fail("image indexes nested too deep")
 }

@@ -34,7 +34,7 @@ fn layout(dir: &Path, tag: &str, layers: &[Vec<u8>]) -> String {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
     let config =
-        put_blob(dir, br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#);
+        put_blob(dir, br#"{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/opt/conda/bin:/usr/bin","LANG=C.UTF-8"]},"rootfs":{"type":"layers","diff_ids":[]}}"#);
     let layers: Vec<serde_json::Value> = layers
         .iter()
         .map(|l| {
@@ -68,13 +68,17 @@ fn layers_apply_in_order_with_whiteouts_and_the_image_is_cached_by_digest() {
     let reference = format!("oci:{}:v1", dir.path().join("img").display());
     let image = cache.prepare(&reference).unwrap();
     assert_eq!(image.digest, digest);
+    assert_eq!(
+        image.env,
+        [("PATH".to_string(), "/opt/conda/bin:/usr/bin".to_string()), ("LANG".into(), "C.UTF-8".into())]
+    );
     let root = &image.rootfs;
     assert_eq!(std::fs::read_to_string(root.join("etc/marker")).unwrap(), "top");
     assert!(!root.join("etc/gone").exists() && !root.join("etc/.wh.gone").exists());
     assert!(!root.join("opt/old/a").exists() && root.join("opt/old/b").exists());
     // Prepared again: the same unpacked root, not a second copy.
     let again = cache.prepare(&reference).unwrap();
-    assert_eq!(again.rootfs, image.rootfs);
+    assert_eq!((&again.rootfs, &again.env), (&image.rootfs, &image.env));
     assert_eq!(std::fs::read_dir(dir.path().join("cache/images")).unwrap().count(), 1);
 }
 

@@ -6,6 +6,7 @@
 
 pub mod account;
 pub mod audit;
+pub mod cdi;
 pub mod cgroup;
 pub mod container;
 pub mod decide;

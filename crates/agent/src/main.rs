@@ -143,6 +143,11 @@ struct Args {
     /// this many hours without a change.
     #[arg(long, default_value_t = 168)]
     job_dir_retention_hours: u64,
+    /// Where Container Device Interface specs are read from (`nvidia-ctk cdi generate`): what a
+    /// container's GPUs need in it (device nodes, driver libraries); without a spec of kind
+    /// nvidia.com/gpu, a container gets its GPUs' /dev/nvidia* nodes.
+    #[arg(long, value_delimiter = ',', default_value = "/etc/cdi,/var/run/cdi")]
+    cdi_spec_dirs: Vec<PathBuf>,
     /// Where container images are cached, unpacked (default: <state-dir>/images).
     #[arg(long)]
     image_cache: Option<PathBuf>,
@@ -910,6 +915,7 @@ async fn main() -> anyhow::Result<()> {
         pids_max: (args.run_pids_max > 0).then_some(args.run_pids_max),
         devices: kairos_agent::gpu::DeviceMap::of(&gpus),
         images: Some(image_cache(&args, &state_dir)?),
+        cdi_dirs: args.cdi_spec_dirs.clone(),
     };
 
     let listen: std::net::SocketAddr =

@@ -150,6 +150,8 @@ pub struct Isolation {
     pub devices: crate::gpu::DeviceMap,
     /// Container images (None: this node runs no containers).
     pub images: Option<Arc<crate::image::ImageCache>>,
+    /// Where CDI specs are read from (what a container's GPUs need in it).
+    pub cdi_dirs: Vec<PathBuf>,
 }
 
 impl Default for Isolation {
@@ -162,6 +164,7 @@ impl Default for Isolation {
             pids_max: None,
             devices: crate::gpu::DeviceMap::default(),
             images: None,
+            cdi_dirs: Vec::new(),
         }
     }
 }
@@ -192,6 +195,9 @@ pub struct Runner {
     last_set: Arc<Mutex<Option<pb::AssignmentSet>>>,
     reports: mpsc::Sender<pb::StatusReport>,
 }
+
+/// Environment variables, in the order they are set.
+type EnvPairs = Vec<(String, String)>;
 
 /// After a checkpoint signal's grace, how long a job has to end on SIGTERM before it is killed.
 pub const KILL_WAIT: Duration = Duration::from_secs(10);
@@ -709,8 +715,12 @@ impl Runner {
         let spawned = (|| -> std::io::Result<(tokio::process::Child, Arc<Mutex<std::fs::File>>)> {
             // The job's directory and log belong to the job's user, readable by nobody else.
             let log = prepare_job_files(&self.state_dir, a, account.as_ref())?;
-            let container = self.container_plan(a, image.as_deref(), &job_dir)?;
-            let mut cmd = self.job_command(a, account.as_ref(), &job_dir.join("checkpoint"), traceparent)?;
+            let (container, image_env) = match self.container_plan(a, image.as_deref(), &job_dir)? {
+                Some((plan, env)) => (Some(plan), env),
+                None => (None, Vec::new()),
+            };
+            let mut cmd =
+                self.job_command(a, account.as_ref(), &image_env, &job_dir.join("checkpoint"), traceparent)?;
             cmd.env("KAIROS_CPUS", limits.cores.len().to_string());
             if a.cpus > 0 {
                 cmd.env("SLURM_CPUS_PER_TASK", a.cpus.to_string())
@@ -755,15 +765,17 @@ impl Runner {
         tokio::spawn(self.clone().watch_exit(key, child, pgid, (cgroup, limited), copiers));
     }
 
-    /// How a run of `a` in `image` enters its container: the job's directory bound at its own
-    /// path (its checkpoints and outputs), the job's mounts, the run's GPUs; it starts in the
-    /// container's workdir, else the job's directory. None for a bare run.
+    /// How a run of `a` in `image` enters its container — the job's directory bound at its own
+    /// path (its checkpoints and outputs), the job's mounts, the run's GPUs (as the node's CDI
+    /// spec has them, else their device nodes); it starts in the container's workdir, else the
+    /// job's directory — and the environment it adds under the job's (the image's, the CDI
+    /// spec's). None for a bare run.
     fn container_plan(
         &self,
         a: &pb::Assignment,
         image: Option<&crate::image::Image>,
         job_dir: &Path,
-    ) -> std::io::Result<Option<crate::container::Plan>> {
+    ) -> std::io::Result<Option<(crate::container::Plan, EnvPairs)>> {
         let (Some(image), Some(c)) = (image, a.container.as_ref()) else { return Ok(None) };
         let own = job_dir.display().to_string();
         let mut binds =
@@ -780,15 +792,32 @@ impl Runner {
             binds.push(bind);
         }
         let workdir = if c.workdir.is_empty() { own } else { c.workdir.clone() };
-        let minors = self.isolation.devices.minors(&a.gpu_ids);
-        crate::container::Plan::new(
-            &image.rootfs,
-            &self.state_dir.join("containers"),
-            &binds,
-            &minors,
-            &workdir,
-        )
-        .map(Some)
+        let mut env = image.env.clone();
+        let names: Vec<String> = match a.gpu_ids.is_empty() {
+            true => Vec::new(),
+            false => self.isolation.devices.visible(&a.gpu_ids).split(',').map(str::to_string).collect(),
+        };
+        let cdi = match names.is_empty() {
+            true => None,
+            false => crate::cdi::edits(&self.isolation.cdi_dirs, crate::cdi::GPU_KIND, &names)
+                .map_err(std::io::Error::other)?,
+        };
+        let devices = match cdi {
+            Some(edits) => {
+                let mounts = edits.mounts.into_iter().filter(|(host, _, _)| host.exists());
+                binds.extend(mounts.map(|(src, dst, read_only)| crate::container::Bind {
+                    src,
+                    dst,
+                    read_only,
+                }));
+                env.extend(edits.env);
+                edits.devices
+            }
+            None => crate::container::gpu_devices(&self.isolation.devices.minors(&a.gpu_ids)),
+        };
+        let base = self.state_dir.join("containers");
+        let plan = crate::container::Plan::new(&image.rootfs, &base, &binds, &devices, &workdir)?;
+        Ok(Some((plan, env)))
     }
 
     /// The job's command: its argv with the environment a run gets (kairos's, Slurm-like and
@@ -798,6 +827,7 @@ impl Runner {
         &self,
         a: &pb::Assignment,
         account: Option<&crate::account::UnixAccount>,
+        image_env: &[(String, String)],
         checkpoint_dir: &Path,
         traceparent: Option<String>,
     ) -> std::io::Result<tokio::process::Command> {
@@ -810,6 +840,8 @@ impl Runner {
         cmd.args(&a.argv[1..])
             .env_clear()
             .envs(base_env(std::env::vars(), account))
+            // A container's own (its PATH, say), under the job's.
+            .envs(image_env.iter().cloned())
             .envs(&a.env)
             .env("KAIROS_JOB_ID", a.job_id.to_string())
             .env("KAIROS_RESTART_COUNT", a.attempt.to_string())

@@ -153,11 +153,42 @@ fn a_container_job_runs_in_its_image_as_its_submitter_and_is_preempted_resumed_a
 }
 
 #[test]
-fn a_container_job_over_its_memory_ends_out_of_memory_and_a_missing_image_fails_fast() {
-    let flags = ["--cpus", "2", "--memory", "2G"].iter().map(|s| s.to_string()).collect();
-    let c = Cluster::start_opts(1, 1, Options { agent_flags: flags, ..Options::default() });
+fn a_container_gets_only_its_gpus_from_the_cdi_spec_ends_out_of_memory_over_its_limit_and_a_missing_image_fails_fast(
+) {
+    // A CDI spec as nvidia-ctk writes one, for two GPUs (this node has one), their device nodes
+    // stood in for by files.
     let dir = tempfile::tempdir().unwrap();
+    let cdi = dir.path().join("cdi");
+    std::fs::create_dir(&cdi).unwrap();
+    for (f, text) in [("nvidia0", "gpu0"), ("nvidia1", "gpu1"), ("libcuda.so.1", "fake driver")] {
+        std::fs::write(dir.path().join(f), text).unwrap();
+    }
+    let spec = format!(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: \"0\"\n  containerEdits:\n    deviceNodes:\n    \
+         - path: /dev/nvidia0\n      hostPath: {d}/nvidia0\n- name: \"1\"\n  containerEdits:\n    deviceNodes:\n    \
+         - path: /dev/nvidia1\n      hostPath: {d}/nvidia1\ncontainerEdits:\n  env: [KAIROS_CDI=yes]\n  mounts:\n  \
+         - hostPath: {d}/libcuda.so.1\n    containerPath: /usr/lib/libcuda.so.1\n    options: [ro, bind]\n",
+        d = dir.path().display()
+    );
+    std::fs::write(cdi.join("nvidia.yaml"), spec).unwrap();
+    let flags = ["--cpus", "2", "--memory", "2G", "--cdi-spec-dirs"].iter().map(|s| s.to_string());
+    let flags = flags.chain([cdi.display().to_string()]).collect();
+    let c = Cluster::start_opts(1, 1, Options { agent_flags: flags, ..Options::default() });
     let image = busybox_image(dir.path());
+
+    // Only the run's GPU, and what the spec adds for every GPU, are in its container.
+    let gpu = c.submit(&[
+        "--container-image",
+        &image,
+        "--",
+        "sh",
+        "-c",
+        "ls /dev; cat /dev/nvidia0 /usr/lib/libcuda.so.1; echo; echo cdi=$KAIROS_CDI",
+    ]);
+    assert_eq!(c.wait_done(gpu)["state"], "COMPLETED");
+    let out = c.ok(&["logs", &gpu.to_string()]);
+    assert!(out.contains("gpu0") && out.contains("fake driver") && out.contains("cdi=yes"), "{out}");
+    assert!(out.contains("nvidia0") && !out.contains("nvidia1"), "{out}");
     // dd's 256 MiB buffer under a 128 MiB limit.
     let hog = c.submit(&[
         "--gpus",
@@ -200,7 +231,7 @@ fn a_container_job_over_its_memory_ends_out_of_memory_and_a_missing_image_fails_
         assert!(!out.status.success() && err.contains(says), "{args:?}: {err}");
     }
     let all: Value = serde_json::from_str(&c.ok(&["queue", "--all", "--json"])).unwrap();
-    assert_eq!(all.as_array().map(Vec::len), Some(2), "{all}");
+    assert_eq!(all.as_array().map(Vec::len), Some(3), "{all}");
 }
 
 /// A Job manifest: `gpus` GPUs of the image, with a priority class.
