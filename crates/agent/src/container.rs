@@ -21,6 +21,9 @@ pub struct Plan {
     work: CString,
     /// An empty directory of the agent's: the container's root is mounted on it.
     root: CString,
+    /// Where the old root goes at the pivot: on the host (under `root`), and inside.
+    put_old: CString,
+    old_root: CString,
     overlay: CString,
     /// Directories to make in the new root (mount points), parents first.
     dirs: Vec<CString>,
@@ -38,17 +41,14 @@ pub struct Plan {
 
 /// The basic devices every container gets.
 const BASIC_DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+/// Where the host's root stays, inside the container, until the mounts are made.
+const OLD_ROOT: &str = ".kairos-old-root";
 /// The NVIDIA control devices a CUDA program opens besides its GPUs.
 const NVIDIA_CONTROL: [&str; 4] = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"];
 
 fn c(p: &Path) -> std::io::Result<CString> {
     CString::new(p.as_os_str().as_bytes())
         .map_err(|_| std::io::Error::other(format!("{} holds a NUL byte", p.display())))
-}
-
-/// `inside` (an absolute path in the container) under `root`.
-fn under(root: &Path, inside: &str) -> PathBuf {
-    root.join(inside.trim_start_matches('/'))
 }
 
 /// Every directory from `root` down to `path` (exclusive of `root`), parents first.
@@ -115,31 +115,33 @@ impl Plan {
         for d in [&scratch, &root] {
             std::fs::create_dir_all(d)?;
         }
+        // Mount points are made, and mounts placed, after the pivot: a path inside resolves
+        // within the container (an image's symlink cannot lead them onto the host), while the
+        // host's paths are reached through the old root until it is detached.
+        let top = Path::new("/");
         let (mut dirs, mut files, mut mounts) = (Vec::new(), Vec::new(), Vec::new());
-        for name in ["proc", "dev"] {
-            with_parents(&root, &root.join(name), &mut dirs);
+        for name in ["/proc", "/dev"] {
+            with_parents(top, Path::new(name), &mut dirs);
         }
         let basic = BASIC_DEVICES.iter().map(|d| (Path::new("/dev").join(d), format!("/dev/{d}")));
         for (host, inside) in basic.chain(devices.iter().cloned()) {
             if host.exists() && inside.starts_with("/dev/") {
-                let inside = under(&root, &inside);
-                files.push(inside.clone());
-                mounts.push((host, inside, false));
+                files.push(PathBuf::from(&inside));
+                mounts.push((host, PathBuf::from(inside), false));
             }
         }
         for etc in ["/etc/hosts", "/etc/resolv.conf"] {
             if Path::new(etc).is_file() && rootfs.join("etc").is_dir() {
-                let inside = under(&root, etc);
-                files.push(inside.clone());
-                mounts.push((PathBuf::from(etc), inside, true));
+                files.push(PathBuf::from(etc));
+                mounts.push((PathBuf::from(etc), PathBuf::from(etc), true));
             }
         }
         for b in binds {
-            let inside = under(&root, &b.dst);
+            let inside = PathBuf::from(&b.dst);
             if b.src.is_dir() {
-                with_parents(&root, &inside, &mut dirs);
+                with_parents(top, &inside, &mut dirs);
             } else {
-                with_parents(&root, inside.parent().unwrap_or(&root), &mut dirs);
+                with_parents(top, inside.parent().unwrap_or(top), &mut dirs);
                 files.push(inside.clone());
             }
             mounts.push((b.src.clone(), inside, b.read_only));
@@ -150,33 +152,42 @@ impl Plan {
             scratch.join("upper").display(),
             scratch.join("work").display()
         );
-        if overlay.contains(',') && overlay.matches(',').count() != 2 {
+        if overlay.matches(',').count() != 2 {
             return Err(std::io::Error::other("an image path holds a comma"));
         }
+        let old_root = Path::new("/").join(OLD_ROOT);
         let cs = |v: Vec<PathBuf>| v.iter().map(|p| c(p)).collect::<std::io::Result<Vec<_>>>();
         Ok(Plan {
             upper: c(&scratch.join("upper"))?,
             work: c(&scratch.join("work"))?,
             scratch: c(&scratch)?,
             overlay: CString::new(overlay).map_err(|_| std::io::Error::other("NUL in a path"))?,
-            proc_dir: c(&root.join("proc"))?,
-            dev_dir: c(&root.join("dev"))?,
-            shm_dir: c(&root.join("dev/shm"))?,
+            put_old: c(&root.join(OLD_ROOT))?,
+            old_root: c(&old_root)?,
+            proc_dir: CString::from(c"/proc"),
+            dev_dir: CString::from(c"/dev"),
+            shm_dir: CString::from(c"/dev/shm"),
             links: [
-                ("/proc/self/fd", "dev/fd"),
-                ("/proc/self/fd/0", "dev/stdin"),
-                ("/proc/self/fd/1", "dev/stdout"),
-                ("/proc/self/fd/2", "dev/stderr"),
+                ("/proc/self/fd", "/dev/fd"),
+                ("/proc/self/fd/0", "/dev/stdin"),
+                ("/proc/self/fd/1", "/dev/stdout"),
+                ("/proc/self/fd/2", "/dev/stderr"),
             ]
             .iter()
             .map(|(target, at)| {
-                Ok((CString::new(*target).map_err(std::io::Error::other)?, c(&root.join(at))?))
+                Ok((
+                    CString::new(*target).map_err(std::io::Error::other)?,
+                    CString::new(*at).map_err(std::io::Error::other)?,
+                ))
             })
             .collect::<std::io::Result<_>>()?,
             root: c(&root)?,
             dirs: cs(dirs)?,
             files: cs(files)?,
-            binds: mounts.iter().map(|(s, d, ro)| Ok((c(s)?, c(d)?, *ro))).collect::<std::io::Result<_>>()?,
+            binds: mounts
+                .iter()
+                .map(|(s, d, ro)| Ok((c(&old_root.join(s.strip_prefix("/").unwrap_or(s)))?, c(d)?, *ro)))
+                .collect::<std::io::Result<_>>()?,
             workdir: CString::new(workdir).map_err(|_| std::io::Error::other("NUL in the workdir"))?,
         })
     }
@@ -205,6 +216,15 @@ impl Plan {
             check(libc::mkdir(self.work.as_ptr(), 0o755))?;
             let overlay = c"overlay".as_ptr();
             check(libc::mount(overlay, self.root.as_ptr(), overlay, 0, self.overlay.as_ptr().cast()))?;
+            // The pivot first: from here a path resolves inside the container, the host's
+            // reached only through the old root (for the binds' sources).
+            if libc::mkdir(self.put_old.as_ptr(), 0o700) != 0 && *libc::__errno_location() != libc::EEXIST {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::syscall(libc::SYS_pivot_root, self.root.as_ptr(), self.put_old.as_ptr()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            check(libc::chdir(c"/".as_ptr()))?;
             for d in &self.dirs {
                 if libc::mkdir(d.as_ptr(), 0o755) != 0 && *libc::__errno_location() != libc::EEXIST {
                     return Err(std::io::Error::last_os_error());
@@ -237,7 +257,7 @@ impl Plan {
                 check(libc::symlink(target.as_ptr(), at.as_ptr()))?;
             }
             for f in &self.files {
-                let fd = libc::open(f.as_ptr(), libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC, 0o644);
+                let fd = libc::open(f.as_ptr(), libc::O_CREAT | libc::O_RDONLY | libc::O_CLOEXEC, 0o644);
                 if fd < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -256,14 +276,9 @@ impl Plan {
                     check(libc::mount(none, dst.as_ptr(), none, flags, std::ptr::null()))?;
                 }
             }
-            // The new root replaces the old, which is detached (pivot_root(".", ".")).
-            check(libc::chdir(self.root.as_ptr()))?;
-            let dot = c".".as_ptr();
-            if libc::syscall(libc::SYS_pivot_root, dot, dot) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            check(libc::umount2(dot, libc::MNT_DETACH))?;
-            check(libc::chdir(c"/".as_ptr()))?;
+            // The host's root leaves the container.
+            check(libc::umount2(self.old_root.as_ptr(), libc::MNT_DETACH))?;
+            check(libc::rmdir(self.old_root.as_ptr()))?;
         }
         Ok(())
     }
@@ -294,19 +309,20 @@ mod tests {
         ];
         let plan =
             Plan::new(&rootfs, &dir.path().join("containers"), &binds, &gpu_devices(&[3]), "/work").unwrap();
-        let root = dir.path().join("containers/root");
-        let has = |v: &[CString], p: PathBuf| v.iter().any(|c| c.as_bytes() == p.as_os_str().as_bytes());
-        // The job's directory at its own path, its parents made first.
-        assert!(has(&plan.dirs, under(&root, &job.display().to_string())));
-        let parent =
-            plan.dirs.iter().position(|d| d.as_bytes() == under(&root, "/tmp").as_os_str().as_bytes());
-        assert!(parent.is_some());
-        // A file mount gets a file as its mount point; read-only as asked.
-        assert!(has(&plan.files, root.join("inputs/data.txt")));
-        assert!(plan.binds.iter().any(|(s, _, ro)| s.as_bytes() == data.as_os_str().as_bytes() && *ro));
+        let has = |v: &[CString], p: &Path| v.iter().any(|c| c.as_bytes() == p.as_os_str().as_bytes());
+        // The job's directory at its own path inside, its parents made first.
+        let pos = |p: &Path| plan.dirs.iter().position(|d| d.as_bytes() == p.as_os_str().as_bytes());
+        assert!(pos(&job).is_some() && pos(job.parent().unwrap()) < pos(&job), "{:?}", plan.dirs);
+        // A file mount gets a file as its mount point; read-only as asked; host sources are
+        // reached through the old root, until it is detached.
+        assert!(has(&plan.files, Path::new("/inputs/data.txt")));
+        let from_host = Path::new("/").join(OLD_ROOT).join(data.strip_prefix("/").unwrap());
+        assert!(plan.binds.iter().any(|(s, _, ro)| s.as_bytes() == from_host.as_os_str().as_bytes() && *ro));
         // Only the run's GPU device would be bound (none exist on this machine: none is).
-        assert!(!plan.binds.iter().any(|(s, _, _)| s.as_bytes() == b"/dev/nvidia0"));
-        assert!(plan.binds.iter().any(|(s, _, _)| s.as_bytes() == b"/dev/null"));
+        assert!(!plan.binds.iter().any(|(s, _, _)| s.as_bytes().ends_with(b"/dev/nvidia0")));
+        assert!(plan.binds.iter().any(|(_, d, _)| d.as_bytes() == b"/dev/null"));
+        let put_old = dir.path().join("containers/root").join(OLD_ROOT);
+        assert_eq!(plan.put_old.as_bytes(), put_old.as_os_str().as_bytes());
         assert_eq!(plan.workdir().to_bytes(), b"/work");
         assert!(plan.overlay.to_bytes().starts_with(b"lowerdir="));
     }

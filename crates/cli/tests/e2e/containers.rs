@@ -42,6 +42,9 @@ fn busybox_image(dir: &Path) -> String {
         std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
     }
     std::fs::write(rootfs.join("etc/kairos-image"), "kairos test image\n").unwrap();
+    // A link out of the image onto a host directory: mounts made through it must stay inside.
+    std::fs::create_dir_all(dir.join("hostside")).unwrap();
+    std::os::unix::fs::symlink(dir.join("hostside"), rootfs.join("escape")).unwrap();
     run(Command::new("umoci")
         .args(["repack", "--image"])
         .arg(format!("{}:test", layout.display()))
@@ -209,6 +212,25 @@ fn a_container_gets_only_its_gpus_from_the_cdi_spec_ends_out_of_memory_over_its_
     let job = c.wait_done(hog);
     assert_eq!(job["state"], "OUT_OF_MEMORY", "{job}");
 
+    // A mount through the image's link to a host directory resolves inside the container:
+    // nothing is made on the host.
+    let through = format!("{}:/escape/inside/x", dir.path().display());
+    let linked = c.submit(&[
+        "--container-image",
+        &image,
+        "--container-mounts",
+        &through,
+        "--",
+        "ls",
+        "/escape/inside/x",
+    ]);
+    let done = c.wait_done(linked);
+    let onto_host = dir.path().join("hostside/inside");
+    assert!(!onto_host.exists(), "{} was made on the host through the image's link", onto_host.display());
+    // Inside, the link leads to a path the container lacks: the launch fails, saying so.
+    assert_eq!(done["state"], "FAILED", "{done}");
+    assert!(done["reason"].as_str().unwrap_or_default().contains("No such file or directory"), "{done}");
+
     let started = Instant::now();
     let missing = c.submit(&["--container-image", "oci:/nonexistent/image:v1", "--", "true"]);
     let job = c.wait_done(missing);
@@ -231,7 +253,7 @@ fn a_container_gets_only_its_gpus_from_the_cdi_spec_ends_out_of_memory_over_its_
         assert!(!out.status.success() && err.contains(says), "{args:?}: {err}");
     }
     let all: Value = serde_json::from_str(&c.ok(&["queue", "--all", "--json"])).unwrap();
-    assert_eq!(all.as_array().map(Vec::len), Some(3), "{all}");
+    assert_eq!(all.as_array().map(Vec::len), Some(4), "{all}");
 }
 
 /// A Job manifest: `gpus` GPUs of the image, with a priority class.
