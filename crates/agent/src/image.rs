@@ -339,6 +339,7 @@ fn unpack(layout: &Path, layers: &[Layer], rootfs: &Path) -> Result<u64, PullErr
 /// One layer's tar stream into `rootfs`: whiteouts (`.wh.NAME`, `.wh..wh..opq`) remove what
 /// lower layers put there; nothing lands outside `rootfs`.
 fn apply(stream: &mut dyn Read, rootfs: &Path) -> std::io::Result<u64> {
+    let root = rootfs.canonicalize();
     let mut archive = tar::Archive::new(stream);
     archive.set_preserve_permissions(true);
     archive.set_preserve_ownerships(true);
@@ -349,10 +350,15 @@ fn apply(stream: &mut dyn Read, rootfs: &Path) -> std::io::Result<u64> {
         let path = entry.path()?.into_owned();
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         if let Some(hidden) = name.strip_prefix(".wh.") {
+            // The directory as it really is (links followed): a link of a lower layer may lead
+            // out of the image, and nothing outside it is ever removed.
             let parent = rootfs.join(path.parent().unwrap_or(Path::new("")));
-            if !parent.starts_with(rootfs)
-                || path.components().any(|c| matches!(c, std::path::Component::ParentDir))
-            {
+            let inside = match (parent.canonicalize(), &root) {
+                (Ok(real), Ok(root)) if real.starts_with(root) => real,
+                _ => continue,
+            };
+            let parent = inside;
+            if hidden.contains('/') || hidden == ".." || hidden == "." {
                 continue;
             }
             if hidden == ".wh..opq" {

@@ -138,3 +138,44 @@ fn the_cache_evicts_the_least_recently_used_image_no_run_holds() {
     drop(cache.prepare(&refs[1]).unwrap());
     assert!(!cached(0) && cached(1) && cached(2), "image 0, no longer held and oldest, goes");
 }
+
+/// A gzip'd tar layer with one symlink `path` -> `target`.
+fn link_layer(path: &str, target: &Path) -> Vec<u8> {
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Symlink);
+    h.set_size(0);
+    h.set_mode(0o777);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    tar.append_link(&mut h, path, target).unwrap();
+    let raw = tar.into_inner().unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&raw).unwrap();
+    gz.finish().unwrap()
+}
+
+#[test]
+fn whiteouts_through_a_link_out_of_the_image_remove_nothing_on_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path().join("host");
+    std::fs::create_dir(&host).unwrap();
+    std::fs::write(host.join("victim"), "keep").unwrap();
+    std::fs::write(host.join("other"), "keep").unwrap();
+    // Layer 1 links `a` to the host directory; layer 2 whites out a file through it, and
+    // layer 3 makes it opaque.
+    let layers = [
+        link_layer("a", &host),
+        layer(&[("a/.wh.victim", b"")]),
+        layer(&[("a/.wh..wh..opq", b""), ("b", b"b")]),
+    ];
+    layout(&dir.path().join("img"), "v1", &layers);
+    let cache = ImageCache::new(&dir.path().join("cache"), 1 << 30).unwrap();
+    let _ = cache.prepare(&format!("oci:{}:v1", dir.path().join("img").display()));
+    assert!(host.join("victim").exists() && host.join("other").exists(), "a whiteout reached the host");
+    // A file written through the link: refused, nothing written on the host.
+    layout(&dir.path().join("img2"), "v1", &[link_layer("a", &host), layer(&[("a/planted", b"x")])]);
+    let e = cache.prepare(&format!("oci:{}:v1", dir.path().join("img2").display())).unwrap_err();
+    assert!(!host.join("planted").exists(), "{e}");
+}
