@@ -12,6 +12,8 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use nix::libc;
+
 /// What the child does to enter its container, prepared before the fork (nothing allocates in
 /// the child).
 pub struct Plan {
@@ -31,6 +33,9 @@ pub struct Plan {
     files: Vec<CString>,
     /// Bind mounts: host path, path in the new root (under `root`), read-only.
     binds: Vec<(CString, CString, bool)>,
+    /// The job's own mounts (by index into `binds`) and their host paths: opened as the job's
+    /// user, so the root agent binds only what that user could reach.
+    user_sources: Vec<(usize, CString)>,
     proc_dir: CString,
     dev_dir: CString,
     shm_dir: CString,
@@ -63,12 +68,17 @@ fn with_parents(root: &Path, path: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// A mount of the job's: host source, path inside, read-only.
+/// A mount: host source, path inside, read-only, and whether the job asked for it (then its
+/// user must be able to open the source).
 pub struct Bind {
     pub src: PathBuf,
     pub dst: String,
     pub read_only: bool,
+    pub the_jobs: bool,
 }
+
+/// The most mounts of the job's own one container takes.
+const USER_BINDS_MAX: usize = 64;
 
 impl Bind {
     /// `SRC:DST`, `SRC:DST:ro` or `SRC:DST:rw` (as the controller checked them).
@@ -83,8 +93,44 @@ impl Bind {
             src: src.into(),
             dst: dst.into(),
             read_only,
+            the_jobs: true,
         })
     }
+}
+
+/// The job's own mounts (by index) and their host sources.
+fn user_sources(mounts: &[(PathBuf, PathBuf, bool, bool)]) -> std::io::Result<Vec<(usize, CString)>> {
+    let theirs: Vec<(usize, CString)> = mounts
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.3)
+        .map(|(i, m)| Ok((i, c(&m.0)?)))
+        .collect::<std::io::Result<_>>()?;
+    if theirs.len() > USER_BINDS_MAX {
+        return Err(std::io::Error::other(format!("more than {USER_BINDS_MAX} container mounts")));
+    }
+    Ok(theirs)
+}
+
+/// `/proc/self/fd/FD` into `buf`, NUL-terminated, without allocating.
+fn fd_path(fd: libc::c_int, buf: &mut [u8; 32]) -> *const libc::c_char {
+    let prefix = b"/proc/self/fd/";
+    buf[..prefix.len()].copy_from_slice(prefix);
+    let mut digits = [0u8; 10];
+    let (mut n, mut len) = (fd.unsigned_abs(), 0);
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for k in 0..len {
+        buf[prefix.len() + k] = digits[len - 1 - k];
+    }
+    buf[prefix.len() + len] = 0;
+    buf.as_ptr().cast()
 }
 
 /// The device nodes of GPU `minors` and the NVIDIA control devices, where no CDI spec says
@@ -127,13 +173,13 @@ impl Plan {
         for (host, inside) in basic.chain(devices.iter().cloned()) {
             if host.exists() && inside.starts_with("/dev/") {
                 files.push(PathBuf::from(&inside));
-                mounts.push((host, PathBuf::from(inside), false));
+                mounts.push((host, PathBuf::from(inside), false, false));
             }
         }
         for etc in ["/etc/hosts", "/etc/resolv.conf"] {
             if Path::new(etc).is_file() && rootfs.join("etc").is_dir() {
                 files.push(PathBuf::from(etc));
-                mounts.push((PathBuf::from(etc), PathBuf::from(etc), true));
+                mounts.push((PathBuf::from(etc), PathBuf::from(etc), true, false));
             }
         }
         for b in binds {
@@ -144,7 +190,7 @@ impl Plan {
                 with_parents(top, inside.parent().unwrap_or(top), &mut dirs);
                 files.push(inside.clone());
             }
-            mounts.push((b.src.clone(), inside, b.read_only));
+            mounts.push((b.src.clone(), inside, b.read_only, b.the_jobs));
         }
         let overlay = format!(
             "lowerdir={},upperdir={},workdir={}",
@@ -186,16 +232,17 @@ impl Plan {
             files: cs(files)?,
             binds: mounts
                 .iter()
-                .map(|(s, d, ro)| Ok((c(&old_root.join(s.strip_prefix("/").unwrap_or(s)))?, c(d)?, *ro)))
+                .map(|(s, d, ro, _)| Ok((c(&old_root.join(s.strip_prefix("/").unwrap_or(s)))?, c(d)?, *ro)))
                 .collect::<std::io::Result<_>>()?,
+            user_sources: user_sources(&mounts)?,
             workdir: CString::new(workdir).map_err(|_| std::io::Error::other("NUL in the workdir"))?,
         })
     }
 
-    /// Enters the container: in the child, between fork and exec, before the user changes.
-    /// Only system calls on prepared values (async-signal-safe).
-    pub fn enter(&self) -> std::io::Result<()> {
-        use nix::libc;
+    /// Enters the container: in the child, between fork and exec, before the user changes to
+    /// `user` (groups, gid, uid; None: the agent's own). Only system calls on prepared values
+    /// (async-signal-safe).
+    pub fn enter(&self, user: Option<(&[libc::gid_t], libc::gid_t, libc::uid_t)>) -> std::io::Result<()> {
         let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) };
         let none = std::ptr::null::<libc::c_char>();
         // SAFETY: system calls on NUL-terminated strings prepared before the fork; the mount
@@ -216,6 +263,11 @@ impl Plan {
             check(libc::mkdir(self.work.as_ptr(), 0o755))?;
             let overlay = c"overlay".as_ptr();
             check(libc::mount(overlay, self.root.as_ptr(), overlay, 0, self.overlay.as_ptr().cast()))?;
+            // The job's own mount sources, opened as its user: what it cannot reach is refused.
+            let mut fds = [-1 as libc::c_int; USER_BINDS_MAX];
+            if let Some(user) = user {
+                self.open_as(user, &mut fds)?;
+            }
             // The pivot first: from here a path resolves inside the container, the host's
             // reached only through the old root (for the binds' sources).
             if libc::mkdir(self.put_old.as_ptr(), 0o700) != 0 && *libc::__errno_location() != libc::EEXIST {
@@ -263,14 +315,15 @@ impl Plan {
                 }
                 libc::close(fd);
             }
-            for (src, dst, ro) in &self.binds {
-                check(libc::mount(
-                    src.as_ptr(),
-                    dst.as_ptr(),
-                    none,
-                    libc::MS_BIND | libc::MS_REC,
-                    std::ptr::null(),
-                ))?;
+            for (i, (src, dst, ro)) in self.binds.iter().enumerate() {
+                // A source opened as the user is bound through its descriptor.
+                let mut path = [0u8; 32];
+                let opened = self.user_sources.iter().position(|(at, _)| *at == i).map(|k| fds[k]);
+                let src = match opened {
+                    Some(fd) if fd >= 0 => fd_path(fd, &mut path),
+                    _ => src.as_ptr(),
+                };
+                check(libc::mount(src, dst.as_ptr(), none, libc::MS_BIND | libc::MS_REC, std::ptr::null()))?;
                 if *ro {
                     let flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY;
                     check(libc::mount(none, dst.as_ptr(), none, flags, std::ptr::null()))?;
@@ -279,6 +332,33 @@ impl Plan {
             // The host's root leaves the container.
             check(libc::umount2(self.old_root.as_ptr(), libc::MNT_DETACH))?;
             check(libc::rmdir(self.old_root.as_ptr()))?;
+        }
+        Ok(())
+    }
+
+    /// Opens the job's own mount sources (O_PATH) with `user`'s file-system identity, then
+    /// takes root's back. In the child, before the pivot.
+    fn open_as(
+        &self,
+        (groups, gid, uid): (&[libc::gid_t], libc::gid_t, libc::uid_t),
+        fds: &mut [libc::c_int; USER_BINDS_MAX],
+    ) -> std::io::Result<()> {
+        // SAFETY: system calls on values prepared before the fork; the identity changes are
+        // this process's own (it becomes the user for good right after).
+        unsafe {
+            if libc::setgroups(groups.len(), groups.as_ptr()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::setfsgid(gid);
+            libc::setfsuid(uid);
+            for (k, (_, host)) in self.user_sources.iter().enumerate() {
+                fds[k] = libc::open(host.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+                if fds[k] < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            libc::setfsuid(0);
+            libc::setfsgid(0);
         }
         Ok(())
     }
@@ -304,8 +384,8 @@ mod tests {
         let data = dir.path().join("data.txt");
         std::fs::write(&data, "x").unwrap();
         let binds = [
-            Bind { src: job.clone(), dst: job.display().to_string(), read_only: false },
-            Bind { src: data.clone(), dst: "/inputs/data.txt".into(), read_only: true },
+            Bind { src: job.clone(), dst: job.display().to_string(), read_only: false, the_jobs: false },
+            Bind { src: data.clone(), dst: "/inputs/data.txt".into(), read_only: true, the_jobs: true },
         ];
         let plan =
             Plan::new(&rootfs, &dir.path().join("containers"), &binds, &gpu_devices(&[3]), "/work").unwrap();
@@ -324,6 +404,13 @@ mod tests {
         let put_old = dir.path().join("containers/root").join(OLD_ROOT);
         assert_eq!(plan.put_old.as_bytes(), put_old.as_os_str().as_bytes());
         assert_eq!(plan.workdir().to_bytes(), b"/work");
+        // The job's own mount, and only it, is opened as its user.
+        assert_eq!(plan.user_sources.len(), 1);
+        assert_eq!(plan.user_sources[0].1.as_bytes(), data.as_os_str().as_bytes());
+        let mut buf = [0u8; 32];
+        let p = fd_path(1234, &mut buf);
+        // SAFETY: fd_path wrote a NUL-terminated string into buf.
+        assert_eq!(unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes(), b"/proc/self/fd/1234");
         assert!(plan.overlay.to_bytes().starts_with(b"lowerdir="));
     }
 }

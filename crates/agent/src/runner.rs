@@ -320,6 +320,8 @@ fn confine(
         let groups: Vec<nix::unistd::Gid> = a.groups.iter().map(|g| nix::unistd::Gid::from_raw(*g)).collect();
         (groups, nix::unistd::Gid::from_raw(a.gid), nix::unistd::Uid::from_raw(a.uid))
     });
+    let raw_ids: Option<(Vec<nix::libc::gid_t>, nix::libc::gid_t, nix::libc::uid_t)> =
+        account.map(|a| (a.groups.clone(), a.gid, a.uid));
     let workdir = match &container {
         Some(plan) => plan.workdir().to_owned(),
         None => std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(workdir.as_os_str()))
@@ -338,7 +340,7 @@ fn confine(
             }
             // Into its container while still root; the user changes after.
             if let Some(plan) = &container {
-                plan.enter()?;
+                plan.enter(raw_ids.as_ref().map(|(g, gid, uid)| (g.as_slice(), *gid, *uid)))?;
             }
             if let Some((groups, gid, uid)) = &ids {
                 nix::unistd::setgroups(groups)?;
@@ -778,8 +780,12 @@ impl Runner {
     ) -> std::io::Result<Option<(crate::container::Plan, EnvPairs)>> {
         let (Some(image), Some(c)) = (image, a.container.as_ref()) else { return Ok(None) };
         let own = job_dir.display().to_string();
-        let mut binds =
-            vec![crate::container::Bind { src: job_dir.to_path_buf(), dst: own.clone(), read_only: false }];
+        let mut binds = vec![crate::container::Bind {
+            src: job_dir.to_path_buf(),
+            dst: own.clone(),
+            read_only: false,
+            the_jobs: false,
+        }];
         for m in &c.mounts {
             let bind = crate::container::Bind::parse(m)
                 .ok_or_else(|| std::io::Error::other(format!("container mount {m:?} is not SRC:DST[:ro]")))?;
@@ -809,6 +815,7 @@ impl Runner {
                     src,
                     dst,
                     read_only,
+                    the_jobs: false,
                 }));
                 env.extend(edits.env);
                 edits.devices

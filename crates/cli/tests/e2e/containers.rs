@@ -94,6 +94,27 @@ fn a_container_job_runs_in_its_image_as_its_submitter_and_is_preempted_resumed_a
     assert_eq!(job["image"], Value::from(image.clone()));
     assert!(job["image_digest"].as_str().is_some_and(|d| d.starts_with("sha256:")), "{job}");
 
+    // A host directory the submitter cannot reach (inside a root-only one) is not bound for
+    // them: the root agent mounts only what the job's user could open.
+    let vault = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(vault.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let secret = vault.path().join("secret");
+    std::fs::create_dir(&secret).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(secret.join("key"), "root-only-secret").unwrap();
+    std::fs::set_permissions(secret.join("key"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let stolen = format!("{}:/stolen", secret.display());
+    let thief = submit_as(
+        &c,
+        "alice",
+        &["--container-image", &image, "--container-mounts", &stolen, "--", "cat", "/stolen/key"],
+    );
+    let job = c.wait_done(thief);
+    let out = c.ok(&["logs", &thief.to_string()]);
+    assert!(!out.contains("root-only-secret"), "the job read a file its user cannot reach: {out}");
+    assert_eq!(job["state"], "FAILED", "{job}");
+    assert!(job["reason"].as_str().unwrap_or_default().contains("Permission denied"), "{job}");
+
     // Preempted under REQUEUE, it resumes from its checkpoint (in the job's directory, bound
     // into the container) and writes every step exactly once to a mounted host directory.
     let ckpt = map.path().join("ckpt");
