@@ -32,22 +32,27 @@ py_check='import moto.server, boto3, grpc, grpc_tools, setuptools, selenium, ope
 pip_quiet=(--quiet --disable-pip-version-check)
 if [ -z "${KAIROS_TEST_NO_VENV:-}" ] && { [ -x target/tools/moto/bin/python ] || python3 -m venv target/tools/moto >/dev/null 2>&1; }; then
   export KAIROS_TEST_PYTHON="$PWD/target/tools/moto/bin/python"
-  if ! "$KAIROS_TEST_PYTHON" -c "$py_check" >/dev/null 2>&1; then
-    "$KAIROS_TEST_PYTHON" -m pip install "${pip_quiet[@]}" "${py_pkgs[@]}"
-  fi
   py_target=()
+  py_into=()
 else
   export PYTHONPATH="$PWD/target/tools/moto-lib${PYTHONPATH:+:$PYTHONPATH}"
   export KAIROS_TEST_PYTHON=python3
-  if ! python3 -c "$py_check" >/dev/null 2>&1; then
-    python3 -m pip install "${pip_quiet[@]}" --target target/tools/moto-lib "${py_pkgs[@]}"
-  fi
   py_target=(--target target/tools/moto-lib --upgrade)
+  py_into=(--target target/tools/moto-lib)
 fi
-"$KAIROS_TEST_PYTHON" -c "$py_check" || { echo "test.sh: installing the tests' Python packages failed" >&2; exit 1; }
-"$KAIROS_TEST_PYTHON" -m pip install "${pip_quiet[@]}" --no-build-isolation --no-deps --force-reinstall \
-  "${py_target[@]}" ./clients/python
-"$KAIROS_TEST_PYTHON" -c 'import kairos_client' || { echo "test.sh: installing clients/python failed" >&2; exit 1; }
+# Installed beside the build (only the tests need them); waited for before the tests.
+py_log=$(mktemp)
+(
+  set -e
+  if ! "$KAIROS_TEST_PYTHON" -c "$py_check" >/dev/null 2>&1; then
+    "$KAIROS_TEST_PYTHON" -m pip install "${pip_quiet[@]}" "${py_into[@]}" "${py_pkgs[@]}"
+  fi
+  "$KAIROS_TEST_PYTHON" -c "$py_check" || { echo "test.sh: installing the tests' Python packages failed"; exit 1; }
+  "$KAIROS_TEST_PYTHON" -m pip install "${pip_quiet[@]}" --no-build-isolation --no-deps --force-reinstall \
+    "${py_target[@]}" ./clients/python
+  "$KAIROS_TEST_PYTHON" -c 'import kairos_client' || { echo "test.sh: installing clients/python failed"; exit 1; }
+) >"$py_log" 2>&1 &
+py_pid=$!
 
 # Debian packages the tests use, installed when missing (as root, with apt), beside the build:
 # - iproute2, iptables: the chaos tests build separate hosts from network namespaces;
@@ -67,8 +72,9 @@ debs_log=$(mktemp)
 debs_pid=
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    # Niced: the build beside it comes first (the tests, which need them, come after it).
     ( export DEBIAN_FRONTEND=noninteractive
-      apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" ) >"$debs_log" 2>&1 &
+      nice -n 10 apt-get update -qq && nice -n 10 apt-get install -y -qq --no-install-recommends "${missing[@]}" ) >"$debs_log" 2>&1 &
     debs_pid=$!
   else
     echo "test.sh: the tests need the Debian packages ${missing[*]}, and root to use them" >&2
@@ -82,6 +88,13 @@ tf_log=$(mktemp)
 nice -n 15 bash scripts/check-terraform.sh >"$tf_log" 2>&1 &
 tf_pid=$!
 cargo build --workspace --bins --locked
+# The deterministic simulation of the control plane (issue 14): seeded fault schedules from a
+# fresh seed each run (printed first; a failing schedule prints the command that replays it),
+# on one thread beside the test build and the tests, most of which wait on real time — niced,
+# so that it takes the CPU they leave and never slows the ones that measure time.
+sim_log=$(mktemp)
+nice -n 15 ./target/debug/kairos-chaos --schedules "${KAIROS_SIM_SCHEDULES:-200}" --threads 1 >"$sim_log" 2>&1 &
+sim_pid=$!
 cargo test --workspace --locked --no-run
 if [ -n "$debs_pid" ] && ! wait "$debs_pid"; then
   cat "$debs_log"
@@ -89,13 +102,12 @@ if [ -n "$debs_pid" ] && ! wait "$debs_pid"; then
   exit 1
 fi
 rm -f "$debs_log"
-# The deterministic simulation of the control plane (issue 14): seeded fault schedules from a
-# fresh seed each run (printed first; a failing schedule prints the command that replays it),
-# on one thread beside the tests, most of which wait on real time — niced, so that it takes the
-# CPU they leave and never slows the ones that measure time.
-sim_log=$(mktemp)
-nice -n 15 ./target/debug/kairos-chaos --schedules "${KAIROS_SIM_SCHEDULES:-200}" --threads 1 >"$sim_log" 2>&1 &
-sim_pid=$!
+if ! wait "$py_pid"; then
+  cat "$py_log"
+  echo "test.sh: installing the tests' Python packages failed" >&2
+  exit 1
+fi
+rm -f "$py_log"
 # The chaos suite (separate hosts in network namespaces, ~3 minutes mostly spent waiting on its
 # faults and workload) runs beside the rest of the tests rather than after them.
 suite_bin=$(cargo test -p kairos-chaos --test suite --locked --no-run 2>&1 |

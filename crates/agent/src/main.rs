@@ -143,6 +143,11 @@ struct Args {
     /// this many hours without a change.
     #[arg(long, default_value_t = 168)]
     job_dir_retention_hours: u64,
+    /// How container jobs run: `builtin` (the agent enters the image itself, as enroot does for
+    /// pyxis: no daemon or runtime process between it and the job; docs/containers.md), or
+    /// `none` (this node refuses container jobs: their runs fail saying so).
+    #[arg(long, value_enum, default_value_t = ContainerRuntime::Builtin)]
+    container_runtime: ContainerRuntime,
     /// Where Container Device Interface specs are read from (`nvidia-ctk cdi generate`): what a
     /// container's GPUs need in it (device nodes, driver libraries); without a spec of kind
     /// nvidia.com/gpu, a container gets its GPUs' /dev/nvidia* nodes.
@@ -713,15 +718,26 @@ fn limiter_of(
     .with_reserved_cores(reserved)
 }
 
-/// The container image cache (`--image-cache`, `--image-cache-max`).
+/// `--container-runtime`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ContainerRuntime {
+    Builtin,
+    None,
+}
+
+/// The container image cache (`--image-cache`, `--image-cache-max`); None with
+/// `--container-runtime none`.
 fn image_cache(
     args: &Args,
     state_dir: &std::path::Path,
-) -> anyhow::Result<std::sync::Arc<kairos_agent::image::ImageCache>> {
+) -> anyhow::Result<Option<std::sync::Arc<kairos_agent::image::ImageCache>>> {
+    if args.container_runtime == ContainerRuntime::None {
+        return Ok(None);
+    }
     let dir = args.image_cache.clone().unwrap_or_else(|| state_dir.join("images"));
     let cache = kairos_agent::image::ImageCache::new(&dir, args.image_cache_max.saturating_mul(1 << 20))
         .with_context(|| format!("opening the image cache {}", dir.display()))?;
-    Ok(std::sync::Arc::new(cache))
+    Ok(Some(std::sync::Arc::new(cache)))
 }
 
 /// A size flag (512M, 16G; MiB without a unit) in MiB.
@@ -914,7 +930,7 @@ async fn main() -> anyhow::Result<()> {
         limiter: limiter.clone(),
         pids_max: (args.run_pids_max > 0).then_some(args.run_pids_max),
         devices: kairos_agent::gpu::DeviceMap::of(&gpus),
-        images: Some(image_cache(&args, &state_dir)?),
+        images: image_cache(&args, &state_dir)?,
         cdi_dirs: args.cdi_spec_dirs.clone(),
     };
 

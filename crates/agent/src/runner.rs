@@ -646,7 +646,9 @@ impl Runner {
         let (this, a) = (self.clone(), a.clone());
         tokio::spawn(async move {
             let pulled = match this.isolation.images.clone() {
-                None => Err(crate::image::PullError("this node runs no containers".into())),
+                None => Err(crate::image::PullError(
+                    "this node runs no containers (kairos-agent --container-runtime none)".into(),
+                )),
                 Some(cache) => {
                     let image = container.image.clone();
                     tokio::task::spawn_blocking(move || cache.prepare(&image))

@@ -333,7 +333,7 @@ function drawJob(holder, j) {
     s === "PENDING" ? h("p", { class: "why", id: "why-pending" }, whyPending(j)) : null,
     h("div", { class: "cols" },
       h("section", {}, h("h2", {}, "Spec"), dl([
-        ["command", (spec.argv || []).join(" ")], ["profile", short(spec.profile || j.profile, "PROFILE_").toLowerCase()],
+        ["command", (spec.argv || []).join(" ")], ["image", spec.container?.image || ""], ["profile", short(spec.profile || j.profile, "PROFILE_").toLowerCase()],
         ["partition", spec.partition], ["account", spec.account], ["GPUs", res.gpus], ["CPUs", res.cpus || ""],
         ["memory", res.memory_mib ? `${res.memory_mib} MiB` : ""], ["time limit", spec.time_limit_s ? `${spec.time_limit_s} s` : ""],
         ["requeue", spec.requeue === undefined ? "" : String(spec.requeue)],
