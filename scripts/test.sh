@@ -87,7 +87,10 @@ fi
 tf_log=$(mktemp)
 nice -n 15 bash scripts/check-terraform.sh >"$tf_log" 2>&1 &
 tf_pid=$!
+# Where the time goes (printed as each phase ends: seconds since the start).
+phase() { echo "test.sh: $1 at +$(( $(date +%s) - start ))s"; }
 cargo build --workspace --bins --locked
+phase "binaries built"
 # The deterministic simulation of the control plane (issue 14): seeded fault schedules from a
 # fresh seed each run (printed first; a failing schedule prints the command that replays it),
 # on one thread beside the test build and the tests, most of which wait on real time — niced,
@@ -96,6 +99,7 @@ sim_log=$(mktemp)
 nice -n 15 ./target/debug/kairos-chaos --schedules "${KAIROS_SIM_SCHEDULES:-200}" --threads 1 >"$sim_log" 2>&1 &
 sim_pid=$!
 cargo test --workspace --locked --no-run
+phase "tests built"
 if [ -n "$debs_pid" ] && ! wait "$debs_pid"; then
   cat "$debs_log"
   echo "test.sh: installing the Debian packages ${missing[*]} failed" >&2
@@ -108,6 +112,7 @@ if ! wait "$py_pid"; then
   exit 1
 fi
 rm -f "$py_log"
+phase "packages installed"
 # The chaos suite (separate hosts in network namespaces, ~3 minutes mostly spent waiting on its
 # faults and workload) runs beside the rest of the tests rather than after them.
 suite_bin=$(cargo test -p kairos-chaos --test suite --locked --no-run 2>&1 |
@@ -121,12 +126,15 @@ suite_log=$(mktemp)
 suite_pid=$!
 rest=0
 cargo test --workspace --locked -- --test-threads "${KAIROS_TEST_THREADS:-4}" --skip chaos_suite || rest=$?
+phase "workspace tests done"
 suite=0
 wait "$suite_pid" || suite=$?
 echo "test.sh: the chaos suite (tests/chaos/tests/suite.rs):"
 cat "$suite_log"
+phase "chaos suite done"
 sim=0
 wait "$sim_pid" || sim=$?
+phase "simulation done"
 echo "test.sh: the deterministic simulation (kairos-chaos):"
 cat "$sim_log"
 tf=0
