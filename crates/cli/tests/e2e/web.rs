@@ -136,6 +136,9 @@ fn the_json_api_answers_as_grpc_does_through_any_replica_and_refuses_bad_calls_u
     assert_eq!(unknown.status, 400);
     assert!(unknown.json()["error"]["message"].as_str().unwrap().contains("colour"), "{}", unknown.body);
     assert_eq!(http(&lead, "GET", "/api/v1/nothing", &[("Authorization", &bearer(&alice))], "").status, 404);
+    let twice =
+        http(&lead, "GET", &format!("/api/v1/jobs/{id}?job_id=9"), &[("Authorization", &bearer(&alice))], "");
+    assert_eq!(twice.status, 400, "{}", twice.body);
 
     // A body larger than the bound is refused from its declared length: the answer comes
     // though not one byte of the body was sent.

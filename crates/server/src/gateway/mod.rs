@@ -143,7 +143,11 @@ impl Gateway {
         };
         let mut params: Vec<(String, String)> =
             path_params.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-        params.extend(query(req.uri().query().unwrap_or(""))?);
+        let asked = query(req.uri().query().unwrap_or(""))?;
+        if let Some((k, _)) = asked.iter().find(|(k, _)| params.iter().any(|(p, _)| p == k)) {
+            return Err(Status::invalid_argument(format!("\"{k}\" is given by the path, not the query")));
+        }
+        params.extend(asked);
         let headers = req.headers().clone();
         let body = match route.body {
             true => read_body(req.into_body(), self.body_max).await?,
