@@ -73,32 +73,20 @@ impl ImageCache {
         Ok(ImageCache { dir: dir.to_path_buf(), max_bytes, users: Arc::default(), busy: Mutex::new(()) })
     }
 
-    /// The image `reference`, unpacked (pulled first if the cache lacks it). Blocking.
-    pub fn prepare(&self, reference: &str) -> Result<Image, PullError> {
+    /// The image `reference`, unpacked (pulled first if the cache lacks it). Blocking. A local
+    /// layout or archive is read as `reader` (the job's user; None: the agent's own), so a job
+    /// can name only an image its user could read.
+    pub fn prepare(&self, reference: &str, reader: Option<&Reader>) -> Result<Image, PullError> {
         let _busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
         let scratch = tempdir_in(&self.dir)?;
-        let (layout, tag) = self.layout_of(reference, &scratch)?;
-        let (digest, config, layers) = manifest(&layout, tag.as_deref())?;
-        let hex = digest.trim_start_matches("sha256:").to_string();
-        let home = self.dir.join("images").join(&hex);
-        if !home.join(READY).exists() {
-            let _ = std::fs::remove_dir_all(&home);
-            let unpacking = scratch.join("rootfs");
-            let size = unpack(&layout, &layers, &unpacking)?;
-            std::fs::create_dir_all(&home).map_err(|e| PullError(format!("{}: {e}", home.display())))?;
-            std::fs::rename(&unpacking, home.join("rootfs"))
-                .map_err(|e| PullError(format!("caching: {e}")))?;
-            std::fs::write(home.join(SIZE), size.to_string())
-                .map_err(|e| PullError(format!("caching: {e}")))?;
-            let env = serde_json::to_vec(&image_env(&layout, &config)?).unwrap_or_default();
-            std::fs::write(home.join(ENV), env).map_err(|e| PullError(format!("caching: {e}")))?;
-            std::fs::write(home.join(READY), reference).map_err(|e| PullError(format!("caching: {e}")))?;
-        }
+        let cached = self.cache(reference, reader, &scratch);
+        let _ = std::fs::remove_dir_all(&scratch);
+        let digest = cached?;
+        let home = self.dir.join("images").join(digest.trim_start_matches("sha256:"));
         // Used now: the most recent (eviction goes by this time).
         if let Ok(f) = std::fs::File::options().append(true).open(home.join(READY)) {
             let _ = f.set_modified(std::time::SystemTime::now());
         }
-        let _ = std::fs::remove_dir_all(&scratch);
         *self.users.lock().unwrap_or_else(|p| p.into_inner()).entry(digest.clone()).or_default() += 1;
         let env: Vec<(String, String)> = std::fs::read(home.join(ENV))
             .ok()
@@ -112,6 +100,27 @@ impl ImageCache {
         };
         self.evict();
         Ok(image)
+    }
+
+    /// Puts the image `reference` in the cache unless it is there; its digest.
+    fn cache(&self, reference: &str, reader: Option<&Reader>, scratch: &Path) -> Result<String, PullError> {
+        let (layout, tag, reader) = self.layout_of(reference, scratch, reader)?;
+        let source = as_reader(reader, || open_image(&layout, tag.as_deref()))?;
+        let home = self.dir.join("images").join(source.digest.trim_start_matches("sha256:"));
+        if home.join(READY).exists() {
+            return Ok(source.digest);
+        }
+        let _ = std::fs::remove_dir_all(&home);
+        let unpacking = scratch.join("rootfs");
+        let size = unpack(source.layers, &unpacking)?;
+        let caching = |e: std::io::Error| PullError(format!("caching: {e}"));
+        std::fs::create_dir_all(&home).map_err(caching)?;
+        std::fs::rename(&unpacking, home.join("rootfs")).map_err(caching)?;
+        std::fs::write(home.join(SIZE), size.to_string()).map_err(caching)?;
+        std::fs::write(home.join(ENV), serde_json::to_vec(&source.env).unwrap_or_default())
+            .map_err(caching)?;
+        std::fs::write(home.join(READY), reference).map_err(caching)?;
+        Ok(source.digest)
     }
 
     /// Removes the least recently used images no run uses until the cache fits its bound.
@@ -144,32 +153,41 @@ impl ImageCache {
         }
     }
 
-    /// The OCI layout `reference` names (unpacked or pulled into `scratch` where needed), and
-    /// the tag asked for.
-    fn layout_of(&self, reference: &str, scratch: &Path) -> Result<(PathBuf, Option<String>), PullError> {
+    /// The OCI layout `reference` names (unpacked or pulled into `scratch` where needed), the
+    /// tag asked for, and whom to read it as (`reader` for the job's own layout; the agent for
+    /// what it made in `scratch`).
+    fn layout_of<'r>(
+        &self,
+        reference: &str,
+        scratch: &Path,
+        reader: Option<&'r Reader>,
+    ) -> Result<(PathBuf, Option<String>, Option<&'r Reader>), PullError> {
         let split = |rest: &str| match rest.split_once(':') {
             Some((p, t)) => (PathBuf::from(p), Some(t.to_string())),
             None => (PathBuf::from(rest), None),
         };
         if let Some(rest) = reference.strip_prefix("oci:") {
             let (path, tag) = split(rest);
-            if !path.join("index.json").is_file() {
+            let exists = as_reader(reader, || Ok(path.join("index.json").is_file()))?;
+            if !exists {
                 return fail(format!(
-                    "{reference}: no OCI image layout at {} (no index.json)",
+                    "{reference}: no OCI image layout at {} (no index.json the job's user can read)",
                     path.display()
                 ));
             }
-            return Ok((path, tag));
+            return Ok((path, tag, reader));
         }
         if let Some(rest) = reference.strip_prefix("oci-archive:") {
             let (path, tag) = split(rest);
-            let file = std::fs::File::open(&path).map_err(|e| PullError(format!("{reference}: {e}")))?;
+            let file = as_reader(reader, || {
+                std::fs::File::open(&path).map_err(|e| PullError(format!("{reference}: {e}")))
+            })?;
             let layout = scratch.join("layout");
             let mut archive = tar::Archive::new(file);
             archive
                 .unpack(&layout)
                 .map_err(|e| PullError(format!("{reference}: unpacking the archive: {e}")))?;
-            return Ok((layout, tag));
+            return Ok((layout, tag, None));
         }
         let remote = reference.strip_prefix("docker://").unwrap_or(reference);
         let layout = scratch.join("layout");
@@ -187,9 +205,69 @@ impl ImageCache {
                 let why = String::from_utf8_lossy(&o.stderr);
                 fail(format!("{reference}: {}", why.trim().chars().take(300).collect::<String>()))
             }
-            Ok(_) => Ok((layout, Some("pulled".into()))),
+            Ok(_) => Ok((layout, Some("pulled".into()), None)),
         }
     }
+}
+
+/// Whom a job's own image files are read as: its user's ids.
+#[derive(Clone, Debug)]
+pub struct Reader {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+/// `f` run with `reader`'s file-system identity (in a thread of its own, whose credentials
+/// change alone and end with it), or as the agent when None.
+fn as_reader<T: Send>(
+    reader: Option<&Reader>,
+    f: impl FnOnce() -> Result<T, PullError> + Send,
+) -> Result<T, PullError> {
+    let Some(r) = reader else { return f() };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: raw system calls change this thread's credentials only (the libc
+            // wrappers would change every thread's); the thread ends right after `f`.
+            let changed = unsafe {
+                nix::libc::syscall(nix::libc::SYS_setgroups, r.groups.len(), r.groups.as_ptr()) == 0
+                    && nix::libc::syscall(nix::libc::SYS_setfsgid, r.gid) >= 0
+                    && nix::libc::syscall(nix::libc::SYS_setfsuid, r.uid) >= 0
+            };
+            if !changed {
+                return fail(format!(
+                    "taking the job's user's identity: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            f()
+        })
+        .join()
+        .unwrap_or_else(|_| fail("reading the image panicked"))
+    })
+}
+
+/// What an image is, read from its layout: the manifest's digest, the config's environment,
+/// and its layers (digest, gzip'd, opened).
+struct Source {
+    digest: String,
+    env: Vec<(String, String)>,
+    layers: Vec<(String, bool, std::fs::File)>,
+}
+
+/// The image `tag` names in `layout`, its layers opened (by whoever calls: see `as_reader`).
+fn open_image(layout: &Path, tag: Option<&str>) -> Result<Source, PullError> {
+    let (digest, config, layers) = manifest(layout, tag)?;
+    let env = image_env(layout, &config)?;
+    let layers = layers
+        .into_iter()
+        .map(|(d, gz)| {
+            let file =
+                std::fs::File::open(blob(layout, &d)?).map_err(|e| PullError(format!("layer {d}: {e}")))?;
+            Ok((d, gz, file))
+        })
+        .collect::<Result<_, PullError>>()?;
+    Ok(Source { digest, env, layers })
 }
 
 /// A new private directory under `dir`.
@@ -312,14 +390,12 @@ impl<R: Read> Read for Hashing<R> {
 }
 
 /// Applies `layers` in order into `rootfs`; the bytes of file data written.
-fn unpack(layout: &Path, layers: &[Layer], rootfs: &Path) -> Result<u64, PullError> {
+fn unpack(layers: Vec<(String, bool, std::fs::File)>, rootfs: &Path) -> Result<u64, PullError> {
     std::fs::create_dir_all(rootfs).map_err(|e| PullError(format!("{}: {e}", rootfs.display())))?;
     let mut size = 0;
-    for (digest, gz) in layers {
-        let file = std::fs::File::open(blob(layout, digest)?)
-            .map_err(|e| PullError(format!("layer {digest}: {e}")))?;
+    for (digest, gz, file) in layers {
         let mut hashing = Hashing { inner: std::io::BufReader::new(file), hash: Sha256::new() };
-        size += if *gz {
+        size += if gz {
             apply(&mut flate2::read::GzDecoder::new(&mut hashing), rootfs)
         } else {
             apply(&mut hashing, rootfs)
@@ -329,7 +405,7 @@ fn unpack(layout: &Path, layers: &[Layer], rootfs: &Path) -> Result<u64, PullErr
         std::io::copy(&mut hashing, &mut std::io::sink())
             .map_err(|e| PullError(format!("layer {digest}: {e}")))?;
         let got = format!("sha256:{}", hex(&hashing.hash.finalize()));
-        if &got != digest {
+        if got != digest {
             return fail(format!("layer {digest} is corrupt (its content is {got})"));
         }
     }

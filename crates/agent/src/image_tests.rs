@@ -66,7 +66,7 @@ fn layers_apply_in_order_with_whiteouts_and_the_image_is_cached_by_digest() {
     let digest = layout(&dir.path().join("img"), "v1", &[base, top]);
     let cache = ImageCache::new(&dir.path().join("cache"), 1 << 30).unwrap();
     let reference = format!("oci:{}:v1", dir.path().join("img").display());
-    let image = cache.prepare(&reference).unwrap();
+    let image = cache.prepare(&reference, None).unwrap();
     assert_eq!(image.digest, digest);
     assert_eq!(
         image.env,
@@ -77,7 +77,7 @@ fn layers_apply_in_order_with_whiteouts_and_the_image_is_cached_by_digest() {
     assert!(!root.join("etc/gone").exists() && !root.join("etc/.wh.gone").exists());
     assert!(!root.join("opt/old/a").exists() && root.join("opt/old/b").exists());
     // Prepared again: the same unpacked root, not a second copy.
-    let again = cache.prepare(&reference).unwrap();
+    let again = cache.prepare(&reference, None).unwrap();
     assert_eq!((&again.rootfs, &again.env), (&image.rootfs, &image.env));
     assert_eq!(std::fs::read_dir(dir.path().join("cache/images")).unwrap().count(), 1);
 }
@@ -86,11 +86,11 @@ fn layers_apply_in_order_with_whiteouts_and_the_image_is_cached_by_digest() {
 fn missing_images_tags_and_corrupt_blobs_fail_the_pull_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let cache = ImageCache::new(&dir.path().join("cache"), 1 << 30).unwrap();
-    let e = cache.prepare("oci:/nonexistent/image").unwrap_err().to_string();
+    let e = cache.prepare("oci:/nonexistent/image", None).unwrap_err().to_string();
     assert!(e.starts_with("image pull failed: ") && e.contains("no OCI image layout"), "{e}");
     let img = dir.path().join("img");
     layout(&img, "v1", &[layer(&[("a", b"a")])]);
-    let e = cache.prepare(&format!("oci:{}:v2", img.display())).unwrap_err().to_string();
+    let e = cache.prepare(&format!("oci:{}:v2", img.display()), None).unwrap_err().to_string();
     assert!(e.contains("no image tagged \"v2\"") && e.contains("v1"), "{e}");
     // A layer whose bytes do not match its digest.
     for f in std::fs::read_dir(img.join("blobs/sha256")).unwrap().flatten() {
@@ -102,9 +102,9 @@ fn missing_images_tags_and_corrupt_blobs_fail_the_pull_with_the_reason() {
             std::fs::write(f.path(), bad).unwrap();
         }
     }
-    let e = cache.prepare(&format!("oci:{}:v1", img.display())).unwrap_err().to_string();
+    let e = cache.prepare(&format!("oci:{}:v1", img.display()), None).unwrap_err().to_string();
     assert!(e.contains("corrupt") || e.contains("layer"), "{e}");
-    let e = cache.prepare("oci-archive:/nonexistent.tar").unwrap_err().to_string();
+    let e = cache.prepare("oci-archive:/nonexistent.tar", None).unwrap_err().to_string();
     assert!(e.starts_with("image pull failed: oci-archive:/nonexistent.tar"), "{e}");
 }
 
@@ -121,10 +121,10 @@ fn the_cache_evicts_the_least_recently_used_image_no_run_holds() {
         .collect();
     // Room for two images.
     let cache = ImageCache::new(&dir.path().join("cache"), 2 * 64 * 1024 + 100).unwrap();
-    let held = cache.prepare(&refs[0]).unwrap();
-    drop(cache.prepare(&refs[1]).unwrap());
+    let held = cache.prepare(&refs[0], None).unwrap();
+    drop(cache.prepare(&refs[1], None).unwrap());
     std::thread::sleep(std::time::Duration::from_millis(20));
-    drop(cache.prepare(&refs[2]).unwrap());
+    drop(cache.prepare(&refs[2], None).unwrap());
     // Image 0 is the oldest but held by a run; image 1 goes.
     let cached = |i: usize| {
         std::fs::read_dir(dir.path().join("cache/images")).unwrap().flatten().any(|e| {
@@ -135,7 +135,7 @@ fn the_cache_evicts_the_least_recently_used_image_no_run_holds() {
     assert!(held.rootfs.join("data").exists());
     drop(held);
     std::thread::sleep(std::time::Duration::from_millis(20));
-    drop(cache.prepare(&refs[1]).unwrap());
+    drop(cache.prepare(&refs[1], None).unwrap());
     assert!(!cached(0) && cached(1) && cached(2), "image 0, no longer held and oldest, goes");
 }
 
@@ -172,10 +172,32 @@ fn whiteouts_through_a_link_out_of_the_image_remove_nothing_on_the_host() {
     ];
     layout(&dir.path().join("img"), "v1", &layers);
     let cache = ImageCache::new(&dir.path().join("cache"), 1 << 30).unwrap();
-    let _ = cache.prepare(&format!("oci:{}:v1", dir.path().join("img").display()));
+    let _ = cache.prepare(&format!("oci:{}:v1", dir.path().join("img").display()), None);
     assert!(host.join("victim").exists() && host.join("other").exists(), "a whiteout reached the host");
     // A file written through the link: refused, nothing written on the host.
     layout(&dir.path().join("img2"), "v1", &[link_layer("a", &host), layer(&[("a/planted", b"x")])]);
-    let e = cache.prepare(&format!("oci:{}:v1", dir.path().join("img2").display())).unwrap_err();
+    let e = cache.prepare(&format!("oci:{}:v1", dir.path().join("img2").display()), None).unwrap_err();
     assert!(!host.join("planted").exists(), "{e}");
+}
+
+#[test]
+fn a_jobs_image_is_read_as_its_user() {
+    let dir = tempfile::tempdir().unwrap();
+    // A layout only root can reach (behind a 0700 directory).
+    let vault = dir.path().join("vault");
+    std::fs::create_dir(&vault).unwrap();
+    std::fs::set_permissions(&vault, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    layout(&vault.join("img"), "v1", &[layer(&[("secret", b"root only")])]);
+    let reference = format!("oci:{}:v1", vault.join("img").display());
+    let cache = ImageCache::new(&dir.path().join("cache"), 1 << 30).unwrap();
+    let nobody = Reader { uid: 65534, gid: 65534, groups: vec![] };
+    let e = cache.prepare(&reference, Some(&nobody)).unwrap_err().to_string();
+    assert!(e.contains("no index.json the job's user can read"), "{e}");
+    let archive = format!("oci-archive:{}", vault.join("img.tar").display());
+    std::fs::write(vault.join("img.tar"), b"").unwrap();
+    let e = cache.prepare(&archive, Some(&nobody)).unwrap_err().to_string();
+    assert!(e.contains("Permission denied"), "{e}");
+    // The agent's own user reads it, and the thread's identity change left the agent's alone.
+    assert!(cache.prepare(&reference, None).is_ok());
+    assert!(std::fs::read_dir(&vault).is_ok());
 }

@@ -651,7 +651,16 @@ impl Runner {
                 )),
                 Some(cache) => {
                     let image = container.image.clone();
-                    tokio::task::spawn_blocking(move || cache.prepare(&image))
+                    // A job's own image is read as its user.
+                    let reader = match this.isolation.accounts.resolve(&a.user) {
+                        Ok(account) => account.map(|u| crate::image::Reader {
+                            uid: u.uid,
+                            gid: u.gid,
+                            groups: u.groups.clone(),
+                        }),
+                        Err(message) => return this.launch_failed(&a, message),
+                    };
+                    tokio::task::spawn_blocking(move || cache.prepare(&image, reader.as_ref()))
                         .await
                         .unwrap_or_else(|e| Err(crate::image::PullError(e.to_string())))
                 }

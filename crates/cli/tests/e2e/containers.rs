@@ -49,6 +49,8 @@ fn busybox_image(dir: &Path) -> String {
         .args(["repack", "--image"])
         .arg(format!("{}:test", layout.display()))
         .arg(&bundle));
+    // Readable by anyone who can reach `dir` (a job's image is read as its user).
+    run(Command::new("chmod").args(["-R", "a+rX"]).arg(&layout));
     format!("oci:{}:test", layout.display())
 }
 
@@ -72,6 +74,7 @@ fn a_container_job_runs_in_its_image_as_its_submitter_and_is_preempted_resumed_a
     let users = Users::create(&["kc-alice".into(), "kc-bob".into()]);
     // The admin's urgent job runs as kc-bob.
     let (c, map) = submitter_cluster_mapping("alice = kc-alice\nadmin = kc-bob\n");
+    std::fs::set_permissions(map.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let image = busybox_image(map.path());
     let uid = users.uid("kc-alice");
 
@@ -114,6 +117,12 @@ fn a_container_job_runs_in_its_image_as_its_submitter_and_is_preempted_resumed_a
     assert!(!out.contains("root-only-secret"), "the job read a file its user cannot reach: {out}");
     assert_eq!(job["state"], "FAILED", "{job}");
     assert!(job["reason"].as_str().unwrap_or_default().contains("Permission denied"), "{job}");
+    // Nor is an image the submitter cannot read taken for them.
+    let hidden = busybox_image(vault.path());
+    let peek = submit_as(&c, "alice", &["--container-image", &hidden, "--", "cat", "/etc/kairos-image"]);
+    let job = c.wait_done(peek);
+    assert_eq!(job["state"], "FAILED", "{job}");
+    assert!(job["reason"].as_str().unwrap_or_default().contains("image pull failed"), "{job}");
 
     // Preempted under REQUEUE, it resumes from its checkpoint (in the job's directory, bound
     // into the container) and writes every step exactly once to a mounted host directory.
