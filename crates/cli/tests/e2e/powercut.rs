@@ -28,6 +28,9 @@ impl LazyDisk {
         // SAFETY: geteuid has no preconditions.
         assert_eq!(unsafe { libc::geteuid() }, 0, "mounting FUSE filesystems needs root (CI runs as root)");
         let backing = dir.with_extension("disk");
+        // A replica killed while still starting (a loaded machine) may not have made its
+        // directory yet: it then starts from an empty one on the lazy disk.
+        std::fs::create_dir_all(dir).expect("the data directory");
         std::fs::rename(dir, &backing).expect("move the data to the backing directory");
         std::fs::create_dir_all(dir).unwrap();
         let mut disk = LazyDisk { backing, mount: dir.to_path_buf(), fs: None };
