@@ -1,17 +1,26 @@
-//! Container images on a node: pulled once into a cache, unpacked, and kept while the cache
-//! stays under its size bound (the least recently used go first, never one a run uses).
+//! Container images on a node: pulled once per user into a cache, unpacked, and kept while the
+//! cache stays under its size bound (the least recently used go first, never one a run uses).
 //!
 //! An image is an OCI image layout (`oci:/path[:tag]`), an archive of one
 //! (`oci-archive:/path.tar[:tag]`), or a registry reference, copied into a layout by `skopeo`
-//! where the node has it. The layout's manifest and layers are checked against their sha256
-//! digests, the layers applied in order (whiteouts included) into `images/<digest>/rootfs`.
+//! where the node has it. Everything about a job's image is done with its user's identity
+//! (`Reader`; the agent's own when it runs jobs as itself): the layout or archive is read, and
+//! skopeo run, as that user (`source`), and the layers are unpacked as that user (`unpack`) —
+//! the root agent never opens, parses or unpacks what a job supplies with root's powers.
+//!
+//! The cache, `DIR/images/<uid>/<digest>/`: `DIR`, `images/`, `<uid>/` and `<digest>/` are the
+//! agent's (mode 0711: the user can pass, not list or write) and hold the agent's own files
+//! (`ready`, `size`, `env.json`); `rootfs/` is the user's, unpacked into a temporary sibling
+//! and renamed into place. A user's cache hit is only ever that user's own unpacked image.
 
 use std::collections::BTreeMap;
-use std::io::Read;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
+mod source;
+mod unpack;
 
 /// Why an image cannot be had: the run fails with `image pull failed: …`.
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +34,7 @@ fn fail<T>(what: impl Into<String>) -> Result<T, PullError> {
 /// A prepared image, held by a run: the cache never evicts it while this lives.
 #[derive(Debug)]
 pub struct Image {
+    /// The unpacked root: owned by the job's user, every file readable by it, no setuid bits.
     pub rootfs: PathBuf,
     /// The manifest's digest (`sha256:…`).
     pub digest: String,
@@ -33,19 +43,22 @@ pub struct Image {
     _lease: Lease,
 }
 
+/// Runs using each cached image, by `<uid>/<hex>`.
+type Users = Arc<Mutex<BTreeMap<String, usize>>>;
+
 #[derive(Debug)]
 struct Lease {
-    digest: String,
-    users: Arc<Mutex<BTreeMap<String, usize>>>,
+    key: String,
+    users: Users,
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = users.get_mut(&self.digest) {
+        if let Some(n) = users.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
-                users.remove(&self.digest);
+                users.remove(&self.key);
             }
         }
     }
@@ -56,161 +69,397 @@ impl Drop for Lease {
 pub struct ImageCache {
     dir: PathBuf,
     max_bytes: u64,
-    /// Runs using each image, by digest.
-    users: Arc<Mutex<BTreeMap<String, usize>>>,
-    /// One pull or eviction at a time.
-    busy: Mutex<()>,
+    /// How long one pull may take (skopeo, reading, unpacking).
+    timeout: Duration,
+    /// The registry client.
+    skopeo: PathBuf,
+    /// Runs using each image; held while an image is taken, installed or evicted.
+    users: Users,
+    /// One pull at a time per user (others' pulls go on).
+    pulls: Mutex<BTreeMap<u32, Arc<Mutex<()>>>>,
 }
 
 const READY: &str = "ready";
 const SIZE: &str = "size";
 const ENV: &str = "env.json";
+/// How long a pull may take unless told.
+const PULL_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+/// The search path skopeo runs with (nothing else of the agent's environment).
+const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-impl ImageCache {
-    pub fn new(dir: &Path, max_bytes: u64) -> std::io::Result<ImageCache> {
-        std::fs::create_dir_all(dir.join("images"))?;
-        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-        Ok(ImageCache { dir: dir.to_path_buf(), max_bytes, users: Arc::default(), busy: Mutex::new(()) })
+/// A new directory `path` with `mode`, the agent's.
+fn make_dir(path: &Path, mode: u32) -> std::io::Result<()> {
+    match std::fs::DirBuilder::new().mode(mode).create(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        other => other?,
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// A name no other temporary directory of this process has.
+fn temp_name() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("tmp-{}-{n}", std::process::id())
+}
+
+/// A temporary directory of the agent's (mode 0711), removed when dropped (a renamed one is
+/// gone already).
+struct Work(PathBuf);
+
+impl Work {
+    fn new(parent: &Path) -> Result<Work, PullError> {
+        let path = parent.join(temp_name());
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::DirBuilder::new()
+            .mode(0o711)
+            .create(&path)
+            .map_err(|e| PullError(format!("{}: {e}", path.display())))?;
+        Ok(Work(path))
     }
 
-    /// The image `reference`, unpacked (pulled first if the cache lacks it). Blocking. A local
-    /// layout or archive is read as `reader` (the job's user; None: the agent's own), so a job
-    /// can name only an image its user could read.
-    pub fn prepare(&self, reference: &str, reader: Option<&Reader>) -> Result<Image, PullError> {
-        let _busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
-        let scratch = tempdir_in(&self.dir)?;
-        let cached = self.cache(reference, reader, &scratch);
-        let _ = std::fs::remove_dir_all(&scratch);
-        let digest = cached?;
-        let home = self.dir.join("images").join(digest.trim_start_matches("sha256:"));
-        // Used now: the most recent (eviction goes by this time).
-        if let Ok(f) = std::fs::File::options().append(true).open(home.join(READY)) {
-            let _ = f.set_modified(std::time::SystemTime::now());
-        }
-        *self.users.lock().unwrap_or_else(|p| p.into_inner()).entry(digest.clone()).or_default() += 1;
-        let env: Vec<(String, String)> = std::fs::read(home.join(ENV))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
-        let image = Image {
-            rootfs: home.join("rootfs"),
-            digest: digest.clone(),
-            env,
-            _lease: Lease { digest, users: self.users.clone() },
+    /// A new, empty directory `name` in it owned by `owner` (mode 0755).
+    fn owned_dir(&self, name: &str, owner: (u32, u32)) -> Result<PathBuf, PullError> {
+        let path = self.0.join(name);
+        let made = || -> std::io::Result<()> {
+            std::fs::DirBuilder::new().mode(0o700).create(&path)?;
+            let dir = std::fs::File::open(&path)?;
+            std::os::unix::fs::fchown(&dir, Some(owner.0), Some(owner.1))?;
+            dir.set_permissions(std::fs::Permissions::from_mode(0o755))
         };
-        self.evict();
-        Ok(image)
+        made().map_err(|e| PullError(format!("{}: {e}", path.display())))?;
+        Ok(path)
     }
+}
 
-    /// Puts the image `reference` in the cache unless it is there; its digest.
-    fn cache(&self, reference: &str, reader: Option<&Reader>, scratch: &Path) -> Result<String, PullError> {
-        let (layout, tag, reader) = self.layout_of(reference, scratch, reader)?;
-        let source = as_reader(reader, || open_image(&layout, tag.as_deref()))?;
-        let home = self.dir.join("images").join(source.digest.trim_start_matches("sha256:"));
-        if home.join(READY).exists() {
-            return Ok(source.digest);
-        }
-        let _ = std::fs::remove_dir_all(&home);
-        let unpacking = scratch.join("rootfs");
-        let size = unpack(source.layers, &unpacking)?;
-        let caching = |e: std::io::Error| PullError(format!("caching: {e}"));
-        std::fs::create_dir_all(&home).map_err(caching)?;
-        std::fs::rename(&unpacking, home.join("rootfs")).map_err(caching)?;
-        std::fs::write(home.join(SIZE), size.to_string()).map_err(caching)?;
-        std::fs::write(home.join(ENV), serde_json::to_vec(&source.env).unwrap_or_default())
-            .map_err(caching)?;
-        std::fs::write(home.join(READY), reference).map_err(caching)?;
-        Ok(source.digest)
+impl Drop for Work {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
+}
 
-    /// Removes the least recently used images no run uses until the cache fits its bound.
-    fn evict(&self) {
-        let Ok(entries) = std::fs::read_dir(self.dir.join("images")) else { return };
-        let mut cached: Vec<(std::time::SystemTime, u64, PathBuf, String)> = entries
-            .flatten()
-            .filter_map(|e| {
-                let used = e.path().join(READY).metadata().and_then(|m| m.modified()).ok()?;
-                let size = std::fs::read_to_string(e.path().join(SIZE)).ok()?.trim().parse().ok()?;
-                let digest = format!("sha256:{}", e.file_name().to_string_lossy());
-                Some((used, size, e.path(), digest))
-            })
-            .collect();
-        cached.sort();
-        let mut total: u64 = cached.iter().map(|c| c.1).sum();
-        let users = self.users.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        for (_, size, path, digest) in cached {
-            if total <= self.max_bytes {
-                break;
-            }
-            if users.contains_key(&digest) {
-                continue;
-            }
-            tracing::info!(image = %digest, bytes = size, "image cache: evicting the least recently used");
-            // The marker first: a half-removed image is never taken for a ready one.
-            let _ = std::fs::remove_file(path.join(READY));
-            let _ = std::fs::remove_dir_all(&path);
-            total = total.saturating_sub(size);
-        }
-    }
+/// What a reference names.
+enum Reference {
+    Layout(PathBuf, Option<String>),
+    Archive(PathBuf, Option<String>),
+    Registry(String),
+}
 
-    /// The OCI layout `reference` names (unpacked or pulled into `scratch` where needed), the
-    /// tag asked for, and whom to read it as (`reader` for the job's own layout; the agent for
-    /// what it made in `scratch`).
-    fn layout_of<'r>(
-        &self,
-        reference: &str,
-        scratch: &Path,
-        reader: Option<&'r Reader>,
-    ) -> Result<(PathBuf, Option<String>, Option<&'r Reader>), PullError> {
+impl Reference {
+    fn parse(reference: &str) -> Reference {
         let split = |rest: &str| match rest.split_once(':') {
             Some((p, t)) => (PathBuf::from(p), Some(t.to_string())),
             None => (PathBuf::from(rest), None),
         };
         if let Some(rest) = reference.strip_prefix("oci:") {
             let (path, tag) = split(rest);
-            let exists = as_reader(reader, || Ok(path.join("index.json").is_file()))?;
-            if !exists {
-                return fail(format!(
-                    "{reference}: no OCI image layout at {} (no index.json the job's user can read)",
-                    path.display()
-                ));
-            }
-            return Ok((path, tag, reader));
+            return Reference::Layout(path, tag);
         }
         if let Some(rest) = reference.strip_prefix("oci-archive:") {
             let (path, tag) = split(rest);
-            let file = as_reader(reader, || {
-                std::fs::File::open(&path).map_err(|e| PullError(format!("{reference}: {e}")))
-            })?;
-            let layout = scratch.join("layout");
-            let mut archive = tar::Archive::new(file);
-            archive
-                .unpack(&layout)
-                .map_err(|e| PullError(format!("{reference}: unpacking the archive: {e}")))?;
-            return Ok((layout, tag, None));
+            return Reference::Archive(path, tag);
         }
-        let remote = reference.strip_prefix("docker://").unwrap_or(reference);
-        let layout = scratch.join("layout");
-        let out = std::process::Command::new("skopeo")
-            .args(["copy", "--quiet", &format!("docker://{remote}")])
-            .arg(format!("oci:{}:pulled", layout.display()))
-            .stdin(std::process::Stdio::null())
-            .output();
-        match out {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                fail(format!("{reference}: registry images are pulled with skopeo, which this node lacks"))
-            }
-            Err(e) => fail(format!("{reference}: running skopeo: {e}")),
-            Ok(o) if !o.status.success() => {
-                let why = String::from_utf8_lossy(&o.stderr);
-                fail(format!("{reference}: {}", why.trim().chars().take(300).collect::<String>()))
-            }
-            Ok(_) => Ok((layout, Some("pulled".into()), None)),
-        }
+        Reference::Registry(reference.strip_prefix("docker://").unwrap_or(reference).to_string())
     }
 }
 
-/// Whom a job's own image files are read as: its user's ids.
+impl ImageCache {
+    /// The cache in `dir`, at most `max_bytes` unpacked (and no image bigger). What an earlier
+    /// agent left half made (or in an older form) is removed.
+    pub fn new(dir: &Path, max_bytes: u64) -> std::io::Result<ImageCache> {
+        std::fs::create_dir_all(dir)?;
+        make_dir(dir, 0o711)?;
+        let images = dir.join("images");
+        make_dir(&images, 0o711)?;
+        for entry in std::fs::read_dir(&images)?.flatten() {
+            let path = entry.path();
+            let per_user = entry.file_name().to_str().is_some_and(|n| n.parse::<u32>().is_ok())
+                && entry.file_type().is_ok_and(|t| t.is_dir());
+            if !per_user {
+                // Not a user's directory (an image of the shared cache this one replaces).
+                tracing::info!(path = %path.display(), "image cache: removing what is not a user's images");
+                let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+                continue;
+            }
+            for image in std::fs::read_dir(&path).into_iter().flatten().flatten() {
+                let name = image.file_name();
+                if name.to_string_lossy().starts_with("tmp-") || !image.path().join(READY).exists() {
+                    let _ = std::fs::remove_dir_all(image.path());
+                }
+            }
+        }
+        Ok(ImageCache {
+            dir: dir.to_path_buf(),
+            max_bytes,
+            timeout: PULL_TIMEOUT,
+            skopeo: "skopeo".into(),
+            users: Arc::default(),
+            pulls: Mutex::default(),
+        })
+    }
+
+    /// How long one pull may take (default 15 minutes).
+    pub fn with_pull_timeout(mut self, timeout: Duration) -> ImageCache {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The registry client to run (default `skopeo` on the system's search path).
+    pub fn with_skopeo(mut self, program: &Path) -> ImageCache {
+        self.skopeo = program.to_path_buf();
+        self
+    }
+
+    /// The image `reference`, unpacked (pulled first if the cache lacks it). Blocking, bounded
+    /// by the pull timeout. Everything is done as `reader` (the job's user; None: the agent's
+    /// own), so a job can name only an image its user could read, and gets its user's own
+    /// copy.
+    pub fn prepare(&self, reference: &str, reader: Option<&Reader>) -> Result<Image, PullError> {
+        let deadline = Instant::now() + self.timeout;
+        let owner = match reader {
+            Some(r) => (r.uid, r.gid),
+            None => (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw()),
+        };
+        let lock = self.pulls.lock().unwrap_or_else(|p| p.into_inner()).entry(owner.0).or_default().clone();
+        let _pulling = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let home_of_user = self.dir.join("images").join(owner.0.to_string());
+        make_dir(&home_of_user, 0o711).map_err(|e| PullError(format!("{}: {e}", home_of_user.display())))?;
+
+        let mut work = None;
+        let (store, tag) = match Reference::parse(reference) {
+            Reference::Layout(path, tag) => {
+                (as_reader(reader, || source::Store::layout(&path, reference))?, tag)
+            }
+            Reference::Archive(path, tag) => {
+                (as_reader(reader, || source::Store::archive(&path, reference))?, tag)
+            }
+            Reference::Registry(remote) => {
+                let w = Work::new(&home_of_user)?;
+                let pulled = w.owned_dir("pull", owner)?;
+                self.skopeo(&remote, reference, &pulled, reader, deadline)?;
+                let layout = pulled.join("layout");
+                let store = as_reader(reader, || source::Store::layout(&layout, reference))?;
+                work = Some(w);
+                (store, Some("pulled".to_string()))
+            }
+        };
+        let manifest = as_reader(reader, || store.manifest(tag.as_deref()))?;
+        let hex = manifest.digest.trim_start_matches("sha256:").to_string();
+        let key = format!("{}/{hex}", owner.0);
+        let home = home_of_user.join(&hex);
+        let image = match self.take(&key, &home, &manifest.digest) {
+            Some(image) => image,
+            None => {
+                let w = match work.take() {
+                    Some(w) => w,
+                    None => Work::new(&home_of_user)?,
+                };
+                let rootfs = w.owned_dir("rootfs", owner)?;
+                let mut budget = unpack::Budget::new(self.max_bytes, deadline);
+                let size =
+                    as_reader(reader, || unpack::layers(&store, &manifest.layers, &rootfs, &mut budget))?;
+                drop(store);
+                let _ = std::fs::remove_dir_all(w.0.join("pull"));
+                let caching = |e: std::io::Error| PullError(format!("caching: {e}"));
+                std::fs::write(w.0.join(SIZE), size.to_string()).map_err(caching)?;
+                std::fs::write(w.0.join(ENV), serde_json::to_vec(&manifest.env).unwrap_or_default())
+                    .map_err(caching)?;
+                self.install(&w, &home, &key, reference, &manifest.digest)?
+            }
+        };
+        self.evict();
+        Ok(image)
+    }
+
+    /// The cached image `key` at `home`, taken for a run (and now the most recently used); None
+    /// when it is not ready.
+    fn take(&self, key: &str, home: &Path, digest: &str) -> Option<Image> {
+        let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        self.take_locked(&mut users, key, home, digest)
+    }
+
+    fn take_locked(
+        &self,
+        users: &mut BTreeMap<String, usize>,
+        key: &str,
+        home: &Path,
+        digest: &str,
+    ) -> Option<Image> {
+        let ready = std::fs::File::options().append(true).open(home.join(READY)).ok()?;
+        let _ = ready.set_modified(std::time::SystemTime::now());
+        *users.entry(key.to_string()).or_default() += 1;
+        let env: Vec<(String, String)> = std::fs::read(home.join(ENV))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        Some(Image {
+            rootfs: home.join("rootfs"),
+            digest: digest.to_string(),
+            env,
+            _lease: Lease { key: key.to_string(), users: self.users.clone() },
+        })
+    }
+
+    /// Moves the unpacked image in `work` to `home`, marks it ready and takes it.
+    fn install(
+        &self,
+        work: &Work,
+        home: &Path,
+        key: &str,
+        reference: &str,
+        digest: &str,
+    ) -> Result<Image, PullError> {
+        let caching = |e: std::io::Error| PullError(format!("caching: {e}"));
+        let (image, trash) = {
+            let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
+            // Something half made at `home` (no run holds what is not ready) goes aside first.
+            let trash = home.with_file_name(temp_name());
+            let moved = std::fs::rename(home, &trash).is_ok();
+            std::fs::rename(&work.0, home).map_err(caching)?;
+            std::fs::write(home.join(READY), reference).map_err(caching)?;
+            let image = self.take_locked(&mut users, key, home, digest);
+            (image, moved.then_some(trash))
+        };
+        if let Some(trash) = trash {
+            let _ = std::fs::remove_dir_all(trash);
+        }
+        image.ok_or_else(|| PullError("caching: the image went before it was taken".into()))
+    }
+
+    /// Removes the least recently used images no run uses until the cache fits its bound.
+    fn evict(&self) {
+        let mut gone = Vec::new();
+        {
+            let users = self.users.lock().unwrap_or_else(|p| p.into_inner());
+            let mut cached: Vec<(std::time::SystemTime, u64, PathBuf, String)> = Vec::new();
+            let per_user = std::fs::read_dir(self.dir.join("images")).into_iter().flatten().flatten();
+            for user in per_user {
+                let uid = user.file_name().to_string_lossy().into_owned();
+                for image in std::fs::read_dir(user.path()).into_iter().flatten().flatten() {
+                    let path = image.path();
+                    let Ok(used) = path.join(READY).metadata().and_then(|m| m.modified()) else { continue };
+                    let size =
+                        std::fs::read_to_string(path.join(SIZE)).ok().and_then(|s| s.trim().parse().ok());
+                    let key = format!("{uid}/{}", image.file_name().to_string_lossy());
+                    cached.push((used, size.unwrap_or(0), path, key));
+                }
+            }
+            cached.sort();
+            let mut total: u64 = cached.iter().map(|c| c.1).sum();
+            for (_, size, path, key) in cached {
+                if total <= self.max_bytes {
+                    break;
+                }
+                if users.contains_key(&key) {
+                    continue;
+                }
+                tracing::info!(image = %key, bytes = size, "image cache: evicting the least recently used");
+                // Moved aside at once (a pull of it now makes a new one), removed unlocked.
+                let aside = path.with_file_name(temp_name());
+                if std::fs::rename(&path, &aside).is_ok() {
+                    gone.push(aside);
+                } else {
+                    let _ = std::fs::remove_file(path.join(READY));
+                    gone.push(path);
+                }
+                total = total.saturating_sub(size);
+            }
+        }
+        for path in gone {
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+
+    /// Copies the registry image `remote` into the layout `pulled/layout` with skopeo, as
+    /// `reader`, with nothing of the agent's environment, until `deadline`.
+    fn skopeo(
+        &self,
+        remote: &str,
+        reference: &str,
+        pulled: &Path,
+        reader: Option<&Reader>,
+        deadline: Instant,
+    ) -> Result<(), PullError> {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new(&self.skopeo);
+        cmd.args(["copy", "--quiet", &format!("docker://{remote}")])
+            .arg(format!("oci:{}:pulled", pulled.join("layout").display()))
+            .env_clear()
+            .env("PATH", SAFE_PATH)
+            .env("HOME", pulled)
+            .env("TMPDIR", pulled)
+            .current_dir(pulled)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0);
+        if let Some(r) = reader {
+            let (uid, gid, groups) = (r.uid, r.gid, r.groups.clone());
+            // SAFETY: only async-signal-safe system calls between fork and exec, on memory
+            // made before the fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    use nix::libc;
+                    if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                        || libc::setresgid(gid, gid, gid) != 0
+                        || libc::setresuid(uid, uid, uid) != 0
+                        || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = match cmd.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return fail(format!(
+                    "{reference}: registry images are pulled with skopeo, which this node lacks"
+                ))
+            }
+            Err(e) => return fail(format!("{reference}: running skopeo: {e}")),
+            Ok(child) => child,
+        };
+        // Its errors, the first 64 KiB (the rest read and dropped), on a thread of their own.
+        let (tx, rx) = std::sync::mpsc::channel();
+        if let Some(stderr) = child.stderr.take() {
+            std::thread::spawn(move || {
+                use std::io::Read;
+                let mut stderr = stderr;
+                let mut head = Vec::new();
+                let _ = (&mut stderr).take(64 << 10).read_to_end(&mut head);
+                let _ = std::io::copy(&mut stderr, &mut std::io::sink());
+                let _ = tx.send(head);
+            });
+        }
+        let pgid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                Ok(None) => {
+                    let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+                    let _ = child.wait();
+                    return fail(format!(
+                        "{reference}: skopeo did not finish within the pull's deadline ({} s)",
+                        self.timeout.as_secs()
+                    ));
+                }
+                Err(e) => return fail(format!("{reference}: waiting for skopeo: {e}")),
+            }
+        };
+        // Whatever it left running goes with it.
+        let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+        if status.success() {
+            return Ok(());
+        }
+        let why = rx.recv_timeout(Duration::from_secs(2)).unwrap_or_default();
+        let why = String::from_utf8_lossy(&why);
+        fail(format!("{reference}: {} ({status})", why.trim().chars().take(300).collect::<String>()))
+    }
+}
+
+/// Whom a job's image is read, pulled and unpacked as: its user's ids.
 #[derive(Clone, Debug)]
 pub struct Reader {
     pub uid: u32,
@@ -218,254 +467,61 @@ pub struct Reader {
     pub groups: Vec<u32>,
 }
 
-/// `f` run with `reader`'s file-system identity (in a thread of its own, whose credentials
-/// change alone and end with it), or as the agent when None.
+/// The capability sets of the calling thread (capset(2)).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// Gives the calling thread (only) `r`'s file-system identity and no capabilities.
+fn become_reader(r: &Reader) -> Result<(), PullError> {
+    use nix::libc::{c_long, syscall, SYS_capset, SYS_setfsgid, SYS_setfsuid, SYS_setgroups};
+    let header = CapHeader { version: 0x2008_0522, pid: 0 };
+    let none = [CapData::default(); 2];
+    // SAFETY: raw system calls change this thread's credentials only (the libc wrappers would
+    // change every thread's); the thread ends right after its work. `setfsuid(-1)` changes
+    // nothing and answers the current id.
+    let (groups, fsuid, fsgid, caps) = unsafe {
+        let groups = syscall(SYS_setgroups, r.groups.len(), r.groups.as_ptr());
+        syscall(SYS_setfsgid, r.gid as c_long);
+        syscall(SYS_setfsuid, r.uid as c_long);
+        let fsuid = syscall(SYS_setfsuid, -1 as c_long);
+        let fsgid = syscall(SYS_setfsgid, -1 as c_long);
+        let caps = syscall(SYS_capset, &header as *const CapHeader, none.as_ptr());
+        (groups, fsuid, fsgid, caps)
+    };
+    if groups != 0 || fsuid != c_long::from(r.uid) || fsgid != c_long::from(r.gid) || caps != 0 {
+        return fail(format!("taking the job's user's identity: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// `f` run with `reader`'s file-system identity and no capabilities (in a thread of its own,
+/// whose credentials change alone and end with it), or as the agent when None.
 fn as_reader<T: Send>(
     reader: Option<&Reader>,
     f: impl FnOnce() -> Result<T, PullError> + Send,
 ) -> Result<T, PullError> {
     let Some(r) = reader else { return f() };
     std::thread::scope(|s| {
-        s.spawn(|| {
-            // SAFETY: raw system calls change this thread's credentials only (the libc
-            // wrappers would change every thread's); the thread ends right after `f`.
-            let changed = unsafe {
-                nix::libc::syscall(nix::libc::SYS_setgroups, r.groups.len(), r.groups.as_ptr()) == 0
-                    && nix::libc::syscall(nix::libc::SYS_setfsgid, r.gid) >= 0
-                    && nix::libc::syscall(nix::libc::SYS_setfsuid, r.uid) >= 0
-            };
-            if !changed {
-                return fail(format!(
-                    "taking the job's user's identity: {}",
-                    std::io::Error::last_os_error()
-                ));
-            }
+        let thread = std::thread::Builder::new().name("kairos-image".into()).spawn_scoped(s, || {
+            become_reader(r)?;
             f()
-        })
-        .join()
-        .unwrap_or_else(|_| fail("reading the image panicked"))
+        });
+        match thread {
+            Ok(t) => t.join().unwrap_or_else(|_| fail("reading the image panicked")),
+            Err(e) => fail(format!("starting the image reader: {e}")),
+        }
     })
-}
-
-/// What an image is, read from its layout: the manifest's digest, the config's environment,
-/// and its layers (digest, gzip'd, opened).
-struct Source {
-    digest: String,
-    env: Vec<(String, String)>,
-    layers: Vec<(String, bool, std::fs::File)>,
-}
-
-/// The image `tag` names in `layout`, its layers opened (by whoever calls: see `as_reader`).
-fn open_image(layout: &Path, tag: Option<&str>) -> Result<Source, PullError> {
-    let (digest, config, layers) = manifest(layout, tag)?;
-    let env = image_env(layout, &config)?;
-    let layers = layers
-        .into_iter()
-        .map(|(d, gz)| {
-            let file =
-                std::fs::File::open(blob(layout, &d)?).map_err(|e| PullError(format!("layer {d}: {e}")))?;
-            Ok((d, gz, file))
-        })
-        .collect::<Result<_, PullError>>()?;
-    Ok(Source { digest, env, layers })
-}
-
-/// A new private directory under `dir`.
-fn tempdir_in(dir: &Path) -> Result<PathBuf, PullError> {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = dir.join(format!("tmp-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&path);
-    std::fs::create_dir(&path).map_err(|e| PullError(format!("{}: {e}", path.display())))?;
-    Ok(path)
-}
-
-/// The path of blob `digest` in `layout`, after checking the digest's form.
-fn blob(layout: &Path, digest: &str) -> Result<PathBuf, PullError> {
-    let hex =
-        digest.strip_prefix("sha256:").filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
-    match hex {
-        Some(h) => Ok(layout.join("blobs/sha256").join(h)),
-        None => fail(format!(
-            "unsupported digest \"{}\" (sha256 only)",
-            digest.chars().take(80).collect::<String>()
-        )),
-    }
-}
-
-/// Blob `digest`, read whole and checked against its digest.
-fn read_blob(layout: &Path, digest: &str) -> Result<Vec<u8>, PullError> {
-    let path = blob(layout, digest)?;
-    let bytes = std::fs::read(&path).map_err(|e| PullError(format!("blob {digest}: {e}")))?;
-    let got = format!("sha256:{}", hex(&Sha256::digest(&bytes)));
-    if got != digest {
-        return fail(format!("blob {digest} is corrupt (its content is {got})"));
-    }
-    Ok(bytes)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn json(bytes: &[u8], what: &str) -> Result<serde_json::Value, PullError> {
-    serde_json::from_slice(bytes).map_err(|e| PullError(format!("{what}: {e}")))
-}
-
-/// A layer: its digest and whether it is gzip-compressed.
-type Layer = (String, bool);
-
-/// The image config's `Env` (`KEY=VALUE` each) from blob `config`.
-fn image_env(layout: &Path, config: &str) -> Result<Vec<(String, String)>, PullError> {
-    let body = json(&read_blob(layout, config)?, "image config")?;
-    let env = body["config"]["Env"].as_array().cloned().unwrap_or_default();
-    Ok(env
-        .iter()
-        .filter_map(|e| e.as_str()?.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
-        .collect())
-}
-
-/// The manifest `tag` names in the layout (the only one, or the one tagged "latest", when no
-/// tag is given): its digest, its config's digest and its layers. An image index is followed to its linux/amd64
-/// (else first) manifest.
-fn manifest(layout: &Path, tag: Option<&str>) -> Result<(String, String, Vec<Layer>), PullError> {
-    let index_bytes =
-        std::fs::read(layout.join("index.json")).map_err(|e| PullError(format!("index.json: {e}")))?;
-    let index = json(&index_bytes, "index.json")?;
-    let manifests = index["manifests"].as_array().cloned().unwrap_or_default();
-    let tag_of = |m: &serde_json::Value| {
-        m["annotations"]["org.opencontainers.image.ref.name"].as_str().map(str::to_string)
-    };
-    let chosen = match tag {
-        Some(t) => manifests.iter().find(|m| tag_of(m).as_deref() == Some(t)),
-        None if manifests.len() == 1 => manifests.first(),
-        None => manifests.iter().find(|m| tag_of(m).as_deref() == Some("latest")),
-    };
-    let Some(mut desc) = chosen.cloned() else {
-        let tags: Vec<String> = manifests.iter().filter_map(tag_of).collect();
-        return fail(format!(
-            "no image tagged {:?} in the layout (tags: {})",
-            tag.unwrap_or("latest"),
-            tags.join(", ")
-        ));
-    };
-    for _ in 0..2 {
-        let digest = desc["digest"].as_str().unwrap_or_default().to_string();
-        let body = json(&read_blob(layout, &digest)?, "manifest")?;
-        if let Some(nested) = body["manifests"].as_array() {
-            let amd64 = nested
-                .iter()
-                .find(|m| m["platform"]["architecture"] == "amd64" && m["platform"]["os"] == "linux");
-            desc =
-                amd64.or(nested.first()).cloned().ok_or_else(|| PullError("an empty image index".into()))?;
-            continue;
-        }
-        let mut layers = Vec::new();
-        for l in body["layers"].as_array().cloned().unwrap_or_default() {
-            let kind = l["mediaType"].as_str().unwrap_or_default();
-            let gz = kind.ends_with("gzip");
-            if !gz && !kind.ends_with(".tar") && !kind.ends_with("tar") {
-                return fail(format!("layer type {kind} is not supported (tar and tar+gzip are)"));
-            }
-            layers.push((l["digest"].as_str().unwrap_or_default().to_string(), gz));
-        }
-        let config = body["config"]["digest"].as_str().unwrap_or_default().to_string();
-        return Ok((digest, config, layers));
-    }
-    fail("image indexes nested too deep")
-}
-
-/// Reads through to a sha256 of what was read.
-struct Hashing<R> {
-    inner: R,
-    hash: Sha256,
-}
-
-impl<R: Read> Read for Hashing<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hash.update(&buf[..n]);
-        Ok(n)
-    }
-}
-
-/// Applies `layers` in order into `rootfs`; the bytes of file data written.
-fn unpack(layers: Vec<(String, bool, std::fs::File)>, rootfs: &Path) -> Result<u64, PullError> {
-    std::fs::create_dir_all(rootfs).map_err(|e| PullError(format!("{}: {e}", rootfs.display())))?;
-    let mut size = 0;
-    for (digest, gz, file) in layers {
-        let mut hashing = Hashing { inner: std::io::BufReader::new(file), hash: Sha256::new() };
-        size += if gz {
-            apply(&mut flate2::read::GzDecoder::new(&mut hashing), rootfs)
-        } else {
-            apply(&mut hashing, rootfs)
-        }
-        .map_err(|e| PullError(format!("layer {digest}: {e}")))?;
-        // The rest of the blob (tar padding) counts for the digest.
-        std::io::copy(&mut hashing, &mut std::io::sink())
-            .map_err(|e| PullError(format!("layer {digest}: {e}")))?;
-        let got = format!("sha256:{}", hex(&hashing.hash.finalize()));
-        if got != digest {
-            return fail(format!("layer {digest} is corrupt (its content is {got})"));
-        }
-    }
-    Ok(size)
-}
-
-/// One layer's tar stream into `rootfs`: whiteouts (`.wh.NAME`, `.wh..wh..opq`) remove what
-/// lower layers put there; nothing lands outside `rootfs`.
-fn apply(stream: &mut dyn Read, rootfs: &Path) -> std::io::Result<u64> {
-    let root = rootfs.canonicalize();
-    let mut archive = tar::Archive::new(stream);
-    archive.set_preserve_permissions(true);
-    archive.set_preserve_ownerships(true);
-    archive.set_overwrite(true);
-    let mut size = 0;
-    for entry in archive.entries()? {
-        let mut entry = entry?;
-        let path = entry.path()?.into_owned();
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        if let Some(hidden) = name.strip_prefix(".wh.") {
-            // The directory as it really is (links followed): a link of a lower layer may lead
-            // out of the image, and nothing outside it is ever removed.
-            let parent = rootfs.join(path.parent().unwrap_or(Path::new("")));
-            let inside = match (parent.canonicalize(), &root) {
-                (Ok(real), Ok(root)) if real.starts_with(root) => real,
-                _ => continue,
-            };
-            let parent = inside;
-            if hidden.contains('/') || hidden == ".." || hidden == "." {
-                continue;
-            }
-            if hidden == ".wh..opq" {
-                for child in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
-                    remove(&child.path());
-                }
-            } else {
-                remove(&parent.join(hidden));
-            }
-            continue;
-        }
-        size += entry.header().size().unwrap_or(0);
-        entry.unpack_in(rootfs).map_err(|e| {
-            // tar names the file but keeps the cause in the source.
-            let cause = std::error::Error::source(&e).map(|s| format!(": {s}")).unwrap_or_default();
-            std::io::Error::new(e.kind(), format!("{e}{cause}"))
-        })?;
-    }
-    Ok(size)
-}
-
-fn remove(path: &Path) {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => {
-            let _ = std::fs::remove_dir_all(path);
-        }
-        Ok(_) => {
-            let _ = std::fs::remove_file(path);
-        }
-        Err(_) => {}
-    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,9 @@
 use std::io::Write;
+use std::os::unix::fs::MetadataExt;
 
+use sha2::{Digest, Sha256};
+
+use super::source::hex;
 use super::*;
 
 /// Writes blob `bytes` into `layout`; its digest.
@@ -127,7 +131,7 @@ fn the_cache_evicts_the_least_recently_used_image_no_run_holds() {
     drop(cache.prepare(&refs[2], None).unwrap());
     // Image 0 is the oldest but held by a run; image 1 goes.
     let cached = |i: usize| {
-        std::fs::read_dir(dir.path().join("cache/images")).unwrap().flatten().any(|e| {
+        std::fs::read_dir(dir.path().join("cache/images/0")).unwrap().flatten().any(|e| {
             std::fs::read_to_string(e.path().join("rootfs/id")).ok().as_deref() == Some(&i.to_string())
         })
     };
