@@ -9,6 +9,7 @@ pub mod audit;
 pub mod cdi;
 pub mod cgroup;
 pub mod container;
+mod container_child;
 pub mod decide;
 pub mod fence;
 pub mod gpu;

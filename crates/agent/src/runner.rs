@@ -299,11 +299,11 @@ async fn copy_output(
     }
 }
 
-/// The signal named `name` ("SIGUSR1"), or `fallback`.
 /// Makes the child confine itself before any of the job's code runs: into the run's cgroup
 /// (through the returned `cgroup.procs` file, which must stay open until the spawn), to the
-/// job's account, then into its working directory — entered as that account, after the switch:
-/// as root the chdir would pass directories the job's user may not enter.
+/// job's account — or, for a container, into the container as that account
+/// (`container::Plan::enter`) — then into its working directory, entered as that account,
+/// after the switch: as root the chdir would pass directories the job's user may not enter.
 fn confine(
     cmd: &mut tokio::process::Command,
     cgroup: Option<&RunCgroup>,
@@ -320,16 +320,14 @@ fn confine(
         let groups: Vec<nix::unistd::Gid> = a.groups.iter().map(|g| nix::unistd::Gid::from_raw(*g)).collect();
         (groups, nix::unistd::Gid::from_raw(a.gid), nix::unistd::Uid::from_raw(a.uid))
     });
-    let raw_ids: Option<(Vec<nix::libc::gid_t>, nix::libc::gid_t, nix::libc::uid_t)> =
-        account.map(|a| (a.groups.clone(), a.gid, a.uid));
     let workdir = match &container {
         Some(plan) => plan.workdir().to_owned(),
         None => std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(workdir.as_os_str()))
             .map_err(|_| std::io::Error::other("the working directory holds a NUL byte"))?,
     };
     // SAFETY: between fork and exec the child only makes system calls (write, the container's
-    // mounts, setgroups, setgid, setuid, chdir) on values prepared before the fork; nothing
-    // allocates or locks.
+    // namespaces and mounts, setgroups, setgid, setuid, chdir) on values prepared before the
+    // fork; nothing allocates or locks.
     unsafe {
         cmd.pre_exec(move || {
             for fd in &procs_fds {
@@ -338,14 +336,16 @@ fn confine(
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            // Into its container while still root; the user changes after.
-            if let Some(plan) = &container {
-                plan.enter(raw_ids.as_ref().map(|(g, gid, uid)| (g.as_slice(), *gid, *uid)))?;
-            }
-            if let Some((groups, gid, uid)) = &ids {
-                nix::unistd::setgroups(groups)?;
-                nix::unistd::setgid(*gid)?;
-                nix::unistd::setuid(*uid)?;
+            match &container {
+                // Becomes the user first, then enters its container.
+                Some(plan) => plan.enter()?,
+                None => {
+                    if let Some((groups, gid, uid)) = &ids {
+                        nix::unistd::setgroups(groups)?;
+                        nix::unistd::setgid(*gid)?;
+                        nix::unistd::setuid(*uid)?;
+                    }
+                }
             }
             if nix::libc::chdir(workdir.as_ptr()) != 0 {
                 return Err(std::io::Error::last_os_error());
@@ -407,6 +407,7 @@ fn local_of(runs: &BTreeMap<RunKey, Run>) -> BTreeMap<RunKey, Local> {
         .collect()
 }
 
+/// The signal named `name` ("SIGUSR1"), or `fallback`.
 fn parse_signal(name: &str, fallback: Signal) -> Signal {
     name.parse::<Signal>().unwrap_or(fallback)
 }
@@ -670,7 +671,13 @@ impl Runner {
                     let key = (a.job_id, a.attempt);
                     let note = format!("{} (digest {})", container.image, image.digest);
                     this.report_status(key, pb::RunStatus::Image, note);
-                    this.start(&a, Some(Arc::new(image)));
+                    // The spawn waits for the container's set-up (bounded by its deadline):
+                    // off the agent's async tasks.
+                    let image = Arc::new(image);
+                    let started = tokio::task::spawn_blocking(move || this.start(&a, Some(image)));
+                    if let Err(e) = started.await {
+                        tracing::warn!(error = %e, "starting a container run");
+                    }
                 }
                 Err(e) => this.launch_failed(&a, e.to_string()),
             }
@@ -728,7 +735,7 @@ impl Runner {
         let spawned = (|| -> std::io::Result<(tokio::process::Child, Arc<Mutex<std::fs::File>>)> {
             // The job's directory and log belong to the job's user, readable by nobody else.
             let log = prepare_job_files(&self.state_dir, a, account.as_ref())?;
-            let (container, image_env) = match self.container_plan(a, image.as_deref(), &job_dir)? {
+            let (container, image_env) = match self.container_plan(a, image.as_deref(), &job_dir, account.as_ref())? {
                 Some((plan, env)) => (Some(plan), env),
                 None => (None, Vec::new()),
             };
@@ -788,6 +795,7 @@ impl Runner {
         a: &pb::Assignment,
         image: Option<&crate::image::Image>,
         job_dir: &Path,
+        account: Option<&UnixAccount>,
     ) -> std::io::Result<Option<(crate::container::Plan, EnvPairs)>> {
         let (Some(image), Some(c)) = (image, a.container.as_ref()) else { return Ok(None) };
         let own = job_dir.display().to_string();
@@ -798,14 +806,9 @@ impl Runner {
             the_jobs: false,
         }];
         for m in &c.mounts {
+            // Its source is looked up by the run's process, as the job's user.
             let bind = crate::container::Bind::parse(m)
                 .ok_or_else(|| std::io::Error::other(format!("container mount {m:?} is not SRC:DST[:ro]")))?;
-            if !bind.src.exists() {
-                return Err(std::io::Error::other(format!(
-                    "container mount source {} does not exist on this node",
-                    bind.src.display()
-                )));
-            }
             binds.push(bind);
         }
         let workdir = if c.workdir.is_empty() { own } else { c.workdir.clone() };
@@ -834,7 +837,8 @@ impl Runner {
             None => crate::container::gpu_devices(&self.isolation.devices.minors(&a.gpu_ids)),
         };
         let base = self.state_dir.join("containers");
-        let plan = crate::container::Plan::new(&image.rootfs, &base, &binds, &devices, &workdir)?;
+        let identity = account.map(|u| crate::container::Identity { groups: u.groups.clone(), gid: u.gid, uid: u.uid });
+        let plan = crate::container::Plan::new(&image.rootfs, &base, &binds, &devices, &workdir, identity)?;
         Ok(Some((plan, env)))
     }
 

@@ -6,6 +6,7 @@ mod backup;
 mod batch;
 mod burst;
 mod burst_chaos;
+mod confinement;
 mod containers;
 mod deploy;
 mod durability;
