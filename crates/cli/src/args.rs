@@ -99,6 +99,9 @@ mod tests {
     }
 }
 
+/// The most tasks one array (or one manifest's completions) has.
+pub const ARRAY_TASKS_MAX: u32 = 10_000;
+
 /// A job array's indices and task limit, Slurm's form: `0-31:2,40%4` (ranges with an optional
 /// step, comma-separated; `%N`: at most N tasks at once).
 pub fn parse_array(s: &str) -> Result<(Vec<u32>, Option<u32>), String> {
@@ -133,8 +136,8 @@ pub fn parse_array(s: &str) -> Result<(Vec<u32>, Option<u32>), String> {
         let mut i = lo;
         while i <= hi {
             indices.insert(i);
-            if indices.len() > 10_000 {
-                return Err(err("at most 10000 tasks"));
+            if indices.len() > ARRAY_TASKS_MAX as usize {
+                return Err(err(&format!("at most {ARRAY_TASKS_MAX} tasks")));
             }
             i = match i.checked_add(step) {
                 Some(next) => next,

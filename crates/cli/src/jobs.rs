@@ -304,6 +304,14 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
 /// `kairos submit -f FILE.yaml`: every job the manifests ask for, or none (all are checked
 /// before the first is sent).
 async fn submit_manifest(client: &Client, json: bool, path: &std::path::Path) -> anyhow::Result<i32> {
+    let size = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?.len();
+    if size > crate::manifest::MANIFEST_BYTES_MAX {
+        anyhow::bail!(
+            "{}: {size} bytes, past the {} a manifest may have",
+            path.display(),
+            crate::manifest::MANIFEST_BYTES_MAX
+        );
+    }
     let yaml = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let policy = crate::policy::get_policy(client).await?;
     let specs =

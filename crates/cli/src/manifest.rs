@@ -118,8 +118,42 @@ struct Pod {
     group: Option<(String, Option<u32>)>,
 }
 
+/// The largest manifest file taken (Kubernetes' own object limit is about 1.5 MiB).
+pub const MANIFEST_BYTES_MAX: u64 = 4 << 20;
+/// The deepest nesting a manifest may have (a Job's own is under 12 levels).
+const NESTING_MAX: usize = 64;
+
+/// Refuses, before any parsing, a manifest nested deeper than `NESTING_MAX`: by indentation,
+/// by sequence dashes at a line's start, or by flow brackets (a YAML parser's time and stack
+/// grow with the depth).
+fn shallow_enough(yaml: &str) -> Result<(), String> {
+    let too_deep = || format!("the manifest is nested deeper than {NESTING_MAX} levels");
+    let mut flow = 0usize;
+    for line in yaml.lines() {
+        let rest = line.trim_start_matches([' ', '\t']);
+        let indent = line.len() - rest.len();
+        let dashes = rest.split_inclusive(['-']).take_while(|p| *p == "-" || p.trim() == "-").count();
+        if indent / 2 + dashes > NESTING_MAX {
+            return Err(too_deep());
+        }
+        for b in rest.bytes() {
+            match b {
+                b'[' | b'{' => flow += 1,
+                b']' | b'}' => flow = flow.saturating_sub(1),
+                b'#' => break,
+                _ => {}
+            }
+            if flow > NESTING_MAX {
+                return Err(too_deep());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The jobs `text` (one or more YAML documents) asks for, with the cluster's `policy`.
 pub fn specs(yaml: &str, policy: &pb::Policy) -> Result<Vec<pb::JobSpec>, String> {
+    shallow_enough(yaml)?;
     let mut refusals = Refusals::default();
     let mut pods = Vec::new();
     let mut group_sizes: BTreeMap<String, u32> = BTreeMap::new();
@@ -175,6 +209,12 @@ fn job(v: &Value, policy: &pb::Policy, refusals: &mut Refusals) -> Result<Pod, S
             .transpose()
     };
     let completions = number("completions")?.unwrap_or(1);
+    if completions > crate::args::ARRAY_TASKS_MAX {
+        return Err(format!(
+            "Job.spec.completions: at most {} (kairos runs each completion as an array task)",
+            crate::args::ARRAY_TASKS_MAX
+        ));
+    }
     let parallelism = number("parallelism")?;
     if completions > 1 {
         p.spec.array_indices = (0..completions).collect();

@@ -108,3 +108,22 @@ fn a_pod_group_is_one_gang_of_its_size_and_its_pods_must_be_alike() {
     assert_eq!(got[0].resources.as_ref().unwrap().tasks, 2);
     assert_eq!((cpus("250m"), cpus("2"), mem_mib("1G"), mem_mib("512Mi")), (Ok(1), Ok(2), Ok(954), Ok(512)));
 }
+
+#[test]
+fn huge_completions_and_deep_nesting_are_refused_before_any_work() {
+    let huge = JOB.replace("completions: 4", "completions: 4294967295");
+    let e = specs(&huge, &policy()).unwrap_err();
+    assert!(e.contains("Job.spec.completions: at most 10000"), "{e}");
+    let many = JOB.replace("completions: 4", "completions: 10001");
+    assert!(specs(&many, &policy()).unwrap_err().contains("at most 10000"));
+    // Deep by dashes on one line, by indentation, by flow brackets.
+    let dashes = format!("{}x\n", "- ".repeat(100_000));
+    let indented: String = (0..200).map(|i| format!("{}a{i}:\n", "  ".repeat(i))).collect();
+    let flow = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    for deep in [dashes, indented, flow] {
+        let e = specs(&deep, &policy()).unwrap_err();
+        assert!(e.contains("nested deeper than 64"), "{e}");
+    }
+    // A real manifest's depth passes.
+    assert!(shallow_enough(JOB).is_ok());
+}
