@@ -11,6 +11,12 @@
 //! other replicas' addresses count against their address's bound but are never refused by the
 //! total one, so clients filling the daemon cannot cut the Raft peers off. An accept that fails
 //! (out of file descriptors) waits a moment before the next, instead of spinning a core.
+//!
+//! The bounds are fitted under the process's descriptor limit (`fit`): at start kairosd raises
+//! its soft `RLIMIT_NOFILE` to the hard one (`raise_nofile`), keeps `FD_RESERVE` descriptors
+//! for its own files and outgoing connections, and lets connections have the rest, one address
+//! at most a share of it; so connections are refused by the bounds — cheaply, and only those
+//! past them — before accepts start failing for want of descriptors and every client with them.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -40,6 +46,68 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 /// The pause after a failed accept.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// Descriptors never given to accepted connections: the WAL's segments, snapshots and backups
+/// being written, the listeners, the connections kairosd makes itself (to the leader, to
+/// agents' log services, the gateway's own channel, the cloud API), the runtime's own.
+pub const FD_RESERVE: u64 = 256;
+/// Of the descriptors left for connections, one address may hold at most this fraction.
+pub const ADDRESS_SHARE_DIVISOR: u64 = 4;
+
+/// The connection bounds in force.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    pub per_address: usize,
+    pub total: usize,
+}
+
+/// The bounds asked for (`per_address`, `total`), fitted under `nofile` descriptors with
+/// `peers` other replicas (whose connections the total never refuses):
+/// - connections may have `nofile - FD_RESERVE` (half of `nofile` when that is less);
+/// - one address at most `room / (ADDRESS_SHARE_DIVISOR + peers)` of them, so that one client
+///   cannot fill the room and the peers' addresses, each at its own bound past the total, still
+///   fit;
+/// - the total at most what is left after the peers' bounds.
+///
+/// Each is at least 1. With `ulimit -n 1024` and one replica: 192 per address, 768 in all.
+pub fn fit(nofile: u64, peers: usize, per_address: usize, total: usize) -> Bounds {
+    let room = nofile.saturating_sub(FD_RESERVE).max(nofile / 2).max(1);
+    let peers = peers as u64;
+    let cap = |asked: usize, room: u64| usize::try_from(room).map_or(asked, |r| asked.min(r)).max(1);
+    let per_address = cap(per_address, (room / (ADDRESS_SHARE_DIVISOR + peers)).max(1));
+    let total_room = room.saturating_sub((per_address as u64).saturating_mul(peers)).max(1);
+    let total = cap(total, total_room);
+    Bounds { per_address: per_address.min(total), total }
+}
+
+/// The descriptor limit before and after raising the soft `RLIMIT_NOFILE` to the hard one
+/// (`RLIM_INFINITY` reads as `u64::MAX`). Where raising is refused, the limit stays as it was.
+pub fn raise_nofile() -> std::io::Result<(u64, u64)> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let before = lim.rlim_cur;
+    if lim.rlim_cur >= lim.rlim_max {
+        return Ok((before, before));
+    }
+    let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+    // SAFETY: setrlimit reads the struct it is given.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((before, lim.rlim_max))
+}
+
+/// The soft `RLIMIT_NOFILE` now.
+pub fn nofile() -> std::io::Result<u64> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(lim.rlim_cur)
+}
 
 /// Bounds on how long a connection may be silent.
 #[derive(Clone, Copy, Debug)]
@@ -265,6 +333,42 @@ mod tests {
         drop(a1);
         assert_eq!(limit.open(a), (2, 1));
         assert!(limit.slot(b).is_some(), "a closed connection frees its place");
+    }
+
+    #[test]
+    fn bounds_fit_under_the_descriptor_limit_with_room_for_the_daemons_own_files_and_peers() {
+        // `ulimit -n 1024`, one replica: 768 connections, 192 from one address.
+        assert_eq!(fit(1024, 0, PER_ADDRESS_MAX, TOTAL_MAX), Bounds { per_address: 192, total: 768 });
+        // Three replicas: two peers' addresses may each hold their bound past the total.
+        let b = fit(1024, 2, PER_ADDRESS_MAX, TOTAL_MAX);
+        assert_eq!(b, Bounds { per_address: 128, total: 512 });
+        assert!(b.total + 2 * b.per_address + FD_RESERVE as usize <= 1024, "{b:?}");
+        // A large limit leaves the defaults as they are; an unlimited one too.
+        for nofile in [1 << 20, u64::MAX] {
+            assert_eq!(
+                fit(nofile, 2, PER_ADDRESS_MAX, TOTAL_MAX),
+                Bounds { per_address: PER_ADDRESS_MAX, total: TOTAL_MAX }
+            );
+        }
+        // The systemd unit's 65536: the total makes room for the peers.
+        let b = fit(65_536, 2, PER_ADDRESS_MAX, TOTAL_MAX);
+        assert_eq!(b.per_address, PER_ADDRESS_MAX);
+        assert!(b.total + 2 * b.per_address + FD_RESERVE as usize <= 65_536, "{b:?}");
+        // Smaller bounds asked for are kept; tiny limits still leave something.
+        assert_eq!(fit(1024, 0, 4, 10), Bounds { per_address: 4, total: 10 });
+        assert_eq!(fit(100, 0, PER_ADDRESS_MAX, TOTAL_MAX), Bounds { per_address: 12, total: 50 });
+        assert_eq!(fit(0, 9, 0, 0), Bounds { per_address: 1, total: 1 });
+        // The per-address bound never exceeds the total.
+        assert_eq!(fit(1 << 20, 0, 100, 10), Bounds { per_address: 10, total: 10 });
+    }
+
+    #[test]
+    fn the_soft_descriptor_limit_is_raised_to_the_hard_one() {
+        let (before, after) = raise_nofile().unwrap();
+        assert!(after >= before);
+        assert_eq!(nofile().unwrap(), after);
+        // Raising again changes nothing.
+        assert_eq!(raise_nofile().unwrap(), (after, after));
     }
 
     #[test]

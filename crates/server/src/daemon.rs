@@ -92,10 +92,14 @@ struct Args {
     /// Unfinished jobs the whole cluster may hold.
     #[arg(long, default_value_t = 100_000)]
     max_jobs: u32,
-    /// Open connections one IP address may hold; further ones are closed unread.
+    /// Open connections one IP address may hold (the gRPC port and --http-addr together);
+    /// further ones are closed unread. Fitted under the descriptor limit: at most a quarter of
+    /// what --max-connections may use there (see `connlimit::fit`).
     #[arg(long, default_value_t = connlimit::PER_ADDRESS_MAX)]
     max_connections_per_address: usize,
-    /// Open connections in all.
+    /// Open connections in all (the gRPC port and --http-addr together). Fitted under the
+    /// descriptor limit: kairosd raises its soft RLIMIT_NOFILE to the hard one at start and
+    /// keeps 256 descriptors for its own files and connections; the bounds in force are logged.
     #[arg(long, default_value_t = connlimit::TOTAL_MAX)]
     max_connections: usize,
     /// A new connection that sends nothing for this long is closed.
@@ -160,6 +164,10 @@ struct Args {
     /// at http://HOST:PORT/: the same calls, tokens, roles and limits as the gRPC API.
     #[arg(long, value_name = "HOST:PORT")]
     http_addr: Option<String>,
+    /// The time a client of --http-addr has to send a whole request, head (at most 10 s of it)
+    /// and body; past it the request is answered 408 and its connection closed.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    http_request_timeout: Duration,
     /// Log lines as text (colours only on a terminal) or as JSON objects.
     #[arg(long, value_enum, default_value_t = kairos_telemetry::logs::LogFormat::Text)]
     log_format: kairos_telemetry::logs::LogFormat,
@@ -378,8 +386,12 @@ async fn serve_http(
     ctx: &Ctx,
     listen: std::net::SocketAddr,
     tls: Option<tonic::transport::ClientTlsConfig>,
+    limit: connlimit::ConnLimit,
 ) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
     let Some(addr) = &args.http_addr else { return Ok(None) };
+    if args.http_request_timeout < Duration::from_secs(1) {
+        bail!("--http-request-timeout must be at least 1s");
+    }
     let grpc_url = match (&tls, args.cert.is_some()) {
         (Some(_), true) => kairos_proto::wire::url(&args.addr, true),
         (None, true) => {
@@ -399,6 +411,8 @@ async fn serve_http(
         tls,
         key: ctx.auth.key.clone(),
         body_max: API_MESSAGE_BYTES_MAX,
+        check: token_check(ctx),
+        request_timeout: args.http_request_timeout,
     })?;
     let listener =
         tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding --http-addr {addr}"))?;
@@ -407,8 +421,54 @@ async fn serve_http(
     if args.log_format == kairos_telemetry::logs::LogFormat::Text {
         println!("kairosd {} web UI and JSON API at http://{at}/", args.id);
     }
-    let limit = connlimit::ConnLimit::new(args.max_connections_per_address, args.max_connections);
     Ok(Some(tokio::spawn(crate::gateway::serve(listener, Arc::new(gateway), limit))))
+}
+
+/// The gateway's check of a token before it reads a body: the services' own (`Ctx::principal`),
+/// made from the token alone; the user it names.
+fn token_check(ctx: &Ctx) -> crate::gateway::TokenCheck {
+    let ctx = ctx.clone();
+    Arc::new(move |token: &str| {
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        kairos_consensus::auth::set_bearer(&mut metadata, token);
+        let request = tonic::Request::from_parts(metadata, Default::default(), ());
+        ctx.principal(&request).map(|me| me.user)
+    })
+}
+
+/// The connection bounds of both the gRPC port and --http-addr (one count for both), fitted
+/// under the descriptor limit after raising it to the hard limit where allowed.
+fn connection_limit(args: &Args, members: &BTreeMap<ReplicaId, String>) -> connlimit::ConnLimit {
+    let nofile = match connlimit::raise_nofile() {
+        Ok((before, after)) => {
+            if after > before {
+                tracing::info!(
+                    before,
+                    after,
+                    "raised the soft descriptor limit (RLIMIT_NOFILE) to the hard one"
+                );
+            }
+            after
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "could not raise the descriptor limit (RLIMIT_NOFILE)");
+            connlimit::nofile().unwrap_or(1024)
+        }
+    };
+    let peers = members.len().saturating_sub(1);
+    let asked = (args.max_connections_per_address, args.max_connections);
+    let bounds = connlimit::fit(nofile, peers, asked.0, asked.1);
+    if (bounds.per_address, bounds.total) != asked {
+        tracing::warn!(
+            nofile,
+            per_address = bounds.per_address,
+            total = bounds.total,
+            "connection bounds lowered to fit the descriptor limit (raise LimitNOFILE / ulimit -n for more)"
+        );
+    } else {
+        tracing::info!(nofile, per_address = bounds.per_address, total = bounds.total, "connection bounds");
+    }
+    connlimit::ConnLimit::new(bounds.per_address, bounds.total)
 }
 
 fn burst_options(args: &Args, join_token: String) -> burst::BurstOptions {
@@ -450,9 +510,10 @@ fn incoming(
     listener: tokio::net::TcpListener,
     args: &Args,
     members: &BTreeMap<ReplicaId, String>,
+    limit: connlimit::ConnLimit,
 ) -> impl tokio_stream::Stream<Item = std::io::Result<connlimit::Counted>> {
     use tokio_stream::StreamExt;
-    let limit = connlimit::ConnLimit::new(args.max_connections_per_address, args.max_connections)
+    let limit = limit
         .with_timeouts(connlimit::Timeouts {
             handshake: args.handshake_timeout,
             idle: args.idle_timeout.max(connlimit::KEEPALIVE_INTERVAL * 2),
@@ -492,6 +553,7 @@ async fn serve(
     ctx: &Ctx,
     members: &BTreeMap<ReplicaId, String>,
     listener: tokio::net::TcpListener,
+    limit: connlimit::ConnLimit,
     server_tls: Option<tonic::transport::ServerTlsConfig>,
     health_service: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
@@ -554,7 +616,7 @@ async fn serve(
             ctx.auth.key.clone(),
             ctx.replica.contact.clone(),
         ))
-        .serve_with_incoming_shutdown(incoming(listener, args, members), async move {
+        .serve_with_incoming_shutdown(incoming(listener, args, members, limit), async move {
             let _ = stop_rx.changed().await;
         });
     tokio::select! {
@@ -611,7 +673,8 @@ pub async fn run() -> anyhow::Result<()> {
         .with_context(|| format!("opening replica data in {}", args.data_dir.display()))?;
     let ctx = context(&args, &replica, auth, client_tls.clone());
     let metrics_task = serve_metrics(&args, &ctx).await?;
-    let http_task = serve_http(&args, &ctx, listen, client_tls.clone()).await?;
+    let limit = connection_limit(&args, &members);
+    let http_task = serve_http(&args, &ctx, listen, client_tls.clone(), limit.clone()).await?;
     let leader_task = tokio::spawn(leader::run(ctx.clone()));
     let watchdog_task = tokio::spawn(kairos_consensus::failover::run(replica.clone()));
     let burst_task = tokio::spawn(burst::run(ctx.clone(), burst_options(&args, join_token)));
@@ -622,7 +685,7 @@ pub async fn run() -> anyhow::Result<()> {
     if args.log_format == kairos_telemetry::logs::LogFormat::Text {
         println!("kairosd {} listening on {listen} (dialled as {})", args.id, args.addr);
     }
-    serve(&args, &ctx, &members, listener, server_tls, health_service).await?;
+    serve(&args, &ctx, &members, listener, limit, server_tls, health_service).await?;
 
     tracing::info!("shutting down");
     leader_task.abort();

@@ -6,11 +6,19 @@
 //! gateway adds what HTTP needs: the session cookie and its CSRF check (`session`), a bound on
 //! the body checked before it is read, JSON errors with the gRPC code's HTTP meaning, the
 //! OpenAPI document (`openapi`) and the embedded pages (`assets`).
+//!
+//! What a stranger can hold is bounded: an API call's token is checked (`TokenCheck`, the
+//! services' own check, made from the headers) before a byte of its body is read, so a call
+//! without a valid token is answered 401 and its connection closed unread; a request must
+//! arrive whole, head and body, within the request deadline (408 and closed past it); streams
+//! are shared out among users (`shares`); and connections are bounded per address and in all
+//! with the gRPC port's bounds, fitted under the descriptor limit (`connlimit`).
 
 pub mod assets;
 pub mod openapi;
 pub mod routes;
 pub mod session;
+pub mod shares;
 pub mod transcode;
 
 use std::convert::Infallible;
@@ -33,14 +41,26 @@ use session::Credential;
 /// A response body: whole, or streamed from a gRPC server stream.
 pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, Status>;
 
-/// How long a client may take to send a request's head.
+/// The longest a client may take to send a request's head (at most half the request deadline).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
-/// Streams (events, followed logs) open at once through this gateway; more are refused with 503.
-const STREAMS_MAX: usize = 512;
+/// How long a client may take to send a whole request, head and body (`--http-request-timeout`).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the check of a token this replica cannot settle itself (asked of the leader) may take.
+const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Streams (events, followed logs) open at once through this gateway; more are refused with 429.
+pub const STREAMS_MAX: usize = 512;
+/// Streams one user may hold open through this gateway: an eighth, so that one user cannot
+/// shut the others out.
+pub const STREAMS_PER_USER: usize = STREAMS_MAX / 8;
 /// The largest answer taken from the gRPC services.
 const ANSWER_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// The largest login body.
 const LOGIN_BYTES_MAX: usize = 4096;
+
+/// The user a token names, checked from the token alone the way the services check it
+/// (`Ctx::principal`): `UNAUTHENTICATED` for a token no replica accepts, `UNAVAILABLE` when
+/// only the leader can settle it (the gateway then asks the leader, through `WhoAmI`).
+pub type TokenCheck = Arc<dyn Fn(&str) -> Result<String, Status> + Send + Sync>;
 
 /// What the gateway needs to start.
 pub struct Options {
@@ -51,6 +71,10 @@ pub struct Options {
     pub key: ClusterKey,
     /// The largest request body, refused with 413 before it is read.
     pub body_max: usize,
+    /// Who a token is, checked before a body is read.
+    pub check: TokenCheck,
+    /// The deadline for a whole request, head and body.
+    pub request_timeout: Duration,
 }
 
 /// The gateway's state, shared by every connection.
@@ -59,13 +83,18 @@ pub struct Gateway {
     channel: tonic::transport::Channel,
     key: ClusterKey,
     body_max: usize,
-    streams: Arc<tokio::sync::Semaphore>,
+    check: TokenCheck,
+    /// The request deadline, as the time for the head and then the time for the body.
+    head_timeout: Duration,
+    body_timeout: Duration,
+    streams: shares::StreamShares,
     openapi: Bytes,
 }
 
 impl Gateway {
     pub fn new(options: Options) -> anyhow::Result<Gateway> {
         let pool = transcode::pool()?;
+        let head_timeout = HEAD_TIMEOUT.min(options.request_timeout / 2);
         let mut endpoint = tonic::transport::Endpoint::from_shared(options.grpc_url.clone())?
             .connect_timeout(Duration::from_secs(5));
         if let Some(tls) = options.tls {
@@ -77,9 +106,42 @@ impl Gateway {
             channel: endpoint.connect_lazy(),
             key: options.key,
             body_max: options.body_max,
-            streams: Arc::new(tokio::sync::Semaphore::new(STREAMS_MAX)),
+            check: options.check,
+            head_timeout,
+            body_timeout: options.request_timeout.saturating_sub(head_timeout),
+            streams: shares::StreamShares::new(STREAMS_MAX, STREAMS_PER_USER),
             openapi,
         })
+    }
+
+    /// The user `token` names, settled before anything of the request's body is read: here when
+    /// this replica can, else by the leader (`WhoAmI` through this replica, which passes it on).
+    async fn authenticate(&self, token: &str) -> Result<String, Status> {
+        match (self.check)(token) {
+            Err(s) if s.code() == tonic::Code::Unavailable => {}
+            settled => return settled,
+        }
+        let route = routes::ROUTES
+            .iter()
+            .find(|r| r.rpc.ends_with("/WhoAmI"))
+            .ok_or_else(|| Status::internal("no WhoAmI route"))?;
+        let method = transcode::method(&self.pool, route.rpc)
+            .ok_or_else(|| Status::internal("WhoAmI is not a method"))?;
+        let request = grpc_request(transcode::request(&method, b"", &[])?, token, &http::HeaderMap::new())?;
+        let path: http::uri::PathAndQuery =
+            route.rpc.parse().map_err(|_| Status::internal(format!("{} is not a path", route.rpc)))?;
+        let mut grpc = tonic::client::Grpc::new(self.channel.clone());
+        let asked = async {
+            grpc.ready().await.map_err(|e| Status::unavailable(format!("this replica's gRPC port: {e}")))?;
+            grpc.unary(request, path, transcode::RawCodec).await
+        };
+        let answer = tokio::time::timeout(AUTH_TIMEOUT, asked)
+            .await
+            .map_err(|_| Status::unavailable("no replica settled the token in time; try again"))??
+            .into_inner();
+        let who = <kairos_proto::v1::WhoAmIResponse as prost::Message>::decode(answer)
+            .map_err(|e| Status::internal(format!("decoding WhoAmI: {e}")))?;
+        Ok(who.user)
     }
 
     /// Answers one HTTP request.
@@ -148,16 +210,26 @@ impl Gateway {
             return Err(Status::invalid_argument(format!("\"{k}\" is given by the path, not the query")));
         }
         params.extend(asked);
+        // Who the token is, before a byte of the body is read: a stranger's body is never read.
+        let user = self.authenticate(&token).await?;
+        let slot = match route.reply {
+            Reply::Json => None,
+            Reply::Events | Reply::Text => Some(self.streams.take(&user)?),
+        };
         let headers = req.headers().clone();
         let body = match route.body {
-            true => read_body(req.into_body(), self.body_max).await?,
+            true => match read_body(req.into_body(), self.body_max, self.body_timeout).await {
+                Ok(body) => body,
+                Err(BodyError::Late) => return Ok(request_timeout(self.head_timeout + self.body_timeout)),
+                Err(BodyError::Refused(s)) => return Err(s),
+            },
             false => Bytes::new(),
         };
         let method = transcode::method(&self.pool, route.rpc)
             .ok_or_else(|| Status::internal(format!("{} is not a method", route.rpc)))?;
         let message = transcode::request(&method, &body, &params)?;
         let request = grpc_request(message, &token, &headers)?;
-        self.call(route, &method, request).await
+        self.call(route, &method, request, slot).await
     }
 
     /// Calls `route`'s method on this replica and turns the answer into HTTP.
@@ -166,6 +238,7 @@ impl Gateway {
         route: &Route,
         method: &prost_reflect::MethodDescriptor,
         request: tonic::Request<Bytes>,
+        slot: Option<shares::StreamSlot>,
     ) -> Result<Response<Body>, Status> {
         let path: http::uri::PathAndQuery =
             route.rpc.parse().map_err(|_| Status::internal(format!("{} is not a path", route.rpc)))?;
@@ -177,11 +250,7 @@ impl Gateway {
             let json = transcode::response(method, answer)?;
             return Ok(bytes(StatusCode::OK, "application/json", json_bytes(&json)));
         }
-        let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
-            Status::resource_exhausted(format!(
-                "{STREAMS_MAX} streams are open on this replica; try again later"
-            ))
-        })?;
+        let permit = slot.ok_or_else(|| Status::internal("a stream without its slot"))?;
         let stream = grpc.server_streaming(request, path, transcode::RawCodec).await?.into_inner();
         let method = method.clone();
         let (kind, frames): (&str, Body) = match route.reply {
@@ -225,7 +294,11 @@ impl Gateway {
             return Err(Status::invalid_argument("log in with a JSON body: {\"token\": \"…\"}"));
         }
         refuse_oversized(&req, LOGIN_BYTES_MAX)?;
-        let body = read_body(req.into_body(), LOGIN_BYTES_MAX).await?;
+        let body = match read_body(req.into_body(), LOGIN_BYTES_MAX, self.body_timeout).await {
+            Ok(body) => body,
+            Err(BodyError::Late) => return Ok(request_timeout(self.head_timeout + self.body_timeout)),
+            Err(BodyError::Refused(s)) => return Err(s),
+        };
         let token = serde_json::from_slice::<serde_json::Value>(&body)
             .ok()
             .and_then(|v| v.get("token").and_then(|t| t.as_str()).map(|t| t.trim().to_string()))
@@ -238,7 +311,7 @@ impl Gateway {
         let method = transcode::method(&self.pool, route.rpc)
             .ok_or_else(|| Status::internal("WhoAmI is not a method"))?;
         let request = grpc_request(transcode::request(&method, b"", &[])?, &token, &http::HeaderMap::new())?;
-        let mut answer = self.call(route, &method, request).await?;
+        let mut answer = self.call(route, &method, request, None).await?;
         for c in session::login_cookies(&self.key, &token) {
             let v = HeaderValue::from_str(&c)
                 .map_err(|_| Status::invalid_argument("token not usable in a cookie"))?;
@@ -276,13 +349,34 @@ fn too_large(max: usize) -> Status {
     Status::out_of_range(format!("the body is larger than {max} bytes"))
 }
 
-/// The body, at most `max` bytes (a chunked body is cut off there: 413).
-async fn read_body(body: Incoming, max: usize) -> Result<Bytes, Status> {
-    match Limited::new(body, max).collect().await {
-        Ok(b) => Ok(b.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large(max)),
-        Err(e) => Err(Status::invalid_argument(format!("reading the body: {e}"))),
+/// Why a body was not read.
+enum BodyError {
+    /// It did not arrive within the request deadline.
+    Late,
+    Refused(Status),
+}
+
+/// The body, at most `max` bytes (a chunked body is cut off there: 413), read within `within`.
+async fn read_body<B>(body: B, max: usize, within: Duration) -> Result<Bytes, BodyError>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    match tokio::time::timeout(within, Limited::new(body, max).collect()).await {
+        Err(_) => Err(BodyError::Late),
+        Ok(Ok(b)) => Ok(b.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(BodyError::Refused(too_large(max))),
+        Ok(Err(e)) => Err(BodyError::Refused(Status::invalid_argument(format!("reading the body: {e}")))),
     }
+}
+
+/// 408: the request did not arrive whole within the deadline; the connection is closed.
+fn request_timeout(deadline: Duration) -> Response<Body> {
+    let message = format!("the request did not arrive whole within {deadline:?}");
+    let body = serde_json::json!({"error": {"code": "REQUEST_TIMEOUT", "message": message}});
+    let mut answer = bytes(StatusCode::REQUEST_TIMEOUT, "application/json", json_bytes(&body));
+    answer.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    answer
 }
 
 /// The query's `name=value` pairs, decoded (`+` is a space).
@@ -367,7 +461,7 @@ fn screaming(s: &str) -> String {
 }
 
 /// Serves HTTP/1.1 on `listener` until the task is dropped: connections bounded per address
-/// and in all (`limit`), each given `HEAD_TIMEOUT` to send a request's head.
+/// and in all (`limit`), each given the head's part of the request deadline to send a head.
 pub async fn serve(listener: tokio::net::TcpListener, gateway: Arc<Gateway>, limit: ConnLimit) {
     loop {
         let (stream, addr) = match listener.accept().await {
@@ -384,6 +478,7 @@ pub async fn serve(listener: tokio::net::TcpListener, gateway: Arc<Gateway>, lim
         };
         let _ = stream.set_nodelay(true);
         let gateway = gateway.clone();
+        let head_timeout = gateway.head_timeout;
         tokio::spawn(async move {
             let _slot = slot;
             let service = hyper::service::service_fn(move |req| {
@@ -392,7 +487,7 @@ pub async fn serve(listener: tokio::net::TcpListener, gateway: Arc<Gateway>, lim
             });
             let served = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEAD_TIMEOUT)
+                .header_read_timeout(head_timeout)
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                 .await;
             if let Err(e) = served {
@@ -417,5 +512,30 @@ mod tests {
             [("a", "1"), ("b", "x y z"), ("c", "")].map(|(k, v)| (k.to_string(), v.to_string()))
         );
         assert!(query("a=%zz").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_body_is_read_within_its_deadline_and_its_bound_or_not_at_all() {
+        let frame = |b: &'static [u8]| Ok::<_, Infallible>(Frame::data(Bytes::from_static(b)));
+        // A trickle that never ends is given up at the deadline.
+        let trickle = StreamBody::new(futures::StreamExt::chain(
+            futures::stream::iter([frame(b"{")]),
+            futures::stream::pending(),
+        ));
+        let started = std::time::Instant::now();
+        let late = read_body(trickle, 1024, Duration::from_millis(200)).await;
+        assert!(matches!(late, Err(BodyError::Late)));
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        // Past the bound: 413; within both: the bytes.
+        let big = StreamBody::new(futures::stream::iter([frame(b"0123456789")]));
+        match read_body(big, 4, Duration::from_secs(5)).await {
+            Err(BodyError::Refused(s)) => assert_eq!(http_status(s.code()), StatusCode::PAYLOAD_TOO_LARGE),
+            _ => panic!("a body past its bound was read"),
+        }
+        let fine = StreamBody::new(futures::stream::iter([frame(b"{}")]));
+        assert!(matches!(read_body(fine, 4, Duration::from_secs(5)).await, Ok(b) if b == "{}"));
+        let answer = request_timeout(Duration::from_secs(30));
+        assert_eq!(answer.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(answer.headers()[header::CONNECTION], "close");
     }
 }
