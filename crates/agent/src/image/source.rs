@@ -91,7 +91,17 @@ fn open_error(what: &str, e: std::io::Error) -> PullError {
         Some(nix::libc::ELOOP) => {
             PullError(format!("{what} is a symbolic link (links are not followed inside an image)"))
         }
-        Some(nix::libc::ENOTDIR) => PullError(format!("{what}: a path component is not a directory")),
+        _ => PullError(format!("{what}: {e}")),
+    }
+}
+
+/// Why the directory `name` on the way to `what` could not be opened, in words.
+fn dir_error(what: &str, name: &str, e: std::io::Error) -> PullError {
+    match e.raw_os_error() {
+        // O_DIRECTORY|O_NOFOLLOW on a link says ENOTDIR.
+        Some(nix::libc::ENOTDIR | nix::libc::ELOOP) => PullError(format!(
+            "{what}: {name}/ is not a directory (it may be a symbolic link: links are not followed inside an image)"
+        )),
         _ => PullError(format!("{what}: {e}")),
     }
 }
@@ -210,7 +220,7 @@ impl Store {
                 let mut at: Option<OwnedFd> = None;
                 for p in parts {
                     let base = at.as_ref().map_or(dir.as_raw_fd(), |f| f.as_raw_fd());
-                    at = Some(open_in(base, p, true).map_err(|e| open_error(what, e))?);
+                    at = Some(open_in(base, p, true).map_err(|e| dir_error(what, p, e))?);
                 }
                 let base = at.as_ref().map_or(dir.as_raw_fd(), |f| f.as_raw_fd());
                 let fd = open_in(base, last, false).map_err(|e| open_error(what, e))?;
