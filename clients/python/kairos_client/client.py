@@ -261,9 +261,23 @@ class Client:
 
     def wait(self, job_id: int, timeout: Optional[float] = None) -> Job:
         """Waits until the job has ended and returns it; raises TimeoutError after `timeout`
-        seconds (None: no limit). Survives controller failover: a lost stream is opened again
-        at another controller; `Unreachable` when none answers for `connect_timeout`."""
+        seconds (None: no limit). An array's id stands for the whole array, as in `kairos wait`:
+        it waits for every task and returns the first task that did not complete, else the last
+        task. Survives controller failover: a lost stream is opened again at another controller;
+        `Unreachable` when none answers for `connect_timeout`."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        head = self._wait_one(job_id, deadline, timeout)
+        count = int(head.raw.get("array_task_count", 0) or 0)
+        if head.array_job_id != job_id or count <= 1:
+            return head
+        ended = [head]
+        # Tasks have consecutive ids from the array's.
+        for task in range(job_id + 1, job_id + count):
+            ended.append(self._wait_one(task, deadline, timeout))
+        failed = [t for t in ended if t.state != "COMPLETED"]
+        return failed[0] if failed else ended[-1]
+
+    def _wait_one(self, job_id: int, deadline: Optional[float], timeout: Optional[float]) -> Job:
         lost = 0
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()

@@ -87,7 +87,11 @@ fn components(inside: &str) -> std::io::Result<Vec<CString>> {
         match comp {
             Component::RootDir => {}
             Component::Normal(name) => out.push(c(Path::new(name))?),
-            _ => return Err(std::io::Error::other(format!("mount point {inside:?} is not a plain absolute path"))),
+            _ => {
+                return Err(std::io::Error::other(format!(
+                    "mount point {inside:?} is not a plain absolute path"
+                )))
+            }
         }
     }
     if !path.is_absolute() || out.is_empty() {
@@ -163,14 +167,26 @@ impl Plan {
         }
         for etc in ["/etc/hosts", "/etc/resolv.conf"] {
             let at = components(etc)?;
-            mounts.push(Mount { src: c(Path::new(etc))?, at, read_only: true, device: false, optional: true });
+            mounts.push(Mount {
+                src: c(Path::new(etc))?,
+                at,
+                read_only: true,
+                device: false,
+                optional: true,
+            });
         }
         if binds.iter().filter(|b| b.the_jobs).count() > USER_BINDS_MAX {
             return Err(std::io::Error::other(format!("more than {USER_BINDS_MAX} container mounts")));
         }
         for b in binds {
             let at = components(&b.dst)?;
-            mounts.push(Mount { src: c(&b.src)?, at, read_only: b.read_only, device: false, optional: false });
+            mounts.push(Mount {
+                src: c(&b.src)?,
+                at,
+                read_only: b.read_only,
+                device: false,
+                optional: false,
+            });
         }
         if mounts.len() > MOUNTS_MAX {
             return Err(std::io::Error::other(format!("more than {MOUNTS_MAX} mounts in one container")));

@@ -63,7 +63,15 @@ fn write_proc(path: &CStr, text: &[u8]) -> Result<()> {
 /// Signals the agent sends a run's process group that the run process and init must outlive.
 fn set_signals(handler: libc::sighandler_t) {
     for sig in 1..=libc::SIGRTMAX() {
-        let keep = [libc::SIGKILL, libc::SIGSTOP, libc::SIGCHLD, libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL];
+        let keep = [
+            libc::SIGKILL,
+            libc::SIGSTOP,
+            libc::SIGCHLD,
+            libc::SIGSEGV,
+            libc::SIGBUS,
+            libc::SIGFPE,
+            libc::SIGILL,
+        ];
         if !keep.contains(&sig) {
             // SAFETY: signal() with SIG_IGN/SIG_DFL; failures (reserved signals) are harmless.
             unsafe { libc::signal(sig, handler) };
@@ -214,7 +222,14 @@ fn new_mount(fstype: &CStr, options: &[(&CStr, &CStr)], attrs: u64) -> Result<c_
             fd_or(libc::syscall(libc::SYS_fsconfig, fs, set, key.as_ptr(), value.as_ptr(), 0))?;
         }
         let create = libc::FSCONFIG_CMD_CREATE;
-        fd_or(libc::syscall(libc::SYS_fsconfig, fs, create, std::ptr::null::<u8>(), std::ptr::null::<u8>(), 0))?;
+        fd_or(libc::syscall(
+            libc::SYS_fsconfig,
+            fs,
+            create,
+            std::ptr::null::<u8>(),
+            std::ptr::null::<u8>(),
+            0,
+        ))?;
         let mnt = fd_or(libc::syscall(libc::SYS_fsmount, fs, libc::FSMOUNT_CLOEXEC, attrs));
         libc::close(fs);
         mnt
@@ -262,7 +277,10 @@ fn is_dir(fd: c_int) -> Result<bool> {
 fn subdir(dir: c_int, name: &CStr, create: bool) -> Result<c_int> {
     // SAFETY: *at calls relative to a directory descriptor on a NUL-terminated name.
     unsafe {
-        if create && libc::mkdirat(dir, name.as_ptr(), 0o755) != 0 && *libc::__errno_location() != libc::EEXIST {
+        if create
+            && libc::mkdirat(dir, name.as_ptr(), 0o755) != 0
+            && *libc::__errno_location() != libc::EEXIST
+        {
             return Err(last());
         }
         let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
@@ -304,11 +322,16 @@ fn mount_point(root: c_int, at: &[impl AsRef<CStr>], dir: bool, optional: bool) 
                 libc::close(cur);
                 return Err(last());
             }
-            let fd = fd_or(libc::openat(cur, last_name.as_ptr(), libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC).into());
+            let fd = fd_or(
+                libc::openat(cur, last_name.as_ptr(), libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                    .into(),
+            );
             // An existing mount point must be a plain file (not a link, a FIFO, a device).
             let mut st: libc::stat = std::mem::zeroed();
             match fd {
-                Ok(fd) if libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG => Ok(fd),
+                Ok(fd) if libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG => {
+                    Ok(fd)
+                }
                 Ok(fd) => {
                     libc::close(fd);
                     Err(std::io::Error::from_raw_os_error(libc::ELOOP))
@@ -348,13 +371,20 @@ fn mount_all(plan: &Plan) -> Result<()> {
         let tmpfs = c"tmpfs".as_ptr();
         // The writable layer: its pages are charged to the run's memory limit.
         let flags = libc::MS_NOSUID | libc::MS_NODEV;
-        check(libc::mount(tmpfs, plan.scratch.as_ptr(), tmpfs, flags, c"size=50%,mode=0755".as_ptr().cast()))?;
+        check(libc::mount(
+            tmpfs,
+            plan.scratch.as_ptr(),
+            tmpfs,
+            flags,
+            c"size=50%,mode=0755".as_ptr().cast(),
+        ))?;
         for d in [&plan.upper, &plan.work, &plan.root] {
             check(libc::mkdir(d.as_ptr(), 0o755))?;
         }
         let overlay = c"overlay".as_ptr();
         check(libc::mount(overlay, plan.root.as_ptr(), overlay, flags, plan.overlay.as_ptr().cast()))?;
-        let (nosuid, nodev, noexec) = (libc::MOUNT_ATTR_NOSUID, libc::MOUNT_ATTR_NODEV, libc::MOUNT_ATTR_NOEXEC);
+        let (nosuid, nodev, noexec) =
+            (libc::MOUNT_ATTR_NOSUID, libc::MOUNT_ATTR_NODEV, libc::MOUNT_ATTR_NOEXEC);
         // /proc of the run's PID namespace: made while a full /proc is in view (the kernel's
         // condition for a proc mount in a user namespace).
         let proc_ = new_mount(c"proc", &[], nosuid | nodev | noexec)?;
@@ -370,7 +400,8 @@ fn mount_all(plan: &Plan) -> Result<()> {
         }
         check(libc::umount2(c".".as_ptr(), libc::MNT_DETACH))?;
         check(libc::chdir(c"/".as_ptr()))?;
-        let root = fd_or(libc::open(c"/".as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC).into())?;
+        let root =
+            fd_or(libc::open(c"/".as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC).into())?;
         attach(dev, root, &[c"dev"], false)?;
         let devdir = subdir(root, c"dev", false)?;
         check(libc::mkdirat(devdir, c"shm".as_ptr(), 0o1777))?;

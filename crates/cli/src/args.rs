@@ -99,6 +99,51 @@ mod tests {
     }
 }
 
+/// What a job waits for, from Slurm's `--dependency` form.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Dependencies {
+    pub after_ok: Vec<u64>,
+    pub after_any: Vec<u64>,
+    pub after_not_ok: Vec<u64>,
+}
+
+/// `afterok:ID[:ID...][,afterany:ID...][,afternotok:ID...]` (every part must hold, as with
+/// Slurm's `,`); Slurm's other types are refused by name. An id may be an array's (every
+/// task) or `ARRAY_INDEX` is not taken: a task is named by its own job id.
+pub fn parse_dependency(s: &str) -> Result<Dependencies, String> {
+    let mut deps = Dependencies::default();
+    if s.contains('?') {
+        return Err(format!(
+            "--dependency \"{s}\": \"?\" (any of) is not supported by kairos; separate types with \",\" (all of)"
+        ));
+    }
+    for part in s.split(',') {
+        let (kind, ids) = part.split_once(':').ok_or_else(|| {
+            format!("--dependency \"{part}\": TYPE:ID[:ID...] is needed (afterok, afterany or afternotok)")
+        })?;
+        let list = match kind {
+            "afterok" => &mut deps.after_ok,
+            "afterany" => &mut deps.after_any,
+            "afternotok" => &mut deps.after_not_ok,
+            "after" | "aftercorr" | "afterburstbuffer" | "singleton" => return Err(format!(
+                "--dependency: {kind} is not supported by kairos (it has afterok, afterany and afternotok)"
+            )),
+            other => {
+                return Err(format!(
+                    "--dependency: unknown type \"{other}\" (kairos has afterok, afterany and afternotok)"
+                ))
+            }
+        };
+        for id in ids.split(':') {
+            if id.contains('+') {
+                return Err(format!("--dependency: a delay (\"{id}\") is not supported by kairos"));
+            }
+            list.push(id.parse().map_err(|_| format!("--dependency: \"{id}\" is not a job id"))?);
+        }
+    }
+    Ok(deps)
+}
+
 /// The most tasks one array (or one manifest's completions) has.
 pub const ARRAY_TASKS_MAX: u32 = 10_000;
 
@@ -160,6 +205,24 @@ pub fn parse_job_ref(s: &str) -> Result<(u64, Option<u32>), String> {
 #[cfg(test)]
 mod array_tests {
     use super::*;
+
+    #[test]
+    fn dependency_forms_parse_like_slurm_and_the_rest_is_refused_by_name() {
+        let d = parse_dependency("afterok:1:2,afternotok:3,afterany:4").unwrap();
+        assert_eq!(d, Dependencies { after_ok: vec![1, 2], after_any: vec![4], after_not_ok: vec![3] });
+        for (bad, says) in [
+            ("aftercorr:5", "aftercorr is not supported"),
+            ("singleton", "TYPE:ID"),
+            ("after:5", "after is not supported"),
+            ("afterok:5?afterany:6", "any of"),
+            ("afterok:5+10", "delay"),
+            ("afterok:x", "not a job id"),
+            ("afterfoo:1", "unknown type \"afterfoo\""),
+        ] {
+            let e = parse_dependency(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn array_forms_parse_like_slurm() {

@@ -257,21 +257,6 @@ fn gpus_of(o: &Options) -> Result<(u32, Option<String>), String> {
     Ok((gpus, gpu_model))
 }
 
-/// `--dependency afterok:ID[:ID...]`.
-fn after_ok_of(o: &Options) -> Result<Vec<u64>, String> {
-    Ok(match o.get("dependency") {
-        None => Vec::new(),
-        Some(d) => {
-            let ids = d
-                .strip_prefix("afterok:")
-                .ok_or_else(|| format!("--dependency: only afterok:ID[:ID...] is supported, not \"{d}\""))?;
-            ids.split(':')
-                .map(|i| i.parse::<u64>().map_err(|_| format!("--dependency: \"{i}\" is not a job id")))
-                .collect::<Result<Vec<u64>, String>>()?
-        }
-    })
-}
-
 /// `--signal [B:]SIG` (not `@TIME`).
 fn checkpoint_signal_of(o: &Options) -> Result<Option<String>, String> {
     Ok(match o.get("signal") {
@@ -331,7 +316,11 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
     let bad = |long: &str, e: String| format!("--{long}: {e}");
 
     let (gpus, gpu_model) = gpus_of(o)?;
-    let after_ok = after_ok_of(o)?;
+    // Checked here too, so a bad one names the script's line's option before anything else.
+    let dependency = o.get("dependency").map(str::to_string);
+    if let Some(d) = &dependency {
+        crate::args::parse_dependency(d)?;
+    }
     let checkpoint_signal = checkpoint_signal_of(o)?;
     let exported = exported(o, env)?;
     let container_image = o.get("container-image").map(str::to_string);
@@ -374,7 +363,10 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
         env: exported,
         workdir,
         requeue: o.get("requeue").is_some(),
-        after_ok,
+        after_ok: Vec::new(),
+        after_any: Vec::new(),
+        after_not_ok: Vec::new(),
+        dependency,
         hold: o.get("hold").is_some(),
         gpu_model,
         account: o.get("account").map(str::to_string),

@@ -74,9 +74,20 @@ pub struct SubmitArgs {
     /// Requeue the job (next attempt) if its node fails, instead of ending it NODE_FAIL.
     #[arg(long)]
     pub requeue: bool,
-    /// Start only after these jobs completed successfully (repeatable or comma-separated).
+    /// Start only after these jobs completed successfully (repeatable or comma-separated); an
+    /// array's id stands for every task of it (any task failing: never).
     #[arg(long = "after-ok", value_delimiter = ',')]
     pub after_ok: Vec<u64>,
+    /// Start only after these jobs ended, however they ended (Slurm's afterany).
+    #[arg(long = "after-any", value_delimiter = ',')]
+    pub after_any: Vec<u64>,
+    /// Start only after these jobs ended and one of them (a task, for an array) did not
+    /// complete (Slurm's afternotok).
+    #[arg(long = "after-not-ok", value_delimiter = ',')]
+    pub after_not_ok: Vec<u64>,
+    /// Slurm's form of the above: afterok:ID[:ID...][,afterany:ID...][,afternotok:ID...].
+    #[arg(long, short = 'd', value_name = "TYPE:ID[:ID...][,...]")]
+    pub dependency: Option<String>,
     /// Submit held: the job waits until `kairos release`.
     #[arg(long)]
     pub hold: bool,
@@ -231,7 +242,10 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         env,
         workdir,
         requeue,
-        after_ok,
+        mut after_ok,
+        mut after_any,
+        mut after_not_ok,
+        dependency,
         hold,
         gpu_model,
         gpu_fraction,
@@ -252,6 +266,12 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         ..
     } = args;
     let container = container_spec(container_image, container_mounts, container_workdir)?;
+    if let Some(d) = &dependency {
+        let deps = crate::args::parse_dependency(d).map_err(|e| anyhow::anyhow!(e))?;
+        after_ok.extend(deps.after_ok);
+        after_any.extend(deps.after_any);
+        after_not_ok.extend(deps.after_not_ok);
+    }
     let profile = match profile {
         None => pb::Profile::Unspecified,
         Some(ProfileArg::Training) => pb::Profile::Training,
@@ -290,6 +310,8 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         time_limit_s: time.unwrap_or(0),
         requeue: requeue.then_some(true),
         after_ok,
+        after_any,
+        after_not_ok,
         hold,
         account: account.unwrap_or_default(),
         partition: partition.unwrap_or_default(),

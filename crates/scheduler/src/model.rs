@@ -243,9 +243,16 @@ pub struct JobSpec {
     /// Requeue (next attempt) instead of ending when the cluster loses the run (node failure).
     #[serde(default)]
     pub requeue: bool,
-    /// Start only after all these jobs completed successfully.
+    /// Start only after all these jobs completed successfully (an array's id: every task).
     #[serde(default)]
     pub after_ok: Vec<JobId>,
+    /// Start only after all these jobs ended, however (Slurm's `afterany`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_any: Vec<JobId>,
+    /// Start only after all these jobs ended and one of them (a task of an array) did not
+    /// complete (Slurm's `afternotok`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_not_ok: Vec<JobId>,
     /// A fraction of one GPU in thousandths (1..=999; 0: whole GPUs): `gpus` is then 1 and the
     /// job shares that GPU with other fractions (its QoS must allow sharing).
     #[serde(default, skip_serializing_if = "is_zero_u32")]
@@ -349,11 +356,37 @@ pub struct ArraySpec {
     pub count: u32,
 }
 
+/// How a job depends on another (Slurm's `--dependency` types kairos has).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DependencyKind {
+    AfterOk,
+    AfterAny,
+    AfterNotOk,
+}
+
+impl DependencyKind {
+    /// The job spec's field.
+    pub fn field(self) -> &'static str {
+        match self {
+            DependencyKind::AfterOk => "after_ok",
+            DependencyKind::AfterAny => "after_any",
+            DependencyKind::AfterNotOk => "after_not_ok",
+        }
+    }
+}
+
 fn one_task() -> u32 {
     1
 }
 
 impl JobSpec {
+    /// Every job it depends on, and how.
+    pub fn dependencies(&self) -> impl Iterator<Item = (DependencyKind, JobId)> + '_ {
+        let ok = self.after_ok.iter().map(|d| (DependencyKind::AfterOk, *d));
+        let any = self.after_any.iter().map(|d| (DependencyKind::AfterAny, *d));
+        ok.chain(any).chain(self.after_not_ok.iter().map(|d| (DependencyKind::AfterNotOk, *d)))
+    }
+
     /// A single-task batch job of `user` running `argv` on `gpus` GPUs, everything else at its
     /// default (QoS and account resolved at submit).
     pub fn new(name: &str, user: &str, argv: Vec<String>, gpus: u32) -> JobSpec {
@@ -371,6 +404,8 @@ impl JobSpec {
             time_limit_s: None,
             requeue: false,
             after_ok: Vec::new(),
+            after_any: Vec::new(),
+            after_not_ok: Vec::new(),
             gpu_milli: 0,
             gpu_model: None,
             account: String::new(),

@@ -28,8 +28,11 @@ pub enum PendingReason {
     Dependency,
     /// The job's array already runs as many tasks as its `%N` allows.
     JobArrayTaskLimit,
-    /// A job it depends on ended without completing: it can never start.
+    /// A job it depends on (`afterok`; a task of an array) ended without completing: it can
+    /// never start.
     DependencyNeverSatisfied(JobId),
+    /// Every job it depends on with `afternotok` completed: it can never start.
+    DependencyCompleted(JobId),
     /// Its time limit is longer than its partition allows.
     PartitionTimeLimit,
     /// Starting it would leave fewer GPUs free than the QoS headrooms keep idle (for
@@ -55,6 +58,9 @@ impl std::fmt::Display for PendingReason {
             PendingReason::Headroom => f.write_str("Headroom"),
             PendingReason::DependencyNeverSatisfied(dep) => {
                 write!(f, "DependencyNeverSatisfied: job {dep} did not complete")
+            }
+            PendingReason::DependencyCompleted(dep) => {
+                write!(f, "DependencyNeverSatisfied: job {dep} completed (the job runs after a failure)")
             }
         }
     }

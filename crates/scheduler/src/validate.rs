@@ -66,7 +66,7 @@ pub enum ValidationError {
          and a task limit (%N) of at least 1"
     )]
     BadArray,
-    #[error("after_ok: at most {AFTER_OK_MAX} jobs")]
+    #[error("dependencies (after_ok, after_any, after_not_ok): at most {AFTER_OK_MAX} jobs in all")]
     TooManyDependencies,
     #[error("gpu_model: 1 to 64 characters")]
     BadGpuModel,
@@ -276,7 +276,7 @@ pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
     if let Some(c) = &spec.container {
         check_container(c, &spec.workdir).map_err(ValidationError::BadContainer)?;
     }
-    if spec.after_ok.len() > AFTER_OK_MAX {
+    if spec.dependencies().count() > AFTER_OK_MAX {
         return Err(ValidationError::TooManyDependencies);
     }
     if let Some(array) = &spec.array {

@@ -65,6 +65,8 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
         time_limit_s: (spec.time_limit_s != 0).then_some(spec.time_limit_s),
         requeue: spec.requeue.unwrap_or(false),
         after_ok: spec.after_ok,
+        after_any: spec.after_any,
+        after_not_ok: spec.after_not_ok,
         gpu_milli: res.gpu_milli,
         gpu_model: (!res.gpu_model.is_empty()).then_some(res.gpu_model),
         account: spec.account,
@@ -232,6 +234,8 @@ fn spec_to_pb(job: &Job) -> pb::JobSpec {
             }
         }),
         after_ok: s.after_ok.clone(),
+        after_any: s.after_any.clone(),
+        after_not_ok: s.after_not_ok.clone(),
         hold: job.held,
         account: s.account.clone(),
         partition: s.partition.clone(),

@@ -62,7 +62,8 @@ fn a_setuid_root_binary_in_the_image_gives_the_job_nothing_and_it_sees_only_its_
         victim = victim.id(),
         pwned = pwned.display(),
     );
-    let id = submit_as(&c, "alice", &["--container-image", &image, "--", "/bin/su0", "/bin/sh", "-c", &probe]);
+    let id =
+        submit_as(&c, "alice", &["--container-image", &image, "--", "/bin/su0", "/bin/sh", "-c", &probe]);
     let job = c.wait_done(id);
     let out = logs(&c, id);
     assert_eq!(job["state"], "COMPLETED", "{job}\n{out}");

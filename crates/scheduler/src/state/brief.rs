@@ -181,7 +181,7 @@ impl Index {
             state: job.state,
             held: job.held,
             claimed: job.claim.is_some(),
-            has_deps: !spec.after_ok.is_empty(),
+            has_deps: spec.dependencies().next().is_some(),
             elastic: spec.is_elastic() || spec.is_elastic_gang(),
             qos: names.intern(&spec.qos),
             partition: names.intern(&spec.partition),

@@ -70,8 +70,8 @@ impl ClusterState {
             Err(why) => return Outcome::Rejected(why),
         };
         let partition_name = partition.name.clone();
-        if let Some(dep) = spec.after_ok.iter().find(|d| self.job_state(**d).is_none()) {
-            return Outcome::Rejected(Rejection::NotFound(format!("after_ok: job {dep} not found")));
+        if let Some((kind, dep)) = spec.dependencies().find(|(_, d)| self.job_state(*d).is_none()) {
+            return Outcome::Rejected(Rejection::NotFound(format!("{}: job {dep} not found", kind.field())));
         }
         let (qos_name, priority) = (qos.name.clone(), qos.priority);
         if spec.gpu_milli > 0 && (!qos.gpu_sharing || spec.profile == crate::model::Profile::Training) {
@@ -83,9 +83,13 @@ impl ClusterState {
         if let Err(why) = self.check_size(spec, qos) {
             return Outcome::Rejected(why);
         }
+        let asked = crate::model::Share { cpus: spec.cpus, mem_mib: spec.mem_mib };
         let mut spec = spec.clone();
         if let Err(why) = with_resource_defaults(&mut spec, &partition.resources.or(&qos.resources)) {
             return Outcome::Rejected(Rejection::Invalid(why));
+        }
+        if let Err(why) = self.check_fits_a_node(&spec, asked, qos) {
+            return Outcome::Rejected(why);
         }
         spec.qos = qos_name;
         spec.account = account;
@@ -341,17 +345,47 @@ impl ClusterState {
         Ok(vec![id])
     }
 
-    /// Whether the job's dependencies let it start: `Ok` when all completed, else the reason.
+    /// Whether the job's dependencies let it start: `Ok` when each is met, else the reason
+    /// (`DependencyNeverSatisfied` once one can never be). An array's id stands for every task
+    /// of it, as in Slurm: `afterok` waits for the last task and fails with any task.
     pub fn dependency_state(&self, job: &Job) -> Result<(), crate::reasons::PendingReason> {
+        use crate::model::DependencyKind as Kind;
         use crate::reasons::PendingReason;
-        for dep in &job.spec.after_ok {
-            match self.job_state(*dep) {
-                Some(JobState::Completed) => {}
-                Some(s) if s.is_terminal() => return Err(PendingReason::DependencyNeverSatisfied(*dep)),
-                _ => return Err(PendingReason::Dependency),
+        let mut waiting = false;
+        for (kind, dep) in job.spec.dependencies() {
+            let (ended, failed) = self.dependency_outcome(dep);
+            match kind {
+                Kind::AfterOk if failed => return Err(PendingReason::DependencyNeverSatisfied(dep)),
+                Kind::AfterNotOk if ended && !failed => return Err(PendingReason::DependencyCompleted(dep)),
+                _ => waiting |= !ended,
             }
         }
+        if waiting {
+            return Err(PendingReason::Dependency);
+        }
         Ok(())
+    }
+
+    /// Whether job `dep` (every task, for an array's id) has ended, and whether it (any task)
+    /// ended without completing. Tasks of an array have consecutive ids from the array's.
+    fn dependency_outcome(&self, dep: JobId) -> (bool, bool) {
+        let array_of = |id: JobId| {
+            let live = self.jobs.get(&id).map(|j| j.spec.array.as_ref().map(|a| a.id));
+            live.unwrap_or_else(|| self.history.get(id).and_then(|r| r.array).map(|(a, _)| a))
+        };
+        let is_array = array_of(dep) == Some(dep);
+        let (mut ended, mut failed, mut task) = (true, false, dep);
+        loop {
+            match self.job_state(task) {
+                Some(JobState::Completed) => {}
+                Some(s) if s.is_terminal() => failed = true,
+                _ => ended = false,
+            }
+            task = task.saturating_add(1);
+            if !is_array || array_of(task) != Some(dep) {
+                return (ended, failed);
+            }
+        }
     }
 
     pub(super) fn cancel(&mut self, id: JobId, by: &str, now: i64) -> Outcome {

@@ -126,3 +126,69 @@ fn apply_refuses_a_plan_that_starts_more_tasks_than_the_arrays_limit() {
     }
     assert_eq!(s.check_invariants(), Ok(()));
 }
+
+#[test]
+fn a_dependency_on_an_array_waits_for_every_task_and_fails_with_any() {
+    let mut s = cluster(8);
+    let submit = |s: &mut ClusterState, sp: crate::model::JobSpec| {
+        submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })))
+    };
+    let arr = submit(&mut s, array_spec(vec![0, 1, 2], Some(1)));
+    let dependent = |kind: &str, s: &mut ClusterState| {
+        let mut sp = spec(1, "batch");
+        match kind {
+            "ok" => sp.after_ok = vec![arr],
+            "any" => sp.after_any = vec![arr],
+            _ => sp.after_not_ok = vec![arr],
+        }
+        submit(s, sp)
+    };
+    let (ok, any, not_ok) = (dependent("ok", &mut s), dependent("any", &mut s), dependent("notok", &mut s));
+    let end = |s: &mut ClusterState, task: u64, code: i32, now: i64| {
+        s.apply(&cmd(now, Op::JobStarted { job: task, attempt: 0, node: "n1".into() }));
+        s.apply(&cmd(
+            now,
+            Op::JobExited { job: task, attempt: 0, node: "n1".into(), exit: RunExit::Code(code) },
+        ));
+    };
+    run_plan(&mut s, 3);
+    // Task 0 completes: every dependent still waits for the rest of the array.
+    end(&mut s, arr, 0, 4);
+    for dep in [ok, any, not_ok] {
+        assert_eq!(plan(&s).pending.get(&dep), Some(&PendingReason::Dependency), "job {dep}");
+    }
+    // Task 1 fails: afterok can never be met, the others wait for task 2.
+    run_plan(&mut s, 5);
+    end(&mut s, arr + 1, 3, 6);
+    assert_eq!(plan(&s).pending.get(&ok), Some(&PendingReason::DependencyNeverSatisfied(arr)));
+    assert_eq!(plan(&s).pending.get(&any), Some(&PendingReason::Dependency));
+    assert_eq!(plan(&s).pending.get(&not_ok), Some(&PendingReason::Dependency));
+    run_plan(&mut s, 7);
+    end(&mut s, arr + 2, 0, 8);
+    let Outcome::PlanApplied { mut accepted, .. } = run_plan(&mut s, 9) else { panic!() };
+    accepted.sort();
+    assert_eq!(accepted, vec![any, not_ok], "afterany and afternotok start once the last task ended");
+    assert_eq!(plan(&s).pending.get(&ok), Some(&PendingReason::DependencyNeverSatisfied(arr)));
+
+    // Every task completes: afternotok can never be met; afterok starts.
+    let arr2 = submit(&mut s, array_spec(vec![0, 1], None));
+    let mut sp = spec(1, "batch");
+    sp.after_not_ok = vec![arr2];
+    let never = submit(&mut s, sp);
+    let mut sp = spec(1, "batch");
+    sp.after_ok = vec![arr2];
+    let after = submit(&mut s, sp);
+    run_plan(&mut s, 10);
+    end(&mut s, arr2, 0, 11);
+    end(&mut s, arr2 + 1, 0, 11);
+    assert_eq!(plan(&s).pending.get(&never), Some(&PendingReason::DependencyCompleted(arr2)));
+    let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, 12) else { panic!() };
+    assert!(accepted.contains(&after), "{accepted:?}");
+    // An unknown job in any list is refused, naming the list.
+    let mut sp = spec(1, "batch");
+    sp.after_any = vec![999];
+    assert_eq!(
+        s.apply(&cmd(13, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })),
+        Outcome::Rejected(Rejection::NotFound("after_any: job 999 not found".into()))
+    );
+}
