@@ -126,10 +126,21 @@ pub(super) fn layers(
             let mut stream = Bounded { inner: &mut hashing, budget: &mut *budget };
             apply(&mut stream, &root, &mut modes)
         };
-        size += applied.map_err(|e| match budget.cause() {
-            Some(why) => PullError(format!("layer {digest}: {why}")),
-            None => PullError(format!("layer {digest}: {e}")),
-        })?;
+        let applied = match applied {
+            Ok(n) => n,
+            Err(e) => {
+                if let Some(why) = budget.cause() {
+                    return fail(format!("layer {digest}: {why}"));
+                }
+                // Bytes that are not the layer named are called so, whatever they unpacked to.
+                let rest = std::io::copy(&mut hashing, &mut std::io::sink());
+                if rest.is_ok() && format!("sha256:{}", hex(&hashing.hash.finalize())) != *digest {
+                    return fail(format!("layer {digest} is corrupt (it does not match its digest)"));
+                }
+                return fail(format!("layer {digest}: {e}"));
+            }
+        };
+        size += applied;
         if size > budget.limit {
             return fail(format!(
                 "layer {digest}: the image's files are larger than {} MiB (the image cache's bound); refused",

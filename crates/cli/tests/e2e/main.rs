@@ -15,6 +15,7 @@ mod gpu_health;
 mod ha;
 mod harness;
 mod history;
+mod images;
 mod isolation;
 mod limits;
 mod observability;
