@@ -11,6 +11,7 @@ mod containers;
 mod deploy;
 mod durability;
 mod gang;
+mod gateway_bounds;
 mod gpu_health;
 mod ha;
 mod harness;
