@@ -20,6 +20,7 @@
 
 pub mod brief;
 mod elastic;
+mod fits;
 mod gpu_health;
 pub mod grant;
 mod headroom;

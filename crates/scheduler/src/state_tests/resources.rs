@@ -42,9 +42,15 @@ fn cpus_and_memory_bind_placement_and_the_reason_names_the_short_one() {
     s.apply(&cmd(13, Op::Cancel { job: cpu_short, by: "a".into() }));
     let mem_short = submit(&mut s, with(1, 1, (15 << 10) + 1, "batch"), 14);
     assert_eq!(plan(&s).pending[&mem_short], PendingReason::ResourcesShort("memory"));
-    // Asking more than any node has: never, said at once.
-    let never = submit(&mut s, with(1, 9, 0, "batch"), 15);
-    assert!(matches!(&plan(&s).pending[&never], PendingReason::ReqNodeNotAvail(w) if w.contains("9 CPUs")));
+    // Asking more than any node has: never, refused at submit.
+    let never = s.apply(&cmd(
+        15,
+        Op::Submit { spec: with(1, 9, 0, "batch"), request_id: None, hold: false, limits: None },
+    ));
+    assert!(
+        matches!(&never, Outcome::Rejected(Rejection::FailedPrecondition(w)) if w.contains("9 CPUs")),
+        "{never:?}"
+    );
     // The big job ends: its CPUs and memory are free again, and the waiting one starts.
     s.apply(&cmd(20, Op::JobExited { job: big, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) }));
     assert!(s.nodes["n1"].held.is_empty());

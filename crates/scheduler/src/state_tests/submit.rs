@@ -299,12 +299,20 @@ fn a_gpu_model_constraint_is_honoured_by_plan_and_apply() {
     assert!(accepted.is_empty(), "placed on H100s");
     run_plan(&mut s, 4);
     assert_eq!(s.jobs[&j].allocation.as_ref().unwrap().node, "a");
-    // More of a model than any node has: waits with a reason naming the model.
+    // More of a model than any node has: refused at submit, naming the model.
     sp.gpus = 6;
     sp.gpu_model = Some("H100".into());
-    let big =
-        submitted(s.apply(&cmd(5, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })));
-    assert_eq!(plan(&s).pending[&big], PendingReason::ReqNodeNotAvail("no up node has 6 H100 GPUs".into()));
+    let big = s.apply(&cmd(5, Op::Submit { spec: sp.clone(), request_id: None, hold: false, limits: None }));
+    assert!(
+        matches!(&big, Outcome::Rejected(Rejection::FailedPrecondition(m)) if m.starts_with("job requests 6 \"H100\" GPUs but the largest node has 4")),
+        "{big:?}"
+    );
+    // With a node of it down, it waits with a reason naming the model.
+    sp.gpus = 4;
+    s.apply(&cmd(6, Op::NodeDown { node: "h".into(), reason: "silent".into() }));
+    let waits =
+        submitted(s.apply(&cmd(7, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })));
+    assert_eq!(plan(&s).pending[&waits], PendingReason::ReqNodeNotAvail("no up node has H100 GPUs".into()));
 }
 
 #[test]

@@ -1,0 +1,163 @@
+//! Whether a job could ever run: some registered node — or, for a job that may burst, an
+//! allowed cloud instance type — holds one task of it, its GPUs (of its model set; one for a
+//! fraction), its CPUs and its memory at once. A job that nothing registered could hold is
+//! refused at submit, naming the largest node's figures; what only the current load (or a node
+//! that is down or draining) prevents waits. Before any node registered nothing is refused,
+//! as with the GPU count (`check_size`).
+
+use super::*;
+use crate::model::{model_matches, Share};
+
+/// Somewhere one task could go, as submit judges it: all its GPUs count (a faulty one may be
+/// repaired), and its CPUs and memory are what jobs may be granted there.
+struct Room {
+    /// `node "a"` or `cloud instance type "p5.48xlarge"`.
+    what: String,
+    /// GPUs of the job's model set (all of them without one).
+    gpus: u32,
+    share: Share,
+}
+
+impl Room {
+    /// `node "a" (4 H100 GPUs, 64 CPUs, 524288 MiB of memory)`.
+    fn describe(&self, of: &str) -> String {
+        let cpus = match self.share.cpus {
+            u32::MAX => "CPUs unstated".to_string(),
+            n => format!("{n} CPUs"),
+        };
+        let mem = match self.share.mem_mib {
+            u64::MAX => "memory unstated".to_string(),
+            n => format!("{n} MiB of memory"),
+        };
+        format!("{} ({} {of}GPUs, {cpus}, {mem})", self.what, self.gpus)
+    }
+}
+
+impl ClusterState {
+    /// Refuses a job (its spec resolved: CPUs and memory filled in from the defaults) that no
+    /// registered node could ever hold; `asked` is what the submitter asked for itself (CPUs,
+    /// memory), to say when a default made the job too big.
+    pub(super) fn check_fits_a_node(&self, spec: &JobSpec, asked: Share, qos: &Qos) -> Result<(), Rejection> {
+        if self.nodes.is_empty() {
+            return Ok(());
+        }
+        let model = spec.gpu_model.as_deref();
+        let gpus = if spec.gpu_milli > 0 { 1 } else { spec.gpus };
+        let need = Share { cpus: spec.cpus, mem_mib: spec.mem_mib };
+        let rooms = self.rooms(model, qos);
+        if rooms.iter().any(|r| r.gpus >= gpus && need.fits(r.share)) {
+            return Ok(());
+        }
+        Err(Rejection::FailedPrecondition(why_nowhere(&rooms, spec, gpus, need, asked, || self.models())))
+    }
+
+    /// The registered nodes, then the cloud instance types a job of `qos` may burst to.
+    fn rooms(&self, model: Option<&str>, qos: &Qos) -> Vec<Room> {
+        let of_model = |m: &str| model_matches(model, m);
+        let mut rooms: Vec<Room> = self
+            .nodes
+            .values()
+            .map(|n| Room {
+                what: format!("node \"{}\"", n.info.name),
+                gpus: n.info.gpus.iter().filter(|g| of_model(&g.model)).count() as u32,
+                share: n.capacity(),
+            })
+            .collect();
+        let cloud = &self.burst.config;
+        let may_burst = if cloud.qos.is_empty() { qos.burstable } else { cloud.qos.contains(&qos.name) };
+        if cloud.enabled && may_burst {
+            rooms.extend(cloud.instance_types.iter().map(|t| Room {
+                what: format!("cloud instance type \"{}\"", t.name),
+                gpus: if of_model(&t.gpu_model) { t.gpus } else { 0 },
+                share: t.share(),
+            }));
+        }
+        rooms
+    }
+
+    /// The GPU models of the registered nodes, each once, in order.
+    fn models(&self) -> Vec<String> {
+        let mut models: Vec<String> = Vec::new();
+        for g in self.nodes.values().flat_map(|n| &n.info.gpus) {
+            if !models.contains(&g.model) {
+                models.push(g.model.clone());
+            }
+        }
+        models
+    }
+}
+
+/// Why no room holds the task: the first figure none has (GPUs of the model set, CPUs,
+/// memory), naming the room with the most of it; else that none has them all at once, naming
+/// the largest room by each figure.
+fn why_nowhere(
+    rooms: &[Room],
+    spec: &JobSpec,
+    gpus: u32,
+    need: Share,
+    asked: Share,
+    models: impl FnOnce() -> Vec<String>,
+) -> String {
+    let model = spec.gpu_model.as_deref();
+    let of = model.map(|m| format!("\"{m}\" ")).unwrap_or_default();
+    let by = |key: &dyn Fn(&Room) -> u64| rooms.iter().max_by_key(|r| key(r));
+    let most_gpus = by(&|r| u64::from(r.gpus));
+    let most_cpus = by(&|r| u64::from(r.share.cpus));
+    let most_mem = by(&|r| r.share.mem_mib);
+    let (Some(most_gpus), Some(most_cpus), Some(most_mem)) = (most_gpus, most_cpus, most_mem) else {
+        return "no node is registered".to_string();
+    };
+    if gpus > most_gpus.gpus {
+        if most_gpus.gpus == 0 {
+            let have = match models() {
+                m if m.is_empty() => " (no node has a GPU)".to_string(),
+                m => format!(" (the nodes have {})", m.into_iter().take(8).collect::<Vec<_>>().join(", ")),
+            };
+            return match (spec.gpu_milli > 0, model) {
+                (true, _) => format!("job requests a fraction of a {of}GPU but no node has one{have}"),
+                (false, Some(m)) => format!("gpu_model: no node has a GPU of model \"{m}\"{have}"),
+                (false, None) => format!("job requests {gpus} GPUs but no node has a GPU"),
+            };
+        }
+        return format!(
+            "job requests {gpus} {of}GPUs but the largest node has {}: {}",
+            most_gpus.gpus,
+            most_gpus.describe(&of)
+        );
+    }
+    let defaulted = |asked_none: bool| match asked_none {
+        true => " (the partition's or QoS's default per GPU)",
+        false => "",
+    };
+    if need.cpus > most_cpus.share.cpus {
+        return format!(
+            "job requests {} CPUs per node{} but the largest node has {}: {}",
+            need.cpus,
+            defaulted(asked.cpus == 0),
+            most_cpus.share.cpus,
+            most_cpus.describe(&of)
+        );
+    }
+    if need.mem_mib > most_mem.share.mem_mib {
+        return format!(
+            "job requests {} MiB of memory per node{} but the largest node has {} MiB: {}",
+            need.mem_mib,
+            defaulted(asked.mem_mib == 0),
+            most_mem.share.mem_mib,
+            most_mem.describe(&of)
+        );
+    }
+    let mut named: Vec<&Room> = Vec::new();
+    for r in [most_gpus, most_cpus, most_mem] {
+        if !named.iter().any(|n| std::ptr::eq(*n, r)) {
+            named.push(r);
+        }
+    }
+    let named: Vec<String> = named.iter().map(|r| r.describe(&of)).collect();
+    format!(
+        "no node has {gpus} {of}GPUs, {} CPUs and {} MiB of memory at once; the largest: {}",
+        need.cpus,
+        need.mem_mib,
+        named.join("; ")
+    )
+}
