@@ -622,3 +622,59 @@ fn registry_images_are_pulled_as_the_user_within_a_deadline_and_hold_no_one_else
     assert!(e.contains("skopeo did not finish within the pull's deadline (3 s)"), "{e}");
     assert!(theirs < Duration::from_secs(2) && took < Duration::from_secs(10), "{theirs:?} {took:?}");
 }
+
+/// A gzip'd tar whose first entry is a GNU long name claiming `size` bytes (zeros follow).
+fn long_name_bomb(size: u64) -> Vec<u8> {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::GNULongName);
+    h.as_gnu_mut().unwrap().name[..13].copy_from_slice(b"././@LongLink");
+    h.set_size(size);
+    h.set_mode(0o644);
+    h.set_cksum();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(h.as_bytes()).unwrap();
+    std::io::copy(&mut std::io::repeat(b'a').take(size.min(8 << 20)), &mut gz).unwrap();
+    gz.finish().unwrap()
+}
+
+#[test]
+fn a_long_name_or_pax_header_claiming_megabytes_is_refused_before_it_is_read() {
+    let dir = open_tempdir();
+    let img = dir.path().join("img");
+    layout(&img, "v1", &[long_name_bomb(8 << 20)]);
+    let cache = ImageCache::new(&dir.path().join("cache"), 1 << 30).unwrap();
+    let e = cache.prepare(&format!("oci:{}:v1", img.display()), None).unwrap_err().to_string();
+    assert!(e.contains("a tar extension header (long name or pax) of 8388608 bytes"), "{e}");
+    // In an archive the same.
+    let raw = {
+        let gz = long_name_bomb(8 << 20);
+        let mut d = flate2::read::GzDecoder::new(&gz[..]);
+        let mut v = Vec::new();
+        d.read_to_end(&mut v).unwrap();
+        v
+    };
+    std::fs::write(dir.path().join("bomb.tar"), raw).unwrap();
+    let e = cache
+        .prepare(&format!("oci-archive:{}:v1", dir.path().join("bomb.tar").display()), None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("a tar extension header (long name or pax)"), "{e}");
+    // Long names and pax headers of ordinary size (and big files) unpack as they did.
+    let long = format!("{}/file", "d".repeat(200));
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_ustar();
+    h.set_size(3);
+    h.set_mode(0o644);
+    tar.append_data(&mut h, &long, &b"abc"[..]).unwrap();
+    let mut h = tar::Header::new_gnu();
+    h.set_size(2);
+    h.set_mode(0o644);
+    tar.append_data(&mut h, format!("{}/gnu", "g".repeat(150)), &b"xy"[..]).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar.into_inner().unwrap()).unwrap();
+    let ok = dir.path().join("ok");
+    layout(&ok, "v1", &[gz.finish().unwrap(), layer(&[("after", b"after")])]);
+    let image = cache.prepare(&format!("oci:{}:v1", ok.display()), None).unwrap();
+    assert_eq!(std::fs::read(image.rootfs.join(&long)).unwrap(), b"abc");
+    assert!(image.rootfs.join("after").exists());
+}

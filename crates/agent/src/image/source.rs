@@ -189,7 +189,7 @@ impl Store {
             .map_err(|e| PullError(format!("{reference}: {e}")))?;
         let (file, _) = regular(OwnedFd::from(file), reference)?;
         let mut entries = HashMap::new();
-        let mut archive = tar::Archive::new(&file);
+        let mut archive = tar::Archive::new(super::guard::TarGuard::new(&file));
         let listed = archive.entries_with_seek().map_err(|e| PullError(format!("{reference}: {e}")))?;
         for (n, entry) in listed.enumerate() {
             if n >= ARCHIVE_ENTRIES_MAX {

@@ -184,7 +184,7 @@ fn relative(path: &Path) -> Option<PathBuf> {
 /// remove what lower layers put there; nothing lands outside `root`. Directory modes wanted
 /// go to `modes` (applied once every layer is in); the bytes of file data written.
 fn apply(stream: &mut dyn Read, root: &Path, modes: &mut BTreeMap<PathBuf, u32>) -> std::io::Result<u64> {
-    let mut archive = tar::Archive::new(stream);
+    let mut archive = tar::Archive::new(super::guard::TarGuard::new(stream));
     archive.set_preserve_permissions(true);
     // No setuid, no setgid: the sticky bit (/tmp) stays.
     archive.set_mask(0o6000);
