@@ -127,7 +127,7 @@ impl QosFlags {
     }
 }
 
-fn qos_row(q: &pb::Qos) -> Vec<String> {
+pub(crate) fn qos_row(q: &pb::Qos) -> Vec<String> {
     let limit = |l: Option<u32>| l.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
     vec![
         q.name.clone(),
@@ -222,7 +222,7 @@ pub async fn qos_command(client: &Client, command: QosCmd, json: bool) -> anyhow
     Ok(0)
 }
 
-const QOS_HEADER: [&str; 11] = [
+pub(crate) const QOS_HEADER: [&str; 11] = [
     "NAME",
     "PRIORITY",
     "PREEMPT",

@@ -3,7 +3,7 @@
 
 use clap::Args;
 
-use kairos_sim::{replay_policy, SimConfig};
+use kairos_sim::SimConfig;
 
 #[derive(Args, Debug)]
 pub struct SimArgs {
@@ -13,8 +13,11 @@ pub struct SimArgs {
     /// Alibaba v2023 GPU node list (openb_node_list_gpu_node.csv).
     #[arg(long, value_name = "CSV", conflicts_with = "cluster")]
     pub nodes: Option<std::path::PathBuf>,
-    /// A cluster of N nodes with G GPUs each instead of a node list (e.g. 4x8).
-    #[arg(long, value_name = "NxG")]
+    /// A cluster of N nodes with G GPUs each instead of a node list (e.g. 4x8), optionally of
+    /// one GPU model and with CPUS and MEM (256G; MiB without a unit) per node:
+    /// 4x8:A100, 4x8:A100:64:512G, 4x8:64:512G. Without them the GPUs are of model "sim" and
+    /// CPUs and memory bind nothing.
+    #[arg(long, value_name = "NxG[:MODEL][:CPUS:MEM]")]
     pub cluster: Option<String>,
     /// A JSONL trace instead: {"submit_s", "duration_s", "gpus", "class": inference|training}.
     #[arg(long, value_name = "JSONL")]
@@ -54,7 +57,7 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 1800)]
     pub checkpoint_every: u64,
     /// The policy to replay under (the `kairos policy apply` format); default: the shipped
-    /// policy with wall-time and group limits lifted and inference preempting training.
+    /// policy, the one a new cluster runs (`kairos qos list`), printed above the figures.
     #[arg(long, value_name = "FILE.toml", conflicts_with = "compare")]
     pub policy: Option<std::path::PathBuf>,
     /// Replay under each of these policies and show them side by side.
@@ -67,7 +70,7 @@ pub struct SimArgs {
     #[arg(long, value_name = "FILE.toml", num_args = 1.., conflicts_with = "compare")]
     pub burst: Vec<std::path::PathBuf>,
     /// Also draw the wait CDF per class and the GPUs allocated over time into this SVG (with
-    /// --compare: of the first policy; with --burst: spend per day against inference wait p99,
+    /// --compare: one row per policy; with --burst: spend per day against inference wait p99,
     /// one point per configuration).
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<std::path::PathBuf>,
@@ -102,22 +105,56 @@ fn policy_of(path: &std::path::Path) -> anyhow::Result<kairos_scheduler::policy:
     Ok(policy)
 }
 
-/// `--cluster NxG`: N nodes (`n0` …) of G GPUs.
+/// `--cluster NxG[:MODEL][:CPUS:MEM]`: N nodes (`n0` …) of G GPUs of MODEL (default "sim"),
+/// with CPUS and MEM each when given (else they bind nothing).
 fn cluster_of(text: &str) -> anyhow::Result<Vec<kairos_sim::TraceNode>> {
-    let bad = || anyhow::anyhow!("--cluster: \"{text}\" is not NODESxGPUS (e.g. 4x8)");
-    let (n, g) = text.split_once(['x', 'X']).ok_or_else(bad)?;
+    let bad = || {
+        anyhow::anyhow!(
+            "--cluster: \"{text}\" is not NODESxGPUS[:MODEL][:CPUS:MEM] (e.g. 4x8, 4x8:A100, 4x8:A100:64:512G)"
+        )
+    };
+    let mut parts = text.split(':');
+    let (n, g) = parts.next().unwrap_or_default().split_once(['x', 'X']).ok_or_else(bad)?;
     let (n, g): (u32, u32) = (n.trim().parse().map_err(|_| bad())?, g.trim().parse().map_err(|_| bad())?);
     if n == 0 || g == 0 || n > 100_000 || g > 64 {
         return Err(bad());
     }
+    let rest: Vec<&str> = parts.map(str::trim).collect();
+    let (model, share) = match rest[..] {
+        [] => ("sim", None),
+        [model] => (model, None),
+        [cpus, mem] => ("sim", Some((cpus, mem))),
+        [model, cpus, mem] => (model, Some((cpus, mem))),
+        _ => return Err(bad()),
+    };
+    if model.is_empty()
+        || model.len() > 64
+        || !model.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+    {
+        return Err(bad());
+    }
+    let (cpus, mem_mib) = match share {
+        None => (0, 0),
+        Some((cpus, mem)) => {
+            let cpus: u32 = cpus.parse().ok().filter(|c| (1..=100_000).contains(c)).ok_or_else(bad)?;
+            let mem = kairos_proto::units::parse_mem_mib(mem)
+                .map_err(|e| anyhow::anyhow!("--cluster: \"{text}\": memory {e}"))?;
+            if mem == 0 {
+                return Err(bad());
+            }
+            (cpus, mem)
+        }
+    };
     Ok((0..n)
-        .map(|i| kairos_sim::TraceNode {
-            name: format!("n{i}"),
-            gpus: g,
-            model: "sim".into(),
-            ..Default::default()
-        })
+        .map(|i| kairos_sim::TraceNode { name: format!("n{i}"), gpus: g, model: model.into(), cpus, mem_mib })
         .collect())
+}
+
+/// The QoS table of `policy`, as `kairos qos list` prints a cluster's.
+fn print_qos(policy: &kairos_scheduler::policy::Policy) {
+    let pb = kairos_proto::policy::policy_to_pb(policy);
+    let rows: Vec<Vec<String>> = pb.qos.iter().map(crate::qos::qos_row).collect();
+    crate::output::table(&crate::qos::QOS_HEADER, &rows);
 }
 
 pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
@@ -177,18 +214,31 @@ pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
         }
     }
     let mut reports: Vec<(String, kairos_sim::Report)> = Vec::new();
-    for (i, (name, policy, burst)) in runs.into_iter().enumerate() {
+    let mut pictures: Vec<(String, kairos_sim::plot::Series)> = Vec::new();
+    for (name, policy, burst) in runs {
         let config = SimConfig { burst, ..config.clone() };
         let (report, series) = kairos_sim::simulate_with_series(&nodes, &jobs, policy, &config);
-        if let (0, Some(path), true) = (i, &args.plot, args.burst.is_empty()) {
-            std::fs::write(path, kairos_sim::plot::svg(&series))
-                .map_err(|e| anyhow::anyhow!("--plot: writing {}: {e}", path.display()))?;
-        }
+        pictures.push((name.clone(), series));
         reports.push((name, report));
     }
-    if let (Some(path), false) = (&args.plot, args.burst.is_empty()) {
-        std::fs::write(path, kairos_sim::plot::tradeoff_svg(&reports))
+    if let Some(path) = &args.plot {
+        let picture = match (args.burst.is_empty(), &pictures[..]) {
+            (false, _) => kairos_sim::plot::tradeoff_svg(&reports),
+            (true, [(_, one)]) => kairos_sim::plot::svg(one),
+            (true, many) => kairos_sim::plot::compare_svg(many),
+        };
+        std::fs::write(path, picture)
             .map_err(|e| anyhow::anyhow!("--plot: writing {}: {e}", path.display()))?;
+    }
+    if let ([(name, policy)], false) = (&policies[..], json) {
+        match args.policy {
+            None => {
+                println!("policy: {name} (what a new cluster runs; `kairos qos list` there shows the same)")
+            }
+            Some(_) => println!("policy: {name}"),
+        }
+        print_qos(policy);
+        println!();
     }
     match (json, args.compare.is_empty() && args.burst.is_empty()) {
         (true, true) => println!("{}", serde_json::to_string_pretty(&reports[0].1)?),
@@ -204,7 +254,7 @@ pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// The policies to replay under: --compare's, --policy's, or the replay default.
+/// The policies to replay under: --compare's, --policy's, or the shipped one.
 fn policies_of(args: &SimArgs) -> anyhow::Result<Vec<(String, kairos_scheduler::policy::Policy)>> {
     Ok(if !args.compare.is_empty() {
         args.compare
@@ -214,6 +264,6 @@ fn policies_of(args: &SimArgs) -> anyhow::Result<Vec<(String, kairos_scheduler::
     } else if let Some(p) = &args.policy {
         vec![(p.display().to_string(), policy_of(p)?)]
     } else {
-        vec![("replay".to_string(), replay_policy())]
+        vec![("shipped".to_string(), kairos_scheduler::policy::Policy::default())]
     })
 }

@@ -220,7 +220,7 @@ pub fn policy_from_pb(p: pb::Policy) -> Result<Policy, Status> {
         }
     }
     if accounts.is_empty() {
-        accounts = kairos_scheduler::policy::default_accounts_for(&qos);
+        accounts = kairos_scheduler::policy::default_accounts_for(&qos, &profile_qos);
     }
     let mut partitions = BTreeMap::new();
     for part in p.partitions {

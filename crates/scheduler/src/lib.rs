@@ -40,7 +40,8 @@ pub use model::{
     StopReason,
 };
 pub use planner::{
-    plan, plan_with, GrowPlan, PendingReason, PlanConfig, PlanOutput, PreemptPlan, Reservation,
+    never_placeable, plan, plan_with, GrowPlan, PendingReason, PlanConfig, PlanOutput, PreemptPlan,
+    Reservation,
 };
 pub use state::{ClusterState, Command, Op, Outcome, Placement, Plan, Rejection, RunExit};
 pub use validate::{validate_node, validate_spec, ValidationError};

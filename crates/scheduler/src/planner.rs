@@ -29,8 +29,10 @@ use crate::state::brief::JobIndex;
 use crate::state::{over_wall, ClusterState, Placement, Plan, PLAN_PLACEMENTS_MAX};
 
 mod fraction;
+mod never;
 
 pub use crate::reasons::PendingReason;
+pub use never::{never_placeable, Unplaceable};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PlanOutput {

@@ -333,16 +333,23 @@ fn default_partition_name() -> String {
 
 /// A root account open to every user and every QoS (a stored policy from before QoS access).
 fn default_accounts() -> BTreeMap<String, Account> {
-    default_accounts_for(&BTreeMap::new())
+    default_accounts_for(&BTreeMap::new(), &BTreeMap::new())
 }
 
 /// The account tree of a policy that gives none: one root account, open to every user, that
-/// allows every QoS of `qos` that preempts nothing. A QoS that preempts other jobs (the shipped
-/// `urgent`) is left to operators and to the accounts they give it. (No such QoS, or only such:
-/// no list, every QoS.)
-pub fn default_accounts_for(qos: &BTreeMap<String, Qos>) -> BTreeMap<String, Account> {
-    let everyday: BTreeSet<String> =
-        qos.values().filter(|q| q.preempt.is_empty()).map(|q| q.name.clone()).collect();
+/// allows every QoS of `qos` that preempts nothing or that a submit rule (`profile_qos`) names
+/// — the everyday classes, the shipped `inference` (which preempts training) among them. Any
+/// other QoS that preempts (the shipped `urgent`) is left to operators and to the accounts they
+/// give it. (No such QoS, or only such: no list, every QoS.)
+pub fn default_accounts_for(
+    qos: &BTreeMap<String, Qos>,
+    profile_qos: &BTreeMap<Profile, String>,
+) -> BTreeMap<String, Account> {
+    let everyday: BTreeSet<String> = qos
+        .values()
+        .filter(|q| q.preempt.is_empty() || profile_qos.values().any(|p| *p == q.name))
+        .map(|q| q.name.clone())
+        .collect();
     let allowed = if everyday.len() == qos.len() { BTreeSet::new() } else { everyday };
     let root = Account {
         name: ROOT_ACCOUNT.into(),
@@ -356,12 +363,16 @@ pub fn default_accounts_for(qos: &BTreeMap<String, Qos>) -> BTreeMap<String, Acc
 }
 
 impl Default for Policy {
-    /// The defaults shipped on a new cluster.
+    /// The policy shipped on a new cluster — the one definition: kairosd starts with it,
+    /// `kairos sim` replays under it unless given another, docs/policy.md shows it. Inference
+    /// starts at once by preempting training (and batch), which requeue from their checkpoint
+    /// within their grace; the inference QoS's group limit bounds how much it can take.
     fn default() -> Policy {
         let mut inference = Qos::named("inference", 200, 2 * HOUR_S);
         inference.grp_gpus = Some(64);
         inference.burstable = true;
         inference.gpu_sharing = true;
+        inference.preempt = ["training".to_string(), "batch".to_string()].into();
         let mut training = Qos::named("training", 100, 48 * HOUR_S);
         training.grp_gpus = Some(512);
         training.preempt_mode = PreemptMode::Requeue;
@@ -373,13 +384,13 @@ impl Default for Policy {
         let premium = Qos::named("premium", 250, 48 * HOUR_S);
         let qos: BTreeMap<String, Qos> =
             [inference, training, urgent, batch, premium].into_iter().map(|q| (q.name.clone(), q)).collect();
-        let accounts = default_accounts_for(&qos);
         let profile_qos = [
             (Profile::Training, "training".to_string()),
             (Profile::Inference, "inference".to_string()),
             (Profile::Batch, "batch".to_string()),
         ]
         .into();
+        let accounts = default_accounts_for(&qos, &profile_qos);
         Policy {
             qos,
             profile_qos,
@@ -802,6 +813,15 @@ mod tests {
         assert_eq!(p.qos["inference"].max_wall_s, 2 * 3600);
         assert_eq!(p.qos["inference"].preempt_mode, PreemptMode::Off);
         assert!(p.qos["inference"].burstable);
+        // The headline: inference preempts training (and batch), which requeue within their grace.
+        assert!(
+            p.qos["inference"].preempt.contains("training") && p.qos["inference"].preempt.contains("batch")
+        );
+        assert_eq!(p.qos["training"].grace_s, 300);
+        // Users get the everyday classes, inference included; urgent is the operators' to give.
+        let allowed = &p.accounts[ROOT_ACCOUNT].qos.allowed;
+        let names: Vec<&str> = allowed.iter().map(String::as_str).collect();
+        assert_eq!(names, ["batch", "inference", "premium", "training"]);
         assert_eq!(p.qos["training"].priority, 100);
         assert_eq!(p.qos["training"].grp_gpus, Some(512));
         assert_eq!(p.qos["training"].preempt_mode, PreemptMode::Requeue);

@@ -16,7 +16,7 @@ use kairos_scheduler::propose::propose;
 use kairos_scheduler::{ClusterState, Command, Op, Outcome, RunExit};
 
 use crate::cloud::BurstSetup;
-use crate::report::{Class, Report};
+use crate::report::{Class, Report, Unfinished};
 use crate::trace::{TraceJob, TraceNode};
 
 mod burst;
@@ -59,9 +59,10 @@ impl Default for SimConfig {
     }
 }
 
-/// The policy a replay uses unless given one: the shipped defaults, with wall-time and group
-/// limits lifted (trace jobs run for months on thousands of GPUs) and inference allowed to
-/// preempt training and batch work, which requeues after a 10 s grace.
+/// The policy of `deploy/sim/replay.toml`, for traces like Alibaba's whose jobs run for months
+/// on thousands of GPUs: the shipped policy (`Policy::default()`, what `kairos sim` replays
+/// unless given another) with wall-time and group limits lifted, and training and batch work
+/// requeueing after a 10 s grace.
 pub fn replay_policy() -> Policy {
     let mut policy = Policy::default();
     for q in policy.qos.values_mut() {
@@ -69,9 +70,6 @@ pub fn replay_policy() -> Policy {
         q.grp_gpus = None;
         q.user_gpus = None;
         q.user_jobs = None;
-    }
-    if let Some(q) = policy.qos.get_mut("inference") {
-        q.preempt = ["training".to_string(), "batch".to_string()].into();
     }
     for name in ["training", "batch"] {
         if let Some(q) = policy.qos.get_mut(name) {
@@ -190,6 +188,10 @@ struct Sim<'a> {
     cloud: Option<burst::CloudSide>,
     /// The time of the last event.
     last_event_ms: i64,
+    /// Trace jobs the state refused at submit, with its words.
+    refused: Vec<(usize, String)>,
+    /// Runs stopped at their time limit (the job ended TIMEOUT, its work cut short).
+    timed_out: usize,
 }
 
 /// A modelled node's registration: `gpus` GPUs of `model`; CPUs or memory of 0 (not said by
@@ -275,6 +277,8 @@ impl<'a> Sim<'a> {
             allocation: Vec::new(),
             cloud: config.burst.as_ref().map(|b| burst::CloudSide::new(b, config.seed)),
             last_event_ms: 0,
+            refused: Vec::new(),
+            timed_out: 0,
         };
         // Same-millisecond arrivals in an order drawn from the seed.
         let mut rng = SplitMix(kairos_scheduler::seeded::SplitMix64::new(config.seed));
@@ -354,21 +358,7 @@ impl<'a> Sim<'a> {
     fn handle(&mut self, now: i64, event: Event) -> bool {
         match event {
             Event::Arrival(i) => {
-                let j = &self.jobs[i];
-                let mut spec = JobSpec::new(&j.name, "trace", vec!["true".into()], j.gpus);
-                spec.cpus = j.cpus;
-                spec.mem_mib = j.mem_mib;
-                spec.gpu_model = j.gpu_spec.clone();
-                spec.profile = if j.inference { Profile::Inference } else { Profile::Training };
-                if self.config.fractions && j.inference {
-                    spec.gpu_milli = j.gpu_milli;
-                }
-                spec.requeue = true;
-                // Jobs state their run time (plus a minute) as their limit, up to what the
-                // policy allows (past it a run is stopped as TIMEOUT, as on a cluster).
-                let limit_s = (j.duration_ms / 1000 + 60) as u64;
-                let wall = if j.inference { self.max_wall_s.0 } else { self.max_wall_s.1 };
-                spec.time_limit_s = Some(limit_s.min(wall).max(1));
+                let spec = self.spec(i);
                 match self.apply(now, Op::Submit { spec, request_id: None, hold: false, limits: None }) {
                     Outcome::Submitted { job } => {
                         self.tracks.insert(
@@ -382,7 +372,11 @@ impl<'a> Sim<'a> {
                             },
                         );
                     }
-                    // Larger than any node: never runs (counted as unfinished).
+                    // Refused (say, larger than any node): never runs; the report says why.
+                    Outcome::Rejected(why) => {
+                        self.refused.push((i, why.to_string()));
+                        return false;
+                    }
                     _ => return false,
                 }
                 true
@@ -412,6 +406,9 @@ impl<'a> Sim<'a> {
                     (self.share_used.0.saturating_sub(share.0), self.share_used.1.saturating_sub(share.1));
                 self.allocation.push((now, self.allocated));
                 let state = self.state.jobs.get(&job).map(|j| j.state);
+                if state == Some(JobState::Timeout) {
+                    self.timed_out += 1;
+                }
                 if state.is_some_and(|s| s.is_terminal()) {
                     if let Some(t) = self.tracks.get_mut(&job) {
                         t.end_ms = Some(now);
@@ -430,6 +427,87 @@ impl<'a> Sim<'a> {
             Event::SpotNotice { intent } => self.spot_notice(now, intent),
             Event::Reclaim { intent } => self.reclaim(now, intent),
         }
+    }
+
+    /// The job the trace's job `i` is submitted as.
+    fn spec(&self, i: usize) -> JobSpec {
+        let j = &self.jobs[i];
+        let mut spec = JobSpec::new(&j.name, "trace", vec!["true".into()], j.gpus);
+        spec.cpus = j.cpus;
+        spec.mem_mib = j.mem_mib;
+        spec.gpu_model = j.gpu_spec.clone();
+        spec.profile = if j.inference { Profile::Inference } else { Profile::Training };
+        if self.config.fractions && j.inference {
+            spec.gpu_milli = j.gpu_milli;
+        }
+        spec.requeue = true;
+        // Jobs state their run time (plus a minute) as their limit, up to what the policy
+        // allows (past it a run is stopped as TIMEOUT, as on a cluster).
+        let limit_s = (j.duration_ms / 1000 + 60) as u64;
+        let wall = if j.inference { self.max_wall_s.0 } else { self.max_wall_s.1 };
+        spec.time_limit_s = Some(limit_s.min(wall).max(1));
+        spec
+    }
+
+    /// Every job the replay did not finish, with why: the constraint no node meets (refused at
+    /// submit, or pending with nothing left to wait for), else why it still waits (the
+    /// planner's reason) or the refusal's words.
+    fn unfinished(&self) -> Vec<Unfinished> {
+        let pending = kairos_scheduler::plan(&self.state).pending;
+        let class = |i: usize| if self.jobs[i].inference { "inference" } else { "training" };
+        let mut out = Vec::new();
+        for (i, refusal) in &self.refused {
+            let (constraint, reason) = match kairos_scheduler::never_placeable(&self.state, &self.spec(*i)) {
+                Some(u) => (u.constraint().to_string(), u.to_string()),
+                None => ("refused".to_string(), refusal.clone()),
+            };
+            out.push(Unfinished {
+                name: self.jobs[*i].name.clone(),
+                class: class(*i),
+                never_placeable: true,
+                constraint,
+                reason,
+            });
+        }
+        for (id, t) in &self.tracks {
+            if t.end_ms.is_some() {
+                continue;
+            }
+            let (name, class) = (self.jobs[t.trace].name.clone(), class(t.trace));
+            let Some(job) = self.state.jobs.get(id) else {
+                let reason = "left the state unfinished".to_string();
+                out.push(Unfinished {
+                    name,
+                    class,
+                    never_placeable: false,
+                    constraint: "gone".into(),
+                    reason,
+                });
+                continue;
+            };
+            let never = (job.state == JobState::Pending)
+                .then(|| kairos_scheduler::never_placeable(&self.state, &job.spec))
+                .flatten();
+            out.push(match never {
+                Some(u) => Unfinished {
+                    name,
+                    class,
+                    never_placeable: true,
+                    constraint: u.constraint().to_string(),
+                    reason: u.to_string(),
+                },
+                None => {
+                    let reason = match (job.state, pending.get(id)) {
+                        (JobState::Pending, Some(r)) => r.to_string(),
+                        (state, _) => format!("{state:?}"),
+                    };
+                    let waiting = reason.split(':').next().unwrap_or_default().to_string();
+                    Unfinished { name, class, never_placeable: false, constraint: waiting, reason }
+                }
+            });
+        }
+        out.sort_by(|a, b| (a.class, &a.name).cmp(&(b.class, &b.name)));
+        out
     }
 
     /// The leader's pass at `now`: what the core proposes, applied, with the agents' part.
@@ -572,7 +650,6 @@ impl<'a> Sim<'a> {
         let mut training = Class::default();
         let mut whole_node = Class::default();
         let largest = self.capacity.values().copied().max().unwrap_or(0);
-        let mut unfinished = 0;
         for t in self.tracks.values() {
             let j = &self.jobs[t.trace];
             let class = if j.inference { &mut inference } else { &mut training };
@@ -586,14 +663,19 @@ impl<'a> Sim<'a> {
                         whole_node.add(wait, completion, j.duration_ms as f64 / 1000.0);
                     }
                 }
-                _ => unfinished += 1,
+                _ => {}
             }
         }
-        unfinished += self.jobs.len() - self.tracks.len();
+        let unfinished_jobs = self.unfinished();
+        let unfinished =
+            unfinished_jobs.len() + self.jobs.len().saturating_sub(self.tracks.len() + self.refused.len());
         let makespan_ms = (self.last_end_ms - self.first_submit_ms.min(self.last_end_ms)).max(1);
         Report {
             jobs: self.jobs.len(),
             unfinished,
+            unfinished_by: crate::report::by_class(&unfinished_jobs),
+            unfinished_jobs,
+            timed_out: self.timed_out,
             gpus: self.total_gpus,
             offered_load: offered_load(self.jobs, self.total_gpus, self.config.load),
             load: self.config.load.unwrap_or(1.0),

@@ -93,6 +93,34 @@ pub fn svg(series: &Series) -> String {
     let mut out = format!(
         r##"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif"><rect width="100%" height="100%" fill="white"/>"##
     );
+    panels(&mut out, series);
+    out.push_str("</svg>\n");
+    out
+}
+
+/// `kairos sim --compare … --plot`: the picture of each policy's replay, one row each, under
+/// its name.
+pub fn compare_svg(named: &[(String, Series)]) -> String {
+    let height = H * named.len().max(1) as f64;
+    let mut out = format!(
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" font-family="sans-serif"><rect width="100%" height="100%" fill="white"/>"##
+    );
+    for (i, (name, series)) in named.iter().enumerate() {
+        let y = H * i as f64;
+        let _ = write!(
+            out,
+            r##"<g transform="translate(0 {y})"><text x="8" y="14" font-size="13" font-weight="bold">{}</text>"##,
+            escape(name)
+        );
+        panels(&mut out, series);
+        out.push_str("</g>");
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+/// The wait CDFs and the allocation of one replay, in a picture of height `H`.
+fn panels(out: &mut String, series: &Series) {
     // Left: wait CDFs.
     let longest = series.inference_waits.iter().chain(&series.training_waits).fold(1.0f64, |a, b| a.max(*b));
     let max_log10 = (1.0 + longest).log10().ceil().max(1.0);
@@ -102,9 +130,9 @@ pub fn svg(series: &Series) -> String {
     let y_ticks: Vec<(f64, String)> =
         (0..=4).map(|i| (f64::from(i) / 4.0, format!("{:.2}", f64::from(i) / 4.0))).collect();
     let left = PAD + 10.0;
-    panel(&mut out, left, "Wait CDF", "1 + wait (s, log)", "fraction of jobs", &x_ticks, &y_ticks);
-    line(&mut out, left, &cdf(&series.inference_waits, max_log10), "#d62728");
-    line(&mut out, left, &cdf(&series.training_waits, max_log10), "#1f77b4");
+    panel(out, left, "Wait CDF", "1 + wait (s, log)", "fraction of jobs", &x_ticks, &y_ticks);
+    line(out, left, &cdf(&series.inference_waits, max_log10), "#d62728");
+    line(out, left, &cdf(&series.training_waits, max_log10), "#1f77b4");
     let _ = write!(
         out,
         r##"<text x="{x}" y="{y}" font-size="12" fill="#d62728">inference ({})</text><text x="{x}" y="{y2}" font-size="12" fill="#1f77b4">training ({})</text>"##,
@@ -135,10 +163,8 @@ pub fn svg(series: &Series) -> String {
         (0..=4).map(|i| (f64::from(i) / 4.0, format!("{:.0} h", hours * f64::from(i) / 4.0))).collect();
     let y_ticks: Vec<(f64, String)> =
         (0..=4).map(|i| (f64::from(i) / 4.0, format!("{:.0}", gpus * f64::from(i) / 4.0))).collect();
-    panel(&mut out, right, "GPUs allocated", "time since the first arrival", "GPUs", &x_ticks, &y_ticks);
-    line(&mut out, right, &points, "#2ca02c");
-    out.push_str("</svg>\n");
-    out
+    panel(out, right, "GPUs allocated", "time since the first arrival", "GPUs", &x_ticks, &y_ticks);
+    line(out, right, &points, "#2ca02c");
 }
 
 /// Escapes text for the SVG.
@@ -212,5 +238,13 @@ mod tests {
         // Full allocation reaches the top of the panel.
         let top = PAD;
         assert!(svg.contains(&format!(",{top:.1}")), "{svg}");
+        // Side by side: every policy's row, under its name.
+        let other = Series { training_waits: vec![1.0], ..series.clone() };
+        let both = compare_svg(&[("a.toml".into(), series), ("b<c>.toml".into(), other)]);
+        assert_eq!(both.matches("<polyline").count(), 6, "three lines per policy");
+        assert!(
+            both.contains(">a.toml<") && both.contains("b&lt;c&gt;.toml") && both.contains("training (1)")
+        );
+        assert!(both.contains(&format!("height=\"{}\"", 2.0 * H)));
     }
 }

@@ -1,6 +1,8 @@
 //! What a replay measured: per class waits, completion and slowdown; utilisation, preemptions,
 //! redone work, fragmentation and makespan. JSON keys are an interface (`kairos sim --json`).
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 /// Waits and completions of one class of jobs (inference or training), in seconds.
@@ -62,12 +64,61 @@ pub struct ClassSummary {
     pub slowdown: f64,
 }
 
+/// A job the replay did not finish, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Unfinished {
+    pub name: String,
+    /// `inference` or `training`.
+    pub class: &'static str,
+    /// No node could ever hold it (else it was still waiting when the replay ended).
+    pub never_placeable: bool,
+    /// Never placeable: the constraint no node meets — `gpu_model`, `gpus` (more than any node
+    /// has), `gpu_fraction` (its QoS shares no GPUs), `cpus`, `memory`, or `refused` (refused at
+    /// submit for another reason, in `reason`). Waiting: what it waits behind, the planner's
+    /// pending reason (`Priority`, `Resources`, `QosGrpGpuLimit`, …).
+    pub constraint: String,
+    /// In words, with the figures (the model sets asked and the nodes', sizes, …).
+    pub reason: String,
+}
+
+/// Unfinished jobs per class, then per kind and reason: `{"training": {"never placeable: 8
+/// GPUs; …": 3}}`.
+pub type UnfinishedBy = BTreeMap<String, BTreeMap<String, usize>>;
+
+/// Counts `jobs` per class and reason.
+pub fn by_class(jobs: &[Unfinished]) -> UnfinishedBy {
+    let mut by = UnfinishedBy::new();
+    for j in jobs {
+        *by.entry(j.class.to_string()).or_default().entry(j.group()).or_default() += 1;
+    }
+    by
+}
+
+impl Unfinished {
+    /// The line it is counted under: the constraint and what it asks (one line per model set
+    /// or size), or what it waits behind.
+    fn group(&self) -> String {
+        if self.never_placeable {
+            format!("never placeable: {}", self.reason)
+        } else {
+            format!("waiting: {}", self.constraint)
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Report {
     /// Jobs in the trace (with GPUs).
     pub jobs: usize,
-    /// Jobs that never finished (e.g. larger than any node).
+    /// Jobs that never finished: each is in `unfinished_jobs`, counted in `unfinished_by`.
     pub unfinished: usize,
+    /// Per class, how many unfinished jobs for each reason.
+    pub unfinished_by: UnfinishedBy,
+    /// Every unfinished job, by class and name, with why.
+    pub unfinished_jobs: Vec<Unfinished>,
+    /// Jobs stopped at their time limit (the QoS's max wall, when their run is longer): they
+    /// ended TIMEOUT, counted as finished, their work cut short.
+    pub timed_out: usize,
     pub gpus: u32,
     /// GPU time asked / (GPUs × the arrival window): above 1 the cluster cannot keep up.
     pub offered_load: f64,
@@ -142,6 +193,9 @@ impl Report {
     pub fn table(named: &[(String, Report)]) -> String {
         let rows: Vec<(&str, Cell)> = vec![
             ("jobs", Box::new(|r: &Report| format!("{} ({} unfinished)", r.jobs, r.unfinished))),
+            ("unfinished inference", Box::new(|r: &Report| unfinished(r, "inference"))),
+            ("unfinished training", Box::new(|r: &Report| unfinished(r, "training"))),
+            ("timed out (stopped at the time limit)", Box::new(|r: &Report| r.timed_out.to_string())),
             ("offered load", Box::new(|r: &Report| format!("{:.2}", r.offered_load))),
             (
                 "arrival window (s) / compression",
@@ -231,4 +285,13 @@ type Cell = Box<dyn Fn(&Report) -> String>;
 
 fn waits(c: &ClassSummary) -> String {
     format!("{:.1} / {:.1} / {:.1}", c.wait_s.p50, c.wait_s.p99, c.wait_s.max)
+}
+
+/// A class's unfinished jobs by reason, largest count first: `3 never placeable: 8 GPUs; … |
+/// 1 waiting: Priority`, or `0`.
+fn unfinished(r: &Report, class: &str) -> String {
+    let Some(by) = r.unfinished_by.get(class) else { return "0".into() };
+    let mut groups: Vec<(&String, &usize)> = by.iter().collect();
+    groups.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    groups.iter().map(|(why, n)| format!("{n} {why}")).collect::<Vec<_>>().join(" | ")
 }
