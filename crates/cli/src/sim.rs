@@ -267,3 +267,31 @@ fn policies_of(args: &SimArgs) -> anyhow::Result<Vec<(String, kairos_scheduler::
         vec![("shipped".to_string(), kairos_scheduler::policy::Policy::default())]
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_replay_file_is_the_shipped_policy_with_its_limits_lifted() {
+        let text = include_str!("../../../deploy/sim/replay.toml");
+        let file = crate::policy_file::PolicyFile::parse(text).unwrap();
+        let policy = kairos_proto::policy::policy_from_pb(file.to_pb().unwrap()).unwrap();
+        assert_eq!(policy, kairos_sim::replay_policy());
+    }
+
+    #[test]
+    fn a_synthetic_cluster_takes_a_model_and_cpus_and_memory() {
+        let one = |text: &str| {
+            cluster_of(text).map(|n| (n.len(), n[0].gpus, n[0].model.clone(), n[0].cpus, n[0].mem_mib))
+        };
+        assert_eq!(one("4x8").unwrap(), (4, 8, "sim".into(), 0, 0));
+        assert_eq!(one("2x4:A100").unwrap(), (2, 4, "A100".into(), 0, 0));
+        assert_eq!(one("2x4:A100:64:512G").unwrap(), (2, 4, "A100".into(), 64, 512 * 1024));
+        assert_eq!(one("1x8:16:1024").unwrap(), (1, 8, "sim".into(), 16, 1024));
+        for bad in ["4by8", "0x8", "4x8:", "4x8:A100:64", "4x8:A100:0:1G", "4x8:a:b:c:d", "4x8:A 100"] {
+            let e = cluster_of(bad).unwrap_err().to_string();
+            assert!(e.starts_with("--cluster: ") && !e.contains('\n'), "{bad}: {e}");
+        }
+    }
+}
