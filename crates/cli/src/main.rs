@@ -238,6 +238,14 @@ enum Cmd {
         /// job as the Unix account of its kairos user; needs root).
         #[arg(long, default_value = "agent", value_parser = ["agent", "submitter"])]
         run_as: String,
+        /// CPUs the agent offers jobs (default: the host's cores), e.g. 16 to run a cluster's
+        /// scripts on a laptop; a job's cpuset is still at most the host's cores.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        cpus: Option<u32>,
+        /// Memory the agent offers jobs, e.g. 64G (default: the host's); a job's memory limit
+        /// is what it asked for.
+        #[arg(long, value_name = "SIZE", value_parser = kairos_proto::units::parse_mem_mib)]
+        memory: Option<u64>,
     },
 }
 
@@ -316,7 +324,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             println!("man pages written to {}", dir.display());
             Ok(0)
         }
-        Cmd::Up { addr, agent_addr, data_dir, fake_gpus, node_name, run_as } => {
+        Cmd::Up { addr, agent_addr, data_dir, fake_gpus, node_name, run_as, cpus, memory } => {
             // A local cluster takes its addresses from its own flags only: KAIROS_CONTROLLERS
             // points the CLI at another cluster, and must not decide where this one binds.
             let given = std::env::args().any(|a| a == "--controllers" || a.starts_with("--controllers="));
@@ -325,7 +333,18 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 _ => vec![up::DEFAULT_CONTROLLER.to_string()],
             };
             let controllers = up::up_controllers(&controllers, &addr)?;
-            up::run(up::UpArgs { controllers, agent_addr, data_dir, fake_gpus, node_name, run_as }).await?;
+            let memory_mib = memory;
+            let args = up::UpArgs {
+                controllers,
+                agent_addr,
+                data_dir,
+                fake_gpus,
+                node_name,
+                run_as,
+                cpus,
+                memory_mib,
+            };
+            up::run(args).await?;
             Ok(0)
         }
     }

@@ -1,6 +1,12 @@
 //! `kairos up`: a local cluster in the foreground — one controller and one agent (fake GPUs
 //! unless NVML finds real ones), data under `./kairos-data`. Ctrl-C or SIGTERM stops both; the
 //! agent stops every job's process group before it exits, so nothing is left behind.
+//!
+//! A controller that dies is started again (after a pause that grows while it keeps dying
+//! young): its state is in its log, and the agent keeps its runs under its lease meanwhile (the
+//! lease is half the node timeout, 10 s by default), so running jobs outlive the crash. A
+//! controller that keeps dying within `STABLE` of its start stops the cluster, as does the
+//! agent's end.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -20,6 +26,10 @@ pub struct UpArgs {
     pub node_name: String,
     /// The agent's `--run-as`.
     pub run_as: String,
+    /// The agent's `--cpus` and `--memory` (MiB): the capacity it offers jobs, in place of the
+    /// host's (enforcement stays clamped to the host's cores).
+    pub cpus: Option<u32>,
+    pub memory_mib: Option<u64>,
 }
 
 /// Finds a sibling binary of this executable (they are built together), else relies on PATH.
@@ -47,12 +57,14 @@ fn spawn(program: &Path, args: &[String]) -> anyhow::Result<Child> {
     cmd.spawn().with_context(|| format!("starting {}", program.display()))
 }
 
-fn stop(children: &mut [(&str, Child)]) {
-    for (_, child) in children.iter() {
+fn stop(children: &mut [Daemon]) {
+    for child in children.iter().filter_map(|d| d.child.as_ref()) {
         let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
     }
     let deadline = Instant::now() + Duration::from_secs(15);
-    for (name, child) in children.iter_mut() {
+    for d in children.iter_mut() {
+        let Some(child) = d.child.as_mut() else { continue };
+        let name = &d.label;
         loop {
             match child.try_wait() {
                 Ok(Some(_)) | Err(_) => break,
@@ -139,7 +151,7 @@ fn controller_argv(args: &UpArgs, i: usize, addr: &str, peers: &[String]) -> Vec
 
 /// The agent's command line.
 fn agent_argv(args: &UpArgs, metrics: String) -> Vec<String> {
-    vec![
+    let mut argv = vec![
         "--metrics-addr".into(),
         metrics,
         "--controllers".into(),
@@ -156,7 +168,14 @@ fn agent_argv(args: &UpArgs, metrics: String) -> Vec<String> {
         data(args, "join.token"),
         "--run-as".into(),
         args.run_as.clone(),
-    ]
+    ];
+    if let Some(cpus) = args.cpus {
+        argv.extend(["--cpus".to_string(), cpus.to_string()]);
+    }
+    if let Some(mib) = args.memory_mib {
+        argv.extend(["--memory".to_string(), mib.to_string()]);
+    }
+    argv
 }
 
 /// Says what runs where, the context to use it by, and what to try.
@@ -189,27 +208,106 @@ fn announce(args: &UpArgs, metrics: &[String], web: &[String]) {
     );
 }
 
-/// Watches the daemons: a replica that dies is reported and the rest keep running (that is
-/// what HA is for); returns once the agent or every replica is gone.
-async fn watch_children(children: &mut [(&'static str, std::process::Child)]) -> &'static str {
-    let mut reported = vec![false; children.len()];
+/// A controller that ran at least this long before it died is restarted at once (after
+/// `RESTART_FIRST`); one that dies younger waits twice as long each time.
+const STABLE: Duration = Duration::from_secs(30);
+/// The pause before the first restart of a controller.
+const RESTART_FIRST: Duration = Duration::from_millis(500);
+/// The longest pause between restarts (well within the agent's lease of 10 s, so the first
+/// few restarts keep the running jobs).
+const RESTART_MAX: Duration = Duration::from_secs(8);
+/// Deaths in a row, each within `STABLE` of its start, after which the cluster is stopped.
+const YOUNG_DEATHS_MAX: u32 = 5;
+
+/// One daemon of the local cluster: how to start it again, and its process while it runs.
+struct Daemon {
+    /// `kairosd 1` or `kairos-agent`, for messages.
+    label: String,
+    program: PathBuf,
+    argv: Vec<String>,
+    child: Option<Child>,
+    started: Instant,
+    /// Controllers are started again when they die; the agent's end stops the cluster.
+    restart: bool,
+    /// Deaths in a row within `STABLE` of the start.
+    young_deaths: u32,
+    /// When it is to be started again (it is dead meanwhile).
+    restart_at: Option<Instant>,
+}
+
+impl Daemon {
+    fn start(name: &'static str, label: String, argv: Vec<String>, restart: bool) -> anyhow::Result<Daemon> {
+        let program = sibling(name);
+        let child = spawn(&program, &argv)?;
+        let started = Instant::now();
+        Ok(Daemon {
+            label,
+            program,
+            argv,
+            child: Some(child),
+            started,
+            restart,
+            young_deaths: 0,
+            restart_at: None,
+        })
+    }
+}
+
+/// The pause before restarting a controller that died for the `young`-th time in a row
+/// within `STABLE` of its start (0: it had run longer): `RESTART_FIRST`, doubling, at most
+/// `RESTART_MAX`.
+fn restart_pause(young: u32) -> Duration {
+    RESTART_FIRST.saturating_mul(1 << young.saturating_sub(1).min(8)).min(RESTART_MAX)
+}
+
+/// Watches the daemons: a controller that dies is reported and started again after a pause
+/// (`restart_pause`); returns why the cluster must stop — the agent is gone, or a controller
+/// keeps dying young (or cannot be started again).
+///
+/// Runs on the main thread (in `run`'s own future, not a spawned task): a daemon started here
+/// gets SIGTERM when the thread that started it ends (`PR_SET_PDEATHSIG`), so the thread must
+/// be the one that lives as long as `kairos up`.
+async fn supervise(children: &mut [Daemon]) -> String {
     loop {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        for (i, (name, child)) in children.iter_mut().enumerate() {
-            if !reported[i] {
-                if let Ok(Some(status)) = child.try_wait() {
-                    eprintln!("kairos up: {name} (pid {}) exited: {status}", child.id());
-                    reported[i] = true;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = Instant::now();
+        for d in children.iter_mut() {
+            if let Some(child) = d.child.as_mut() {
+                let Ok(Some(status)) = child.try_wait() else { continue };
+                let pid = child.id();
+                d.child = None;
+                if !d.restart {
+                    eprintln!("kairos up: {} (pid {pid}) exited: {status}", d.label);
+                    return format!("{} exited unexpectedly", d.label);
+                }
+                d.young_deaths = if now.duration_since(d.started) < STABLE { d.young_deaths + 1 } else { 1 };
+                if d.young_deaths > YOUNG_DEATHS_MAX {
+                    eprintln!("kairos up: {} (pid {pid}) exited: {status}", d.label);
+                    return format!(
+                        "{} exited {} times in a row within {} s of its start",
+                        d.label,
+                        d.young_deaths,
+                        STABLE.as_secs()
+                    );
+                }
+                let pause = restart_pause(d.young_deaths);
+                eprintln!(
+                    "kairos up: {} (pid {pid}) exited: {status}; starting it again in {:.1} s (running jobs keep running meanwhile)",
+                    d.label,
+                    pause.as_secs_f64()
+                );
+                d.restart_at = Some(now + pause);
+            } else if d.restart_at.is_some_and(|at| now >= at) {
+                d.restart_at = None;
+                match spawn(&d.program, &d.argv) {
+                    Ok(child) => {
+                        eprintln!("kairos up: {} started again (pid {})", d.label, child.id());
+                        d.child = Some(child);
+                        d.started = Instant::now();
+                    }
+                    Err(e) => return format!("{} could not be started again: {e:#}", d.label),
                 }
             }
-        }
-        let agent_gone = children.iter().zip(&reported).any(|((n, _), r)| *r && *n == "kairos-agent");
-        let controllers_gone = children.iter().zip(&reported).all(|((n, _), r)| *r || *n != "kairosd");
-        if agent_gone {
-            return "kairos-agent";
-        }
-        if controllers_gone {
-            return "every kairosd";
         }
     }
 }
@@ -230,7 +328,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         args.controllers.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
     let mut metrics = Vec::new();
     let mut web = Vec::new();
-    let mut children = Vec::new();
+    let mut children: Vec<Daemon> = Vec::new();
     for (i, addr) in args.controllers.iter().enumerate() {
         let mut argv = controller_argv(&args, i, addr, &peers);
         let at = metrics_addr(addr)?;
@@ -239,8 +337,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         let http = http_addr(addr)?;
         argv.extend(["--http-addr".to_string(), http.clone()]);
         web.push(format!("http://{http}/"));
-        match spawn(&sibling("kairosd"), &argv) {
-            Ok(c) => children.push(("kairosd", c)),
+        match Daemon::start("kairosd", format!("kairosd {}", i + 1), argv, true) {
+            Ok(d) => children.push(d),
             Err(e) => {
                 stop(&mut children);
                 return Err(e);
@@ -249,9 +347,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     }
     let agent_metrics = metrics_addr(&args.agent_addr)?;
     metrics.push(format!("http://{agent_metrics}/metrics (agent)"));
-    let agent = spawn(&sibling("kairos-agent"), &agent_argv(&args, agent_metrics));
+    let agent = Daemon::start("kairos-agent", "kairos-agent".into(), agent_argv(&args, agent_metrics), false);
     match agent {
-        Ok(a) => children.push(("kairos-agent", a)),
+        Ok(a) => children.push(a),
         Err(e) => {
             stop(&mut children);
             return Err(e);
@@ -259,17 +357,17 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     }
     announce(&args, &metrics, &web);
 
-    // A replica that dies is reported and the rest keep running (that is what HA is for); the
-    // cluster stops when the agent or every replica is gone.
+    // A controller that dies is started again; the cluster stops when the agent is gone or a
+    // controller keeps dying young.
     let exited = tokio::select! {
         _ = term.recv() => None,
         _ = int.recv() => None,
-        gone = watch_children(&mut children) => Some(gone),
+        why = supervise(&mut children) => Some(why),
     };
     println!("kairos up: stopping");
     stop(&mut children);
-    if let Some(name) = exited {
-        bail!("{name} exited unexpectedly; the cluster was stopped");
+    if let Some(why) = exited {
+        bail!("{why}; the cluster was stopped");
     }
     Ok(())
 }
