@@ -280,6 +280,51 @@ mod tests {
         assert_eq!(policy, kairos_sim::replay_policy());
     }
 
+    /// docs/policy.md's table of the shipped QoS says what `Policy::default()` is.
+    #[test]
+    fn the_documented_shipped_policy_is_the_one_a_new_cluster_runs() {
+        use kairos_scheduler::policy::{Policy, PreemptMode};
+        let doc = include_str!("../../../docs/policy.md");
+        let start = doc.find("| QoS | priority | max wall | limits | preempted | preempts |").unwrap();
+        let rows: Vec<Vec<&str>> = doc[start..]
+            .lines()
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| l.trim_matches('|').split('|').map(str::trim).collect())
+            .collect();
+        let shipped = Policy::default();
+        let names: Vec<&str> = rows.iter().map(|r| r[0].trim_matches('`')).collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(sorted, shipped.qos.keys().map(String::as_str).collect::<Vec<_>>());
+        let list = |text: &str| -> Vec<String> {
+            let mut v: Vec<String> = text
+                .split(',')
+                .map(|x| x.trim().trim_matches('`').to_string())
+                .filter(|x| x != "—")
+                .collect();
+            v.sort();
+            v
+        };
+        for r in &rows {
+            let q = &shipped.qos[r[0].trim_matches('`')];
+            assert_eq!(r[1], q.priority.to_string(), "{r:?}");
+            assert_eq!(r[2], format!("{} h", q.max_wall_s / 3600), "{r:?}");
+            let limits = q.grp_gpus.map_or("—".to_string(), |g| format!("{g} GPUs in total"));
+            assert_eq!(r[3], limits, "{r:?}");
+            let preempted = match (q.preempt_mode, q.grace_s) {
+                (PreemptMode::Off, _) => r[4].starts_with("never"),
+                (PreemptMode::Requeue, 0) => r[4] == "requeue",
+                (PreemptMode::Requeue, g) => r[4] == format!("requeue, {} min grace", g / 60),
+                _ => false,
+            };
+            assert!(preempted, "{r:?}: {:?} grace {}", q.preempt_mode, q.grace_s);
+            assert_eq!(r[4].contains("burstable"), q.burstable, "{r:?}");
+            assert_eq!(r[4].contains("shares GPUs"), q.gpu_sharing, "{r:?}");
+            assert_eq!(list(r[5]), q.preempt.iter().cloned().collect::<Vec<_>>(), "{r:?}");
+        }
+    }
+
     #[test]
     fn a_synthetic_cluster_takes_a_model_and_cpus_and_memory() {
         let one = |text: &str| {

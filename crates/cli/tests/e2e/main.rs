@@ -28,6 +28,7 @@ mod python_client;
 mod resources;
 mod restart;
 mod security;
+mod shipped_policy;
 mod sim;
 mod web;
 
