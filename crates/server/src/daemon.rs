@@ -94,7 +94,7 @@ struct Args {
     max_jobs: u32,
     /// Open connections one IP address may hold (the gRPC port and --http-addr together);
     /// further ones are closed unread. Fitted under the descriptor limit: at most a quarter of
-    /// what --max-connections may use there (see `connlimit::fit`).
+    /// the descriptors left for connections, less with peers (`connlimit::fit`).
     #[arg(long, default_value_t = connlimit::PER_ADDRESS_MAX)]
     max_connections_per_address: usize,
     /// Open connections in all (the gRPC port and --http-addr together). Fitted under the
