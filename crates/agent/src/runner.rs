@@ -309,7 +309,7 @@ fn confine(
     cgroup: Option<&RunCgroup>,
     limited: &crate::limits::RunLimited,
     account: Option<&crate::account::UnixAccount>,
-    workdir: &Path,
+    (workdir, fallback): (&Path, Option<&Path>),
     container: Option<crate::container::Plan>,
 ) -> std::io::Result<Vec<std::os::fd::OwnedFd>> {
     let mut procs: Vec<std::os::fd::OwnedFd> =
@@ -320,10 +320,25 @@ fn confine(
         let groups: Vec<nix::unistd::Gid> = a.groups.iter().map(|g| nix::unistd::Gid::from_raw(*g)).collect();
         (groups, nix::unistd::Gid::from_raw(a.gid), nix::unistd::Uid::from_raw(a.uid))
     });
+    let cpath = |p: &Path| {
+        std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()))
+            .map_err(|_| std::io::Error::other("the working directory holds a NUL byte"))
+    };
     let workdir = match &container {
         Some(plan) => plan.workdir().to_owned(),
-        None => std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(workdir.as_os_str()))
-            .map_err(|_| std::io::Error::other("the working directory holds a NUL byte"))?,
+        None => cpath(workdir)?,
+    };
+    // The submit directory where the node can enter it, else the job's own (said on stderr).
+    let fallback = match (&container, fallback) {
+        (None, Some(f)) => Some((
+            cpath(f)?,
+            format!(
+                "kairos-agent: cannot enter the submit directory {}; the job runs in {}\n",
+                workdir.to_string_lossy(),
+                f.display()
+            ),
+        )),
+        _ => None,
     };
     // SAFETY: between fork and exec the child only makes system calls (write, the container's
     // namespaces and mounts, setgroups, setgid, setuid, chdir) on values prepared before the
@@ -348,7 +363,11 @@ fn confine(
                 }
             }
             if nix::libc::chdir(workdir.as_ptr()) != 0 {
-                return Err(std::io::Error::last_os_error());
+                let Some((own, note)) = &fallback else { return Err(std::io::Error::last_os_error()) };
+                if nix::libc::chdir(own.as_ptr()) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                nix::libc::write(2, note.as_ptr().cast(), note.len());
             }
             Ok(())
         });
@@ -735,10 +754,11 @@ impl Runner {
         let spawned = (|| -> std::io::Result<(tokio::process::Child, Arc<Mutex<std::fs::File>>)> {
             // The job's directory and log belong to the job's user, readable by nobody else.
             let log = prepare_job_files(&self.state_dir, a, account.as_ref())?;
-            let (container, image_env) = match self.container_plan(a, image.as_deref(), &job_dir, account.as_ref())? {
-                Some((plan, env)) => (Some(plan), env),
-                None => (None, Vec::new()),
-            };
+            let (container, image_env) =
+                match self.container_plan(a, image.as_deref(), &job_dir, account.as_ref())? {
+                    Some((plan, env)) => (Some(plan), env),
+                    None => (None, Vec::new()),
+                };
             let mut cmd =
                 self.job_command(a, account.as_ref(), &image_env, &job_dir.join("checkpoint"), traceparent)?;
             cmd.env("KAIROS_CPUS", limits.cores.len().to_string());
@@ -750,7 +770,15 @@ impl Runner {
                 cmd.env("SLURM_MEM_PER_NODE", a.memory_mib.to_string());
             }
             // Held open until the child has written itself into them.
-            let _procs = confine(&mut cmd, cgroup.as_ref(), &limited, account.as_ref(), &workdir, container)?;
+            let fallback = a.workdir_is_submit_dir.then_some(job_dir.as_path());
+            let _procs = confine(
+                &mut cmd,
+                cgroup.as_ref(),
+                &limited,
+                account.as_ref(),
+                (&workdir, fallback),
+                container,
+            )?;
             // Recorded as the agent's own: the orphan reaper leaves its exit status to the run.
             let child = crate::reaper::spawn(|| cmd.spawn(), tokio::process::Child::id)?;
             Ok((child, Arc::new(Mutex::new(log))))
@@ -837,7 +865,8 @@ impl Runner {
             None => crate::container::gpu_devices(&self.isolation.devices.minors(&a.gpu_ids)),
         };
         let base = self.state_dir.join("containers");
-        let identity = account.map(|u| crate::container::Identity { groups: u.groups.clone(), gid: u.gid, uid: u.uid });
+        let identity =
+            account.map(|u| crate::container::Identity { groups: u.groups.clone(), gid: u.gid, uid: u.uid });
         let plan = crate::container::Plan::new(&image.rootfs, &base, &binds, &devices, &workdir, identity)?;
         Ok(Some((plan, env)))
     }

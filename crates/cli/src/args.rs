@@ -125,9 +125,11 @@ pub fn parse_dependency(s: &str) -> Result<Dependencies, String> {
             "afterok" => &mut deps.after_ok,
             "afterany" => &mut deps.after_any,
             "afternotok" => &mut deps.after_not_ok,
-            "after" | "aftercorr" | "afterburstbuffer" | "singleton" => return Err(format!(
+            "after" | "aftercorr" | "afterburstbuffer" | "singleton" => {
+                return Err(format!(
                 "--dependency: {kind} is not supported by kairos (it has afterok, afterany and afternotok)"
-            )),
+            ))
+            }
             other => {
                 return Err(format!(
                     "--dependency: unknown type \"{other}\" (kairos has afterok, afterany and afternotok)"
@@ -142,6 +144,53 @@ pub fn parse_dependency(s: &str) -> Result<Dependencies, String> {
         }
     }
     Ok(deps)
+}
+
+/// The most variables an exported environment may carry (the job spec's own bound is 256).
+const EXPORT_VARS_MAX: usize = 200;
+
+/// The environment a job takes from its submitter, sbatch's `--export`: `ALL` (the default:
+/// every variable but kairos's own — its credentials among them —, Slurm's, those the agent
+/// sets for every run, and names a job may not carry), `NONE`, or `NAME` / `NAME=VALUE` items
+/// (with `ALL` among them: all and those).
+pub fn export_env(
+    spec: Option<&str>,
+    env: &std::collections::BTreeMap<String, String>,
+) -> Result<Vec<(String, String)>, String> {
+    let exportable = |k: &str| {
+        !k.starts_with("KAIROS_")
+            && !k.starts_with("SLURM_")
+            && !kairos_scheduler::validate::RESERVED_ENV.contains(&k)
+            && !k.is_empty()
+            && !k.starts_with(|c: char| c.is_ascii_digit())
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    let mut out: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
+    for item in spec.unwrap_or("ALL").split(',').filter(|i| !i.is_empty()) {
+        match item {
+            "NONE" => {}
+            "ALL" => {
+                out.extend(env.iter().filter(|(k, _)| exportable(k)).map(|(k, v)| (k.clone(), v.clone())))
+            }
+            kv if kv.contains('=') => {
+                let (k, v) = parse_env(kv)?;
+                out.insert(k, v);
+            }
+            name => {
+                if let Some(v) = env.get(name).filter(|_| exportable(name)) {
+                    out.insert(name.to_string(), v.clone());
+                }
+            }
+        }
+    }
+    if out.len() > EXPORT_VARS_MAX {
+        return Err(format!(
+            "the environment has {} variables, more than the {EXPORT_VARS_MAX} a job takes: \
+             name them with --export=NAME,... or use --export=NONE",
+            out.len()
+        ));
+    }
+    Ok(out.into_iter().collect())
 }
 
 /// The most tasks one array (or one manifest's completions) has.
@@ -222,6 +271,31 @@ mod array_tests {
             let e = parse_dependency(bad).unwrap_err();
             assert!(e.contains(says), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn export_takes_all_but_kairos_and_slurm_variables_and_never_credentials() {
+        let env: std::collections::BTreeMap<String, String> = [
+            ("STEPS", "50"),
+            ("KAIROS_TOKEN", "secret"),
+            ("KAIROS_TOKEN_FILE", "/t"),
+            ("SLURM_JOB_ID", "3"),
+            ("CUDA_VISIBLE_DEVICES", "0"),
+            ("RANK", "1"),
+            ("BASH_FUNC_x%%", "() { :; }"),
+            ("PATH", "/usr/bin"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let all = export_env(None, &env).unwrap();
+        assert_eq!(all, vec![("PATH".into(), "/usr/bin".into()), ("STEPS".into(), "50".into())]);
+        assert!(export_env(Some("NONE"), &env).unwrap().is_empty());
+        let some = export_env(Some("STEPS,KAIROS_TOKEN,X=1"), &env).unwrap();
+        assert_eq!(some, vec![("STEPS".into(), "50".into()), ("X".into(), "1".into())]);
+        let many: std::collections::BTreeMap<String, String> =
+            (0..300).map(|i| (format!("V{i}"), "x".to_string())).collect();
+        assert!(export_env(None, &many).unwrap_err().contains("--export=NONE"));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use clap::Args;
 
-use crate::args::{parse_array, parse_env, parse_gpus, parse_time};
+use crate::args::{parse_array, parse_gpus, parse_time};
 use crate::jobs::SubmitArgs;
 
 #[derive(Args, Debug)]
@@ -60,6 +60,8 @@ const OPTIONS: &[(Option<char>, &str, bool)] = &[
     (None, "container-image", true),
     (None, "container-mounts", true),
     (None, "container-workdir", true),
+    // The script is this command (`#!/bin/sh`), and no SCRIPT is given.
+    (None, "wrap", true),
     // Accepted and ignored: kairos sends no mail (watch `kairos wait` or the job's events).
     (None, "mail-type", true),
     (None, "mail-user", true),
@@ -270,33 +272,36 @@ fn checkpoint_signal_of(o: &Options) -> Result<Option<String>, String> {
     })
 }
 
-/// `--export`: NONE, ALL (but kairos's and Slurm's own variables), NAME or NAME=VALUE items.
-fn exported(o: &Options, env: &BTreeMap<String, String>) -> Result<Vec<(String, String)>, String> {
-    let bad = |long: &str, e: String| format!("--{long}: {e}");
-    let mut exported: Vec<(String, String)> = Vec::new();
-    if let Some(e) = o.get("export") {
-        for item in e.split(',').filter(|i| !i.is_empty()) {
-            match item {
-                "NONE" => {}
-                "ALL" => exported.extend(
-                    env.iter()
-                        .filter(|(k, _)| {
-                            !k.starts_with("KAIROS_")
-                                && !k.starts_with("SLURM_")
-                                && k.as_str() != "CUDA_VISIBLE_DEVICES"
-                        })
-                        .map(|(k, v)| (k.clone(), v.clone())),
-                ),
-                kv if kv.contains('=') => exported.push(parse_env(kv).map_err(|e| bad("export", e))?),
-                name => {
-                    if let Some(v) = env.get(name) {
-                        exported.push((name.to_string(), v.clone()));
-                    }
-                }
-            }
-        }
+/// The most bytes of a script: it travels as the job's command, within the job spec's bound.
+const SCRIPT_BYTES_MAX: u64 = kairos_scheduler::validate::SPEC_BYTES_MAX as u64 - 16 * 1024;
+
+/// The script at `path`, its size checked before it is read.
+fn read_script(path: &str) -> Result<String, String> {
+    let size = std::fs::metadata(path).map_err(|e| format!("reading {path}: {e}"))?.len();
+    if size > SCRIPT_BYTES_MAX {
+        return Err(format!(
+            "{path} is {size} bytes; a batch script may have at most {SCRIPT_BYTES_MAX} (it travels with the job)"
+        ));
     }
-    Ok(exported)
+    std::fs::read_to_string(path).map_err(|e| format!("reading {path}: {e}"))
+}
+
+/// `kairos batch --help`: the usage and every sbatch option kairos takes.
+pub fn help() -> String {
+    let mut out = String::from(
+        "Submit a batch script like sbatch: options from its #SBATCH (or #KAIROS) lines, those on the \
+         command line overriding them; prints the job's (or array's) id.\n\n\
+         Usage: kairos batch [OPTIONS] SCRIPT [ARGS...]\n       kairos batch [OPTIONS] --wrap CMD\n\n\
+         The job runs in the submit directory (--chdir) and takes the submitter's environment \
+         (--export, ALL by default; never kairos's own variables).\n\nOptions (sbatch's):\n",
+    );
+    for (short, long, value) in OPTIONS {
+        let short = short.map(|c| format!("-{c}, ")).unwrap_or_default();
+        let value = if *value { " VALUE" } else { "" };
+        out.push_str(&format!("  {short:>4}--{long}{value}\n"));
+    }
+    out.push_str("\nAny other option is refused, naming it; nothing is submitted.\n");
+    out
 }
 
 /// The submit a batch command line asks for (`args`: options, SCRIPT, its arguments), reading
@@ -304,9 +309,23 @@ fn exported(o: &Options, env: &BTreeMap<String, String>) -> Result<Vec<(String, 
 pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<SubmitArgs, String> {
     let mut given = Options::default();
     let used = given.read(args, "command line")?;
-    let path = args.get(used).ok_or("a batch script is needed: kairos batch [OPTIONS] SCRIPT [ARGS]")?;
-    let script_args = &args[used + 1..];
-    let script = std::fs::read_to_string(path).map_err(|e| format!("reading {path}: {e}"))?;
+    // The command line's own refusals come before the script is looked for.
+    given.refuse_unsupported()?;
+    let (path, script, script_args) = match given.get("wrap") {
+        Some(command) => {
+            if let Some(extra) = args.get(used) {
+                return Err(format!("--wrap is the script: \"{extra}\" cannot follow it"));
+            }
+            ("wrap".to_string(), format!("#!/bin/sh\n{command}\n"), &args[used..])
+        }
+        None => {
+            let path = args
+                .get(used)
+                .ok_or("a batch script is needed: kairos batch [OPTIONS] SCRIPT [ARGS] (or --wrap CMD)")?;
+            (path.clone(), read_script(path)?, &args[used + 1..])
+        }
+    };
+    let path = &path;
     let mut options = directives(&script, path)?;
     options.1.extend(given.1);
     options.refuse_unsupported()?;
@@ -322,14 +341,12 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
         crate::args::parse_dependency(d)?;
     }
     let checkpoint_signal = checkpoint_signal_of(o)?;
-    let exported = exported(o, env)?;
+    let export = o.get("export").map(str::to_string);
+    // What it exports is checked now (the environment is read again at the submit).
+    crate::args::export_env(export.as_deref(), env).map_err(|e| bad("export", e))?;
     let container_image = o.get("container-image").map(str::to_string);
-    // A container job starts in its container's workdir, not in a directory of the host.
-    let workdir = match (o.get("chdir"), &container_image) {
-        (Some(d), _) => Some(d.to_string()),
-        (None, Some(_)) => None,
-        (None, None) => Some(std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default()),
-    };
+    // The submit directory unless --chdir (set at the submit, as for `kairos submit`).
+    let workdir = o.get("chdir").map(str::to_string);
     let name = o
         .get("job-name")
         .map(str::to_string)
@@ -360,7 +377,8 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
         time: o.get("time").map(|t| parse_time(t).map_err(|e| bad("time", e))).transpose()?,
         qos: o.get("qos").map(str::to_string),
         profile: None,
-        env: exported,
+        env: Vec::new(),
+        export,
         workdir,
         requeue: o.get("requeue").is_some(),
         after_ok: Vec::new(),

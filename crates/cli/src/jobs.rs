@@ -19,7 +19,11 @@ pub enum ProfileArg {
     Batch,
 }
 
-/// `kairos submit`'s flags and command.
+/// `kairos submit`'s flags and command. As with sbatch, the job runs in the directory it was
+/// submitted from (where its node can enter it; else in its own directory, saying so on its
+/// stderr), or `-D DIR`, and takes the submitter's environment (`--export`; never kairos's own
+/// variables, the credentials among them); a container job runs in its image's environment and
+/// workdir instead.
 #[derive(clap::Args, Debug)]
 pub struct SubmitArgs {
     /// GPUs the job needs on each node (0: a CPU-only job, 1 CPU unless -c says more).
@@ -68,9 +72,14 @@ pub struct SubmitArgs {
     /// Extra environment variables, KEY=VALUE (repeatable).
     #[arg(long = "env", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
-    /// Working directory of the job on its node.
+    /// Working directory of the job on its node (default: the directory it is submitted from).
     #[arg(long, short = 'D')]
     pub workdir: Option<String>,
+    /// The submitter's environment the job takes, sbatch's: ALL (the default for a bare job;
+    /// never KAIROS_* or SLURM_* variables), NONE (the default for a container job), or
+    /// NAME[,NAME=VALUE...]; --env adds to it.
+    #[arg(long, value_name = "ALL|NONE|NAME[,NAME=VALUE...]")]
+    pub export: Option<String>,
     /// Requeue the job (next attempt) if its node fails, instead of ending it NODE_FAIL.
     #[arg(long)]
     pub requeue: bool,
@@ -241,6 +250,7 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         profile,
         env,
         workdir,
+        export,
         requeue,
         mut after_ok,
         mut after_any,
@@ -266,6 +276,20 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         ..
     } = args;
     let container = container_spec(container_image, container_mounts, container_workdir)?;
+    // sbatch's defaults: the submit directory and environment (a container: its image's).
+    let export = export.or_else(|| container.is_some().then(|| "NONE".to_string()));
+    let submitter: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+    let mut environment: std::collections::BTreeMap<String, String> =
+        crate::args::export_env(export.as_deref(), &submitter)
+            .map_err(|e| anyhow::anyhow!("--export: {e}"))?
+            .into_iter()
+            .collect();
+    environment.extend(env);
+    let submit_dir = (workdir.is_none() && container.is_none())
+        .then(|| std::env::current_dir().map(|d| d.display().to_string()))
+        .transpose()
+        .context("the current directory (the job's working directory; or give -D DIR)")?;
+    let workdir_is_submit_dir = submit_dir.is_some();
     if let Some(d) = &dependency {
         let deps = crate::args::parse_dependency(d).map_err(|e| anyhow::anyhow!(e))?;
         after_ok.extend(deps.after_ok);
@@ -287,8 +311,9 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
     let spec = pb::JobSpec {
         name,
         argv: command,
-        env: env.into_iter().collect(),
-        workdir: workdir.unwrap_or_default(),
+        env: environment.into_iter().collect(),
+        workdir: workdir.or(submit_dir).unwrap_or_default(),
+        workdir_is_submit_dir,
         qos: qos.unwrap_or_default(),
         profile: profile as i32,
         resources: Some(pb::Resources {
@@ -529,20 +554,87 @@ pub async fn show(client: &Client, json: bool, id: u64) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-pub async fn cancel(client: &Client, json: bool, target: (u64, Option<u32>)) -> anyhow::Result<i32> {
-    let id = resolve(client, target).await?;
-    let job = client
-        .jobs(pb::CancelJobRequest { job_id: id }, |mut c, r| async move { c.cancel_job(r).await })
-        .await?
-        .into_inner();
-    if json {
-        print_json(&job_json(&job));
-    } else if job.state == pb::JobState::Running as i32 {
-        println!("job {id}: cancel requested; its processes are being stopped");
-    } else {
-        println!("job {id}: cancelled");
+/// `kairos cancel`'s ids and scancel's filters.
+#[derive(clap::Args, Debug)]
+pub struct CancelArgs {
+    /// Job ids, or array tasks as ARRAY_INDEX (e.g. 41_3).
+    #[arg(value_parser = crate::args::parse_job_ref)]
+    pub ids: Vec<(u64, Option<u32>)>,
+    /// Only (or every unfinished job) of this user.
+    #[arg(long, short = 'u')]
+    pub user: Option<String>,
+    /// Only (or every) job in these states, comma-separated (PENDING, RUNNING, SUSPENDED).
+    #[arg(long, short = 't', value_delimiter = ',')]
+    pub state: Vec<String>,
+    /// Only (or every unfinished) job with this name.
+    #[arg(long, short = 'n')]
+    pub name: Option<String>,
+}
+
+/// Cancels the jobs `args` names; exits 1 when one of them could not be cancelled (each said).
+pub async fn cancel(client: &Client, json: bool, args: CancelArgs) -> anyhow::Result<i32> {
+    let filtered = args.user.is_some() || !args.state.is_empty() || args.name.is_some();
+    if args.ids.is_empty() && !filtered {
+        anyhow::bail!("give job ids, or -u USER, --state or --name to cancel every job that matches");
     }
-    Ok(0)
+    let mut ids = Vec::new();
+    for target in &args.ids {
+        ids.push(resolve(client, *target).await?);
+    }
+    if filtered {
+        let states = args
+            .state
+            .iter()
+            .map(|s| {
+                state_of(s).map(|s| s as i32).ok_or_else(|| anyhow::anyhow!("--state: unknown state \"{s}\""))
+            })
+            .collect::<anyhow::Result<Vec<i32>>>()?;
+        let request = pb::ListJobsRequest {
+            states,
+            user: args.user.clone().unwrap_or_default(),
+            name: args.name.clone().unwrap_or_default(),
+            ..Default::default()
+        };
+        let mut matching = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let req = pb::ListJobsRequest { page_token: page_token.clone(), ..request.clone() };
+            let page = client.jobs(req, |mut c, r| async move { c.list_jobs(r).await }).await?.into_inner();
+            matching.extend(page.jobs.iter().filter(|j| !terminal(j.state)).map(|j| j.id));
+            if page.next_page_token.is_empty() {
+                break;
+            }
+            page_token = page.next_page_token;
+        }
+        ids = if ids.is_empty() {
+            matching
+        } else {
+            ids.into_iter().filter(|i| matching.contains(i)).collect()
+        };
+    }
+    let mut failed = 0;
+    for id in ids {
+        let reply = client
+            .jobs(pb::CancelJobRequest { job_id: id }, |mut c, r| async move { c.cancel_job(r).await })
+            .await;
+        match reply.map(tonic::Response::into_inner) {
+            Ok(job) if json => print_json(&job_json(&job)),
+            Ok(job) if job.state == pb::JobState::Running as i32 => {
+                println!("job {id}: cancel requested; its processes are being stopped")
+            }
+            Ok(_) => println!("job {id}: cancelled"),
+            Err(e) => {
+                eprintln!("kairos: job {id}: {e}");
+                failed += 1;
+            }
+        }
+    }
+    Ok(i32::from(failed > 0))
+}
+
+fn terminal(state: i32) -> bool {
+    ![pb::JobState::Pending as i32, pb::JobState::Running as i32, pb::JobState::Suspended as i32]
+        .contains(&state)
 }
 
 /// Holds (`hold`) or releases a pending job.

@@ -79,6 +79,7 @@ enum Cmd {
     Sim(sim::SimArgs),
     /// Submit a batch script like sbatch: options from its #SBATCH (or #KAIROS) lines, those
     /// before SCRIPT overriding them; prints the job's (or array's) id.
+    #[command(disable_help_flag = true)]
     Batch(batch::BatchArgs),
     /// List pending and running jobs (all jobs with --all), every page of them.
     Queue(jobs::QueueArgs),
@@ -91,12 +92,10 @@ enum Cmd {
         #[arg(value_parser = args::parse_job_ref)]
         id: (u64, Option<u32>),
     },
-    /// Cancel a job; an array's id cancels every task of it, ID_N only task N.
-    Cancel {
-        /// The job's id, or an array task as ARRAY_INDEX (e.g. 41_3).
-        #[arg(value_parser = args::parse_job_ref)]
-        id: (u64, Option<u32>),
-    },
+    /// Cancel jobs, like scancel: by id (an array's id cancels every task of it, ID_N only task
+    /// N), or every unfinished job of -u USER / in --state / named --name (with ids: those of
+    /// them that match).
+    Cancel(jobs::CancelArgs),
     /// Keep a pending job from starting.
     Hold {
         /// The job's id, or an array task as ARRAY_INDEX (e.g. 41_3).
@@ -261,7 +260,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             | Cmd::Context { .. }
     );
     let config = if local { context::Config::default() } else { context::Config::load()? };
-    let ctx = config.selected(cli.context.as_deref())?.map(|(_, c)| c.clone()).unwrap_or_default();
+    // A context's credentials go only with its own addresses (`Config::resolve`).
+    let resolved =
+        config.resolve(cli.context.as_deref(), cli.controllers.as_deref(), up::DEFAULT_CONTROLLER)?;
+    let (ctx_name, ctx) = resolved.context.unwrap_or_default();
     let tls = kairos_proto::wire::TlsFiles {
         ca: cli.ca.clone().or(ctx.ca),
         cert: cli.cert.clone().or(ctx.cert),
@@ -269,21 +271,20 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     }
     .client()
     .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let token =
-        if local { None } else { client::load_token(cli.token_file.as_deref(), ctx.token_file.as_deref())? };
-    let controllers = match (&cli.controllers, ctx.controllers.is_empty()) {
-        (Some(given), _) => given.clone(),
-        (None, false) => ctx.controllers,
-        (None, true) => vec![up::DEFAULT_CONTROLLER.to_string()],
-    };
-    let client = Client::new(controllers, token, cli.act_as.clone(), tls);
+    let ctx_token = ctx.token_file.as_deref().map(|f| (ctx_name.as_str(), f));
+    let token = if local { None } else { client::load_token(cli.token_file.as_deref(), ctx_token)? };
+    let client = Client::new(resolved.controllers, token, cli.act_as.clone(), tls);
     let (client, json) = (&client, cli.json);
     match cli.command {
         Cmd::Submit(args) => jobs::submit(client, json, *args).await,
         Cmd::Queue(args) => jobs::queue(client, json, args).await,
         Cmd::Show { id } => jobs::show(client, json, jobs::resolve(client, id).await?).await,
         Cmd::History(args) => history::history(client, json, args).await,
-        Cmd::Cancel { id } => jobs::cancel(client, json, id).await,
+        Cmd::Cancel(args) => jobs::cancel(client, json, args).await,
+        Cmd::Batch(args) if matches!(args.args.first().map(String::as_str), Some("--help" | "-h")) => {
+            print!("{}", batch::help());
+            Ok(0)
+        }
         Cmd::Batch(args) => {
             let env = std::env::vars().collect();
             let submit = batch::submit_args(&args.args, &env).map_err(|e| anyhow::anyhow!("{e}"))?;

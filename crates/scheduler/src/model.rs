@@ -227,6 +227,9 @@ pub struct JobSpec {
     pub argv: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub workdir: String,
+    /// `workdir` is the submit directory (sbatch's default), entered where it can be.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub workdir_is_submit_dir: bool,
     pub gpus: u32,
     /// CPUs per task (node), resolved at submit (0: none asked for, the job shares the node's
     /// cores nobody was granted).
@@ -396,6 +399,7 @@ impl JobSpec {
             argv,
             env: BTreeMap::new(),
             workdir: String::new(),
+            workdir_is_submit_dir: false,
             gpus,
             cpus: 0,
             mem_mib: 0,

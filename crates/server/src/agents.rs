@@ -42,6 +42,7 @@ pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> 
                 argv: o.job.spec.argv.clone(),
                 env: o.job.spec.env.clone().into_iter().chain(o.job.batch_env()).collect(),
                 workdir: o.job.spec.workdir.clone(),
+                workdir_is_submit_dir: o.job.spec.workdir_is_submit_dir,
                 gpu_ids: o.gpus,
                 started: o.started,
                 kill,

@@ -56,6 +56,7 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
         argv: spec.argv,
         env: spec.env.into_iter().collect(),
         workdir: spec.workdir,
+        workdir_is_submit_dir: spec.workdir_is_submit_dir,
         gpus: res.gpus,
         // A job without GPUs gets one CPU unless it asks for more (Slurm's default).
         cpus: if res.gpus == 0 { res.cpus.max(1) } else { res.cpus },
@@ -213,6 +214,7 @@ fn spec_to_pb(job: &Job) -> pb::JobSpec {
         argv: s.argv.clone(),
         env: s.env.clone().into_iter().collect(),
         workdir: s.workdir.clone(),
+        workdir_is_submit_dir: s.workdir_is_submit_dir,
         qos: s.qos.clone(),
         profile: profile_to_pb(s.profile) as i32,
         resources: Some(pb::Resources {

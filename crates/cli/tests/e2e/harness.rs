@@ -43,6 +43,44 @@ pub fn free_addr() -> String {
     }
 }
 
+/// Environment variables through which the invoking user's kairos configuration reaches a CLI.
+pub const CALLER_SETTINGS: &[&str] = &[
+    "XDG_CONFIG_HOME",
+    "KAIROS_CONTEXT",
+    "KAIROS_CONTROLLERS",
+    "KAIROS_TOKEN",
+    "KAIROS_TOKEN_FILE",
+    "KAIROS_CA",
+    "KAIROS_CERT",
+    "KAIROS_KEY",
+];
+
+/// The tests' own HOME (`target/tmp/e2e-home`), with no kairos contexts unless a test puts
+/// some there: what `kairos_cmd` gives every CLI.
+pub fn test_home() -> PathBuf {
+    let home = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-home");
+    std::fs::create_dir_all(&home).expect("the tests' HOME");
+    home
+}
+
+/// A `kairos` command that reads none of the invoking user's configuration: HOME is `home` (the
+/// contexts it sees are those in `home/.config/kairos`), and the caller's kairos settings in
+/// the environment (`CALLER_SETTINGS`) are removed. A stale context in the user's
+/// `~/.config/kairos` must not decide a test, nor may a test's `kairos up` add one there.
+pub fn kairos_in(home: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kairos"));
+    cmd.env("HOME", home);
+    for var in CALLER_SETTINGS {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+/// `kairos_in` the tests' own HOME: how every test starts a `kairos` of its own.
+pub fn kairos_cmd() -> Command {
+    kairos_in(&test_home())
+}
+
 /// Polls `f` until it returns `Some`, or panics with `what` after `WAIT`.
 pub fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
     wait_for_within(what, WAIT, f)
@@ -206,6 +244,18 @@ impl Cluster {
         c
     }
 
+    /// Where the CLI runs (a job's default working directory, as sbatch's is where it was
+    /// submitted): the cluster's own, writable by every user (sticky), as a shared scratch is.
+    pub fn submit_dir(&self) -> PathBuf {
+        let dir = self.dir.path().join("submit");
+        if !dir.is_dir() {
+            std::fs::create_dir_all(&dir).expect("submit dir");
+            std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o1777))
+                .expect("submit dir mode");
+        }
+        dir
+    }
+
     pub fn path(&self, sub: &str) -> PathBuf {
         self.dir.path().join(sub)
     }
@@ -230,7 +280,8 @@ impl Cluster {
 
     /// A `kairos` command against this cluster with the admin token.
     pub fn cli(&self) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kairos"));
+        let mut cmd = kairos_cmd();
+        cmd.current_dir(self.submit_dir());
         cmd.arg("--controllers").arg(self.addrs()).env("KAIROS_TOKEN_FILE", self.token_file());
         cmd.envs(self.cli_env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null());
         cmd
@@ -391,7 +442,7 @@ impl Cluster {
 
     /// `cluster status --json` as one replica sees it (None if it does not answer).
     pub fn status_of(&self, index: usize) -> Option<Value> {
-        let out = Command::new(env!("CARGO_BIN_EXE_kairos"))
+        let out = kairos_cmd()
             .args(["--controllers", &self.controllers[index].addr, "cluster", "status", "--json"])
             .env("KAIROS_TOKEN_FILE", self.token_file())
             .envs(self.cli_env.iter().map(|(k, v)| (k, v)))
@@ -475,7 +526,8 @@ impl Cluster {
 
     /// Runs the CLI against one controller only.
     pub fn kairos_at(&self, addr: &str, args: &[&str]) -> Output {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kairos"));
+        let mut cmd = kairos_cmd();
+        cmd.current_dir(self.submit_dir());
         cmd.arg("--controllers").arg(addr).env("KAIROS_TOKEN_FILE", self.token_file());
         cmd.envs(self.cli_env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null());
         cmd.args(args).output().expect("run kairos")

@@ -9,7 +9,11 @@ mod burst_chaos;
 mod capacity;
 mod confinement;
 mod containers;
+mod daily;
+mod contexts;
+mod dependencies;
 mod deploy;
+mod docs;
 mod durability;
 mod gang;
 mod gateway_bounds;
@@ -202,10 +206,7 @@ fn bad_input_gets_a_one_line_error_and_changes_nothing() {
     assert_eq!(c.jobs().len(), before, "bad input created jobs");
 
     // No controller at all: a clear message, not a panic.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
-        .args(["--controllers", "127.0.0.1:1", "queue"])
-        .output()
-        .unwrap();
+    let out = crate::harness::kairos_cmd().args(["--controllers", "127.0.0.1:1", "queue"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert!(err.starts_with("kairos: cannot reach controller at 127.0.0.1:1"), "{err:?}");
@@ -262,7 +263,7 @@ fn kairos_up_stops_cleanly_on_sigterm_leaving_no_processes() {
     std::fs::write(config_dir.join("token"), "kairos-admin.another-clusters-token\n").unwrap();
     // The CLI's pointer at another cluster, as a user of one has exported: `up` takes its
     // addresses from its own flags only.
-    let mut up = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+    let mut up = crate::harness::kairos_cmd()
         .env("HOME", &home)
         .env("KAIROS_CONTROLLERS", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
         .env_remove("XDG_CONFIG_HOME")
@@ -285,7 +286,7 @@ fn kairos_up_stops_cleanly_on_sigterm_leaving_no_processes() {
     }
     let stop = StopOnDrop(up.id());
     let cli = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+        crate::harness::kairos_cmd()
             .env("HOME", &home)
             .env_remove("XDG_CONFIG_HOME")
             .env_remove("KAIROS_TOKEN")
@@ -469,10 +470,7 @@ fn queue_filters_select_jobs_and_format_picks_columns() {
 
 #[test]
 fn completions_and_man_pages_are_generated() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
-        .args(["completions", "bash"])
-        .output()
-        .unwrap();
+    let out = crate::harness::kairos_cmd().args(["completions", "bash"]).output().unwrap();
     assert!(out.status.success());
     let script = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -480,11 +478,7 @@ fn completions_and_man_pages_are_generated() {
         "{script}"
     );
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
-        .args(["man"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = crate::harness::kairos_cmd().args(["man"]).arg(dir.path()).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     for page in ["kairos.1", "kairos-submit.1", "kairos-queue.1"] {
         let text =
@@ -522,7 +516,7 @@ fn kairos_up_on_a_taken_port_fails_fast_naming_it_whatever_kairos_controllers_sa
     let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = held.local_addr().unwrap().to_string();
     let started = std::time::Instant::now();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+    let out = crate::harness::kairos_cmd()
         .env("HOME", dir.path().join("home"))
         .env("KAIROS_CONTROLLERS", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
         .args(["up", "--addr", &taken, "--agent-addr", &harness::free_addr()])
