@@ -221,9 +221,16 @@ fn saturated_cluster(endpoint: &str) -> (Cluster, u64) {
         1,
         &["--cluster-name", CLUSTER, "--burst-endpoint", endpoint, "--burst-interval-ms", "200"],
     );
+    inference_waits_for_training(&c);
     let training = c.submit(&["--qos", "training", "--gpus", "1", "--", "sleep", "600"]);
     c.wait_state(training, "RUNNING");
     (c, training)
+}
+
+/// The shipped inference QoS preempts training; these tests are about inference that finds
+/// on-prem full, so here it may not.
+fn inference_waits_for_training(c: &Cluster) {
+    c.ok(&["qos", "update", "inference", "--preempt", ""]);
 }
 
 #[test]
@@ -246,7 +253,8 @@ fn inference_bursts_to_the_cloud_within_limits_and_idle_or_leaked_instances_are_
             "5000",
         ],
     );
-    // On-prem is full of training.
+    // On-prem is full of training that inference may not preempt.
+    inference_waits_for_training(&c);
     let training = c.submit(&["--qos", "training", "--gpus", "2", "--", "sleep", "600"]);
     c.wait_state(training, "RUNNING");
     // A leaked instance: tagged with this cluster, started behind its back.
@@ -404,6 +412,7 @@ fn a_leader_killed_between_intent_and_launch_answer_never_doubles_the_launch() {
             "--burst-test-crash-after-launch",
         ],
     );
+    inference_waits_for_training(&c);
     let training = c.submit(&["--qos", "training", "--gpus", "2", "--", "sleep", "600"]);
     c.wait_state(training, "RUNNING");
     let booter = Booter::start(
