@@ -227,3 +227,129 @@ fn a_bad_burst_file_is_a_one_line_error() {
         );
     }
 }
+
+/// Every job of a report is finished (counted in its class) or named among the unfinished with
+/// why, and the per-class counts add up.
+fn accounted(report: &Value) -> Vec<Value> {
+    let finished =
+        report["inference"]["jobs"].as_u64().unwrap() + report["training"]["jobs"].as_u64().unwrap();
+    let unfinished = report["unfinished_jobs"].as_array().unwrap().clone();
+    assert_eq!(report["jobs"].as_u64().unwrap(), finished + unfinished.len() as u64, "{report}");
+    assert_eq!(report["unfinished"].as_u64().unwrap(), unfinished.len() as u64, "{report}");
+    let counted: u64 = report["unfinished_by"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|by| by.as_object().unwrap().values().map(|n| n.as_u64().unwrap()))
+        .sum();
+    assert_eq!(counted, unfinished.len() as u64, "{report}");
+    for j in &unfinished {
+        assert!(!j["name"].as_str().unwrap().is_empty() && !j["reason"].as_str().unwrap().is_empty(), "{j}");
+        assert!(["inference", "training"].contains(&j["class"].as_str().unwrap()), "{j}");
+    }
+    unfinished
+}
+
+#[test]
+fn jobs_asking_for_gpu_models_the_cluster_lacks_are_reported_never_placeable_with_the_model_sets() {
+    let dir = tempfile::tempdir().unwrap();
+    let pods = dir.path().join("pods.csv");
+    std::fs::write(
+        &pods,
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n\
+         v1,1000,1024,1,1000,V100M16|V100M32,BE,Succeeded,0,100,0\n\
+         v2,1000,1024,2,1000,V100M16|V100M32,BE,Succeeded,0,100,0\n\
+         h1,1000,1024,1,1000,H100,LS,Succeeded,0,100,0\n\
+         t1,1000,1024,1,1000,T4,LS,Succeeded,0,100,0\n\
+         any,1000,1024,2,1000,,BE,Succeeded,10,100,10\n\
+         cpu,48000,1024,1,1000,,BE,Succeeded,10,100,10\n",
+    )
+    .unwrap();
+    let run = |json: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"));
+        cmd.args(["sim", "--pods", pods.to_str().unwrap(), "--cluster", "2x4:T4:32:256G"]);
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.output().unwrap()
+    };
+    let out = run(true);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let unfinished = accounted(&report);
+    let named: Vec<(&str, &str, &str)> = unfinished
+        .iter()
+        .map(|j| {
+            (j["name"].as_str().unwrap(), j["constraint"].as_str().unwrap(), j["reason"].as_str().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        named,
+        [
+            ("h1", "gpu_model", "GPU models H100; the nodes have T4"),
+            ("cpu", "cpus", "48 CPUs; the largest node with its GPUs has 32"),
+            ("v1", "gpu_model", "GPU models V100M16|V100M32; the nodes have T4"),
+            ("v2", "gpu_model", "GPU models V100M16|V100M32; the nodes have T4"),
+        ],
+        "{report}"
+    );
+    assert!(unfinished.iter().all(|j| j["never_placeable"] == true), "{report}");
+    assert_eq!(
+        report["unfinished_by"]["training"]["never placeable: GPU models V100M16|V100M32; the nodes have T4"],
+        2,
+        "{report}"
+    );
+    // The table says the same per class.
+    let out = run(false);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = |label: &str| text.lines().find(|l| l.starts_with(label)).unwrap_or_default().to_string();
+    assert!(
+        row("unfinished inference").contains("1 never placeable: GPU models H100; the nodes have T4"),
+        "{text}"
+    );
+    let training = row("unfinished training");
+    assert!(
+        training.contains("2 never placeable: GPU models V100M16|V100M32; the nodes have T4")
+            && training.contains("1 never placeable: 48 CPUs"),
+        "{text}"
+    );
+    assert!(text.contains("jobs  ") && text.contains("6 (4 unfinished)"), "{text}");
+}
+
+#[test]
+fn with_gpu_fractions_every_job_of_the_excerpt_finishes_or_is_named_under_each_shipped_policy() {
+    let files: Vec<String> =
+        ["replay.toml", "headroom.toml", "no-preemption.toml"].iter().map(|f| policy(f)).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("all.svg");
+    // The shipped policy (no --policy) and each of deploy/sim's, side by side and drawn.
+    let mut runs: Vec<(String, Value)> = Vec::new();
+    let out = sim(&["--json", "--seed", "3", "--load", "5", "--gpu-fractions"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    runs.push(("shipped".into(), serde_json::from_slice(&out.stdout).unwrap()));
+    let mut args =
+        vec!["--json", "--seed", "3", "--load", "5", "--gpu-fractions", "--plot", svg.to_str().unwrap()];
+    args.push("--compare");
+    args.extend(files.iter().map(String::as_str));
+    let out = sim(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    runs.extend(files.iter().map(|f| (f.clone(), all[f].clone())));
+    for (name, report) in &runs {
+        let unfinished = accounted(report);
+        // The excerpt's 8-GPU tasks fit none of its 2-GPU nodes; nothing else is left.
+        assert_eq!(unfinished.len(), 4, "{name}: {report}");
+        for j in &unfinished {
+            assert_eq!(
+                (j["never_placeable"].as_bool(), j["constraint"].as_str()),
+                (Some(true), Some("gpus")),
+                "{name}: {j}"
+            );
+            assert_eq!(j["reason"], "8 GPUs; the largest node has 2 of them", "{name}: {j}");
+        }
+    }
+    // --compare --plot draws every policy: three lines each, under its name.
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(picture.matches("<polyline").count(), 3 * files.len(), "{picture}");
+    assert!(files.iter().all(|f| picture.contains(f.as_str())));
+}
