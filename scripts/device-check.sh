@@ -22,6 +22,9 @@ sleep 2
 agent=$!
 sleep 3
 export KAIROS_TOKEN_FILE="$D/c/admin.token"
+# Nothing of the caller's own kairos configuration (contexts, default token) is read.
+export HOME="$D/home" XDG_CONFIG_HOME="$D/home/.config"
+unset KAIROS_CONTEXT KAIROS_TOKEN KAIROS_CA KAIROS_CERT KAIROS_KEY
 K() { "$B/kairos" --controllers 127.0.0.1:7001 "$@"; }
 K nodes --json > "$OUT/nodes.json" 2>&1
 kernel=$(realpath scripts/device-kernel.py)

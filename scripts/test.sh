@@ -4,6 +4,10 @@
 # Binaries and tests are built in one profile (dev), so nothing is compiled twice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The tests read none of the caller's own kairos configuration: every CLI they start gets a HOME
+# of the tests' own (crates/cli/tests/e2e/harness.rs: kairos_in), and these, which would point
+# it (or the Python client) at another cluster or context, are dropped here.
+unset KAIROS_CONTEXT KAIROS_CONTROLLERS KAIROS_TOKEN KAIROS_TOKEN_FILE KAIROS_CA KAIROS_CERT KAIROS_KEY
 
 if ! command -v cargo >/dev/null 2>&1; then
   echo "test.sh: cargo is required (https://rustup.rs)" >&2

@@ -4,7 +4,9 @@ First found wins: the arguments given to `Client`, then the environment (`KAIROS
 `KAIROS_TOKEN_FILE`, `KAIROS_TOKEN`, `KAIROS_CA`, `KAIROS_CERT`, `KAIROS_KEY`), then the CLI's
 context (`context=` or `KAIROS_CONTEXT`, else the current one, in
 `$XDG_CONFIG_HOME/kairos/config.toml` or `~/.config/kairos/config.toml`), then the defaults
-(`127.0.0.1:7001`, `~/.config/kairos/token`).
+(`127.0.0.1:7001`, `~/.config/kairos/token`). As with the CLI, a context's token and TLS files
+go only with its own addresses: addresses given (or KAIROS_CONTROLLERS) that are not all the
+current context's take nothing from it; a context named explicitly always applies.
 """
 
 from __future__ import annotations
@@ -32,26 +34,53 @@ def config_dir() -> Optional[pathlib.Path]:
     return pathlib.Path(home) / ".config" / "kairos" if home else None
 
 
-def load_context(name: Optional[str] = None) -> dict:
-    """The CLI context named `name` (else KAIROS_CONTEXT, else the current one) as a dict, or
-    {} when none is named. A named context that is not there is a ValueError."""
+def _load_config() -> dict:
+    """The CLI's contexts file, or {} where there is none."""
     directory = config_dir()
     path = directory / "config.toml" if directory else None
-    config: dict = {}
-    if path is not None and path.exists():
-        with open(path, "rb") as f:
-            try:
-                config = _toml.load(f)
-            except _toml.TOMLDecodeError as e:
-                raise ValueError(f"{path}: {e}") from None
-    wanted = name or os.environ.get("KAIROS_CONTEXT") or config.get("current")
-    if not wanted:
+    if path is None or not path.exists():
         return {}
+    with open(path, "rb") as f:
+        try:
+            return _toml.load(f)
+        except _toml.TOMLDecodeError as e:
+            raise ValueError(f"{path}: {e}") from None
+
+
+def _selected(config: dict, name: Optional[str]) -> tuple:
+    """(name, context dict) of context `name`, else the current one; (None, {}) when none is
+    named. A named context that is not there is a ValueError."""
+    wanted = name or config.get("current")
+    if not wanted:
+        return None, {}
     contexts = config.get("contexts", {})
     if wanted not in contexts:
         known = ", ".join(sorted(contexts)) or "none"
         raise ValueError(f'context "{wanted}" not found (known: {known})')
-    return dict(contexts[wanted])
+    return wanted, dict(contexts[wanted])
+
+
+def load_context(name: Optional[str] = None) -> dict:
+    """The CLI context named `name` (else KAIROS_CONTEXT, else the current one) as a dict, or
+    {} when none is named. A named context that is not there is a ValueError."""
+    return _selected(_load_config(), name or os.environ.get("KAIROS_CONTEXT"))[1]
+
+
+def _context_for(named: Optional[str], given: Optional[List[str]]) -> tuple:
+    """The context whose credentials go with `given` addresses (None: the context's own), as
+    the CLI decides (`Config::resolve`): one named explicitly; else the current one, when no
+    addresses are given or all of them are its own."""
+    config = _load_config()
+    if named or given is None:
+        return _selected(config, named)
+    try:
+        name, ctx = _selected(config, None)
+    except ValueError:  # a current context that is gone: the given addresses need none
+        return None, {}
+    own = [a.strip() for a in ctx.get("controllers", [])]
+    if not all(a in own for a in given):
+        return None, {}
+    return name, ctx
 
 
 @dataclass(frozen=True)
@@ -93,12 +122,14 @@ def resolve(
     context: Optional[str] = None,
 ) -> Settings:
     """The addresses, token and TLS files a client uses, in the CLI's order (module doc)."""
-    ctx = load_context(context)
     env = os.environ.get
-    found = addresses if addresses is not None else env("KAIROS_CONTROLLERS") or ctx.get("controllers")
-    resolved = _split(found) if found else [DEFAULT_CONTROLLER]
-    if not resolved:
+    found = addresses if addresses is not None else env("KAIROS_CONTROLLERS")
+    given = _split(found) if found else None
+    if given == []:
         raise ValueError("addresses: at least one controller address (HOST:PORT) is needed")
+    name, ctx = _context_for(context or env("KAIROS_CONTEXT"), given)
+    own = _split(ctx["controllers"]) if ctx.get("controllers") else None
+    resolved = given or own or [DEFAULT_CONTROLLER]
     if token:
         secret = token.strip()
     elif token_file or env("KAIROS_TOKEN_FILE"):
@@ -106,7 +137,14 @@ def resolve(
     elif env("KAIROS_TOKEN", "").strip():
         secret = env("KAIROS_TOKEN", "").strip()
     elif ctx.get("token_file"):
-        secret = _read(ctx["token_file"])
+        path = os.path.expanduser(ctx["token_file"])
+        if not os.path.exists(path):
+            raise ValueError(
+                f'context "{name}": its token file {path} is gone; forget the context with '
+                f"`kairos context delete {name}` (or choose another: `kairos context use NAME`, "
+                "context=, token_file=)"
+            )
+        secret = _read(path)
     else:
         directory = config_dir()
         default = directory / "token" if directory else None

@@ -32,10 +32,11 @@ pub struct Client {
 
 /// Where the token comes from: `--token-file`/KAIROS_TOKEN_FILE, else KAIROS_TOKEN, else the
 /// context's token file, else `$XDG_CONFIG_HOME/kairos/token` or `~/.config/kairos/token` when
-/// that file exists.
+/// that file exists. `context` is the context whose token file applies (`Config::resolve`),
+/// by name: a token file of its that is gone says which context, and how to be rid of it.
 pub fn load_token(
     file: Option<&std::path::Path>,
-    context_file: Option<&std::path::Path>,
+    context: Option<(&str, &std::path::Path)>,
 ) -> Result<Option<String>, CallError> {
     if let Some(path) = file {
         return kairos_proto::wire::read_credential_file(path).map(Some).map_err(|e| CallError(e.0));
@@ -44,8 +45,8 @@ pub fn load_token(
         let t = t.trim().to_string();
         return Ok((!t.is_empty()).then_some(t));
     }
-    if let Some(path) = context_file {
-        return kairos_proto::wire::read_credential_file(path).map(Some).map_err(|e| CallError(e.0));
+    if let Some((name, path)) = context {
+        return read_context_token(name, path).map(Some);
     }
     match default_token_path() {
         Some(path) if path.exists() => {
@@ -53,6 +54,20 @@ pub fn load_token(
         }
         _ => Ok(None),
     }
+}
+
+/// Context `name`'s token file. One that is not there (its cluster's data directory was
+/// removed, say) names the context and the way out.
+fn read_context_token(name: &str, path: &std::path::Path) -> Result<String, CallError> {
+    if !path.exists() {
+        return Err(CallError(format!(
+            "context \"{name}\": its token file {} is gone; forget the context with `kairos context delete {name}` \
+             (or choose another: `kairos context use NAME`, --context, --token-file)",
+            path.display()
+        )));
+    }
+    kairos_proto::wire::read_credential_file(path)
+        .map_err(|e| CallError(format!("context \"{name}\": {}", e.0)))
 }
 
 /// `$XDG_CONFIG_HOME/kairos/token`, else `$HOME/.config/kairos/token`.

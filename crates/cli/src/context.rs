@@ -17,7 +17,9 @@
 //! What a command uses, first found: its flags, then the environment (`KAIROS_CONTROLLERS`,
 //! `KAIROS_TOKEN_FILE`, `KAIROS_TOKEN`, `KAIROS_CA`…), then the context (`--context` or
 //! `KAIROS_CONTEXT`, else the current one), then the defaults (`127.0.0.1:7001`,
-//! `~/.config/kairos/token`).
+//! `~/.config/kairos/token`). A context's credentials (token file, TLS files) go only with its
+//! own addresses (`Config::resolve`): `--controllers` naming other addresses leaves the current
+//! context out entirely, so a stale or unrelated context never lends them a token.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -67,6 +69,15 @@ pub struct Context {
     pub cert: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<PathBuf>,
+}
+
+/// What `Config::resolve` decided for a command.
+#[derive(Debug, PartialEq)]
+pub struct Resolved {
+    /// The controllers to call.
+    pub controllers: Vec<String>,
+    /// The context whose credentials go with them, and its name (None: no context's).
+    pub context: Option<(String, Context)>,
 }
 
 /// `$XDG_CONFIG_HOME/kairos`, else `$HOME/.config/kairos`.
@@ -133,6 +144,37 @@ impl Config {
             Some((n, c)) => Ok(Some((n.as_str(), c))),
             None => bail!("context \"{name}\" not found (known: {})", self.known()),
         }
+    }
+
+    /// Which controllers a command calls, and the context whose credentials (token file, TLS
+    /// files) go with them. `named` is `--context`/`KAIROS_CONTEXT`, `given`
+    /// `--controllers`/`KAIROS_CONTROLLERS`, `default` the address used without either.
+    ///
+    /// - A context named explicitly applies, with `given` addresses in place of its own (the
+    ///   caller pairs them); a name that is not there is an error.
+    /// - Otherwise the current context applies when no addresses are given, or when every given
+    ///   address is one of its own (e.g. one replica of it); other addresses are another
+    ///   cluster, and the current context, even one that is not there, is left out.
+    pub fn resolve(
+        &self,
+        named: Option<&str>,
+        given: Option<&[String]>,
+        default: &str,
+    ) -> anyhow::Result<Resolved> {
+        let current = match (named, given) {
+            (Some(_), _) | (None, None) => self.selected(named)?,
+            (None, Some(given)) => self.selected(None).ok().flatten().filter(|(_, c)| {
+                !given.is_empty()
+                    && given.iter().all(|a| c.controllers.iter().any(|own| own.trim() == a.trim()))
+            }),
+        };
+        let context = current.map(|(n, c)| (n.to_string(), c.clone()));
+        let controllers = match (given, &context) {
+            (Some(given), _) => given.to_vec(),
+            (None, Some((_, c))) if !c.controllers.is_empty() => c.controllers.clone(),
+            _ => vec![default.to_string()],
+        };
+        Ok(Resolved { controllers, context })
     }
 
     fn known(&self) -> String {
@@ -248,5 +290,72 @@ mod tests {
         let err = c.selected(Some("prod")).unwrap_err().to_string();
         assert_eq!(err, "context \"prod\" not found (known: local)");
         assert_eq!(c.selected(None).unwrap().map(|(n, _)| n), Some("local"));
+    }
+
+    fn addrs(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Two contexts: `prod` (three replicas, current) and `local`.
+    fn two() -> Config {
+        let mut c = Config::default();
+        c.add_local(ctx("127.0.0.1:7001", "/a/admin.token"));
+        let prod = Context {
+            controllers: addrs(&["10.0.0.1:7001", "10.0.0.2:7001", "10.0.0.3:7001"]),
+            token_file: Some("/p/prod.token".into()),
+            ca: Some("/p/ca.pem".into()),
+            ..Context::default()
+        };
+        c.contexts.insert("prod".into(), prod);
+        c.current = Some("prod".into());
+        c
+    }
+
+    fn used(r: &Resolved) -> (Vec<String>, Option<&str>) {
+        (r.controllers.clone(), r.context.as_ref().map(|(n, _)| n.as_str()))
+    }
+
+    #[test]
+    fn without_addresses_the_current_or_named_context_gives_them_and_its_credentials() {
+        let c = two();
+        let r = c.resolve(None, None, "127.0.0.1:7001").unwrap();
+        assert_eq!(used(&r), (c.contexts["prod"].controllers.clone(), Some("prod")));
+        assert_eq!(r.context.unwrap().1, c.contexts["prod"]);
+        let r = c.resolve(Some("local"), None, "127.0.0.1:7001").unwrap();
+        assert_eq!(used(&r), (addrs(&["127.0.0.1:7001"]), Some("local")));
+        // No context at all: the default address, no credentials.
+        let r = Config::default().resolve(None, None, "127.0.0.1:7001").unwrap();
+        assert_eq!(used(&r), (addrs(&["127.0.0.1:7001"]), None));
+        // A name that is not there is an error, as is a current one that is gone.
+        let err = c.resolve(Some("staging"), None, "x").unwrap_err().to_string();
+        assert_eq!(err, "context \"staging\" not found (known: local, prod)");
+        let gone = Config { current: Some("old".into()), ..two() };
+        assert!(gone.resolve(None, None, "x").is_err());
+    }
+
+    #[test]
+    fn given_addresses_take_the_current_contexts_credentials_only_when_they_are_its_own() {
+        let c = two();
+        // All of its addresses, or some of them (one replica): the context's credentials.
+        let all = c.contexts["prod"].controllers.clone();
+        assert_eq!(used(&c.resolve(None, Some(&all), "x").unwrap()), (all.clone(), Some("prod")));
+        let one = addrs(&["10.0.0.2:7001"]);
+        assert_eq!(used(&c.resolve(None, Some(&one), "x").unwrap()), (one.clone(), Some("prod")));
+        // Any address of another cluster: no context's token or TLS files at all.
+        for other in
+            [addrs(&["127.0.0.1:1"]), addrs(&["10.0.0.1:7001", "127.0.0.1:1"]), addrs(&["127.0.0.1:7001"])]
+        {
+            assert_eq!(
+                used(&c.resolve(None, Some(&other), "x").unwrap()),
+                (other.clone(), None),
+                "{other:?}"
+            );
+        }
+        // A current context that is gone does not stand in the way of given addresses.
+        let gone = Config { current: Some("old".into()), ..two() };
+        assert_eq!(used(&gone.resolve(None, Some(&one), "x").unwrap()), (one.clone(), None));
+        // A context named explicitly pairs its credentials with the given addresses.
+        let other = addrs(&["127.0.0.1:1"]);
+        assert_eq!(used(&c.resolve(Some("prod"), Some(&other), "x").unwrap()), (other, Some("prod")));
     }
 }

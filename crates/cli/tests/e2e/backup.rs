@@ -98,7 +98,7 @@ fn a_snapshot_saved_from_one_cluster_restores_into_a_new_one_with_the_same_jobs(
         .collect();
     assert_eq!(jobs(&new), was);
     assert!(new.ok(&["qos", "list"]).contains("gold"));
-    let mine = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+    let mine = crate::harness::kairos_cmd()
         .args(["--controllers", &new.addrs(), "queue"])
         .env("KAIROS_TOKEN", &token)
         .env_remove("KAIROS_TOKEN_FILE")

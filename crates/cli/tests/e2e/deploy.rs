@@ -71,7 +71,7 @@ fn replicas_and_an_agent_start_from_config_files_and_the_agent_serves_logs_at_it
             .unwrap(),
     );
     let cli = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_kairos"))
+        crate::harness::kairos_cmd()
             .args(["--controllers", &addrs.join(",")])
             .args(args)
             .env("KAIROS_TOKEN_FILE", path("admin.token"))
@@ -125,7 +125,7 @@ fn kairos_up_refuses_a_taken_port_at_once() {
     let addr = taken.local_addr().unwrap().to_string();
     let dir = tempfile::tempdir().unwrap();
     let started = std::time::Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_kairos"))
+    let out = crate::harness::kairos_cmd()
         .args(["up", "--addr", &addr, "--agent-addr", &free_addr(), "--data-dir"])
         .arg(dir.path())
         .env("HOME", dir.path())

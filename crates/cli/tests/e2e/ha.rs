@@ -22,7 +22,7 @@ fn submit_loop(
     acked: Arc<Mutex<Vec<(u64, Instant)>>>,
 ) {
     while !stop.load(Ordering::Relaxed) {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+        let out = crate::harness::kairos_cmd()
             .args(["--controllers", &addrs, "submit", "--", "true"])
             .env("KAIROS_TOKEN_FILE", &token_file)
             .output()
@@ -250,7 +250,7 @@ fn a_paused_leader_neither_hangs_clients_nor_keeps_the_agents() {
     let mut order: Vec<String> = vec![c.controllers[leader].addr.clone()];
     order.extend(c.controllers.iter().enumerate().filter(|(i, _)| *i != leader).map(|(_, r)| r.addr.clone()));
     let cli = |addrs: &[String], args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+        crate::harness::kairos_cmd()
             .arg("--controllers")
             .arg(addrs.join(","))
             .env("KAIROS_TOKEN_FILE", c.token_file())
@@ -320,7 +320,7 @@ fn at_leader_first(c: &Cluster, args: &[&str]) -> std::process::Child {
     let leader = c.leader();
     let mut addrs = vec![c.controllers[leader].addr.clone()];
     addrs.extend((0..c.controllers.len()).filter(|i| *i != leader).map(|i| c.controllers[i].addr.clone()));
-    std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+    crate::harness::kairos_cmd()
         .arg("--controllers")
         .arg(addrs.join(","))
         .env("KAIROS_TOKEN_FILE", c.token_file())

@@ -188,7 +188,7 @@ fn kairosd_log_format_json_writes_only_json_lines() {
         .spawn()
         .unwrap();
     let cli = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_kairos"))
+        crate::harness::kairos_cmd()
             .args(["--controllers", &addr])
             .args(args)
             .env("KAIROS_TOKEN_FILE", dir.path().join("data/admin.token"))

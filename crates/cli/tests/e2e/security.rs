@@ -17,7 +17,7 @@ fn stderr(out: &Output) -> String {
 
 /// The CLI against `c` with exactly `token` (or none): no token file, no default token.
 fn with_token(c: &Cluster, token: Option<&str>, args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kairos"));
+    let mut cmd = crate::harness::kairos_cmd();
     cmd.arg("--controllers")
         .arg(c.addrs())
         .env("HOME", c.path("no-home"))
@@ -306,7 +306,7 @@ fn a_mutual_tls_cluster_serves_tls_only_and_plaintext_clients_fail_cleanly() {
 
     let token = c.token_file();
     let run = |env: &[(&str, String)]| {
-        Command::new(env!("CARGO_BIN_EXE_kairos"))
+        crate::harness::kairos_cmd()
             .args(["--controllers", &c.controllers[0].addr, "queue"])
             .env("KAIROS_TOKEN_FILE", &token)
             .env_remove("KAIROS_CA")
@@ -347,7 +347,7 @@ fn a_token_expires_on_an_idle_cluster() {
 
 /// The CLI against replica `i` alone, with exactly `token`.
 fn at_replica(c: &Cluster, i: usize, token: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kairos"))
+    crate::harness::kairos_cmd()
         .arg("--controllers")
         .arg(&c.controllers[i].addr)
         .env("HOME", c.path("no-home"))
@@ -451,7 +451,7 @@ fn a_revoked_token_ends_the_streams_it_opened() {
     let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
     c.wait_state(id.parse().unwrap(), "RUNNING");
     let spawn = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_kairos"))
+        crate::harness::kairos_cmd()
             .arg("--controllers")
             .arg(c.addrs())
             .env("HOME", c.path("no-home"))

@@ -233,7 +233,7 @@ fn the_web_ui_in_headless_chromium_against_kairos_up() {
     let dir = tempfile::Builder::new().prefix("kairos-web-").tempdir().unwrap();
     let (addr, agent) = up_addrs();
     let log = std::fs::File::create(dir.path().join("up.log")).unwrap();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+    let child = crate::harness::kairos_cmd()
         .args(["up", "--addr", &addr, "--agent-addr", &agent, "--data-dir"])
         .arg(dir.path().join("data"))
         .env("HOME", dir.path())
