@@ -654,16 +654,13 @@ impl<'a> Sim<'a> {
             let j = &self.jobs[t.trace];
             let class = if j.inference { &mut inference } else { &mut training };
             let submit = self.arrivals[t.trace];
-            match (t.first_start_ms, t.end_ms) {
-                (Some(start), Some(end)) => {
-                    let (wait, completion) =
-                        ((start - submit) as f64 / 1000.0, (end - submit) as f64 / 1000.0);
-                    class.add(wait, completion, j.duration_ms as f64 / 1000.0);
-                    if j.gpus >= largest {
-                        whole_node.add(wait, completion, j.duration_ms as f64 / 1000.0);
-                    }
+            // Unfinished ones are named by `unfinished`.
+            if let (Some(start), Some(end)) = (t.first_start_ms, t.end_ms) {
+                let (wait, completion) = ((start - submit) as f64 / 1000.0, (end - submit) as f64 / 1000.0);
+                class.add(wait, completion, j.duration_ms as f64 / 1000.0);
+                if j.gpus >= largest {
+                    whole_node.add(wait, completion, j.duration_ms as f64 / 1000.0);
                 }
-                _ => {}
             }
         }
         let unfinished_jobs = self.unfinished();
