@@ -228,6 +228,22 @@ fn job(v: &Value, policy: &pb::Policy, refusals: &mut Refusals) -> Result<Pod, S
     if let Some(s) = get(spec, "activeDeadlineSeconds").as_u64() {
         p.spec.time_limit_s = s;
     }
+    // A failed task (pod) is started again up to backoffLimit times; absent, none is (kairos
+    // does not take Kubernetes' default of 6 unasked).
+    if let Some(limit) = number("backoffLimit")? {
+        if limit > kairos_scheduler::validate::RETRIES_MAX {
+            return Err(format!(
+                "Job.spec.backoffLimit: at most {}",
+                kairos_scheduler::validate::RETRIES_MAX
+            ));
+        }
+        p.spec.retries = limit;
+    }
+    // Every array task has JOB_COMPLETION_INDEX (its index), as an Indexed Job's pods have.
+    match text(get(spec, "completionMode")).as_deref() {
+        None | Some("Indexed" | "NonIndexed") => {}
+        Some(other) => return Err(format!("Job.spec.completionMode \"{other}\": Indexed or NonIndexed")),
+    }
     Ok(p)
 }
 
@@ -255,6 +271,12 @@ fn pod(
     let [c] = containers.as_slice() else {
         return Err(format!("{sp}.containers: exactly one container (kairos runs one command per job)"));
     };
+    // kairos is the scheduler: a manifest that names another is not for it.
+    if let Some(other) =
+        text(get(spec, "schedulerName")).filter(|s| s != "kairos" && s != "default-scheduler")
+    {
+        refusals.0.push(format!("{sp}.schedulerName ({other}: kairos schedules it)"));
+    }
     let cp = format!("{sp}.containers[0]");
     refusals.keys(c, &cp, CONTAINER_KEYS);
     let name = text_of(meta, "name");

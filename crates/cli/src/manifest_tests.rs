@@ -127,3 +127,24 @@ fn huge_completions_and_deep_nesting_are_refused_before_any_work() {
     // A real manifest's depth passes.
     assert!(shallow_enough(JOB).is_ok());
 }
+
+#[test]
+fn backoff_limit_is_retries_indexed_is_taken_and_another_scheduler_is_refused() {
+    let job =
+        JOB.replace("  completions: 4\n", "  completions: 4\n  backoffLimit: 3\n  completionMode: Indexed\n");
+    let got = specs(&job, &policy()).unwrap();
+    assert_eq!(got[0].retries, 3);
+    let too_many = JOB.replace("  completions: 4\n", "  completions: 4\n  backoffLimit: 1000\n");
+    assert!(specs(&too_many, &policy()).unwrap_err().contains("backoffLimit: at most 100"));
+    let odd = JOB.replace("  completions: 4\n", "  completions: 4\n  completionMode: Sideways\n");
+    assert!(specs(&odd, &policy()).unwrap_err().contains("completionMode"));
+    let other = JOB.replace(
+        "      restartPolicy: Never\n",
+        "      restartPolicy: Never\n      schedulerName: volcano\n",
+    );
+    let e = specs(&other, &policy()).unwrap_err();
+    assert!(e.contains("schedulerName (volcano"), "{e}");
+    let ours = JOB
+        .replace("      restartPolicy: Never\n", "      restartPolicy: Never\n      schedulerName: kairos\n");
+    assert!(specs(&ours, &policy()).is_ok());
+}

@@ -52,7 +52,7 @@ pub fn time_json(ms: i64) -> Value {
 pub fn job_json(job: &pb::Job) -> Value {
     let spec = job.spec.clone().unwrap_or_default();
     let gpus = spec.resources.as_ref().map(|r| r.gpus).unwrap_or(0);
-    json!({
+    let mut v = json!({
         "id": job.id,
         "name": spec.name,
         "user": job.user,
@@ -74,11 +74,6 @@ pub fn job_json(job: &pb::Job) -> Value {
         "time_limit_s": if spec.time_limit_s == 0 { Value::Null } else { json!(spec.time_limit_s) },
         "requeue": spec.requeue.unwrap_or(false),
         "after_ok": spec.after_ok,
-        "after_any": spec.after_any,
-        "after_not_ok": spec.after_not_ok,
-        "cpus": spec.resources.as_ref().map(|r| r.cpus).filter(|c| *c > 0),
-        "memory_mib": spec.resources.as_ref().map(|r| r.memory_mib).filter(|m| *m > 0),
-        "checkpoint_signal": spec.checkpoint.as_ref().map(|c| c.signal.clone()).filter(|s| !s.is_empty()),
         "held": spec.hold,
         "gpu_model": spec.resources.as_ref().map(|r| r.gpu_model.clone()).filter(|m| !m.is_empty()),
         "command": spec.argv,
@@ -94,7 +89,23 @@ pub fn job_json(job: &pb::Job) -> Value {
         "image_digest": image_digest(job),
         "container_mounts": spec.container.as_ref().map(|c| c.mounts.clone()),
         "container_workdir": spec.container.as_ref().map(|c| c.workdir.clone()).filter(|w| !w.is_empty()),
-    })
+    });
+    // Beside the macro (its recursion bound): what the job asked for besides GPUs.
+    let more = [
+        ("after_any", json!(spec.after_any)),
+        ("after_not_ok", json!(spec.after_not_ok)),
+        ("retries", json!(spec.retries)),
+        ("cpus", json!(spec.resources.as_ref().map(|r| r.cpus).filter(|c| *c > 0))),
+        ("memory_mib", json!(spec.resources.as_ref().map(|r| r.memory_mib).filter(|m| *m > 0))),
+        (
+            "checkpoint_signal",
+            json!(spec.checkpoint.as_ref().map(|c| c.signal.clone()).filter(|s| !s.is_empty())),
+        ),
+    ];
+    for (k, value) in more {
+        v[k] = value;
+    }
+    v
 }
 
 /// The digest of the image the job's latest run used, from the node's "image" event.

@@ -256,6 +256,10 @@ pub struct JobSpec {
     /// complete (Slurm's `afternotok`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub after_not_ok: Vec<JobId>,
+    /// Failed runs (a non-zero exit, a signal) started again before the job fails
+    /// (Kubernetes' `backoffLimit`).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub retries: u32,
     /// A fraction of one GPU in thousandths (1..=999; 0: whole GPUs): `gpus` is then 1 and the
     /// job shares that GPU with other fractions (its QoS must allow sharing).
     #[serde(default, skip_serializing_if = "is_zero_u32")]
@@ -410,6 +414,7 @@ impl JobSpec {
             after_ok: Vec::new(),
             after_any: Vec::new(),
             after_not_ok: Vec::new(),
+            retries: 0,
             gpu_milli: 0,
             gpu_model: None,
             account: String::new(),
@@ -658,6 +663,9 @@ pub struct Job {
     /// what the timeline skips while it runs does not count against its time limit.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub skipped_at_start_ms: i64,
+    /// Failed runs retried so far (`JobSpec::retries`).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub retried: u32,
     /// The node each recent attempt ran on (its first task's), for its log: at most
     /// `ATTEMPT_NODES_KEPT`, the latest.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -724,6 +732,8 @@ impl Job {
                 ("SLURM_ARRAY_TASK_COUNT", a.count.to_string()),
                 ("KAIROS_ARRAY_JOB_ID", a.id.to_string()),
                 ("KAIROS_ARRAY_TASK_ID", a.index.to_string()),
+                // A Kubernetes Indexed Job's pod reads its index here.
+                ("JOB_COMPLETION_INDEX", a.index.to_string()),
             ]);
             if let Some(n) = a.max_running {
                 env.push(("SLURM_ARRAY_TASK_MAX_RUNNING", n.to_string()));

@@ -23,6 +23,8 @@ pub const CPUS_PER_TASK_MAX: u32 = 8192;
 pub const MEM_PER_TASK_MAX_MIB: u64 = 64 << 20;
 /// Most nodes one gang job may span.
 pub const TASKS_MAX: u32 = 256;
+/// Most retries of failed runs one job may ask for.
+pub const RETRIES_MAX: u32 = 100;
 /// Most jobs one job may depend on.
 pub const AFTER_OK_MAX: usize = 64;
 /// Longest client-chosen submit request id.
@@ -68,6 +70,8 @@ pub enum ValidationError {
     BadArray,
     #[error("dependencies (after_ok, after_any, after_not_ok): at most {AFTER_OK_MAX} jobs in all")]
     TooManyDependencies,
+    #[error("retries: at most {RETRIES_MAX}")]
+    TooManyRetries,
     #[error("gpu_model: 1 to 64 characters")]
     BadGpuModel,
     #[error("gpu_milli: a fraction of one GPU is 1 to 999 thousandths, of one GPU (gpus 1), for a single-task job that is not elastic")]
@@ -275,6 +279,9 @@ pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
     }
     if let Some(c) = &spec.container {
         check_container(c, &spec.workdir).map_err(ValidationError::BadContainer)?;
+    }
+    if spec.retries > RETRIES_MAX {
+        return Err(ValidationError::TooManyRetries);
     }
     if spec.dependencies().count() > AFTER_OK_MAX {
         return Err(ValidationError::TooManyDependencies);

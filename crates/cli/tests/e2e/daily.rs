@@ -77,3 +77,38 @@ fn every_example_runs_as_its_header_says_in_the_submit_directory_with_its_enviro
     assert_eq!(c.wait_done(wrapped)["state"], "COMPLETED");
     assert_eq!(c.ok(&["logs", &wrapped.to_string()]).trim(), format!("wrapped {wrapped}"));
 }
+
+#[test]
+fn a_manifests_backoff_limit_retries_failed_pods_and_an_indexed_job_sees_its_index() {
+    let c = Cluster::start(2);
+    let dir = tempfile::tempdir().unwrap();
+    let image = crate::containers::busybox_image_with(dir.path(), |_| {});
+    // Each pod fails its first run and passes its second: backoffLimit 1 retries it once.
+    let manifest = format!(
+        "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: indexed\nspec:\n  completions: 2\n  \
+         completionMode: Indexed\n  backoffLimit: 1\n  template:\n    spec:\n      restartPolicy: Never\n      \
+         containers:\n      - name: main\n        image: \"{image}\"\n        command: [sh, -c, \
+         \"echo index=$JOB_COMPLETION_INDEX run=$KAIROS_RESTART_COUNT; [ $KAIROS_RESTART_COUNT -ge 1 ] || exit 3\"]\n"
+    );
+    let file = dir.path().join("job.yaml");
+    std::fs::write(&file, &manifest).unwrap();
+    let arr: u64 = c.ok(&["submit", "-f", &file.display().to_string()]).trim().parse().unwrap();
+    for (task, index) in [(arr, 0), (arr + 1, 1)] {
+        let job = c.wait_done(task);
+        assert_eq!((job["state"].as_str(), job["attempt"].as_u64()), (Some("COMPLETED"), Some(1)), "{job}");
+        let events = job["events"].to_string();
+        assert!(events.contains("exit code 3; retry 1 of 1"), "{events}");
+        let log = c.ok(&["logs", &task.to_string()]);
+        assert_eq!(log.trim(), format!("index={index} run=1"), "{log}");
+        let first = c.ok(&["logs", &task.to_string(), "--attempt", "0"]);
+        assert_eq!(first.trim(), format!("index={index} run=0"), "{first}");
+    }
+    // A field kairos does not honour is refused by name; nothing is submitted.
+    let before = c.jobs().len();
+    let odd = manifest.replace("  backoffLimit: 1\n", "  backoffLimit: 1\n  podFailurePolicy: {}\n");
+    std::fs::write(&file, odd).unwrap();
+    let out = c.kairos(&["submit", "-f", &file.display().to_string()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("Job.spec.podFailurePolicy"), "{err}");
+    assert_eq!(c.jobs().len(), before);
+}

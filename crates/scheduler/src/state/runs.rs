@@ -198,6 +198,18 @@ impl ClusterState {
             }
             _ => {}
         }
+        // A failed run of a job that retries failures starts again (Kubernetes' backoffLimit).
+        let failure = match (stop, exit) {
+            (None, RunExit::Code(c)) if *c != 0 => Some(format!("exit code {c}")),
+            (None, RunExit::Signal(s)) => Some(format!("killed by signal {s}")),
+            _ => None,
+        };
+        if let Some(why) = failure.filter(|_| job.retried < job.spec.retries) {
+            job.retried += 1;
+            let why = format!("{why}; retry {} of {}", job.retried, job.spec.retries);
+            self.requeue_run(id, &why, now);
+            return Outcome::RunUpdated { job: id, state: JobState::Pending };
+        }
         let (state, reason) = match (stop, exit) {
             (Some(StopReason::Cancelled), _) => (JobState::Cancelled, "cancelled".to_string()),
             (Some(StopReason::TimeLimit), _) => (JobState::Timeout, "time limit reached".to_string()),

@@ -228,6 +228,7 @@ impl ClusterState {
             suspended_ms: 0,
             suspended_since: None,
             skipped_at_start_ms: 0,
+            retried: 0,
             attempt_nodes: Default::default(),
             usage: None,
         };

@@ -192,3 +192,28 @@ fn a_dependency_on_an_array_waits_for_every_task_and_fails_with_any() {
         Outcome::Rejected(Rejection::NotFound("after_any: job 999 not found".into()))
     );
 }
+
+#[test]
+fn a_failed_run_is_retried_up_to_its_retries_then_the_job_fails() {
+    let mut s = cluster(8);
+    let mut sp = spec(1, "batch");
+    sp.retries = 2;
+    let id =
+        submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })));
+    for attempt in 0..3 {
+        run_plan(&mut s, 3 + i64::from(attempt));
+        assert_eq!(s.jobs[&id].state, JobState::Running, "attempt {attempt}");
+        s.apply(&cmd(4, Op::JobStarted { job: id, attempt, node: "n1".into() }));
+        s.apply(&cmd(5, Op::JobExited { job: id, attempt, node: "n1".into(), exit: RunExit::Code(2) }));
+    }
+    let j = &s.jobs[&id];
+    assert_eq!((j.state, j.attempt, j.retried, j.exit_code), (JobState::Failed, 2, 2, Some(2)));
+    assert!(j.events.iter().any(|e| e.message.contains("exit code 2; retry 2 of 2")), "{:?}", j.events);
+    // A completed run is never retried; a job without retries fails at once.
+    let once = submitted(
+        s.apply(&cmd(9, Op::Submit { spec: spec(1, "batch"), request_id: None, hold: false, limits: None })),
+    );
+    run_plan(&mut s, 10);
+    s.apply(&cmd(11, Op::JobExited { job: once, attempt: 0, node: "n1".into(), exit: RunExit::Signal(9) }));
+    assert_eq!(s.jobs[&once].state, JobState::Failed);
+}
