@@ -261,8 +261,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     );
     let config = if local { context::Config::default() } else { context::Config::load()? };
     // A context's credentials go only with its own addresses (`Config::resolve`).
-    let resolved =
-        config.resolve(cli.context.as_deref(), cli.controllers.as_deref(), up::DEFAULT_CONTROLLER)?;
+    // Commands that call no controller read no context (nor KAIROS_CONTEXT, set for the others).
+    let named = if local { None } else { cli.context.as_deref() };
+    let resolved = config.resolve(named, cli.controllers.as_deref(), up::DEFAULT_CONTROLLER)?;
     let (ctx_name, ctx) = resolved.context.unwrap_or_default();
     let tls = kairos_proto::wire::TlsFiles {
         ca: cli.ca.clone().or(ctx.ca),

@@ -69,6 +69,13 @@ fn a_stale_current_context_does_not_stand_in_the_way_of_explicit_addresses_and_n
     let err = one_line_failure(&kairos_in(&home).args(["--context", "local", "nodes"]).output().unwrap());
     assert!(err.contains("kairos context delete local"), "{err:?}");
 
+    // Commands that call no controller read no context: a KAIROS_CONTEXT that names none is
+    // no matter to them.
+    for args in [&["completions", "bash"][..], &["context", "list"][..]] {
+        let out = kairos_in(&home).env("KAIROS_CONTEXT", "gone").args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    }
+
     // The fix it names works, and leaves a HOME with no context.
     let out = kairos_in(&home).args(["context", "delete", "local"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
