@@ -278,14 +278,27 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::ListPreemptionsRequest>,
     ) -> Result<Response<pb::ListPreemptionsResponse>, Status> {
-        self.ctx.principal(&request)?;
+        let me = self.ctx.principal(&request)?;
         self.ctx.readable()?;
         let since = request.into_inner().since_ms;
         let preemptions = self.ctx.replica.read(|a| {
+            // A user sees the preemptions their own jobs took part in (as preemptor or victim);
+            // operators see every one. The owner is the live job's, else its history record's.
+            let owner = |id: u64| {
+                a.state
+                    .jobs
+                    .get(&id)
+                    .map(|j| j.spec.user.as_str())
+                    .or_else(|| a.state.history.get(id).map(|r| r.user.as_str()))
+            };
             a.state
                 .preemptions
                 .iter()
                 .filter(|r| r.time_ms >= since)
+                .filter(|r| {
+                    me.role >= Role::Operator
+                        || [r.preemptor, r.victim].into_iter().any(|id| owner(id) == Some(me.user.as_str()))
+                })
                 .map(|r| pb::PreemptionRecord {
                     time_ms: r.time_ms,
                     preemptor: r.preemptor,
