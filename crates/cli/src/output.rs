@@ -101,6 +101,8 @@ pub fn job_json(job: &pb::Job) -> Value {
             "checkpoint_signal",
             json!(spec.checkpoint.as_ref().map(|c| c.signal.clone()).filter(|s| !s.is_empty())),
         ),
+        // The limit it runs under (its own, else its QoS's or partition's).
+        ("time_limit", json!((job.effective_time_limit_s > 0).then_some(job.effective_time_limit_s))),
     ];
     for (k, value) in more {
         v[k] = value;
@@ -298,6 +300,15 @@ pub fn print_job_details(job: &pb::Job) {
         "signal",
         "attempt",
         "time_limit_s",
+        "time_limit",
+        "cpus",
+        "memory_mib",
+        "gpu_model",
+        "checkpoint_signal",
+        "after_ok",
+        "after_any",
+        "after_not_ok",
+        "retries",
         "command",
         "image",
         "image_digest",

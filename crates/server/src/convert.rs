@@ -30,7 +30,11 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
         ),
     };
     if spec.burstable {
-        return Err(unimplemented("burstable", "cloud burst"));
+        // Bursting is the QoS's: a job bursts by being of a burstable QoS.
+        return Err(Status::invalid_argument(
+            "burstable: a job bursts to the cloud by its QoS (`kairos qos update NAME --burstable`, \
+             e.g. inference); submit it with that QoS and leave this field unset",
+        ));
     }
     let profile = match pb::Profile::try_from(spec.profile) {
         Ok(pb::Profile::Unspecified) | Ok(pb::Profile::Batch) => Profile::Batch,
@@ -256,6 +260,8 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
     let reason = view_reason(job, pending);
     let (node, gpus) = match &job.allocation {
         Some(a) => (a.node.clone(), a.gpus.clone()),
+        // A requeued job waiting again holds no node: its last run's is in its events.
+        None if job.state == JobState::Pending => (String::new(), Vec::new()),
         None => (job.last_node.clone(), job.last_gpus.clone()),
     };
     let tasks = tasks_of(job);
@@ -289,6 +295,8 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
         array_task_id: s.array.as_ref().map_or(0, |a| a.index),
         array_task_count: s.array.as_ref().map_or(0, |a| a.count),
         array_max_running: s.array.as_ref().and_then(|a| a.max_running).unwrap_or(0),
+        // Set where the policy is at hand (the job views).
+        effective_time_limit_s: 0,
     }
 }
 

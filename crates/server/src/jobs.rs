@@ -45,7 +45,9 @@ fn job_view(state: &ClusterState, reasons: &PendingReasons, id: JobId) -> Result
     // Only this job's account's fairshare factor: every account's would cost each answer (a
     // submit's included) time that grows with the account tree, under the state's read lock.
     let priority = Prioritizer::for_account(state, &job.spec.account).shown(job);
-    Ok(job_to_pb(job, pending, priority))
+    let mut view = job_to_pb(job, pending, priority);
+    view.effective_time_limit_s = state.time_limit_s(job).unwrap_or(0);
+    Ok(view)
 }
 
 impl JobApi {
@@ -300,7 +302,8 @@ impl JobService for JobApi {
                 .peekable();
             let (mut page, mut bytes) = (Vec::new(), 0usize);
             while let Some(j) = matching.next_if(|_| page.len() < limit) {
-                let job = job_to_pb(j, reasons.get(&j.id), prioritizer.shown(j));
+                let mut job = job_to_pb(j, reasons.get(&j.id), prioritizer.shown(j));
+                job.effective_time_limit_s = a.state.time_limit_s(j).unwrap_or(0);
                 bytes += prost::Message::encoded_len(&job);
                 page.push(job);
                 if bytes >= LIST_PAGE_BYTES_MAX {

@@ -38,10 +38,59 @@ pub fn request(method: &MethodDescriptor, body: &[u8], params: &[(String, String
     for (name, raw) in params {
         set_param(&mut json, &input, name, raw)?;
     }
+    let json = Value::Object(json);
+    check_numbers(&json, &input, "")?;
     let options = prost_reflect::DeserializeOptions::new().deny_unknown_fields(true);
-    let msg = DynamicMessage::deserialize_with_options(input, Value::Object(json), &options)
+    let msg = DynamicMessage::deserialize_with_options(input, json, &options)
         .map_err(|e| Status::invalid_argument(format!("request: {e}")))?;
     Ok(msg.encode_to_vec().into())
+}
+
+/// Refuses a JSON number outside its field's integer type, naming the field (the decoder's own
+/// error names no field): `spec.resources.gpus: -2 is not a non-negative 32-bit integer`.
+fn check_numbers(json: &Value, msg: &prost_reflect::MessageDescriptor, at: &str) -> Result<(), Status> {
+    let Value::Object(map) = json else { return Ok(()) };
+    for (key, value) in map {
+        let Some(field) = msg.get_field_by_name(key).or_else(|| msg.get_field_by_json_name(key)) else {
+            continue;
+        };
+        let path = if at.is_empty() { key.clone() } else { format!("{at}.{key}") };
+        if field.is_map() {
+            continue;
+        }
+        let items: Vec<&Value> = match value {
+            Value::Array(a) if field.is_list() => a.iter().collect(),
+            v => vec![v],
+        };
+        for item in items {
+            match field.kind() {
+                Kind::Message(m) => check_numbers(item, &m, &path)?,
+                kind => check_integer(item, &kind, &path)?,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A JSON number in a field of integer `kind` that the kind cannot hold.
+fn check_integer(v: &Value, kind: &Kind, path: &str) -> Result<(), Status> {
+    let Value::Number(n) = v else { return Ok(()) };
+    let (fits, what) = match kind {
+        Kind::Uint32 | Kind::Fixed32 => {
+            (n.as_u64().is_some_and(|x| x <= u64::from(u32::MAX)), "a non-negative 32-bit integer")
+        }
+        Kind::Uint64 | Kind::Fixed64 => (n.as_u64().is_some(), "a non-negative integer"),
+        Kind::Int32 | Kind::Sint32 | Kind::Sfixed32 => {
+            (n.as_i64().is_some_and(|x| i32::try_from(x).is_ok()), "a 32-bit integer")
+        }
+        Kind::Int64 | Kind::Sint64 | Kind::Sfixed64 => (n.as_i64().is_some(), "an integer"),
+        _ => (true, ""),
+    };
+    if fits {
+        Ok(())
+    } else {
+        Err(Status::invalid_argument(format!("{path}: {n} is not {what}")))
+    }
 }
 
 /// Sets `name` (dotted for nested messages) in `json` to `raw` read as that field's type.
@@ -205,6 +254,23 @@ mod tests {
         let req = kairos_proto::v1::PutQosRequest::decode(bytes).unwrap();
         let qos = req.qos.unwrap();
         assert_eq!((qos.name.as_str(), qos.priority), ("urgent", 7));
+    }
+
+    #[test]
+    fn a_number_its_field_cannot_hold_is_refused_naming_the_field() {
+        let submit = m("/kairos.v1.JobService/Submit");
+        for (body, says) in [
+            (
+                r#"{"spec": {"resources": {"gpus": -2}}}"#,
+                "spec.resources.gpus: -2 is not a non-negative 32-bit integer",
+            ),
+            (r#"{"spec": {"after_ok": [1, -5]}}"#, "spec.after_ok: -5 is not a non-negative integer"),
+            (r#"{"spec": {"resources": {"gpus": 4294967296}}}"#, "spec.resources.gpus: 4294967296"),
+        ] {
+            let e = request(&submit, body.as_bytes(), &[]).unwrap_err();
+            assert!(e.message().contains(says), "{body}: {}", e.message());
+        }
+        assert!(request(&submit, br#"{"spec": {"resources": {"gpus": 2}}}"#, &[]).is_ok());
     }
 
     #[test]
