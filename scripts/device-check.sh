@@ -4,7 +4,9 @@
 # changed here) through NVML and registers its health watcher; a job runs a real kernel
 # (scripts/device-kernel.py, driver API only) and the agent's metrics carry NVML's utilisation
 # and memory while it runs; dcgm-exporter's job-mapping file names the job. Uses release binaries in
-# target/release (kairosd, kairos-agent, kairos); writes what it saw under $OUT.
+# target/release (kairosd, kairos-agent, kairos; B=DIR for others); writes what it saw under
+# $OUT. With IMAGE=oci:/PATH:TAG (a busybox layout), a container job also runs on the GPU as a
+# real user (its devices, capabilities and processes as its user namespace leaves them).
 set -u
 OUT=${OUT:-$(mktemp -d)}
 B=${B:-target/release}
@@ -36,6 +38,27 @@ get 9001 /metrics > "$OUT/kairosd-metrics.txt" 2>&1
 { ls -l "$D/map"; for f in "$D"/map/*; do echo "$f: $(cat "$f")"; done; } > "$OUT/job-mapping.txt" 2>&1
 K wait "$id" >> "$OUT/job.txt" 2>&1; echo "wait exit $?" >> "$OUT/job.txt"
 K logs "$id" >> "$OUT/job.txt" 2>&1
+if [ -n "${IMAGE:-}" ]; then
+  # A container job on the real GPU as a real user (IMAGE: an OCI layout with busybox): it
+  # enters its user, mount and PID namespaces as that user, its GPU's device nodes bound in
+  # and openable, no capability left, its own processes only.
+  K drain gpu-node --reason "the container check runs on gpu-node-c" >/dev/null 2>&1
+  kill "$agent"; wait "$agent" 2>/dev/null
+  useradd -m kgpu >/dev/null 2>&1
+  chmod 755 "$D"
+  echo "gpuuser = kgpu" > "$D/users.map"
+  "$B/kairos-agent" --controllers 127.0.0.1:7001 --addr 127.0.0.1:7102 --state-dir "$D/a2" --name gpu-node-c \
+    --gpu-backend nvml --join-token-file "$D/c/join.token" --run-as submitter --user-map "$D/users.map" \
+    > "$OUT/agent-container.log" 2>&1 &
+  agent=$!
+  sleep 3
+  probe='id; grep -E "^(NoNewPrivs|CapEff|CapBnd)" /proc/self/status; ls -l /dev/nvidia*; \
+    for d in /dev/nvidia[0-9]* /dev/nvidiactl; do if exec 3<"$d"; then echo "open $d ok"; exec 3<&-; else echo "open $d failed"; fi; done; \
+    echo visible=$CUDA_VISIBLE_DEVICES; ps -o pid,comm'
+  cid=$(K --as gpuuser submit --gpus 1 --container-image "$IMAGE" -- sh -c "$probe")
+  { echo "container job $cid"; K wait "$cid"; echo "wait exit $?"; K logs "$cid"; K show "$cid"; } > "$OUT/container.txt" 2>&1
+  echo "container job on the GPU:"; cat "$OUT/container.txt"
+fi
 kill "$agent" "$ctl"; wait
 grep -c 'kairos_agent_gpu_utilization_ratio{' "$OUT/agent-metrics.txt"
 echo "utilisation while the kernel ran:"; grep 'kairos_agent_gpu_utilization_ratio{' "$OUT/agent-metrics.txt"
