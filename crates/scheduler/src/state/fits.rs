@@ -29,7 +29,7 @@ impl Room {
             u64::MAX => "memory unstated".to_string(),
             n => format!("{n} MiB of memory"),
         };
-        format!("{} ({} {of}GPUs, {cpus}, {mem})", self.what, self.gpus)
+        format!("{} ({}, {cpus}, {mem})", self.what, gpus_of(self.gpus, of))
     }
 }
 
@@ -116,11 +116,12 @@ fn why_nowhere(
             return match (spec.gpu_milli > 0, model) {
                 (true, _) => format!("job requests a fraction of a {of}GPU but no node has one{have}"),
                 (false, Some(m)) => format!("gpu_model: no node has a GPU of model \"{m}\"{have}"),
-                (false, None) => format!("job requests {gpus} GPUs but no node has a GPU"),
+                (false, None) => format!("job requests {} but no node has a GPU", gpus_of(gpus, "")),
             };
         }
         return format!(
-            "job requests {gpus} {of}GPUs but the largest node has {}: {}",
+            "job requests {} but the largest node has {}: {}",
+            gpus_of(gpus, &of),
             most_gpus.gpus,
             most_gpus.describe(&of)
         );
@@ -155,9 +156,23 @@ fn why_nowhere(
     }
     let named: Vec<String> = named.iter().map(|r| r.describe(&of)).collect();
     format!(
-        "no node has {gpus} {of}GPUs, {} CPUs and {} MiB of memory at once; the largest: {}",
+        "{} has {}, {} CPUs and {} MiB of memory at once; the largest: {}",
+        if rooms.iter().any(|r| r.what.starts_with("cloud")) {
+            "no node or cloud instance type"
+        } else {
+            "no node"
+        },
+        gpus_of(gpus, &of),
         need.cpus,
         need.mem_mib,
         named.join("; ")
     )
+}
+
+/// `1 GPU`, `4 "H100" GPUs`.
+fn gpus_of(n: u32, of: &str) -> String {
+    match n {
+        1 => format!("1 {of}GPU"),
+        n => format!("{n} {of}GPUs"),
+    }
 }
