@@ -149,3 +149,38 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_job_held_back_by_the_reservation_is_told_whose_it_is_and_how_short_a_limit_would_start_it() {
+    use crate::reasons::PendingReason;
+    let mut s = ClusterState::new();
+    let mut policy = s.policy.clone();
+    policy.weights.job_size = 0;
+    policy.weights.age = 0;
+    let cmd = |op| Command { skipped_ms: 0, now_ms: 0, op };
+    s.apply(&cmd(Op::SetPolicy { policy }));
+    s.apply(&cmd(Op::RegisterNode { info: node_info("n0", 4) }));
+    let submit = |s: &mut ClusterState, gpus: u32, limit: u64| {
+        let mut sp = spec(gpus, "batch");
+        sp.time_limit_s = Some(limit);
+        s.apply(&cmd(Op::Submit { spec: sp, request_id: None, hold: false, limits: None }));
+        s.next_job_id - 1
+    };
+    // 3 GPUs busy for 100 s; a 4-GPU job waits for them (it holds the reservation); a 1-GPU
+    // job of an hour could use the idle GPU but would delay it.
+    let running = submit(&mut s, 3, 100);
+    let out = plan_with(&s, PlanConfig { backfill: true });
+    s.apply(&cmd(Op::ApplyPlan { plan: out.plan }));
+    s.apply(&cmd(Op::JobStarted { job: running, attempt: 0, node: "n0".into() }));
+    let big = submit(&mut s, 4, 600);
+    let long = submit(&mut s, 1, 3600);
+    let out = plan_with(&s, PlanConfig { backfill: true });
+    assert_eq!(out.reservation.as_ref().map(|r| r.job), Some(big));
+    let reason = out.pending.get(&long).cloned();
+    assert_eq!(reason, Some(PendingReason::PriorityHeld { job: big, start_in_s: 100 }), "{:?}", out.pending);
+    assert!(reason.unwrap().to_string().starts_with("Priority: the free GPUs are held for job"));
+    // A job that would not fit the free GPUs at all is plain Priority.
+    let wide = submit(&mut s, 2, 3600);
+    let out = plan_with(&s, PlanConfig { backfill: true });
+    assert_eq!(out.pending.get(&wide), Some(&PendingReason::Priority));
+}

@@ -698,6 +698,7 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
         out: PlanOutput::default(),
         waiting: false,
         blocked: false,
+        held_hints: 0,
         strict: false,
     };
     // Reasons are kept by queue entry (entries are in id order), so the map is built in one
@@ -780,7 +781,13 @@ struct Planning<'s> {
     blocked: bool,
     /// A gang nothing could be reserved for: no job behind it may start.
     strict: bool,
+    /// Jobs told which job holds the free GPUs (`held_for`), at most `HELD_HINTS_MAX` a pass.
+    held_hints: usize,
 }
+
+/// The most waiting jobs per pass whose reason names the job the free GPUs are held for (each
+/// costs one more search).
+const HELD_HINTS_MAX: usize = 64;
 
 impl<'s> Planning<'s> {
     /// One pending job through the checks, in order; the first that fails is why it waits.
@@ -953,8 +960,30 @@ impl<'s> Planning<'s> {
             }
             None if !self.blocked => Err(self.block(job, tasks, over_headroom, q)),
             None if over_headroom => Err(PendingReason::Headroom),
-            None => Err(PendingReason::Priority),
+            None => Err(self.held_for(q)),
         }
+    }
+
+    /// Why a job that does not fit behind the reservation waits: `PriorityHeld` where free GPUs
+    /// would take it were it to end before the reserved job starts, else `Priority`.
+    fn held_for(&mut self, q: &Queued<'s>) -> PendingReason {
+        let Some(res) = self.out.reservation.as_ref().filter(|_| self.held_hints < HELD_HINTS_MAX) else {
+            return PendingReason::Priority;
+        };
+        self.held_hints += 1;
+        let now = self.state.now_ms;
+        let (tasks, gpus) = (q.tasks as usize, q.gpus as usize);
+        let soon = now.saturating_add(1);
+        let fits = if tasks > 1 {
+            self.pass.find_gang(tasks, gpus, q.share, q.model, q.part, false, soon, Some(res)).is_some()
+        } else {
+            self.pass.find(gpus, q.share, q.model, q.part, false, soon, Some(res)).is_some()
+        };
+        if fits && res.start_ms > now {
+            let start_in_s = u64::try_from(res.start_ms - now).unwrap_or(0) / 1000;
+            return PendingReason::PriorityHeld { job: res.job, start_in_s };
+        }
+        PendingReason::Priority
     }
 
     /// Counts a starting job under its QoS limits and its array's task limit.

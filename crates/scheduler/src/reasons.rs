@@ -22,6 +22,9 @@ pub enum PendingReason {
     QosUserJobLimit,
     /// Held by a user (`kairos hold`); `kairos release` lets it start.
     JobHeldUser,
+    /// Free GPUs would take it, but they are held for a job ahead of it (`job`), which starts on
+    /// them in `start_in_s`: with a time limit under that, it would start now (backfill).
+    PriorityHeld { job: JobId, start_in_s: u64 },
     /// Its preemption victims are stopping; the GPUs they free are claimed for it.
     Preempting,
     /// Waiting for the jobs it depends on to complete.
@@ -46,6 +49,11 @@ impl std::fmt::Display for PendingReason {
             PendingReason::Resources => f.write_str("Resources"),
             PendingReason::ResourcesShort(what) => write!(f, "Resources: not enough free {what}"),
             PendingReason::Priority => f.write_str("Priority"),
+            PendingReason::PriorityHeld { job, start_in_s } => write!(
+                f,
+                "Priority: the free GPUs are held for job {job}, which starts on them in {start_in_s} s; \
+                 with a time limit under that (--time) this job would start now"
+            ),
             PendingReason::ReqNodeNotAvail(why) => write!(f, "ReqNodeNotAvail: {why}"),
             PendingReason::QosGrpGpuLimit => f.write_str("QosGrpGpuLimit"),
             PendingReason::QosUserGpuLimit => f.write_str("QosUserGpuLimit"),

@@ -220,7 +220,9 @@ impl ClusterState {
                 record.shrunk_to = Some(kept.iter().map(|(_, g)| g.len() as u32).sum());
                 for (n, gs) in &kept {
                     if let Some(n) = self.nodes.get_mut(n) {
-                        n.claimed.extend(gs.iter().map(|g| (*g, v)));
+                        // A GPU that failed under it is never promised to its next run.
+                        let healthy: Vec<GpuIndex> = gs.iter().copied().filter(|g| n.healthy(*g)).collect();
+                        n.claimed.extend(healthy.into_iter().map(|g| (g, v)));
                     }
                 }
                 let lost = record.gpu_s_lost;
@@ -232,8 +234,10 @@ impl ClusterState {
             VictimAction::Shrink => {
                 alloc.stop = Some(StopReason::Resize { by: Some(preemptor) });
                 let kept: Vec<GpuIndex> = alloc.gpus.iter().copied().filter(|g| !taken.contains(g)).collect();
-                record.shrunk_to = Some(kept.len() as u32);
                 let n = self.nodes.get_mut(node).expect("validated");
+                // A GPU that failed under it is never promised to its next run.
+                let kept: Vec<GpuIndex> = kept.into_iter().filter(|g| n.healthy(*g)).collect();
+                record.shrunk_to = Some(kept.len() as u32);
                 n.claimed.extend(kept.iter().map(|g| (*g, v)));
                 format!(
                     "by job {preemptor}: shrinking to {} GPUs, {} GPU-s lost",
