@@ -149,6 +149,7 @@ fn the_package_builds_without_touching_its_tree_and_a_wheel_built_once_runs_the_
             .env("HOME", &home)
             .env_remove("XDG_CONFIG_HOME")
             .env_remove("KAIROS_TOKEN")
+            .env_remove("KAIROS_CONTEXT")
             .env("KAIROS_CONTROLLERS", controllers)
             .env("KAIROS_TOKEN_FILE", &token_file)
             .envs(env.iter().map(|(k, v)| (k, v)));
