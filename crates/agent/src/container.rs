@@ -34,14 +34,85 @@ pub struct Plan {
     pub(crate) overlay: CString,
     /// Whom the run becomes before anything else (None: it stays the agent's user).
     pub(crate) identity: Option<Identity>,
-    /// `/proc/self/uid_map` and `gid_map`: the user maps to itself.
+    /// `uid_map` and `gid_map`: the user maps to itself (written by the agent, `IdMaps`).
     pub(crate) uid_map: CString,
     pub(crate) gid_map: CString,
+    /// The pipes over which the agent writes the run's id maps (`Plan::id_maps`).
+    pub(crate) sync: Option<Sync>,
+    /// The writable layer's tmpfs options and `/dev/shm`'s size: the run's memory limit, or
+    /// a quarter of the host's memory each where it has none.
+    pub(crate) layer_options: CString,
+    pub(crate) shm_size: CString,
     pub(crate) mounts: Vec<Mount>,
     /// Symbolic links in `/dev`: target, name.
     pub(crate) links: Vec<(CString, CString)>,
     /// The working directory inside the container.
     workdir: CString,
+}
+
+/// The descriptors of the id-map hand-over: the run's process writes its pid on `child_write`
+/// once it has its user namespace and waits on `child_read`; the agent reads `agent_read`,
+/// writes the maps as root, and says so on `agent_write`. (No process of the run writes its
+/// own maps: that would need it dumpable, and the processes that never exec are copies of the
+/// agent.)
+#[derive(Clone, Copy)]
+pub(crate) struct Sync {
+    pub(crate) child_write: libc::c_int,
+    pub(crate) child_read: libc::c_int,
+    pub(crate) agent_read: libc::c_int,
+    pub(crate) agent_write: libc::c_int,
+}
+
+/// The agent's side of the id-map hand-over, for one spawn: `write` (a thread of its own)
+/// waits for the run's pid, writes its maps, and lets it go on.
+pub struct IdMaps {
+    fds: Vec<std::os::fd::OwnedFd>,
+    agent_read: libc::c_int,
+    agent_write: libc::c_int,
+    uid_map: Vec<u8>,
+    gid_map: Vec<u8>,
+}
+
+/// How long the agent waits for a run's process to ask for its id maps.
+const ID_MAPS_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+impl IdMaps {
+    /// Writes the maps of the run's process once it asks, until `spawned` is set (the spawn
+    /// returned) or the wait ends. In a thread of its own while the spawn waits.
+    pub fn write(self, spawned: &std::sync::atomic::AtomicBool) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::sync::atomic::Ordering;
+        let started = std::time::Instant::now();
+        let mut pid = [0u8; 4];
+        loop {
+            let mut poll = libc::pollfd { fd: self.agent_read, events: libc::POLLIN, revents: 0 };
+            // SAFETY: poll on one descriptor this object owns.
+            let ready = unsafe { libc::poll(&mut poll, 1, 100) };
+            if ready > 0 {
+                // SAFETY: read into a local buffer of the given length.
+                let n = unsafe { libc::read(self.agent_read, pid.as_mut_ptr().cast(), 4) };
+                if n != 4 {
+                    return Err(std::io::Error::other("the run's process ended before its user namespace"));
+                }
+                break;
+            }
+            if spawned.load(Ordering::Acquire) || started.elapsed() > ID_MAPS_WAIT {
+                return Err(std::io::Error::other("the run's process did not ask for its id maps"));
+            }
+        }
+        let pid = i32::from_ne_bytes(pid);
+        let proc_file =
+            |name: &str| std::fs::OpenOptions::new().write(true).open(format!("/proc/{pid}/{name}"));
+        proc_file("setgroups")?.write_all(b"deny")?;
+        proc_file("uid_map")?.write_all(&self.uid_map)?;
+        proc_file("gid_map")?.write_all(&self.gid_map)?;
+        // SAFETY: write of one byte from a static buffer to a descriptor this object owns.
+        if unsafe { libc::write(self.agent_write, b"1".as_ptr().cast(), 1) } != 1 {
+            return Err(std::io::Error::last_os_error());
+        }
+        drop(self.fds);
+        Ok(())
+    }
 }
 
 /// A Unix identity: supplementary groups, gid, uid.
@@ -150,6 +221,7 @@ impl Plan {
         devices: &[(PathBuf, String)],
         workdir: &str,
         identity: Option<Identity>,
+        memory_mib: u64,
     ) -> std::io::Result<Plan> {
         let scratch = base.join("mnt");
         std::fs::create_dir_all(&scratch)?;
@@ -215,6 +287,15 @@ impl Plan {
             identity,
             uid_map: cstr(format!("{uid} {uid} 1\n"))?,
             gid_map: cstr(format!("{gid} {gid} 1\n"))?,
+            sync: None,
+            layer_options: cstr(match memory_mib {
+                0 => "size=25%,mode=0755".to_string(),
+                m => format!("size={m}m,mode=0755"),
+            })?,
+            shm_size: cstr(match memory_mib {
+                0 => "25%".to_string(),
+                m => format!("{m}m"),
+            })?,
             mounts,
             links: [
                 ("/proc/self/fd", "fd"),
@@ -232,6 +313,37 @@ impl Plan {
     /// The working directory inside the container (the caller changes to it after entering).
     pub fn workdir(&self) -> &std::ffi::CStr {
         &self.workdir
+    }
+
+    /// The pipes of the id-map hand-over (closed on exec): this plan's side for the run's
+    /// process, and the agent's, to run while the spawn waits.
+    pub fn id_maps(&mut self) -> std::io::Result<IdMaps> {
+        let pipe = || -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)
+        };
+        let (up_read, up_write) = pipe()?;
+        let (down_read, down_write) = pipe()?;
+        use std::os::fd::AsRawFd;
+        self.sync = Some(Sync {
+            child_write: up_write.as_raw_fd(),
+            child_read: down_read.as_raw_fd(),
+            agent_read: up_read.as_raw_fd(),
+            agent_write: down_write.as_raw_fd(),
+        });
+        Ok(IdMaps {
+            agent_read: up_read.as_raw_fd(),
+            agent_write: down_write.as_raw_fd(),
+            fds: vec![up_read, up_write, down_read, down_write],
+            uid_map: self.uid_map.as_bytes().to_vec(),
+            gid_map: self.gid_map.as_bytes().to_vec(),
+        })
+    }
+
+    /// In the run's process after its working directory is entered: the set-up deadline
+    /// ends (an alarm left armed would outlive the exec).
+    pub fn set_up(&self) {
+        // SAFETY: alarm has no memory arguments.
+        unsafe { libc::alarm(0) };
     }
 
     /// Becomes the user and enters the container: in the child, between fork and exec. Returns
@@ -262,7 +374,8 @@ mod tests {
             Bind { src: "/data/x".into(), dst: "/inputs/data.txt".into(), read_only: true, the_jobs: true },
         ];
         let base = dir.path().join("containers");
-        let plan = Plan::new(&rootfs, &base, &binds, &gpu_devices(&[3]), "/work", Some(identity())).unwrap();
+        let plan =
+            Plan::new(&rootfs, &base, &binds, &gpu_devices(&[3]), "/work", Some(identity()), 0).unwrap();
         let at = |m: &Mount| {
             let parts: Vec<&str> = m.at.iter().map(|p| p.to_str().unwrap()).collect();
             format!("/{}", parts.join("/"))
@@ -297,14 +410,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         for dst in ["/a/../../etc", "relative", "/", "./x"] {
             let binds = [Bind { src: "/x".into(), dst: dst.into(), read_only: false, the_jobs: true }];
-            let plan = Plan::new(dir.path(), &dir.path().join("c"), &binds, &[], "/", None);
+            let plan = Plan::new(dir.path(), &dir.path().join("c"), &binds, &[], "/", None, 0);
             assert!(plan.is_err(), "{dst} accepted");
         }
         let many: Vec<Bind> = (0..=USER_BINDS_MAX)
             .map(|i| Bind { src: "/x".into(), dst: format!("/m{i}"), read_only: false, the_jobs: true })
             .collect();
-        assert!(Plan::new(dir.path(), &dir.path().join("c"), &many, &[], "/", None).is_err());
+        assert!(Plan::new(dir.path(), &dir.path().join("c"), &many, &[], "/", None, 0).is_err());
         let comma = dir.path().join("a,upperdir=/etc");
-        assert!(Plan::new(&comma, &dir.path().join("c"), &[], &[], "/", None).is_err());
+        assert!(Plan::new(&comma, &dir.path().join("c"), &[], &[], "/", None, 0).is_err());
     }
 }

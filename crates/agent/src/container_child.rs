@@ -43,23 +43,6 @@ fn fd_or(r: libc::c_long) -> Result<c_int> {
     }
 }
 
-/// Writes `text` to the process's own proc file `path` (its id maps).
-fn write_proc(path: &CStr, text: &[u8]) -> Result<()> {
-    // SAFETY: open/write/close on a NUL-terminated path and a prepared buffer.
-    unsafe {
-        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return Err(last());
-        }
-        let n = libc::write(fd, text.as_ptr().cast(), text.len());
-        libc::close(fd);
-        if n != text.len() as isize {
-            return Err(last());
-        }
-    }
-    Ok(())
-}
-
 /// Signals the agent sends a run's process group that the run process and init must outlive.
 fn set_signals(handler: libc::sighandler_t) {
     for sig in 1..=libc::SIGRTMAX() {
@@ -114,18 +97,35 @@ pub(crate) fn enter(plan: &Plan) -> Result<()> {
     // SAFETY: system calls on values prepared before the fork; from the unshare on, the
     // namespaces are this process's own.
     unsafe {
+        let sync = plan.sync.ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        // The agent's ends of the hand-over pipes are not this process's to hold.
+        libc::close(sync.agent_read);
+        libc::close(sync.agent_write);
+        libc::alarm(SETUP_DEADLINE_S);
+        // Its processes never run anything of the host from where the agent stands: the pivot
+        // moves a working directory at the old root (init's and this one's too).
+        check(libc::chdir(c"/".as_ptr()))?;
         if let Some(id) = &plan.identity {
             check(libc::setgroups(id.groups.len(), id.groups.as_ptr()))?;
             check(libc::setgid(id.gid))?;
             check(libc::setuid(id.uid))?;
         }
-        // Its own id maps are written by the user itself: it must own its /proc entries.
-        check(libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0))?;
+        // Never dumpable (the change of user made it so): the processes that do not exec are
+        // copies of the agent, whose memory and descriptors no job may read.
         check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
         check(libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID))?;
-        write_proc(c"/proc/self/setgroups", b"deny")?;
-        write_proc(c"/proc/self/uid_map", plan.uid_map.as_bytes())?;
-        write_proc(c"/proc/self/gid_map", plan.gid_map.as_bytes())?;
+        // The agent writes the id maps (the user maps to itself) and says when they are there.
+        let pid = libc::getpid();
+        if libc::write(sync.child_write, (&pid as *const libc::pid_t).cast(), 4) != 4 {
+            return Err(last());
+        }
+        let mut done = 0u8;
+        if libc::read(sync.child_read, (&mut done as *mut u8).cast(), 1) != 1 || done != b'1' {
+            return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+        }
+        libc::close(sync.child_write);
+        libc::close(sync.child_read);
+        libc::alarm(0);
         let mut pipe = [-1 as c_int; 2];
         check(libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC))?;
         let [read, write] = pipe;
@@ -155,7 +155,8 @@ pub(crate) fn enter(plan: &Plan) -> Result<()> {
             libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
         }
         libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
-        libc::alarm(0);
+        // The deadline stays armed through the working directory; the caller ends it just
+        // before exec (`Plan::set_up`).
     }
     Ok(())
 }
@@ -371,13 +372,7 @@ fn mount_all(plan: &Plan) -> Result<()> {
         let tmpfs = c"tmpfs".as_ptr();
         // The writable layer: its pages are charged to the run's memory limit.
         let flags = libc::MS_NOSUID | libc::MS_NODEV;
-        check(libc::mount(
-            tmpfs,
-            plan.scratch.as_ptr(),
-            tmpfs,
-            flags,
-            c"size=50%,mode=0755".as_ptr().cast(),
-        ))?;
+        check(libc::mount(tmpfs, plan.scratch.as_ptr(), tmpfs, flags, plan.layer_options.as_ptr().cast()))?;
         for d in [&plan.upper, &plan.work, &plan.root] {
             check(libc::mkdir(d.as_ptr(), 0o755))?;
         }
@@ -389,7 +384,7 @@ fn mount_all(plan: &Plan) -> Result<()> {
         // condition for a proc mount in a user namespace).
         let proc_ = new_mount(c"proc", &[], nosuid | nodev | noexec)?;
         let dev = new_mount(c"tmpfs", &[(c"mode", c"0755"), (c"size", c"64k")], nosuid | noexec)?;
-        let shm = new_mount(c"tmpfs", &[(c"mode", c"1777")], nosuid | nodev)?;
+        let shm = new_mount(c"tmpfs", &[(c"mode", c"1777"), (c"size", &plan.shm_size)], nosuid | nodev)?;
         for (k, m) in plan.mounts.iter().enumerate() {
             trees[k] = clone_source(m)?;
         }

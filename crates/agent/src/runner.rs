@@ -369,6 +369,12 @@ fn confine(
                 }
                 nix::libc::write(2, note.as_ptr().cast(), note.len());
             }
+            if let Some(plan) = &container {
+                plan.set_up();
+            }
+            // Nothing the agent holds reaches the job (a descriptor it inherited without
+            // close-on-exec, say): everything past stderr closes on exec.
+            nix::libc::syscall(nix::libc::SYS_close_range, 3u32, u32::MAX, nix::libc::CLOSE_RANGE_CLOEXEC);
             Ok(())
         });
     }
@@ -754,7 +760,7 @@ impl Runner {
         let spawned = (|| -> std::io::Result<(tokio::process::Child, Arc<Mutex<std::fs::File>>)> {
             // The job's directory and log belong to the job's user, readable by nobody else.
             let log = prepare_job_files(&self.state_dir, a, account.as_ref())?;
-            let (container, image_env) =
+            let (mut container, image_env) =
                 match self.container_plan(a, image.as_deref(), &job_dir, account.as_ref())? {
                     Some((plan, env)) => (Some(plan), env),
                     None => (None, Vec::new()),
@@ -769,6 +775,7 @@ impl Runner {
             if a.memory_mib > 0 {
                 cmd.env("SLURM_MEM_PER_NODE", a.memory_mib.to_string());
             }
+            let id_maps = container.as_mut().map(crate::container::Plan::id_maps).transpose()?;
             // Held open until the child has written itself into them.
             let fallback = a.workdir_is_submit_dir.then_some(job_dir.as_path());
             let _procs = confine(
@@ -780,7 +787,27 @@ impl Runner {
                 container,
             )?;
             // Recorded as the agent's own: the orphan reaper leaves its exit status to the run.
-            let child = crate::reaper::spawn(|| cmd.spawn(), tokio::process::Child::id)?;
+            // A container's process gets its id maps from a thread of the agent's meanwhile.
+            let child = match id_maps {
+                None => crate::reaper::spawn(|| cmd.spawn(), tokio::process::Child::id)?,
+                Some(maps) => {
+                    let spawned = std::sync::atomic::AtomicBool::new(false);
+                    std::thread::scope(|s| {
+                        let writer = s.spawn(|| maps.write(&spawned));
+                        let child = crate::reaper::spawn(|| cmd.spawn(), tokio::process::Child::id);
+                        spawned.store(true, std::sync::atomic::Ordering::Release);
+                        let written =
+                            writer.join().unwrap_or_else(|_| Err(std::io::Error::other("panicked")));
+                        match (child, written) {
+                            (Ok(child), _) => Ok(child),
+                            (Err(e), Err(why)) => {
+                                Err(std::io::Error::new(e.kind(), format!("{e} (id maps: {why})")))
+                            }
+                            (Err(e), Ok(())) => Err(e),
+                        }
+                    })?
+                }
+            };
             Ok((child, Arc::new(Mutex::new(log))))
         })();
         if let Some(trace) = &trace {
@@ -867,7 +894,15 @@ impl Runner {
         let base = self.state_dir.join("containers");
         let identity =
             account.map(|u| crate::container::Identity { groups: u.groups.clone(), gid: u.gid, uid: u.uid });
-        let plan = crate::container::Plan::new(&image.rootfs, &base, &binds, &devices, &workdir, identity)?;
+        let plan = crate::container::Plan::new(
+            &image.rootfs,
+            &base,
+            &binds,
+            &devices,
+            &workdir,
+            identity,
+            a.memory_mib,
+        )?;
         Ok(Some((plan, env)))
     }
 

@@ -11,6 +11,7 @@ fn assignment(job: u64, argv: &[&str], started: bool, kill: bool) -> pb::Assignm
         argv: argv.iter().map(|s| s.to_string()).collect(),
         env: Default::default(),
         workdir: String::new(),
+        workdir_is_submit_dir: false,
         gpu_ids: vec![3, 5],
         started,
         kill,
@@ -539,6 +540,18 @@ async fn a_working_directory_is_entered_as_the_jobs_user_not_as_root() {
     assert_eq!((exited.job_id, exited.exit_code), (10, 0), "{exited:?}");
     let out = std::fs::read_to_string(log_path(dir.path(), 10, 0, 0)).unwrap();
     assert_eq!(out, format!("{}\n65534\n", job_dir(dir.path(), 10, 0).display()));
+    // The submit directory (sbatch's default) the user cannot enter: the job's own, said so.
+    let a = pb::Assignment {
+        workdir: home.join("project").display().to_string(),
+        workdir_is_submit_dir: true,
+        ..assignment(11, &["pwd"], false, false)
+    };
+    runner.reconcile(&set(vec![a]));
+    assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+    assert_eq!(next(&mut rx).await.exit_code, 0);
+    let out = std::fs::read_to_string(log_path(dir.path(), 11, 0, 0)).unwrap();
+    assert!(out.contains("cannot enter the submit directory"), "{out}");
+    assert!(out.ends_with(&format!("{}\n", job_dir(dir.path(), 11, 0).display())), "{out}");
 }
 
 #[tokio::test]

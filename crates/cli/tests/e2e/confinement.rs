@@ -58,6 +58,7 @@ fn a_setuid_root_binary_in_the_image_gives_the_job_nothing_and_it_sees_only_its_
         "echo uid=$(id -u); grep -E '^(NoNewPrivs|CapEff|CapBnd):' /proc/self/status; \
          kill -9 {victim} 2>/dev/null; echo kill-host=$?; kill -9 1; \
          nsenter -t 1 -m -p -- touch {pwned} 2>/dev/null; nsenter -t 1 -m -- mkdir {OLD_ROOT}-x 2>/dev/null; \
+         for f in maps environ; do if cat /proc/1/$f >/dev/null 2>&1; then echo $f-readable; else echo $f-denied; fi; done; \
          echo ps:; ps -o pid,comm; echo end",
         victim = victim.id(),
         pwned = pwned.display(),
@@ -94,6 +95,31 @@ fn a_setuid_root_binary_in_the_image_gives_the_job_nothing_and_it_sees_only_its_
         assert!(pid < 16 && !line.contains("sleep") && !line.contains("kairosd"), "{listed:?}");
     }
     assert!(listed.iter().any(|l| l.contains("kairos-init")), "{listed:?}");
+    // Its init is a copy of the agent: never readable by the job (the agent's memory holds the
+    // join token), nor is the process outside by the same user on the host.
+    assert!(out.contains("maps-denied") && out.contains("environ-denied"), "{out}");
+    assert!(!out.contains("kairos-join"), "{out}");
+    let sleeper = submit_as(&c, "alice", &["--container-image", &image, "--", "sleep", "60"]);
+    c.wait_state(sleeper, "RUNNING");
+    let agent = c.agent.as_ref().unwrap().id();
+    let relay = crate::harness::wait_for("the run's process outside its namespaces", || {
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid: u32 = stat.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()?;
+            let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(e.path()).ok()?);
+            (ppid == agent && owner == uid).then_some(pid)
+        })
+    });
+    for f in ["environ", "maps", "mem"] {
+        let read = Command::new("runuser")
+            .args(["-u", "kq-alice", "--", "cat", &format!("/proc/{relay}/{f}")])
+            .output()
+            .unwrap();
+        assert!(!read.status.success(), "the job's user read /proc/{relay}/{f} of a copy of the agent");
+    }
+    c.ok(&["cancel", &sleeper.to_string()]);
+    c.wait_done(sleeper);
 }
 
 #[test]
