@@ -12,7 +12,7 @@ let view = { stop() {} }; // what the current view must stop (timers, streams) w
 
 // ---------- helpers ----------
 
-/** An element: h("td", {class: "x"}, "text", child, …). */
+/** An element: h("td", {class: "x"}, "text", child, [nested, children], …). */
 function h(tag, attrs, ...children) {
   const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -20,7 +20,7 @@ function h(tag, attrs, ...children) {
     if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
     else el.setAttribute(k, v === true ? "" : String(v));
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined || c === false) continue;
     el.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -32,6 +32,31 @@ const stateOf = (j) => short(j.state, "JOB_STATE_");
 const when = (ms) => (ms ? new Date(Number(ms)).toLocaleString() : "–");
 const clock = (ms) => (ms ? new Date(Number(ms)).toLocaleTimeString() : "–");
 const badge = (s) => h("span", { class: `badge s-${s}` }, s);
+const nowMs = () => Date.now();
+
+/** D-HH:MM:SS, as sacct and `kairos history` write durations. */
+function hms(seconds) {
+  const s = Math.max(0, Math.floor(seconds));
+  const d = Math.floor(s / 86400);
+  const r = s % 86400;
+  const two = (n) => String(n).padStart(2, "0");
+  const t = `${two(Math.floor(r / 3600))}:${two(Math.floor((r % 3600) / 60))}:${two(r % 60)}`;
+  return d ? `${d}-${t}` : t;
+}
+
+/** Seconds a job (or history record) has run: its last run's start to its end, or to now. */
+function elapsedS(start, end, now) {
+  if (!Number(start)) return null;
+  return ((Number(end) || now) - Number(start)) / 1000;
+}
+
+/** An exit code as text: the code, and the signal that ended it if any. */
+function exitText(code, signal) {
+  const parts = [];
+  if (code !== null && code !== undefined) parts.push(String(code));
+  if (Number(signal)) parts.push(`signal ${signal}`);
+  return parts.join(", ");
+}
 const operates = () => me && (me.role === "operator" || me.role === "admin");
 const mayAct = (owner) => me && (me.user === owner || operates());
 
@@ -109,7 +134,7 @@ function showLogin(message) {
   const token = h("input", { id: "token", type: "password", autocomplete: "off", required: true });
   const alert = h("p", { role: "alert", id: "login-error" }, message || "");
   const form = h("form", { class: "login", id: "login-form" },
-    h("p", {}, "Log in with an API token (`kairos token create --user NAME`)."),
+    h("p", {}, "Log in with an API token (", h("code", {}, "kairos token create --user NAME"), ")."),
     h("label", { for: "token" }, "API token", token),
     h("p", {}, h("button", { type: "submit", id: "login-button" }, "Log in")),
     alert);
@@ -158,7 +183,7 @@ function jobsView() {
     ...Object.entries(inputs).map(([k, v]) => field(k, k[0].toUpperCase() + k.slice(1), v)),
     h("button", { type: "submit" }, "Filter"));
   const body = h("tbody", { id: "jobs-body" });
-  const status = h("p", { class: "muted", "aria-live": "polite" });
+  const status = h("p", { class: "muted", id: "jobs-status", "aria-live": "polite" });
   const more = h("button", { type: "button", hidden: true }, "Load more");
   const open = new Set(); // arrays unfolded
   let pages = 1;
@@ -189,11 +214,12 @@ function jobsView() {
     }
     more.hidden = !token;
     redraw(body, [jobs, [...open]], () => jobRows(jobs, open, refresh));
+    tickTimes(body);
     status.textContent = `${jobs.length} job${jobs.length === 1 ? "" : "s"} · updated ${new Date().toLocaleTimeString()}`;
   }
   const table = h("table", { id: "jobs" },
-    h("thead", {}, h("tr", {}, ["ID", "Name", "User", "QoS", "Partition", "State", "GPUs", "Node", "Pending reason", "Submitted"]
-      .map((c) => h("th", { scope: "col" }, c)))),
+    h("thead", {}, h("tr", {}, ["ID", "Name", "User", "QoS", "Partition", "State", "GPUs", "Node", "Pending reason", "Submitted",
+      "Elapsed", "Time left", "Exit code"].map((c) => h("th", { scope: "col" }, c)))),
     body);
   setMain("Jobs", form, status, table, more);
   view = { stop: poll(refresh) };
@@ -219,21 +245,152 @@ function jobRows(jobs, open, again) {
       `${isOpen ? "▾" : "▸"} ${r.array}_[${tasks.length} tasks]`);
     toggle.addEventListener("click", () => { isOpen ? open.delete(r.array) : open.add(r.array); again(); });
     const first = tasks[0];
-    const head = h("tr", { class: "array" },
+    // The tasks' states in words, in the order of STATES: "RUNNING 1, PENDING 2".
+    const words = STATES.filter((s) => counts[s]).concat(Object.keys(counts).filter((s) => !STATES.includes(s)))
+      .map((s, i) => [i ? ", " : "", badge(s), ` ${counts[s]}`]);
+    const head = h("tr", { class: "array", "data-array": r.array },
       h("td", {}, toggle), h("td", {}, first.spec?.name || ""), h("td", {}, first.user), h("td", {}, first.qos),
       h("td", {}, first.spec?.partition || ""),
-      h("td", { colspan: 5 }, Object.entries(counts).map(([s, n]) => [badge(s), ` ${n} `])));
+      h("td", { class: "array-states" }, words), h("td", { colspan: 7 }));
     return [head, ...(isOpen ? tasks.map((t) => jobRow(t, `${t.array_job_id}_${t.array_task_id}`, "task")) : [])];
   });
 }
 
 function jobRow(j, label, cls) {
   const s = stateOf(j);
+  const limit = Number(j.effective_time_limit_s || j.spec?.time_limit_s || 0);
+  const running = !TERMINAL.includes(s) && s !== "PENDING";
+  // Elapsed and time left move with the clock: tickTimes() fills them from these attributes.
+  // (A requeued pending job's start is its last run's: it has not started this time.)
+  const times = { "data-start": s === "PENDING" ? 0 : j.start_time_ms || 0, "data-end": running ? 0 : j.end_time_ms || 0,
+    "data-limit": limit };
   return h("tr", { class: cls, "data-job": j.id },
     h("td", {}, h("a", { href: `#/jobs/${j.id}` }, label)),
     h("td", {}, j.spec?.name || ""), h("td", {}, j.user), h("td", {}, j.qos), h("td", {}, j.spec?.partition || ""),
     h("td", {}, badge(s)), h("td", {}, j.spec?.resources?.gpus ?? ""), h("td", {}, j.node || ""),
-    h("td", {}, s === "PENDING" ? j.reason : ""), h("td", {}, when(j.submit_time_ms)));
+    h("td", {}, s === "PENDING" ? j.reason : ""), h("td", {}, when(j.submit_time_ms)),
+    h("td", { class: "elapsed num", ...times }),
+    h("td", { class: "left num", ...(TERMINAL.includes(s) ? {} : times) }),
+    h("td", { class: "exit num" }, TERMINAL.includes(s) ? exitText(j.exit_code, j.signal) : ""));
+}
+
+/** Fills the elapsed and time-left cells under `root` for now (they change every second while
+ *  the rows themselves are redrawn only when a job changed). */
+function tickTimes(root) {
+  const now = nowMs();
+  for (const td of root.querySelectorAll("td.elapsed[data-start], td.left[data-start]")) {
+    const start = Number(td.dataset.start);
+    const limit = Number(td.dataset.limit);
+    const ran = elapsedS(start, Number(td.dataset.end), now);
+    let text = "";
+    if (td.classList.contains("elapsed")) text = ran === null ? "" : hms(ran);
+    else if (limit) text = hms(limit - (ran || 0)); // a pending job has its whole limit left
+    else text = "no limit";
+    if (td.textContent !== text) td.textContent = text;
+  }
+}
+
+// ---------- history ----------
+
+const SINCE = [["1h", 3600], ["24h", 86400], ["7d", 7 * 86400], ["30d", 30 * 86400], ["all", 0]];
+
+/** The History columns: header, sort key of a record, cell of a record. */
+const HISTORY_COLS = [
+  ["ID", (r) => Number(r.id), (r) => h("a", { href: `#/jobs/${r.id}` },
+    Number(r.array_job_id) ? `${r.array_job_id}_${r.array_task_id}` : String(r.id))],
+  ["Name", (r) => r.name, (r) => r.name],
+  ["User", (r) => r.user, (r) => r.user],
+  ["Account", (r) => r.account, (r) => r.account],
+  ["QoS", (r) => r.qos, (r) => r.qos],
+  ["State", (r) => short(r.state, "JOB_STATE_"), (r) => badge(short(r.state, "JOB_STATE_"))],
+  ["Exit code", (r) => (r.exit_code === null || r.exit_code === undefined ? -1e9 : Number(r.exit_code)),
+    (r) => exitText(r.exit_code, r.signal)],
+  ["GPUs", (r) => Number(r.gpus), (r) => r.gpus],
+  ["Node", (r) => r.node, (r) => r.node],
+  ["Submitted", (r) => Number(r.submit_time_ms), (r) => when(r.submit_time_ms)],
+  ["Started", (r) => Number(r.start_time_ms), (r) => when(r.start_time_ms)],
+  ["Ended", (r) => Number(r.end_time_ms) || Infinity, (r) => when(r.end_time_ms)],
+  ["Elapsed", (r, now) => elapsedS(r.start_time_ms, r.end_time_ms, now) ?? -1,
+    (r, now) => { const e = elapsedS(r.start_time_ms, r.end_time_ms, now); return e === null ? "" : hms(e); }],
+  ["GPU-hours", (r) => Number(r.gpu_seconds), (r) => (Number(r.gpu_seconds) / 3600).toFixed(2)],
+  ["Attempts", (r) => Number(r.attempts), (r) => r.attempts],
+  ["Preemptions", (r) => Number(r.preemptions), (r) => r.preemptions],
+];
+
+/** The accounting history (`kairos history`): every job live in the window, those past the
+ *  live state's retention included; sorted by a click on a column's header. */
+function historyView() {
+  const params = new URLSearchParams(location.hash.split("?")[1] || "");
+  const since = h("select", { id: "h-since", name: "since" },
+    SINCE.map(([label]) => h("option", { value: label }, label === "all" ? "all kept" : `last ${label}`)));
+  since.value = SINCE.some(([l]) => l === params.get("since")) ? params.get("since") : "24h";
+  const state = h("select", { id: "h-state", name: "state" },
+    h("option", { value: "" }, "any"), STATES.map((s) => h("option", { value: s }, s.toLowerCase())));
+  state.value = params.get("state") || "";
+  const user = h("input", { id: "h-user", name: "user", value: params.get("user") || "", size: 10 });
+  const form = h("form", { class: "filters", role: "search" },
+    h("label", { for: "h-since" }, "Live in", since), h("label", { for: "h-state" }, "State", state),
+    h("label", { for: "h-user" }, "User", user), h("button", { type: "submit" }, "Filter"));
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const q = new URLSearchParams({ since: since.value });
+    if (state.value) q.set("state", state.value);
+    if (user.value.trim()) q.set("user", user.value.trim());
+    location.hash = `#/history?${q}`;
+  });
+  const sort = { col: "Ended", desc: true };
+  const head = h("tr");
+  const body = h("tbody", { id: "history-body" });
+  const status = h("p", { class: "muted", "aria-live": "polite" });
+  const more = h("button", { type: "button", hidden: true, id: "history-more" }, "Load more");
+  let records = [];
+  let token = "";
+  const draw = () => {
+    const now = nowMs();
+    const [, key] = HISTORY_COLS.find(([c]) => c === sort.col);
+    const rows = records.slice().sort((a, b) => {
+      const x = key(a, now), y = key(b, now);
+      const c = typeof x === "number" && typeof y === "number" ? x - y : String(x).localeCompare(String(y));
+      return (sort.desc ? -c : c) || Number(b.id) - Number(a.id);
+    });
+    head.replaceChildren(...HISTORY_COLS.map(([c]) => {
+      const b = h("button", { type: "button", class: "sort", "data-col": c }, c,
+        sort.col === c ? (sort.desc ? " ▾" : " ▴") : "");
+      b.addEventListener("click", () => {
+        if (sort.col === c) sort.desc = !sort.desc;
+        else Object.assign(sort, { col: c, desc: false });
+        draw();
+      });
+      return h("th", { scope: "col", "aria-sort": sort.col === c ? (sort.desc ? "descending" : "ascending") : false }, b);
+    }));
+    body.replaceChildren(...rows.map((r) => h("tr", { "data-job": r.id, class: r.purged ? "purged" : false },
+      HISTORY_COLS.map(([c, , cell]) => h("td", { "data-col": c }, cell(r, now))))));
+    status.textContent = `${records.length} job${records.length === 1 ? "" : "s"}` +
+      (token ? " (more to load)" : "") + ` · loaded ${new Date(now).toLocaleTimeString()}`;
+    more.hidden = !token;
+  };
+  const load = async (next) => {
+    const q = new URLSearchParams({ limit: "1000" });
+    const secs = SINCE.find(([l]) => l === since.value)[1];
+    if (secs) q.set("since_ms", String(nowMs() - secs * 1000));
+    if (state.value) q.set("states", state.value);
+    if (user.value.trim()) q.set("user", user.value.trim());
+    if (next) q.set("page_token", next);
+    const page = await api(`/api/v1/history?${q}`);
+    records = next ? records.concat(page.records) : page.records;
+    token = page.next_page_token;
+    draw();
+  };
+  const refresh = h("button", { type: "button", id: "history-refresh" }, "Refresh");
+  refresh.addEventListener("click", () => load("").catch((e) => status.replaceChildren(failure(e))));
+  more.addEventListener("click", () => load(token).catch((e) => status.replaceChildren(failure(e))));
+  setMain("History", form,
+    h("p", { class: "muted" }, "Every job live in the window, finished ones included — also those past the ",
+      "controllers' job retention, which the Jobs view no longer lists (", h("code", {}, "kairos history"), ")."),
+    h("p", {}, refresh), status,
+    h("table", { id: "history" }, h("thead", {}, head), body), more);
+  draw();
+  load("").catch((e) => status.replaceChildren(failure(e)));
 }
 
 // ---------- one job ----------
@@ -303,6 +460,11 @@ async function followLog(id, pre, signal) {
 }
 
 function drawJob(holder, j) {
+  // The page is drawn from two sources (its events, an action's answer) that may arrive out of
+  // order: never go back to a snapshot with fewer events than the one shown.
+  const events = (j.events || []).length;
+  if (Number(holder.dataset.events || 0) > events) return;
+  holder.dataset.events = String(events);
   const s = stateOf(j);
   const spec = j.spec || {};
   const res = spec.resources || {};
@@ -456,7 +618,7 @@ function policyView() {
         h("td", {}, p.gpu_s_lost))), "preemptions-table");
     const parts = [h("h2", {}, "QoS: GPUs running and pending against limits"), qos,
       h("h2", {}, "Fairshare by account"), fair,
-      h("h2", {}, "Recent preemptions"), recent.length ? pres : h("p", { class: "muted" }, "None recently.")];
+      h("h2", {}, `Recent preemptions${operates() ? "" : " of your jobs"}`), recent.length ? pres : h("p", { class: "muted" }, "None recently.")];
     if (burst) {
       const $ = (m) => `$${(Number(m) / 1000).toFixed(2)}`;
       parts.push(h("h2", {}, "Cloud burst"), burst.enabled
@@ -486,6 +648,7 @@ function route() {
   }
   const job = path.match(/^\/jobs\/(\d+)$/);
   if (job) jobView(job[1]);
+  else if (path === "/history") historyView();
   else if (path === "/nodes") nodesView();
   else if (path === "/policy") policyView();
   else if (path === "/login") showLogin();

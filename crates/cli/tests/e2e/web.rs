@@ -264,12 +264,53 @@ fn the_web_ui_in_headless_chromium_against_kairos_up() {
     let up_log = std::fs::read_to_string(dir.path().join("up.log")).unwrap_or_default();
     assert!(out.status.success(), "check_ui.py failed:\n{stdout}\n{stderr}\nkairos up:\n{up_log}");
     for line in [
+        "the login page shows the command, no backticks",
         "the jobs table lists a submitted job within 2 s",
+        "the folded array's row shows its tasks' states in words",
         "page shows its preemption by job",
+        "shows a running job's elapsed time",
         "ends it CANCELLED",
+        "shows its exit code (0) and elapsed time",
         "alice gets a 403 page for bob's job",
         "no operator action to a user",
+        "bob sees no preemption of other users' jobs",
         "logout clears the session cookie",
+    ] {
+        assert!(stdout.contains(line), "missing \"{line}\" in:\n{stdout}");
+    }
+    assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
+}
+
+#[test]
+fn the_history_page_in_headless_chromium_lists_jobs_past_the_retention() {
+    for tool in ["/usr/bin/chromium", "/usr/bin/chromedriver"] {
+        assert!(std::path::Path::new(tool).exists(), "{tool} is missing: scripts/test.sh installs it");
+    }
+    // Finished jobs leave the live state a second after they end; the history keeps them.
+    let options = Options {
+        http: true,
+        controller_flags: vec!["--job-retention".into(), "1s".into()],
+        ..Options::default()
+    };
+    let c = Cluster::start_opts(1, 4, options);
+    let web = c.controllers[0].http.clone().unwrap();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/web/check_ui.py");
+    let mut cmd = std::process::Command::new(python());
+    cmd.arg(script)
+        .args(["--url", &format!("http://{web}"), "--history"])
+        .arg("--admin-token-file")
+        .arg(c.token_file());
+    if let Some(shots) = std::env::var_os("KAIROS_UI_SCREENSHOTS") {
+        cmd.arg("--screenshots").arg(shots);
+    }
+    let out = cmd.output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "check_ui.py --history failed:\n{stdout}\n{stderr}");
+    for line in [
+        "left the live state (the Jobs view no longer lists them)",
+        "the History page lists job",
+        "FAILED, exit code 3",
+        "sorts the History page",
     ] {
         assert!(stdout.contains(line), "missing \"{line}\" in:\n{stdout}");
     }
