@@ -149,9 +149,29 @@ pub fn parse_dependency(s: &str) -> Result<Dependencies, String> {
 /// The most variables an exported environment may carry (the job spec's own bound is 256).
 const EXPORT_VARS_MAX: usize = 200;
 
+/// Who the submitter is and where their session lives: the node sets these for the account
+/// the job runs as (which need not be the submitter's, `--as`), so they are never exported.
+const SESSION_VARS: &[&str] = &[
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "MAIL",
+    "PWD",
+    "OLDPWD",
+    "SHLVL",
+    "_",
+    "XDG_RUNTIME_DIR",
+    "XDG_SESSION_ID",
+    "DBUS_SESSION_BUS_ADDRESS",
+    "SSH_AUTH_SOCK",
+    "SSH_AGENT_PID",
+];
+
 /// The environment a job takes from its submitter, sbatch's `--export`: `ALL` (the default:
 /// every variable but kairos's own — its credentials among them —, Slurm's, those the agent
-/// sets for every run, and names a job may not carry), `NONE`, or `NAME` / `NAME=VALUE` items
+/// sets for every run, the session's (`HOME`, `USER`, …: the node's account's), and names a
+/// job may not carry), `NONE`, or `NAME` / `NAME=VALUE` items
 /// (with `ALL` among them: all and those).
 pub fn export_env(
     spec: Option<&str>,
@@ -160,6 +180,7 @@ pub fn export_env(
     let exportable = |k: &str| {
         !k.starts_with("KAIROS_")
             && !k.starts_with("SLURM_")
+            && !SESSION_VARS.contains(&k)
             && !kairos_scheduler::validate::RESERVED_ENV.contains(&k)
             && !k.is_empty()
             && !k.starts_with(|c: char| c.is_ascii_digit())
@@ -284,6 +305,8 @@ mod array_tests {
             ("RANK", "1"),
             ("BASH_FUNC_x%%", "() { :; }"),
             ("PATH", "/usr/bin"),
+            ("HOME", "/home/admin"),
+            ("SSH_AUTH_SOCK", "/tmp/agent.sock"),
         ]
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
