@@ -1,6 +1,6 @@
 //! A run inside its container image, the way enroot (Slurm's pyxis) does it: no daemon and no
 //! runtime process between the agent and the job, and nothing of the image entered with root's
-//! powers. Between fork and exec the run's process (`container_child`) first becomes the job's
+//! powers. Between fork and exec the run's process (`container_child::enter`) first becomes the job's
 //! user, then creates a user namespace (the user maps to itself: root inside is nobody outside,
 //! and an image's setuid binaries give nothing), a mount namespace and a PID namespace of its own;
 //! as that user it mounts a tmpfs for the writable layer, an overlay of the cached image
@@ -344,14 +344,6 @@ impl Plan {
     pub fn set_up(&self) {
         // SAFETY: alarm has no memory arguments.
         unsafe { libc::alarm(0) };
-    }
-
-    /// Becomes the user and enters the container: in the child, between fork and exec. Returns
-    /// in the job's process only (PID 2 of the run's PID namespace, under a minimal init); the
-    /// process the agent spawned stays outside, waits for the job and ends as it did. Only
-    /// system calls on prepared values (async-signal-safe).
-    pub fn enter(&self) -> std::io::Result<()> {
-        crate::container_child::enter(self)
     }
 }
 

@@ -93,6 +93,10 @@ fn drop_capabilities() {
     unsafe { libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) };
 }
 
+/// Becomes the user and enters the container `plan` describes: in the child, between fork and
+/// exec. Returns in the job's process only (PID 2 of the run's PID namespace, under a minimal
+/// init); the process the agent spawned stays outside, waits for the job and ends as it did.
+/// Only system calls on prepared values (async-signal-safe).
 pub(crate) fn enter(plan: &Plan) -> Result<()> {
     // SAFETY: system calls on values prepared before the fork; from the unshare on, the
     // namespaces are this process's own.

@@ -353,7 +353,7 @@ fn confine(
             }
             match &container {
                 // Becomes the user first, then enters its container.
-                Some(plan) => plan.enter()?,
+                Some(plan) => crate::container_child::enter(plan)?,
                 None => {
                     if let Some((groups, gid, uid)) = &ids {
                         nix::unistd::setgroups(groups)?;
