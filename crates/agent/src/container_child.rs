@@ -1,4 +1,4 @@
-//! The steps of `container::Plan::enter`, in the run's process between fork and exec: only
+//! The steps of `enter`, in the run's process between fork and exec: only
 //! system calls on values prepared before the fork (nothing allocates, nothing locks).
 //!
 //! ```text

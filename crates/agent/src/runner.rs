@@ -302,7 +302,7 @@ async fn copy_output(
 /// Makes the child confine itself before any of the job's code runs: into the run's cgroup
 /// (through the returned `cgroup.procs` file, which must stay open until the spawn), to the
 /// job's account — or, for a container, into the container as that account
-/// (`container::Plan::enter`) — then into its working directory, entered as that account,
+/// (`container_child::enter`) — then into its working directory, entered as that account,
 /// after the switch: as root the chdir would pass directories the job's user may not enter.
 fn confine(
     cmd: &mut tokio::process::Command,

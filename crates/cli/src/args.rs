@@ -107,6 +107,19 @@ pub struct Dependencies {
     pub after_not_ok: Vec<u64>,
 }
 
+impl Dependencies {
+    /// These and those Slurm's form `spec` names.
+    pub fn with(mut self, spec: Option<&str>) -> Result<Dependencies, String> {
+        if let Some(d) = spec {
+            let more = parse_dependency(d)?;
+            self.after_ok.extend(more.after_ok);
+            self.after_any.extend(more.after_any);
+            self.after_not_ok.extend(more.after_not_ok);
+        }
+        Ok(self)
+    }
+}
+
 /// `afterok:ID[:ID...][,afterany:ID...][,afternotok:ID...]` (every part must hold, as with
 /// Slurm's `,`); Slurm's other types are refused by name. An id may be an array's (every
 /// task) or `ARRAY_INDEX` is not taken: a task is named by its own job id.

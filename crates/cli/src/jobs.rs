@@ -233,6 +233,30 @@ fn container_spec(
     }
 }
 
+/// sbatch's defaults: the environment the job takes (`export`, ALL for a bare job, NONE for a
+/// container's, then `env`), and the submit directory where no workdir was given (a
+/// container's is its own).
+fn sbatch_defaults(
+    export: Option<String>,
+    env: Vec<(String, String)>,
+    no_workdir: bool,
+    container: bool,
+) -> anyhow::Result<(std::collections::BTreeMap<String, String>, Option<String>)> {
+    let export = export.or_else(|| container.then(|| "NONE".to_string()));
+    let submitter: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+    let mut environment: std::collections::BTreeMap<String, String> =
+        crate::args::export_env(export.as_deref(), &submitter)
+            .map_err(|e| anyhow::anyhow!("--export: {e}"))?
+            .into_iter()
+            .collect();
+    environment.extend(env);
+    let submit_dir = (no_workdir && !container)
+        .then(|| std::env::current_dir().map(|d| d.display().to_string()))
+        .transpose()
+        .context("the current directory (the job's working directory; or give -D DIR)")?;
+    Ok((environment, submit_dir))
+}
+
 /// Submits a job; prints its id (the job with --json).
 pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Result<i32> {
     if let Some(path) = &args.manifest {
@@ -252,9 +276,9 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         workdir,
         export,
         requeue,
-        mut after_ok,
-        mut after_any,
-        mut after_not_ok,
+        after_ok,
+        after_any,
+        after_not_ok,
         dependency,
         hold,
         gpu_model,
@@ -276,26 +300,10 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         ..
     } = args;
     let container = container_spec(container_image, container_mounts, container_workdir)?;
-    // sbatch's defaults: the submit directory and environment (a container: its image's).
-    let export = export.or_else(|| container.is_some().then(|| "NONE".to_string()));
-    let submitter: std::collections::BTreeMap<String, String> = std::env::vars().collect();
-    let mut environment: std::collections::BTreeMap<String, String> =
-        crate::args::export_env(export.as_deref(), &submitter)
-            .map_err(|e| anyhow::anyhow!("--export: {e}"))?
-            .into_iter()
-            .collect();
-    environment.extend(env);
-    let submit_dir = (workdir.is_none() && container.is_none())
-        .then(|| std::env::current_dir().map(|d| d.display().to_string()))
-        .transpose()
-        .context("the current directory (the job's working directory; or give -D DIR)")?;
+    let (environment, submit_dir) = sbatch_defaults(export, env, workdir.is_none(), container.is_some())?;
     let workdir_is_submit_dir = submit_dir.is_some();
-    if let Some(d) = &dependency {
-        let deps = crate::args::parse_dependency(d).map_err(|e| anyhow::anyhow!(e))?;
-        after_ok.extend(deps.after_ok);
-        after_any.extend(deps.after_any);
-        after_not_ok.extend(deps.after_not_ok);
-    }
+    let deps = crate::args::Dependencies { after_ok, after_any, after_not_ok };
+    let deps = deps.with(dependency.as_deref()).map_err(|e| anyhow::anyhow!(e))?;
     let profile = match profile {
         None => pb::Profile::Unspecified,
         Some(ProfileArg::Training) => pb::Profile::Training,
@@ -334,9 +342,9 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         }),
         time_limit_s: time.unwrap_or(0),
         requeue: requeue.then_some(true),
-        after_ok,
-        after_any,
-        after_not_ok,
+        after_ok: deps.after_ok,
+        after_any: deps.after_any,
+        after_not_ok: deps.after_not_ok,
         hold,
         account: account.unwrap_or_default(),
         partition: partition.unwrap_or_default(),

@@ -248,6 +248,17 @@ enum Cmd {
     },
 }
 
+/// `kairos batch`: its help (the sbatch options it takes), or the script submitted.
+async fn batch(client: &Client, json: bool, args: batch::BatchArgs) -> anyhow::Result<i32> {
+    if matches!(args.args.first().map(String::as_str), Some("--help" | "-h")) {
+        print!("{}", batch::help());
+        return Ok(0);
+    }
+    let env = std::env::vars().collect();
+    let submit = batch::submit_args(&args.args, &env).map_err(|e| anyhow::anyhow!("{e}"))?;
+    jobs::submit(client, json, submit).await
+}
+
 async fn run(cli: Cli) -> anyhow::Result<i32> {
     // Flags and the environment first, then the context (`context`), then the defaults.
     let local = matches!(
@@ -282,15 +293,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Show { id } => jobs::show(client, json, jobs::resolve(client, id).await?).await,
         Cmd::History(args) => history::history(client, json, args).await,
         Cmd::Cancel(args) => jobs::cancel(client, json, args).await,
-        Cmd::Batch(args) if matches!(args.args.first().map(String::as_str), Some("--help" | "-h")) => {
-            print!("{}", batch::help());
-            Ok(0)
-        }
-        Cmd::Batch(args) => {
-            let env = std::env::vars().collect();
-            let submit = batch::submit_args(&args.args, &env).map_err(|e| anyhow::anyhow!("{e}"))?;
-            jobs::submit(client, json, submit).await
-        }
+        Cmd::Batch(args) => batch(client, json, args).await,
         Cmd::Hold { id } => jobs::hold(client, json, jobs::resolve(client, id).await?, true).await,
         Cmd::Release { id } => jobs::hold(client, json, jobs::resolve(client, id).await?, false).await,
         Cmd::Logs { id, follow, attempt } => {
