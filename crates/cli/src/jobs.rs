@@ -445,15 +445,34 @@ pub fn state_of(name: &str) -> Option<pb::JobState> {
     all.into_iter().find(|s| output::job_state_name(*s as i32).eq_ignore_ascii_case(name.trim()))
 }
 
-/// Lists jobs (pending and running, or those `args` select), every page.
-pub async fn queue(client: &Client, json: bool, args: QueueArgs) -> anyhow::Result<i32> {
-    let states = args
-        .state
+/// `--state` names as the API's values.
+fn states_of(names: &[String]) -> anyhow::Result<Vec<i32>> {
+    names
         .iter()
         .map(|s| {
             state_of(s).map(|s| s as i32).ok_or_else(|| anyhow::anyhow!("--state: unknown state \"{s}\""))
         })
-        .collect::<anyhow::Result<Vec<i32>>>()?;
+        .collect()
+}
+
+/// Every job `request` selects, page after page, so the list is whole however long it is.
+async fn list_all(client: &Client, request: pb::ListJobsRequest) -> anyhow::Result<Vec<pb::Job>> {
+    let mut jobs = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let req = pb::ListJobsRequest { page_token: page_token.clone(), ..request.clone() };
+        let page = client.jobs(req, |mut c, r| async move { c.list_jobs(r).await }).await?.into_inner();
+        jobs.extend(page.jobs);
+        if page.next_page_token.is_empty() {
+            return Ok(jobs);
+        }
+        page_token = page.next_page_token;
+    }
+}
+
+/// Lists jobs (pending and running, or those `args` select), every page.
+pub async fn queue(client: &Client, json: bool, args: QueueArgs) -> anyhow::Result<i32> {
+    let states = states_of(&args.state)?;
     let columns = args
         .format
         .iter()
@@ -473,18 +492,7 @@ pub async fn queue(client: &Client, json: bool, args: QueueArgs) -> anyhow::Resu
         name: args.name.unwrap_or_default(),
         ..Default::default()
     };
-    // Every page, so the list is whole however long it is.
-    let mut jobs = Vec::new();
-    let mut page_token = String::new();
-    loop {
-        let req = pb::ListJobsRequest { page_token: page_token.clone(), ..request.clone() };
-        let page = client.jobs(req, |mut c, r| async move { c.list_jobs(r).await }).await?.into_inner();
-        jobs.extend(page.jobs);
-        if page.next_page_token.is_empty() {
-            break;
-        }
-        page_token = page.next_page_token;
-    }
+    let mut jobs = list_all(client, request).await?;
     if !json {
         jobs = output::fold_pending_tasks(jobs);
     }
@@ -590,30 +598,15 @@ pub async fn cancel(client: &Client, json: bool, args: CancelArgs) -> anyhow::Re
         ids.push(resolve(client, *target).await?);
     }
     if filtered {
-        let states = args
-            .state
-            .iter()
-            .map(|s| {
-                state_of(s).map(|s| s as i32).ok_or_else(|| anyhow::anyhow!("--state: unknown state \"{s}\""))
-            })
-            .collect::<anyhow::Result<Vec<i32>>>()?;
+        let states = states_of(&args.state)?;
         let request = pb::ListJobsRequest {
             states,
             user: args.user.clone().unwrap_or_default(),
             name: args.name.clone().unwrap_or_default(),
             ..Default::default()
         };
-        let mut matching = Vec::new();
-        let mut page_token = String::new();
-        loop {
-            let req = pb::ListJobsRequest { page_token: page_token.clone(), ..request.clone() };
-            let page = client.jobs(req, |mut c, r| async move { c.list_jobs(r).await }).await?.into_inner();
-            matching.extend(page.jobs.iter().filter(|j| !terminal(j.state)).map(|j| j.id));
-            if page.next_page_token.is_empty() {
-                break;
-            }
-            page_token = page.next_page_token;
-        }
+        let listed = list_all(client, request).await?;
+        let matching: Vec<u64> = listed.iter().filter(|j| !terminal(j.state)).map(|j| j.id).collect();
         ids = if ids.is_empty() {
             matching
         } else {

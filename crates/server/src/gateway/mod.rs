@@ -116,17 +116,23 @@ impl Gateway {
 
     /// The user `token` names, settled before anything of the request's body is read: here when
     /// this replica can, else by the leader (`WhoAmI` through this replica, which passes it on).
-    async fn authenticate(&self, token: &str) -> Result<String, Status> {
-        match (self.check)(token) {
-            Err(s) if s.code() == tonic::Code::Unavailable => {}
-            settled => return settled,
-        }
+    /// The `WhoAmI` route and its method (a login's and an authentication's call).
+    fn who_am_i(&self) -> Result<(&'static routes::Route, prost_reflect::MethodDescriptor), Status> {
         let route = routes::ROUTES
             .iter()
             .find(|r| r.rpc.ends_with("/WhoAmI"))
             .ok_or_else(|| Status::internal("no WhoAmI route"))?;
         let method = transcode::method(&self.pool, route.rpc)
             .ok_or_else(|| Status::internal("WhoAmI is not a method"))?;
+        Ok((route, method))
+    }
+
+    async fn authenticate(&self, token: &str) -> Result<String, Status> {
+        match (self.check)(token) {
+            Err(s) if s.code() == tonic::Code::Unavailable => {}
+            settled => return settled,
+        }
+        let (route, method) = self.who_am_i()?;
         let request = grpc_request(transcode::request(&method, b"", &[])?, token, &http::HeaderMap::new())?;
         let path: http::uri::PathAndQuery =
             route.rpc.parse().map_err(|_| Status::internal(format!("{} is not a path", route.rpc)))?;
@@ -304,12 +310,7 @@ impl Gateway {
             .and_then(|v| v.get("token").and_then(|t| t.as_str()).map(|t| t.trim().to_string()))
             .filter(|t| session::cookie_safe(t))
             .ok_or_else(|| Status::invalid_argument("log in with a JSON body: {\"token\": \"…\"}"))?;
-        let route = routes::ROUTES
-            .iter()
-            .find(|r| r.rpc.ends_with("/WhoAmI"))
-            .ok_or_else(|| Status::internal("no WhoAmI route"))?;
-        let method = transcode::method(&self.pool, route.rpc)
-            .ok_or_else(|| Status::internal("WhoAmI is not a method"))?;
+        let (route, method) = self.who_am_i()?;
         let request = grpc_request(transcode::request(&method, b"", &[])?, &token, &http::HeaderMap::new())?;
         let mut answer = self.call(route, &method, request, None).await?;
         for c in session::login_cookies(&self.key, &token) {
