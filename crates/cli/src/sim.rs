@@ -86,7 +86,7 @@ fn burst_of(
         std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
     let fail = |e: String| anyhow::anyhow!("{}: {e}", path.display());
     let file = crate::burst_file::BurstFile::parse(&text).map_err(fail)?;
-    let config = kairos_proto::burst::burst_config_from_pb(file.to_pb().map_err(fail)?);
+    let config = kairos_convert::burst::burst_config_from_pb(file.to_pb().map_err(fail)?);
     let setup = kairos_sim::cloud::BurstSetup { config, model: file.cloud_model().map_err(fail)? };
     setup.check(policy).map_err(fail)?;
     Ok(setup)
@@ -99,7 +99,7 @@ fn policy_of(path: &std::path::Path) -> anyhow::Result<kairos_scheduler::policy:
     let file = crate::policy_file::PolicyFile::parse(&text)
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let pb = file.to_pb().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    let policy = kairos_proto::policy::policy_from_pb(pb)
+    let policy = kairos_convert::policy::policy_from_pb(pb)
         .map_err(|s| anyhow::anyhow!("{}: {}", path.display(), s.message()))?;
     policy.validate().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     Ok(policy)
@@ -152,7 +152,7 @@ fn cluster_of(text: &str) -> anyhow::Result<Vec<kairos_sim::TraceNode>> {
 
 /// The QoS table of `policy`, as `kairos qos list` prints a cluster's.
 fn print_qos(policy: &kairos_scheduler::policy::Policy) {
-    let pb = kairos_proto::policy::policy_to_pb(policy);
+    let pb = kairos_convert::policy::policy_to_pb(policy);
     let rows: Vec<Vec<String>> = pb.qos.iter().map(crate::qos::qos_row).collect();
     crate::output::table(&crate::qos::QOS_HEADER, &rows);
 }
@@ -276,7 +276,7 @@ mod tests {
     fn the_replay_file_is_the_shipped_policy_with_its_limits_lifted() {
         let text = include_str!("../../../deploy/sim/replay.toml");
         let file = crate::policy_file::PolicyFile::parse(text).unwrap();
-        let policy = kairos_proto::policy::policy_from_pb(file.to_pb().unwrap()).unwrap();
+        let policy = kairos_convert::policy::policy_from_pb(file.to_pb().unwrap()).unwrap();
         assert_eq!(policy, kairos_sim::replay_policy());
     }
 

@@ -1,16 +1,11 @@
 //! Generated protobuf and gRPC types of the `kairos.v1` API.
 //!
-//! These types stay at the transport edge: the scheduling core never sees them. Conversions to and
-//! from domain types live in the server and agent crates, except the policy's and the burst
-//! configuration's (`policy`, `burst`, feature `core`), which the controller and the CLI's
-//! simulator share.
+//! These types stay at the transport edge: the scheduling core never sees them, and this crate
+//! knows nothing of the core. Conversions to and from the core's types live in `kairos-convert`;
+//! the agent converts an assignment into its own run spec (`kairos_agent::launch`).
 
 #![allow(missing_docs)]
 
-#[cfg(feature = "core")]
-pub mod burst;
-#[cfg(feature = "core")]
-pub mod policy;
 pub mod units;
 pub mod wire;
 

@@ -18,8 +18,8 @@ use crate::auth::{split_token, Principal, TOKEN_PREFIX};
 use crate::context::{now_ms, rejection_status, write_status, Ctx};
 use crate::convert::node_to_pb;
 use crate::convert_burst::burst_status;
-use kairos_proto::burst::{burst_config_from_pb, burst_config_to_pb};
-use kairos_proto::policy::{
+use kairos_convert::burst::{burst_config_from_pb, burst_config_to_pb};
+use kairos_convert::policy::{
     account_from_pb, account_to_pb, partition_from_pb, partition_to_pb, policy_from_pb, policy_to_pb,
     qos_from_pb, qos_to_pb, weights_to_pb,
 };

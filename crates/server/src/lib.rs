@@ -10,8 +10,8 @@ pub mod batch;
 pub mod burst;
 pub mod connlimit;
 pub mod context;
-pub mod convert;
-pub mod convert_burst;
+/// pb ⇄ domain conversions: their one home is the `kairos-convert` crate.
+pub use kairos_convert::{burst_state as convert_burst, job as convert};
 pub mod daemon;
 pub mod forward;
 pub mod gateway;

@@ -18,17 +18,7 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
     let spec = spec.ok_or_else(|| Status::invalid_argument("spec: required"))?;
     let res = spec.resources.unwrap_or_default();
     let checkpoint = spec.checkpoint.unwrap_or_default();
-    if !checkpoint.dir.is_empty() {
-        return Err(unimplemented("checkpoint.dir", "a job-chosen checkpoint directory"));
-    }
-    let checkpoint_signal = match checkpoint.signal.as_str() {
-        "" => None,
-        name => Some(
-            kairos_scheduler::validate::checkpoint_signal(name)
-                .map_err(|e| Status::invalid_argument(e.to_string()))?
-                .to_string(),
-        ),
-    };
+    let checkpoint_signal = checkpoint_signal_from_pb(&checkpoint)?;
     if spec.burstable {
         // Bursting is the QoS's: a job bursts by being of a burstable QoS.
         return Err(Status::invalid_argument(
@@ -36,25 +26,11 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
              e.g. inference); submit it with that QoS and leave this field unset",
         ));
     }
-    let profile = match pb::Profile::try_from(spec.profile) {
-        Ok(pb::Profile::Unspecified) | Ok(pb::Profile::Batch) => Profile::Batch,
-        Ok(pb::Profile::Training) => Profile::Training,
-        Ok(pb::Profile::Inference) => Profile::Inference,
-        Err(_) => return Err(Status::invalid_argument(format!("profile: unknown value {}", spec.profile))),
-    };
+    let profile = profile_from_pb(spec.profile)?;
     // An empty QoS is resolved from the profile by the cluster's submit rules, on apply.
     let qos = spec.qos;
-    let array = (!spec.array_indices.is_empty()).then(|| {
-        Box::new(kairos_scheduler::model::ArraySpec {
-            indices: spec.array_indices.clone(),
-            max_running: (spec.array_max_running > 0).then_some(spec.array_max_running),
-            id: 0,
-            index: 0,
-            count: 0,
-        })
-    });
     let out = JobSpec {
-        array,
+        array: array_from_pb(&spec.array_indices, spec.array_max_running),
         name: spec.name,
         user: user.to_string(),
         argv: spec.argv,
@@ -89,6 +65,41 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
     };
     validate_spec(&out).map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok(out)
+}
+
+/// The signal a job asks to be checkpointed by (`None`: the default), checked by name.
+fn checkpoint_signal_from_pb(checkpoint: &pb::CheckpointSpec) -> Result<Option<String>, Status> {
+    if !checkpoint.dir.is_empty() {
+        return Err(unimplemented("checkpoint.dir", "a job-chosen checkpoint directory"));
+    }
+    match checkpoint.signal.as_str() {
+        "" => Ok(None),
+        name => kairos_scheduler::validate::checkpoint_signal(name)
+            .map(|s| Some(s.to_string()))
+            .map_err(|e| Status::invalid_argument(e.to_string())),
+    }
+}
+
+fn profile_from_pb(profile: i32) -> Result<Profile, Status> {
+    match pb::Profile::try_from(profile) {
+        Ok(pb::Profile::Unspecified) | Ok(pb::Profile::Batch) => Ok(Profile::Batch),
+        Ok(pb::Profile::Training) => Ok(Profile::Training),
+        Ok(pb::Profile::Inference) => Ok(Profile::Inference),
+        Err(_) => Err(Status::invalid_argument(format!("profile: unknown value {profile}"))),
+    }
+}
+
+/// An array submit's indices (`None`: a single job); the id, index and count are set on apply.
+fn array_from_pb(indices: &[u32], max_running: u32) -> Option<Box<kairos_scheduler::model::ArraySpec>> {
+    (!indices.is_empty()).then(|| {
+        Box::new(kairos_scheduler::model::ArraySpec {
+            indices: indices.to_vec(),
+            max_running: (max_running > 0).then_some(max_running),
+            id: 0,
+            index: 0,
+            count: 0,
+        })
+    })
 }
 
 /// A submit's container, its mounts parsed (`SRC:DST[:ro]`); checked with the rest of the spec.

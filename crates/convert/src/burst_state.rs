@@ -1,5 +1,5 @@
-//! The burst status as its protobuf form (the configuration's conversions are
-//! `kairos_proto::burst`'s, shared with the CLI's simulator).
+//! The burst status as its protobuf form (the configuration's conversions are `burst`'s,
+//! shared with the CLI's simulator); the on-prem usage and forecast come from `kairos_burst`.
 
 use kairos_proto::v1 as pb;
 use kairos_scheduler::ClusterState;

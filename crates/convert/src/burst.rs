@@ -1,8 +1,8 @@
 //! Conversions between the scheduling core's burst configuration and `kairos.v1` messages
-//! (feature `core`): one mapping for the controller (`kairos burst config apply`) and the CLI
+//! : one mapping for the controller (`kairos burst config apply`) and the CLI
 //! (`kairos sim --burst`, which reads the same file).
 
-use crate::v1 as pb;
+use kairos_proto::v1 as pb;
 use kairos_scheduler::burst::{BurstConfig, InstanceType};
 
 pub fn burst_config_to_pb(c: &BurstConfig) -> pb::BurstConfig {

@@ -1,10 +1,10 @@
-//! Conversions between the scheduling core's policy types and `kairos.v1` messages (feature
-//! `core`): one mapping for the controller (`kairos policy apply`) and the CLI (`kairos sim
+//! Conversions between the scheduling core's policy types and `kairos.v1` messages
+//! one mapping for the controller (`kairos policy apply`) and the CLI (`kairos sim
 //! --policy`, which reads the same file).
 
 use std::collections::BTreeMap;
 
-use crate::v1 as pb;
+use kairos_proto::v1 as pb;
 use kairos_scheduler::policy::{Account, Partition, Policy, PreemptMode, Qos, QosAccess};
 use kairos_scheduler::priority::PriorityWeights;
 use kairos_scheduler::Profile;
