@@ -1,5 +1,5 @@
-//! Conversions between the scheduling core's burst configuration and `kairos.v1` messages
-//! : one mapping for the controller (`kairos burst config apply`) and the CLI
+//! Conversions between the scheduling core's burst configuration and `kairos.v1` messages:
+//! one mapping for the controller (`kairos burst config apply`) and the CLI
 //! (`kairos sim --burst`, which reads the same file).
 
 use kairos_proto::v1 as pb;

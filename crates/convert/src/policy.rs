@@ -1,4 +1,4 @@
-//! Conversions between the scheduling core's policy types and `kairos.v1` messages
+//! Conversions between the scheduling core's policy types and `kairos.v1` messages:
 //! one mapping for the controller (`kairos policy apply`) and the CLI (`kairos sim
 //! --policy`, which reads the same file).
 
