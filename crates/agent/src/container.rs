@@ -23,7 +23,7 @@ use nix::libc;
 
 /// What the child does to enter its container, prepared before the fork (nothing allocates in
 /// the child).
-pub struct Plan {
+pub struct ContainerSetup {
     /// An empty directory of the agent's (traversable by the job's user): the run's tmpfs is
     /// mounted on it, in the run's own mount namespace.
     pub(crate) scratch: CString,
@@ -37,7 +37,7 @@ pub struct Plan {
     /// `uid_map` and `gid_map`: the user maps to itself (written by the agent, `IdMaps`).
     pub(crate) uid_map: CString,
     pub(crate) gid_map: CString,
-    /// The pipes over which the agent writes the run's id maps (`Plan::id_maps`).
+    /// The pipes over which the agent writes the run's id maps (`ContainerSetup::id_maps`).
     pub(crate) sync: Option<Sync>,
     /// The writable layer's tmpfs options and `/dev/shm`'s size: the run's memory limit, or
     /// a quarter of the host's memory each where it has none.
@@ -172,29 +172,12 @@ fn components(inside: &str) -> std::io::Result<Vec<CString>> {
 }
 
 /// A mount: host source, path inside, read-only, and whether the job asked for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Bind {
     pub src: PathBuf,
     pub dst: String,
     pub read_only: bool,
     pub the_jobs: bool,
-}
-
-impl Bind {
-    /// `SRC:DST`, `SRC:DST:ro` or `SRC:DST:rw` (as the controller checked them).
-    pub fn parse(text: &str) -> Option<Bind> {
-        let parts: Vec<&str> = text.split(':').collect();
-        let (src, dst, read_only) = match parts.as_slice() {
-            [src, dst] | [src, dst, "rw"] => (*src, *dst, false),
-            [src, dst, "ro"] => (*src, *dst, true),
-            _ => return None,
-        };
-        (src.starts_with('/') && dst.starts_with('/')).then(|| Bind {
-            src: src.into(),
-            dst: dst.into(),
-            read_only,
-            the_jobs: true,
-        })
-    }
 }
 
 /// The device nodes of GPU `minors` and the NVIDIA control devices, where no CDI spec says
@@ -208,8 +191,63 @@ pub fn gpu_devices(minors: &[u32]) -> Vec<(PathBuf, String)> {
     names.map(|n| (Path::new("/dev").join(&n), format!("/dev/{n}"))).collect()
 }
 
-impl Plan {
-    /// The plan for a run of `rootfs` as `identity` (None: the agent's own user), whose tmpfs is
+fn cstr(s: String) -> std::io::Result<CString> {
+    CString::new(s).map_err(std::io::Error::other)
+}
+
+/// Symbolic links in the container's `/dev`: target, name.
+const DEV_LINKS: [(&str, &str); 4] = [
+    ("/proc/self/fd", "fd"),
+    ("/proc/self/fd/0", "stdin"),
+    ("/proc/self/fd/1", "stdout"),
+    ("/proc/self/fd/2", "stderr"),
+];
+
+/// A container's mounts: the basic devices and `devices` (only those under `/dev`), the host's
+/// name files, then `binds` (the job's at most `USER_BINDS_MAX`; `MOUNTS_MAX` in all).
+fn mounts(binds: &[Bind], devices: &[(PathBuf, String)]) -> std::io::Result<Vec<Mount>> {
+    let mut mounts = Vec::new();
+    let basic = BASIC_DEVICES.iter().map(|d| (Path::new("/dev").join(d), format!("/dev/{d}")));
+    for (host, inside) in basic.chain(devices.iter().cloned()) {
+        if !inside.starts_with("/dev/") {
+            continue;
+        }
+        let at = components(&inside)?;
+        mounts.push(Mount { src: c(&host)?, at, read_only: false, device: true, optional: true });
+    }
+    for etc in ["/etc/hosts", "/etc/resolv.conf"] {
+        let at = components(etc)?;
+        mounts.push(Mount { src: c(Path::new(etc))?, at, read_only: true, device: false, optional: true });
+    }
+    if binds.iter().filter(|b| b.the_jobs).count() > USER_BINDS_MAX {
+        return Err(std::io::Error::other(format!("more than {USER_BINDS_MAX} container mounts")));
+    }
+    for b in binds {
+        let at = components(&b.dst)?;
+        mounts.push(Mount { src: c(&b.src)?, at, read_only: b.read_only, device: false, optional: false });
+    }
+    if mounts.len() > MOUNTS_MAX {
+        return Err(std::io::Error::other(format!("more than {MOUNTS_MAX} mounts in one container")));
+    }
+    Ok(mounts)
+}
+
+/// The overlay's options: the image read-only under the run's writable layer in `scratch`.
+fn overlay_options(rootfs: &Path, scratch: &Path) -> std::io::Result<String> {
+    let overlay = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        rootfs.display(),
+        scratch.join("upper").display(),
+        scratch.join("work").display()
+    );
+    if overlay.matches(',').count() != 2 || overlay.matches('=').count() != 3 {
+        return Err(std::io::Error::other("an image path holds a comma or an equals sign"));
+    }
+    Ok(overlay)
+}
+
+impl ContainerSetup {
+    /// The setup for a run of `rootfs` as `identity` (None: the agent's own user), whose tmpfs is
     /// mounted under `base` (the agent's `containers` directory), binding `binds` (the job's
     /// directory first) and `devices` (on the host, under /dev inside: the run's GPUs,
     /// `gpu_devices` or a CDI spec's), and starting in `workdir` inside. Nothing of the job's is
@@ -222,63 +260,24 @@ impl Plan {
         workdir: &str,
         identity: Option<Identity>,
         memory_mib: u64,
-    ) -> std::io::Result<Plan> {
+    ) -> std::io::Result<ContainerSetup> {
         let scratch = base.join("mnt");
         std::fs::create_dir_all(&scratch)?;
         for d in [base, scratch.as_path()] {
             std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
         }
-        let mut mounts = Vec::new();
-        let basic = BASIC_DEVICES.iter().map(|d| (Path::new("/dev").join(d), format!("/dev/{d}")));
-        for (host, inside) in basic.chain(devices.iter().cloned()) {
-            if !inside.starts_with("/dev/") {
-                continue;
-            }
-            let at = components(&inside)?;
-            mounts.push(Mount { src: c(&host)?, at, read_only: false, device: true, optional: true });
-        }
-        for etc in ["/etc/hosts", "/etc/resolv.conf"] {
-            let at = components(etc)?;
-            mounts.push(Mount {
-                src: c(Path::new(etc))?,
-                at,
-                read_only: true,
-                device: false,
-                optional: true,
-            });
-        }
-        if binds.iter().filter(|b| b.the_jobs).count() > USER_BINDS_MAX {
-            return Err(std::io::Error::other(format!("more than {USER_BINDS_MAX} container mounts")));
-        }
-        for b in binds {
-            let at = components(&b.dst)?;
-            mounts.push(Mount {
-                src: c(&b.src)?,
-                at,
-                read_only: b.read_only,
-                device: false,
-                optional: false,
-            });
-        }
-        if mounts.len() > MOUNTS_MAX {
-            return Err(std::io::Error::other(format!("more than {MOUNTS_MAX} mounts in one container")));
-        }
-        let overlay = format!(
-            "lowerdir={},upperdir={},workdir={}",
-            rootfs.display(),
-            scratch.join("upper").display(),
-            scratch.join("work").display()
-        );
-        if overlay.matches(',').count() != 2 || overlay.matches('=').count() != 3 {
-            return Err(std::io::Error::other("an image path holds a comma or an equals sign"));
-        }
+        let mounts = mounts(binds, devices)?;
+        let overlay = overlay_options(rootfs, &scratch)?;
         // SAFETY: geteuid/getegid have no preconditions.
         let (uid, gid) = match &identity {
             Some(id) => (id.uid, id.gid),
             None => unsafe { (libc::geteuid(), libc::getegid()) },
         };
-        let cstr = |s: String| CString::new(s).map_err(std::io::Error::other);
-        Ok(Plan {
+        let (layer_options, shm_size) = match memory_mib {
+            0 => ("size=25%,mode=0755".to_string(), "25%".to_string()),
+            m => (format!("size={m}m,mode=0755"), format!("{m}m")),
+        };
+        Ok(ContainerSetup {
             upper: c(&scratch.join("upper"))?,
             work: c(&scratch.join("work"))?,
             root: c(&scratch.join("root"))?,
@@ -288,24 +287,13 @@ impl Plan {
             uid_map: cstr(format!("{uid} {uid} 1\n"))?,
             gid_map: cstr(format!("{gid} {gid} 1\n"))?,
             sync: None,
-            layer_options: cstr(match memory_mib {
-                0 => "size=25%,mode=0755".to_string(),
-                m => format!("size={m}m,mode=0755"),
-            })?,
-            shm_size: cstr(match memory_mib {
-                0 => "25%".to_string(),
-                m => format!("{m}m"),
-            })?,
+            layer_options: cstr(layer_options)?,
+            shm_size: cstr(shm_size)?,
             mounts,
-            links: [
-                ("/proc/self/fd", "fd"),
-                ("/proc/self/fd/0", "stdin"),
-                ("/proc/self/fd/1", "stdout"),
-                ("/proc/self/fd/2", "stderr"),
-            ]
-            .iter()
-            .map(|(target, at)| Ok((cstr(target.to_string())?, cstr(at.to_string())?)))
-            .collect::<std::io::Result<_>>()?,
+            links: DEV_LINKS
+                .iter()
+                .map(|(target, at)| Ok((cstr(target.to_string())?, cstr(at.to_string())?)))
+                .collect::<std::io::Result<_>>()?,
             workdir: CString::new(workdir).map_err(|_| std::io::Error::other("NUL in the workdir"))?,
         })
     }
@@ -315,7 +303,7 @@ impl Plan {
         &self.workdir
     }
 
-    /// The pipes of the id-map hand-over (closed on exec): this plan's side for the run's
+    /// The pipes of the id-map hand-over (closed on exec): this setup's side for the run's
     /// process, and the agent's, to run while the spawn waits.
     pub fn id_maps(&mut self) -> std::io::Result<IdMaps> {
         let pipe = || -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
@@ -366,13 +354,14 @@ mod tests {
             Bind { src: "/data/x".into(), dst: "/inputs/data.txt".into(), read_only: true, the_jobs: true },
         ];
         let base = dir.path().join("containers");
-        let plan =
-            Plan::new(&rootfs, &base, &binds, &gpu_devices(&[3]), "/work", Some(identity()), 0).unwrap();
+        let setup =
+            ContainerSetup::new(&rootfs, &base, &binds, &gpu_devices(&[3]), "/work", Some(identity()), 0)
+                .unwrap();
         let at = |m: &Mount| {
             let parts: Vec<&str> = m.at.iter().map(|p| p.to_str().unwrap()).collect();
             format!("/{}", parts.join("/"))
         };
-        let find = |inside: &str| plan.mounts.iter().find(|m| at(m) == inside);
+        let find = |inside: &str| setup.mounts.iter().find(|m| at(m) == inside);
         // The job's directory at its own path, its mount read-only as asked; neither optional.
         let own = find(&job.display().to_string()).expect("the job's directory");
         assert!(!own.optional && !own.read_only && !own.device);
@@ -387,14 +376,14 @@ mod tests {
         assert!(find("/etc/hosts").is_some_and(|m| m.optional && m.read_only));
         // The user maps to itself; the tmpfs's mount point is under the agent's directory,
         // traversable by the user.
-        assert_eq!(plan.uid_map.as_bytes(), b"1001 1001 1\n");
-        assert_eq!(plan.gid_map.as_bytes(), b"1001 1001 1\n");
-        assert_eq!(plan.scratch.as_bytes(), base.join("mnt").as_os_str().as_bytes());
+        assert_eq!(setup.uid_map.as_bytes(), b"1001 1001 1\n");
+        assert_eq!(setup.gid_map.as_bytes(), b"1001 1001 1\n");
+        assert_eq!(setup.scratch.as_bytes(), base.join("mnt").as_os_str().as_bytes());
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(std::fs::metadata(base.join("mnt")).unwrap().permissions().mode() & 0o777, 0o755);
-        assert_eq!(plan.workdir().to_bytes(), b"/work");
-        assert!(plan.overlay.to_bytes().starts_with(b"lowerdir="));
-        assert_eq!(plan.links.len(), 4);
+        assert_eq!(setup.workdir().to_bytes(), b"/work");
+        assert!(setup.overlay.to_bytes().starts_with(b"lowerdir="));
+        assert_eq!(setup.links.len(), 4);
     }
 
     #[test]
@@ -402,14 +391,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         for dst in ["/a/../../etc", "relative", "/", "./x"] {
             let binds = [Bind { src: "/x".into(), dst: dst.into(), read_only: false, the_jobs: true }];
-            let plan = Plan::new(dir.path(), &dir.path().join("c"), &binds, &[], "/", None, 0);
-            assert!(plan.is_err(), "{dst} accepted");
+            let setup = ContainerSetup::new(dir.path(), &dir.path().join("c"), &binds, &[], "/", None, 0);
+            assert!(setup.is_err(), "{dst} accepted");
         }
         let many: Vec<Bind> = (0..=USER_BINDS_MAX)
             .map(|i| Bind { src: "/x".into(), dst: format!("/m{i}"), read_only: false, the_jobs: true })
             .collect();
-        assert!(Plan::new(dir.path(), &dir.path().join("c"), &many, &[], "/", None, 0).is_err());
+        assert!(ContainerSetup::new(dir.path(), &dir.path().join("c"), &many, &[], "/", None, 0).is_err());
         let comma = dir.path().join("a,upperdir=/etc");
-        assert!(Plan::new(&comma, &dir.path().join("c"), &[], &[], "/", None, 0).is_err());
+        assert!(ContainerSetup::new(&comma, &dir.path().join("c"), &[], &[], "/", None, 0).is_err());
     }
 }

@@ -16,7 +16,7 @@ use std::ffi::CStr;
 
 use nix::libc::{self, c_int};
 
-use crate::container::{Mount, Plan, MOUNTS_MAX};
+use crate::container::{ContainerSetup, Mount, MOUNTS_MAX};
 
 /// How long the job's process may take to set its container up (a step that blocks ends it).
 const SETUP_DEADLINE_S: u32 = 20;
@@ -93,15 +93,15 @@ fn drop_capabilities() {
     unsafe { libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) };
 }
 
-/// Becomes the user and enters the container `plan` describes: in the child, between fork and
+/// Becomes the user and enters the container `setup` describes: in the child, between fork and
 /// exec. Returns in the job's process only (PID 2 of the run's PID namespace, under a minimal
 /// init); the process the agent spawned stays outside, waits for the job and ends as it did.
 /// Only system calls on prepared values (async-signal-safe).
-pub(crate) fn enter(plan: &Plan) -> Result<()> {
+pub(crate) fn enter(setup: &ContainerSetup) -> Result<()> {
     // SAFETY: system calls on values prepared before the fork; from the unshare on, the
     // namespaces are this process's own.
     unsafe {
-        let sync = plan.sync.ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        let sync = setup.sync.ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
         // The agent's ends of the hand-over pipes are not this process's to hold.
         libc::close(sync.agent_read);
         libc::close(sync.agent_write);
@@ -109,7 +109,7 @@ pub(crate) fn enter(plan: &Plan) -> Result<()> {
         // Its processes never run anything of the host from where the agent stands: the pivot
         // moves a working directory at the old root (init's and this one's too).
         check(libc::chdir(c"/".as_ptr()))?;
-        if let Some(id) = &plan.identity {
+        if let Some(id) = &setup.identity {
             check(libc::setgroups(id.groups.len(), id.groups.as_ptr()))?;
             check(libc::setgid(id.gid))?;
             check(libc::setuid(id.uid))?;
@@ -154,13 +154,13 @@ pub(crate) fn enter(plan: &Plan) -> Result<()> {
         libc::close(read);
         libc::close(write);
         libc::alarm(SETUP_DEADLINE_S);
-        mount_all(plan)?;
+        mount_all(setup)?;
         for cap in 0..64 {
             libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
         }
         libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
         // The deadline stays armed through the working directory; the caller ends it just
-        // before exec (`Plan::set_up`).
+        // before exec (`ContainerSetup::set_up`).
     }
     Ok(())
 }
@@ -367,7 +367,7 @@ fn attach(tree: c_int, root: c_int, at: &[impl AsRef<CStr>], optional: bool) -> 
 /// The container's file systems, as the user in its namespaces: the overlay, the detached
 /// mounts made while the host is in view, the pivot, the host's root detached, then every mount
 /// placed.
-fn mount_all(plan: &Plan) -> Result<()> {
+fn mount_all(setup: &ContainerSetup) -> Result<()> {
     let none = std::ptr::null::<libc::c_char>();
     let mut trees = [-1 as c_int; MOUNTS_MAX];
     // SAFETY: mount system calls on NUL-terminated strings prepared before the fork.
@@ -376,24 +376,24 @@ fn mount_all(plan: &Plan) -> Result<()> {
         let tmpfs = c"tmpfs".as_ptr();
         // The writable layer: its pages are charged to the run's memory limit.
         let flags = libc::MS_NOSUID | libc::MS_NODEV;
-        check(libc::mount(tmpfs, plan.scratch.as_ptr(), tmpfs, flags, plan.layer_options.as_ptr().cast()))?;
-        for d in [&plan.upper, &plan.work, &plan.root] {
+        check(libc::mount(tmpfs, setup.scratch.as_ptr(), tmpfs, flags, setup.layer_options.as_ptr().cast()))?;
+        for d in [&setup.upper, &setup.work, &setup.root] {
             check(libc::mkdir(d.as_ptr(), 0o755))?;
         }
         let overlay = c"overlay".as_ptr();
-        check(libc::mount(overlay, plan.root.as_ptr(), overlay, flags, plan.overlay.as_ptr().cast()))?;
+        check(libc::mount(overlay, setup.root.as_ptr(), overlay, flags, setup.overlay.as_ptr().cast()))?;
         let (nosuid, nodev, noexec) =
             (libc::MOUNT_ATTR_NOSUID, libc::MOUNT_ATTR_NODEV, libc::MOUNT_ATTR_NOEXEC);
         // /proc of the run's PID namespace: made while a full /proc is in view (the kernel's
         // condition for a proc mount in a user namespace).
         let proc_ = new_mount(c"proc", &[], nosuid | nodev | noexec)?;
         let dev = new_mount(c"tmpfs", &[(c"mode", c"0755"), (c"size", c"64k")], nosuid | noexec)?;
-        let shm = new_mount(c"tmpfs", &[(c"mode", c"1777"), (c"size", &plan.shm_size)], nosuid | nodev)?;
-        for (k, m) in plan.mounts.iter().enumerate() {
+        let shm = new_mount(c"tmpfs", &[(c"mode", c"1777"), (c"size", &setup.shm_size)], nosuid | nodev)?;
+        for (k, m) in setup.mounts.iter().enumerate() {
             trees[k] = clone_source(m)?;
         }
         // Into the overlay; the host's root leaves before anything is made inside.
-        check(libc::chdir(plan.root.as_ptr()))?;
+        check(libc::chdir(setup.root.as_ptr()))?;
         if libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) != 0 {
             return Err(last());
         }
@@ -405,11 +405,11 @@ fn mount_all(plan: &Plan) -> Result<()> {
         let devdir = subdir(root, c"dev", false)?;
         check(libc::mkdirat(devdir, c"shm".as_ptr(), 0o1777))?;
         attach(shm, devdir, &[c"shm"], false)?;
-        for (target, at) in &plan.links {
+        for (target, at) in &setup.links {
             check(libc::symlinkat(target.as_ptr(), devdir, at.as_ptr()))?;
         }
         libc::close(devdir);
-        for (k, m) in plan.mounts.iter().enumerate() {
+        for (k, m) in setup.mounts.iter().enumerate() {
             if trees[k] >= 0 {
                 attach(trees[k], root, &m.at, m.optional)?;
             }

@@ -15,7 +15,7 @@
 //!   owns is refused rather than given to the job.
 //!
 //! The job's own code never runs here: the working directory is entered after the switch to the
-//! job's account (`runner.rs`, in the child).
+//! job's account (`runner/spawn.rs`, in the child).
 
 use std::fs::File;
 use std::io;

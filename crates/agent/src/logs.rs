@@ -11,7 +11,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::jobfs::Dir;
-use crate::runner::{job_dir, log_name, Runner};
+use crate::launch::{job_dir, log_name};
+use crate::runner::Runner;
 
 const CHUNK_BYTES: usize = 64 * 1024;
 

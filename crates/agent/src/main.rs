@@ -137,7 +137,7 @@ struct Args {
     cgroup_root: Option<PathBuf>,
     /// Cap on one run's log file (bytes); past it the log is truncated with a marker and the
     /// job goes on.
-    #[arg(long, default_value_t = kairos_agent::runner::LOG_MAX_BYTES_DEFAULT)]
+    #[arg(long, default_value_t = kairos_agent::launch::LOG_MAX_BYTES_DEFAULT)]
     log_max_bytes: u64,
     /// Job directories (logs, checkpoints) of jobs this node no longer runs are removed after
     /// this many hours without a change.
@@ -545,10 +545,10 @@ fn dir_mode(dir: &std::path::Path, mode: u32) -> anyhow::Result<()> {
 
 /// Removes job directories untouched for `retention` whose job has no run on this node.
 fn sweep_job_dirs(runner: &Runner, retention: Duration) {
-    let Ok(entries) = std::fs::read_dir(kairos_agent::runner::jobs_dir(runner.state_dir())) else { return };
+    let Ok(entries) = std::fs::read_dir(kairos_agent::launch::jobs_dir(runner.state_dir())) else { return };
     let live: std::collections::BTreeSet<u64> = runner.running().into_iter().map(|(job, _)| job).collect();
     for e in entries.flatten() {
-        let Some(job) = e.file_name().to_str().and_then(kairos_agent::runner::job_of_dir_name) else {
+        let Some(job) = e.file_name().to_str().and_then(kairos_agent::launch::job_of_dir_name) else {
             continue;
         };
         let old = e
@@ -710,10 +710,10 @@ async fn follow_controllers(
 fn limiter_of(
     cgroups: Option<&kairos_agent::cgroup::Cgroups>,
     reserved: u32,
-) -> kairos_agent::limits::Limiter {
+) -> kairos_agent::cgroup_limits::Limiter {
     match cgroups {
-        Some(c) => kairos_agent::limits::Limiter::detect(Some(c.base())),
-        None => kairos_agent::limits::Limiter::none(),
+        Some(c) => kairos_agent::cgroup_limits::Limiter::detect(Some(c.base())),
+        None => kairos_agent::cgroup_limits::Limiter::none(),
     }
     .with_reserved_cores(reserved)
 }
@@ -923,7 +923,7 @@ async fn main() -> anyhow::Result<()> {
     let state_dir = prepare_state_dir(&args, run_as)?;
     let Node { cgroups, process_log, lease, mut watchdog } = take_over(&args, &name, &state_dir).await?;
     let limiter = limiter_of(cgroups.as_ref(), args.reserved_cpus);
-    let isolation = kairos_agent::runner::Isolation {
+    let isolation = kairos_agent::isolation::Isolation {
         accounts,
         cgroups: cgroups.clone(),
         log_max_bytes: args.log_max_bytes.max(1024),
@@ -993,7 +993,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(c) = &cgroups {
         c.remove_empty();
     }
-    kairos_agent::limits::remove_empty(&limiter);
+    kairos_agent::cgroup_limits::remove_empty(&limiter);
     tasks.iter().for_each(tokio::task::AbortHandle::abort);
     if let Some(dir) = &args.hpc_job_mapping_dir {
         let _ = kairos_agent::jobmap::write(dir, &[]);

@@ -2,6 +2,9 @@
 
 use super::*;
 use crate::account::{RunAs, UnixAccounts};
+use crate::cgroup::Cgroups;
+use crate::journal::{journal_dir, kill_orphans};
+use crate::launch::{job_dir, log_path};
 use std::os::unix::fs::PermissionsExt;
 
 fn assignment(job: u64, argv: &[&str], started: bool, kill: bool) -> pb::Assignment {

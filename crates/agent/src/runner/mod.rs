@@ -1,0 +1,595 @@
+//! Job processes on this node: launch, stop, and report.
+//!
+//! Each run (job id + attempt) is a real child process in its own process group and — where
+//! the host offers cgroup v2 — its own cgroup (`cgroup.rs`), executing as its submitter's Unix
+//! account when the agent runs them so (`account.rs`), with an allowlisted environment,
+//! `CUDA_VISIBLE_DEVICES` set to its GPUs and stdout/stderr copied to a per-run log file of
+//! bounded size. Stopping a run signals all of it, then kills it (`cgroup.kill`, or SIGKILL to
+//! the group) after the grace time; when the main process exits, whatever is left of the run is
+//! killed too. A run's exit is reported — and its GPUs handed to another run — only once every
+//! process of it has ended.
+//!
+//! `reconcile` makes the local runs match the controller's level-triggered assignment set:
+//!
+//! ```text
+//!   assigned, not started, unknown here  ─▶ launch (once its GPUs are free here and the
+//!                                            agent's lease is valid; deferred until then)
+//!   assigned with kill                   ─▶ stop (or report "lost" if it never ran)
+//!   assigned with suspend / without      ─▶ freeze / thaw (SIGSTOP / SIGCONT) once per change
+//!   assigned, started, unknown here      ─▶ report "lost" (never relaunched)
+//!   running here, not assigned           ─▶ kill it (the controller gave it up)
+//!   exited here, still assigned          ─▶ report the exit again
+//!   running here, assigned as not started ─▶ report "started" again
+//! ```
+
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kairos_proto::v1 as pb;
+use nix::sys::signal::Signal;
+use tokio::sync::mpsc;
+
+use crate::account::UnixAccount;
+use crate::cgroup::RunCgroup;
+use crate::decide::{self, Action, Lost};
+use crate::fence::Lease;
+use crate::image::Image;
+pub use crate::isolation::Isolation;
+use crate::jobfs::Dir;
+use crate::journal::{group_alive, journal_add, journal_remove, signal_group};
+use crate::launch::{parse_signal, RunFiles, RunSpec};
+
+/// A run is a job attempt.
+pub use crate::decide::RunKey;
+pub use run::Exit;
+use run::{assigned_of, local_of, Run};
+use spawn::{Confined, RunUsed};
+
+mod output;
+mod run;
+mod spawn;
+mod stop;
+
+/// How often a running job's checkpoint marker is looked at.
+const CHECKPOINT_POLL: Duration = Duration::from_millis(500);
+/// How often a run that is being killed is looked at until every process of it is gone.
+const GONE_POLL: Duration = Duration::from_millis(20);
+/// After a checkpoint signal's grace, how long a job has to end on SIGTERM before it is killed.
+pub const KILL_WAIT: Duration = Duration::from_secs(10);
+
+/// The runs of this node and the channel their reports leave through.
+#[derive(Clone)]
+pub struct Runner {
+    node: String,
+    state_dir: PathBuf,
+    process_log: crate::audit::ProcessLog,
+    isolation: Arc<Isolation>,
+    lease: Lease,
+    runs: Arc<Mutex<BTreeMap<RunKey, Run>>>,
+    /// The latest assignment set, for launches deferred until GPUs free up or the lease renews.
+    last_set: Arc<Mutex<Option<pb::AssignmentSet>>>,
+    reports: mpsc::Sender<pb::StatusReport>,
+}
+
+impl Runner {
+    pub fn new(node: &str, state_dir: &Path, reports: mpsc::Sender<pb::StatusReport>) -> Self {
+        Runner {
+            node: node.to_string(),
+            state_dir: state_dir.to_path_buf(),
+            process_log: Default::default(),
+            isolation: Arc::default(),
+            lease: Lease::unfenced(),
+            runs: Arc::default(),
+            last_set: Arc::default(),
+            reports,
+        }
+    }
+
+    /// Records every process start and exit in `log`.
+    pub fn with_process_log(mut self, log: crate::audit::ProcessLog) -> Self {
+        self.process_log = log;
+        self
+    }
+
+    /// Runs execute as, and are contained by, what `isolation` says.
+    pub fn with_isolation(mut self, isolation: Isolation) -> Self {
+        self.isolation = Arc::new(isolation);
+        self
+    }
+
+    /// Launches only while `lease` is valid.
+    pub fn with_lease(mut self, lease: Lease) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    pub fn isolation(&self) -> &Isolation {
+        &self.isolation
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<RunKey, Run>> {
+        self.runs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    /// Live runs' job ids and GPUs (for dcgm-exporter's job mapping).
+    pub fn running_gpus(&self) -> Vec<(u64, Vec<u32>)> {
+        self.lock().iter().filter(|(_, r)| r.exit.is_none()).map(|(k, r)| (k.0, r.gpus.clone())).collect()
+    }
+
+    /// Runs with a live process, for heartbeats.
+    pub fn running(&self) -> Vec<RunKey> {
+        self.lock().iter().filter(|(_, r)| r.exit.is_none()).map(|(k, _)| *k).collect()
+    }
+
+    /// Whether `key` is known here and has finished (or is not known at all).
+    pub fn finished(&self, key: RunKey) -> bool {
+        self.lock().get(&key).is_none_or(|r| r.exit.is_some())
+    }
+
+    fn report(&self, key: RunKey, exit: Option<Exit>, message: String) {
+        self.report_with(key, exit, message, RunUsed::default());
+    }
+
+    fn report_with(&self, key: RunKey, exit: Option<Exit>, message: String, usage: RunUsed) {
+        let (status, exit_code, signal) = match exit {
+            None => (pb::RunStatus::Started, 0, 0),
+            Some(Exit::Code(c)) => (pb::RunStatus::Exited, c, 0),
+            Some(Exit::Signal(s)) => (pb::RunStatus::Exited, 0, s),
+            Some(Exit::Lost) => (pb::RunStatus::Lost, 0, 0),
+        };
+        let report = pb::StatusReport {
+            node_id: self.node.clone(),
+            job_id: key.0,
+            attempt: key.1,
+            status: status as i32,
+            exit_code,
+            signal,
+            message,
+            max_rss_kib: usage.max_rss_kib,
+            cpu_time_ms: usage.cpu_ms,
+            oom_kills: usage.oom_kills,
+        };
+        if let Err(mpsc::error::TrySendError::Full(report)) = self.reports.try_send(report) {
+            let tx = self.reports.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(report).await;
+            });
+        }
+    }
+
+    /// Makes the local runs match the controller's assignment set: carries out what
+    /// `decide::reconcile` says, then launches what may start (`launch_ready`).
+    pub fn reconcile(&self, set: &pb::AssignmentSet) {
+        let assigned = assigned_of(set);
+        let mut stop = Vec::new();
+        let mut reports = Vec::new();
+        {
+            let mut runs = self.lock();
+            for action in decide::reconcile(&assigned, &local_of(&runs)) {
+                match action {
+                    Action::Freeze(key, frozen) => {
+                        if let Some(run) = runs.get_mut(&key) {
+                            tracing::info!(
+                                job = key.0,
+                                attempt = key.1,
+                                suspend = frozen,
+                                "suspend state changes"
+                            );
+                            run.freeze(frozen);
+                            run.suspended = frozen;
+                        }
+                    }
+                    Action::ReportExit(key) => {
+                        if let Some(run) = runs.get(&key) {
+                            reports.push((key, run.exit, run.lost_message.clone()));
+                        }
+                    }
+                    Action::ReportStarted(key) => reports.push((key, None, String::new())),
+                    Action::ReportLost(key, why) => {
+                        let message = match why {
+                            Lost::StoppedBeforeStart => "stopped before it started".to_string(),
+                            Lost::NoProcess => format!(
+                                "node \"{}\" has no process for this run (agent restarted?)",
+                                self.node
+                            ),
+                        };
+                        reports.push((key, Some(Exit::Lost), message));
+                    }
+                    Action::Stop { key, signal, grace_s } => stop.push((key, grace_s, signal)),
+                    Action::Kill(key) => {
+                        if let Some(run) = runs.get_mut(&key) {
+                            if !run.stopping {
+                                tracing::warn!(
+                                    job = key.0,
+                                    attempt = key.1,
+                                    "killing a run the controller no longer assigns"
+                                );
+                            }
+                            run.stopping = true;
+                            run.kill();
+                        }
+                    }
+                    Action::Forget(key) => {
+                        runs.remove(&key);
+                    }
+                }
+            }
+            *self.last_set.lock().unwrap_or_else(|p| p.into_inner()) = Some(set.clone());
+        }
+        for (key, exit, message) in reports {
+            self.report(key, exit, message);
+        }
+        for (key, grace, signal) in stop {
+            let signal = parse_signal(&signal, Signal::SIGTERM);
+            // A checkpoint signal asks for a checkpoint; SIGTERM then asks the job to end.
+            let then = (signal != Signal::SIGTERM && signal != Signal::SIGKILL).then_some(KILL_WAIT);
+            self.stop(key, signal, Duration::from_secs(u64::from(grace)), then);
+        }
+        self.launch_ready();
+    }
+
+    /// Launches the assigned runs that may start now (`decide::launches`: the lease is valid and
+    /// none of their GPUs is held by a run of this node whose processes have not all ended). The
+    /// others wait for the next call (a run's end, a lease renewal, a new set). Each is read
+    /// once, into its spec (`launch::spec`), under the lock that marks it launching: its cores
+    /// are picked among those no live run holds.
+    pub fn launch_ready(&self) {
+        let mut launch = Vec::new();
+        let mut refused = Vec::new();
+        {
+            // Chosen and marked under one lock, from the set `reconcile` stored under the same
+            // lock: concurrent callers (a new set, a run's end, a lease renewal) never launch a
+            // run twice, nor one a newer set no longer assigns.
+            let mut runs = self.lock();
+            let Some(set) = self.last_set.lock().unwrap_or_else(|p| p.into_inner()).clone() else { return };
+            let assigned = assigned_of(&set);
+            let ready = decide::launches(&assigned, &local_of(&runs), self.lease.valid());
+            for a in &set.runs {
+                let key = (a.job_id, a.attempt);
+                if !ready.contains(&key) {
+                    if !a.kill && !a.started && !runs.contains_key(&key) && self.lease.valid() {
+                        tracing::info!(job = a.job_id, attempt = a.attempt, gpus = ?a.gpu_ids, "launch waits: a GPU's previous run has not ended");
+                    }
+                    continue;
+                }
+                let granted: Vec<Vec<u32>> =
+                    runs.values().filter(|r| r.exit.is_none()).map(|r| r.cores.clone()).collect();
+                match crate::launch::spec(a, &self.node_facts(), &granted) {
+                    Ok(spec) => {
+                        runs.insert(key, Run::launching(&spec));
+                        launch.push(spec);
+                    }
+                    Err(rejected) => refused.push(rejected),
+                }
+            }
+        }
+        for r in refused {
+            self.launch_failed(r.key, &r.files, r.why.to_string());
+        }
+        for spec in launch {
+            self.launch(spec);
+        }
+    }
+
+    /// What the launch step knows of this node.
+    fn node_facts(&self) -> crate::launch::Node<'_> {
+        crate::launch::Node {
+            name: &self.node,
+            state_dir: &self.state_dir,
+            devices: &self.isolation.devices,
+            cores: self.isolation.limiter.cores(),
+            pids_max: self.isolation.pids_max,
+        }
+    }
+
+    fn launch_failed(&self, key: RunKey, files: &RunFiles, message: String) {
+        tracing::warn!(job = key.0, %message, "launch failed");
+        self.process_log.exit(key.0, key.1, "not started");
+        // Into the attempt's log when its job directory is there (a job's own file is never
+        // followed, nor anything but a regular file of one link appended to).
+        if let Ok(dir) = Dir::open(&files.job_dir()) {
+            let log = match dir.open_existing(&files.log_name, true) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => dir.create_fresh(&files.log_name, None),
+                other => other,
+            };
+            let written = log.and_then(|mut f| {
+                std::io::Write::write_all(&mut f, format!("kairos-agent: {message}\n").as_bytes())
+            });
+            if let Err(e) = written {
+                tracing::warn!(job = key.0, error = %e, "cannot write why a launch failed into its log");
+            }
+        }
+        self.lock().insert(key, Run::failed(message.clone()));
+        self.report(key, Some(Exit::Lost), message);
+    }
+
+    /// Starts a run as its job's account; one in a container once its image is ready (pulled
+    /// off the runner's path). Failures to start are reported as a lost run with the reason.
+    fn launch(&self, spec: RunSpec) {
+        let account = match self.isolation.accounts.resolve(&spec.user) {
+            Ok(account) => account,
+            Err(message) => return self.launch_failed(spec.key, &spec.files, message),
+        };
+        let Some(image) = spec.container.as_ref().map(|c| c.image.clone()) else {
+            return self.start(spec, account, None);
+        };
+        let this = self.clone();
+        tokio::spawn(async move {
+            let pulled = match this.isolation.images.clone() {
+                None => Err(crate::image::PullError(
+                    "this node runs no containers (kairos-agent --container-runtime none)".into(),
+                )),
+                Some(cache) => {
+                    // A job's own image is read as its user.
+                    let reader = account.as_ref().map(|u| crate::image::Reader {
+                        uid: u.uid,
+                        gid: u.gid,
+                        groups: u.groups.clone(),
+                    });
+                    let name = image.clone();
+                    tokio::task::spawn_blocking(move || cache.prepare(&name, reader.as_ref()))
+                        .await
+                        .unwrap_or_else(|e| Err(crate::image::PullError(e.to_string())))
+                }
+            };
+            match pulled {
+                Ok(pulled) => {
+                    let note = format!("{image} (digest {})", pulled.digest);
+                    this.report_status(spec.key, pb::RunStatus::Image, note);
+                    // The spawn waits for the container's set-up (bounded by its deadline):
+                    // off the agent's async tasks.
+                    let pulled = Arc::new(pulled);
+                    let started =
+                        tokio::task::spawn_blocking(move || this.start(spec, account, Some(pulled)));
+                    if let Err(e) = started.await {
+                        tracing::warn!(error = %e, "starting a container run");
+                    }
+                }
+                Err(e) => this.launch_failed(spec.key, &spec.files, e.to_string()),
+            }
+        });
+    }
+
+    /// Starts a run's process (in `image`'s container when given): its cgroup and limits, then
+    /// the confined child (`spawn`), then its watchers.
+    fn start(&self, spec: RunSpec, account: Option<UnixAccount>, image: Option<Arc<Image>>) {
+        let key = spec.key;
+        // Logged before the spawn: the logged interval must cover the process's life.
+        self.process_log.start(key.0, key.1, &spec.gpus, None);
+        let confined = match Confined::create(&spec, &self.isolation) {
+            Ok(confined) => confined,
+            Err(message) => return self.launch_failed(key, &spec.files, message),
+        };
+        // The launch joins the job's trace; the job gets it as TRACEPARENT to join its own spans.
+        let trace = (!spec.traceparent.is_empty()).then(|| {
+            let parent = kairos_telemetry::traces::context_of(&spec.traceparent);
+            let attributes = vec![
+                opentelemetry::KeyValue::new("kairos.job_id", key.0 as i64),
+                opentelemetry::KeyValue::new("kairos.attempt", i64::from(key.1)),
+                opentelemetry::KeyValue::new("kairos.node", self.node.clone()),
+            ];
+            kairos_telemetry::traces::start("launch", &parent, attributes)
+        });
+        let traceparent = trace.as_ref().and_then(kairos_telemetry::traces::traceparent);
+        let spawned = spawn::spawn(
+            &spec,
+            &self.isolation,
+            (account.as_ref(), image.as_deref()),
+            &confined,
+            traceparent,
+        );
+        if let Some(trace) = &trace {
+            kairos_telemetry::traces::end(trace);
+        }
+        match spawned {
+            Ok((child, log)) => self.started(spec, child, log, confined, image),
+            Err(e) => {
+                confined.remove();
+                let who = account.as_ref().map_or("the agent's user", |a| a.name.as_str());
+                let message =
+                    format!("starting {:?} in {} as {who}: {e}", spec.program, spec.workdir.display());
+                self.launch_failed(key, &spec.files, message)
+            }
+        }
+    }
+
+    /// A run's process is spawned: its output goes to its log, it is recorded and journaled,
+    /// reported started, and watched (checkpoints, exit).
+    fn started(
+        &self,
+        spec: RunSpec,
+        mut child: tokio::process::Child,
+        log: std::fs::File,
+        confined: Confined,
+        image: Option<Arc<Image>>,
+    ) {
+        let key = spec.key;
+        let pgid = child.id().map(|p| p as i32);
+        tracing::info!(job = key.0, attempt = key.1, ?pgid, gpus = ?spec.gpus, user = %spec.user, "run started");
+        let copiers = self.copy_outputs(key, &mut child, Arc::new(Mutex::new(log)));
+        self.spawned(&spec, pgid, confined.cgroup.clone(), image);
+        if let Some(pgid) = pgid {
+            journal_add(&self.state_dir, key, pgid);
+        }
+        self.report(key, None, String::new());
+        self.watch_checkpoints(key, spec.files.checkpoint_marker());
+        tokio::spawn(self.clone().watch_exit(key, child, pgid, confined, copiers));
+    }
+
+    /// Records the spawned run; a stop or a fence that came while it was being spawned still
+    /// applies.
+    fn spawned(
+        &self,
+        spec: &RunSpec,
+        pgid: Option<i32>,
+        cgroup: Option<RunCgroup>,
+        image: Option<Arc<Image>>,
+    ) {
+        let mut runs = self.lock();
+        let (stopping, fenced) = runs.get(&spec.key).map(|r| (r.stopping, r.fenced)).unwrap_or_default();
+        let run = Run { pgid, cgroup, stopping, fenced, _image: image, ..Run::launching(spec) };
+        if stopping || fenced {
+            run.kill();
+        }
+        runs.insert(spec.key, run);
+    }
+
+    /// Waits for the run's main process, then for every process of it to be gone and its
+    /// output copied; records and reports how it ended (a fenced run as lost), and launches
+    /// what waited for its GPUs.
+    async fn watch_exit(
+        self,
+        key: RunKey,
+        mut child: tokio::process::Child,
+        pgid: Option<i32>,
+        confined: Confined,
+        copiers: Vec<tokio::task::JoinHandle<()>>,
+    ) {
+        let mut exit = match child.wait().await {
+            Ok(status) => match (status.code(), status.signal()) {
+                (Some(code), _) => Exit::Code(code),
+                (None, Some(sig)) => Exit::Signal(sig),
+                (None, None) => Exit::Lost,
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "waiting for a run");
+                Exit::Lost
+            }
+        };
+        // The main process is gone: nothing of the run may outlive it, and the run ends only
+        // when its last process has.
+        self.wait_gone(key, pgid, confined.cgroup.as_ref()).await;
+        for c in copiers {
+            if let Err(e) = c.await {
+                tracing::warn!(job = key.0, error = %e, "copying a run's output ended abnormally");
+            }
+        }
+        tracing::info!(job = key.0, attempt = key.1, ?exit, "run exited");
+        let how = match exit {
+            Exit::Code(c) => format!("exit {c}"),
+            Exit::Signal(s) => format!("signal {s}"),
+            Exit::Lost => "lost".to_string(),
+        };
+        self.process_log.exit(key.0, key.1, &how);
+        journal_remove(self.state_dir(), key);
+        let usage = confined.usage();
+        confined.remove();
+        let mut message = String::new();
+        if let Some(run) = self.lock().get_mut(&key) {
+            if run.fenced {
+                exit = Exit::Lost;
+                message = "stopped on its node: the agent's lease lapsed (no controller answered)".into();
+                run.lost_message = message.clone();
+            }
+            run.exit = Some(exit);
+        }
+        self.report_with(key, Some(exit), message, usage);
+        self.launch_ready();
+    }
+
+    /// Sends a report about a run that changes nothing of it (its log truncated, its image).
+    fn report_status(&self, key: RunKey, status: pb::RunStatus, message: String) {
+        let _ = self.reports.try_send(pb::StatusReport {
+            node_id: self.node.clone(),
+            job_id: key.0,
+            attempt: key.1,
+            status: status as i32,
+            message,
+            ..Default::default()
+        });
+    }
+
+    /// Copies the child's stdout and stderr into the run's log, up to the log's bound (the
+    /// controller is told once when it is reached).
+    fn copy_outputs(
+        &self,
+        key: RunKey,
+        child: &mut tokio::process::Child,
+        log: Arc<Mutex<std::fs::File>>,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        // The log is new: nothing of it is written yet.
+        let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let max = self.isolation.log_max_bytes;
+        let note = {
+            let (reports, node) = (self.reports.clone(), self.node.clone());
+            move || {
+                let _ = reports.try_send(pb::StatusReport {
+                    node_id: node.clone(),
+                    job_id: key.0,
+                    attempt: key.1,
+                    status: pb::RunStatus::LogTruncated as i32,
+                    exit_code: 0,
+                    signal: 0,
+                    message: format!("the log reached {max} bytes; later output is dropped"),
+                    ..Default::default()
+                });
+            }
+        };
+        let copy = |o| tokio::spawn(output::copy_output(o, log.clone(), written.clone(), max, note.clone()));
+        let stdout =
+            child.stdout.take().map(|o| copy(Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>));
+        let stderr =
+            child.stderr.take().map(|o| copy(Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>));
+        [stdout, stderr].into_iter().flatten().collect()
+    }
+
+    /// Kills what is left of a run whose main process ended and waits until every process of it
+    /// is gone (killing again now and then: a process may fork while it is being killed).
+    async fn wait_gone(&self, key: RunKey, pgid: Option<i32>, cgroup: Option<&RunCgroup>) {
+        let alive = || cgroup.map(RunCgroup::populated).unwrap_or(false) || pgid.is_some_and(group_alive);
+        let mut polls = 0u64;
+        while alive() {
+            if polls.is_multiple_of(50) {
+                if let Some(cg) = cgroup {
+                    cg.kill();
+                }
+                if let Some(pgid) = pgid {
+                    signal_group(pgid, Signal::SIGKILL);
+                }
+            }
+            if polls == 500 {
+                tracing::warn!(
+                    job = key.0,
+                    attempt = key.1,
+                    "a run's processes do not die; its GPUs stay held"
+                );
+            }
+            polls += 1;
+            tokio::time::sleep(GONE_POLL).await;
+        }
+    }
+
+    /// Reports each new checkpoint the run announces by touching `marker`, while it runs.
+    fn watch_checkpoints(&self, key: RunKey, marker: PathBuf) {
+        let runner = self.clone();
+        let launched = std::time::SystemTime::now();
+        tokio::spawn(async move {
+            let mut seen = launched;
+            while !runner.finished(key) {
+                tokio::time::sleep(CHECKPOINT_POLL).await;
+                let Ok(modified) = std::fs::metadata(&marker).and_then(|m| m.modified()) else { continue };
+                if modified > seen {
+                    seen = modified;
+                    let report = pb::StatusReport {
+                        node_id: runner.node.clone(),
+                        job_id: key.0,
+                        attempt: key.1,
+                        status: pb::RunStatus::Checkpointed as i32,
+                        ..Default::default()
+                    };
+                    let _ = runner.reports.send(report).await;
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,147 @@
+//! A run as the runner holds it (its process group, cgroup, GPUs, how it ended), the
+//! signals that reach all of it, and the runs as `decide` reads them.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use kairos_proto::v1 as pb;
+use nix::sys::signal::Signal;
+
+use crate::cgroup::RunCgroup;
+use crate::decide::{Assigned, Local, RunKey};
+use crate::journal::signal_group;
+use crate::launch::RunSpec;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+    Lost,
+}
+
+#[derive(Debug)]
+pub(super) struct Run {
+    pub(super) pgid: Option<i32>,
+    pub(super) cgroup: Option<RunCgroup>,
+    pub(super) gpus: Vec<u32>,
+    /// A fraction of its one GPU, in thousandths (0: whole GPUs).
+    pub(super) milli: u32,
+    pub(super) checkpoint_signal: Signal,
+    pub(super) exit: Option<Exit>,
+    pub(super) stopping: bool,
+    /// Stopped because the agent's lease lapsed: reported lost, so the job is requeued.
+    pub(super) fenced: bool,
+    /// The run was frozen (and not thawed since).
+    pub(super) suspended: bool,
+    pub(super) lost_message: String,
+    /// Where the run's job announces checkpoints (`<job dir>/checkpoint/.kairos-checkpoint`).
+    pub(super) checkpoint_marker: PathBuf,
+    /// The cores granted to it (empty: it asked for none).
+    pub(super) cores: Vec<u32>,
+    /// Its container image, kept in the cache while the run lives.
+    pub(super) _image: Option<Arc<crate::image::Image>>,
+}
+
+impl Run {
+    /// A run chosen for launch whose process is not spawned yet: it holds its GPUs and cores.
+    pub(super) fn launching(spec: &RunSpec) -> Run {
+        Run {
+            pgid: None,
+            cgroup: None,
+            gpus: spec.gpus.clone(),
+            milli: spec.milli,
+            checkpoint_signal: spec.checkpoint_signal,
+            exit: None,
+            stopping: false,
+            fenced: false,
+            suspended: false,
+            lost_message: String::new(),
+            checkpoint_marker: spec.files.checkpoint_marker(),
+            cores: spec.limits.cores.clone(),
+            _image: None,
+        }
+    }
+
+    /// A run that could not start: lost, with the reason.
+    pub(super) fn failed(message: String) -> Run {
+        Run {
+            pgid: None,
+            cgroup: None,
+            gpus: Vec::new(),
+            milli: 0,
+            checkpoint_signal: Signal::SIGTERM,
+            exit: Some(Exit::Lost),
+            stopping: false,
+            fenced: false,
+            suspended: false,
+            lost_message: message,
+            checkpoint_marker: PathBuf::new(),
+            cores: Vec::new(),
+            _image: None,
+        }
+    }
+
+    /// SIGKILL to every process of the run.
+    pub(super) fn kill(&self) {
+        match (&self.cgroup, self.pgid) {
+            (Some(cg), pgid) => {
+                cg.kill();
+                if let Some(pgid) = pgid {
+                    signal_group(pgid, Signal::SIGKILL);
+                }
+            }
+            (None, Some(pgid)) => signal_group(pgid, Signal::SIGKILL),
+            (None, None) => {}
+        }
+    }
+
+    /// `signal` to every process of the run.
+    pub(super) fn signal(&self, signal: Signal) {
+        match (&self.cgroup, self.pgid) {
+            (Some(cg), _) => cg.signal(signal),
+            (None, Some(pgid)) => signal_group(pgid, signal),
+            (None, None) => {}
+        }
+    }
+
+    pub(super) fn freeze(&self, frozen: bool) {
+        match (&self.cgroup, self.pgid) {
+            (Some(cg), _) => cg.freeze(frozen),
+            (None, Some(pgid)) => signal_group(pgid, if frozen { Signal::SIGSTOP } else { Signal::SIGCONT }),
+            (None, None) => {}
+        }
+    }
+}
+
+/// The controller's assignment set as `decide` reads it.
+pub(super) fn assigned_of(set: &pb::AssignmentSet) -> Vec<Assigned> {
+    set.runs
+        .iter()
+        .map(|a| Assigned {
+            key: (a.job_id, a.attempt),
+            gpus: a.gpu_ids.clone(),
+            milli: a.gpu_milli,
+            started: a.started,
+            stop: a.kill.then(|| (a.kill_signal.clone(), a.kill_grace_s)),
+            suspend: a.suspend,
+        })
+        .collect()
+}
+
+/// The node's runs as `decide` reads them.
+pub(super) fn local_of(runs: &BTreeMap<RunKey, Run>) -> BTreeMap<RunKey, Local> {
+    runs.iter()
+        .map(|(key, r)| {
+            let local = Local {
+                gpus: r.gpus.clone(),
+                milli: r.milli,
+                spawned: r.pgid.is_some() || r.cgroup.is_some(),
+                ended: r.exit.is_some(),
+                stopping: r.stopping,
+                suspended: r.suspended,
+            };
+            (*key, local)
+        })
+        .collect()
+}
