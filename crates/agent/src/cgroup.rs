@@ -69,10 +69,12 @@ impl Cgroups {
         let cg = Cgroups { base };
         // A probe run cgroup shows whether kill, freeze and events work here.
         let probe = cg.base.join("probe");
+        // Whether it could be made shows in what it holds, checked next.
         let _ = std::fs::create_dir(&probe);
         let usable = ["cgroup.kill", "cgroup.freeze", "cgroup.events", "cgroup.procs"]
             .iter()
             .all(|f| probe.join(f).exists());
+        // Left behind it is empty and removed with the base (`remove_empty`).
         let _ = std::fs::remove_dir(&probe);
         if usable {
             Ok(cg)
@@ -142,6 +144,7 @@ impl Cgroups {
         }
         if std::fs::remove_dir(&self.base).is_ok() {
             if let Some(parent) = self.base.parent() {
+                // The parent is shared (other agents' bases): removed only once empty.
                 let _ = std::fs::remove_dir(parent);
             }
         }
@@ -175,6 +178,7 @@ impl RunCgroup {
     pub fn kill(&self) {
         if self.write("cgroup.kill", "1").is_err() {
             for pid in self.pids() {
+                // ESRCH (the process is already gone) is the expected end of a kill.
                 let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
             }
         }
@@ -183,6 +187,7 @@ impl RunCgroup {
     /// `signal` to every process of the run.
     pub fn signal(&self, signal: Signal) {
         for pid in self.pids() {
+            // ESRCH (the process is already gone) is the expected end of a stop.
             let _ = kill(Pid::from_raw(pid), signal);
         }
     }
@@ -203,7 +208,11 @@ impl RunCgroup {
     }
 
     pub fn remove(&self) {
-        let _ = std::fs::remove_dir(&self.dir);
+        if let Err(e) = std::fs::remove_dir(&self.dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(cgroup = %self.dir.display(), error = %e, "cannot remove a run's cgroup");
+            }
+        }
     }
 }
 

@@ -262,6 +262,7 @@ impl Limiter {
                 if let Some(bytes) = limits.memory_bytes {
                     if v2 {
                         write(dir, "memory.max", &bytes.to_string())?;
+                        // Not every kernel has swap accounting: the memory limit stands alone there.
                         let _ = write(dir, "memory.swap.max", "0");
                     } else {
                         write(dir, "memory.limit_in_bytes", &bytes.to_string())?;
@@ -269,6 +270,7 @@ impl Limiter {
                         if dir.join("memory.memsw.limit_in_bytes").exists() {
                             write(dir, "memory.memsw.limit_in_bytes", &bytes.to_string())?;
                         }
+                        // cgroup v2 hosts' v1 views lack it; memsw above already bars swap.
                         let _ = write(dir, "memory.swappiness", "0");
                     }
                 }
@@ -336,7 +338,11 @@ impl RunLimited {
     /// Removes the run's directories (they must be empty: its processes are gone).
     pub fn remove(&self) {
         for (_, d) in &self.dirs {
-            let _ = std::fs::remove_dir(d);
+            if let Err(e) = std::fs::remove_dir(d) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(dir = %d.display(), error = %e, "cannot remove a run's limit directory");
+                }
+            }
         }
     }
 }
@@ -354,11 +360,13 @@ pub fn remove_empty(limiter: &Limiter) {
     for (_, base) in &limiter.v1 {
         if let Ok(entries) = std::fs::read_dir(base) {
             for e in entries.flatten().filter(|e| e.path().is_dir()) {
+                // A directory still in use (a live run's) stays: only empty ones go.
                 let _ = std::fs::remove_dir(e.path());
             }
         }
         if std::fs::remove_dir(base).is_ok() {
             if let Some(parent) = base.parent() {
+                // Shared by every agent of the host: removed only once empty.
                 let _ = std::fs::remove_dir(parent);
             }
         }

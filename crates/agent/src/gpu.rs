@@ -80,6 +80,7 @@ fn send_fault(
     }
     for gpu in hit {
         tracing::error!(gpu = gpu.index, uuid = %gpu.uuid, %reason, "GPU unhealthy");
+        // Closed only when the agent is shutting down: the fault has no one left to tell.
         let _ = tx.send(GpuFault { index: gpu.index, uuid: gpu.uuid.clone(), reason: reason.clone() });
     }
 }

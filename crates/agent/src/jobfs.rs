@@ -212,6 +212,7 @@ fn regular(fd: OwnedFd) -> File {
     let raw = fd.as_raw_fd();
     if let Ok(flags) = nix::fcntl::fcntl(raw, nix::fcntl::FcntlArg::F_GETFL) {
         let flags = OFlag::from_bits_truncate(flags) - OFlag::O_NONBLOCK;
+        // O_NONBLOCK means nothing for a regular file: left set, the file still works.
         let _ = nix::fcntl::fcntl(raw, nix::fcntl::FcntlArg::F_SETFL(flags));
     }
     File::from(fd)

@@ -35,7 +35,13 @@ pub(crate) fn journal_add(state_dir: &Path, key: RunKey, pgid: i32) {
 }
 
 pub(crate) fn journal_remove(state_dir: &Path, key: RunKey) {
-    let _ = std::fs::remove_file(journal_dir(state_dir).join(format!("{}-{}", key.0, key.1)));
+    let path = journal_dir(state_dir).join(format!("{}-{}", key.0, key.1));
+    if let Err(e) = std::fs::remove_file(&path) {
+        // A run that never got its process group journaled has no entry.
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(file = %path.display(), error = %e, "cannot remove a live-run journal entry");
+        }
+    }
 }
 
 /// A process's start time in clock ticks since boot (field 22 of /proc/PID/stat).
@@ -144,6 +150,60 @@ pub fn any_run_alive(state_dir: &Path, cgroups: Option<&Cgroups>) -> bool {
             .any(|(key, pgid, path)| group_alive(*pgid) && group_is_ours(*pgid, *key, path))
 }
 
+/// What a sweep of a previous agent's runs found: the runs it killed (and their journaled
+/// groups, to wait for) and those that had ended while no agent watched.
+#[derive(Default)]
+struct Orphans {
+    killed: Vec<RunKey>,
+    groups: Vec<i32>,
+    ended: Vec<RunKey>,
+}
+
+impl Orphans {
+    /// Kills the populated run cgroups; an empty one outlived its run (a run's cgroup goes only
+    /// after its end is logged, and the previous agent may have died before it could even
+    /// journal the run): it ended while no agent watched.
+    fn sweep_cgroups(&mut self, cgroups: &Cgroups) {
+        for (key, run) in cgroups.runs() {
+            if run.populated() {
+                tracing::warn!(job = key.0, attempt = key.1, "killing a run left by a previous agent");
+                run.kill();
+                self.killed.push(key);
+            } else {
+                self.ended.push(key);
+            }
+        }
+    }
+
+    /// Kills the journaled groups that are still ours and clears the journal.
+    async fn sweep_journal(&mut self, state_dir: &Path) {
+        for (key, pgid, path) in journaled_groups(state_dir) {
+            let mut ours = false;
+            // A process in the middle of an exec shows no environment for a moment: look again.
+            for _ in 0..5 {
+                ours = group_is_ours(pgid, key, &path);
+                if ours || !group_alive(pgid) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if ours && group_alive(pgid) {
+                tracing::warn!(pgid, file = %path.display(), "killing a run left by a previous agent");
+                signal_group(pgid, Signal::SIGKILL);
+                self.groups.push(pgid);
+                if !self.killed.contains(&key) {
+                    self.killed.push(key);
+                }
+            } else if !group_alive(pgid) && !self.killed.contains(&key) && !self.ended.contains(&key) {
+                self.ended.push(key);
+            }
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(file = %path.display(), error = %e, "cannot clear a journal entry");
+            }
+        }
+    }
+}
+
 /// Kills every run a previous agent left (its run cgroups, and the process groups it journaled
 /// as live) and waits (bounded) until they are gone. Returns how many runs were killed.
 pub async fn kill_orphans(
@@ -151,72 +211,40 @@ pub async fn kill_orphans(
     cgroups: Option<&Cgroups>,
     log: &crate::audit::ProcessLog,
 ) -> usize {
-    let mut killed: Vec<RunKey> = Vec::new();
-    let mut ended: Vec<RunKey> = Vec::new();
-    let mut groups = Vec::new();
+    let mut found = Orphans::default();
     if let Some(cg) = cgroups {
-        for (key, run) in cg.runs() {
-            if run.populated() {
-                tracing::warn!(job = key.0, attempt = key.1, "killing a run left by a previous agent");
-                run.kill();
-                killed.push(key);
-            } else {
-                // Its cgroup outlived it (a run's cgroup goes only after its end is logged, and
-                // the previous agent may have died before it could even journal the run): it
-                // ended while no agent watched.
-                ended.push(key);
-            }
-        }
+        found.sweep_cgroups(cg);
     }
-    for (key, pgid, path) in journaled_groups(state_dir) {
-        let mut ours = false;
-        // A process in the middle of an exec shows no environment for a moment: look again.
-        for _ in 0..5 {
-            ours = group_is_ours(pgid, key, &path);
-            if ours || !group_alive(pgid) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        if ours && group_alive(pgid) {
-            tracing::warn!(pgid, file = %path.display(), "killing a run left by a previous agent");
-            signal_group(pgid, Signal::SIGKILL);
-            groups.push(pgid);
-            if !killed.contains(&key) {
-                killed.push(key);
-            }
-        } else if !group_alive(pgid) && !killed.contains(&key) && !ended.contains(&key) {
-            ended.push(key);
-        }
-        let _ = std::fs::remove_file(&path);
-    }
+    found.sweep_journal(state_dir).await;
     // Ended while no agent watched: the end is only known to be before now. Once logged, their
     // cgroups go (a later restart must not log the end again).
-    for key in &ended {
+    for key in &found.ended {
         log.exit(key.0, key.1, "ended unwatched");
     }
     for (key, run) in cgroups.map(Cgroups::runs).unwrap_or_default() {
-        if ended.contains(&key) && !run.populated() {
+        if found.ended.contains(&key) && !run.populated() {
             run.remove();
         }
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let alive = || {
-        groups.iter().any(|p| group_alive(*p))
+        found.groups.iter().any(|p| group_alive(*p))
             || cgroups.is_some_and(|cg| cg.runs().iter().any(|(_, r)| r.populated()))
     };
     while alive() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     if !alive() {
-        for key in &killed {
+        for key in &found.killed {
             log.exit(key.0, key.1, "orphan killed");
         }
     }
     if let Some(cg) = cgroups {
         cg.remove_empty();
         // The base is needed again for this agent's runs.
-        let _ = std::fs::create_dir_all(cg.base());
+        if let Err(e) = std::fs::create_dir_all(cg.base()) {
+            tracing::warn!(dir = %cg.base().display(), error = %e, "cannot create the run cgroups' base again");
+        }
     }
-    killed.len()
+    found.killed.len()
 }

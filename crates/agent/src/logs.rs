@@ -101,6 +101,7 @@ impl AgentLogService for Logs {
                         }
                     }
                     Err(e) => {
+                        // The reader may be gone already: then there is no one to tell.
                         let _ = tx.send(Err(Status::internal(format!("reading the log: {e}")))).await;
                         return;
                     }

@@ -100,6 +100,7 @@ pub async fn run() {
     loop {
         match &mut sigchld {
             Some(s) => {
+                // A timeout is as good as a SIGCHLD: either way, look for orphans now.
                 let _ = tokio::time::timeout(std::time::Duration::from_secs(5), s.recv()).await;
             }
             None => tokio::time::sleep(std::time::Duration::from_secs(5)).await,

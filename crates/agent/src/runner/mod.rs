@@ -159,7 +159,9 @@ impl Runner {
         if let Err(mpsc::error::TrySendError::Full(report)) = self.reports.try_send(report) {
             let tx = self.reports.clone();
             tokio::spawn(async move {
-                let _ = tx.send(report).await;
+                if tx.send(report).await.is_err() {
+                    tracing::debug!("a run's report dropped: the agent is shutting down");
+                }
             });
         }
     }
@@ -496,6 +498,7 @@ impl Runner {
 
     /// Sends a report about a run that changes nothing of it (its log truncated, its image).
     fn report_status(&self, key: RunKey, status: pb::RunStatus, message: String) {
+        // Informational (nothing of the run changes): dropped when the channel is full.
         let _ = self.reports.try_send(pb::StatusReport {
             node_id: self.node.clone(),
             job_id: key.0,
@@ -518,18 +521,10 @@ impl Runner {
         let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let max = self.isolation.log_max_bytes;
         let note = {
-            let (reports, node) = (self.reports.clone(), self.node.clone());
+            let runner = self.clone();
             move || {
-                let _ = reports.try_send(pb::StatusReport {
-                    node_id: node.clone(),
-                    job_id: key.0,
-                    attempt: key.1,
-                    status: pb::RunStatus::LogTruncated as i32,
-                    exit_code: 0,
-                    signal: 0,
-                    message: format!("the log reached {max} bytes; later output is dropped"),
-                    ..Default::default()
-                });
+                let message = format!("the log reached {max} bytes; later output is dropped");
+                runner.report_status(key, pb::RunStatus::LogTruncated, message);
             }
         };
         let copy = |o| tokio::spawn(output::copy_output(o, log.clone(), written.clone(), max, note.clone()));
@@ -584,7 +579,9 @@ impl Runner {
                         status: pb::RunStatus::Checkpointed as i32,
                         ..Default::default()
                     };
-                    let _ = runner.reports.send(report).await;
+                    if runner.reports.send(report).await.is_err() {
+                        return;
+                    }
                 }
             }
         });
