@@ -9,7 +9,9 @@ use crate::cgroup::Cgroups;
 use crate::cgroup_limits::Limiter;
 use crate::gpu::DeviceMap;
 use crate::image::ImageCache;
-use crate::launch::LOG_MAX_BYTES_DEFAULT;
+
+/// Default cap on one run's log file.
+pub const LOG_MAX_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
 
 /// How runs are isolated on this node.
 #[derive(Clone, Debug)]

@@ -130,9 +130,6 @@ pub struct Rejected {
     pub why: LaunchError,
 }
 
-/// Default cap on one run's log file.
-pub const LOG_MAX_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
-
 /// The file a job touches to announce a checkpoint, in its checkpoint directory.
 const MARKER: &str = ".kairos-checkpoint";
 

@@ -137,7 +137,7 @@ struct Args {
     cgroup_root: Option<PathBuf>,
     /// Cap on one run's log file (bytes); past it the log is truncated with a marker and the
     /// job goes on.
-    #[arg(long, default_value_t = kairos_agent::launch::LOG_MAX_BYTES_DEFAULT)]
+    #[arg(long, default_value_t = kairos_agent::isolation::LOG_MAX_BYTES_DEFAULT)]
     log_max_bytes: u64,
     /// Job directories (logs, checkpoints) of jobs this node no longer runs are removed after
     /// this many hours without a change.
