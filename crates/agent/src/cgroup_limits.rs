@@ -373,33 +373,14 @@ pub fn remove_empty(limiter: &Limiter) {
     }
 }
 
-/// The cores to grant a run asking for `count`: cores no live run was granted first (in
-/// order), then the least shared; at most as many as the host has.
-pub fn pick_cores(all: &[u32], granted: &[Vec<u32>], count: u32) -> Vec<u32> {
-    if count == 0 {
-        return Vec::new();
-    }
-    let mut by_use: Vec<(usize, u32)> =
-        all.iter().map(|c| (granted.iter().filter(|g| g.contains(c)).count(), *c)).collect();
-    by_use.sort();
-    let mut out: Vec<u32> = by_use.into_iter().take(count as usize).map(|(_, c)| c).collect();
-    out.sort_unstable();
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn cpu_lists_parse_and_cores_are_picked_unshared_first() {
+    fn cpu_lists_and_keyed_files_parse() {
         assert_eq!(parse_cpu_list("0-3,8,10-11\n"), vec![0, 1, 2, 3, 8, 10, 11]);
         assert_eq!(parse_cpu_list(""), Vec::<u32>::new());
-        let all = [0, 1, 2, 3];
-        assert_eq!(pick_cores(&all, &[vec![0, 1]], 2), vec![2, 3]);
-        assert_eq!(pick_cores(&all, &[vec![0, 1], vec![2]], 2), vec![0, 3], "then the least shared, lowest");
-        assert_eq!(pick_cores(&all, &[], 9).len(), 4, "never more than the host has");
-        assert!(pick_cores(&all, &[], 0).is_empty());
         assert_eq!(keyed("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n", "oom_kill "), Some(3));
     }
 }

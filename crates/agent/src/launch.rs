@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use kairos_proto::v1 as pb;
 use nix::sys::signal::Signal;
 
-use crate::cgroup_limits::{pick_cores, RunLimits};
+use crate::cgroup_limits::RunLimits;
 use crate::container::Bind;
 use crate::decide::RunKey;
 use crate::gpu::DeviceMap;
@@ -293,6 +293,20 @@ fn env(a: &pb::Assignment, node: &Node, files: &RunFiles, cores: usize) -> Vec<(
         set("SLURM_MEM_PER_NODE", a.memory_mib.to_string());
     }
     env
+}
+
+/// The cores to grant a run asking for `count`: cores no live run was granted first (in
+/// order), then the least shared; at most as many as the host has.
+pub fn pick_cores(all: &[u32], granted: &[Vec<u32>], count: u32) -> Vec<u32> {
+    if count == 0 {
+        return Vec::new();
+    }
+    let mut by_use: Vec<(usize, u32)> =
+        all.iter().map(|c| (granted.iter().filter(|g| g.contains(c)).count(), *c)).collect();
+    by_use.sort();
+    let mut out: Vec<u32> = by_use.into_iter().take(count as usize).map(|(_, c)| c).collect();
+    out.sort_unstable();
+    out
 }
 
 #[cfg(test)]

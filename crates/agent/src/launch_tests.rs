@@ -119,6 +119,15 @@ fn limits_take_unshared_cores_the_memory_the_pids_and_only_the_runs_gpu_devices(
 }
 
 #[test]
+fn cores_are_picked_unshared_first_then_the_least_shared() {
+    let all = [0, 1, 2, 3];
+    assert_eq!(pick_cores(&all, &[vec![0, 1]], 2), vec![2, 3]);
+    assert_eq!(pick_cores(&all, &[vec![0, 1], vec![2]], 2), vec![0, 3], "then the least shared, lowest");
+    assert_eq!(pick_cores(&all, &[], 9).len(), 4, "never more than the host has");
+    assert!(pick_cores(&all, &[], 0).is_empty());
+}
+
+#[test]
 fn a_mig_fraction_is_seen_by_uuid_through_its_parents_device_with_its_share() {
     let mut inventory = FakeInventory::parse("n", "2xH200", "H100", 1).unwrap();
     inventory.mig = Some(FakeMig::parse("3x2g.35gb").unwrap());
