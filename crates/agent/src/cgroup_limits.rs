@@ -262,7 +262,7 @@ impl Limiter {
                 if let Some(bytes) = limits.memory_bytes {
                     if v2 {
                         write(dir, "memory.max", &bytes.to_string())?;
-                        // Not every kernel has swap accounting: the memory limit stands alone there.
+                        // Absent without swap accounting: the memory limit above holds either way.
                         let _ = write(dir, "memory.swap.max", "0");
                     } else {
                         write(dir, "memory.limit_in_bytes", &bytes.to_string())?;
@@ -270,7 +270,7 @@ impl Limiter {
                         if dir.join("memory.memsw.limit_in_bytes").exists() {
                             write(dir, "memory.memsw.limit_in_bytes", &bytes.to_string())?;
                         }
-                        // cgroup v2 hosts' v1 views lack it; memsw above already bars swap.
+                        // Best effort: a kernel without it still enforces the limits above.
                         let _ = write(dir, "memory.swappiness", "0");
                     }
                 }

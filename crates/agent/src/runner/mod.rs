@@ -268,7 +268,11 @@ impl Runner {
                         runs.insert(key, Run::launching(&spec));
                         launch.push(spec);
                     }
-                    Err(rejected) => refused.push(rejected),
+                    Err(rejected) => {
+                        // Marked under the lock too: a concurrent pass does not refuse it again.
+                        runs.insert(key, Run::failed(rejected.why.to_string()));
+                        refused.push(rejected);
+                    }
                 }
             }
         }

@@ -234,6 +234,21 @@ async fn a_command_that_cannot_start_is_reported_lost_with_the_reason() {
     assert!(r.message.contains("/no/such/program"), "{}", r.message);
 }
 
+#[tokio::test]
+async fn an_assignment_the_launch_step_refuses_is_reported_lost_once_and_never_spawned() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = Runner::new("n1", dir.path(), tx);
+    runner.reconcile(&set(vec![assignment(4, &[], false, false)]));
+    // A second pass (a run's end, a lease renewal) finds it already refused.
+    runner.launch_ready();
+    let r = next(&mut rx).await;
+    assert_eq!((r.job_id, r.status), (4, pb::RunStatus::Lost as i32));
+    assert_eq!(r.message, "empty command");
+    assert!(runner.finished((4, 0)));
+    assert!(tokio::time::timeout(Duration::from_millis(300), rx.recv()).await.is_err(), "reported twice");
+}
+
 /// Whether `pid` still runs (a zombie or a vanished pid does not).
 fn pid_runs(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
