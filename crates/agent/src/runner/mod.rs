@@ -46,7 +46,7 @@ use crate::launch::{parse_signal, RunFiles, RunSpec};
 pub use crate::decide::RunKey;
 pub use run::Exit;
 use run::{assigned_of, local_of, Run};
-use spawn::{Confined, RunUsed};
+use spawn::{Confined, RunUsed, Spawned};
 
 mod output;
 mod run;
@@ -363,16 +363,11 @@ impl Runner {
         });
     }
 
-    /// Starts a run's process (in `image`'s container when given): its cgroup and limits, then
-    /// the confined child (`spawn`), then its watchers.
+    /// Starts a run's process (in `image`'s container when given: `spawn`), then its watchers.
     fn start(&self, spec: RunSpec, account: Option<UnixAccount>, image: Option<Arc<Image>>) {
         let key = spec.key;
         // Logged before the spawn: the logged interval must cover the process's life.
         self.process_log.start(key.0, key.1, &spec.gpus, None);
-        let confined = match Confined::create(&spec, &self.isolation) {
-            Ok(confined) => confined,
-            Err(message) => return self.launch_failed(key, &spec.files, message),
-        };
         // The launch joins the job's trace; the job gets it as TRACEPARENT to join its own spans.
         let trace = (!spec.traceparent.is_empty()).then(|| {
             let parent = kairos_telemetry::traces::context_of(&spec.traceparent);
@@ -384,38 +379,20 @@ impl Runner {
             kairos_telemetry::traces::start("launch", &parent, attributes)
         });
         let traceparent = trace.as_ref().and_then(kairos_telemetry::traces::traceparent);
-        let spawned = spawn::spawn(
-            &spec,
-            &self.isolation,
-            (account.as_ref(), image.as_deref()),
-            &confined,
-            traceparent,
-        );
+        let spawned = spawn::spawn(&spec, &self.isolation, (account.as_ref(), image.as_deref()), traceparent);
         if let Some(trace) = &trace {
             kairos_telemetry::traces::end(trace);
         }
         match spawned {
-            Ok((child, log)) => self.started(spec, child, log, confined, image),
-            Err(e) => {
-                confined.remove();
-                let who = account.as_ref().map_or("the agent's user", |a| a.name.as_str());
-                let message =
-                    format!("starting {:?} in {} as {who}: {e}", spec.program, spec.workdir.display());
-                self.launch_failed(key, &spec.files, message)
-            }
+            Ok(spawned) => self.started(spec, spawned, image),
+            Err(message) => self.launch_failed(key, &spec.files, message),
         }
     }
 
     /// A run's process is spawned: its output goes to its log, it is recorded and journaled,
     /// reported started, and watched (checkpoints, exit).
-    fn started(
-        &self,
-        spec: RunSpec,
-        mut child: tokio::process::Child,
-        log: std::fs::File,
-        confined: Confined,
-        image: Option<Arc<Image>>,
-    ) {
+    fn started(&self, spec: RunSpec, spawned: Spawned, image: Option<Arc<Image>>) {
+        let Spawned { mut child, log, confined } = spawned;
         let key = spec.key;
         let pgid = child.id().map(|p| p as i32);
         tracing::info!(job = key.0, attempt = key.1, ?pgid, gpus = ?spec.gpus, user = %spec.user, "run started");

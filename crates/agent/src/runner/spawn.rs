@@ -36,7 +36,7 @@ pub(super) struct Confined {
 
 impl Confined {
     /// Creates the run's cgroup and writes its limits (the reason on failure).
-    pub fn create(spec: &RunSpec, isolation: &Isolation) -> Result<Confined, String> {
+    fn create(spec: &RunSpec, isolation: &Isolation) -> Result<Confined, String> {
         let cgroup = match isolation.cgroups.as_ref().map(|c| c.create(spec.key)).transpose() {
             Ok(cg) => cg,
             Err(e) => return Err(format!("creating the run's cgroup: {e}")),
@@ -93,10 +93,36 @@ fn prepare_job_files(files: &RunFiles, account: Option<&UnixAccount>) -> std::io
     job.create_fresh(&files.log_name, owner)
 }
 
-/// Spawns `spec`'s run (in `image`'s container when given) as `account`, confined to
-/// `confined`; `traceparent` is its launch's trace context. Returns the child and the run's
-/// new log, which its output is to be copied into.
+/// A run's spawned process, its new log (which its output is to be copied into) and its
+/// cgroup and limit directories.
+pub(super) struct Spawned {
+    pub child: tokio::process::Child,
+    pub log: std::fs::File,
+    pub confined: Confined,
+}
+
+/// Spawns `spec`'s run (in `image`'s container when given) as `account`, in its own cgroup
+/// and limits; `traceparent` is its launch's trace context. The reason, as the run's lost
+/// report says it, when it cannot start (nothing of it is left then).
 pub(super) fn spawn(
+    spec: &RunSpec,
+    isolation: &Isolation,
+    (account, image): (Option<&UnixAccount>, Option<&Image>),
+    traceparent: Option<String>,
+) -> Result<Spawned, String> {
+    let confined = Confined::create(spec, isolation)?;
+    match start_child(spec, isolation, (account, image), &confined, traceparent) {
+        Ok((child, log)) => Ok(Spawned { child, log, confined }),
+        Err(e) => {
+            confined.remove();
+            let who = account.map_or("the agent's user", |a| a.name.as_str());
+            Err(format!("starting {:?} in {} as {who}: {e}", spec.program, spec.workdir.display()))
+        }
+    }
+}
+
+/// The job's files, its container, its command, confined, spawned.
+fn start_child(
     spec: &RunSpec,
     isolation: &Isolation,
     (account, image): (Option<&UnixAccount>, Option<&Image>),
