@@ -126,7 +126,7 @@ pub fn edits(dirs: &[PathBuf], kind: &str, names: &[String]) -> Result<Option<Ed
 fn read(path: &Path) -> Result<Spec, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     // YAML is a superset of JSON: one parser reads both.
-    serde_yaml::from_str(&text).map_err(|e| format!("the CDI spec {}: {e}", path.display()))
+    serde_yaml_ng::from_str(&text).map_err(|e| format!("the CDI spec {}: {e}", path.display()))
 }
 
 #[cfg(test)]

@@ -5,8 +5,10 @@
 //! (`oci-archive:/path.tar[:tag]`), or a registry reference, copied into a layout by `skopeo`
 //! where the node has it. Everything about a job's image is done with its user's identity
 //! (`Reader`; the agent's own when it runs jobs as itself): the layout or archive is read, and
-//! skopeo run, as that user (`source`), and the layers are unpacked as that user (`unpack`) —
-//! the root agent never opens, parses or unpacks what a job supplies with root's powers.
+//! skopeo run, as that user (`source`, `skopeo`), and the layers are unpacked as that user
+//! (`unpack`) — the root agent never opens, parses or unpacks what a job supplies with root's
+//! powers. Index, manifest and config are `oci-spec`'s types; an image index gives the manifest
+//! for the node's own platform (`platform`). A run holds its image by a `Pin`.
 //!
 //! The cache, `DIR/images/<uid>/<digest>/`: `DIR`, `images/`, `<uid>/` and `<digest>/` are the
 //! agent's (mode 0711: the user can pass, not list or write) and hold the agent's own files
@@ -20,6 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod guard;
+mod platform;
+mod skopeo;
 mod source;
 mod unpack;
 
@@ -41,19 +45,20 @@ pub struct Image {
     pub digest: String,
     /// The image's environment (its config's `Env`): under the job's own.
     pub env: Vec<(String, String)>,
-    _lease: Lease,
+    _pin: Pin,
 }
 
 /// Runs using each cached image, by `<uid>/<hex>`.
 type Users = Arc<Mutex<BTreeMap<String, usize>>>;
 
+/// A run's hold on a cached image: counted in `Users` while it lives.
 #[derive(Debug)]
-struct Lease {
+struct Pin {
     key: String,
     users: Users,
 }
 
-impl Drop for Lease {
+impl Drop for Pin {
     fn drop(&mut self) {
         let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = users.get_mut(&self.key) {
@@ -74,6 +79,8 @@ pub struct ImageCache {
     timeout: Duration,
     /// The registry client.
     skopeo: PathBuf,
+    /// The platform whose image an index gives (this node's own).
+    platform: oci_spec::image::Platform,
     /// Runs using each image; held while an image is taken, installed or evicted.
     users: Users,
     /// One pull at a time per user (others' pulls go on).
@@ -85,8 +92,6 @@ const SIZE: &str = "size";
 const ENV: &str = "env.json";
 /// How long a pull may take unless told.
 const PULL_TIMEOUT: Duration = Duration::from_secs(15 * 60);
-/// The search path skopeo runs with (nothing else of the agent's environment).
-const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// A new directory `path` with `mode`, the agent's.
 fn make_dir(path: &Path, mode: u32) -> std::io::Result<()> {
@@ -194,6 +199,7 @@ impl ImageCache {
             max_bytes,
             timeout: PULL_TIMEOUT,
             skopeo: "skopeo".into(),
+            platform: platform::node(),
             users: Arc::default(),
             pulls: Mutex::default(),
         })
@@ -237,14 +243,15 @@ impl ImageCache {
             Reference::Registry(remote) => {
                 let w = Work::new(&home_of_user)?;
                 let pulled = w.owned_dir("pull", owner)?;
-                self.skopeo(&remote, reference, &pulled, reader, deadline)?;
+                let skopeo = skopeo::Skopeo { program: &self.skopeo, timeout: self.timeout };
+                skopeo.copy(&remote, reference, &pulled, reader, deadline)?;
                 let layout = pulled.join("layout");
                 let store = as_reader(reader, || source::Store::layout(&layout, reference))?;
                 work = Some(w);
                 (store, Some("pulled".to_string()))
             }
         };
-        let manifest = as_reader(reader, || store.manifest(tag.as_deref()))?;
+        let manifest = as_reader(reader, || store.manifest(tag.as_deref(), &self.platform))?;
         let hex = manifest.digest.trim_start_matches("sha256:").to_string();
         let key = format!("{}/{hex}", owner.0);
         let home = home_of_user.join(&hex);
@@ -297,7 +304,7 @@ impl ImageCache {
             rootfs: home.join("rootfs"),
             digest: digest.to_string(),
             env,
-            _lease: Lease { key: key.to_string(), users: self.users.clone() },
+            _pin: Pin { key: key.to_string(), users: self.users.clone() },
         })
     }
 
@@ -369,94 +376,6 @@ impl ImageCache {
         for path in gone {
             let _ = std::fs::remove_dir_all(&path);
         }
-    }
-
-    /// Copies the registry image `remote` into the layout `pulled/layout` with skopeo, as
-    /// `reader`, with nothing of the agent's environment, until `deadline`.
-    fn skopeo(
-        &self,
-        remote: &str,
-        reference: &str,
-        pulled: &Path,
-        reader: Option<&Reader>,
-        deadline: Instant,
-    ) -> Result<(), PullError> {
-        use std::os::unix::process::CommandExt;
-        let mut cmd = std::process::Command::new(&self.skopeo);
-        cmd.args(["copy", "--quiet", &format!("docker://{remote}")])
-            .arg(format!("oci:{}:pulled", pulled.join("layout").display()))
-            .env_clear()
-            .env("PATH", SAFE_PATH)
-            .env("HOME", pulled)
-            .env("TMPDIR", pulled)
-            .current_dir(pulled)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .process_group(0);
-        if let Some(r) = reader {
-            let (uid, gid, groups) = (r.uid, r.gid, r.groups.clone());
-            // SAFETY: only async-signal-safe system calls between fork and exec, on memory
-            // made before the fork.
-            unsafe {
-                cmd.pre_exec(move || {
-                    use nix::libc;
-                    if libc::setgroups(groups.len(), groups.as_ptr()) != 0
-                        || libc::setresgid(gid, gid, gid) != 0
-                        || libc::setresuid(uid, uid, uid) != 0
-                        || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-                    {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
-        let mut child = match cmd.spawn() {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return fail(format!(
-                    "{reference}: registry images are pulled with skopeo, which this node lacks"
-                ))
-            }
-            Err(e) => return fail(format!("{reference}: running skopeo: {e}")),
-            Ok(child) => child,
-        };
-        // Its errors, the first 64 KiB (the rest read and dropped), on a thread of their own.
-        let (tx, rx) = std::sync::mpsc::channel();
-        if let Some(stderr) = child.stderr.take() {
-            std::thread::spawn(move || {
-                use std::io::Read;
-                let mut stderr = stderr;
-                let mut head = Vec::new();
-                let _ = (&mut stderr).take(64 << 10).read_to_end(&mut head);
-                let _ = std::io::copy(&mut stderr, &mut std::io::sink());
-                let _ = tx.send(head);
-            });
-        }
-        let pgid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break status,
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-                Ok(None) => {
-                    let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
-                    let _ = child.wait();
-                    return fail(format!(
-                        "{reference}: skopeo did not finish within the pull's deadline ({} s)",
-                        self.timeout.as_secs()
-                    ));
-                }
-                Err(e) => return fail(format!("{reference}: waiting for skopeo: {e}")),
-            }
-        };
-        // Whatever it left running goes with it.
-        let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
-        if status.success() {
-            return Ok(());
-        }
-        let why = rx.recv_timeout(Duration::from_secs(2)).unwrap_or_default();
-        let why = String::from_utf8_lossy(&why);
-        fail(format!("{reference}: {} ({status})", why.trim().chars().take(300).collect::<String>()))
     }
 }
 

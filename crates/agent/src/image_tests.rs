@@ -35,10 +35,8 @@ fn layer(files: &[(&str, &[u8])]) -> Vec<u8> {
     gz.finish().unwrap()
 }
 
-/// An OCI layout at `dir` with one image tagged `tag` made of `layers`.
-fn layout(dir: &Path, tag: &str, layers: &[Vec<u8>]) -> String {
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+/// An image manifest of `layers` written into the layout `dir`: its digest and size.
+fn put_manifest(dir: &Path, layers: &[Vec<u8>]) -> (String, usize) {
     let config =
         put_blob(dir, br#"{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/opt/conda/bin:/usr/bin","LANG=C.UTF-8"]},"rootfs":{"type":"layers","diff_ids":[]}}"#);
     let layers: Vec<serde_json::Value> = layers
@@ -52,9 +50,16 @@ fn layout(dir: &Path, tag: &str, layers: &[Vec<u8>]) -> String {
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config, "size": 0},
         "layers": layers});
     let bytes = serde_json::to_vec(&manifest).unwrap();
-    let digest = put_blob(dir, &bytes);
+    (put_blob(dir, &bytes), bytes.len())
+}
+
+/// An OCI layout at `dir` with one image tagged `tag` made of `layers`.
+fn layout(dir: &Path, tag: &str, layers: &[Vec<u8>]) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    let (digest, size) = put_manifest(dir, layers);
     let index = serde_json::json!({"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "digest": digest, "size": bytes.len(), "annotations": {"org.opencontainers.image.ref.name": tag}}]});
+        "digest": digest, "size": size, "annotations": {"org.opencontainers.image.ref.name": tag}}]});
     std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
     digest
 }
@@ -677,4 +682,48 @@ fn a_long_name_or_pax_header_claiming_megabytes_is_refused_before_it_is_read() {
     let image = cache.prepare(&format!("oci:{}:v1", ok.display()), None).unwrap();
     assert_eq!(std::fs::read(image.rootfs.join(&long)).unwrap(), b"abc");
     assert!(image.rootfs.join("after").exists());
+}
+
+#[test]
+fn an_image_index_gives_the_manifest_for_the_nodes_own_platform() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("img");
+    std::fs::create_dir_all(&img).unwrap();
+    std::fs::write(img.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    let node = platform::node();
+    let (os, arch) = (node.os().to_string(), node.architecture().to_string());
+    let other = if arch == "arm64" { "amd64" } else { "arm64" };
+    // The other architecture's manifest first: the order of the index does not decide.
+    let mut entries = Vec::new();
+    let mut mine = String::new();
+    for a in [other, arch.as_str()] {
+        let (digest, size) = put_manifest(&img, &[layer(&[("arch", a.as_bytes())])]);
+        if a == arch {
+            mine = digest.clone();
+        }
+        entries.push(serde_json::json!({"mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": digest, "size": size, "platform": {"architecture": a, "os": os}}));
+    }
+    let nested = serde_json::to_vec(&serde_json::json!({"schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": entries}))
+    .unwrap();
+    let nested_digest = put_blob(&img, &nested);
+    let index = serde_json::json!({"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.index.v1+json",
+        "digest": nested_digest, "size": nested.len(), "annotations": {"org.opencontainers.image.ref.name": "multi"}}]});
+    std::fs::write(img.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    let cache = ImageCache::new(&dir.path().join("cache"), 1 << 30).unwrap();
+    let image = cache.prepare(&format!("oci:{}:multi", img.display()), None).unwrap();
+    assert_eq!(image.digest, mine);
+    assert_eq!(std::fs::read_to_string(image.rootfs.join("arch")).unwrap(), arch);
+    // An index for another platform only: refused, naming this node's and the index's.
+    let only =
+        serde_json::to_vec(&serde_json::json!({"schemaVersion": 2, "manifests": [entries[0].clone()]}))
+            .unwrap();
+    let only_digest = put_blob(&img, &only);
+    let index = serde_json::json!({"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.index.v1+json",
+        "digest": only_digest, "size": only.len(), "annotations": {"org.opencontainers.image.ref.name": "foreign"}}]});
+    std::fs::write(img.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    let e = cache.prepare(&format!("oci:{}:foreign", img.display()), None).unwrap_err().to_string();
+    assert!(e.contains(&format!("no manifest for this node's platform {}", platform::name(&node))), "{e}");
+    assert!(e.contains(&format!("it has: {os}/{other})")), "{e}");
 }

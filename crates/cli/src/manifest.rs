@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 
 use kairos_proto::v1 as pb;
 use serde::Deserialize;
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 
 const QUEUE_NAME: &str = "kueue.x-k8s.io/queue-name";
 const KUEUE_GROUP: &str = "kueue.x-k8s.io/pod-group-name";
@@ -157,7 +157,7 @@ pub fn specs(yaml: &str, policy: &pb::Policy) -> Result<Vec<pb::JobSpec>, String
     let mut refusals = Refusals::default();
     let mut pods = Vec::new();
     let mut group_sizes: BTreeMap<String, u32> = BTreeMap::new();
-    for (i, doc) in serde_yaml::Deserializer::from_str(yaml).enumerate() {
+    for (i, doc) in serde_yaml_ng::Deserializer::from_str(yaml).enumerate() {
         let v = Value::deserialize(doc).map_err(|e| format!("document {}: {e}", i + 1))?;
         if v.is_null() {
             continue;

@@ -19,9 +19,12 @@ use std::sync::Arc;
 
 use nix::fcntl::OFlag;
 use nix::sys::stat::{Mode, SFlag};
+use oci_spec::image::{
+    Descriptor, ImageConfiguration, ImageIndex, ImageManifest, Platform, ANNOTATION_REF_NAME,
+};
 use sha2::{Digest, Sha256};
 
-use super::{fail, PullError};
+use super::{fail, platform, PullError};
 
 /// The most an index, manifest or config may weigh.
 pub(super) const METADATA_MAX: u64 = 4 << 20;
@@ -272,54 +275,53 @@ impl Store {
         Ok(bytes)
     }
 
-    /// The image `tag` names (the only one, or the one tagged "latest", when no tag is given):
-    /// an image index is followed to its linux/amd64 (else first) manifest.
-    pub fn manifest(&self, tag: Option<&str>) -> Result<Manifest, PullError> {
-        let index = json(&self.index()?, "index.json")?;
-        let manifests = index["manifests"].as_array().cloned().unwrap_or_default();
-        let tag_of = |m: &serde_json::Value| {
-            m["annotations"]["org.opencontainers.image.ref.name"].as_str().map(str::to_string)
-        };
-        let chosen = match tag {
-            Some(t) => manifests.iter().find(|m| tag_of(m).as_deref() == Some(t)),
-            None if manifests.len() == 1 => manifests.first(),
-            None => manifests.iter().find(|m| tag_of(m).as_deref() == Some("latest")),
-        };
-        let Some(mut desc) = chosen.cloned() else {
-            let tags: Vec<String> = manifests.iter().filter_map(tag_of).take(20).collect();
-            return fail(format!(
-                "no image tagged {:?} in the layout (tags: {})",
-                tag.unwrap_or("latest"),
-                tags.join(", ")
-            ));
-        };
-        for _ in 0..2 {
-            let digest = desc["digest"].as_str().unwrap_or_default().to_string();
-            let body = json(&self.metadata(&digest, "manifest")?, "manifest")?;
-            if let Some(nested) = body["manifests"].as_array() {
-                let amd64 = nested
-                    .iter()
-                    .find(|m| m["platform"]["architecture"] == "amd64" && m["platform"]["os"] == "linux");
-                desc = amd64
-                    .or(nested.first())
-                    .cloned()
-                    .ok_or_else(|| PullError("an empty image index".into()))?;
-                continue;
+    /// The image `tag` names (the only one, or the one tagged "latest", when no tag is given; of
+    /// several so tagged, the one for `node`): an image index is followed to `node`'s manifest.
+    pub fn manifest(&self, tag: Option<&str>, node: &Platform) -> Result<Manifest, PullError> {
+        let index: ImageIndex = parse(&self.index()?, "index.json")?;
+        let tag_of = |d: &Descriptor| d.annotations().as_ref()?.get(ANNOTATION_REF_NAME).cloned();
+        let want = tag.or((index.manifests().len() != 1).then_some("latest"));
+        let tagged: Vec<&Descriptor> =
+            index.manifests().iter().filter(|d| want.is_none() || tag_of(d).as_deref() == want).collect();
+        let mut desc = match tagged.as_slice() {
+            [] => {
+                let tags: Vec<String> = index.manifests().iter().filter_map(tag_of).take(20).collect();
+                let tag = tag.unwrap_or("latest");
+                return fail(format!("no image tagged {tag:?} in the layout (tags: {})", tags.join(", ")));
             }
-            let mut layers = Vec::new();
-            for l in body["layers"].as_array().cloned().unwrap_or_default() {
-                let kind = l["mediaType"].as_str().unwrap_or_default();
-                let gz = kind.ends_with("gzip");
-                if !gz && !kind.ends_with("tar") {
-                    return fail(format!("layer type {kind} is not supported (tar and tar+gzip are)"));
-                }
-                layers.push((l["digest"].as_str().unwrap_or_default().to_string(), gz));
+            [one] => (*one).clone(),
+            several => platform::choose(several, node)?.clone(),
+        };
+        if platform::is_index(desc.media_type()) {
+            let digest = desc.digest().to_string();
+            let nested: ImageIndex = parse(&self.metadata(&digest, "image index")?, "image index")?;
+            desc = platform::choose(&nested.manifests().iter().collect::<Vec<_>>(), node)?.clone();
+            if platform::is_index(desc.media_type()) {
+                return fail("image indexes nested too deep");
             }
-            let config = body["config"]["digest"].as_str().unwrap_or_default().to_string();
-            let env = image_env(&json(&self.metadata(&config, "image config")?, "image config")?);
-            return Ok(Manifest { digest, env, layers });
         }
-        fail("image indexes nested too deep")
+        self.image(desc.digest().as_ref())
+    }
+
+    /// The image manifest `digest`: its layers and its config's environment.
+    fn image(&self, digest: &str) -> Result<Manifest, PullError> {
+        let manifest: ImageManifest = parse(&self.metadata(digest, "manifest")?, "manifest")?;
+        let mut layers = Vec::new();
+        for layer in manifest.layers() {
+            let kind = layer.media_type().as_ref();
+            let gz = kind.ends_with("gzip");
+            if !gz && !kind.ends_with("tar") {
+                return fail(format!("layer type {kind} is not supported (tar and tar+gzip are)"));
+            }
+            layers.push((layer.digest().to_string(), gz));
+        }
+        let config = manifest.config().digest().as_ref();
+        let config: ImageConfiguration = parse(&self.metadata(config, "image config")?, "image config")?;
+        let env = config.config().as_ref().and_then(|c| c.env().as_ref());
+        let env = env.into_iter().flatten();
+        let env =
+            env.filter_map(|e| e.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))).collect();
+        Ok(Manifest { digest: digest.to_string(), env, layers })
     }
 }
 
@@ -344,14 +346,7 @@ pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn json(bytes: &[u8], what: &str) -> Result<serde_json::Value, PullError> {
+/// `bytes` as an OCI document of type `T`.
+fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, PullError> {
     serde_json::from_slice(bytes).map_err(|e| PullError(format!("{what}: {e}")))
-}
-
-/// An image config's `Env` (`KEY=VALUE` each).
-fn image_env(config: &serde_json::Value) -> Vec<(String, String)> {
-    let env = config["config"]["Env"].as_array().cloned().unwrap_or_default();
-    env.iter()
-        .filter_map(|e| e.as_str()?.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
-        .collect()
 }
