@@ -21,6 +21,12 @@
 //!   exited here, still assigned          ─▶ report the exit again
 //!   running here, assigned as not started ─▶ report "started" again
 //! ```
+//!
+//! A launch reads its assignment once, into a `RunSpec` (`launch::spec`, pure); from there on
+//! nothing sees the wire type. `spawn` turns the spec into a confined child (its cgroup and
+//! limits, job files, container, command); `run` is a run as held here, `stop` stops runs,
+//! `output` copies a run's output into its log. Nothing below the runner imports it or
+//! `launch`.
 
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
