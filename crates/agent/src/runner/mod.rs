@@ -43,7 +43,7 @@ use crate::cgroup::RunCgroup;
 use crate::decide::{self, Action, Lost};
 use crate::fence::Lease;
 use crate::image::Image;
-pub use crate::isolation::Isolation;
+use crate::isolation::Isolation;
 use crate::jobfs::Dir;
 use crate::journal::{group_alive, journal_add, journal_remove, signal_group};
 use crate::launch::{parse_signal, RunFiles, RunSpec};
