@@ -116,7 +116,7 @@ struct Work(PathBuf);
 impl Work {
     fn new(parent: &Path) -> Result<Work, PullError> {
         let path = parent.join(temp_name());
-        let _ = std::fs::remove_dir_all(&path);
+        discard(&path); // a leftover of a crashed agent under the same name
         std::fs::DirBuilder::new()
             .mode(0o711)
             .create(&path)
@@ -140,7 +140,7 @@ impl Work {
 
 impl Drop for Work {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        discard(&self.0);
     }
 }
 
@@ -184,13 +184,13 @@ impl ImageCache {
             if !per_user {
                 // Not a user's directory (an image of the shared cache this one replaces).
                 tracing::info!(path = %path.display(), "image cache: removing what is not a user's images");
-                let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+                discard(&path);
                 continue;
             }
             for image in std::fs::read_dir(&path).into_iter().flatten().flatten() {
                 let name = image.file_name();
                 if name.to_string_lossy().starts_with("tmp-") || !image.path().join(READY).exists() {
-                    let _ = std::fs::remove_dir_all(image.path());
+                    discard(&image.path());
                 }
             }
         }
@@ -267,7 +267,7 @@ impl ImageCache {
                 let size =
                     as_reader(reader, || unpack::layers(&store, &manifest.layers, &rootfs, &mut budget))?;
                 drop(store);
-                let _ = std::fs::remove_dir_all(w.0.join("pull"));
+                discard(&w.0.join("pull"));
                 let caching = |e: std::io::Error| PullError(format!("caching: {e}"));
                 std::fs::write(w.0.join(SIZE), size.to_string()).map_err(caching)?;
                 std::fs::write(w.0.join(ENV), serde_json::to_vec(&manifest.env).unwrap_or_default())
@@ -294,6 +294,7 @@ impl ImageCache {
         digest: &str,
     ) -> Option<Image> {
         let ready = std::fs::File::options().append(true).open(home.join(READY)).ok()?;
+        // The mark only orders eviction: failing to touch it makes the image look older, no more.
         let _ = ready.set_modified(std::time::SystemTime::now());
         *users.entry(key.to_string()).or_default() += 1;
         let env: Vec<(String, String)> = std::fs::read(home.join(ENV))
@@ -329,7 +330,7 @@ impl ImageCache {
             (image, moved.then_some(trash))
         };
         if let Some(trash) = trash {
-            let _ = std::fs::remove_dir_all(trash);
+            discard(&trash);
         }
         image.ok_or_else(|| PullError("caching: the image went before it was taken".into()))
     }
@@ -367,6 +368,7 @@ impl ImageCache {
                 if std::fs::rename(&path, &aside).is_ok() {
                     gone.push(aside);
                 } else {
+                    // Unmarked first, so a crash midway leaves a half image the next start removes.
                     let _ = std::fs::remove_file(path.join(READY));
                     gone.push(path);
                 }
@@ -374,7 +376,7 @@ impl ImageCache {
             }
         }
         for path in gone {
-            let _ = std::fs::remove_dir_all(&path);
+            discard(&path);
         }
     }
 }
@@ -442,6 +444,19 @@ fn as_reader<T: Send>(
             Err(e) => fail(format!("starting the image reader: {e}")),
         }
     })
+}
+
+/// Removes a file or tree of the cache. A failure is logged, never fatal: the space stays used
+/// until the next start or eviction tries again.
+fn discard(path: &Path) {
+    let gone = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
+        Ok(_) => std::fs::remove_file(path),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = gone.or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) }) {
+        tracing::warn!(path = %path.display(), error = %e, "image cache: cannot remove");
+    }
 }
 
 #[cfg(test)]

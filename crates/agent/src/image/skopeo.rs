@@ -119,6 +119,7 @@ fn stderr_head(child: &mut Child) -> Option<Receiver<Vec<u8>>> {
         let mut head = Vec::new();
         // A read error only shortens the message: what was read so far is still sent.
         let _ = (&mut stderr).take(STDERR_MAX).read_to_end(&mut head);
+        // The rest is drained only so skopeo never blocks on a full pipe; its bytes are not kept.
         let _ = std::io::copy(&mut stderr, &mut std::io::sink());
         // The pull may have stopped waiting for the message: then nobody receives it.
         let _ = tx.send(head);

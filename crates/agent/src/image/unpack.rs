@@ -161,7 +161,10 @@ pub(super) fn layers(
         let still = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir())
             && path.canonicalize().is_ok_and(|real| real == path);
         if still {
-            let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode));
+            // Only the image's own modes are lost (the directory stays owner-writable): logged.
+            if let Err(e) = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)) {
+                tracing::warn!(path = %path.display(), error = %e, "image: cannot restore a directory's mode");
+            }
         }
     }
     Ok(size)
@@ -211,12 +214,17 @@ fn apply(stream: &mut dyn Read, root: &Path, modes: &mut BTreeMap<PathBuf, u32>)
             if hidden.contains('/') || hidden == ".." || hidden == "." {
                 continue;
             }
+            // A whiteout that cannot be applied fails the pull: the file it hides would show.
+            let whiteout = |path: &Path| {
+                remove(path)
+                    .map_err(|e| std::io::Error::new(e.kind(), format!("whiteout {}: {e}", path.display())))
+            };
             if hidden == ".wh..opq" {
                 for child in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
-                    remove(&child.path());
+                    whiteout(&child.path())?;
                 }
             } else {
-                remove(&parent.join(hidden));
+                whiteout(&parent.join(hidden))?;
             }
             continue;
         }
@@ -244,14 +252,12 @@ fn apply(stream: &mut dyn Read, root: &Path, modes: &mut BTreeMap<PathBuf, u32>)
     Ok(size)
 }
 
-fn remove(path: &Path) {
+/// Removes what a whiteout hides (a directory with its tree); what is not there is no error.
+fn remove(path: &Path) -> std::io::Result<()> {
     match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => {
-            let _ = std::fs::remove_dir_all(path);
-        }
-        Ok(_) => {
-            let _ = std::fs::remove_file(path);
-        }
-        Err(_) => {}
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
+        Ok(_) => std::fs::remove_file(path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
     }
 }
