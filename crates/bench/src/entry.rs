@@ -94,10 +94,48 @@ fn measure(policy: Policy, commands: &[Command], per_entry: usize) -> anyhow::Re
     let per_entry = per_entry.max(1);
     let submits = commands.len();
     let batches: Vec<Vec<Command>> = commands.chunks(per_entry).map(<[Command]>::to_vec).collect();
-    let vote = Vote::new_committed(1, 1);
-    let log_id = |index: u64| LogId::new(CommittedLeaderId::new(1, 1), index);
 
     let t = Instant::now();
+    let messages = leader_appends(&batches)?;
+    let leader_encode = t.elapsed();
+
+    let t = Instant::now();
+    let entries = follower_entries(&messages)?;
+    let follower_decode = t.elapsed();
+
+    let t = Instant::now();
+    let record_bytes = log_records(&entries)?;
+    let log_record = t.elapsed();
+
+    let applied = apply_and_answer(policy, &entries, submits)?;
+    // A new job each: a refused submit or a retry answered with an earlier job is not the work.
+    let submitted = applied.jobs;
+    if submitted != submits {
+        bail!("{submitted} of {submits} submits were admitted: the bench's commands are not what kairosd writes");
+    }
+
+    Ok(json!({
+        "bench": "entry-path",
+        "submits": submits,
+        "per_entry": per_entry,
+        "us_per_submit": {
+            "leader_encode": per_submit_us(leader_encode, submits),
+            "follower_decode": per_submit_us(follower_decode, submits),
+            "log_record": per_submit_us(log_record, submits),
+            "apply": per_submit_us(applied.apply, submits),
+            "answer": per_submit_us(applied.answer, submits),
+        },
+        "priority_sum": applied.priorities,
+        "append_bytes_per_submit": messages.iter().map(Vec::len).sum::<usize>() / submits.max(1),
+        "log_bytes_per_submit": record_bytes / submits.max(1),
+    }))
+}
+
+/// The leader's step: each batch made an entry (from its commands' encodings, as the batcher
+/// does) and the append carrying it encoded, one per entry.
+fn leader_appends(batches: &[Vec<Command>]) -> anyhow::Result<Vec<Vec<u8>>> {
+    let vote = Vote::new_committed(1, 1);
+    let log_id = |index: u64| LogId::new(CommittedLeaderId::new(1, 1), index);
     let mut messages = Vec::with_capacity(batches.len());
     for (i, batch) in batches.iter().enumerate() {
         let encoded: Vec<Vec<u8>> = batch
@@ -116,24 +154,48 @@ fn measure(policy: Policy, commands: &[Command], per_entry: usize) -> anyhow::Re
         };
         messages.push(serde_json::to_vec(&append).context("encoding an append")?);
     }
-    let leader_encode = t.elapsed();
+    Ok(messages)
+}
 
-    let t = Instant::now();
+/// The follower's step: the appends decoded, their entries in order.
+fn follower_entries(messages: &[Vec<u8>]) -> anyhow::Result<Vec<Entry<TypeConfig>>> {
     let mut entries = Vec::with_capacity(messages.len());
-    for m in &messages {
+    for m in messages {
         let append: AppendEntriesRequest<TypeConfig> =
             serde_json::from_slice(m).context("decoding an append")?;
         entries.extend(append.entries);
     }
-    let follower_decode = t.elapsed();
+    Ok(entries)
+}
 
-    let t = Instant::now();
+/// The log's step: each entry encoded as its record; the bytes of them all.
+fn log_records(entries: &[Entry<TypeConfig>]) -> anyhow::Result<usize> {
     let mut record_bytes = 0;
-    for e in &entries {
+    for e in entries {
         record_bytes += serde_json::to_vec(e).context("encoding a log record")?.len();
     }
-    let log_record = t.elapsed();
+    Ok(record_bytes)
+}
 
+/// What applying the entries took and gave.
+struct Applied {
+    /// Time in `ClusterState::apply`.
+    apply: Duration,
+    /// Time making the answers (each new job's priority, as a submit's reply has it).
+    answer: Duration,
+    /// Jobs newly submitted.
+    jobs: usize,
+    /// The sum of their priorities (so the answers are not optimised away).
+    priorities: i64,
+}
+
+/// The state machine's step: `policy` set, then the entries' commands applied in order and
+/// each new job answered with its priority.
+fn apply_and_answer(
+    policy: Policy,
+    entries: &[Entry<TypeConfig>],
+    submits: usize,
+) -> anyhow::Result<Applied> {
     let mut state = ClusterState::new();
     if let outcome @ Outcome::Rejected(_) =
         state.apply(&Command { skipped_ms: 0, now_ms: 1, op: Op::SetPolicy { policy } })
@@ -143,7 +205,7 @@ fn measure(policy: Policy, commands: &[Command], per_entry: usize) -> anyhow::Re
     let (mut apply, mut answer) = (Duration::ZERO, Duration::ZERO);
     let mut jobs = std::collections::HashSet::with_capacity(submits);
     let mut priorities = 0i64;
-    for e in &entries {
+    for e in entries {
         if let EntryPayload::Normal(req) = &e.payload {
             let t = Instant::now();
             let outcomes: Vec<Outcome> = req.commands.iter().map(|cmd| state.apply(cmd)).collect();
@@ -161,27 +223,7 @@ fn measure(policy: Policy, commands: &[Command], per_entry: usize) -> anyhow::Re
             answer += t.elapsed();
         }
     }
-    // A new job each: a refused submit or a retry answered with an earlier job is not the work.
-    let submitted = jobs.len();
-    if submitted != submits {
-        bail!("{submitted} of {submits} submits were admitted: the bench's commands are not what kairosd writes");
-    }
-
-    Ok(json!({
-        "bench": "entry-path",
-        "submits": submits,
-        "per_entry": per_entry,
-        "us_per_submit": {
-            "leader_encode": per_submit_us(leader_encode, submits),
-            "follower_decode": per_submit_us(follower_decode, submits),
-            "log_record": per_submit_us(log_record, submits),
-            "apply": per_submit_us(apply, submits),
-            "answer": per_submit_us(answer, submits),
-        },
-        "priority_sum": priorities,
-        "append_bytes_per_submit": messages.iter().map(Vec::len).sum::<usize>() / submits.max(1),
-        "log_bytes_per_submit": record_bytes / submits.max(1),
-    }))
+    Ok(Applied { apply, answer, jobs: jobs.len(), priorities })
 }
 
 #[cfg(test)]

@@ -69,20 +69,76 @@ pub async fn bench_etcd_put(
 ) -> anyhow::Result<serde_json::Value> {
     anyhow::ensure!(!endpoints.is_empty(), "--endpoints: at least one etcd client address");
     wait_ready(&endpoints[0]).await?;
-    // `conns` connections to each endpoint; client `c` goes to endpoint `c mod n` over that
-    // endpoint's connection `(c / n) mod conns`.
+    let n = endpoints.len();
+    let channels = client_channels(&endpoints, clients, conns).await?;
+    let warm_up = Load::start(&channels, value_bytes, false);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    warm_up.stop().await;
+    let load = Load::start(&channels, value_bytes, true);
+    let t0 = Instant::now();
+    let mut pids = vec![std::process::id()];
+    pids.extend(&member_pids);
+    let cpu = crate::cpu::Window::start(&pids);
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let (acked, hist) = (load.acked.clone(), load.hist.clone());
+    load.stop().await;
+    let elapsed = t0.elapsed().as_secs_f64();
+    let hist = hist.lock().map(|h| h.clone()).map_err(|_| anyhow::anyhow!("histogram lock poisoned"))?;
+    let per_put = cpu.per_op(hist.len());
+    let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    Ok(json!({
+        "bench": "etcd-put",
+        "endpoints": endpoints.len(),
+        "clients": clients,
+        "connections_per_endpoint": conns.min(clients.div_ceil(n)),
+        "seconds": seconds,
+        "value_bytes": value_bytes,
+        "acknowledged": acked.load(Ordering::Relaxed),
+        "puts_per_s": (hist.len() as f64 / elapsed).round(),
+        "p50_ms": ms(0.50),
+        "p99_ms": ms(0.99),
+        "max_ms": hist.max() as f64 / 1000.0,
+        // CPU time (user + system) per acknowledged put, in µs, over the measured window (the
+        // members' only when their process ids were given).
+        "cpu_us_per_put": {
+            "clients": per_put[0],
+            "members": &per_put[1..],
+            "all": (per_put.iter().sum::<f64>() * 10.0).round() / 10.0,
+        },
+    }))
+}
+
+/// Each client's channel: `conns` connections to each endpoint (no more than its clients
+/// need); client `c` goes to endpoint `c mod n` over that endpoint's connection
+/// `(c / n) mod conns`.
+async fn client_channels(endpoints: &[String], clients: usize, conns: usize) -> anyhow::Result<Vec<Channel>> {
     let n = endpoints.len();
     let mut pool = Vec::with_capacity(n * conns);
     for slot in 0..n * conns.min(clients.div_ceil(n)) {
         let addr = &endpoints[slot % n];
         pool.push(connect(addr).await.with_context(|| format!("connecting to {addr}"))?);
     }
-    let channels: Vec<Channel> = (0..clients).map(|c| pool[c % pool.len()].clone()).collect();
-    let run = |measure: bool| {
+    Ok((0..clients).map(|c| pool[c % pool.len()].clone()).collect())
+}
+
+/// The closed-loop load running: one task per client, putting until stopped.
+struct Load {
+    stop: Arc<AtomicBool>,
+    /// Puts acknowledged.
+    acked: Arc<AtomicU64>,
+    /// Each acknowledged put's latency, in µs.
+    hist: Arc<Mutex<Histogram<u64>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    /// Starts a client on each of `channels`; the keys of a `measure`d load differ from the
+    /// warm-up's.
+    fn start(channels: &[Channel], value_bytes: usize, measure: bool) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let acked = Arc::new(AtomicU64::new(0));
         let hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds")));
-        let tasks: Vec<_> = channels
+        let tasks = channels
             .iter()
             .enumerate()
             .map(|(c, ch)| {
@@ -109,46 +165,14 @@ pub async fn bench_etcd_put(
                 })
             })
             .collect();
-        (stop, acked, hist, tasks)
-    };
-    let (stop, _, _, tasks) = run(false);
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        let _ = t.await;
+        Load { stop, acked, hist, tasks }
     }
-    let (stop, acked, hist, tasks) = run(true);
-    let t0 = Instant::now();
-    let mut pids = vec![std::process::id()];
-    pids.extend(&member_pids);
-    let cpu = crate::cpu::Window::start(&pids);
-    tokio::time::sleep(Duration::from_secs(seconds)).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        let _ = t.await;
+
+    /// Stops the clients and waits for each to finish its put in flight.
+    async fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            let _ = t.await;
+        }
     }
-    let elapsed = t0.elapsed().as_secs_f64();
-    let hist = hist.lock().map(|h| h.clone()).map_err(|_| anyhow::anyhow!("histogram lock poisoned"))?;
-    let per_put = cpu.per_op(hist.len());
-    let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
-    Ok(json!({
-        "bench": "etcd-put",
-        "endpoints": endpoints.len(),
-        "clients": clients,
-        "connections_per_endpoint": conns.min(clients.div_ceil(n)),
-        "seconds": seconds,
-        "value_bytes": value_bytes,
-        "acknowledged": acked.load(Ordering::Relaxed),
-        "puts_per_s": (hist.len() as f64 / elapsed).round(),
-        "p50_ms": ms(0.50),
-        "p99_ms": ms(0.99),
-        "max_ms": hist.max() as f64 / 1000.0,
-        // CPU time (user + system) per acknowledged put, in µs, over the measured window (the
-        // members' only when their process ids were given).
-        "cpu_us_per_put": {
-            "clients": per_put[0],
-            "members": &per_put[1..],
-            "all": (per_put.iter().sum::<f64>() * 10.0).round() / 10.0,
-        },
-    }))
 }

@@ -519,48 +519,14 @@ async fn bench_failover(
         let before = load.acked.load(Ordering::Relaxed);
         cluster.kill(leader);
         let killed = Instant::now();
+        let others =
+            cluster.addrs.iter().enumerate().filter(|(i, _)| *i != leader).map(|(_, a)| a.clone()).collect();
         // In parallel: when does a replica claim leadership (the election part of the gap)?
-        let elected = {
-            let addrs: Vec<String> = cluster
-                .addrs
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| *i != leader)
-                .map(|(_, a)| a.clone())
-                .collect();
-            tokio::spawn(async move {
-                loop {
-                    for addr in &addrs {
-                        if let Ok(ch) = connect(addr).await {
-                            if let Ok(s) =
-                                AdminServiceClient::new(ch).cluster_status(pb::ClusterStatusRequest {}).await
-                            {
-                                let s = s.into_inner();
-                                if s.leader == Some(s.id) {
-                                    return killed.elapsed();
-                                }
-                            }
-                        }
-                    }
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            })
-        };
-        let deadline = killed + Duration::from_secs(30);
-        loop {
-            let after_kill = load.last_ack.lock().map(|t| *t > killed).unwrap_or(false);
-            if after_kill && load.acked.load(Ordering::Relaxed) > before {
-                let gap = load.last_ack.lock().map(|t| t.duration_since(killed)).unwrap_or_default();
-                gaps_ms.push(gap.as_secs_f64() * 1000.0);
-                if let Ok(Ok(e)) = tokio::time::timeout(Duration::from_secs(5), elected).await {
-                    elections_ms.push(e.as_secs_f64() * 1000.0);
-                }
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("no submit acknowledged within 30s of killing the leader");
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
+        let elected = tokio::spawn(time_to_leader(others, killed));
+        let gap = first_ack_after(&load, before, killed).await?;
+        gaps_ms.push(gap.as_secs_f64() * 1000.0);
+        if let Ok(Ok(e)) = tokio::time::timeout(Duration::from_secs(5), elected).await {
+            elections_ms.push(e.as_secs_f64() * 1000.0);
         }
         cluster.restart(leader)?;
     }
@@ -577,6 +543,39 @@ async fn bench_failover(
         "gaps_ms": gaps_ms.iter().map(|g| g.round()).collect::<Vec<_>>(),
         "elected_ms": elections_ms.iter().map(|g| g.round()).collect::<Vec<_>>(),
     }))
+}
+
+/// How long after `killed` one of the replicas at `addrs` says it leads (asked until one does).
+async fn time_to_leader(addrs: Vec<String>, killed: Instant) -> Duration {
+    loop {
+        for addr in &addrs {
+            if let Ok(ch) = connect(addr).await {
+                if let Ok(s) = AdminServiceClient::new(ch).cluster_status(pb::ClusterStatusRequest {}).await {
+                    let s = s.into_inner();
+                    if s.leader == Some(s.id) {
+                        return killed.elapsed();
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits (at most 30 s) for a submit acknowledged after `killed` (the load had acknowledged
+/// `before` then): the gap from the kill to it.
+async fn first_ack_after(load: &Load, before: u64, killed: Instant) -> anyhow::Result<Duration> {
+    let deadline = killed + Duration::from_secs(30);
+    loop {
+        let after_kill = load.last_ack.lock().map(|t| *t > killed).unwrap_or(false);
+        if after_kill && load.acked.load(Ordering::Relaxed) > before {
+            return Ok(load.last_ack.lock().map(|t| t.duration_since(killed)).unwrap_or_default());
+        }
+        if Instant::now() > deadline {
+            bail!("no submit acknowledged within 30s of killing the leader");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 /// A connected job client to whichever replica leads.
@@ -679,16 +678,6 @@ async fn bench_preempt(
     let children = start_agents(&cluster, agents, gpus)?;
     let result = async {
         wait_agents_up(&mut admin, agents).await?;
-        let training = |i: usize| pb::SubmitRequest {
-            spec: Some(pb::JobSpec {
-                name: format!("train-{i}"),
-                argv: vec!["sleep".into(), "3600".into()],
-                qos: "training".into(),
-                resources: Some(pb::Resources { gpus: 1, ..Default::default() }),
-                ..Default::default()
-            }),
-            request_id: String::new(),
-        };
         let mut filler = 0usize;
         let mut running: Vec<u64> = Vec::new();
         let mut samples = Vec::new();
@@ -697,38 +686,12 @@ async fn bench_preempt(
             // Refill: every GPU busy with a fresh training job (fresh, so anti-thrash never applies).
             while running.len() < (agents * gpus) as usize {
                 filler += 1;
-                let id = jobs.submit(training(filler)).await?.into_inner().job_id;
+                let id = jobs.submit(training_job(filler)).await?.into_inner().job_id;
                 wait_state(&mut jobs, id, pb::JobState::Running).await?;
                 running.push(id);
             }
-            let _ = std::fs::remove_file(&stamp);
-            let script = format!("date +%s%N > {}", stamp.display());
-            let urgent = pb::SubmitRequest {
-                spec: Some(pb::JobSpec {
-                    name: format!("urgent-{round}"),
-                    argv: vec!["sh".into(), "-c".into(), script],
-                    qos: "urgent".into(),
-                    resources: Some(pb::Resources { gpus: 2, ..Default::default() }),
-                    ..Default::default()
-                }),
-                request_id: String::new(),
-            };
-            let id = jobs.submit(urgent).await?.into_inner().job_id;
-            let acked = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos();
-            wait_state(&mut jobs, id, pb::JobState::Completed).await?;
-            let started: u128 = std::fs::read_to_string(&stamp)?.trim().parse()?;
-            samples.push(started.saturating_sub(acked) as f64 / 1e6);
-            // The victims went back to the queue: cancel them; the next round refills.
-            let mut still = Vec::new();
-            for j in running.drain(..) {
-                let job = jobs.get_job(pb::GetJobRequest { job_id: j }).await?.into_inner();
-                if job.state == pb::JobState::Running as i32 && job.attempt == 0 {
-                    still.push(j);
-                } else {
-                    let _ = jobs.cancel_job(pb::CancelJobRequest { job_id: j }).await;
-                }
-            }
-            running = still;
+            samples.push(urgent_start_ms(&mut jobs, round, &stamp).await?);
+            running = cancel_victims(&mut jobs, running).await?;
         }
         samples.sort_by(|a, b| a.total_cmp(b));
         let q = |p: f64| samples[((samples.len() as f64 - 1.0) * p).round() as usize];
@@ -746,6 +709,61 @@ async fn bench_preempt(
     .await;
     stop_agents(children).await;
     result
+}
+
+/// The preempt bench's filler: a one-GPU training job that sleeps for an hour.
+fn training_job(i: usize) -> pb::SubmitRequest {
+    pb::SubmitRequest {
+        spec: Some(pb::JobSpec {
+            name: format!("train-{i}"),
+            argv: vec!["sleep".into(), "3600".into()],
+            qos: "training".into(),
+            resources: Some(pb::Resources { gpus: 1, ..Default::default() }),
+            ..Default::default()
+        }),
+        request_id: String::new(),
+    }
+}
+
+/// Submits an urgent two-GPU job (which must preempt) that writes its start time to `stamp`,
+/// waits for it to complete: the milliseconds from its submit's acknowledgement to its start.
+async fn urgent_start_ms(
+    jobs: &mut JobServiceClient<Conn>,
+    round: usize,
+    stamp: &std::path::Path,
+) -> anyhow::Result<f64> {
+    let _ = std::fs::remove_file(stamp);
+    let script = format!("date +%s%N > {}", stamp.display());
+    let urgent = pb::SubmitRequest {
+        spec: Some(pb::JobSpec {
+            name: format!("urgent-{round}"),
+            argv: vec!["sh".into(), "-c".into(), script],
+            qos: "urgent".into(),
+            resources: Some(pb::Resources { gpus: 2, ..Default::default() }),
+            ..Default::default()
+        }),
+        request_id: String::new(),
+    };
+    let id = jobs.submit(urgent).await?.into_inner().job_id;
+    let acked = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos();
+    wait_state(jobs, id, pb::JobState::Completed).await?;
+    let started: u128 = std::fs::read_to_string(stamp)?.trim().parse()?;
+    Ok(started.saturating_sub(acked) as f64 / 1e6)
+}
+
+/// The victims went back to the queue: cancels them (the next round refills). The jobs of
+/// `running` still running their first attempt.
+async fn cancel_victims(jobs: &mut JobServiceClient<Conn>, running: Vec<u64>) -> anyhow::Result<Vec<u64>> {
+    let mut still = Vec::new();
+    for j in running {
+        let job = jobs.get_job(pb::GetJobRequest { job_id: j }).await?.into_inner();
+        if job.state == pb::JobState::Running as i32 && job.attempt == 0 {
+            still.push(j);
+        } else {
+            let _ = jobs.cancel_job(pb::CancelJobRequest { job_id: j }).await;
+        }
+    }
+    Ok(still)
 }
 
 fn rss_mb() -> f64 {
@@ -866,6 +884,57 @@ fn submit_pending(
     Ok(fractional)
 }
 
+/// Job `i` of the schedule benchmark, asking `gpus` GPUs: training, inference and batch in
+/// turn, from 200 users, with time limits, every 17th on A100s.
+fn schedule_job(i: u32, gpus: u32) -> kairos_scheduler::JobSpec {
+    use kairos_scheduler::{JobSpec, Profile};
+    let profiles =
+        [("training", Profile::Training), ("inference", Profile::Inference), ("batch", Profile::Batch)];
+    let (qos, profile) = profiles[(i % 3) as usize];
+    let mut spec =
+        JobSpec::new(&format!("job-{i}"), &format!("user-{}", i % 200), vec!["train.py".into()], gpus);
+    spec.qos = qos.into();
+    spec.profile = profile;
+    spec.time_limit_s = Some(600 + u64::from(i % 3600));
+    spec.gpu_model = i.is_multiple_of(17).then(|| "A100".to_string());
+    // CPUs and memory beside the GPUs (nodes have 128 CPUs and 1 TiB): data-loading-heavy
+    // jobs ask 16 CPUs per GPU, the rest 12; 64 GiB per GPU; every 16th pending job is
+    // CPU-only (4 CPUs, 16 GiB).
+    let gpus = spec.gpus;
+    spec.cpus = if gpus == 0 { 4 } else { gpus * if i.is_multiple_of(7) { 16 } else { 12 } };
+    spec.mem_mib = if gpus == 0 { 16 << 10 } else { u64::from(gpus) * (64 << 10) };
+    spec
+}
+
+/// Fragmentation after applying one pass: free GPUs stranded on partly used nodes (free, on
+/// whole nodes). Applying that pass's plan (what every replica does with it) is timed too (ms).
+fn after_one_pass(state: &kairos_scheduler::ClusterState, now: i64) -> (u32, u32, f64) {
+    use kairos_scheduler::{Command, Op};
+    let mut after = state.clone();
+    let plan = kairos_scheduler::plan(state).plan;
+    let t0 = Instant::now();
+    after.apply(&Command { skipped_ms: 0, now_ms: now, op: Op::ApplyPlan { plan } });
+    let apply_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    let (free, whole) = after.fragmentation();
+    (free, whole, apply_ms)
+}
+
+/// `passes` planning passes over `state`: each one's time (ms) and the last one's output.
+fn timed_passes(
+    state: &kairos_scheduler::ClusterState,
+    passes: usize,
+) -> (Vec<f64>, Option<kairos_scheduler::PlanOutput>) {
+    let mut times = Vec::new();
+    let mut last = None;
+    for _ in 0..passes {
+        let t0 = Instant::now();
+        let out = kairos_scheduler::plan(state);
+        times.push(t0.elapsed().as_secs_f64() * 1000.0);
+        last = Some(out);
+    }
+    (times, last)
+}
+
 fn bench_schedule(
     nodes: u32,
     gpus_per_node: u32,
@@ -874,7 +943,7 @@ fn bench_schedule(
     passes: usize,
     fractions: bool,
 ) -> anyhow::Result<serde_json::Value> {
-    use kairos_scheduler::{ClusterState, Command, JobSpec, Op, Profile};
+    use kairos_scheduler::{ClusterState, Command, Op};
     let rss_before = rss_mb();
     let mut state = ClusterState::new();
     let now = 1_000_000i64;
@@ -882,49 +951,15 @@ fn bench_schedule(
     for n in 0..nodes {
         apply(&mut state, Op::RegisterNode { info: bench_node(n, gpus_per_node) });
     }
-    let profiles =
-        [("training", Profile::Training), ("inference", Profile::Inference), ("batch", Profile::Batch)];
-    let spec = |i: u32, gpus: u32| {
-        let (qos, profile) = profiles[(i % 3) as usize];
-        let mut spec =
-            JobSpec::new(&format!("job-{i}"), &format!("user-{}", i % 200), vec!["train.py".into()], gpus);
-        spec.qos = qos.into();
-        spec.profile = profile;
-        spec.time_limit_s = Some(600 + u64::from(i % 3600));
-        spec.gpu_model = i.is_multiple_of(17).then(|| "A100".to_string());
-        // CPUs and memory beside the GPUs (nodes have 128 CPUs and 1 TiB): data-loading-heavy
-        // jobs ask 16 CPUs per GPU, the rest 12; 64 GiB per GPU; every 16th pending job is
-        // CPU-only (4 CPUs, 16 GiB).
-        let gpus = spec.gpus;
-        spec.cpus = if gpus == 0 { 4 } else { gpus * if i.is_multiple_of(7) { 16 } else { 12 } };
-        spec.mem_mib = if gpus == 0 { 16 << 10 } else { u64::from(gpus) * (64 << 10) };
-        spec
-    };
-    let placed = place_running(&mut state, nodes, gpus_per_node, running, &spec, now);
-    let fractional = submit_pending(&mut state, running, pending, gpus_per_node, fractions, &spec, now)?;
+    let placed = place_running(&mut state, nodes, gpus_per_node, running, &schedule_job, now);
+    let fractional =
+        submit_pending(&mut state, running, pending, gpus_per_node, fractions, &schedule_job, now)?;
     // The controller's memory for this state (before any copy of it), per job.
     let rss_state = rss_mb();
     let jobs = state.jobs.len().max(1) as f64;
     let bytes_per_job = ((rss_state - rss_before).max(0.0) * 1024.0 * 1024.0 / jobs).round();
-    // Fragmentation after applying one pass: free GPUs stranded on partly used nodes.
-    // Applying that pass's plan (what every replica does with it) is timed too.
-    let (free, whole, apply_ms) = {
-        let mut after = state.clone();
-        let plan = kairos_scheduler::plan(&state).plan;
-        let t0 = Instant::now();
-        after.apply(&Command { skipped_ms: 0, now_ms: now, op: Op::ApplyPlan { plan } });
-        let apply_ms = t0.elapsed().as_secs_f64() * 1000.0;
-        let (free, whole) = after.fragmentation();
-        (free, whole, apply_ms)
-    };
-    let mut times = Vec::new();
-    let mut last = None;
-    for _ in 0..passes {
-        let t0 = Instant::now();
-        let out = kairos_scheduler::plan(&state);
-        times.push(t0.elapsed().as_secs_f64() * 1000.0);
-        last = Some(out);
-    }
+    let (free, whole, apply_ms) = after_one_pass(&state, now);
+    let (mut times, last) = timed_passes(&state, passes);
     times.sort_by(|a, b| a.total_cmp(b));
     let out = last.context("no pass ran")?;
     Ok(json!({

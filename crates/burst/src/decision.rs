@@ -150,17 +150,17 @@ pub fn decide(state: &ClusterState, now: i64) -> Decision {
             Some(format!("on-prem GPUs are only {pct}% allocated (burst threshold {}%)", cfg.saturation_pct));
         return d;
     }
-    let mut plan = Plan::new(state, now, d);
+    let mut draft = Draft::new(state, now, d);
     let waiting = waiting_jobs(state, now);
     for job in &waiting {
-        plan.serve(job);
+        draft.serve(job);
     }
-    if !plan.d.launches.is_empty() {
-        plan.reasons.push(format!(
+    if !draft.d.launches.is_empty() {
+        draft.reasons.push(format!(
             "{} burstable jobs waited over {}s with on-prem GPUs {pct}% allocated ({} fit capacity already up or coming)",
             waiting.len(),
             cfg.min_wait_s,
-            plan.served
+            draft.served
         ));
     }
     // (Only a forecast or a warm pool needs the outlook, an O(jobs) scan.)
@@ -170,17 +170,18 @@ pub fn decide(state: &ClusterState, now: i64) -> Decision {
         Outlook::default()
     };
     if cfg.forecast_window_s > 0 {
-        plan.ahead(&outlook);
+        draft.ahead(&outlook);
     }
-    plan.warm_pool(&outlook);
-    plan.scale_down(&outlook);
-    let mut d = plan.d;
-    d.launch_reason = plan.reasons.join("; ");
+    draft.warm_pool(&outlook);
+    draft.scale_down(&outlook);
+    let mut d = draft.d;
+    d.launch_reason = draft.reasons.join("; ");
     d
 }
 
-/// One decision being made: the cloud capacity up, coming and planned, and what is decided.
-struct Plan<'a> {
+/// A decision being drafted: the cloud capacity up, coming and planned, and what is decided so
+/// far.
+struct Draft<'a> {
     state: &'a ClusterState,
     now: i64,
     slots: Vec<Slot>,
@@ -191,10 +192,10 @@ struct Plan<'a> {
     d: Decision,
 }
 
-impl<'a> Plan<'a> {
+impl<'a> Draft<'a> {
     fn new(state: &'a ClusterState, now: i64, d: Decision) -> Self {
         let (slots, footprint) = (cloud_capacity(state), state.burst.footprint());
-        Plan { state, now, slots, footprint, served: 0, reasons: Vec::new(), d }
+        Draft { state, now, slots, footprint, served: 0, reasons: Vec::new(), d }
     }
 
     /// Places a waiting job on capacity up, coming or planned, else plans an instance for it.

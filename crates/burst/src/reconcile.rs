@@ -251,12 +251,7 @@ pub async fn round<C: Cloud>(
         }
     };
     let alive: Vec<&CloudInstance> = listed.iter().filter(|i| i.is_alive()).collect();
-    let mut by_intent: BTreeMap<u64, Vec<&CloudInstance>> = BTreeMap::new();
-    for i in &alive {
-        if let Some(intent) = i.intent {
-            by_intent.entry(intent).or_default().push(i);
-        }
-    }
+    let by_intent = by_intent(&alive);
     let mut to_terminate: Vec<String> = Vec::new();
     for i in burst.live() {
         let found: Vec<&CloudInstance> = by_intent.get(&i.intent).cloned().unwrap_or_default();
@@ -272,30 +267,14 @@ pub async fn round<C: Cloud>(
                 ops.extend(launch(cloud, burst, i, settings, memory, &mut report).await);
             }
             InstanceState::Launched => {
-                let id = i.instance_id.as_deref().unwrap_or_default();
-                // Duplicates of the intent (a launch answered twice) are terminated.
-                to_terminate.extend(found.iter().filter(|d| d.id != id).map(|d| d.id.clone()));
-                let present = found.iter().any(|d| d.id == id);
-                let since = i.launched_ms.unwrap_or(i.requested_ms);
-                if !present && now - since >= settings.vanish_grace_ms {
-                    ops.push(Op::BurstGone { intent: i.intent, reason: format!("instance {id} vanished") });
-                }
+                let (gone, duplicates) = check_launched(i, &found, settings, now);
+                ops.extend(gone);
+                to_terminate.extend(duplicates);
             }
             InstanceState::Terminating => {
-                let mut ids: Vec<String> = found.iter().map(|d| d.id.clone()).collect();
-                if let Some(id) = &i.instance_id {
-                    if alive.iter().any(|a| &a.id == id) && !ids.contains(id) {
-                        ids.push(id.clone());
-                    }
-                }
-                if ids.is_empty() {
-                    // Known id and not alive: confirmed; unknown id: wait out a launch in flight.
-                    if i.instance_id.is_some() || now - i.requested_ms >= settings.vanish_grace_ms {
-                        ops.push(Op::BurstGone { intent: i.intent, reason: "terminated".into() });
-                    }
-                } else {
-                    to_terminate.extend(ids);
-                }
+                let (gone, remaining) = check_terminating(i, &found, &alive, settings, now);
+                ops.extend(gone);
+                to_terminate.extend(remaining);
             }
             InstanceState::Gone => {}
         }
@@ -305,13 +284,71 @@ pub async fn round<C: Cloud>(
     memory
         .failures
         .retain(|intent, _| burst.instances.get(intent).is_some_and(|i| i.state == InstanceState::Requested));
-    to_terminate.sort();
-    to_terminate.dedup();
-    if !to_terminate.is_empty() {
-        match cloud.terminate(&to_terminate).await {
-            Ok(()) => report.terminated = to_terminate,
-            Err(e) => report.errors.push(format!("terminating {to_terminate:?}: {e}")),
+    terminate(cloud, to_terminate, &mut report).await;
+    (ops, report)
+}
+
+/// The alive instances by the intent they carry (instances without one are left out).
+fn by_intent<'a>(alive: &[&'a CloudInstance]) -> BTreeMap<u64, Vec<&'a CloudInstance>> {
+    let mut by_intent: BTreeMap<u64, Vec<&CloudInstance>> = BTreeMap::new();
+    for i in alive {
+        if let Some(intent) = i.intent {
+            by_intent.entry(intent).or_default().push(i);
         }
     }
-    (ops, report)
+    by_intent
+}
+
+/// A launched instance against the cloud's `found` instances of its intent: gone when its own
+/// is missing for longer than the vanish grace, and the duplicates to terminate (a launch
+/// answered twice).
+fn check_launched(
+    i: &BurstInstance,
+    found: &[&CloudInstance],
+    settings: &Settings,
+    now: i64,
+) -> (Option<Op>, Vec<String>) {
+    let id = i.instance_id.as_deref().unwrap_or_default();
+    let duplicates = found.iter().filter(|d| d.id != id).map(|d| d.id.clone()).collect();
+    let present = found.iter().any(|d| d.id == id);
+    let since = i.launched_ms.unwrap_or(i.requested_ms);
+    let gone = (!present && now - since >= settings.vanish_grace_ms)
+        .then(|| Op::BurstGone { intent: i.intent, reason: format!("instance {id} vanished") });
+    (gone, duplicates)
+}
+
+/// A terminating instance: gone once nothing of it is alive (an unknown id waits out a launch
+/// in flight for the vanish grace), else what of it is alive, to terminate (again).
+fn check_terminating(
+    i: &BurstInstance,
+    found: &[&CloudInstance],
+    alive: &[&CloudInstance],
+    settings: &Settings,
+    now: i64,
+) -> (Option<Op>, Vec<String>) {
+    let mut ids: Vec<String> = found.iter().map(|d| d.id.clone()).collect();
+    if let Some(id) = &i.instance_id {
+        if alive.iter().any(|a| &a.id == id) && !ids.contains(id) {
+            ids.push(id.clone());
+        }
+    }
+    if !ids.is_empty() {
+        return (None, ids);
+    }
+    // Known id and not alive: confirmed; unknown id: wait out a launch in flight.
+    let confirmed = i.instance_id.is_some() || now - i.requested_ms >= settings.vanish_grace_ms;
+    (confirmed.then(|| Op::BurstGone { intent: i.intent, reason: "terminated".into() }), Vec::new())
+}
+
+/// Terminates `ids` (each once) in one call, recording the outcome in `report`.
+async fn terminate<C: Cloud>(cloud: &C, mut ids: Vec<String>, report: &mut Report) {
+    ids.sort();
+    ids.dedup();
+    if ids.is_empty() {
+        return;
+    }
+    match cloud.terminate(&ids).await {
+        Ok(()) => report.terminated = ids,
+        Err(e) => report.errors.push(format!("terminating {ids:?}: {e}")),
+    }
 }

@@ -311,55 +311,68 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
     let used = given.read(args, "command line")?;
     // The command line's own refusals come before the script is looked for.
     given.refuse_unsupported()?;
-    let (path, script, script_args) = match given.get("wrap") {
-        Some(command) => {
-            if let Some(extra) = args.get(used) {
-                return Err(format!("--wrap is the script: \"{extra}\" cannot follow it"));
-            }
-            ("wrap".to_string(), format!("#!/bin/sh\n{command}\n"), &args[used..])
-        }
-        None => {
-            let path = args
-                .get(used)
-                .ok_or("a batch script is needed: kairos batch [OPTIONS] SCRIPT [ARGS] (or --wrap CMD)")?;
-            (path.clone(), read_script(path)?, &args[used + 1..])
-        }
-    };
-    let path = &path;
-    let mut options = directives(&script, path)?;
+    let (path, script, script_args) = script_of(&given, args, used)?;
+    let mut options = directives(&script, &path)?;
     options.1.extend(given.1);
     options.refuse_unsupported()?;
     // The command line wins over the script.
     options.0.extend(given.0);
-    let o = &options;
-    let bad = |long: &str, e: String| format!("--{long}: {e}");
-
-    let (gpus, gpu_model) = gpus_of(o)?;
-    // Checked here too, so a bad one names the script's line's option before anything else.
-    let dependency = o.get("dependency").map(str::to_string);
-    if let Some(d) = &dependency {
-        crate::args::parse_dependency(d)?;
-    }
-    let checkpoint_signal = checkpoint_signal_of(o)?;
-    let export = o.get("export").map(str::to_string);
-    // What it exports is checked now (the environment is read again at the submit).
-    crate::args::export_env(export.as_deref(), env).map_err(|e| bad("export", e))?;
-    let container_image = o.get("container-image").map(str::to_string);
-    // The submit directory unless --chdir (set at the submit, as for `kairos submit`).
-    let workdir = o.get("chdir").map(str::to_string);
-    let name = o
-        .get("job-name")
-        .map(str::to_string)
-        .unwrap_or_else(|| path.rsplit('/').next().unwrap_or(path).to_string());
-
     // The script travels as the command: INTERPRETER -c TEXT SCRIPT ARGS..., behind a shell that
     // sends its output to the -o/-e files when asked.
     let mut command = interpreter(&script);
     command.extend(["-c".to_string(), script.clone(), path.clone()]);
     command.extend(script_args.iter().cloned());
+    submit_of(&options, &path, command, env)
+}
+
+/// The script: its path (`wrap` for `--wrap`), its text and its arguments (what follows it in
+/// `args`, past the `used` options).
+fn script_of<'a>(
+    given: &Options,
+    args: &'a [String],
+    used: usize,
+) -> Result<(String, String, &'a [String]), String> {
+    match given.get("wrap") {
+        Some(command) => {
+            if let Some(extra) = args.get(used) {
+                return Err(format!("--wrap is the script: \"{extra}\" cannot follow it"));
+            }
+            Ok(("wrap".to_string(), format!("#!/bin/sh\n{command}\n"), &args[used..]))
+        }
+        None => {
+            let path = args
+                .get(used)
+                .ok_or("a batch script is needed: kairos batch [OPTIONS] SCRIPT [ARGS] (or --wrap CMD)")?;
+            Ok((path.clone(), read_script(path)?, &args[used + 1..]))
+        }
+    }
+}
+
+/// The submit of `command` (the script at `path`) with the options `o` (its directives and
+/// the command line's), each checked; `env` is the submitting environment.
+fn submit_of(
+    o: &Options,
+    path: &str,
+    command: Vec<String>,
+    env: &BTreeMap<String, String>,
+) -> Result<SubmitArgs, String> {
+    let bad = |long: &str, e: String| format!("--{long}: {e}");
+    let (gpus, gpu_model) = gpus_of(o)?;
+    // Checked here too, so a bad one names the script's line's option before anything else.
+    let dependency = o.get("dependency").map(str::to_string);
+    dependency.as_deref().map(crate::args::parse_dependency).transpose()?;
+    let checkpoint_signal = checkpoint_signal_of(o)?;
+    let export = o.get("export").map(str::to_string);
+    // What it exports is checked now (the environment is read again at the submit).
+    crate::args::export_env(export.as_deref(), env).map_err(|e| bad("export", e))?;
+    let name = o
+        .get("job-name")
+        .map(str::to_string)
+        .unwrap_or_else(|| path.rsplit('/').next().unwrap_or(path).to_string());
     let number = |long: &str| o.get(long).map(|n| parse_gpus(n).map_err(|e| bad(long, e))).transpose();
     let size =
         |long: &str| o.get(long).map(|n| crate::jobs::parse_size(n).map_err(|e| bad(long, e))).transpose();
+    let text = |long: &str| o.get(long).map(str::to_string);
     Ok(SubmitArgs {
         cpus_per_task: number("cpus-per-task")?,
         mem: size("mem")?,
@@ -369,17 +382,18 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
         ntasks_per_node: number("ntasks-per-node")?,
         gpus_per_task: number("gpus-per-task")?,
         gpu_fraction: None,
-        output: o.get("output").map(str::to_string),
-        error: o.get("error").map(str::to_string),
+        output: text("output"),
+        error: text("error"),
         gpus,
-        nodes: o.get("nodes").map(|n| parse_gpus(n).map_err(|e| bad("nodes", e))).transpose()?.unwrap_or(1),
+        nodes: number("nodes")?.unwrap_or(1),
         name,
         time: o.get("time").map(|t| parse_time(t).map_err(|e| bad("time", e))).transpose()?,
-        qos: o.get("qos").map(str::to_string),
+        qos: text("qos"),
         profile: None,
         env: Vec::new(),
         export,
-        workdir,
+        // The submit directory unless --chdir (set at the submit, as for `kairos submit`).
+        workdir: text("chdir"),
         requeue: o.get("requeue").is_some(),
         after_ok: Vec::new(),
         after_any: Vec::new(),
@@ -387,8 +401,8 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
         dependency,
         hold: o.get("hold").is_some(),
         gpu_model,
-        account: o.get("account").map(str::to_string),
-        partition: o.get("partition").map(str::to_string),
+        account: text("account"),
+        partition: text("partition"),
         min_gpus: None,
         min_nodes: None,
         suspendable: false,
@@ -399,8 +413,8 @@ pub fn submit_args(args: &[String], env: &BTreeMap<String, String>) -> Result<Su
             .get("container-mounts")
             .map(|m| m.split(',').filter(|m| !m.is_empty()).map(str::to_string).collect())
             .unwrap_or_default(),
-        container_workdir: o.get("container-workdir").map(str::to_string),
-        container_image,
+        container_workdir: text("container-workdir"),
+        container_image: text("container-image"),
         manifest: None,
         command,
     })

@@ -170,9 +170,6 @@ pub struct Shape {
     pub nodes: Option<u32>,
 }
 
-/// Resolves Slurm's task, CPU and memory options into per-node GPUs, CPUs and memory (kairos
-/// starts one process per node): tasks per node = --ntasks-per-node, else --ntasks over the
-/// nodes; CPUs = -c × tasks per node; memory = --mem, or per GPU/CPU times those.
 /// `--gpu-fraction`: a fraction of one GPU (0 < F < 1, in thousandths) as thousandths.
 fn parse_fraction(s: &str) -> Result<u32, String> {
     let f: f64 = s.parse().map_err(|_| format!("\"{s}\" is not a fraction such as 0.25"))?;
@@ -183,6 +180,9 @@ fn parse_fraction(s: &str) -> Result<u32, String> {
     Ok(milli as u32)
 }
 
+/// Resolves Slurm's task, CPU and memory options into per-node GPUs, CPUs and memory (kairos
+/// starts one process per node): tasks per node = --ntasks-per-node, else --ntasks over the
+/// nodes; CPUs = -c × tasks per node; memory = --mem, or per GPU/CPU times those.
 pub fn shape_of(a: &SubmitArgs) -> Result<Shape, String> {
     let nodes = match (a.ntasks, a.ntasks_per_node) {
         (Some(n), Some(per)) if per > 0 && a.nodes <= 1 => Some(n.div_ceil(per)),
@@ -265,13 +265,20 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         }
         return submit_manifest(client, json, path).await;
     }
+    let spec = job_spec(args)?;
+    send(client, json, spec).await
+}
+
+/// The job `args` ask for (a command's, not a manifest's).
+fn job_spec(args: SubmitArgs) -> anyhow::Result<pb::JobSpec> {
     let shape = shape_of(&args).map_err(|e| anyhow::anyhow!(e))?;
+    let resources = resources_of(&args, &shape);
+    let checkpoint = checkpoint_of(&args);
+    let profile = profile_of(args.profile);
     let SubmitArgs {
-        nodes,
         name,
         time,
         qos,
-        profile,
         env,
         workdir,
         export,
@@ -281,15 +288,9 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         after_not_ok,
         dependency,
         hold,
-        gpu_model,
-        gpu_fraction,
+        suspendable,
         account,
         partition,
-        min_gpus,
-        min_nodes,
-        suspendable,
-        checkpoint_signal,
-        checkpoint_grace,
         array,
         output,
         error,
@@ -304,19 +305,13 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
     let workdir_is_submit_dir = submit_dir.is_some();
     let deps = crate::args::Dependencies { after_ok, after_any, after_not_ok };
     let deps = deps.with(dependency.as_deref()).map_err(|e| anyhow::anyhow!(e))?;
-    let profile = match profile {
-        None => pb::Profile::Unspecified,
-        Some(ProfileArg::Training) => pb::Profile::Training,
-        Some(ProfileArg::Inference) => pb::Profile::Inference,
-        Some(ProfileArg::Batch) => pb::Profile::Batch,
-    };
     let name = if name.is_empty() {
         command.first().map(|c| c.rsplit('/').next().unwrap_or(c).to_string()).unwrap_or_default()
     } else {
         name
     };
     let command = crate::redirect::redirected(command, output.as_deref(), error.as_deref(), &name);
-    let spec = pb::JobSpec {
+    Ok(pb::JobSpec {
         name,
         argv: command,
         env: environment.into_iter().collect(),
@@ -324,22 +319,9 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         workdir_is_submit_dir,
         qos: qos.unwrap_or_default(),
         profile: profile as i32,
-        resources: Some(pb::Resources {
-            gpus: if gpu_fraction.is_some() { 1 } else { shape.gpus },
-            gpu_milli: gpu_fraction.unwrap_or(0),
-            tasks: shape.nodes.unwrap_or(nodes),
-            cpus: shape.cpus,
-            memory_mib: shape.mem_mib,
-            gpu_model: gpu_model.unwrap_or_default(),
-            min_gpus: min_gpus.unwrap_or(0),
-            min_tasks: min_nodes.unwrap_or(0),
-        }),
+        resources: Some(resources),
         suspendable,
-        checkpoint: (checkpoint_signal.is_some() || checkpoint_grace.is_some()).then(|| pb::CheckpointSpec {
-            signal: checkpoint_signal.unwrap_or_default(),
-            grace_s: checkpoint_grace.unwrap_or(0).min(u64::from(u32::MAX)) as u32,
-            dir: String::new(),
-        }),
+        checkpoint,
         time_limit_s: time.unwrap_or(0),
         requeue: requeue.then_some(true),
         after_ok: deps.after_ok,
@@ -352,8 +334,40 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
         array_max_running: array.and_then(|(_, n)| n).unwrap_or(0),
         container,
         ..Default::default()
-    };
-    send(client, json, spec).await
+    })
+}
+
+/// What one node's run needs: the resolved shape, or one GPU's fraction; the GPU model and
+/// an elastic job's least.
+fn resources_of(a: &SubmitArgs, shape: &Shape) -> pb::Resources {
+    pb::Resources {
+        gpus: if a.gpu_fraction.is_some() { 1 } else { shape.gpus },
+        gpu_milli: a.gpu_fraction.unwrap_or(0),
+        tasks: shape.nodes.unwrap_or(a.nodes),
+        cpus: shape.cpus,
+        memory_mib: shape.mem_mib,
+        gpu_model: a.gpu_model.clone().unwrap_or_default(),
+        min_gpus: a.min_gpus.unwrap_or(0),
+        min_tasks: a.min_nodes.unwrap_or(0),
+    }
+}
+
+/// `--checkpoint-signal` and `--checkpoint-grace`, when either is given.
+fn checkpoint_of(a: &SubmitArgs) -> Option<pb::CheckpointSpec> {
+    (a.checkpoint_signal.is_some() || a.checkpoint_grace.is_some()).then(|| pb::CheckpointSpec {
+        signal: a.checkpoint_signal.clone().unwrap_or_default(),
+        grace_s: a.checkpoint_grace.unwrap_or(0).min(u64::from(u32::MAX)) as u32,
+        dir: String::new(),
+    })
+}
+
+fn profile_of(profile: Option<ProfileArg>) -> pb::Profile {
+    match profile {
+        None => pb::Profile::Unspecified,
+        Some(ProfileArg::Training) => pb::Profile::Training,
+        Some(ProfileArg::Inference) => pb::Profile::Inference,
+        Some(ProfileArg::Batch) => pb::Profile::Batch,
+    }
 }
 
 /// `kairos submit -f FILE.yaml`: every job the manifests ask for, or none (all are checked

@@ -260,32 +260,7 @@ async fn batch(client: &Client, json: bool, args: batch::BatchArgs) -> anyhow::R
 }
 
 async fn run(cli: Cli) -> anyhow::Result<i32> {
-    // Flags and the environment first, then the context (`context`), then the defaults.
-    let local = matches!(
-        cli.command,
-        Cmd::Up { .. }
-            | Cmd::CheckpointDone
-            | Cmd::Completions { .. }
-            | Cmd::Man { .. }
-            | Cmd::Sim(_)
-            | Cmd::Context { .. }
-    );
-    let config = if local { context::Config::default() } else { context::Config::load()? };
-    // A context's credentials go only with its own addresses (`Config::resolve`).
-    // Commands that call no controller read no context (nor KAIROS_CONTEXT, set for the others).
-    let named = if local { None } else { cli.context.as_deref() };
-    let resolved = config.resolve(named, cli.controllers.as_deref(), up::DEFAULT_CONTROLLER)?;
-    let (ctx_name, ctx) = resolved.context.unwrap_or_default();
-    let tls = kairos_proto::wire::TlsFiles {
-        ca: cli.ca.clone().or(ctx.ca),
-        cert: cli.cert.clone().or(ctx.cert),
-        key: cli.key.clone().or(ctx.key),
-    }
-    .client()
-    .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let ctx_token = ctx.token_file.as_deref().map(|f| (ctx_name.as_str(), f));
-    let token = if local { None } else { client::load_token(cli.token_file.as_deref(), ctx_token)? };
-    let client = Client::new(resolved.controllers, token, cli.act_as.clone(), tls);
+    let client = client_for(&cli)?;
     let (client, json) = (&client, cli.json);
     match cli.command {
         Cmd::Submit(args) => jobs::submit(client, json, *args).await,
@@ -321,23 +296,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             clap_complete::generate(shell, &mut Cli::command(), "kairos", &mut std::io::stdout());
             Ok(0)
         }
-        Cmd::Man { dir } => {
-            use clap::CommandFactory;
-            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            clap_mangen::generate_to(Cli::command(), &dir)
-                .with_context(|| format!("writing man pages to {}", dir.display()))?;
-            println!("man pages written to {}", dir.display());
-            Ok(0)
-        }
+        Cmd::Man { dir } => man_pages(&dir),
         Cmd::Up { addr, agent_addr, data_dir, fake_gpus, node_name, run_as, cpus, memory } => {
-            // A local cluster takes its addresses from its own flags only: KAIROS_CONTROLLERS
-            // points the CLI at another cluster, and must not decide where this one binds.
-            let given = std::env::args().any(|a| a == "--controllers" || a.starts_with("--controllers="));
-            let controllers = match (&cli.controllers, given) {
-                (Some(c), true) => c.clone(),
-                _ => vec![up::DEFAULT_CONTROLLER.to_string()],
-            };
-            let controllers = up::up_controllers(&controllers, &addr)?;
+            let controllers = up::up_controllers(&local_controllers(cli.controllers.as_ref()), &addr)?;
             let memory_mib = memory;
             let args = up::UpArgs {
                 controllers,
@@ -353,6 +314,57 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
     }
+}
+
+/// The client the command talks to the controllers with. Flags and the environment first,
+/// then the context (`context`), then the defaults.
+fn client_for(cli: &Cli) -> anyhow::Result<Client> {
+    let local = matches!(
+        cli.command,
+        Cmd::Up { .. }
+            | Cmd::CheckpointDone
+            | Cmd::Completions { .. }
+            | Cmd::Man { .. }
+            | Cmd::Sim(_)
+            | Cmd::Context { .. }
+    );
+    let config = if local { context::Config::default() } else { context::Config::load()? };
+    // A context's credentials go only with its own addresses (`Config::resolve`).
+    // Commands that call no controller read no context (nor KAIROS_CONTEXT, set for the others).
+    let named = if local { None } else { cli.context.as_deref() };
+    let resolved = config.resolve(named, cli.controllers.as_deref(), up::DEFAULT_CONTROLLER)?;
+    let (ctx_name, ctx) = resolved.context.unwrap_or_default();
+    let tls = kairos_proto::wire::TlsFiles {
+        ca: cli.ca.clone().or(ctx.ca),
+        cert: cli.cert.clone().or(ctx.cert),
+        key: cli.key.clone().or(ctx.key),
+    }
+    .client()
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let ctx_token = ctx.token_file.as_deref().map(|f| (ctx_name.as_str(), f));
+    let token = if local { None } else { client::load_token(cli.token_file.as_deref(), ctx_token)? };
+    Ok(Client::new(resolved.controllers, token, cli.act_as.clone(), tls))
+}
+
+/// The controllers `kairos up` starts: a local cluster takes its addresses from its own flags
+/// only (KAIROS_CONTROLLERS points the CLI at another cluster, and must not decide where this
+/// one binds), else the default.
+fn local_controllers(flag: Option<&Vec<String>>) -> Vec<String> {
+    let given = std::env::args().any(|a| a == "--controllers" || a.starts_with("--controllers="));
+    match (flag, given) {
+        (Some(c), true) => c.clone(),
+        _ => vec![up::DEFAULT_CONTROLLER.to_string()],
+    }
+}
+
+/// `kairos man DIR`: the man pages written to `dir`.
+fn man_pages(dir: &std::path::Path) -> anyhow::Result<i32> {
+    use clap::CommandFactory;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    clap_mangen::generate_to(Cli::command(), dir)
+        .with_context(|| format!("writing man pages to {}", dir.display()))?;
+    println!("man pages written to {}", dir.display());
+    Ok(0)
 }
 
 /// A reader that stops reading (`kairos queue --all | head -1`) ends the output: the CLI exits 0

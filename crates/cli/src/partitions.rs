@@ -104,54 +104,7 @@ async fn put_partition(
 
 pub async fn partition_command(client: &Client, json: bool, command: PartitionCmd) -> anyhow::Result<i32> {
     match command {
-        PartitionCmd::List => {
-            let policy = get_policy(client).await?;
-            if json {
-                let v: Vec<serde_json::Value> = policy
-                    .partitions
-                    .iter()
-                    .map(|p| {
-                        serde_json::json!({
-                            "name": p.name, "default": p.name == policy.default_partition, "nodes": p.nodes,
-                            "selector": p.selector, "priority_tier": p.priority_tier, "allowed_qos": p.allowed_qos,
-                            "default_qos": (!p.default_qos.is_empty()).then(|| p.default_qos.clone()),
-                            "max_wall_s": p.max_wall_s,
-                        })
-                    })
-                    .collect();
-                print_json(&serde_json::Value::Array(v));
-            } else {
-                let rows: Vec<Vec<String>> = policy
-                    .partitions
-                    .iter()
-                    .map(|p| {
-                        let mut sel: Vec<String> =
-                            p.selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                        sel.sort();
-                        let nodes = if !p.nodes.is_empty() {
-                            p.nodes.join(",")
-                        } else if !sel.is_empty() {
-                            sel.join(",")
-                        } else {
-                            "all".into()
-                        };
-                        vec![
-                            format!(
-                                "{}{}",
-                                p.name,
-                                if p.name == policy.default_partition { "*" } else { "" }
-                            ),
-                            nodes,
-                            p.priority_tier.to_string(),
-                            if p.allowed_qos.is_empty() { "all".into() } else { p.allowed_qos.join(",") },
-                            if p.default_qos.is_empty() { "-".into() } else { p.default_qos.clone() },
-                            p.max_wall_s.map(policy_file::format_secs).unwrap_or_else(|| "-".into()),
-                        ]
-                    })
-                    .collect();
-                table(&["PARTITION", "NODES", "TIER", "QOS", "DEFAULT_QOS", "MAX_WALL"], &rows);
-            }
-        }
+        PartitionCmd::List => list(&get_policy(client).await?, json),
         PartitionCmd::Create { name, flags } => {
             let mut part = pb::Partition { name: name.clone(), priority_tier: 1, ..Default::default() };
             flags.apply_to(&mut part)?;
@@ -176,4 +129,48 @@ pub async fn partition_command(client: &Client, json: bool, command: PartitionCm
         }
     }
     Ok(0)
+}
+
+/// `kairos partition list`: the policy's partitions (the default one starred), a table or JSON.
+fn list(policy: &pb::Policy, json: bool) {
+    if json {
+        let v: Vec<serde_json::Value> = policy
+            .partitions
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "name": p.name, "default": p.name == policy.default_partition, "nodes": p.nodes,
+                    "selector": p.selector, "priority_tier": p.priority_tier, "allowed_qos": p.allowed_qos,
+                    "default_qos": (!p.default_qos.is_empty()).then(|| p.default_qos.clone()),
+                    "max_wall_s": p.max_wall_s,
+                })
+            })
+            .collect();
+        print_json(&serde_json::Value::Array(v));
+        return;
+    }
+    let rows: Vec<Vec<String>> =
+        policy.partitions.iter().map(|p| row(p, &policy.default_partition)).collect();
+    table(&["PARTITION", "NODES", "TIER", "QOS", "DEFAULT_QOS", "MAX_WALL"], &rows);
+}
+
+/// A partition's row: its nodes (by name, else by selector, else all).
+fn row(p: &pb::Partition, default_partition: &str) -> Vec<String> {
+    let mut sel: Vec<String> = p.selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    sel.sort();
+    let nodes = if !p.nodes.is_empty() {
+        p.nodes.join(",")
+    } else if !sel.is_empty() {
+        sel.join(",")
+    } else {
+        "all".into()
+    };
+    vec![
+        format!("{}{}", p.name, if p.name == default_partition { "*" } else { "" }),
+        nodes,
+        p.priority_tier.to_string(),
+        if p.allowed_qos.is_empty() { "all".into() } else { p.allowed_qos.join(",") },
+        if p.default_qos.is_empty() { "-".into() } else { p.default_qos.clone() },
+        p.max_wall_s.map(policy_file::format_secs).unwrap_or_else(|| "-".into()),
+    ]
 }

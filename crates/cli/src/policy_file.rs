@@ -353,79 +353,10 @@ impl PolicyFile {
     }
 
     pub fn to_pb(&self) -> Result<pb::Policy, String> {
-        let mut qos = Vec::new();
-        for (name, q) in &self.qos {
-            let field = |f: &str| format!("qos.{name}.{f}");
-            qos.push(pb::Qos {
-                name: name.clone(),
-                priority: q.priority,
-                preempt: q.preempt.clone(),
-                preempt_mode: parse_mode(&q.preempt_mode)
-                    .map_err(|e| format!("{}: {e}", field("preempt_mode")))?
-                    as i32,
-                grace_s: parse_secs(&field("grace"), &q.grace)?,
-                preempt_exempt_s: parse_secs(&field("preempt_exempt"), &q.preempt_exempt)?,
-                max_wall_s: parse_secs(&field("max_wall"), &q.max_wall)?,
-                grp_gpus: q.grp_gpus,
-                user_gpus: q.user_gpus,
-                user_jobs: q.user_jobs,
-                burstable: q.burstable,
-                headroom_gpus: q.headroom_gpus,
-                gpu_sharing: q.gpu_sharing,
-                resources: Self::resources_to_pb(
-                    &format!("qos.{name}"),
-                    q.def_cpus_per_gpu,
-                    &q.def_mem_per_gpu,
-                    q.max_cpus_per_node,
-                    &q.max_mem_per_node,
-                )?,
-            });
-        }
-        let accounts = self
-            .accounts
-            .iter()
-            .map(|(name, a)| pb::Account {
-                name: name.clone(),
-                parent: a.parent.clone().unwrap_or_default(),
-                shares: a.shares,
-                users: a.users.clone(),
-                allowed_qos: a.allowed_qos.clone(),
-                default_qos: a.default_qos.clone().unwrap_or_default(),
-                user_qos: a
-                    .user_qos
-                    .iter()
-                    .map(|(user, u)| pb::UserQos {
-                        user: user.clone(),
-                        allowed_qos: u.allowed_qos.clone(),
-                        default_qos: u.default_qos.clone().unwrap_or_default(),
-                    })
-                    .collect(),
-            })
-            .collect();
+        let qos = self.qos.iter().map(|(name, q)| q.to_pb(name)).collect::<Result<_, _>>()?;
+        let accounts = self.accounts.iter().map(|(name, a)| a.to_pb(name)).collect();
         let weights = self.weights_to_pb()?;
-        let mut partitions = Vec::new();
-        for (name, p) in &self.partitions {
-            let max_wall_s = match &p.max_wall {
-                None => None,
-                Some(w) => Some(parse_secs(&format!("partitions.{name}.max_wall"), w)?),
-            };
-            partitions.push(pb::Partition {
-                name: name.clone(),
-                nodes: p.nodes.clone(),
-                selector: p.selector.clone().into_iter().collect(),
-                priority_tier: p.priority_tier,
-                allowed_qos: p.allowed_qos.clone(),
-                default_qos: p.default_qos.clone().unwrap_or_default(),
-                max_wall_s,
-                resources: Self::resources_to_pb(
-                    &format!("partitions.{name}"),
-                    p.def_cpus_per_gpu,
-                    &p.def_mem_per_gpu,
-                    p.max_cpus_per_node,
-                    &p.max_mem_per_node,
-                )?,
-            });
-        }
+        let partitions = self.partitions.iter().map(|(name, p)| p.to_pb(name)).collect::<Result<_, _>>()?;
         Ok(pb::Policy {
             qos,
             submit_rules: self.submit_rules.clone().into_iter().collect(),
@@ -438,56 +369,6 @@ impl PolicyFile {
     }
 
     pub fn from_pb(p: &pb::Policy) -> PolicyFile {
-        let qos = p
-            .qos
-            .iter()
-            .map(|q| {
-                let entry = QosEntry {
-                    priority: q.priority,
-                    preempt: q.preempt.clone(),
-                    preempt_mode: mode_name(q.preempt_mode).to_string(),
-                    grace: format_secs(q.grace_s),
-                    preempt_exempt: format_secs(q.preempt_exempt_s),
-                    max_wall: format_secs(q.max_wall_s),
-                    grp_gpus: q.grp_gpus,
-                    user_gpus: q.user_gpus,
-                    user_jobs: q.user_jobs,
-                    burstable: q.burstable,
-                    headroom_gpus: q.headroom_gpus,
-                    gpu_sharing: q.gpu_sharing,
-                    def_cpus_per_gpu: q.resources.and_then(|r| r.def_cpus_per_gpu),
-                    def_mem_per_gpu: q.resources.and_then(|r| r.def_mem_per_gpu_mib).map(Self::mib_text),
-                    max_cpus_per_node: q.resources.and_then(|r| r.max_cpus_per_node),
-                    max_mem_per_node: q.resources.and_then(|r| r.max_mem_per_node_mib).map(Self::mib_text),
-                };
-                (q.name.clone(), entry)
-            })
-            .collect();
-        let accounts = p
-            .accounts
-            .iter()
-            .map(|a| {
-                let entry = AccountEntry {
-                    parent: (!a.parent.is_empty()).then(|| a.parent.clone()),
-                    shares: a.shares,
-                    users: a.users.clone(),
-                    allowed_qos: a.allowed_qos.clone(),
-                    default_qos: (!a.default_qos.is_empty()).then(|| a.default_qos.clone()),
-                    user_qos: a
-                        .user_qos
-                        .iter()
-                        .map(|u| {
-                            let entry = UserQosEntry {
-                                allowed_qos: u.allowed_qos.clone(),
-                                default_qos: (!u.default_qos.is_empty()).then(|| u.default_qos.clone()),
-                            };
-                            (u.user.clone(), entry)
-                        })
-                        .collect(),
-                };
-                (a.name.clone(), entry)
-            })
-            .collect();
         let weights = p.weights.as_ref().map(|w| WeightsEntry {
             billing: w.billing.as_ref().map(BillingEntry::of),
             qos: Some(w.qos),
@@ -498,38 +379,162 @@ impl PolicyFile {
             age_max: Some(format_secs(w.age_max_s)),
             fairshare_half_life: Some(format_secs(w.fairshare_half_life_s)),
         });
-        let partitions = p
-            .partitions
-            .iter()
-            .map(|part| {
-                let entry = PartitionEntry {
-                    nodes: part.nodes.clone(),
-                    selector: part.selector.clone().into_iter().collect(),
-                    priority_tier: part.priority_tier,
-                    allowed_qos: part.allowed_qos.clone(),
-                    default_qos: (!part.default_qos.is_empty()).then(|| part.default_qos.clone()),
-                    max_wall: part.max_wall_s.map(format_secs),
-                    def_cpus_per_gpu: part.resources.and_then(|r| r.def_cpus_per_gpu),
-                    def_mem_per_gpu: part.resources.and_then(|r| r.def_mem_per_gpu_mib).map(Self::mib_text),
-                    max_cpus_per_node: part.resources.and_then(|r| r.max_cpus_per_node),
-                    max_mem_per_node: part.resources.and_then(|r| r.max_mem_per_node_mib).map(Self::mib_text),
-                };
-                (part.name.clone(), entry)
-            })
-            .collect();
         PolicyFile {
             submit_rules: p.submit_rules.clone().into_iter().collect(),
             priority_classes: p.priority_classes.clone().into_iter().collect(),
             weights,
-            qos,
-            accounts,
+            qos: p.qos.iter().map(|q| (q.name.clone(), QosEntry::of(q))).collect(),
+            accounts: p.accounts.iter().map(|a| (a.name.clone(), AccountEntry::of(a))).collect(),
             default_partition: (!p.default_partition.is_empty()).then(|| p.default_partition.clone()),
-            partitions,
+            partitions: p
+                .partitions
+                .iter()
+                .map(|part| (part.name.clone(), PartitionEntry::of(part)))
+                .collect(),
         }
     }
 
     pub fn to_toml(&self) -> Result<String, String> {
         toml::to_string(self).map_err(|e| format!("writing the policy as TOML: {e}"))
+    }
+}
+
+impl QosEntry {
+    /// The QoS class `name` as the wire has it (durations parsed, each error naming its field).
+    fn to_pb(&self, name: &str) -> Result<pb::Qos, String> {
+        let field = |f: &str| format!("qos.{name}.{f}");
+        Ok(pb::Qos {
+            name: name.to_string(),
+            priority: self.priority,
+            preempt: self.preempt.clone(),
+            preempt_mode: parse_mode(&self.preempt_mode)
+                .map_err(|e| format!("{}: {e}", field("preempt_mode")))? as i32,
+            grace_s: parse_secs(&field("grace"), &self.grace)?,
+            preempt_exempt_s: parse_secs(&field("preempt_exempt"), &self.preempt_exempt)?,
+            max_wall_s: parse_secs(&field("max_wall"), &self.max_wall)?,
+            grp_gpus: self.grp_gpus,
+            user_gpus: self.user_gpus,
+            user_jobs: self.user_jobs,
+            burstable: self.burstable,
+            headroom_gpus: self.headroom_gpus,
+            gpu_sharing: self.gpu_sharing,
+            resources: PolicyFile::resources_to_pb(
+                &format!("qos.{name}"),
+                self.def_cpus_per_gpu,
+                &self.def_mem_per_gpu,
+                self.max_cpus_per_node,
+                &self.max_mem_per_node,
+            )?,
+        })
+    }
+
+    /// The wire's QoS class as the file writes it.
+    fn of(q: &pb::Qos) -> QosEntry {
+        QosEntry {
+            priority: q.priority,
+            preempt: q.preempt.clone(),
+            preempt_mode: mode_name(q.preempt_mode).to_string(),
+            grace: format_secs(q.grace_s),
+            preempt_exempt: format_secs(q.preempt_exempt_s),
+            max_wall: format_secs(q.max_wall_s),
+            grp_gpus: q.grp_gpus,
+            user_gpus: q.user_gpus,
+            user_jobs: q.user_jobs,
+            burstable: q.burstable,
+            headroom_gpus: q.headroom_gpus,
+            gpu_sharing: q.gpu_sharing,
+            def_cpus_per_gpu: q.resources.and_then(|r| r.def_cpus_per_gpu),
+            def_mem_per_gpu: q.resources.and_then(|r| r.def_mem_per_gpu_mib).map(PolicyFile::mib_text),
+            max_cpus_per_node: q.resources.and_then(|r| r.max_cpus_per_node),
+            max_mem_per_node: q.resources.and_then(|r| r.max_mem_per_node_mib).map(PolicyFile::mib_text),
+        }
+    }
+}
+
+impl AccountEntry {
+    /// The account `name` as the wire has it.
+    fn to_pb(&self, name: &str) -> pb::Account {
+        pb::Account {
+            name: name.to_string(),
+            parent: self.parent.clone().unwrap_or_default(),
+            shares: self.shares,
+            users: self.users.clone(),
+            allowed_qos: self.allowed_qos.clone(),
+            default_qos: self.default_qos.clone().unwrap_or_default(),
+            user_qos: self
+                .user_qos
+                .iter()
+                .map(|(user, u)| pb::UserQos {
+                    user: user.clone(),
+                    allowed_qos: u.allowed_qos.clone(),
+                    default_qos: u.default_qos.clone().unwrap_or_default(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The wire's account as the file writes it.
+    fn of(a: &pb::Account) -> AccountEntry {
+        AccountEntry {
+            parent: (!a.parent.is_empty()).then(|| a.parent.clone()),
+            shares: a.shares,
+            users: a.users.clone(),
+            allowed_qos: a.allowed_qos.clone(),
+            default_qos: (!a.default_qos.is_empty()).then(|| a.default_qos.clone()),
+            user_qos: a
+                .user_qos
+                .iter()
+                .map(|u| {
+                    let entry = UserQosEntry {
+                        allowed_qos: u.allowed_qos.clone(),
+                        default_qos: (!u.default_qos.is_empty()).then(|| u.default_qos.clone()),
+                    };
+                    (u.user.clone(), entry)
+                })
+                .collect(),
+        }
+    }
+}
+
+impl PartitionEntry {
+    /// The partition `name` as the wire has it (its wall limit parsed).
+    fn to_pb(&self, name: &str) -> Result<pb::Partition, String> {
+        let max_wall_s = match &self.max_wall {
+            None => None,
+            Some(w) => Some(parse_secs(&format!("partitions.{name}.max_wall"), w)?),
+        };
+        Ok(pb::Partition {
+            name: name.to_string(),
+            nodes: self.nodes.clone(),
+            selector: self.selector.clone().into_iter().collect(),
+            priority_tier: self.priority_tier,
+            allowed_qos: self.allowed_qos.clone(),
+            default_qos: self.default_qos.clone().unwrap_or_default(),
+            max_wall_s,
+            resources: PolicyFile::resources_to_pb(
+                &format!("partitions.{name}"),
+                self.def_cpus_per_gpu,
+                &self.def_mem_per_gpu,
+                self.max_cpus_per_node,
+                &self.max_mem_per_node,
+            )?,
+        })
+    }
+
+    /// The wire's partition as the file writes it.
+    fn of(part: &pb::Partition) -> PartitionEntry {
+        PartitionEntry {
+            nodes: part.nodes.clone(),
+            selector: part.selector.clone().into_iter().collect(),
+            priority_tier: part.priority_tier,
+            allowed_qos: part.allowed_qos.clone(),
+            default_qos: (!part.default_qos.is_empty()).then(|| part.default_qos.clone()),
+            max_wall: part.max_wall_s.map(format_secs),
+            def_cpus_per_gpu: part.resources.and_then(|r| r.def_cpus_per_gpu),
+            def_mem_per_gpu: part.resources.and_then(|r| r.def_mem_per_gpu_mib).map(PolicyFile::mib_text),
+            max_cpus_per_node: part.resources.and_then(|r| r.max_cpus_per_node),
+            max_mem_per_node: part.resources.and_then(|r| r.max_mem_per_node_mib).map(PolicyFile::mib_text),
+        }
     }
 }
 

@@ -157,43 +157,10 @@ fn print_qos(policy: &kairos_scheduler::policy::Policy) {
     crate::output::table(&crate::qos::QOS_HEADER, &rows);
 }
 
+/// `kairos sim`: replays the trace under each policy (or burst setting) asked for, and prints
+/// the reports (and writes the picture, with --plot).
 pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
-    let read = |p: &std::path::Path| {
-        std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))
-    };
-    let nodes = match (&args.nodes, &args.cluster) {
-        (Some(p), _) => kairos_sim::trace::alibaba_nodes(&p.display().to_string(), &read(p)?)?,
-        (None, Some(c)) => cluster_of(c)?,
-        (None, None) => anyhow::bail!("--nodes CSV or --cluster NxG: the GPU nodes are needed"),
-    };
-    let jobs = match (&args.pods, &args.jobs) {
-        (Some(p), _) => kairos_sim::trace::alibaba_pods(&p.display().to_string(), &read(p)?)?.0,
-        (None, Some(j)) => kairos_sim::trace::jsonl(&j.display().to_string(), &read(j)?)?,
-        (None, None) => anyhow::bail!("a trace is needed: --pods CSV or --jobs JSONL"),
-    };
-    if let Some(load) = args.load.filter(|l| !(*l > 0.0 && l.is_finite())) {
-        anyhow::bail!("--load: {load} is not a positive factor");
-    }
-    let mut jobs = jobs;
-    if let Some(from_ms) = args.from.map(|s| s.saturating_mul(1000).min(i64::MAX as u64) as i64) {
-        for j in &mut jobs {
-            j.submit_ms = j.submit_ms.max(from_ms) - from_ms;
-        }
-    }
-    let jobs = match args.inflate {
-        Some(f) if !(f > 0.0 && f <= 100.0) => anyhow::bail!("--inflate: {f} is not a factor in (0, 100]"),
-        Some(f) => kairos_sim::inflate(&jobs, nodes.iter().map(|n| n.gpus).sum(), f, args.seed),
-        None => jobs,
-    };
-    let load = match args.offered_load {
-        Some(x) if !(x > 0.0 && x <= 100.0) => anyhow::bail!("--offered-load: {x} is not in (0, 100]"),
-        Some(x) => {
-            Some(kairos_sim::load_for(&jobs, nodes.iter().map(|n| n.gpus).sum(), x).ok_or_else(|| {
-                anyhow::anyhow!("--offered-load: {x} is more than these jobs can offer even all at once")
-            })?)
-        }
-        None => args.load,
-    };
+    let (nodes, jobs, load) = workload_of(&args)?;
     let config = SimConfig {
         load,
         seed: args.seed,
@@ -230,7 +197,61 @@ pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
         std::fs::write(path, picture)
             .map_err(|e| anyhow::anyhow!("--plot: writing {}: {e}", path.display()))?;
     }
-    if let ([(name, policy)], false) = (&policies[..], json) {
+    print_reports(json, &args, &policies, &reports)?;
+    Ok(0)
+}
+
+/// The replay's nodes and jobs (shifted by --from, inflated by --inflate) and its compression
+/// (--load, or the one --offered-load asks for).
+fn workload_of(
+    args: &SimArgs,
+) -> anyhow::Result<(Vec<kairos_sim::TraceNode>, Vec<kairos_sim::TraceJob>, Option<f64>)> {
+    let read = |p: &std::path::Path| {
+        std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))
+    };
+    let nodes = match (&args.nodes, &args.cluster) {
+        (Some(p), _) => kairos_sim::trace::alibaba_nodes(&p.display().to_string(), &read(p)?)?,
+        (None, Some(c)) => cluster_of(c)?,
+        (None, None) => anyhow::bail!("--nodes CSV or --cluster NxG: the GPU nodes are needed"),
+    };
+    let mut jobs = match (&args.pods, &args.jobs) {
+        (Some(p), _) => kairos_sim::trace::alibaba_pods(&p.display().to_string(), &read(p)?)?.0,
+        (None, Some(j)) => kairos_sim::trace::jsonl(&j.display().to_string(), &read(j)?)?,
+        (None, None) => anyhow::bail!("a trace is needed: --pods CSV or --jobs JSONL"),
+    };
+    if let Some(load) = args.load.filter(|l| !(*l > 0.0 && l.is_finite())) {
+        anyhow::bail!("--load: {load} is not a positive factor");
+    }
+    if let Some(from_ms) = args.from.map(|s| s.saturating_mul(1000).min(i64::MAX as u64) as i64) {
+        for j in &mut jobs {
+            j.submit_ms = j.submit_ms.max(from_ms) - from_ms;
+        }
+    }
+    let gpus = nodes.iter().map(|n| n.gpus).sum();
+    let jobs = match args.inflate {
+        Some(f) if !(f > 0.0 && f <= 100.0) => anyhow::bail!("--inflate: {f} is not a factor in (0, 100]"),
+        Some(f) => kairos_sim::inflate(&jobs, gpus, f, args.seed),
+        None => jobs,
+    };
+    let load = match args.offered_load {
+        Some(x) if !(x > 0.0 && x <= 100.0) => anyhow::bail!("--offered-load: {x} is not in (0, 100]"),
+        Some(x) => Some(kairos_sim::load_for(&jobs, gpus, x).ok_or_else(|| {
+            anyhow::anyhow!("--offered-load: {x} is more than these jobs can offer even all at once")
+        })?),
+        None => args.load,
+    };
+    Ok((nodes, jobs, load))
+}
+
+/// The reports: the one policy's QoS table first (as text), then one report (as JSON), or
+/// several by name (a JSON object, or a table side by side).
+fn print_reports(
+    json: bool,
+    args: &SimArgs,
+    policies: &[(String, kairos_scheduler::policy::Policy)],
+    reports: &[(String, kairos_sim::Report)],
+) -> anyhow::Result<()> {
+    if let ([(name, policy)], false) = (policies, json) {
         match args.policy {
             None => {
                 println!("policy: {name} (what a new cluster runs; `kairos qos list` there shows the same)")
@@ -249,9 +270,9 @@ pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
                 .collect::<Result<_, serde_json::Error>>()?;
             println!("{}", serde_json::to_string_pretty(&by_name)?)
         }
-        (false, _) => println!("{}", kairos_sim::Report::table(&reports)),
+        (false, _) => println!("{}", kairos_sim::Report::table(reports)),
     }
-    Ok(0)
+    Ok(())
 }
 
 /// The policies to replay under: --compare's, --policy's, or the shipped one.

@@ -94,7 +94,7 @@ impl ClusterKey {
     }
 
     /// What replica `id` presents to its peers.
-    pub fn peer_credential(&self, id: crate::ReplicaId) -> String {
+    pub fn peer_credential(&self, id: crate::types::ReplicaId) -> String {
         self.derive(&format!("raft:{id}"))
     }
 

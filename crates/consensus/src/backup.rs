@@ -25,7 +25,7 @@ use openraft::{BasicNode, LogId};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::ClusterKey;
-use crate::{ConsensusError, NodeId, ReplicaId};
+use crate::types::{ConsensusError, NodeId, ReplicaId};
 
 /// Format of the backup file's first line (2: sealed with the cluster secret).
 pub const BACKUP_FORMAT: u32 = 2;

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use openraft::ServerState;
 
-use crate::Replica;
+use crate::replica::Replica;
 
 /// How often a follower probes its leader's port.
 const PROBE_INTERVAL: Duration = Duration::from_millis(40);

@@ -9,7 +9,8 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers};
 use thiserror::Error;
 
-use crate::{Replica, ReplicaId};
+use crate::replica::Replica;
+use crate::types::ReplicaId;
 
 /// How long a new replica may take to catch up before it is promoted.
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(120);

@@ -29,7 +29,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
-use crate::{NodeId, TypeConfig};
+use crate::types::{NodeId, TypeConfig};
 
 /// Most bytes of entries (as encoded) in one `AppendEntries`; a larger single entry goes alone.
 pub const APPEND_BYTES_BUDGET: usize = 256 * 1024;
@@ -136,39 +136,8 @@ impl Connection {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        // The connection is kept across calls, also when openraft drops a call at its timeout: a
-        // follower that is slow to answer must not also pay a new connection on every retry.
-        if self.unanswered >= UNANSWERED_MAX {
-            self.client = None;
-            self.unanswered = 0;
-        }
-        let mut client = match &self.client {
-            Some(c) => c.clone(),
-            None => {
-                let scheme = if self.tls.is_some() { "https" } else { "http" };
-                let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", self.addr))
-                    .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?
-                    .connect_timeout(option.hard_ttl());
-                if let Some(tls) = &self.tls {
-                    endpoint = endpoint
-                        .tls_config(tls.clone())
-                        .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
-                }
-                let channel =
-                    endpoint.connect().await.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
-                let client =
-                    RaftServiceClient::new(channel).max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX);
-                self.client = Some(client.clone());
-                client
-            }
-        };
-        let mut msg = tonic::Request::new(RaftMessage { payload });
-        // Each kind of call has its own deadline (a snapshot chunk's is longer than an append's).
-        msg.set_timeout(option.hard_ttl());
-        if let Ok(v) = self.from.to_string().parse() {
-            msg.metadata_mut().insert(FROM_HEADER, v);
-        }
-        crate::auth::set_bearer(msg.metadata_mut(), &self.credential);
+        let mut client = self.client(option.hard_ttl()).await.map_err(RPCError::Unreachable)?;
+        let msg = self.message(payload, option.hard_ttl());
         // Counted as unanswered until it answers (a call dropped midway never does).
         self.unanswered += 1;
         let result = match kind {
@@ -204,6 +173,43 @@ impl Connection {
         decoded.map_err(|e| {
             RPCError::RemoteError(RemoteError::new_with_node(self.target, BasicNode::new(&self.addr), e))
         })
+    }
+
+    /// The client to the peer: the one kept, or a new connection (made within `ttl`).
+    ///
+    /// The connection is kept across calls, also when openraft drops a call at its timeout: a
+    /// follower that is slow to answer must not also pay a new connection on every retry.
+    async fn client(&mut self, ttl: std::time::Duration) -> Result<RaftServiceClient<Channel>, Unreachable> {
+        if self.unanswered >= UNANSWERED_MAX {
+            self.client = None;
+            self.unanswered = 0;
+        }
+        if let Some(c) = &self.client {
+            return Ok(c.clone());
+        }
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", self.addr))
+            .map_err(|e| Unreachable::new(&e))?
+            .connect_timeout(ttl);
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint.tls_config(tls.clone()).map_err(|e| Unreachable::new(&e))?;
+        }
+        let channel = endpoint.connect().await.map_err(|e| Unreachable::new(&e))?;
+        let client = RaftServiceClient::new(channel).max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX);
+        self.client = Some(client.clone());
+        Ok(client)
+    }
+
+    /// The request carrying `payload`, with its deadline `ttl`, who sends it and its credential.
+    fn message(&self, payload: Vec<u8>, ttl: std::time::Duration) -> tonic::Request<RaftMessage> {
+        let mut msg = tonic::Request::new(RaftMessage { payload });
+        // Each kind of call has its own deadline (a snapshot chunk's is longer than an append's).
+        msg.set_timeout(ttl);
+        if let Ok(v) = self.from.to_string().parse() {
+            msg.metadata_mut().insert(FROM_HEADER, v);
+        }
+        crate::auth::set_bearer(msg.metadata_mut(), &self.credential);
+        msg
     }
 }
 

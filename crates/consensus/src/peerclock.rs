@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::ReplicaId;
+use crate::types::ReplicaId;
 
 /// Metadata key of a Raft reply carrying the answering replica's wall clock (ms since the epoch).
 pub const WALL_HEADER: &str = "kairos-wall-ms";

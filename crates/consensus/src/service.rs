@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crate::auth::{bearer, ClusterKey};
 use crate::freshness::LeaderContact;
 use crate::network::{FROM_HEADER, RAFT_MESSAGE_BYTES_MAX};
-use crate::{KairosRaft, ReplicaId};
+use crate::types::{KairosRaft, ReplicaId};
 
 /// Serves Raft RPCs, only to cluster members.
 ///
@@ -124,7 +124,7 @@ fn encode<T: Serialize>(value: &T) -> Result<Response<RaftMessage>, Status> {
 impl RaftService for RaftRpc {
     async fn append_entries(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_member(&request)?;
-        let req: openraft::raft::AppendEntriesRequest<crate::TypeConfig> = decode(request.get_ref())?;
+        let req: openraft::raft::AppendEntriesRequest<crate::types::TypeConfig> = decode(request.get_ref())?;
         let sent_commit = req.leader_commit.map(|l| l.index).unwrap_or(0);
         let reply = self.raft.append_entries(req).await;
         if let Ok(AppendEntriesResponse::Success | AppendEntriesResponse::PartialSuccess(_)) = &reply {
@@ -152,7 +152,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::TypeConfig;
+    use crate::types::TypeConfig;
 
     proptest! {
         /// Whatever bytes arrive as a Raft message, decoding gives a message or INVALID_ARGUMENT.

@@ -26,6 +26,7 @@ use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
+use crate::executor::{Executor, Threads};
 use crate::fs::{Fs, FsFile, Mode};
 
 use kairos_scheduler::clock::Stamp;
@@ -38,7 +39,7 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::{NodeId, Response, TypeConfig, SNAPSHOT_FORMAT_VERSION};
+use crate::types::{ConsensusError, NodeId, Response, TypeConfig, SNAPSHOT_FORMAT_VERSION};
 
 type StorageResult<T> = Result<T, StorageError<NodeId>>;
 
@@ -91,11 +92,11 @@ fn write_meta(fs: &dyn Fs, dir: &Path, meta: &LogMeta) -> std::io::Result<()> {
     replace_file(fs, dir, META_TMP, META_FILE, &bytes)
 }
 
-fn read_meta(fs: &dyn Fs, dir: &Path) -> Result<LogMeta, crate::ConsensusError> {
+fn read_meta(fs: &dyn Fs, dir: &Path) -> Result<LogMeta, ConsensusError> {
     match fs.read(&dir.join(META_FILE)) {
         Ok(bytes) => Ok(serde_json::from_slice(&bytes)?),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(LogMeta::default()),
-        Err(e) => Err(crate::ConsensusError::Format(format!("reading the log's meta: {e}"))),
+        Err(e) => Err(ConsensusError::Format(format!("reading the log's meta: {e}"))),
     }
 }
 
@@ -250,6 +251,7 @@ impl EntryCache {
 #[derive(Clone)]
 pub struct LogStore {
     fs: Arc<dyn Fs>,
+    executor: Arc<dyn Executor>,
     wal: Arc<crate::wal::Wal>,
     recovery: crate::wal::Recovery,
     cache: Arc<Mutex<EntryCache>>,
@@ -262,19 +264,27 @@ pub struct LogStore {
 impl LogStore {
     /// Opens (creating when missing) the log of the replica whose data directory is
     /// `data_dir`, repairing what a crash left (`wal::Wal::open`).
-    pub fn open(data_dir: &Path, id: NodeId) -> Result<Self, crate::ConsensusError> {
-        LogStore::open_on(crate::fs::OsFs::shared(), data_dir, id, crate::wal::SEGMENT_BYTES)
+    pub fn open(data_dir: &Path, id: NodeId) -> Result<Self, ConsensusError> {
+        LogStore::open_on(
+            crate::fs::OsFs::shared(),
+            Threads::shared(),
+            data_dir,
+            id,
+            crate::wal::SEGMENT_BYTES,
+        )
     }
 
-    /// `open` on the file system `fs`, with log segments of `segment_bytes`.
+    /// `open` on the file system `fs`, running blocking work on `executor`, with log segments
+    /// of `segment_bytes`.
     pub fn open_on(
         fs: Arc<dyn Fs>,
+        executor: Arc<dyn Executor>,
         data_dir: &Path,
         id: NodeId,
         segment_bytes: u64,
-    ) -> Result<Self, crate::ConsensusError> {
+    ) -> Result<Self, ConsensusError> {
         if fs.exists(&data_dir.join(SLED_DIR)) {
-            return Err(crate::ConsensusError::Format(format!(
+            return Err(ConsensusError::Format(format!(
                 "{} holds the Raft log of an earlier kairosd (raft.sled), which this version does not \
                  read: start this replica empty with --join and add it back (kairos cluster remove {id}, \
                  then kairos cluster add {id} ADDR), or restore the cluster from a backup (--restore-from)",
@@ -288,22 +298,24 @@ impl LogStore {
         let committed = match fs.read(&dir.join(COMMITTED_FILE)) {
             Ok(bytes) => decode_committed(&bytes),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(crate::ConsensusError::Format(format!("reading the commit record: {e}"))),
+            Err(e) => return Err(ConsensusError::Format(format!("reading the commit record: {e}"))),
         };
         let purged = meta.last_purged.map(|l| l.index);
-        let (wal, recovery) =
-            crate::wal::Wal::open_on(fs.clone(), &dir, segment_bytes, purged, committed.map(|c| c.index))
-                .map_err(|e| match e.kind() {
-                    std::io::ErrorKind::WouldBlock => {
-                        crate::ConsensusError::DataDirInUse(data_dir.display().to_string())
-                    }
-                    std::io::ErrorKind::InvalidData => crate::ConsensusError::Damaged {
-                        dir: dir.display().to_string(),
-                        why: e.to_string(),
-                        id,
-                    },
-                    _ => crate::ConsensusError::Format(format!("opening the log in {}: {e}", dir.display())),
-                })?;
+        let (wal, recovery) = crate::wal::Wal::open_on(
+            fs.clone(),
+            executor.clone(),
+            &dir,
+            segment_bytes,
+            purged,
+            committed.map(|c| c.index),
+        )
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock => ConsensusError::DataDirInUse(data_dir.display().to_string()),
+            std::io::ErrorKind::InvalidData => {
+                ConsensusError::Damaged { dir: dir.display().to_string(), why: e.to_string(), id }
+            }
+            _ => ConsensusError::Format(format!("opening the log in {}: {e}", dir.display())),
+        })?;
         if recovery != crate::wal::Recovery::default() {
             tracing::warn!(
                 cut_bytes = recovery.cut_bytes,
@@ -313,9 +325,10 @@ impl LogStore {
         }
         let committed_file = fs
             .open(&dir.join(COMMITTED_FILE), Mode::Keep)
-            .map_err(|e| crate::ConsensusError::Format(format!("opening the commit record: {e}")))?;
+            .map_err(|e| ConsensusError::Format(format!("opening the commit record: {e}")))?;
         Ok(LogStore {
             fs,
+            executor,
             wal: Arc::new(wal),
             recovery,
             cache: Arc::default(),
@@ -350,7 +363,7 @@ impl LogStore {
         let dir = self.wal.dir().to_path_buf();
         let written = meta.clone();
         let fs = self.fs.clone();
-        self.fs
+        self.executor
             .blocking(Box::new(move || write_meta(fs.as_ref(), &dir, &written)))
             .await
             .map_err(write_err)?;
@@ -556,11 +569,11 @@ impl StoredSnapshot {
         Ok(out)
     }
 
-    fn decode(bytes: &[u8]) -> Result<Self, crate::ConsensusError> {
+    fn decode(bytes: &[u8]) -> Result<Self, ConsensusError> {
         let split = bytes
             .iter()
             .position(|b| *b == b'\n')
-            .ok_or_else(|| crate::ConsensusError::Format("snapshot file has no metadata line".into()))?;
+            .ok_or_else(|| ConsensusError::Format("snapshot file has no metadata line".into()))?;
         let meta = serde_json::from_slice(&bytes[..split])?;
         Ok(StoredSnapshot { meta, data: bytes[split + 1..].to_vec() })
     }
@@ -571,19 +584,21 @@ impl StoredSnapshot {
 #[derive(Clone)]
 pub struct Snapshots {
     fs: Arc<dyn Fs>,
+    executor: Arc<dyn Executor>,
     dir: PathBuf,
 }
 
 impl Snapshots {
-    pub fn on(fs: Arc<dyn Fs>, dir: &Path) -> Snapshots {
-        Snapshots { fs, dir: dir.to_path_buf() }
+    /// Snapshots in `dir` on the file system `fs`, written and encoded on `executor`.
+    pub fn on(fs: Arc<dyn Fs>, executor: Arc<dyn Executor>, dir: &Path) -> Snapshots {
+        Snapshots { fs, executor, dir: dir.to_path_buf() }
     }
 
-    fn read(&self) -> Result<Option<StoredSnapshot>, crate::ConsensusError> {
+    fn read(&self) -> Result<Option<StoredSnapshot>, ConsensusError> {
         match self.fs.read(&self.dir.join(SNAPSHOT_FILE)) {
             Ok(bytes) => Ok(Some(StoredSnapshot::decode(&bytes)?)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(crate::ConsensusError::Format(format!("reading the snapshot: {e}"))),
+            Err(e) => Err(ConsensusError::Format(format!("reading the snapshot: {e}"))),
         }
     }
 
@@ -593,7 +608,7 @@ impl Snapshots {
     /// transaction), stalling appends and heartbeats into elections.
     async fn write(&self, bytes: Vec<u8>) -> std::io::Result<()> {
         let (fs, dir) = (self.fs.clone(), self.dir.clone());
-        self.fs
+        self.executor
             .blocking(Box::new(move || replace_file(fs.as_ref(), &dir, SNAPSHOT_TMP, SNAPSHOT_FILE, &bytes)))
             .await
     }
@@ -622,12 +637,12 @@ fn saw(clock: &ClockSeen, state: &ClusterState) {
 
 impl StateMachineStore {
     /// Opens the store, loading the latest snapshot when there is one.
-    pub fn new(dir: &std::path::Path, applied_tx: watch::Sender<u64>) -> Result<Self, crate::ConsensusError> {
-        Self::on(Snapshots::on(crate::fs::OsFs::shared(), dir), applied_tx)
+    pub fn new(dir: &std::path::Path, applied_tx: watch::Sender<u64>) -> Result<Self, ConsensusError> {
+        Self::on(Snapshots::on(crate::fs::OsFs::shared(), Threads::shared(), dir), applied_tx)
     }
 
     /// Opens the store with its snapshots on `snapshots`.
-    pub fn on(snapshots: Snapshots, applied_tx: watch::Sender<u64>) -> Result<Self, crate::ConsensusError> {
+    pub fn on(snapshots: Snapshots, applied_tx: watch::Sender<u64>) -> Result<Self, ConsensusError> {
         let mut applied = Applied { state: ClusterState::new(), ..Applied::default() };
         if let Some(stored) = snapshots.read()? {
             applied.state = decode_snapshot(&stored.data)?;
@@ -674,10 +689,10 @@ pub(crate) fn encode_snapshot(state: &ClusterState) -> Result<Vec<u8>, serde_jso
     serde_json::to_vec(&SnapshotFileRef { format: SNAPSHOT_FORMAT_VERSION, state })
 }
 
-pub(crate) fn decode_snapshot(data: &[u8]) -> Result<ClusterState, crate::ConsensusError> {
+pub(crate) fn decode_snapshot(data: &[u8]) -> Result<ClusterState, ConsensusError> {
     let file: SnapshotFile = serde_json::from_slice(data)?;
     if file.format != SNAPSHOT_FORMAT_VERSION {
-        return Err(crate::ConsensusError::Format(format!("unknown snapshot format {}", file.format)));
+        return Err(ConsensusError::Format(format!("unknown snapshot format {}", file.format)));
     }
     Ok(file.state)
 }
@@ -694,7 +709,7 @@ pub(crate) fn seed(
     data_dir: &std::path::Path,
     nodes: std::collections::BTreeMap<NodeId, openraft::BasicNode>,
     state: &ClusterState,
-) -> Result<(), crate::ConsensusError> {
+) -> Result<(), ConsensusError> {
     let first = LogId::<NodeId>::default();
     let voters = nodes.keys().copied().collect();
     let membership = openraft::Membership::new(vec![voters], nodes);
@@ -706,9 +721,9 @@ pub(crate) fn seed(
     let stored = StoredSnapshot { meta, data: encode_snapshot(state)? };
     let os = crate::fs::OsFs;
     replace_file(&os, data_dir, SNAPSHOT_TMP, SNAPSHOT_FILE, &stored.encode()?)
-        .map_err(|e| crate::ConsensusError::Format(format!("writing the snapshot: {e}")))?;
+        .map_err(|e| ConsensusError::Format(format!("writing the snapshot: {e}")))?;
     let dir = data_dir.join(crate::wal::DIR);
-    let fail = |e: std::io::Error| crate::ConsensusError::Format(format!("writing the log's meta: {e}"));
+    let fail = |e: std::io::Error| ConsensusError::Format(format!("writing the log's meta: {e}"));
     std::fs::create_dir_all(&dir).map_err(fail)?;
     write_meta(&os, &dir, &LogMeta { vote: None, last_purged: Some(first) }).map_err(fail)?;
     std::fs::write(dir.join(COMMITTED_FILE), encode_committed(&Some(first))).map_err(fail)?;
@@ -725,12 +740,12 @@ fn copy_applied(applied: &Applied) -> AppliedCopy {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
-        // Encoded where the file system runs long work: a thread of its own at low CPU priority
+        // Encoded where the executor runs long work: a thread of its own at low CPU priority
         // (the simulation: inline, on its one thread under a paused clock).
         let shared = self.shared.clone();
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.snapshots
-            .fs
+            .executor
             .background(
                 "kairos-snapshot",
                 Box::new(move || {
@@ -791,7 +806,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         // A committed entry we cannot understand is fatal: stop rather than diverge.
                         assert_eq!(
                             req.version,
-                            crate::ENTRY_FORMAT_VERSION,
+                            crate::types::ENTRY_FORMAT_VERSION,
                             "log entry {} has unknown format version {}",
                             entry.log_id.index,
                             req.version
@@ -877,7 +892,7 @@ mod tests {
         let data = encode_snapshot(&state).unwrap();
         assert_eq!(decode_snapshot(&data).unwrap(), state);
         let foreign = serde_json::to_vec(&serde_json::json!({"format": 99, "state": state})).unwrap();
-        assert!(matches!(decode_snapshot(&foreign), Err(crate::ConsensusError::Format(_))));
+        assert!(matches!(decode_snapshot(&foreign), Err(ConsensusError::Format(_))));
     }
 
     impl EntryCache {

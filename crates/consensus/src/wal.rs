@@ -38,6 +38,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use crate::executor::{Executor, Threads};
 use crate::fs::{Fs, FsFile, Mode};
 
 /// The log's directory under the data directory.
@@ -61,7 +62,7 @@ pub struct Recovery {
     pub removed_segments: usize,
 }
 
-pub use crate::fs::{Done, SyncJob};
+pub use crate::executor::{Done, SyncJob};
 
 struct Segment {
     first: u64,
@@ -296,12 +297,14 @@ impl Wal {
     /// (the commit record: entries known to be on disk and acknowledged) — nothing is changed
     /// then.
     pub fn open(dir: &Path, purged: Option<u64>, committed: Option<u64>) -> io::Result<(Wal, Recovery)> {
-        Wal::open_on(crate::fs::OsFs::shared(), dir, SEGMENT_BYTES, purged, committed)
+        Wal::open_on(crate::fs::OsFs::shared(), Threads::shared(), dir, SEGMENT_BYTES, purged, committed)
     }
 
-    /// `open` on the file system `fs`, with segments of `segment_bytes`.
+    /// `open` on the file system `fs`, syncing through `executor`, with segments of
+    /// `segment_bytes`.
     pub fn open_on(
         fs: Arc<dyn Fs>,
+        executor: Arc<dyn Executor>,
         dir: &Path,
         segment_bytes: u64,
         purged: Option<u64>,
@@ -346,7 +349,7 @@ impl Wal {
         let durable_next = segments.iter().rev().find(|s| s.count() > 0).map_or(0, Segment::next);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let (round_fs, round_dir) = (fs.clone(), dir.to_path_buf());
-        fs.syncer(rx, Box::new(move |jobs| sync_round(round_fs.as_ref(), &round_dir, jobs)))?;
+        executor.syncer(rx, Box::new(move |jobs| sync_round(round_fs.as_ref(), &round_dir, jobs)))?;
         Ok((
             Wal {
                 fs,
@@ -396,67 +399,15 @@ impl Wal {
             self.submit(Vec::new(), false, done);
             return Ok(());
         };
-        // Once synced, the log is on disk through the last record — unless a truncation came
-        // meanwhile (it pulled the mark back, and these records may be gone).
-        let durable = self.durable.clone();
-        let generation = self.durable().0;
-        let done: Done = Box::new(move |result| {
-            if result.is_ok() {
-                let mut d = durable.lock().unwrap_or_else(|p| p.into_inner());
-                if d.0 == generation {
-                    d.1 = d.1.max(last_index + 1);
-                }
-            }
-            done(result)
-        });
+        let done = self.marking_durable(last_index, done);
         let mut segs = self.segments();
         let mut files: Vec<Arc<dyn FsFile>> = Vec::new();
         let mut created = false;
         let mut i = 0;
         while i < records.len() {
-            let index = records[i].0;
-            let need_new = match segs.last() {
-                None => true,
-                Some(s) if s.count() == 0 && s.next() != index => {
-                    // An empty segment left where the log now starts elsewhere.
-                    self.fs.remove(&s.path)?;
-                    segs.pop();
-                    true
-                }
-                Some(s) if s.next() > index => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        format!("append of entry {index} over entry {} (truncate first)", s.next() - 1),
-                    ))
-                }
-                // openraft appends each entry after the last; a gap (only its conformance
-                // suite makes one) starts a segment of its own. At open, a gap ends the log.
-                Some(s) if s.next() < index => true,
-                Some(s) => s.len() >= self.segment_bytes,
-            };
-            if need_new {
-                // The previous segment whole on disk before the next exists: only the last
-                // segment's tail can ever be torn (what `open` relies on).
-                if let Some(previous) = segs.last() {
-                    previous.file.sync()?;
-                }
-                let path = self.dir.join(segment_name(index));
-                let file = self.fs.open(&path, Mode::New)?;
-                file.write_at(MAGIC, 0)?;
-                segs.push(Segment { first: index, path, file, ends: Vec::new() });
-                created = true;
-            }
+            created |= self.make_room(&mut segs, records[i].0)?;
             let seg = segs.last_mut().ok_or_else(|| io::Error::other("no segment"))?;
-            let start = seg.len();
-            let mut buf = Vec::new();
-            let mut ends = Vec::new();
-            while i < records.len() && start + (buf.len() as u64) < self.segment_bytes {
-                encode_record(&mut buf, records[i].0, &records[i].1);
-                ends.push(start + buf.len() as u64);
-                i += 1;
-            }
-            seg.file.write_at(&buf, start)?;
-            seg.ends.extend(ends);
+            i += self.write_some(seg, &records[i..])?;
             if !files.iter().any(|f| Arc::ptr_eq(f, &seg.file)) {
                 files.push(seg.file.clone());
             }
@@ -464,6 +415,77 @@ impl Wal {
         drop(segs);
         self.submit(files, created, done);
         Ok(())
+    }
+
+    /// `done`, which first moves the durable mark through `last_index` once the sync succeeded.
+    /// Once synced, the log is on disk through the last record — unless a truncation came
+    /// meanwhile (it pulled the mark back, and these records may be gone).
+    fn marking_durable(&self, last_index: u64, done: Done) -> Done {
+        let durable = self.durable.clone();
+        let generation = self.durable().0;
+        Box::new(move |result| {
+            if result.is_ok() {
+                let mut d = durable.lock().unwrap_or_else(|p| p.into_inner());
+                if d.0 == generation {
+                    d.1 = d.1.max(last_index + 1);
+                }
+            }
+            done(result)
+        })
+    }
+
+    /// Makes the last of `segs` the one the record `index` goes to: starts a new segment when
+    /// there is none, the last is full, or `index` does not follow it (refused when it would
+    /// overwrite). Whether a segment was created (its directory entry needs a sync).
+    fn make_room(&self, segs: &mut Vec<Segment>, index: u64) -> io::Result<bool> {
+        let need_new = match segs.last() {
+            None => true,
+            Some(s) if s.count() == 0 && s.next() != index => {
+                // An empty segment left where the log now starts elsewhere.
+                self.fs.remove(&s.path)?;
+                segs.pop();
+                true
+            }
+            Some(s) if s.next() > index => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("append of entry {index} over entry {} (truncate first)", s.next() - 1),
+                ))
+            }
+            // openraft appends each entry after the last; a gap (only its conformance
+            // suite makes one) starts a segment of its own. At open, a gap ends the log.
+            Some(s) if s.next() < index => true,
+            Some(s) => s.len() >= self.segment_bytes,
+        };
+        if need_new {
+            // The previous segment whole on disk before the next exists: only the last
+            // segment's tail can ever be torn (what `open` relies on).
+            if let Some(previous) = segs.last() {
+                previous.file.sync()?;
+            }
+            let path = self.dir.join(segment_name(index));
+            let file = self.fs.open(&path, Mode::New)?;
+            file.write_at(MAGIC, 0)?;
+            segs.push(Segment { first: index, path, file, ends: Vec::new() });
+        }
+        Ok(need_new)
+    }
+
+    /// Writes the first of `records` (at least one) to `seg` in one write, as many as fit
+    /// before it reaches the segment size. How many were written.
+    fn write_some(&self, seg: &mut Segment, records: &[(u64, Vec<u8>)]) -> io::Result<usize> {
+        let start = seg.len();
+        let mut buf = Vec::new();
+        let mut ends = Vec::new();
+        let mut written = 0;
+        while written < records.len() && start + (buf.len() as u64) < self.segment_bytes {
+            encode_record(&mut buf, records[written].0, &records[written].1);
+            ends.push(start + buf.len() as u64);
+            written += 1;
+        }
+        seg.file.write_at(&buf, start)?;
+        seg.ends.extend(ends);
+        Ok(written)
     }
 
     /// The payloads of the entries in `from..to` that the log holds, in order.
@@ -573,7 +595,7 @@ impl Wal {
     }
 }
 
-/// One round of the sync thread (`Fs::syncer` runs them): every request queued meanwhile,
+/// One round of the sync thread (`Executor::syncer` runs them): every request queued meanwhile,
 /// each file synced once (and the directory when asked), then the requests reported done in
 /// the order they came.
 fn sync_round(fs: &dyn Fs, dir: &Path, jobs: Vec<SyncJob>) {

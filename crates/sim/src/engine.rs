@@ -357,67 +357,9 @@ impl<'a> Sim<'a> {
     /// One event; whether it may let the leader do something.
     fn handle(&mut self, now: i64, event: Event) -> bool {
         match event {
-            Event::Arrival(i) => {
-                let spec = self.spec(i);
-                match self.apply(now, Op::Submit { spec, request_id: None, hold: false, limits: None }) {
-                    Outcome::Submitted { job } => {
-                        self.tracks.insert(
-                            job,
-                            Track {
-                                trace: i,
-                                first_start_ms: None,
-                                run_start_ms: 0,
-                                saved_ms: 0,
-                                end_ms: None,
-                            },
-                        );
-                    }
-                    // Refused (say, larger than any node): never runs; the report says why.
-                    Outcome::Rejected(why) => {
-                        self.refused.push((i, why.to_string()));
-                        return false;
-                    }
-                    _ => return false,
-                }
-                true
-            }
-            Event::End { job, attempt } | Event::Stop { job, attempt } => {
-                let Some(j) = self.state.jobs.get(&job) else { return false };
-                let (running, node) = match (&j.allocation, j.state) {
-                    (Some(a), JobState::Running) if j.attempt == attempt => (true, a.node.clone()),
-                    _ => (false, String::new()),
-                };
-                if !running {
-                    return false;
-                }
-                let gpus = j.total_gpus();
-                let share =
-                    (u64::from(j.spec.cpus) * u64::from(j.tasks()), j.spec.mem_mib * u64::from(j.tasks()));
-                let exit =
-                    if matches!(event, Event::End { .. }) { RunExit::Code(0) } else { RunExit::Signal(15) };
-                let fraction = j.spec.gpu_milli > 0;
-                self.apply(now, Op::JobExited { job, attempt, node: node.clone(), exit });
-                match (self.cloud.as_mut().filter(|c| c.is_cloud_node(&node)), fraction) {
-                    (Some(cloud), _) => cloud.run_ended(now, job, attempt),
-                    (None, true) => self.sync_shared(&node),
-                    (None, false) => self.release(&node, gpus),
-                }
-                self.share_used =
-                    (self.share_used.0.saturating_sub(share.0), self.share_used.1.saturating_sub(share.1));
-                self.allocation.push((now, self.allocated));
-                let state = self.state.jobs.get(&job).map(|j| j.state);
-                if state == Some(JobState::Timeout) {
-                    self.timed_out += 1;
-                }
-                if state.is_some_and(|s| s.is_terminal()) {
-                    if let Some(t) = self.tracks.get_mut(&job) {
-                        t.end_ms = Some(now);
-                    }
-                    self.last_end_ms = self.last_end_ms.max(now);
-                    self.finished.push(job);
-                }
-                true
-            }
+            Event::Arrival(i) => self.arrival(now, i),
+            Event::End { job, attempt } => self.run_exited(now, job, attempt, RunExit::Code(0)),
+            Event::Stop { job, attempt } => self.run_exited(now, job, attempt, RunExit::Signal(15)),
             Event::Tick => {
                 self.next_tick = None;
                 true
@@ -427,6 +369,61 @@ impl<'a> Sim<'a> {
             Event::SpotNotice { intent } => self.spot_notice(now, intent),
             Event::Reclaim { intent } => self.reclaim(now, intent),
         }
+    }
+
+    /// The trace's job `i` arrives: submitted, and tracked when accepted.
+    fn arrival(&mut self, now: i64, i: usize) -> bool {
+        let spec = self.spec(i);
+        match self.apply(now, Op::Submit { spec, request_id: None, hold: false, limits: None }) {
+            Outcome::Submitted { job } => {
+                self.tracks.insert(
+                    job,
+                    Track { trace: i, first_start_ms: None, run_start_ms: 0, saved_ms: 0, end_ms: None },
+                );
+                true
+            }
+            // Refused (say, larger than any node): never runs; the report says why.
+            Outcome::Rejected(why) => {
+                self.refused.push((i, why.to_string()));
+                false
+            }
+            _ => false,
+        }
+    }
+
+    /// The run `attempt` of `job` exited with `exit` (it did its work, or it was stopped):
+    /// its resources freed, and the job's end recorded when it is over. Nothing when that run
+    /// is no longer running.
+    fn run_exited(&mut self, now: i64, job: JobId, attempt: u32, exit: RunExit) -> bool {
+        let Some(j) = self.state.jobs.get(&job) else { return false };
+        let node = match (&j.allocation, j.state) {
+            (Some(a), JobState::Running) if j.attempt == attempt => a.node.clone(),
+            _ => return false,
+        };
+        let gpus = j.total_gpus();
+        let share = (u64::from(j.spec.cpus) * u64::from(j.tasks()), j.spec.mem_mib * u64::from(j.tasks()));
+        let fraction = j.spec.gpu_milli > 0;
+        self.apply(now, Op::JobExited { job, attempt, node: node.clone(), exit });
+        match (self.cloud.as_mut().filter(|c| c.is_cloud_node(&node)), fraction) {
+            (Some(cloud), _) => cloud.run_ended(now, job, attempt),
+            (None, true) => self.sync_shared(&node),
+            (None, false) => self.release(&node, gpus),
+        }
+        self.share_used =
+            (self.share_used.0.saturating_sub(share.0), self.share_used.1.saturating_sub(share.1));
+        self.allocation.push((now, self.allocated));
+        let state = self.state.jobs.get(&job).map(|j| j.state);
+        if state == Some(JobState::Timeout) {
+            self.timed_out += 1;
+        }
+        if state.is_some_and(|s| s.is_terminal()) {
+            if let Some(t) = self.tracks.get_mut(&job) {
+                t.end_ms = Some(now);
+            }
+            self.last_end_ms = self.last_end_ms.max(now);
+            self.finished.push(job);
+        }
+        true
     }
 
     /// The job the trace's job `i` is submitted as.

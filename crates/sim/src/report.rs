@@ -191,93 +191,98 @@ impl Report {
 
     /// A table of several reports side by side (one column each, named).
     pub fn table(named: &[(String, Report)]) -> String {
-        let rows: Vec<(&str, Cell)> = vec![
-            ("jobs", Box::new(|r: &Report| format!("{} ({} unfinished)", r.jobs, r.unfinished))),
-            ("unfinished inference", Box::new(|r: &Report| unfinished(r, "inference"))),
-            ("unfinished training", Box::new(|r: &Report| unfinished(r, "training"))),
-            ("timed out (stopped at the time limit)", Box::new(|r: &Report| r.timed_out.to_string())),
-            ("offered load", Box::new(|r: &Report| format!("{:.2}", r.offered_load))),
-            (
-                "arrival window (s) / compression",
-                Box::new(|r: &Report| format!("{:.0} / {:.3}", r.arrival_window_s, r.load)),
-            ),
-            ("inference wait p50 / p99 / max (s)", Box::new(|r: &Report| waits(&r.inference))),
-            ("training wait p50 / p99 / max (s)", Box::new(|r: &Report| waits(&r.training))),
-            (
-                "whole-node jobs: count, wait p50 / p99 / max (s)",
-                Box::new(|r: &Report| format!("{}: {}", r.whole_node.jobs, waits(&r.whole_node))),
-            ),
-            (
-                "inference / training slowdown",
-                Box::new(|r: &Report| format!("{:.2} / {:.2}", r.inference.slowdown, r.training.slowdown)),
-            ),
-            ("GPU utilization", Box::new(|r: &Report| format!("{:.3}", r.utilization))),
-            (
-                "CPU utilization",
-                Box::new(|r: &Report| r.cpu_utilization.map_or("-".into(), |u| format!("{u:.3}"))),
-            ),
-            (
-                "memory utilization",
-                Box::new(|r: &Report| r.memory_utilization.map_or("-".into(), |u| format!("{u:.3}"))),
-            ),
-            ("preemptions", Box::new(|r: &Report| r.preemptions.to_string())),
-            ("redone GPU-hours", Box::new(|r: &Report| format!("{:.1}", r.redone_gpu_hours))),
-            ("fragmentation", Box::new(|r: &Report| format!("{:.3}", r.fragmentation))),
-            ("makespan (s)", Box::new(|r: &Report| format!("{:.0}", r.makespan_s))),
-        ];
-        let burst = |f: fn(&crate::cloud::BurstReport) -> String| -> Cell {
-            Box::new(move |r: &Report| r.burst.as_ref().map_or("-".into(), f))
-        };
-        let mut rows = rows;
+        let mut rows = rows();
         if named.iter().any(|(_, r)| r.burst.is_some()) {
-            rows.extend([
-                (
-                    "cloud: launched / capacity errors / spot interruptions",
-                    burst(|b| {
-                        format!("{} / {} / {}", b.instances_launched, b.launch_failures, b.spot_interruptions)
-                    }),
-                ),
-                (
-                    "cloud: instance-hours (idle / booting)",
-                    burst(|b| {
-                        format!(
-                            "{:.1} ({:.1} / {:.1})",
-                            b.instance_hours, b.idle_instance_hours, b.boot_instance_hours
-                        )
-                    }),
-                ),
-                (
-                    "cloud: spend $ (per day)",
-                    burst(|b| format!("{:.2} ({:.2})", b.spend_usd, b.spend_per_day_usd)),
-                ),
-                (
-                    "cloud: jobs / GPU-hours",
-                    burst(|b| format!("{} / {:.1}", b.cloud_jobs, b.cloud_gpu_hours)),
-                ),
-            ]);
+            rows.extend(burst_rows());
         }
         let mut cells: Vec<Vec<String>> =
             vec![std::iter::once(String::new()).chain(named.iter().map(|(n, _)| n.clone())).collect()];
         for (label, f) in &rows {
             cells.push(std::iter::once(label.to_string()).chain(named.iter().map(|(_, r)| f(r))).collect());
         }
-        let widths: Vec<usize> = (0..cells[0].len())
-            .map(|c| cells.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-            .collect();
-        cells
-            .iter()
-            .map(|r| {
-                r.iter()
-                    .enumerate()
-                    .map(|(c, s)| format!("{s:<w$}", w = widths[c]))
-                    .collect::<Vec<_>>()
-                    .join("  ")
-                    .trim_end()
-                    .to_string()
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
+        aligned(&cells)
     }
+}
+
+/// The table's rows every report has.
+fn rows() -> Vec<(&'static str, Cell)> {
+    vec![
+        ("jobs", Box::new(|r: &Report| format!("{} ({} unfinished)", r.jobs, r.unfinished))),
+        ("unfinished inference", Box::new(|r: &Report| unfinished(r, "inference"))),
+        ("unfinished training", Box::new(|r: &Report| unfinished(r, "training"))),
+        ("timed out (stopped at the time limit)", Box::new(|r: &Report| r.timed_out.to_string())),
+        ("offered load", Box::new(|r: &Report| format!("{:.2}", r.offered_load))),
+        (
+            "arrival window (s) / compression",
+            Box::new(|r: &Report| format!("{:.0} / {:.3}", r.arrival_window_s, r.load)),
+        ),
+        ("inference wait p50 / p99 / max (s)", Box::new(|r: &Report| waits(&r.inference))),
+        ("training wait p50 / p99 / max (s)", Box::new(|r: &Report| waits(&r.training))),
+        (
+            "whole-node jobs: count, wait p50 / p99 / max (s)",
+            Box::new(|r: &Report| format!("{}: {}", r.whole_node.jobs, waits(&r.whole_node))),
+        ),
+        (
+            "inference / training slowdown",
+            Box::new(|r: &Report| format!("{:.2} / {:.2}", r.inference.slowdown, r.training.slowdown)),
+        ),
+        ("GPU utilization", Box::new(|r: &Report| format!("{:.3}", r.utilization))),
+        (
+            "CPU utilization",
+            Box::new(|r: &Report| r.cpu_utilization.map_or("-".into(), |u| format!("{u:.3}"))),
+        ),
+        (
+            "memory utilization",
+            Box::new(|r: &Report| r.memory_utilization.map_or("-".into(), |u| format!("{u:.3}"))),
+        ),
+        ("preemptions", Box::new(|r: &Report| r.preemptions.to_string())),
+        ("redone GPU-hours", Box::new(|r: &Report| format!("{:.1}", r.redone_gpu_hours))),
+        ("fragmentation", Box::new(|r: &Report| format!("{:.3}", r.fragmentation))),
+        ("makespan (s)", Box::new(|r: &Report| format!("{:.0}", r.makespan_s))),
+    ]
+}
+
+/// The rows of the cloud's figures (for runs that burst; `-` for a report without them).
+fn burst_rows() -> Vec<(&'static str, Cell)> {
+    let burst = |f: fn(&crate::cloud::BurstReport) -> String| -> Cell {
+        Box::new(move |r: &Report| r.burst.as_ref().map_or("-".into(), f))
+    };
+    vec![
+        (
+            "cloud: launched / capacity errors / spot interruptions",
+            burst(|b| format!("{} / {} / {}", b.instances_launched, b.launch_failures, b.spot_interruptions)),
+        ),
+        (
+            "cloud: instance-hours (idle / booting)",
+            burst(|b| {
+                format!(
+                    "{:.1} ({:.1} / {:.1})",
+                    b.instance_hours, b.idle_instance_hours, b.boot_instance_hours
+                )
+            }),
+        ),
+        ("cloud: spend $ (per day)", burst(|b| format!("{:.2} ({:.2})", b.spend_usd, b.spend_per_day_usd))),
+        ("cloud: jobs / GPU-hours", burst(|b| format!("{} / {:.1}", b.cloud_jobs, b.cloud_gpu_hours))),
+    ]
+}
+
+/// Rows of cells as text, each column as wide as its widest cell, two spaces apart.
+fn aligned(cells: &[Vec<String>]) -> String {
+    let widths: Vec<usize> =
+        (0..cells[0].len()).map(|c| cells.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
+    cells
+        .iter()
+        .map(|r| {
+            r.iter()
+                .enumerate()
+                .map(|(c, s)| format!("{s:<w$}", w = widths[c]))
+                .collect::<Vec<_>>()
+                .join("  ")
+                .trim_end()
+                .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// How one row of the table shows a report.

@@ -1,7 +1,7 @@
 //! The simulated disk: a small file system beneath the production storage
-//! (`kairos_consensus::fs::Fs`), so the replicas' real write-ahead log, meta and commit record
-//! (`store::LogStore`, `wal::Wal`) and snapshots run on it, and the simulation's power cuts
-//! meet the production recovery code.
+//! (`kairos_consensus::fs::Fs`, with an `executor::Executor` in virtual time), so the
+//! replicas' real write-ahead log, meta and commit record (`store::LogStore`, `wal::Wal`) and
+//! snapshots run on it, and the simulation's power cuts meet the production recovery code.
 //!
 //! Every file has what is on the platter (`durable`) and what reads see (`now`); a write, a
 //! resize and a directory change (create, remove, rename) go to `now` at once and wait in the
@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kairos_consensus::fs::{Fs, FsFile, Mode, Pending, SyncQueue, Work};
+use kairos_consensus::executor::{Executor, Pending, SyncJob, SyncQueue, Work};
+use kairos_consensus::fs::{Fs, FsFile, Mode};
 use kairos_consensus::store::{LogStore, Snapshots, StateMachineStore};
 use kairos_consensus::{wal, ConsensusError, ReplicaId};
 
@@ -264,7 +265,7 @@ impl Disk {
         }
         let fs = self.incarnation();
         let dir = Path::new(DATA_DIR);
-        let log = match LogStore::open_on(fs.clone(), dir, id, self.segment_bytes) {
+        let log = match LogStore::open_on(fs.clone(), self.executor(), dir, id, self.segment_bytes) {
             Ok(log) => log,
             Err(e) => {
                 if matches!(e, ConsensusError::Damaged { .. }) {
@@ -277,8 +278,15 @@ impl Disk {
             self.lock().torn_dropped += 1;
         }
         let (applied_tx, applied) = tokio::sync::watch::channel(0);
-        let sm = StateMachineStore::on(Snapshots::on(fs, dir), applied_tx).map_err(|e| e.to_string())?;
+        let sm = StateMachineStore::on(Snapshots::on(fs, self.executor(), dir), applied_tx)
+            .map_err(|e| e.to_string())?;
         Ok(Opened { log, sm, applied })
+    }
+
+    /// Where the storage on this disk runs its blocking work: in virtual time, each sync taking
+    /// the disk's sync time.
+    fn executor(&self) -> Arc<dyn Executor> {
+        Arc::new(SimExecutor { sync_time: self.sync_time })
     }
 
     /// A new incarnation's file system (what reads see: the platter).
@@ -495,9 +503,16 @@ impl Fs for SimFs {
     fn lock(&self, _dir: &Path) -> io::Result<Box<dyn Send + Sync>> {
         Ok(Box::new(()))
     }
+}
 
+/// The simulation's executor: on its one thread, in virtual time.
+struct SimExecutor {
+    sync_time: Duration,
+}
+
+impl Executor for SimExecutor {
     fn blocking(&self, work: Work<io::Result<()>>) -> Pending<io::Result<()>> {
-        let sync_time = self.disk.sync_time;
+        let sync_time = self.sync_time;
         Box::pin(async move {
             tokio::time::sleep(sync_time).await;
             work()
@@ -509,12 +524,8 @@ impl Fs for SimFs {
         Ok(())
     }
 
-    fn syncer(
-        &self,
-        mut queue: SyncQueue,
-        mut round: Box<dyn FnMut(Vec<kairos_consensus::fs::SyncJob>) + Send>,
-    ) -> io::Result<()> {
-        let sync_time = self.disk.sync_time;
+    fn syncer(&self, mut queue: SyncQueue, mut round: Box<dyn FnMut(Vec<SyncJob>) + Send>) -> io::Result<()> {
+        let sync_time = self.sync_time;
         tokio::spawn(async move {
             while let Some(first) = queue.recv().await {
                 let mut jobs = vec![first];

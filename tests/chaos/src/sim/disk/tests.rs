@@ -4,7 +4,6 @@
 
 use std::path::Path;
 
-use kairos_consensus::fs::Fs;
 use kairos_consensus::store::{LogStore, StateMachineStore};
 use kairos_consensus::wal::Wal;
 use kairos_consensus::TypeConfig;
@@ -33,14 +32,15 @@ fn append(wal: &Wal, index: u64) -> tokio::sync::oneshot::Receiver<io::Result<()
     rx
 }
 
-fn open_wal(fs: Arc<dyn Fs>, committed: Option<u64>) -> io::Result<(Wal, wal::Recovery)> {
-    Wal::open_on(fs, &log_dir(), SEGMENT, None, committed)
+/// The log on a new incarnation of `disk`.
+fn open_wal(disk: &Disk, committed: Option<u64>) -> io::Result<(Wal, wal::Recovery)> {
+    Wal::open_on(disk.incarnation(), disk.executor(), &log_dir(), SEGMENT, None, committed)
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_crash_loses_what_was_not_synced_and_the_real_recovery_cuts_a_torn_tail() {
     let disk = Disk::new(Duration::from_millis(2), SEGMENT);
-    let (wal, _) = open_wal(disk.incarnation(), None).unwrap();
+    let (wal, _) = open_wal(&disk, None).unwrap();
     for i in 1..=10 {
         append(&wal, i).await.unwrap().unwrap();
     }
@@ -50,18 +50,18 @@ async fn a_crash_loses_what_was_not_synced_and_the_real_recovery_cuts_a_torn_tai
     let _unsynced = (append(&wal, 11), append(&wal, 12));
     assert!(disk.unsynced() >= 2);
     disk.crash(0, false);
-    let (wal, rec) = open_wal(disk.incarnation(), Some(10)).unwrap();
+    let (wal, rec) = open_wal(&disk, Some(10)).unwrap();
     assert_eq!(wal.bounds(), Some((1, 10)), "unsynced entries are gone");
     assert_eq!(rec, wal::Recovery::default());
     // One survives, the next is torn: the recovery cuts it off.
     let _unsynced = (append(&wal, 11), append(&wal, 12));
     disk.crash(1, true);
-    let (wal, rec) = open_wal(disk.incarnation(), Some(10)).unwrap();
+    let (wal, rec) = open_wal(&disk, Some(10)).unwrap();
     assert_eq!(wal.bounds(), Some((1, 11)));
     assert!(rec.cut_bytes > 0, "{rec:?}");
     // A handle of a crashed incarnation changes nothing; a full disk refuses.
     let stale = disk.incarnation();
-    let (wal, _) = open_wal(disk.incarnation(), Some(10)).unwrap();
+    let (wal, _) = open_wal(&disk, Some(10)).unwrap();
     assert!(stale.create_dir_all(Path::new("/elsewhere")).is_err(), "a dead incarnation writes");
     disk.lock().full = true;
     assert!(wal.append(&[(12, entry(12))], Box::new(|_| ())).is_err(), "a full disk took a write");
@@ -71,13 +71,14 @@ async fn a_crash_loses_what_was_not_synced_and_the_real_recovery_cuts_a_torn_tai
 #[tokio::test(start_paused = true)]
 async fn a_rotted_record_in_a_middle_segment_is_damage_and_the_open_changes_nothing() {
     let disk = Disk::new(Duration::from_millis(2), SEGMENT);
-    let (wal, _) = open_wal(disk.incarnation(), None).unwrap();
+    let (wal, _) = open_wal(&disk, None).unwrap();
     for i in 1..=12 {
         append(&wal, i).await.unwrap().unwrap();
     }
     drop(wal);
     // The commit record through 12, on the platter.
-    let mut store = LogStore::open_on(disk.incarnation(), Path::new(DATA_DIR), 1, SEGMENT).unwrap();
+    let mut store =
+        LogStore::open_on(disk.incarnation(), disk.executor(), Path::new(DATA_DIR), 1, SEGMENT).unwrap();
     store.save_committed(Some(LogId::new(CommittedLeaderId::new(1, 0), 12))).await.unwrap();
     drop(store);
     disk.crash(usize::MAX, false);
