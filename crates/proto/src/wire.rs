@@ -73,11 +73,21 @@ pub fn ct_eq(a: &str, b: &str) -> bool {
 #[error("{0}")]
 pub struct WireError(pub String);
 
-/// PEM files: the CA that signs the cluster's certificates, and this process's own pair.
+/// PEM files: the CA that signs the cluster's certificates, and this process's own pair. With
+/// feature `args`, the daemons' one set of TLS flags (`kairosd` and `kairos-agent` flatten it).
 #[derive(Clone, Debug, Default)]
+#[cfg_attr(feature = "args", derive(clap::Args))]
 pub struct TlsFiles {
+    /// TLS: the CA certificate (PEM) that signs the cluster's certificates (controllers', peers',
+    /// agents'); with it, this daemon talks to the others over TLS only.
+    #[cfg_attr(feature = "args", arg(long))]
     pub ca: Option<PathBuf>,
+    /// TLS: this daemon's certificate (PEM), with --key: its services are then served over TLS
+    /// only, and it is presented to peers that require mutual TLS.
+    #[cfg_attr(feature = "args", arg(long))]
     pub cert: Option<PathBuf>,
+    /// TLS: this daemon's private key (PEM).
+    #[cfg_attr(feature = "args", arg(long))]
     pub key: Option<PathBuf>,
 }
 
