@@ -1,7 +1,7 @@
 //! The kairos node agent: GPU inventory, job processes, and the log service.
 //!
 //! Owns everything that touches the node: NVML (behind `GpuInventory`), child processes and
-//! signals, cgroups and accounts (`Runner`, `cgroup`, `account`), container images and roots (`image`, `container`), fencing (`fence`), per-run log files (`Logs`), the process log (`audit`), spot interruption notices (`spot`); what to do with its runs is decided by a pure function (`decide`). Must not: decide placement or state; it does
+//! signals, cgroups and accounts (`Runner`, `cgroup`, `account`), container images and roots (`image`, `container`), fencing (`fence`), per-run log files (`Logs`), the process log (`audit`), spot interruption notices (`spot`), the session with the controllers (`session`: register, heartbeat, lease); what to do with its runs is decided by a pure function (`decide`). Must not: decide placement or state; it does
 //! what the controller's assignment set says and reports what happened.
 
 pub mod account;
@@ -23,4 +23,5 @@ pub mod logs;
 pub mod metrics;
 pub mod reaper;
 pub mod runner;
+pub mod session;
 pub mod spot;
