@@ -79,6 +79,8 @@ fn read_lease(path: &Path) -> Option<(i32, u64)> {
 /// enforce until the first renewal).
 fn create_lease_file(path: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
+    // A previous agent's file goes; a missing one is what `create_new` needs, and any other
+    // error shows there.
     let _ = std::fs::remove_file(path);
     let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(path)?;
     std::os::unix::fs::FileExt::write_all_at(&file, &[b' '; LEASE_RECORD], 0)?;
@@ -304,7 +306,10 @@ pub fn stop_previous_watchdog(state_dir: &Path) {
     if !is_watchdog() {
         return;
     }
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), nix::sys::signal::Signal::SIGKILL);
+    if let Err(e) = nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), nix::sys::signal::Signal::SIGKILL) {
+        // ESRCH: it has just exited; the wait below sees it gone either way.
+        tracing::debug!(pid = old, error = %e, "the previous watchdog was not signalled");
+    }
     let until = std::time::Instant::now() + Duration::from_secs(2);
     while is_watchdog() && std::time::Instant::now() < until {
         std::thread::sleep(Duration::from_millis(10));
