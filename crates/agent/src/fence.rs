@@ -306,7 +306,8 @@ pub fn stop_previous_watchdog(state_dir: &Path) {
     if !is_watchdog() {
         return;
     }
-    if let Err(e) = nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), nix::sys::signal::Signal::SIGKILL) {
+    if let Err(e) = nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), nix::sys::signal::Signal::SIGKILL)
+    {
         // ESRCH: it has just exited; the wait below sees it gone either way.
         tracing::debug!(pid = old, error = %e, "the previous watchdog was not signalled");
     }

@@ -44,7 +44,7 @@ use crate::journal::{group_alive, journal_add, journal_remove, signal_group};
 
 /// A run is a job attempt.
 pub use crate::decide::RunKey;
-use crate::decide::{self, Action, Assigned, Local, Lost};
+use crate::decide::{self, Action, Local, Lost};
 
 /// How often a running job's checkpoint marker is looked at.
 const CHECKPOINT_POLL: Duration = Duration::from_millis(500);
@@ -400,21 +400,6 @@ fn run_usage(cgroup: Option<&RunCgroup>, limited: &crate::limits::RunLimited) ->
     }
 }
 
-/// The controller's assignment set as `decide` reads it.
-fn assigned_of(set: &pb::AssignmentSet) -> Vec<Assigned> {
-    set.runs
-        .iter()
-        .map(|a| Assigned {
-            key: (a.job_id, a.attempt),
-            gpus: a.gpu_ids.clone(),
-            milli: a.gpu_milli,
-            started: a.started,
-            stop: a.kill.then(|| (a.kill_signal.clone(), a.kill_grace_s)),
-            suspend: a.suspend,
-        })
-        .collect()
-}
-
 /// The node's runs as `decide` reads them.
 fn local_of(runs: &BTreeMap<RunKey, Run>) -> BTreeMap<RunKey, Local> {
     runs.iter()
@@ -530,7 +515,7 @@ impl Runner {
     /// Makes the local runs match the controller's assignment set: carries out what
     /// `decide::reconcile` says, then launches what may start (`launch_ready`).
     pub fn reconcile(&self, set: &pb::AssignmentSet) {
-        let assigned = assigned_of(set);
+        let assigned = decide::assigned_of(&set.runs);
         let mut stop = Vec::new();
         let mut reports = Vec::new();
         {
@@ -609,7 +594,7 @@ impl Runner {
             // run twice, nor one a newer set no longer assigns.
             let mut runs = self.lock();
             let Some(set) = self.last_set.lock().unwrap_or_else(|p| p.into_inner()).clone() else { return };
-            let assigned = assigned_of(&set);
+            let assigned = decide::assigned_of(&set.runs);
             let ready = decide::launches(&assigned, &local_of(&runs), self.lease.valid());
             for a in &set.runs {
                 let key = (a.job_id, a.attempt);

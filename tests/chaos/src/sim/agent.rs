@@ -6,7 +6,8 @@
 //! the lease renewed to `sent + lease` by `fence::LeaseTerms::renewal`) over modelled calls that
 //! the replica answers with the server's own checks in the server's order
 //! (`kairos_scheduler::liveness::register` and `heartbeat`, on `SimSeat`). It reconciles its
-//! runs with the assignments on the leader's applied state (`kairos_scheduler::orders::runs_on`:
+//! runs with the assignments on the leader's applied state, read as the runner reads what the
+//! server sends (`kairos_server::agents::assignments_for`, `kairos_agent::decide::assigned_of`:
 //! launch what has not started, stop what is told to stop or no longer listed) and reports
 //! starts and exits until they commit. When its lease lapses it stops its runs within the fence
 //! grace; its watchdog kills whatever still runs at the hard deadline even while the agent is
@@ -23,7 +24,6 @@ use kairos_agent::session::step::{self, Controller, Registration};
 use kairos_agent::session::Credentials;
 use kairos_consensus::{Replica, ReplicaId};
 use kairos_scheduler::liveness::{self, HeartbeatError, RegisterRefused};
-use kairos_scheduler::orders::{runs_on, RunAction};
 use kairos_scheduler::{Gpu, NodeInfo, Op, RunExit};
 use tokio::time::Instant;
 
@@ -373,31 +373,19 @@ impl SimAgent {
     }
 }
 
-/// The runs the state assigns `node`, as `decide` reads them (the same orders the server sends
-/// its agents, `orders::runs_on`), and their jobs' names (what their run times derive from).
+/// The runs the state assigns `node` as the agent reads them: what the server sends
+/// (`kairos_server::agents::assignments_for`), read as the runner reads it
+/// (`decide::assigned_of`); and their jobs' names (what their run times derive from).
 fn assignments(
     state: &kairos_scheduler::ClusterState,
     node: &str,
 ) -> (Vec<Assigned>, BTreeMap<RunKey, String>) {
-    runs_on(state, node)
-        .into_iter()
-        .map(|o| {
-            let stop = match &o.action {
-                RunAction::Stop { signal, grace_s } => Some((signal.clone(), *grace_s)),
-                RunAction::Run | RunAction::Suspend => None,
-            };
-            let key = (o.job.id, o.attempt);
-            let assigned = Assigned {
-                key,
-                gpus: o.gpus.clone(),
-                milli: o.job.spec.gpu_milli,
-                started: o.started,
-                stop,
-                suspend: o.action == RunAction::Suspend,
-            };
-            (assigned, (key, o.job.spec.name.clone()))
-        })
-        .unzip()
+    let runs = kairos_server::agents::assignments_for(state, node);
+    let names = runs
+        .iter()
+        .filter_map(|a| Some(((a.job_id, a.attempt), state.jobs.get(&a.job_id)?.spec.name.clone())))
+        .collect();
+    (decide::assigned_of(&runs), names)
 }
 
 /// The modelled processes as `decide` reads a node's runs.
