@@ -1,5 +1,5 @@
-//! The agent's decisions, pure: from the runs the controller assigns this node and the runs
-//! the node has, what to do — freeze or thaw, report, stop, kill, forget, launch. The runner
+//! The agent's decisions, pure: from the runs the controller assigns this node (`assigned_of`)
+//! and the runs the node has, what to do — freeze or thaw, report, stop, kill, forget, launch. The runner
 //! (`runner::Runner`) carries the actions out on processes and cgroups; the deterministic
 //! simulation's agent (`kairos-chaos`) on modelled processes. No IO, no clock.
 
@@ -63,6 +63,22 @@ pub enum Action {
     Kill(RunKey),
     /// Forget an ended run the controller no longer assigns.
     Forget(RunKey),
+}
+
+/// The controller's assignments as `decide` reads them — one mapping for the runner and for
+/// the deterministic simulation's agent (which reads what the server would send,
+/// `kairos_server::agents::assignments_for`): a `kill` is a stop with its signal and grace.
+pub fn assigned_of(runs: &[kairos_proto::v1::Assignment]) -> Vec<Assigned> {
+    runs.iter()
+        .map(|a| Assigned {
+            key: (a.job_id, a.attempt),
+            gpus: a.gpu_ids.clone(),
+            milli: a.gpu_milli,
+            started: a.started,
+            stop: a.kill.then(|| (a.kill_signal.clone(), a.kill_grace_s)),
+            suspend: a.suspend,
+        })
+        .collect()
 }
 
 /// The actions that make the node's runs match `assigned` (launches aside: `launches`, once
@@ -146,6 +162,28 @@ mod tests {
 
     fn assigned(job: u64, gpus: &[u32]) -> Assigned {
         Assigned { key: (job, 0), gpus: gpus.to_vec(), milli: 0, started: false, stop: None, suspend: false }
+    }
+
+    #[test]
+    fn an_assignment_told_to_stop_is_read_with_its_signal_and_grace_and_a_running_one_without() {
+        let wire = |kill| kairos_proto::v1::Assignment {
+            job_id: 4,
+            attempt: 2,
+            gpu_ids: vec![1, 3],
+            gpu_milli: 250,
+            started: true,
+            kill,
+            kill_signal: "SIGUSR1".into(),
+            kill_grace_s: 30,
+            suspend: !kill,
+            ..Default::default()
+        };
+        let read = assigned_of(&[wire(true), wire(false)]);
+        let stop = Some(("SIGUSR1".to_string(), 30));
+        let told =
+            Assigned { key: (4, 2), gpus: vec![1, 3], milli: 250, started: true, stop, suspend: false };
+        assert_eq!(read[0], told);
+        assert_eq!(read[1], Assigned { stop: None, suspend: true, ..told });
     }
 
     #[test]

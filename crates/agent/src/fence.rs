@@ -79,11 +79,75 @@ fn read_lease(path: &Path) -> Option<(i32, u64)> {
 /// enforce until the first renewal).
 fn create_lease_file(path: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
+    // A previous agent's file goes; a missing one is what `create_new` needs, and any other
+    // error shows there.
     let _ = std::fs::remove_file(path);
     let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(path)?;
     std::os::unix::fs::FileExt::write_all_at(&file, &[b' '; LEASE_RECORD], 0)?;
     file.sync_all()?;
     Ok(file)
+}
+
+/// The lease a controller grants with every answered call: runs may go on for `lease` after the
+/// call was sent, and the watchdog kills what is left `grace` after that.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseTerms {
+    pub lease: Duration,
+    pub grace: Duration,
+}
+
+/// What one answered call renews: the lease is valid until `valid_until`; the watchdog kills
+/// every run at `hard_deadline`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Renewal<T> {
+    pub valid_until: T,
+    pub hard_deadline: T,
+}
+
+/// A clock the lease is counted on: CLOCK_MONOTONIC milliseconds (`mono_ms`, the agent) or an
+/// `Instant` (the simulation's clock).
+pub trait LeaseClock: Copy {
+    /// `self + d`; a sum past the clock's end is clamped (the ms clock) or is `self` (an
+    /// `Instant`: no lease rather than a panic).
+    fn after(self, d: Duration) -> Self;
+}
+
+impl LeaseClock for u64 {
+    fn after(self, d: Duration) -> u64 {
+        self.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+}
+
+impl LeaseClock for std::time::Instant {
+    fn after(self, d: Duration) -> Self {
+        self.checked_add(d).unwrap_or(self)
+    }
+}
+
+impl LeaseClock for tokio::time::Instant {
+    fn after(self, d: Duration) -> Self {
+        self.checked_add(d).unwrap_or(self)
+    }
+}
+
+impl LeaseTerms {
+    /// The terms a registration's answer carries (ms); a controller that hands out no lease
+    /// (an older version) grants ten heartbeat intervals.
+    pub fn of_ms(lease_ms: u64, grace_ms: u64, interval: Duration) -> LeaseTerms {
+        let lease = match lease_ms {
+            0 => interval * 10,
+            ms => Duration::from_millis(ms),
+        };
+        LeaseTerms { lease, grace: Duration::from_millis(grace_ms) }
+    }
+
+    /// The lease arithmetic, one function for the agent and the simulation: a call sent at
+    /// `sent` (no later than the leader saw it) and answered makes the lease valid until
+    /// `sent + lease`, and the runs' hard deadline `sent + lease + grace`.
+    pub fn renewal<T: LeaseClock>(self, sent: T) -> Renewal<T> {
+        let valid_until = sent.after(self.lease);
+        Renewal { valid_until, hard_deadline: valid_until.after(self.grace) }
+    }
 }
 
 /// The agent's lease, shared by its session (renews), its runner (launches only while valid)
@@ -119,18 +183,19 @@ impl Lease {
         Lease(Arc::new(LeaseInner { until: AtomicU64::new(0), grace_ms: AtomicU64::new(0), record }))
     }
 
-    /// The leader answered a call sent at `sent` (mono ms): valid until `sent + lease_ms`.
-    pub fn renew(&self, sent: u64, lease_ms: u64, grace_ms: u64) {
-        let until = sent.saturating_add(lease_ms);
+    /// The leader answered a call: the lease is valid until `renewal.valid_until` (mono ms,
+    /// `LeaseTerms::renewal`), and never moves back.
+    pub fn renew(&self, renewal: Renewal<u64>) {
+        let Renewal { valid_until: until, hard_deadline } = renewal;
         let previous = self.0.until.fetch_max(until, Ordering::SeqCst);
-        self.0.grace_ms.store(grace_ms, Ordering::SeqCst);
+        self.0.grace_ms.store(hard_deadline.saturating_sub(until), Ordering::SeqCst);
         if until <= previous {
             return;
         }
         if let Some(record) = &self.0.record {
             // In place, in blocks the file already has (see LEASE_RECORD); a torn read fails
             // the record's check and is read again.
-            let bytes = encode_lease(std::process::id() as i32, until.saturating_add(grace_ms));
+            let bytes = encode_lease(std::process::id() as i32, hard_deadline);
             if let Err(e) = std::os::unix::fs::FileExt::write_all_at(record, &bytes, 0) {
                 tracing::warn!(error = %e, "cannot write the lease file for the watchdog");
             }
@@ -241,7 +306,11 @@ pub fn stop_previous_watchdog(state_dir: &Path) {
     if !is_watchdog() {
         return;
     }
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), nix::sys::signal::Signal::SIGKILL);
+    if let Err(e) = nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), nix::sys::signal::Signal::SIGKILL)
+    {
+        // ESRCH: it has just exited; the wait below sees it gone either way.
+        tracing::debug!(pid = old, error = %e, "the previous watchdog was not signalled");
+    }
     let until = std::time::Instant::now() + Duration::from_secs(2);
     while is_watchdog() && std::time::Instant::now() < until {
         std::thread::sleep(Duration::from_millis(10));
@@ -281,27 +350,52 @@ pub fn spawn_watchdog(
 mod tests {
     use super::*;
 
+    fn terms(lease_ms: u64, grace_ms: u64) -> LeaseTerms {
+        LeaseTerms { lease: Duration::from_millis(lease_ms), grace: Duration::from_millis(grace_ms) }
+    }
+
+    #[test]
+    fn a_renewal_runs_from_when_the_call_was_sent_and_the_deadline_adds_the_grace() {
+        let r = terms(60_000, 500).renewal(1_000u64);
+        assert_eq!(r, Renewal { valid_until: 61_000, hard_deadline: 61_500 });
+        // Past the clock's end: clamped, never wrapped round to an early deadline.
+        let far = terms(60_000, 500).renewal(u64::MAX - 10);
+        assert_eq!(far, Renewal { valid_until: u64::MAX, hard_deadline: u64::MAX });
+        let t0 = std::time::Instant::now();
+        let r = terms(2_000, 300).renewal(t0);
+        assert_eq!(r.valid_until - t0, Duration::from_millis(2_000));
+        assert_eq!(r.hard_deadline - t0, Duration::from_millis(2_300));
+    }
+
+    #[test]
+    fn a_controller_granting_no_lease_gets_ten_heartbeat_intervals() {
+        let interval = Duration::from_millis(700);
+        assert_eq!(LeaseTerms::of_ms(0, 100, interval), terms(7_000, 100));
+        assert_eq!(LeaseTerms::of_ms(4_000, 100, interval), terms(4_000, 100));
+    }
+
     #[test]
     fn a_lease_is_valid_until_it_lapses_and_only_moves_forward() {
         let dir = tempfile::tempdir().unwrap();
         let lease = Lease::new(lease_path(dir.path()));
         assert!(!lease.valid() && !lease.lapsed());
         let now = mono_ms();
-        lease.renew(now, 60_000, 500);
+        lease.renew(terms(60_000, 500).renewal(now));
+        assert_eq!(lease.grace(), Duration::from_millis(500));
         assert!(lease.valid() && !lease.lapsed());
         let (pid, deadline) = read_lease(&lease_path(dir.path())).unwrap();
         assert_eq!((pid, deadline), (std::process::id() as i32, now + 60_500));
         // An older answer does not move it back.
-        lease.renew(now - 50_000, 60_000, 500);
+        lease.renew(terms(60_000, 500).renewal(now - 50_000));
         assert_eq!(read_lease(&lease_path(dir.path())).unwrap().1, now + 60_500);
         // Released: nothing for the watchdog to enforce, and the next renewal is read again (the
         // file stays: a renewal written into a removed file would never reach the watchdog).
         lease.release();
         assert_eq!(read_lease(&lease_path(dir.path())), None);
-        lease.renew(now + 1, 60_000, 500);
+        lease.renew(terms(60_000, 500).renewal(now + 1));
         assert_eq!(read_lease(&lease_path(dir.path())).unwrap().1, now + 60_501);
         let short = Lease::new(lease_path(dir.path()));
-        short.renew(now.saturating_sub(10_000), 1000, 100);
+        short.renew(terms(1000, 100).renewal(now.saturating_sub(10_000)));
         assert!(!short.valid() && short.lapsed());
         assert!(Lease::unfenced().valid());
     }
@@ -342,7 +436,7 @@ mod tests {
         assert!(mounted.success());
         let lease = Lease::new(lease_path(fs.0.path()));
         let now = mono_ms();
-        lease.renew(now, 1_000, 100);
+        lease.renew(terms(1_000, 100).renewal(now));
         assert_eq!(read_lease(&lease_path(fs.0.path())).unwrap().1, now + 1_100);
         // A job fills the disk.
         let mut filler = std::fs::File::create(fs.0.path().join("jobs-data")).unwrap();
@@ -352,7 +446,7 @@ mod tests {
             }
         };
         assert_eq!(full.raw_os_error(), Some(nix::libc::ENOSPC), "{full}");
-        lease.renew(now + 500, 1_000, 100);
+        lease.renew(terms(1_000, 100).renewal(now + 500));
         assert_eq!(
             read_lease(&lease_path(fs.0.path())).unwrap(),
             (std::process::id() as i32, now + 1_600),

@@ -6,51 +6,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use kairos_agent::health::GpuFault;
+use kairos_agent::session::{until_taken, ClientRx, Credentials, REFUSED};
 use kairos_proto::v1 as pb;
-use kairos_proto::v1::agent_service_client::AgentServiceClient;
-use tokio::sync::{mpsc, watch};
-use tonic::transport::Channel;
-
-use crate::Credentials;
-
-type ClientRx = watch::Receiver<Option<AgentServiceClient<Channel>>>;
+use tokio::sync::mpsc;
 
 /// Longest reason a health-check program's output gives.
 const CHECK_REASON_MAX: usize = 200;
-
-/// Codes with which a controller refuses a report for good (retrying cannot help; what still
-/// matters is reported again).
-pub const REFUSED: [tonic::Code; 3] =
-    [tonic::Code::InvalidArgument, tonic::Code::NotFound, tonic::Code::PermissionDenied];
-
-/// Makes one call to the controller the agent is connected to, retrying with capped backoff
-/// until one takes it, or refuses it for good with one of `refused` (logged, dropped).
-pub async fn until_taken<F, Fut>(what: &str, refused: &[tonic::Code], client_rx: &mut ClientRx, mut call: F)
-where
-    F: FnMut(AgentServiceClient<Channel>) -> Fut,
-    Fut: std::future::Future<Output = Result<(), tonic::Status>>,
-{
-    let mut delay = Duration::from_millis(100);
-    loop {
-        let client = client_rx.borrow_and_update().clone();
-        let result = match client {
-            Some(c) => call(c).await,
-            None => Err(tonic::Status::unavailable("not connected")),
-        };
-        match result {
-            Ok(()) => return,
-            Err(s) if refused.contains(&s.code()) => {
-                tracing::error!(status = %s, "controller refused a {what}");
-                return;
-            }
-            Err(s) => {
-                tracing::debug!(status = %s, "{what} not delivered; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
-            }
-        }
-    }
-}
 
 /// Delivers every GPU fault until a controller takes it.
 pub async fn deliver_faults(

@@ -3,9 +3,10 @@
 //! Owns everything that touches the node: NVML (behind `GpuInventory`), child processes and
 //! signals, cgroups and accounts (`Runner`, `cgroup`, `cgroup_limits`, `account`), container
 //! images and roots (`image`, `container`), fencing (`fence`), per-run log files (`Logs`), the
-//! process log (`audit`), spot interruption notices (`spot`). Two pure steps: what to do with
-//! its runs (`decide`) and what one run is (`launch`: assignment → `RunSpec`). Must not: decide
-//! placement or state; it does
+//! process log (`audit`), spot interruption notices (`spot`), the session with the controllers
+//! (`session`: register, heartbeat, lease). Two pure steps: what to do with its runs (`decide`)
+//! and what one run is (`launch`: assignment → `RunSpec`). Must not: decide placement or state;
+//! it does
 //! what the controller's assignment set says and reports what happened.
 
 pub mod account;
@@ -29,4 +30,5 @@ pub mod logs;
 pub mod metrics;
 pub mod reaper;
 pub mod runner;
+pub mod session;
 pub mod spot;

@@ -12,15 +12,14 @@ use anyhow::{bail, Context};
 use clap::{Parser, ValueEnum};
 use kairos_agent::account::{RunAs, UnixAccounts};
 use kairos_agent::cgroup::Cgroups;
-use kairos_agent::fence::{self, Lease};
+use kairos_agent::fence;
 use kairos_agent::gpu::{FakeInventory, GpuInventory, NvmlInventory};
 use kairos_agent::logs::Logs;
 use kairos_agent::runner::Runner;
+use kairos_agent::session::{self, ClientRx, Controllers, Credentials, KeptUp, Node, Session, TakeOver};
 use kairos_proto::v1 as pb;
 use kairos_proto::v1::agent_log_service_server::AgentLogServiceServer;
-use kairos_proto::v1::agent_service_client::AgentServiceClient;
 use tokio::sync::{mpsc, watch};
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Backend {
@@ -194,87 +193,6 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// The agent's credentials: the join token it registers with the first time, and the node
-/// credential the controller hands back, which it presents on every later call (re-registering
-/// after a restart included) and which the log service checks on every request. The node
-/// credential is kept in an owner-only file of the state directory (`node.credential`): the
-/// join token registers only a name nobody holds, so a restarted agent needs it.
-#[derive(Clone, Default)]
-pub struct Credentials {
-    join: Option<Arc<str>>,
-    node: Arc<std::sync::RwLock<Option<String>>>,
-    file: Option<PathBuf>,
-    prefer_join: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Credentials {
-    fn node(&self) -> Option<String> {
-        self.node.read().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// The credential a previous run of this agent kept, if any.
-    fn load(join: Option<Arc<str>>, file: PathBuf) -> Credentials {
-        let node = kairos_proto::wire::read_credential_file(&file).ok();
-        Credentials {
-            join,
-            node: Arc::new(std::sync::RwLock::new(node)),
-            file: Some(file),
-            prefer_join: Arc::default(),
-        }
-    }
-
-    /// Keeps the credential the controller handed back (in memory and in the file).
-    fn remember(&self, credential: String) {
-        if self.node().as_deref() == Some(credential.as_str()) {
-            return;
-        }
-        if let Some(file) = &self.file {
-            let _ = std::fs::remove_file(file);
-            if let Err(e) = kairos_proto::wire::write_private_new(file, &credential) {
-                tracing::warn!(error = %e.0, "cannot keep the node credential; a restart will need the name freed");
-            }
-        }
-        *self.node.write().unwrap_or_else(|p| p.into_inner()) = Some(credential);
-    }
-
-    /// A registration with the join token (`with_join`) or the node credential was refused.
-    /// A refusal is not proof: a just-elected leader may not have applied this node's
-    /// registration yet. So the credential is kept (in memory and on disk) and the next
-    /// registration tries the join token instead, the one after that the credential again,
-    /// until one is taken; only a new registration replaces it.
-    fn refused(&self, with_join: bool) {
-        self.prefer_join.store(!with_join && self.join.is_some(), std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Whether the next registration presents the join token rather than the node credential.
-    fn registers_with_join(&self) -> bool {
-        self.node().is_none() || self.prefer_join.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// `msg` with this node's credential (the join token before registration, or while
-    /// `registers_with_join` for a `Register`).
-    fn request<T>(&self, msg: T) -> tonic::Request<T> {
-        let mut req = tonic::Request::new(msg);
-        if let Some(c) = self.node().as_deref().or(self.join.as_deref()) {
-            kairos_proto::wire::set_bearer(req.metadata_mut(), c);
-        }
-        req
-    }
-
-    /// A registration request with the credential `registers_with_join` chooses.
-    fn register_request(&self, msg: pb::RegisterRequest) -> tonic::Request<pb::RegisterRequest> {
-        if self.registers_with_join() {
-            let mut req = tonic::Request::new(msg);
-            if let Some(j) = self.join.as_deref() {
-                kairos_proto::wire::set_bearer(req.metadata_mut(), j);
-            }
-            req
-        } else {
-            self.request(msg)
-        }
-    }
-}
-
 fn parse_label(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
@@ -310,142 +228,6 @@ fn inventory(args: &Args, name: &str) -> anyhow::Result<Box<dyn GpuInventory>> {
     }
 }
 
-/// The controller addresses to try, preferred (leader hint) first.
-struct Controllers {
-    addrs: Vec<String>,
-    next: usize,
-    hint: Option<String>,
-}
-
-impl Controllers {
-    async fn connect(&mut self, tls: Option<&ClientTlsConfig>) -> Option<(String, Channel)> {
-        let n = self.addrs.len();
-        let order: Vec<String> = self
-            .hint
-            .take()
-            .into_iter()
-            .chain((0..n).map(|i| self.addrs[(self.next + i) % n].clone()))
-            .collect();
-        self.next = self.next.wrapping_add(1);
-        for addr in order {
-            let Ok(endpoint) = Endpoint::from_shared(kairos_proto::wire::url(&addr, tls.is_some())) else {
-                continue;
-            };
-            // A paused or cut-off controller accepts TCP connections and then says nothing:
-            // every step towards it is bounded (the HTTP/2 handshake too, and each call until
-            // its answer starts), so the agent moves on to the others.
-            let mut endpoint = endpoint
-                .connect_timeout(Duration::from_secs(2))
-                .timeout(Duration::from_secs(5))
-                .tcp_keepalive(Some(Duration::from_secs(10)));
-            if let Some(tls) = tls {
-                match endpoint.tls_config(tls.clone()) {
-                    Ok(e) => endpoint = e,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "TLS settings refused");
-                        continue;
-                    }
-                }
-            }
-            if let Ok(Ok(channel)) = tokio::time::timeout(Duration::from_secs(3), endpoint.connect()).await {
-                return Some((addr, channel));
-            }
-        }
-        None
-    }
-}
-
-fn leader_hint(status: &tonic::Status) -> Option<String> {
-    status.metadata().get("kairos-leader").and_then(|v| v.to_str().ok()).map(str::to_string)
-}
-
-/// One connection to a controller: register, heartbeat, follow assignments until it breaks.
-async fn session(
-    channel: Channel,
-    node: &pb::NodeInfo,
-    runner: &Runner,
-    lease: &Lease,
-    creds: &Credentials,
-    client_tx: &watch::Sender<Option<AgentServiceClient<Channel>>>,
-) -> Result<(), tonic::Status> {
-    let mut client = AgentServiceClient::new(channel);
-    let with_join = creds.registers_with_join();
-    let sent = fence::mono_ms();
-    let reg = match client
-        .register(creds.register_request(pb::RegisterRequest { node: Some(node.clone()) }))
-        .await
-    {
-        Ok(reg) => reg.into_inner(),
-        Err(s)
-            if matches!(
-                s.code(),
-                tonic::Code::Unauthenticated | tonic::Code::NotFound | tonic::Code::FailedPrecondition
-            ) =>
-        {
-            tracing::warn!(status = %s.message(), with_join, "registration refused; trying the other credential next");
-            creds.refused(with_join);
-            return Err(s);
-        }
-        Err(s) => return Err(s),
-    };
-    creds.prefer_join.store(false, std::sync::atomic::Ordering::SeqCst);
-    tracing::info!(node = %reg.node_id, "registered");
-    if reg.node_credential.is_empty() {
-        return Err(tonic::Status::internal("the controller sent no node credential"));
-    }
-    creds.remember(reg.node_credential);
-    let interval = Duration::from_millis(reg.heartbeat_interval_ms.clamp(100, 60_000));
-    // A controller that hands out no lease (older version): a lease of ten intervals.
-    let lease_ms = if reg.lease_ms > 0 { reg.lease_ms } else { 10 * interval.as_millis() as u64 };
-    let fence_grace_ms = reg.fence_grace_ms;
-    lease.renew(sent, lease_ms, fence_grace_ms);
-    client_tx.send_replace(Some(client.clone()));
-    let mut stream = client
-        .assignments(creds.request(pb::AssignmentsRequest { node_id: reg.node_id.clone() }))
-        .await?
-        .into_inner();
-    let mut heartbeat = tokio::time::interval(interval);
-    loop {
-        tokio::select! {
-            msg = stream.message() => match msg? {
-                Some(set) => runner.reconcile(&set),
-                None => return Err(tonic::Status::unavailable("assignment stream ended")),
-            },
-            _ = heartbeat.tick() => {
-                let running = runner.running().into_iter().map(|(job_id, attempt)| pb::RunRef { job_id, attempt }).collect();
-                // A controller that stops answering (paused, partitioned) must not hold this
-                // node: give up on it after two intervals and find the leader elsewhere.
-                let call = client.heartbeat(creds.request(pb::HeartbeatRequest { node_id: reg.node_id.clone(), running }));
-                let sent = fence::mono_ms();
-                match tokio::time::timeout(interval * 2, call).await {
-                    Ok(answer) => {
-                        answer?;
-                        lease.renew(sent, lease_ms, fence_grace_ms);
-                        // Launches deferred while the lease had lapsed may go now.
-                        runner.launch_ready();
-                    }
-                    Err(_) => return Err(tonic::Status::unavailable("heartbeat: the controller did not answer")),
-                }
-            }
-        }
-    }
-}
-
-/// Delivers run reports, each until a controller takes it.
-async fn deliver_reports(
-    creds: Credentials,
-    mut rx: mpsc::Receiver<pb::StatusReport>,
-    mut client_rx: watch::Receiver<Option<AgentServiceClient<Channel>>>,
-) {
-    while let Some(report) = rx.recv().await {
-        health_tasks::until_taken("run report", &health_tasks::REFUSED, &mut client_rx, |mut c| {
-            let req = creds.request(report.clone());
-            async move { c.report_status(req).await.map(|_| ()) }
-        })
-        .await;
-    }
-}
-
 /// Waits for a spot interruption notice, then asks the controllers (until one accepts) to
 /// drain this node.
 async fn watch_spot(
@@ -453,7 +235,7 @@ async fn watch_spot(
     every: Duration,
     node: String,
     creds: Credentials,
-    mut client_rx: watch::Receiver<Option<AgentServiceClient<Channel>>>,
+    mut client_rx: ClientRx,
 ) {
     let notice = kairos_agent::spot::wait_for_notice(&imds, every).await;
     tracing::warn!(%notice, "spot interruption notice; draining this node");
@@ -483,7 +265,7 @@ fn watch_health(
     xids: kairos_agent::health::XidPolicy,
     node: &pb::NodeInfo,
     creds: &Credentials,
-    client_rx: &watch::Receiver<Option<AgentServiceClient<Channel>>>,
+    client_rx: &ClientRx,
 ) -> Vec<tokio::task::AbortHandle> {
     let (fault_tx, fault_rx) = mpsc::unbounded_channel();
     inv.watch_health(node.gpus.clone(), xids, fault_tx);
@@ -520,7 +302,10 @@ fn watchdog_main(args: &[String]) -> anyhow::Result<()> {
     };
     let parent: i32 = parent.parse().context("watchdog: AGENT_PID")?;
     // Out of the agent's session: a Ctrl-C meant for the agent must not stop the watchdog.
-    let _ = nix::unistd::setsid();
+    if let Err(e) = nix::unistd::setsid() {
+        // Already a session leader (started so by hand): it is out of the agent's session.
+        eprintln!("kairos-agent watchdog: setsid: {e}");
+    }
     let cgroups = (cgroup_base != "-").then(|| Cgroups::at(PathBuf::from(cgroup_base)));
     let process_log = match process_log.as_str() {
         "-" => Default::default(),
@@ -541,29 +326,6 @@ fn dir_mode(dir: &std::path::Path, mode: u32) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("setting the permissions of {}", dir.display()))
-}
-
-/// Removes job directories untouched for `retention` whose job has no run on this node.
-fn sweep_job_dirs(runner: &Runner, retention: Duration) {
-    let Ok(entries) = std::fs::read_dir(kairos_agent::launch::jobs_dir(runner.state_dir())) else { return };
-    let live: std::collections::BTreeSet<u64> = runner.running().into_iter().map(|(job, _)| job).collect();
-    for e in entries.flatten() {
-        let Some(job) = e.file_name().to_str().and_then(kairos_agent::launch::job_of_dir_name) else {
-            continue;
-        };
-        let old = e
-            .metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|m| m.elapsed().ok())
-            .is_some_and(|age| age > retention);
-        if old && !live.contains(&job) {
-            match std::fs::remove_dir_all(e.path()) {
-                Ok(()) => tracing::info!(job, "job directory removed after its retention"),
-                Err(err) => tracing::warn!(job, error = %err, "cannot remove an old job directory"),
-            }
-        }
-    }
 }
 
 /// The command line, with `--config` files expanded (exits 2 on a bad one).
@@ -606,23 +368,6 @@ fn prepare_state_dir(args: &Args, run_as: RunAs) -> anyhow::Result<PathBuf> {
     Ok(state_dir)
 }
 
-/// A cgroup per run where the node has cgroups to give; process groups otherwise (said loudly).
-fn detect_cgroups(name: &str, state_dir: &std::path::Path, args: &Args) -> Option<Cgroups> {
-    match Cgroups::detect(name, state_dir, args.cgroup_root.as_deref()) {
-        Ok(c) => {
-            tracing::info!(base = %c.base().display(), "a cgroup per run");
-            Some(c)
-        }
-        Err(why) => {
-            tracing::warn!(
-                reason = %why,
-                "NO CGROUP PER RUN: falling back to process groups; a job process that leaves its group (setsid, daemonize) escapes stop, kill and fencing"
-            );
-            None
-        }
-    }
-}
-
 /// The address the controllers are told to reach the log service at: `--advertise-addr` (a
 /// host name or an IP address, and a port), else the bound one.
 fn advertised(args: &Args, bound: String) -> anyhow::Result<String> {
@@ -633,16 +378,6 @@ fn advertised(args: &Args, bound: String) -> anyhow::Result<String> {
         bail!("--advertise-addr \"{a}\" is not HOST:PORT");
     }
     Ok(a.clone())
-}
-
-/// Runs `step` every `every`, for the life of the agent.
-fn every(every: Duration, mut step: impl FnMut() + Send + 'static) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            step();
-            tokio::time::sleep(every).await;
-        }
-    })
 }
 
 /// The metrics endpoint at `--metrics-addr`, when asked for.
@@ -670,40 +405,6 @@ async fn serve_metrics(
     Ok(Some(tokio::spawn(async move {
         let _ = served.await;
     })))
-}
-
-/// Sessions with the controllers, one after another, for the life of the agent: a leader's
-/// hint is followed at once; otherwise the next controller after a growing pause.
-async fn follow_controllers(
-    mut controllers: Controllers,
-    client_tls: Option<ClientTlsConfig>,
-    node: pb::NodeInfo,
-    runner: Runner,
-    lease: Lease,
-    creds: Credentials,
-    client_tx: watch::Sender<Option<AgentServiceClient<Channel>>>,
-) {
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        match controllers.connect(client_tls.as_ref()).await {
-            Some((addr, channel)) => {
-                if let Err(status) = session(channel, &node, &runner, &lease, &creds, &client_tx).await {
-                    client_tx.send_replace(None);
-                    tracing::warn!(controller = %addr, status = %status.message(), "controller session ended");
-                    if let Some(hint) = leader_hint(&status) {
-                        controllers.hint = Some(hint);
-                        continue;
-                    }
-                    if status.code() != tonic::Code::Unavailable {
-                        backoff = Duration::from_millis(100);
-                    }
-                }
-            }
-            None => tracing::debug!("no controller reachable"),
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
-    }
 }
 
 /// The per-run limits this host enforces, leaving `reserved` cores to the system.
@@ -824,82 +525,13 @@ fn serve_logs(
     }))
 }
 
-/// What the agent holds of its node while it runs.
-struct Node {
-    cgroups: Option<Cgroups>,
-    process_log: kairos_agent::audit::ProcessLog,
-    lease: Lease,
-    watchdog: std::process::Child,
-}
-
-/// Takes the node over from whatever a previous agent left: its watchdog stopped, its runs
-/// killed, a new lease (nothing to enforce yet), this agent the jobs' subreaper, and a fencing
-/// watchdog of its own.
-async fn take_over(args: &Args, name: &str, state_dir: &std::path::Path) -> anyhow::Result<Node> {
-    // Before anything of the node's is touched: a watchdog left by a previous agent goes first.
-    fence::stop_previous_watchdog(state_dir);
-    let cgroups = detect_cgroups(name, state_dir, args);
-    // Before taking any work: nothing a previous (crashed) agent started may keep running.
-    let process_log = match &args.process_log {
-        Some(path) => kairos_agent::audit::ProcessLog::open(path, name)
-            .with_context(|| format!("opening --process-log {}", path.display()))?,
-        None => Default::default(),
-    };
-    let orphans = kairos_agent::journal::kill_orphans(state_dir, cgroups.as_ref(), &process_log).await;
-    if orphans > 0 {
-        tracing::warn!(orphans, "killed runs left by a previous agent");
-    }
-    // A new lease file (a previous agent's record is gone with it): nothing to enforce yet.
-    let lease = Lease::new(fence::lease_path(state_dir));
-    // What a job leaves behind is the agent's to reap, not PID 1's (`reaper`).
-    match kairos_agent::reaper::become_subreaper() {
-        Ok(()) => drop(tokio::spawn(kairos_agent::reaper::run())),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot become the jobs' child subreaper; their orphans go to PID 1")
-        }
-    }
-    let watchdog = fence::spawn_watchdog(
-        state_dir,
-        cgroups.as_ref().map(Cgroups::base),
-        args.process_log.as_deref(),
-        name,
-    )
-    .context("starting the fencing watchdog")?;
-    Ok(Node { cgroups, process_log, lease, watchdog })
-}
-
-/// The agent's periodic work: fencing (when the lease lapses, every run is stopped; the
-/// watchdog kills what is left at the hard deadline, should this process be unable to), the
-/// sweep of old job directories, and the HPC job mapping where asked for.
-fn keep_up(
-    args: &Args,
-    runner: &Runner,
-    lease: &Lease,
-) -> (tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>, Vec<tokio::task::AbortHandle>) {
-    let fencer = {
-        let (runner, lease) = (runner.clone(), lease.clone());
-        every(Duration::from_millis(100), move || {
-            if lease.lapsed() {
-                runner.fence(lease.grace());
-            }
-        })
-    };
-    let sweeper = {
-        let runner = runner.clone();
-        let retention = Duration::from_secs(args.job_dir_retention_hours.saturating_mul(3600));
-        every(Duration::from_secs(600), move || sweep_job_dirs(&runner, retention))
-    };
-    let mut tasks = Vec::new();
-    if let Some(dir) = args.hpc_job_mapping_dir.clone() {
-        let runner = runner.clone();
-        let write = move || {
-            if let Err(e) = kairos_agent::jobmap::write(&dir, &runner.running_gpus()) {
-                tracing::warn!(dir = %dir.display(), error = %e, "cannot write the HPC job mapping");
-            }
-        };
-        tasks.push(every(Duration::from_secs(1), write).abort_handle());
-    }
-    (fencer, sweeper, tasks)
+/// What `start` sets going and `shut_down` stops.
+struct Agent {
+    runner: Runner,
+    node: Node,
+    limiter: kairos_agent::cgroup_limits::Limiter,
+    kept: KeptUp,
+    tasks: Vec<tokio::task::AbortHandle>,
 }
 
 #[tokio::main]
@@ -921,107 +553,137 @@ async fn main() -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("--gpu-ignored-xids: {e}"))?;
     let gpus = inv.discover().context("discovering GPUs")?;
     let state_dir = prepare_state_dir(&args, run_as)?;
-    let Node { cgroups, process_log, lease, mut watchdog } = take_over(&args, &name, &state_dir).await?;
+    let take = TakeOver {
+        name: &name,
+        state_dir: &state_dir,
+        cgroup_root: args.cgroup_root.as_deref(),
+        process_log: args.process_log.as_deref(),
+    };
+    let mut node = session::take_over(&take).await?;
+    let (isolation, limiter) = isolation(&args, node.cgroups.clone(), accounts, &gpus, &state_dir)?;
+    let (listener, addr) = listen(&args).await?;
+    let info = node_info(&args, &name, &addr, gpus, inv.backend(), isolation.describe());
+    let creds = credentials(&args, &state_dir)?;
+    let tls =
+        kairos_proto::wire::TlsFiles { ca: args.ca.clone(), cert: args.cert.clone(), key: args.key.clone() };
+    let (server_tls, client_tls) = (tls.server(false)?, tls.client()?);
+    let (report_tx, report_rx) = mpsc::channel(1024);
+    let runner = Runner::new(&name, &state_dir, report_tx)
+        .with_process_log(std::mem::take(&mut node.process_log))
+        .with_isolation(isolation)
+        .with_lease(node.lease.clone());
+    let retention = Duration::from_secs(args.job_dir_retention_hours.saturating_mul(3600));
+    let kept = session::keep_up(&runner, &node.lease, retention, args.hpc_job_mapping_dir.clone());
+    let (client_tx, client_rx) = watch::channel(None);
+    let mut tasks = watch_controllers(&args, inv.as_ref(), xids, &info, &creds, client_rx, report_rx)?;
+    let logs = Logs { runner: runner.clone(), credential: creds.shared_node() };
+    tasks.push(serve_logs(logs, listener, server_tls)?.abort_handle());
+    announce(&info, inv.backend());
+    let gpu_count = info.gpus.len();
+    if let Some(m) =
+        serve_metrics(&args, &name, &runner, Arc::<dyn GpuInventory>::from(inv), gpu_count).await?
+    {
+        tasks.push(m.abort_handle());
+    }
+    let s = Session { node: info, runner: runner.clone(), lease: node.lease.clone(), creds };
+    let sessions =
+        session::follow_controllers(Controllers::new(args.controllers.clone()), client_tls, s, client_tx);
+    tokio::select! {
+        r = shutdown_signal() => r?,
+        _ = sessions => {}
+    }
+    shut_down(Agent { runner, node, limiter, kept, tasks }, args.hpc_job_mapping_dir.as_deref()).await;
+    traces.shutdown();
+    Ok(())
+}
+
+/// The per-run isolation this host gives (accounts, cgroups, limits, devices, images), and its
+/// limiter.
+fn isolation(
+    args: &Args,
+    cgroups: Option<Cgroups>,
+    accounts: UnixAccounts,
+    gpus: &[pb::Gpu],
+    state_dir: &std::path::Path,
+) -> anyhow::Result<(kairos_agent::isolation::Isolation, kairos_agent::cgroup_limits::Limiter)> {
     let limiter = limiter_of(cgroups.as_ref(), args.reserved_cpus);
     let isolation = kairos_agent::isolation::Isolation {
         accounts,
-        cgroups: cgroups.clone(),
+        cgroups,
         log_max_bytes: args.log_max_bytes.max(1024),
         limiter: limiter.clone(),
         pids_max: (args.run_pids_max > 0).then_some(args.run_pids_max),
-        devices: kairos_agent::gpu::DeviceMap::of(&gpus),
-        images: image_cache(&args, &state_dir)?,
+        devices: kairos_agent::gpu::DeviceMap::of(gpus),
+        images: image_cache(args, state_dir)?,
         cdi_dirs: args.cdi_spec_dirs.clone(),
     };
+    Ok((isolation, limiter))
+}
 
+/// The log service's listener (`--addr`) and the address controllers reach it at.
+async fn listen(args: &Args) -> anyhow::Result<(tokio::net::TcpListener, String)> {
     let listen: std::net::SocketAddr =
         args.addr.parse().with_context(|| format!("--addr \"{}\" is not HOST:PORT", args.addr))?;
     let listener =
         tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     let bound = listener.local_addr().context("reading the log service address")?.to_string();
-    let addr = advertised(&args, bound)?;
-    let node = node_info(&args, &name, &addr, gpus, inv.backend(), isolation.describe());
-    let creds = credentials(&args, &state_dir)?;
-    let tls =
-        kairos_proto::wire::TlsFiles { ca: args.ca.clone(), cert: args.cert.clone(), key: args.key.clone() };
-    let server_tls = tls.server(false)?;
-    let client_tls = tls.client()?;
-    let imds = args.spot_imds.as_deref().map(kairos_agent::spot::Imds::parse).transpose()?;
-    let (report_tx, report_rx) = mpsc::channel(1024);
-    let runner = Runner::new(&name, &state_dir, report_tx)
-        .with_process_log(process_log)
-        .with_isolation(isolation)
-        .with_lease(lease.clone());
-    let (fencer, sweeper, mut tasks) = keep_up(&args, &runner, &lease);
-    let (client_tx, client_rx) = watch::channel(None);
-    if let Some(imds) = imds {
+    let addr = advertised(args, bound)?;
+    Ok((listener, addr))
+}
+
+/// The tasks that tell the controllers what happens here: spot notices, GPU health and the
+/// health-check program, run reports.
+fn watch_controllers(
+    args: &Args,
+    inv: &dyn GpuInventory,
+    xids: kairos_agent::health::XidPolicy,
+    node: &pb::NodeInfo,
+    creds: &Credentials,
+    client_rx: ClientRx,
+    reports: mpsc::Receiver<pb::StatusReport>,
+) -> anyhow::Result<Vec<tokio::task::AbortHandle>> {
+    let mut tasks = Vec::new();
+    if let Some(imds) = args.spot_imds.as_deref().map(kairos_agent::spot::Imds::parse).transpose()? {
         let poll = Duration::from_millis(args.spot_poll_ms.max(100));
-        let watch = watch_spot(imds, poll, name.clone(), creds.clone(), client_rx.clone());
+        let watch = watch_spot(imds, poll, node.name.clone(), creds.clone(), client_rx.clone());
         tasks.push(tokio::spawn(watch).abort_handle());
     }
-    tasks.extend(watch_health(&args, inv.as_ref(), xids, &node, &creds, &client_rx));
-    tasks.push(tokio::spawn(deliver_reports(creds.clone(), report_rx, client_rx)).abort_handle());
-    let logs = Logs { runner: runner.clone(), credential: creds.node.clone() };
-    tasks.push(serve_logs(logs, listener, server_tls)?.abort_handle());
-    let backend = inv.backend();
+    tasks.extend(watch_health(args, inv, xids, node, creds, &client_rx));
+    tasks.push(tokio::spawn(session::deliver_reports(creds.clone(), reports, client_rx)).abort_handle());
+    Ok(tasks)
+}
+
+/// Says what this agent is.
+fn announce(node: &pb::NodeInfo, backend: &str) {
+    let (name, addr) = (&node.name, &node.addr);
     println!(
         "kairos-agent {name} ({} {backend} GPUs, runs: {}) logs on {addr}",
         node.gpus.len(),
         node.isolation
     );
     tracing::info!(node = %name, gpus = node.gpus.len(), backend, %addr, "agent starting");
-    let gpu_count = node.gpus.len();
-    if let Some(m) =
-        serve_metrics(&args, &name, &runner, Arc::<dyn GpuInventory>::from(inv), gpu_count).await?
-    {
-        tasks.push(m.abort_handle());
-    }
-    let controllers = Controllers { addrs: args.controllers.clone(), next: 0, hint: None };
-    let sessions =
-        follow_controllers(controllers, client_tls, node, runner.clone(), lease.clone(), creds, client_tx);
-    tokio::select! {
-        r = shutdown_signal() => r?,
-        _ = sessions => {}
-    }
+}
+
+/// Stops every run, then the watchdog (nothing left for it), the cgroups and the tasks.
+async fn shut_down(agent: Agent, job_map: Option<&std::path::Path>) {
+    let Agent { runner, mut node, limiter, kept, tasks } = agent;
     tracing::info!("stopping all runs");
-    fencer.abort();
-    sweeper.abort();
+    kept.fencing.iter().for_each(tokio::task::AbortHandle::abort);
     runner.stop_all(Duration::from_secs(5)).await;
-    lease.release();
-    let _ = watchdog.kill();
-    let _ = watchdog.wait();
-    if let Some(c) = &cgroups {
+    node.lease.release();
+    if let Err(e) = node.watchdog.kill() {
+        tracing::warn!(error = %e, "cannot stop the fencing watchdog");
+    }
+    // Reaped so it leaves no zombie; how it ended does not matter now.
+    let _ = node.watchdog.wait();
+    if let Some(c) = &node.cgroups {
         c.remove_empty();
     }
     kairos_agent::cgroup_limits::remove_empty(&limiter);
-    tasks.iter().for_each(tokio::task::AbortHandle::abort);
-    if let Some(dir) = &args.hpc_job_mapping_dir {
-        let _ = kairos_agent::jobmap::write(dir, &[]);
-    }
-    traces.shutdown();
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_refused_credential_is_kept_and_alternates_with_the_join_token() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("node.credential");
-        let creds = Credentials::load(Some(Arc::from("join-token-0123456789")), file.clone());
-        assert!(creds.registers_with_join(), "no credential yet: the join token");
-        creds.remember("node.0123456789abcdef0123".into());
-        assert!(!creds.registers_with_join());
-        // A just-elected leader refuses the credential: the join token next, then the
-        // credential again; the credential is never thrown away.
-        creds.refused(false);
-        assert!(creds.registers_with_join());
-        creds.refused(true);
-        assert!(!creds.registers_with_join());
-        assert!(file.exists());
-        let reloaded = Credentials::load(None, file);
-        assert_eq!(reloaded.node().as_deref(), Some("node.0123456789abcdef0123"));
+    tasks.iter().chain(&kept.job_map).for_each(tokio::task::AbortHandle::abort);
+    if let Some(dir) = job_map {
+        if let Err(e) = kairos_agent::jobmap::write(dir, &[]) {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot empty the HPC job mapping");
+        }
     }
 }

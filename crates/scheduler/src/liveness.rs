@@ -17,8 +17,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use crate::model::NodeState;
-use crate::state::ClusterState;
+use crate::model::{NodeInfo, NodeState};
+use crate::state::{ClusterState, Op, Outcome, Rejection};
 
 /// How long after sending its last answered heartbeat an agent may run jobs: half the node
 /// timeout. The leader sees that heartbeat no earlier than it was sent and declares the node
@@ -153,6 +153,105 @@ impl Liveness {
     }
 }
 
+/// The replica a leader's work runs on, as the agent service's checks (`register`,
+/// `heartbeat`) and the leader loop (`propose::Leadership::tick`) read it: `kairosd`'s replica
+/// and the simulation's both answer these (the Raft facts, the state, the commit of a
+/// `JoinNode`), so both take the same checks in the same order.
+pub trait Seat {
+    type Error;
+    /// Whether this replica believes it leads.
+    fn is_leader(&self) -> bool;
+    /// The term it leads in (None: it does not lead).
+    fn term(&self) -> Option<u64>;
+    /// Whether a quorum still follows this replica as leader (which also waits for its state
+    /// machine to catch up with what it committed).
+    fn leads_confirmed(&self) -> impl std::future::Future<Output = bool> + Send;
+    /// `f` on the applied state and this leader's liveness.
+    fn read<R>(&self, f: impl FnOnce(&ClusterState, &mut Liveness) -> R) -> R;
+    /// Commits `op` (a `JoinNode`) and gives its outcome.
+    fn commit(&self, op: Op) -> impl std::future::Future<Output = Result<Outcome, Self::Error>> + Send;
+    /// The leader's clocks now: monotonic, and wall-clock ms.
+    fn now(&self) -> (Instant, i64);
+}
+
+/// Why a registration renews no lease.
+#[derive(Debug)]
+pub enum RegisterRefused<E> {
+    /// This leader's `NodeDown` for the node is in flight (`may_register`): again shortly.
+    BeingMarkedDown,
+    /// A `NodeDown` applied after the registration or is in flight (`registration_stands`).
+    MarkedDownMeanwhile,
+    Rejected(Rejection),
+    Unexpected(Outcome),
+    /// The caller's own refusal (the credential), or the commit failed.
+    Failed(E),
+}
+
+/// A registration as the agent service takes it: leadership confirmed first (a just-elected
+/// leader may not have applied every committed registration: the epoch read next must be
+/// current), the credential checked against the node's epoch (`credential`: the epoch it
+/// presents), `may_register`, the `JoinNode` committed, and `registration_stands`. The epoch
+/// registered.
+pub async fn register<D: Seat>(
+    desk: &D,
+    info: NodeInfo,
+    credential: impl FnOnce(Option<u64>) -> Result<Option<u64>, D::Error> + Send,
+) -> Result<u64, RegisterRefused<D::Error>> {
+    // Only waits: a replica that does not lead is refused by the commit below.
+    let _confirmed = desk.leads_confirmed().await;
+    let name = info.name.clone();
+    let epoch = desk.read(|state, _| state.nodes.get(&name).map(|n| n.epoch));
+    let credential_epoch = credential(epoch).map_err(RegisterRefused::Failed)?;
+    // Fencing: no lease while this leader's NodeDown for the node is in flight, nor from a
+    // registration that a NodeDown overtook in the log.
+    if !desk.read(|state, live| live.may_register(state, &name)) {
+        return Err(RegisterRefused::BeingMarkedDown);
+    }
+    match desk.commit(Op::JoinNode { info, credential_epoch }).await.map_err(RegisterRefused::Failed)? {
+        Outcome::NodeRegistered { epoch, .. } => {
+            let (now, wall_ms) = desk.now();
+            match desk.read(|state, live| live.registration_stands(state, &name, now, wall_ms)) {
+                true => Ok(epoch),
+                false => Err(RegisterRefused::MarkedDownMeanwhile),
+            }
+        }
+        Outcome::Rejected(r) => Err(RegisterRefused::Rejected(r)),
+        other => Err(RegisterRefused::Unexpected(other)),
+    }
+}
+
+/// Why a heartbeat renews no lease.
+#[derive(Debug, PartialEq, Eq)]
+pub enum HeartbeatError<E> {
+    /// This replica does not believe it leads.
+    NotLeader,
+    /// It believes so, but no quorum confirms it (deposed, paused or cut off).
+    NotConfirmed,
+    /// The caller's own check refused it.
+    Failed(E),
+    Refused(HeartbeatRefused),
+}
+
+/// A heartbeat as the agent service takes it: only on a leader a quorum still follows (an
+/// agent talking to a deposed, paused or partitioned replica must move to the real leader, or
+/// that leader would judge its node silent), then the caller's `check` (the node is known),
+/// then `admit_heartbeat`.
+pub async fn heartbeat<D: Seat>(
+    desk: &D,
+    node: &str,
+    check: impl FnOnce() -> Result<(), D::Error> + Send,
+) -> Result<(), HeartbeatError<D::Error>> {
+    if !desk.is_leader() {
+        return Err(HeartbeatError::NotLeader);
+    }
+    if !desk.leads_confirmed().await {
+        return Err(HeartbeatError::NotConfirmed);
+    }
+    check().map_err(HeartbeatError::Failed)?;
+    let (now, wall_ms) = desk.now();
+    desk.read(|state, live| live.admit_heartbeat(state, node, now, wall_ms)).map_err(HeartbeatError::Refused)
+}
+
 fn is_down(state: &ClusterState, node: &str) -> bool {
     state.nodes.get(node).is_some_and(|n| n.state == NodeState::Down)
 }
@@ -250,5 +349,133 @@ mod tests {
         });
         let much_later = silent_at + Duration::from_secs(60);
         assert!(l.judge_silent(&s, Duration::from_secs(60), timeout, much_later).is_empty());
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod desk_tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::state::Command;
+    use crate::testing::node_info;
+
+    /// A leader whose facts the test sets; a commit applies at once (`down_on_commit`: a
+    /// `NodeDown` for the node applies just after it).
+    pub(crate) struct Desk {
+        pub(crate) state: Mutex<ClusterState>,
+        pub(crate) live: Mutex<Liveness>,
+        pub(crate) leader: bool,
+        pub(crate) confirmed: bool,
+        pub(crate) down_on_commit: bool,
+        pub(crate) commits: Mutex<Vec<Op>>,
+        pub(crate) t0: Instant,
+    }
+
+    impl Seat for Desk {
+        type Error = &'static str;
+        fn is_leader(&self) -> bool {
+            self.leader
+        }
+        fn term(&self) -> Option<u64> {
+            self.leader.then_some(1)
+        }
+        fn leads_confirmed(&self) -> impl std::future::Future<Output = bool> + Send {
+            std::future::ready(self.leader && self.confirmed)
+        }
+        fn read<R>(&self, f: impl FnOnce(&ClusterState, &mut Liveness) -> R) -> R {
+            f(&self.state.lock().unwrap(), &mut self.live.lock().unwrap())
+        }
+        fn commit(&self, op: Op) -> impl std::future::Future<Output = Result<Outcome, &'static str>> + Send {
+            self.commits.lock().unwrap().push(op.clone());
+            let mut state = self.state.lock().unwrap();
+            let outcome = state.apply(&Command { skipped_ms: 0, now_ms: 5, op });
+            if self.down_on_commit {
+                let down = Op::NodeDown { node: "n1".into(), reason: "silent".into() };
+                state.apply(&Command { skipped_ms: 0, now_ms: 6, op: down });
+            }
+            std::future::ready(if self.leader { Ok(outcome) } else { Err("not the leader") })
+        }
+        fn now(&self) -> (Instant, i64) {
+            (self.t0, 7)
+        }
+    }
+
+    pub(crate) fn desk() -> Desk {
+        Desk {
+            state: Mutex::new(ClusterState::new()),
+            live: Mutex::default(),
+            leader: true,
+            confirmed: true,
+            down_on_commit: false,
+            commits: Mutex::default(),
+            t0: Instant::now(),
+        }
+    }
+
+    fn ready<F: std::future::Future>(f: F) -> F::Output {
+        let mut f = std::pin::pin!(f);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match f.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(out) => out,
+            std::task::Poll::Pending => panic!("the fake desk's futures are ready at once"),
+        }
+    }
+
+    pub(crate) fn join(d: &Desk, presented: Option<u64>) -> Result<u64, RegisterRefused<&'static str>> {
+        ready(register(d, node_info("n1", 1), |_| Ok(presented)))
+    }
+
+    #[test]
+    fn a_registration_commits_and_stands_with_the_epoch_the_credential_was_checked_against() {
+        let d = desk();
+        let first = join(&d, None).unwrap();
+        let mut seen = None;
+        let again = ready(register(&d, node_info("n1", 1), |epoch| {
+            seen = Some(epoch);
+            Ok(epoch)
+        }));
+        assert_eq!(again.unwrap(), first);
+        assert_eq!(seen, Some(Some(first)), "the credential is checked against the node's epoch");
+        assert_eq!(d.live.lock().unwrap().last_seen_ms("n1"), 7, "the node is live from its registration");
+        let refused = ready(register(&d, node_info("n1", 1), |_| Err("invalid join token")));
+        assert!(matches!(refused, Err(RegisterRefused::Failed("invalid join token"))));
+        assert!(matches!(join(&d, None), Err(RegisterRefused::Rejected(_))), "the name is taken");
+    }
+
+    #[test]
+    fn a_condemned_node_is_not_registered_and_one_overtaken_by_a_node_down_does_not_stand() {
+        let d = desk();
+        join(&d, None).unwrap();
+        let timeout = std::time::Duration::from_secs(10);
+        let silent = d.read(|s, l| l.judge_silent(s, timeout, timeout, d.t0 + timeout));
+        assert!(silent.contains("n1"));
+        let commits = d.commits.lock().unwrap().len();
+        assert!(matches!(join(&d, Some(1)), Err(RegisterRefused::BeingMarkedDown)));
+        assert_eq!(d.commits.lock().unwrap().len(), commits, "no JoinNode while its NodeDown is in flight");
+        // The NodeDown applies: it may register again, unless another overtakes the JoinNode.
+        let down = Op::NodeDown { node: "n1".into(), reason: "silent".into() };
+        d.state.lock().unwrap().apply(&Command { skipped_ms: 0, now_ms: 4, op: down });
+        let racing =
+            Desk { down_on_commit: true, state: Mutex::new(d.state.lock().unwrap().clone()), ..desk() };
+        assert!(matches!(join(&racing, Some(1)), Err(RegisterRefused::MarkedDownMeanwhile)));
+        assert!(join(&d, Some(1)).is_ok());
+    }
+
+    #[test]
+    fn a_heartbeat_counts_only_on_a_confirmed_leader_after_the_callers_check() {
+        let d = desk();
+        join(&d, None).unwrap();
+        let beat = |d: &Desk, check: Result<(), &'static str>| ready(heartbeat(d, "n1", || check));
+        assert_eq!(beat(&d, Ok(())), Ok(()));
+        assert_eq!(beat(&d, Err("unknown node")), Err(HeartbeatError::Failed("unknown node")));
+        let deposed = Desk { confirmed: false, ..desk() };
+        assert_eq!(beat(&deposed, Ok(())), Err(HeartbeatError::NotConfirmed));
+        let follower = Desk { leader: false, ..desk() };
+        assert_eq!(beat(&follower, Err("not reached")), Err(HeartbeatError::NotLeader));
+        assert_eq!(
+            ready(heartbeat(&d, "ghost", || Ok(()))),
+            Err(HeartbeatError::Refused(HeartbeatRefused::Down))
+        );
     }
 }

@@ -56,6 +56,41 @@ impl Leadership {
     }
 }
 
+/// What one tick of the leader loop is given besides the replica.
+#[derive(Clone, Copy, Debug)]
+pub struct Tick<'r> {
+    /// This replica's monotonic clock.
+    pub now: std::time::Instant,
+    /// The cluster's time.
+    pub now_ms: i64,
+    pub node_timeout: std::time::Duration,
+    /// The retention finished jobs are purged by, every `PURGE_EVERY`.
+    pub retention: &'r crate::state::history::Retention,
+}
+
+impl Leadership {
+    /// One tick of the leader loop, as `kairosd`'s and the simulation's both take it: while
+    /// the replica leads, how long it has led (its liveness reset when the term is new) and the
+    /// ops of its step (`leader_step`, purging when due) on one read of the state; None while
+    /// it does not lead.
+    pub fn tick<S: crate::liveness::Seat>(
+        &mut self,
+        seat: &S,
+        tick: Tick,
+    ) -> Option<(std::time::Duration, Vec<Op>)> {
+        let term = seat.term();
+        let led_for = seat.read(|_, live| self.led_for(term, tick.now, live))?;
+        let step = Step {
+            led_for,
+            node_timeout: tick.node_timeout,
+            now: tick.now,
+            now_ms: tick.now_ms,
+            purge: self.purges(tick.now).then_some(tick.retention),
+        };
+        Some((led_for, seat.read(|state, live| leader_step(state, live, step))))
+    }
+}
+
 /// What a leader step is given besides the state and the liveness it updates.
 #[derive(Clone, Copy, Debug)]
 pub struct Step<'r> {
@@ -155,6 +190,30 @@ mod leadership_tests {
         assert!(l.purges(t0));
         assert!(!l.purges(t0 + std::time::Duration::from_millis(500)));
         assert!(l.purges(t0 + PURGE_EVERY));
+    }
+
+    #[test]
+    fn a_tick_steps_only_while_leading_and_judges_silence_only_after_a_full_timeout_of_lead() {
+        use crate::liveness::desk_tests::{desk, join};
+        let d = desk();
+        join(&d, None).unwrap();
+        let retention = crate::state::history::Retention {
+            job_ms: 1_000,
+            history_max_jobs: 10,
+            history_max_age_ms: i64::MAX,
+        };
+        let timeout = std::time::Duration::from_secs(10);
+        let t0 = std::time::Instant::now();
+        let tick = |at| Tick { now: at, now_ms: 1, node_timeout: timeout, retention: &retention };
+        let mut l = Leadership::default();
+        let follower = crate::liveness::desk_tests::Desk { leader: false, ..desk() };
+        assert!(l.tick(&follower, tick(t0)).is_none(), "a replica that does not lead proposes nothing");
+        let (led_for, ops) = l.tick(&d, tick(t0)).unwrap();
+        assert_eq!(led_for, std::time::Duration::ZERO);
+        assert!(ops.is_empty(), "a new leader's grace: {ops:?}");
+        let (led_for, ops) = l.tick(&d, tick(t0 + timeout)).unwrap();
+        assert_eq!(led_for, timeout);
+        assert!(ops.iter().any(|op| matches!(op, Op::NodeDown { node, .. } if node == "n1")), "{ops:?}");
     }
 }
 

@@ -10,7 +10,7 @@ use std::pin::Pin;
 use futures::Stream;
 use kairos_proto::v1 as pb;
 use kairos_proto::v1::agent_service_server::AgentService;
-use kairos_scheduler::liveness::HeartbeatRefused;
+use kairos_scheduler::liveness::{self, HeartbeatError, HeartbeatRefused, RegisterRefused, Seat};
 use kairos_scheduler::model::HEALTH_CHECK_REASON;
 use kairos_scheduler::orders::{runs_on, RunAction, KILL_GRACE_S};
 use kairos_scheduler::{ClusterState, Op, Outcome, RunExit};
@@ -66,6 +66,37 @@ pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> 
         .collect()
 }
 
+/// The replica as the agent checks and the leader loop read it (`kairos_scheduler::liveness::Seat`).
+pub struct Desk<'a>(pub &'a Ctx);
+
+impl Seat for Desk<'_> {
+    type Error = Status;
+
+    fn is_leader(&self) -> bool {
+        self.0.replica.is_leader()
+    }
+
+    fn term(&self) -> Option<u64> {
+        self.is_leader().then(|| self.0.replica.raft.metrics().borrow().current_term)
+    }
+
+    fn leads_confirmed(&self) -> impl std::future::Future<Output = bool> + Send {
+        self.0.replica.leads_confirmed()
+    }
+
+    fn read<R>(&self, f: impl FnOnce(&ClusterState, &mut liveness::Liveness) -> R) -> R {
+        self.0.replica.read(|a| f(&a.state, &mut self.0.liveness()))
+    }
+
+    fn commit(&self, op: Op) -> impl std::future::Future<Output = Result<Outcome, Status>> + Send {
+        self.0.write(op)
+    }
+
+    fn now(&self) -> (std::time::Instant, i64) {
+        (std::time::Instant::now(), crate::context::now_ms())
+    }
+}
+
 #[tonic::async_trait]
 impl AgentService for AgentApi {
     async fn register(
@@ -75,46 +106,35 @@ impl AgentService for AgentApi {
         let (metadata, _, req) = request.into_parts();
         let info = node_info_from_pb(req.node)?;
         let name = info.name.clone();
-        // A just-elected leader may not have applied every committed registration yet: confirm
-        // leadership (which waits for the state machine to catch up) before reading the epoch.
-        let _ = self.ctx.replica.leads_confirmed().await;
-        let credential_epoch = self.ctx.auth.check_join(&metadata, &name, self.ctx.node_epoch(&name))?;
-        // Fencing (`kairos_scheduler::liveness`): no lease while this leader's NodeDown for the
-        // node is in flight, nor from a registration that a NodeDown overtook in the log.
-        let may = self.ctx.replica.read(|a| self.ctx.liveness().may_register(&a.state, &name));
-        if !may {
-            return Err(Status::unavailable(format!(
-                "node \"{name}\" is being marked down; register again shortly"
-            )));
-        }
-        match self.ctx.write(Op::JoinNode { info, credential_epoch }).await? {
-            Outcome::NodeRegistered { epoch, .. } => {
-                let stands = self.ctx.replica.read(|a| {
-                    self.ctx.liveness().registration_stands(
-                        &a.state,
-                        &name,
-                        std::time::Instant::now(),
-                        crate::context::now_ms(),
-                    )
-                });
-                if !stands {
-                    return Err(Status::unavailable(format!(
-                        "node \"{name}\" was marked down meanwhile; register again"
-                    )));
-                }
-                self.ctx.kick.notify_one();
-                tracing::info!(node = %name, "node registered");
-                Ok(Response::new(pb::RegisterResponse {
-                    node_credential: self.ctx.auth.key.node_credential(&name, epoch),
-                    node_id: name,
-                    heartbeat_interval_ms: self.ctx.timing.heartbeat_interval.as_millis() as u64,
-                    lease_ms: self.ctx.timing.lease().as_millis() as u64,
-                    fence_grace_ms: self.ctx.timing.fence_grace().as_millis() as u64,
-                }))
+        // The order of checks is the core's (`liveness::register`), as the simulation's.
+        let check = |epoch| self.ctx.auth.check_join(&metadata, &name, epoch);
+        let epoch = match liveness::register(&Desk(&self.ctx), info, check).await {
+            Ok(epoch) => epoch,
+            Err(RegisterRefused::BeingMarkedDown) => {
+                return Err(Status::unavailable(format!(
+                    "node \"{name}\" is being marked down; register again shortly"
+                )))
             }
-            Outcome::Rejected(r) => Err(rejection_status(r)),
-            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
-        }
+            Err(RegisterRefused::MarkedDownMeanwhile) => {
+                return Err(Status::unavailable(format!(
+                    "node \"{name}\" was marked down meanwhile; register again"
+                )))
+            }
+            Err(RegisterRefused::Rejected(r)) => return Err(rejection_status(r)),
+            Err(RegisterRefused::Unexpected(other)) => {
+                return Err(Status::internal(format!("unexpected outcome {other:?}")))
+            }
+            Err(RegisterRefused::Failed(status)) => return Err(status),
+        };
+        self.ctx.kick.notify_one();
+        tracing::info!(node = %name, "node registered");
+        Ok(Response::new(pb::RegisterResponse {
+            node_credential: self.ctx.auth.key.node_credential(&name, epoch),
+            node_id: name,
+            heartbeat_interval_ms: self.ctx.timing.heartbeat_interval.as_millis() as u64,
+            lease_ms: self.ctx.timing.lease().as_millis() as u64,
+            fence_grace_ms: self.ctx.timing.fence_grace().as_millis() as u64,
+        }))
     }
 
     async fn heartbeat(
@@ -122,30 +142,21 @@ impl AgentService for AgentApi {
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         self.ctx.authenticate_agent(request.metadata(), &request.get_ref().node_id)?;
-        let req = request.into_inner();
-        // Heartbeats count only on a leader a quorum still follows: an agent talking to a
-        // deposed, paused or partitioned replica must move to the real leader, or that leader
-        // would judge its node silent.
-        if !self.ctx.replica.is_leader() {
-            return Err(self.ctx.not_leader());
-        }
-        if !self.ctx.replica.leads_confirmed().await {
-            return Err(write_status(WriteError::NotLeader { leader: None, leader_addr: None }));
-        }
-        self.ctx.check_node(&req.node_id)?;
-        let admitted = self.ctx.replica.read(|a| {
-            let now = (std::time::Instant::now(), crate::context::now_ms());
-            self.ctx.liveness().admit_heartbeat(&a.state, &req.node_id, now.0, now.1)
-        });
-        match admitted {
+        let node = request.into_inner().node_id;
+        // The order of checks is the core's (`liveness::heartbeat`), as the simulation's.
+        match liveness::heartbeat(&Desk(&self.ctx), &node, || self.ctx.check_node(&node)).await {
             Ok(()) => Ok(Response::new(pb::HeartbeatResponse {})),
-            Err(HeartbeatRefused::Down) => {
-                Err(Status::failed_precondition(format!("node \"{}\" is down; register again", req.node_id)))
+            Err(HeartbeatError::NotLeader) => Err(self.ctx.not_leader()),
+            Err(HeartbeatError::NotConfirmed) => {
+                Err(write_status(WriteError::NotLeader { leader: None, leader_addr: None }))
             }
-            Err(HeartbeatRefused::Condemned) => Err(Status::failed_precondition(format!(
-                "node \"{}\" missed its heartbeats and is being marked down; register again",
-                req.node_id
-            ))),
+            Err(HeartbeatError::Failed(status)) => Err(status),
+            Err(HeartbeatError::Refused(HeartbeatRefused::Down)) => {
+                Err(Status::failed_precondition(format!("node \"{node}\" is down; register again")))
+            }
+            Err(HeartbeatError::Refused(HeartbeatRefused::Condemned)) => Err(Status::failed_precondition(
+                format!("node \"{node}\" missed its heartbeats and is being marked down; register again"),
+            )),
         }
     }
 

@@ -16,9 +16,10 @@
 
 use std::time::Instant;
 
-use kairos_scheduler::propose::{leader_step, Leadership, Step};
+use kairos_scheduler::propose::{Leadership, Tick};
 use kairos_scheduler::{Command, Op};
 
+use crate::agents::Desk;
 use crate::context::Ctx;
 
 pub async fn run(ctx: Ctx) {
@@ -28,11 +29,21 @@ pub async fn run(ctx: Ctx) {
             _ = ctx.kick.notified() => {}
             _ = tokio::time::sleep(ctx.timing.tick) => {}
         }
-        let term = ctx.replica.is_leader().then(|| ctx.replica.raft.metrics().borrow().current_term);
-        let Some(led_for) = leadership.led_for(term, Instant::now(), &mut ctx.liveness()) else { continue };
         let (started, pass_began) = (Instant::now(), std::time::SystemTime::now());
-        let ops = pass(&ctx, led_for, leadership.purges(Instant::now()));
+        // The tick is the core's (`Leadership::tick`), as the simulation's leader loop takes it.
+        let tick = Tick {
+            now: started,
+            now_ms: ctx.cluster_now(),
+            node_timeout: ctx.timing.node_timeout,
+            retention: &ctx.retention,
+        };
+        let Some((_, ops)) = leadership.tick(&Desk(&ctx), tick) else { continue };
         ctx.metrics.pass(started.elapsed().as_secs_f64());
+        for op in &ops {
+            if let Op::NodeDown { node, .. } = op {
+                tracing::warn!(node = %node, "node missed heartbeats; marking it down");
+            }
+        }
         if ops.is_empty() {
             continue;
         }
@@ -73,23 +84,4 @@ fn trace_placements(ctx: &Ctx, outcomes: &[kairos_scheduler::Outcome], began: st
             traces::end(&span);
         }
     }
-}
-
-/// What this pass proposes (with `purge`, finished jobs past the retention too): the core
-/// decides (`kairos_scheduler::propose::leader_step`), on one read of the state.
-fn pass(ctx: &Ctx, led_for: std::time::Duration, purge: bool) -> Vec<Op> {
-    let step = Step {
-        led_for,
-        node_timeout: ctx.timing.node_timeout,
-        now: Instant::now(),
-        now_ms: ctx.cluster_now(),
-        purge: purge.then_some(&ctx.retention),
-    };
-    let ops = ctx.replica.read(|a| leader_step(&a.state, &mut ctx.liveness(), step));
-    for op in &ops {
-        if let Op::NodeDown { node, .. } = op {
-            tracing::warn!(node = %node, "node missed heartbeats; marking it down");
-        }
-    }
-    ops
 }

@@ -51,7 +51,7 @@ use crate::launch::{parse_signal, RunFiles, RunSpec};
 /// A run is a job attempt.
 pub use crate::decide::RunKey;
 pub use run::Exit;
-use run::{assigned_of, local_of, Run};
+use run::{local_of, Run};
 use spawn::{Confined, RunUsed, Spawned};
 
 mod output;
@@ -175,7 +175,7 @@ impl Runner {
     /// Makes the local runs match the controller's assignment set: carries out what
     /// `decide::reconcile` says, then launches what may start (`launch_ready`).
     pub fn reconcile(&self, set: &pb::AssignmentSet) {
-        let assigned = assigned_of(set);
+        let assigned = decide::assigned_of(&set.runs);
         let mut stop = Vec::new();
         let mut reports = Vec::new();
         {
@@ -257,7 +257,7 @@ impl Runner {
             // run twice, nor one a newer set no longer assigns.
             let mut runs = self.lock();
             let Some(set) = self.last_set.lock().unwrap_or_else(|p| p.into_inner()).clone() else { return };
-            let assigned = assigned_of(&set);
+            let assigned = decide::assigned_of(&set.runs);
             let ready = decide::launches(&assigned, &local_of(&runs), self.lease.valid());
             for a in &set.runs {
                 let key = (a.job_id, a.attempt);

@@ -5,11 +5,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use kairos_proto::v1 as pb;
 use nix::sys::signal::Signal;
 
 use crate::cgroup::RunCgroup;
-use crate::decide::{Assigned, Local, RunKey};
+use crate::decide::{Local, RunKey};
 use crate::journal::signal_group;
 use crate::launch::RunSpec;
 
@@ -112,21 +111,6 @@ impl Run {
             (None, None) => {}
         }
     }
-}
-
-/// The controller's assignment set as `decide` reads it.
-pub(super) fn assigned_of(set: &pb::AssignmentSet) -> Vec<Assigned> {
-    set.runs
-        .iter()
-        .map(|a| Assigned {
-            key: (a.job_id, a.attempt),
-            gpus: a.gpu_ids.clone(),
-            milli: a.gpu_milli,
-            started: a.started,
-            stop: a.kill.then(|| (a.kill_signal.clone(), a.kill_grace_s)),
-            suspend: a.suspend,
-        })
-        .collect()
 }
 
 /// The node's runs as `decide` reads them.

@@ -314,7 +314,7 @@ async fn without_a_valid_lease_nothing_launches_and_a_lapse_stops_runs_as_lost()
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(runner.running().is_empty(), "launched without a lease");
     // A lease of 700 ms: the run starts, then the lease lapses and fencing stops it.
-    lease.renew(crate::fence::mono_ms(), 700, 200);
+    lease.renew(crate::fence::LeaseTerms::of_ms(700, 200, Duration::ZERO).renewal(crate::fence::mono_ms()));
     runner.launch_ready();
     assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
     while !lease.lapsed() {

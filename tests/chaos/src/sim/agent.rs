@@ -1,26 +1,34 @@
 //! A modelled node agent: what `kairos-agent` does, on the simulated clock, with processes that
 //! are records instead of children.
 //!
-//! Each tick it registers (`JoinNode`, with its credential's epoch after the first time),
-//! heartbeats the leader (which answers only while a quorum confirms it, and renews the lease to
-//! `sent + lease`), reconciles its runs with the assignments on the leader's applied state
-//! (`kairos_scheduler::orders::runs_on`: launch what has not started, stop what is told to stop
-//! or no longer listed) and reports starts and exits until they commit. When its lease lapses it
-//! stops its runs within the fence grace; its watchdog kills whatever still runs at
-//! `lease + grace` even while the agent is stalled or crashed. A crashed agent keeps its runs
-//! (it adopts them again, as the real agent does from its job map).
+//! Each tick it registers and heartbeats as the real agent does — the same sequence
+//! (`kairos_agent::session::step`: which credential it presents, `sent` read before the call,
+//! the lease renewed to `sent + lease` by `fence::LeaseTerms::renewal`) over modelled calls that
+//! the replica answers with the server's own checks in the server's order
+//! (`kairos_scheduler::liveness::register` and `heartbeat`, on `SimSeat`). It reconciles its
+//! runs with the assignments on the leader's applied state, read as the runner reads what the
+//! server sends (`kairos_server::agents::assignments_for`, `kairos_agent::decide::assigned_of`:
+//! launch what has not started, stop what is told to stop or no longer listed) and reports
+//! starts and exits until they commit. When its lease lapses it stops its runs within the fence
+//! grace; its watchdog kills whatever still runs at the hard deadline even while the agent is
+//! stalled or crashed. A crashed agent keeps its runs (it adopts them again, as the real agent
+//! does from its job map).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kairos_agent::decide::{self, Action, Assigned, Local, RunKey};
-use kairos_consensus::ReplicaId;
-use kairos_scheduler::orders::{runs_on, RunAction};
-use kairos_scheduler::{Gpu, NodeInfo, Op, Outcome, RunExit};
+use kairos_agent::fence::{LeaseTerms, Renewal};
+use kairos_agent::session::step::{self, Controller, Registration};
+use kairos_agent::session::Credentials;
+use kairos_consensus::{Replica, ReplicaId};
+use kairos_scheduler::liveness::{self, HeartbeatError, RegisterRefused};
+use kairos_scheduler::{Gpu, NodeInfo, Op, RunExit};
 use tokio::time::Instant;
 
-use super::{locked, World};
+use super::cluster::SimSeat;
+use super::World;
 
 const TICK: Duration = Duration::from_millis(100);
 
@@ -66,14 +74,14 @@ fn node_info(name: &str, gpus: u32) -> NodeInfo {
 /// The modelled agent of `node`, until the world ends.
 pub async fn run(w: Arc<World>, node: String) {
     let info = node_info(&node, w.cfg.gpus_per_node);
+    let calls = Calls { w: w.clone(), info, via: 1, answered_by: None };
     let mut agent = SimAgent {
         w,
         node,
-        info,
-        via: 1,
-        epoch: None,
-        registered: false,
-        lease_until: None,
+        calls,
+        creds: Credentials::in_memory(Some(Arc::from("join"))),
+        terms: None,
+        lease: None,
         procs: BTreeMap::new(),
         was_down: false,
     };
@@ -84,7 +92,7 @@ pub async fn run(w: Arc<World>, node: String) {
             continue;
         }
         agent.fence(Instant::now());
-        if !agent.registered {
+        if agent.terms.is_none() {
             agent.register().await;
             continue;
         }
@@ -92,7 +100,7 @@ pub async fn run(w: Arc<World>, node: String) {
         let reports = agent.reconcile(&replica);
         // Reports in order, one call each, until one fails.
         for op in reports {
-            if agent.w.write(&mut agent.via, vec![op]).await.is_err() {
+            if agent.w.write(&mut agent.calls.via, vec![op]).await.is_err() {
                 break;
             }
         }
@@ -103,14 +111,124 @@ pub async fn run(w: Arc<World>, node: String) {
 struct SimAgent {
     w: Arc<World>,
     node: String,
+    calls: Calls,
+    creds: Credentials,
+    /// The lease terms of its registration (None: it must register).
+    terms: Option<LeaseTerms>,
+    lease: Option<Renewal<Instant>>,
+    procs: BTreeMap<RunKey, Proc>,
+    was_down: bool,
+}
+
+/// Why a modelled call got no answer the agent can use.
+#[derive(Debug)]
+enum CallError {
+    /// The replica was down or paused, the reply lost, or it did not lead.
+    Failed(String),
+    /// The registration's credential was refused.
+    Refused(String),
+    /// The node must register again.
+    MustRegister,
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Failed(why) => write!(f, "{why}"),
+            CallError::Refused(why) => write!(f, "registration refused: {why}"),
+            CallError::MustRegister => write!(f, "the node must register again"),
+        }
+    }
+}
+
+/// The agent's calls to the cluster, as `kairosd`'s agent service answers them: a replica
+/// (`via`), the server's checks on it (`liveness::register`, `liveness::heartbeat`).
+struct Calls {
+    w: Arc<World>,
     info: NodeInfo,
     /// The replica it talks to.
     via: ReplicaId,
-    epoch: Option<u64>,
-    registered: bool,
-    lease_until: Option<Instant>,
-    procs: BTreeMap<RunKey, Proc>,
-    was_down: bool,
+    /// The leader that answered the last heartbeat.
+    answered_by: Option<Replica>,
+}
+
+impl Calls {
+    /// The replica `via`, once it is up and unpaused (within `wait`).
+    async fn reach(&mut self, wait: Duration) -> Result<Replica, CallError> {
+        let Some(replica) = self.w.replica(self.via) else {
+            self.via = self.w.any_replica();
+            return Err(CallError::Failed("replica down".into()));
+        };
+        if !self.w.wait_unpaused(self.via, wait).await {
+            return Err(CallError::Failed("replica paused".into()));
+        }
+        Ok(replica)
+    }
+
+    /// A reply on its way back: lost now and then.
+    fn reply<T>(&self, answer: T) -> Result<T, CallError> {
+        match self.w.reply_lost() {
+            true => Err(CallError::Failed("reply lost".into())),
+            false => Ok(answer),
+        }
+    }
+}
+
+impl Controller for Calls {
+    type Time = Instant;
+    type Error = CallError;
+
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    /// The credential is the registration's epoch (the real one is a MAC of it).
+    async fn register(
+        &mut self,
+        with_join: bool,
+        credential: Option<&str>,
+    ) -> Result<Registration, CallError> {
+        let replica = self.reach(Duration::from_secs(2)).await?;
+        let presented = if with_join { None } else { credential.and_then(|c| c.parse::<u64>().ok()) };
+        let w = self.w.clone();
+        let seat = SimSeat::new(&w, self.via, replica);
+        let registered = liveness::register(&seat, self.info.clone(), |_| Ok(presented)).await;
+        self.via = seat.via();
+        let epoch = match registered {
+            Ok(epoch) => epoch,
+            Err(RegisterRefused::Rejected(r)) => return Err(CallError::Refused(format!("{r:?}"))),
+            Err(other) => return Err(CallError::Failed(format!("{other:?}"))),
+        };
+        let terms = LeaseTerms { lease: w.cfg.lease(), grace: w.cfg.fence_grace() };
+        let credential = epoch.to_string();
+        self.reply(Registration { node_id: self.info.name.clone(), credential, interval: TICK, terms })
+    }
+
+    fn refuses_credential(error: &CallError) -> bool {
+        matches!(error, CallError::Refused(_))
+    }
+
+    async fn heartbeat(&mut self) -> Result<(), CallError> {
+        let replica = self.reach(Duration::from_millis(500)).await?;
+        let w = self.w.clone();
+        let seat = SimSeat::new(&w, self.via, replica.clone());
+        match liveness::heartbeat(&seat, &self.info.name, || Ok(())).await {
+            Ok(()) => {
+                self.answered_by = Some(replica);
+                self.reply(())
+            }
+            Err(HeartbeatError::NotLeader) => {
+                self.via = replica.leader().0.unwrap_or_else(|| w.any_replica());
+                Err(CallError::Failed("not the leader".into()))
+            }
+            Err(HeartbeatError::NotConfirmed) => {
+                self.via = w.any_replica();
+                Err(CallError::Failed("leadership not confirmed".into()))
+            }
+            Err(HeartbeatError::Refused(_)) => Err(CallError::MustRegister),
+            Err(HeartbeatError::Failed(e)) => Err(CallError::Failed(e)),
+        }
+    }
 }
 
 impl SimAgent {
@@ -118,8 +236,7 @@ impl SimAgent {
     /// hard deadline (the watchdog), whichever comes first.
     fn advance(&mut self, now: Instant) {
         let w = &self.w;
-        let hard =
-            self.lease_until.map(|l| l + w.cfg.fence_grace()).filter(|_| !w.cfg.broken.agents_ignore_lease);
+        let hard = self.lease.map(|l| l.hard_deadline).filter(|_| !w.cfg.broken.agents_ignore_lease);
         for p in self.procs.values_mut().filter(|p| p.ended.is_none()) {
             let mut ends: Vec<(Instant, RunExit)> = vec![(p.natural_end, RunExit::Code(0))];
             ends.extend(p.stop_at.map(|s| (s, RunExit::Signal(15))));
@@ -139,7 +256,7 @@ impl SimAgent {
             fault.stalled_until.is_some_and(|t| now < t) || fault.crashed_until.is_some_and(|t| now < t);
         if down {
             if fault.crashed_until.is_some() {
-                self.registered = false;
+                self.terms = None;
             }
             self.was_down = true;
         } else if self.was_down {
@@ -150,7 +267,7 @@ impl SimAgent {
     }
 
     fn leased(&self, now: Instant) -> bool {
-        self.lease_until.is_some_and(|l| now < l) || self.w.cfg.broken.agents_ignore_lease
+        self.lease.is_some_and(|l| now < l.valid_until) || self.w.cfg.broken.agents_ignore_lease
     }
 
     /// The lease lapsed: every run stops within the fence's grace.
@@ -164,74 +281,35 @@ impl SimAgent {
         }
     }
 
-    /// Registers (`JoinNode`, with its credential's epoch after the first time), as the agent
-    /// service's `register` admits it (`kairos_scheduler::liveness`); the lease runs from when
+    /// Registers as the real agent does (`session::step::register`); the lease runs from when
     /// it was sent.
     async fn register(&mut self) {
-        let (w, node, via) = (self.w.clone(), self.node.clone(), self.via);
-        let may =
-            w.replica(via).is_none_or(|r| r.read(|a| locked(&w.liveness(via)).may_register(&a.state, &node)));
-        if !may {
-            return;
-        }
-        let sent = Instant::now();
-        let join = Op::JoinNode { info: self.info.clone(), credential_epoch: self.epoch };
-        let Ok(outcomes) = w.write(&mut self.via, vec![join]).await else { return };
-        match outcomes.first() {
-            Some(Outcome::NodeRegistered { epoch: e, .. }) => {
-                self.epoch = Some(*e);
-                let (now, via) = (Instant::now().into_std(), self.via);
-                let stands = w.replica(via).is_some_and(|r| {
-                    r.read(|a| locked(&w.liveness(via)).registration_stands(&a.state, &node, now, 0))
-                });
-                if stands && !w.reply_lost() {
-                    self.registered = true;
-                    self.lease_until = Some(sent + w.cfg.lease());
-                }
-            }
-            // A registration of another epoch (a stale credential): join afresh.
-            Some(Outcome::Rejected(_)) => self.epoch = None,
-            _ => {}
+        if let Ok(r) = step::register(&mut self.calls, &self.creds).await {
+            self.terms = Some(r.registration.terms);
+            self.lease = Some(r.renewal);
         }
     }
 
-    /// A heartbeat: only a leader a quorum still follows counts it. The leader it renewed the
-    /// lease with (to `sent + lease`), if it did.
-    async fn heartbeat(&mut self) -> Option<kairos_consensus::Replica> {
-        let w = self.w.clone();
-        let Some(replica) = w.replica(self.via) else {
-            self.via = w.any_replica();
-            return None;
-        };
-        if !w.wait_unpaused(self.via, Duration::from_millis(500)).await {
-            return None;
+    /// A heartbeat as the real agent sends it (`session::step::heartbeat`): the leader that
+    /// renewed the lease, if one did.
+    async fn heartbeat(&mut self) -> Option<Replica> {
+        let terms = self.terms?;
+        match step::heartbeat(&mut self.calls, terms).await {
+            Ok(renewal) => {
+                self.lease = Some(renewal);
+                self.calls.answered_by.take()
+            }
+            Err(CallError::MustRegister) => {
+                self.terms = None;
+                None
+            }
+            Err(_) => None,
         }
-        if !replica.is_leader() {
-            self.via = replica.leader().0.unwrap_or_else(|| w.any_replica());
-            return None;
-        }
-        let sent = Instant::now();
-        if !replica.leads_confirmed().await {
-            self.via = w.any_replica();
-            return None;
-        }
-        let admitted = replica.read(|a| {
-            locked(&w.liveness(self.via)).admit_heartbeat(&a.state, &self.node, Instant::now().into_std(), 0)
-        });
-        if admitted.is_err() {
-            self.registered = false;
-            return None;
-        }
-        if w.reply_lost() {
-            return None;
-        }
-        self.lease_until = Some(sent + w.cfg.lease());
-        Some(replica)
     }
 
     /// Reconciles with the assignments on the leader's state, as the real agent decides
     /// (`kairos_agent::decide`), carried out on the modelled processes; the reports to send.
-    fn reconcile(&mut self, replica: &kairos_consensus::Replica) -> Vec<Op> {
+    fn reconcile(&mut self, replica: &Replica) -> Vec<Op> {
         let (assigned, names) = replica.read(|a| assignments(&a.state, &self.node));
         let now = Instant::now();
         let node = self.node.clone();
@@ -295,31 +373,19 @@ impl SimAgent {
     }
 }
 
-/// The runs the state assigns `node`, as `decide` reads them (the same orders the server sends
-/// its agents, `orders::runs_on`), and their jobs' names (what their run times derive from).
+/// The runs the state assigns `node` as the agent reads them: what the server sends
+/// (`kairos_server::agents::assignments_for`), read as the runner reads it
+/// (`decide::assigned_of`); and their jobs' names (what their run times derive from).
 fn assignments(
     state: &kairos_scheduler::ClusterState,
     node: &str,
 ) -> (Vec<Assigned>, BTreeMap<RunKey, String>) {
-    runs_on(state, node)
-        .into_iter()
-        .map(|o| {
-            let stop = match &o.action {
-                RunAction::Stop { signal, grace_s } => Some((signal.clone(), *grace_s)),
-                RunAction::Run | RunAction::Suspend => None,
-            };
-            let key = (o.job.id, o.attempt);
-            let assigned = Assigned {
-                key,
-                gpus: o.gpus.clone(),
-                milli: o.job.spec.gpu_milli,
-                started: o.started,
-                stop,
-                suspend: o.action == RunAction::Suspend,
-            };
-            (assigned, (key, o.job.spec.name.clone()))
-        })
-        .unzip()
+    let runs = kairos_server::agents::assignments_for(state, node);
+    let names = runs
+        .iter()
+        .filter_map(|a| Some(((a.job_id, a.attempt), state.jobs.get(&a.job_id)?.spec.name.clone())))
+        .collect();
+    (decide::assigned_of(&runs), names)
 }
 
 /// The modelled processes as `decide` reads a node's runs.

@@ -11,15 +11,15 @@ use kairos_consensus::peerclock::PeerClocks;
 use kairos_consensus::{Replica, ReplicaConfig, ReplicaId, Storage, WriteError};
 use kairos_scheduler::clock::Stamp;
 use kairos_scheduler::history::Retention;
-use kairos_scheduler::liveness::Liveness;
-use kairos_scheduler::propose::{leader_step, Leadership, Step};
-use kairos_scheduler::{Command, Op, Outcome};
+use kairos_scheduler::liveness::{Liveness, Seat};
+use kairos_scheduler::propose::{Leadership, Tick};
+use kairos_scheduler::{ClusterState, Command, Op, Outcome};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::disk::Disk;
 use super::net::{self, SimNetwork};
-use super::World;
+use super::{locked, World};
 
 /// The leader's pass period (`kairosd --tick`).
 const TICK: Duration = Duration::from_millis(100);
@@ -246,41 +246,82 @@ impl World {
     }
 }
 
+/// A replica as the core's leader checks read it (`kairos_scheduler::liveness::Seat`), as
+/// `kairosd`'s `agents::Desk` does: the modelled agents register and heartbeat through it
+/// (`liveness::register`, `liveness::heartbeat`) and the leader loop ticks on it
+/// (`Leadership::tick`).
+pub struct SimSeat<'w> {
+    pub w: &'w World,
+    pub replica: Replica,
+    pub liveness: Arc<Mutex<Liveness>>,
+    /// Where a commit is sent; a refusal naming the leader moves it there.
+    pub via: Mutex<ReplicaId>,
+}
+
+impl<'w> SimSeat<'w> {
+    pub fn new(w: &'w World, id: ReplicaId, replica: Replica) -> SimSeat<'w> {
+        SimSeat { w, replica, liveness: w.liveness(id), via: Mutex::new(id) }
+    }
+
+    pub fn via(&self) -> ReplicaId {
+        *locked(&self.via)
+    }
+}
+
+impl Seat for SimSeat<'_> {
+    type Error = String;
+
+    fn is_leader(&self) -> bool {
+        self.replica.is_leader()
+    }
+
+    fn term(&self) -> Option<u64> {
+        self.is_leader().then(|| self.replica.raft.metrics().borrow().current_term)
+    }
+
+    fn leads_confirmed(&self) -> impl std::future::Future<Output = bool> + Send {
+        self.replica.leads_confirmed()
+    }
+
+    fn read<R>(&self, f: impl FnOnce(&ClusterState, &mut Liveness) -> R) -> R {
+        self.replica.read(|a| f(&a.state, &mut locked(&self.liveness)))
+    }
+
+    async fn commit(&self, op: Op) -> Result<Outcome, String> {
+        let mut via = self.via();
+        let written = self.w.write(&mut via, vec![op]).await;
+        *locked(&self.via) = via;
+        written?.into_iter().next().ok_or_else(|| "no outcome".to_string())
+    }
+
+    fn now(&self) -> (std::time::Instant, i64) {
+        (Instant::now().into_std(), 0)
+    }
+}
+
 /// What `kairosd`'s leader loop does each tick, while this replica leads and is not paused:
-/// gather the silent nodes, ask the core what to change, propose it.
+/// the core's tick (`Leadership::tick`: the silent nodes judged, what to change), proposed.
 async fn leader_loop(w: Arc<World>, id: ReplicaId, replica: Replica, liveness: Arc<Mutex<Liveness>>) {
     let mut leadership = Leadership::default();
+    let seat = SimSeat { w: &w, replica: replica.clone(), liveness, via: Mutex::new(id) };
     loop {
         tokio::time::sleep(TICK).await;
         if net::lock(&w.net).paused.contains(&id) {
             continue;
         }
-        let term = replica.is_leader().then(|| replica.raft.metrics().borrow().current_term);
-        let now_std = Instant::now().into_std();
-        let led_for = {
-            let mut l = liveness.lock().unwrap_or_else(|p| p.into_inner());
-            leadership.led_for(term, now_std, &mut l)
-        };
-        let Some(led_for) = led_for else { continue };
-        if led_for.is_zero() {
-            w.trace(|| format!("leader {id}: leads (term {})", term.unwrap_or_default()));
-        }
         let now = w.stamp(id, &replica);
-        let step = Step {
-            led_for,
-            node_timeout: w.cfg.node_timeout,
-            now: now_std,
+        // As kairosd's, with a retention short enough to purge within a schedule.
+        let tick = Tick {
+            now: Instant::now().into_std(),
             now_ms: now.now_ms,
-            // As kairosd's, with a retention short enough to purge within a schedule.
-            purge: leadership.purges(now_std).then_some(&SIM_RETENTION),
+            node_timeout: w.cfg.node_timeout,
+            retention: &SIM_RETENTION,
         };
-        let (ops, purged) = replica.read(|a| {
-            let mut l = liveness.lock().unwrap_or_else(|p| p.into_inner());
-            let ops = leader_step(&a.state, &mut l, step);
-            let purged = purged_finals(&a.state, &ops);
-            (ops, purged)
-        });
-        w.purging(purged);
+        let Some((led_for, ops)) = leadership.tick(&seat, tick) else { continue };
+        if led_for.is_zero() {
+            w.trace(|| format!("leader {id}: leads (term {})", seat.term().unwrap_or_default()));
+        }
+        w.purging(replica.read(|a| purged_finals(&a.state, &ops)));
         if ops.is_empty() {
             continue;
         }
