@@ -99,7 +99,7 @@ pub struct Node {
     /// Every job with a live task on this node -> the CPUs and memory that task holds. The only
     /// record of CPU and memory use (a CPU-only job holds no GPU, so it is listed only here).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub held: BTreeMap<JobId, Share>,
+    pub held: BTreeMap<JobId, CpuMem>,
     /// GPU index -> why it is unhealthy (its agent saw a fatal XID, a double-bit ECC error, or
     /// the GPU stopped answering). Such a GPU is never granted until an operator resets it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -123,34 +123,34 @@ pub struct GpuFault {
 
 /// The CPUs and host memory one task of a job holds on its node.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Share {
+pub struct CpuMem {
     pub cpus: u32,
     pub mem_mib: u64,
 }
 
-impl Share {
+impl CpuMem {
     /// Whether `self` fits in `free`.
-    pub fn fits(self, free: Share) -> bool {
+    pub fn fits(self, free: CpuMem) -> bool {
         self.cpus <= free.cpus && self.mem_mib <= free.mem_mib
     }
 
     /// `self` less `other`, never below zero.
-    pub fn minus(self, other: Share) -> Share {
-        Share {
+    pub fn minus(self, other: CpuMem) -> CpuMem {
+        CpuMem {
             cpus: self.cpus.saturating_sub(other.cpus),
             mem_mib: self.mem_mib.saturating_sub(other.mem_mib),
         }
     }
 
-    pub fn plus(self, other: Share) -> Share {
-        Share {
+    pub fn plus(self, other: CpuMem) -> CpuMem {
+        CpuMem {
             cpus: self.cpus.saturating_add(other.cpus),
             mem_mib: self.mem_mib.saturating_add(other.mem_mib),
         }
     }
 
     /// Which resource of `self` does not fit in `free` ("CPUs" first), for pending reasons.
-    pub fn short_of(self, free: Share) -> Option<&'static str> {
+    pub fn short_of(self, free: CpuMem) -> Option<&'static str> {
         if self.cpus > free.cpus {
             Some("CPUs")
         } else if self.mem_mib > free.mem_mib {
@@ -164,17 +164,17 @@ impl Share {
 impl Node {
     /// The CPUs and memory jobs may be granted on this node (what the agent reported,
     /// reservations for the system already taken out).
-    pub fn capacity(&self) -> Share {
-        Share { cpus: self.info.cpus, mem_mib: self.info.memory_mib }
+    pub fn capacity(&self) -> CpuMem {
+        CpuMem { cpus: self.info.cpus, mem_mib: self.info.memory_mib }
     }
 
     /// The CPUs and memory held by jobs.
-    pub fn used(&self) -> Share {
-        self.held.values().fold(Share::default(), |a, s| a.plus(*s))
+    pub fn used(&self) -> CpuMem {
+        self.held.values().fold(CpuMem::default(), |a, s| a.plus(*s))
     }
 
     /// The CPUs and memory not held by any job.
-    pub fn free_share(&self) -> Share {
+    pub fn free_cpu_mem(&self) -> CpuMem {
         self.capacity().minus(self.used())
     }
 
@@ -447,8 +447,8 @@ impl JobSpec {
     }
 
     /// The CPUs and memory each task holds on its node.
-    pub fn share(&self) -> Share {
-        Share { cpus: self.cpus, mem_mib: self.mem_mib }
+    pub fn cpu_mem(&self) -> CpuMem {
+        CpuMem { cpus: self.cpus, mem_mib: self.mem_mib }
     }
 }
 

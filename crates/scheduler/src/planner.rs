@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::TaskPlacement;
-use crate::model::{model_matches, Gpu, GpuIndex, Job, JobId, JobState, Node, NodeState, Share};
+use crate::model::{model_matches, CpuMem, Gpu, GpuIndex, Job, JobId, JobState, Node, NodeState};
 use crate::policy::Partition;
 use crate::queue::{scan, Queued};
 use crate::state::brief::JobIndex;
@@ -82,10 +82,10 @@ struct FreeNode<'a> {
     /// GPUs the reservation holds on this node (free now or freed by then).
     reserved: Vec<GpuIndex>,
     /// CPUs and memory no job holds (less what this pass placed).
-    free_share: Share,
+    free_cpu_mem: CpuMem,
     /// CPUs and memory the reservation holds on this node: a job that may not touch the
     /// reservation leaves this much of the free share alone.
-    reserved_share: Share,
+    reserved_share: CpuMem,
     /// A cloud burst node: only burstable jobs may use it.
     cloud: bool,
 }
@@ -93,9 +93,9 @@ struct FreeNode<'a> {
 impl FreeNode<'_> {
     /// Whether one task's CPUs and memory fit beside what is held (and, unless
     /// `may_use_reserved`, beside the reservation's share too).
-    fn share_fits(&self, want: Share, may_use_reserved: bool) -> bool {
+    fn share_fits(&self, want: CpuMem, may_use_reserved: bool) -> bool {
         let free =
-            if may_use_reserved { self.free_share } else { self.free_share.minus(self.reserved_share) };
+            if may_use_reserved { self.free_cpu_mem } else { self.free_cpu_mem.minus(self.reserved_share) };
         want.fits(free)
     }
 
@@ -127,7 +127,7 @@ impl FreeNode<'_> {
 
     /// Where the pass's index files the node at `pos`.
     fn key(&self, pos: usize) -> FreeKey {
-        (self.indexed_free(), std::cmp::Reverse(self.free_share.cpus), pos)
+        (self.indexed_free(), std::cmp::Reverse(self.free_cpu_mem.cpus), pos)
     }
 }
 
@@ -178,7 +178,7 @@ struct Pass<'a> {
     /// GPUs busy before the pass are read from the state only when a reservation needs them.
     placed_until: BTreeMap<usize, Vec<(i64, GpuIndex, &'a str)>>,
     /// Expected end of each task placed in this pass, with the CPUs and memory it holds.
-    placed_share: BTreeMap<usize, Vec<(i64, Share)>>,
+    placed_share: BTreeMap<usize, Vec<(i64, CpuMem)>>,
     /// Some Up node is a cloud burst node (the index fast path must then filter).
     has_cloud: bool,
     /// Per GPU model constraint seen in this pass: the positions of the nodes with a GPU it matches.
@@ -214,8 +214,8 @@ impl<'a> Pass<'a> {
                 node: n,
                 free,
                 reserved: Vec::new(),
-                free_share: n.free_share(),
-                reserved_share: Share::default(),
+                free_cpu_mem: n.free_cpu_mem(),
+                reserved_share: CpuMem::default(),
                 cloud,
             });
         }
@@ -261,7 +261,7 @@ impl<'a> Pass<'a> {
     fn find(
         &mut self,
         count: usize,
-        share: Share,
+        share: CpuMem,
         model: Option<&'a str>,
         part: Option<&Partition>,
         cloud_ok: bool,
@@ -322,15 +322,15 @@ impl<'a> Pass<'a> {
     }
 
     fn take(&mut self, pos: usize, gpus: &[GpuIndex], until_ms: i64) {
-        self.take_task(pos, gpus, Share::default(), until_ms);
+        self.take_task(pos, gpus, CpuMem::default(), until_ms);
     }
 
     /// Takes one task's GPUs and CPUs/memory on the node at `pos` until `until_ms`.
-    fn take_task(&mut self, pos: usize, gpus: &[GpuIndex], share: Share, until_ms: i64) {
+    fn take_task(&mut self, pos: usize, gpus: &[GpuIndex], share: CpuMem, until_ms: i64) {
         let key = self.nodes[pos].key(pos);
-        if share != Share::default() {
+        if share != CpuMem::default() {
             let node = &mut self.nodes[pos];
-            node.free_share = node.free_share.minus(share);
+            node.free_cpu_mem = node.free_cpu_mem.minus(share);
             self.placed_share.entry(pos).or_default().push((until_ms, share));
         }
         let node = &mut self.nodes[pos];
@@ -370,7 +370,7 @@ impl<'a> Pass<'a> {
         &self,
         tasks: usize,
         count: usize,
-        share: Share,
+        share: CpuMem,
         model: Option<&str>,
         part: Option<&Partition>,
         cloud_ok: bool,
@@ -410,7 +410,7 @@ impl<'a> Pass<'a> {
             return None;
         }
         let need = job.gpus() as usize;
-        let want = job.spec.share();
+        let want = job.spec.cpu_mem();
         let model = job.spec.gpu_model.as_deref();
         let mut best: Option<((u128, usize, &str), PreemptPlan)> = None;
         let need_gpus = need as u128;
@@ -426,8 +426,8 @@ impl<'a> Pass<'a> {
             if !want.fits(n.capacity()) {
                 continue;
             }
-            let mut free = node.free_share;
-            type Candidate = (u128, i64, JobId, u64, u128, Vec<GpuIndex>, Share);
+            let mut free = node.free_cpu_mem;
+            type Candidate = (u128, i64, JobId, u64, u128, Vec<GpuIndex>, CpuMem);
             let mut candidates: Vec<Candidate> = state
                 .jobs_on(node.name)
                 .into_iter()
@@ -454,7 +454,7 @@ impl<'a> Pass<'a> {
                     let freed = state.freed_by(v, taken, held);
                     // A victim is worth stopping for the GPUs it frees, or for the CPUs and
                     // memory it frees when those are what the preemptor lacks.
-                    if matching.is_empty() && (want.fits(free) || freed == Share::default()) {
+                    if matching.is_empty() && (want.fits(free) || freed == CpuMem::default()) {
                         return None;
                     }
                     let cost = state.preemption_cost(v, taken, now);
@@ -481,13 +481,13 @@ impl<'a> Pass<'a> {
             gpus.truncate(need);
             // What each victim gives once the GPUs are chosen (apply judges it the same way):
             // one that gives neither GPUs nor needed CPUs/memory is spared.
-            let mut free = node.free_share;
+            let mut free = node.free_cpu_mem;
             victims.retain(|v| {
                 let Some(victim) = state.jobs.get(v) else { return false };
                 let taken = gpus.iter().filter(|g| n.allocated.get(g) == Some(v)).count() as u32;
                 let freed = state.freed_by(victim, taken, n.held.get(v).copied().unwrap_or_default());
                 free = free.plus(freed);
-                taken > 0 || freed != Share::default()
+                taken > 0 || freed != CpuMem::default()
             });
             if !want.fits(free) || victims.is_empty() {
                 continue;
@@ -546,7 +546,7 @@ impl<'a> Pass<'a> {
             .nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| a.rank_on(n.name).is_none() && job.spec.share().fits(n.free_share))
+            .filter(|(_, n)| a.rank_on(n.name).is_none() && job.spec.cpu_mem().fits(n.free_cpu_mem))
             .filter(|(_, n)| part.is_none_or(|p| p.contains(n.name, n.labels)) && (cloud_ok || !n.cloud))
             .map(|(pos, n)| (n.usable_count(model, false), pos))
             .filter(|(usable, _)| *usable >= count)
@@ -560,7 +560,7 @@ impl<'a> Pass<'a> {
         let mut more = a.more.clone();
         for pos in chosen {
             let gpus = pick_gpus(&self.nodes[pos].usable(model, false), count);
-            self.take_task(pos, &gpus, job.spec.share(), state.expected_end_ms(job));
+            self.take_task(pos, &gpus, job.spec.cpu_mem(), state.expected_end_ms(job));
             more.push(TaskPlacement { node: self.nodes[pos].name.to_string(), gpus });
         }
         Some(GrowPlan { job: job.id, attempt: job.attempt, gpus: a.gpus.clone(), more })
@@ -590,7 +590,7 @@ impl<'a> Pass<'a> {
 
     /// When the CPUs and memory held on the node at `pos` are expected to be free: the running
     /// tasks' expected ends (not before now) and the ends of this pass's placements.
-    fn shares_until(&self, pos: usize) -> impl Iterator<Item = (i64, Share)> + '_ {
+    fn shares_until(&self, pos: usize) -> impl Iterator<Item = (i64, CpuMem)> + '_ {
         let (state, n) = (self.state, self.nodes[pos].node);
         let now = state.now_ms;
         let running = n.held.iter().map(move |(id, share)| {
@@ -606,7 +606,7 @@ impl<'a> Pass<'a> {
     fn reserve(&mut self, job: &Job, tasks: usize) -> Option<Reservation> {
         let now = self.state.now_ms;
         let count = job.gpus() as usize;
-        let want = job.spec.share();
+        let want = job.spec.cpu_mem();
         let model = job.spec.gpu_model.as_deref();
         let part = self.state.partition_of(job);
         let cloud_ok = self.state.may_burst(job);
@@ -619,14 +619,14 @@ impl<'a> Pass<'a> {
                 continue;
             }
             let mut gpus: Vec<GpuIndex> = node.usable(model, true).into_iter().map(|(i, _)| i).collect();
-            let mut free = node.free_share;
+            let mut free = node.free_cpu_mem;
             let mut at = now;
             if gpus.len() < count || !want.fits(free) {
                 // Each running task's end frees its GPUs and its CPUs and memory.
-                let mut ends: Vec<(i64, Option<GpuIndex>, Share)> = self
+                let mut ends: Vec<(i64, Option<GpuIndex>, CpuMem)> = self
                     .busy_until(pos, model)
                     .into_iter()
-                    .map(|(e, g)| (e, Some(g), Share::default()))
+                    .map(|(e, g)| (e, Some(g), CpuMem::default()))
                     .collect();
                 ends.extend(self.shares_until(pos).map(|(e, s)| (e, None, s)));
                 ends.sort();
@@ -725,16 +725,16 @@ struct Largest<'s> {
     /// Without a model or partition constraint, from the pass's own node table.
     any: u32,
     /// The most CPUs and the most memory one Up node has to grant.
-    share: Share,
+    share: CpuMem,
     by: Vec<(Option<String>, String, u32)>,
 }
 
 impl<'s> Largest<'s> {
     fn new(state: &'s ClusterState, pass: &Pass) -> Largest<'s> {
         let any = pass.nodes.iter().map(|n| n.node.healthy_gpus().count() as u32).max().unwrap_or(0);
-        let share = pass.nodes.iter().fold(Share::default(), |m, n| {
+        let share = pass.nodes.iter().fold(CpuMem::default(), |m, n| {
             let c = n.node.capacity();
-            Share { cpus: m.cpus.max(c.cpus), mem_mib: m.mem_mib.max(c.mem_mib) }
+            CpuMem { cpus: m.cpus.max(c.cpus), mem_mib: m.mem_mib.max(c.mem_mib) }
         });
         Largest { state, any, share, by: Vec::new() }
     }
@@ -836,7 +836,7 @@ impl<'s> Planning<'s> {
                         .nodes
                         .iter()
                         .find(|f| f.name == node)
-                        .is_some_and(|f| q.share.fits(f.free_share))
+                        .is_some_and(|f| q.share.fits(f.free_cpu_mem))
             })
         });
         if !free || self.out.plan.placements.len() >= PLAN_PLACEMENTS_MAX {
@@ -1044,7 +1044,7 @@ impl<'s> Planning<'s> {
     /// Which resource a job that fits nowhere lacks: GPUs (plain `Resources`, as Slurm says),
     /// or — where some node has its GPUs free — CPUs or memory.
     fn short_of(&self, q: &Queued) -> PendingReason {
-        if q.share == Share::default() {
+        if q.share == CpuMem::default() {
             return PendingReason::Resources;
         }
         let part = q.part;
@@ -1052,7 +1052,7 @@ impl<'s> Planning<'s> {
             part.is_none_or(|p| p.contains(n.name, n.labels))
                 && n.usable_count(q.model, true) >= q.gpus as usize
         });
-        match gpus_free.map(|n| q.share.short_of(n.free_share)).min() {
+        match gpus_free.map(|n| q.share.short_of(n.free_cpu_mem)).min() {
             Some(Some(what)) => PendingReason::ResourcesShort(what),
             _ => PendingReason::Resources,
         }

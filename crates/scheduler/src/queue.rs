@@ -41,7 +41,7 @@ pub(crate) struct Queued<'a> {
     pub tasks: u32,
     pub total_gpus: u32,
     /// CPUs and memory per task.
-    pub share: crate::model::Share,
+    pub share: crate::model::CpuMem,
     /// The array it is a task of, and how many of its tasks may run at once.
     pub array: Option<(JobId, u32)>,
 }

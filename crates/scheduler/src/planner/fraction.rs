@@ -12,7 +12,7 @@ impl Pass<'_> {
     pub(super) fn find_fraction(
         &self,
         milli: u32,
-        share: Share,
+        share: CpuMem,
         model: Option<&str>,
         part: Option<&Partition>,
         cloud_ok: bool,
@@ -58,7 +58,7 @@ impl Pass<'_> {
         pos: usize,
         gpu: GpuIndex,
         milli: u32,
-        share: Share,
+        share: CpuMem,
         until_ms: i64,
     ) {
         self.take_task(pos, &[gpu], share, until_ms);

@@ -6,7 +6,7 @@
 //! as with the GPU count (`check_size`).
 
 use super::*;
-use crate::model::{model_matches, Share};
+use crate::model::{model_matches, CpuMem};
 
 /// Somewhere one task could go, as submit judges it: all its GPUs count (a faulty one may be
 /// repaired), and its CPUs and memory are what jobs may be granted there.
@@ -15,7 +15,7 @@ struct Room {
     what: String,
     /// GPUs of the job's model set (all of them without one).
     gpus: u32,
-    share: Share,
+    share: CpuMem,
 }
 
 impl Room {
@@ -37,13 +37,18 @@ impl ClusterState {
     /// Refuses a job (its spec resolved: CPUs and memory filled in from the defaults) that no
     /// registered node could ever hold; `asked` is what the submitter asked for itself (CPUs,
     /// memory), to say when a default made the job too big.
-    pub(super) fn check_fits_a_node(&self, spec: &JobSpec, asked: Share, qos: &Qos) -> Result<(), Rejection> {
+    pub(super) fn check_fits_a_node(
+        &self,
+        spec: &JobSpec,
+        asked: CpuMem,
+        qos: &Qos,
+    ) -> Result<(), Rejection> {
         if self.nodes.is_empty() {
             return Ok(());
         }
         let model = spec.gpu_model.as_deref();
         let gpus = if spec.gpu_milli > 0 { 1 } else { spec.gpus };
-        let need = Share { cpus: spec.cpus, mem_mib: spec.mem_mib };
+        let need = CpuMem { cpus: spec.cpus, mem_mib: spec.mem_mib };
         let rooms = self.rooms(model, qos);
         if rooms.iter().any(|r| r.gpus >= gpus && need.fits(r.share)) {
             return Ok(());
@@ -69,7 +74,7 @@ impl ClusterState {
             rooms.extend(cloud.instance_types.iter().map(|t| Room {
                 what: format!("cloud instance type \"{}\"", t.name),
                 gpus: if of_model(&t.gpu_model) { t.gpus } else { 0 },
-                share: t.share(),
+                share: t.cpu_mem(),
             }));
         }
         rooms
@@ -94,8 +99,8 @@ fn why_nowhere(
     rooms: &[Room],
     spec: &JobSpec,
     gpus: u32,
-    need: Share,
-    asked: Share,
+    need: CpuMem,
+    asked: CpuMem,
     models: impl FnOnce() -> Vec<String>,
 ) -> String {
     let model = spec.gpu_model.as_deref();

@@ -116,19 +116,19 @@ impl ClusterState {
                 return Err(GrantError::Claimed { node: name.to_string(), gpu: *gpu, claimer: *claimer });
             }
         }
-        self.check_share(job, node, gpus, taking)
+        self.check_cpu_mem(job, node, gpus, taking)
     }
 
     /// Whether the node has the CPUs and memory of one of `job`'s tasks free (counting what
     /// preemption victims give up when `gpus` are taken from them).
-    fn check_share(
+    fn check_cpu_mem(
         &self,
         job: &Job,
         node: &Node,
         gpus: &[GpuIndex],
         taking: Taking<'_>,
     ) -> Result<(), GrantError> {
-        let mut free = node.free_share();
+        let mut free = node.free_cpu_mem();
         if let Some(own) = node.held.get(&job.id) {
             free = free.plus(*own);
         }
@@ -139,7 +139,7 @@ impl ClusterState {
                 free = free.plus(self.freed_by(v, taken, held));
             }
         }
-        let want = job.spec.share();
+        let want = job.spec.cpu_mem();
         let short = |what, free: u64, wanted: u64| GrantError::Short {
             node: node.info.name.clone(),
             job: job.id,

@@ -202,7 +202,7 @@ impl ClusterState {
                                 return Err(format!("job {} lists GPU {gpu} it does not hold", job.id));
                             }
                         }
-                        let mut share = job.spec.share();
+                        let mut share = job.spec.cpu_mem();
                         if job.state == JobState::Suspended {
                             share.cpus = 0;
                         }

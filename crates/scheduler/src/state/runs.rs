@@ -82,7 +82,7 @@ impl ClusterState {
 
     fn place(&mut self, p: &Placement, now: i64) {
         self.drop_claim(p.job);
-        let share = self.jobs.get(&p.job).map(|j| j.spec.share()).unwrap_or_default();
+        let share = self.jobs.get(&p.job).map(|j| j.spec.cpu_mem()).unwrap_or_default();
         let milli = self.jobs.get(&p.job).map_or(0, |j| j.spec.gpu_milli);
         for (name, gpus) in p.tasks() {
             let node = self.nodes.get_mut(name).expect("placement was validated");

@@ -83,7 +83,7 @@ impl ClusterState {
         if let Err(why) = self.check_size(spec, qos) {
             return Outcome::Rejected(why);
         }
-        let asked = crate::model::Share { cpus: spec.cpus, mem_mib: spec.mem_mib };
+        let asked = crate::model::CpuMem { cpus: spec.cpus, mem_mib: spec.mem_mib };
         let mut spec = spec.clone();
         if let Err(why) = with_resource_defaults(&mut spec, &partition.resources.or(&qos.resources)) {
             return Outcome::Rejected(Rejection::Invalid(why));
