@@ -17,6 +17,7 @@
 pub mod burst;
 pub mod burst_apply;
 pub mod clock;
+pub mod fit;
 pub mod limits;
 pub mod liveness;
 pub mod model;

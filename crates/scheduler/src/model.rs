@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::fit::{CpuMem, GPU_MILLI};
+
 /// A job's identifier, assigned in submit order by the state machine.
 pub type JobId = u64;
 
@@ -110,55 +112,12 @@ pub struct Node {
     pub shared: BTreeMap<GpuIndex, BTreeMap<JobId, u32>>,
 }
 
-/// Thousandths of a GPU: a whole GPU.
-pub const GPU_MILLI: u32 = 1000;
-
 /// Why and since when a GPU is unhealthy.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuFault {
     /// What the agent saw, e.g. "XID 79" or "NVML: GPU is lost".
     pub reason: String,
     pub since_ms: i64,
-}
-
-/// The CPUs and host memory one task of a job holds on its node.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct CpuMem {
-    pub cpus: u32,
-    pub mem_mib: u64,
-}
-
-impl CpuMem {
-    /// Whether `self` fits in `free`.
-    pub fn fits(self, free: CpuMem) -> bool {
-        self.cpus <= free.cpus && self.mem_mib <= free.mem_mib
-    }
-
-    /// `self` less `other`, never below zero.
-    pub fn minus(self, other: CpuMem) -> CpuMem {
-        CpuMem {
-            cpus: self.cpus.saturating_sub(other.cpus),
-            mem_mib: self.mem_mib.saturating_sub(other.mem_mib),
-        }
-    }
-
-    pub fn plus(self, other: CpuMem) -> CpuMem {
-        CpuMem {
-            cpus: self.cpus.saturating_add(other.cpus),
-            mem_mib: self.mem_mib.saturating_add(other.mem_mib),
-        }
-    }
-
-    /// Which resource of `self` does not fit in `free` ("CPUs" first), for pending reasons.
-    pub fn short_of(self, free: CpuMem) -> Option<&'static str> {
-        if self.cpus > free.cpus {
-            Some("CPUs")
-        } else if self.mem_mib > free.mem_mib {
-            Some("memory")
-        } else {
-            None
-        }
-    }
 }
 
 impl Node {

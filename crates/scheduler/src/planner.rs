@@ -21,6 +21,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::fit::{fits, NodeFree, TaskAsk};
 use crate::model::TaskPlacement;
 use crate::model::{model_matches, CpuMem, Gpu, GpuIndex, Job, JobId, JobState, Node, NodeState};
 use crate::policy::Partition;
@@ -91,12 +92,24 @@ struct FreeNode<'a> {
 }
 
 impl FreeNode<'_> {
-    /// Whether one task's CPUs and memory fit beside what is held (and, unless
-    /// `may_use_reserved`, beside the reservation's share too).
-    fn share_fits(&self, want: CpuMem, may_use_reserved: bool) -> bool {
-        let free =
-            if may_use_reserved { self.free_cpu_mem } else { self.free_cpu_mem.minus(self.reserved_share) };
-        want.fits(free)
+    /// What one task of `model` may take here (`fit::fits` judges it): the usable free GPUs,
+    /// and the CPUs and memory beside what is held (and, unless `may_use_reserved`, beside
+    /// the reservation's share too).
+    fn free_for(&self, model: Option<&str>, may_use_reserved: bool) -> NodeFree {
+        NodeFree {
+            gpus: self.usable_count(model, may_use_reserved),
+            cpu_mem: self.cpu_mem_for(may_use_reserved),
+        }
+    }
+
+    /// The CPUs and memory beside what is held (and, unless `may_use_reserved`, beside the
+    /// reservation's share).
+    fn cpu_mem_for(&self, may_use_reserved: bool) -> CpuMem {
+        if may_use_reserved {
+            self.free_cpu_mem
+        } else {
+            self.free_cpu_mem.minus(self.reserved_share)
+        }
     }
 
     /// How many free GPUs a job of `model` could use (no allocation; the hot path).
@@ -272,6 +285,7 @@ impl<'a> Pass<'a> {
         let fast =
             model.is_none() && part.is_none_or(Partition::is_everything) && (cloud_ok || !self.has_cloud);
         let candidates = if fast { 0 } else { self.nodes_with(model) };
+        let ask = TaskAsk { gpus: count, cpu_mem: share };
         let mut best: Option<Candidate> = None;
         let consider = |pos: usize, best: &mut Option<Candidate>| {
             let node = &self.nodes[pos];
@@ -279,12 +293,12 @@ impl<'a> Pass<'a> {
                 return;
             }
             let may = may_use_reserved || node.reserved.is_empty();
-            let n = node.usable_count(model, may);
+            let free = node.free_for(model, may);
             // The first node of the fewest usable GPUs wins (in the index's order, or by position).
-            if n < count || !node.share_fits(share, may) || best.as_ref().is_some_and(|(bn, _, _)| n >= *bn) {
+            if fits(&free, &ask).is_err() || best.as_ref().is_some_and(|(bn, _, _)| free.gpus >= *bn) {
                 return;
             }
-            *best = Some((n, pos, node.usable(model, may)));
+            *best = Some((free.gpus, pos, node.usable(model, may)));
         };
         if fast {
             // Best fit without a model or partition constraint: the first indexed node with enough free GPUs.
@@ -383,9 +397,9 @@ impl<'a> Pass<'a> {
             .iter()
             .enumerate()
             .filter(|(_, n)| part.is_none_or(|p| p.contains(n.name, n.labels)) && (cloud_ok || !n.cloud))
-            .filter(|(_, n)| n.share_fits(share, may_use_reserved || n.reserved.is_empty()))
-            .map(|(pos, n)| (n.usable_count(model, may_use_reserved || n.reserved.is_empty()), pos))
-            .filter(|(usable, _)| *usable >= count)
+            .map(|(pos, n)| (n.free_for(model, may_use_reserved || n.reserved.is_empty()), pos))
+            .filter(|(free, _)| fits(free, &TaskAsk { gpus: count, cpu_mem: share }).is_ok())
+            .map(|(free, pos)| (free.gpus, pos))
             .collect();
         if candidates.len() < tasks {
             return None;
@@ -411,6 +425,7 @@ impl<'a> Pass<'a> {
         }
         let need = job.gpus() as usize;
         let want = job.spec.cpu_mem();
+        let ask = TaskAsk { gpus: need, cpu_mem: want };
         let model = job.spec.gpu_model.as_deref();
         let mut best: Option<((u128, usize, &str), PreemptPlan)> = None;
         let need_gpus = need as u128;
@@ -466,7 +481,7 @@ impl<'a> Pass<'a> {
             let mut victims = Vec::new();
             let (mut lost, mut slowest) = (0u128, 0u64);
             for (_, _, id, free_ms, lost_gpu_ms, freed, share) in candidates {
-                if gpus.len() >= need && want.fits(free) {
+                if fits(&NodeFree { gpus: gpus.len(), cpu_mem: free }, &ask).is_ok() {
                     break;
                 }
                 lost += lost_gpu_ms;
@@ -475,7 +490,7 @@ impl<'a> Pass<'a> {
                 gpus.extend(freed);
                 free = free.plus(share);
             }
-            if gpus.len() < need || !want.fits(free) || victims.is_empty() {
+            if fits(&NodeFree { gpus: gpus.len(), cpu_mem: free }, &ask).is_err() || victims.is_empty() {
                 continue;
             }
             gpus.truncate(need);
@@ -546,10 +561,11 @@ impl<'a> Pass<'a> {
             .nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| a.rank_on(n.name).is_none() && job.spec.cpu_mem().fits(n.free_cpu_mem))
+            .filter(|(_, n)| a.rank_on(n.name).is_none())
             .filter(|(_, n)| part.is_none_or(|p| p.contains(n.name, n.labels)) && (cloud_ok || !n.cloud))
-            .map(|(pos, n)| (n.usable_count(model, false), pos))
-            .filter(|(usable, _)| *usable >= count)
+            .map(|(pos, n)| (NodeFree { gpus: n.usable_count(model, false), cpu_mem: n.free_cpu_mem }, pos))
+            .filter(|(free, _)| fits(free, &TaskAsk { gpus: count, cpu_mem: job.spec.cpu_mem() }).is_ok())
+            .map(|(free, pos)| (free.gpus, pos))
             .collect();
         candidates.sort_unstable();
         let want = (job.spec.tasks - job.tasks()) as usize;
@@ -621,7 +637,9 @@ impl<'a> Pass<'a> {
             let mut gpus: Vec<GpuIndex> = node.usable(model, true).into_iter().map(|(i, _)| i).collect();
             let mut free = node.free_cpu_mem;
             let mut at = now;
-            if gpus.len() < count || !want.fits(free) {
+            let ask = TaskAsk { gpus: count, cpu_mem: want };
+            let fit = |gpus: &Vec<GpuIndex>, free| fits(&NodeFree { gpus: gpus.len(), cpu_mem: free }, &ask);
+            if fit(&gpus, free).is_err() {
                 // Each running task's end frees its GPUs and its CPUs and memory.
                 let mut ends: Vec<(i64, Option<GpuIndex>, CpuMem)> = self
                     .busy_until(pos, model)
@@ -634,12 +652,12 @@ impl<'a> Pass<'a> {
                     gpus.extend(gpu);
                     free = free.plus(share);
                     at = end;
-                    if gpus.len() >= count && want.fits(free) {
+                    if fit(&gpus, free).is_ok() {
                         break;
                     }
                 }
             }
-            if gpus.len() < count || !want.fits(free) {
+            if fit(&gpus, free).is_err() {
                 continue;
             }
             gpus.truncate(count);
@@ -1304,6 +1322,39 @@ mod tests {
         s.apply(&Command { skipped_ms: 0, now_ms: 4, op: Op::Cancel { job: inf, by: "alice".into() } });
         let out = plan(&s);
         assert_eq!(out.plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![second]);
+    }
+
+    #[test]
+    fn a_task_takes_exactly_what_is_free_and_not_one_more() {
+        // Node "a": 4 GPUs, 8 CPUs, 16 GiB; a running job holds 1 GPU, 1 CPU and 1 GiB.
+        let mut s = ClusterState::new();
+        let mut info = node_info("a", 4);
+        (info.cpus, info.memory_mib) = (8, 16 << 10);
+        s.apply(&Command { skipped_ms: 0, now_ms: 1, op: Op::RegisterNode { info } });
+        let with = |s: &mut ClusterState, gpus, cpus, mem_mib| {
+            let mut sp = spec(gpus, "batch");
+            (sp.cpus, sp.mem_mib) = (cpus, mem_mib);
+            let op = Op::Submit { spec: sp, request_id: None, hold: false, limits: None };
+            match s.apply(&Command { skipped_ms: 0, now_ms: 2, op }) {
+                Outcome::Submitted { job } => job,
+                other => panic!("submit failed: {other:?}"),
+            }
+        };
+        with(&mut s, 1, 1, 1 << 10);
+        let plan_first = plan(&s).plan;
+        s.apply(&Command { skipped_ms: 0, now_ms: 2, op: Op::ApplyPlan { plan: plan_first } });
+        for (gpus, cpus, mem, fits) in [
+            (3, 7, 15 << 10, true),
+            (4, 7, 15 << 10, false),
+            (3, 8, 15 << 10, false),
+            (3, 7, (15 << 10) + 1, false),
+        ] {
+            let mut t = s.clone();
+            let job = with(&mut t, gpus, cpus, mem);
+            let out = plan(&t);
+            let placed = out.plan.placements.iter().any(|p| p.job == job);
+            assert_eq!(placed, fits, "{gpus} GPUs, {cpus} CPUs, {mem} MiB: {out:?}");
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! never span GPUs, never preempt and never hold a reservation.
 
 use super::*;
-use crate::model::GPU_MILLI;
+use crate::fit::fraction_fits;
 
 impl Pass<'_> {
     /// The node position and GPU for a fraction of `milli` with one task's `share`.
@@ -27,20 +27,22 @@ impl Pass<'_> {
                 continue;
             }
             let may = may_use_reserved || node.reserved.is_empty();
-            if !node.share_fits(share, may) {
+            let free = NodeFree { gpus: 0, cpu_mem: node.cpu_mem_for(may) };
+            if fits(&free, &TaskAsk { gpus: 0, cpu_mem: share }).is_err() {
                 continue;
             }
             let n = node.node;
             let shared = n.shared.keys().filter_map(|g| {
                 let gpu = n.info.gpus.iter().find(|x| x.index == *g)?;
                 let used = n.shared_milli(*g) + self.fractions.get(&(pos, *g)).copied().unwrap_or(0);
-                (n.healthy(*g) && model_matches(model, &gpu.model) && used + milli <= GPU_MILLI)
+                (n.healthy(*g) && model_matches(model, &gpu.model) && fraction_fits(used, milli).is_ok())
                     .then_some((used, *g))
             });
             // GPUs this pass already began to share here.
             let begun = self.fractions.iter().filter(|((p, g), _)| *p == pos && !n.shared.contains_key(g));
-            let begun =
-                begun.filter(|(_, used)| **used + milli <= GPU_MILLI).map(|((_, g), used)| (*used, *g));
+            let begun = begun
+                .filter(|(_, used)| fraction_fits(**used, milli).is_ok())
+                .map(|((_, g), used)| (*used, *g));
             let whole = node.usable(model, may).into_iter().next().map(|(g, _)| (0, g));
             for (used, gpu) in shared.chain(begun).chain(whole) {
                 if best.is_none_or(|(b, _, _)| used > b) {

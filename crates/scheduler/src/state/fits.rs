@@ -6,6 +6,7 @@
 //! as with the GPU count (`check_size`).
 
 use super::*;
+use crate::fit::{fits, NodeFree, TaskAsk};
 use crate::model::{model_matches, CpuMem};
 
 /// Somewhere one task could go, as submit judges it: all its GPUs count (a faulty one may be
@@ -50,7 +51,8 @@ impl ClusterState {
         let gpus = if spec.gpu_milli > 0 { 1 } else { spec.gpus };
         let need = CpuMem { cpus: spec.cpus, mem_mib: spec.mem_mib };
         let rooms = self.rooms(model, qos);
-        if rooms.iter().any(|r| r.gpus >= gpus && need.fits(r.share)) {
+        let ask = TaskAsk { gpus: gpus as usize, cpu_mem: need };
+        if rooms.iter().any(|r| fits(&NodeFree { gpus: r.gpus as usize, cpu_mem: r.share }, &ask).is_ok()) {
             return Ok(());
         }
         Err(Rejection::FailedPrecondition(why_nowhere(&rooms, spec, gpus, need, asked, || self.models())))
