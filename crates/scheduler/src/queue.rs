@@ -15,9 +15,9 @@ use std::cmp::Reverse;
 use crate::limits::{Usage, UsageKey};
 use crate::model::{Job, JobId, JobState};
 use crate::policy::{Partition, Qos};
+use crate::priority::{Of, Prioritizer};
 use crate::reasons::PendingReason;
 use crate::state::brief::{Index, NO_MODEL};
-use crate::state::priority::{Of, Prioritizer};
 use crate::state::{limit_ms, ClusterState};
 
 /// One pending job in the queue: what the pass asks of every pending job, so the pass looks

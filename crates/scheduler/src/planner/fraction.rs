@@ -7,28 +7,19 @@ use super::*;
 use crate::fit::fraction_fits;
 
 impl Pass<'_> {
-    /// The node position and GPU for a fraction of `milli` with one task's `share`.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn find_fraction(
-        &self,
-        milli: u32,
-        share: CpuMem,
-        model: Option<&str>,
-        part: Option<&Partition>,
-        cloud_ok: bool,
-        ends_ms: i64,
-        res: Option<&Reservation>,
-    ) -> Option<(usize, GpuIndex)> {
-        let may_use_reserved = res.is_none_or(|r| ends_ms <= r.start_ms);
+    /// The node position and GPU for a fraction of `ask.milli` with one task's CPUs and memory.
+    pub(super) fn find_fraction(&self, ask: &Ask) -> Option<(usize, GpuIndex)> {
+        let (milli, model) = (ask.milli, ask.model);
+        let may_use_reserved = ask.may_use_reserved();
         // (thousandths already used on the GPU, most first; position; GPU).
         let mut best: Option<(u32, usize, GpuIndex)> = None;
         for (pos, node) in self.nodes.iter().enumerate() {
-            if part.is_some_and(|p| !p.contains(node.name, node.labels)) || (node.cloud && !cloud_ok) {
+            if !node.admits(ask.part, ask.cloud_ok) {
                 continue;
             }
             let may = may_use_reserved || node.reserved.is_empty();
             let free = NodeFree { gpus: 0, cpu_mem: node.cpu_mem_for(may) };
-            if fits(&free, &TaskAsk { gpus: 0, cpu_mem: share }).is_err() {
+            if fits(&free, &TaskAsk { gpus: 0, cpu_mem: ask.cpu_mem }).is_err() {
                 continue;
             }
             let n = node.node;
