@@ -115,23 +115,7 @@ fn why_nowhere(
         return "no node is registered".to_string();
     };
     if gpus > most_gpus.gpus {
-        if most_gpus.gpus == 0 {
-            let have = match models() {
-                m if m.is_empty() => " (no node has a GPU)".to_string(),
-                m => format!(" (the nodes have {})", m.into_iter().take(8).collect::<Vec<_>>().join(", ")),
-            };
-            return match (spec.gpu_milli > 0, model) {
-                (true, _) => format!("job requests a fraction of a {of}GPU but no node has one{have}"),
-                (false, Some(m)) => format!("gpu_model: no node has a GPU of model \"{m}\"{have}"),
-                (false, None) => format!("job requests {} but no node has a GPU", gpus_of(gpus, "")),
-            };
-        }
-        return format!(
-            "job requests {} but the largest node has {}: {}",
-            gpus_of(gpus, &of),
-            most_gpus.gpus,
-            most_gpus.describe(&of)
-        );
+        return too_few_gpus(most_gpus, spec, gpus, &of, models);
     }
     let defaulted = |asked_none: bool| match asked_none {
         true => " (the partition's or QoS's default per GPU)",
@@ -173,6 +157,34 @@ fn why_nowhere(
         need.cpus,
         need.mem_mib,
         named.join("; ")
+    )
+}
+
+/// Why no room holds the task's GPUs: none has a GPU of its model set (naming the models the
+/// nodes have), or the one with the most has too few.
+fn too_few_gpus(
+    most_gpus: &Room,
+    spec: &JobSpec,
+    gpus: u32,
+    of: &str,
+    models: impl FnOnce() -> Vec<String>,
+) -> String {
+    if most_gpus.gpus == 0 {
+        let have = match models() {
+            m if m.is_empty() => " (no node has a GPU)".to_string(),
+            m => format!(" (the nodes have {})", m.into_iter().take(8).collect::<Vec<_>>().join(", ")),
+        };
+        return match (spec.gpu_milli > 0, spec.gpu_model.as_deref()) {
+            (true, _) => format!("job requests a fraction of a {of}GPU but no node has one{have}"),
+            (false, Some(m)) => format!("gpu_model: no node has a GPU of model \"{m}\"{have}"),
+            (false, None) => format!("job requests {} but no node has a GPU", gpus_of(gpus, "")),
+        };
+    }
+    format!(
+        "job requests {} but the largest node has {}: {}",
+        gpus_of(gpus, of),
+        most_gpus.gpus,
+        most_gpus.describe(of)
     )
 }
 
