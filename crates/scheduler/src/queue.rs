@@ -41,7 +41,7 @@ pub(crate) struct Queued<'a> {
     pub tasks: u32,
     pub total_gpus: u32,
     /// CPUs and memory per task.
-    pub share: crate::model::CpuMem,
+    pub cpu_mem: crate::model::CpuMem,
     /// The array it is a task of, and how many of its tasks may run at once.
     pub array: Option<(JobId, u32)>,
 }
@@ -132,7 +132,7 @@ pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
                     gpus: b.gpus,
                     tasks: b.tasks,
                     total_gpus: b.total_gpus(),
-                    share: b.share,
+                    cpu_mem: b.cpu_mem,
                     array: b.array,
                 });
             }

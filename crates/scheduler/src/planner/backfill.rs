@@ -33,14 +33,14 @@ impl<'a> Pass<'a> {
 
     /// When the CPUs and memory held on the node at `pos` are expected to be free: the running
     /// tasks' expected ends (not before now) and the ends of this pass's placements.
-    pub(super) fn shares_until(&self, pos: usize) -> impl Iterator<Item = (i64, CpuMem)> + '_ {
+    pub(super) fn cpu_mem_until(&self, pos: usize) -> impl Iterator<Item = (i64, CpuMem)> + '_ {
         let (state, n) = (self.state, self.nodes[pos].node);
         let now = state.now_ms;
-        let running = n.held.iter().map(move |(id, share)| {
+        let running = n.held.iter().map(move |(id, cpu_mem)| {
             let end = state.jobs.get(id).map(|j| state.expected_end_ms(j)).unwrap_or(now);
-            (end.max(now), *share)
+            (end.max(now), *cpu_mem)
         });
-        running.chain(self.placed_share.get(&pos).into_iter().flatten().copied())
+        running.chain(self.placed_cpu_mem.get(&pos).into_iter().flatten().copied())
     }
 
     /// The earliest time at which `job` could start, and where, from expected ends: per node the
@@ -70,11 +70,11 @@ impl<'a> Pass<'a> {
                     .into_iter()
                     .map(|(e, g)| (e, Some(g), CpuMem::default()))
                     .collect();
-                ends.extend(self.shares_until(pos).map(|(e, s)| (e, None, s)));
+                ends.extend(self.cpu_mem_until(pos).map(|(e, s)| (e, None, s)));
                 ends.sort();
-                for (end, gpu, share) in ends {
+                for (end, gpu, cpu_mem) in ends {
                     gpus.extend(gpu);
-                    free = free.plus(share);
+                    free = free.plus(cpu_mem);
                     at = end;
                     if fit(&gpus, free).is_ok() {
                         break;
@@ -98,7 +98,7 @@ impl<'a> Pass<'a> {
             let node = &mut self.nodes[pos];
             self.by_free.remove(&node.key(pos));
             node.reserved = gpus.clone();
-            node.reserved_share = want;
+            node.reserved_cpu_mem = want;
             self.by_free.insert(node.key(pos));
             self.reserved_nodes.push(pos);
             held.push(TaskPlacement { node: node.name.to_string(), gpus });

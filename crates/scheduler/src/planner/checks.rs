@@ -10,18 +10,18 @@ pub(super) struct Largest<'s> {
     /// Without a model or partition constraint, from the pass's own node table.
     pub(super) any: u32,
     /// The most CPUs and the most memory one Up node has to grant.
-    pub(super) share: CpuMem,
+    pub(super) cpu_mem: CpuMem,
     pub(super) by: Vec<(Option<String>, String, u32)>,
 }
 
 impl<'s> Largest<'s> {
     pub(super) fn new(state: &'s ClusterState, pass: &Pass) -> Largest<'s> {
         let any = pass.nodes.iter().map(|n| n.node.healthy_gpus().count() as u32).max().unwrap_or(0);
-        let share = pass.nodes.iter().fold(CpuMem::default(), |m, n| {
+        let cpu_mem = pass.nodes.iter().fold(CpuMem::default(), |m, n| {
             let c = n.node.capacity();
             CpuMem { cpus: m.cpus.max(c.cpus), mem_mib: m.mem_mib.max(c.mem_mib) }
         });
-        Largest { state, any, share, by: Vec::new() }
+        Largest { state, any, cpu_mem, by: Vec::new() }
     }
 
     fn up(&mut self, model: Option<&str>, part: Option<&Partition>) -> u32 {
@@ -121,7 +121,7 @@ impl<'s> Planning<'s> {
                         .nodes
                         .iter()
                         .find(|f| f.name == node)
-                        .is_some_and(|f| q.share.fits(f.free_cpu_mem))
+                        .is_some_and(|f| q.cpu_mem.fits(f.free_cpu_mem))
             })
         });
         if !free || self.out.plan.placements.len() >= PLAN_PLACEMENTS_MAX {
@@ -130,7 +130,7 @@ impl<'s> Planning<'s> {
         self.count_started(q);
         for (node, _) in claim.tasks() {
             if let Some(pos) = self.pass.nodes.iter().position(|f| f.name == node) {
-                self.pass.take_task(pos, &[], q.share, i64::MAX);
+                self.pass.take_task(pos, &[], q.cpu_mem, i64::MAX);
             }
         }
         let placement = Placement {
@@ -151,8 +151,8 @@ impl<'s> Planning<'s> {
             return Err(PendingReason::PartitionTimeLimit);
         }
         let largest_up = self.largest.up(model, part);
-        if let Some(what) = q.share.short_of(self.largest.share) {
-            let (cpus, mem) = (q.share.cpus, q.share.mem_mib);
+        if let Some(what) = q.cpu_mem.short_of(self.largest.cpu_mem) {
+            let (cpus, mem) = (q.cpu_mem.cpus, q.cpu_mem.mem_mib);
             let why = if what == "CPUs" {
                 format!("no up node has {cpus} CPUs to grant")
             } else {

@@ -17,8 +17,8 @@ pub(super) struct FreeNode<'a> {
     /// CPUs and memory no job holds (less what this pass placed).
     pub(super) free_cpu_mem: CpuMem,
     /// CPUs and memory the reservation holds on this node: a job that may not touch the
-    /// reservation leaves this much of the free share alone.
-    pub(super) reserved_share: CpuMem,
+    /// reservation leaves this much of its free CPUs and memory alone.
+    pub(super) reserved_cpu_mem: CpuMem,
     /// A cloud burst node: only burstable jobs may use it.
     pub(super) cloud: bool,
 }
@@ -31,7 +31,7 @@ impl FreeNode<'_> {
 
     /// What one task of `model` may take here (`fit::fits` judges it): the usable free GPUs,
     /// and the CPUs and memory beside what is held (and, unless `may_use_reserved`, beside
-    /// the reservation's share too).
+    /// the reservation's CPUs and memory too).
     pub(super) fn free_for(&self, model: Option<&str>, may_use_reserved: bool) -> NodeFree {
         NodeFree {
             gpus: self.usable_count(model, may_use_reserved),
@@ -40,12 +40,12 @@ impl FreeNode<'_> {
     }
 
     /// The CPUs and memory beside what is held (and, unless `may_use_reserved`, beside the
-    /// reservation's share).
+    /// reservation's CPUs and memory).
     pub(super) fn cpu_mem_for(&self, may_use_reserved: bool) -> CpuMem {
         if may_use_reserved {
             self.free_cpu_mem
         } else {
-            self.free_cpu_mem.minus(self.reserved_share)
+            self.free_cpu_mem.minus(self.reserved_cpu_mem)
         }
     }
 
@@ -106,7 +106,7 @@ impl<'m, 'r> Ask<'m, 'r> {
         ends_ms: i64,
         res: Option<&'r Reservation>,
     ) -> Ask<'m, 'r> {
-        let (tasks, gpus, cpu_mem) = (q.tasks as usize, q.gpus as usize, q.share);
+        let (tasks, gpus, cpu_mem) = (q.tasks as usize, q.gpus as usize, q.cpu_mem);
         Ask { tasks, gpus, milli, cpu_mem, model: q.model, part: q.part, cloud_ok, ends_ms, res }
     }
 

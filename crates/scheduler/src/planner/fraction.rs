@@ -51,10 +51,10 @@ impl Pass<'_> {
         pos: usize,
         gpu: GpuIndex,
         milli: u32,
-        share: CpuMem,
+        cpu_mem: CpuMem,
         until_ms: i64,
     ) {
-        self.take_task(pos, &[gpu], share, until_ms);
+        self.take_task(pos, &[gpu], cpu_mem, until_ms);
         *self.fractions.entry((pos, gpu)).or_insert(0) += milli;
     }
 }

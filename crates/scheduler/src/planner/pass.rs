@@ -18,7 +18,7 @@ pub(super) struct Pass<'a> {
     /// GPUs busy before the pass are read from the state only when a reservation needs them.
     pub(super) placed_until: BTreeMap<usize, Vec<(i64, GpuIndex, &'a str)>>,
     /// Expected end of each task placed in this pass, with the CPUs and memory it holds.
-    pub(super) placed_share: BTreeMap<usize, Vec<(i64, CpuMem)>>,
+    pub(super) placed_cpu_mem: BTreeMap<usize, Vec<(i64, CpuMem)>>,
     /// Some Up node is a cloud burst node (the index fast path must then filter).
     pub(super) has_cloud: bool,
     /// Per GPU model constraint seen in this pass: the positions of the nodes with a GPU it matches.
@@ -55,7 +55,7 @@ impl<'a> Pass<'a> {
                 free,
                 reserved: Vec::new(),
                 free_cpu_mem: n.free_cpu_mem(),
-                reserved_share: CpuMem::default(),
+                reserved_cpu_mem: CpuMem::default(),
                 cloud,
             });
         }
@@ -71,7 +71,7 @@ impl<'a> Pass<'a> {
             nodes,
             by_free,
             placed_until: BTreeMap::new(),
-            placed_share: BTreeMap::new(),
+            placed_cpu_mem: BTreeMap::new(),
             has_cloud,
             model_nodes: Vec::new(),
             reserved_nodes: Vec::new(),
@@ -86,12 +86,12 @@ impl<'a> Pass<'a> {
     }
 
     /// Takes one task's GPUs and CPUs/memory on the node at `pos` until `until_ms`.
-    pub(super) fn take_task(&mut self, pos: usize, gpus: &[GpuIndex], share: CpuMem, until_ms: i64) {
+    pub(super) fn take_task(&mut self, pos: usize, gpus: &[GpuIndex], cpu_mem: CpuMem, until_ms: i64) {
         let key = self.nodes[pos].key(pos);
-        if share != CpuMem::default() {
+        if cpu_mem != CpuMem::default() {
             let node = &mut self.nodes[pos];
-            node.free_cpu_mem = node.free_cpu_mem.minus(share);
-            self.placed_share.entry(pos).or_default().push((until_ms, share));
+            node.free_cpu_mem = node.free_cpu_mem.minus(cpu_mem);
+            self.placed_cpu_mem.entry(pos).or_default().push((until_ms, cpu_mem));
         }
         let node = &mut self.nodes[pos];
         self.by_free.remove(&key);

@@ -20,7 +20,7 @@ impl<'s> Planning<'s> {
             let milli = job.spec.gpu_milli;
             let (pos, gpu) =
                 self.pass.find_fraction(&ask).filter(|_| !over_headroom).ok_or(PendingReason::Resources)?;
-            self.pass.take_fraction(pos, gpu, milli, q.share, ends_ms);
+            self.pass.take_fraction(pos, gpu, milli, q.cpu_mem, ends_ms);
             self.count_started(q);
             let node = self.pass.nodes[pos].name.to_string();
             self.out.plan.placements.push(Placement { job: q.id, node, gpus: vec![gpu], more: Vec::new() });
@@ -57,7 +57,7 @@ impl<'s> Planning<'s> {
     /// Starts the job on the GPUs found (one entry per task).
     pub(super) fn start(&mut self, q: &Queued, placed: Vec<(usize, Vec<GpuIndex>)>, ends_ms: i64) {
         for (pos, gpus) in &placed {
-            self.pass.take_task(*pos, gpus, q.share, ends_ms);
+            self.pass.take_task(*pos, gpus, q.cpu_mem, ends_ms);
         }
         self.count_started(q);
         let nodes = &self.pass.nodes;
@@ -70,7 +70,7 @@ impl<'s> Planning<'s> {
     /// Which resource a job that fits nowhere lacks: GPUs (plain `Resources`, as Slurm says),
     /// or — where some node has its GPUs free — CPUs or memory.
     pub(super) fn short_of(&self, q: &Queued) -> PendingReason {
-        if q.share == CpuMem::default() {
+        if q.cpu_mem == CpuMem::default() {
             return PendingReason::Resources;
         }
         let part = q.part;
@@ -78,7 +78,7 @@ impl<'s> Planning<'s> {
             part.is_none_or(|p| p.contains(n.name, n.labels))
                 && n.usable_count(q.model, true) >= q.gpus as usize
         });
-        match gpus_free.map(|n| q.share.short_of(n.free_cpu_mem)).min() {
+        match gpus_free.map(|n| q.cpu_mem.short_of(n.free_cpu_mem)).min() {
             Some(Some(what)) => PendingReason::ResourcesShort(what),
             _ => PendingReason::Resources,
         }

@@ -47,7 +47,7 @@ impl<'a> Pass<'a> {
         let mut free = node.free_cpu_mem;
         let mut victims = Vec::new();
         let (mut lost, mut slowest) = (0u128, 0u64);
-        for (_, _, id, free_ms, lost_gpu_ms, freed, share) in self.victims_on(job, node, n, ask) {
+        for (_, _, id, free_ms, lost_gpu_ms, freed, cpu_mem) in self.victims_on(job, node, n, ask) {
             if fits(&NodeFree { gpus: gpus.len(), cpu_mem: free }, ask).is_ok() {
                 break;
             }
@@ -55,7 +55,7 @@ impl<'a> Pass<'a> {
             slowest = slowest.max(free_ms);
             victims.push(id);
             gpus.extend(freed);
-            free = free.plus(share);
+            free = free.plus(cpu_mem);
         }
         if fits(&NodeFree { gpus: gpus.len(), cpu_mem: free }, ask).is_err() || victims.is_empty() {
             return None;

@@ -25,7 +25,7 @@ impl<'a> Pass<'a> {
     /// Picks the best-fitting node and GPUs for one task of `ask` now (it may use reserved GPUs
     /// only if it ends before the reservation).
     pub(super) fn find(&mut self, ask: &Ask<'a, '_>) -> Option<(usize, Vec<GpuIndex>)> {
-        let (count, share, model, part, cloud_ok, res) =
+        let (count, cpu_mem, model, part, cloud_ok, res) =
             (ask.gpus, ask.cpu_mem, ask.model, ask.part, ask.cloud_ok, ask.res);
         let may_use_reserved = ask.may_use_reserved();
         let fast =
@@ -59,7 +59,7 @@ impl<'a> Pass<'a> {
                     if best.as_ref().is_some_and(|(n, _, _)| free_now >= *n) || seen > 64 {
                         break 'buckets;
                     }
-                    if free_now != free || cpus < share.cpus {
+                    if free_now != free || cpus < cpu_mem.cpus {
                         // No node of this free-GPU count has the CPUs: the next count.
                         break;
                     }

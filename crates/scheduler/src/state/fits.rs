@@ -16,17 +16,17 @@ struct Room {
     what: String,
     /// GPUs of the job's model set (all of them without one).
     gpus: u32,
-    share: CpuMem,
+    cpu_mem: CpuMem,
 }
 
 impl Room {
     /// `node "a" (4 H100 GPUs, 64 CPUs, 524288 MiB of memory)`.
     fn describe(&self, of: &str) -> String {
-        let cpus = match self.share.cpus {
+        let cpus = match self.cpu_mem.cpus {
             u32::MAX => "CPUs unstated".to_string(),
             n => format!("{n} CPUs"),
         };
-        let mem = match self.share.mem_mib {
+        let mem = match self.cpu_mem.mem_mib {
             u64::MAX => "memory unstated".to_string(),
             n => format!("{n} MiB of memory"),
         };
@@ -52,7 +52,7 @@ impl ClusterState {
         let need = CpuMem { cpus: spec.cpus, mem_mib: spec.mem_mib };
         let rooms = self.rooms(model, qos);
         let ask = TaskAsk { gpus: gpus as usize, cpu_mem: need };
-        if rooms.iter().any(|r| fits(&NodeFree { gpus: r.gpus as usize, cpu_mem: r.share }, &ask).is_ok()) {
+        if rooms.iter().any(|r| fits(&NodeFree { gpus: r.gpus as usize, cpu_mem: r.cpu_mem }, &ask).is_ok()) {
             return Ok(());
         }
         Err(Rejection::FailedPrecondition(why_nowhere(&rooms, spec, gpus, need, asked, || self.models())))
@@ -67,7 +67,7 @@ impl ClusterState {
             .map(|n| Room {
                 what: format!("node \"{}\"", n.info.name),
                 gpus: n.info.gpus.iter().filter(|g| of_model(&g.model)).count() as u32,
-                share: n.capacity(),
+                cpu_mem: n.capacity(),
             })
             .collect();
         let cloud = &self.burst.config;
@@ -76,7 +76,7 @@ impl ClusterState {
             rooms.extend(cloud.instance_types.iter().map(|t| Room {
                 what: format!("cloud instance type \"{}\"", t.name),
                 gpus: if of_model(&t.gpu_model) { t.gpus } else { 0 },
-                share: t.cpu_mem(),
+                cpu_mem: t.cpu_mem(),
             }));
         }
         rooms
@@ -109,8 +109,8 @@ fn why_nowhere(
     let of = model.map(|m| format!("\"{m}\" ")).unwrap_or_default();
     let by = |key: &dyn Fn(&Room) -> u64| rooms.iter().max_by_key(|r| key(r));
     let most_gpus = by(&|r| u64::from(r.gpus));
-    let most_cpus = by(&|r| u64::from(r.share.cpus));
-    let most_mem = by(&|r| r.share.mem_mib);
+    let most_cpus = by(&|r| u64::from(r.cpu_mem.cpus));
+    let most_mem = by(&|r| r.cpu_mem.mem_mib);
     let (Some(most_gpus), Some(most_cpus), Some(most_mem)) = (most_gpus, most_cpus, most_mem) else {
         return "no node is registered".to_string();
     };
@@ -121,21 +121,21 @@ fn why_nowhere(
         true => " (the partition's or QoS's default per GPU)",
         false => "",
     };
-    if need.cpus > most_cpus.share.cpus {
+    if need.cpus > most_cpus.cpu_mem.cpus {
         return format!(
             "job requests {} CPUs per node{} but the largest node has {}: {}",
             need.cpus,
             defaulted(asked.cpus == 0),
-            most_cpus.share.cpus,
+            most_cpus.cpu_mem.cpus,
             most_cpus.describe(&of)
         );
     }
-    if need.mem_mib > most_mem.share.mem_mib {
+    if need.mem_mib > most_mem.cpu_mem.mem_mib {
         return format!(
             "job requests {} MiB of memory per node{} but the largest node has {} MiB: {}",
             need.mem_mib,
             defaulted(asked.mem_mib == 0),
-            most_mem.share.mem_mib,
+            most_mem.cpu_mem.mem_mib,
             most_mem.describe(&of)
         );
     }

@@ -141,8 +141,8 @@ impl ClusterState {
                 return Err(reject(format!("job {v} does not run on \"{node}\"")));
             };
             let taken: Vec<GpuIndex> = held.2.iter().copied().filter(|g| gpus.contains(g)).collect();
-            let share = self.nodes.get(node).and_then(|n| n.held.get(v)).copied().unwrap_or_default();
-            let freed = self.freed_by(victim, taken.len() as u32, share);
+            let cpu_mem = self.nodes.get(node).and_then(|n| n.held.get(v)).copied().unwrap_or_default();
+            let freed = self.freed_by(victim, taken.len() as u32, cpu_mem);
             if taken.is_empty() && freed == crate::model::CpuMem::default() {
                 return Err(reject(format!("job {v} gives none of the GPUs, CPUs or memory")));
             }
