@@ -15,8 +15,11 @@
 //!
 //! By concept: `ops` (the log's vocabulary, its persistent format), this file (the state and the
 //! apply dispatch), `submit` (users' job commands, policy), `runs` (placements, starts, exits,
-//! time limits), `preempt`, `headroom` (the idle GPUs kept for inference), `elastic`, `node_ops`, `queries` (read-only questions) and
-//! `invariants`. Every op that hands out GPUs checks them with `check_grant` (`crate::state::grant`).
+//! time limits), `preempt`, `headroom` (the idle GPUs kept for inference), `elastic`, `node_ops`,
+//! `nodes` (who may register a node name), `burst_apply` (cloud burst ops), `usage` (decayed
+//! usage per account), `queries` (read-only questions) and `invariants`. Every op that hands
+//! out GPUs checks them with `check_grant` (`crate::state::grant`), whose fit verdict is
+//! `crate::fit::fits`, the planner's too.
 
 pub mod brief;
 pub mod burst_apply;
