@@ -24,7 +24,7 @@ use kairos_scheduler::burst::{
 };
 
 use crate::forecast::{self, Outlook};
-use kairos_scheduler::model::{model_matches, Share};
+use kairos_scheduler::model::{model_matches, CpuMem};
 use kairos_scheduler::{ClusterState, Job, JobState, NodeState};
 
 /// Most instances one decision launches.
@@ -67,7 +67,7 @@ struct Slot {
     gpu_model: String,
     free: u32,
     /// CPUs and memory not yet spoken for.
-    share: Share,
+    share: CpuMem,
 }
 
 /// Live instances to terminate whatever else holds: their agent never joined within the boot
@@ -114,7 +114,7 @@ fn cloud_capacity(state: &ClusterState) -> Vec<Slot> {
     live.map(|i| {
         let of_type = || {
             let t = state.burst.config.instance_types.iter().find(|t| t.name == i.instance_type);
-            t.map_or(Share { cpus: u32::MAX, mem_mib: u64::MAX }, |t| t.share())
+            t.map_or(CpuMem { cpus: u32::MAX, mem_mib: u64::MAX }, |t| t.cpu_mem())
         };
         let (free, share) = match state.nodes.get(&i.node_name()) {
             Some(n) if n.state == NodeState::Up => (
@@ -123,9 +123,9 @@ fn cloud_capacity(state: &ClusterState) -> Vec<Slot> {
                     .iter()
                     .filter(|g| !n.allocated.contains_key(&g.index) && !n.claimed.contains_key(&g.index))
                     .count() as u32,
-                n.free_share(),
+                n.free_cpu_mem(),
             ),
-            Some(_) => (0, Share::default()),
+            Some(_) => (0, CpuMem::default()),
             None => (i.gpus, of_type()),
         };
         Slot { intent: Some(i.intent), gpus: i.gpus, gpu_model: i.gpu_model.clone(), free, share }
@@ -200,7 +200,7 @@ impl<'a> Draft<'a> {
 
     /// Places a waiting job on capacity up, coming or planned, else plans an instance for it.
     fn serve(&mut self, job: &Job) {
-        let (need, want, model) = (job.gpus(), job.spec.share(), job.spec.gpu_model.as_deref());
+        let (need, want, model) = (job.gpus(), job.spec.cpu_mem(), job.spec.gpu_model.as_deref());
         let fits = |s: &Slot| s.free >= need && want.fits(s.share) && model_matches(model, &s.gpu_model);
         if let Some(s) = self.slots.iter_mut().find(|s| fits(s)) {
             s.free -= need;
@@ -209,7 +209,7 @@ impl<'a> Draft<'a> {
             return;
         }
         if cheapest(&self.state.burst, need, want, model, self.now, None).is_none() {
-            let share = if want == Share::default() {
+            let share = if want == CpuMem::default() {
                 String::new()
             } else {
                 format!(" (with {} CPUs and {} MiB)", want.cpus, want.mem_mib)
@@ -230,7 +230,7 @@ impl<'a> Draft<'a> {
 
     /// Plans one instance of the cheapest type that fits `need` GPUs of `model` with `want`,
     /// within every limit; false (with the reason held back) when none may be launched.
-    fn launch(&mut self, need: u32, want: Share, model: Option<&str>) -> bool {
+    fn launch(&mut self, need: u32, want: CpuMem, model: Option<&str>) -> bool {
         if self.d.launches.len() >= LAUNCHES_MAX {
             self.d.held_back = Some(format!("at most {LAUNCHES_MAX} launches per decision"));
             return false;
@@ -254,7 +254,7 @@ impl<'a> Draft<'a> {
             gpus: self.footprint.gpus + t.gpus,
             hourly_milli: self.footprint.hourly_milli + t.price_milli(spot),
         };
-        let (gpu_model, share) = (t.gpu_model.clone(), t.share());
+        let (gpu_model, share) = (t.gpu_model.clone(), t.cpu_mem());
         self.slots.push(Slot { intent: None, gpus: t.gpus, gpu_model, free: t.gpus, share });
         self.d.launches.push(LaunchRequest { instance_type: t.name.clone(), spot });
         true
@@ -367,7 +367,7 @@ fn waiting_jobs(state: &ClusterState, now: i64) -> Vec<&Job> {
 fn cheapest<'a>(
     burst: &'a BurstState,
     need: u32,
-    want: Share,
+    want: CpuMem,
     model: Option<&str>,
     now: i64,
     within: Option<Footprint>,
@@ -377,7 +377,7 @@ fn cheapest<'a>(
         |t: &InstanceType, spot: bool| burst.backoff.get(&(t.name.clone(), spot)).is_some_and(|u| now < *u);
     cfg.instance_types
         .iter()
-        .filter(|t| t.gpus >= need && want.fits(t.share()) && model_matches(model, &t.gpu_model))
+        .filter(|t| t.gpus >= need && want.fits(t.cpu_mem()) && model_matches(model, &t.gpu_model))
         .filter_map(|t| {
             if cfg.spot_allowed && !backing_off(t, true) {
                 Some((t, true))

@@ -16,7 +16,7 @@
 //! its history); a window of zero turns the forecast off.
 
 use kairos_scheduler::burst::BURST_LABEL;
-use kairos_scheduler::model::{model_matches, Share};
+use kairos_scheduler::model::{model_matches, CpuMem};
 use kairos_scheduler::{ClusterState, Job, JobState, NodeState};
 
 /// What the policy expects of burstable work.
@@ -29,7 +29,7 @@ pub struct Outlook {
     /// The GPUs, CPUs and memory of the largest of those jobs an allowed type fits: an
     /// instance launched ahead is one that fits it.
     pub largest_gpus: u32,
-    pub largest_share: Share,
+    pub largest_share: CpuMem,
 }
 
 impl Outlook {
@@ -60,9 +60,11 @@ pub fn outlook(state: &ClusterState, now: i64) -> Outlook {
     let mut o = Outlook { headroom: headroom(state), ..Outlook::default() };
     let types = &state.burst.config.instance_types;
     let fits_a_type = |j: &Job| {
-        let (need, want) = (j.gpus(), j.spec.share());
+        let (need, want) = (j.gpus(), j.spec.cpu_mem());
         types.iter().any(|t| {
-            t.gpus >= need && want.fits(t.share()) && model_matches(j.spec.gpu_model.as_deref(), &t.gpu_model)
+            t.gpus >= need
+                && want.fits(t.cpu_mem())
+                && model_matches(j.spec.gpu_model.as_deref(), &t.gpu_model)
         })
     };
     let burstable = |j: &&Job| j.spec.tasks <= 1 && state.may_burst(j);
@@ -78,7 +80,7 @@ pub fn outlook(state: &ClusterState, now: i64) -> Outlook {
     // The reference job: the largest recent one (by GPUs, then memory, then CPUs) that some
     // allowed type fits; without any, the largest pending or running one. One job, so the
     // instance launched ahead always fits a real job.
-    let size = |j: &&Job| (j.gpus(), j.spec.share().mem_mib, j.spec.share().cpus, j.id);
+    let size = |j: &&Job| (j.gpus(), j.spec.cpu_mem().mem_mib, j.spec.cpu_mem().cpus, j.id);
     let mut reference = recent.into_iter().filter(|j| fits_a_type(j)).max_by_key(size);
     if reference.is_none() {
         let live = |j: &&Job| matches!(j.state, JobState::Pending | JobState::Running);
@@ -86,7 +88,7 @@ pub fn outlook(state: &ClusterState, now: i64) -> Outlook {
             state.jobs.values().filter(burstable).filter(live).filter(|j| fits_a_type(j)).max_by_key(size);
     }
     if let Some(j) = reference {
-        (o.largest_gpus, o.largest_share) = (j.gpus(), j.spec.share());
+        (o.largest_gpus, o.largest_share) = (j.gpus(), j.spec.cpu_mem());
     }
     o
 }

@@ -4,32 +4,16 @@
 use std::sync::Mutex;
 
 use kairos_scheduler::burst::{BurstConfig, InstanceState, InstanceType, BURST_LABEL};
-use kairos_scheduler::{ClusterState, Command, Gpu, JobSpec, NodeInfo, Op, Outcome, Profile};
+use kairos_scheduler::{ClusterState, Command, JobSpec, NodeInfo, Op, Outcome, Profile};
 
 use crate::decision::decide;
 use crate::provider::{Cloud, CloudError, CloudInstance, LaunchSpec};
 use crate::reconcile::{round, Memory, Settings};
 
+/// A fake H100 node (`kairos_scheduler::testing`) with one CPU, 1 MiB and these labels.
 pub(crate) fn node(name: &str, gpus: u32, labels: &[(&str, &str)]) -> NodeInfo {
-    NodeInfo {
-        name: name.into(),
-        addr: format!("{name}:1"),
-        gpus: (0..gpus)
-            .map(|i| Gpu {
-                index: i,
-                uuid: format!("{name}-{i}"),
-                model: "H100".into(),
-                memory_mib: 1,
-                link_group: 0,
-                mig_parent: None,
-            })
-            .collect(),
-        cpus: 1,
-        memory_mib: 1,
-        labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-        gpu_backend: "fake".into(),
-        isolation: String::new(),
-    }
+    let labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    NodeInfo { cpus: 1, memory_mib: 1, labels, ..kairos_scheduler::testing::node_info(name, gpus) }
 }
 
 pub(crate) fn apply(s: &mut ClusterState, now: i64, op: Op) -> Outcome {

@@ -51,8 +51,8 @@ pub struct InstanceType {
 
 impl InstanceType {
     /// What one task's CPUs and memory find on it (all it has; unstated ones bind nothing).
-    pub fn share(&self) -> crate::model::Share {
-        crate::model::Share {
+    pub fn cpu_mem(&self) -> crate::model::CpuMem {
+        crate::model::CpuMem {
             cpus: if self.cpus == 0 { u32::MAX } else { self.cpus },
             mem_mib: if self.memory_mib == 0 { u64::MAX } else { self.memory_mib },
         }

@@ -8,28 +8,30 @@
 //! - `model`: nodes, GPUs, jobs, events (plain domain types)
 //! - `state`: `ClusterState::apply(&Command) -> Outcome`, the replicated state machine
 //! - `planner`: `plan(&ClusterState) -> PlanOutput`, placements and pending reasons
+//! - `fit`: the one fit check (a node's free GPUs, CPUs and memory vs a task's ask), used by the
+//!   planner, apply (`check_grant`) and submit
 //! - `policy`: QoS classes and submit rules (replicated, with the shipped defaults)
 //! - `priority`: multifactor priority and fairshare (fixed point)
 //! - `limits`: QoS usage limits, checked by the planner and again on apply
 //! - `validate`: size limits and validity checks shared by the API edge and apply
-//! - `burst`: cloud burst configuration, launch intents and instances (applied in `burst_apply`)
+//! - `burst`: cloud burst configuration, launch intents and instances (applied in `state::burst_apply`)
 
 pub mod burst;
-pub mod burst_apply;
 pub mod clock;
+pub mod fit;
 pub mod limits;
 pub mod liveness;
 pub mod model;
-pub mod nodes;
 pub mod orders;
 pub mod planner;
 pub mod policy;
+pub mod priority;
 pub mod propose;
 pub mod queue;
 pub mod reasons;
 pub mod seeded;
 pub mod state;
-pub use state::{brief, grant, history, priority, quota, tokens};
+pub use state::{brief, burst_apply, grant, history, quota, tokens};
 pub mod validate;
 
 #[cfg(any(test, feature = "testing"))]

@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::fit::{CpuMem, GPU_MILLI};
+
 /// A job's identifier, assigned in submit order by the state machine.
 pub type JobId = u64;
 
@@ -99,7 +101,7 @@ pub struct Node {
     /// Every job with a live task on this node -> the CPUs and memory that task holds. The only
     /// record of CPU and memory use (a CPU-only job holds no GPU, so it is listed only here).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub held: BTreeMap<JobId, Share>,
+    pub held: BTreeMap<JobId, CpuMem>,
     /// GPU index -> why it is unhealthy (its agent saw a fatal XID, a double-bit ECC error, or
     /// the GPU stopped answering). Such a GPU is never granted until an operator resets it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -110,9 +112,6 @@ pub struct Node {
     pub shared: BTreeMap<GpuIndex, BTreeMap<JobId, u32>>,
 }
 
-/// Thousandths of a GPU: a whole GPU.
-pub const GPU_MILLI: u32 = 1000;
-
 /// Why and since when a GPU is unhealthy.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuFault {
@@ -121,60 +120,20 @@ pub struct GpuFault {
     pub since_ms: i64,
 }
 
-/// The CPUs and host memory one task of a job holds on its node.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Share {
-    pub cpus: u32,
-    pub mem_mib: u64,
-}
-
-impl Share {
-    /// Whether `self` fits in `free`.
-    pub fn fits(self, free: Share) -> bool {
-        self.cpus <= free.cpus && self.mem_mib <= free.mem_mib
-    }
-
-    /// `self` less `other`, never below zero.
-    pub fn minus(self, other: Share) -> Share {
-        Share {
-            cpus: self.cpus.saturating_sub(other.cpus),
-            mem_mib: self.mem_mib.saturating_sub(other.mem_mib),
-        }
-    }
-
-    pub fn plus(self, other: Share) -> Share {
-        Share {
-            cpus: self.cpus.saturating_add(other.cpus),
-            mem_mib: self.mem_mib.saturating_add(other.mem_mib),
-        }
-    }
-
-    /// Which resource of `self` does not fit in `free` ("CPUs" first), for pending reasons.
-    pub fn short_of(self, free: Share) -> Option<&'static str> {
-        if self.cpus > free.cpus {
-            Some("CPUs")
-        } else if self.mem_mib > free.mem_mib {
-            Some("memory")
-        } else {
-            None
-        }
-    }
-}
-
 impl Node {
     /// The CPUs and memory jobs may be granted on this node (what the agent reported,
     /// reservations for the system already taken out).
-    pub fn capacity(&self) -> Share {
-        Share { cpus: self.info.cpus, mem_mib: self.info.memory_mib }
+    pub fn capacity(&self) -> CpuMem {
+        CpuMem { cpus: self.info.cpus, mem_mib: self.info.memory_mib }
     }
 
     /// The CPUs and memory held by jobs.
-    pub fn used(&self) -> Share {
-        self.held.values().fold(Share::default(), |a, s| a.plus(*s))
+    pub fn used(&self) -> CpuMem {
+        self.held.values().fold(CpuMem::default(), |a, s| a.plus(*s))
     }
 
     /// The CPUs and memory not held by any job.
-    pub fn free_share(&self) -> Share {
+    pub fn free_cpu_mem(&self) -> CpuMem {
         self.capacity().minus(self.used())
     }
 
@@ -447,8 +406,8 @@ impl JobSpec {
     }
 
     /// The CPUs and memory each task holds on its node.
-    pub fn share(&self) -> Share {
-        Share { cpus: self.cpus, mem_mib: self.mem_mib }
+    pub fn cpu_mem(&self) -> CpuMem {
+        CpuMem { cpus: self.cpus, mem_mib: self.mem_mib }
     }
 }
 

@@ -488,42 +488,7 @@ impl Policy {
             return Err(PolicyError::TooMany);
         }
         for (key, q) in &self.qos {
-            if !valid_name(&q.name) {
-                return Err(PolicyError::BadName(q.name.chars().take(POLICY_NAME_LEN_MAX + 1).collect()));
-            }
-            if *key != q.name {
-                return Err(PolicyError::NameMismatch(q.name.clone()));
-            }
-            if !(0..=QOS_PRIORITY_MAX).contains(&q.priority) {
-                return Err(PolicyError::BadPriority { name: q.name.clone(), priority: q.priority });
-            }
-            if q.max_wall_s == 0 || q.max_wall_s > MAX_WALL_S_MAX {
-                return Err(PolicyError::BadMaxWall(q.name.clone()));
-            }
-            for (field, value) in
-                [("grp_gpus", q.grp_gpus), ("user_gpus", q.user_gpus), ("user_jobs", q.user_jobs)]
-            {
-                if value == Some(0) {
-                    return Err(PolicyError::ZeroLimit { name: q.name.clone(), field });
-                }
-            }
-            for target in &q.preempt {
-                if *target == q.name {
-                    return Err(PolicyError::PreemptsItself(q.name.clone()));
-                }
-                let Some(t) = self.qos.get(target) else {
-                    return Err(PolicyError::UnknownPreemptTarget {
-                        name: q.name.clone(),
-                        target: target.clone(),
-                    });
-                };
-                if t.preempt_mode == PreemptMode::Off {
-                    return Err(PolicyError::PreemptsUnpreemptable {
-                        name: q.name.clone(),
-                        target: target.clone(),
-                    });
-                }
-            }
+            self.validate_qos(key, q)?;
         }
         if let Some(name) = self.preempt_cycle() {
             return Err(PolicyError::PreemptCycle(name));
@@ -558,6 +523,47 @@ impl Policy {
             }
             if !self.qos.contains_key(qos) {
                 return Err(PolicyError::UnknownPriorityClassQos { class: class.clone(), qos: qos.clone() });
+            }
+        }
+        Ok(())
+    }
+
+    /// One QoS: its name (and key), priority, wall limit, limits and preemption targets.
+    fn validate_qos(&self, key: &str, q: &Qos) -> Result<(), PolicyError> {
+        if !valid_name(&q.name) {
+            return Err(PolicyError::BadName(q.name.chars().take(POLICY_NAME_LEN_MAX + 1).collect()));
+        }
+        if *key != q.name {
+            return Err(PolicyError::NameMismatch(q.name.clone()));
+        }
+        if !(0..=QOS_PRIORITY_MAX).contains(&q.priority) {
+            return Err(PolicyError::BadPriority { name: q.name.clone(), priority: q.priority });
+        }
+        if q.max_wall_s == 0 || q.max_wall_s > MAX_WALL_S_MAX {
+            return Err(PolicyError::BadMaxWall(q.name.clone()));
+        }
+        for (field, value) in
+            [("grp_gpus", q.grp_gpus), ("user_gpus", q.user_gpus), ("user_jobs", q.user_jobs)]
+        {
+            if value == Some(0) {
+                return Err(PolicyError::ZeroLimit { name: q.name.clone(), field });
+            }
+        }
+        for target in &q.preempt {
+            if *target == q.name {
+                return Err(PolicyError::PreemptsItself(q.name.clone()));
+            }
+            let Some(t) = self.qos.get(target) else {
+                return Err(PolicyError::UnknownPreemptTarget {
+                    name: q.name.clone(),
+                    target: target.clone(),
+                });
+            };
+            if t.preempt_mode == PreemptMode::Off {
+                return Err(PolicyError::PreemptsUnpreemptable {
+                    name: q.name.clone(),
+                    target: target.clone(),
+                });
             }
         }
         Ok(())

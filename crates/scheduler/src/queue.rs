@@ -15,9 +15,9 @@ use std::cmp::Reverse;
 use crate::limits::{Usage, UsageKey};
 use crate::model::{Job, JobId, JobState};
 use crate::policy::{Partition, Qos};
+use crate::priority::{Of, Prioritizer};
 use crate::reasons::PendingReason;
 use crate::state::brief::{Index, NO_MODEL};
-use crate::state::priority::{Of, Prioritizer};
 use crate::state::{limit_ms, ClusterState};
 
 /// One pending job in the queue: what the pass asks of every pending job, so the pass looks
@@ -41,7 +41,7 @@ pub(crate) struct Queued<'a> {
     pub tasks: u32,
     pub total_gpus: u32,
     /// CPUs and memory per task.
-    pub share: crate::model::Share,
+    pub cpu_mem: crate::model::CpuMem,
     /// The array it is a task of, and how many of its tasks may run at once.
     pub array: Option<(JobId, u32)>,
 }
@@ -132,7 +132,7 @@ pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
                     gpus: b.gpus,
                     tasks: b.tasks,
                     total_gpus: b.total_gpus(),
-                    share: b.share,
+                    cpu_mem: b.cpu_mem,
                     array: b.array,
                 });
             }

@@ -244,8 +244,9 @@ fn check_shape(spec: &JobSpec) -> Result<(), ValidationError> {
     Ok(())
 }
 
-pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
-    check_shape(spec)?;
+/// The command: a program, and argv, environment and working directory within their sizes
+/// (no reserved or malformed environment names).
+fn check_command(spec: &JobSpec) -> Result<(), ValidationError> {
     let program = spec.argv.first().ok_or(ValidationError::EmptyCommand)?;
     if program.is_empty() {
         return Err(ValidationError::EmptyProgram);
@@ -274,6 +275,29 @@ pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
         bytes += k.len() + v.len();
     }
     check_len("argv+env+workdir bytes", bytes, SPEC_BYTES_MAX)?;
+    Ok(())
+}
+
+/// An array's indices (ascending, bounded) and its limit of tasks at once.
+fn check_array(array: &crate::model::ArraySpec) -> Result<(), ValidationError> {
+    let ordered = array.indices.windows(2).all(|w| w[0] < w[1]);
+    if array.indices.is_empty()
+        || array.indices.len() > ARRAY_TASKS_MAX
+        || !ordered
+        || array.indices.last().is_some_and(|i| *i > ARRAY_INDEX_MAX)
+        || array.id != 0
+    {
+        return Err(ValidationError::BadArray);
+    }
+    if array.max_running == Some(0) {
+        return Err(ValidationError::BadArray);
+    }
+    Ok(())
+}
+
+pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
+    check_shape(spec)?;
+    check_command(spec)?;
     if spec.tasks == 0 || spec.tasks > TASKS_MAX {
         return Err(ValidationError::BadTasks);
     }
@@ -287,18 +311,7 @@ pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
         return Err(ValidationError::TooManyDependencies);
     }
     if let Some(array) = &spec.array {
-        let ordered = array.indices.windows(2).all(|w| w[0] < w[1]);
-        if array.indices.is_empty()
-            || array.indices.len() > ARRAY_TASKS_MAX
-            || !ordered
-            || array.indices.last().is_some_and(|i| *i > ARRAY_INDEX_MAX)
-            || array.id != 0
-        {
-            return Err(ValidationError::BadArray);
-        }
-        if array.max_running == Some(0) {
-            return Err(ValidationError::BadArray);
-        }
+        check_array(array)?;
     }
     if spec.gpu_model.as_ref().is_some_and(|m| m.is_empty() || m.len() > 64 || m.contains('\0')) {
         return Err(ValidationError::BadGpuModel);

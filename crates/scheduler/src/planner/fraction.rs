@@ -4,43 +4,36 @@
 //! never span GPUs, never preempt and never hold a reservation.
 
 use super::*;
-use crate::model::GPU_MILLI;
+use crate::fit::fraction_fits;
 
 impl Pass<'_> {
-    /// The node position and GPU for a fraction of `milli` with one task's `share`.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn find_fraction(
-        &self,
-        milli: u32,
-        share: Share,
-        model: Option<&str>,
-        part: Option<&Partition>,
-        cloud_ok: bool,
-        ends_ms: i64,
-        res: Option<&Reservation>,
-    ) -> Option<(usize, GpuIndex)> {
-        let may_use_reserved = res.is_none_or(|r| ends_ms <= r.start_ms);
+    /// The node position and GPU for a fraction of `ask.milli` with one task's CPUs and memory.
+    pub(super) fn find_fraction(&self, ask: &Ask) -> Option<(usize, GpuIndex)> {
+        let (milli, model) = (ask.milli, ask.model);
+        let may_use_reserved = ask.may_use_reserved();
         // (thousandths already used on the GPU, most first; position; GPU).
         let mut best: Option<(u32, usize, GpuIndex)> = None;
         for (pos, node) in self.nodes.iter().enumerate() {
-            if part.is_some_and(|p| !p.contains(node.name, node.labels)) || (node.cloud && !cloud_ok) {
+            if !node.admits(ask.part, ask.cloud_ok) {
                 continue;
             }
             let may = may_use_reserved || node.reserved.is_empty();
-            if !node.share_fits(share, may) {
+            let free = NodeFree { gpus: 0, cpu_mem: node.cpu_mem_for(may) };
+            if fits(&free, &TaskAsk { gpus: 0, cpu_mem: ask.cpu_mem }).is_err() {
                 continue;
             }
             let n = node.node;
             let shared = n.shared.keys().filter_map(|g| {
                 let gpu = n.info.gpus.iter().find(|x| x.index == *g)?;
                 let used = n.shared_milli(*g) + self.fractions.get(&(pos, *g)).copied().unwrap_or(0);
-                (n.healthy(*g) && model_matches(model, &gpu.model) && used + milli <= GPU_MILLI)
+                (n.healthy(*g) && model_matches(model, &gpu.model) && fraction_fits(used, milli).is_ok())
                     .then_some((used, *g))
             });
             // GPUs this pass already began to share here.
             let begun = self.fractions.iter().filter(|((p, g), _)| *p == pos && !n.shared.contains_key(g));
-            let begun =
-                begun.filter(|(_, used)| **used + milli <= GPU_MILLI).map(|((_, g), used)| (*used, *g));
+            let begun = begun
+                .filter(|(_, used)| fraction_fits(**used, milli).is_ok())
+                .map(|((_, g), used)| (*used, *g));
             let whole = node.usable(model, may).into_iter().next().map(|(g, _)| (0, g));
             for (used, gpu) in shared.chain(begun).chain(whole) {
                 if best.is_none_or(|(b, _, _)| used > b) {
@@ -58,10 +51,10 @@ impl Pass<'_> {
         pos: usize,
         gpu: GpuIndex,
         milli: u32,
-        share: Share,
+        cpu_mem: CpuMem,
         until_ms: i64,
     ) {
-        self.take_task(pos, &[gpu], share, until_ms);
+        self.take_task(pos, &[gpu], cpu_mem, until_ms);
         *self.fractions.entry((pos, gpu)).or_insert(0) += milli;
     }
 }

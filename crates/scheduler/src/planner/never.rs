@@ -113,29 +113,12 @@ pub fn never_placeable(state: &ClusterState, spec: &JobSpec) -> Option<Unplaceab
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Gpu, NodeInfo, Profile};
+    use crate::model::{NodeInfo, Profile};
+    use crate::testing::node_info_model;
     use crate::{Command, Op};
 
     fn node(name: &str, gpus: u32, model: &str, cpus: u32, memory_mib: u64) -> NodeInfo {
-        NodeInfo {
-            name: name.into(),
-            addr: format!("{name}:1"),
-            gpus: (0..gpus)
-                .map(|i| Gpu {
-                    index: i,
-                    uuid: format!("GPU-{name}-{i}"),
-                    model: model.into(),
-                    memory_mib: 1,
-                    link_group: 0,
-                    mig_parent: None,
-                })
-                .collect(),
-            cpus,
-            memory_mib,
-            labels: Default::default(),
-            gpu_backend: "fake".into(),
-            isolation: String::new(),
-        }
+        NodeInfo { cpus, memory_mib, ..node_info_model(name, gpus, model) }
     }
 
     #[test]

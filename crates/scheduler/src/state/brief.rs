@@ -73,7 +73,7 @@ pub(crate) struct Brief {
     /// GPUs of all tasks as submitted (the priority's size factor).
     pub spec_gpus: u32,
     /// CPUs and memory per task.
-    pub share: crate::model::Share,
+    pub cpu_mem: crate::model::CpuMem,
     /// The job's own time limit in seconds (0: it set none; submit refuses 0).
     own_limit_s: u32,
     pub submit_time_ms: i64,
@@ -191,7 +191,7 @@ impl Index {
             gpus: job.gpus(),
             tasks: job.tasks(),
             spec_gpus: spec.total_gpus(),
-            share: spec.share(),
+            cpu_mem: spec.cpu_mem(),
             // Above u32::MAX seconds (136 years) a limit is as good as none: apply caps it at a year.
             own_limit_s: spec.time_limit_s.map_or(0, |s| s.clamp(1, u64::from(u32::MAX)) as u32),
             submit_time_ms: job.submit_time_ms,

@@ -6,7 +6,8 @@
 //! as with the GPU count (`check_size`).
 
 use super::*;
-use crate::model::{model_matches, Share};
+use crate::fit::{fits, NodeFree, TaskAsk};
+use crate::model::{model_matches, CpuMem};
 
 /// Somewhere one task could go, as submit judges it: all its GPUs count (a faulty one may be
 /// repaired), and its CPUs and memory are what jobs may be granted there.
@@ -15,17 +16,17 @@ struct Room {
     what: String,
     /// GPUs of the job's model set (all of them without one).
     gpus: u32,
-    share: Share,
+    cpu_mem: CpuMem,
 }
 
 impl Room {
     /// `node "a" (4 H100 GPUs, 64 CPUs, 524288 MiB of memory)`.
     fn describe(&self, of: &str) -> String {
-        let cpus = match self.share.cpus {
+        let cpus = match self.cpu_mem.cpus {
             u32::MAX => "CPUs unstated".to_string(),
             n => format!("{n} CPUs"),
         };
-        let mem = match self.share.mem_mib {
+        let mem = match self.cpu_mem.mem_mib {
             u64::MAX => "memory unstated".to_string(),
             n => format!("{n} MiB of memory"),
         };
@@ -37,15 +38,21 @@ impl ClusterState {
     /// Refuses a job (its spec resolved: CPUs and memory filled in from the defaults) that no
     /// registered node could ever hold; `asked` is what the submitter asked for itself (CPUs,
     /// memory), to say when a default made the job too big.
-    pub(super) fn check_fits_a_node(&self, spec: &JobSpec, asked: Share, qos: &Qos) -> Result<(), Rejection> {
+    pub(super) fn check_fits_a_node(
+        &self,
+        spec: &JobSpec,
+        asked: CpuMem,
+        qos: &Qos,
+    ) -> Result<(), Rejection> {
         if self.nodes.is_empty() {
             return Ok(());
         }
         let model = spec.gpu_model.as_deref();
         let gpus = if spec.gpu_milli > 0 { 1 } else { spec.gpus };
-        let need = Share { cpus: spec.cpus, mem_mib: spec.mem_mib };
+        let need = CpuMem { cpus: spec.cpus, mem_mib: spec.mem_mib };
         let rooms = self.rooms(model, qos);
-        if rooms.iter().any(|r| r.gpus >= gpus && need.fits(r.share)) {
+        let ask = TaskAsk { gpus: gpus as usize, cpu_mem: need };
+        if rooms.iter().any(|r| fits(&NodeFree { gpus: r.gpus as usize, cpu_mem: r.cpu_mem }, &ask).is_ok()) {
             return Ok(());
         }
         Err(Rejection::FailedPrecondition(why_nowhere(&rooms, spec, gpus, need, asked, || self.models())))
@@ -60,7 +67,7 @@ impl ClusterState {
             .map(|n| Room {
                 what: format!("node \"{}\"", n.info.name),
                 gpus: n.info.gpus.iter().filter(|g| of_model(&g.model)).count() as u32,
-                share: n.capacity(),
+                cpu_mem: n.capacity(),
             })
             .collect();
         let cloud = &self.burst.config;
@@ -69,7 +76,7 @@ impl ClusterState {
             rooms.extend(cloud.instance_types.iter().map(|t| Room {
                 what: format!("cloud instance type \"{}\"", t.name),
                 gpus: if of_model(&t.gpu_model) { t.gpus } else { 0 },
-                share: t.share(),
+                cpu_mem: t.cpu_mem(),
             }));
         }
         rooms
@@ -94,57 +101,41 @@ fn why_nowhere(
     rooms: &[Room],
     spec: &JobSpec,
     gpus: u32,
-    need: Share,
-    asked: Share,
+    need: CpuMem,
+    asked: CpuMem,
     models: impl FnOnce() -> Vec<String>,
 ) -> String {
     let model = spec.gpu_model.as_deref();
     let of = model.map(|m| format!("\"{m}\" ")).unwrap_or_default();
     let by = |key: &dyn Fn(&Room) -> u64| rooms.iter().max_by_key(|r| key(r));
     let most_gpus = by(&|r| u64::from(r.gpus));
-    let most_cpus = by(&|r| u64::from(r.share.cpus));
-    let most_mem = by(&|r| r.share.mem_mib);
+    let most_cpus = by(&|r| u64::from(r.cpu_mem.cpus));
+    let most_mem = by(&|r| r.cpu_mem.mem_mib);
     let (Some(most_gpus), Some(most_cpus), Some(most_mem)) = (most_gpus, most_cpus, most_mem) else {
         return "no node is registered".to_string();
     };
     if gpus > most_gpus.gpus {
-        if most_gpus.gpus == 0 {
-            let have = match models() {
-                m if m.is_empty() => " (no node has a GPU)".to_string(),
-                m => format!(" (the nodes have {})", m.into_iter().take(8).collect::<Vec<_>>().join(", ")),
-            };
-            return match (spec.gpu_milli > 0, model) {
-                (true, _) => format!("job requests a fraction of a {of}GPU but no node has one{have}"),
-                (false, Some(m)) => format!("gpu_model: no node has a GPU of model \"{m}\"{have}"),
-                (false, None) => format!("job requests {} but no node has a GPU", gpus_of(gpus, "")),
-            };
-        }
-        return format!(
-            "job requests {} but the largest node has {}: {}",
-            gpus_of(gpus, &of),
-            most_gpus.gpus,
-            most_gpus.describe(&of)
-        );
+        return too_few_gpus(most_gpus, spec, gpus, &of, models);
     }
     let defaulted = |asked_none: bool| match asked_none {
         true => " (the partition's or QoS's default per GPU)",
         false => "",
     };
-    if need.cpus > most_cpus.share.cpus {
+    if need.cpus > most_cpus.cpu_mem.cpus {
         return format!(
             "job requests {} CPUs per node{} but the largest node has {}: {}",
             need.cpus,
             defaulted(asked.cpus == 0),
-            most_cpus.share.cpus,
+            most_cpus.cpu_mem.cpus,
             most_cpus.describe(&of)
         );
     }
-    if need.mem_mib > most_mem.share.mem_mib {
+    if need.mem_mib > most_mem.cpu_mem.mem_mib {
         return format!(
             "job requests {} MiB of memory per node{} but the largest node has {} MiB: {}",
             need.mem_mib,
             defaulted(asked.mem_mib == 0),
-            most_mem.share.mem_mib,
+            most_mem.cpu_mem.mem_mib,
             most_mem.describe(&of)
         );
     }
@@ -166,6 +157,34 @@ fn why_nowhere(
         need.cpus,
         need.mem_mib,
         named.join("; ")
+    )
+}
+
+/// Why no room holds the task's GPUs: none has a GPU of its model set (naming the models the
+/// nodes have), or the one with the most has too few.
+fn too_few_gpus(
+    most_gpus: &Room,
+    spec: &JobSpec,
+    gpus: u32,
+    of: &str,
+    models: impl FnOnce() -> Vec<String>,
+) -> String {
+    if most_gpus.gpus == 0 {
+        let have = match models() {
+            m if m.is_empty() => " (no node has a GPU)".to_string(),
+            m => format!(" (the nodes have {})", m.into_iter().take(8).collect::<Vec<_>>().join(", ")),
+        };
+        return match (spec.gpu_milli > 0, spec.gpu_model.as_deref()) {
+            (true, _) => format!("job requests a fraction of a {of}GPU but no node has one{have}"),
+            (false, Some(m)) => format!("gpu_model: no node has a GPU of model \"{m}\"{have}"),
+            (false, None) => format!("job requests {} but no node has a GPU", gpus_of(gpus, "")),
+        };
+    }
+    format!(
+        "job requests {} but the largest node has {}: {}",
+        gpus_of(gpus, of),
+        most_gpus.gpus,
+        most_gpus.describe(of)
     )
 }
 

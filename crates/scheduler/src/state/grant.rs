@@ -6,6 +6,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::fit::{fits, fraction_fits, Misfit, NodeFree, TaskAsk};
 use crate::model::{GpuIndex, Job, JobId, Node, NodeState};
 use crate::state::ClusterState;
 
@@ -98,9 +99,10 @@ impl ClusterState {
             // A fraction goes onto a GPU no job holds whole, beside the fractions there; a
             // whole grant never onto a shared GPU.
             let milli = job.spec.gpu_milli;
-            let free_milli = crate::model::GPU_MILLI - node.shared_milli(*gpu).min(crate::model::GPU_MILLI);
-            if milli > 0 && milli > free_milli {
-                let (node, gpu, job, free, wanted) = (name.to_string(), *gpu, job.id, free_milli, milli);
+            if let (true, Err(Misfit::Fraction { free, wanted })) =
+                (milli > 0, fraction_fits(node.shared_milli(*gpu), milli))
+            {
+                let (node, gpu, job) = (name.to_string(), *gpu, job.id);
                 return Err(GrantError::FractionShort { node, gpu, job, free, wanted });
             }
             if milli == 0 && node.shared.contains_key(gpu) {
@@ -116,19 +118,22 @@ impl ClusterState {
                 return Err(GrantError::Claimed { node: name.to_string(), gpu: *gpu, claimer: *claimer });
             }
         }
-        self.check_share(job, node, gpus, taking)
+        let wanted = per_task.map_or(gpus.len(), |n| n as usize);
+        self.check_fit(job, node, gpus, wanted, taking)
     }
 
-    /// Whether the node has the CPUs and memory of one of `job`'s tasks free (counting what
+    /// Whether one of `job`'s tasks fits on the node (`fit::fits`): the `wanted` GPUs among
+    /// `gpus` (each found free to take above), and its CPUs and memory free (counting what
     /// preemption victims give up when `gpus` are taken from them).
-    fn check_share(
+    fn check_fit(
         &self,
         job: &Job,
         node: &Node,
         gpus: &[GpuIndex],
+        wanted: usize,
         taking: Taking<'_>,
     ) -> Result<(), GrantError> {
-        let mut free = node.free_share();
+        let mut free = node.free_cpu_mem();
         if let Some(own) = node.held.get(&job.id) {
             free = free.plus(*own);
         }
@@ -139,7 +144,7 @@ impl ClusterState {
                 free = free.plus(self.freed_by(v, taken, held));
             }
         }
-        let want = job.spec.share();
+        let ask = TaskAsk { gpus: wanted, cpu_mem: job.spec.cpu_mem() };
         let short = |what, free: u64, wanted: u64| GrantError::Short {
             node: node.info.name.clone(),
             job: job.id,
@@ -147,13 +152,12 @@ impl ClusterState {
             free,
             wanted,
         };
-        if want.cpus > free.cpus {
-            return Err(short("CPUs", free.cpus.into(), want.cpus.into()));
+        match fits(&NodeFree { gpus: gpus.len(), cpu_mem: free }, &ask) {
+            Ok(()) => Ok(()),
+            Err(Misfit::Cpus { free, wanted }) => Err(short("CPUs", free.into(), wanted.into())),
+            Err(Misfit::Memory { free, wanted }) => Err(short("MiB of memory", free, wanted)),
+            Err(_) => Err(GrantError::GpuCount { job: job.id, wanted: wanted as u32, given: gpus.to_vec() }),
         }
-        if want.mem_mib > free.mem_mib {
-            return Err(short("MiB of memory", free.mem_mib, want.mem_mib));
-        }
-        Ok(())
     }
 }
 
@@ -215,5 +219,27 @@ mod tests {
         assert_eq!(err(&s, &free, Taking::Free), Ok(()), "the job's own claim");
         s.nodes.get_mut("n1").unwrap().state = NodeState::Down;
         assert!(matches!(err(&s, &free, Taking::Free), Err(GrantError::NodeNotUp(_))));
+    }
+
+    #[test]
+    fn a_grant_takes_exactly_the_cpus_and_memory_free_and_not_one_more() {
+        let (s, _, pending) = state();
+        let free = s.nodes["n1"].free_cpu_mem();
+        let held = &s.jobs.values().find(|j| j.id != pending).unwrap().allocation.as_ref().unwrap().gpus;
+        let gpus: Vec<GpuIndex> = (0..4).filter(|g| !held.contains(g)).collect();
+        let grant = |cpus, mem_mib| {
+            let mut job = Job::clone(&s.jobs[&pending]);
+            (job.spec.cpus, job.spec.mem_mib) = (cpus, mem_mib);
+            s.check_grant(&job, "n1", &gpus, Some(2), Taking::Free)
+        };
+        assert_eq!(grant(free.cpus, free.mem_mib), Ok(()), "all that is free");
+        assert!(matches!(
+            grant(free.cpus + 1, free.mem_mib),
+            Err(GrantError::Short { what: "CPUs", free: f, wanted: w, .. }) if f + 1 == w
+        ));
+        assert!(matches!(
+            grant(free.cpus, free.mem_mib + 1),
+            Err(GrantError::Short { what: "MiB of memory", free: f, wanted: w, .. }) if f + 1 == w
+        ));
     }
 }

@@ -202,13 +202,13 @@ impl ClusterState {
                                 return Err(format!("job {} lists GPU {gpu} it does not hold", job.id));
                             }
                         }
-                        let mut share = job.spec.share();
+                        let mut cpu_mem = job.spec.cpu_mem();
                         if job.state == JobState::Suspended {
-                            share.cpus = 0;
+                            cpu_mem.cpus = 0;
                         }
-                        if node.held.get(&job.id) != Some(&share) {
+                        if node.held.get(&job.id) != Some(&cpu_mem) {
                             return Err(format!(
-                                "job {} rank {rank} should hold {share:?} on {name}, the node says {:?}",
+                                "job {} rank {rank} should hold {cpu_mem:?} on {name}, the node says {:?}",
                                 job.id,
                                 node.held.get(&job.id)
                             ));

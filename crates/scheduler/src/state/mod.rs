@@ -15,10 +15,14 @@
 //!
 //! By concept: `ops` (the log's vocabulary, its persistent format), this file (the state and the
 //! apply dispatch), `submit` (users' job commands, policy), `runs` (placements, starts, exits,
-//! time limits), `preempt`, `headroom` (the idle GPUs kept for inference), `elastic`, `node_ops`, `queries` (read-only questions) and
-//! `invariants`. Every op that hands out GPUs checks them with `check_grant` (`crate::state::grant`).
+//! time limits), `preempt`, `headroom` (the idle GPUs kept for inference), `elastic`, `node_ops`,
+//! `nodes` (who may register a node name), `burst_apply` (cloud burst ops), `usage` (decayed
+//! usage per account), `queries` (read-only questions) and `invariants`. Every op that hands
+//! out GPUs checks them with `check_grant` (`crate::state::grant`), whose fit verdict is
+//! `crate::fit::fits`, the planner's too.
 
 pub mod brief;
+pub mod burst_apply;
 mod elastic;
 mod fits;
 mod gpu_health;
@@ -28,15 +32,16 @@ pub mod history;
 mod invariants;
 mod jobs;
 mod node_ops;
+mod nodes;
 mod ops;
 mod policy_ops;
 mod preempt;
-pub mod priority;
 mod queries;
 pub mod quota;
 mod runs;
 mod submit;
 pub mod tokens;
+pub mod usage;
 
 pub use jobs::Jobs;
 pub use ops::*;
@@ -82,7 +87,7 @@ pub struct ClusterState {
     pub preemption_totals: BTreeMap<String, u64>,
     /// Decayed GPU usage per account, for fairshare.
     #[serde(default)]
-    pub usage: BTreeMap<String, crate::state::priority::AccountUsage>,
+    pub usage: BTreeMap<String, usage::AccountUsage>,
     /// The most GPUs any registered node has (kept on registration; every submit checks it).
     #[serde(default)]
     largest_node_gpus: u32,

@@ -141,9 +141,9 @@ impl ClusterState {
                 return Err(reject(format!("job {v} does not run on \"{node}\"")));
             };
             let taken: Vec<GpuIndex> = held.2.iter().copied().filter(|g| gpus.contains(g)).collect();
-            let share = self.nodes.get(node).and_then(|n| n.held.get(v)).copied().unwrap_or_default();
-            let freed = self.freed_by(victim, taken.len() as u32, share);
-            if taken.is_empty() && freed == crate::model::Share::default() {
+            let cpu_mem = self.nodes.get(node).and_then(|n| n.held.get(v)).copied().unwrap_or_default();
+            let freed = self.freed_by(victim, taken.len() as u32, cpu_mem);
+            if taken.is_empty() && freed == crate::model::CpuMem::default() {
                 return Err(reject(format!("job {v} gives none of the GPUs, CPUs or memory")));
             }
             actions.push((*v, self.victim_action(victim, taken.len() as u32), taken));
@@ -288,11 +288,11 @@ impl ClusterState {
     /// preemptor (`held`: what its task holds there): a stopped run (or a gang giving this
     /// node up) frees all; a suspended one its CPUs (its memory stays resident); a shrunk
     /// one nothing (it runs on, on fewer GPUs).
-    pub fn freed_by(&self, victim: &Job, taken: u32, held: crate::model::Share) -> crate::model::Share {
+    pub fn freed_by(&self, victim: &Job, taken: u32, held: crate::model::CpuMem) -> crate::model::CpuMem {
         match self.victim_action(victim, taken) {
             VictimAction::Stop(_) | VictimAction::ShrinkGang => held,
-            VictimAction::Suspend => crate::model::Share { cpus: held.cpus, mem_mib: 0 },
-            VictimAction::Shrink => crate::model::Share::default(),
+            VictimAction::Suspend => crate::model::CpuMem { cpus: held.cpus, mem_mib: 0 },
+            VictimAction::Shrink => crate::model::CpuMem::default(),
         }
     }
 
@@ -336,7 +336,7 @@ impl ClusterState {
                     && a.lent
                         .iter()
                         .all(|g| !n.allocated.contains_key(g) && !n.claimed.contains_key(g) && n.usable(*g))
-                    && job.spec.cpus <= n.free_share().cpus
+                    && job.spec.cpus <= n.free_cpu_mem().cpus
             })
             .collect();
         for id in ready {

@@ -75,7 +75,7 @@ impl ClusterState {
 
     /// Whether any Up node has a CPU no job holds.
     pub fn has_free_cpus(&self) -> bool {
-        self.nodes.values().any(|n| n.state == NodeState::Up && n.free_share().cpus > 0)
+        self.nodes.values().any(|n| n.state == NodeState::Up && n.free_cpu_mem().cpus > 0)
     }
 
     /// The partition a job runs in (None only for jobs from before partitions existed).

@@ -82,7 +82,7 @@ impl ClusterState {
 
     fn place(&mut self, p: &Placement, now: i64) {
         self.drop_claim(p.job);
-        let share = self.jobs.get(&p.job).map(|j| j.spec.share()).unwrap_or_default();
+        let share = self.jobs.get(&p.job).map(|j| j.spec.cpu_mem()).unwrap_or_default();
         let milli = self.jobs.get(&p.job).map_or(0, |j| j.spec.gpu_milli);
         for (name, gpus) in p.tasks() {
             let node = self.nodes.get_mut(name).expect("placement was validated");
@@ -178,25 +178,8 @@ impl ClusterState {
             return self.gang_task_exited(id, node, exit, now);
         }
         let stop = job.allocation.as_ref().and_then(|a| a.stop);
-        match stop {
-            Some(StopReason::Preempted { by, mode }) => return self.preempted_run_ended(id, by, mode, now),
-            Some(StopReason::Resize { by }) => return self.resized_run_ended(id, by, now),
-            Some(StopReason::Drained) => {
-                // The cluster, not the job, stopped it: requeue regardless of --requeue.
-                self.requeue_run(id, "its node was drained", now);
-                return Outcome::RunUpdated { job: id, state: JobState::Pending };
-            }
-            Some(StopReason::Vacated) => {
-                self.requeue_run(id, "stopped to keep GPUs idle for the inference headroom", now);
-                return Outcome::RunUpdated { job: id, state: JobState::Pending };
-            }
-            Some(StopReason::GpuFailed) => {
-                // Not the job's doing either: requeue regardless of --requeue.
-                let why = self.fault_of(id);
-                self.requeue_run(id, &why, now);
-                return Outcome::RunUpdated { job: id, state: JobState::Pending };
-            }
-            _ => {}
+        if let Some(by_cluster) = stop.filter(stopped_by_cluster) {
+            return self.run_stopped_by_cluster(id, by_cluster, now);
         }
         // A failed run of a job that retries failures starts again (Kubernetes' backoffLimit).
         let failure = match (stop, exit) {
@@ -210,34 +193,7 @@ impl ClusterState {
             self.requeue_run(id, &why, now);
             return Outcome::RunUpdated { job: id, state: JobState::Pending };
         }
-        let (state, reason) = match (stop, exit) {
-            (Some(StopReason::Cancelled), _) => (JobState::Cancelled, "cancelled".to_string()),
-            (Some(StopReason::TimeLimit), _) => (JobState::Timeout, "time limit reached".to_string()),
-            (Some(StopReason::TaskFailed), _) => (JobState::Failed, "a task failed".to_string()),
-            (
-                Some(
-                    StopReason::Preempted { .. }
-                    | StopReason::Resize { .. }
-                    | StopReason::Drained
-                    | StopReason::Vacated
-                    | StopReason::GpuFailed,
-                ),
-                _,
-            ) => {
-                unreachable!("handled above")
-            }
-            (None, RunExit::Code(0)) => (JobState::Completed, String::new()),
-            (None, RunExit::Code(_) | RunExit::Signal(_)) if job.usage.is_some_and(|u| u.oom_kills > 0) => {
-                let limit = job.spec.mem_mib;
-                (
-                    JobState::OutOfMemory,
-                    format!("out of memory: the kernel killed it at its {limit} MiB limit"),
-                )
-            }
-            (None, RunExit::Code(c)) => (JobState::Failed, format!("exit code {c}")),
-            (None, RunExit::Signal(s)) => (JobState::Failed, format!("killed by signal {s}")),
-            (None, RunExit::Lost(m)) => (JobState::Failed, format!("lost: {m}")),
-        };
+        let (state, reason) = run_end(job, stop, exit);
         match exit {
             RunExit::Code(c) => job.exit_code = Some(*c),
             RunExit::Signal(s) => job.signal = Some(*s),
@@ -268,12 +224,7 @@ impl ClusterState {
         if alloc.exits.contains_key(&rank) {
             return Outcome::Ignored(format!("rank {rank} of job {id} already ended"));
         }
-        let (code, failure) = match exit {
-            RunExit::Code(0) => (0, None),
-            RunExit::Code(c) => (*c, Some(format!("rank {rank} on \"{node}\" exited with code {c}"))),
-            RunExit::Signal(s) => (-*s, Some(format!("rank {rank} on \"{node}\" was killed by signal {s}"))),
-            RunExit::Lost(m) => (LOST_EXIT, Some(format!("rank {rank} on \"{node}\" lost: {m}"))),
-        };
+        let (code, failure) = rank_exit(rank, node, exit);
         alloc.exits.insert(rank, code);
         let first_failure = failure.filter(|_| alloc.failure.is_none() && alloc.stop.is_none());
         if let Some(f) = &first_failure {
@@ -304,6 +255,19 @@ impl ClusterState {
         if !done {
             return Outcome::RunUpdated { job: id, state: JobState::Running };
         }
+        self.gang_ended(id, stop, failure, lost, now)
+    }
+
+    /// The run of a whole gang ended (every task has): how, from why it was stopped (`lost`:
+    /// the cluster lost a task, so a failure requeues where the job allows).
+    fn gang_ended(
+        &mut self,
+        id: JobId,
+        stop: Option<StopReason>,
+        failure: Option<String>,
+        lost: bool,
+        now: i64,
+    ) -> Outcome {
         let (state, reason) = match stop {
             Some(StopReason::Cancelled) => (JobState::Cancelled, "cancelled".to_string()),
             Some(StopReason::TimeLimit) => (JobState::Timeout, "time limit reached".to_string()),
@@ -333,6 +297,25 @@ impl ClusterState {
             state
         };
         Outcome::RunUpdated { job: id, state }
+    }
+
+    /// A run the cluster, not the job, stopped ended (`stopped_by_cluster`): it continues as
+    /// the preemption or resize planned, or requeues regardless of --requeue.
+    fn run_stopped_by_cluster(&mut self, id: JobId, stop: StopReason, now: i64) -> Outcome {
+        match stop {
+            StopReason::Preempted { by, mode } => return self.preempted_run_ended(id, by, mode, now),
+            StopReason::Resize { by } => return self.resized_run_ended(id, by, now),
+            StopReason::Drained => self.requeue_run(id, "its node was drained", now),
+            StopReason::Vacated => {
+                self.requeue_run(id, "stopped to keep GPUs idle for the inference headroom", now)
+            }
+            _ => {
+                // A GPU failed: not the job's doing either.
+                let why = self.fault_of(id);
+                self.requeue_run(id, &why, now);
+            }
+        }
+        Outcome::RunUpdated { job: id, state: JobState::Pending }
     }
 
     pub(super) fn enforce_time_limit(&mut self, id: JobId, attempt: u32, now: i64) -> Outcome {
@@ -517,5 +500,59 @@ impl ClusterState {
             }
         }
         Outcome::RunUpdated { job, state: JobState::Running }
+    }
+}
+
+/// Whether the cluster, not the job, stopped a run for this reason (preempted, resized,
+/// drained, vacated, a failed GPU).
+fn stopped_by_cluster(stop: &StopReason) -> bool {
+    matches!(
+        stop,
+        StopReason::Preempted { .. }
+            | StopReason::Resize { .. }
+            | StopReason::Drained
+            | StopReason::Vacated
+            | StopReason::GpuFailed
+    )
+}
+
+/// How a single-task run that the job itself ended (or that was cancelled, timed out or lost)
+/// ends: its final state and reason.
+fn run_end(job: &Job, stop: Option<StopReason>, exit: &RunExit) -> (JobState, String) {
+    match (stop, exit) {
+        (Some(StopReason::Cancelled), _) => (JobState::Cancelled, "cancelled".to_string()),
+        (Some(StopReason::TimeLimit), _) => (JobState::Timeout, "time limit reached".to_string()),
+        (Some(StopReason::TaskFailed), _) => (JobState::Failed, "a task failed".to_string()),
+        (
+            Some(
+                StopReason::Preempted { .. }
+                | StopReason::Resize { .. }
+                | StopReason::Drained
+                | StopReason::Vacated
+                | StopReason::GpuFailed,
+            ),
+            _,
+        ) => {
+            unreachable!("handled above")
+        }
+        (None, RunExit::Code(0)) => (JobState::Completed, String::new()),
+        (None, RunExit::Code(_) | RunExit::Signal(_)) if job.usage.is_some_and(|u| u.oom_kills > 0) => {
+            let limit = job.spec.mem_mib;
+            (JobState::OutOfMemory, format!("out of memory: the kernel killed it at its {limit} MiB limit"))
+        }
+        (None, RunExit::Code(c)) => (JobState::Failed, format!("exit code {c}")),
+        (None, RunExit::Signal(s)) => (JobState::Failed, format!("killed by signal {s}")),
+        (None, RunExit::Lost(m)) => (JobState::Failed, format!("lost: {m}")),
+    }
+}
+
+/// A gang rank's exit code as recorded (a signal negated, a lost task `LOST_EXIT`), and the
+/// failure it is, if any.
+fn rank_exit(rank: u32, node: &str, exit: &RunExit) -> (i32, Option<String>) {
+    match exit {
+        RunExit::Code(0) => (0, None),
+        RunExit::Code(c) => (*c, Some(format!("rank {rank} on \"{node}\" exited with code {c}"))),
+        RunExit::Signal(s) => (-*s, Some(format!("rank {rank} on \"{node}\" was killed by signal {s}"))),
+        RunExit::Lost(m) => (LOST_EXIT, Some(format!("rank {rank} on \"{node}\" lost: {m}"))),
     }
 }

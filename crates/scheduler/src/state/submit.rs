@@ -27,6 +27,17 @@ fn with_resource_defaults(spec: &mut JobSpec, res: &crate::policy::ResourceDefau
     crate::validate::validate_spec(spec).map_err(|e| e.to_string())
 }
 
+/// A fraction of a GPU is asked only under a QoS that shares GPUs, and never by training.
+fn check_fraction(spec: &JobSpec, qos: &Qos) -> Result<(), Rejection> {
+    if spec.gpu_milli > 0 && (!qos.gpu_sharing || spec.profile == crate::model::Profile::Training) {
+        return Err(Rejection::FailedPrecondition(format!(
+            "gpu_milli: qos \"{}\" does not share GPUs (training never does); ask for whole GPUs",
+            qos.name
+        )));
+    }
+    Ok(())
+}
+
 impl ClusterState {
     pub(super) fn submit(
         &mut self,
@@ -74,16 +85,10 @@ impl ClusterState {
             return Outcome::Rejected(Rejection::NotFound(format!("{}: job {dep} not found", kind.field())));
         }
         let (qos_name, priority) = (qos.name.clone(), qos.priority);
-        if spec.gpu_milli > 0 && (!qos.gpu_sharing || spec.profile == crate::model::Profile::Training) {
-            return Outcome::Rejected(Rejection::FailedPrecondition(format!(
-                "gpu_milli: qos \"{}\" does not share GPUs (training never does); ask for whole GPUs",
-                qos.name
-            )));
-        }
-        if let Err(why) = self.check_size(spec, qos) {
+        if let Err(why) = check_fraction(spec, qos).and_then(|()| self.check_size(spec, qos)) {
             return Outcome::Rejected(why);
         }
-        let asked = crate::model::Share { cpus: spec.cpus, mem_mib: spec.mem_mib };
+        let asked = crate::model::CpuMem { cpus: spec.cpus, mem_mib: spec.mem_mib };
         let mut spec = spec.clone();
         if let Err(why) = with_resource_defaults(&mut spec, &partition.resources.or(&qos.resources)) {
             return Outcome::Rejected(Rejection::Invalid(why));

@@ -93,3 +93,40 @@ fn a_dependency_purged_into_the_history_is_checked_there() {
     assert!(!s.jobs.contains_key(&dependent.spec.after_ok[0]), "the dependency was purged");
     assert_eq!(dependent.state, JobState::Running, "its dependency completed: it ran");
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// The planner and apply judge a fit with the same leaf (`fit::fits`): a plan made from a
+    /// state, applied to that same state, has every placement accepted; so has its
+    /// preemption and its first grow-back. States from random sequences (nodes of several
+    /// sizes and models registered, failed and drained; jobs with CPUs, memory, models,
+    /// partitions, gangs, fractions and limits, running, exiting and preempted).
+    #[test]
+    fn applying_a_fresh_plan_to_the_state_it_was_made_from_rejects_nothing(
+        steps in proptest::collection::vec(prop_oneof![step(), preemption_step()], 1..80),
+    ) {
+        let (s, _) = drive(&steps);
+        let out = plan(&s);
+        let now = s.now_ms;
+        let mut applied = s.clone();
+        let placed: Vec<_> = out.plan.placements.iter().map(|p| p.job).collect();
+        match applied.apply(&cmd(now, Op::ApplyPlan { plan: out.plan.clone() })) {
+            Outcome::PlanApplied { accepted, rejected } => {
+                prop_assert!(rejected.is_empty(), "fresh plan {:?} rejected {rejected:?}", out.plan);
+                prop_assert_eq!(accepted, placed);
+            }
+            other => prop_assert!(false, "fresh plan {:?}: {other:?}", out.plan),
+        }
+        if let Some(p) = out.preemption {
+            let op = Op::Preempt { preemptor: p.preemptor, node: p.node, victims: p.victims, gpus: p.gpus };
+            let outcome = s.clone().apply(&cmd(now, op));
+            prop_assert!(!matches!(outcome, Outcome::Rejected(_) | Outcome::Ignored(_)), "{outcome:?}");
+        }
+        if let Some(g) = out.grow.first() {
+            let op = Op::Resize { job: g.job, attempt: g.attempt, gpus: g.gpus.clone(), more: g.more.clone() };
+            let outcome = s.clone().apply(&cmd(now, op));
+            prop_assert!(!matches!(outcome, Outcome::Rejected(_) | Outcome::Ignored(_)), "{outcome:?}");
+        }
+    }
+}

@@ -2,7 +2,7 @@
 //! partition's defaults and maxima, and OUT_OF_MEMORY.
 
 use super::*;
-use crate::model::{RunUsage, Share};
+use crate::model::{CpuMem, RunUsage};
 
 /// One node with 4 GPUs, 8 CPUs and 16 GiB.
 fn small_node() -> ClusterState {
@@ -29,7 +29,7 @@ fn submit(s: &mut ClusterState, sp: crate::model::JobSpec, now: i64) -> u64 {
 fn cpus_and_memory_bind_placement_and_the_reason_names_the_short_one() {
     let mut s = small_node();
     let big = start(&mut s, with(1, 6, 1024, "batch"), 10);
-    assert_eq!(s.nodes["n1"].held[&big], Share { cpus: 6, mem_mib: 1024 });
+    assert_eq!(s.nodes["n1"].held[&big], CpuMem { cpus: 6, mem_mib: 1024 });
     let cpu_short = submit(&mut s, with(1, 4, 1024, "batch"), 11);
     let out = plan(&s);
     assert!(out.plan.placements.is_empty(), "3 GPUs are free but only 2 CPUs: {out:?}");
@@ -108,7 +108,7 @@ fn partition_defaults_fill_in_and_its_maxima_refuse() {
     part.resources.max_cpus_per_node = Some(6);
     assert!(matches!(s.apply(&cmd(2, Op::SetPolicy { policy })), Outcome::PolicyChanged));
     let id = submit(&mut s, with(2, 0, 0, "batch"), 3);
-    assert_eq!(s.jobs[&id].spec.share(), Share { cpus: 4, mem_mib: 2048 }, "2 GPUs × the defaults");
+    assert_eq!(s.jobs[&id].spec.cpu_mem(), CpuMem { cpus: 4, mem_mib: 2048 }, "2 GPUs × the defaults");
     let own = submit(&mut s, with(2, 1, 0, "batch"), 4);
     assert_eq!(s.jobs[&own].spec.cpus, 1, "a job's own request wins");
     let out = s.apply(&cmd(
@@ -141,7 +141,7 @@ fn the_property_checker_catches_a_node_handing_out_more_cpus_than_it_has() {
     let mut s = small_node();
     let id = start(&mut s, with(1, 4, 0, "batch"), 10);
     crate::testing::driver::check_limits(&s);
-    s.nodes.get_mut("n1").unwrap().held.insert(id, Share { cpus: 9, mem_mib: 0 });
+    s.nodes.get_mut("n1").unwrap().held.insert(id, CpuMem { cpus: 9, mem_mib: 0 });
     let caught = std::panic::catch_unwind(|| crate::testing::driver::check_limits(&s));
     assert!(caught.is_err(), "9 CPUs held of 8 must fail the check");
 }

@@ -368,12 +368,12 @@ fn fairshare_favours_the_account_with_less_past_usage() {
     let bob = submitted(
         s.apply(&cmd(ten_hours, Op::Submit { spec: light, request_id: None, hold: false, limits: None })),
     );
-    let factors = crate::state::priority::fairshare_factors(&s);
+    let factors = crate::priority::fairshare_factors(&s);
     assert!(factors["b"] > factors["a"], "{factors:?}");
     // An answer's priority (its own account's factor only) is the planner's (every account's).
-    let all = crate::state::priority::Prioritizer::new(&s);
+    let all = crate::priority::Prioritizer::new(&s);
     for job in [alice, bob].map(|id| &s.jobs[&id]) {
-        let one = crate::state::priority::Prioritizer::for_account(&s, &job.spec.account);
+        let one = crate::priority::Prioritizer::for_account(&s, &job.spec.account);
         assert_eq!(one.priority(job), all.priority(job), "job {}", job.id);
     }
     assert_ne!(all.priority(&s.jobs[&alice]), all.priority(&s.jobs[&bob]), "usage tells them apart");
@@ -413,7 +413,7 @@ fn accounts_are_checked_at_submit_and_cannot_vanish_under_jobs() {
         Outcome::Rejected(Rejection::Invalid(_))
     ));
     let mut no_weights = two_accounts();
-    no_weights.weights = crate::state::priority::PriorityWeights {
+    no_weights.weights = crate::priority::PriorityWeights {
         qos: 0,
         age: 0,
         fairshare: 0,

@@ -2,7 +2,9 @@
 //! Every limit is re-checked here, so no proposal — stale, duplicated or forged — can take
 //! the live instances, their GPUs or their hourly price above the configuration.
 
-use crate::burst::{BurstConfig, BurstInstance, Footprint, InstanceState, LaunchRequest, BURST_LABEL};
+use crate::burst::{
+    BurstConfig, BurstInstance, Footprint, InstanceState, InstanceType, LaunchRequest, BURST_LABEL,
+};
 use crate::model::{Job, NodeInfo, NodeState};
 use crate::state::{ClusterState, Outcome, Rejection};
 
@@ -107,36 +109,38 @@ impl ClusterState {
             };
             planned.push((t.clone(), l.spot));
         }
-        let mut intents = Vec::new();
-        for (t, spot) in planned {
-            self.burst.next_intent += 1;
-            let intent = self.burst.next_intent;
-            let subnets = &self.burst.config.subnets;
-            let subnet = (!subnets.is_empty()).then(|| subnets[(intent as usize) % subnets.len()].clone());
-            let instance = BurstInstance {
-                intent,
-                instance_type: t.name.clone(),
-                gpus: t.gpus,
-                gpu_model: t.gpu_model.clone(),
-                spot,
-                price_milli: t.price_milli(spot),
-                subnet,
-                state: InstanceState::Requested,
-                instance_id: None,
-                requested_ms: now,
-                launched_ms: None,
-                ended_ms: None,
-                reason: reason.chars().take(256).collect(),
-                idle_since_ms: None,
-                joined_ms: None,
-            };
-            let market = if spot { "spot" } else { "on-demand" };
-            self.burst
-                .note(now, format!("launch intent {intent}: {} {market} ({})", t.name, instance.reason));
-            self.burst.instances.insert(intent, instance);
-            intents.push(intent);
-        }
+        let intents =
+            planned.into_iter().map(|(t, spot)| self.record_launch(&t, spot, reason, now)).collect();
         Outcome::Burst { intents }
+    }
+
+    /// Records one launch intent (its subnet taken round-robin) and notes it: the next intent id.
+    fn record_launch(&mut self, t: &InstanceType, spot: bool, reason: &str, now: i64) -> u64 {
+        self.burst.next_intent += 1;
+        let intent = self.burst.next_intent;
+        let subnets = &self.burst.config.subnets;
+        let subnet = (!subnets.is_empty()).then(|| subnets[(intent as usize) % subnets.len()].clone());
+        let instance = BurstInstance {
+            intent,
+            instance_type: t.name.clone(),
+            gpus: t.gpus,
+            gpu_model: t.gpu_model.clone(),
+            spot,
+            price_milli: t.price_milli(spot),
+            subnet,
+            state: InstanceState::Requested,
+            instance_id: None,
+            requested_ms: now,
+            launched_ms: None,
+            ended_ms: None,
+            reason: reason.chars().take(256).collect(),
+            idle_since_ms: None,
+            joined_ms: None,
+        };
+        let market = if spot { "spot" } else { "on-demand" };
+        self.burst.note(now, format!("launch intent {intent}: {} {market} ({})", t.name, instance.reason));
+        self.burst.instances.insert(intent, instance);
+        intent
     }
 
     pub(crate) fn burst_launched(&mut self, intent: u64, instance_id: &str, now: i64) -> Outcome {

@@ -1,0 +1,167 @@
+//! EASY backfill: the first job that does not fit gets a reservation (the nodes and GPUs where
+//! it can start earliest, from the expected ends of what runs and what this pass placed); the
+//! jobs behind it start only where they do not touch it or end before it starts.
+
+use super::*;
+
+/// The most waiting jobs per pass whose reason names the job the free GPUs are held for (each
+/// costs one more search).
+const HELD_HINTS_MAX: usize = 64;
+
+impl<'a> Pass<'a> {
+    /// When each GPU of `model` that is busy on the node at `pos` is expected to be free: the
+    /// running jobs' expected ends (not before now) and the ends of this pass's placements.
+    pub(super) fn busy_until(&self, pos: usize, model: Option<&str>) -> Vec<(i64, GpuIndex)> {
+        let (state, n) = (self.state, self.nodes[pos].node);
+        let now = state.now_ms;
+        let running = n.usable_gpus().filter(|g| !n.claimed.contains_key(&g.index)).filter_map(|g| {
+            let job = n.allocated.get(&g.index)?;
+            let end = state.jobs.get(job).map(|j| state.expected_end_ms(j)).unwrap_or(now);
+            Some((end.max(now), g.index, g.model.as_str()))
+        });
+        let placed = self.placed_until.get(&pos).into_iter().flatten().copied();
+        let mut ends: Vec<(GpuIndex, i64)> = running
+            .chain(placed)
+            .filter(|(_, _, m)| model_matches(model, m))
+            .map(|(e, g, _)| (g, e))
+            .collect();
+        // A victim's GPU promised to a preemptor in this pass is listed twice: the later end holds.
+        ends.sort_unstable_by(|a, b| b.cmp(a));
+        ends.dedup_by_key(|(g, _)| *g);
+        ends.into_iter().map(|(g, e)| (e, g)).collect()
+    }
+
+    /// When the CPUs and memory held on the node at `pos` are expected to be free: the running
+    /// tasks' expected ends (not before now) and the ends of this pass's placements.
+    pub(super) fn cpu_mem_until(&self, pos: usize) -> impl Iterator<Item = (i64, CpuMem)> + '_ {
+        let (state, n) = (self.state, self.nodes[pos].node);
+        let now = state.now_ms;
+        let running = n.held.iter().map(move |(id, cpu_mem)| {
+            let end = state.jobs.get(id).map(|j| state.expected_end_ms(j)).unwrap_or(now);
+            (end.max(now), *cpu_mem)
+        });
+        running.chain(self.placed_cpu_mem.get(&pos).into_iter().flatten().copied())
+    }
+
+    /// The earliest time at which `job` could start, and where, from expected ends: per node the
+    /// time it has the job's GPUs free; a gang of `tasks` takes the nodes free soonest and
+    /// starts when the last of them is.
+    pub(super) fn reserve(&mut self, job: &Job, tasks: usize) -> Option<Reservation> {
+        let now = self.state.now_ms;
+        let count = job.gpus() as usize;
+        let want = job.spec.cpu_mem();
+        let model = job.spec.gpu_model.as_deref();
+        let part = self.state.partition_of(job);
+        let cloud_ok = self.state.may_burst(job);
+        let mut options: Vec<(i64, usize, Vec<GpuIndex>)> = Vec::new();
+        for (pos, node) in self.nodes.iter().enumerate() {
+            if !node.admits(part, cloud_ok) || !want.fits(node.node.capacity()) {
+                continue;
+            }
+            let mut gpus: Vec<GpuIndex> = node.usable(model, true).into_iter().map(|(i, _)| i).collect();
+            let mut free = node.free_cpu_mem;
+            let mut at = now;
+            let ask = TaskAsk { gpus: count, cpu_mem: want };
+            let fit = |gpus: &Vec<GpuIndex>, free| fits(&NodeFree { gpus: gpus.len(), cpu_mem: free }, &ask);
+            if fit(&gpus, free).is_err() {
+                // Each running task's end frees its GPUs and its CPUs and memory.
+                let mut ends: Vec<(i64, Option<GpuIndex>, CpuMem)> = self
+                    .busy_until(pos, model)
+                    .into_iter()
+                    .map(|(e, g)| (e, Some(g), CpuMem::default()))
+                    .collect();
+                ends.extend(self.cpu_mem_until(pos).map(|(e, s)| (e, None, s)));
+                ends.sort();
+                for (end, gpu, cpu_mem) in ends {
+                    gpus.extend(gpu);
+                    free = free.plus(cpu_mem);
+                    at = end;
+                    if fit(&gpus, free).is_ok() {
+                        break;
+                    }
+                }
+            }
+            if fit(&gpus, free).is_err() {
+                continue;
+            }
+            gpus.truncate(count);
+            options.push((at, pos, gpus));
+        }
+        if options.len() < tasks.max(1) {
+            return None;
+        }
+        options.sort_unstable();
+        options.truncate(tasks.max(1));
+        let start_ms = options.iter().map(|(at, _, _)| *at).max()?;
+        let mut held = Vec::with_capacity(options.len());
+        for (_, pos, gpus) in options {
+            let node = &mut self.nodes[pos];
+            self.by_free.remove(&node.key(pos));
+            node.reserved = gpus.clone();
+            node.reserved_cpu_mem = want;
+            self.by_free.insert(node.key(pos));
+            self.reserved_nodes.push(pos);
+            held.push(TaskPlacement { node: node.name.to_string(), gpus });
+        }
+        let first = held.remove(0);
+        Some(Reservation { job: job.id, node: first.node, gpus: first.gpus, more: held, start_ms })
+    }
+}
+
+impl<'s> Planning<'s> {
+    /// Why a job that does not fit behind the reservation waits: `PriorityHeld` where free GPUs
+    /// would take it were it to end before the reserved job starts, else `Priority`.
+    pub(super) fn held_for(&mut self, q: &Queued<'s>) -> PendingReason {
+        let Some(res) = self.out.reservation.as_ref().filter(|_| self.held_hints < HELD_HINTS_MAX) else {
+            return PendingReason::Priority;
+        };
+        self.held_hints += 1;
+        let now = self.state.now_ms;
+        let ask = Ask::of(q, 0, false, now.saturating_add(1), Some(res));
+        let fits =
+            if ask.tasks > 1 { self.pass.find_gang(&ask).is_some() } else { self.pass.find(&ask).is_some() };
+        if fits && res.start_ms > now {
+            let start_in_s = u64::try_from(res.start_ms - now).unwrap_or(0) / 1000;
+            return PendingReason::PriorityHeld { job: res.job, start_in_s };
+        }
+        PendingReason::Priority
+    }
+
+    /// The first job that does not fit: it gets a preemption when its QoS may preempt, else the
+    /// reservation (EASY backfill); the jobs behind it only backfill from now on.
+    pub(super) fn block(
+        &mut self,
+        job: &Job,
+        tasks: usize,
+        over_headroom: bool,
+        q: &Queued,
+    ) -> PendingReason {
+        self.waiting = true;
+        let preempt = (tasks == 1 && !over_headroom && self.out.preemption.is_none())
+            .then(|| self.pass.preempt_for(job))
+            .flatten();
+        if let Some(p) = preempt {
+            // The GPUs it will use are kept from the jobs behind it in this pass: the free ones
+            // taken, the victims' never free for a reservation.
+            if let Some(pos) = self.pass.nodes.iter().position(|n| n.name == p.node) {
+                self.pass.promise(pos, &p.gpus);
+            }
+            self.out.preemption = Some(p);
+            // With backfill the reservation goes to the next job that cannot start, so a big
+            // job behind a preemptor is not left to be starved by small ones.
+            self.blocked = !self.config.backfill;
+        } else {
+            self.blocked = true;
+            if self.config.backfill {
+                self.out.reservation = self.pass.reserve(job, tasks);
+                // A gang nothing could be reserved for is protected by backfilling nothing.
+                self.strict = self.out.reservation.is_none() && tasks > 1;
+            }
+        }
+        if over_headroom {
+            PendingReason::Headroom
+        } else {
+            self.short_of(q)
+        }
+    }
+}

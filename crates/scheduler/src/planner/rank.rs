@@ -1,0 +1,97 @@
+//! Ranking (Nomad's rankers): of the nodes a task fits on, the best — the one whose free GPUs
+//! fit most tightly (packing keeps whole nodes free for large jobs), found through the
+//! free-GPU index — and within it GPUs of one link group when possible.
+
+use super::*;
+
+/// A placement candidate: (usable GPUs, node position, the usable GPUs with their link groups).
+pub(super) type Candidate = (usize, usize, Vec<(GpuIndex, u32)>);
+
+impl<'a> Pass<'a> {
+    /// Which entry of `model_nodes` lists the nodes with a GPU matching `model` (built on first use).
+    pub(super) fn nodes_with(&mut self, model: Option<&'a str>) -> usize {
+        if let Some(i) = self.model_nodes.iter().position(|(m, _)| *m == model) {
+            return i;
+        }
+        let matching = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.node.info.gpus.iter().any(|g| model_matches(model, &g.model)));
+        self.model_nodes.push((model, matching.map(|(pos, _)| pos).collect()));
+        self.model_nodes.len() - 1
+    }
+
+    /// Picks the best-fitting node and GPUs for one task of `ask` now (it may use reserved GPUs
+    /// only if it ends before the reservation).
+    pub(super) fn find(&mut self, ask: &Ask<'a, '_>) -> Option<(usize, Vec<GpuIndex>)> {
+        let (count, cpu_mem, model, part, cloud_ok, res) =
+            (ask.gpus, ask.cpu_mem, ask.model, ask.part, ask.cloud_ok, ask.res);
+        let may_use_reserved = ask.may_use_reserved();
+        let fast =
+            model.is_none() && part.is_none_or(Partition::is_everything) && (cloud_ok || !self.has_cloud);
+        let candidates = if fast { 0 } else { self.nodes_with(model) };
+        let task = ask.task();
+        let mut best: Option<Candidate> = None;
+        let consider = |pos: usize, best: &mut Option<Candidate>| {
+            let node = &self.nodes[pos];
+            if !node.admits(part, cloud_ok) {
+                return;
+            }
+            let may = may_use_reserved || node.reserved.is_empty();
+            let free = node.free_for(model, may);
+            // The first node of the fewest usable GPUs wins (in the index's order, or by position).
+            if fits(&free, &task).is_err() || best.as_ref().is_some_and(|(bn, _, _)| free.gpus >= *bn) {
+                return;
+            }
+            *best = Some((free.gpus, pos, node.usable(model, may)));
+        };
+        if fast {
+            // Best fit without a model or partition constraint: the first indexed node with enough free GPUs.
+            // Nodes names are in BTreeMap order, so position order is name order (deterministic).
+            let mut seen = 0;
+            let mut from = (count, std::cmp::Reverse(u32::MAX), 0);
+            'buckets: while let Some(&(free, _, _)) = self.by_free.range(from..).next() {
+                for &(free_now, std::cmp::Reverse(cpus), pos) in
+                    self.by_free.range((free, std::cmp::Reverse(u32::MAX), 0)..)
+                {
+                    // Entries with as many free GPUs as the best found or more cannot fit tighter.
+                    if best.as_ref().is_some_and(|(n, _, _)| free_now >= *n) || seen > 64 {
+                        break 'buckets;
+                    }
+                    if free_now != free || cpus < cpu_mem.cpus {
+                        // No node of this free-GPU count has the CPUs: the next count.
+                        break;
+                    }
+                    consider(pos, &mut best);
+                    seen += 1;
+                }
+                from = (free + 1, std::cmp::Reverse(u32::MAX), 0);
+            }
+            if res.is_some() && may_use_reserved {
+                for &pos in &self.reserved_nodes {
+                    consider(pos, &mut best);
+                }
+            }
+        } else {
+            for &pos in &self.model_nodes[candidates].1 {
+                consider(pos, &mut best);
+            }
+        }
+        best.map(|(_, pos, usable)| (pos, pick_gpus(&usable, count)))
+    }
+}
+
+/// Chooses `count` GPUs from `free`: all from the tightest-fitting link group when one can hold
+/// them, else the lowest indices.
+pub(super) fn pick_gpus(free: &[(GpuIndex, u32)], count: usize) -> Vec<GpuIndex> {
+    let mut groups: BTreeMap<u32, Vec<GpuIndex>> = BTreeMap::new();
+    for (index, group) in free {
+        groups.entry(*group).or_default().push(*index);
+    }
+    let best = groups.values().filter(|g| g.len() >= count).min_by_key(|g| g.len());
+    match best {
+        Some(group) => group[..count].to_vec(),
+        None => free.iter().take(count).map(|(i, _)| *i).collect(),
+    }
+}
