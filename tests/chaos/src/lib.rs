@@ -14,10 +14,10 @@
 //! fault schedule, the workload and every checker together (`tests/suite.rs` runs them).
 
 pub mod cluster;
+pub mod dst;
 pub mod netns;
 pub mod proxy;
 pub mod scenario;
-pub mod sim;
 pub mod workload;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,5 +1,5 @@
 //! `kairos-chaos`: runs seeded fault schedules against the simulated control plane
-//! (`kairos_chaos::sim`) and prints one JSON line with what they found.
+//! (`kairos_chaos::dst`) and prints one JSON line with what they found.
 //!
 //! ```text
 //! kairos-chaos --schedules N [--seed S] [--threads T]   N schedules drawn from S
@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use kairos_chaos::sim::{faults, run_schedule, Config, Observed, ScheduleReport};
+use kairos_chaos::dst::{faults, run_schedule, Config, Observed, ScheduleReport};
 
 struct Args {
     schedules: usize,

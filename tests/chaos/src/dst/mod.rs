@@ -1,4 +1,5 @@
-//! Deterministic simulation of the control plane (issue 14).
+//! Deterministic simulation testing (DST) of the control plane (issue 14). Named `dst`, not
+//! `sim`: `kairos-sim` is the workload simulator behind `kairos sim` (traces and policies).
 //!
 //! One schedule runs a whole cluster in one thread, on tokio's paused clock: three replicas that
 //! are the real `kairos_consensus::Replica` (openraft, the state machine, `ClusterState::apply`,

@@ -1,7 +1,7 @@
 //! The deterministic simulation (issue 14): schedules replay from their seeds, and deliberately
 //! broken safety mechanisms are caught, with a seed that reproduces the violation alone.
 
-use kairos_chaos::sim::{run_schedule, Broken, Config};
+use kairos_chaos::dst::{run_schedule, Broken, Config};
 use kairos_chaos::Violation;
 
 #[test]
