@@ -88,17 +88,8 @@ struct Args {
     /// The cluster's join token (a file; the controller's <data-dir>/join.token by default there).
     #[arg(long, env = "KAIROS_JOIN_TOKEN_FILE")]
     join_token_file: Option<PathBuf>,
-    /// TLS: the CA certificate (PEM) that signs the controllers' certificates; with it the agent
-    /// talks to controllers over TLS only.
-    #[arg(long)]
-    ca: Option<PathBuf>,
-    /// TLS: this agent's certificate (PEM): its log service is then served over TLS, and it is
-    /// presented to controllers that require mutual TLS.
-    #[arg(long, requires = "key")]
-    cert: Option<PathBuf>,
-    /// TLS: this agent's private key (PEM).
-    #[arg(long, requires = "cert")]
-    key: Option<PathBuf>,
+    #[command(flatten)]
+    tls: kairos_proto::wire::TlsFiles,
     /// Append one JSON line per job process start and exit (job, attempt, GPUs, pid, time) here.
     #[arg(long)]
     process_log: Option<PathBuf>,
@@ -564,8 +555,7 @@ async fn main() -> anyhow::Result<()> {
     let (listener, addr) = listen(&args).await?;
     let info = node_info(&args, &name, &addr, gpus, inv.backend(), isolation.describe());
     let creds = credentials(&args, &state_dir)?;
-    let tls =
-        kairos_proto::wire::TlsFiles { ca: args.ca.clone(), cert: args.cert.clone(), key: args.key.clone() };
+    let tls = args.tls.clone();
     let (server_tls, client_tls) = (tls.server(false)?, tls.client()?);
     let (report_tx, report_rx) = mpsc::channel(1024);
     let runner = Runner::new(&name, &state_dir, report_tx)

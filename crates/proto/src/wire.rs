@@ -84,10 +84,10 @@ pub struct TlsFiles {
     pub ca: Option<PathBuf>,
     /// TLS: this daemon's certificate (PEM), with --key: its services are then served over TLS
     /// only, and it is presented to peers that require mutual TLS.
-    #[cfg_attr(feature = "args", arg(long))]
+    #[cfg_attr(feature = "args", arg(long, requires = "key"))]
     pub cert: Option<PathBuf>,
     /// TLS: this daemon's private key (PEM).
-    #[cfg_attr(feature = "args", arg(long))]
+    #[cfg_attr(feature = "args", arg(long, requires = "cert"))]
     pub key: Option<PathBuf>,
 }
 

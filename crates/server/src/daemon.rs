@@ -141,15 +141,8 @@ struct Args {
     /// The token agents register with. Default: <data-dir>/join.token, created likewise.
     #[arg(long)]
     join_token_file: Option<PathBuf>,
-    /// TLS: the CA certificate (PEM) that signs the peers' and agents' certificates.
-    #[arg(long)]
-    ca: Option<PathBuf>,
-    /// TLS: this controller's certificate (PEM); with --key, every service is served over TLS only.
-    #[arg(long, requires = "key")]
-    cert: Option<PathBuf>,
-    /// TLS: this controller's private key (PEM).
-    #[arg(long, requires = "cert")]
-    key: Option<PathBuf>,
+    #[command(flatten)]
+    tls: kairos_proto::wire::TlsFiles,
     /// Require every client (peers, agents, users) to present a certificate signed by --ca.
     #[arg(long, requires = "ca")]
     mutual_tls: bool,
@@ -392,7 +385,7 @@ async fn serve_http(
     if args.http_request_timeout < Duration::from_secs(1) {
         bail!("--http-request-timeout must be at least 1s");
     }
-    let grpc_url = match (&tls, args.cert.is_some()) {
+    let grpc_url = match (&tls, args.tls.cert.is_some()) {
         (Some(_), true) => kairos_proto::wire::url(&args.addr, true),
         (None, true) => {
             bail!("--http-addr with --cert needs --ca: the gateway verifies this replica's certificate")
@@ -654,8 +647,7 @@ pub async fn run() -> anyhow::Result<()> {
         tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
 
     let (auth, join_token) = load_auth(&args, members.len())?;
-    let tls =
-        kairos_proto::wire::TlsFiles { ca: args.ca.clone(), cert: args.cert.clone(), key: args.key.clone() };
+    let tls = args.tls.clone();
     let server_tls = tls.server(args.mutual_tls)?;
     let client_tls = tls.client()?;
     let config = replica_config(&args, &auth, client_tls.clone())?;
