@@ -20,7 +20,7 @@ const NOTICE_CHARS_MAX: usize = 512;
 
 #[derive(Debug, Error)]
 pub enum ImdsError {
-    #[error("IMDS URL \"{0}\" is not http://HOST[:PORT]")]
+    #[error("IMDS URL \"{0}\" is not http://HOST[:PORT][/PREFIX]")]
     BadUrl(String),
     #[error("IMDS request failed: {0}")]
     Request(Box<SdkError>),
@@ -28,7 +28,7 @@ pub enum ImdsError {
     Status(u16),
 }
 
-/// An IMDSv2 endpoint, e.g. `http://169.254.169.254`.
+/// An IMDSv2 endpoint, e.g. `http://169.254.169.254` (tests: a prefix path is allowed).
 #[derive(Clone, Debug)]
 pub struct Imds {
     client: aws_config::imds::Client,
@@ -114,8 +114,10 @@ mod tests {
         let app = axum::Router::new()
             .route("/latest/api/token", put(token))
             .route("/latest/meta-data/spot/instance-action", get(action));
+        // Under a prefix, as the burst tests serve one IMDS per instance.
+        let app = axum::Router::new().nest("/pre", app);
         tokio::spawn(async move { axum::serve(listener, app).await });
-        format!("http://{addr}")
+        format!("http://{addr}/pre")
     }
 
     #[tokio::test]
