@@ -415,8 +415,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_is_read_within_its_deadline_and_its_bound_or_not_at_all() {
-        use http_body_util::StreamBody;
         use http_body::Frame;
+        use http_body_util::StreamBody;
         let frame = |b: &'static [u8]| Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b)));
         // A trickle that never ends is given up at the deadline.
         let trickle = StreamBody::new(futures::StreamExt::chain(
