@@ -3,28 +3,27 @@
 //! means the instance will be reclaimed in about two minutes, and the agent asks the
 //! controllers to drain its node (its jobs checkpoint and requeue).
 //!
-//! The client is a minimal HTTP/1.1 one over plain TCP: IMDS is a link-local HTTP endpoint and
-//! this is all the agent needs from it. Responses are capped in size.
+//! The client is the AWS SDK's (`aws_config::imds`): it fetches and caches the session token,
+//! retries what is worth retrying and bounds each attempt in time.
 
 use std::time::Duration;
 
+use aws_config::imds::client::error::ImdsError as SdkError;
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Largest IMDS response read.
-const RESPONSE_BYTES_MAX: u64 = 64 * 1024;
+/// How long connecting, and then reading an answer, may take.
 const TIMEOUT: Duration = Duration::from_secs(2);
+/// How long an IMDSv2 session token is asked for.
+const TOKEN_TTL: Duration = Duration::from_secs(300);
+/// The longest notice kept (characters).
+const NOTICE_CHARS_MAX: usize = 512;
 
 #[derive(Debug, Error)]
 pub enum ImdsError {
     #[error("IMDS URL \"{0}\" is not http://HOST[:PORT][/PREFIX]")]
     BadUrl(String),
     #[error("IMDS request failed: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("IMDS request timed out")]
-    Timeout,
-    #[error("IMDS answered something that is not HTTP")]
-    BadResponse,
+    Request(Box<SdkError>),
     #[error("IMDS answered status {0}")]
     Status(u16),
 }
@@ -32,82 +31,44 @@ pub enum ImdsError {
 /// An IMDSv2 endpoint, e.g. `http://169.254.169.254` (tests: a prefix path is allowed).
 #[derive(Clone, Debug)]
 pub struct Imds {
-    host: String,
-    port: u16,
-    prefix: String,
+    client: aws_config::imds::Client,
 }
 
 impl Imds {
     pub fn parse(url: &str) -> Result<Imds, ImdsError> {
-        let rest = url.strip_prefix("http://").ok_or_else(|| ImdsError::BadUrl(url.to_string()))?;
-        let (authority, prefix) = match rest.find('/') {
-            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
-            None => (rest, ""),
-        };
-        let (host, port) = match authority.rsplit_once(':') {
-            Some((h, p)) => (h, p.parse().map_err(|_| ImdsError::BadUrl(url.to_string()))?),
-            None => (authority, 80),
-        };
-        if host.is_empty() {
-            return Err(ImdsError::BadUrl(url.to_string()));
+        let bad = || ImdsError::BadUrl(url.to_string());
+        let uri: http::Uri = url.parse().map_err(|_| bad())?;
+        if uri.scheme_str() != Some("http") || uri.host().is_none_or(str::is_empty) {
+            return Err(bad());
         }
-        Ok(Imds { host: host.to_string(), port, prefix: prefix.to_string() })
-    }
-
-    async fn request(
-        &self,
-        method: &str,
-        path: &str,
-        header: (&str, &str),
-    ) -> Result<(u16, String), ImdsError> {
-        let exchange = async {
-            let mut stream = tokio::net::TcpStream::connect((self.host.as_str(), self.port)).await?;
-            let req = format!(
-                "{method} {}{path} HTTP/1.1\r\nHost: {}\r\n{}: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-                self.prefix, self.host, header.0, header.1
-            );
-            stream.write_all(req.as_bytes()).await?;
-            let mut raw = Vec::new();
-            stream.take(RESPONSE_BYTES_MAX).read_to_end(&mut raw).await?;
-            Ok::<_, ImdsError>(raw)
-        };
-        let raw = tokio::time::timeout(TIMEOUT, exchange).await.map_err(|_| ImdsError::Timeout)??;
-        parse_response(&raw)
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+                aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+            ))
+            .build_https();
+        let config = aws_config::provider_config::ProviderConfig::without_region().with_http_client(http);
+        let client = aws_config::imds::Client::builder()
+            .configure(&config)
+            .endpoint(url)
+            .map_err(|_| bad())?
+            .token_ttl(TOKEN_TTL)
+            .connect_timeout(TIMEOUT)
+            .read_timeout(TIMEOUT)
+            .build();
+        Ok(Imds { client })
     }
 
     /// The pending spot interruption notice (its JSON), or None.
     pub async fn spot_notice(&self) -> Result<Option<String>, ImdsError> {
-        let (status, token) =
-            self.request("PUT", "/latest/api/token", ("X-aws-ec2-metadata-token-ttl-seconds", "300")).await?;
-        if status != 200 {
-            return Err(ImdsError::Status(status));
-        }
-        let (status, body) = self
-            .request(
-                "GET",
-                "/latest/meta-data/spot/instance-action",
-                ("X-aws-ec2-metadata-token", token.trim()),
-            )
-            .await?;
-        match status {
-            200 => Ok(Some(body.trim().chars().take(512).collect())),
-            404 => Ok(None),
-            other => Err(ImdsError::Status(other)),
+        match self.client.get("/latest/meta-data/spot/instance-action").await {
+            Ok(notice) => Ok(Some(notice.as_ref().trim().chars().take(NOTICE_CHARS_MAX).collect())),
+            Err(SdkError::ErrorResponse(r)) => match r.response().status().as_u16() {
+                404 => Ok(None),
+                other => Err(ImdsError::Status(other)),
+            },
+            Err(e) => Err(ImdsError::Request(Box::new(e))),
         }
     }
-}
-
-/// (status, body) of a raw HTTP/1.1 response; anything else is `BadResponse`.
-fn parse_response(raw: &[u8]) -> Result<(u16, String), ImdsError> {
-    let text = String::from_utf8_lossy(raw);
-    let (head, body) = text.split_once("\r\n\r\n").ok_or(ImdsError::BadResponse)?;
-    let status_line = head.lines().next().ok_or(ImdsError::BadResponse)?;
-    if !status_line.starts_with("HTTP/") {
-        return Err(ImdsError::BadResponse);
-    }
-    let status =
-        status_line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or(ImdsError::BadResponse)?;
-    Ok((status, body.to_string()))
 }
 
 /// Polls for a notice every `every` until one comes; returns it.
@@ -125,49 +86,38 @@ pub async fn wait_for_notice(imds: &Imds, every: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::response::IntoResponse;
+    use axum::routing::{get, put};
 
-    /// A fake IMDS answering `notice` (None = 404) for a token it handed out.
+    /// A local IMDSv2 (a real HTTP server): a token for a PUT that asks for one with a TTL, and
+    /// `notice` (None = 404) for a GET that carries it; 401 without the token.
     async fn fake_imds(notice: Option<&'static str>) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut s, _)) = listener.accept().await else { return };
-                let mut buf = vec![0u8; 4096];
-                let n = s.read(&mut buf).await.unwrap_or(0);
-                let req = String::from_utf8_lossy(&buf[..n]).to_string();
-                let reply = if req.starts_with("PUT /pre/latest/api/token") {
-                    "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\ntok".to_string()
-                } else if req.contains("spot/instance-action")
-                    && req.contains("X-aws-ec2-metadata-token: tok")
-                {
-                    match notice {
-                        Some(n) => format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{n}", n.len()),
-                        None => "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_string(),
-                    }
-                } else {
-                    "HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n".to_string()
-                };
-                let _ = s.write_all(reply.as_bytes()).await;
+        let token = |h: HeaderMap| async move {
+            match h.get("x-aws-ec2-metadata-token-ttl-seconds") {
+                Some(ttl) => {
+                    let ttl = ttl.clone();
+                    ([("x-aws-ec2-metadata-token-ttl-seconds", ttl)], "tok").into_response()
+                }
+                None => StatusCode::BAD_REQUEST.into_response(),
             }
-        });
+        };
+        let action = move |h: HeaderMap| async move {
+            match (h.get("x-aws-ec2-metadata-token").is_some_and(|t| t == "tok"), notice) {
+                (false, _) => StatusCode::UNAUTHORIZED.into_response(),
+                (true, Some(n)) => n.into_response(),
+                (true, None) => StatusCode::NOT_FOUND.into_response(),
+            }
+        };
+        let app = axum::Router::new()
+            .route("/latest/api/token", put(token))
+            .route("/latest/meta-data/spot/instance-action", get(action));
+        // Under a prefix, as the burst tests serve one IMDS per instance.
+        let app = axum::Router::new().nest("/pre", app);
+        tokio::spawn(async move { axum::serve(listener, app).await });
         format!("http://{addr}/pre")
-    }
-
-    proptest::proptest! {
-        /// Whatever the metadata endpoint answers, parsing ends in a value or a clean error.
-        #[test]
-        fn any_response_bytes_parse_or_fail_cleanly(raw in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
-            let _ = parse_response(&raw);
-        }
-    }
-
-    #[test]
-    fn responses_that_are_not_http_are_refused() {
-        assert_eq!(parse_response(b"HTTP/1.1 404 Not Found\r\n\r\n").unwrap().0, 404);
-        for bad in [&b""[..], b"\r\n\r\n", b"SSH-2.0\r\n\r\nx", b"HTTP/1.1 abc\r\n\r\n", b"HTTP/1.1 200 OK"] {
-            assert!(matches!(parse_response(bad), Err(ImdsError::BadResponse)), "{bad:?}");
-        }
     }
 
     #[tokio::test]
@@ -179,5 +129,22 @@ mod tests {
         assert_eq!(loud.spot_notice().await.unwrap().as_deref(), Some(notice));
         assert!(Imds::parse("https://x").is_err());
         assert!(Imds::parse("http://:80").is_err());
+        assert!(Imds::parse("not a url").is_err());
+    }
+
+    #[tokio::test]
+    async fn an_endpoint_that_is_not_imds_is_an_error_not_a_notice() {
+        // Nothing listens: a request error, after the client's own retries and timeouts.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let closed = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        let started = std::time::Instant::now();
+        assert!(matches!(Imds::parse(&closed).unwrap().spot_notice().await, Err(ImdsError::Request(_))));
+        assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+        // An HTTP server without the token route: refused, not taken for "no notice".
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let other = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, axum::Router::new()).await });
+        assert!(Imds::parse(&other).unwrap().spot_notice().await.is_err());
     }
 }

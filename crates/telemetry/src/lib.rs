@@ -1,6 +1,7 @@
 //! What the daemons (`kairosd`, `kairos-agent`) share for operators: config files (`config`),
 //! the Prometheus text exposition (`exposition`), the `/metrics` endpoint that serves it
-//! (`http`), log output (`logs`: `--log-format text|json`) and traces (`traces`).
+//! and the HTTP/1.1 serving the gateway shares (`http`: axum on hyper), log output (`logs`:
+//! `--log-format text|json`) and traces (`traces`).
 
 pub mod config;
 pub mod exposition;

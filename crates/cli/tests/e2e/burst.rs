@@ -514,7 +514,8 @@ fn fake_imds(notices: Arc<std::sync::Mutex<Vec<String>>>) -> String {
             let path = req.split_whitespace().nth(1).unwrap_or("").to_string();
             let id = path.split('/').nth(1).unwrap_or("").to_string();
             let reply = if path.ends_with("/latest/api/token") {
-                "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\ntok".to_string()
+                "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nX-aws-ec2-metadata-token-ttl-seconds: 300\r\n\r\ntok"
+                    .to_string()
             } else if path.ends_with("/spot/instance-action") && notices.lock().unwrap().contains(&id) {
                 let body = r#"{"action": "terminate", "time": "2026-11-30T00:00:00Z"}"#;
                 format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len())

@@ -5,7 +5,9 @@
 //! the forwarding of leader-only calls are the gRPC services' own, not a second copy. The
 //! gateway adds what HTTP needs: the session cookie and its CSRF check (`session`), a bound on
 //! the body checked before it is read, JSON errors with the gRPC code's HTTP meaning, the
-//! OpenAPI document (`openapi`) and the embedded pages (`assets`).
+//! OpenAPI document (`openapi`) and the embedded pages (`assets`). It is an axum router
+//! (`app`: the route table as routes, bounds and headers as tower layers) served over HTTP/1.1
+//! by the daemons' one HTTP stack (`kairos_telemetry::http`).
 //!
 //! What a stranger can hold is bounded: an API call's token is checked (`TokenCheck`, the
 //! services' own check, made from the headers) before a byte of its body is read, so a call
@@ -14,6 +16,7 @@
 //! are shared out among users (`shares`); and connections are bounded per address and in all
 //! with the gRPC port's bounds, fitted under the descriptor limit (`connlimit`).
 
+pub mod app;
 pub mod assets;
 pub mod openapi;
 pub mod routes;
@@ -21,25 +24,24 @@ pub mod session;
 pub mod shares;
 pub mod transcode;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Body;
+use axum::extract::Request;
+use axum::response::Response;
 use bytes::Bytes;
-use http::{header, HeaderValue, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited, StreamBody};
-use hyper::body::{Frame, Incoming};
+use http::{header, HeaderValue, StatusCode};
+use http_body_util::{BodyExt, Limited};
 use kairos_consensus::auth::ClusterKey;
 use prost_reflect::DescriptorPool;
 use tokio_stream::StreamExt;
 use tonic::Status;
 
-use crate::connlimit::ConnLimit;
 use routes::{Reply, Route};
 use session::Credential;
 
-/// A response body: whole, or streamed from a gRPC server stream.
-pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, Status>;
+pub use app::serve;
 
 /// The longest a client may take to send a request's head (at most half the request deadline).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
@@ -150,50 +152,15 @@ impl Gateway {
         Ok(who.user)
     }
 
-    /// Answers one HTTP request.
-    pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
-        let path = req.uri().path().to_string();
-        let method = req.method().as_str().to_string();
-        let mut answer = match (method.as_str(), path.as_str()) {
-            ("GET", "/api/v1/openapi.json") => {
-                bytes(StatusCode::OK, "application/json", self.openapi.clone())
-            }
-            ("POST", "/ui/login") => self.login(req).await.unwrap_or_else(error),
-            ("POST", "/ui/logout") => logout(),
-            (_, p) if p.starts_with("/api/") => self.api(req).await,
-            (m, p) => assets::serve(m, p),
-        };
-        let h = answer.headers_mut();
-        h.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
-        h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
-        h.entry(header::CACHE_CONTROL).or_insert(HeaderValue::from_static("no-store"));
-        answer
-    }
-
-    /// A call of the JSON API: 404 for a path no route has, 405 for a method its route lacks.
-    async fn api(&self, req: Request<Incoming>) -> Response<Body> {
-        match routes::find(req.method().as_str(), req.uri().path()) {
-            Ok((route, params)) => self.route(route, params, req).await.unwrap_or_else(error),
-            Err(known) => {
-                let (status, code, what) = match known {
-                    true => (StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED", "is not allowed on"),
-                    false => (StatusCode::NOT_FOUND, "NOT_FOUND", "has no API route at"),
-                };
-                let message = format!("{} {what} {}", req.method(), req.uri().path());
-                let body = serde_json::json!({"error": {"code": code, "message": message}});
-                bytes(status, "application/json", json_bytes(&body))
-            }
-        }
-    }
-
-    /// A call of `route`.
+    /// A call of `route` with the path's parameters and the query's (`path`, `query`), the
+    /// body bounded by the layers before it (`app`).
     async fn route(
         &self,
         route: &'static Route,
-        path_params: routes::PathParams,
-        req: Request<Incoming>,
-    ) -> Result<Response<Body>, Status> {
-        refuse_oversized(&req, self.body_max)?;
+        path: Vec<(String, String)>,
+        query: Vec<(String, String)>,
+        req: Request,
+    ) -> Result<Response, Status> {
         let token = match session::credential(req.headers(), &self.key) {
             Credential::Header(t) => t,
             Credential::Cookie { token, csrf_ok } if csrf_ok || route.method == "GET" => token,
@@ -209,13 +176,11 @@ impl Gateway {
                 ))
             }
         };
-        let mut params: Vec<(String, String)> =
-            path_params.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-        let asked = query(req.uri().query().unwrap_or(""))?;
-        if let Some((k, _)) = asked.iter().find(|(k, _)| params.iter().any(|(p, _)| p == k)) {
+        let mut params = path;
+        if let Some((k, _)) = query.iter().find(|(k, _)| params.iter().any(|(p, _)| p == k)) {
             return Err(Status::invalid_argument(format!("\"{k}\" is given by the path, not the query")));
         }
-        params.extend(asked);
+        params.extend(query);
         // Who the token is, before a byte of the body is read: a stranger's body is never read.
         let user = self.authenticate(&token).await?;
         let slot = match route.reply {
@@ -245,7 +210,7 @@ impl Gateway {
         method: &prost_reflect::MethodDescriptor,
         request: tonic::Request<Bytes>,
         slot: Option<shares::StreamSlot>,
-    ) -> Result<Response<Body>, Status> {
+    ) -> Result<Response, Status> {
         let path: http::uri::PathAndQuery =
             route.rpc.parse().map_err(|_| Status::internal(format!("{} is not a path", route.rpc)))?;
         let mut grpc =
@@ -259,26 +224,26 @@ impl Gateway {
         let permit = slot.ok_or_else(|| Status::internal("a stream without its slot"))?;
         let stream = grpc.server_streaming(request, path, transcode::RawCodec).await?.into_inner();
         let method = method.clone();
-        let (kind, frames): (&str, Body) = match route.reply {
+        let (kind, frames) = match route.reply {
             Reply::Events => {
                 let frames = stream.map(move |m| {
                     let _held = &permit;
                     let json = transcode::response(&method, m?)?;
-                    Ok(Frame::data(Bytes::from(format!(
+                    Ok::<_, Status>(Bytes::from(format!(
                         "data: {}\n\n",
                         String::from_utf8_lossy(&json_bytes(&json))
-                    ))))
+                    )))
                 });
-                ("text/event-stream", BodyExt::boxed_unsync(StreamBody::new(frames)))
+                ("text/event-stream", Body::from_stream(frames))
             }
             _ => {
                 let frames = stream.map(move |m| {
                     let _held = &permit;
                     let chunk = <kairos_proto::v1::LogChunk as prost::Message>::decode(m?)
                         .map_err(|e| Status::internal(format!("decoding a log chunk: {e}")))?;
-                    Ok(Frame::data(Bytes::from(chunk.data)))
+                    Ok::<_, Status>(Bytes::from(chunk.data))
                 });
-                ("text/plain; charset=utf-8", BodyExt::boxed_unsync(StreamBody::new(frames)))
+                ("text/plain; charset=utf-8", Body::from_stream(frames))
             }
         };
         let mut answer = Response::new(frames);
@@ -289,7 +254,7 @@ impl Gateway {
 
     /// `POST /ui/login` with `{"token": "…"}`: checks the token (it must name a user) and sets
     /// the session and CSRF cookies; answers who it is.
-    async fn login(&self, req: Request<Incoming>) -> Result<Response<Body>, Status> {
+    async fn login(&self, req: Request) -> Result<Response, Status> {
         // A cross-site form cannot send JSON without the browser asking first.
         let json = req
             .headers()
@@ -299,7 +264,6 @@ impl Gateway {
         if !json {
             return Err(Status::invalid_argument("log in with a JSON body: {\"token\": \"…\"}"));
         }
-        refuse_oversized(&req, LOGIN_BYTES_MAX)?;
         let body = match read_body(req.into_body(), LOGIN_BYTES_MAX, self.body_timeout).await {
             Ok(body) => body,
             Err(BodyError::Late) => return Ok(request_timeout(self.head_timeout + self.body_timeout)),
@@ -323,7 +287,7 @@ impl Gateway {
 }
 
 /// `POST /ui/logout`: both cookies expire.
-fn logout() -> Response<Body> {
+fn logout() -> Response {
     let mut answer = bytes(StatusCode::OK, "application/json", Bytes::from_static(b"{}"));
     for c in session::logout_cookies() {
         if let Ok(v) = HeaderValue::from_str(&c) {
@@ -331,19 +295,6 @@ fn logout() -> Response<Body> {
         }
     }
     answer
-}
-
-/// 413 from the declared length alone, before any of the body is read.
-fn refuse_oversized(req: &Request<Incoming>, max: usize) -> Result<(), Status> {
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    match declared {
-        Some(n) if n > max as u64 => Err(too_large(max)),
-        _ => Ok(()),
-    }
 }
 
 fn too_large(max: usize) -> Status {
@@ -360,39 +311,29 @@ enum BodyError {
 /// The body, at most `max` bytes (a chunked body is cut off there: 413), read within `within`.
 async fn read_body<B>(body: B, max: usize, within: Duration) -> Result<Bytes, BodyError>
 where
-    B: hyper::body::Body<Data = Bytes>,
+    B: http_body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     match tokio::time::timeout(within, Limited::new(body, max).collect()).await {
         Err(_) => Err(BodyError::Late),
         Ok(Ok(b)) => Ok(b.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(BodyError::Refused(too_large(max))),
+        Ok(Err(e)) if past_bound(&*e) => Err(BodyError::Refused(too_large(max))),
         Ok(Err(e)) => Err(BodyError::Refused(Status::invalid_argument(format!("reading the body: {e}")))),
     }
 }
 
+/// Whether `e`, or an error it wraps (the bound layer's, under axum's), is a body past its bound.
+fn past_bound(e: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(e), |e| e.source()).any(|e| e.is::<http_body_util::LengthLimitError>())
+}
+
 /// 408: the request did not arrive whole within the deadline; the connection is closed.
-fn request_timeout(deadline: Duration) -> Response<Body> {
+fn request_timeout(deadline: Duration) -> Response {
     let message = format!("the request did not arrive whole within {deadline:?}");
     let body = serde_json::json!({"error": {"code": "REQUEST_TIMEOUT", "message": message}});
     let mut answer = bytes(StatusCode::REQUEST_TIMEOUT, "application/json", json_bytes(&body));
     answer.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
     answer
-}
-
-/// The query's `name=value` pairs, decoded (`+` is a space).
-fn query(q: &str) -> Result<Vec<(String, String)>, Status> {
-    q.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let dec = |s: &str| routes::percent_decode(&s.replace('+', " "));
-            match (dec(k), dec(v)) {
-                (Some(k), Some(v)) => Ok((k, v)),
-                _ => Err(Status::invalid_argument(format!("the query has a malformed pair \"{pair}\""))),
-            }
-        })
-        .collect()
 }
 
 /// The gRPC request carrying `message` with the caller's token and the headers the services
@@ -421,9 +362,8 @@ fn json_bytes(v: &serde_json::Value) -> Bytes {
 }
 
 /// A whole body.
-pub fn bytes(status: StatusCode, kind: &'static str, body: Bytes) -> Response<Body> {
-    let mut r =
-        Response::new(BodyExt::boxed_unsync(Full::new(body).map_err(|never: Infallible| match never {})));
+pub fn bytes(status: StatusCode, kind: &'static str, body: Bytes) -> Response {
+    let mut r = Response::new(Body::from(body));
     *r.status_mut() = status;
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
     r
@@ -450,7 +390,7 @@ pub fn http_status(code: tonic::Code) -> StatusCode {
 }
 
 /// `{"error": {"code": "PERMISSION_DENIED", "message": "…"}}` with the code's HTTP status.
-pub fn error(status: Status) -> Response<Body> {
+pub fn error(status: Status) -> Response {
     let code = format!("{:?}", status.code());
     let body = serde_json::json!({"error": {"code": screaming(&code), "message": status.message()}});
     bytes(http_status(status.code()), "application/json", json_bytes(&body))
@@ -459,43 +399,6 @@ pub fn error(status: Status) -> Response<Body> {
 /// `PermissionDenied` → `PERMISSION_DENIED`.
 fn screaming(s: &str) -> String {
     transcode::enum_prefix(s).trim_end_matches('_').to_string()
-}
-
-/// Serves HTTP/1.1 on `listener` until the task is dropped: connections bounded per address
-/// and in all (`limit`), each given the head's part of the request deadline to send a head.
-pub async fn serve(listener: tokio::net::TcpListener, gateway: Arc<Gateway>, limit: ConnLimit) {
-    loop {
-        let (stream, addr) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "http: accepting a connection failed");
-                tokio::time::sleep(crate::connlimit::ACCEPT_BACKOFF).await;
-                continue;
-            }
-        };
-        let Some(slot) = limit.slot(addr.ip()) else {
-            tracing::warn!(%addr, "http: connection refused: too many open connections");
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let gateway = gateway.clone();
-        let head_timeout = gateway.head_timeout;
-        tokio::spawn(async move {
-            let _slot = slot;
-            let service = hyper::service::service_fn(move |req| {
-                let gateway = gateway.clone();
-                async move { Ok::<_, Infallible>(gateway.handle(req).await) }
-            });
-            let served = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(head_timeout)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                .await;
-            if let Err(e) = served {
-                tracing::debug!(error = %e, "http connection ended");
-            }
-        });
-    }
 }
 
 #[cfg(test)]
@@ -508,16 +411,13 @@ mod tests {
         assert_eq!(http_status(tonic::Code::PermissionDenied), StatusCode::FORBIDDEN);
         assert_eq!(http_status(tonic::Code::ResourceExhausted), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(screaming("PermissionDenied"), "PERMISSION_DENIED");
-        assert_eq!(
-            query("a=1&b=x%20y+z&c").unwrap(),
-            [("a", "1"), ("b", "x y z"), ("c", "")].map(|(k, v)| (k.to_string(), v.to_string()))
-        );
-        assert!(query("a=%zz").is_err());
     }
 
     #[tokio::test]
     async fn a_body_is_read_within_its_deadline_and_its_bound_or_not_at_all() {
-        let frame = |b: &'static [u8]| Ok::<_, Infallible>(Frame::data(Bytes::from_static(b)));
+        use http_body::Frame;
+        use http_body_util::StreamBody;
+        let frame = |b: &'static [u8]| Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b)));
         // A trickle that never ends is given up at the deadline.
         let trickle = StreamBody::new(futures::StreamExt::chain(
             futures::stream::iter([frame(b"{")]),

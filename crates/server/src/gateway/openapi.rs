@@ -18,8 +18,7 @@ pub fn document(pool: &DescriptorPool) -> anyhow::Result<Value> {
     for r in ROUTES {
         let method =
             transcode::method(pool, r.rpc).ok_or_else(|| anyhow::anyhow!("{}: no such method", r.rpc))?;
-        let path_fields: Vec<&str> =
-            r.path.split('/').filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}'))).collect();
+        let path_fields: Vec<&str> = r.path_fields().collect();
         let mut parameters: Vec<Value> = path_fields
             .iter()
             .map(|f| {
@@ -48,23 +47,7 @@ pub fn document(pool: &DescriptorPool) -> anyhow::Result<Value> {
             }
         }
         op["parameters"] = Value::Array(parameters);
-        let ok = match r.reply {
-            Reply::Json => {
-                add_schema(&method.output(), &mut schemas);
-                json!({"application/json": {"schema": {"$ref": reference(&method.output())}}})
-            }
-            Reply::Events => {
-                add_schema(&method.output(), &mut schemas);
-                json!({"text/event-stream": {"schema": {"type": "string",
-                    "description": format!("one `data:` line per {} (JSON), as server-sent events", method.output().name())}}})
-            }
-            Reply::Text => json!({"text/plain": {"schema": {"type": "string"}}}),
-        };
-        op["responses"] = json!({
-            "200": {"description": "OK", "content": ok},
-            "default": {"description": "an error: the gRPC code's HTTP status, and the code and message",
-                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-        });
+        op["responses"] = responses(r.reply, &method.output(), &mut schemas);
         paths.entry(r.path).or_default().insert(r.method.to_ascii_lowercase(), op);
     }
     schemas.insert(
@@ -90,6 +73,27 @@ pub fn document(pool: &DescriptorPool) -> anyhow::Result<Value> {
             "schemas": schemas,
         }
     }))
+}
+
+/// An operation's answers: `reply` of `output` messages, or an error.
+fn responses(reply: Reply, output: &MessageDescriptor, schemas: &mut BTreeMap<String, Value>) -> Value {
+    let ok = match reply {
+        Reply::Json => {
+            add_schema(output, schemas);
+            json!({"application/json": {"schema": {"$ref": reference(output)}}})
+        }
+        Reply::Events => {
+            add_schema(output, schemas);
+            json!({"text/event-stream": {"schema": {"type": "string",
+                "description": format!("one `data:` line per {} (JSON), as server-sent events", output.name())}}})
+        }
+        Reply::Text => json!({"text/plain": {"schema": {"type": "string"}}}),
+    };
+    json!({
+        "200": {"description": "OK", "content": ok},
+        "default": {"description": "an error: the gRPC code's HTTP status, and the code and message",
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    })
 }
 
 /// Whether `f` can be given in a query string.
@@ -179,8 +183,10 @@ mod tests {
         for (path, ops) in paths {
             for (method, op) in ops.as_object().unwrap() {
                 described += 1;
-                let (route, params) = super::super::routes::find(&method.to_ascii_uppercase(), path)
-                    .unwrap_or_else(|_| panic!("{method} {path} is described but not routed"));
+                let route = ROUTES
+                    .iter()
+                    .find(|r| r.method == method.to_ascii_uppercase() && r.path == path)
+                    .unwrap_or_else(|| panic!("{method} {path} is described but not routed"));
                 assert_eq!(route.path, path.as_str());
                 assert_eq!(op["x-grpc-method"], route.rpc);
                 // Every path parameter is declared, and nothing else is "in: path".
@@ -191,7 +197,7 @@ mod tests {
                     .filter(|p| p["in"] == "path")
                     .map(|p| p["name"].as_str().unwrap())
                     .collect();
-                let template: Vec<&str> = params.iter().map(|(f, _)| *f).collect();
+                let template: Vec<&str> = route.path_fields().collect();
                 assert_eq!(declared, template, "{method} {path}");
             }
         }

@@ -1,7 +1,8 @@
 //! The JSON API's routes: each is one gRPC method of the job or admin service, so an HTTP call
 //! gets the same checks, roles, limits and forwarding as the same call over gRPC. The request
 //! message is the JSON body (POST, PUT) with the path's and the query's parameters set on it;
-//! the answer is the response message as JSON, or a stream (`Reply`).
+//! the answer is the response message as JSON, or a stream (`Reply`). The table is served as
+//! axum routes (`app`), whose `{field}` syntax it shares.
 
 /// How a route answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +27,31 @@ pub struct Route {
     pub body: bool,
     pub reply: Reply,
     pub summary: &'static str,
+}
+
+impl Route {
+    /// The fields its path's `{field}` segments set, in order.
+    pub fn path_fields(&self) -> impl Iterator<Item = &'static str> {
+        self.path.split('/').filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+    }
+
+    /// Its path as axum routes it: the `{field}` segments numbered (`{0}`, `{1}`), since routes
+    /// of one shape name theirs differently (`PUT /qos/{qos.name}`, `DELETE /qos/{name}`).
+    pub fn axum_path(&self) -> String {
+        let mut n = 0;
+        let segments: Vec<String> = self
+            .path
+            .split('/')
+            .map(|s| match s.starts_with('{') {
+                true => {
+                    n += 1;
+                    format!("{{{}}}", n - 1)
+                }
+                false => s.to_string(),
+            })
+            .collect();
+        segments.join("/")
+    }
 }
 
 const fn route(
@@ -108,81 +134,17 @@ pub const ROUTES: &[Route] = &[
           "revokes an API token (admins)"),
 ];
 
-/// The values of a path's `{field}` segments, by field.
-pub type PathParams = Vec<(&'static str, String)>;
-
-/// The route for `method path`, with the values of its `{field}` segments; `Err(true)` when
-/// the path exists for another method (405), `Err(false)` when it does not (404).
-pub fn find(method: &str, path: &str) -> Result<(&'static Route, PathParams), bool> {
-    let mut path_known = false;
-    for r in ROUTES {
-        if let Some(params) = matches(r.path, path) {
-            if r.method == method {
-                return Ok((r, params));
-            }
-            path_known = true;
-        }
-    }
-    Err(path_known)
-}
-
-/// The `{field}` values of `path` against `pattern`, or None if it does not match.
-fn matches(pattern: &'static str, path: &str) -> Option<PathParams> {
-    let mut want = pattern.split('/');
-    let mut have = path.split('/');
-    let mut params = Vec::new();
-    loop {
-        match (want.next(), have.next()) {
-            (None, None) => return Some(params),
-            (Some(w), Some(h)) => match w.strip_prefix('{').and_then(|w| w.strip_suffix('}')) {
-                Some(field) if !h.is_empty() => params.push((field, percent_decode(h)?)),
-                Some(_) => return None,
-                None if w == h => {}
-                None => return None,
-            },
-            _ => return None,
-        }
-    }
-}
-
-/// `%XX`-decodes a path segment or query value (`+` stays itself in a path; the caller turns a
-/// query's `+` into a space first); None when it is not UTF-8 or a `%` is malformed.
-pub fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn paths_find_their_route_and_fields() {
-        let (r, p) = find("GET", "/api/v1/jobs/42").unwrap();
-        assert_eq!(r.rpc, "/kairos.v1.JobService/GetJob");
-        assert_eq!(p, vec![("job_id", "42".to_string())]);
-        let (r, p) = find("PUT", "/api/v1/qos/urgent%20x").unwrap();
-        assert_eq!(
-            (r.rpc, p),
-            ("/kairos.v1.AdminService/PutQos", vec![("qos.name", "urgent x".to_string())])
-        );
-        assert!(r.body);
-        assert!(find("PATCH", "/api/v1/jobs/42").unwrap_err());
-        assert!(!find("GET", "/api/v1/jobs/42/nothing").unwrap_err());
-        assert!(!find("GET", "/api/v1/jobs/").unwrap_err());
-        assert!(!find("GET", "/api/v1/jobs/%zz").unwrap_err());
+    fn path_fields_are_named_by_the_table_and_numbered_for_axum() {
+        let put = ROUTES.iter().find(|r| r.path == "/api/v1/qos/{qos.name}").unwrap();
+        assert_eq!(put.path_fields().collect::<Vec<_>>(), ["qos.name"]);
+        assert_eq!(put.axum_path(), "/api/v1/qos/{0}");
+        let cancel = ROUTES.iter().find(|r| r.path.ends_with("/cancel")).unwrap();
+        assert_eq!(cancel.axum_path(), "/api/v1/jobs/{0}/cancel");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! the session cookie must echo it in `X-CSRF-Token`. The CSRF value is a MAC of the token under
 //! the cluster key, so every replica checks it and none keeps a session table.
 
+use cookie::{Cookie, SameSite};
 use http::HeaderMap;
 use kairos_consensus::auth::{sha256_hex, ClusterKey};
 
@@ -32,15 +33,15 @@ pub enum Credential {
 }
 
 /// The value of cookie `name` in the request's `Cookie` headers.
-pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(http::header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v)
+        .flat_map(Cookie::split_parse)
+        .filter_map(Result::ok)
+        .find(|c| c.name() == name)
+        .map(|c| c.value().to_string())
 }
 
 /// The CSRF value that goes with `token`.
@@ -62,27 +63,32 @@ pub fn credential(headers: &HeaderMap, key: &ClusterKey) -> Credential {
         return Credential::None;
     };
     let sent = headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let csrf_ok = !sent.is_empty() && kairos_consensus::auth::ct_eq(sent, &csrf_for(key, token));
-    Credential::Cookie { token: token.to_string(), csrf_ok }
+    let csrf_ok = !sent.is_empty() && kairos_consensus::auth::ct_eq(sent, &csrf_for(key, &token));
+    Credential::Cookie { token, csrf_ok }
+}
+
+/// A `Set-Cookie` value: `name=value` for the whole site, SameSite=Strict, for `max_age_s`.
+fn set_cookie(name: &str, value: String, http_only: bool, max_age_s: u64) -> String {
+    Cookie::build((name, value))
+        .path("/")
+        .http_only(http_only)
+        .same_site(SameSite::Strict)
+        .max_age(cookie::time::Duration::seconds(i64::try_from(max_age_s).unwrap_or(i64::MAX)))
+        .build()
+        .to_string()
 }
 
 /// The `Set-Cookie` values of a login with `token`.
 pub fn login_cookies(key: &ClusterKey, token: &str) -> [String; 2] {
     [
-        format!("{SESSION_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age={SESSION_MAX_AGE_S}"),
-        format!(
-            "{CSRF_COOKIE}={}; Path=/; SameSite=Strict; Max-Age={SESSION_MAX_AGE_S}",
-            csrf_for(key, token)
-        ),
+        set_cookie(SESSION_COOKIE, token.to_string(), true, SESSION_MAX_AGE_S),
+        set_cookie(CSRF_COOKIE, csrf_for(key, token), false, SESSION_MAX_AGE_S),
     ]
 }
 
 /// The `Set-Cookie` values of a logout: both cookies expire now.
 pub fn logout_cookies() -> [String; 2] {
-    [
-        format!("{SESSION_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"),
-        format!("{CSRF_COOKIE}=; Path=/; SameSite=Strict; Max-Age=0"),
-    ]
+    [set_cookie(SESSION_COOKIE, String::new(), true, 0), set_cookie(CSRF_COOKIE, String::new(), false, 0)]
 }
 
 /// Whether a token may be put in a cookie as it is (API tokens and the bootstrap token are
@@ -110,7 +116,9 @@ mod tests {
         let key = ClusterKey::new(&"s".repeat(32));
         let csrf = csrf_for(&key, "kairos_tok");
         let [session, csrf_cookie] = login_cookies(&key, "kairos_tok");
-        assert!(session.contains("HttpOnly") && session.contains("SameSite=Strict"));
+        assert!(session.starts_with("kairos_session=kairos_tok;"), "{session}");
+        assert!(session.contains("HttpOnly") && session.contains("SameSite=Strict"), "{session}");
+        assert!(session.contains("Path=/") && session.contains("Max-Age=43200"), "{session}");
         assert!(!csrf_cookie.contains("HttpOnly") && csrf_cookie.contains(&csrf));
         let c = credential(
             &headers(&[("cookie", "a=b; kairos_session=kairos_tok"), ("x-csrf-token", &csrf)]),
@@ -133,6 +141,11 @@ mod tests {
         assert_eq!(c, Credential::Header("abc".into()));
         assert_eq!(credential(&headers(&[("cookie", "kairos_session=")]), &key), Credential::None);
         assert!(logout_cookies().iter().all(|c| c.contains("Max-Age=0")));
+        // Cookies in several headers, spaced or not; a malformed pair does not hide the rest.
+        let h = headers(&[("cookie", "a=b;x"), ("cookie", "kairos_csrf=c;kairos_session=t2")]);
+        assert_eq!(cookie(&h, SESSION_COOKIE).as_deref(), Some("t2"));
+        assert_eq!(cookie(&h, "a").as_deref(), Some("b"));
+        assert_eq!(cookie(&h, "nope"), None);
         assert!(cookie_safe("kairos_0011_abc") && !cookie_safe("a;b") && !cookie_safe("a b"));
     }
 }
