@@ -106,7 +106,7 @@ pub async fn serve(addr: String) -> anyhow::Result<serde_json::Value> {
 
 /// The submit load against a floor server in a process of its own.
 pub async fn bench(clients: usize, conns: usize, seconds: u64) -> anyhow::Result<serde_json::Value> {
-    let addr = crate::free_addr()?;
+    let addr = crate::cluster::free_addr()?;
     let exe = std::env::current_exe().context("locating kairos-bench")?;
     let child = std::process::Command::new(exe)
         .args(["floor-serve", "--addr", &addr])
@@ -123,15 +123,15 @@ pub async fn bench(clients: usize, conns: usize, seconds: u64) -> anyhow::Result
     }
     let server = Killed(child);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while crate::connect(&addr).await.is_err() {
+    while crate::cluster::connect(&addr).await.is_err() {
         anyhow::ensure!(Instant::now() < deadline, "the floor server did not listen within 10 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let addrs = vec![addr];
-    let warm = crate::start_load(&addrs, clients, conns)?;
+    let warm = crate::load::start_load(&addrs, clients, conns)?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     warm.finish().await;
-    let load = crate::start_load(&addrs, clients, conns)?;
+    let load = crate::load::start_load(&addrs, clients, conns)?;
     let t0 = Instant::now();
     let cpu = crate::cpu::Window::start(&[std::process::id(), server.0.id()]);
     tokio::time::sleep(Duration::from_secs(seconds)).await;
