@@ -9,7 +9,7 @@
 //! kills every run of the node (run cgroups, journaled process groups) once the deadline
 //! passes. The leader declares the node down — and requeues its jobs — only a node timeout
 //! after it last saw a heartbeat, and lease + grace is 0.7 of that (see `Timing::lease` in
-//! the server and ARCHITECTURE.md).
+//! the server and docs/design.md § fencing).
 //!
 //! Times are CLOCK_MONOTONIC milliseconds, which both processes read and which keeps running
 //! while a process is stopped.

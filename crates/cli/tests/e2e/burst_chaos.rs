@@ -31,7 +31,7 @@ use kairos_scheduler::burst::{BurstConfig, InstanceType, BURST_LABEL};
 use kairos_scheduler::propose::propose;
 use kairos_scheduler::seeded::SplitMix64;
 use kairos_scheduler::{
-    ClusterState, Command, Gpu, JobSpec, JobState, NodeInfo, NodeState, Op, Outcome, Profile, RunExit,
+    ClusterState, Command, JobSpec, JobState, NodeInfo, NodeState, Op, Outcome, Profile, RunExit,
 };
 
 use crate::burst::Moto;
@@ -178,23 +178,9 @@ fn config(rng: &mut SplitMix64) -> BurstConfig {
 
 fn node(name: &str, gpus: u32, labels: &[(&str, String)]) -> NodeInfo {
     NodeInfo {
-        name: name.into(),
-        addr: format!("{name}:1"),
-        gpus: (0..gpus)
-            .map(|i| Gpu {
-                index: i,
-                uuid: format!("{name}-{i}"),
-                model: "A10G".into(),
-                memory_mib: 24 << 10,
-                link_group: 0,
-                mig_parent: None,
-            })
-            .collect(),
-        cpus: 64,
         memory_mib: 256 << 10,
         labels: labels.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
-        gpu_backend: "fake".into(),
-        isolation: String::new(),
+        ..kairos_scheduler::testing::node_info_model(name, gpus, "A10G")
     }
 }
 
