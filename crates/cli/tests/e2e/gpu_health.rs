@@ -148,7 +148,7 @@ fn a_fake_mig_layout_of_seven_instances_runs_seven_one_instance_jobs_at_once_eac
     let go = c.path("go");
     // Each job says what it sees, then waits for the test: all seven must run at once.
     let script = format!(
-        "echo $CUDA_VISIBLE_DEVICES > {}/$KAIROS_JOB_ID; for i in $(seq 600); do [ -e {} ] && exit 0; sleep 0.1; done; exit 1",
+        "echo $CUDA_VISIBLE_DEVICES > {0}/.$KAIROS_JOB_ID && mv {0}/.$KAIROS_JOB_ID {0}/$KAIROS_JOB_ID; for i in $(seq 600); do [ -e {1} ] && exit 0; sleep 0.1; done; exit 1",
         seen.display(),
         go.display()
     );
@@ -181,7 +181,7 @@ fn four_quarter_gpu_inference_jobs_share_one_gpu_a_fifth_waits_and_training_neve
     std::fs::create_dir_all(&seen).unwrap();
     let go = c.path("go");
     let script = format!(
-        "echo $CUDA_VISIBLE_DEVICES $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE $KAIROS_GPU_FRACTION $CUDA_MPS_PINNED_DEVICE_MEM_LIMIT > {}/$KAIROS_JOB_ID; for i in $(seq 600); do [ -e {} ] && exit 0; sleep 0.1; done; exit 1",
+        "echo $CUDA_VISIBLE_DEVICES $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE $KAIROS_GPU_FRACTION $CUDA_MPS_PINNED_DEVICE_MEM_LIMIT > {0}/.$KAIROS_JOB_ID && mv {0}/.$KAIROS_JOB_ID {0}/$KAIROS_JOB_ID; for i in $(seq 600); do [ -e {1} ] && exit 0; sleep 0.1; done; exit 1",
         seen.display(),
         go.display()
     );
