@@ -107,6 +107,38 @@ pub struct PartitionEntry {
     pub max_cpus_per_node: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_mem_per_node: Option<String>,
+    /// Idle GPUs of runs here (instead of their QoS's rule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_gpu: Option<IdleGpuEntry>,
+}
+
+/// An idle GPU rule as the file writes it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdleGpuEntry {
+    /// How long every GPU of a run stays below `below` before it counts as idle ("30m").
+    pub after: String,
+    /// Utilisation threshold, a share of 1 (0.05 = 5 %).
+    pub below: f64,
+    pub action: String,
+}
+
+impl IdleGpuEntry {
+    fn to_pb(&self, at: &str) -> Result<pb::IdleGpu, String> {
+        let after_s = parse_secs(&format!("{at}.idle_gpu.after"), &self.after)?;
+        if !(self.below > 0.0 && self.below <= 1.0) {
+            return Err(format!("{at}.idle_gpu.below: {} is not a share between 0.001 and 1", self.below));
+        }
+        if !["notify", "requeue", "cancel"].contains(&self.action.as_str()) {
+            return Err(format!("{at}.idle_gpu.action: \"{}\" is not notify, requeue or cancel", self.action));
+        }
+        let below_milli = (self.below * 1000.0).round() as u32;
+        Ok(pb::IdleGpu { after_s, below_milli: below_milli.max(1), action: self.action.clone() })
+    }
+
+    fn of(r: &pb::IdleGpu) -> IdleGpuEntry {
+        IdleGpuEntry { after: format_secs(r.after_s), below: f64::from(r.below_milli) / 1000.0, action: r.action.clone() }
+    }
 }
 
 /// Multifactor priority weights; omitted ones keep the shipped defaults.
@@ -227,6 +259,10 @@ pub struct QosEntry {
     pub max_cpus_per_node: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_mem_per_node: Option<String>,
+    /// What happens to a run whose GPUs stay idle: `{ after = "30m", below = 0.05, action =
+    /// "notify" | "requeue" | "cancel" }` (an inference QoS may only notify).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_gpu: Option<IdleGpuEntry>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -418,6 +454,7 @@ impl QosEntry {
             burstable: self.burstable,
             headroom_gpus: self.headroom_gpus,
             gpu_sharing: self.gpu_sharing,
+            idle_gpu: self.idle_gpu.as_ref().map(|r| r.to_pb(&format!("qos.{name}"))).transpose()?,
             resources: PolicyFile::resources_to_pb(
                 &format!("qos.{name}"),
                 self.def_cpus_per_gpu,
@@ -447,6 +484,7 @@ impl QosEntry {
             def_mem_per_gpu: q.resources.and_then(|r| r.def_mem_per_gpu_mib).map(PolicyFile::mib_text),
             max_cpus_per_node: q.resources.and_then(|r| r.max_cpus_per_node),
             max_mem_per_node: q.resources.and_then(|r| r.max_mem_per_node_mib).map(PolicyFile::mib_text),
+            idle_gpu: q.idle_gpu.as_ref().map(IdleGpuEntry::of),
         }
     }
 }
@@ -511,6 +549,7 @@ impl PartitionEntry {
             allowed_qos: self.allowed_qos.clone(),
             default_qos: self.default_qos.clone().unwrap_or_default(),
             max_wall_s,
+            idle_gpu: self.idle_gpu.as_ref().map(|r| r.to_pb(&format!("partitions.{name}"))).transpose()?,
             resources: PolicyFile::resources_to_pb(
                 &format!("partitions.{name}"),
                 self.def_cpus_per_gpu,
@@ -534,6 +573,7 @@ impl PartitionEntry {
             def_mem_per_gpu: part.resources.and_then(|r| r.def_mem_per_gpu_mib).map(PolicyFile::mib_text),
             max_cpus_per_node: part.resources.and_then(|r| r.max_cpus_per_node),
             max_mem_per_node: part.resources.and_then(|r| r.max_mem_per_node_mib).map(PolicyFile::mib_text),
+            idle_gpu: part.idle_gpu.as_ref().map(IdleGpuEntry::of),
         }
     }
 }
