@@ -8,6 +8,7 @@ use kairos_proto::v1 as pb;
 use serde_json::{json, Value};
 
 use crate::client::Client;
+use crate::insight::figures;
 use crate::output::{job_state_name, print_json, table, time_json};
 
 #[derive(Args, Debug)]
@@ -30,13 +31,17 @@ pub struct HistoryArgs {
     pub account: Option<String>,
     /// Columns, comma-separated, of ID, NAME, USER, ACCOUNT, PARTITION, QOS, STATE, EXIT, GPUS,
     /// NODE, SUBMIT, START, END, ELAPSED, GPU_SECONDS, PREEMPTIONS, ATTEMPTS, REQ_CPUS, REQ_MEM,
-    /// MAX_RSS, CPU_TIME, REASON (sacct's ReqCPUS, ReqMem, MaxRSS, TotalCPU).
+    /// MAX_RSS, CPU_TIME, GPU_UTIL, GPU_UTIL_MAX, GPU_MEM_MAX, CPU_EFF, MEM_EFF, REASON (sacct's
+    /// ReqCPUS, ReqMem, MaxRSS, TotalCPU; GPU_UTIL is the time-weighted mean of its GPUs'
+    /// utilisation — TRESUsageInAve of gres/gpuutil —, GPU_UTIL_MAX and GPU_MEM_MAX the peaks on
+    /// one GPU — TRESUsageInMax of gres/gpuutil and gres/gpumem —, CPU_EFF and MEM_EFF seff's
+    /// CPU and memory efficiency; all attempts and tasks, as their nodes measured them).
     #[arg(long, value_delimiter = ',')]
     pub format: Vec<String>,
 }
 
 /// Every column `--format` knows, in the default order.
-const COLUMNS: [&str; 22] = [
+const COLUMNS: [&str; 27] = [
     "ID",
     "NAME",
     "USER",
@@ -58,6 +63,11 @@ const COLUMNS: [&str; 22] = [
     "REQ_MEM",
     "MAX_RSS",
     "CPU_TIME",
+    "GPU_UTIL",
+    "GPU_UTIL_MAX",
+    "GPU_MEM_MAX",
+    "CPU_EFF",
+    "MEM_EFF",
     "REASON",
 ];
 /// The columns shown without `--format`.
@@ -78,7 +88,7 @@ const DEFAULT: [&str; 14] = [
     "PREEMPTIONS",
 ];
 
-fn now_ms() -> i64 {
+pub fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
@@ -146,6 +156,18 @@ pub fn record_json(r: &pb::JobRecord, now: i64) -> Value {
         "req_memory_mib": r.req_memory_mib,
         "max_rss_kib": r.max_rss_kib,
         "cpu_time_ms": r.cpu_time_ms,
+        "run_ms": r.run_ms,
+        "gpu_ms": r.gpu_ms,
+        "gpu_busy_ms": r.gpu_busy_ms,
+        "gpu_util": figures::gpu_util(r),
+        "gpu_util_p95": r.gpu_util_p95_pct,
+        "gpu_util_max": r.gpu_util_max_pct,
+        "gpu_mem_max_mib": r.gpu_mem_max_mib,
+        "gpu_mem_device_mib": r.gpu_mem_device_mib,
+        "cpu_eff": figures::cpu_eff(r),
+        "mem_eff": figures::mem_eff(r),
+        "time_limit_s": r.time_limit_s,
+        "idle_note": if r.idle_note.is_empty() { Value::Null } else { json!(r.idle_note) },
         "purged": r.purged,
         "array_job_id": if r.array_job_id == 0 { Value::Null } else { json!(r.array_job_id) },
         "array_task_id": if r.array_job_id == 0 { Value::Null } else { json!(r.array_task_id) },
@@ -183,6 +205,12 @@ fn cell(r: &pb::JobRecord, column: &str, now: i64) -> String {
         "MAX_RSS" => format!("{}K", r.max_rss_kib),
         // sacct's TotalCPU: [D-]HH:MM:SS.mmm
         "CPU_TIME" => format!("{}.{:03}", clock((r.cpu_time_ms / 1000) as i64), r.cpu_time_ms % 1000),
+        "GPU_UTIL" => figures::pct(figures::gpu_util(r)),
+        "GPU_UTIL_MAX" if r.gpu_ms > 0 => format!("{}%", r.gpu_util_max_pct),
+        "GPU_MEM_MAX" if r.gpu_ms > 0 => format!("{}M", r.gpu_mem_max_mib),
+        "GPU_UTIL_MAX" | "GPU_MEM_MAX" => "-".into(),
+        "CPU_EFF" => figures::pct(figures::cpu_eff(r)),
+        "MEM_EFF" => figures::pct(figures::mem_eff(r)),
         _ => or_dash(&r.reason),
     }
 }
@@ -226,17 +254,7 @@ pub async fn history(client: &Client, json: bool, args: HistoryArgs) -> anyhow::
         states,
         ..Default::default()
     };
-    let mut records = Vec::new();
-    let mut page_token = String::new();
-    loop {
-        let req = pb::ListHistoryRequest { page_token: page_token.clone(), ..request.clone() };
-        let page = client.jobs(req, |mut c, r| async move { c.list_history(r).await }).await?.into_inner();
-        records.extend(page.records);
-        if page.next_page_token.is_empty() {
-            break;
-        }
-        page_token = page.next_page_token;
-    }
+    let records = crate::insight::records(client, request).await?;
     if json {
         print_json(&Value::Array(records.iter().map(|r| record_json(r, now)).collect()));
     } else {

@@ -15,6 +15,7 @@ mod client;
 mod cluster;
 mod context;
 mod history;
+mod insight;
 mod jobs;
 mod manifest;
 mod nodes;
@@ -71,6 +72,15 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+enum ReportCmd {
+    /// Per account, user, QoS or partition (like sreport, with efficiency): jobs, GPU-hours
+    /// held and busy, idle share, GPU memory p95 over the GPU's, CPU and memory efficiency,
+    /// preemptions and GPU-hours they lost, waits p50/p99; a TOTAL row. Its records are the
+    /// ones `kairos history` lists for the same window.
+    Usage(insight::report::ReportArgs),
+}
+
+#[derive(Subcommand, Debug)]
 enum Cmd {
     /// Submit a job; prints its id.
     Submit(Box<jobs::SubmitArgs>),
@@ -86,6 +96,20 @@ enum Cmd {
     /// Accounting, like sacct: jobs live in a time window (default: the last day), finished
     /// ones too — also those past the controllers' --job-retention, kept in the history.
     History(history::HistoryArgs),
+    /// What a job used against what it asked for (like seff): GPUs, GPU memory, CPUs, memory,
+    /// wall time, with what it could ask for instead.
+    Eff {
+        /// The job's id.
+        id: u64,
+    },
+    /// A running job's usage as its node measures it, refreshed: per GPU its utilisation and
+    /// memory with their history, CPU cores and memory.
+    Top(insight::top::TopArgs),
+    /// Reports over the history.
+    Report {
+        #[command(subcommand)]
+        command: ReportCmd,
+    },
     /// Show one job (also one only the history still holds).
     Show {
         /// The job's id, or an array task as ARRAY_INDEX (e.g. 41_3).
@@ -233,6 +257,10 @@ enum Cmd {
         /// The agent's node name.
         #[arg(long, default_value = "local")]
         node_name: String,
+        /// Fake GPUs' usage from this file (lines `GPU UTIL MEM_MIB`, re-read as it changes),
+        /// to model busy and idle GPUs (`kairos-agent --fake-gpu-usage`).
+        #[arg(long, value_name = "FILE")]
+        fake_gpu_usage: Option<PathBuf>,
         /// Whom the agent runs jobs as: `agent` (whoever runs `kairos up`) or `submitter` (each
         /// job as the Unix account of its kairos user; needs root).
         #[arg(long, default_value = "agent", value_parser = ["agent", "submitter"])]
@@ -267,6 +295,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Queue(args) => jobs::queue(client, json, args).await,
         Cmd::Show { id } => jobs::show(client, json, jobs::resolve(client, id).await?).await,
         Cmd::History(args) => history::history(client, json, args).await,
+        Cmd::Eff { id } => insight::eff::eff(client, json, id).await,
+        Cmd::Top(args) => insight::top::top(client, json, args).await,
+        Cmd::Report { command: ReportCmd::Usage(args) } => insight::report::report(client, json, args).await,
         Cmd::Cancel(args) => jobs::cancel(client, json, args).await,
         Cmd::Batch(args) => batch(client, json, args).await,
         Cmd::Hold { id } => jobs::hold(client, json, jobs::resolve(client, id).await?, true).await,
@@ -297,7 +328,17 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Man { dir } => man_pages(&dir),
-        Cmd::Up { addr, agent_addr, data_dir, fake_gpus, node_name, run_as, cpus, memory } => {
+        Cmd::Up {
+            addr,
+            agent_addr,
+            data_dir,
+            fake_gpus,
+            node_name,
+            fake_gpu_usage,
+            run_as,
+            cpus,
+            memory,
+        } => {
             let controllers = up::up_controllers(&local_controllers(cli.controllers.as_ref()), &addr)?;
             let memory_mib = memory;
             let args = up::UpArgs {
@@ -306,6 +347,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 data_dir,
                 fake_gpus,
                 node_name,
+                fake_gpu_usage,
                 run_as,
                 cpus,
                 memory_mib,

@@ -68,6 +68,7 @@ pub fn job_json(job: &pb::Job) -> Value {
         "exit_code": job.exit_code,
         "signal": if job.signal == 0 { Value::Null } else { json!(job.signal) },
         "attempt": job.attempt,
+        "gpu_idle_since": time_json(job.gpu_idle_since_ms),
         "qos": job.qos,
         "profile": profile_name(job.profile),
         "priority": job.priority,
@@ -276,7 +277,12 @@ pub fn job_row(job: &pb::Job) -> Vec<String> {
         text(&j["state"]),
         gpus,
         text(&j["node"]),
-        text(&j["reason"]),
+        // A run whose GPUs its idle GPU rule found idle is marked (the columns stay).
+        match (job.gpu_idle_since_ms, text(&j["reason"])) {
+            (0, reason) => reason,
+            (_, r) if r.is_empty() || r == "-" => "GPUs idle".to_string(),
+            (_, r) => format!("GPUs idle; {r}"),
+        },
     ]
 }
 
@@ -315,6 +321,7 @@ pub fn print_job_details(job: &pb::Job) {
         "submit_time",
         "start_time",
         "end_time",
+        "gpu_idle_since",
     ] {
         println!("{key:>13}: {}", text(&j[key]));
     }

@@ -14,9 +14,17 @@ pub enum PolicyCmd {
     Apply {
         /// The policy file (TOML, as `policy export` writes it).
         file: PathBuf,
+        /// Check the file as the controllers would (whole), apply nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Print the policy as TOML.
     Export,
+    /// Read the measured history and print the policy with what it supports, per QoS: wall
+    /// limits from run times, CPUs and memory per GPU from use, GPU sharing where inference
+    /// jobs' memory fits a fraction (or a MIG profile the nodes offer), idle notices where GPUs
+    /// sit idle; each with its evidence. The output is a policy file `apply` takes.
+    Advise(crate::insight::advise::AdviseArgs),
 }
 
 pub async fn get_policy(client: &Client) -> Result<pb::Policy, CallError> {
@@ -28,12 +36,20 @@ pub async fn get_policy(client: &Client) -> Result<pb::Policy, CallError> {
 
 pub async fn policy_command(client: &Client, command: PolicyCmd) -> anyhow::Result<i32> {
     match command {
-        PolicyCmd::Apply { file } => {
+        PolicyCmd::Advise(args) => return crate::insight::advise::advise(client, args).await,
+        PolicyCmd::Apply { file, dry_run } => {
             let text = std::fs::read_to_string(&file)
                 .map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?;
             let parsed = policy_file::PolicyFile::parse(&text)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
             let policy = parsed.to_pb().map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            if dry_run {
+                let checked = kairos_convert::policy::policy_from_pb(policy.clone())
+                    .map_err(|e| anyhow::anyhow!("{}: {}", file.display(), e.message()))?;
+                checked.validate().map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+                println!("policy valid: {} qos classes (dry run: nothing applied)", checked.qos.len());
+                return Ok(0);
+            }
             let applied = client
                 .admin(policy.clone(), |mut c, r| async move { c.apply_policy(r).await })
                 .await?

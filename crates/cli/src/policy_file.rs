@@ -130,14 +130,21 @@ impl IdleGpuEntry {
             return Err(format!("{at}.idle_gpu.below: {} is not a share between 0.001 and 1", self.below));
         }
         if !["notify", "requeue", "cancel"].contains(&self.action.as_str()) {
-            return Err(format!("{at}.idle_gpu.action: \"{}\" is not notify, requeue or cancel", self.action));
+            return Err(format!(
+                "{at}.idle_gpu.action: \"{}\" is not notify, requeue or cancel",
+                self.action
+            ));
         }
         let below_milli = (self.below * 1000.0).round() as u32;
         Ok(pb::IdleGpu { after_s, below_milli: below_milli.max(1), action: self.action.clone() })
     }
 
     fn of(r: &pb::IdleGpu) -> IdleGpuEntry {
-        IdleGpuEntry { after: format_secs(r.after_s), below: f64::from(r.below_milli) / 1000.0, action: r.action.clone() }
+        IdleGpuEntry {
+            after: format_secs(r.after_s),
+            below: f64::from(r.below_milli) / 1000.0,
+            action: r.action.clone(),
+        }
     }
 }
 
