@@ -30,6 +30,7 @@ mod floor;
 mod load;
 mod preempt;
 mod schedule;
+mod usage;
 
 #[derive(Parser)]
 #[command(name = "kairos-bench", about = "kairos benchmarks (JSON on stdout)")]
@@ -134,6 +135,19 @@ enum Bench {
         #[arg(long)]
         addr: String,
     },
+    /// The agent's cost of measuring runs: one sampler tick for RUNS runs on GPUS fake GPUs, in
+    /// process CPU per tick and as a share of a core at the sampling interval.
+    Usage {
+        #[arg(long, default_value_t = 8)]
+        gpus: u32,
+        #[arg(long, default_value_t = 32)]
+        runs: u32,
+        #[arg(long, default_value_t = 2000)]
+        ticks: u32,
+        /// The agent's --usage-interval (default 10 s).
+        #[arg(long, default_value_t = 10)]
+        interval_s: u64,
+    },
     /// Leader-failover gap under a steady submit stream.
     Failover {
         #[arg(long, default_value_t = 3)]
@@ -172,6 +186,9 @@ async fn main() {
             floor::bench(clients, conns, seconds).await
         }
         Bench::FloorServe { addr } => floor::serve(addr).await,
+        Bench::Usage { gpus, runs, ticks, interval_s } => {
+            usage::run(gpus, runs, ticks, std::time::Duration::from_secs(interval_s.max(1)))
+        }
         Bench::Failover { controllers, rounds, clients } => {
             if controllers < 3 {
                 eprintln!("kairos-bench: failover needs at least 3 controllers");

@@ -344,7 +344,7 @@ impl AgentService for AgentApi {
 
 /// What an exit report says the run used: its cgroup's figures and the agent's aggregates.
 fn run_usage(r: &pb::StatusReport) -> kairos_scheduler::model::RunUsage {
-    let m = r.usage.clone().unwrap_or_default();
+    let m = r.usage.unwrap_or_default();
     kairos_scheduler::model::RunUsage {
         max_rss_kib: r.max_rss_kib,
         cpu_ms: r.cpu_time_ms,

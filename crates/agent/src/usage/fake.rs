@@ -15,12 +15,15 @@ pub const MAX_BYTES: u64 = 64 * 1024;
 /// GPU index → (utilisation percent, memory in use MiB).
 pub type Levels = BTreeMap<u32, (u32, u64)>;
 
+/// A version of the file: (mtime ns, size, inode).
+type Version = (i64, u64, u64);
+
 /// The control file and what it said last.
 #[derive(Debug)]
 pub struct FakeUsageFile {
     path: PathBuf,
-    /// (mtime ns, size, inode) of the version read, and its levels.
-    seen: Mutex<(Option<(i64, u64, u64)>, Levels)>,
+    /// The version read, and its levels.
+    seen: Mutex<(Option<Version>, Levels)>,
 }
 
 impl FakeUsageFile {

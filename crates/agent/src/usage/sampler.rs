@@ -166,7 +166,7 @@ mod tests {
         std::fs::write(v1.join("memory.usage_in_bytes"), "8192\n").unwrap();
         let dirs = super::super::CgroupDirs { v2: Some(v2.clone()), ..Default::default() };
         assert_eq!(cgroup_reading(&dirs), (Some(2500), Some(4)));
-        let dirs = super::super::CgroupDirs { v2: Some(v2), v1_memory: Some(v1), ..Default::default() };
+        let dirs = super::super::CgroupDirs { v2: Some(v2), v1_memory: Some(v1) };
         assert_eq!(cgroup_reading(&dirs), (Some(2500), Some(8)));
     }
 }

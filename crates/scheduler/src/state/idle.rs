@@ -61,7 +61,7 @@ impl ClusterState {
 /// "GPUs idle below 5 % since 2026-12-05 06:10:00 UTC; requeued through its checkpoint".
 fn message(rule: &IdleGpu, since_ms: i64) -> String {
     let m = rule.below_milli;
-    let pct = if m % 10 == 0 { format!("{}", m / 10) } else { format!("{}.{}", m / 10, m % 10) };
+    let pct = if m.is_multiple_of(10) { format!("{}", m / 10) } else { format!("{}.{}", m / 10, m % 10) };
     let then = match rule.action {
         IdleAction::Notify => "",
         IdleAction::Requeue => "; requeued through its checkpoint",
