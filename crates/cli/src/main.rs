@@ -15,6 +15,7 @@ mod client;
 mod cluster;
 mod context;
 mod history;
+mod insight;
 mod jobs;
 mod manifest;
 mod nodes;
@@ -86,6 +87,22 @@ enum Cmd {
     /// Accounting, like sacct: jobs live in a time window (default: the last day), finished
     /// ones too — also those past the controllers' --job-retention, kept in the history.
     History(history::HistoryArgs),
+    /// A job's efficiency, like seff: what it asked for beside what it used (GPUs and their
+    /// utilisation, GPU memory, CPUs, memory, wall time), with suggestions for its next
+    /// submission.
+    Eff {
+        /// The job's id, or an array task as ARRAY_INDEX (e.g. 41_3).
+        #[arg(value_parser = args::parse_job_ref)]
+        id: (u64, Option<u32>),
+    },
+    /// A running job's live usage from its node: per GPU utilisation and memory with a sparkline
+    /// of its utilisation, CPU cores and memory, redrawn until the run ends.
+    Top(insight::top::TopArgs),
+    /// Reports over the history, like sreport.
+    Report {
+        #[command(subcommand)]
+        command: ReportCmd,
+    },
     /// Show one job (also one only the history still holds).
     Show {
         /// The job's id, or an array task as ARRAY_INDEX (e.g. 41_3).
@@ -248,6 +265,14 @@ enum Cmd {
     },
 }
 
+#[derive(Subcommand, Debug)]
+enum ReportCmd {
+    /// Usage and efficiency per account, user, QoS or partition over a window: jobs, GPU-hours
+    /// allocated and busy, idle share, GPU memory p95, CPU and memory efficiency, preemptions
+    /// and GPU-hours lost, waits p50/p99; a TOTAL row. Sums equal `history`'s for the window.
+    Usage(insight::report::UsageArgs),
+}
+
 /// `kairos batch`: its help (the sbatch options it takes), or the script submitted.
 async fn batch(client: &Client, json: bool, args: batch::BatchArgs) -> anyhow::Result<i32> {
     if matches!(args.args.first().map(String::as_str), Some("--help" | "-h")) {
@@ -267,6 +292,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Queue(args) => jobs::queue(client, json, args).await,
         Cmd::Show { id } => jobs::show(client, json, jobs::resolve(client, id).await?).await,
         Cmd::History(args) => history::history(client, json, args).await,
+        Cmd::Eff { id } => insight::eff::eff(client, json, jobs::resolve(client, id).await?).await,
+        Cmd::Top(args) => insight::top::top(client, json, args).await,
+        Cmd::Report { command: ReportCmd::Usage(args) } => insight::report::usage(client, json, args).await,
         Cmd::Cancel(args) => jobs::cancel(client, json, args).await,
         Cmd::Batch(args) => batch(client, json, args).await,
         Cmd::Hold { id } => jobs::hold(client, json, jobs::resolve(client, id).await?, true).await,
@@ -287,7 +315,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Qos { command } => qos::qos_command(client, command, json).await,
         Cmd::Account { command } => accounts::account_command(client, json, command).await,
         Cmd::Partition { command } => partitions::partition_command(client, json, command).await,
-        Cmd::Policy { command } => policy::policy_command(client, command).await,
+        Cmd::Policy { command } => policy::policy_command(client, json, command).await,
         Cmd::Burst { command } => burst::burst_command(client, json, command).await,
         Cmd::Context { command } => context::context_command(json, command),
         Cmd::Sim(args) => sim::sim(json, args),
