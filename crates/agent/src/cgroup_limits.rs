@@ -316,6 +316,11 @@ fn prepare_cpuset(mount: &Path, name: &Path) -> std::io::Result<()> {
 }
 
 impl RunLimited {
+    /// The run's v1 memory directory, if it has one.
+    pub fn memory_dir(&self) -> Option<&Path> {
+        self.dirs.iter().find(|(k, _)| *k == Controller::Memory).map(|(_, d)| d.as_path())
+    }
+
     /// Each directory's `cgroup.procs`, opened for writing: the child writes "0" to each
     /// between fork and exec.
     pub fn procs_files(&self) -> std::io::Result<Vec<OwnedFd>> {

@@ -321,6 +321,8 @@ pub struct FakeInventory {
     pub faults: Option<PathBuf>,
     /// Every GPU in MIG mode with this layout (`--fake-mig`).
     pub mig: Option<FakeMig>,
+    /// What the GPUs are doing, set by an operator's file (`--fake-gpu-usage`).
+    pub usage: Option<crate::usage::fake::FakeUsageFile>,
 }
 
 /// A MIG layout of the fake backend: `count` instances of one profile per GPU.
@@ -368,13 +370,40 @@ impl FakeInventory {
         if count > 64 {
             return Err(bad());
         }
-        Ok(FakeInventory { node: node.to_string(), count, model, memory_mib, faults: None, mig: None })
+        Ok(FakeInventory {
+            node: node.to_string(),
+            count,
+            model,
+            memory_mib,
+            faults: None,
+            mig: None,
+            usage: None,
+        })
     }
 }
 
 impl GpuInventory for FakeInventory {
     fn backend(&self) -> &'static str {
         "fake"
+    }
+
+    /// What the control file says of each GPU the node offers (none without a file).
+    fn usage(&self) -> Vec<GpuUsage> {
+        let Some(file) = &self.usage else { return Vec::new() };
+        let levels = file.levels();
+        let gpus = self.discover().unwrap_or_default();
+        gpus.iter()
+            .map(|g| {
+                let (util, mem) = levels.get(&g.index).copied().unwrap_or((0, 0));
+                GpuUsage {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    utilization: f64::from(util) / 100.0,
+                    memory_used_bytes: mem << 20,
+                    memory_total_bytes: g.memory_mib << 20,
+                }
+            })
+            .collect()
     }
 
     fn discover(&self) -> Result<Vec<pb::Gpu>, InventoryError> {

@@ -105,6 +105,8 @@ pub struct RunSpec {
     pub gpus: Vec<u32>,
     /// A fraction of its one GPU, in thousandths (0: whole GPUs).
     pub milli: u32,
+    /// Report the run's GPUs idle after this long below this (`Assignment.idle_watch`).
+    pub idle_watch: Option<crate::usage::IdleWatch>,
     pub limits: RunLimits,
     pub checkpoint_signal: Signal,
     pub container: Option<ContainerSpec>,
@@ -213,6 +215,10 @@ pub fn spec(a: &pb::Assignment, node: &Node, granted: &[Vec<u32>]) -> Result<Run
         files,
         gpus: a.gpu_ids.clone(),
         milli: a.gpu_milli,
+        idle_watch: a.idle_watch.as_ref().map(|w| crate::usage::IdleWatch {
+            after_ms: w.after_s.saturating_mul(1000).min(i64::MAX as u64) as i64,
+            below_milli: w.below_milli,
+        }),
         limits,
         checkpoint_signal: parse_signal(&a.checkpoint_signal, Signal::SIGTERM),
         container,

@@ -32,3 +32,4 @@ pub mod reaper;
 pub mod runner;
 pub mod session;
 pub mod spot;
+pub mod usage;

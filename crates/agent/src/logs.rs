@@ -43,6 +43,23 @@ const LAUNCH_WAIT: Duration = Duration::from_secs(10);
 impl AgentLogService for Logs {
     type ReadLogsStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
 
+    async fn read_usage(
+        &self,
+        request: Request<pb::UsageRequest>,
+    ) -> Result<Response<pb::UsageSeries>, Status> {
+        self.check_caller(request.metadata())?;
+        let req = request.into_inner();
+        let key = (req.job_id, req.attempt);
+        let mut series = self.runner.usage().series(key, crate::usage::now_ms()).ok_or_else(|| {
+            Status::not_found(format!(
+                "no usage of job {} attempt {} on this node (not run here, or ended too long ago)",
+                req.job_id, req.attempt
+            ))
+        })?;
+        series.node = self.runner.node().to_string();
+        Ok(Response::new(series))
+    }
+
     async fn read_logs(
         &self,
         request: Request<pb::LogsRequest>,

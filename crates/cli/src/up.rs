@@ -24,6 +24,8 @@ pub struct UpArgs {
     pub data_dir: PathBuf,
     pub fake_gpus: String,
     pub node_name: String,
+    /// The agent's `--fake-gpu-usage` file.
+    pub fake_gpu_usage: Option<PathBuf>,
     /// The agent's `--run-as`.
     pub run_as: String,
     /// The agent's `--cpus` and `--memory` (MiB): the capacity it offers jobs, in place of the
@@ -169,6 +171,11 @@ fn agent_argv(args: &UpArgs, metrics: String) -> Vec<String> {
         "--run-as".into(),
         args.run_as.clone(),
     ];
+    if let Some(file) = &args.fake_gpu_usage {
+        // Absolute: the agent runs in its own directory.
+        let file = std::path::absolute(file).unwrap_or_else(|_| file.clone());
+        argv.extend(["--fake-gpu-usage".to_string(), file.display().to_string()]);
+    }
     if let Some(cpus) = args.cpus {
         argv.extend(["--cpus".to_string(), cpus.to_string()]);
     }

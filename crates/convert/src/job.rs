@@ -189,6 +189,7 @@ fn view_reason(job: &Job, pending: Option<&PendingReason>) -> String {
             Some(kairos_scheduler::StopReason::Vacated) => {
                 "stopping for the inference headroom; will requeue".to_string()
             }
+            Some(kairos_scheduler::StopReason::Idle) => "GPUs idle; will requeue".to_string(),
             Some(_) => "Stopping".to_string(),
             None if job.state == JobState::Suspended => "suspended for a preemptor".to_string(),
             None => String::new(),
@@ -308,6 +309,7 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
         array_max_running: s.array.as_ref().and_then(|a| a.max_running).unwrap_or(0),
         // Set where the policy is at hand (the job views).
         effective_time_limit_s: 0,
+        gpu_idle_since_ms: job.gpu_idle_since.unwrap_or(0),
     }
 }
 
@@ -418,14 +420,27 @@ pub fn record_to_pb(r: &kairos_scheduler::history::JobRecord, purged: bool) -> p
         array_task_id: r.array.map_or(0, |a| a.1),
         req_cpus: r.req_cpus,
         req_memory_mib: r.req_mem_mib,
-        max_rss_kib: r.max_rss_kib,
-        cpu_time_ms: r.cpu_ms,
+        max_rss_kib: r.used.max_rss_kib,
+        cpu_time_ms: r.used.cpu_ms,
+        run_ms: r.used.wall_ms,
+        gpu_ms: r.used.gpu_ms,
+        gpu_busy_ms: r.used.gpu_busy_ms,
+        gpu_util_max_pct: r.used.gpu_util_max_pct,
+        gpu_util_p95_pct: r.used.gpu_util_p95_pct,
+        gpu_mem_max_mib: r.used.gpu_mem_max_mib,
+        gpu_mem_device_mib: r.used.gpu_mem_device_mib,
+        time_limit_s: r.time_limit_s,
+        profile: profile_to_pb(r.profile) as i32,
+        gpu_milli: r.gpu_milli,
+        tasks: r.tasks,
+        idle_note: r.idle_note.clone(),
     }
 }
 
-/// The accounting record of a live job at `now` (unfinished: no end yet, GPU-seconds so far).
-pub fn live_record(job: &Job, now: i64) -> pb::JobRecord {
-    let mut r = kairos_scheduler::history::JobRecord::of(job);
+/// The accounting record of a live job at `now` under a wall-clock limit of `time_limit_s`
+/// (unfinished: no end yet, GPU-seconds so far).
+pub fn live_record(job: &Job, now: i64, time_limit_s: u64) -> pb::JobRecord {
+    let mut r = kairos_scheduler::history::JobRecord::of(job, time_limit_s);
     if !job.state.is_terminal() {
         r.end_ms = 0;
         r.gpu_seconds = match (&job.allocation, job.start_time_ms) {

@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 
 use kairos_proto::v1 as pb;
-use kairos_scheduler::policy::{Account, Partition, Policy, PreemptMode, Qos, QosAccess};
+use kairos_scheduler::policy::{
+    Account, IdleAction, IdleGpu, Partition, Policy, PreemptMode, Qos, QosAccess,
+};
 use kairos_scheduler::priority::PriorityWeights;
 use kairos_scheduler::Profile;
 use tonic::Status;
@@ -29,9 +31,31 @@ fn mode_to_pb(mode: PreemptMode) -> pb::PreemptMode {
     }
 }
 
+/// An idle GPU rule from the API (`what` names its owner in the error).
+pub fn idle_gpu_from_pb(r: Option<pb::IdleGpu>, what: &str) -> Result<Option<IdleGpu>, Status> {
+    let Some(r) = r else { return Ok(None) };
+    let action = IdleAction::parse(&r.action).ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "{what}: idle_gpu action \"{}\" is not notify, requeue or cancel",
+            r.action.chars().take(32).collect::<String>()
+        ))
+    })?;
+    Ok(Some(IdleGpu { after_s: r.after_s, below_milli: r.below_milli, action }))
+}
+
+pub fn idle_gpu_to_pb(r: &Option<IdleGpu>) -> Option<pb::IdleGpu> {
+    r.map(|r| pb::IdleGpu {
+        after_s: r.after_s,
+        below_milli: r.below_milli,
+        action: r.action.as_str().into(),
+    })
+}
+
 pub fn qos_from_pb(q: pb::Qos) -> Result<Qos, Status> {
     let preempt_mode = mode_from_pb(q.preempt_mode, &q.name)?;
+    let idle_gpu = idle_gpu_from_pb(q.idle_gpu, &format!("qos \"{}\"", q.name))?;
     Ok(Qos {
+        idle_gpu,
         preempt: q.preempt.into_iter().collect(),
         preempt_mode,
         priority: q.priority,
@@ -84,6 +108,7 @@ pub fn qos_to_pb(q: &Qos) -> pb::Qos {
         headroom_gpus: q.headroom_gpus,
         resources: resources_to_pb(&q.resources),
         gpu_sharing: q.gpu_sharing,
+        idle_gpu: idle_gpu_to_pb(&q.idle_gpu),
     }
 }
 
@@ -174,8 +199,10 @@ pub fn account_to_pb(a: &Account) -> pb::Account {
     }
 }
 
-pub fn partition_from_pb(part: pb::Partition) -> Partition {
-    Partition {
+pub fn partition_from_pb(part: pb::Partition) -> Result<Partition, Status> {
+    let idle_gpu = idle_gpu_from_pb(part.idle_gpu, &format!("partition \"{}\"", part.name))?;
+    Ok(Partition {
+        idle_gpu,
         nodes: part.nodes.into_iter().collect(),
         selector: part.selector.into_iter().collect(),
         priority_tier: part.priority_tier,
@@ -184,7 +211,7 @@ pub fn partition_from_pb(part: pb::Partition) -> Partition {
         max_wall_s: part.max_wall_s,
         resources: resources_from_pb(part.resources),
         name: part.name,
-    }
+    })
 }
 
 pub fn partition_to_pb(part: &Partition) -> pb::Partition {
@@ -197,6 +224,7 @@ pub fn partition_to_pb(part: &Partition) -> pb::Partition {
         default_qos: part.default_qos.clone().unwrap_or_default(),
         max_wall_s: part.max_wall_s,
         resources: resources_to_pb(&part.resources),
+        idle_gpu: idle_gpu_to_pb(&part.idle_gpu),
     }
 }
 
@@ -224,7 +252,7 @@ pub fn policy_from_pb(p: pb::Policy) -> Result<Policy, Status> {
     }
     let mut partitions = BTreeMap::new();
     for part in p.partitions {
-        let partition = partition_from_pb(part);
+        let partition = partition_from_pb(part)?;
         if partitions.insert(partition.name.clone(), partition).is_some() {
             return Err(Status::invalid_argument("partitions: a name appears twice"));
         }

@@ -20,10 +20,12 @@ pub type GpuIndex = u32;
 pub const JOB_EVENTS_MAX: usize = 64;
 
 /// What kind of work a job is; selects the default QoS and later policies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Profile {
     Training,
     Inference,
+    /// (What a history record of an earlier version, which kept no profile, reads as.)
+    #[default]
     Batch,
 }
 
@@ -494,6 +496,9 @@ pub enum StopReason {
     /// A GPU of the run became unhealthy (`Op::GpuFault`; the message is the allocation's
     /// `failure`): stop, requeue.
     GpuFailed,
+    /// Its GPUs stayed idle and its idle GPU rule requeues (`Op::RunIdle`): checkpoint, stop,
+    /// requeue.
+    Idle,
 }
 
 /// GPUs freed by preemption and promised to the preemptor until it starts (or kept for a
@@ -629,20 +634,82 @@ pub struct Job {
     /// `ATTEMPT_NODES_KEPT`, the latest.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub attempt_nodes: BTreeMap<u32, String>,
-    /// What the current (or last) run used, as its agents reported it.
+    /// What its runs used, as its agents reported it (all attempts and tasks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<RunUsage>,
+    /// The current run's GPUs have been idle since then (its idle GPU policy's threshold).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_idle_since: Option<i64>,
 }
 
-/// What one run used on its nodes (`Op::RunUsage`): sacct's MaxRSS and CPU time.
+/// What a run used on its nodes (`Op::RunUsage`, one per task and attempt): sacct's MaxRSS and
+/// CPU time, and what the agent measured of its GPUs (`TRESUsageIn*` of `gres/gpuutil` and
+/// `gres/gpumem`). On a job, the sum over all its attempts and tasks (peaks: the largest).
+/// Integers only (replicated state); zero fields are left out of the log and the measured ones
+/// have short names there: one record per task and attempt stays under 256 bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunUsage {
     /// Peak resident memory of the run's cgroup, KiB (the largest of its tasks).
+    #[serde(rename = "rss", alias = "max_rss_kib", default, skip_serializing_if = "is_zero_u64")]
     pub max_rss_kib: u64,
     /// CPU time, user and system, of all its processes and tasks, ms.
+    #[serde(rename = "cpu", alias = "cpu_ms", default, skip_serializing_if = "is_zero_u64")]
     pub cpu_ms: u64,
-    /// How often the kernel's OOM killer killed a process of the run.
+    /// How often the kernel's OOM killer killed a process of the run (of attempt `oom_attempt`).
+    #[serde(rename = "oom", alias = "oom_kills", default, skip_serializing_if = "is_zero_u32")]
     pub oom_kills: u32,
+    /// The attempt `oom_kills` counts for (on a job: its latest reported attempt).
+    #[serde(rename = "oa", default, skip_serializing_if = "is_zero_u32")]
+    pub oom_attempt: u32,
+    /// Wall time it ran, spawn to exit, ms (summed over tasks and attempts).
+    #[serde(rename = "w", default, skip_serializing_if = "is_zero_u64")]
+    pub wall_ms: u64,
+    /// GPU-ms sampled (GPUs × time, a fraction counting its share), and of those the busy ones.
+    #[serde(rename = "g", default, skip_serializing_if = "is_zero_u64")]
+    pub gpu_ms: u64,
+    #[serde(rename = "gb", default, skip_serializing_if = "is_zero_u64")]
+    pub gpu_busy_ms: u64,
+    /// Peak and 95th-percentile utilisation of one of its GPUs in one sample, percent.
+    #[serde(rename = "ux", default, skip_serializing_if = "is_zero_u32")]
+    pub gpu_util_max_pct: u32,
+    #[serde(rename = "u95", default, skip_serializing_if = "is_zero_u32")]
+    pub gpu_util_p95_pct: u32,
+    /// Peak device memory in use on one of its GPUs, and that GPU's memory, MiB.
+    #[serde(rename = "mx", default, skip_serializing_if = "is_zero_u64")]
+    pub gpu_mem_max_mib: u64,
+    #[serde(rename = "md", default, skip_serializing_if = "is_zero_u64")]
+    pub gpu_mem_device_mib: u64,
+    /// Samples the GPU figures come from.
+    #[serde(rename = "n", default, skip_serializing_if = "is_zero_u32")]
+    pub samples: u32,
+}
+
+impl RunUsage {
+    /// Adds one task's report of attempt `attempt` to the job's sum.
+    pub fn add(&mut self, attempt: u32, r: &RunUsage) {
+        if self.oom_attempt != attempt {
+            self.oom_kills = 0;
+            self.oom_attempt = attempt;
+        }
+        self.max_rss_kib = self.max_rss_kib.max(r.max_rss_kib);
+        self.cpu_ms = self.cpu_ms.saturating_add(r.cpu_ms);
+        self.oom_kills = self.oom_kills.saturating_add(r.oom_kills);
+        self.wall_ms = self.wall_ms.saturating_add(r.wall_ms);
+        self.gpu_ms = self.gpu_ms.saturating_add(r.gpu_ms);
+        self.gpu_busy_ms = self.gpu_busy_ms.saturating_add(r.gpu_busy_ms);
+        self.gpu_util_max_pct = self.gpu_util_max_pct.max(r.gpu_util_max_pct);
+        self.gpu_util_p95_pct = self.gpu_util_p95_pct.max(r.gpu_util_p95_pct);
+        if r.gpu_mem_max_mib >= self.gpu_mem_max_mib && r.gpu_mem_device_mib > 0 {
+            self.gpu_mem_max_mib = r.gpu_mem_max_mib;
+            self.gpu_mem_device_mib = r.gpu_mem_device_mib;
+        }
+        self.samples = self.samples.saturating_add(r.samples);
+    }
+
+    /// The OOM killer struck in attempt `attempt`.
+    pub fn oom_in(&self, attempt: u32) -> bool {
+        self.oom_kills > 0 && self.oom_attempt == attempt
+    }
 }
 
 /// How many attempts' nodes a job keeps (`Job::attempt_nodes`).

@@ -57,6 +57,8 @@ pub struct RunOrder<'a> {
     /// Where rank 0 listens: its agent's host, a port derived from the job.
     pub master_host: String,
     pub master_port: u32,
+    /// Its GPUs are watched for idleness (its partition's or QoS's idle GPU rule) while it runs.
+    pub idle_watch: Option<crate::policy::IdleGpu>,
 }
 
 /// The job's checkpoint signal and grace: its own grace, never above its QoS's (checked at
@@ -74,7 +76,8 @@ pub fn stop_action(reason: &StopReason, checkpoint_signal: &str, grace_s: u32) -
     let (signal, grace_s) = match reason {
         StopReason::Preempted { mode: PreemptMode::Requeue, .. }
         | StopReason::Resize { .. }
-        | StopReason::Vacated => (checkpoint_signal, grace_s),
+        | StopReason::Vacated
+        | StopReason::Idle => (checkpoint_signal, grace_s),
         StopReason::Preempted { .. } => ("SIGTERM", grace_s),
         StopReason::Drained => (checkpoint_signal, grace_s.min(DRAIN_GRACE_S)),
         // Its GPU is gone: no checkpoint can be taken from it, stop at once.
@@ -118,6 +121,11 @@ pub fn runs_on<'a>(state: &'a ClusterState, node: &str) -> Vec<RunOrder<'a>> {
             checkpoint_signal,
             master_host,
             master_port: master_port(j.id),
+            idle_watch: if gpus.is_empty() {
+                None
+            } else {
+                state.policy.idle_gpu(&j.spec.qos, &j.spec.partition)
+            },
         });
     }
     out

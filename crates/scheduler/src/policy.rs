@@ -59,6 +59,61 @@ pub struct Qos {
     /// Its jobs may hold a fraction of a GPU (`JobSpec::gpu_milli`); training never does.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub gpu_sharing: bool,
+    /// What happens to a run of it whose GPUs stay idle (none: nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_gpu: Option<IdleGpu>,
+}
+
+/// Idle GPUs: a run whose every GPU stays below `below_milli` thousandths utilisation for
+/// `after_s` (as its agent measures it) gets an event and a mark, and then `action`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdleGpu {
+    pub after_s: u64,
+    pub below_milli: u32,
+    pub action: IdleAction,
+}
+
+/// What is done with an idle run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IdleAction {
+    /// The event and the mark only.
+    Notify,
+    /// Stopped through the checkpoint path and requeued (as a preemption that requeues).
+    Requeue,
+    /// Cancelled.
+    Cancel,
+}
+
+impl IdleAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdleAction::Notify => "notify",
+            IdleAction::Requeue => "requeue",
+            IdleAction::Cancel => "cancel",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<IdleAction> {
+        match s {
+            "notify" => Some(IdleAction::Notify),
+            "requeue" => Some(IdleAction::Requeue),
+            "cancel" => Some(IdleAction::Cancel),
+            _ => None,
+        }
+    }
+}
+
+impl IdleGpu {
+    /// The longest an idle watch may wait.
+    pub const AFTER_MAX_S: u64 = 30 * 24 * 3600;
+
+    fn check(&self, what: &str) -> Result<(), PolicyError> {
+        if self.after_s == 0 || self.after_s > Self::AFTER_MAX_S || !(1..=1000).contains(&self.below_milli) {
+            return Err(PolicyError::BadIdleGpu(what.to_string()));
+        }
+        Ok(())
+    }
 }
 
 /// What a job gets when it asks for no CPUs or memory, and the most it may ask per node
@@ -119,6 +174,7 @@ impl Qos {
             headroom_gpus: 0,
             resources: ResourceDefaults::default(),
             gpu_sharing: false,
+            idle_gpu: None,
         }
     }
 }
@@ -270,6 +326,9 @@ pub struct Partition {
     /// CPU and memory defaults and maxima of jobs here (before their QoS's).
     #[serde(default, skip_serializing_if = "ResourceDefaults::is_empty")]
     pub resources: ResourceDefaults,
+    /// Idle GPUs of runs here: this instead of their QoS's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_gpu: Option<IdleGpu>,
 }
 
 impl Partition {
@@ -323,6 +382,7 @@ fn default_partitions() -> BTreeMap<String, Partition> {
         default_qos: None,
         max_wall_s: None,
         resources: ResourceDefaults::default(),
+        idle_gpu: None,
     };
     [(all.name.clone(), all)].into()
 }
@@ -418,6 +478,10 @@ pub enum PolicyError {
     BadMaxWall(String),
     #[error("qos \"{name}\": {field} must be at least 1 when set")]
     ZeroLimit { name: String, field: &'static str },
+    #[error("{0}: idle_gpu needs after between 1 s and 30 days and below between 0.001 and 1")]
+    BadIdleGpu(String),
+    #[error("qos \"{0}\" serves inference (its profile's default, headroom or GPU sharing): idle_gpu may only notify")]
+    InferenceIdleAction(String),
     #[error("qos \"{0}\" preempts itself")]
     PreemptsItself(String),
     #[error("qos \"{name}\" preempts unknown qos \"{target}\"")]
@@ -483,6 +547,22 @@ impl Policy {
     }
 
     /// Checks the whole policy.
+    /// Whether QoS `name` serves inference: the inference profile's default, or it keeps
+    /// headroom or shares GPUs (an inference job's GPUs idle between requests is its work).
+    pub fn serves_inference(&self, name: &str) -> bool {
+        self.profile_qos.get(&Profile::Inference).is_some_and(|q| q == name)
+            || self.qos.get(name).is_some_and(|q| q.headroom_gpus > 0 || q.gpu_sharing)
+    }
+
+    /// What idle GPUs of a job of `qos` in `partition` bring: the partition's rule, else the
+    /// QoS's.
+    pub fn idle_gpu(&self, qos: &str, partition: &str) -> Option<IdleGpu> {
+        self.partitions
+            .get(partition)
+            .and_then(|p| p.idle_gpu)
+            .or_else(|| self.qos.get(qos).and_then(|q| q.idle_gpu))
+    }
+
     pub fn validate(&self) -> Result<(), PolicyError> {
         if self.qos.len() > QOS_COUNT_MAX {
             return Err(PolicyError::TooMany);
@@ -549,6 +629,12 @@ impl Policy {
                 return Err(PolicyError::ZeroLimit { name: q.name.clone(), field });
             }
         }
+        if let Some(idle) = &q.idle_gpu {
+            idle.check(&format!("qos \"{}\"", q.name))?;
+            if idle.action != IdleAction::Notify && self.serves_inference(&q.name) {
+                return Err(PolicyError::InferenceIdleAction(q.name.clone()));
+            }
+        }
         for target in &q.preempt {
             if *target == q.name {
                 return Err(PolicyError::PreemptsItself(q.name.clone()));
@@ -593,6 +679,9 @@ impl Policy {
                 return Err(PolicyError::PartitionBadMaxWall(p.name.clone()));
             }
             p.resources.check(&format!("partition \"{}\"", p.name))?;
+            if let Some(idle) = &p.idle_gpu {
+                idle.check(&format!("partition \"{}\"", p.name))?;
+            }
         }
         for q in self.qos.values() {
             q.resources.check(&format!("qos \"{}\"", q.name))?;

@@ -255,6 +255,7 @@ mod tests {
             default_qos: None,
             max_wall_s: None,
             resources: Default::default(),
+            idle_gpu: None,
         }
     }
 

@@ -177,7 +177,7 @@ impl AdminService for AdminApi {
         self.ctx.principal(&request)?.require(Role::Admin, "changing partitions")?;
         let req = request.into_inner();
         let partition =
-            partition_from_pb(req.partition.ok_or_else(|| Status::invalid_argument("partition: required"))?);
+            partition_from_pb(req.partition.ok_or_else(|| Status::invalid_argument("partition: required"))?)?;
         let name = partition.name.clone();
         self.put_item(PolicyItem::Partition(partition), req.mode, |p| {
             p.partitions.get(&name).map(partition_to_pb)

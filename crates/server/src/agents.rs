@@ -61,6 +61,9 @@ pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> 
                 memory_mib: o.job.spec.mem_mib,
                 gpu_milli: o.job.spec.gpu_milli,
                 container: o.job.spec.container.as_deref().map(crate::convert::container_to_pb),
+                idle_watch: o
+                    .idle_watch
+                    .map(|r| pb::IdleWatch { after_s: r.after_s, below_milli: r.below_milli }),
             }
         })
         .collect()
@@ -272,19 +275,28 @@ impl AgentService for AgentApi {
                 Op::JobStarted { job: r.job_id, attempt: r.attempt, node: r.node_id }
             }
             Ok(pb::RunStatus::Exited) => {
-                if r.max_rss_kib != 0 || r.cpu_time_ms != 0 || r.oom_kills != 0 {
-                    // Recorded first, so the exit is judged with it (OUT_OF_MEMORY).
-                    let usage = kairos_scheduler::model::RunUsage {
-                        max_rss_kib: r.max_rss_kib,
-                        cpu_ms: r.cpu_time_ms,
-                        oom_kills: r.oom_kills,
-                    };
+                let usage = run_usage(&r);
+                let nothing =
+                    kairos_scheduler::model::RunUsage { oom_attempt: r.attempt, ..Default::default() };
+                if usage != nothing {
+                    // Recorded first, so the exit is judged with it (OUT_OF_MEMORY): one record
+                    // per task and attempt.
                     let op =
                         Op::RunUsage { job: r.job_id, attempt: r.attempt, node: r.node_id.clone(), usage };
                     self.ctx.write(op).await?;
                 }
                 let exit = if r.signal != 0 { RunExit::Signal(r.signal) } else { RunExit::Code(r.exit_code) };
                 Op::JobExited { job: r.job_id, attempt: r.attempt, node: r.node_id, exit }
+            }
+            Ok(pb::RunStatus::Idle) => {
+                if r.idle_since_ms <= 0 {
+                    return Err(Status::invalid_argument("idle_since_ms: required with RUN_STATUS_IDLE"));
+                }
+                let since = r.idle_since_ms.min(self.ctx.cluster_now());
+                Op::RunIdle { job: r.job_id, attempt: r.attempt, node: r.node_id, since_ms: Some(since) }
+            }
+            Ok(pb::RunStatus::Busy) => {
+                Op::RunIdle { job: r.job_id, attempt: r.attempt, node: r.node_id, since_ms: None }
             }
             Ok(pb::RunStatus::Checkpointed) => {
                 Op::Checkpointed { job: r.job_id, attempt: r.attempt, node: r.node_id }
@@ -327,5 +339,24 @@ impl AgentService for AgentApi {
                 Ok(Response::new(pb::StatusAck {}))
             }
         }
+    }
+}
+
+/// What an exit report says the run used: its cgroup's figures and the agent's aggregates.
+fn run_usage(r: &pb::StatusReport) -> kairos_scheduler::model::RunUsage {
+    let m = r.usage.clone().unwrap_or_default();
+    kairos_scheduler::model::RunUsage {
+        max_rss_kib: r.max_rss_kib,
+        cpu_ms: r.cpu_time_ms,
+        oom_kills: r.oom_kills,
+        oom_attempt: r.attempt,
+        wall_ms: m.wall_ms,
+        gpu_ms: m.gpu_ms,
+        gpu_busy_ms: m.gpu_busy_ms,
+        gpu_util_max_pct: m.gpu_util_max_pct.min(100),
+        gpu_util_p95_pct: m.gpu_util_p95_pct.min(100),
+        gpu_mem_max_mib: m.gpu_mem_max_mib,
+        gpu_mem_device_mib: m.gpu_mem_device_mib,
+        samples: m.samples,
     }
 }

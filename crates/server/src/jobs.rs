@@ -125,6 +125,38 @@ impl JobApi {
         me.check_job(id, &self.redirect_unknown(owner)?)
     }
 
+    /// A client of the agent of `node` (its log and usage service, TLS when configured) and
+    /// `body` as a request to it: the agent serves only a controller, which proves itself with
+    /// the node's credential.
+    async fn to_agent<T>(
+        &self,
+        node: &kairos_scheduler::model::NodeInfo,
+        epoch: u64,
+        body: T,
+        what: &str,
+    ) -> Result<(AgentLogServiceClient<tonic::transport::Channel>, Request<T>), Status> {
+        let bad_addr = |e: tonic::transport::Error| {
+            Status::internal(format!("node \"{}\" has a bad address: {e}", node.name))
+        };
+        let url = kairos_proto::wire::url(&node.addr, self.ctx.agent_tls.is_some());
+        let mut endpoint = tonic::transport::Endpoint::from_shared(url)
+            .map_err(bad_addr)?
+            .connect_timeout(std::time::Duration::from_secs(5));
+        if let Some(tls) = &self.ctx.agent_tls {
+            endpoint = endpoint.tls_config(tls.clone()).map_err(bad_addr)?;
+        }
+        let channel = endpoint.connect().await.map_err(|e| {
+            Status::unavailable(format!(
+                "cannot reach node \"{}\" at {} for {what}: {e}",
+                node.name, node.addr
+            ))
+        })?;
+        let mut req = Request::new(body);
+        let credential = self.ctx.auth.key.node_credential(&node.name, epoch);
+        kairos_consensus::auth::set_bearer(req.metadata_mut(), &credential);
+        Ok((AgentLogServiceClient::new(channel), req))
+    }
+
     /// Reads are served by any replica; a follower that does not know a job yet (it may have
     /// been submitted a moment ago through the leader) sends the client to the leader rather
     /// than answer "not found", so a client always reads its own writes.
@@ -192,6 +224,35 @@ impl JobService for JobApi {
         Ok(Response::new(pb::WhoAmIResponse { user: me.user, role: me.role.as_str().into() }))
     }
 
+    async fn job_usage(
+        &self,
+        request: Request<pb::JobUsageRequest>,
+    ) -> Result<Response<pb::UsageSeries>, Status> {
+        let me = self.ctx.principal(&request)?;
+        self.ctx.readable()?;
+        let id = check_id(request.get_ref().job_id)?;
+        self.authorize(&me, id)?;
+        let found = self.ctx.replica.read(|a| {
+            let job =
+                a.state.jobs.get(&id).ok_or_else(|| Status::not_found(format!("job {id} not found")))?;
+            if job.last_node.is_empty() {
+                return Err(Status::failed_precondition(format!(
+                    "job {id} has not started yet; nothing measured"
+                )));
+            }
+            let node = a
+                .state
+                .nodes
+                .get(&job.last_node)
+                .ok_or_else(|| Status::unavailable(format!("node \"{}\" is unknown", job.last_node)))?;
+            Ok((node.info.clone(), node.epoch, job.attempt, job.submit_time_ms))
+        });
+        let (node, epoch, attempt, submit_time_ms) = self.redirect_unknown(found)?;
+        let body = pb::UsageRequest { job_id: id, attempt, submit_time_ms };
+        let (mut agent, req) = self.to_agent(&node, epoch, body, "usage").await?;
+        Ok(Response::new(agent.read_usage(req).await?.into_inner()))
+    }
+
     async fn list_history(
         &self,
         request: Request<pb::ListHistoryRequest>,
@@ -205,11 +266,9 @@ impl JobService for JobApi {
         let (records, next_page_token) = self.ctx.replica.read(|a| {
             // Purged records and live jobs, merged by id (an id is in one or the other).
             let purged = a.state.history.after(after).map(|r| (r.id, crate::convert::record_to_pb(r, true)));
-            let live = a
-                .state
-                .jobs
-                .range(after.saturating_add(1)..)
-                .map(|(id, j)| (*id, crate::convert::live_record(j, now)));
+            let live = a.state.jobs.range(after.saturating_add(1)..).map(|(id, j)| {
+                (*id, crate::convert::live_record(j, now, a.state.time_limit_s(j).unwrap_or(0)))
+            });
             let mut merged = merge_by_id(purged, live)
                 .map(|(_, r)| r)
                 .filter(|r| me.owns_or_operates(&r.user))
@@ -440,28 +499,8 @@ impl JobService for JobApi {
         // An earlier attempt's log is complete: read, never followed.
         req.follow &= attempt == current;
         req.submit_time_ms = submit_time_ms;
-        let bad_addr = |e: tonic::transport::Error| {
-            Status::internal(format!("node \"{}\" has a bad address: {e}", node.name))
-        };
-        let mut endpoint = tonic::transport::Endpoint::from_shared(kairos_proto::wire::url(
-            &node.addr,
-            self.ctx.agent_tls.is_some(),
-        ))
-        .map_err(bad_addr)?
-        .connect_timeout(std::time::Duration::from_secs(5));
-        if let Some(tls) = &self.ctx.agent_tls {
-            endpoint = endpoint.tls_config(tls.clone()).map_err(bad_addr)?;
-        }
-        let channel = endpoint.connect().await.map_err(|e| {
-            Status::unavailable(format!("cannot reach node \"{}\" at {} for logs: {e}", node.name, node.addr))
-        })?;
-        // The agent serves logs only to a controller: it proves itself with the node's credential.
-        let mut req = Request::new(req);
-        kairos_consensus::auth::set_bearer(
-            req.metadata_mut(),
-            &self.ctx.auth.key.node_credential(&node.name, epoch),
-        );
-        let mut stream = AgentLogServiceClient::new(channel).read_logs(req).await?.into_inner();
+        let (mut agent, req) = self.to_agent(&node, epoch, req, "logs").await?;
+        let mut stream = agent.read_logs(req).await?.into_inner();
         // Relayed while the caller's token holds: a revoked or expired one ends a followed log
         // within `RECHECK`.
         let ctx = self.ctx.clone();

@@ -78,6 +78,8 @@ pub struct Runner {
     /// The latest assignment set, for launches deferred until GPUs free up or the lease renews.
     last_set: Arc<Mutex<Option<pb::AssignmentSet>>>,
     reports: mpsc::Sender<pb::StatusReport>,
+    /// Every run's measured usage (`usage`).
+    usage: crate::usage::Usage,
 }
 
 impl Runner {
@@ -91,7 +93,23 @@ impl Runner {
             runs: Arc::default(),
             last_set: Arc::default(),
             reports,
+            usage: Default::default(),
         }
+    }
+
+    /// This node's name.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Where runs' reports leave (for the usage sampler's idle reports).
+    pub fn reports(&self) -> mpsc::Sender<pb::StatusReport> {
+        self.reports.clone()
+    }
+
+    /// The runs' measured usage (sampled by `usage::sampler`).
+    pub fn usage(&self) -> &crate::usage::Usage {
+        &self.usage
     }
 
     /// Records every process start and exit in `log`.
@@ -140,10 +158,16 @@ impl Runner {
     }
 
     fn report(&self, key: RunKey, exit: Option<Exit>, message: String) {
-        self.report_with(key, exit, message, RunUsed::default());
+        self.report_with(key, exit, message, (RunUsed::default(), None));
     }
 
-    fn report_with(&self, key: RunKey, exit: Option<Exit>, message: String, usage: RunUsed) {
+    fn report_with(
+        &self,
+        key: RunKey,
+        exit: Option<Exit>,
+        message: String,
+        (usage, measured): (RunUsed, Option<pb::RunUsageStats>),
+    ) {
         let (status, exit_code, signal) = match exit {
             None => (pb::RunStatus::Started, 0, 0),
             Some(Exit::Code(c)) => (pb::RunStatus::Exited, c, 0),
@@ -161,6 +185,8 @@ impl Runner {
             max_rss_kib: usage.max_rss_kib,
             cpu_time_ms: usage.cpu_ms,
             oom_kills: usage.oom_kills,
+            usage: measured,
+            idle_since_ms: 0,
         };
         if let Err(mpsc::error::TrySendError::Full(report)) = self.reports.try_send(report) {
             let tx = self.reports.clone();
@@ -404,6 +430,12 @@ impl Runner {
         tracing::info!(job = key.0, attempt = key.1, ?pgid, gpus = ?spec.gpus, user = %spec.user, "run started");
         let copiers = self.copy_outputs(key, &mut child, Arc::new(Mutex::new(log)));
         self.spawned(&spec, pgid, confined.cgroup.clone(), image);
+        let dirs = crate::usage::CgroupDirs {
+            v2: confined.cgroup.as_ref().map(|c| c.dir().to_path_buf()),
+            v1_memory: confined.limited.memory_dir().map(Path::to_path_buf),
+        };
+        let now = crate::usage::now_ms();
+        self.usage.start(key, &spec.gpus, spec.milli, spec.idle_watch, dirs, now);
         if let Some(pgid) = pgid {
             journal_add(&self.state_dir, key, pgid);
         }
@@ -469,6 +501,7 @@ impl Runner {
         self.process_log.exit(key.0, key.1, &how);
         journal_remove(self.state_dir(), key);
         let usage = confined.usage();
+        let measured = self.usage.finish(key, crate::usage::now_ms());
         confined.remove();
         let mut message = String::new();
         if let Some(run) = self.lock().get_mut(&key) {
@@ -479,7 +512,7 @@ impl Runner {
             }
             run.exit = Some(exit);
         }
-        self.report_with(key, Some(exit), message, usage);
+        self.report_with(key, Some(exit), message, (usage, measured));
         self.launch_ready();
     }
 

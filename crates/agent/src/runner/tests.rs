@@ -33,6 +33,7 @@ fn assignment(job: u64, argv: &[&str], started: bool, kill: bool) -> pb::Assignm
         memory_mib: 0,
         gpu_milli: 0,
         container: None,
+        idle_watch: None,
     }
 }
 
@@ -619,4 +620,72 @@ async fn a_run_whose_cgroup_outlived_it_unjournaled_is_logged_as_ended_before_ne
     let again = std::fs::read_to_string(&path).unwrap();
     assert_eq!(again.lines().filter(|l| l.contains("ended unwatched")).count(), 1, "{again}");
     remove_cgroups(&cg);
+}
+
+/// A fake inventory whose GPUs read as `util` percent.
+struct Busy(u32);
+
+impl crate::gpu::GpuInventory for Busy {
+    fn backend(&self) -> &'static str {
+        "test"
+    }
+    fn discover(&self) -> Result<Vec<pb::Gpu>, crate::gpu::InventoryError> {
+        Ok((0..8).map(|index| pb::Gpu { index, memory_mib: 1000, ..Default::default() }).collect())
+    }
+    fn usage(&self) -> Vec<crate::gpu::GpuUsage> {
+        let gpus = self.discover().unwrap_or_default();
+        gpus.iter()
+            .map(|g| crate::gpu::GpuUsage {
+                index: g.index,
+                uuid: String::new(),
+                utilization: f64::from(self.0) / 100.0,
+                memory_used_bytes: 300 << 20,
+                memory_total_bytes: 1000 << 20,
+            })
+            .collect()
+    }
+    fn watch_health(
+        &self,
+        _: Vec<pb::Gpu>,
+        _: crate::health::XidPolicy,
+        _: tokio::sync::mpsc::UnboundedSender<crate::health::GpuFault>,
+    ) {
+    }
+}
+
+#[tokio::test]
+async fn a_sampled_run_reports_its_usage_at_exit_and_its_idle_gpus_while_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = Runner::new("n1", dir.path(), tx.clone());
+    let inv: std::sync::Arc<dyn crate::gpu::GpuInventory> = std::sync::Arc::new(Busy(2));
+    let gpus = inv.discover().unwrap();
+    let sampler = crate::usage::sampler::run(
+        runner.usage().clone(),
+        inv,
+        gpus,
+        Duration::from_millis(100),
+        "n1".into(),
+        tx,
+    );
+    let sampler = tokio::spawn(sampler);
+    let mut a = assignment(9, &["sleep", "1.5"], false, false);
+    a.idle_watch = Some(pb::IdleWatch { after_s: 1, below_milli: 50 });
+    runner.reconcile(&set(vec![a]));
+    assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+    let idle = next(&mut rx).await;
+    assert_eq!((idle.job_id, idle.status), (9, pb::RunStatus::Idle as i32));
+    assert!(idle.idle_since_ms > 0);
+    let series = runner.usage().series((9, 0), crate::usage::now_ms()).expect("a live series");
+    assert!(series.running && !series.samples.is_empty() && series.samples[0].gpus.len() == 2, "{series:?}");
+    let exited = next(&mut rx).await;
+    assert_eq!(exited.status, pb::RunStatus::Exited as i32);
+    let u = exited.usage.expect("the run's aggregates");
+    assert!(u.wall_ms >= 1400 && u.samples >= 5, "{u:?}");
+    assert_eq!((u.gpu_util_max_pct, u.gpu_mem_max_mib, u.gpu_mem_device_mib), (2, 300, 1000));
+    // Two GPUs for the whole run at 2 %.
+    assert!(u.gpu_ms >= 2 * 1200 && (19..=20).contains(&(u.gpu_busy_ms * 1000 / u.gpu_ms)), "{u:?}");
+    // The ended run's series is still served.
+    assert!(!runner.usage().series((9, 0), crate::usage::now_ms()).unwrap().running);
+    sampler.abort();
 }

@@ -1,293 +1,265 @@
-//! `kairos eff JOB`: seff's one screen — what a job asked for beside what it used (GPUs, GPU
-//! memory, CPUs, memory, wall time), with one-line suggestions for its next submission.
+//! `kairos eff JOB`: seff's one screen — what a job asked for against what it used (GPUs, GPU
+//! memory, CPUs, memory, wall time), and what it could ask for next time.
 
 use kairos_proto::v1 as pb;
 use serde_json::{json, Value};
 
-use super::figures as fig;
-use super::neat;
+use super::figures::{self, pct};
 use crate::client::Client;
-use crate::output::{job_state_name, mib, print_json, profile_name};
-
-/// Headroom on observed use before suggesting a smaller ask.
-const HEADROOM: f64 = 1.25;
-/// Headroom on run time before suggesting a shorter limit.
-const TIME_HEADROOM: f64 = 1.5;
-/// Below this mean GPU utilisation (percent) the job holds GPUs it does not use.
-const IDLE_PCT: f64 = 10.0;
-
-/// The job's screen as JSON (`kairos eff --json`).
-pub fn eff_json(r: &pb::JobRecord, now: i64) -> Value {
-    json!({
-        "id": r.id,
-        "name": r.name,
-        "user": r.user,
-        "account": r.account,
-        "qos": r.qos,
-        "partition": r.partition,
-        "profile": profile_name(r.profile),
-        "state": job_state_name(r.state),
-        "exit_code": r.exit_code,
-        "signal": if r.signal == 0 { Value::Null } else { json!(r.signal) },
-        "gpus": {
-            "count": r.gpus,
-            "gpu_milli": r.gpu_milli,
-            "util_mean_pct": fig::json_num(fig::gpu_util_pct(r)),
-            "util_p95_pct": fig::gpu_util_max_pct(r).map(|_| r.gpu_util_p95_pct),
-            "util_max_pct": fig::gpu_util_max_pct(r),
-            "busy_gpu_hours": fig::json_num(Some(fig::busy_gpu_hours(r))),
-            "allocated_gpu_hours": fig::json_num(Some(fig::gpu_hours(r))),
-        },
-        "gpu_memory": {
-            "peak_mib": fig::gpu_mem_max_mib(r),
-            "device_mib": (r.gpu_mem_device_mib > 0).then_some(r.gpu_mem_device_mib),
-            "peak_pct": fig::json_num(fig::gpu_mem_pct(r)),
-        },
-        "cpus": {
-            "requested": r.req_cpus,
-            "cores_used": fig::json_num(fig::cores_used(r)),
-            "cpu_time_ms": r.cpu_time_ms,
-            "efficiency_pct": fig::json_num(fig::cpu_eff_pct(r)),
-        },
-        "memory": {
-            "requested_mib": r.req_memory_mib,
-            "max_rss_kib": r.max_rss_kib,
-            "efficiency_pct": fig::json_num(fig::mem_eff_pct(r)),
-        },
-        "time": {
-            "elapsed_s": fig::elapsed_s(r, now).map(|s| s as u64),
-            "limit_s": (r.time_limit_s > 0).then_some(r.time_limit_s),
-            "run_ms": r.run_ms,
-        },
-        "idle_note": if r.idle_note.is_empty() { Value::Null } else { json!(r.idle_note) },
-        "suggestions": suggestions(r, now),
-    })
-}
-
-/// The one-line suggestions, each only when the measurement supports it.
-pub fn suggestions(r: &pb::JobRecord, now: i64) -> Vec<String> {
-    [cpu_advice(r), mem_advice(r), gpu_idle_advice(r), gpu_mem_advice(r), time_advice(r, now)]
-        .into_iter()
-        .flatten()
-        .collect()
-}
-
-fn cpu_advice(r: &pb::JobRecord) -> Option<String> {
-    let used = fig::cores_used(r)?;
-    let enough = ((used * HEADROOM).ceil() as u32).max(1);
-    (r.req_cpus > 0 && enough < r.req_cpus)
-        .then(|| format!("asked -c {}, used {used:.1} cores: -c {enough} would do", r.req_cpus))
-}
-
-fn mem_advice(r: &pb::JobRecord) -> Option<String> {
-    if r.req_memory_mib == 0 || r.max_rss_kib == 0 {
-        return None;
-    }
-    let peak = r.max_rss_kib.div_ceil(1024);
-    let enough = neat::mem_mib(peak as f64 * HEADROOM);
-    (enough < r.req_memory_mib).then(|| {
-        format!(
-            "asked --mem {}, peaked at {}: --mem {} would do",
-            neat::mem_arg(r.req_memory_mib),
-            mib(peak),
-            neat::mem_arg(enough)
-        )
-    })
-}
-
-fn gpu_idle_advice(r: &pb::JobRecord) -> Option<String> {
-    let util = fig::gpu_util_pct(r)?;
-    (r.gpus > 0 && util < IDLE_PCT)
-        .then(|| format!("GPUs {util:.0} % busy: this job holds GPUs it does not use"))
-}
-
-/// A whole-GPU job that used little of its GPU and its memory would fit a fraction of one.
-fn gpu_mem_advice(r: &pb::JobRecord) -> Option<String> {
-    let util = fig::gpu_util_pct(r)?;
-    if r.gpu_milli > 0 || r.gpu_mem_device_mib == 0 || r.gpu_mem_max_mib == 0 || util >= 50.0 {
-        return None;
-    }
-    let need = r.gpu_mem_max_mib as f64 * HEADROOM;
-    let k = [7u64, 4, 2].into_iter().find(|k| need <= (r.gpu_mem_device_mib / k) as f64)?;
-    let fraction = (1000 / k) as f64 / 1000.0;
-    Some(format!(
-        "GPU memory peaked at {} of {}: a 1/{k} GPU (--gpu-fraction {fraction}) would hold it, where its QoS shares GPUs",
-        mib(r.gpu_mem_max_mib),
-        mib(r.gpu_mem_device_mib)
-    ))
-}
-
-fn time_advice(r: &pb::JobRecord, now: i64) -> Option<String> {
-    let elapsed = fig::elapsed_s(r, now)? as u64;
-    if r.time_limit_s == 0 || r.end_time_ms == 0 {
-        return None;
-    }
-    if r.state == pb::JobState::Timeout as i32 {
-        return Some(format!(
-            "hit its {} time limit: ask for more (--time) or checkpoint",
-            neat::duration_text(r.time_limit_s)
-        ));
-    }
-    let enough = neat::duration_up((elapsed as f64 * TIME_HEADROOM) as u64);
-    (r.state == pb::JobState::Completed as i32 && enough < r.time_limit_s).then(|| {
-        format!(
-            "ran {} of a {} limit: --time {} would do",
-            neat::duration_text(elapsed),
-            neat::duration_text(r.time_limit_s),
-            neat::duration_text(enough)
-        )
-    })
-}
-
-/// The text screen.
-pub fn screen(r: &pb::JobRecord, now: i64) -> String {
-    let nm = "not measured";
-    let or_nm = |v: Option<String>| v.unwrap_or_else(|| nm.to_string());
-    let exit = match (r.exit_code, r.signal) {
-        (Some(c), _) => format!(" (exit {c})"),
-        (None, 0) => String::new(),
-        (None, s) => format!(" (signal {s})"),
-    };
-    let gpus = match r.gpu_milli {
-        0 => format!("{} asked", r.gpus),
-        m => format!("{:.3} of a GPU asked", f64::from(m) / 1000.0),
-    };
-    let util = fig::gpu_util_pct(r).map(|u| {
-        format!("utilisation mean {u:.1} %, p95 {} %, max {} %", r.gpu_util_p95_pct, r.gpu_util_max_pct)
-    });
-    let busy = (r.gpu_ms > 0)
-        .then(|| format!("{:.3} busy of {:.3} allocated", fig::busy_gpu_hours(r), fig::gpu_hours(r)));
-    let gpu_mem = fig::gpu_mem_max_mib(r).filter(|m| *m > 0).map(|m| match fig::gpu_mem_pct(r) {
-        Some(p) => format!("peak {} on one GPU of {} ({p:.1} %)", mib(m), mib(r.gpu_mem_device_mib)),
-        None => format!("peak {} on one GPU", mib(m)),
-    });
-    let cpus = fig::cores_used(r).map(|c| match fig::cpu_eff_pct(r) {
-        Some(e) => format!("{} asked, {c:.2} cores used (CPU efficiency {e:.1} %)", r.req_cpus),
-        None => format!("{c:.2} cores used"),
-    });
-    let mem = (r.max_rss_kib > 0).then(|| match fig::mem_eff_pct(r) {
-        Some(e) => format!(
-            "{} asked, peak {} (memory efficiency {e:.1} %)",
-            mib(r.req_memory_mib),
-            mib(r.max_rss_kib.div_ceil(1024))
-        ),
-        None => format!("peak {} (none asked)", mib(r.max_rss_kib.div_ceil(1024))),
-    });
-    let wall = fig::elapsed_s(r, now).map(|e| match r.time_limit_s {
-        0 => format!("{} (no limit)", neat::clock(e as i64)),
-        l => format!("{} of a {} limit", neat::clock(e as i64), neat::clock(l as i64)),
-    });
-    let mut out = vec![
-        ("Job ID", r.id.to_string()),
-        ("Name", if r.name.is_empty() { "-".into() } else { r.name.clone() }),
-        ("User / account", format!("{} / {}", r.user, if r.account.is_empty() { "-" } else { &r.account })),
-        (
-            "QoS / partition",
-            format!("{} / {}", r.qos, if r.partition.is_empty() { "-" } else { &r.partition }),
-        ),
-        ("State", format!("{}{exit}", job_state_name(r.state))),
-        ("GPUs", format!("{gpus}; {}", or_nm(util))),
-        ("GPU-hours", or_nm(busy)),
-        ("GPU memory", or_nm(gpu_mem)),
-        ("CPUs", or_nm(cpus)),
-        ("Memory", or_nm(mem)),
-        ("Wall time", wall.unwrap_or_else(|| "not started".into())),
-    ];
-    if !r.idle_note.is_empty() {
-        out.push(("Idle GPUs", r.idle_note.clone()));
-    }
-    let mut text: String = out.iter().map(|(k, v)| format!("{:<16} {v}\n", format!("{k}:"))).collect();
-    let advice = suggestions(r, now);
-    if !advice.is_empty() {
-        text.push_str("Suggestions:\n");
-        text.extend(advice.iter().map(|a| format!("  {a}\n")));
-    }
-    text
-}
+use crate::output::{job_state_name, mib, print_json};
 
 pub async fn eff(client: &Client, json: bool, id: u64) -> anyhow::Result<i32> {
-    let record = super::records::one(client, id).await?;
-    let now = super::records::now_ms();
+    let r = super::record(client, id).await?;
     if json {
-        print_json(&eff_json(&record, now));
+        print_json(&eff_json(&r));
     } else {
-        print!("{}", screen(&record, now));
+        print!("{}", screen(&r));
     }
     Ok(0)
+}
+
+fn eff_json(r: &pb::JobRecord) -> Value {
+    json!({
+        "id": r.id,
+        "state": job_state_name(r.state),
+        "gpus": r.gpus,
+        "gpu_util": figures::gpu_util(r),
+        "gpu_util_p95": (r.gpu_ms > 0).then_some(r.gpu_util_p95_pct),
+        "gpu_util_max": (r.gpu_ms > 0).then_some(r.gpu_util_max_pct),
+        "gpu_hours": figures::gpu_hours(r),
+        "busy_gpu_hours": figures::busy_gpu_hours(r),
+        "gpu_mem_max_mib": r.gpu_mem_max_mib,
+        "gpu_mem_device_mib": r.gpu_mem_device_mib,
+        "req_cpus": r.req_cpus,
+        "cores_used": figures::cores_used(r),
+        "cpu_eff": figures::cpu_eff(r),
+        "req_memory_mib": r.req_memory_mib,
+        "max_rss_kib": r.max_rss_kib,
+        "mem_eff": figures::mem_eff(r),
+        "ran_s": figures::ran_s(r),
+        "time_limit_s": r.time_limit_s,
+        "idle_note": r.idle_note,
+        "suggestions": suggestions(r),
+    })
+}
+
+/// The screen, as text.
+pub fn screen(r: &pb::JobRecord) -> String {
+    let mut out = format!(
+        "Job {}: {} (user {}, account {}, QoS {})\nState: {}{}\n",
+        r.id,
+        if r.name.is_empty() { "-" } else { &r.name },
+        r.user,
+        if r.account.is_empty() { "-" } else { &r.account },
+        r.qos,
+        job_state_name(r.state),
+        r.exit_code.map(|c| format!(" (exit {c})")).unwrap_or_default(),
+    );
+    if let Some(ran) = figures::ran_s(r) {
+        let limit = match r.time_limit_s {
+            0 => String::new(),
+            l => format!(" of a {} limit ({:.1} %)", duration(l as f64), 100.0 * ran / l as f64),
+        };
+        out += &format!("Wall time: {}{limit}\n", duration(ran));
+    }
+    if r.gpus > 0 {
+        out += &format!(
+            "GPUs: {}; utilisation mean {}, p95 {}, max {}\nGPU-hours: {:.3} held, {:.3} busy\n",
+            r.gpus,
+            pct(figures::gpu_util(r)),
+            measured_pct(r, r.gpu_util_p95_pct),
+            measured_pct(r, r.gpu_util_max_pct),
+            figures::gpu_hours(r),
+            figures::busy_gpu_hours(r),
+        );
+        if r.gpu_mem_device_mib > 0 {
+            out += &format!(
+                "GPU memory: peak {} of {} on one GPU ({})\n",
+                mib(r.gpu_mem_max_mib),
+                mib(r.gpu_mem_device_mib),
+                pct(figures::gpu_mem_share(r))
+            );
+        }
+    }
+    if let Some(cores) = figures::cores_used(r) {
+        out += &format!(
+            "CPUs: {cores:.2} of {} cores used (CPU efficiency {})\n",
+            r.req_cpus,
+            pct(figures::cpu_eff(r))
+        );
+    }
+    if r.max_rss_kib > 0 {
+        let asked =
+            if r.req_memory_mib > 0 { format!(" of {}", mib(r.req_memory_mib)) } else { String::new() };
+        out += &format!(
+            "Memory: peak {}{asked} (memory efficiency {})\n",
+            kib(r.max_rss_kib),
+            pct(figures::mem_eff(r))
+        );
+    }
+    if !r.idle_note.is_empty() {
+        out += &format!("Idle: {}\n", r.idle_note);
+    }
+    let advice = suggestions(r);
+    if advice.is_empty() {
+        out += "Suggestions: none; it used what it asked for\n";
+    } else {
+        out += "Suggestions:\n";
+        for line in advice {
+            out += &format!("  {line}\n");
+        }
+    }
+    out
+}
+
+fn measured_pct(r: &pb::JobRecord, v: u32) -> String {
+    if r.gpu_ms > 0 {
+        format!("{v}%")
+    } else {
+        "-".into()
+    }
+}
+
+fn kib(k: u64) -> String {
+    if k < 1024 {
+        format!("{k}K")
+    } else {
+        mib(k / 1024)
+    }
+}
+
+/// Seconds as people read them: 40s, 12m, 3.5h, 2.0d.
+pub fn duration(s: f64) -> String {
+    match s {
+        s if s < 120.0 => format!("{s:.0}s"),
+        s if s < 7200.0 => format!("{:.0}m", s / 60.0),
+        s if s < 172_800.0 => format!("{:.1}h", s / 3600.0),
+        s => format!("{:.1}d", s / 86_400.0),
+    }
+}
+
+/// A neat limit at least `s` seconds: whole minutes up to 2 h, whole hours up to 2 days, then
+/// whole days, as `--time` and `max_wall` take them.
+pub fn neat_limit(s: f64) -> String {
+    let s = s.max(60.0);
+    if s <= 7200.0 {
+        format!("{}m", (s / 60.0).ceil() as u64)
+    } else if s <= 172_800.0 {
+        format!("{}h", (s / 3600.0).ceil() as u64)
+    } else {
+        format!("{}d", (s / 86_400.0).ceil() as u64)
+    }
+}
+
+/// A neat memory size at least `m` MiB: whole GiB from 1 GiB, else multiples of 128 MiB.
+pub fn neat_mem(m: f64) -> String {
+    if m >= 1024.0 {
+        format!("{}G", (m / 1024.0).ceil() as u64)
+    } else {
+        format!("{}M", ((m / 128.0).ceil() as u64).max(1) * 128)
+    }
+}
+
+/// One line per thing the job asked for well beyond what it used.
+pub fn suggestions(r: &pb::JobRecord) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(used) = figures::cores_used(r) {
+        let enough = ((used * 1.25).ceil() as u32).max(1);
+        if r.req_cpus >= 2 && enough < r.req_cpus {
+            out.push(format!("asked -c {}, used {used:.1} cores: -c {enough} would do", r.req_cpus));
+        }
+    }
+    let peak_mib = r.max_rss_kib as f64 / 1024.0;
+    if r.req_memory_mib > 0 && peak_mib > 0.0 && peak_mib * 1.25 < r.req_memory_mib as f64 / 2.0 {
+        out.push(format!(
+            "asked --mem {}, peaked at {}: --mem {} would do",
+            mib(r.req_memory_mib),
+            kib(r.max_rss_kib),
+            neat_mem(peak_mib * 1.25)
+        ));
+    }
+    if let Some(util) = figures::gpu_util(r).filter(|u| *u < 10.0) {
+        out.push(format!(
+            "GPUs {util:.0} % busy: this job holds GPUs it does not use (fewer --gpus, or a --gpu-fraction)"
+        ));
+    }
+    if let Some(share) = figures::gpu_mem_share(r).filter(|s| *s < 25.0 && r.gpus == 1 && r.gpu_milli == 0) {
+        out.push(format!(
+            "GPU memory peaked at {} ({share:.0} % of the GPU): an inference job would fit --gpu-fraction 0.25",
+            mib(r.gpu_mem_max_mib)
+        ));
+    }
+    let completed = job_state_name(r.state) == "COMPLETED";
+    if let (Some(ran), true, true) = (figures::ran_s(r), completed, r.time_limit_s > 0) {
+        let limit = r.time_limit_s as f64;
+        if ran * 4.0 < limit && ran * 1.5 < limit - 60.0 {
+            out.push(format!(
+                "ran {} of a {} limit: --time {} would do (and backfills sooner)",
+                duration(ran),
+                duration(limit),
+                neat_limit(ran * 1.5)
+            ));
+        }
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::insight::figures::tests::record;
 
-    /// A job that asked much and used little of everything.
-    fn wasteful() -> pb::JobRecord {
-        let mut r = record(9, 1, 720_000); // ran 12 minutes
-        r.time_limit_s = 86_400;
-        r.req_cpus = 8;
-        r.cpu_time_ms = 936_000; // 1.3 cores
-        r.req_memory_mib = 64 * 1024;
-        r.max_rss_kib = (9.1 * 1024.0 * 1024.0) as u64;
-        r.gpu_ms = 720_000;
-        r.gpu_busy_ms = 21_600; // 3 %
-        r.gpu_util_max_pct = 12;
-        r.gpu_mem_max_mib = 9_000;
-        r.gpu_mem_device_mib = 81_920;
-        r.exit_code = Some(0);
-        r
+    fn record() -> pb::JobRecord {
+        pb::JobRecord {
+            id: 7,
+            state: pb::JobState::Completed as i32,
+            gpus: 1,
+            start_time_ms: 1_000,
+            end_time_ms: 721_000,
+            time_limit_s: 86_400,
+            req_cpus: 8,
+            run_ms: 720_000,
+            cpu_time_ms: 936_000,
+            req_memory_mib: 65_536,
+            max_rss_kib: 9 << 20,
+            gpu_ms: 720_000,
+            gpu_busy_ms: 21_600,
+            gpu_util_max_pct: 9,
+            gpu_util_p95_pct: 5,
+            gpu_mem_max_mib: 8_000,
+            gpu_mem_device_mib: 81_920,
+            gpu_seconds: 720,
+            ..Default::default()
+        }
     }
 
     #[test]
-    fn suggestions_name_the_smaller_ask_with_headroom() {
-        let advice = suggestions(&wasteful(), 0);
+    fn a_job_that_asked_too_much_gets_a_line_per_resource() {
+        let advice = suggestions(&record());
+        assert_eq!(advice[0], "asked -c 8, used 1.3 cores: -c 2 would do");
+        assert_eq!(advice[1], "asked --mem 64.0G, peaked at 9.0G: --mem 12G would do");
+        assert!(advice[2].starts_with("GPUs 3 % busy"), "{advice:?}");
+        assert!(advice[3].contains("--gpu-fraction 0.25"), "{advice:?}");
+        assert_eq!(advice[4], "ran 12m of a 24.0h limit: --time 18m would do (and backfills sooner)");
+        let text = screen(&record());
+        assert!(text.contains("utilisation mean 3.0%, p95 5%, max 9%"), "{text}");
+        assert!(text.contains("CPUs: 1.30 of 8 cores used (CPU efficiency 16.2%)"), "{text}");
+    }
+
+    #[test]
+    fn a_job_that_used_what_it_asked_gets_none() {
+        let mut r = record();
+        (r.req_cpus, r.req_memory_mib, r.gpu_busy_ms, r.gpu_mem_max_mib, r.time_limit_s) =
+            (2, 12_288, 648_000, 70_000, 1200);
+        assert_eq!(suggestions(&r), Vec::<String>::new());
+        assert!(screen(&r).contains("Suggestions: none"));
+    }
+
+    #[test]
+    fn neat_sizes_and_limits() {
         assert_eq!(
-            advice,
-            [
-                "asked -c 8, used 1.3 cores: -c 2 would do",
-                "asked --mem 64G, peaked at 9.1G: --mem 12G would do",
-                "GPUs 3 % busy: this job holds GPUs it does not use",
-                "GPU memory peaked at 8.8G of 80.0G: a 1/7 GPU (--gpu-fraction 0.142) would hold it, where its QoS shares GPUs",
-                "ran 12m of a 1day limit: --time 20m would do",
-            ]
+            (neat_limit(30.0), neat_limit(1000.0), neat_limit(10_000.0), neat_limit(200_000.0)),
+            ("1m".into(), "17m".into(), "3h".into(), "3d".into())
         );
-    }
-
-    #[test]
-    fn a_job_that_used_what_it_asked_gets_no_suggestion() {
-        let mut r = wasteful();
-        r.req_cpus = 2;
-        r.req_memory_mib = 12 * 1024;
-        r.gpu_busy_ms = 650_000;
-        r.time_limit_s = 1_200;
-        assert_eq!(suggestions(&r, 0), Vec::<String>::new());
-        r.state = pb::JobState::Timeout as i32;
-        assert_eq!(suggestions(&r, 0), ["hit its 20m time limit: ask for more (--time) or checkpoint"]);
-    }
-
-    #[test]
-    fn an_unmeasured_job_says_so_and_suggests_nothing() {
-        let r = record(3, 2, 0);
-        assert!(suggestions(&r, 0).is_empty());
-        let text = screen(&r, 0);
-        assert!(text.contains("GPUs:            2 asked; not measured"), "{text}");
-        assert!(text.contains("CPUs:            not measured"), "{text}");
-        let j = eff_json(&r, 0);
-        assert_eq!(
-            (j["gpus"]["util_mean_pct"].clone(), j["cpus"]["efficiency_pct"].clone()),
-            (Value::Null, Value::Null)
-        );
-    }
-
-    #[test]
-    fn the_screen_shows_asked_beside_used() {
-        let text = screen(&wasteful(), 0);
-        assert!(text.contains("utilisation mean 3.0 %, p95 0 %, max 12 %"), "{text}");
-        assert!(text.contains("8 asked, 1.30 cores used (CPU efficiency 16.2 %)"), "{text}");
-        assert!(text.contains("Wall time:       00:12:00 of a 1-00:00:00 limit"), "{text}");
-        assert!(text.contains("Suggestions:\n  asked -c 8"), "{text}");
-        let j = eff_json(&wasteful(), 0);
-        assert_eq!(j["cpus"]["cores_used"].as_f64(), Some(1.3));
-        assert_eq!(j["suggestions"].as_array().map(Vec::len), Some(5));
+        assert_eq!((neat_mem(100.0), neat_mem(1500.0)), ("128M".into(), "2G".into()));
     }
 }

@@ -54,7 +54,9 @@ impl ClusterState {
             // ends as it was told to; any other stop would bring it back here.
             let restartable = matches!(
                 alloc.stop,
-                None | Some(StopReason::Drained | StopReason::Vacated | StopReason::Resize { .. })
+                None | Some(
+                    StopReason::Drained | StopReason::Vacated | StopReason::Idle | StopReason::Resize { .. }
+                )
             );
             if !restartable {
                 continue;

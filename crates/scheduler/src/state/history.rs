@@ -71,16 +71,29 @@ pub struct JobRecord {
     pub req_cpus: u32,
     #[serde(default)]
     pub req_mem_mib: u64,
-    /// What its last run used (sacct's MaxRSS and TotalCPU), as its agents reported it.
+    /// What its runs used, all attempts and tasks, as its agents measured it (sacct's MaxRSS
+    /// and TotalCPU, the GPU figures of `TRESUsageIn*`); flat, as earlier records kept
+    /// `max_rss_kib` and `cpu_ms`.
+    #[serde(flatten)]
+    pub used: crate::model::RunUsage,
+    /// The wall-clock limit it ran under (s; 0: none), its profile, GPU fraction (thousandths)
+    /// and tasks.
     #[serde(default)]
-    pub max_rss_kib: u64,
+    pub time_limit_s: u64,
     #[serde(default)]
-    pub cpu_ms: u64,
+    pub profile: crate::model::Profile,
+    #[serde(default)]
+    pub gpu_milli: u32,
+    #[serde(default)]
+    pub tasks: u32,
+    /// What the idle GPU watch said of it (empty: never idle).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub idle_note: String,
 }
 
 impl JobRecord {
-    /// The record of finished job `job`.
-    pub fn of(job: &Job) -> JobRecord {
+    /// The record of finished job `job`, which ran under a wall-clock limit of `time_limit_s`.
+    pub fn of(job: &Job, time_limit_s: u64) -> JobRecord {
         let end_ms = job.end_time_ms.unwrap_or(job.submit_time_ms);
         let gpus = job.total_gpus();
         let ran_ms = job.start_time_ms.map_or(0, |s| (end_ms - s).max(0));
@@ -107,8 +120,18 @@ impl JobRecord {
             array: job.spec.array.as_ref().filter(|a| a.id != 0).map(|a| (a.id, a.index)),
             req_cpus: job.spec.cpus,
             req_mem_mib: job.spec.mem_mib,
-            max_rss_kib: job.usage.map_or(0, |u| u.max_rss_kib),
-            cpu_ms: job.usage.map_or(0, |u| u.cpu_ms),
+            used: job.usage.unwrap_or_default(),
+            time_limit_s,
+            profile: job.spec.profile,
+            gpu_milli: job.spec.gpu_milli,
+            tasks: job.spec.tasks,
+            idle_note: job
+                .events
+                .iter()
+                .rev()
+                .find(|e| e.kind == "gpu idle")
+                .map(|e| e.message.clone())
+                .unwrap_or_default(),
         }
     }
 }
@@ -192,7 +215,8 @@ impl ClusterState {
             }
             if let Some(job) = self.jobs.remove(id) {
                 users.insert(job.spec.user.clone());
-                self.history.records.insert(job.id, JobRecord::of(&job));
+                let limit = self.time_limit_s(&job).unwrap_or(0);
+                self.history.records.insert(job.id, JobRecord::of(&job, limit));
                 purged += 1;
             }
         }

@@ -29,6 +29,7 @@ mod gpu_health;
 pub mod grant;
 mod headroom;
 pub mod history;
+pub mod idle;
 mod invariants;
 mod jobs;
 mod node_ops;
@@ -209,6 +210,9 @@ impl ClusterState {
             Op::DeletePolicyItem { kind, name } => self.delete_policy_item(*kind, name),
             Op::DeleteQos { name } => self.delete_qos(name),
             Op::RunUsage { job, attempt, node, usage } => self.run_usage(*job, *attempt, node, usage),
+            Op::RunIdle { job, attempt, node, since_ms } => {
+                self.run_idle(*job, *attempt, node, *since_ms, now)
+            }
         }
     }
 }

@@ -278,6 +278,14 @@ pub enum Op {
         node: String,
         usage: crate::model::RunUsage,
     },
+    /// The current run of `job` on `node` has had its GPUs idle (below its idle GPU rule's
+    /// threshold) since `since_ms` (the agent's clock, capped at now), or is busy again (None).
+    RunIdle {
+        job: JobId,
+        attempt: u32,
+        node: String,
+        since_ms: Option<i64>,
+    },
 }
 
 /// How a job's process ended, as its agent saw it.

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Why a run its idle GPU rule stopped was requeued.
+const IDLE_REQUEUE: &str = "its GPUs were idle (the idle GPU rule requeues)";
+
 impl ClusterState {
     pub(super) fn apply_plan(&mut self, plan: &Plan, now: i64) -> Outcome {
         let mut accepted = Vec::new();
@@ -106,7 +109,7 @@ impl ClusterState {
         job.last_checkpoint_ms = None;
         job.suspended_ms = 0;
         job.suspended_since = None;
-        job.usage = None;
+        job.gpu_idle_since = None;
         job.allocation = Some(Allocation {
             node: p.node.clone(),
             gpus: p.gpus.clone(),
@@ -274,6 +277,10 @@ impl ClusterState {
             Some(StopReason::TaskFailed) => (JobState::Failed, failure.unwrap_or_default()),
             Some(StopReason::Preempted { by, .. }) => (JobState::Cancelled, format!("preempted by job {by}")),
             Some(StopReason::Resize { by }) => return self.resized_run_ended(id, by, now),
+            Some(StopReason::Idle) => {
+                self.requeue_run(id, IDLE_REQUEUE, now);
+                return Outcome::RunUpdated { job: id, state: JobState::Pending };
+            }
             Some(StopReason::Drained | StopReason::Vacated) => {
                 self.requeue_run(id, "a node of the gang was drained", now);
                 return Outcome::RunUpdated { job: id, state: JobState::Pending };
@@ -309,6 +316,7 @@ impl ClusterState {
             StopReason::Vacated => {
                 self.requeue_run(id, "stopped to keep GPUs idle for the inference headroom", now)
             }
+            StopReason::Idle => self.requeue_run(id, IDLE_REQUEUE, now),
             _ => {
                 // A GPU failed: not the job's doing either.
                 let why = self.fault_of(id);
@@ -444,7 +452,8 @@ impl ClusterState {
 
 impl ClusterState {
     /// A note an agent records on a current run (kind and message bounded).
-    /// Keeps what the current run used (the ranks of a gang add up; the peak is the largest).
+    /// Adds what the current run used to the job's sum over its attempts and tasks (the peak is
+    /// the largest; OOM kills count for the current attempt).
     pub(super) fn run_usage(
         &mut self,
         job: JobId,
@@ -454,10 +463,7 @@ impl ClusterState {
     ) -> Outcome {
         match self.current_run(job, attempt, node) {
             Ok(j) => {
-                let u = j.usage.get_or_insert_with(Default::default);
-                u.max_rss_kib = u.max_rss_kib.max(usage.max_rss_kib);
-                u.cpu_ms = u.cpu_ms.saturating_add(usage.cpu_ms);
-                u.oom_kills = u.oom_kills.saturating_add(usage.oom_kills);
+                j.usage.get_or_insert_with(Default::default).add(attempt, usage);
                 Outcome::RunUpdated { job, state: j.state }
             }
             Err(why) => Outcome::Ignored(why),
@@ -504,7 +510,7 @@ impl ClusterState {
 }
 
 /// Whether the cluster, not the job, stopped a run for this reason (preempted, resized,
-/// drained, vacated, a failed GPU).
+/// drained, vacated, a failed GPU, idle GPUs).
 fn stopped_by_cluster(stop: &StopReason) -> bool {
     matches!(
         stop,
@@ -513,6 +519,7 @@ fn stopped_by_cluster(stop: &StopReason) -> bool {
             | StopReason::Drained
             | StopReason::Vacated
             | StopReason::GpuFailed
+            | StopReason::Idle
     )
 }
 
@@ -529,14 +536,15 @@ fn run_end(job: &Job, stop: Option<StopReason>, exit: &RunExit) -> (JobState, St
                 | StopReason::Resize { .. }
                 | StopReason::Drained
                 | StopReason::Vacated
-                | StopReason::GpuFailed,
+                | StopReason::GpuFailed
+                | StopReason::Idle,
             ),
             _,
         ) => {
             unreachable!("handled above")
         }
         (None, RunExit::Code(0)) => (JobState::Completed, String::new()),
-        (None, RunExit::Code(_) | RunExit::Signal(_)) if job.usage.is_some_and(|u| u.oom_kills > 0) => {
+        (None, RunExit::Code(_) | RunExit::Signal(_)) if job.usage.is_some_and(|u| u.oom_in(job.attempt)) => {
             let limit = job.spec.mem_mib;
             (JobState::OutOfMemory, format!("out of memory: the kernel killed it at its {limit} MiB limit"))
         }

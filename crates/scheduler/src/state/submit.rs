@@ -236,6 +236,7 @@ impl ClusterState {
             retried: 0,
             attempt_nodes: Default::default(),
             usage: None,
+            gpu_idle_since: None,
         };
         job.record(now, "submitted", format!("by \"{}\", qos \"{}\"", job.spec.user, job.spec.qos));
         if let Some(r) = request_id {
@@ -408,7 +409,7 @@ impl ClusterState {
         Outcome::Cancelled { job: id, was_running }
     }
 
-    fn cancel_one(&mut self, id: JobId, by: &str, now: i64) -> Outcome {
+    pub(super) fn cancel_one(&mut self, id: JobId, by: &str, now: i64) -> Outcome {
         let Some(job) = self.jobs.get_mut(&id) else {
             return Outcome::Rejected(Rejection::NotFound(format!("job {id} not found")));
         };

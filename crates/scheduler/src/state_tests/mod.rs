@@ -14,6 +14,7 @@ mod fits;
 mod fractions;
 mod gpu_health;
 mod headroom;
+mod idle;
 mod preempt;
 mod props;
 mod resources;
@@ -69,6 +70,7 @@ fn with_partition(mut policy: crate::policy::Policy) -> crate::policy::Policy {
         default_qos: Some("training".into()),
         max_wall_s: Some(3600),
         resources: Default::default(),
+        idle_gpu: None,
     };
     policy.partitions.insert(part.name.clone(), part);
     policy

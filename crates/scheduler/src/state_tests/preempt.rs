@@ -84,6 +84,7 @@ fn a_higher_tier_partition_preempts_a_lower_one() {
             default_qos: None,
             max_wall_s: None,
             resources: Default::default(),
+            idle_gpu: None,
         },
     );
     s.apply(&cmd(0, Op::SetPolicy { policy }));

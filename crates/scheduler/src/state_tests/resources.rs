@@ -122,14 +122,14 @@ fn partition_defaults_fill_in_and_its_maxima_refuse() {
 fn an_exit_after_the_oom_killer_struck_ends_out_of_memory_and_history_keeps_the_usage() {
     let mut s = small_node();
     let id = start(&mut s, with(1, 1, 256, "batch"), 10);
-    let usage = RunUsage { max_rss_kib: 262_144, cpu_ms: 1500, oom_kills: 1 };
+    let usage = RunUsage { max_rss_kib: 262_144, cpu_ms: 1500, oom_kills: 1, ..Default::default() };
     s.apply(&cmd(11, Op::RunUsage { job: id, attempt: 0, node: "n1".into(), usage }));
     s.apply(&cmd(12, Op::JobExited { job: id, attempt: 0, node: "n1".into(), exit: RunExit::Signal(9) }));
     let job = &s.jobs[&id];
     assert_eq!(job.state, JobState::OutOfMemory);
     assert!(job.reason.contains("256 MiB"), "{}", job.reason);
-    let r = crate::state::history::JobRecord::of(job);
-    assert_eq!((r.req_cpus, r.req_mem_mib, r.max_rss_kib, r.cpu_ms), (1, 256, 262_144, 1500));
+    let r = crate::state::history::JobRecord::of(job, 0);
+    assert_eq!((r.req_cpus, r.req_mem_mib, r.used.max_rss_kib, r.used.cpu_ms), (1, 256, 262_144, 1500));
     // Without the OOM killer the same signal is a plain failure.
     let other = start(&mut s, with(1, 1, 256, "batch"), 20);
     s.apply(&cmd(21, Op::JobExited { job: other, attempt: 0, node: "n1".into(), exit: RunExit::Signal(9) }));
@@ -169,4 +169,76 @@ fn fairshare_charges_cpus_and_memory_at_their_billing_weights() {
         matches!(s.apply(&cmd(2, Op::SetPolicy { policy })), Outcome::Rejected(_)),
         "nothing charged at all"
     );
+}
+
+#[test]
+fn usage_adds_up_over_attempts_and_ranks_and_an_earlier_attempt_s_oom_is_not_the_current_one_s() {
+    let mut s = small_node();
+    let id = start(&mut s, with(1, 1, 256, "batch"), 10);
+    let gpu = |busy, max, mem| RunUsage {
+        cpu_ms: 1000,
+        wall_ms: 10_000,
+        gpu_ms: 10_000,
+        gpu_busy_ms: busy,
+        gpu_util_max_pct: max,
+        gpu_util_p95_pct: max,
+        gpu_mem_max_mib: mem,
+        gpu_mem_device_mib: 81_920,
+        samples: 10,
+        ..Default::default()
+    };
+    let first = RunUsage { oom_kills: 1, max_rss_kib: 100, ..gpu(8_000, 80, 30_000) };
+    s.apply(&cmd(11, Op::RunUsage { job: id, attempt: 0, node: "n1".into(), usage: first }));
+    // The first attempt ends on a GPU fault: requeued, then runs again.
+    s.apply(&cmd(
+        12,
+        Op::GpuFault { node: "n1".into(), gpu: 0, uuid: "GPU-n1-0".into(), reason: "XID 79".into() },
+    ));
+    s.apply(&cmd(13, Op::JobExited { job: id, attempt: 0, node: "n1".into(), exit: RunExit::Signal(15) }));
+    assert_eq!((s.jobs[&id].state, s.jobs[&id].attempt), (JobState::Pending, 1));
+    super::run_plan(&mut s, 14);
+    let second = RunUsage { max_rss_kib: 50, ..gpu(0, 3, 1_000) };
+    s.apply(&cmd(15, Op::RunUsage { job: id, attempt: 1, node: "n1".into(), usage: second }));
+    s.apply(&cmd(16, Op::JobExited { job: id, attempt: 1, node: "n1".into(), exit: RunExit::Code(1) }));
+    let job = &s.jobs[&id];
+    assert_eq!(job.state, JobState::Failed, "attempt 0's OOM kill is not attempt 1's: {}", job.reason);
+    let u = job.usage.unwrap();
+    assert_eq!((u.cpu_ms, u.wall_ms, u.gpu_ms, u.gpu_busy_ms, u.samples), (2000, 20_000, 20_000, 8_000, 20));
+    assert_eq!((u.gpu_util_max_pct, u.gpu_mem_max_mib, u.max_rss_kib, u.oom_kills), (80, 30_000, 100, 0));
+}
+
+#[test]
+fn a_run_s_usage_record_in_the_log_stays_under_256_bytes() {
+    // A week on 8 GPUs and 64 cores, sampled every 10 s, on a node with a long name.
+    let week_ms = 7 * 24 * 3_600_000;
+    let usage = RunUsage {
+        max_rss_kib: 512 << 20,
+        cpu_ms: 64 * week_ms,
+        oom_kills: 0,
+        oom_attempt: 0,
+        wall_ms: week_ms,
+        gpu_ms: 8 * week_ms,
+        gpu_busy_ms: 8 * week_ms - 1,
+        gpu_util_max_pct: 100,
+        gpu_util_p95_pct: 99,
+        gpu_mem_max_mib: 143_771,
+        gpu_mem_device_mib: 143_771,
+        samples: (week_ms / 10_000) as u32,
+    };
+    let op = Op::RunUsage { job: 1 << 40, attempt: 12, node: "gpu-h200-rack12-node034".into(), usage };
+    let bytes = serde_json::to_vec(&cmd(1_800_000_000_000, op)).unwrap();
+    assert!(bytes.len() < 256, "{} bytes: {}", bytes.len(), String::from_utf8_lossy(&bytes));
+}
+
+#[test]
+fn usage_recorded_under_the_earlier_names_still_reads() {
+    let old: RunUsage = serde_json::from_str(r#"{"max_rss_kib":5,"cpu_ms":6,"oom_kills":1}"#).unwrap();
+    assert_eq!((old.max_rss_kib, old.cpu_ms, old.oom_kills, old.gpu_ms), (5, 6, 1, 0));
+    let record: crate::state::history::JobRecord = serde_json::from_str(
+        r#"{"id":1,"name":"","user":"u","account":"a","partition":"p","qos":"q","state":"Completed",
+            "reason":"","exit_code":0,"signal":null,"gpus":1,"node":"n","submit_ms":0,"start_ms":1,
+            "end_ms":2,"attempts":1,"preemptions":0,"gpu_seconds":0,"max_rss_kib":7,"cpu_ms":8}"#,
+    )
+    .unwrap();
+    assert_eq!((record.used.max_rss_kib, record.used.cpu_ms, record.time_limit_s), (7, 8, 0));
 }

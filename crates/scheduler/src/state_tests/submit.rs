@@ -539,6 +539,7 @@ fn accounts_and_partitions_are_put_and_deleted_one_at_a_time_and_validated_whole
         default_qos: None,
         max_wall_s: None,
         resources: Default::default(),
+        idle_gpu: None,
     });
     assert_eq!(put(&mut s, part, None), Outcome::PolicyChanged);
     assert!(s.policy.accounts.contains_key("vision") && s.policy.partitions.contains_key("fast"));

@@ -167,6 +167,7 @@ pub fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
             default_qos: None,
             max_wall_s: None,
             resources: Default::default(),
+            idle_gpu: None,
         },
     );
     let c = Command { skipped_ms: 0, now_ms: 0, op: Op::SetPolicy { policy } };

@@ -86,6 +86,8 @@ pub const ROUTES: &[Route] = &[
           "the job each time it changes (server-sent events), until it ends"),
     route("GET", "/api/v1/jobs/{job_id}/logs", "/kairos.v1.JobService/StreamLogs", Reply::Text,
           "the job's output (`follow=true`: as it is written)"),
+    route("GET", "/api/v1/jobs/{job_id}/usage", "/kairos.v1.JobService/JobUsage", Reply::Json,
+          "what the job's current run uses, measured on its node: totals and a bounded series"),
     route("GET", "/api/v1/history", "/kairos.v1.JobService/ListHistory", Reply::Json,
           "accounting: jobs live in a window, finished ones included"),
     route("GET", "/api/v1/nodes", "/kairos.v1.AdminService/ListNodes", Reply::Json,
