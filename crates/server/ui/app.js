@@ -418,11 +418,15 @@ function jobView(id) {
     drawJob(holder, j);
     // Its usage once it has started (and again after each new start: a requeued run).
     let measured = "";
+    let following = null;
     const measure = (job) => {
       const run = `${job.attempt || 0}@${job.start_time_ms || 0}`;
       if (!Number(job.start_time_ms) || run === measured) return;
       measured = run;
-      followUsage(id, usage, ctl.signal);
+      if (following) following.abort(); // the earlier run's
+      following = new AbortController();
+      ctl.signal.addEventListener("abort", () => following.abort(), { once: true });
+      followUsage(id, usage, following.signal);
     };
     usage.replaceChildren(h("p", { class: "muted" }, "Not started: nothing measured yet."));
     measure(j);
@@ -512,9 +516,9 @@ function drawUsage(el, u) {
       `peak GPU memory ${(Number(t.gpu_mem_max_mib || 0) / 1024).toFixed(1)} GiB · peak host memory ${(Number(u.max_rss_kib || 0) / 1048576).toFixed(1)} GiB`),
     gpus.length ? chart("usage-gpu-util", "GPU utilisation (%)", gpus.map((g) => ({ name: `GPU ${g}`, points: perGpu[g].util })), 100, " %") : null,
     gpus.length ? chart("usage-gpu-mem", "GPU memory (GiB)", gpus.map((g) => ({ name: `GPU ${g}`, points: perGpu[g].mem.map(([x, v]) => [x, +v.toFixed(1)]) })), memMax, " GiB") : null,
-    chart("usage-host", "CPU cores and host memory (GiB)", [
-      { name: "cores", points: cores }, { name: "memory", points: host.map(([x, v]) => [x, +v.toFixed(2)]) },
-    ], Math.max(1, ...cores.map((p) => p[1]), ...host.map((p) => p[1])), ""),
+    chart("usage-cpu", "CPU cores", [{ name: "cores", points: cores }], Math.max(1, ...cores.map((p) => p[1])), ""),
+    chart("usage-mem", "Host memory (GiB)", [{ name: "memory", points: host.map(([x, v]) => [x, +v.toFixed(2)]) }],
+      Math.max(1, ...host.map((p) => p[1])), " GiB"),
   );
 }
 
