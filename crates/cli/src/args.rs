@@ -1,5 +1,24 @@
-//! Parsing of the command line's values (durations, GPU counts, KEY=VALUE) and the request ids
-//! that make retried calls idempotent.
+//! Parsing of the command line's values (durations, times, GPU counts, KEY=VALUE) and the
+//! request ids that make retried calls idempotent.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Now, in Unix ms (what `--since 2h` counts back from).
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// A `--since`/`--until` value in Unix ms: a time ago, a date, or an RFC 3339 time.
+pub fn parse_when(s: &str, now: i64) -> Result<i64, String> {
+    let s = s.trim();
+    if let Ok(ago) = humantime::parse_duration(s) {
+        return Ok(now - ago.as_millis() as i64);
+    }
+    let full = if s.len() == 10 { format!("{s}T00:00:00Z") } else { s.to_string() };
+    humantime::parse_rfc3339_weak(&full)
+        .map(|t| t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0))
+        .map_err(|_| format!("cannot parse \"{s}\" (use e.g. 2h, 7d, 2026-11-30 or 2026-11-30T08:00:00Z)"))
+}
 
 /// Parses a wall-clock limit into seconds: Slurm's forms (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`,
 /// `D-H:M:S`) or a human one (`90s`, `30m`, `2h`, `1h30m`, `2d`).

@@ -1,12 +1,13 @@
 //! `kairos history`: accounting, like Slurm's sacct — finished jobs (also those purged from the
 //! live state into the history) and unfinished ones, filtered by time, user, account and state.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use clap::Args;
 use kairos_proto::v1 as pb;
 use serde_json::{json, Value};
 
+use crate::args::{now_ms, parse_when};
 use crate::client::Client;
 use crate::insight::figures;
 use crate::output::{job_state_name, print_json, table, time_json};
@@ -87,22 +88,6 @@ const DEFAULT: [&str; 14] = [
     "GPU_SECONDS",
     "PREEMPTIONS",
 ];
-
-pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
-
-/// A `--since`/`--until` value in Unix ms: a time ago, a date, or an RFC 3339 time.
-pub fn parse_when(s: &str, now: i64) -> Result<i64, String> {
-    let s = s.trim();
-    if let Ok(ago) = humantime::parse_duration(s) {
-        return Ok(now - ago.as_millis() as i64);
-    }
-    let full = if s.len() == 10 { format!("{s}T00:00:00Z") } else { s.to_string() };
-    humantime::parse_rfc3339_weak(&full)
-        .map(|t| t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0))
-        .map_err(|_| format!("cannot parse \"{s}\" (use e.g. 2h, 7d, 2026-11-30 or 2026-11-30T08:00:00Z)"))
-}
 
 fn elapsed_s(r: &pb::JobRecord, now: i64) -> i64 {
     match (r.start_time_ms, r.end_time_ms) {

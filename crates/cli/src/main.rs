@@ -99,8 +99,9 @@ enum Cmd {
     /// What a job used against what it asked for (like seff): GPUs, GPU memory, CPUs, memory,
     /// wall time, with what it could ask for instead.
     Eff {
-        /// The job's id.
-        id: u64,
+        /// The job's id, or an array task as ARRAY_INDEX (e.g. 41_3).
+        #[arg(value_parser = args::parse_job_ref)]
+        id: (u64, Option<u32>),
     },
     /// A running job's usage as its node measures it, refreshed: per GPU its utilisation and
     /// memory with their history, CPU cores and memory.
@@ -295,7 +296,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Queue(args) => jobs::queue(client, json, args).await,
         Cmd::Show { id } => jobs::show(client, json, jobs::resolve(client, id).await?).await,
         Cmd::History(args) => history::history(client, json, args).await,
-        Cmd::Eff { id } => insight::eff::eff(client, json, id).await,
+        Cmd::Eff { id } => insight::eff::eff(client, json, jobs::resolve(client, id).await?).await,
         Cmd::Top(args) => insight::top::top(client, json, args).await,
         Cmd::Report { command: ReportCmd::Usage(args) } => insight::report::report(client, json, args).await,
         Cmd::Cancel(args) => jobs::cancel(client, json, args).await,

@@ -328,6 +328,9 @@ pub fn print_job_details(job: &pb::Job) {
     if job.purged {
         println!("{:>13}: past the retention; only its history record is kept", "purged");
     }
+    if job.gpu_idle_since_ms > 0 {
+        println!("{:>13}: GPUs idle since {}", "idle", text(&time_json(job.gpu_idle_since_ms)));
+    }
     if !job.events.is_empty() {
         println!("{:>13}:", "events");
         for e in &job.events {
@@ -408,5 +411,23 @@ pub fn print_list<T>(
         print_json(&serde_json::Value::Array(items.iter().map(to_json).collect()));
     } else {
         table(header, &items.iter().map(to_row).collect::<Vec<_>>());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_whose_gpus_are_idle_is_marked_in_the_reason_column_and_its_json() {
+        let mut job = pb::Job { id: 4, state: pb::JobState::Running as i32, ..Default::default() };
+        assert_eq!(job_row(&job)[7], "-", "no reason: a dash");
+        assert_eq!(job_json(&job)["gpu_idle_since"], Value::Null);
+        job.gpu_idle_since_ms = 1_764_547_200_000;
+        assert_eq!(job_row(&job)[7], "GPUs idle");
+        assert_eq!(job_row(&job).len(), JOB_HEADER.len(), "the columns stay as they were");
+        assert_eq!(job_json(&job)["gpu_idle_since"], "2025-12-01T00:00:00.000Z");
+        job.reason = "held by admin".into();
+        assert_eq!(job_row(&job)[7], "GPUs idle; held by admin");
     }
 }

@@ -47,6 +47,19 @@ pub async fn policy_command(client: &Client, command: PolicyCmd) -> anyhow::Resu
                 let checked = kairos_convert::policy::policy_from_pb(policy.clone())
                     .map_err(|e| anyhow::anyhow!("{}: {}", file.display(), e.message()))?;
                 checked.validate().map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+                // What it would change in the cluster's policy, where the caller may read it
+                // (without a cluster in reach the check stands alone).
+                let wait = std::time::Duration::from_secs(3);
+                match tokio::time::timeout(wait, get_policy(client)).await {
+                    Ok(Ok(current)) => {
+                        for change in policy_file::changes(&current, &policy).map_err(anyhow::Error::msg)? {
+                            println!("{change}");
+                        }
+                    }
+                    _ => {
+                        println!("(the cluster's policy could not be read: what would change is not listed)")
+                    }
+                }
                 println!("policy valid: {} qos classes (dry run: nothing applied)", checked.qos.len());
                 return Ok(0);
             }

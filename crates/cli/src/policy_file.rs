@@ -331,6 +331,39 @@ pub fn one_line(e: toml::de::Error) -> String {
     }
 }
 
+/// The settings that differ between two policies, as `key: old → new` lines (keys dotted as
+/// the file's tables, e.g. `qos.training.max_wall`), for `policy apply --dry-run`.
+pub fn changes(from: &pb::Policy, to: &pb::Policy) -> Result<Vec<String>, String> {
+    let flat = |p: &pb::Policy| -> Result<BTreeMap<String, String>, String> {
+        let value = toml::Value::try_from(PolicyFile::from_pb(p)).map_err(|e| e.to_string())?;
+        let mut out = BTreeMap::new();
+        flatten("", &value, &mut out);
+        Ok(out)
+    };
+    let (a, b) = (flat(from)?, flat(to)?);
+    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    let none = String::from("(unset)");
+    Ok(keys
+        .into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| format!("{k}: {} → {}", a.get(k).unwrap_or(&none), b.get(k).unwrap_or(&none)))
+        .collect())
+}
+
+fn flatten(at: &str, v: &toml::Value, out: &mut BTreeMap<String, String>) {
+    match v {
+        toml::Value::Table(t) => {
+            for (k, v) in t {
+                let key = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
+                flatten(&key, v, out);
+            }
+        }
+        other => {
+            out.insert(at.to_string(), other.to_string());
+        }
+    }
+}
+
 impl PolicyFile {
     /// A size as the policy file writes it (MiB, "M").
     fn mib_text(m: u64) -> String {
@@ -648,6 +681,26 @@ max_wall = "1day"
         let bad =
             PolicyFile::parse("[partitions.p]\nmax_mem_per_node = \"lots\"\n").unwrap().to_pb().unwrap_err();
         assert!(bad.starts_with("partitions.p.max_mem_per_node"), "{bad}");
+    }
+
+    #[test]
+    fn a_dry_run_lists_the_settings_that_would_change() {
+        let before = PolicyFile::parse(EXAMPLE).unwrap().to_pb().unwrap();
+        let text = EXAMPLE.replace(
+            "max_wall = \"2h\"",
+            "max_wall = \"30m\"\nidle_gpu = { after = \"30m\", below = 0.05, action = \"notify\" }",
+        );
+        let after = PolicyFile::parse(&text).unwrap().to_pb().unwrap();
+        assert_eq!(
+            changes(&before, &after).unwrap(),
+            [
+                "qos.inference.idle_gpu.action: (unset) → \"notify\"",
+                "qos.inference.idle_gpu.after: (unset) → \"30m\"",
+                "qos.inference.idle_gpu.below: (unset) → 0.05",
+                "qos.inference.max_wall: \"2h\" → \"30m\"",
+            ]
+        );
+        assert_eq!(changes(&after, &after).unwrap(), Vec::<String>::new());
     }
 
     #[test]

@@ -412,13 +412,28 @@ function jobView(id) {
   view = { stop() { ctl.abort(); if (watch) watch.close(); } };
   const log = h("pre", { class: "log", id: "log", "aria-live": "off", tabindex: "0" }, "");
   const holder = h("div", { id: "job" }, h("p", { class: "muted" }, "Loading…"));
-  setMain(`Job ${id}`, holder, h("h2", {}, "Log tail"), log);
+  const usage = h("div", { id: "usage" }, h("p", { class: "muted" }, "Loading…"));
+  setMain(`Job ${id}`, holder, h("h2", {}, "Measured usage"), usage, h("h2", {}, "Log tail"), log);
   api(`/api/v1/jobs/${id}`, { signal: ctl.signal }).then((j) => {
     drawJob(holder, j);
+    // Its usage once it has started (and again after each new start: a requeued run).
+    let measured = "";
+    let following = null;
+    const measure = (job) => {
+      const run = `${job.attempt || 0}@${job.start_time_ms || 0}`;
+      if (!Number(job.start_time_ms) || run === measured) return;
+      measured = run;
+      if (following) following.abort(); // the earlier run's
+      following = new AbortController();
+      ctl.signal.addEventListener("abort", () => following.abort(), { once: true });
+      followUsage(id, usage, following.signal);
+    };
+    usage.replaceChildren(h("p", { class: "muted" }, "Not started: nothing measured yet."));
+    measure(j);
     if (!TERMINAL.includes(stateOf(j))) {
       // The job each time it changes, until it ends.
       watch = new EventSource(`/api/v1/jobs/${id}/events`);
-      watch.onmessage = (ev) => drawJob(holder, JSON.parse(ev.data));
+      watch.onmessage = (ev) => { const next = JSON.parse(ev.data); drawJob(holder, next); measure(next); };
       watch.onerror = () => { watch.close(); };
     }
     followLog(id, log, ctl.signal);
@@ -431,6 +446,96 @@ function jobView(id) {
       setMain("404 — Not found", h("p", { role: "alert" }, e.message));
     } else holder.replaceChildren(failure(e));
   });
+}
+
+// ---------- measured usage ----------
+
+const USAGE_MS = 5000;
+const SVG = "http://www.w3.org/2000/svg";
+const LINE_COLOURS = ["#0a4fa8", "#1b6e2e", "#a4161a", "#8a5a00", "#6a3d9a", "#0b7285", "#c2255c", "#495057"];
+
+/** An SVG element (attributes set one by one; nothing parsed as markup). */
+function s(tag, attrs, ...children) {
+  const el = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, String(v));
+  for (const c of children) el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return el;
+}
+
+/**
+ * A line chart: one polyline per series (points [t, v]), time across, 0..max up, with a
+ * caption and a legend. The chart is described in its title for screen readers.
+ */
+function chart(id, caption, lines, max, unit) {
+  const W = 640, H = 160, L = 44, B = 18;
+  const ts = lines.flatMap((l) => l.points.map((p) => p[0]));
+  const t0 = Math.min(...ts), t1 = Math.max(...ts);
+  const x = (t) => L + (t1 > t0 ? ((t - t0) / (t1 - t0)) * (W - L - 4) : 0);
+  const y = (v) => 4 + (H - B - 4) * (1 - Math.min(v, max) / (max || 1));
+  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", id },
+    s("title", {}, `${caption}: ${lines.map((l) => `${l.name} latest ${l.points.at(-1)?.[1] ?? "–"}${unit}`).join(", ")}`),
+    s("line", { x1: L, y1: y(0), x2: W - 4, y2: y(0), stroke: "#8a94a6" }),
+    s("line", { x1: L, y1: y(max), x2: W - 4, y2: y(max), stroke: "#d0d4da" }),
+    s("text", { x: L - 4, y: y(max) + 4, "text-anchor": "end", "font-size": 11 }, `${Math.round(max)}${unit}`),
+    s("text", { x: L - 4, y: y(0), "text-anchor": "end", "font-size": 11 }, `0${unit}`));
+  lines.forEach((l, i) => {
+    const pts = l.points.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
+    svg.append(s("polyline", { points: pts, fill: "none", stroke: LINE_COLOURS[i % LINE_COLOURS.length], "stroke-width": 2, "data-series": l.name }));
+  });
+  const legend = h("p", { class: "legend" }, lines.map((l, i) =>
+    h("span", { class: `c${i % LINE_COLOURS.length}` }, `${l.name}: ${l.points.at(-1)?.[1] ?? "–"}${unit}`)));
+  return h("figure", { class: "usage" }, h("figcaption", {}, caption), svg, legend);
+}
+
+/** The series (a UsageSeries as JSON) as charts and a summary. */
+function drawUsage(el, u) {
+  const samples = u.samples || [];
+  if (!samples.length) {
+    el.replaceChildren(h("p", { class: "muted" }, u.running ? "No sample yet." : "No samples were kept."));
+    return;
+  }
+  const perGpu = {};
+  for (const sm of samples) {
+    for (const g of sm.gpus || []) {
+      const k = Number(g.gpu || 0);
+      (perGpu[k] ||= { util: [], mem: [] });
+      perGpu[k].util.push([Number(sm.time_ms), Number(g.util_pct || 0)]);
+      perGpu[k].mem.push([Number(sm.time_ms), Number(g.mem_mib || 0) / 1024]);
+    }
+  }
+  const gpus = Object.keys(perGpu).sort((a, b) => a - b);
+  const t = u.totals || {};
+  const device = Number(t.gpu_mem_device_mib || 0) / 1024;
+  const memMax = Math.max(device, ...gpus.flatMap((g) => perGpu[g].mem.map((p) => p[1])), 1);
+  const host = samples.map((sm) => [Number(sm.time_ms), Number(sm.mem_kib || 0) / 1048576]);
+  const cores = samples.map((sm) => [Number(sm.time_ms), Number(sm.cpu_milli || 0) / 1000]);
+  const busy = Number(t.gpu_ms) ? (100 * Number(t.gpu_busy_ms || 0) / Number(t.gpu_ms)).toFixed(1) : "–";
+  el.replaceChildren(
+    h("p", { id: "usage-summary" }, `${u.running ? "Running" : "Ended"} on ${u.node || "–"} (attempt ${u.attempt || 0}), ` +
+      `sampled every ${Number(u.interval_ms || 0) / 1000} s · GPU utilisation mean ${busy} %, max ${t.gpu_util_max_pct || 0} % · ` +
+      `peak GPU memory ${(Number(t.gpu_mem_max_mib || 0) / 1024).toFixed(1)} GiB · peak host memory ${(Number(u.max_rss_kib || 0) / 1048576).toFixed(1)} GiB`),
+    gpus.length ? chart("usage-gpu-util", "GPU utilisation (%)", gpus.map((g) => ({ name: `GPU ${g}`, points: perGpu[g].util })), 100, " %") : null,
+    gpus.length ? chart("usage-gpu-mem", "GPU memory (GiB)", gpus.map((g) => ({ name: `GPU ${g}`, points: perGpu[g].mem.map(([x, v]) => [x, +v.toFixed(1)]) })), memMax, " GiB") : null,
+    chart("usage-cpu", "CPU cores", [{ name: "cores", points: cores }], Math.max(1, ...cores.map((p) => p[1])), ""),
+    chart("usage-mem", "Host memory (GiB)", [{ name: "memory", points: host.map(([x, v]) => [x, +v.toFixed(2)]) }],
+      Math.max(1, ...host.map((p) => p[1])), " GiB"),
+  );
+}
+
+/** Draws the job's usage series into `el`, refreshed every USAGE_MS while its run runs. */
+async function followUsage(id, el, signal) {
+  while (!signal.aborted) {
+    try {
+      const u = await api(`/api/v1/jobs/${id}/usage`, { signal });
+      drawUsage(el, u);
+      if (!u.running) return;
+    } catch (e) {
+      if (e.name === "AbortError") return;
+      el.replaceChildren(h("p", { class: "muted" }, `(no usage: ${e.message})`));
+      if (e.status === 404 || e.status === 403 || e.status === 400) return;
+    }
+    await new Promise((done) => { const t = setTimeout(done, USAGE_MS); signal.addEventListener("abort", () => { clearTimeout(t); done(); }, { once: true }); });
+  }
 }
 
 /** Streams the job's output into `pre`, keeping the last LOG_LINES lines. */

@@ -48,11 +48,14 @@ pub enum Change {
 }
 
 pub async fn advise(client: &Client, args: AdviseArgs) -> anyhow::Result<i32> {
-    let now = crate::history::now_ms();
-    let since = crate::history::parse_when(&args.since, now).map_err(|e| anyhow::anyhow!("--since: {e}"))?;
+    let now = crate::args::now_ms();
+    let since = crate::args::parse_when(&args.since, now).map_err(|e| anyhow::anyhow!("--since: {e}"))?;
     let records =
         super::records(client, pb::ListHistoryRequest { since_ms: since, ..Default::default() }).await?;
-    let policy = crate::policy::get_policy(client).await?;
+    let policy = client
+        .admin(pb::GetPolicyRequest {}, |mut c, r| async move { c.get_policy(r).await })
+        .await?
+        .into_inner();
     let nodes = client
         .admin(pb::ListNodesRequest {}, |mut c, r| async move { c.list_nodes(r).await })
         .await?

@@ -59,10 +59,10 @@ pub struct Row {
 }
 
 pub async fn report(client: &Client, json: bool, args: ReportArgs) -> anyhow::Result<i32> {
-    let now = crate::history::now_ms();
-    let since = crate::history::parse_when(&args.since, now).map_err(|e| anyhow::anyhow!("--since: {e}"))?;
+    let now = crate::args::now_ms();
+    let since = crate::args::parse_when(&args.since, now).map_err(|e| anyhow::anyhow!("--since: {e}"))?;
     let until = match &args.until {
-        Some(s) => crate::history::parse_when(s, now).map_err(|e| anyhow::anyhow!("--until: {e}"))?,
+        Some(s) => crate::args::parse_when(s, now).map_err(|e| anyhow::anyhow!("--until: {e}"))?,
         None => 0,
     };
     let records = super::records(
