@@ -322,7 +322,7 @@ pub struct FakeInventory {
     /// Every GPU in MIG mode with this layout (`--fake-mig`).
     pub mig: Option<FakeMig>,
     /// What the GPUs are doing, set by an operator's file (`--fake-gpu-usage`).
-    pub usage: Option<crate::usage::fake::FakeUsageFile>,
+    pub usage: Option<crate::fake_usage::FakeUsageFile>,
 }
 
 /// A MIG layout of the fake backend: `count` instances of one profile per GPU.

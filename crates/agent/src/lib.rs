@@ -14,6 +14,7 @@ pub mod audit;
 pub mod cdi;
 pub mod cgroup;
 pub mod cgroup_limits;
+pub mod fake_usage;
 pub mod container;
 mod container_child;
 pub mod decide;

@@ -218,7 +218,7 @@ fn inventory(args: &Args, name: &str) -> anyhow::Result<Box<dyn GpuInventory>> {
             FakeInventory::parse(name, &args.fake_gpus, &args.fake_gpu_model, args.fake_gpu_memory_mib)?;
         inv.faults = args.fake_gpu_faults.clone();
         inv.mig = args.fake_mig.as_deref().map(kairos_agent::gpu::FakeMig::parse).transpose()?;
-        inv.usage = args.fake_gpu_usage.clone().map(kairos_agent::usage::fake::FakeUsageFile::new);
+        inv.usage = args.fake_gpu_usage.clone().map(kairos_agent::fake_usage::FakeUsageFile::new);
         Ok(Box::new(inv))
     };
     match args.gpu_backend {

@@ -15,7 +15,7 @@ pub fn run(gpus: u32, runs: u32, ticks: u32, interval: Duration) -> anyhow::Resu
     let lines: String = (0..gpus).map(|g| format!("{g} {} {}\n", 10 + g * 10, 1000 * (g + 1))).collect();
     std::fs::write(&file, lines)?;
     let mut inv = FakeInventory::parse("bench", &gpus.to_string(), "H100", 81_920)?;
-    inv.usage = Some(kairos_agent::usage::fake::FakeUsageFile::new(file));
+    inv.usage = Some(kairos_agent::fake_usage::FakeUsageFile::new(file));
     let offered = inv.discover()?;
     let usage = Usage::default();
     for r in 0..runs {

@@ -18,7 +18,6 @@ use kairos_proto::v1 as pb;
 
 use crate::decide::RunKey;
 
-pub mod fake;
 pub mod meter;
 pub mod sampler;
 
