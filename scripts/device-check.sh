@@ -20,7 +20,7 @@ ctl=$!
 sleep 2
 "$B/kairos-agent" --controllers 127.0.0.1:7001 --addr 127.0.0.1:7101 --state-dir "$D/a" --name gpu-node \
   --gpu-backend nvml --join-token-file "$D/c/join.token" --run-as agent \
-  --metrics-addr 127.0.0.1:9101 --hpc-job-mapping-dir "$D/map" > "$OUT/agent.log" 2>&1 &
+  --metrics-addr 127.0.0.1:9101 --hpc-job-mapping-dir "$D/map" --usage-interval 1s > "$OUT/agent.log" 2>&1 &
 agent=$!
 sleep 3
 export KAIROS_TOKEN_FILE="$D/c/admin.token"
@@ -36,8 +36,17 @@ sleep 8
 get 9101 /metrics > "$OUT/agent-metrics.txt" 2>&1
 get 9001 /metrics > "$OUT/kairosd-metrics.txt" 2>&1
 { ls -l "$D/map"; for f in "$D"/map/*; do echo "$f: $(cat "$f")"; done; } > "$OUT/job-mapping.txt" 2>&1
+# What nvidia-smi sees of the GPU's memory while the job runs, beside what kairos measured.
+nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/smi-during-run.txt" 2>&1 &
+smi=$!
+K top "$id" --once > "$OUT/top.txt" 2>&1
 K wait "$id" >> "$OUT/job.txt" 2>&1; echo "wait exit $?" >> "$OUT/job.txt"
+kill "$smi" 2>/dev/null
 K logs "$id" >> "$OUT/job.txt" 2>&1
+# Issue 52: GPU_UTIL > 50 % for a real kernel, GPU_MEM_MAX within 5 % of nvidia-smi's peak.
+K history --format id,GPU_UTIL,GPU_UTIL_MAX,GPU_MEM_MAX,CPU_EFF > "$OUT/usage.txt" 2>&1
+K history --json > "$OUT/history.json" 2>&1
+K eff "$id" > "$OUT/eff.txt" 2>&1
 if [ -n "${IMAGE:-}" ]; then
   # A container job on the real GPU as a real user (IMAGE: an OCI layout with busybox): it
   # enters its user, mount and PID namespaces as that user, its GPU's device nodes bound in
