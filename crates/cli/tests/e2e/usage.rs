@@ -183,8 +183,10 @@ fn an_idle_job_is_requeued_through_its_checkpoint_within_an_interval_and_a_busy_
     );
     // Its checkpoint was kept: the new attempt resumed past step 0.
     let logs = wait_for("the resumed attempt's first line", || {
-        let l = c.ok(&["logs", &a.to_string()]);
-        l.contains("attempt 1").then_some(l)
+        // The new attempt's log exists once its agent launched it.
+        let out = c.kairos(&["logs", &a.to_string()]);
+        let l = String::from_utf8_lossy(&out.stdout).to_string();
+        (out.status.success() && l.contains("attempt 1")).then_some(l)
     });
     let from: u64 = logs
         .split("attempt 1 from step ")
