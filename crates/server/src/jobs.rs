@@ -233,19 +233,9 @@ impl JobService for JobApi {
         let id = check_id(request.get_ref().job_id)?;
         self.authorize(&me, id)?;
         let found = self.ctx.replica.read(|a| {
-            let job =
-                a.state.jobs.get(&id).ok_or_else(|| Status::not_found(format!("job {id} not found")))?;
-            if job.last_node.is_empty() {
-                return Err(Status::failed_precondition(format!(
-                    "job {id} has not started yet; nothing measured"
-                )));
-            }
-            let node = a
-                .state
-                .nodes
-                .get(&job.last_node)
-                .ok_or_else(|| Status::unavailable(format!("node \"{}\" is unknown", job.last_node)))?;
-            Ok((node.info.clone(), node.epoch, job.attempt, job.submit_time_ms))
+            let job = started_job(&a.state, id, "nothing measured")?;
+            let (node, epoch) = node_of(&a.state, &job.last_node)?;
+            Ok((node, epoch, job.attempt, job.submit_time_ms))
         });
         let (node, epoch, attempt, submit_time_ms) = self.redirect_unknown(found)?;
         let body = pb::UsageRequest { job_id: id, attempt, submit_time_ms };
@@ -462,13 +452,7 @@ impl JobService for JobApi {
         let id = check_id(req.job_id)?;
         self.authorize(&me, id)?;
         let found = self.ctx.replica.read(|a| {
-            let job =
-                a.state.jobs.get(&id).ok_or_else(|| Status::not_found(format!("job {id} not found")))?;
-            if job.last_node.is_empty() {
-                return Err(Status::failed_precondition(format!(
-                    "job {id} has not started yet; it has no logs"
-                )));
-            }
+            let job = started_job(&a.state, id, "it has no logs")?;
             let (attempt, ran_on) = match req.read_attempt {
                 None => (job.attempt, &job.last_node),
                 Some(n) if n > job.attempt => {
@@ -487,12 +471,8 @@ impl JobService for JobApi {
                     }
                 },
             };
-            let node = a
-                .state
-                .nodes
-                .get(ran_on)
-                .ok_or_else(|| Status::unavailable(format!("node \"{ran_on}\" is unknown")))?;
-            Ok((node.info.clone(), node.epoch, attempt, job.attempt, job.submit_time_ms))
+            let (node, epoch) = node_of(&a.state, ran_on)?;
+            Ok((node, epoch, attempt, job.attempt, job.submit_time_ms))
         });
         let (node, epoch, attempt, current, submit_time_ms) = self.redirect_unknown(found)?;
         req.attempt = attempt;
@@ -523,6 +503,30 @@ impl JobService for JobApi {
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
+}
+
+/// Job `id` in the live state, once it has run somewhere (else why not: `nothing`, e.g. "it
+/// has no logs").
+fn started_job<'a>(
+    state: &'a kairos_scheduler::ClusterState,
+    id: JobId,
+    nothing: &str,
+) -> Result<&'a kairos_scheduler::model::Job, Status> {
+    let job = state.jobs.get(&id).ok_or_else(|| Status::not_found(format!("job {id} not found")))?;
+    if job.last_node.is_empty() {
+        return Err(Status::failed_precondition(format!("job {id} has not started yet; {nothing}")));
+    }
+    Ok(job)
+}
+
+/// Node `name`'s address and credential epoch, to reach its agent.
+fn node_of(
+    state: &kairos_scheduler::ClusterState,
+    name: &str,
+) -> Result<(kairos_scheduler::model::NodeInfo, u64), Status> {
+    let node =
+        state.nodes.get(name).ok_or_else(|| Status::unavailable(format!("node \"{name}\" is unknown")))?;
+    Ok((node.info.clone(), node.epoch))
 }
 
 fn is_terminal(job: &pb::Job) -> bool {
