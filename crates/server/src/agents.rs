@@ -288,16 +288,7 @@ impl AgentService for AgentApi {
                 let exit = if r.signal != 0 { RunExit::Signal(r.signal) } else { RunExit::Code(r.exit_code) };
                 Op::JobExited { job: r.job_id, attempt: r.attempt, node: r.node_id, exit }
             }
-            Ok(pb::RunStatus::Idle) => {
-                if r.idle_since_ms <= 0 {
-                    return Err(Status::invalid_argument("idle_since_ms: required with RUN_STATUS_IDLE"));
-                }
-                let since = r.idle_since_ms.min(self.ctx.cluster_now());
-                Op::RunIdle { job: r.job_id, attempt: r.attempt, node: r.node_id, since_ms: Some(since) }
-            }
-            Ok(pb::RunStatus::Busy) => {
-                Op::RunIdle { job: r.job_id, attempt: r.attempt, node: r.node_id, since_ms: None }
-            }
+            Ok(s @ (pb::RunStatus::Idle | pb::RunStatus::Busy)) => idle_op(r, s == pb::RunStatus::Idle)?,
             Ok(pb::RunStatus::Checkpointed) => {
                 Op::Checkpointed { job: r.job_id, attempt: r.attempt, node: r.node_id }
             }
@@ -359,4 +350,13 @@ fn run_usage(r: &pb::StatusReport) -> kairos_scheduler::model::RunUsage {
         gpu_mem_device_mib: m.gpu_mem_device_mib,
         samples: m.samples,
     }
+}
+
+/// An idle (or busy again) report as its op; apply caps the agent's time at the cluster's.
+fn idle_op(r: pb::StatusReport, idle: bool) -> Result<Op, Status> {
+    if idle && r.idle_since_ms <= 0 {
+        return Err(Status::invalid_argument("idle_since_ms: required with RUN_STATUS_IDLE"));
+    }
+    let since_ms = idle.then_some(r.idle_since_ms);
+    Ok(Op::RunIdle { job: r.job_id, attempt: r.attempt, node: r.node_id, since_ms })
 }
