@@ -198,7 +198,7 @@ fn apply_and_answer(
 ) -> anyhow::Result<Applied> {
     let mut state = ClusterState::new();
     if let outcome @ Outcome::Rejected(_) =
-        state.apply(&Command { skipped_ms: 0, now_ms: 1, op: Op::SetPolicy { policy } })
+        state.apply(&Command { skipped_ms: 0, now_ms: 1, op: Op::SetPolicy { policy, audit: None } })
     {
         bail!("the bench's policy was refused: {outcome:?}");
     }

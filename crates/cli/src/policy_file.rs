@@ -441,6 +441,7 @@ impl PolicyFile {
             partitions,
             default_partition: self.default_partition.clone().unwrap_or_default(),
             priority_classes: self.priority_classes.clone().into_iter().collect(),
+            what_if_hash: String::new(),
         })
     }
 

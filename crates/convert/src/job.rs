@@ -434,6 +434,31 @@ pub fn record_to_pb(r: &kairos_scheduler::history::JobRecord, purged: bool) -> p
         gpu_milli: r.gpu_milli,
         tasks: r.tasks,
         idle_note: r.idle_note.clone(),
+        gpus_per_task: r.replay.gpus_per_task,
+        gpu_model: r.replay.gpu_model.clone().unwrap_or_default(),
+        after_ok: r.replay.after_ok.clone(),
+        after_any: r.replay.after_any.clone(),
+        after_not_ok: r.replay.after_not_ok.clone(),
+        array_task_count: r.replay.array_count,
+        array_max_running: r.replay.array_limit,
+        requeue: r.replay.requeue,
+        holds: r
+            .replay
+            .holds
+            .iter()
+            .map(|h| pb::HoldWindow { held_ms: h.held_ms, released_ms: h.released_ms })
+            .collect(),
+        runs: r
+            .replay
+            .runs
+            .iter()
+            .map(|w| pb::RunWindow {
+                start_ms: w.start_ms,
+                end_ms: w.end_ms,
+                preempted_ms: w.preempted_ms,
+                checkpointed: w.checkpointed,
+            })
+            .collect(),
     }
 }
 

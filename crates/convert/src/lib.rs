@@ -10,6 +10,8 @@
 pub mod burst;
 /// The burst controller's state as `BurstStatus` answers.
 pub mod burst_state;
+/// The cluster's event log: node changes and policy audit.
+pub mod events;
 /// Jobs, nodes, specs and states.
 pub mod job;
 /// QoS, accounts, partitions, priority weights: `kairos policy apply` and `kairos sim --policy`.

@@ -283,5 +283,6 @@ pub fn policy_to_pb(p: &Policy) -> pb::Policy {
         partitions: p.partitions.values().map(partition_to_pb).collect(),
         default_partition: p.default_partition.clone(),
         priority_classes: p.priority_classes.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        what_if_hash: String::new(),
     }
 }

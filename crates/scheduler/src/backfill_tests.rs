@@ -24,7 +24,7 @@ fn simulate(
     let mut policy = s.policy.clone();
     policy.weights.job_size = 0;
     policy.weights.age = 0;
-    s.apply(&Command { skipped_ms: 0, now_ms: now, op: Op::SetPolicy { policy } });
+    s.apply(&Command { skipped_ms: 0, now_ms: now, op: Op::SetPolicy { policy, audit: None } });
     for (i, gpus) in nodes.iter().enumerate() {
         s.apply(&Command {
             skipped_ms: 0,
@@ -158,7 +158,7 @@ fn a_job_held_back_by_the_reservation_is_told_whose_it_is_and_how_short_a_limit_
     policy.weights.job_size = 0;
     policy.weights.age = 0;
     let cmd = |op| Command { skipped_ms: 0, now_ms: 0, op };
-    s.apply(&cmd(Op::SetPolicy { policy }));
+    s.apply(&cmd(Op::SetPolicy { policy, audit: None }));
     s.apply(&cmd(Op::RegisterNode { info: node_info("n0", 4) }));
     let submit = |s: &mut ClusterState, gpus: u32, limit: u64| {
         let mut sp = spec(gpus, "batch");

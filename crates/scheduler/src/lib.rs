@@ -31,7 +31,7 @@ pub mod queue;
 pub mod reasons;
 pub mod seeded;
 pub mod state;
-pub use state::{brief, burst_apply, grant, history, quota, tokens};
+pub use state::{brief, burst_apply, events, grant, history, quota, tokens};
 pub mod validate;
 
 #[cfg(any(test, feature = "testing"))]

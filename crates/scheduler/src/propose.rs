@@ -266,7 +266,7 @@ mod tests {
         for p in [partition("low", 0), partition("high", 2)] {
             policy.partitions.insert(p.name.clone(), p);
         }
-        assert!(matches!(apply(&mut s, 1, Op::SetPolicy { policy }), Outcome::PolicyChanged));
+        assert!(matches!(apply(&mut s, 1, Op::SetPolicy { policy, audit: None }), Outcome::PolicyChanged));
         s
     }
 

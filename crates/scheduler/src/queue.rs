@@ -157,7 +157,7 @@ mod tests {
         s.apply(&Command { skipped_ms: 0, now_ms: 1, op: Op::RegisterNode { info: node_info("a", 4) } });
         let mut policy = s.policy.clone();
         policy.qos.get_mut("batch").expect("default qos").user_gpus = Some(8);
-        s.apply(&Command { skipped_ms: 0, now_ms: 1, op: Op::SetPolicy { policy } });
+        s.apply(&Command { skipped_ms: 0, now_ms: 1, op: Op::SetPolicy { policy, audit: None } });
         let mut ids = Vec::new();
         for (i, qos) in ["batch", "inference", "batch", "inference", "batch"].iter().enumerate() {
             let op = Op::Submit {

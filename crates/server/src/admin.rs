@@ -130,9 +130,16 @@ impl AdminService for AdminApi {
     }
 
     async fn apply_policy(&self, request: Request<pb::Policy>) -> Result<Response<pb::Policy>, Status> {
-        self.ctx.principal(&request)?.require(Role::Admin, "changing the policy")?;
-        let policy = policy_from_pb(request.into_inner())?;
-        self.policy_write(Op::SetPolicy { policy }).await?;
+        let me = self.ctx.principal(&request)?;
+        me.require(Role::Admin, "changing the policy")?;
+        let pb = request.into_inner();
+        let what_if = pb.what_if_hash.clone();
+        if what_if.len() > 64 || !what_if.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Err(Status::invalid_argument("what_if_hash: at most 64 hexadecimal digits"));
+        }
+        let policy = policy_from_pb(pb)?;
+        let audit = kairos_scheduler::events::PolicyAudit { token_id: me.token_id, user: me.user, what_if };
+        self.policy_write(Op::SetPolicy { policy, audit: Some(audit) }).await?;
         Ok(Response::new(self.ctx.replica.read(|a| policy_to_pb(&a.state.policy))))
     }
 
@@ -272,6 +279,24 @@ impl AdminService for AdminApi {
         self.ctx.readable()?;
         let now = self.ctx.cluster_now();
         Ok(Response::new(self.ctx.replica.read(|a| burst_status(&a.state, now))))
+    }
+
+    async fn list_cluster_events(
+        &self,
+        request: Request<pb::ListClusterEventsRequest>,
+    ) -> Result<Response<pb::ListClusterEventsResponse>, Status> {
+        self.ctx.principal(&request)?.require(Role::Operator, "reading the cluster's event log")?;
+        self.ctx.readable()?;
+        let since = request.into_inner().since_ms;
+        let events = self.ctx.replica.read(|a| {
+            a.state
+                .events
+                .iter()
+                .filter(|e| e.time_ms >= since)
+                .map(kairos_convert::events::cluster_event_to_pb)
+                .collect()
+        });
+        Ok(Response::new(pb::ListClusterEventsResponse { events }))
     }
 
     async fn list_preemptions(

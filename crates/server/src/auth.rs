@@ -23,12 +23,16 @@ pub const ACT_AS_HEADER: &str = "kairos-user";
 pub const TOKEN_PREFIX: &str = "kairos_";
 /// The name the bootstrap admin token acts under.
 pub const BOOTSTRAP_ADMIN: &str = "admin";
+/// The token id audit records name for the bootstrap admin token (it has no issued id).
+pub const BOOTSTRAP_TOKEN_ID: &str = "bootstrap";
 
 /// An authenticated caller.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Principal {
     pub user: String,
     pub role: Role,
+    /// The id of the token it presented (`bootstrap`: the bootstrap admin token), for audit.
+    pub token_id: String,
 }
 
 impl Principal {
@@ -90,7 +94,7 @@ impl Auth {
     ) -> Result<Principal, Status> {
         let token = bearer(metadata).ok_or_else(|| unauthenticated("no token"))?;
         let me = if ct_eq(&sha256_hex(token), &self.admin_sha256) {
-            Principal { user: BOOTSTRAP_ADMIN.into(), role: Role::Admin }
+            Principal { user: BOOTSTRAP_ADMIN.into(), role: Role::Admin, token_id: BOOTSTRAP_TOKEN_ID.into() }
         } else {
             issued(token)?
         };
@@ -103,7 +107,7 @@ impl Auth {
         if act_as == me.user {
             Ok(me)
         } else if me.role == Role::Admin {
-            Ok(Principal { user: act_as.to_string(), role: Role::User })
+            Ok(Principal { user: act_as.to_string(), role: Role::User, token_id: me.token_id })
         } else {
             Err(Status::permission_denied(format!(
                 "acting as another user (\"{act_as}\") needs the admin role"
@@ -198,7 +202,7 @@ pub fn issued_token(token: &str, state: &ClusterState, now_ms: i64) -> Option<Pr
     let (id, secret) = split_token(token)?;
     let rec = state.tokens.get(id)?;
     (ct_eq(&sha256_hex(secret), &rec.secret_sha256) && rec.live_at(now_ms.max(state.now_ms)))
-        .then(|| Principal { user: rec.user.clone(), role: rec.role })
+        .then(|| Principal { user: rec.user.clone(), role: rec.role, token_id: id.to_string() })
 }
 
 #[cfg(test)]
@@ -267,7 +271,7 @@ mod tests {
                 issued_token(t, &s, 0).ok_or_else(token_refused)
             })
             .unwrap();
-        assert_eq!(alice, Principal { user: "alice".into(), role: Role::User });
+        assert_eq!(alice, Principal { user: "alice".into(), role: Role::User, token_id: id.into() });
         let admin = a
             .principal(&md(Some("boot-admin"), None), |t| issued_token(t, &s, 0).ok_or_else(token_refused))
             .unwrap();
@@ -304,7 +308,10 @@ mod tests {
                 issued_token(t, &s, 0).ok_or_else(token_refused)
             })
             .unwrap();
-        assert_eq!(as_bob, Principal { user: "bob".into(), role: Role::User });
+        assert_eq!(
+            as_bob,
+            Principal { user: "bob".into(), role: Role::User, token_id: BOOTSTRAP_TOKEN_ID.into() }
+        );
         let alice = format!("kairos_{id}_sekrit");
         let e = a
             .principal(&md(Some(&alice), Some("bob")), |t| issued_token(t, &s, 0).ok_or_else(token_refused))
@@ -327,14 +334,14 @@ mod tests {
 
     #[test]
     fn roles_gate_and_jobs_belong_to_their_owner() {
-        let user = Principal { user: "alice".into(), role: Role::User };
+        let user = Principal { user: "alice".into(), role: Role::User, token_id: String::new() };
         assert_eq!(
             user.require(Role::Admin, "changing QoS").unwrap_err().code(),
             tonic::Code::PermissionDenied
         );
         assert!(user.check_job(1, "alice").is_ok());
         assert_eq!(user.check_job(1, "bob").unwrap_err().code(), tonic::Code::PermissionDenied);
-        let op = Principal { user: "ops".into(), role: Role::Operator };
+        let op = Principal { user: "ops".into(), role: Role::Operator, token_id: String::new() };
         assert!(op.check_job(1, "bob").is_ok() && op.require(Role::Admin, "x").is_err());
     }
 

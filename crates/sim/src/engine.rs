@@ -234,7 +234,7 @@ fn arrivals(jobs: &[TraceJob], load: Option<f64>) -> Vec<i64> {
 impl<'a> Sim<'a> {
     fn new(nodes: &[TraceNode], jobs: &'a [TraceJob], policy: &Policy, config: &'a SimConfig) -> Sim<'a> {
         let mut state = ClusterState::new();
-        state.apply(&Command { skipped_ms: 0, now_ms: 0, op: Op::SetPolicy { policy: policy.clone() } });
+        state.apply(&Command { skipped_ms: 0, now_ms: 0, op: Op::SetPolicy { policy: policy.clone(), audit: None } });
         let mut capacity = BTreeMap::new();
         for n in nodes {
             let info = node_info(&n.name, n.gpus, &n.model, n.cpus, n.mem_mib, BTreeMap::new());

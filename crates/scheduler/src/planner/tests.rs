@@ -149,7 +149,7 @@ fn training_leaves_the_inference_headroom_free_and_inference_takes_it() {
     let mut s = state_with(&[("a", 4), ("b", 4)]);
     let mut policy = s.policy.clone();
     policy.qos.get_mut("inference").expect("inference qos").headroom_gpus = 2;
-    s.apply(&Command { skipped_ms: 0, now_ms: 2, op: Op::SetPolicy { policy } });
+    s.apply(&Command { skipped_ms: 0, now_ms: 2, op: Op::SetPolicy { policy, audit: None } });
     let big = submit(&mut s, 4, "training");
     let second = submit(&mut s, 3, "training");
     let small = submit(&mut s, 1, "training");
@@ -163,7 +163,7 @@ fn training_leaves_the_inference_headroom_free_and_inference_takes_it() {
     let mut t = state_with(&[("a", 8)]);
     let mut policy = t.policy.clone();
     policy.qos.get_mut("inference").expect("inference qos").headroom_gpus = 2;
-    t.apply(&Command { skipped_ms: 0, now_ms: 2, op: Op::SetPolicy { policy } });
+    t.apply(&Command { skipped_ms: 0, now_ms: 2, op: Op::SetPolicy { policy, audit: None } });
     let (whole, six) = (submit(&mut t, 8, "training"), submit(&mut t, 6, "training"));
     let out = plan(&t);
     assert_eq!(out.plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![whole]);
@@ -176,7 +176,7 @@ fn training_leaves_the_inference_headroom_free_and_inference_takes_it() {
     // Without headroom the 3-GPU job starts in the GPUs the inference job has not taken.
     let mut policy = s.policy.clone();
     policy.qos.get_mut("inference").expect("inference qos").headroom_gpus = 0;
-    s.apply(&Command { skipped_ms: 0, now_ms: 4, op: Op::SetPolicy { policy } });
+    s.apply(&Command { skipped_ms: 0, now_ms: 4, op: Op::SetPolicy { policy, audit: None } });
     s.apply(&Command { skipped_ms: 0, now_ms: 4, op: Op::Cancel { job: inf, by: "alice".into() } });
     let out = plan(&s);
     assert_eq!(out.plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![second]);

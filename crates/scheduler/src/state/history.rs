@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{Job, JobId, JobState};
+pub use crate::state::history_runs::{HoldWindow, Replay, RunWindow};
 use crate::state::{ClusterState, Op, Outcome};
 
 /// Most jobs one purge command moves.
@@ -89,6 +90,9 @@ pub struct JobRecord {
     /// What the idle GPU watch said of it (empty: never idle).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub idle_note: String,
+    /// What a replay of the history needs of it (`history_runs`).
+    #[serde(rename = "rp", default, skip_serializing_if = "Replay::is_empty")]
+    pub replay: Replay,
 }
 
 impl JobRecord {
@@ -132,6 +136,7 @@ impl JobRecord {
                 .find(|e| e.kind == "gpu idle")
                 .map(|e| e.message.clone())
                 .unwrap_or_default(),
+            replay: Replay::of(job),
         }
     }
 }

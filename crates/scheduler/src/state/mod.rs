@@ -24,11 +24,13 @@
 pub mod brief;
 pub mod burst_apply;
 mod elastic;
+pub mod events;
 mod fits;
 mod gpu_health;
 pub mod grant;
 mod headroom;
 pub mod history;
+mod history_runs;
 pub mod idle;
 mod invariants;
 mod jobs;
@@ -113,6 +115,10 @@ pub struct ClusterState {
     /// Records of finished jobs purged from `jobs` (bounded; `crate::state::history`).
     #[serde(default)]
     pub history: crate::state::history::History,
+    /// Nodes joining, draining, down, up and leaving, and policy changes (bounded;
+    /// `crate::state::events`).
+    #[serde(default)]
+    pub events: crate::state::events::ClusterEvents,
     /// The planner's compact view of the unfinished jobs (a cache kept by apply).
     #[serde(skip)]
     pub(crate) job_index: crate::state::brief::JobIndex,
@@ -138,6 +144,7 @@ impl ClusterState {
             revoked_tokens: BTreeMap::new(),
             node_epoch_seq: 0,
             history: Default::default(),
+            events: Default::default(),
             unfinished: Default::default(),
             job_index: Default::default(),
         }
@@ -149,7 +156,12 @@ impl ClusterState {
         self.now_ms = self.now_ms.max(cmd.now_ms);
         self.skipped_ms = self.skipped_ms.max(cmd.skipped_ms);
         let now = self.now_ms;
+        let node = cmd.op.node_changed();
+        let before = node.map(|n| self.node_seen(n));
         let outcome = self.apply_op(&cmd.op, now);
+        if let (Some(node), Some(before)) = (node, before) {
+            self.note_node(node, before, now);
+        }
         if !self.suspended.is_empty() {
             self.resume_ready(now);
         }
@@ -178,7 +190,13 @@ impl ClusterState {
             Op::JobStarted { job, attempt, node } => self.job_started(*job, *attempt, node, now),
             Op::JobExited { job, attempt, node, exit } => self.job_exited(*job, *attempt, node, exit, now),
             Op::EnforceTimeLimit { job, attempt } => self.enforce_time_limit(*job, *attempt, now),
-            Op::SetPolicy { policy } => self.set_policy(policy),
+            Op::SetPolicy { policy, audit } => {
+                let outcome = self.set_policy(policy);
+                if !matches!(outcome, Outcome::Rejected(_)) {
+                    self.note_policy(audit, now);
+                }
+                outcome
+            }
             Op::Hold { job, by } => self.set_held(*job, true, by, now),
             Op::Preempt { preemptor, node, victims, gpus } => {
                 self.preempt(*preemptor, node, victims, gpus, now)

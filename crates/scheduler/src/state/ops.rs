@@ -25,6 +25,21 @@ pub struct Placement {
     pub more: Vec<TaskPlacement>,
 }
 
+impl Op {
+    /// The node whose registration or state this operation may change (what the cluster's
+    /// event log compares before and after).
+    pub(crate) fn node_changed(&self) -> Option<&str> {
+        match self {
+            Op::RegisterNode { info } | Op::JoinNode { info, .. } => Some(&info.name),
+            Op::RemoveNode { node }
+            | Op::NodeDown { node, .. }
+            | Op::DrainNode { node, .. }
+            | Op::ResumeNode { node, .. } => Some(node),
+            _ => None,
+        }
+    }
+}
+
 impl Placement {
     pub fn single(job: JobId, node: String, gpus: Vec<GpuIndex>) -> Placement {
         Placement { job, node, gpus, more: Vec::new() }
@@ -124,6 +139,9 @@ pub enum Op {
     /// Replaces the whole policy (validated first; nothing half-applied).
     SetPolicy {
         policy: Policy,
+        /// Who applied it and the what-if they confirmed (`crate::state::events`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        audit: Option<crate::state::events::PolicyAudit>,
     },
     /// Creates or replaces one QoS; `must_exist` = Some(true) updates only, Some(false) creates only.
     PutQos {

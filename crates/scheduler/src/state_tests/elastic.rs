@@ -88,7 +88,7 @@ fn growing_back_respects_qos_limits() {
     let mut s = cluster(4);
     let mut policy = s.policy.clone();
     policy.qos.get_mut("training").unwrap().user_gpus = Some(3);
-    s.apply(&cmd(0, Op::SetPolicy { policy }));
+    s.apply(&cmd(0, Op::SetPolicy { policy, audit: None }));
     let mut sp = spec(3, "training");
     sp.min_gpus = Some(1);
     let elastic = start(&mut s, sp, 0);
@@ -103,7 +103,7 @@ fn growing_back_respects_qos_limits() {
     // ...but not once the limit is lower than that.
     let mut policy = shrunk.policy.clone();
     policy.qos.get_mut("training").unwrap().user_gpus = Some(2);
-    shrunk.apply(&cmd(1, Op::SetPolicy { policy }));
+    shrunk.apply(&cmd(1, Op::SetPolicy { policy, audit: None }));
     assert!(plan(&shrunk).grow.is_empty());
     let gpus = vec![0, 1, 2];
     assert!(matches!(

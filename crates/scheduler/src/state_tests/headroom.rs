@@ -11,7 +11,7 @@ fn with_headroom() -> ClusterState {
     inference.headroom_gpus = 1;
     inference.preempt = ["training".to_string()].into();
     policy.qos.get_mut("training").unwrap().preempt_mode = crate::policy::PreemptMode::Requeue;
-    s.apply(&cmd(0, Op::SetPolicy { policy }));
+    s.apply(&cmd(0, Op::SetPolicy { policy, audit: None }));
     s
 }
 
@@ -84,18 +84,18 @@ fn a_refill_is_refused_when_it_stops_more_than_needed_or_what_it_may_not() {
     // A QoS no headroom QoS may preempt is never stopped for it.
     let mut policy = s.policy.clone();
     policy.qos.get_mut("inference").unwrap().preempt.clear();
-    s.apply(&cmd(600_000, Op::SetPolicy { policy: policy.clone() }));
+    s.apply(&cmd(600_000, Op::SetPolicy { policy: policy.clone(), audit: None }));
     assert!(plan(&s).vacate.is_empty());
     assert!(rejected(&mut s, vec![ids[0]]));
     // Nor one whose QoS cancels preempted jobs.
     policy.qos.get_mut("inference").unwrap().preempt = ["training".to_string()].into();
     policy.qos.get_mut("training").unwrap().preempt_mode = crate::policy::PreemptMode::Cancel;
-    s.apply(&cmd(600_000, Op::SetPolicy { policy: policy.clone() }));
+    s.apply(&cmd(600_000, Op::SetPolicy { policy: policy.clone(), audit: None }));
     assert!(rejected(&mut s, vec![ids[0]]));
     // Nor anything once no headroom is configured.
     policy.qos.get_mut("training").unwrap().preempt_mode = crate::policy::PreemptMode::Requeue;
     policy.qos.get_mut("inference").unwrap().headroom_gpus = 0;
-    s.apply(&cmd(600_000, Op::SetPolicy { policy }));
+    s.apply(&cmd(600_000, Op::SetPolicy { policy, audit: None }));
     assert!(rejected(&mut s, vec![ids[0]]));
     // Nothing changed.
     assert!(s.jobs.values().all(|j| j.allocation.as_ref().is_some_and(|a| a.stop.is_none())));

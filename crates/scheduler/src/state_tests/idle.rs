@@ -7,7 +7,7 @@ fn with_rule(s: &mut ClusterState, qos: &str, action: IdleAction) -> IdleGpu {
     let mut policy = s.policy.clone();
     let rule = IdleGpu { after_s: 20, below_milli: 50, action };
     policy.qos.get_mut(qos).unwrap().idle_gpu = Some(rule);
-    assert!(matches!(s.apply(&cmd(2, Op::SetPolicy { policy })), Outcome::PolicyChanged));
+    assert!(matches!(s.apply(&cmd(2, Op::SetPolicy { policy, audit: None })), Outcome::PolicyChanged));
     rule
 }
 
@@ -77,7 +77,7 @@ fn the_partition_s_rule_wins_a_stale_attempt_and_a_job_without_a_rule_are_ignore
     let default = policy.default_partition.clone();
     policy.partitions.get_mut(&default).unwrap().idle_gpu =
         Some(IdleGpu { after_s: 60, below_milli: 10, action: IdleAction::Notify });
-    s.apply(&cmd(3, Op::SetPolicy { policy }));
+    s.apply(&cmd(3, Op::SetPolicy { policy, audit: None }));
     let id = start(&mut s, spec(1, "batch"), 10);
     assert_eq!(crate::orders::runs_on(&s, "n1")[0].idle_watch.map(|r| r.after_s), Some(60));
     assert!(matches!(s.apply(&cmd(40, idle(id, 1, Some(20)))), Outcome::Ignored(_)), "a stale attempt");

@@ -87,7 +87,7 @@ fn a_higher_tier_partition_preempts_a_lower_one() {
             idle_gpu: None,
         },
     );
-    s.apply(&cmd(0, Op::SetPolicy { policy }));
+    s.apply(&cmd(0, Op::SetPolicy { policy, audit: None }));
     let victim = submitted(
         s.apply(&cmd(0, Op::Submit { spec: spec(2, "batch"), request_id: None, hold: false, limits: None })),
     );
@@ -168,7 +168,7 @@ fn never_preempted_qos_exempt_time_and_anti_thrash_are_respected() {
     // A training job inside its exempt time is safe.
     let mut policy = s.policy.clone();
     policy.qos.get_mut("training").unwrap().preempt_exempt_s = 60;
-    s.apply(&cmd(10_004, Op::SetPolicy { policy }));
+    s.apply(&cmd(10_004, Op::SetPolicy { policy, audit: None }));
     s.apply(&cmd(10_005, Op::Cancel { job: urgent, by: "a".into() }));
     let t = submitted(s.apply(&cmd(
         10_006,
@@ -194,7 +194,7 @@ fn a_suspendable_job_is_paused_lends_its_gpus_and_resumes_when_the_preemptor_end
     let mut s = cluster(4);
     let mut policy = s.policy.clone();
     policy.qos.get_mut("batch").unwrap().preempt_mode = crate::policy::PreemptMode::Suspend;
-    s.apply(&cmd(0, Op::SetPolicy { policy }));
+    s.apply(&cmd(0, Op::SetPolicy { policy, audit: None }));
     let mut sp = spec(4, "batch");
     sp.suspendable = true;
     sp.time_limit_s = Some(100);
@@ -238,7 +238,7 @@ fn a_suspended_job_can_be_cancelled_and_one_that_is_not_suspendable_is_requeued(
     let mut s = cluster(4);
     let mut policy = s.policy.clone();
     policy.qos.get_mut("batch").unwrap().preempt_mode = crate::policy::PreemptMode::Suspend;
-    s.apply(&cmd(0, Op::SetPolicy { policy }));
+    s.apply(&cmd(0, Op::SetPolicy { policy, audit: None }));
     let mut sp = spec(2, "batch");
     sp.suspendable = true;
     let paused = start(&mut s, sp, 0);
@@ -273,7 +273,7 @@ fn victim_of(
     now: i64,
 ) -> (u64, u64, u64) {
     let mut s = cluster(2);
-    s.apply(&cmd(0, Op::SetPolicy { policy }));
+    s.apply(&cmd(0, Op::SetPolicy { policy, audit: None }));
     let mut ids = Vec::new();
     for qos in [qos_a, qos_b] {
         let id = submitted(

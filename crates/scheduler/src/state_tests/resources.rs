@@ -106,7 +106,7 @@ fn partition_defaults_fill_in_and_its_maxima_refuse() {
     part.resources.def_cpus_per_gpu = Some(2);
     part.resources.def_mem_per_gpu_mib = Some(1024);
     part.resources.max_cpus_per_node = Some(6);
-    assert!(matches!(s.apply(&cmd(2, Op::SetPolicy { policy })), Outcome::PolicyChanged));
+    assert!(matches!(s.apply(&cmd(2, Op::SetPolicy { policy, audit: None })), Outcome::PolicyChanged));
     let id = submit(&mut s, with(2, 0, 0, "batch"), 3);
     assert_eq!(s.jobs[&id].spec.cpu_mem(), CpuMem { cpus: 4, mem_mib: 2048 }, "2 GPUs × the defaults");
     let own = submit(&mut s, with(2, 1, 0, "batch"), 4);
@@ -152,7 +152,7 @@ fn fairshare_charges_cpus_and_memory_at_their_billing_weights() {
         let mut s = small_node();
         let mut policy = s.policy.clone();
         policy.weights.billing = billing;
-        assert!(matches!(s.apply(&cmd(2, Op::SetPolicy { policy })), Outcome::PolicyChanged));
+        assert!(matches!(s.apply(&cmd(2, Op::SetPolicy { policy, audit: None })), Outcome::PolicyChanged));
         let id = start(&mut s, with(1, 4, 2048, "batch"), 10);
         s.apply(&cmd(1010, Op::JobExited { job: id, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) }));
         let account = s.jobs[&id].spec.account.clone();
@@ -166,7 +166,7 @@ fn fairshare_charges_cpus_and_memory_at_their_billing_weights() {
     let mut policy = s.policy.clone();
     policy.weights.billing = BillingWeights { gpu_milli: 0, cpu_milli: 0, mem_gb_milli: 0 };
     assert!(
-        matches!(s.apply(&cmd(2, Op::SetPolicy { policy })), Outcome::Rejected(_)),
+        matches!(s.apply(&cmd(2, Op::SetPolicy { policy, audit: None })), Outcome::Rejected(_)),
         "nothing charged at all"
     );
 }

@@ -112,7 +112,7 @@ fn qos_limits_hold_jobs_with_a_reason_and_max_wall_rejects() {
     let batch = policy.qos.get_mut("batch").unwrap();
     batch.grp_gpus = Some(4);
     batch.user_jobs = Some(2);
-    assert_eq!(s.apply(&cmd(1, Op::SetPolicy { policy })), Outcome::PolicyChanged);
+    assert_eq!(s.apply(&cmd(1, Op::SetPolicy { policy, audit: None })), Outcome::PolicyChanged);
     // More GPUs than the group limit could ever allow: rejected at submit.
     assert!(matches!(
         s.apply(&cmd(2, Op::Submit { spec: spec(5, "batch"), request_id: None, hold: false, limits: None })),
@@ -172,7 +172,7 @@ fn policy_changes_are_validated_whole_and_refuse_removing_a_qos_in_use() {
     without_premium.qos.remove("premium");
     without_premium.accounts.get_mut("root").unwrap().qos.allowed.remove("premium");
     assert!(matches!(
-        s.apply(&cmd(3, Op::SetPolicy { policy: without_premium })),
+        s.apply(&cmd(3, Op::SetPolicy { policy: without_premium, audit: None })),
         Outcome::Rejected(Rejection::FailedPrecondition(m)) if m == format!("qos \"premium\" is in use by job {j}")
     ));
     assert!(matches!(s.apply(&cmd(3, Op::DeleteQos { name: "premium".into() })), Outcome::Rejected(_)));
@@ -187,7 +187,7 @@ fn policy_changes_are_validated_whole_and_refuse_removing_a_qos_in_use() {
     cyclic.qos.get_mut("training").unwrap().preempt.insert("batch".into());
     cyclic.qos.get_mut("batch").unwrap().preempt.insert("training".into());
     assert!(matches!(
-        s.apply(&cmd(3, Op::SetPolicy { policy: cyclic })),
+        s.apply(&cmd(3, Op::SetPolicy { policy: cyclic, audit: None })),
         Outcome::Rejected(Rejection::Invalid(_))
     ));
     assert_eq!(s.policy, before, "refused changes changed nothing");
@@ -346,7 +346,7 @@ fn a_model_set_places_on_any_of_its_models_and_never_on_another() {
 #[test]
 fn fairshare_favours_the_account_with_less_past_usage() {
     let mut s = cluster(1);
-    assert_eq!(s.apply(&cmd(1, Op::SetPolicy { policy: two_accounts() })), Outcome::PolicyChanged);
+    assert_eq!(s.apply(&cmd(1, Op::SetPolicy { policy: two_accounts(), audit: None })), Outcome::PolicyChanged);
     // Alice's account uses the GPU for ten hours.
     let mut heavy = spec(1, "batch");
     heavy.user = "alice".into();
@@ -385,7 +385,7 @@ fn fairshare_favours_the_account_with_less_past_usage() {
 #[test]
 fn accounts_are_checked_at_submit_and_cannot_vanish_under_jobs() {
     let mut s = cluster(1);
-    s.apply(&cmd(1, Op::SetPolicy { policy: two_accounts() }));
+    s.apply(&cmd(1, Op::SetPolicy { policy: two_accounts(), audit: None }));
     let mut sp = spec(1, "batch");
     sp.user = "bob".into();
     sp.account = "a".into();
@@ -403,13 +403,13 @@ fn accounts_are_checked_at_submit_and_cannot_vanish_under_jobs() {
     let mut without_b = two_accounts();
     without_b.accounts.remove("b");
     assert!(matches!(
-        s.apply(&cmd(3, Op::SetPolicy { policy: without_b })),
+        s.apply(&cmd(3, Op::SetPolicy { policy: without_b, audit: None })),
         Outcome::Rejected(Rejection::FailedPrecondition(m)) if m.contains("account \"b\" is in use")
     ));
     let mut cyclic = two_accounts();
     cyclic.accounts.get_mut("root").unwrap().parent = Some("a".into());
     assert!(matches!(
-        s.apply(&cmd(3, Op::SetPolicy { policy: cyclic })),
+        s.apply(&cmd(3, Op::SetPolicy { policy: cyclic, audit: None })),
         Outcome::Rejected(Rejection::Invalid(_))
     ));
     let mut no_weights = two_accounts();
@@ -422,7 +422,7 @@ fn accounts_are_checked_at_submit_and_cannot_vanish_under_jobs() {
         ..Default::default()
     };
     assert!(matches!(
-        s.apply(&cmd(3, Op::SetPolicy { policy: no_weights })),
+        s.apply(&cmd(3, Op::SetPolicy { policy: no_weights, audit: None })),
         Outcome::Rejected(Rejection::Invalid(_))
     ));
 }
@@ -435,7 +435,7 @@ fn partitions_confine_jobs_to_their_nodes_and_apply_their_rules() {
     r2.labels.insert("rack".into(), "r2".into());
     s.apply(&cmd(1, Op::RegisterNode { info: r2 }));
     assert_eq!(
-        s.apply(&cmd(1, Op::SetPolicy { policy: with_partition(s.policy.clone()) })),
+        s.apply(&cmd(1, Op::SetPolicy { policy: with_partition(s.policy.clone()), audit: None })),
         Outcome::PolicyChanged
     );
     let mut sp = spec(1, "");
@@ -483,7 +483,7 @@ fn partitions_confine_jobs_to_their_nodes_and_apply_their_rules() {
     let mut without = s.policy.clone();
     without.partitions.remove("big");
     assert!(matches!(
-        s.apply(&cmd(5, Op::SetPolicy { policy: without })),
+        s.apply(&cmd(5, Op::SetPolicy { policy: without, audit: None })),
         Outcome::Rejected(Rejection::FailedPrecondition(_))
     ));
 }
@@ -625,7 +625,7 @@ fn a_qos_an_account_does_not_allow_is_refused_naming_the_allowed_ones() {
         allowed: ["urgent", "inference", "training"].map(String::from).into(),
         default: Some("inference".into()),
     };
-    assert_eq!(s.apply(&cmd(1, Op::SetPolicy { policy: policy.clone() })), Outcome::PolicyChanged);
+    assert_eq!(s.apply(&cmd(1, Op::SetPolicy { policy: policy.clone(), audit: None })), Outcome::PolicyChanged);
     let limits = crate::state::quota::SubmitLimits { max_jobs_per_user: 100, max_jobs: 100, any_qos: false };
     let submit = |s: &mut ClusterState, user: &str, qos: &str, limits| {
         let mut sp = spec(1, qos);
@@ -669,7 +669,7 @@ fn a_qos_an_account_does_not_allow_is_refused_naming_the_allowed_ones() {
             default: Some("training".into()),
         },
     );
-    assert_eq!(s.apply(&cmd(3, Op::SetPolicy { policy: policy.clone() })), Outcome::PolicyChanged);
+    assert_eq!(s.apply(&cmd(3, Op::SetPolicy { policy: policy.clone(), audit: None })), Outcome::PolicyChanged);
     let job = submitted(submit(&mut s, "alice", "urgent", limits));
     assert_eq!(s.jobs[&job].spec.qos, "urgent");
     let job = submitted(submit(&mut s, "alice", "", limits));
@@ -685,8 +685,8 @@ fn a_qos_an_account_does_not_allow_is_refused_naming_the_allowed_ones() {
     // A policy whose default is not among what the account allows, or names no QoS, is refused.
     let mut bad = policy.clone();
     bad.accounts.get_mut("b").unwrap().qos.default = Some("batch".into());
-    assert!(matches!(s.apply(&cmd(4, Op::SetPolicy { policy: bad })), Outcome::Rejected(_)));
+    assert!(matches!(s.apply(&cmd(4, Op::SetPolicy { policy: bad, audit: None })), Outcome::Rejected(_)));
     let mut bad = policy;
     bad.accounts.get_mut("a").unwrap().qos.allowed.insert("nope".into());
-    assert!(matches!(s.apply(&cmd(4, Op::SetPolicy { policy: bad })), Outcome::Rejected(_)));
+    assert!(matches!(s.apply(&cmd(4, Op::SetPolicy { policy: bad, audit: None })), Outcome::Rejected(_)));
 }

@@ -170,7 +170,7 @@ pub fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
             idle_gpu: None,
         },
     );
-    let c = Command { skipped_ms: 0, now_ms: 0, op: Op::SetPolicy { policy } };
+    let c = Command { skipped_ms: 0, now_ms: 0, op: Op::SetPolicy { policy, audit: None } };
     assert_eq!(s.apply(&c), Outcome::PolicyChanged);
     log.push(c);
     // Start with nodes, so that runs fill them and preemption gets exercised.
