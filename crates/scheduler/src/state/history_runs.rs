@@ -97,13 +97,16 @@ impl Replay {
                 "checkpointed" if open => runs.last_mut().iter_mut().for_each(|r| r.checkpointed = true),
                 "requeued" if open => runs.last_mut().iter_mut().for_each(|r| r.end_ms = e.time_ms),
                 "held" => holds.push(HoldWindow { held_ms: e.time_ms, released_ms: 0 }),
-                "released" => {
-                    if let Some(h) = holds.last_mut().filter(|h| h.released_ms == 0) {
-                        h.released_ms = e.time_ms;
-                    }
-                }
+                // A job submitted held has no "held" event: its hold began at its submit.
+                "released" => match holds.last_mut().filter(|h| h.released_ms == 0) {
+                    Some(h) => h.released_ms = e.time_ms,
+                    None => holds.push(HoldWindow { held_ms: job.submit_time_ms, released_ms: e.time_ms }),
+                },
                 _ => {}
             }
+        }
+        if job.held && !holds.last().is_some_and(|h| h.released_ms == 0) {
+            holds.push(HoldWindow { held_ms: job.submit_time_ms, released_ms: 0 });
         }
         if let (Some(r), Some(end)) = (runs.last_mut().filter(|r| r.end_ms == 0), job.end_time_ms) {
             if job.state.is_terminal() {

@@ -10,6 +10,7 @@ use crate::testing::{node_info, node_info_model, spec};
 
 mod arrays;
 mod elastic;
+mod events;
 mod fits;
 mod fractions;
 mod gpu_health;
