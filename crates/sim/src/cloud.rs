@@ -92,7 +92,11 @@ impl BurstSetup {
         use kairos_scheduler::{ClusterState, Command, Op, Outcome};
         self.model.validate()?;
         let mut state = ClusterState::new();
-        state.apply(&Command { skipped_ms: 0, now_ms: 0, op: Op::SetPolicy { policy: policy.clone(), audit: None } });
+        state.apply(&Command {
+            skipped_ms: 0,
+            now_ms: 0,
+            op: Op::SetPolicy { policy: policy.clone(), audit: None },
+        });
         let op = Op::SetBurstConfig { config: self.config.clone() };
         match state.apply(&Command { skipped_ms: 0, now_ms: 0, op }) {
             Outcome::Rejected(r) => Err(r.to_string()),

@@ -8,7 +8,7 @@
 //! of events at one time, and another one tick later whenever a pass changed something.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
 
 use kairos_scheduler::model::{Gpu, JobId, JobSpec, JobState, NodeInfo, Profile};
 use kairos_scheduler::policy::Policy;
@@ -16,10 +16,14 @@ use kairos_scheduler::propose::propose;
 use kairos_scheduler::{ClusterState, Command, Op, Outcome, RunExit};
 
 use crate::cloud::BurstSetup;
+use crate::history::HistoryTrace;
 use crate::report::{Class, Report, Unfinished};
 use crate::trace::{TraceJob, TraceNode};
 
 mod burst;
+mod history;
+
+pub use history::trace_jobs as history_jobs;
 
 /// How the replay runs.
 #[derive(Clone, Debug, PartialEq)]
@@ -108,12 +112,24 @@ enum Event {
     Reclaim {
         intent: u64,
     },
+    /// A recorded node change of a history (`engine::history`), by index.
+    NodeChange(usize),
+    /// A recorded cancel of the history's job …
+    Cancel(usize),
+    /// … and a hold or release.
+    Hold {
+        job: usize,
+        held: bool,
+    },
 }
 
 /// What the replay keeps of each job (the state forgets finished ones).
 #[derive(Clone, Debug)]
 struct Track {
     trace: usize,
+    /// Its QoS and account (after the state's defaults).
+    qos: String,
+    account: String,
     first_start_ms: Option<i64>,
     run_start_ms: i64,
     saved_ms: i64,
@@ -146,9 +162,31 @@ pub fn simulate_with_series(
     policy: &Policy,
     config: &SimConfig,
 ) -> (Report, crate::plot::Series) {
-    let mut sim = Sim::new(nodes, jobs, policy, config);
+    let mut sim = Sim::new(nodes, jobs, policy, config, None);
     sim.run();
     (sim.report(), sim.series())
+}
+
+/// What a replay of a history gives: the figures, the plot's series, and each trace job's
+/// replayed first start (Unix ms), by trace index.
+pub struct HistoryReplay {
+    pub report: Report,
+    pub series: crate::plot::Series,
+    pub starts: Vec<Option<i64>>,
+    pub preemptions: u64,
+}
+
+/// Replays a cluster's own history under `policy`.
+pub fn simulate_history(trace: &HistoryTrace, policy: &Policy, config: &SimConfig) -> HistoryReplay {
+    let jobs = history::trace_jobs(trace);
+    let mut sim = Sim::new(&[], &jobs, policy, config, Some(trace));
+    sim.run();
+    HistoryReplay {
+        report: sim.report(),
+        series: sim.series(),
+        starts: sim.first_starts(),
+        preemptions: sim.preemptions,
+    }
 }
 
 struct Sim<'a> {
@@ -192,6 +230,14 @@ struct Sim<'a> {
     refused: Vec<(usize, String)>,
     /// Runs stopped at their time limit (the job ended TIMEOUT, its work cut short).
     timed_out: usize,
+    /// Replaying a cluster's own history (`engine::history`).
+    history: Option<history::Side<'a>>,
+    /// Runs asked to stop whose stop is scheduled.
+    stopping: HashSet<(JobId, u32)>,
+    /// What each running job holds: node, GPUs, (CPUs, MiB), a fraction.
+    held: HashMap<JobId, (String, u32, (u64, u64), bool)>,
+    /// Per QoS and per account: preemption victims and the GPU-ms they lost.
+    victims: BTreeMap<(bool, String), (u64, f64)>,
 }
 
 /// A modelled node's registration: `gpus` GPUs of `model`; CPUs or memory of 0 (not said by
@@ -232,9 +278,19 @@ fn arrivals(jobs: &[TraceJob], load: Option<f64>) -> Vec<i64> {
 }
 
 impl<'a> Sim<'a> {
-    fn new(nodes: &[TraceNode], jobs: &'a [TraceJob], policy: &Policy, config: &'a SimConfig) -> Sim<'a> {
+    fn new(
+        nodes: &[TraceNode],
+        jobs: &'a [TraceJob],
+        policy: &Policy,
+        config: &'a SimConfig,
+        history: Option<&'a HistoryTrace>,
+    ) -> Sim<'a> {
         let mut state = ClusterState::new();
-        state.apply(&Command { skipped_ms: 0, now_ms: 0, op: Op::SetPolicy { policy: policy.clone(), audit: None } });
+        state.apply(&Command {
+            skipped_ms: 0,
+            now_ms: 0,
+            op: Op::SetPolicy { policy: policy.clone(), audit: None },
+        });
         let mut capacity = BTreeMap::new();
         for n in nodes {
             let info = node_info(&n.name, n.gpus, &n.model, n.cpus, n.mem_mib, BTreeMap::new());
@@ -279,7 +335,25 @@ impl<'a> Sim<'a> {
             last_event_ms: 0,
             refused: Vec::new(),
             timed_out: 0,
+            history: history.map(history::Side::new),
+            stopping: HashSet::new(),
+            held: HashMap::new(),
+            victims: BTreeMap::new(),
         };
+        sim.register_history_nodes();
+        if let Some(h) = &sim.history {
+            let shares =
+                h.trace.nodes.iter().all(|n| n.cpus > 0 && n.memory_mib > 0) && !h.trace.nodes.is_empty();
+            sim.share_totals = shares.then(|| {
+                (
+                    h.trace.nodes.iter().map(|n| u64::from(n.cpus)).sum(),
+                    h.trace.nodes.iter().map(|n| n.memory_mib).sum(),
+                )
+            });
+            for (at, event) in h.events() {
+                sim.events.push(Reverse((at, u64::MAX / 2, event)));
+            }
+        }
         // Same-millisecond arrivals in an order drawn from the seed.
         let mut rng = SplitMix(kairos_scheduler::seeded::SplitMix64::new(config.seed));
         sim.arrivals = arrivals(jobs, config.load);
@@ -368,18 +442,39 @@ impl<'a> Sim<'a> {
             Event::Join { intent } => self.burst_join(now, intent),
             Event::SpotNotice { intent } => self.spot_notice(now, intent),
             Event::Reclaim { intent } => self.reclaim(now, intent),
+            Event::NodeChange(k) => self.node_change(now, k),
+            Event::Cancel(i) => self.cancel(now, i),
+            Event::Hold { job, held } => self.hold(now, job, held),
         }
     }
 
     /// The trace's job `i` arrives: submitted, and tracked when accepted.
     fn arrival(&mut self, now: i64, i: usize) -> bool {
         let spec = self.spec(i);
-        match self.apply(now, Op::Submit { spec, request_id: None, hold: false, limits: None }) {
+        let hold = self.history.as_ref().is_some_and(|h| h.submitted_held(i));
+        match self.apply(now, Op::Submit { spec, request_id: None, hold, limits: None }) {
             Outcome::Submitted { job } => {
+                let (qos, account) = self
+                    .state
+                    .jobs
+                    .get(&job)
+                    .map(|j| (j.spec.qos.clone(), j.spec.account.clone()))
+                    .unwrap_or_default();
                 self.tracks.insert(
                     job,
-                    Track { trace: i, first_start_ms: None, run_start_ms: 0, saved_ms: 0, end_ms: None },
+                    Track {
+                        trace: i,
+                        qos,
+                        account,
+                        first_start_ms: None,
+                        run_start_ms: 0,
+                        saved_ms: 0,
+                        end_ms: None,
+                    },
                 );
+                if let Some(h) = self.history.as_mut() {
+                    h.submitted(i, job);
+                }
                 true
             }
             // Refused (say, larger than any node): never runs; the report says why.
@@ -403,6 +498,13 @@ impl<'a> Sim<'a> {
         let gpus = j.total_gpus();
         let share = (u64::from(j.spec.cpus) * u64::from(j.tasks()), j.spec.mem_mib * u64::from(j.tasks()));
         let fraction = j.spec.gpu_milli > 0;
+        self.held.remove(&job);
+        self.stopping.remove(&(job, attempt));
+        // A history's job exits as its last run did.
+        let exit = match (&self.history, self.tracks.get(&job), exit) {
+            (Some(h), Some(t), RunExit::Code(0)) => RunExit::Code(h.job(t.trace).exit_code),
+            (_, _, exit) => exit,
+        };
         self.apply(now, Op::JobExited { job, attempt, node: node.clone(), exit });
         match (self.cloud.as_mut().filter(|c| c.is_cloud_node(&node)), fraction) {
             (Some(cloud), _) => cloud.run_ended(now, job, attempt),
@@ -412,22 +514,30 @@ impl<'a> Sim<'a> {
         self.share_used =
             (self.share_used.0.saturating_sub(share.0), self.share_used.1.saturating_sub(share.1));
         self.allocation.push((now, self.allocated));
+        self.settle_end(now, job);
+        true
+    }
+
+    /// Records the end of job `job` when the state has ended it.
+    fn settle_end(&mut self, now: i64, job: JobId) {
         let state = self.state.jobs.get(&job).map(|j| j.state);
         if state == Some(JobState::Timeout) {
             self.timed_out += 1;
         }
         if state.is_some_and(|s| s.is_terminal()) {
-            if let Some(t) = self.tracks.get_mut(&job) {
+            if let Some(t) = self.tracks.get_mut(&job).filter(|t| t.end_ms.is_none()) {
                 t.end_ms = Some(now);
+                self.last_end_ms = self.last_end_ms.max(now);
+                self.finished.push(job);
             }
-            self.last_end_ms = self.last_end_ms.max(now);
-            self.finished.push(job);
         }
-        true
     }
 
     /// The job the trace's job `i` is submitted as.
     fn spec(&self, i: usize) -> JobSpec {
+        if let Some(h) = &self.history {
+            return h.spec(i);
+        }
         let j = &self.jobs[i];
         let mut spec = JobSpec::new(&j.name, "trace", vec!["true".into()], j.gpus);
         spec.cpus = j.cpus;
@@ -568,6 +678,9 @@ impl<'a> Sim<'a> {
         }
         self.share_used = (self.share_used.0 + share.0, self.share_used.1 + share.1);
         self.allocation.push((now, self.allocated));
+        if self.history.is_some() {
+            self.held.insert(job, (node.clone(), gpus, share, fraction));
+        }
         let Some(t) = self.tracks.get_mut(&job) else { return };
         t.first_start_ms.get_or_insert(now);
         t.run_start_ms = now;
@@ -583,16 +696,35 @@ impl<'a> Sim<'a> {
     /// A preemption victim saves what it can and stops after the stop delay.
     fn preempted(&mut self, now: i64, job: JobId) {
         self.preemptions += 1;
-        let Some(j) = self.state.jobs.get(&job) else { return };
-        let (attempt, gpus) = (j.attempt, j.total_gpus());
-        if let Some(t) = self.tracks.get_mut(&job) {
-            let stop_at = now + self.config.stop_delay_s as i64 * 1000;
-            let progress = (stop_at - t.run_start_ms).max(0);
-            let every = (self.config.checkpoint_every_s * 1000).max(1) as i64;
-            let saved = if self.config.checkpoint_on_signal { progress } else { progress - progress % every };
-            self.redone_gpu_ms += ((progress - saved) * i64::from(gpus)) as f64;
-            t.saved_ms = (t.saved_ms + saved).min(self.jobs[t.trace].duration_ms);
+        let Some(attempt) = self.state.jobs.get(&job).map(|j| j.attempt) else { return };
+        if self.tracks.contains_key(&job) {
+            let stop_at = now + self.stop_ms(job);
+            self.stopping.insert((job, attempt));
+            self.save_progress(job, stop_at, true);
             self.push(stop_at, Event::Stop { job, attempt });
+        }
+    }
+
+    /// A run of `job` that stops at `stop_at` keeps what it saved (all of it when it
+    /// checkpoints on the signal; else its last periodic checkpoint, none for a history's job);
+    /// the rest is redone. `victim`: a preemption, counted against its QoS and account.
+    fn save_progress(&mut self, job: JobId, stop_at: i64, victim: bool) {
+        let gpus = self.state.jobs.get(&job).map_or(0, |j| j.total_gpus());
+        let on_signal = self.checkpoints_on_signal(job);
+        let history = self.history.is_some();
+        let Some(t) = self.tracks.get_mut(&job) else { return };
+        let progress = (stop_at - t.run_start_ms).max(0);
+        let every = if history { i64::MAX } else { (self.config.checkpoint_every_s * 1000).max(1) as i64 };
+        let saved = if on_signal { progress } else { progress - progress % every };
+        let lost = ((progress - saved) * i64::from(gpus)) as f64;
+        self.redone_gpu_ms += lost;
+        t.saved_ms = (t.saved_ms + saved).min(self.jobs[t.trace].duration_ms);
+        if victim {
+            for key in [(false, t.qos.clone()), (true, t.account.clone())] {
+                let v = self.victims.entry(key).or_default();
+                v.0 += 1;
+                v.1 += lost;
+            }
         }
     }
 
@@ -624,6 +756,42 @@ impl<'a> Sim<'a> {
         *used = used.saturating_sub(gpus);
         self.allocated -= before - *used;
         self.partial_free = self.partial_free - partial(cap, before) + partial(cap, *used);
+    }
+
+    /// Waits per QoS and per account, with the preemptions their jobs suffered.
+    fn groups(&self) -> (BTreeMap<String, crate::report::Group>, BTreeMap<String, crate::report::Group>) {
+        let mut classes: BTreeMap<(bool, String), Class> = BTreeMap::new();
+        for t in self.tracks.values() {
+            let Some(start) = t.first_start_ms else { continue };
+            let submit = self.arrivals[t.trace];
+            let (wait, completion) =
+                ((start - submit) as f64 / 1000.0, (t.end_ms.unwrap_or(start) - submit) as f64 / 1000.0);
+            for key in [(false, t.qos.clone()), (true, t.account.clone())] {
+                classes.entry(key).or_default().add(
+                    wait,
+                    completion,
+                    self.jobs[t.trace].duration_ms as f64 / 1000.0,
+                );
+            }
+        }
+        for key in self.victims.keys() {
+            classes.entry(key.clone()).or_default();
+        }
+        let (mut by_qos, mut by_account) = (BTreeMap::new(), BTreeMap::new());
+        for ((account, name), class) in classes {
+            let (preempted, lost) = self.victims.get(&(account, name.clone())).copied().unwrap_or_default();
+            let group = crate::report::Group {
+                summary: class.summary(),
+                preempted,
+                lost_gpu_hours: lost / 3_600_000.0,
+            };
+            if account {
+                by_account.insert(name, group)
+            } else {
+                by_qos.insert(name, group)
+            };
+        }
+        (by_qos, by_account)
     }
 
     fn series(&self) -> crate::plot::Series {
@@ -660,6 +828,7 @@ impl<'a> Sim<'a> {
                 }
             }
         }
+        let (by_qos, by_account) = self.groups();
         let unfinished_jobs = self.unfinished();
         let unfinished =
             unfinished_jobs.len() + self.jobs.len().saturating_sub(self.tracks.len() + self.refused.len());
@@ -696,6 +865,9 @@ impl<'a> Sim<'a> {
                 0.0
             },
             makespan_s: makespan_ms as f64 / 1000.0,
+            by_qos,
+            by_account,
+            shares: self.shares(),
             burst: self.cloud.as_ref().map(|c| {
                 let window_ms = self.last_submit_ms - self.first_submit_ms;
                 c.report(self.state.burst.spent_milli(self.last_event_ms), self.last_event_ms, window_ms)
@@ -942,7 +1114,7 @@ mod limit_tests {
         let (jobs, _) = crate::trace::alibaba_pods("p.csv", pods_csv).unwrap();
         let config = SimConfig::default();
         let policy = kairos_scheduler::policy::Policy::default();
-        let mut sim = Sim::new(&nodes, &jobs, &policy, &config);
+        let mut sim = Sim::new(&nodes, &jobs, &policy, &config, None);
         sim.run();
         let node_of = |name: &str| {
             let live = sim.state.jobs.values().find(|j| j.spec.name == name).map(|j| j.last_node.clone());

@@ -64,6 +64,16 @@ pub struct ClassSummary {
     pub slowdown: f64,
 }
 
+/// The jobs of one QoS or one account: their waits, and the preemptions they suffered.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Group {
+    #[serde(flatten)]
+    pub summary: ClassSummary,
+    /// Times its running jobs were preempted, and the GPU-hours of work that threw away.
+    pub preempted: u64,
+    pub lost_gpu_hours: f64,
+}
+
 /// A job the replay did not finish, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Unfinished {
@@ -143,6 +153,11 @@ pub struct Report {
     pub fragmentation: f64,
     /// From the first arrival to the last end.
     pub makespan_s: f64,
+    /// Per QoS and per account (QoS and account after the policy's defaults).
+    pub by_qos: BTreeMap<String, Group>,
+    pub by_account: BTreeMap<String, Group>,
+    /// Each account's share of the decayed GPU usage (fairshare) when the replay ended.
+    pub shares: BTreeMap<String, f64>,
     /// What cloud burst launched, cost and ran (`kairos sim --burst`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub burst: Option<crate::cloud::BurstReport>,
@@ -155,7 +170,13 @@ fn round3(x: f64) -> f64 {
 impl Report {
     /// Figures at millisecond (and 1e-3) precision, so output is stable to read and compare.
     pub fn rounded(mut self) -> Report {
-        for c in [&mut self.inference, &mut self.training, &mut self.whole_node] {
+        let groups = self.by_qos.values_mut().chain(self.by_account.values_mut());
+        for c in [&mut self.inference, &mut self.training, &mut self.whole_node].into_iter().chain(
+            groups.map(|g| {
+                g.lost_gpu_hours = round3(g.lost_gpu_hours);
+                &mut g.summary
+            }),
+        ) {
             c.wait_s = Waits {
                 p50: round3(c.wait_s.p50),
                 p90: round3(c.wait_s.p90),

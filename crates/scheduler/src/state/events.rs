@@ -56,13 +56,21 @@ impl NodeShape {
 pub enum ClusterEventKind {
     /// Registered (first time, or again after it was removed), or re-registered with another
     /// shape.
-    NodeJoined { shape: NodeShape },
-    NodeDraining { reason: String },
-    NodeDown { reason: String },
+    NodeJoined {
+        shape: NodeShape,
+    },
+    NodeDraining {
+        reason: String,
+    },
+    NodeDown {
+        reason: String,
+    },
     /// Up again (resumed after a drain, or back after being down).
     NodeUp,
     NodeRemoved,
-    PolicyApplied { audit: PolicyAudit },
+    PolicyApplied {
+        audit: PolicyAudit,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

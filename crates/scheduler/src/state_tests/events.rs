@@ -44,7 +44,9 @@ fn node_changes_and_policy_changes_are_logged_once_each() {
         "a second drain, a re-registration of the same shape and a refused change log nothing"
     );
     let events: Vec<_> = s.events.iter().collect();
-    assert!(matches!(&events[1].kind, ClusterEventKind::NodeDraining { reason } if reason.contains("maintenance")));
+    assert!(
+        matches!(&events[1].kind, ClusterEventKind::NodeDraining { reason } if reason.contains("maintenance"))
+    );
     assert!(matches!(&events[4].kind, ClusterEventKind::NodeJoined { shape } if shape.gpus == 2));
     assert!(matches!(&events[7].kind, ClusterEventKind::PolicyApplied { audit: a } if *a == audit));
     // Bounded: the oldest go first.
@@ -61,7 +63,8 @@ fn a_record_keeps_each_run_its_preemption_its_checkpoint_and_holds() {
     let mut sp = spec(2, "training");
     sp.requeue = true;
     sp.gpu_model = Some("A100|H100".into());
-    let id = submitted(s.apply(&cmd(10, Op::Submit { spec: sp, request_id: None, hold: true, limits: None })));
+    let id =
+        submitted(s.apply(&cmd(10, Op::Submit { spec: sp, request_id: None, hold: true, limits: None })));
     s.apply(&cmd(20, Op::Release { job: id, by: "alice".into() }));
     run_plan(&mut s, 30);
     s.apply(&cmd(40, Op::JobStarted { job: id, attempt: 0, node: "n1".into() }));
@@ -74,7 +77,10 @@ fn a_record_keeps_each_run_its_preemption_its_checkpoint_and_holds() {
     s.apply(&cmd(65, Op::Checkpointed { job: id, attempt: 0, node: "n1".into() }));
     s.apply(&cmd(70, Op::JobExited { job: id, attempt: 0, node: "n1".into(), exit: RunExit::Signal(15) }));
     let live = JobRecord::of(&s.jobs[&id], 0);
-    assert_eq!(live.replay.runs, vec![RunWindow { start_ms: 40, end_ms: 70, preempted_ms: 60, checkpointed: true }]);
+    assert_eq!(
+        live.replay.runs,
+        vec![RunWindow { start_ms: 40, end_ms: 70, preempted_ms: 60, checkpointed: true }]
+    );
     assert_eq!(live.replay.holds, vec![HoldWindow { held_ms: 10, released_ms: 20 }]);
     assert_eq!(live.replay.gpu_model.as_deref(), Some("A100|H100"));
     assert!(live.replay.requeue);

@@ -346,7 +346,10 @@ fn a_model_set_places_on_any_of_its_models_and_never_on_another() {
 #[test]
 fn fairshare_favours_the_account_with_less_past_usage() {
     let mut s = cluster(1);
-    assert_eq!(s.apply(&cmd(1, Op::SetPolicy { policy: two_accounts(), audit: None })), Outcome::PolicyChanged);
+    assert_eq!(
+        s.apply(&cmd(1, Op::SetPolicy { policy: two_accounts(), audit: None })),
+        Outcome::PolicyChanged
+    );
     // Alice's account uses the GPU for ten hours.
     let mut heavy = spec(1, "batch");
     heavy.user = "alice".into();
@@ -625,7 +628,10 @@ fn a_qos_an_account_does_not_allow_is_refused_naming_the_allowed_ones() {
         allowed: ["urgent", "inference", "training"].map(String::from).into(),
         default: Some("inference".into()),
     };
-    assert_eq!(s.apply(&cmd(1, Op::SetPolicy { policy: policy.clone(), audit: None })), Outcome::PolicyChanged);
+    assert_eq!(
+        s.apply(&cmd(1, Op::SetPolicy { policy: policy.clone(), audit: None })),
+        Outcome::PolicyChanged
+    );
     let limits = crate::state::quota::SubmitLimits { max_jobs_per_user: 100, max_jobs: 100, any_qos: false };
     let submit = |s: &mut ClusterState, user: &str, qos: &str, limits| {
         let mut sp = spec(1, qos);
@@ -669,7 +675,10 @@ fn a_qos_an_account_does_not_allow_is_refused_naming_the_allowed_ones() {
             default: Some("training".into()),
         },
     );
-    assert_eq!(s.apply(&cmd(3, Op::SetPolicy { policy: policy.clone(), audit: None })), Outcome::PolicyChanged);
+    assert_eq!(
+        s.apply(&cmd(3, Op::SetPolicy { policy: policy.clone(), audit: None })),
+        Outcome::PolicyChanged
+    );
     let job = submitted(submit(&mut s, "alice", "urgent", limits));
     assert_eq!(s.jobs[&job].spec.qos, "urgent");
     let job = submitted(submit(&mut s, "alice", "", limits));
