@@ -39,6 +39,11 @@ pub struct HistoryArgs {
     /// CPU and memory efficiency; all attempts and tasks, as their nodes measured them).
     #[arg(long, value_delimiter = ',')]
     pub format: Vec<String>,
+    /// Write the window as a history trace (JSONL) to FILE instead: every job live in it with
+    /// what the planner reads and the work it needed, the nodes and their recorded changes,
+    /// and the policy — what `kairos sim --history FILE` and `kairos policy what-if` replay.
+    #[arg(long, value_name = "FILE.jsonl", conflicts_with_all = ["user", "state", "account", "format"])]
+    pub export_trace: Option<std::path::PathBuf>,
 }
 
 /// Every column `--format` knows, in the default order.
@@ -210,6 +215,9 @@ pub async fn history(client: &Client, json: bool, args: HistoryArgs) -> anyhow::
         Some(s) => parse_when(s, now).map_err(|e| anyhow::anyhow!("--until: {e}"))?,
         None => 0,
     };
+    if let Some(path) = &args.export_trace {
+        return crate::whatif::export_trace(client, since, until, path).await;
+    }
     let states = args
         .state
         .iter()

@@ -29,6 +29,7 @@ mod redirect;
 mod sim;
 mod tokens;
 mod up;
+mod whatif;
 
 use std::path::PathBuf;
 
@@ -319,7 +320,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Qos { command } => qos::qos_command(client, command, json).await,
         Cmd::Account { command } => accounts::account_command(client, json, command).await,
         Cmd::Partition { command } => partitions::partition_command(client, json, command).await,
-        Cmd::Policy { command } => policy::policy_command(client, command).await,
+        Cmd::Policy { command } => policy::policy_command(client, json, command).await,
         Cmd::Burst { command } => burst::burst_command(client, json, command).await,
         Cmd::Context { command } => context::context_command(json, command),
         Cmd::Sim(args) => sim::sim(json, args),

@@ -22,7 +22,7 @@ pub fn job_state_name(state: i32) -> &'static str {
     }
 }
 
-fn profile_name(p: i32) -> &'static str {
+pub(crate) fn profile_name(p: i32) -> &'static str {
     match pb::Profile::try_from(p) {
         Ok(pb::Profile::Training) => "training",
         Ok(pb::Profile::Inference) => "inference",

@@ -11,13 +11,33 @@ use crate::policy_file;
 #[derive(Subcommand, Debug)]
 pub enum PolicyCmd {
     /// Replace the whole policy with a TOML file (validated whole; nothing half-applied).
+    ///
+    /// First it replays the last 7 days of the cluster's history under the current policy and
+    /// under the file's (`policy what-if`), prints the comparison, and asks for confirmation;
+    /// the audit event of the change records the comparison's SHA-256 and the token that made
+    /// it (`kairos events`).
     Apply {
         /// The policy file (TOML, as `policy export` writes it).
         file: PathBuf,
         /// Check the file as the controllers would (whole), apply nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Apply without asking (the comparison is still printed and recorded).
+        #[arg(long, short = 'y')]
+        yes: bool,
+        /// Skip the replay of the history (nothing to show, nothing recorded).
+        #[arg(long)]
+        no_what_if: bool,
+        /// The window the comparison replays.
+        #[arg(long, default_value = crate::whatif::DEFAULT_SINCE)]
+        since: String,
     },
+    /// Replay the cluster's own recent history under the current policy and under a proposed
+    /// one, and show what would change: waits per QoS and per account, preemptions and the
+    /// work they lost, utilisation, fairshare shares, burst spend, and the largest changes in
+    /// words. The replay of the current policy is checked against what happened first (its
+    /// fidelity). Runs here, never on a controller.
+    WhatIf(crate::whatif::WhatIfArgs),
     /// Print the policy as TOML.
     Export,
     /// Read the measured history and print the policy with what it supports, per QoS: wall
@@ -27,6 +47,16 @@ pub enum PolicyCmd {
     Advise(crate::insight::advise::AdviseArgs),
 }
 
+/// Asks `question` on the terminal; whether the answer was yes (end of input: no).
+fn confirmed(question: &str) -> anyhow::Result<bool> {
+    use std::io::Write;
+    print!("{question}");
+    std::io::stdout().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().read_line(&mut answer)?;
+    Ok(matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes"))
+}
+
 pub async fn get_policy(client: &Client) -> Result<pb::Policy, CallError> {
     client
         .admin(pb::GetPolicyRequest {}, |mut c, r| async move { c.get_policy(r).await })
@@ -34,10 +64,11 @@ pub async fn get_policy(client: &Client) -> Result<pb::Policy, CallError> {
         .map(|r| r.into_inner())
 }
 
-pub async fn policy_command(client: &Client, command: PolicyCmd) -> anyhow::Result<i32> {
+pub async fn policy_command(client: &Client, json: bool, command: PolicyCmd) -> anyhow::Result<i32> {
     match command {
         PolicyCmd::Advise(args) => return crate::insight::advise::advise(client, args).await,
-        PolicyCmd::Apply { file, dry_run } => {
+        PolicyCmd::WhatIf(args) => return crate::whatif::what_if(client, json, args).await,
+        PolicyCmd::Apply { file, dry_run, yes, no_what_if, since } => {
             let text = std::fs::read_to_string(&file)
                 .map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?;
             let parsed = policy_file::PolicyFile::parse(&text)
@@ -62,6 +93,22 @@ pub async fn policy_command(client: &Client, command: PolicyCmd) -> anyhow::Resu
                 }
                 println!("policy valid: {} qos classes (dry run: nothing applied)", checked.qos.len());
                 return Ok(0);
+            }
+            let checked = kairos_convert::policy::policy_from_pb(policy.clone())
+                .map_err(|e| anyhow::anyhow!("{}: {}", file.display(), e.message()))?;
+            checked.validate().map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            let mut policy = policy;
+            if !no_what_if {
+                let (c, _) = crate::whatif::what_if_on_cluster(client, &checked, &since, None)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("what-if: {e} (--no-what-if applies without it)"))?;
+                print!("{}", crate::whatif::compare::text(&c));
+                println!("summary sha256: {}", c.summary_sha256);
+                policy.what_if_hash = c.summary_sha256;
+            }
+            if !yes && !confirmed(&format!("apply {}? [y/N] ", file.display()))? {
+                println!("policy not applied (not confirmed; --yes applies without asking)");
+                return Ok(1);
             }
             let applied = client
                 .admin(policy.clone(), |mut c, r| async move { c.apply_policy(r).await })

@@ -10,6 +10,15 @@ pub struct SimArgs {
     /// Alibaba v2023 pod list (openb_pod_list_*.csv): class LS is inference, the rest training.
     #[arg(long, value_name = "CSV", conflicts_with = "jobs")]
     pub pods: Option<std::path::PathBuf>,
+    /// A cluster's own history (`kairos history --export-trace`): its jobs, nodes and recorded
+    /// events, replayed under the policy it was exported with (or --policy, or each of
+    /// --compare), each with its fidelity to what happened.
+    #[arg(
+        long,
+        value_name = "FILE.jsonl",
+        conflicts_with_all = ["pods", "jobs", "nodes", "cluster", "inflate", "load", "offered_load", "from"]
+    )]
+    pub history: Option<std::path::PathBuf>,
     /// Alibaba v2023 GPU node list (openb_node_list_gpu_node.csv).
     #[arg(long, value_name = "CSV", conflicts_with = "cluster")]
     pub nodes: Option<std::path::PathBuf>,
@@ -78,7 +87,7 @@ pub struct SimArgs {
 
 /// A burst file (`kairos burst config apply` format) as the core's configuration and the
 /// simulated cloud of its `[sim]` table, checked under `policy`.
-fn burst_of(
+pub(crate) fn burst_of(
     path: &std::path::Path,
     policy: &kairos_scheduler::policy::Policy,
 ) -> anyhow::Result<kairos_sim::cloud::BurstSetup> {
@@ -93,10 +102,18 @@ fn burst_of(
 }
 
 /// A policy file (`kairos policy apply` format) as the core's policy, validated.
-fn policy_of(path: &std::path::Path) -> anyhow::Result<kairos_scheduler::policy::Policy> {
+pub(crate) fn policy_of(path: &std::path::Path) -> anyhow::Result<kairos_scheduler::policy::Policy> {
     let text =
         std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-    let file = crate::policy_file::PolicyFile::parse(&text)
+    policy_of_text(&text, path)
+}
+
+/// Policy file text (read from `path`, which errors name) as the core's policy, validated.
+pub(crate) fn policy_of_text(
+    text: &str,
+    path: &std::path::Path,
+) -> anyhow::Result<kairos_scheduler::policy::Policy> {
+    let file = crate::policy_file::PolicyFile::parse(text)
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let pb = file.to_pb().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let policy = kairos_convert::policy::policy_from_pb(pb)
@@ -160,6 +177,19 @@ fn print_qos(policy: &kairos_scheduler::policy::Policy) {
 /// `kairos sim`: replays the trace under each policy (or burst setting) asked for, and prints
 /// the reports (and writes the picture, with --plot).
 pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
+    if let Some(history) = &args.history {
+        if args.burst.len() > 1 {
+            anyhow::bail!("--history: one --burst file at most");
+        }
+        let policies: Vec<std::path::PathBuf> = args.policy.iter().chain(&args.compare).cloned().collect();
+        return crate::whatif::sim_history(
+            json,
+            history,
+            &policies,
+            args.burst.first().map(|p| p.as_path()),
+            args.plot.as_deref(),
+        );
+    }
     let (nodes, jobs, load) = workload_of(&args)?;
     let config = SimConfig {
         load,

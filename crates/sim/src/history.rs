@@ -26,6 +26,10 @@ pub struct Window {
     pub to_ms: i64,
     #[serde(default)]
     pub exported_ms: i64,
+    /// The policy the cluster ran when the trace was exported (`kairos policy export`'s TOML):
+    /// what `kairos sim --history` replays unless given another.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub policy_toml: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -249,7 +253,7 @@ mod tests {
     #[test]
     fn a_trace_round_trips_and_bad_lines_are_named() {
         let trace = HistoryTrace {
-            window: Window { from_ms: 1000, to_ms: 9000, exported_ms: 9500 },
+            window: Window { from_ms: 1000, to_ms: 9000, exported_ms: 9500, policy_toml: String::new() },
             nodes: vec![NodeShape {
                 name: "n1".into(),
                 gpus: 4,

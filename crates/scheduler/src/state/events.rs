@@ -42,7 +42,7 @@ pub struct NodeShape {
 impl NodeShape {
     pub fn of(info: &NodeInfo) -> NodeShape {
         NodeShape {
-            gpus: info.gpus.iter().filter(|g| g.mig_parent.is_none()).count() as u32,
+            gpus: info.gpus.len() as u32,
             model: info.gpus.first().map(|g| g.model.clone()).unwrap_or_default(),
             cpus: info.cpus,
             memory_mib: info.memory_mib,

@@ -331,7 +331,7 @@ mod tests {
         cancelled.cancel_ms = Some(T0 + 25_000);
         cancelled.recorded.state = "CANCELLED".into();
         HistoryTrace {
-            window: Window { from_ms: T0, to_ms: T0 + 400_000, exported_ms: T0 + 400_000 },
+            window: Window { from_ms: T0, to_ms: T0 + 400_000, ..Default::default() },
             nodes: vec![node("n1"), node("n2"), NodeShape { gpus: 1, ..node("n3") }],
             node_events: vec![
                 NodeEvent {
