@@ -14,6 +14,7 @@ mod burst_file;
 mod client;
 mod cluster;
 mod context;
+mod events;
 mod history;
 mod insight;
 mod jobs;
@@ -97,6 +98,9 @@ enum Cmd {
     /// Accounting, like sacct: jobs live in a time window (default: the last day), finished
     /// ones too — also those past the controllers' --job-retention, kept in the history.
     History(history::HistoryArgs),
+    /// The cluster's event log (operators): nodes joining, draining, down, up and removed, and
+    /// policy changes with the token that made them and the hash of the what-if they confirmed.
+    Events(events::EventsArgs),
     /// What a job used against what it asked for (like seff): GPUs, GPU memory, CPUs, memory,
     /// wall time, with what it could ask for instead.
     Eff {
@@ -297,6 +301,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Queue(args) => jobs::queue(client, json, args).await,
         Cmd::Show { id } => jobs::show(client, json, jobs::resolve(client, id).await?).await,
         Cmd::History(args) => history::history(client, json, args).await,
+        Cmd::Events(args) => events::events(client, json, args).await,
         Cmd::Eff { id } => insight::eff::eff(client, json, jobs::resolve(client, id).await?).await,
         Cmd::Top(args) => insight::top::top(client, json, args).await,
         Cmd::Report { command: ReportCmd::Usage(args) } => insight::report::report(client, json, args).await,

@@ -234,8 +234,8 @@ struct Sim<'a> {
     history: Option<history::Side<'a>>,
     /// Runs asked to stop whose stop is scheduled.
     stopping: HashSet<(JobId, u32)>,
-    /// What each running job holds: node, GPUs, (CPUs, MiB), a fraction.
-    held: HashMap<JobId, (String, u32, (u64, u64), bool)>,
+    /// What each running job holds: each task's node and GPUs, (CPUs, MiB), a fraction.
+    held: HashMap<JobId, (Vec<(String, u32)>, (u64, u64), bool)>,
     /// Per QoS and per account: preemption victims and the GPU-ms they lost.
     victims: BTreeMap<(bool, String), (u64, f64)>,
 }
@@ -269,6 +269,11 @@ fn node_info(
         gpu_backend: "sim".into(),
         isolation: String::new(),
     }
+}
+
+/// Each task's node and GPU count of a run.
+fn task_gpus(a: &kairos_scheduler::Allocation) -> Vec<(String, u32)> {
+    a.tasks().map(|(_, node, gpus)| (node.to_string(), gpus.len() as u32)).collect()
 }
 
 /// Arrival times: the trace's divided by `load` (1.3: arrivals 30 % denser).
@@ -360,7 +365,9 @@ impl<'a> Sim<'a> {
         for (i, at) in sim.arrivals.clone().into_iter().enumerate() {
             sim.first_submit_ms = sim.first_submit_ms.min(at);
             sim.last_submit_ms = sim.last_submit_ms.max(at);
-            sim.events.push(Reverse((at, rng.next(), Event::Arrival(i))));
+            // A history's jobs arrive in their recorded order (ids break ties).
+            let order = if sim.history.is_some() { i as u64 } else { rng.next() };
+            sim.events.push(Reverse((at, order, Event::Arrival(i))));
         }
         sim.seq = 1 << 63;
         if let Some(b) = &config.burst {
@@ -491,8 +498,8 @@ impl<'a> Sim<'a> {
     /// is no longer running.
     fn run_exited(&mut self, now: i64, job: JobId, attempt: u32, exit: RunExit) -> bool {
         let Some(j) = self.state.jobs.get(&job) else { return false };
-        let node = match (&j.allocation, j.state) {
-            (Some(a), JobState::Running) if j.attempt == attempt => a.node.clone(),
+        let (node, tasks) = match (&j.allocation, j.state) {
+            (Some(a), JobState::Running) if j.attempt == attempt => (a.node.clone(), task_gpus(a)),
             _ => return false,
         };
         let gpus = j.total_gpus();
@@ -505,10 +512,14 @@ impl<'a> Sim<'a> {
             (Some(h), Some(t), RunExit::Code(0)) => RunExit::Code(h.job(t.trace).exit_code),
             (_, _, exit) => exit,
         };
-        self.apply(now, Op::JobExited { job, attempt, node: node.clone(), exit });
+        // Every task of a gang exits (its GPUs are counted per node).
+        for (n, _) in &tasks {
+            self.apply(now, Op::JobExited { job, attempt, node: n.clone(), exit: exit.clone() });
+        }
         match (self.cloud.as_mut().filter(|c| c.is_cloud_node(&node)), fraction) {
             (Some(cloud), _) => cloud.run_ended(now, job, attempt),
             (None, true) => self.sync_shared(&node),
+            (None, false) if tasks.len() > 1 => tasks.iter().for_each(|(n, g)| self.release(n, *g)),
             (None, false) => self.release(&node, gpus),
         }
         self.share_used =
@@ -666,7 +677,9 @@ impl<'a> Sim<'a> {
     /// A placed job's agent starts it at once.
     fn start(&mut self, now: i64, job: JobId) {
         let Some(j) = self.state.jobs.get(&job) else { return };
-        let Some(node) = j.allocation.as_ref().map(|a| a.node.clone()) else { return };
+        let Some((node, tasks)) = j.allocation.as_ref().map(|a| (a.node.clone(), task_gpus(a))) else {
+            return;
+        };
         let (attempt, gpus) = (j.attempt, j.total_gpus());
         let share = (u64::from(j.spec.cpus) * u64::from(j.tasks()), j.spec.mem_mib * u64::from(j.tasks()));
         let fraction = j.spec.gpu_milli > 0;
@@ -674,12 +687,13 @@ impl<'a> Sim<'a> {
         match (self.cloud.as_mut().filter(|c| c.is_cloud_node(&node)), fraction) {
             (Some(cloud), _) => cloud.run_started(now, &node, job, attempt, gpus),
             (None, true) => self.sync_shared(&node),
+            (None, false) if tasks.len() > 1 => tasks.iter().for_each(|(n, g)| self.take(n, *g)),
             (None, false) => self.take(&node, gpus),
         }
         self.share_used = (self.share_used.0 + share.0, self.share_used.1 + share.1);
         self.allocation.push((now, self.allocated));
         if self.history.is_some() {
-            self.held.insert(job, (node.clone(), gpus, share, fraction));
+            self.held.insert(job, (tasks, share, fraction));
         }
         let Some(t) = self.tracks.get_mut(&job) else { return };
         t.first_start_ms.get_or_insert(now);

@@ -330,7 +330,7 @@ fn kubernetes_manifests_run_in_their_qos_and_image_and_a_pod_group_starts_whole_
     // The policy maps the Kubernetes class to a QoS.
     let mut policy = c.ok(&["policy", "export"]);
     policy.push_str("\n[priority_classes]\nhigh-priority = \"urgent\"\n");
-    c.ok(&["policy", "apply", &file("policy.toml", &policy)]);
+    c.ok(&["policy", "apply", "--yes", &file("policy.toml", &policy)]);
 
     // Refused naming every unsupported field; nothing submitted.
     let bad = job_manifest(&image, "high-priority", 1).replace(

@@ -36,6 +36,7 @@ mod shipped_policy;
 mod sim;
 mod usage;
 mod web;
+mod whatif;
 
 use std::collections::BTreeSet;
 

@@ -39,9 +39,9 @@ burstable = true
 "#,
     )
     .unwrap();
-    assert!(c.ok(&["policy", "apply", file.to_str().unwrap()]).contains("3 qos classes"));
+    assert!(c.ok(&["policy", "apply", "--yes", file.to_str().unwrap()]).contains("3 qos classes"));
     // Applying the same file again is a no-op that succeeds.
-    c.ok(&["policy", "apply", file.to_str().unwrap()]);
+    c.ok(&["policy", "apply", "--yes", file.to_str().unwrap()]);
     let small: serde_json::Value = serde_json::from_str(&c.ok(&["qos", "show", "small", "--json"])).unwrap();
     assert_eq!(small["priority"], 20);
     assert_eq!(small["user_jobs"], 1);
@@ -51,7 +51,7 @@ burstable = true
     let exported = c.ok(&["policy", "export"]);
     let again = c.path("exported.toml");
     std::fs::write(&again, &exported).unwrap();
-    c.ok(&["policy", "apply", again.to_str().unwrap()]);
+    c.ok(&["policy", "apply", "--yes", again.to_str().unwrap()]);
     assert_eq!(c.ok(&["policy", "export"]), exported);
 
     // A job without QoS gets the profile's default (batch → small); the second of one user
@@ -100,7 +100,7 @@ fn bad_policy_input_is_refused_and_changes_nothing() {
     for (i, (text, expected)) in cases.iter().enumerate() {
         let file = c.path(&format!("bad-{i}.toml"));
         std::fs::write(&file, text).unwrap();
-        let out = c.kairos(&["policy", "apply", file.to_str().unwrap()]);
+        let out = c.kairos(&["policy", "apply", "--yes", file.to_str().unwrap()]);
         assert!(!out.status.success(), "case {i} was applied");
         let err = stderr(&out);
         assert_eq!(err.trim_end().lines().count(), 1, "case {i}: {err:?}");
@@ -198,7 +198,7 @@ users = ["bob"]
 "#,
     )
     .unwrap();
-    c.ok(&["policy", "apply", file.to_str().unwrap()]);
+    c.ok(&["policy", "apply", "--yes", file.to_str().unwrap()]);
     let as_user = |user: &str, args: &[&str]| {
         let out = c.cli_as(user).args(args).output().unwrap();
         assert!(out.status.success(), "{user} {args:?}: {}", stderr(&out));
@@ -248,7 +248,7 @@ selector = { rack = "r9" }
     );
     let file = c.path("partitions.toml");
     std::fs::write(&file, &policy).unwrap();
-    c.ok(&["policy", "apply", file.to_str().unwrap()]);
+    c.ok(&["policy", "apply", "--yes", file.to_str().unwrap()]);
     let parts: serde_json::Value = serde_json::from_str(&c.ok(&["partition", "list", "--json"])).unwrap();
     let names: Vec<&str> = parts.as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
     assert_eq!(names, vec!["default", "named", "rack9"]);
@@ -268,7 +268,7 @@ selector = { rack = "r9" }
     // A partition in use cannot disappear.
     std::fs::write(&file, c.ok(&["policy", "export"]).replace("partitions.rack9", "partitions.rack8"))
         .unwrap();
-    let out = c.kairos(&["policy", "apply", file.to_str().unwrap()]);
+    let out = c.kairos(&["policy", "apply", "--yes", file.to_str().unwrap()]);
     assert!(stderr(&out).contains("partition \"rack9\" is in use"), "{}", stderr(&out));
 }
 

@@ -158,7 +158,7 @@ fn an_idle_job_is_requeued_through_its_checkpoint_within_an_interval_and_a_busy_
     policy["qos"].as_table_mut().unwrap().insert("training".into(), training.into());
     let file_policy = c.path("idle.toml");
     std::fs::write(&file_policy, toml::to_string(&policy).unwrap()).unwrap();
-    c.ok(&["policy", "apply", file_policy.to_str().unwrap()]);
+    c.ok(&["policy", "apply", "--yes", file_policy.to_str().unwrap()]);
 
     let submit = || c.submit(&["--qos", "training", "--gpus", "1", "--", "sh", "-c", RESUMES]);
     let (a, b) = (submit(), submit());
@@ -244,5 +244,5 @@ fn report_usage_totals_are_the_sums_of_history_and_advice_is_a_policy_apply_acce
     let advice = c.ok(&["policy", "advise"]);
     let file = c.path("advised.toml");
     std::fs::write(&file, &advice).unwrap();
-    c.ok(&["policy", "apply", "--dry-run", file.to_str().unwrap()]);
+    c.ok(&["policy", "apply", "--yes", "--dry-run", file.to_str().unwrap()]);
 }

@@ -200,11 +200,13 @@ impl Sim<'_> {
 
     /// A run the state ended without its exit (its node went down): its GPUs counted free.
     fn released_lost(&mut self, now: i64, job: JobId) {
-        let Some((node, gpus, share, fraction)) = self.held.remove(&job) else { return };
-        if fraction {
-            self.sync_shared(&node);
-        } else {
-            self.release(&node, gpus);
+        let Some((tasks, share, fraction)) = self.held.remove(&job) else { return };
+        for (node, gpus) in tasks {
+            if fraction {
+                self.sync_shared(&node);
+            } else {
+                self.release(&node, gpus);
+            }
         }
         self.share_used =
             (self.share_used.0.saturating_sub(share.0), self.share_used.1.saturating_sub(share.1));
