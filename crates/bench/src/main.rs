@@ -7,6 +7,7 @@
 //! - `failover`: under a steady submit stream, SIGKILLs the leader each round and measures the
 //!   gap from the kill to the first acknowledged submit.
 //! - `preempt`: an urgent job's start when it must preempt, through real agents.
+//! - `replay`: a what-if's replay of a synthetic 30-day history (`kairos_sim`), time and memory.
 //! - `schedule`: planning passes of the pure core on a large synthetic cluster.
 //! - `entry-path`: a log entry's data path per submit (encode, decode, log record, apply) in one
 //!   process, steady to a few percent where the cluster benches move by tens.
@@ -29,6 +30,7 @@ mod failover;
 mod floor;
 mod load;
 mod preempt;
+mod replay;
 mod schedule;
 mod usage;
 
@@ -135,6 +137,18 @@ enum Bench {
         #[arg(long)]
         addr: String,
     },
+    /// A what-if's replay: a synthetic history of JOBS jobs over DAYS days on NODES nodes, read
+    /// from its trace file and replayed once (time, CPU, peak memory).
+    Replay {
+        #[arg(long, default_value_t = 200_000)]
+        jobs: u32,
+        #[arg(long, default_value_t = 30)]
+        days: u32,
+        #[arg(long, default_value_t = 1000)]
+        nodes: u32,
+        #[arg(long, default_value_t = 8)]
+        gpus: u32,
+    },
     /// The agent's cost of measuring runs: one sampler tick for RUNS runs on GPUS fake GPUs, in
     /// process CPU per tick and as a share of a core at the sampling interval.
     Usage {
@@ -186,6 +200,7 @@ async fn main() {
             floor::bench(clients, conns, seconds).await
         }
         Bench::FloorServe { addr } => floor::serve(addr).await,
+        Bench::Replay { jobs, days, nodes, gpus } => replay::run(jobs, days, nodes.max(1), gpus.clamp(1, 64)),
         Bench::Usage { gpus, runs, ticks, interval_s } => {
             usage::run(gpus, runs, ticks, std::time::Duration::from_secs(interval_s.max(1)))
         }

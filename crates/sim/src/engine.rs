@@ -234,8 +234,8 @@ struct Sim<'a> {
     history: Option<history::Side<'a>>,
     /// Runs asked to stop whose stop is scheduled.
     stopping: HashSet<(JobId, u32)>,
-    /// What each running job holds: each task's node and GPUs, (CPUs, MiB), a fraction.
-    held: HashMap<JobId, (Vec<(String, u32)>, (u64, u64), bool)>,
+    /// What each running job holds.
+    held: HashMap<JobId, Held>,
     /// Per QoS and per account: preemption victims and the GPU-ms they lost.
     victims: BTreeMap<(bool, String), (u64, f64)>,
 }
@@ -270,6 +270,9 @@ fn node_info(
         isolation: String::new(),
     }
 }
+
+/// What a running job holds: each task's node and GPUs, (CPUs, MiB), whether a fraction.
+type Held = (Vec<(String, u32)>, (u64, u64), bool);
 
 /// Each task's node and GPU count of a run.
 fn task_gpus(a: &kairos_scheduler::Allocation) -> Vec<(String, u32)> {

@@ -143,10 +143,9 @@ fn why_late(trace: &HistoryTrace, i: usize, recorded: i64, replayed: i64) -> Str
         Some("submitted before the window".to_string())
     } else if !job.holds.is_empty() {
         Some("held and released by hand".to_string())
-    } else if let Some(e) = trace.node_events.iter().find(|e| (from..=to).contains(&e.at_ms)) {
-        Some(format!("node {} changed while it waited", e.node))
     } else {
-        None
+        let changed = trace.node_events.iter().find(|e| (from..=to).contains(&e.at_ms));
+        changed.map(|e| format!("node {} changed while it waited", e.node))
     };
     match cause {
         Some(c) => format!("{by}: {c}"),

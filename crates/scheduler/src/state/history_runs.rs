@@ -105,7 +105,7 @@ impl Replay {
                 _ => {}
             }
         }
-        if job.held && !holds.last().is_some_and(|h| h.released_ms == 0) {
+        if job.held && holds.last().is_none_or(|h| h.released_ms != 0) {
             holds.push(HoldWindow { held_ms: job.submit_time_ms, released_ms: 0 });
         }
         if let (Some(r), Some(end)) = (runs.last_mut().filter(|r| r.end_ms == 0), job.end_time_ms) {
