@@ -37,7 +37,7 @@ pub fn synthetic(jobs: u32, days: u32, nodes: u32, gpus: u32) -> HistoryTrace {
     for id in 0..u64::from(jobs) {
         // Arrivals: uniform over the window, twice as dense in the day's working half.
         let mut at = (d.next() % span_ms as u64) as i64;
-        if d.next() % 3 == 0 {
+        if d.next().is_multiple_of(3) {
             at = at - at % 86_400_000 + 8 * 3_600_000 + (d.next() % (12 * 3_600_000)) as i64;
         }
         let kind = d.next() % 100;
@@ -61,7 +61,7 @@ pub fn synthetic(jobs: u32, days: u32, nodes: u32, gpus: u32) -> HistoryTrace {
             gpus: gpus_per_task.min(gpus),
             tasks,
             requeue: true,
-            checkpoint_on_signal: d.next() % 2 == 0,
+            checkpoint_on_signal: d.next().is_multiple_of(2),
             stop_ms: 5_000,
             recorded: Recorded { state: "COMPLETED".into(), ..Recorded::default() },
             ..HistoryJob::default()

@@ -298,6 +298,23 @@ impl BurstFile {
     }
 }
 
+/// A burst file (`kairos burst config apply` format) as the core's configuration and the
+/// simulated cloud of its `[sim]` table, checked under `policy` (`kairos sim --burst`, `kairos
+/// policy what-if --burst`).
+pub fn setup_of(
+    path: &std::path::Path,
+    policy: &kairos_scheduler::policy::Policy,
+) -> anyhow::Result<kairos_sim::cloud::BurstSetup> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    let fail = |e: String| anyhow::anyhow!("{}: {e}", path.display());
+    let file = BurstFile::parse(&text).map_err(fail)?;
+    let config = kairos_convert::burst::burst_config_from_pb(file.to_pb().map_err(fail)?);
+    let setup = kairos_sim::cloud::BurstSetup { config, model: file.cloud_model().map_err(fail)? };
+    setup.check(policy).map_err(fail)?;
+    Ok(setup)
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;

@@ -277,3 +277,11 @@ impl Client {
         }
     }
 }
+
+/// The cluster's scheduling policy.
+pub async fn get_policy(client: &Client) -> Result<kairos_proto::v1::Policy, CallError> {
+    client
+        .admin(kairos_proto::v1::GetPolicyRequest {}, |mut c, r| async move { c.get_policy(r).await })
+        .await
+        .map(|r| r.into_inner())
+}

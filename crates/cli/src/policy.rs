@@ -3,9 +3,8 @@
 use std::path::PathBuf;
 
 use clap::Subcommand;
-use kairos_proto::v1 as pb;
 
-use crate::client::{CallError, Client};
+use crate::client::Client;
 use crate::policy_file;
 
 #[derive(Subcommand, Debug)]
@@ -57,12 +56,7 @@ fn confirmed(question: &str) -> anyhow::Result<bool> {
     Ok(matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes"))
 }
 
-pub async fn get_policy(client: &Client) -> Result<pb::Policy, CallError> {
-    client
-        .admin(pb::GetPolicyRequest {}, |mut c, r| async move { c.get_policy(r).await })
-        .await
-        .map(|r| r.into_inner())
-}
+pub use crate::client::get_policy;
 
 pub async fn policy_command(client: &Client, json: bool, command: PolicyCmd) -> anyhow::Result<i32> {
     match command {

@@ -619,6 +619,22 @@ impl PartitionEntry {
     }
 }
 
+/// A policy file (`kairos policy apply` format) as the core's policy, validated.
+pub fn load(path: &std::path::Path) -> anyhow::Result<kairos_scheduler::policy::Policy> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    load_text(&text, path)
+}
+
+/// Policy file text (read from `path`, which errors name) as the core's policy, validated.
+pub fn load_text(text: &str, path: &std::path::Path) -> anyhow::Result<kairos_scheduler::policy::Policy> {
+    let fail = |e: String| anyhow::anyhow!("{}: {e}", path.display());
+    let pb = PolicyFile::parse(text).map_err(fail)?.to_pb().map_err(fail)?;
+    let policy = kairos_convert::policy::policy_from_pb(pb).map_err(|s| fail(s.message().to_string()))?;
+    policy.validate().map_err(|e| fail(e.to_string()))?;
+    Ok(policy)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

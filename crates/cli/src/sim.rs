@@ -85,43 +85,6 @@ pub struct SimArgs {
     pub plot: Option<std::path::PathBuf>,
 }
 
-/// A burst file (`kairos burst config apply` format) as the core's configuration and the
-/// simulated cloud of its `[sim]` table, checked under `policy`.
-pub(crate) fn burst_of(
-    path: &std::path::Path,
-    policy: &kairos_scheduler::policy::Policy,
-) -> anyhow::Result<kairos_sim::cloud::BurstSetup> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-    let fail = |e: String| anyhow::anyhow!("{}: {e}", path.display());
-    let file = crate::burst_file::BurstFile::parse(&text).map_err(fail)?;
-    let config = kairos_convert::burst::burst_config_from_pb(file.to_pb().map_err(fail)?);
-    let setup = kairos_sim::cloud::BurstSetup { config, model: file.cloud_model().map_err(fail)? };
-    setup.check(policy).map_err(fail)?;
-    Ok(setup)
-}
-
-/// A policy file (`kairos policy apply` format) as the core's policy, validated.
-pub(crate) fn policy_of(path: &std::path::Path) -> anyhow::Result<kairos_scheduler::policy::Policy> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-    policy_of_text(&text, path)
-}
-
-/// Policy file text (read from `path`, which errors name) as the core's policy, validated.
-pub(crate) fn policy_of_text(
-    text: &str,
-    path: &std::path::Path,
-) -> anyhow::Result<kairos_scheduler::policy::Policy> {
-    let file = crate::policy_file::PolicyFile::parse(text)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    let pb = file.to_pb().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    let policy = kairos_convert::policy::policy_from_pb(pb)
-        .map_err(|s| anyhow::anyhow!("{}: {}", path.display(), s.message()))?;
-    policy.validate().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    Ok(policy)
-}
-
 /// `--cluster NxG[:MODEL][:CPUS:MEM]`: N nodes (`n0` …) of G GPUs of MODEL (default "sim"),
 /// with CPUS and MEM each when given (else they bind nothing).
 fn cluster_of(text: &str) -> anyhow::Result<Vec<kairos_sim::TraceNode>> {
@@ -207,7 +170,7 @@ pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
         let policy = &policies[0].1;
         runs = vec![("no burst".to_string(), policy, None)];
         for path in &args.burst {
-            runs.push((path.display().to_string(), policy, Some(burst_of(path, policy)?)));
+            runs.push((path.display().to_string(), policy, Some(crate::burst_file::setup_of(path, policy)?)));
         }
     }
     let mut reports: Vec<(String, kairos_sim::Report)> = Vec::new();
@@ -310,10 +273,10 @@ fn policies_of(args: &SimArgs) -> anyhow::Result<Vec<(String, kairos_scheduler::
     Ok(if !args.compare.is_empty() {
         args.compare
             .iter()
-            .map(|p| Ok((p.display().to_string(), policy_of(p)?)))
+            .map(|p| Ok((p.display().to_string(), crate::policy_file::load(p)?)))
             .collect::<anyhow::Result<_>>()?
     } else if let Some(p) = &args.policy {
-        vec![(p.display().to_string(), policy_of(p)?)]
+        vec![(p.display().to_string(), crate::policy_file::load(p)?)]
     } else {
         vec![("shipped".to_string(), kairos_scheduler::policy::Policy::default())]
     })

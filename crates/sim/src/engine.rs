@@ -348,20 +348,7 @@ impl<'a> Sim<'a> {
             held: HashMap::new(),
             victims: BTreeMap::new(),
         };
-        sim.register_history_nodes();
-        if let Some(h) = &sim.history {
-            let shares =
-                h.trace.nodes.iter().all(|n| n.cpus > 0 && n.memory_mib > 0) && !h.trace.nodes.is_empty();
-            sim.share_totals = shares.then(|| {
-                (
-                    h.trace.nodes.iter().map(|n| u64::from(n.cpus)).sum(),
-                    h.trace.nodes.iter().map(|n| n.memory_mib).sum(),
-                )
-            });
-            for (at, event) in h.events() {
-                sim.events.push(Reverse((at, u64::MAX / 2, event)));
-            }
-        }
+        sim.start_history();
         // Same-millisecond arrivals in an order drawn from the seed.
         let mut rng = SplitMix(kairos_scheduler::seeded::SplitMix64::new(config.seed));
         sim.arrivals = arrivals(jobs, config.load);

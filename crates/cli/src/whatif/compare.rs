@@ -81,8 +81,8 @@ fn moved(a: f64, b: f64) -> bool {
     (b - a).abs() > 2.0 && (b - a).abs() > 0.2 * a.max(b)
 }
 
-/// The largest differences between the replays, largest first.
-pub fn changes(a: &Report, b: &Report) -> Vec<String> {
+/// Per QoS and per account: waits that moved, preemptions, jobs started; weighted by how much.
+fn group_changes(a: &Report, b: &Report) -> Vec<(f64, String)> {
     let mut out: Vec<(f64, String)> = Vec::new();
     let empty =
         Group { summary: kairos_sim::report::Class::default().summary(), preempted: 0, lost_gpu_hours: 0.0 };
@@ -122,6 +122,12 @@ pub fn changes(a: &Report, b: &Report) -> Vec<String> {
             }
         }
     }
+    out
+}
+
+/// The largest differences between the replays, largest first.
+pub fn changes(a: &Report, b: &Report) -> Vec<String> {
+    let mut out = group_changes(a, b);
     if (a.utilization - b.utilization).abs() >= 0.01 {
         out.push((
             0.0,

@@ -35,7 +35,7 @@ pub async fn fetch(client: &Client, since: i64, until: i64, now: i64) -> anyhow:
         .await?
         .into_inner()
         .events;
-    let policy = crate::policy::get_policy(client).await?;
+    let policy = crate::client::get_policy(client).await?;
     let policy_toml =
         crate::policy_file::PolicyFile::from_pb(&policy).to_toml().map_err(anyhow::Error::msg)?;
     let window =
@@ -169,28 +169,7 @@ fn job(r: &pb::JobRecord, qos_wall: &BTreeMap<&str, u64>, window: &Window) -> Hi
         runs.push(pb::RunWindow { start_ms: r.start_time_ms, end_ms: r.end_time_ms, ..Default::default() });
     }
     let checkpoint_on_signal = runs.iter().any(|w| w.checkpointed);
-    let last = runs.len().saturating_sub(1);
-    let still_runs = runs.last().is_some_and(|w| w.end_ms == 0);
-    let requeued_after_last = !terminal && !still_runs && !runs.is_empty();
-    // The useful time of each run: the last one's all (so far, for one still running; none
-    // when it was requeued after it), an earlier one's only when it saved its work on the
-    // signal.
-    let mut work_ms: i64 = runs
-        .iter()
-        .enumerate()
-        .map(|(i, w)| {
-            let end = if w.end_ms > 0 { w.end_ms } else { window.to_ms.max(w.start_ms) };
-            let useful = (i == last && !requeued_after_last) || (w.preempted_ms > 0 && w.checkpointed);
-            if useful {
-                (end - w.start_ms).max(0)
-            } else {
-                0
-            }
-        })
-        .sum();
-    if runs.is_empty() || requeued_after_last {
-        work_ms += if r.time_limit_s > 0 { r.time_limit_s as i64 * 1000 } else { UNKNOWN_WORK_MS };
-    }
+    let work_ms = work_ms(r, &runs, terminal, window.to_ms);
     let mut stops: Vec<i64> = runs
         .iter()
         .filter(|w| w.preempted_ms > 0 && w.end_ms > 0)
@@ -239,6 +218,33 @@ fn job(r: &pb::JobRecord, qos_wall: &BTreeMap<&str, u64>, window: &Window) -> Hi
             preemptions: r.preemptions,
         },
     }
+}
+
+/// The run time job `r` needed (ms): each run's useful time — the last one's all (so far, up to
+/// `to`, for one still running; none when it was requeued after it), an earlier one's only when
+/// it saved its work on the signal — and, for a job that has not run to its end, its time limit
+/// (or an hour) still to come.
+fn work_ms(r: &pb::JobRecord, runs: &[pb::RunWindow], terminal: bool, to: i64) -> i64 {
+    let last = runs.len().saturating_sub(1);
+    let still_runs = runs.last().is_some_and(|w| w.end_ms == 0);
+    let requeued_after_last = !terminal && !still_runs && !runs.is_empty();
+    let mut work_ms: i64 = runs
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let end = if w.end_ms > 0 { w.end_ms } else { to.max(w.start_ms) };
+            let useful = (i == last && !requeued_after_last) || (w.preempted_ms > 0 && w.checkpointed);
+            if useful {
+                (end - w.start_ms).max(0)
+            } else {
+                0
+            }
+        })
+        .sum();
+    if runs.is_empty() || requeued_after_last {
+        work_ms += if r.time_limit_s > 0 { r.time_limit_s as i64 * 1000 } else { UNKNOWN_WORK_MS };
+    }
+    work_ms
 }
 
 #[cfg(test)]

@@ -55,7 +55,7 @@ fn config(burst: Option<kairos_sim::cloud::BurstSetup>) -> SimConfig {
 
 /// The cluster's policy, as the core's.
 async fn current_policy(client: &Client) -> anyhow::Result<kairos_scheduler::policy::Policy> {
-    let pb = crate::policy::get_policy(client).await?;
+    let pb = crate::client::get_policy(client).await?;
     kairos_convert::policy::policy_from_pb(pb)
         .map_err(|s| anyhow::anyhow!("the cluster's policy: {}", s.message()))
 }
@@ -71,13 +71,13 @@ pub async fn what_if_on_cluster(
     let since = parse_when(since, now).map_err(|e| anyhow::anyhow!("--since: {e}"))?;
     let trace = export::fetch(client, since, 0, now).await?;
     let current = current_policy(client).await?;
-    let burst = burst.map(|p| crate::sim::burst_of(p, &current)).transpose()?;
+    let burst = burst.map(|p| crate::burst_file::setup_of(p, &current)).transpose()?;
     Ok(compare::compare(&trace, &current, proposed, &config(burst)))
 }
 
 /// `kairos policy what-if PROPOSED.toml`.
 pub async fn what_if(client: &Client, json: bool, args: WhatIfArgs) -> anyhow::Result<i32> {
-    let proposed = crate::sim::policy_of(&args.proposed)?;
+    let proposed = crate::policy_file::load(&args.proposed)?;
     let (c, sides) = what_if_on_cluster(client, &proposed, &args.since, args.burst.as_deref()).await?;
     if let Some(path) = &args.plot {
         let series: Vec<(String, kairos_sim::plot::Series)> =
@@ -126,15 +126,18 @@ pub fn sim_history(
                 path.display()
             );
         }
-        named.push(("exported policy".into(), crate::sim::policy_of_text(&trace.window.policy_toml, path)?));
+        named.push((
+            "exported policy".into(),
+            crate::policy_file::load_text(&trace.window.policy_toml, path)?,
+        ));
     }
     for p in policies {
-        named.push((p.display().to_string(), crate::sim::policy_of(p)?));
+        named.push((p.display().to_string(), crate::policy_file::load(p)?));
     }
     let mut sides = Vec::new();
     let mut fidelities = Vec::new();
     for (name, policy) in &named {
-        let burst = burst.map(|b| crate::sim::burst_of(b, policy)).transpose()?;
+        let burst = burst.map(|b| crate::burst_file::setup_of(b, policy)).transpose()?;
         let (side, f) = compare::replay(&trace, policy, &config(burst), name);
         sides.push(side);
         fidelities.push(f);

@@ -118,12 +118,20 @@ impl<'a> Side<'a> {
 }
 
 impl Sim<'_> {
-    /// The trace's nodes that exist when the replay begins, registered.
-    pub(super) fn register_history_nodes(&mut self) {
+    /// The trace's nodes that exist when the replay begins, registered (their CPUs and memory
+    /// counted when all say them), and its recorded events scheduled.
+    pub(super) fn start_history(&mut self) {
         let Some(side) = &self.history else { return };
-        let shapes = side.trace.nodes.clone();
+        let (shapes, events) = (side.trace.nodes.clone(), side.events());
         for n in &shapes {
             self.join(0, n);
+        }
+        let shares = !shapes.is_empty() && shapes.iter().all(|n| n.cpus > 0 && n.memory_mib > 0);
+        self.share_totals = shares.then(|| {
+            (shapes.iter().map(|n| u64::from(n.cpus)).sum(), shapes.iter().map(|n| n.memory_mib).sum())
+        });
+        for (at, event) in events {
+            self.events.push(std::cmp::Reverse((at, u64::MAX / 2, event)));
         }
     }
 
