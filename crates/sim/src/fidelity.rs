@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::engine::HistoryReplay;
 use crate::history::HistoryTrace;
+use crate::report::percentile;
 
 /// A start this close to the recorded one counts as reproduced (s).
 pub const WITHIN_S: f64 = 2.0;
@@ -60,14 +61,6 @@ impl Fidelity {
             self.recorded_preemptions
         )
     }
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
 }
 
 /// Compares `replay` (under the policy that ran) with what `trace` recorded.

@@ -22,13 +22,7 @@ impl Class {
 
     pub fn summary(mut self) -> ClassSummary {
         self.waits.sort_by(f64::total_cmp);
-        let pct = |p: f64| -> f64 {
-            if self.waits.is_empty() {
-                return 0.0;
-            }
-            let rank = ((p * self.waits.len() as f64).ceil() as usize).clamp(1, self.waits.len());
-            self.waits[rank - 1]
-        };
+        let pct = |p: f64| percentile(&self.waits, p);
         let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
         ClassSummary {
             jobs: self.waits.len(),
@@ -42,6 +36,15 @@ impl Class {
             slowdown: mean(&self.slowdowns),
         }
     }
+}
+
+/// The `p` quantile (nearest rank) of ascending `sorted`; 0 when empty.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
