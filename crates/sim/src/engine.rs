@@ -413,10 +413,12 @@ impl<'a> Sim<'a> {
     fn advance(&mut self, now: i64) {
         let dt = (now - self.areas.last_ms).max(0) as f64;
         // Utilisation counts while jobs arrive (the offered load's window).
+        // (No arrivals at all: the window is empty, from MAX to MIN.)
         let (from, to) = (self.areas.last_ms.max(self.first_submit_ms), now.min(self.last_submit_ms));
-        self.areas.allocated += f64::from(self.allocated) * (to - from).max(0) as f64;
-        self.areas.cpus += self.share_used.0 as f64 * (to - from).max(0) as f64;
-        self.areas.memory += self.share_used.1 as f64 * (to - from).max(0) as f64;
+        let window = to.saturating_sub(from).max(0) as f64;
+        self.areas.allocated += f64::from(self.allocated) * window;
+        self.areas.cpus += self.share_used.0 as f64 * window;
+        self.areas.memory += self.share_used.1 as f64 * window;
         let free = self.total_gpus - self.allocated;
         if free > 0 {
             self.areas.fragmented += f64::from(self.partial_free) / f64::from(free) * dt;
@@ -837,6 +839,8 @@ impl<'a> Sim<'a> {
         let unfinished =
             unfinished_jobs.len() + self.jobs.len().saturating_sub(self.tracks.len() + self.refused.len());
         let makespan_ms = (self.last_end_ms - self.first_submit_ms.min(self.last_end_ms)).max(1);
+        // The arrivals' window (none at all: empty, not MIN - MAX).
+        let arrivals_ms = self.last_submit_ms.saturating_sub(self.first_submit_ms).max(0);
         Report {
             jobs: self.jobs.len(),
             unfinished,
@@ -846,21 +850,18 @@ impl<'a> Sim<'a> {
             gpus: self.total_gpus,
             offered_load: offered_load(self.jobs, self.total_gpus, self.config.load),
             load: self.config.load.unwrap_or(1.0),
-            arrival_window_s: (self.last_submit_ms - self.first_submit_ms).max(0) as f64 / 1000.0,
+            arrival_window_s: arrivals_ms as f64 / 1000.0,
             inference: inference.summary(),
             training: training.summary(),
             whole_node: whole_node.summary(),
             utilization: self.areas.allocated
-                / (f64::from(self.total_gpus.max(1))
-                    * (self.last_submit_ms - self.first_submit_ms).max(1) as f64),
-            cpu_utilization: self.share_totals.map(|(cpus, _)| {
-                self.areas.cpus
-                    / (cpus.max(1) as f64 * (self.last_submit_ms - self.first_submit_ms).max(1) as f64)
-            }),
-            memory_utilization: self.share_totals.map(|(_, mem)| {
-                self.areas.memory
-                    / (mem.max(1) as f64 * (self.last_submit_ms - self.first_submit_ms).max(1) as f64)
-            }),
+                / (f64::from(self.total_gpus.max(1)) * arrivals_ms.max(1) as f64),
+            cpu_utilization: self
+                .share_totals
+                .map(|(cpus, _)| self.areas.cpus / (cpus.max(1) as f64 * arrivals_ms.max(1) as f64)),
+            memory_utilization: self
+                .share_totals
+                .map(|(_, mem)| self.areas.memory / (mem.max(1) as f64 * arrivals_ms.max(1) as f64)),
             preemptions: self.preemptions,
             redone_gpu_hours: self.redone_gpu_ms / 3_600_000.0,
             fragmentation: if self.areas.free_time > 0.0 {
@@ -873,8 +874,7 @@ impl<'a> Sim<'a> {
             by_account,
             shares: self.shares(),
             burst: self.cloud.as_ref().map(|c| {
-                let window_ms = self.last_submit_ms - self.first_submit_ms;
-                c.report(self.state.burst.spent_milli(self.last_event_ms), self.last_event_ms, window_ms)
+                c.report(self.state.burst.spent_milli(self.last_event_ms), self.last_event_ms, arrivals_ms)
             }),
         }
         .rounded()

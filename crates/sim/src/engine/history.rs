@@ -394,4 +394,16 @@ mod tests {
         assert_eq!((f.recorded_preemptions, f.replayed_preemptions), (3, 1));
         assert!(f.summary().starts_with("POOR fidelity: 3/5"), "{}", f.summary());
     }
+
+    #[test]
+    fn a_window_with_node_changes_and_no_jobs_replays_to_an_empty_report() {
+        // A quiet week (a fresh cluster): nodes came and went, nothing was submitted.
+        let mut trace = day();
+        trace.jobs.clear();
+        let replay = simulate_history(&trace, &Policy::default(), &SimConfig::default());
+        assert!(replay.starts.is_empty());
+        assert_eq!((replay.report.unfinished, replay.preemptions), (0, 0));
+        assert_eq!(replay.report.utilization, 0.0);
+        assert_eq!(fidelity(&trace, &replay).compared, 0);
+    }
 }
