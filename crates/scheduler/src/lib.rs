@@ -14,6 +14,7 @@
 //! - `priority`: multifactor priority and fairshare (fixed point)
 //! - `limits`: QoS usage limits, checked by the planner and again on apply
 //! - `validate`: size limits and validity checks shared by the API edge and apply
+//! - `topology`: levels above the node (racks, blocks) and what a job asks of them
 //! - `burst`: cloud burst configuration, launch intents and instances (applied in `state::burst_apply`)
 
 pub mod burst;
@@ -31,6 +32,7 @@ pub mod queue;
 pub mod reasons;
 pub mod seeded;
 pub mod state;
+pub mod topology;
 pub use state::{brief, burst_apply, events, grant, history, quota, tokens};
 pub mod validate;
 

@@ -264,6 +264,9 @@ pub struct JobSpec {
     /// Run inside this container image (None: the node's own userspace).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<Box<Container>>,
+    /// Place the tasks inside one domain of a topology level (`crate::topology`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<Box<crate::topology::TopologyAsk>>,
 }
 
 /// A job's container: its image, host paths bound into it, and its working directory there.
@@ -389,6 +392,7 @@ impl JobSpec {
             traceparent: None,
             array: None,
             container: None,
+            topology: None,
         }
     }
 

@@ -41,6 +41,9 @@ pub enum PendingReason {
     /// Starting it would leave fewer GPUs free than the QoS headrooms keep idle (for
     /// inference); it starts as GPUs free up beyond them.
     Headroom,
+    /// A required topology: no domain of `level` has `tasks` nodes free for it now; `largest`
+    /// is the domain with the most (and how many).
+    Topology { level: String, tasks: u32, largest: Option<(String, u32)> },
 }
 
 impl std::fmt::Display for PendingReason {
@@ -64,6 +67,13 @@ impl std::fmt::Display for PendingReason {
             PendingReason::JobArrayTaskLimit => f.write_str("JobArrayTaskLimit"),
             PendingReason::PartitionTimeLimit => f.write_str("PartitionTimeLimit"),
             PendingReason::Headroom => f.write_str("Headroom"),
+            PendingReason::Topology { level, tasks, largest } => {
+                write!(f, "Topology: no {level} has {tasks} nodes free for it")?;
+                match largest {
+                    Some((domain, n)) => write!(f, " (the most: {level} {domain}, {n})"),
+                    None => write!(f, " (no free node has a {level})"),
+                }
+            }
             PendingReason::DependencyNeverSatisfied(dep) => {
                 write!(f, "DependencyNeverSatisfied: job {dep} did not complete")
             }

@@ -70,6 +70,8 @@ pub enum ValidationError {
     BadArray,
     #[error("dependencies (after_ok, after_any, after_not_ok): at most {AFTER_OK_MAX} jobs in all")]
     TooManyDependencies,
+    #[error("{0}")]
+    BadTopology(crate::topology::TopologyError),
     #[error("retries: at most {RETRIES_MAX}")]
     TooManyRetries,
     #[error("gpu_model: 1 to 64 characters")]
@@ -306,6 +308,9 @@ pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
     }
     if spec.retries > RETRIES_MAX {
         return Err(ValidationError::TooManyRetries);
+    }
+    if let Some(t) = &spec.topology {
+        t.validate().map_err(ValidationError::BadTopology)?;
     }
     if spec.dependencies().count() > AFTER_OK_MAX {
         return Err(ValidationError::TooManyDependencies);

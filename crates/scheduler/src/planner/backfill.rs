@@ -46,7 +46,7 @@ impl<'a> Pass<'a> {
     /// The earliest time at which `job` could start, and where, from expected ends: per node the
     /// time it has the job's GPUs free; a gang of `tasks` takes the nodes free soonest and
     /// starts when the last of them is.
-    pub(super) fn reserve(&mut self, job: &Job, tasks: usize) -> Option<Reservation> {
+    pub(super) fn reserve(&mut self, job: &'a Job, tasks: usize) -> Option<Reservation> {
         let now = self.state.now_ms;
         let count = job.gpus() as usize;
         let want = job.spec.cpu_mem();
@@ -87,6 +87,9 @@ impl<'a> Pass<'a> {
             gpus.truncate(count);
             options.push((at, pos, gpus));
         }
+        if let Some(want) = self.topo_want(job).filter(|w| w.required && tasks > 1) {
+            options = self.reserve_in_domains(options, tasks, &want);
+        }
         if options.len() < tasks.max(1) {
             return None;
         }
@@ -117,7 +120,8 @@ impl<'s> Planning<'s> {
         };
         self.held_hints += 1;
         let now = self.state.now_ms;
-        let ask = Ask::of(q, 0, false, now.saturating_add(1), Some(res));
+        let mut ask = Ask::of(q, 0, false, now.saturating_add(1), Some(res));
+        ask.topo = self.state.jobs.get(&q.id).and_then(|j| self.pass.topo_want(j));
         let fits =
             if ask.tasks > 1 { self.pass.find_gang(&ask).is_some() } else { self.pass.find(&ask).is_some() };
         if fits && res.start_ms > now {
@@ -131,7 +135,7 @@ impl<'s> Planning<'s> {
     /// reservation (EASY backfill); the jobs behind it only backfill from now on.
     pub(super) fn block(
         &mut self,
-        job: &Job,
+        job: &'s Job,
         tasks: usize,
         over_headroom: bool,
         q: &Queued,

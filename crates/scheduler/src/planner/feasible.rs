@@ -95,6 +95,8 @@ pub(super) struct Ask<'m, 'r> {
     /// When it would end: it may use reserved GPUs only if it ends before the reservation.
     pub(super) ends_ms: i64,
     pub(super) res: Option<&'r Reservation>,
+    /// The topology a gang's nodes go by (`topo`).
+    pub(super) topo: Option<super::topo::TopoWant<'m>>,
 }
 
 impl<'m, 'r> Ask<'m, 'r> {
@@ -107,7 +109,7 @@ impl<'m, 'r> Ask<'m, 'r> {
         res: Option<&'r Reservation>,
     ) -> Ask<'m, 'r> {
         let (tasks, gpus, cpu_mem) = (q.tasks as usize, q.gpus as usize, q.cpu_mem);
-        Ask { tasks, gpus, milli, cpu_mem, model: q.model, part: q.part, cloud_ok, ends_ms, res }
+        Ask { tasks, gpus, milli, cpu_mem, model: q.model, part: q.part, cloud_ok, ends_ms, res, topo: None }
     }
 
     pub(super) fn may_use_reserved(&self) -> bool {

@@ -46,6 +46,7 @@ mod pass;
 mod place;
 mod preempt;
 mod rank;
+mod topo;
 
 use checks::{Largest, Planning};
 use feasible::{Ask, FreeNode};

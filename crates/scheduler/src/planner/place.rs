@@ -14,7 +14,8 @@ impl<'s> Planning<'s> {
         let ends_ms = self.state.now_ms.saturating_add(q.limit_ms);
         let cloud_ok = self.pass.has_cloud && self.state.may_burst(job);
         let res = self.out.reservation.as_ref();
-        let ask = Ask::of(q, job.spec.gpu_milli, cloud_ok, ends_ms, res);
+        let mut ask = Ask::of(q, job.spec.gpu_milli, cloud_ok, ends_ms, res);
+        ask.topo = self.pass.topo_want(job);
         if job.spec.gpu_milli > 0 {
             // A fraction that does not fit waits without holding back anything behind it.
             let milli = job.spec.gpu_milli;
@@ -38,7 +39,11 @@ impl<'s> Planning<'s> {
                 self.start(q, placed, ends_ms);
                 Ok(())
             }
-            None if !self.blocked => Err(self.block(job, tasks, over_headroom, q)),
+            None if !self.blocked => {
+                let topology = if over_headroom { None } else { self.topology_short(&ask) };
+                let short = self.block(job, tasks, over_headroom, q);
+                Err(topology.unwrap_or(short))
+            }
             None if over_headroom => Err(PendingReason::Headroom),
             None => Err(self.held_for(q)),
         }
@@ -65,6 +70,18 @@ impl<'s> Planning<'s> {
         let Some((node, gpus)) = tasks.next() else { return };
         let more = tasks.map(|(node, gpus)| TaskPlacement { node, gpus }).collect();
         self.out.plan.placements.push(Placement { job: q.id, node, gpus, more });
+    }
+
+    /// For a gang whose required topology kept it from nodes enough to hold it: `Topology`.
+    fn topology_short(&self, ask: &Ask) -> Option<PendingReason> {
+        let want = ask.topo.as_ref().filter(|w| w.required && ask.tasks > 1)?;
+        let candidates = self.pass.gang_candidates(ask);
+        if candidates.len() < ask.tasks {
+            return None;
+        }
+        let (level, largest) = self.pass.largest_domain(&candidates, want)?;
+        let largest = largest.map(|(d, n)| (d, n as u32));
+        Some(PendingReason::Topology { level, tasks: ask.tasks as u32, largest })
     }
 
     /// Which resource a job that fits nowhere lacks: GPUs (plain `Resources`, as Slurm says),

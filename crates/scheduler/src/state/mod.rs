@@ -119,6 +119,9 @@ pub struct ClusterState {
     /// `crate::state::events`).
     #[serde(default)]
     pub events: crate::state::events::ClusterEvents,
+    /// Levels above the node and the nodes' domains (`crate::topology`).
+    #[serde(default, skip_serializing_if = "crate::topology::Topology::is_empty")]
+    pub topology: crate::topology::Topology,
     /// The planner's compact view of the unfinished jobs (a cache kept by apply).
     #[serde(skip)]
     pub(crate) job_index: crate::state::brief::JobIndex,
@@ -145,6 +148,7 @@ impl ClusterState {
             node_epoch_seq: 0,
             history: Default::default(),
             events: Default::default(),
+            topology: Default::default(),
             unfinished: Default::default(),
             job_index: Default::default(),
         }
@@ -197,6 +201,13 @@ impl ClusterState {
                 }
                 outcome
             }
+            Op::SetTopology { topology } => match topology.validate() {
+                Ok(()) => {
+                    self.topology = topology.clone();
+                    Outcome::TopologyChanged
+                }
+                Err(e) => Outcome::Rejected(Rejection::Invalid(e.to_string())),
+            },
             Op::Hold { job, by } => self.set_held(*job, true, by, now),
             Op::Preempt { preemptor, node, victims, gpus } => {
                 self.preempt(*preemptor, node, victims, gpus, now)

@@ -143,6 +143,10 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         audit: Option<crate::state::events::PolicyAudit>,
     },
+    /// Replaces the topology above the nodes (validated first).
+    SetTopology {
+        topology: crate::topology::Topology,
+    },
     /// Creates or replaces one QoS; `must_exist` = Some(true) updates only, Some(false) creates only.
     PutQos {
         qos: Qos,
@@ -408,6 +412,7 @@ pub enum Outcome {
         state: JobState,
     },
     PolicyChanged,
+    TopologyChanged,
     Preempted {
         preemptor: JobId,
         victims: Vec<JobId>,

@@ -21,6 +21,7 @@ mod props;
 mod resources;
 mod runs;
 mod submit;
+mod topology;
 
 fn cmd(now_ms: i64, op: Op) -> Command {
     Command { skipped_ms: 0, now_ms, op }
