@@ -56,6 +56,8 @@ const OPTIONS: &[(Option<char>, &str, bool)] = &[
     (None, "gpus-per-node", true),
     (None, "gpus-per-task", true),
     (Some('C'), "constraint", true),
+    // Topology: at most N leaf switches (the cluster's lowest level), relaxed after the wait.
+    (None, "switches", true),
     // pyxis's container options.
     (None, "container-image", true),
     (None, "container-mounts", true),
@@ -348,6 +350,18 @@ fn script_of<'a>(
     }
 }
 
+/// Slurm's `--switches=N[@max-wait]`: at most N domains of the cluster's lowest topology level,
+/// relaxed to preferred after the wait (Slurm's time format).
+fn switches(text: &str) -> Result<kairos_proto::v1::TopologyRequest, String> {
+    let (count, wait) = text.split_once('@').map_or((text, None), |(c, w)| (c, Some(w)));
+    let max_domains: u32 = count.parse().map_err(|_| format!("\"{count}\" is not a count of switches"))?;
+    if !(1..=64).contains(&max_domains) {
+        return Err("the count of switches must be 1 to 64".into());
+    }
+    let relax_after_s = wait.map(parse_time).transpose()?.unwrap_or(0);
+    Ok(kairos_proto::v1::TopologyRequest { level: String::new(), required: true, max_domains, relax_after_s })
+}
+
 /// The submit of `command` (the script at `path`) with the options `o` (its directives and
 /// the command line's), each checked; `env` is the submitting environment.
 fn submit_of(
@@ -401,6 +415,7 @@ fn submit_of(
         dependency,
         hold: o.get("hold").is_some(),
         gpu_model,
+        topology: o.get("switches").map(|s| switches(s).map_err(|e| bad("switches", e))).transpose()?,
         account: text("account"),
         partition: text("partition"),
         min_gpus: None,
@@ -446,6 +461,18 @@ mod tests {
         assert!(s.requeue && s.qos.is_none());
         assert_eq!(s.command[..2], ["/bin/bash".to_string(), "-c".to_string()]);
         assert_eq!(s.command[3..], [path, "x".to_string()]);
+    }
+
+    #[test]
+    fn switches_ask_for_leaf_domains_relaxed_after_the_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = script(dir.path(), "#!/bin/sh\n#SBATCH -N 3 --switches=1@5:00\ntrue\n");
+        let s = submit_args(std::slice::from_ref(&path), &BTreeMap::new()).unwrap();
+        let t = s.topology.unwrap();
+        assert_eq!((t.level.as_str(), t.required, t.max_domains, t.relax_after_s), ("", true, 1, 300));
+        let bad = script(dir.path(), "#!/bin/sh\n#SBATCH --switches=0\ntrue\n");
+        let e = submit_args(std::slice::from_ref(&bad), &BTreeMap::new()).unwrap_err();
+        assert!(e.contains("--switches: the count of switches must be 1 to 64"), "{e}");
     }
 
     #[test]

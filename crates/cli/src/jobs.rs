@@ -103,6 +103,11 @@ pub struct SubmitArgs {
     /// Only GPUs of this model, e.g. H100 or A100; a set as A|B (any of them).
     #[arg(long)]
     pub gpu_model: Option<String>,
+    /// Place the tasks inside one domain of a topology level (`kairos topology show`), e.g.
+    /// rack=required (wait, with reason Topology, rather than spread) or rack=preferred (the
+    /// fewest racks free now). Gangs on a cluster with named levels prefer the lowest that fits.
+    #[arg(long, value_name = "LEVEL[=required|preferred]", value_parser = parse_topology)]
+    pub topology: Option<pb::TopologyRequest>,
     /// A fraction of one GPU (e.g. 0.25), shared with other fractions on that GPU, where the
     /// QoS allows sharing (inference by default; training never).
     #[arg(long, value_name = "FRACTION", value_parser = parse_fraction, conflicts_with_all = ["gpus", "gpus_per_task", "min_gpus"])]
@@ -349,7 +354,14 @@ fn resources_of(a: &SubmitArgs, shape: &Shape) -> pb::Resources {
         gpu_model: a.gpu_model.clone().unwrap_or_default(),
         min_gpus: a.min_gpus.unwrap_or(0),
         min_tasks: a.min_nodes.unwrap_or(0),
+        topology: a.topology.clone(),
     }
+}
+
+/// `--topology LEVEL[=required|preferred]`.
+fn parse_topology(text: &str) -> Result<pb::TopologyRequest, String> {
+    let ask = kairos_scheduler::topology::TopologyAsk::parse(text)?;
+    Ok(kairos_convert::topology::ask_to_pb(&ask))
 }
 
 /// `--checkpoint-signal` and `--checkpoint-grace`, when either is given.

@@ -12,6 +12,8 @@
 //!   `kueue.x-k8s.io/pod-group-total-count`, or Volcano's `scheduling.k8s.io/group-name` with a
 //!   `PodGroup`'s `minMember` — → one gang job of that many tasks (all start or none), its pods
 //!   alike;
+//! - Kueue's `kueue.x-k8s.io/podset-required-topology` / `podset-preferred-topology` (a node
+//!   label, e.g. `rack`) → `--topology LEVEL=required|preferred`;
 //! - a Job's `completions` → an array of that many tasks, `parallelism` → at most that many at
 //!   once, `activeDeadlineSeconds` → the time limit.
 //!
@@ -27,6 +29,8 @@ const QUEUE_NAME: &str = "kueue.x-k8s.io/queue-name";
 const KUEUE_GROUP: &str = "kueue.x-k8s.io/pod-group-name";
 const KUEUE_TOTAL: &str = "kueue.x-k8s.io/pod-group-total-count";
 const VOLCANO_GROUP: &str = "scheduling.k8s.io/group-name";
+const KUEUE_REQUIRED_TOPOLOGY: &str = "kueue.x-k8s.io/podset-required-topology";
+const KUEUE_PREFERRED_TOPOLOGY: &str = "kueue.x-k8s.io/podset-preferred-topology";
 
 /// The fields kairos reads at each place of a manifest (any other is refused).
 const JOB_KEYS: &[&str] = &["apiVersion", "kind", "metadata", "spec", "status"];
@@ -302,6 +306,14 @@ fn pod(
             grace_s: u32::try_from(grace).unwrap_or(u32::MAX),
             ..Default::default()
         });
+    }
+    let topology = match (tagged(KUEUE_REQUIRED_TOPOLOGY), tagged(KUEUE_PREFERRED_TOPOLOGY)) {
+        (Some(level), _) => Some((level, true)),
+        (None, Some(level)) => Some((level, false)),
+        (None, None) => None,
+    };
+    if let (Some((level, required)), Some(res)) = (topology, job.resources.as_mut()) {
+        res.topology = Some(pb::TopologyRequest { level, required, max_domains: 1, relax_after_s: 0 });
     }
     let group = match (tagged(KUEUE_GROUP), tagged(VOLCANO_GROUP)) {
         (Some(g), _) => {

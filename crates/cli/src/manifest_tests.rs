@@ -148,3 +148,14 @@ fn backoff_limit_is_retries_indexed_is_taken_and_another_scheduler_is_refused() 
         .replace("      restartPolicy: Never\n", "      restartPolicy: Never\n      schedulerName: kairos\n");
     assert!(specs(&ours, &policy()).is_ok());
 }
+
+#[test]
+fn kueue_topology_annotations_ask_for_one_domain() {
+    let required = JOB.replace("    spec:\n      priorityClassName", "    metadata:\n      annotations:\n        kueue.x-k8s.io/podset-required-topology: rack\n    spec:\n      priorityClassName");
+    let got = specs(&required, &policy()).unwrap();
+    let t = got[0].resources.clone().unwrap().topology.unwrap();
+    assert_eq!((t.level.as_str(), t.required), ("rack", true));
+    let preferred = required.replace("podset-required-topology", "podset-preferred-topology");
+    let t = specs(&preferred, &policy()).unwrap()[0].resources.clone().unwrap().topology.unwrap();
+    assert_eq!((t.level.as_str(), t.required), ("rack", false));
+}

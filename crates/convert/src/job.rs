@@ -62,6 +62,7 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
         // Set by the API edge from the caller's trace context, never by the spec.
         traceparent: None,
         container: container_from_pb(spec.container)?,
+        topology: res.topology.map(crate::topology::ask_from_pb),
     };
     validate_spec(&out).map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok(out)
@@ -243,6 +244,7 @@ fn spec_to_pb(job: &Job) -> pb::JobSpec {
             cpus: s.cpus,
             memory_mib: s.mem_mib,
             gpu_milli: s.gpu_milli,
+            topology: s.topology.as_deref().map(crate::topology::ask_to_pb),
         }),
         suspendable: s.suspendable,
         checkpoint: (s.checkpoint_signal.is_some() || s.checkpoint_grace_s.is_some()).then(|| {

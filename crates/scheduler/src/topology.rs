@@ -29,7 +29,8 @@ pub struct Topology {
 /// What a job asks of the topology (Kueue's required/preferred topology, Slurm's `--switches`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TopologyAsk {
-    /// The level whose domains the job's tasks should share, e.g. "rack".
+    /// The level whose domains the job's tasks should share, e.g. "rack" ("": the cluster's
+    /// lowest named level, as Slurm's `--switches` means the leaf switches).
     pub level: String,
     /// Required: never placed across more domains than `max_domains` (it waits instead);
     /// preferred: the fewest domains it can get now.
@@ -57,7 +58,9 @@ pub enum TopologyError {
     TooManyNodes,
     #[error("topology: level \"{0}\" is named twice")]
     DuplicateLevel(String),
-    #[error("topology: name {0:?} must be 1 to {NAME_MAX} characters of letters, digits, '-', '_', '.'")]
+    #[error(
+        "topology: name {0:?} must be 1 to {NAME_MAX} characters of letters, digits, '-', '_', '.', '/'"
+    )]
     BadName(String),
     #[error("topology: node \"{node}\" is placed at level \"{level}\", which the levels do not name")]
     UnknownLevel { node: String, level: String },
@@ -73,7 +76,7 @@ pub enum TopologyError {
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= NAME_MAX
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
 }
 
 impl Topology {
@@ -90,6 +93,14 @@ impl Topology {
         level: &str,
     ) -> Option<&'a str> {
         self.nodes.get(node).and_then(|l| l.get(level)).or_else(|| labels.get(level)).map(String::as_str)
+    }
+
+    /// The level an ask names: its own, or ("") the lowest named level.
+    pub fn level_of<'a>(&'a self, ask: &'a TopologyAsk) -> Option<&'a str> {
+        match ask.level.as_str() {
+            "" => self.levels.first().map(String::as_str),
+            level => Some(level),
+        }
     }
 
     /// The levels above `level`, lowest first (none when `level` is not a named level).
@@ -172,7 +183,7 @@ impl TopologyAsk {
     }
 
     pub fn validate(&self) -> Result<(), TopologyError> {
-        if !valid_name(&self.level) {
+        if !self.level.is_empty() && !valid_name(&self.level) {
             return Err(TopologyError::BadName(self.level.clone()));
         }
         if !(1..=64).contains(&self.max_domains) {

@@ -23,6 +23,7 @@ use kairos_convert::policy::{
     account_from_pb, account_to_pb, partition_from_pb, partition_to_pb, policy_from_pb, policy_to_pb,
     qos_from_pb, qos_to_pb, weights_to_pb,
 };
+use kairos_convert::topology::{topology_from_pb, topology_to_pb};
 
 pub struct AdminApi {
     pub ctx: Ctx,
@@ -297,6 +298,30 @@ impl AdminService for AdminApi {
                 .collect()
         });
         Ok(Response::new(pb::ListClusterEventsResponse { events }))
+    }
+
+    async fn get_topology(
+        &self,
+        request: Request<pb::GetTopologyRequest>,
+    ) -> Result<Response<pb::Topology>, Status> {
+        self.ctx.principal(&request)?;
+        self.ctx.readable()?;
+        let topology = self.ctx.replica.read(|a| topology_to_pb(&a.state.topology, a.state.nodes.iter()));
+        Ok(Response::new(topology))
+    }
+
+    async fn set_topology(&self, request: Request<pb::Topology>) -> Result<Response<pb::Topology>, Status> {
+        self.ctx.principal(&request)?.require(Role::Operator, "changing the topology")?;
+        let topology = topology_from_pb(request.into_inner()).map_err(Status::invalid_argument)?;
+        match self.ctx.write(Op::SetTopology { topology }).await? {
+            Outcome::TopologyChanged => {
+                self.ctx.kick.notify_one();
+                let t = self.ctx.replica.read(|a| topology_to_pb(&a.state.topology, a.state.nodes.iter()));
+                Ok(Response::new(t))
+            }
+            Outcome::Rejected(r) => Err(rejection_status(r)),
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
     }
 
     async fn list_preemptions(

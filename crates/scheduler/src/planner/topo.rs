@@ -28,8 +28,9 @@ impl<'a> Pass<'a> {
         let topo = &self.state.topology;
         match job.spec.topology.as_deref() {
             Some(ask) => {
-                let levels = std::iter::once(ask.level.as_str())
-                    .chain(topo.above(&ask.level).iter().map(String::as_str));
+                // `--switches` on a cluster that names no level: nothing to go by.
+                let level = topo.level_of(ask)?;
+                let levels = std::iter::once(level).chain(topo.above(level).iter().map(String::as_str));
                 Some(TopoWant {
                     levels: levels.collect(),
                     required: ask.binds(job.submit_time_ms, self.state.now_ms),

@@ -90,7 +90,10 @@ impl ClusterState {
     fn placement_domains(&self, job: &Job, p: &Placement) -> Result<Option<String>, String> {
         let ask = job.spec.topology.as_deref();
         let level = match ask {
-            Some(a) => a.level.as_str(),
+            Some(a) => match self.topology.level_of(a) {
+                Some(l) => l,
+                None => return Ok(None),
+            },
             None if p.more.is_empty() => return Ok(None),
             None => match self.topology.levels.first() {
                 Some(l) => l.as_str(),
@@ -121,6 +124,13 @@ impl ClusterState {
         let mut note = match domains.as_slice() {
             [] => return Ok(None),
             [one] => format!("{level} {one}"),
+            many if ask.is_some_and(|a| a.binds(job.submit_time_ms, self.now_ms)) => {
+                format!(
+                    "{level}s {} (at most {} required)",
+                    many.join(", "),
+                    ask.map_or(1, |a| a.max_domains)
+                )
+            }
             many => format!("{level}s {} (preferred: no one {level} had room)", many.join(", ")),
         };
         if ask.is_some_and(|a| a.required && !a.binds(job.submit_time_ms, self.now_ms)) {
