@@ -30,6 +30,10 @@ pub enum InventoryError {
     BadFakeSpec(String),
     #[error("invalid --fake-mig \"{0}\": expected COUNTxPROFILE, e.g. 7x1g.18gb (at most 7)")]
     BadFakeMig(String),
+    #[error(
+        "invalid --fake-gpu-topology \"{0}\": expected NVLink islands as ranges of GPU indices, e.g. 0-3,4-7, each GPU in exactly one"
+    )]
+    BadFakeTopology(String),
 }
 
 /// What one GPU is doing now (for the agent's metrics).
@@ -323,6 +327,29 @@ pub struct FakeInventory {
     pub mig: Option<FakeMig>,
     /// What the GPUs are doing, set by an operator's file (`--fake-gpu-usage`).
     pub usage: Option<crate::fake_usage::FakeUsageFile>,
+    /// Each GPU's NVLink island (`--fake-gpu-topology`); none: groups of four.
+    pub link_groups: Option<Vec<u32>>,
+}
+
+/// Parses `--fake-gpu-topology`: islands as ranges or single indices, separated by commas
+/// (`0-3,4-7`; `0-1,2-3,4-7`), covering GPUs 0..count each exactly once. Island k is link
+/// group k.
+pub fn parse_fake_topology(spec: &str, count: u32) -> Result<Vec<u32>, InventoryError> {
+    let bad = || InventoryError::BadFakeTopology(spec.chars().take(64).collect());
+    let mut groups: Vec<Option<u32>> = vec![None; count as usize];
+    for (island, part) in spec.split(',').enumerate() {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (u32, u32) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+        if a > b || b >= count {
+            return Err(bad());
+        }
+        for g in a..=b {
+            if groups[g as usize].replace(island as u32).is_some() {
+                return Err(bad());
+            }
+        }
+    }
+    groups.into_iter().collect::<Option<Vec<u32>>>().ok_or_else(bad)
 }
 
 /// A MIG layout of the fake backend: `count` instances of one profile per GPU.
@@ -378,7 +405,15 @@ impl FakeInventory {
             faults: None,
             mig: None,
             usage: None,
+            link_groups: None,
         })
+    }
+}
+
+impl FakeInventory {
+    /// The NVLink island of physical GPU `index`.
+    fn link_group(&self, index: u32) -> u32 {
+        self.link_groups.as_ref().and_then(|g| g.get(index as usize).copied()).unwrap_or(index / 4)
     }
 }
 
@@ -412,7 +447,7 @@ impl GpuInventory for FakeInventory {
             uuid: format!("GPU-fake-{}-{index}", self.node),
             model: self.model.clone(),
             memory_mib: self.memory_mib,
-            link_group: index / 4,
+            link_group: self.link_group(index),
             mig_parent: None,
         };
         let Some(mig) = &self.mig else { return Ok((0..self.count).map(whole).collect()) };
@@ -425,7 +460,7 @@ impl GpuInventory for FakeInventory {
                 uuid: format!("MIG-fake-{}-{parent}-{slot}", self.node),
                 model: format!("{} MIG {}", self.model, mig.profile),
                 memory_mib: mig.memory_mib,
-                link_group: parent / 4,
+                link_group: self.link_group(parent),
                 mig_parent: Some(parent),
             })
             .collect())
@@ -449,6 +484,17 @@ impl GpuInventory for FakeInventory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fake_topology_names_islands_and_a_gpu_in_two_or_none_is_refused() {
+        let mut f = FakeInventory::parse("n", "8", "H100", 1).unwrap();
+        f.link_groups = Some(parse_fake_topology("0-1,2-3,4-7", 8).unwrap());
+        let groups: Vec<u32> = f.discover().unwrap().iter().map(|g| g.link_group).collect();
+        assert_eq!(groups, [0, 0, 1, 1, 2, 2, 2, 2]);
+        for bad in ["0-3,3-7", "0-3", "0-8", "3-0", "a-b", ""] {
+            assert!(parse_fake_topology(bad, 8).is_err(), "{bad} accepted");
+        }
+    }
 
     #[test]
     fn fake_spec_parses_count_and_model() {

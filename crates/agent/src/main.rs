@@ -57,6 +57,10 @@ struct Args {
     /// (each scheduled as a GPU whose model is "MODEL MIG PROFILE").
     #[arg(long, value_name = "COUNTxPROFILE")]
     fake_mig: Option<String>,
+    /// Fake GPUs: their NVLink islands as ranges of indices, e.g. 0-3,4-7 (default: groups of
+    /// four). A multi-GPU job gets GPUs of one island when one has room.
+    #[arg(long, value_name = "RANGES")]
+    fake_gpu_topology: Option<String>,
     /// Fake GPUs: a file faults are injected through at run time, one per line appended:
     /// `GPU XID` (e.g. `3 79`), `GPU ecc`, `GPU pending` or `GPU lost`.
     #[arg(long, value_name = "FILE")]
@@ -217,6 +221,11 @@ fn inventory(args: &Args, name: &str) -> anyhow::Result<Box<dyn GpuInventory>> {
         let mut inv =
             FakeInventory::parse(name, &args.fake_gpus, &args.fake_gpu_model, args.fake_gpu_memory_mib)?;
         inv.faults = args.fake_gpu_faults.clone();
+        inv.link_groups = args
+            .fake_gpu_topology
+            .as_deref()
+            .map(|t| kairos_agent::gpu::parse_fake_topology(t, inv.count))
+            .transpose()?;
         inv.mig = args.fake_mig.as_deref().map(kairos_agent::gpu::FakeMig::parse).transpose()?;
         inv.usage = args.fake_gpu_usage.clone().map(kairos_agent::fake_usage::FakeUsageFile::new);
         Ok(Box::new(inv))

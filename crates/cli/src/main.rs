@@ -29,6 +29,7 @@ mod qos;
 mod redirect;
 mod sim;
 mod tokens;
+mod topology;
 mod up;
 mod whatif;
 
@@ -159,8 +160,11 @@ enum Cmd {
         #[arg(value_parser = args::parse_job_ref)]
         id: (u64, Option<u32>),
     },
-    /// List GPU nodes.
-    Nodes,
+    /// List GPU nodes (`--topology`: as the tree of topology domains, with free GPUs in each).
+    Nodes {
+        #[arg(long)]
+        topology: bool,
+    },
     /// Drain a node (operators): nothing new is placed there; its jobs get the checkpoint
     /// signal and are requeued.
     Drain {
@@ -222,6 +226,12 @@ enum Cmd {
     Policy {
         #[command(subcommand)]
         command: policy::PolicyCmd,
+    },
+    /// The topology above the nodes (racks, blocks, NVLink domains): `apply FILE`
+    /// (operators), `show`. Gangs are placed inside one domain (`submit --topology`).
+    Topology {
+        #[command(subcommand)]
+        command: topology::TopologyCmd,
     },
     /// Cloud burst: configuration (admin) and status.
     Burst {
@@ -314,7 +324,8 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Wait { id } => jobs::wait(client, json, id).await,
         Cmd::CheckpointDone => jobs::checkpoint_done(),
-        Cmd::Nodes => nodes::list(client, json).await,
+        Cmd::Nodes { topology: false } => nodes::list(client, json).await,
+        Cmd::Nodes { topology: true } => topology::tree(client, json).await,
         Cmd::Drain { node, reason } => nodes::drain(client, node, reason).await,
         Cmd::Node { command } => nodes::node_command(client, command).await,
         Cmd::Token { command } => tokens::token_command(client, json, command).await,
@@ -326,6 +337,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Account { command } => accounts::account_command(client, json, command).await,
         Cmd::Partition { command } => partitions::partition_command(client, json, command).await,
         Cmd::Policy { command } => policy::policy_command(client, json, command).await,
+        Cmd::Topology { command } => topology::command(client, json, command).await,
         Cmd::Burst { command } => burst::burst_command(client, json, command).await,
         Cmd::Context { command } => context::context_command(json, command),
         Cmd::Sim(args) => sim::sim(json, args),

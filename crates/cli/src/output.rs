@@ -104,11 +104,33 @@ pub fn job_json(job: &pb::Job) -> Value {
         ),
         // The limit it runs under (its own, else its QoS's or partition's).
         ("time_limit", json!((job.effective_time_limit_s > 0).then_some(job.effective_time_limit_s))),
+        ("topology", json!(spec.resources.as_ref().and_then(|r| r.topology.as_ref()).map(topology_text))),
+        ("domains", json!(domains(job))),
     ];
     for (k, value) in more {
         v[k] = value;
     }
     v
+}
+
+/// A topology ask as the user writes it (`rack=required`; `--switches` shows its count and wait).
+fn topology_text(t: &pb::TopologyRequest) -> String {
+    let level = if t.level.is_empty() { "lowest level" } else { t.level.as_str() };
+    let mut s = format!("{level}={}", if t.required { "required" } else { "preferred" });
+    if t.max_domains > 1 {
+        s.push_str(&format!(", at most {} domains", t.max_domains));
+    }
+    if t.relax_after_s > 0 {
+        s.push_str(&format!(", preferred after {} s", t.relax_after_s));
+    }
+    s
+}
+
+/// The topology domains the job's latest allocation got, as its `allocated` event names them
+/// (`rack r1`; `racks r1, r2 (...)`).
+fn domains(job: &pb::Job) -> Option<String> {
+    let e = job.events.iter().rev().find(|e| e.kind == "allocated")?;
+    e.message.split_once("; ").map(|(_, d)| d.to_string())
 }
 
 /// The digest of the image the job's latest run used, from the node's "image" event.
@@ -310,6 +332,8 @@ pub fn print_job_details(job: &pb::Job) {
         "cpus",
         "memory_mib",
         "gpu_model",
+        "topology",
+        "domains",
         "checkpoint_signal",
         "after_ok",
         "after_any",
