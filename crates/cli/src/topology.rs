@@ -43,7 +43,7 @@ const FILE_MAX: u64 = 16 << 20;
 
 /// A topology file as the request: every node in one domain per level, only named levels.
 pub fn parse_file(text: &str) -> anyhow::Result<pb::Topology> {
-    let table: toml::Table = toml::from_str(text).context("topology file")?;
+    let table: toml::Table = toml::from_str(text).map_err(|e| anyhow!("{}", e.message()))?;
     let mut levels = Vec::new();
     let mut nodes: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     for (key, value) in &table {
@@ -85,7 +85,7 @@ pub async fn command(client: &Client, json: bool, cmd: TopologyCmd) -> anyhow::R
     match cmd {
         TopologyCmd::Apply { file } => {
             let text = read_bounded(&file)?;
-            let request = parse_file(&text).with_context(|| file.display().to_string())?;
+            let request = parse_file(&text).map_err(|e| anyhow!("{}: {e:#}", file.display()))?;
             let answer =
                 client.admin(request, |mut c, r| async move { c.set_topology(r).await }).await?.into_inner();
             if json {

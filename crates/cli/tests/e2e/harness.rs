@@ -403,12 +403,18 @@ impl Cluster {
 
     /// Starts another agent (node) called `name` with `gpus` fake GPUs and waits until it is up.
     pub fn add_agent(&mut self, name: &str, gpus: u32) {
+        self.add_agent_with(name, gpus, &[]);
+    }
+
+    /// `add_agent` with extra flags for this agent (e.g. `--label rack=r1`).
+    pub fn add_agent_with(&mut self, name: &str, gpus: u32, extra: &[&str]) {
         let child = Command::new(bin("kairos-agent"))
             .args(["--controllers", &self.addrs(), "--addr", "127.0.0.1:0", "--name", name])
             .args(["--gpu-backend", "fake", "--fake-gpus", &gpus.to_string()])
             .arg("--join-token-file")
             .arg(self.path("join.token"))
             .args(self.agent_flags_with_defaults())
+            .args(extra)
             .arg("--state-dir")
             .arg(self.path(&format!("agent-{name}")))
             .stdin(Stdio::null())

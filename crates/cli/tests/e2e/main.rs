@@ -34,6 +34,7 @@ mod restart;
 mod security;
 mod shipped_policy;
 mod sim;
+mod topology;
 mod usage;
 mod web;
 mod whatif;
