@@ -25,9 +25,14 @@ pub struct SimArgs {
     /// A cluster of N nodes with G GPUs each instead of a node list (e.g. 4x8), optionally of
     /// one GPU model and with CPUS and MEM (256G; MiB without a unit) per node:
     /// 4x8:A100, 4x8:A100:64:512G, 4x8:64:512G. Without them the GPUs are of model "sim" and
-    /// CPUs and memory bind nothing.
-    #[arg(long, value_name = "NxG[:MODEL][:CPUS:MEM]")]
+    /// CPUs and memory bind nothing. BxNxG: B blocks (topology level `block`) of N nodes each;
+    /// the replay then runs topology-blind, preferred and required side by side.
+    #[arg(long, value_name = "[Bx]NxG[:MODEL][:CPUS:MEM]")]
     pub cluster: Option<String>,
+    /// Training jobs that ask a whole node's GPUs become gangs of this many nodes with the
+    /// same GPU-time (their run time divided by it): the public trace has no gangs.
+    #[arg(long, value_name = "NODES", value_parser = clap::value_parser!(u32).range(2..=256))]
+    pub gangs: Option<u32>,
     /// A JSONL trace instead: {"submit_s", "duration_s", "gpus", "class": inference|training}.
     #[arg(long, value_name = "JSONL")]
     pub jobs: Option<std::path::PathBuf>,
@@ -85,6 +90,18 @@ pub struct SimArgs {
     pub plot: Option<std::path::PathBuf>,
 }
 
+/// The topology level of `--cluster BxNxG`'s blocks.
+const BLOCK: &str = "block";
+
+/// `--gangs N`: training jobs asking a whole node's GPUs become N-node gangs of the same GPU-time.
+fn gangs_of(jobs: &mut [kairos_sim::TraceJob], nodes: &[kairos_sim::TraceNode], width: u32) {
+    let whole = nodes.iter().map(|n| n.gpus).max().unwrap_or(0);
+    for j in jobs.iter_mut().filter(|j| !j.inference && j.gpus == whole && j.tasks <= 1) {
+        j.tasks = width;
+        j.duration_ms = (j.duration_ms / i64::from(width)).max(1000);
+    }
+}
+
 /// `--cluster NxG[:MODEL][:CPUS:MEM]`: N nodes (`n0` …) of G GPUs of MODEL (default "sim"),
 /// with CPUS and MEM each when given (else they bind nothing).
 fn cluster_of(text: &str) -> anyhow::Result<Vec<kairos_sim::TraceNode>> {
@@ -94,8 +111,18 @@ fn cluster_of(text: &str) -> anyhow::Result<Vec<kairos_sim::TraceNode>> {
         )
     };
     let mut parts = text.split(':');
-    let (n, g) = parts.next().unwrap_or_default().split_once(['x', 'X']).ok_or_else(bad)?;
-    let (n, g): (u32, u32) = (n.trim().parse().map_err(|_| bad())?, g.trim().parse().map_err(|_| bad())?);
+    let sizes: Vec<u32> = parts
+        .next()
+        .unwrap_or_default()
+        .split(['x', 'X'])
+        .map(|s| s.trim().parse().map_err(|_| bad()))
+        .collect::<anyhow::Result<_>>()?;
+    let (blocks, n, g) = match sizes[..] {
+        [n, g] => (None, n, g),
+        [b, n, g] if (1..=1000).contains(&b) => (Some(b), n, g),
+        _ => return Err(bad()),
+    };
+    let n = n.saturating_mul(blocks.unwrap_or(1));
     if n == 0 || g == 0 || n > 100_000 || g > 64 {
         return Err(bad());
     }
@@ -125,8 +152,21 @@ fn cluster_of(text: &str) -> anyhow::Result<Vec<kairos_sim::TraceNode>> {
             (cpus, mem)
         }
     };
+    let per_block = n / blocks.unwrap_or(1);
     Ok((0..n)
-        .map(|i| kairos_sim::TraceNode { name: format!("n{i}"), gpus: g, model: model.into(), cpus, mem_mib })
+        .map(|i| {
+            let labels = blocks
+                .map(|_| [(BLOCK.to_string(), format!("b{}", i / per_block))].into())
+                .unwrap_or_default();
+            kairos_sim::TraceNode {
+                name: format!("n{i}"),
+                gpus: g,
+                model: model.into(),
+                cpus,
+                mem_mib,
+                labels,
+            }
+        })
         .collect())
 }
 
@@ -173,10 +213,27 @@ pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
             runs.push((path.display().to_string(), policy, Some(crate::burst_file::setup_of(path, policy)?)));
         }
     }
+    // Blocks: the first policy topology-blind, preferred (the cluster's default) and required.
+    let blocks = nodes.iter().any(|n| n.labels.contains_key(BLOCK));
+    let mut placements =
+        vec![SimConfig { topology_level: blocks.then(|| BLOCK.to_string()), ..config.clone() }];
+    if blocks && runs.len() == 1 {
+        let (name, policy, _) = runs.remove(0);
+        let topology =
+            kairos_scheduler::topology::Topology { levels: vec![BLOCK.into()], ..Default::default() };
+        let aware = SimConfig { topology: Some(topology), ..placements[0].clone() };
+        let required =
+            kairos_scheduler::topology::TopologyAsk::parse("block=required").map_err(anyhow::Error::msg)?;
+        placements =
+            vec![placements[0].clone(), aware.clone(), SimConfig { gang_topology: Some(required), ..aware }];
+        for label in ["topology-blind", "block preferred", "block required"] {
+            runs.push((format!("{name}, {label}"), policy, None));
+        }
+    }
     let mut reports: Vec<(String, kairos_sim::Report)> = Vec::new();
     let mut pictures: Vec<(String, kairos_sim::plot::Series)> = Vec::new();
-    for (name, policy, burst) in runs {
-        let config = SimConfig { burst, ..config.clone() };
+    for (k, (name, policy, burst)) in runs.into_iter().enumerate() {
+        let config = SimConfig { burst, ..placements.get(k).unwrap_or(&placements[0]).clone() };
         let (report, series) = kairos_sim::simulate_with_series(&nodes, &jobs, policy, &config);
         pictures.push((name.clone(), series));
         reports.push((name, report));
@@ -220,6 +277,9 @@ fn workload_of(
             j.submit_ms = j.submit_ms.max(from_ms) - from_ms;
         }
     }
+    if let Some(width) = args.gangs {
+        gangs_of(&mut jobs, &nodes, width);
+    }
     let gpus = nodes.iter().map(|n| n.gpus).sum();
     let jobs = match args.inflate {
         Some(f) if !(f > 0.0 && f <= 100.0) => anyhow::bail!("--inflate: {f} is not a factor in (0, 100]"),
@@ -254,7 +314,7 @@ fn print_reports(
         print_qos(policy);
         println!();
     }
-    match (json, args.compare.is_empty() && args.burst.is_empty()) {
+    match (json, reports.len() == 1) {
         (true, true) => println!("{}", serde_json::to_string_pretty(&reports[0].1)?),
         (true, false) => {
             let by_name: serde_json::Map<String, serde_json::Value> = reports

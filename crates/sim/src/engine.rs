@@ -46,6 +46,12 @@ pub struct SimConfig {
     pub fractions: bool,
     /// Cloud burst under this configuration, against a simulated cloud (`crate::cloud`).
     pub burst: Option<BurstSetup>,
+    /// The topology the planner places by (None: topology-blind).
+    pub topology: Option<kairos_scheduler::topology::Topology>,
+    /// The level whose domains the report counts gangs across (with or without `topology`).
+    pub topology_level: Option<String>,
+    /// What every gang of the trace asks of the topology (None: the cluster's default).
+    pub gang_topology: Option<kairos_scheduler::topology::TopologyAsk>,
 }
 
 impl Default for SimConfig {
@@ -59,6 +65,9 @@ impl Default for SimConfig {
             tick_ms: 1000,
             fractions: false,
             burst: None,
+            topology: None,
+            topology_level: None,
+            gang_topology: None,
         }
     }
 }
@@ -238,6 +247,10 @@ struct Sim<'a> {
     held: HashMap<JobId, Held>,
     /// Per QoS and per account: preemption victims and the GPU-ms they lost.
     victims: BTreeMap<(bool, String), (u64, f64)>,
+    /// Per gang's first start: (domains of the topology level it got, the fewest it could, wait s).
+    gang_starts: Vec<(usize, usize, f64)>,
+    /// The most nodes one domain of the measured topology level has.
+    largest_domain: usize,
 }
 
 /// A modelled node's registration: `gpus` GPUs of `model`; CPUs or memory of 0 (not said by
@@ -299,9 +312,16 @@ impl<'a> Sim<'a> {
             now_ms: 0,
             op: Op::SetPolicy { policy: policy.clone(), audit: None },
         });
+        if let Some(topology) = &config.topology {
+            state.apply(&Command {
+                skipped_ms: 0,
+                now_ms: 0,
+                op: Op::SetTopology { topology: topology.clone() },
+            });
+        }
         let mut capacity = BTreeMap::new();
         for n in nodes {
-            let info = node_info(&n.name, n.gpus, &n.model, n.cpus, n.mem_mib, BTreeMap::new());
+            let info = node_info(&n.name, n.gpus, &n.model, n.cpus, n.mem_mib, n.labels.clone());
             state.apply(&Command { skipped_ms: 0, now_ms: 0, op: Op::RegisterNode { info } });
             capacity.insert(n.name.clone(), n.gpus);
         }
@@ -347,7 +367,10 @@ impl<'a> Sim<'a> {
             stopping: HashSet::new(),
             held: HashMap::new(),
             victims: BTreeMap::new(),
+            gang_starts: Vec::new(),
+            largest_domain: 0,
         };
+        sim.largest_domain = sim.largest_domain();
         sim.start_history();
         // Same-millisecond arrivals in an order drawn from the seed.
         let mut rng = SplitMix(kairos_scheduler::seeded::SplitMix64::new(config.seed));
@@ -543,6 +566,10 @@ impl<'a> Sim<'a> {
         }
         let j = &self.jobs[i];
         let mut spec = JobSpec::new(&j.name, "trace", vec!["true".into()], j.gpus);
+        spec.tasks = j.tasks.max(1);
+        if spec.tasks > 1 {
+            spec.topology = self.config.gang_topology.clone().map(Box::new);
+        }
         spec.cpus = j.cpus;
         spec.mem_mib = j.mem_mib;
         spec.gpu_model = j.gpu_spec.clone();
@@ -685,7 +712,12 @@ impl<'a> Sim<'a> {
         self.share_used = (self.share_used.0 + share.0, self.share_used.1 + share.1);
         self.allocation.push((now, self.allocated));
         if self.history.is_some() {
-            self.held.insert(job, (tasks, share, fraction));
+            self.held.insert(job, (tasks.clone(), share, fraction));
+        }
+        let Some(t) = self.tracks.get(&job) else { return };
+        if t.first_start_ms.is_none() && tasks.len() > 1 {
+            let wait_s = (now - self.arrivals[t.trace]) as f64 / 1000.0;
+            self.note_gang(&tasks, wait_s);
         }
         let Some(t) = self.tracks.get_mut(&job) else { return };
         t.first_start_ms.get_or_insert(now);
@@ -697,6 +729,37 @@ impl<'a> Sim<'a> {
         if let Some(limit_ms) = limit_ms.filter(|l| *l < remaining) {
             self.push(now + limit_ms + self.config.tick_ms, Event::Tick);
         }
+    }
+
+    /// The most nodes in one domain of the measured topology level.
+    fn largest_domain(&self) -> usize {
+        let Some(level) = &self.config.topology_level else { return 0 };
+        let mut sizes: BTreeMap<&str, usize> = BTreeMap::new();
+        for (name, n) in &self.state.nodes {
+            if let Some(d) = self.state.topology.domain(name, &n.info.labels, level) {
+                *sizes.entry(d).or_default() += 1;
+            }
+        }
+        sizes.into_values().max().unwrap_or(0)
+    }
+
+    /// A gang's first start on `tasks`' nodes, against the measured topology level.
+    fn note_gang(&mut self, tasks: &[(String, u32)], wait_s: f64) {
+        let Some(level) = &self.config.topology_level else { return };
+        let mut domains: Vec<&str> = Vec::new();
+        for (name, _) in tasks {
+            let d = self
+                .state
+                .nodes
+                .get(name)
+                .and_then(|n| self.state.topology.domain(name, &n.info.labels, level));
+            let d = d.unwrap_or(name.as_str());
+            if !domains.contains(&d) {
+                domains.push(d);
+            }
+        }
+        let least = tasks.len().div_ceil(self.largest_domain.max(1));
+        self.gang_starts.push((domains.len(), least, wait_s));
     }
 
     /// A preemption victim saves what it can and stops after the stop delay.
@@ -876,6 +939,11 @@ impl<'a> Sim<'a> {
             burst: self.cloud.as_ref().map(|c| {
                 c.report(self.state.burst.spent_milli(self.last_event_ms), self.last_event_ms, arrivals_ms)
             }),
+            gangs: self
+                .config
+                .topology_level
+                .as_deref()
+                .map(|l| crate::report::GangReport::of(l, &self.gang_starts)),
         }
         .rounded()
     }
@@ -897,7 +965,7 @@ fn partial(cap: u32, used: u32) -> u32 {
 pub fn inflate(jobs: &[TraceJob], total_gpus: u32, factor: f64, seed: u64) -> Vec<TraceJob> {
     let target = (f64::from(total_gpus) * factor.max(0.0)).ceil() as u64;
     let mut rng = SplitMix(kairos_scheduler::seeded::SplitMix64::new(seed ^ 0x5EED_1F1A_7E00_0000));
-    let asked: u64 = jobs.iter().map(|j| u64::from(j.gpus)).sum();
+    let asked: u64 = jobs.iter().map(|j| u64::from(j.total_gpus())).sum();
     if jobs.is_empty() {
         return Vec::new();
     }
@@ -915,7 +983,7 @@ pub fn inflate(jobs: &[TraceJob], total_gpus: u32, factor: f64, seed: u64) -> Ve
             if sum >= target {
                 break;
             }
-            sum += u64::from(jobs[i].gpus);
+            sum += u64::from(jobs[i].total_gpus());
             kept.push(i);
         }
         kept.sort_unstable();
@@ -928,7 +996,7 @@ pub fn inflate(jobs: &[TraceJob], total_gpus: u32, factor: f64, seed: u64) -> Ve
         let j = &jobs[(rng.next() % jobs.len() as u64) as usize];
         copy += 1;
         out.push(TraceJob { name: format!("{}#{copy}", j.name), ..j.clone() });
-        sum += u64::from(j.gpus);
+        sum += u64::from(j.total_gpus());
     }
     out
 }
@@ -943,7 +1011,7 @@ pub fn offered_load(jobs: &[TraceJob], total_gpus: u32, load: Option<f64>) -> f6
     let asked: f64 = jobs
         .iter()
         .zip(&at)
-        .map(|(j, a)| f64::from(j.gpus) * j.duration_ms.min(last - a).max(0) as f64)
+        .map(|(j, a)| f64::from(j.total_gpus()) * j.duration_ms.min(last - a).max(0) as f64)
         .sum();
     asked / (f64::from(total_gpus.max(1)) * span as f64)
 }
@@ -986,6 +1054,8 @@ mod tests {
             .collect()
     }
 
+    use kairos_scheduler::topology::TopologyAsk as TopologyAskOf;
+
     fn job(name: &str, submit_s: i64, duration_s: i64, gpus: u32, inference: bool) -> TraceJob {
         TraceJob {
             name: name.into(),
@@ -1002,6 +1072,38 @@ mod tests {
         let mut jobs: Vec<TraceJob> = (0..4).map(|i| job(&format!("t{i}"), 0, 3600, 4, false)).collect();
         jobs.extend((0..3).map(|i| job(&format!("i{i}"), 60 + i, 120, 2, true)));
         jobs
+    }
+
+    /// Two blocks of four 1-GPU nodes; single-GPU jobs then 3-node gangs arrive while they run.
+    /// Topology-blind, the small jobs land in both blocks and gangs straddle them; aware (the
+    /// cluster names the level), small jobs fill one block first and gangs fit in the other.
+    #[test]
+    fn gangs_stay_inside_one_block_when_the_cluster_names_the_level_and_spread_when_blind() {
+        let nodes: Vec<TraceNode> = (0..8)
+            .map(|i| TraceNode {
+                name: format!("n{i}"),
+                gpus: 1,
+                model: "T4".into(),
+                labels: [("block".to_string(), format!("b{}", i % 2))].into(),
+                ..TraceNode::default()
+            })
+            .collect();
+        let mut jobs: Vec<TraceJob> = (0..3).map(|i| job(&format!("s{i}"), i, 600, 1, false)).collect();
+        jobs.extend(
+            (0..3).map(|i| TraceJob { tasks: 3, ..job(&format!("g{i}"), 10 + i * 100, 60, 1, false) }),
+        );
+        let blind = SimConfig { topology_level: Some("block".into()), ..SimConfig::default() };
+        let topology =
+            kairos_scheduler::topology::Topology { levels: vec!["block".into()], ..Default::default() };
+        let aware = SimConfig { topology: Some(topology), ..blind.clone() };
+        let report = |c: &SimConfig| simulate(&nodes, &jobs, &Policy::default(), c).gangs.unwrap();
+        let (b, a) = (report(&blind), report(&aware));
+        assert_eq!((b.gangs, a.gangs), (3, 3));
+        assert!(b.spread > 0, "blind: {b:?}");
+        assert_eq!(a.spread, 0, "aware: {a:?}");
+        let required = TopologyAskOf::parse("block=required").unwrap();
+        let r = report(&SimConfig { gang_topology: Some(required), ..aware });
+        assert_eq!((r.gangs, r.spread), (3, 0));
     }
 
     #[test]

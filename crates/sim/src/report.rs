@@ -164,6 +164,39 @@ pub struct Report {
     /// What cloud burst launched, cost and ran (`kairos sim --burst`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub burst: Option<crate::cloud::BurstReport>,
+    /// Gangs against the topology (`kairos sim --cluster BxNxG`, `--topology`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gangs: Option<GangReport>,
+}
+
+/// How gangs were placed against a topology level: how many spanned more of its domains than
+/// they had to (ceil(tasks / the largest domain's nodes)), and how long gangs waited.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct GangReport {
+    pub level: String,
+    pub gangs: usize,
+    /// Gangs placed across more domains than the minimum, at their first start.
+    pub spread: usize,
+    pub spread_share: f64,
+    pub wait_p50_s: f64,
+    pub wait_p99_s: f64,
+}
+
+impl GangReport {
+    /// From each gang's first start: (domains it got, the fewest it could, its wait in s).
+    pub fn of(level: &str, starts: &[(usize, usize, f64)]) -> GangReport {
+        let spread = starts.iter().filter(|(got, least, _)| got > least).count();
+        let mut waits: Vec<f64> = starts.iter().map(|s| s.2).collect();
+        waits.sort_by(f64::total_cmp);
+        GangReport {
+            level: level.to_string(),
+            gangs: starts.len(),
+            spread,
+            spread_share: round3(spread as f64 / starts.len().max(1) as f64),
+            wait_p50_s: round3(percentile(&waits, 0.5)),
+            wait_p99_s: round3(percentile(&waits, 0.99)),
+        }
+    }
 }
 
 fn round3(x: f64) -> f64 {
@@ -219,6 +252,9 @@ impl Report {
         if named.iter().any(|(_, r)| r.burst.is_some()) {
             rows.extend(burst_rows());
         }
+        if named.iter().any(|(_, r)| r.gangs.is_some()) {
+            rows.extend(gang_rows());
+        }
         let mut cells: Vec<Vec<String>> =
             vec![std::iter::once(String::new()).chain(named.iter().map(|(n, _)| n.clone())).collect()];
         for (label, f) in &rows {
@@ -263,6 +299,22 @@ fn rows() -> Vec<(&'static str, Cell)> {
         ("redone GPU-hours", Box::new(|r: &Report| format!("{:.1}", r.redone_gpu_hours))),
         ("fragmentation", Box::new(|r: &Report| format!("{:.3}", r.fragmentation))),
         ("makespan (s)", Box::new(|r: &Report| format!("{:.0}", r.makespan_s))),
+    ]
+}
+
+/// The rows of the gangs' figures against the topology.
+fn gang_rows() -> Vec<(&'static str, Cell)> {
+    let gangs = |f: fn(&GangReport) -> String| -> Cell {
+        Box::new(move |r: &Report| r.gangs.as_ref().map_or("-".into(), f))
+    };
+    vec![
+        (
+            "gangs: spread past the fewest domains",
+            gangs(|g| {
+                format!("{} of {} ({:.1} %) per {}", g.spread, g.gangs, g.spread_share * 100.0, g.level)
+            }),
+        ),
+        ("gang wait p50 / p99 (s)", gangs(|g| format!("{:.0} / {:.0}", g.wait_p50_s, g.wait_p99_s))),
     ]
 }
 

@@ -21,6 +21,15 @@ pub struct TraceJob {
     /// Thousandths of its one GPU it asks (the trace's `gpu_milli` of a one-GPU pod below a
     /// whole GPU); 0: whole GPUs.
     pub gpu_milli: u32,
+    /// A gang of this many tasks (one node each, `gpus` per task); 0 or 1: one node.
+    pub tasks: u32,
+}
+
+impl TraceJob {
+    /// GPUs of all its tasks.
+    pub fn total_gpus(&self) -> u32 {
+        self.gpus.saturating_mul(self.tasks.max(1))
+    }
 }
 
 /// One GPU node of a trace.
@@ -32,6 +41,8 @@ pub struct TraceNode {
     /// CPUs and memory (MiB) it offers; 0: not known (then they bind nothing).
     pub cpus: u32,
     pub mem_mib: u64,
+    /// Its labels (a topology's domains: `block=b1`).
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// A trace that cannot be read.
@@ -115,6 +126,7 @@ pub fn alibaba_pods(file: &str, text: &str) -> Result<(Vec<TraceJob>, usize), Tr
                 m if gpus == 1 && (1..1000).contains(&m) => m as u32,
                 _ => 0,
             },
+            tasks: 1,
         });
     }
     Ok((jobs, skipped))
@@ -141,6 +153,7 @@ pub fn alibaba_nodes(file: &str, text: &str) -> Result<Vec<TraceNode>, TraceErro
                 cpus: (number(file, i + 1, field(3), "cpu_milli")?.max(0) / 1000).min(i64::from(u32::MAX))
                     as u32,
                 mem_mib: number(file, i + 1, field(4), "memory_mib")?.max(0) as u64,
+                labels: Default::default(),
             });
         }
     }
@@ -156,11 +169,14 @@ struct JsonJob {
     duration_s: f64,
     gpus: u32,
     class: String,
+    /// A gang: this many tasks of `gpus` each, one per node.
+    #[serde(default)]
+    tasks: Option<u32>,
 }
 
 /// A generic trace, one JSON object per line:
 /// `{"name": "j1", "submit_s": 0, "duration_s": 600, "gpus": 2, "class": "training"}` (class
-/// `inference` or `training`).
+/// `inference` or `training`; `"tasks": N` makes it a gang of N nodes, `gpus` on each).
 pub fn jsonl(file: &str, text: &str) -> Result<Vec<TraceJob>, TraceError> {
     let mut jobs = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -183,6 +199,7 @@ pub fn jsonl(file: &str, text: &str) -> Result<Vec<TraceJob>, TraceError> {
             duration_ms: ((j.duration_s * 1000.0) as i64).max(1000),
             gpus: j.gpus,
             inference,
+            tasks: j.tasks.unwrap_or(1).clamp(1, kairos_scheduler::validate::TASKS_MAX),
             ..TraceJob::default()
         });
     }
@@ -215,6 +232,7 @@ mod tests {
                     mem_mib: 1,
                     gpu_spec: None,
                     gpu_milli: 460,
+                    tasks: 1,
                 },
                 TraceJob {
                     name: "p2".into(),
@@ -226,6 +244,7 @@ mod tests {
                     mem_mib: 1,
                     gpu_spec: Some("V100M32".into()),
                     gpu_milli: 0,
+                    tasks: 1,
                 },
             ]
         );
@@ -237,7 +256,14 @@ mod tests {
                 .unwrap();
         assert_eq!(
             nodes,
-            vec![TraceNode { name: "n0".into(), gpus: 8, model: "T4".into(), cpus: 96, mem_mib: 1024 }]
+            vec![TraceNode {
+                name: "n0".into(),
+                gpus: 8,
+                model: "T4".into(),
+                cpus: 96,
+                mem_mib: 1024,
+                ..Default::default()
+            }]
         );
         let j = jsonl("j", "{\"submit_s\": 1, \"duration_s\": 2, \"gpus\": 1, \"class\": \"inference\"}\n")
             .unwrap();

@@ -30,6 +30,11 @@ pub(super) struct Pass<'a> {
     pub(super) gpus_total: usize,
     /// Thousandths of a GPU given to fractions in this pass, by (node position, GPU).
     pub(super) fractions: BTreeMap<(usize, GpuIndex), u32>,
+    /// With named topology levels: each node's domain at the lowest level (by position; none:
+    /// `u32::MAX`) and each domain's free GPUs, so a task that fits several nodes equally
+    /// goes into the fullest domain and keeps whole domains free for gangs.
+    pub(super) node_domain: Vec<u32>,
+    pub(super) domain_free: Vec<usize>,
 }
 
 impl<'a> Pass<'a> {
@@ -66,6 +71,7 @@ impl<'a> Pass<'a> {
         let has_cloud = nodes.iter().any(|n| n.cloud);
         let free_total = nodes.iter().map(|n| n.free.len()).sum();
         let gpus_total = nodes.iter().map(|n| n.node.info.gpus.len()).sum();
+        let (node_domain, domain_free) = domains_of(state, &nodes);
         Pass {
             state,
             nodes,
@@ -78,6 +84,16 @@ impl<'a> Pass<'a> {
             free_total,
             gpus_total,
             fractions: BTreeMap::new(),
+            node_domain,
+            domain_free,
+        }
+    }
+
+    /// Free GPUs in the domain of the node at `pos` (0 without a topology: no preference).
+    pub(super) fn domain_score(&self, pos: usize) -> usize {
+        match self.node_domain.get(pos) {
+            Some(&d) if d != u32::MAX => self.domain_free[d as usize],
+            _ => 0,
         }
     }
 
@@ -103,7 +119,11 @@ impl<'a> Pass<'a> {
             .collect();
         let before = node.free.len();
         node.free.retain(|g| !gpus.contains(&g.index));
-        self.free_total -= before - node.free.len();
+        let taken_count = before - node.free.len();
+        self.free_total -= taken_count;
+        if let Some(&d) = self.node_domain.get(pos).filter(|d| **d != u32::MAX) {
+            self.domain_free[d as usize] -= taken_count.min(self.domain_free[d as usize]);
+        }
         self.by_free.insert(node.key(pos));
         let busy = self.placed_until.entry(pos).or_default();
         for (gpu, model) in taken {
@@ -123,4 +143,28 @@ impl<'a> Pass<'a> {
             busy.push((i64::MAX, g.index, g.model.as_str()));
         }
     }
+}
+
+/// Each node's domain at the cluster's lowest named topology level, and each domain's free
+/// GPUs (both empty on a cluster that names no level).
+fn domains_of(state: &ClusterState, nodes: &[FreeNode]) -> (Vec<u32>, Vec<usize>) {
+    let Some(level) = state.topology.levels.first() else { return (Vec::new(), Vec::new()) };
+    let mut index: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut free: Vec<usize> = Vec::new();
+    let node_domain = nodes
+        .iter()
+        .map(|n| match state.topology.domain(n.name, n.labels, level) {
+            Some(d) => {
+                let next = index.len() as u32;
+                let i = *index.entry(d).or_insert(next);
+                if i as usize == free.len() {
+                    free.push(0);
+                }
+                free[i as usize] += n.free.len();
+                i
+            }
+            None => u32::MAX,
+        })
+        .collect();
+    (node_domain, free)
 }

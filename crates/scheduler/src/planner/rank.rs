@@ -32,6 +32,7 @@ impl<'a> Pass<'a> {
             model.is_none() && part.is_none_or(Partition::is_everything) && (cloud_ok || !self.has_cloud);
         let candidates = if fast { 0 } else { self.nodes_with(model) };
         let task = ask.task();
+        let topo = !self.domain_free.is_empty();
         let mut best: Option<Candidate> = None;
         let consider = |pos: usize, best: &mut Option<Candidate>| {
             let node = &self.nodes[pos];
@@ -40,8 +41,12 @@ impl<'a> Pass<'a> {
             }
             let may = may_use_reserved || node.reserved.is_empty();
             let free = node.free_for(model, may);
-            // The first node of the fewest usable GPUs wins (in the index's order, or by position).
-            if fits(&free, &task).is_err() || best.as_ref().is_some_and(|(bn, _, _)| free.gpus >= *bn) {
+            // The first node of the fewest usable GPUs wins (in the index's order, or by position);
+            // between equals, the one in the fullest topology domain.
+            let better = |(bn, bpos, _): &Candidate| {
+                free.gpus < *bn || (free.gpus == *bn && self.domain_score(pos) < self.domain_score(*bpos))
+            };
+            if fits(&free, &task).is_err() || best.as_ref().is_some_and(|b| !better(b)) {
                 return;
             }
             *best = Some((free.gpus, pos, node.usable(model, may)));
@@ -55,8 +60,10 @@ impl<'a> Pass<'a> {
                 for &(free_now, std::cmp::Reverse(cpus), pos) in
                     self.by_free.range((free, std::cmp::Reverse(u32::MAX), 0)..)
                 {
-                    // Entries with as many free GPUs as the best found or more cannot fit tighter.
-                    if best.as_ref().is_some_and(|(n, _, _)| free_now >= *n) || seen > 64 {
+                    // Entries with more free GPUs than the best found cannot fit tighter (nor, with
+                    // no topology, those with as many).
+                    let past = |n: usize| free_now > n || (free_now == n && !topo);
+                    if best.as_ref().is_some_and(|(n, _, _)| past(*n)) || seen > 64 {
                         break 'buckets;
                     }
                     if free_now != free || cpus < cpu_mem.cpus {

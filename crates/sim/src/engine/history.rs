@@ -38,6 +38,8 @@ pub fn trace_jobs(trace: &HistoryTrace) -> Vec<TraceJob> {
             mem_mib: j.mem_mib,
             gpu_spec: j.gpu_model.clone(),
             gpu_milli: j.gpu_milli,
+            // `gpus` counts every task's (the offered load); the spec is the history's own.
+            tasks: 1,
         })
         .collect()
 }
