@@ -97,6 +97,10 @@ enum Bench {
         /// as the trace's `gpu_milli`) instead of a whole one.
         #[arg(long)]
         fractions: bool,
+        /// Nodes in this many racks (topology level `rack`, named by the cluster): placement
+        /// then goes by it (0: no topology).
+        #[arg(long, default_value_t = 0)]
+        racks: u32,
     },
     /// The submit load (closed loop) as puts to a running etcd.
     EtcdPut {
@@ -185,8 +189,8 @@ async fn main() {
         Bench::Preempt { controllers, agents, gpus_per_agent, rounds } => {
             preempt::bench_preempt(controllers, agents, gpus_per_agent, rounds.max(1)).await
         }
-        Bench::Schedule { nodes, gpus_per_node, pending, running, passes, fractions } => {
-            schedule::bench_schedule(nodes, gpus_per_node, pending, running, passes.max(1), fractions)
+        Bench::Schedule { nodes, gpus_per_node, pending, running, passes, fractions, racks } => {
+            schedule::bench_schedule(nodes, gpus_per_node, pending, running, passes.max(1), fractions, racks)
         }
         Bench::EtcdPut { endpoints, load, value_bytes, pids } => {
             let (clients, conns, seconds) = load.get();

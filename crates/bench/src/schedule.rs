@@ -183,14 +183,25 @@ pub(crate) fn bench_schedule(
     running: u32,
     passes: usize,
     fractions: bool,
+    racks: u32,
 ) -> anyhow::Result<serde_json::Value> {
     use kairos_scheduler::{ClusterState, Command, Op};
     let rss_before = rss_mb();
     let mut state = ClusterState::new();
     let now = 1_000_000i64;
     let apply = |state: &mut ClusterState, op: Op| state.apply(&Command { skipped_ms: 0, now_ms: now, op });
+    let per_rack = nodes.div_ceil(racks.max(1));
     for n in 0..nodes {
-        apply(&mut state, Op::RegisterNode { info: bench_node(n, gpus_per_node) });
+        let mut info = bench_node(n, gpus_per_node);
+        if racks > 0 {
+            info.labels.insert("rack".into(), format!("r{}", n / per_rack));
+        }
+        apply(&mut state, Op::RegisterNode { info });
+    }
+    if racks > 0 {
+        let topology =
+            kairos_scheduler::topology::Topology { levels: vec!["rack".into()], ..Default::default() };
+        apply(&mut state, Op::SetTopology { topology });
     }
     let placed = place_running(&mut state, nodes, gpus_per_node, running, &schedule_job, now);
     let fractional =
@@ -212,6 +223,7 @@ pub(crate) fn bench_schedule(
         "running": placed,
         "pending": pending,
         "pending_fractions": fractional,
+        "racks": racks,
         "pass_ms_p50": (times[times.len() / 2] * 10.0).round() / 10.0,
         "pass_ms_max": (times[times.len() - 1] * 10.0).round() / 10.0,
         "placed": out.plan.placements.len(),
