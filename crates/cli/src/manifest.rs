@@ -307,13 +307,8 @@ fn pod(
             ..Default::default()
         });
     }
-    let topology = match (tagged(KUEUE_REQUIRED_TOPOLOGY), tagged(KUEUE_PREFERRED_TOPOLOGY)) {
-        (Some(level), _) => Some((level, true)),
-        (None, Some(level)) => Some((level, false)),
-        (None, None) => None,
-    };
-    if let (Some((level, required)), Some(res)) = (topology, job.resources.as_mut()) {
-        res.topology = Some(pb::TopologyRequest { level, required, max_domains: 1, relax_after_s: 0 });
+    if let Some(res) = job.resources.as_mut() {
+        res.topology = topology_of(tagged(KUEUE_REQUIRED_TOPOLOGY), tagged(KUEUE_PREFERRED_TOPOLOGY));
     }
     let group = match (tagged(KUEUE_GROUP), tagged(VOLCANO_GROUP)) {
         (Some(g), _) => {
@@ -324,6 +319,16 @@ fn pod(
         (None, None) => None,
     };
     Ok(Pod { name, spec: job, group })
+}
+
+/// Kueue's pod-set topology annotations (a node label's key) as the job's ask: required first.
+fn topology_of(required: Option<String>, preferred: Option<String>) -> Option<pb::TopologyRequest> {
+    let (level, required) = match (required, preferred) {
+        (Some(level), _) => (level, true),
+        (None, Some(level)) => (level, false),
+        (None, None) => return None,
+    };
+    Some(pb::TopologyRequest { level, required, max_domains: 1, relax_after_s: 0 })
 }
 
 /// A container as a job spec (command, environment, image, resources).

@@ -213,23 +213,7 @@ pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
             runs.push((path.display().to_string(), policy, Some(crate::burst_file::setup_of(path, policy)?)));
         }
     }
-    // Blocks: the first policy topology-blind, preferred (the cluster's default) and required.
-    let blocks = nodes.iter().any(|n| n.labels.contains_key(BLOCK));
-    let mut placements =
-        vec![SimConfig { topology_level: blocks.then(|| BLOCK.to_string()), ..config.clone() }];
-    if blocks && runs.len() == 1 {
-        let (name, policy, _) = runs.remove(0);
-        let topology =
-            kairos_scheduler::topology::Topology { levels: vec![BLOCK.into()], ..Default::default() };
-        let aware = SimConfig { topology: Some(topology), ..placements[0].clone() };
-        let required =
-            kairos_scheduler::topology::TopologyAsk::parse("block=required").map_err(anyhow::Error::msg)?;
-        placements =
-            vec![placements[0].clone(), aware.clone(), SimConfig { gang_topology: Some(required), ..aware }];
-        for label in ["topology-blind", "block preferred", "block required"] {
-            runs.push((format!("{name}, {label}"), policy, None));
-        }
-    }
+    let placements = topology_runs(&nodes, &config, &mut runs);
     let mut reports: Vec<(String, kairos_sim::Report)> = Vec::new();
     let mut pictures: Vec<(String, kairos_sim::plot::Series)> = Vec::new();
     for (k, (name, policy, burst)) in runs.into_iter().enumerate() {
@@ -294,6 +278,30 @@ fn workload_of(
         None => args.load,
     };
     Ok((nodes, jobs, load))
+}
+
+/// Blocks (`--cluster BxNxG`): the one policy's replay becomes three — topology-blind,
+/// preferred (the cluster names the level) and required (every gang asks it); the configs of
+/// the runs, in order (one for all when there are no blocks).
+fn topology_runs<'p>(
+    nodes: &[kairos_sim::TraceNode],
+    config: &SimConfig,
+    runs: &mut Vec<(String, &'p kairos_scheduler::policy::Policy, Option<kairos_sim::cloud::BurstSetup>)>,
+) -> Vec<SimConfig> {
+    use kairos_scheduler::topology::{Topology, TopologyAsk};
+    let blocks = nodes.iter().any(|n| n.labels.contains_key(BLOCK));
+    let blind = SimConfig { topology_level: blocks.then(|| BLOCK.to_string()), ..config.clone() };
+    if !blocks || runs.len() != 1 {
+        return vec![blind];
+    }
+    let (name, policy, _) = runs.remove(0);
+    let topology = Topology { levels: vec![BLOCK.into()], ..Default::default() };
+    let aware = SimConfig { topology: Some(topology), ..blind.clone() };
+    let ask = TopologyAsk { level: BLOCK.into(), required: true, max_domains: 1, relax_after_s: None };
+    for label in ["topology-blind", "block preferred", "block required"] {
+        runs.push((format!("{name}, {label}"), policy, None));
+    }
+    vec![blind, aware.clone(), SimConfig { gang_topology: Some(ask), ..aware }]
 }
 
 /// The reports: the one policy's QoS table first (as text), then one report (as JSON), or

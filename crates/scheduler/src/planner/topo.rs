@@ -19,6 +19,9 @@ pub(super) struct TopoWant<'a> {
 
 /// Candidates (free GPUs, node position) grouped by their domain at one level; nodes without
 /// one are each their own group (never inside a required domain).
+/// A reservation's option: (when it could start, node position, the GPUs it would hold).
+type ResOption = (i64, usize, Vec<GpuIndex>);
+
 type Groups<'a> = (BTreeMap<&'a str, Vec<(usize, usize)>>, Vec<(usize, usize)>);
 
 impl<'a> Pass<'a> {
@@ -131,13 +134,13 @@ impl<'a> Pass<'a> {
     /// most `max_domains` (earliest first).
     pub(super) fn reserve_in_domains(
         &self,
-        mut options: Vec<(i64, usize, Vec<GpuIndex>)>,
+        mut options: Vec<ResOption>,
         tasks: usize,
         want: &TopoWant,
-    ) -> Vec<(i64, usize, Vec<GpuIndex>)> {
+    ) -> Vec<ResOption> {
         let Some(level) = want.levels.first() else { return options };
         options.sort_unstable();
-        let mut by_domain: BTreeMap<&str, Vec<(i64, usize, Vec<GpuIndex>)>> = BTreeMap::new();
+        let mut by_domain: BTreeMap<&str, Vec<ResOption>> = BTreeMap::new();
         for o in options {
             if let Some(d) = self.domain_of(o.1, level) {
                 by_domain.entry(d).or_default().push(o);
@@ -156,7 +159,7 @@ impl<'a> Pass<'a> {
                 .unwrap_or_default();
         }
         // Several domains: the domains by when their share could start, taken whole.
-        let mut domains: Vec<Vec<(i64, usize, Vec<GpuIndex>)>> = by_domain.into_values().collect();
+        let mut domains: Vec<Vec<ResOption>> = by_domain.into_values().collect();
         domains.sort_by_key(|v| (Reverse(v.len()), v[0].0));
         let picked: Vec<_> = domains.into_iter().take(want.max_domains).flatten().collect();
         let mut picked = picked;
