@@ -283,10 +283,10 @@ fn workload_of(
 /// Blocks (`--cluster BxNxG`): the one policy's replay becomes three — topology-blind,
 /// preferred (the cluster names the level) and required (every gang asks it); the configs of
 /// the runs, in order (one for all when there are no blocks).
-fn topology_runs<'p>(
+fn topology_runs(
     nodes: &[kairos_sim::TraceNode],
     config: &SimConfig,
-    runs: &mut Vec<(String, &'p kairos_scheduler::policy::Policy, Option<kairos_sim::cloud::BurstSetup>)>,
+    runs: &mut Vec<(String, &kairos_scheduler::policy::Policy, Option<kairos_sim::cloud::BurstSetup>)>,
 ) -> Vec<SimConfig> {
     use kairos_scheduler::topology::{Topology, TopologyAsk};
     let blocks = nodes.iter().any(|n| n.labels.contains_key(BLOCK));
