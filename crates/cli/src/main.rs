@@ -162,6 +162,8 @@ enum Cmd {
     },
     /// List GPU nodes (`--topology`: as the tree of topology domains, with free GPUs in each).
     Nodes {
+        /// The nodes as the tree of topology domains (highest level first), with the free
+        /// GPUs of each domain and node.
         #[arg(long)]
         topology: bool,
     },
