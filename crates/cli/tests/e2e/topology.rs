@@ -24,6 +24,11 @@ fn a_required_gang_waits_for_one_rack_and_a_preferred_one_spreads_saying_so() {
     for name in ["a1", "a2", "b1", "b2", "c1", "c2"] {
         c.add_agent_with(name, 1, &["--label", &format!("rack={}", rack(name))]);
     }
+    // One node of each rack busy (before the topology names the level, name order spreads them).
+    let sleeper = || c.submit(&["--gpus", "1", "--", "sleep", "300"]);
+    let (s1, s2) = (sleeper(), sleeper());
+    let rack_of_job = |j: u64| rack(c.wait_state(j, "RUNNING")["tasks"][0]["node"].as_str().unwrap());
+    assert_eq!([rack_of_job(s1), rack_of_job(s2)], ["r1", "r2"]);
     // The topology names the level; a file placing a node not registered lists it.
     let file = c.path("topology.toml");
     std::fs::write(&file, "levels = [\"rack\"]\n[rack]\nr3 = [\"z9\"]\n").unwrap();
@@ -32,17 +37,7 @@ fn a_required_gang_waits_for_one_rack_and_a_preferred_one_spreads_saying_so() {
     let show = c.ok(&["topology", "show"]);
     assert!(show.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["b2", "r2"]), "{show}");
     let tree = c.ok(&["nodes", "--topology"]);
-    assert!(tree.contains("rack r1: 3 GPUs free on 3 nodes"), "{tree}");
-
-    // One node of each rack busy.
-    let s1 = c.submit(&["--gpus", "1", "--", "sleep", "300"]);
-    let s2 = c.submit(&["--gpus", "1", "--", "sleep", "300"]);
-    c.wait_state(s1, "RUNNING");
-    c.wait_state(s2, "RUNNING");
-    let busy: Vec<&str> = [s1, s2].iter().map(|j| rack(nodes_of(&c.job(*j))[0].as_str())).collect();
-    assert_eq!(busy, ["r1", "r2"]);
-    let tree = c.ok(&["nodes", "--topology"]);
-    assert!(tree.contains("rack r1: 2 GPUs free on 3 nodes"), "{tree}");
+    assert!(tree.contains("rack r1: 2 GPUs free on 3 nodes") && tree.contains("  b1: 1 GPUs free"), "{tree}");
 
     let gang = ["--nodes", "3", "--gpus-per-node", "1"];
     let required = c.submit(&[&gang[..], &["--topology", "rack=required", "--", "true"]].concat());
@@ -63,9 +58,14 @@ fn a_required_gang_waits_for_one_rack_and_a_preferred_one_spreads_saying_so() {
     let show = c.ok(&["show", &required.to_string()]);
     assert!(show.contains("rack=required") && show.contains("rack r1"), "{show}");
 
-    // Again one busy node per rack; preferred starts at once across the racks and says so.
-    let s3 = c.submit(&["--gpus", "1", "--", "sleep", "300"]);
-    c.wait_state(s3, "RUNNING");
+    // Small jobs fill the fullest rack first (r2, one node busy), keeping r1 whole.
+    let (s3, s4) = (sleeper(), sleeper());
+    assert_eq!([rack_of_job(s3), rack_of_job(s4)], ["r2", "r2"]);
+    let s5 = sleeper();
+    assert_eq!(rack_of_job(s5), "r1");
+    // Two free nodes in r1, one in r2: preferred starts at once across the racks and says so.
+    c.ok(&["cancel", &s3.to_string()]);
+    c.wait_done(s3);
     let preferred = c.submit(&[&gang[..], &["--topology", "rack=preferred", "--", "sleep", "2"]].concat());
     let done = c.wait_done(preferred);
     assert_eq!(done["state"], "COMPLETED", "{done}");
@@ -74,7 +74,7 @@ fn a_required_gang_waits_for_one_rack_and_a_preferred_one_spreads_saying_so() {
     let allocated =
         done["events"].as_array().unwrap().iter().find(|e| e["kind"] == "allocated").unwrap().clone();
     assert!(allocated["message"].as_str().unwrap().contains("racks r1, r2 (preferred"), "{allocated}");
-    for j in [s2, s3] {
+    for j in [s2, s4, s5] {
         c.ok(&["cancel", &j.to_string()]);
     }
     // A bad file changes nothing.
