@@ -114,6 +114,8 @@ struct Cluster {
     /// QoS → waits of the jobs whose current run started (submit → start).
     waits: std::collections::BTreeMap<String, Histogram>,
     preemptions: std::collections::BTreeMap<String, u64>,
+    /// Gangs placed against the topology, and those spread past the fewest domains.
+    gangs: (u64, u64),
     instances: std::collections::BTreeMap<&'static str, u64>,
     spend_per_hour: f64,
 }
@@ -128,6 +130,7 @@ impl Cluster {
             unhealthy: 0,
             waits: Default::default(),
             preemptions: state.preemption_totals.clone(),
+            gangs: (state.gang_spread.placed, state.gang_spread.spread),
             instances: Default::default(),
             spend_per_hour: state.burst.footprint().hourly_milli as f64 / 1000.0,
         };
@@ -301,6 +304,17 @@ fn preemption_and_burst_figures(e: &mut Exposition, cluster: Option<&Cluster>) {
         "kairos_preemptions_total",
         "Preemption victims by how they were treated (leader only).",
         &mode_samples,
+    );
+    let gangs = cluster.map_or((0, 0), |c| c.gangs);
+    e.counter(
+        "kairos_gangs_placed_total",
+        "Gangs placed on a cluster whose topology names levels, or asking one (leader only).",
+        &[(&[], gangs.0 as f64)],
+    );
+    e.counter(
+        "kairos_gangs_spread_total",
+        "Of those, gangs placed across more topology domains than the fewest that could hold them (leader only).",
+        &[(&[], gangs.1 as f64)],
     );
 
     let state_labels: Vec<[(&str, &str); 1]> =

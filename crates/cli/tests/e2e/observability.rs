@@ -119,6 +119,7 @@ fn prometheus_scrapes_every_daemon_and_the_cluster_sums_hold_across_a_failover()
     for series in [
         "kairos_preemptions_total{mode=\"requeue\"} 0",
         "kairos_preemptions_total{mode=\"vacate\"} 0",
+        "kairos_gangs_spread_total 0",
         "kairos_submits_total{outcome=\"rate_limited\"} 0",
         "kairos_burst_instances{state=\"launched\"} 0",
     ] {

@@ -4,8 +4,9 @@
 
 use super::*;
 
-/// A placement candidate: (usable GPUs, node position, the usable GPUs with their link groups).
-pub(super) type Candidate = (usize, usize, Vec<(GpuIndex, u32)>);
+/// A placement candidate: (usable GPUs, node position); its GPUs are listed only for the one
+/// chosen.
+pub(super) type Candidate = (usize, usize);
 
 impl<'a> Pass<'a> {
     /// Which entry of `model_nodes` lists the nodes with a GPU matching `model` (built on first use).
@@ -43,13 +44,13 @@ impl<'a> Pass<'a> {
             let free = node.free_for(model, may);
             // The first node of the fewest usable GPUs wins (in the index's order, or by position);
             // between equals, the one in the fullest topology domain.
-            let better = |(bn, bpos, _): &Candidate| {
+            let better = |(bn, bpos): &Candidate| {
                 free.gpus < *bn || (free.gpus == *bn && self.domain_score(pos) < self.domain_score(*bpos))
             };
             if fits(&free, &task).is_err() || best.as_ref().is_some_and(|b| !better(b)) {
                 return;
             }
-            *best = Some((free.gpus, pos, node.usable(model, may)));
+            *best = Some((free.gpus, pos));
         };
         if fast {
             // Best fit without a model or partition constraint: the first indexed node with enough free GPUs.
@@ -63,7 +64,7 @@ impl<'a> Pass<'a> {
                     // Entries with more free GPUs than the best found cannot fit tighter (nor, with
                     // no topology, those with as many).
                     let past = |n: usize| free_now > n || (free_now == n && !topo);
-                    if best.as_ref().is_some_and(|(n, _, _)| past(*n)) || seen > 64 {
+                    if best.as_ref().is_some_and(|(n, _)| past(*n)) || seen > 64 {
                         break 'buckets;
                     }
                     if free_now != free || cpus < cpu_mem.cpus {
@@ -85,7 +86,11 @@ impl<'a> Pass<'a> {
                 consider(pos, &mut best);
             }
         }
-        best.map(|(_, pos, usable)| (pos, pick_gpus(&usable, count)))
+        best.map(|(_, pos)| {
+            let node = &self.nodes[pos];
+            let may = may_use_reserved || node.reserved.is_empty();
+            (pos, pick_gpus(&node.usable(model, may), count))
+        })
     }
 }
 

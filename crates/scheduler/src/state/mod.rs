@@ -37,6 +37,7 @@ mod jobs;
 mod node_ops;
 mod nodes;
 mod ops;
+pub mod placed_topology;
 mod policy_ops;
 mod preempt;
 mod queries;
@@ -122,6 +123,9 @@ pub struct ClusterState {
     /// Levels above the node and the nodes' domains (`crate::topology`).
     #[serde(default, skip_serializing_if = "crate::topology::Topology::is_empty")]
     pub topology: crate::topology::Topology,
+    /// Gangs placed against the topology, and those spread past the fewest domains.
+    #[serde(default, skip_serializing_if = "placed_topology::GangSpread::is_empty")]
+    pub gang_spread: placed_topology::GangSpread,
     /// The planner's compact view of the unfinished jobs (a cache kept by apply).
     #[serde(skip)]
     pub(crate) job_index: crate::state::brief::JobIndex,
@@ -149,6 +153,7 @@ impl ClusterState {
             history: Default::default(),
             events: Default::default(),
             topology: Default::default(),
+            gang_spread: Default::default(),
             unfinished: Default::default(),
             job_index: Default::default(),
         }

@@ -84,63 +84,11 @@ impl ClusterState {
         Ok(())
     }
 
-    /// A gang's domains at its topology level (its ask's, else the lowest named level), as
-    /// its `allocated` event says them; an error where a required ask that still binds is
-    /// broken (a node outside any domain of the level, or more domains than it allows).
-    fn placement_domains(&self, job: &Job, p: &Placement) -> Result<Option<String>, String> {
-        let ask = job.spec.topology.as_deref();
-        let level = match ask {
-            Some(a) => match self.topology.level_of(a) {
-                Some(l) => l,
-                None => return Ok(None),
-            },
-            None if p.more.is_empty() => return Ok(None),
-            None => match self.topology.levels.first() {
-                Some(l) => l.as_str(),
-                None => return Ok(None),
-            },
-        };
-        let mut domains: Vec<&str> = Vec::new();
-        for (name, _) in p.tasks() {
-            let labels = self.nodes.get(name).map(|n| &n.info.labels);
-            let domain = labels.and_then(|l| self.topology.domain(name, l, level));
-            let binds = ask.is_some_and(|a| a.binds(job.submit_time_ms, self.now_ms));
-            match domain {
-                None if binds => return Err(format!("node \"{name}\" is in no {level}, which it requires")),
-                None => {}
-                Some(d) if !domains.contains(&d) => domains.push(d),
-                Some(_) => {}
-            }
-        }
-        if let Some(a) = ask.filter(|a| a.binds(job.submit_time_ms, self.now_ms)) {
-            if domains.len() > a.max_domains as usize {
-                return Err(format!(
-                    "its tasks span {} {level}s, it requires at most {}",
-                    domains.len(),
-                    a.max_domains
-                ));
-            }
-        }
-        let mut note = match domains.as_slice() {
-            [] => return Ok(None),
-            [one] => format!("{level} {one}"),
-            many if ask.is_some_and(|a| a.binds(job.submit_time_ms, self.now_ms)) => {
-                format!(
-                    "{level}s {} (at most {} required)",
-                    many.join(", "),
-                    ask.map_or(1, |a| a.max_domains)
-                )
-            }
-            many => format!("{level}s {} (preferred: no one {level} had room)", many.join(", ")),
-        };
-        if ask.is_some_and(|a| a.required && !a.binds(job.submit_time_ms, self.now_ms)) {
-            note.push_str(&format!("; required {level} relaxed to preferred after its wait"));
-        }
-        Ok(Some(note))
-    }
-
     fn place(&mut self, p: &Placement, now: i64) {
         let domains = self.jobs.get(&p.job).and_then(|j| self.placement_domains(j, p).ok().flatten());
+        if let Some(placed) = &domains {
+            self.count_gang(placed, p.more.len() + 1);
+        }
         self.drop_claim(p.job);
         let share = self.jobs.get(&p.job).map(|j| j.spec.cpu_mem()).unwrap_or_default();
         let milli = self.jobs.get(&p.job).map_or(0, |j| j.spec.gpu_milli);
@@ -189,8 +137,8 @@ impl ClusterState {
         for t in &p.more {
             msg.push_str(&format!(", node \"{}\" GPUs {:?}", t.node, t.gpus));
         }
-        if let Some(domains) = domains {
-            msg.push_str(&format!("; {domains}"));
+        if let Some(placed) = domains {
+            msg.push_str(&format!("; {}", placed.note));
         }
         job.record(now, "allocated", msg);
     }

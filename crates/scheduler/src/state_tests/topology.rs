@@ -91,6 +91,7 @@ fn a_required_gang_lands_in_one_rack_waits_naming_the_largest_and_starts_when_a_
         "{}",
         allocated_event(&s, g)
     );
+    assert_eq!((s.gang_spread.placed, s.gang_spread.spread), (1, 0));
 }
 
 #[test]
@@ -103,6 +104,8 @@ fn a_preferred_gang_starts_at_once_across_racks_and_says_so() {
     let racks: BTreeSet<&str> = nodes_of(&s, g).iter().map(|n| rack_of(n)).collect();
     assert_eq!(racks.len(), 2);
     assert!(allocated_event(&s, g).contains("racks r1, r2 (preferred"), "{}", allocated_event(&s, g));
+    // Three nodes fit one rack: two racks is one more than needed.
+    assert_eq!((s.gang_spread.placed, s.gang_spread.spread), (1, 1));
 }
 
 #[test]
