@@ -4,6 +4,10 @@
 
 use super::*;
 
+/// How many more nodes as tight as the best found the fast path weighs by their topology
+/// domain (each one costs a fit check, for every job tried in a pass).
+const TIES: usize = 8;
+
 /// A placement candidate: (usable GPUs, node position); its GPUs are listed only for the one
 /// chosen.
 pub(super) type Candidate = (usize, usize);
@@ -55,7 +59,7 @@ impl<'a> Pass<'a> {
         if fast {
             // Best fit without a model or partition constraint: the first indexed node with enough free GPUs.
             // Nodes names are in BTreeMap order, so position order is name order (deterministic).
-            let mut seen = 0;
+            let (mut seen, mut ties) = (0, 0);
             let mut from = (count, std::cmp::Reverse(u32::MAX), 0);
             'buckets: while let Some(&(free, _, _)) = self.by_free.range(from..).next() {
                 for &(free_now, std::cmp::Reverse(cpus), pos) in
@@ -63,10 +67,11 @@ impl<'a> Pass<'a> {
                 {
                     // Entries with more free GPUs than the best found cannot fit tighter (nor, with
                     // no topology, those with as many).
-                    let past = |n: usize| free_now > n || (free_now == n && !topo);
+                    let past = |n: usize| free_now > n || (free_now == n && (!topo || ties >= TIES));
                     if best.as_ref().is_some_and(|(n, _)| past(*n)) || seen > 64 {
                         break 'buckets;
                     }
+                    ties += usize::from(best.is_some());
                     if free_now != free || cpus < cpu_mem.cpus {
                         // No node of this free-GPU count has the CPUs: the next count.
                         break;
