@@ -321,6 +321,15 @@ def everyday(url, admin, alice, bob, shots):
         ui.go("/nodes")
         ui.find(".admin-action")
         print("the admin sees the operator actions")
+
+        # A topology placing the node in rack r7: the grid groups it under its rack.
+        node = ok(url, "GET", "/api/v1/nodes", admin)["nodes"][0]["name"]
+        topology = {"levels": ["rack"], "nodes": [{"node": node, "domains": {"rack": "r7"}}]}
+        ok(url, "PUT", "/api/v1/topology", admin, topology)
+        ui.go("/nodes")
+        ui.until_text("#nodes", "rack r7 — ")
+        print("the GPU grid groups nodes under their rack")
+        ok(url, "PUT", "/api/v1/topology", admin, {"levels": []})
     finally:
         d.quit()
         for job in (train, bobs, urgent, sweep):

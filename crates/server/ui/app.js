@@ -605,9 +605,10 @@ function drawJob(holder, j) {
         ["memory", res.memory_mib ? `${res.memory_mib} MiB` : ""], ["time limit", spec.time_limit_s ? `${spec.time_limit_s} s` : ""],
         ["requeue", spec.requeue === undefined ? "" : String(spec.requeue)],
         ["checkpoint signal", spec.checkpoint?.signal || ""], ["priority", j.priority],
+        ["topology", topologyAsk(res.topology)],
       ])),
       h("section", {}, h("h2", {}, "Attempts"), dl([
-        ["attempt", j.attempt], ["placement", attempts], ["submitted", when(j.submit_time_ms)],
+        ["attempt", j.attempt], ["placement", attempts], ["domains", domainsOf(j)], ["submitted", when(j.submit_time_ms)],
         ["started", when(j.start_time_ms)], ["ended", when(j.end_time_ms)],
         ["exit code", j.exit_code ?? ""], ["last checkpoint", j.last_checkpoint_ms ? when(j.last_checkpoint_ms) : ""],
       ]))),
@@ -618,6 +619,39 @@ function drawJob(holder, j) {
 }
 
 // ---------- nodes and GPUs ----------
+
+/** A job's topology ask as `kairos submit --topology` takes it (`rack=required`). */
+function topologyAsk(t) {
+  if (!t) return "";
+  const level = t.level || "lowest level";
+  return `${level}=${t.required ? "required" : "preferred"}` + (Number(t.max_domains) > 1 ? `, at most ${t.max_domains}` : "");
+}
+
+/** The topology domains the job's latest allocation got, as its `allocated` event names them. */
+function domainsOf(j) {
+  const e = (j.events || []).filter((x) => x.kind === "allocated").pop();
+  const at = e ? e.message.indexOf("; ") : -1;
+  return at < 0 ? "" : e.message.slice(at + 2);
+}
+
+/** Nodes in order of their domains, highest level first, each group under a heading naming it
+ *  with its free GPUs (no levels: one group, no heading). */
+function byDomain(nodes, topology) {
+  const levels = [...(topology.levels || [])].reverse();
+  const where = Object.fromEntries((topology.resolved || []).map((r) => [r.node, r.domains || {}]));
+  const path = (n) => levels.map((l) => where[n.name]?.[l] || "-");
+  const free = (n) => short(n.state, "NODE_STATE_") !== "UP" ? 0
+    : (n.info?.gpus || []).length - Object.keys(n.allocated || {}).length - (n.faults || []).length;
+  const sorted = [...nodes].sort((a, b) => path(a).join("/").localeCompare(path(b).join("/")) || a.name.localeCompare(b.name));
+  const groups = [];
+  for (const n of sorted) {
+    const key = path(n).join("/");
+    if (!groups.length || groups[groups.length - 1].key !== key) groups.push({ key, path: path(n), nodes: [] });
+    groups[groups.length - 1].nodes.push(n);
+  }
+  return groups.map((g) => ({ ...g,
+    title: levels.length ? levels.map((l, i) => `${l} ${g.path[i]}`).join(" · ") + ` — ${g.nodes.reduce((s, n) => s + free(n), 0)} GPUs free` : "" }));
+}
 
 function gpuCell(node, g, shares) {
   const fault = (node.faults || []).find((f) => f.gpu === g.index);
@@ -662,9 +696,11 @@ function nodesView() {
     ["free", "allocated", "unhealthy", "draining", "cloud"].map((c) => h("span", { class: `gpu ${c}` }, c)));
   setMain("Nodes & GPUs", legend, holder);
   view = { stop: poll(async () => {
-    const { nodes } = await api("/api/v1/nodes");
+    const [{ nodes }, topology] = await Promise.all([api("/api/v1/nodes"), api("/api/v1/topology").catch(() => ({}))]);
     for (const n of nodes) delete n.last_heartbeat_ms;
-    redraw(holder, nodes, () => nodes.map((n) => {
+    redraw(holder, [nodes, topology.levels, topology.resolved], () => byDomain(nodes, topology).flatMap((g) => [
+      g.title ? h("h2", { class: "domain", "data-domain": g.key }, g.title) : null,
+    ].concat(g.nodes.map((n) => {
       const state = short(n.state, "NODE_STATE_");
       const info = n.info || {};
       return h("section", { class: "node", "data-node": n.name },
@@ -673,7 +709,7 @@ function nodesView() {
           n.reason ? h("span", { class: "muted" }, `(${n.reason})`) : null),
         operates() ? nodeActions(n, state) : null,
         h("div", { class: "gpus" }, (info.gpus || []).map((g) => gpuCell(n, g, n.shared || []))));
-    }));
+    }))).filter(Boolean));
     if (!nodes.length) redraw(holder, [], () => [h("p", { class: "muted" }, "No node has registered.")]);
   }) };
 }

@@ -275,6 +275,7 @@ fn the_web_ui_in_headless_chromium_against_kairos_up() {
         "no operator action to a user",
         "bob sees no preemption of other users' jobs",
         "logout clears the session cookie",
+        "the GPU grid groups nodes under their rack",
     ] {
         assert!(stdout.contains(line), "missing \"{line}\" in:\n{stdout}");
     }
