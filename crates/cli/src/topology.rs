@@ -38,8 +38,8 @@ pub enum TopologyCmd {
     Show,
 }
 
-/// Most bytes of a topology file read.
-const FILE_MAX: u64 = 16 << 20;
+/// Most bytes of a topology file read (the controllers take requests of up to 4 MiB).
+const FILE_MAX: u64 = 3 << 20;
 
 /// A topology file as the request: every node in one domain per level, only named levels.
 pub fn parse_file(text: &str) -> anyhow::Result<pb::Topology> {

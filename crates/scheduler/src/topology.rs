@@ -68,6 +68,8 @@ pub enum TopologyError {
         "topology: {level} \"{domain}\" lies in two {upper}s (\"{a}\" and \"{b}\"): each domain must lie inside one domain of every higher level"
     )]
     Split { level: String, domain: String, upper: String, a: String, b: String },
+    #[error("topology: node names are 1 to 128 bytes without NUL")]
+    BadNodeName,
     #[error("--topology: max domains must be 1 to 64")]
     MaxDomains,
 }
@@ -128,6 +130,12 @@ impl Topology {
             }
         }
         for (node, placed) in &self.nodes {
+            if node.is_empty() || node.len() > 128 || node.contains('\0') {
+                return Err(TopologyError::BadNodeName);
+            }
+            if placed.len() > LEVELS_MAX {
+                return Err(TopologyError::TooManyLevels);
+            }
             for (level, domain) in placed {
                 if !self.levels.contains(level) {
                     return Err(TopologyError::UnknownLevel { node: node.clone(), level: level.clone() });
@@ -246,6 +254,9 @@ mod tests {
         t.nodes.insert("n3".into(), placed(&[("pod", "p1")]));
         assert!(matches!(t.validate(), Err(TopologyError::UnknownLevel { .. })));
         t.nodes.remove("n3");
+        t.nodes.insert(String::new(), placed(&[("rack", "r1")]));
+        assert_eq!(t.validate(), Err(TopologyError::BadNodeName));
+        t.nodes.remove("");
         t.levels.push("rack".into());
         assert_eq!(t.validate(), Err(TopologyError::DuplicateLevel("rack".into())));
     }

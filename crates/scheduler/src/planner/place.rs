@@ -42,10 +42,15 @@ impl<'s> Planning<'s> {
             None if !self.blocked => {
                 let topology = if over_headroom { None } else { self.topology_short(&ask) };
                 let short = self.block(job, tasks, over_headroom, q);
+                if topology.is_some() && self.out.reservation.is_none() {
+                    // No domain will ever hold it (no reservation was possible): nothing
+                    // behind it is kept from backfilling for it.
+                    self.strict = false;
+                }
                 Err(topology.unwrap_or(short))
             }
             None if over_headroom => Err(PendingReason::Headroom),
-            None => Err(self.held_for(q)),
+            None => Err(self.topology_never(&ask).unwrap_or_else(|| self.held_for(q))),
         }
     }
 
@@ -74,6 +79,9 @@ impl<'s> Planning<'s> {
 
     /// For a gang whose required topology kept it from nodes enough to hold it: `Topology`.
     fn topology_short(&self, ask: &Ask) -> Option<PendingReason> {
+        if let Some(never) = self.topology_never(ask) {
+            return Some(never);
+        }
         let want = ask.topo.as_ref().filter(|w| w.required && ask.tasks > 1)?;
         let candidates = self.pass.gang_candidates(ask);
         if candidates.len() < ask.tasks {
@@ -82,6 +90,24 @@ impl<'s> Planning<'s> {
         let (level, largest) = self.pass.largest_domain(&candidates, want)?;
         let largest = largest.map(|(d, n)| (d, n as u32));
         Some(PendingReason::Topology { level, tasks: ask.tasks as u32, largest })
+    }
+
+    /// For a gang with a required topology that no domain (nor `max_domains` of them) could
+    /// ever hold: `ReqNodeNotAvail` naming the largest, as for a gang wider than the cluster.
+    fn topology_never(&self, ask: &Ask) -> Option<PendingReason> {
+        let want = ask.topo.as_ref().filter(|w| w.required && ask.tasks > 1)?;
+        let (level, largest) = self.pass.largest_domain_ever(ask, want)?;
+        let most = largest.as_ref().map_or(0, |(_, n)| *n);
+        if most.saturating_mul(want.max_domains) < ask.tasks {
+            let why = match largest {
+                Some((d, n)) => {
+                    format!("no {level} has {} nodes for it (the largest: {level} {d}, {n})", ask.tasks)
+                }
+                None => format!("no node it may use has a {level}"),
+            };
+            return Some(PendingReason::ReqNodeNotAvail(why));
+        }
+        None
     }
 
     /// Which resource a job that fits nowhere lacks: GPUs (plain `Resources`, as Slurm says),

@@ -93,6 +93,8 @@ impl<'a> Pass<'a> {
             return None;
         }
         let (groups, alone) = self.group(candidates, want.levels.first()?);
+        // A node in no domain of the level is never inside a required one.
+        let alone = if want.required { Vec::new() } else { alone };
         let mut domains: Vec<Vec<(usize, usize)>> =
             groups.into_values().chain(alone.into_iter().map(|c| vec![c])).collect();
         let limit = if want.required { want.max_domains } else { usize::MAX };
@@ -113,6 +115,28 @@ impl<'a> Pass<'a> {
             used += 1;
         }
         (chosen.len() == tasks).then_some(chosen)
+    }
+
+    /// For a required ask: its level, and the domain with the most nodes the job may use at
+    /// all, free or not (and how many) — whether any domain could ever hold it.
+    pub(super) fn largest_domain_ever(
+        &self,
+        ask: &Ask,
+        want: &TopoWant,
+    ) -> Option<(String, Option<(String, usize)>)> {
+        let level = *want.levels.first()?;
+        let mut sizes: BTreeMap<&str, usize> = BTreeMap::new();
+        for (pos, n) in self.nodes.iter().enumerate() {
+            if !n.admits(ask.part, ask.cloud_ok) {
+                continue;
+            }
+            if let Some(d) = self.domain_of(pos, level) {
+                *sizes.entry(d).or_default() += 1;
+            }
+        }
+        let largest =
+            sizes.into_iter().max_by_key(|(d, n)| (*n, Reverse(*d))).map(|(d, n)| (d.to_string(), n));
+        Some((level.to_string(), largest))
     }
 
     /// For a required ask that did not fit: its level, and the domain with the most candidate

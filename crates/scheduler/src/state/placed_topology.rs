@@ -49,7 +49,8 @@ impl ClusterState {
         for (name, _) in p.tasks() {
             let labels = self.nodes.get(name).map(|n| &n.info.labels);
             let domain = labels.and_then(|l| self.topology.domain(name, l, level));
-            let binds = ask.is_some_and(|a| a.binds(job.submit_time_ms, self.now_ms));
+            // One node is one place: only a gang's nodes must share a domain.
+            let binds = !p.more.is_empty() && ask.is_some_and(|a| a.binds(job.submit_time_ms, self.now_ms));
             match domain {
                 None if binds => return Err(format!("node \"{name}\" is in no {level}, which it requires")),
                 None => {}

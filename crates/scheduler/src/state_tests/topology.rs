@@ -236,3 +236,36 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_gang_no_rack_could_ever_hold_is_named_never_available_and_holds_nothing_back() {
+    let mut s = racks();
+    // Racks of three: four nodes in one rack, or a level no node has, never come.
+    let wide = gang(&mut s, 4, 8, Some("rack=required"));
+    let typo = gang(&mut s, 2, 8, Some("rakc=required"));
+    let small = one_node_job(&mut s, 1, 60);
+    let out = plan(&s);
+    let reason = out.pending[&wide].to_string();
+    assert!(
+        reason.starts_with("ReqNodeNotAvail: no rack has 4 nodes for it (the largest: rack r1, 3)"),
+        "{reason}"
+    );
+    assert_eq!(out.pending[&typo].to_string(), "ReqNodeNotAvail: no node it may use has a rakc");
+    assert!(
+        out.plan.placements.iter().any(|p| p.job == small),
+        "the job behind them starts: {:?}",
+        out.pending
+    );
+}
+
+#[test]
+fn a_single_task_with_a_required_ask_may_run_on_a_node_of_no_domain() {
+    let mut s = ClusterState::new();
+    s.apply(&cmd(1, Op::RegisterNode { info: node_info("bare", 8) }));
+    let mut sp = spec(2, "batch");
+    sp.topology = Some(Box::new(TopologyAsk::parse("rack=required").unwrap()));
+    let job =
+        submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })));
+    run_plan(&mut s, 3);
+    assert_eq!(s.jobs[&job].state, JobState::Running, "one node is one place");
+}
