@@ -108,17 +108,18 @@ fn a_preferred_gang_starts_at_once_across_racks_and_says_so() {
     assert_eq!((s.gang_spread.placed, s.gang_spread.spread), (1, 1));
 }
 
+/// A plan placing 2-task gang `job` on n1 (rack r1) and n4 (rack r2).
+fn across_racks(job: u64) -> Plan {
+    let whole = || (0..8).collect();
+    let more = vec![crate::model::TaskPlacement { node: "n4".into(), gpus: whole() }];
+    Plan { placements: vec![Placement { job, node: "n1".into(), gpus: whole(), more }] }
+}
+
 #[test]
 fn apply_refuses_a_plan_that_spreads_a_required_gang() {
     let mut s = racks();
     let g = gang(&mut s, 2, 8, Some("rack=required"));
-    let spread = Placement {
-        job: g,
-        node: "n1".into(),
-        gpus: (0..8).collect(),
-        more: vec![crate::model::TaskPlacement { node: "n4".into(), gpus: (0..8).collect() }],
-    };
-    match s.apply(&cmd(3, Op::ApplyPlan { plan: Plan { placements: vec![spread] } })) {
+    match s.apply(&cmd(3, Op::ApplyPlan { plan: across_racks(g) })) {
         Outcome::PlanApplied { accepted, rejected } => {
             assert!(accepted.is_empty());
             assert!(rejected[0].1.contains("span 2 racks"), "{rejected:?}");
@@ -127,13 +128,7 @@ fn apply_refuses_a_plan_that_spreads_a_required_gang() {
     }
     // The same plan for a preferred gang is accepted.
     let p = gang(&mut s, 2, 8, Some("rack"));
-    let spread = Placement {
-        job: p,
-        node: "n1".into(),
-        gpus: (0..8).collect(),
-        more: vec![crate::model::TaskPlacement { node: "n4".into(), gpus: (0..8).collect() }],
-    };
-    let out = s.apply(&cmd(3, Op::ApplyPlan { plan: Plan { placements: vec![spread] } }));
+    let out = s.apply(&cmd(3, Op::ApplyPlan { plan: across_racks(p) }));
     assert!(matches!(out, Outcome::PlanApplied { ref accepted, .. } if accepted == &[p]), "{out:?}");
 }
 
