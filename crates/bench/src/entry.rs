@@ -67,6 +67,7 @@ fn policy(accounts: usize, users: usize) -> Policy {
             users: members,
             qos: Default::default(),
             user_qos: Default::default(),
+            guarantee: None,
         };
         policy.accounts.insert(name, account);
     }

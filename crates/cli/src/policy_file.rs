@@ -214,6 +214,22 @@ pub struct AccountEntry {
     pub default_qos: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub user_qos: BTreeMap<String, UserQosEntry>,
+    /// The team's guarantee (`guaranteed = { gpus = 8 }`), what it may borrow beyond it and
+    /// lend of it (unset: unlimited, all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guaranteed: Option<GuaranteedEntry>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrow_limit: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lend_limit: Option<u32>,
+}
+
+/// What a team is guaranteed: GPUs (CPUs, memory and per-model guarantees are not kept yet,
+/// and are refused by name).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuaranteedEntry {
+    pub gpus: u32,
 }
 
 /// Which QoS one user's jobs under an account may use, and their default.
@@ -549,7 +565,20 @@ impl AccountEntry {
                     default_qos: u.default_qos.clone().unwrap_or_default(),
                 })
                 .collect(),
+            guarantee: self.guarantee_to_pb(),
         }
+    }
+
+    /// Its guarantee on the wire: limits without a guarantee are a guarantee of none.
+    fn guarantee_to_pb(&self) -> Option<pb::Guarantee> {
+        if self.guaranteed.is_none() && self.borrow_limit.is_none() && self.lend_limit.is_none() {
+            return None;
+        }
+        Some(pb::Guarantee {
+            gpus: self.guaranteed.as_ref().map_or(0, |g| g.gpus),
+            borrow_limit: self.borrow_limit,
+            lend_limit: self.lend_limit,
+        })
     }
 
     /// The wire's account as the file writes it.
@@ -571,6 +600,9 @@ impl AccountEntry {
                     (u.user.clone(), entry)
                 })
                 .collect(),
+            guaranteed: a.guarantee.as_ref().map(|g| GuaranteedEntry { gpus: g.gpus }),
+            borrow_limit: a.guarantee.as_ref().and_then(|g| g.borrow_limit),
+            lend_limit: a.guarantee.as_ref().and_then(|g| g.lend_limit),
         }
     }
 }

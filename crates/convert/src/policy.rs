@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use kairos_proto::v1 as pb;
 use kairos_scheduler::policy::{
-    Account, IdleAction, IdleGpu, Partition, Policy, PreemptMode, Qos, QosAccess,
+    Account, Guarantee, IdleAction, IdleGpu, Partition, Policy, PreemptMode, Qos, QosAccess,
 };
 use kairos_scheduler::priority::PriorityWeights;
 use kairos_scheduler::Profile;
@@ -176,6 +176,11 @@ pub fn account_from_pb(a: pb::Account) -> Account {
         name: a.name,
         qos: access(a.allowed_qos, a.default_qos),
         user_qos: a.user_qos.into_iter().map(|u| (u.user, access(u.allowed_qos, u.default_qos))).collect(),
+        guarantee: a.guarantee.map(|g| Guarantee {
+            gpus: g.gpus,
+            borrow_limit: g.borrow_limit,
+            lend_limit: g.lend_limit,
+        }),
     }
 }
 
@@ -196,6 +201,11 @@ pub fn account_to_pb(a: &Account) -> pb::Account {
                 default_qos: q.default.clone().unwrap_or_default(),
             })
             .collect(),
+        guarantee: a.guarantee.as_ref().map(|g| pb::Guarantee {
+            gpus: g.gpus,
+            borrow_limit: g.borrow_limit,
+            lend_limit: g.lend_limit,
+        }),
     }
 }
 

@@ -20,6 +20,7 @@
 pub mod burst;
 pub mod clock;
 pub mod fit;
+pub mod guarantee;
 pub mod limits;
 pub mod liveness;
 pub mod model;

@@ -553,6 +553,10 @@ pub struct Allocation {
     /// Suspended jobs: the GPUs lent to the preemptor (not in the node's `allocated` meanwhile).
     #[serde(default)]
     pub lent: Vec<GpuIndex>,
+    /// It started beyond its team's guarantee, on GPUs borrowed from others' idle share
+    /// (`crate::guarantee`): reclaim takes such runs first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub borrowing: bool,
 }
 
 impl Allocation {

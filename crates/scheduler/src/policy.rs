@@ -196,6 +196,24 @@ pub struct Account {
     /// account's own.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub user_qos: BTreeMap<String, QosAccess>,
+    /// GPUs guaranteed to its jobs (with its children's, as a cohort), and how much it may
+    /// borrow beyond them and lend of them (`crate::guarantee`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guarantee: Option<Guarantee>,
+}
+
+/// A team's guaranteed share (Kueue's `nominalQuota`, KAI's deserved quota): jobs of the
+/// account (and its children) within it start before any borrower and take back, through the
+/// borrowers' preempt mode, what others borrowed of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Guarantee {
+    pub gpus: u32,
+    /// GPUs it may use beyond its guarantee, of others' idle share (None: unlimited).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrow_limit: Option<u32>,
+    /// GPUs of its idle guarantee others may borrow (None: all of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lend_limit: Option<u32>,
 }
 
 /// Which QoS an account (or a user in it) may use, and its default.
@@ -418,6 +436,7 @@ pub fn default_accounts_for(
         users: BTreeSet::new(),
         qos: QosAccess { allowed, default: None },
         user_qos: BTreeMap::new(),
+        guarantee: None,
     };
     [(root.name.clone(), root)].into()
 }
@@ -504,6 +523,10 @@ pub enum PolicyError {
     UnknownParent { name: String, parent: String },
     #[error("account \"{0}\" is its own ancestor")]
     AccountCycle(String),
+    #[error("account \"{name}\": lend limit {lend} is more than its guarantee of {gpus} GPUs")]
+    LendOverGuarantee { name: String, lend: u32, gpus: u32 },
+    #[error("account \"{name}\": its children are guaranteed {children} GPUs, more than its {gpus}")]
+    ChildrenOverGuarantee { name: String, children: u64, gpus: u32 },
     #[error("account \"{0}\": shares must be at least 1")]
     ZeroShares(String),
     #[error("accounts: at least one account is needed")]
@@ -736,6 +759,29 @@ impl Policy {
             }
             self.qos_access("", &a.name).default.map_or(Ok(()), |d| self.default_allowed(a, "", d))?;
         }
+        self.validate_guarantees()
+    }
+
+    /// A lend limit within its guarantee; children's guarantees together within their
+    /// parent's (a parent without one does not bound them).
+    fn validate_guarantees(&self) -> Result<(), PolicyError> {
+        let mut children: BTreeMap<&str, u64> = BTreeMap::new();
+        for a in self.accounts.values() {
+            let Some(g) = &a.guarantee else { continue };
+            if let Some(lend) = g.lend_limit.filter(|l| *l > g.gpus) {
+                return Err(PolicyError::LendOverGuarantee { name: a.name.clone(), lend, gpus: g.gpus });
+            }
+            if let Some(p) = &a.parent {
+                *children.entry(p.as_str()).or_default() += u64::from(g.gpus);
+            }
+        }
+        for (parent, sum) in children {
+            let Some(g) = self.accounts.get(parent).and_then(|p| p.guarantee.as_ref()) else { continue };
+            if sum > u64::from(g.gpus) {
+                let name = parent.to_string();
+                return Err(PolicyError::ChildrenOverGuarantee { name, children: sum, gpus: g.gpus });
+            }
+        }
         Ok(())
     }
 
@@ -788,6 +834,11 @@ impl Policy {
             .find(|a| a.parent.is_none() && a.users.is_empty())
             .map(|a| a.name.clone())
             .ok_or_else(|| format!("account: user \"{user}\" belongs to no account"))
+    }
+
+    /// Some account has a team guarantee (`crate::guarantee`).
+    pub fn has_guarantees(&self) -> bool {
+        self.accounts.values().any(|a| a.guarantee.is_some())
     }
 
     /// `account` and its ancestors, nearest first.

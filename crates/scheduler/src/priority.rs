@@ -334,6 +334,7 @@ mod tests {
                 users: Default::default(),
                 qos: Default::default(),
                 user_qos: Default::default(),
+                guarantee: None,
             };
             state.policy.accounts.insert(name.clone(), account);
             if *used > 0 {

@@ -164,10 +164,16 @@ fn may_place_or_preempt(state: &ClusterState) -> bool {
             .unwrap_or_else(|| pending_may_act(state))
 }
 
-/// Some pending job holds a claim or may preempt, from the job records (what the kept index
-/// answers without reading them; the property driver checks they agree).
+/// Some pending job holds a claim or may preempt (by QoS or tier; with team guarantees any
+/// pending job may reclaim), from the job records (what the kept index answers without
+/// reading them; the property driver checks they agree).
 pub(crate) fn pending_may_act(state: &ClusterState) -> bool {
-    state.jobs.values().any(|j| j.state == JobState::Pending && (j.claim.is_some() || state.may_preempt(j)))
+    let none = crate::guarantee::Guarantees::default();
+    let teams = state.policy.has_guarantees();
+    state
+        .jobs
+        .values()
+        .any(|j| j.state == JobState::Pending && (j.claim.is_some() || teams || state.may_preempt(j, &none)))
 }
 
 #[cfg(test)]

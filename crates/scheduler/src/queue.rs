@@ -12,6 +12,7 @@
 
 use std::cmp::Reverse;
 
+use crate::guarantee::Guarantees;
 use crate::limits::{Usage, UsageKey};
 use crate::model::{Job, JobId, JobState};
 use crate::policy::{Partition, Qos};
@@ -44,13 +45,16 @@ pub(crate) struct Queued<'a> {
     pub cpu_mem: crate::model::CpuMem,
     /// The array it is a task of, and how many of its tasks may run at once.
     pub array: Option<(JobId, u32)>,
+    /// Its fairshare account (team guarantees are counted by it).
+    pub account: &'a str,
 }
 
 /// What one scan of the jobs gives a planning pass.
 pub(crate) struct Scan<'a> {
     entries: Vec<Queued<'a>>,
-    /// (higher priority first, then submit order, entry): unique keys, so one order.
-    order: Vec<(Reverse<i64>, JobId, u32)>,
+    /// (guaranteed before borrowing, higher priority first, then submit order, entry):
+    /// unique keys, so one order.
+    order: Vec<(bool, Reverse<i64>, JobId, u32)>,
     /// GPUs and jobs the running and suspended work holds under QoS limits; the keys of the
     /// pending jobs' pairs are in it too (at zero until one runs).
     pub usage: Usage,
@@ -58,12 +62,14 @@ pub(crate) struct Scan<'a> {
     pub elastic: Vec<&'a Job>,
     /// Running (or suspended) tasks of each array that limits them.
     pub array_running: std::collections::HashMap<JobId, u32, crate::limits::Fixed>,
+    /// The team guarantees and what each team holds (inactive when no account has one).
+    pub guarantees: Guarantees,
 }
 
 impl<'a> Scan<'a> {
     /// Pending jobs in the order the planner considers them, with their entry numbers.
     pub fn queue(&self) -> impl Iterator<Item = (usize, &Queued<'a>)> + '_ {
-        self.order.iter().map(|(_, _, i)| (*i as usize, &self.entries[*i as usize]))
+        self.order.iter().map(|(_, _, _, i)| (*i as usize, &self.entries[*i as usize]))
     }
 
     /// How many pending jobs (entries) there are.
@@ -77,7 +83,9 @@ impl<'a> Scan<'a> {
     }
 }
 
-/// Scans the unfinished jobs' briefs once: the queue by multifactor priority, then submit order.
+/// Scans the unfinished jobs' briefs once: the queue by multifactor priority, then submit order
+/// — with team guarantees, the jobs within their team's guarantee first (Kueue and KAI admit
+/// what does not borrow first), borrowers after them by priority (fairshare among them).
 pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
     let prioritizer = Prioritizer::new(state);
     let policy = &state.policy;
@@ -92,6 +100,7 @@ pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
         names.iter().map(|n| policy.partitions.get(n).map(|p| p.priority_tier)).collect();
     let fairshare_of: Vec<u64> = names.iter().map(|n| prioritizer.fairshare_of(n)).collect();
     let (mut usage, mut keys) = index.usage(policy);
+    let guarantees = Guarantees::of(state);
     let mut entries = Vec::with_capacity(index.briefs.len());
     let mut order = Vec::with_capacity(index.briefs.len());
     let mut elastic = Vec::new();
@@ -119,7 +128,9 @@ pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
                 } else {
                     None
                 };
-                order.push((Reverse(priority), id, entries.len() as u32));
+                let account = names[b.account as usize].as_str();
+                let borrows = guarantees.active() && !guarantees.within(account, u64::from(b.total_gpus()));
+                order.push((borrows, Reverse(priority), id, entries.len() as u32));
                 entries.push(Queued {
                     id,
                     qos,
@@ -134,6 +145,7 @@ pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
                     total_gpus: b.total_gpus(),
                     cpu_mem: b.cpu_mem,
                     array: b.array,
+                    account,
                 });
             }
             JobState::Running if b.elastic => elastic.extend(state.jobs.get(&id)),
@@ -141,7 +153,7 @@ pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
         }
     }
     order.sort_unstable();
-    Scan { entries, order, usage, elastic, array_running }
+    Scan { entries, order, usage, elastic, array_running, guarantees }
 }
 
 #[cfg(test)]

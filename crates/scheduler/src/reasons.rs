@@ -44,6 +44,10 @@ pub enum PendingReason {
     /// A required topology: no domain of `level` has `tasks` nodes free for it now; `largest`
     /// is the domain with the most (and how many).
     Topology { level: String, tasks: u32, largest: Option<(String, u32)> },
+    /// The account (of its chain) named would borrow beyond its `borrow_limit`.
+    AccountBorrowLimit(String),
+    /// The free GPUs are other teams' idle guarantees they do not lend (`lend_limit`).
+    LendLimit,
 }
 
 impl std::fmt::Display for PendingReason {
@@ -67,6 +71,12 @@ impl std::fmt::Display for PendingReason {
             PendingReason::JobArrayTaskLimit => f.write_str("JobArrayTaskLimit"),
             PendingReason::PartitionTimeLimit => f.write_str("PartitionTimeLimit"),
             PendingReason::Headroom => f.write_str("Headroom"),
+            PendingReason::AccountBorrowLimit(account) => {
+                write!(f, "AccountBorrowLimit: account {account} borrows all its borrow limit allows")
+            }
+            PendingReason::LendLimit => {
+                f.write_str("LendLimit: the free GPUs are other teams' guarantees, kept for them")
+            }
             PendingReason::Topology { level, tasks, largest } => {
                 write!(f, "Topology: no {level} has {tasks} nodes free for it")?;
                 match largest {

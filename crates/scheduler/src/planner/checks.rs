@@ -57,6 +57,8 @@ pub(super) struct Planning<'s> {
     pub(super) largest: Largest<'s>,
     pub(super) usage: crate::limits::Usage,
     pub(super) array_running: std::collections::HashMap<JobId, u32, crate::limits::Fixed>,
+    /// Team guarantees and what each team holds, counting the jobs this pass starts.
+    pub(super) guarantees: crate::guarantee::Guarantees,
     pub(super) headroom: usize,
     pub(super) out: PlanOutput,
     /// Some job waits for resources (then no elastic job grows back).
@@ -82,8 +84,8 @@ impl<'s> Planning<'s> {
         self.place(q)
     }
 
-    /// Held jobs, unmet dependencies, QoS limits and array task limits: the job waits without
-    /// holding back the jobs behind it.
+    /// Held jobs, unmet dependencies, QoS limits, array task limits and a team's borrow and
+    /// lend limits: the job waits without holding back the jobs behind it.
     pub(super) fn admitted(&self, q: &Queued) -> Result<(), PendingReason> {
         if let Some(reason) = &q.waits {
             return Err(PendingReason::clone(reason));
@@ -93,10 +95,26 @@ impl<'s> Planning<'s> {
         }
         match q.array {
             Some((array, limit)) if self.array_running.get(&array).copied().unwrap_or(0) >= limit => {
-                Err(PendingReason::JobArrayTaskLimit)
+                return Err(PendingReason::JobArrayTaskLimit);
             }
-            _ => Ok(()),
+            _ => {}
         }
+        self.within_team_limits(q)
+    }
+
+    /// A borrower stays within its team's borrow limit and leaves other teams' unlent idle
+    /// guarantees free (a preemptor with a claim already holds what it starts on).
+    fn within_team_limits(&self, q: &Queued) -> Result<(), PendingReason> {
+        let g = &self.guarantees;
+        let total = u64::from(q.total_gpus);
+        if !g.active() || q.claimed || g.within(q.account, total) {
+            return Ok(());
+        }
+        g.borrow_check(q.account, total)?;
+        if (self.pass.free_total as u64) < g.kept_from(q.account) + total {
+            return Err(PendingReason::LendLimit);
+        }
+        Ok(())
     }
 
     /// The GPUs a preemptor (or a resized job) was promised, when it has a claim.

@@ -62,6 +62,9 @@ impl<'s> Planning<'s> {
         if let Some((array, _)) = q.array {
             *self.array_running.entry(array).or_insert(0) += 1;
         }
+        if self.guarantees.active() && !q.claimed {
+            self.guarantees.add(q.account, u64::from(q.total_gpus));
+        }
     }
 
     /// Starts the job on the GPUs found (one entry per task).

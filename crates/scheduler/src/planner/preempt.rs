@@ -2,10 +2,12 @@
 //! top blocked job start now, and the runs to stop so the QoS headrooms have their idle GPUs.
 
 use super::*;
+use crate::guarantee::Guarantees;
 
-/// A running job that could be stopped on a node: (its cost alone, its priority, id, when it
+/// A running job that could be stopped on a node: (its team's GPUs beyond its guarantee, most
+/// first; whether it started within its guarantee; its cost alone, its priority, id, when it
 /// frees its GPUs, the work it loses, the GPUs it gives, the CPUs and memory it gives).
-type Victim = (u128, i64, JobId, u64, u128, Vec<GpuIndex>, CpuMem);
+type Victim = (std::cmp::Reverse<u64>, bool, u128, i64, JobId, u64, u128, Vec<GpuIndex>, CpuMem);
 
 impl<'a> Pass<'a> {
     /// The cheapest preemption that lets `job` start now, in GPU-ms (`preemption_cost`): per
@@ -13,9 +15,11 @@ impl<'a> Pass<'a> {
     /// preemptions — plus the GPUs idle until they free; suspendable victims cost nothing),
     /// until enough GPUs are free; across nodes, the least total — the victims' lost work plus
     /// the preemptor's GPUs idle until the slowest victim is gone — then the fewest victims.
-    pub(super) fn preempt_for(&self, job: &Job) -> Option<PreemptPlan> {
+    /// With team guarantees, victims of the teams furthest over their guarantee go first, and
+    /// no team of another is taken below its guarantee.
+    pub(super) fn preempt_for(&self, job: &Job, g: &Guarantees) -> Option<PreemptPlan> {
         let state = self.state;
-        if !state.may_preempt(job) {
+        if !state.may_preempt(job, g) {
             return None;
         }
         let ask = TaskAsk { gpus: job.gpus() as usize, cpu_mem: job.spec.cpu_mem() };
@@ -25,7 +29,7 @@ impl<'a> Pass<'a> {
             if !node.admits(state.partition_of(job), cloud_ok) {
                 continue;
             }
-            let Some((cost, plan)) = self.preempt_on(job, node, &ask) else { continue };
+            let Some((cost, plan)) = self.preempt_on(job, node, &ask, g) else { continue };
             let key = (cost, plan.victims.len(), node.name);
             if best.as_ref().is_none_or(|(k, _)| key < *k) {
                 best = Some((key, plan));
@@ -36,7 +40,13 @@ impl<'a> Pass<'a> {
 
     /// The cheapest victims on `node` that let `job` (asking `ask`) start there now, with
     /// their cost: their lost work plus the preemptor's GPUs idle until the slowest is gone.
-    fn preempt_on(&self, job: &Job, node: &FreeNode, ask: &TaskAsk) -> Option<(u128, PreemptPlan)> {
+    fn preempt_on(
+        &self,
+        job: &Job,
+        node: &FreeNode,
+        ask: &TaskAsk,
+        g: &Guarantees,
+    ) -> Option<(u128, PreemptPlan)> {
         let state = self.state;
         let model = job.spec.gpu_model.as_deref();
         let mut gpus: Vec<GpuIndex> = node.usable(model, true).into_iter().map(|(i, _)| i).collect();
@@ -47,9 +57,15 @@ impl<'a> Pass<'a> {
         let mut free = node.free_cpu_mem;
         let mut victims = Vec::new();
         let (mut lost, mut slowest) = (0u128, 0u64);
-        for (_, _, id, free_ms, lost_gpu_ms, freed, cpu_mem) in self.victims_on(job, node, n, ask) {
+        let mut taken_from = BTreeMap::new();
+        for (_, _, _, _, id, free_ms, lost_gpu_ms, freed, cpu_mem) in self.victims_on(job, node, n, ask, g) {
             if fits(&NodeFree { gpus: gpus.len(), cpu_mem: free }, ask).is_ok() {
                 break;
+            }
+            let Some(victim) = state.jobs.get(&id) else { continue };
+            let gives = state.gives_up(victim, freed.len().min(ask.gpus) as u32);
+            if !g.take(&mut taken_from, &victim.spec.account, &job.spec.account, gives) {
+                continue;
             }
             lost += lost_gpu_ms;
             slowest = slowest.max(free_ms);
@@ -80,7 +96,7 @@ impl<'a> Pass<'a> {
 
     /// The running jobs on `node` that `job` may preempt and that would give it something
     /// it needs (GPUs of its model, or the CPUs and memory it lacks), cheapest first.
-    fn victims_on(&self, job: &Job, node: &FreeNode, n: &Node, ask: &TaskAsk) -> Vec<Victim> {
+    fn victims_on(&self, job: &Job, node: &FreeNode, n: &Node, ask: &TaskAsk, g: &Guarantees) -> Vec<Victim> {
         let (state, now) = (self.state, self.state.now_ms);
         let model = job.spec.gpu_model.as_deref();
         let (need, want) = (ask.gpus, ask.cpu_mem);
@@ -88,7 +104,7 @@ impl<'a> Pass<'a> {
         let mut candidates: Vec<Victim> = state
             .jobs_on(name)
             .into_iter()
-            .filter(|v| state.preemptible(job, v, now).is_ok())
+            .filter(|v| state.preemptible(job, v, now, g).is_ok())
             .filter_map(|v| {
                 let a = v.allocation.as_ref()?;
                 // The victim's task on this node (an elastic gang gives it up whole).
@@ -114,7 +130,18 @@ impl<'a> Pass<'a> {
                 }
                 let cost = state.preemption_cost(v, taken, now);
                 let alone = cost.lost_gpu_ms + need as u128 * u128::from(cost.free_ms);
-                Some((alone, v.priority, v.id, cost.free_ms, cost.lost_gpu_ms, matching, freed))
+                let over = if g.active() { g.over(&v.spec.account) } else { 0 };
+                Some((
+                    std::cmp::Reverse(over),
+                    !a.borrowing,
+                    alone,
+                    v.priority,
+                    v.id,
+                    cost.free_ms,
+                    cost.lost_gpu_ms,
+                    matching,
+                    freed,
+                ))
             })
             .collect();
         candidates.sort();

@@ -140,11 +140,11 @@ impl Index {
                 policy.partitions.get(name).is_some_and(|p| p.priority_tier > lowest)
             })
             .collect();
+        let teams = policy.has_guarantees();
         self.pending_claimed > 0
-            || self
-                .pending
-                .iter()
-                .any(|((qos, part), n)| *n > 0 && (preempts[*qos as usize] || high_tier[*part as usize]))
+            || self.pending.iter().any(|((qos, part), n)| {
+                *n > 0 && (teams || preempts[*qos as usize] || high_tier[*part as usize])
+            })
     }
 
     /// Counts `b` in (`add`) or out of the pending counters.

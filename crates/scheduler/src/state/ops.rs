@@ -337,6 +337,12 @@ pub struct PreemptionRecord {
     /// The victim was suspended (SIGSTOP) and resumes once the preemptor is done.
     #[serde(default)]
     pub suspended: bool,
+    /// Another team's borrower taken for a preemptor within its guarantee: the preemptor's
+    /// account, and the GPUs the victim's team gave back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaimed_for: Option<String>,
+    #[serde(default)]
+    pub reclaimed_gpus: u32,
 }
 
 impl PreemptionRecord {

@@ -2,6 +2,7 @@
 //! victim (stop, shrink, suspend), and resuming suspended jobs.
 
 use super::*;
+use crate::guarantee::Guarantees;
 
 /// What a preemption does to one victim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,6 +15,16 @@ enum VictimAction {
     ShrinkGang,
     /// SIGSTOP the job and lend its GPUs to the preemptor.
     Suspend,
+}
+
+/// One victim of a checked preemption: what happens to it, the GPUs it gives, and — when it is
+/// another team's borrower taken for a preemptor within its guarantee — the account the GPUs
+/// are reclaimed for and how many its team gives up.
+struct VictimPlan {
+    id: JobId,
+    action: VictimAction,
+    taken: Vec<GpuIndex>,
+    reclaim: Option<(String, u64)>,
 }
 
 /// What one preemption victim costs (`ClusterState::preemption_cost`).
@@ -32,16 +43,22 @@ pub const THRASH_PREEMPTIONS_MAX: usize = 3;
 pub const THRASH_WINDOW_MS: i64 = 3600 * 1000;
 
 impl ClusterState {
-    /// Whether `job` could preempt anything at all: its QoS preempts some QoS, or its partition
-    /// is above the lowest tier (a cheap filter before looking for victims).
-    pub fn may_preempt(&self, job: &Job) -> bool {
+    /// Whether `job` could preempt anything at all: its QoS preempts some QoS, its partition
+    /// is above the lowest tier, or it is within its team's guarantee (it may reclaim what
+    /// others borrowed): a cheap filter before looking for victims.
+    pub fn may_preempt(&self, job: &Job, g: &Guarantees) -> bool {
         let by_qos = self.policy.qos(&job.spec.qos).is_some_and(|q| !q.preempt.is_empty());
         let lowest = self.policy.partitions.values().map(|p| p.priority_tier).min().unwrap_or(0);
-        by_qos || self.partition_of(job).is_some_and(|p| p.priority_tier > lowest)
+        by_qos
+            || self.partition_of(job).is_some_and(|p| p.priority_tier > lowest)
+            || g.within(&job.spec.account, u64::from(job.total_gpus()))
     }
 
-    /// Whether running job `victim` may be preempted by `preemptor` at `now`, else why not.
-    pub fn preemptible(&self, preemptor: &Job, victim: &Job, now: i64) -> Result<(), String> {
+    /// Whether running job `victim` may be preempted by `preemptor` at `now`, else why not:
+    /// by QoS or partition tier, or to reclaim what the victim's team borrowed of the
+    /// preemptor's guarantee; a job of another team only where its team holds more than its
+    /// guarantee (`Guarantees::take` bounds how much of it, for all victims together).
+    pub fn preemptible(&self, preemptor: &Job, victim: &Job, now: i64, g: &Guarantees) -> Result<(), String> {
         let (p_qos, v_qos) = (self.policy.qos(&preemptor.spec.qos), self.policy.qos(&victim.spec.qos));
         let (Some(p_qos), Some(v_qos)) = (p_qos, v_qos) else { return Err("unknown qos".into()) };
         let alloc = victim.allocation.as_ref().ok_or("not running")?;
@@ -51,11 +68,17 @@ impl ClusterState {
         // Slurm's preempt/qos and preempt/partition_prio: by QoS preempt list, or from a
         // partition of a higher priority tier.
         let tier = |j: &Job| self.partition_of(j).map(|p| p.priority_tier).unwrap_or(0);
-        if !p_qos.preempt.contains(&v_qos.name) && tier(preemptor) <= tier(victim) {
+        let (from, to) = (victim.spec.account.as_str(), preemptor.spec.account.as_str());
+        let across = g.active() && from != to && g.across(from, to);
+        let reclaim = across && g.within(to, u64::from(preemptor.total_gpus()));
+        if !p_qos.preempt.contains(&v_qos.name) && tier(preemptor) <= tier(victim) && !reclaim {
             return Err(format!(
                 "qos \"{}\" may not preempt qos \"{}\" and its partition tier is not higher",
                 p_qos.name, v_qos.name
             ));
+        }
+        if across && g.lendable(from, to) == 0 {
+            return Err(format!("job {}: account \"{from}\" holds no more than its guarantee", victim.id));
         }
         self.undisturbed_victim(victim, v_qos, now)
     }
@@ -94,8 +117,8 @@ impl ClusterState {
             Err(refused) => return Outcome::Rejected(refused),
         };
         // Commit: victims stop, shrink or pause; the GPUs are claimed for the preemptor.
-        for (v, action, taken) in actions {
-            self.preempt_victim(preemptor, node, v, action, &taken, now);
+        for victim in actions {
+            self.preempt_victim(preemptor, node, victim, now);
         }
         let n = self.nodes.get_mut(node).expect("validated");
         for g in gpus {
@@ -117,7 +140,7 @@ impl ClusterState {
         victims: &[JobId],
         gpus: &[GpuIndex],
         now: i64,
-    ) -> Result<Vec<(JobId, VictimAction, Vec<GpuIndex>)>, Rejection> {
+    ) -> Result<Vec<VictimPlan>, Rejection> {
         let reject = |m: String| Rejection::FailedPrecondition(m);
         let Some(p) = self.jobs.get(&preemptor) else {
             return Err(Rejection::NotFound(format!("job {preemptor} not found")));
@@ -132,9 +155,11 @@ impl ClusterState {
         self.check_grant(p, node, gpus, Some(p.gpus()), Taking::FromVictims(victims))
             .map_err(|e| reject(e.to_string()))?;
         let mut actions = Vec::with_capacity(victims.len());
+        let g = Guarantees::of(self);
+        let mut taken_from = BTreeMap::new();
         for v in victims {
             let Some(victim) = self.jobs.get(v) else { return Err(reject(format!("job {v} not found"))) };
-            self.preemptible(p, victim, now).map_err(reject)?;
+            self.preemptible(p, victim, now, &g).map_err(reject)?;
             // The victim's task on this node (rank 0's for a single-node job).
             let Some(held) = victim.allocation.as_ref().and_then(|a| a.tasks().find(|(_, n, _)| *n == node))
             else {
@@ -146,22 +171,24 @@ impl ClusterState {
             if taken.is_empty() && freed == crate::model::CpuMem::default() {
                 return Err(reject(format!("job {v} gives none of the GPUs, CPUs or memory")));
             }
-            actions.push((*v, self.victim_action(victim, taken.len() as u32), taken));
+            let gives = self.gives_up(victim, taken.len() as u32);
+            if !g.take(&mut taken_from, &victim.spec.account, &p.spec.account, gives) {
+                let a = &victim.spec.account;
+                return Err(reject(format!("job {v}: account \"{a}\" would be left below its guarantee")));
+            }
+            let (from, to) = (victim.spec.account.as_str(), p.spec.account.as_str());
+            let reclaim = (from != to && g.across(from, to) && g.within(to, u64::from(p.total_gpus())))
+                .then(|| (to.to_string(), gives));
+            let action = self.victim_action(victim, taken.len() as u32);
+            actions.push(VictimPlan { id: *v, action, taken, reclaim });
         }
         Ok(actions)
     }
 
     /// Victim `v` gives `taken` of its GPUs on `node` to `preemptor`: it stops, shrinks or is
     /// suspended, and the preemption is recorded (its history bounded).
-    fn preempt_victim(
-        &mut self,
-        preemptor: JobId,
-        node: &str,
-        v: JobId,
-        action: VictimAction,
-        taken: &[GpuIndex],
-        now: i64,
-    ) {
+    fn preempt_victim(&mut self, preemptor: JobId, node: &str, plan: VictimPlan, now: i64) {
+        let VictimPlan { id: v, action, taken, reclaim } = plan;
         let victim = self.jobs.get_mut(&v).expect("validated");
         let safe_at = victim.start_time_ms.unwrap_or(now).max(victim.last_checkpoint_ms.unwrap_or(i64::MIN));
         let lost_s = now.saturating_sub(safe_at).max(0) as u64 / 1000;
@@ -174,8 +201,13 @@ impl ClusterState {
             gpu_s_lost: u64::from(victim.total_gpus()) * lost_s,
             shrunk_to: None,
             suspended: false,
+            reclaimed_gpus: reclaim.as_ref().map_or(0, |(_, n)| *n as u32),
+            reclaimed_for: reclaim.map(|(a, _)| a),
         };
-        let message = self.victim_gives(&mut record, action, taken, now);
+        let mut message = self.victim_gives(&mut record, action, &taken, now);
+        if let Some(account) = &record.reclaimed_for {
+            message.push_str(&format!("; reclaimed for account {account} ({} GPUs)", record.reclaimed_gpus));
+        }
         let victim = self.jobs.get_mut(&v).expect("validated");
         victim.preempted_at.push(now);
         if victim.preempted_at.len() > 16 {
@@ -293,6 +325,15 @@ impl ClusterState {
             VictimAction::Stop(_) | VictimAction::ShrinkGang => held,
             VictimAction::Suspend => crate::model::CpuMem { cpus: held.cpus, mem_mib: 0 },
             VictimAction::Shrink => crate::model::CpuMem::default(),
+        }
+    }
+
+    /// The GPUs `victim`'s team stops holding when `taken` of them go to a preemptor: all of
+    /// a stopped run's, only those taken from one that shrinks or is suspended.
+    pub fn gives_up(&self, victim: &Job, taken: u32) -> u64 {
+        match self.victim_action(victim, taken) {
+            VictimAction::Stop(_) => u64::from(victim.total_gpus()),
+            VictimAction::Shrink | VictimAction::ShrinkGang | VictimAction::Suspend => u64::from(taken),
         }
     }
 

@@ -49,6 +49,14 @@ impl ClusterState {
         ids.into_iter().filter_map(|id| self.jobs.get(&id))
     }
 
+    /// Pending jobs promised GPUs (preemptors, through the nodes' claims): O(claims).
+    pub fn claimants(&self) -> impl Iterator<Item = &Job> {
+        let mut ids: Vec<JobId> = self.nodes.values().flat_map(|n| n.claimed.values().copied()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter().filter_map(|id| self.jobs.get(&id)).filter(|j| j.state == JobState::Pending)
+    }
+
     /// GPU fragmentation of the Up nodes: (free GPUs, free GPUs on nodes that are entirely
     /// free). Packing small jobs keeps the second close to the first, so whole nodes stay
     /// available for large jobs.

@@ -2,6 +2,7 @@
 //! gangs), time limits, and how a run ends (charged, released, requeued or finished).
 
 use super::*;
+use crate::guarantee::Guarantees;
 
 /// Why a run its idle GPU rule stopped was requeued.
 const IDLE_REQUEUE: &str = "its GPUs were idle (the idle GPU rule requeues)";
@@ -11,6 +12,7 @@ impl ClusterState {
         let mut accepted = Vec::new();
         let mut rejected = Vec::new();
         let mut usage = self.running_usage();
+        let mut teams = Guarantees::of(self);
         // Running tasks of the limited arrays this plan places tasks of (counted when first met).
         let mut arrays: BTreeMap<JobId, u32> = BTreeMap::new();
         for (i, p) in plan.placements.iter().enumerate() {
@@ -33,12 +35,18 @@ impl ClusterState {
                     }
                     *running += 1;
                 }
+                let (account, gpus) = (job.spec.account.as_str(), u64::from(job.total_gpus()));
+                let borrowing = teams.active() && !teams.within(account, gpus);
+                if borrowing {
+                    teams.borrow_check(account, gpus).map_err(|r| format!("job {}: {r}", p.job))?;
+                }
+                teams.add(account, gpus);
                 usage.add(job, &self.policy);
-                Ok(())
+                Ok(borrowing)
             });
             match checked {
-                Ok(()) => {
-                    self.place(p, now);
+                Ok(borrowing) => {
+                    self.place(p, now, borrowing.then(|| teams.clone()));
                     accepted.push(p.job);
                 }
                 Err(why) => rejected.push((p.job, why)),
@@ -84,7 +92,9 @@ impl ClusterState {
         Ok(())
     }
 
-    fn place(&mut self, p: &Placement, now: i64) {
+    /// Places one re-validated placement; `borrowing`: the teams' holdings with it, when it
+    /// starts beyond its team's guarantee (marked, and said in its event).
+    fn place(&mut self, p: &Placement, now: i64, borrowing: Option<Guarantees>) {
         let domains = self.jobs.get(&p.job).and_then(|j| self.placement_domains(j, p).ok().flatten());
         if let Some(placed) = &domains {
             self.count_gang(placed, p.more.len() + 1);
@@ -124,6 +134,7 @@ impl ClusterState {
             exits: BTreeMap::new(),
             failure: None,
             lent: Vec::new(),
+            borrowing: borrowing.is_some(),
         });
         job.last_node = p.node.clone();
         job.attempt_nodes.insert(job.attempt, p.node.clone());
@@ -139,6 +150,9 @@ impl ClusterState {
         }
         if let Some(placed) = domains {
             msg.push_str(&format!("; {}", placed.note));
+        }
+        if let Some(teams) = borrowing {
+            msg.push_str(&format!("; borrowing: {}", teams.borrow_note(&job.spec.account)));
         }
         job.record(now, "allocated", msg);
     }

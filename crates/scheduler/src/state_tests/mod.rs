@@ -56,6 +56,7 @@ fn two_accounts() -> crate::policy::Policy {
             users: [user.to_string()].into(),
             qos: Default::default(),
             user_qos: Default::default(),
+            guarantee: None,
         };
         policy.accounts.insert(name.into(), account);
     }

@@ -512,6 +512,7 @@ fn accounts_and_partitions_are_put_and_deleted_one_at_a_time_and_validated_whole
             users: Default::default(),
             qos: Default::default(),
             user_qos: Default::default(),
+            guarantee: None,
         })
     };
     let put =
