@@ -111,7 +111,8 @@ impl<'s> Planning<'s> {
             return Ok(());
         }
         g.borrow_check(q.account, total)?;
-        if (self.pass.free_total as u64) < g.kept_from(q.account) + total {
+        let (free, kept) = (self.pass.free_total as u64, g.kept_from(q.account));
+        if kept > 0 && free >= total && free < kept + total {
             return Err(PendingReason::LendLimit);
         }
         Ok(())

@@ -36,6 +36,10 @@ impl ClusterState {
                     *running += 1;
                 }
                 let (account, gpus) = (job.spec.account.as_str(), u64::from(job.total_gpus()));
+                // A preemptor's claim was counted as held: it is now its run.
+                if let Some(c) = &job.claim {
+                    teams.remove(account, c.tasks().map(|(_, g)| g.len() as u64).sum());
+                }
                 let borrowing = teams.active() && !teams.within(account, gpus);
                 if borrowing {
                     teams.borrow_check(account, gpus).map_err(|r| format!("job {}: {r}", p.job))?;

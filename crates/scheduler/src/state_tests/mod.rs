@@ -14,6 +14,7 @@ mod events;
 mod fits;
 mod fractions;
 mod gpu_health;
+mod guarantees;
 mod headroom;
 mod idle;
 mod preempt;
