@@ -56,6 +56,29 @@ pub struct AccountFlags {
     /// Slurm's association), before the account's own.
     #[arg(long, value_name = "USER")]
     user: Option<String>,
+    /// GPUs guaranteed to the team's jobs (with its children's, as a cohort): they start
+    /// before any borrower, and take back what other teams borrowed of them by preempting
+    /// those borrowers through their QoS's preempt mode (checkpoint and requeue within the
+    /// grace). 0 with no limits: no guarantee.
+    #[arg(long, value_name = "N")]
+    guaranteed_gpus: Option<u32>,
+    /// GPUs it may use beyond its guarantee, of other teams' idle share ("unlimited").
+    #[arg(long, value_name = "N|unlimited", value_parser = limit)]
+    borrow_limit: Option<Limit>,
+    /// GPUs of its idle guarantee other teams may borrow ("all").
+    #[arg(long, value_name = "N|all", value_parser = limit)]
+    lend_limit: Option<Limit>,
+}
+
+/// A borrow or lend limit: a count, or none.
+#[derive(Clone, Copy, Debug)]
+pub struct Limit(Option<u32>);
+
+fn limit(s: &str) -> Result<Limit, String> {
+    match s {
+        "unlimited" | "all" | "none" => Ok(Limit(None)),
+        n => n.parse().map(|n| Limit(Some(n))).map_err(|_| format!("\"{n}\": a GPU count, or unlimited/all")),
+    }
 }
 
 impl AccountFlags {
@@ -87,6 +110,21 @@ impl AccountFlags {
         }
         // A user entry that says nothing is no entry.
         a.user_qos.retain(|u| !u.allowed_qos.is_empty() || !u.default_qos.is_empty());
+        if self.guaranteed_gpus.is_some() || self.borrow_limit.is_some() || self.lend_limit.is_some() {
+            let g = a.guarantee.get_or_insert_with(Default::default);
+            if let Some(n) = self.guaranteed_gpus {
+                g.gpus = n;
+            }
+            if let Some(Limit(n)) = self.borrow_limit {
+                g.borrow_limit = n;
+            }
+            if let Some(Limit(n)) = self.lend_limit {
+                g.lend_limit = n;
+            }
+            if g.gpus == 0 && g.borrow_limit.is_none() && g.lend_limit.is_none() {
+                a.guarantee = None;
+            }
+        }
     }
 }
 
@@ -95,6 +133,26 @@ fn qos_cell(allowed: &[String], default: &str) -> String {
     let allowed = if allowed.is_empty() { "(inherited)".to_string() } else { allowed.join(",") };
     let default = if default.is_empty() { "-" } else { default };
     format!("{allowed} (default {default})")
+}
+
+/// "8 (borrow ≤ 4, lend ≤ 2)", or "-" without a guarantee.
+fn guarantee_cell(g: Option<&pb::Guarantee>) -> String {
+    let Some(g) = g else { return "-".into() };
+    let mut s = g.gpus.to_string();
+    let limits: Vec<String> = [("borrow", g.borrow_limit), ("lend", g.lend_limit)]
+        .into_iter()
+        .filter_map(|(what, n)| Some(format!("{what} ≤ {}", n?)))
+        .collect();
+    if !limits.is_empty() {
+        s.push_str(&format!(" ({})", limits.join(", ")));
+    }
+    s
+}
+
+async fn get_shares(client: &Client) -> Result<Vec<pb::AccountShare>, CallError> {
+    let shares =
+        client.admin(pb::GetSharesRequest {}, |mut c, r| async move { c.get_shares(r).await }).await?;
+    Ok(shares.into_inner().accounts)
 }
 
 async fn put_account(
@@ -110,6 +168,9 @@ pub async fn account_command(client: &Client, json: bool, command: AccountCmd) -
     match command {
         AccountCmd::List => {
             let policy = get_policy(client).await?;
+            let shares = get_shares(client).await?;
+            let team =
+                |a: &pb::Account| shares.iter().find(|s| s.name == a.name).cloned().unwrap_or_default();
             let parent = |a: &pb::Account| (!a.parent.is_empty()).then(|| a.parent.clone());
             print_list(
                 json,
@@ -127,10 +188,14 @@ pub async fn account_command(client: &Client, json: bool, command: AccountCmd) -
                         })
                         .collect();
                     let default = (!a.default_qos.is_empty()).then(|| a.default_qos.clone());
+                    let (g, t) = (a.guarantee.as_ref(), team(a));
                     serde_json::json!({"name": a.name, "parent": parent(a), "shares": a.shares, "users": a.users,
-                        "allowed_qos": a.allowed_qos, "default_qos": default, "user_qos": user_qos})
+                        "allowed_qos": a.allowed_qos, "default_qos": default, "user_qos": user_qos,
+                        "guaranteed_gpus": g.map(|g| g.gpus), "borrow_limit": g.and_then(|g| g.borrow_limit),
+                        "lend_limit": g.and_then(|g| g.lend_limit), "gpus_in_use": t.gpus_in_use,
+                        "gpus_borrowed": t.gpus_borrowed, "gpus_lent": t.gpus_lent})
                 },
-                &["ACCOUNT", "PARENT", "SHARES", "USERS", "QOS"],
+                &["ACCOUNT", "PARENT", "SHARES", "USERS", "QOS", "GUARANTEED", "IN USE", "BORROWED", "LENT"],
                 |a| {
                     let users = if a.users.is_empty() { "(open)".into() } else { a.users.join(",") };
                     let mut qos = qos_cell(&a.allowed_qos, &a.default_qos);
@@ -143,6 +208,10 @@ pub async fn account_command(client: &Client, json: bool, command: AccountCmd) -
                         a.shares.to_string(),
                         users,
                         qos,
+                        guarantee_cell(a.guarantee.as_ref()),
+                        team(a).gpus_in_use.to_string(),
+                        team(a).gpus_borrowed.to_string(),
+                        team(a).gpus_lent.to_string(),
                     ]
                 },
             );
@@ -175,11 +244,7 @@ pub async fn account_command(client: &Client, json: bool, command: AccountCmd) -
 }
 
 pub async fn share(client: &Client, json: bool) -> anyhow::Result<i32> {
-    let accounts = client
-        .admin(pb::GetSharesRequest {}, |mut c, r| async move { c.get_shares(r).await })
-        .await?
-        .into_inner()
-        .accounts;
+    let accounts = get_shares(client).await?;
     if json {
         let v: Vec<serde_json::Value> = accounts
                 .iter()

@@ -106,6 +106,8 @@ pub fn job_json(job: &pb::Job) -> Value {
         ("time_limit", json!((job.effective_time_limit_s > 0).then_some(job.effective_time_limit_s))),
         ("topology", json!(spec.resources.as_ref().and_then(|r| r.topology.as_ref()).map(topology_text))),
         ("domains", json!(domains(job))),
+        // Its current run borrows GPUs beyond its account's guarantee.
+        ("borrowing", json!(job.borrowing)),
     ];
     for (k, value) in more {
         v[k] = value;
@@ -299,11 +301,14 @@ pub fn job_row(job: &pb::Job) -> Vec<String> {
         text(&j["state"]),
         gpus,
         text(&j["node"]),
-        // A run whose GPUs its idle GPU rule found idle is marked (the columns stay).
-        match (job.gpu_idle_since_ms, text(&j["reason"])) {
-            (0, reason) => reason,
-            (_, r) if r.is_empty() || r == "-" => "GPUs idle".to_string(),
-            (_, r) => format!("GPUs idle; {r}"),
+        // A run whose GPUs its idle GPU rule found idle, or that borrows beyond its team's
+        // guarantee, is marked (the columns stay).
+        match (job.gpu_idle_since_ms, text(&j["reason"]), job.borrowing) {
+            (0, reason, false) => reason,
+            (0, r, true) if r.is_empty() || r == "-" => "borrowing".to_string(),
+            (0, r, true) => format!("borrowing; {r}"),
+            (_, r, _) if r.is_empty() || r == "-" => "GPUs idle".to_string(),
+            (_, r, _) => format!("GPUs idle; {r}"),
         },
     ]
 }
@@ -334,6 +339,7 @@ pub fn print_job_details(job: &pb::Job) {
         "gpu_model",
         "topology",
         "domains",
+        "borrowing",
         "checkpoint_signal",
         "after_ok",
         "after_any",

@@ -68,9 +68,11 @@ pub async fn preemptions(client: &Client, json: bool, since: Option<u64>) -> any
             serde_json::json!({
                 "time": output::time_json(r.time_ms), "preemptor": r.preemptor, "victim": r.victim,
                 "mode": r.mode, "node": r.node, "gpu_s_lost": r.gpu_s_lost,
+                "reclaimed_for": (!r.reclaimed_for.is_empty()).then(|| r.reclaimed_for.clone()),
+                "reclaimed_gpus": r.reclaimed_gpus,
             })
         },
-        &["TIME", "PREEMPTOR", "VICTIM", "MODE", "NODE", "GPU-S LOST"],
+        &["TIME", "PREEMPTOR", "VICTIM", "MODE", "NODE", "GPU-S LOST", "WHY"],
         |r| {
             vec![
                 output::time_json(r.time_ms).as_str().unwrap_or("-").to_string(),
@@ -79,6 +81,11 @@ pub async fn preemptions(client: &Client, json: bool, since: Option<u64>) -> any
                 r.mode.clone(),
                 r.node.clone(),
                 r.gpu_s_lost.to_string(),
+                if r.reclaimed_for.is_empty() {
+                    "qos".to_string()
+                } else {
+                    format!("reclaimed for account {} ({} GPUs)", r.reclaimed_for, r.reclaimed_gpus)
+                },
             ]
         },
     );

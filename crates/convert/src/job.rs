@@ -312,6 +312,7 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
         // Set where the policy is at hand (the job views).
         effective_time_limit_s: 0,
         gpu_idle_since_ms: job.gpu_idle_since.unwrap_or(0),
+        borrowing: job.allocation.as_ref().is_some_and(|a| a.borrowing),
     }
 }
 

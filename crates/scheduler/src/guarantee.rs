@@ -33,6 +33,8 @@ pub struct Guarantees {
     borrow_limit: Vec<Option<u64>>,
     lend_limit: Vec<Option<u64>>,
     held: Vec<u64>,
+    /// GPUs held by accounts under no guarantee (all borrowed).
+    unguaranteed: u64,
     /// Every account → the guaranteed accounts of its chain (itself and its ancestors),
     /// nearest first.
     chains: BTreeMap<String, Vec<usize>>,
@@ -90,14 +92,22 @@ impl Guarantees {
 
     /// `gpus` more held by `account`'s jobs.
     pub fn add(&mut self, account: &str, gpus: u64) {
-        for i in self.chains.get(account).into_iter().flatten() {
+        let chain = self.chains.get(account).map_or(NONE, Vec::as_slice);
+        if chain.is_empty() {
+            self.unguaranteed += gpus;
+        }
+        for i in chain {
             self.held[*i] += gpus;
         }
     }
 
     /// `gpus` fewer held by `account`'s jobs.
     pub fn remove(&mut self, account: &str, gpus: u64) {
-        for i in self.chains.get(account).into_iter().flatten() {
+        let chain = self.chains.get(account).map_or(NONE, Vec::as_slice);
+        if chain.is_empty() {
+            self.unguaranteed = self.unguaranteed.saturating_sub(gpus);
+        }
+        for i in chain {
             self.held[*i] = self.held[*i].saturating_sub(gpus);
         }
     }
@@ -189,10 +199,40 @@ impl Guarantees {
         }
     }
 
-    /// Per guaranteed account: (name, guarantee, held).
-    pub fn accounts(&self) -> impl Iterator<Item = (&str, u64, u64)> + '_ {
-        (0..self.names.len()).map(|i| (self.names[i].as_str(), self.gpus[i], self.held[i]))
+    /// Per guaranteed account: what it is guaranteed, holds, borrows and lends. The teams at
+    /// the top (no guaranteed ancestor) lend what borrowers hold, shared among their idle
+    /// (lendable) guarantees pro rata; inside a cohort lending is not apportioned (0).
+    pub fn report(&self) -> Vec<TeamReport> {
+        let top = |i: usize| self.chain(&self.names[i]) == [i];
+        let lendable = |i: usize| {
+            let idle = self.gpus[i].saturating_sub(self.held[i]);
+            self.lend_limit[i].map_or(idle, |l| idle.min(l))
+        };
+        let tops = (0..self.names.len()).filter(|i| top(*i));
+        let borrowed: u64 =
+            tops.clone().map(|i| self.held[i].saturating_sub(self.gpus[i])).sum::<u64>() + self.unguaranteed;
+        let idle: u64 = tops.map(lendable).sum();
+        let lent_all = borrowed.min(idle);
+        (0..self.names.len())
+            .map(|i| TeamReport {
+                account: self.names[i].clone(),
+                guaranteed: self.gpus[i],
+                in_use: self.held[i],
+                borrowed: self.held[i].saturating_sub(self.gpus[i]),
+                lent: if top(i) && idle > 0 { lent_all * lendable(i) / idle } else { 0 },
+            })
+            .collect()
     }
+}
+
+/// One team's guarantee and use (`Guarantees::report`), in GPUs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TeamReport {
+    pub account: String,
+    pub guaranteed: u64,
+    pub in_use: u64,
+    pub borrowed: u64,
+    pub lent: u64,
 }
 
 /// GPUs a job holds for its account: a run not being stopped, or a preemptor's claim.
@@ -252,6 +292,11 @@ mod tests {
         // b may hold 4 + 2: b1 can borrow 4 more, not 5.
         assert_eq!(g.borrow_check("b1", 4), Ok(()));
         assert_eq!(g.borrow_check("b1", 5), Err(PendingReason::AccountBorrowLimit("b".into())));
+        // a borrows 2, free 3: both borrow from b's idle 2 (b lends all it has idle).
+        let report = g.report();
+        let (a, b) = (&report[0], &report[1]);
+        assert_eq!((a.account.as_str(), a.in_use, a.borrowed, a.lent), ("a", 6, 2, 0));
+        assert_eq!((b.account.as_str(), b.in_use, b.borrowed, b.lent), ("b", 2, 0, 2));
         g.remove("a", 6);
         assert_eq!(g.lendable("a", "b1"), 0);
     }

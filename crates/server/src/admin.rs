@@ -222,11 +222,17 @@ impl AdminService for AdminApi {
         let accounts = self.ctx.replica.read(|a| {
             let factors = fairshare_factors(&a.state);
             let half_life = a.state.policy.weights.fairshare_half_life_s;
+            let teams = kairos_scheduler::guarantee::Guarantees::of(&a.state).report();
+            let team = |name: &str| teams.iter().find(|t| t.account == name);
             a.state
                 .policy
                 .accounts
                 .values()
                 .map(|acc| pb::AccountShare {
+                    guaranteed_gpus: acc.guarantee.as_ref().map(|g| g.gpus),
+                    gpus_in_use: team(&acc.name).map_or(0, |t| t.in_use),
+                    gpus_borrowed: team(&acc.name).map_or(0, |t| t.borrowed),
+                    gpus_lent: team(&acc.name).map_or(0, |t| t.lent),
                     name: acc.name.clone(),
                     parent: acc.parent.clone().unwrap_or_default(),
                     shares: acc.shares,
@@ -356,6 +362,8 @@ impl AdminService for AdminApi {
                     mode: r.action().to_string(),
                     node: r.node.clone(),
                     gpu_s_lost: r.gpu_s_lost,
+                    reclaimed_for: r.reclaimed_for.clone().unwrap_or_default(),
+                    reclaimed_gpus: r.reclaimed_gpus,
                 })
                 .collect()
         });

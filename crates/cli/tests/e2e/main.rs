@@ -18,6 +18,7 @@ mod durability;
 mod gang;
 mod gateway_bounds;
 mod gpu_health;
+mod guarantees;
 mod ha;
 mod harness;
 mod history;

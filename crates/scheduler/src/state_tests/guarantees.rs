@@ -73,7 +73,8 @@ fn a_team_borrows_idle_gpus_and_gives_back_exactly_what_it_borrowed() {
     let Outcome::PlanApplied { accepted, .. } = run_plan(&mut s, t + 20) else { panic!() };
     assert_eq!(accepted, vec![b1, b2]);
     assert!(!borrowing(&s, b1) && !borrowing(&s, b2));
-    let a_gpus: u32 = a_jobs.iter().filter(|id| s.jobs[id].state == JobState::Running).map(|id| s.jobs[id].gpus()).sum();
+    let a_gpus: u32 =
+        a_jobs.iter().filter(|id| s.jobs[id].state == JobState::Running).map(|id| s.jobs[id].gpus()).sum();
     assert_eq!(a_gpus, 4, "a keeps 4 GPUs");
     s.check_invariants().unwrap();
 }
@@ -153,6 +154,9 @@ fn another_teams_preemption_never_takes_a_team_below_its_guarantee() {
     let gpus = s.jobs[&victim].allocation.as_ref().unwrap().gpus.clone();
     let op = Op::Preempt { preemptor: m, node, victims: vec![victim], gpus };
     let out = s.apply(&cmd(t + 2, op));
-    assert!(matches!(&out, Outcome::Rejected(Rejection::FailedPrecondition(m)) if m.contains("guarantee")), "{out:?}");
+    assert!(
+        matches!(&out, Outcome::Rejected(Rejection::FailedPrecondition(m)) if m.contains("guarantee")),
+        "{out:?}"
+    );
     assert_eq!(s.jobs[&victim].state, JobState::Running);
 }
