@@ -142,7 +142,7 @@ impl<'s> Planning<'s> {
     ) -> PendingReason {
         self.waiting = true;
         let preempt = (tasks == 1 && !over_headroom && self.out.preemption.is_none())
-            .then(|| self.pass.preempt_for(job, &self.guarantees))
+            .then(|| self.pass.preempt_for(job, &self.guarantees_now))
             .flatten();
         if let Some(p) = preempt {
             // The GPUs it will use are kept from the jobs behind it in this pass: the free ones

@@ -57,8 +57,11 @@ pub(super) struct Planning<'s> {
     pub(super) largest: Largest<'s>,
     pub(super) usage: crate::limits::Usage,
     pub(super) array_running: std::collections::HashMap<JobId, u32, crate::limits::Fixed>,
-    /// Team guarantees and what each team holds, counting the jobs this pass starts.
+    /// Team guarantees and what each team holds, counting the jobs this pass starts; and as
+    /// the pass found them (a preemption is applied before the pass's placements, so its
+    /// victims and preemptor are judged on what runs now).
     pub(super) guarantees: crate::guarantee::Guarantees,
+    pub(super) guarantees_now: crate::guarantee::Guarantees,
     pub(super) headroom: usize,
     pub(super) out: PlanOutput,
     /// Some job waits for resources (then no elastic job grows back).

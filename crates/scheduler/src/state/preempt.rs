@@ -85,7 +85,7 @@ impl ClusterState {
 
     /// The checks on a victim whoever preempts it: its QoS is preempted at all, a gang can
     /// release a node, it is past its exempt time and under the anti-thrash bound.
-    pub(super) fn undisturbed_victim(&self, victim: &Job, v_qos: &Qos, now: i64) -> Result<(), String> {
+    pub fn undisturbed_victim(&self, victim: &Job, v_qos: &Qos, now: i64) -> Result<(), String> {
         let alloc = victim.allocation.as_ref().ok_or("not running")?;
         if v_qos.preempt_mode == crate::policy::PreemptMode::Off {
             return Err(format!("qos \"{}\" is never preempted", v_qos.name));

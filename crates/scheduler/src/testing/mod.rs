@@ -2,6 +2,7 @@
 //! tests and, with the `testing` feature, for other crates' (e.g. simulation) tests.
 
 pub mod driver;
+pub mod teams;
 
 use std::collections::BTreeMap;
 
