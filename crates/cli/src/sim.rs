@@ -74,6 +74,12 @@ pub struct SimArgs {
     /// policy, the one a new cluster runs (`kairos qos list`), printed above the figures.
     #[arg(long, value_name = "FILE.toml", conflicts_with = "compare")]
     pub policy: Option<std::path::PathBuf>,
+    /// Jobs belong to N accounts, a0 … (by a seeded hash of each job); accounts a policy lacks
+    /// are added under its root. A policy's `[accounts.aK]` give them guarantees
+    /// (`guaranteed = { gpus = … }`): the report then shows, per team, the guaranteed GPU-hours
+    /// honoured, how long it waited while owed GPUs, and what it lent and borrowed.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub accounts: Option<u32>,
     /// Replay under each of these policies and show them side by side.
     #[arg(long, value_name = "FILE.toml", num_args = 1..)]
     pub compare: Vec<std::path::PathBuf>,
@@ -200,6 +206,7 @@ pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
         checkpoint_on_signal: args.checkpoint_on_signal,
         checkpoint_every_s: args.checkpoint_every.max(1),
         fractions: args.gpu_fractions,
+        accounts: args.accounts.unwrap_or(0),
         ..SimConfig::default()
     };
     let policies = policies_of(&args)?;

@@ -112,6 +112,11 @@ impl Guarantees {
         }
     }
 
+    /// The nearest guaranteed account of `account`'s chain (itself or an ancestor).
+    pub fn nearest(&self, account: &str) -> Option<&str> {
+        self.chain(account).first().map(|&i| self.names[i].as_str())
+    }
+
     /// Whether a job of `account` asking `gpus` more is within its nearest guarantee.
     pub fn within(&self, account: &str, gpus: u64) -> bool {
         self.chain(account).first().is_some_and(|&i| self.held[i] + gpus <= self.gpus[i])

@@ -22,6 +22,7 @@ use crate::trace::{TraceJob, TraceNode};
 
 mod burst;
 mod history;
+mod teams;
 
 pub use history::trace_jobs as history_jobs;
 
@@ -52,6 +53,10 @@ pub struct SimConfig {
     pub topology_level: Option<String>,
     /// What every gang of the trace asks of the topology (None: the cluster's default).
     pub gang_topology: Option<kairos_scheduler::topology::TopologyAsk>,
+    /// Jobs belong to this many accounts, `a0` … (by a hash of the seed and the job's place in
+    /// the trace); accounts the policy lacks are added under its root account, open to all.
+    /// 0: every job under the user's default account.
+    pub accounts: u32,
 }
 
 impl Default for SimConfig {
@@ -68,6 +73,7 @@ impl Default for SimConfig {
             topology: None,
             topology_level: None,
             gang_topology: None,
+            accounts: 0,
         }
     }
 }
@@ -251,6 +257,8 @@ struct Sim<'a> {
     gang_starts: Vec<(usize, usize, f64)>,
     /// The most nodes one domain of the measured topology level has.
     largest_domain: usize,
+    /// Team guarantees measured over the replay (a policy with guarantees).
+    teams: Option<teams::TeamSide>,
 }
 
 /// A modelled node's registration: `gpus` GPUs of `model`; CPUs or memory of 0 (not said by
@@ -310,7 +318,7 @@ impl<'a> Sim<'a> {
         state.apply(&Command {
             skipped_ms: 0,
             now_ms: 0,
-            op: Op::SetPolicy { policy: policy.clone(), audit: None },
+            op: Op::SetPolicy { policy: with_accounts(policy, config.accounts), audit: None },
         });
         if let Some(topology) = &config.topology {
             state.apply(&Command {
@@ -369,7 +377,9 @@ impl<'a> Sim<'a> {
             victims: BTreeMap::new(),
             gang_starts: Vec::new(),
             largest_domain: 0,
+            teams: None,
         };
+        sim.teams = teams::TeamSide::new(&sim.state);
         sim.largest_domain = sim.largest_domain();
         sim.start_history();
         // Same-millisecond arrivals in an order drawn from the seed.
@@ -407,6 +417,9 @@ impl<'a> Sim<'a> {
                 continue;
             }
             self.advance(now);
+            if let Some(t) = self.teams.as_mut() {
+                t.advance(now);
+            }
             self.last_event_ms = now;
             let mut changed = false;
             while let Some(Reverse((at, _, event))) = self.events.peek().copied() {
@@ -419,6 +432,9 @@ impl<'a> Sim<'a> {
             if changed {
                 self.pass(now);
                 self.wake_burst(now);
+                if let Some(t) = self.teams.as_mut() {
+                    t.observe(&self.state, now);
+                }
             }
             if self.finished.len() >= 512 {
                 let jobs = std::mem::take(&mut self.finished);
@@ -578,6 +594,9 @@ impl<'a> Sim<'a> {
             spec.gpu_milli = j.gpu_milli;
         }
         spec.requeue = true;
+        if self.config.accounts > 0 {
+            spec.account = account_of(self.config.seed, i, self.config.accounts);
+        }
         // Jobs state their run time (plus a minute) as their limit, up to what the policy
         // allows (past it a run is stopped as TIMEOUT, as on a cluster).
         let limit_s = (j.duration_ms / 1000 + 60) as u64;
@@ -944,9 +963,35 @@ impl<'a> Sim<'a> {
                 .topology_level
                 .as_deref()
                 .map(|l| crate::report::GangReport::of(l, &self.gang_starts)),
+            teams: self.teams.as_ref().map(|t| t.report(self.last_event_ms)).unwrap_or_default(),
         }
         .rounded()
     }
+}
+
+/// The account of the trace's job `i` among `count` (`SimConfig::accounts`): a seeded hash.
+pub(crate) fn account_of(seed: u64, i: usize, count: u32) -> String {
+    let mut h = kairos_scheduler::seeded::SplitMix64::new(seed ^ (i as u64).wrapping_mul(0x9e37_79b9));
+    format!("a{}", h.next_u64() % u64::from(count.max(1)))
+}
+
+/// `policy` with the accounts `a0` … `a{count-1}` it lacks, under its first root account.
+fn with_accounts(policy: &Policy, count: u32) -> Policy {
+    let mut p = policy.clone();
+    let Some(root) = p.accounts.values().find(|a| a.parent.is_none()).cloned() else { return p };
+    for i in 0..count {
+        let name = format!("a{i}");
+        p.accounts.entry(name.clone()).or_insert_with(|| kairos_scheduler::policy::Account {
+            name,
+            parent: Some(root.name.clone()),
+            shares: 1,
+            users: Default::default(),
+            qos: Default::default(),
+            user_qos: Default::default(),
+            guarantee: None,
+        });
+    }
+    p
 }
 
 /// Free GPUs of a node with `used` of `cap` in use, if it is partly used.

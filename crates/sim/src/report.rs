@@ -167,6 +167,33 @@ pub struct Report {
     /// Gangs against the topology (`kairos sim --cluster BxNxG`, `--topology`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gangs: Option<GangReport>,
+    /// Team guarantees, per guaranteed account (a policy with guarantees).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub teams: Vec<TeamFigures>,
+}
+
+/// One team's guarantee over a replay: GPU-hours it was entitled to (the smaller of its
+/// guarantee and its demand) and held of them, how long it waited while owed (a waiting job
+/// fit what was left of its guarantee), and the GPU-hours it lent and borrowed.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TeamFigures {
+    pub account: String,
+    pub guaranteed_gpus: u64,
+    pub entitled_gpu_hours: f64,
+    pub honoured_gpu_hours: f64,
+    /// honoured / entitled (1 when it was never entitled to anything).
+    pub honoured: f64,
+    /// Owed while another team's borrowers held runs reclaim could take (what reclaim ends).
+    pub owed_waits: usize,
+    pub owed_wait_p50_s: f64,
+    pub owed_wait_p99_s: f64,
+    pub owed_wait_max_s: f64,
+    /// Every owed wait, also those only unpreemptible borrowers or fragmentation prolonged.
+    pub owed_any_waits: usize,
+    pub owed_any_wait_p99_s: f64,
+    pub owed_any_wait_max_s: f64,
+    pub lent_gpu_hours: f64,
+    pub borrowed_gpu_hours: f64,
 }
 
 /// How gangs were placed against a topology level: how many spanned more of its domains than
@@ -255,10 +282,12 @@ impl Report {
         if named.iter().any(|(_, r)| r.gangs.is_some()) {
             rows.extend(gang_rows());
         }
+        let mut rows: Vec<(String, Cell)> = rows.into_iter().map(|(l, f)| (l.to_string(), f)).collect();
+        rows.extend(team_rows(named));
         let mut cells: Vec<Vec<String>> =
             vec![std::iter::once(String::new()).chain(named.iter().map(|(n, _)| n.clone())).collect()];
         for (label, f) in &rows {
-            cells.push(std::iter::once(label.to_string()).chain(named.iter().map(|(_, r)| f(r))).collect());
+            cells.push(std::iter::once(label.clone()).chain(named.iter().map(|(_, r)| f(r))).collect());
         }
         aligned(&cells)
     }
@@ -300,6 +329,57 @@ fn rows() -> Vec<(&'static str, Cell)> {
         ("fragmentation", Box::new(|r: &Report| format!("{:.3}", r.fragmentation))),
         ("makespan (s)", Box::new(|r: &Report| format!("{:.0}", r.makespan_s))),
     ]
+}
+
+/// Per team of any report: its guarantee honoured, owed waits, and lending.
+fn team_rows(named: &[(String, Report)]) -> Vec<(String, Cell)> {
+    let mut names: Vec<String> =
+        named.iter().flat_map(|(_, r)| r.teams.iter().map(|t| t.account.clone())).collect();
+    names.sort();
+    names.dedup();
+    let mut rows: Vec<(String, Cell)> = Vec::new();
+    for name in names {
+        let cell = |f: fn(&TeamFigures) -> String| -> Cell {
+            let name = name.clone();
+            Box::new(move |r: &Report| r.teams.iter().find(|t| t.account == name).map_or("-".into(), f))
+        };
+        rows.push((
+            format!("team {name} ({} GPUs): guaranteed GPU-h honoured", named_guarantee(named, &name)),
+            cell(|t| {
+                format!(
+                    "{:.1} of {:.1} ({:.1} %)",
+                    t.honoured_gpu_hours,
+                    t.entitled_gpu_hours,
+                    t.honoured * 100.0
+                )
+            }),
+        ));
+        rows.push((
+            format!("team {name}: owed, reclaimable: waits, p50 / p99 / max (s)"),
+            cell(|t| {
+                format!(
+                    "{}: {:.1} / {:.1} / {:.1}",
+                    t.owed_waits, t.owed_wait_p50_s, t.owed_wait_p99_s, t.owed_wait_max_s
+                )
+            }),
+        ));
+        rows.push((
+            format!("team {name}: owed, any: waits, p99 / max (s)"),
+            cell(|t| {
+                format!("{}: {:.1} / {:.1}", t.owed_any_waits, t.owed_any_wait_p99_s, t.owed_any_wait_max_s)
+            }),
+        ));
+        rows.push((
+            format!("team {name}: GPU-h lent / borrowed"),
+            cell(|t| format!("{:.1} / {:.1}", t.lent_gpu_hours, t.borrowed_gpu_hours)),
+        ));
+    }
+    rows
+}
+
+/// The guarantee of team `name` in the first report that has it.
+fn named_guarantee(named: &[(String, Report)], name: &str) -> u64 {
+    named.iter().flat_map(|(_, r)| &r.teams).find(|t| t.account == name).map_or(0, |t| t.guaranteed_gpus)
 }
 
 /// The rows of the gangs' figures against the topology.

@@ -131,6 +131,25 @@ impl<'s> Planning<'s> {
         PendingReason::Priority
     }
 
+    /// A job within its team's guarantee that does not fit, behind the blocked job: it may
+    /// still reclaim what other teams borrowed (one preemption a pass, as for the first),
+    /// away from the reservation's nodes so the top blocked job keeps its promise.
+    pub(super) fn reclaim_behind(&mut self, job: &'s Job, tasks: usize) -> bool {
+        let g = &self.guarantees_now;
+        if !g.active() || tasks > 1 || self.out.preemption.is_some() {
+            return false;
+        }
+        if !g.within(&job.spec.account, u64::from(job.total_gpus())) {
+            return false;
+        }
+        let Some(p) = self.pass.preempt_for(job, g, &self.pass.reserved_nodes) else { return false };
+        if let Some(pos) = self.pass.nodes.iter().position(|n| n.name == p.node) {
+            self.pass.promise(pos, &p.gpus);
+        }
+        self.out.preemption = Some(p);
+        true
+    }
+
     /// The first job that does not fit: it gets a preemption when its QoS may preempt, else the
     /// reservation (EASY backfill); the jobs behind it only backfill from now on.
     pub(super) fn block(
@@ -142,7 +161,7 @@ impl<'s> Planning<'s> {
     ) -> PendingReason {
         self.waiting = true;
         let preempt = (tasks == 1 && !over_headroom && self.out.preemption.is_none())
-            .then(|| self.pass.preempt_for(job, &self.guarantees_now))
+            .then(|| self.pass.preempt_for(job, &self.guarantees_now, &[]))
             .flatten();
         if let Some(p) = preempt {
             // The GPUs it will use are kept from the jobs behind it in this pass: the free ones

@@ -50,7 +50,11 @@ impl<'s> Planning<'s> {
                 Err(topology.unwrap_or(short))
             }
             None if over_headroom => Err(PendingReason::Headroom),
-            None => Err(self.topology_never(&ask).unwrap_or_else(|| self.held_for(q))),
+            None => match self.topology_never(&ask) {
+                Some(never) => Err(never),
+                None if self.reclaim_behind(job, tasks) => Err(self.short_of(q)),
+                None => Err(self.held_for(q)),
+            },
         }
     }
 

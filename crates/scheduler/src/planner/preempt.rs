@@ -17,7 +17,8 @@ impl<'a> Pass<'a> {
     /// the preemptor's GPUs idle until the slowest victim is gone — then the fewest victims.
     /// With team guarantees, victims of the teams furthest over their guarantee go first, and
     /// no team of another is taken below its guarantee.
-    pub(super) fn preempt_for(&self, job: &Job, g: &Guarantees) -> Option<PreemptPlan> {
+    /// Nodes at `avoid` (positions) are left alone (the reservation's).
+    pub(super) fn preempt_for(&self, job: &Job, g: &Guarantees, avoid: &[usize]) -> Option<PreemptPlan> {
         let state = self.state;
         if !state.may_preempt(job, g) {
             return None;
@@ -25,8 +26,8 @@ impl<'a> Pass<'a> {
         let ask = TaskAsk { gpus: job.gpus() as usize, cpu_mem: job.spec.cpu_mem() };
         let mut best: Option<((u128, usize, &str), PreemptPlan)> = None;
         let cloud_ok = state.may_burst(job);
-        for node in &self.nodes {
-            if !node.admits(state.partition_of(job), cloud_ok) {
+        for (pos, node) in self.nodes.iter().enumerate() {
+            if avoid.contains(&pos) || !node.admits(state.partition_of(job), cloud_ok) {
                 continue;
             }
             let Some((cost, plan)) = self.preempt_on(job, node, &ask, g) else { continue };
