@@ -216,9 +216,9 @@ mod world {
         // Owed: b waits within its guarantee while a borrows runs b could take, round after round.
         let (mut s, _) = a_borrows_half();
         submit(&mut s, job_of("bob", 2), 10 * 60_000);
-        let mut watch = OwedWatch::default();
-        let late = (0..20).find_map(|round| watch.observe(&s, round).err()).expect("a violation");
-        assert!(late.contains("team b owed GPUs since round 0"), "{late}");
+        let mut watch = OwedWatch::new(6000);
+        let late = (0..20).find_map(|round| watch.observe(&s, round * 1000).err()).expect("a violation");
+        assert!(late.contains("team b owed GPUs since 0 ms, still at 7000 ms"), "{late}");
         // A world is a world: one job that fits runs without a violation.
         let w = World {
             nodes: vec![2],

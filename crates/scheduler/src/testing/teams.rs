@@ -5,15 +5,16 @@
 //! themselves, not from `crate::guarantee`:
 //!
 //! - `check_preemption`: no preemption by another team takes a team below its guarantee;
-//! - `OwedWatch`: a team owed GPUs (a job within its guarantee waits, unclaimed) while another
-//!   team's borrowers it could reclaim hold GPUs gets them within grace + 2 rounds;
+//! - `OwedWatch`: a team owed GPUs (a job within its guarantee waits, unclaimed) that reclaim
+//!   could serve (`guarantee::needs`) gets them within grace + 2 rounds;
 //! - `check_caps`: no team holds more than its guarantee plus its borrow limit.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 
-use crate::model::{Job, JobState};
+use crate::guarantee::needs;
+use crate::model::JobState;
 use crate::policy::{Guarantee, Policy};
 use crate::propose::propose;
 use crate::state::{ClusterState, Command, Op, Outcome, RunExit};
@@ -130,52 +131,27 @@ pub fn check_caps(s: &ClusterState) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether `v` is a run the state would let another team's job take now (its QoS is
-/// preempted, it is past its exempt time and under the anti-thrash bound).
-fn reclaimable(s: &ClusterState, v: &Job) -> bool {
-    let Some(q) = s.policy.qos(&v.spec.qos) else { return false };
-    v.state == JobState::Running
-        && v.allocation.as_ref().is_some_and(|a| a.stop.is_none() && a.task_count() == 1)
-        && s.undisturbed_victim(v, q, s.now_ms).is_ok()
-}
-
-/// Teams owed GPUs, and since which round.
-#[derive(Default)]
+/// Teams owed GPUs that reclaim could serve (`guarantee::needs`), and since when (ms).
 pub struct OwedWatch {
-    since: BTreeMap<String, u32>,
+    since: BTreeMap<String, i64>,
+    bound_ms: i64,
 }
 
 impl OwedWatch {
-    /// After round `round`: a team with a waiting, unclaimed job within its guarantee, while
-    /// another team over its guarantee holds a run it could take, is owed; owed for longer
-    /// than the grace plus two rounds is a violation.
-    pub fn observe(&mut self, s: &ClusterState, round: u32) -> Result<(), String> {
-        let held = held(s);
-        let over = |team: &str| match guarantee(s, team) {
-            Some(g) => held.get(team).copied().unwrap_or(0) > u64::from(g.gpus),
-            None => held.get(team).copied().unwrap_or(0) > 0,
-        };
-        let borrowers: BTreeSet<&str> = s
-            .jobs
-            .values()
-            .filter(|v| over(&v.spec.account) && reclaimable(s, v))
-            .map(|v| v.spec.account.as_str())
-            .collect();
-        let mut owed = BTreeSet::new();
-        for j in s.jobs.values().filter(|j| j.state == JobState::Pending && j.claim.is_none() && !j.held) {
-            let team = j.spec.account.as_str();
-            let Some(g) = guarantee(s, team) else { continue };
-            let within =
-                held.get(team).copied().unwrap_or(0) + u64::from(j.total_gpus()) <= u64::from(g.gpus);
-            if within && borrowers.iter().any(|b| *b != team) {
-                owed.insert(team.to_string());
-            }
-        }
+    /// A watch that allows owed waits up to `bound_ms`.
+    pub fn new(bound_ms: i64) -> OwedWatch {
+        OwedWatch { since: BTreeMap::new(), bound_ms }
+    }
+
+    /// The state at `now_ms`: a team owed GPUs while reclaim could serve it, for longer than
+    /// the bound, is a violation.
+    pub fn observe(&mut self, s: &ClusterState, now_ms: i64) -> Result<(), String> {
+        let owed: BTreeSet<String> = needs(s).into_iter().filter(|n| n.reclaimable).map(|n| n.team).collect();
         self.since.retain(|team, _| owed.contains(team));
         for team in owed {
-            let since = *self.since.entry(team.clone()).or_insert(round);
-            if round - since > GRACE_ROUNDS + 2 {
-                return Err(format!("team {team} owed GPUs since round {since}, still at round {round}"));
+            let since = *self.since.entry(team.clone()).or_insert(now_ms);
+            if now_ms - since > self.bound_ms {
+                return Err(format!("team {team} owed GPUs since {since} ms, still at {now_ms} ms"));
             }
         }
         Ok(())
@@ -197,7 +173,7 @@ pub fn run(w: &World) -> Result<ClusterState, String> {
     }
     let mut ends: BTreeMap<u64, u32> = BTreeMap::new();
     let mut runs_of: BTreeMap<u64, u32> = BTreeMap::new();
-    let mut watch = OwedWatch::default();
+    let mut watch = OwedWatch::new(i64::from(GRACE_ROUNDS + 2) * ROUND_MS);
     for round in 0..100u32 {
         let now = i64::from(round) * ROUND_MS + 1;
         for (team, _, runs, inference) in w.jobs.iter().filter(|j| j.1 == round) {
@@ -259,7 +235,7 @@ pub fn run(w: &World) -> Result<ClusterState, String> {
             }
         }
         s.check_invariants()?;
-        watch.observe(&s, round)?;
+        watch.observe(&s, now)?;
     }
     Ok(s)
 }

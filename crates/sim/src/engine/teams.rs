@@ -2,17 +2,15 @@
 //! how long it waited while owed, and what it lent and borrowed — measured from the state
 //! after each instant's events, integrated over time.
 //!
-//! Owed: the team has a waiting job (unclaimed, not held) that fits in what is left of its
-//! guarantee. Its owed waits are counted twice: all of them, and those while its smallest
-//! such job could start on some node from free GPUs and other teams' runs reclaim could take
-//! (of a team over its guarantee; running, its QoS preempted at all, past its exempt time,
-//! under the anti-thrash bound) — the waits reclaim is meant to end within the grace. Entitled: the smaller of its guarantee and its demand (what it holds plus what
+//! Owed (`kairos_scheduler::guarantee::needs`): the team has a waiting job that fits in what
+//! is left of its guarantee. Its owed waits are counted twice: all of them, and those while
+//! reclaim could serve it (other teams' borrowed runs reclaim may take would make room for it
+//! on some node) — the waits reclaim is meant to end within the grace. Entitled: the smaller of its guarantee and its demand (what it holds plus what
 //! waits); honoured: what of that it held.
 
 use std::collections::BTreeMap;
 
-use kairos_scheduler::guarantee::Guarantees;
-use kairos_scheduler::model::JobState;
+use kairos_scheduler::guarantee::{needs, Guarantees};
 use kairos_scheduler::ClusterState;
 
 use crate::report::{percentile, TeamFigures};
@@ -27,43 +25,6 @@ struct Team {
     /// Owed since (any), and owed while reclaimable borrowers held GPUs since.
     owed_since: [Option<i64>; 2],
     owed_waits_s: [Vec<f64>; 2],
-}
-
-/// Per node: its free GPUs, and per team over its guarantee (its nearest guaranteed account,
-/// or the account itself without one) the GPUs of its runs there reclaim could take now.
-type Reclaimable = BTreeMap<String, (u64, BTreeMap<String, u64>)>;
-
-fn reclaimable(state: &ClusterState, g: &Guarantees, now: i64) -> Reclaimable {
-    let mut nodes: Reclaimable = BTreeMap::new();
-    for (name, n) in state.nodes.iter().filter(|(_, n)| n.state == kairos_scheduler::model::NodeState::Up) {
-        let free = n
-            .usable_gpus()
-            .filter(|x| !n.allocated.contains_key(&x.index) && !n.claimed.contains_key(&x.index));
-        nodes.insert(name.clone(), (free.count() as u64, BTreeMap::new()));
-    }
-    for j in state.jobs_running() {
-        let Some(q) = state.policy.qos(&j.spec.qos) else { continue };
-        let Some(a) = j.allocation.as_ref().filter(|a| a.stop.is_none() && a.task_count() == 1) else {
-            continue;
-        };
-        let takeable = j.state == JobState::Running && state.undisturbed_victim(j, q, now).is_ok();
-        if takeable && g.over(&j.spec.account) >= u64::from(j.total_gpus()) {
-            let team = g.nearest(&j.spec.account).unwrap_or(&j.spec.account).to_string();
-            if let Some((_, teams)) = nodes.get_mut(&a.node) {
-                *teams.entry(team).or_default() += u64::from(j.total_gpus());
-            }
-        }
-    }
-    nodes
-}
-
-/// Whether some node could hold `gpus` for `team` from its free GPUs and other teams'
-/// reclaimable runs, one of which at least is needed.
-fn reclaim_could_place(nodes: &Reclaimable, team: &str, gpus: u64) -> bool {
-    nodes.values().any(|(free, teams)| {
-        let others: u64 = teams.iter().filter(|(t, _)| t.as_str() != team).map(|(_, n)| n).sum();
-        others > 0 && free + others >= gpus
-    })
 }
 
 pub(super) struct TeamSide {
@@ -90,28 +51,14 @@ impl TeamSide {
 
     /// Measures the state after the events (and the pass) at `now`.
     pub(super) fn observe(&mut self, state: &ClusterState, now: i64) {
-        let g = Guarantees::of(state);
-        // Per team: GPUs waiting, and the smallest waiting job.
-        let mut waiting: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-        let pending =
-            state.jobs.values().filter(|j| j.state == JobState::Pending && j.claim.is_none() && !j.held);
-        for j in pending {
-            if let Some(team) = g.nearest(&j.spec.account) {
-                let w = waiting.entry(team).or_insert((0, u64::MAX));
-                w.0 += u64::from(j.total_gpus());
-                w.1 = w.1.min(u64::from(j.total_gpus()));
-            }
-        }
-        let lenders = reclaimable(state, &g, now);
-        for r in g.report() {
-            let (demand, smallest) = waiting.get(r.account.as_str()).copied().unwrap_or((0, u64::MAX));
+        let needs = needs(state);
+        for r in Guarantees::of(state).report() {
+            let Some(need) = needs.iter().find(|n| n.team == r.account) else { continue };
             let t = self.teams.entry(r.account.clone()).or_default();
             t.guaranteed = r.guaranteed;
-            let entitled = r.guaranteed.min(r.in_use + demand);
+            let entitled = r.guaranteed.min(r.in_use + need.waiting);
             t.now = [r.in_use.min(entitled), entitled, r.lent, r.borrowed];
-            let owed = smallest != u64::MAX && r.in_use + smallest <= r.guaranteed;
-            let reclaimable = owed && reclaim_could_place(&lenders, &r.account, smallest);
-            for (k, owed) in [owed, reclaimable].into_iter().enumerate() {
+            for (k, owed) in [need.owed, need.reclaimable].into_iter().enumerate() {
                 match (owed, t.owed_since[k]) {
                     (true, None) => t.owed_since[k] = Some(now),
                     (false, Some(since)) => {
