@@ -166,6 +166,8 @@ pub enum Violation {
     StopIgnored { job: JobId, attempt: u32, ordered_ms: i64, ran_ms: i64, bound_ms: i64 },
     #[error("after healing, the cluster's timeline is {lag_ms} ms behind the clocks (at most {TIMELINE_LAG_MAX_MS} ms)")]
     TimelineBehind { lag_ms: i64 },
+    #[error("team {team} was owed GPUs reclaim could serve for {owed_ms} ms of leadership from {from_ms} ms (at most {bound_ms} ms)")]
+    GuaranteeOwed { team: String, from_ms: i64, owed_ms: i64, bound_ms: i64 },
     #[error("the run itself failed: {what}")]
     Harness { what: String },
 }
@@ -429,6 +431,10 @@ pub struct Run<'a> {
     /// After healing (every clock right): how far the time the leader would stamp now is
     /// behind the clocks, where the run can ask.
     pub timeline_lag_ms: Option<i64>,
+    /// Looks at the leader's teams (`dst::watch_guarantees`): (ms, teams owed GPUs reclaim
+    /// could serve; None: no leader), and how long one may stay owed while a leader leads.
+    pub owed: &'a [(i64, Option<Vec<String>>)],
+    pub owed_bound_ms: i64,
 }
 
 /// Every checker over one run.
@@ -447,10 +453,43 @@ pub fn check_all(run: &Run) -> Vec<Violation> {
         no_early_timeout(run.time_limit_stops, run.allocations, run.finals),
         timeline_caught_up(run.timeline_lag_ms),
         stops_honoured(run.stop_orders, run.processes, run.stop_bound_ms, run.end_ms),
+        guarantees_honoured(run.owed, run.owed_bound_ms),
     ]
     .into_iter()
     .filter_map(Result::err)
     .collect()
+}
+
+/// A team owed GPUs that reclaim could serve gets them within the bound, across failovers:
+/// between two looks the time counts while it stays owed and a leader led at both (a look
+/// without a leader neither counts nor ends the wait).
+pub fn guarantees_honoured(looks: &[(i64, Option<Vec<String>>)], bound_ms: i64) -> Result<(), Violation> {
+    // Per team owed: (its first look owed, the leader time owed so far).
+    let mut open: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
+    let mut prev: Option<(i64, bool)> = None;
+    for (at, owed) in looks {
+        let led_since = match prev {
+            Some((p, true)) => at - p,
+            _ => 0,
+        };
+        prev = Some((*at, owed.is_some()));
+        let Some(owed) = owed else { continue };
+        open.retain(|team, _| owed.iter().any(|t| t == team));
+        for team in owed {
+            let entry = match open.get_mut(team.as_str()) {
+                Some(e) => {
+                    e.1 += led_since;
+                    *e
+                }
+                None => *open.entry(team.as_str()).or_insert((*at, 0)),
+            };
+            if entry.1 > bound_ms {
+                let (team, from_ms, owed_ms) = (team.clone(), entry.0, entry.1);
+                return Err(Violation::GuaranteeOwed { team, from_ms, owed_ms, bound_ms });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// FNV-1a 64.
@@ -779,6 +818,8 @@ not json
             stop_bound_ms: 1_000,
             end_ms: 5_000,
             timeline_lag_ms: Some(60_000),
+            owed: &[(0, Some(vec!["ta".into()])), (5_000, Some(vec!["ta".into()]))],
+            owed_bound_ms: 1_000,
         };
         let found = check_all(&run);
         assert!(found.iter().any(|v| matches!(v, Violation::LostSubmit { .. })));
@@ -786,6 +827,7 @@ not json
         assert!(found.iter().any(|v| matches!(v, Violation::NoLeader { .. })));
         assert!(found.iter().any(|v| matches!(v, Violation::StateInvariant { .. })));
         assert!(found.iter().any(|v| matches!(v, Violation::TimelineBehind { lag_ms: 60_000 })));
+        assert!(found.iter().any(|v| matches!(v, Violation::GuaranteeOwed { .. })));
     }
 
     #[test]
@@ -796,4 +838,25 @@ not json
         assert_eq!(table.lines().count(), 2);
         assert!(table.contains("leader-partition") && table.contains("42"));
     }
+}
+
+#[test]
+fn a_team_owed_past_the_bound_while_a_leader_led_is_caught_and_leaderless_time_does_not_count() {
+    let owed = |t: &[&str]| Some(t.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    // Owed from 0 to 400 ms with a leader throughout: 400 ms of leadership.
+    let looks: Vec<(i64, Option<Vec<String>>)> = (0..=4).map(|i| (i * 100, owed(&["ta"]))).collect();
+    assert_eq!(guarantees_honoured(&looks, 400), Ok(()));
+    assert!(matches!(
+        guarantees_honoured(&looks, 300),
+        Err(Violation::GuaranteeOwed { ref team, from_ms: 0, owed_ms: 400, bound_ms: 300 }) if team == "ta"
+    ));
+    // A leaderless second in the middle neither counts nor ends the wait.
+    let mut gap = vec![(0, owed(&["ta"])), (100, owed(&["ta"]))];
+    gap.extend((2..12).map(|i| (i * 100, None)));
+    gap.extend([(1200, owed(&["ta"])), (1300, owed(&["ta"]))]);
+    assert_eq!(guarantees_honoured(&gap, 200), Ok(()));
+    assert!(guarantees_honoured(&gap, 199).is_err());
+    // A look that finds the team served ends its wait.
+    let served = [(0, owed(&["ta"])), (100, owed(&[])), (200, owed(&["ta"])), (300, owed(&["ta"]))];
+    assert_eq!(guarantees_honoured(&served, 100), Ok(()));
 }

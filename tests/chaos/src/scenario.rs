@@ -381,6 +381,8 @@ pub fn run(prefix: &str, s: &Scenario) -> Result<Outcome, ClusterError> {
         stop_bound_ms: 0,
         end_ms: 0,
         timeline_lag_ms: None,
+        owed: &[],
+        owed_bound_ms: 0,
     });
     if unparsed > 0 {
         violations.push(Violation::Harness { what: format!("{unparsed} process log lines did not parse") });

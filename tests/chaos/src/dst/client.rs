@@ -14,6 +14,27 @@ use crate::Operation;
 /// Tries per operation before the client gives up on it (its outcome then unknown).
 const TRIES: usize = 6;
 
+/// The teams jobs are submitted under, each guaranteed this many GPUs of the cluster.
+pub const TEAMS: [&str; 2] = ["ta", "tb"];
+
+/// The shipped policy with the two teams: each guaranteed three eighths of the cluster, so
+/// each borrows from the other and reclaim runs across the faults.
+fn team_policy(gpus: u32) -> kairos_scheduler::policy::Policy {
+    let mut p = kairos_scheduler::policy::Policy::default();
+    for team in TEAMS {
+        let mut a = p.accounts["root"].clone();
+        a.name = team.into();
+        a.parent = Some("root".into());
+        a.guarantee = Some(kairos_scheduler::policy::Guarantee {
+            gpus: gpus * 3 / 8,
+            borrow_limit: None,
+            lend_limit: None,
+        });
+        p.accounts.insert(team.into(), a);
+    }
+    p
+}
+
 fn spec(name: &str, gpus: u32, qos: &str) -> JobSpec {
     let mut spec = JobSpec::new(name, "alice", vec!["train".into()], gpus);
     spec.qos = qos.into();
@@ -27,6 +48,15 @@ fn spec(name: &str, gpus: u32, qos: &str) -> JobSpec {
 pub async fn run(w: Arc<World>) {
     let mut via: ReplicaId = 1;
     let mut acked: Vec<JobId> = Vec::new();
+    // The teams first (retried until a leader takes it: every submit names a team).
+    let gpus = w.cfg.gpus_per_node * w.cfg.nodes as u32;
+    let policy = Op::SetPolicy { policy: team_policy(gpus), audit: None };
+    for _ in 0..TRIES * 10 {
+        if w.write(&mut via, vec![policy.clone()]).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100 + w.draw(300))).await;
+    }
     for i in 0..w.cfg.jobs {
         tokio::time::sleep(Duration::from_millis(
             100 + w.draw(w.cfg.window.as_millis() as u64 * 2 / w.cfg.jobs as u64),
@@ -35,12 +65,9 @@ pub async fn run(w: Arc<World>) {
         let request_id = format!("s{}-{i}", w.seed);
         let qos = ["training", "training", "batch", "urgent"][w.draw(4) as usize];
         let gpus = [1, 1, 2, 4][w.draw(4) as usize].min(w.cfg.gpus_per_node);
-        let op = Op::Submit {
-            spec: spec(&request_id, gpus, qos),
-            request_id: Some(request_id.clone()),
-            hold: false,
-            limits: None,
-        };
+        let mut spec = spec(&request_id, gpus, qos);
+        spec.account = TEAMS[w.draw(2) as usize].into();
+        let op = Op::Submit { spec, request_id: Some(request_id.clone()), hold: false, limits: None };
         let mut answer = None;
         for _ in 0..TRIES {
             match w.write(&mut via, vec![op.clone()]).await {

@@ -14,6 +14,11 @@ use super::faults::{Fault, FaultKind};
 use super::{cluster, locked, net, Settled, World};
 use crate::{FinalJob, JobId, Violation};
 
+/// The longest a team may stay owed GPUs that reclaim could serve, counting only time a
+/// leader led: two passes, and 2 s for a new leader's state to catch up (a preemption ends
+/// the wait when it commits, before its victims stop).
+const OWED_BOUND_MS: i64 = 3_000;
+
 /// Membership changes never take a cluster below three replicas; every member (as the healed
 /// cluster's membership lists them) must converge.
 const MIN_MEMBERS: usize = 3;
@@ -494,6 +499,8 @@ impl World {
             stop_bound_ms,
             end_ms: self.elapsed_ms(),
             timeline_lag_ms: settled.timeline_lag_ms,
+            owed: &records.owed,
+            owed_bound_ms: OWED_BOUND_MS,
         });
         (violations, settled.replicas)
     }

@@ -113,6 +113,11 @@ struct Records {
     allocations: Vec<(JobId, i64)>,
     /// Runs ordered to stop, and when the order was first seen committed (ms).
     stop_orders: BTreeMap<(JobId, u32), i64>,
+    /// Each look at the leader's state (ms): the teams owed GPUs that reclaim could serve then
+    /// (None: no leader to look at).
+    owed: Vec<(i64, Option<Vec<String>>)>,
+    /// Reclaims (preemptions for a team within its guarantee) the leader's state recorded.
+    reclaims: u64,
     /// Finished jobs a leader proposed to purge, as they were then (the checkers judge the ones
     /// the live state no longer holds and its history does).
     purged: BTreeMap<JobId, FinalJob>,
@@ -291,6 +296,8 @@ pub struct Observed {
     /// Runs requeued (after a node failure or preemption).
     pub requeues: u64,
     pub preemptions: u64,
+    /// Preemptions that reclaimed a team's guarantee (the most the leader's state recorded).
+    pub reclaims: u64,
     /// The highest Raft term reached (elections).
     pub max_term: u64,
     /// Replica starts after the first (crashes, power losses, fail-stops).
@@ -306,6 +313,7 @@ impl Observed {
         self.node_downs += o.node_downs;
         self.requeues += o.requeues;
         self.preemptions += o.preemptions;
+        self.reclaims += o.reclaims;
         self.max_term = self.max_term.max(o.max_term);
         self.restarts += o.restarts;
         self.unsynced_lost += o.unsynced_lost;
@@ -371,6 +379,7 @@ async fn simulate(seed: u64, cfg: Config) -> ScheduleReport {
     }
     tasks.push(tokio::spawn(supervise(w.clone())));
     tasks.push(tokio::spawn(watch_stop_orders(w.clone())));
+    tasks.push(tokio::spawn(watch_guarantees(w.clone())));
     for n in 0..w.cfg.nodes {
         tasks.push(tokio::spawn(agent::run(w.clone(), format!("node-{n}"))));
     }
@@ -398,6 +407,7 @@ async fn simulate(seed: u64, cfg: Config) -> ScheduleReport {
         node_downs: w.node_downs.load(std::sync::atomic::Ordering::Relaxed),
         requeues: events("requeued"),
         preemptions: events("preempted"),
+        reclaims: locked(&w.records).reclaims,
         restarts: w.restarts.load(std::sync::atomic::Ordering::Relaxed),
         ..Observed::default()
     };
@@ -487,6 +497,32 @@ async fn watch_stop_orders(w: Arc<World>) {
         for key in orders {
             records.stop_orders.entry(key).or_insert(now);
         }
+    }
+}
+
+/// How often the harness looks at the leader's teams (`watch_guarantees`), ms.
+pub const OWED_LOOK_MS: i64 = 100;
+
+/// The harness's own look, each tick, at what the teams are owed on the leader's applied
+/// state (`kairos_scheduler::guarantee::needs`), for the `guarantees_honoured` checker.
+async fn watch_guarantees(w: Arc<World>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(OWED_LOOK_MS as u64)).await;
+        let look = w.leader().map(|(_, leader)| {
+            leader.read(|a| {
+                let owed = kairos_scheduler::guarantee::needs(&a.state);
+                let owed: Vec<String> = owed.into_iter().filter(|n| n.reclaimable).map(|n| n.team).collect();
+                let reclaims =
+                    a.state.preemptions.iter().filter(|r| r.reclaimed_for.is_some()).count() as u64;
+                (owed, reclaims)
+            })
+        });
+        let now = w.elapsed_ms();
+        let mut records = locked(&w.records);
+        if let Some((_, reclaims)) = &look {
+            records.reclaims = records.reclaims.max(*reclaims);
+        }
+        records.owed.push((now, look.map(|(owed, _)| owed)));
     }
 }
 
