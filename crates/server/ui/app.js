@@ -268,7 +268,8 @@ function jobRow(j, label, cls) {
     h("td", {}, h("a", { href: `#/jobs/${j.id}` }, label)),
     h("td", {}, j.spec?.name || ""), h("td", {}, j.user), h("td", {}, j.qos), h("td", {}, j.spec?.partition || ""),
     h("td", {}, badge(s)), h("td", {}, j.spec?.resources?.gpus ?? ""), h("td", {}, j.node || ""),
-    h("td", {}, s === "PENDING" ? j.reason : ""), h("td", {}, when(j.submit_time_ms)),
+    // A run beyond its team's guarantee is marked: reclaim may take it back.
+    h("td", {}, s === "PENDING" ? j.reason : j.borrowing && running ? "borrowing" : ""), h("td", {}, when(j.submit_time_ms)),
     h("td", { class: "elapsed num", ...times }),
     h("td", { class: "left num", ...(TERMINAL.includes(s) ? {} : times) }),
     h("td", { class: "exit num" }, TERMINAL.includes(s) ? exitText(j.exit_code, j.signal) : ""));
