@@ -18,6 +18,7 @@ mod events;
 mod history;
 mod insight;
 mod jobs;
+mod kueue_import;
 mod manifest;
 mod nodes;
 mod output;

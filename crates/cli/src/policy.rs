@@ -39,6 +39,27 @@ pub enum PolicyCmd {
     WhatIf(crate::whatif::WhatIfArgs),
     /// Print the policy as TOML.
     Export,
+    /// Turn Kueue ClusterQueues and Cohorts (YAML) into accounts with GPU guarantees.
+    ///
+    /// Each ClusterQueue becomes an account under its cohort's (`spec.cohort` or
+    /// `spec.cohortName`; none: root), each Cohort one under its parent (`spec.parentName`;
+    /// none: root). Their GPU quotas (`nvidia.com/gpu`, `amd.com/gpu`, summed over flavors)
+    /// map: `nominalQuota` to the guarantee, `borrowingLimit` to `borrow_limit` (absent:
+    /// unlimited), `lendingLimit` to `lend_limit` (absent: all); a cohort is guaranteed its
+    /// own quota and its members' together. CPU, memory and pods quotas, flavors,
+    /// `queueingStrategy`, `reclaimWithinCohort` and `withinClusterQueue` are noted, not
+    /// mapped; LocalQueues, ResourceFlavors and WorkloadPriorityClasses are skipped. What
+    /// kairos cannot honour (`fairSharing`, `admissionChecks`, `borrowWithinCohort`, a
+    /// namespace selector, other kinds, names with '.') is refused by name, and nothing is
+    /// applied. Existing accounts keep their users, QoS and shares; only their parent and
+    /// guarantee change.
+    Import {
+        /// The Kueue objects (YAML, one or more documents, or a `kubectl get -o yaml` List).
+        file: PathBuf,
+        /// Print the accounts as a policy file fragment (TOML) and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Read the measured history and print the policy with what it supports, per QoS: wall
     /// limits from run times, CPUs and memory per GPU from use, GPU sharing where inference
     /// jobs' memory fits a fraction (or a MIG profile the nodes offer), idle notices where GPUs
@@ -62,6 +83,9 @@ pub async fn policy_command(client: &Client, json: bool, command: PolicyCmd) -> 
     match command {
         PolicyCmd::Advise(args) => return crate::insight::advise::advise(client, args).await,
         PolicyCmd::WhatIf(args) => return crate::whatif::what_if(client, json, args).await,
+        PolicyCmd::Import { file, dry_run } => {
+            return crate::kueue_import::import(client, &file, dry_run).await
+        }
         PolicyCmd::Apply { file, dry_run, yes, no_what_if, since } => {
             let text = std::fs::read_to_string(&file)
                 .map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?;

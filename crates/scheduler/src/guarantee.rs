@@ -336,7 +336,10 @@ mod tests {
     use super::*;
     use crate::policy::{Account, Guarantee};
 
-    fn policy(accounts: &[(&str, Option<&str>, Option<(u32, Option<u32>, Option<u32>)>)]) -> Policy {
+    /// (name, parent, (guaranteed GPUs, borrow limit, lend limit)).
+    type Spec<'a> = (&'a str, Option<&'a str>, Option<(u32, Option<u32>, Option<u32>)>);
+
+    fn policy(accounts: &[Spec]) -> Policy {
         let mut p = Policy::default();
         for (name, parent, g) in accounts {
             let mut a: Account = p.accounts["root"].clone();

@@ -24,6 +24,7 @@ mod harness;
 mod history;
 mod images;
 mod isolation;
+mod kueue_import;
 mod limits;
 mod observability;
 mod policy;
