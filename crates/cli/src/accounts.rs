@@ -149,6 +149,42 @@ fn guarantee_cell(g: Option<&pb::Guarantee>) -> String {
     s
 }
 
+/// A warning (not a refusal: nodes come and go) when the teams at the top are guaranteed
+/// more GPUs than the cluster's nodes have, or than its up nodes have.
+async fn warn_over_cluster(client: &Client) {
+    let (Ok(policy), Ok(nodes)) = (
+        get_policy(client).await,
+        client.admin(pb::ListNodesRequest {}, |mut c, r| async move { c.list_nodes(r).await }).await,
+    ) else {
+        return;
+    };
+    let guaranteed = |a: &pb::Account| a.guarantee.as_ref().map_or(0, |g| u64::from(g.gpus));
+    let has_guaranteed_ancestor = |a: &pb::Account| {
+        let mut at = a.parent.clone();
+        for _ in 0..=policy.accounts.len() {
+            let Some(p) = policy.accounts.iter().find(|x| x.name == at) else { return false };
+            if p.guarantee.as_ref().is_some_and(|g| g.gpus > 0) {
+                return true;
+            }
+            at = p.parent.clone();
+        }
+        false
+    };
+    let top: u64 = policy.accounts.iter().filter(|a| !has_guaranteed_ancestor(a)).map(guaranteed).sum();
+    let nodes = nodes.into_inner().nodes;
+    let gpus = |up: bool| -> u64 {
+        let n = nodes.iter().filter(|n| !up || n.state == pb::NodeState::Up as i32);
+        n.map(|n| n.info.as_ref().map_or(0, |i| i.gpus.len() as u64)).sum()
+    };
+    let (all, up) = (gpus(false), gpus(true));
+    if top > up {
+        eprintln!(
+            "warning: teams are guaranteed {top} GPUs together; the cluster has {all} ({up} on up nodes): \
+             not every guarantee can be honoured now"
+        );
+    }
+}
+
 async fn get_shares(client: &Client) -> Result<Vec<pb::AccountShare>, CallError> {
     let shares =
         client.admin(pb::GetSharesRequest {}, |mut c, r| async move { c.get_shares(r).await }).await?;
@@ -221,6 +257,7 @@ pub async fn account_command(client: &Client, json: bool, command: AccountCmd) -
             flags.apply_to(&mut a);
             put_account(client, a, pb::PutMode::Create).await?;
             println!("account \"{name}\" created");
+            warn_over_cluster(client).await;
         }
         AccountCmd::Update { name, flags } => {
             // Only this account is read and written back: edits of other pieces are not lost.
@@ -233,6 +270,7 @@ pub async fn account_command(client: &Client, json: bool, command: AccountCmd) -
             flags.apply_to(&mut a);
             put_account(client, a, pb::PutMode::Update).await?;
             println!("account \"{name}\" updated");
+            warn_over_cluster(client).await;
         }
         AccountCmd::Delete { name } => {
             let req = pb::DeleteAccountRequest { name: name.clone() };

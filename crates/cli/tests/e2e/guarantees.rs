@@ -117,4 +117,18 @@ fn a_team_takes_back_its_guarantee_from_the_borrowers_which_resume_from_their_ch
         let want: Vec<u32> = (1..=got.len() as u32).collect();
         assert_eq!(got, want, "steps lost or repeated across the reclaim");
     }
+    // Guarantees past the cluster's GPUs are taken, with a warning (nodes come and go).
+    let out = c.kairos(&["account", "create", "c", "--parent", "root", "--guaranteed-gpus", "4"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && err.contains("teams are guaranteed 12 GPUs together; the cluster has 8"),
+        "{err}"
+    );
+    // Children's guarantees past their parent's are refused, and change nothing.
+    let out = c.kairos(&["account", "create", "c1", "--parent", "c", "--guaranteed-gpus", "5"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("children are guaranteed 5 GPUs, more than its 4"),
+        "{err}"
+    );
 }
