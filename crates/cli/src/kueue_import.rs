@@ -523,7 +523,7 @@ pub async fn import(client: &Client, file: &Path, dry_run: bool) -> anyhow::Resu
         print!("{}", toml_fragment(&accounts, &notes));
         return Ok(0);
     }
-    let current = crate::policy::get_policy(client).await?;
+    let current = crate::client::get_policy(client).await?;
     let puts = merged(&current, accounts);
     check_steps(&current, &puts)?;
     for n in &notes {

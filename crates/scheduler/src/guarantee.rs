@@ -22,7 +22,6 @@ use std::collections::BTreeMap;
 use crate::model::{Job, JobState};
 use crate::policy::Policy;
 use crate::reasons::PendingReason;
-use crate::state::ClusterState;
 
 /// The guaranteed accounts of a policy and the GPUs each holds now.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -68,17 +67,17 @@ impl Guarantees {
         g
     }
 
-    /// The guarantees of the state's policy with what its jobs hold now.
-    pub fn of(state: &ClusterState) -> Guarantees {
-        let mut g = Guarantees::new(&state.policy);
-        if g.active() {
-            for job in state.jobs_running().chain(state.claimants()) {
-                if let Some(gpus) = holding(job) {
-                    g.add(&job.spec.account, gpus);
-                }
-            }
+    /// Counts what `job` holds for its account (a run not being stopped, or a preemptor's
+    /// claim).
+    pub fn count(&mut self, job: &Job) {
+        if let Some(gpus) = holding(job) {
+            self.add(&job.spec.account, gpus);
         }
-        g
+    }
+
+    /// Per guaranteed account: (name, guarantee, held).
+    pub fn teams(&self) -> impl Iterator<Item = (&str, u64, u64)> + '_ {
+        (0..self.names.len()).map(|i| (self.names[i].as_str(), self.gpus[i], self.held[i]))
     }
 
     /// Some account has a guarantee (else nothing here changes what the planner does).
@@ -185,6 +184,12 @@ impl Guarantees {
         from_chain.iter().any(|i| !to_chain.contains(i)) || (from_chain.is_empty() && !to_chain.is_empty())
     }
 
+    /// Some team holds more than its guarantee, or some account without one holds GPUs: there
+    /// is something to reclaim.
+    pub fn borrowed_anywhere(&self) -> bool {
+        self.unguaranteed > 0 || (0..self.names.len()).any(|i| self.held[i] > self.gpus[i])
+    }
+
     /// GPUs `account` holds beyond its nearest guarantee (all it holds without one).
     pub fn over(&self, account: &str) -> u64 {
         match self.chain(account).first() {
@@ -228,83 +233,6 @@ impl Guarantees {
             })
             .collect()
     }
-}
-
-/// What one guaranteed team waits for (`needs`): GPUs of its waiting jobs (unclaimed, not
-/// held), whether it is owed — its smallest waiting job fits what is left of its guarantee —
-/// and whether reclaim could serve it now: some node holds that job from free GPUs and runs of
-/// other teams over their guarantee that reclaim could take (running alone on their node
-/// undisturbed, their QoS preempted at all, past the exempt time, under the anti-thrash bound,
-/// no larger than what their team holds beyond its guarantee). Computed from the jobs, not by
-/// the planner: the oracle the simulator, the property tests and the fault simulation judge
-/// the planner by.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TeamNeed {
-    pub team: String,
-    pub waiting: u64,
-    pub owed: bool,
-    pub reclaimable: bool,
-}
-
-/// Every guaranteed team's need in `state` at its own clock.
-pub fn needs(state: &ClusterState) -> Vec<TeamNeed> {
-    let g = Guarantees::of(state);
-    if !g.active() {
-        return Vec::new();
-    }
-    let mut waiting: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-    let pending =
-        state.jobs.values().filter(|j| j.state == JobState::Pending && j.claim.is_none() && !j.held);
-    for j in pending {
-        if let Some(team) = g.nearest(&j.spec.account) {
-            let w = waiting.entry(team).or_insert((0, u64::MAX));
-            w.0 += u64::from(j.total_gpus());
-            w.1 = w.1.min(u64::from(j.total_gpus()));
-        }
-    }
-    let takers = reclaimable_by_node(state, &g);
-    (0..g.names.len())
-        .map(|i| {
-            let team = g.names[i].as_str();
-            let (gpus, smallest) = waiting.get(team).copied().unwrap_or((0, u64::MAX));
-            let owed = smallest != u64::MAX && g.held[i] + smallest <= g.gpus[i];
-            let reclaimable = owed
-                && takers.values().any(|(free, teams)| {
-                    let others: u64 = teams.iter().filter(|(t, _)| t.as_str() != team).map(|(_, n)| n).sum();
-                    others > 0 && free + others >= smallest
-                });
-            TeamNeed { team: team.to_string(), waiting: gpus, owed, reclaimable }
-        })
-        .collect()
-}
-
-/// Per Up node: its free GPUs, and per team over its guarantee (its nearest guaranteed
-/// account, or the account itself without one) the GPUs of its runs there reclaim could take.
-fn reclaimable_by_node(
-    state: &ClusterState,
-    g: &Guarantees,
-) -> BTreeMap<String, (u64, BTreeMap<String, u64>)> {
-    let mut nodes = BTreeMap::new();
-    for (name, n) in state.nodes.iter().filter(|(_, n)| n.state == crate::model::NodeState::Up) {
-        let free = n
-            .usable_gpus()
-            .filter(|x| !n.allocated.contains_key(&x.index) && !n.claimed.contains_key(&x.index));
-        nodes.insert(name.clone(), (free.count() as u64, BTreeMap::new()));
-    }
-    for j in state.jobs_running() {
-        let Some(q) = state.policy.qos(&j.spec.qos) else { continue };
-        let Some(a) = j.allocation.as_ref().filter(|a| a.stop.is_none() && a.task_count() == 1) else {
-            continue;
-        };
-        let takeable = j.state == JobState::Running && state.undisturbed_victim(j, q, state.now_ms).is_ok();
-        if takeable && g.over(&j.spec.account) >= u64::from(j.total_gpus()) {
-            let team = g.nearest(&j.spec.account).unwrap_or(&j.spec.account).to_string();
-            if let Some((_, teams)) = nodes.get_mut(&a.node) {
-                *teams.entry(team).or_default() += u64::from(j.total_gpus());
-            }
-        }
-    }
-    nodes
 }
 
 /// One team's guarantee and use (`Guarantees::report`), in GPUs.

@@ -170,10 +170,9 @@ fn may_place_or_preempt(state: &ClusterState) -> bool {
 pub(crate) fn pending_may_act(state: &ClusterState) -> bool {
     let none = crate::guarantee::Guarantees::default();
     let teams = state.policy.has_guarantees();
-    state
-        .jobs
-        .values()
-        .any(|j| j.state == JobState::Pending && (j.claim.is_some() || teams || state.may_preempt(j, &none)))
+    state.jobs.values().any(|j| {
+        j.state == JobState::Pending && (j.claim.is_some() || teams || state.may_preempt(j, &none, false))
+    })
 }
 
 #[cfg(test)]

@@ -100,7 +100,7 @@ pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
         names.iter().map(|n| policy.partitions.get(n).map(|p| p.priority_tier)).collect();
     let fairshare_of: Vec<u64> = names.iter().map(|n| prioritizer.fairshare_of(n)).collect();
     let (mut usage, mut keys) = index.usage(policy);
-    let guarantees = Guarantees::of(state);
+    let guarantees = state.guarantees();
     let mut entries = Vec::with_capacity(index.briefs.len());
     let mut order = Vec::with_capacity(index.briefs.len());
     let mut elastic = Vec::new();

@@ -222,7 +222,7 @@ impl AdminService for AdminApi {
         let accounts = self.ctx.replica.read(|a| {
             let factors = fairshare_factors(&a.state);
             let half_life = a.state.policy.weights.fairshare_half_life_s;
-            let teams = kairos_scheduler::guarantee::Guarantees::of(&a.state).report();
+            let teams = a.state.guarantees().report();
             let team = |name: &str| teams.iter().find(|t| t.account == name);
             a.state
                 .policy

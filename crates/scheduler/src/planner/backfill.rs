@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// Guaranteed jobs behind the blocked one that may look for a reclaim in one pass.
+const RECLAIM_TRIES_MAX: usize = 8;
+
 /// The most waiting jobs per pass whose reason names the job the free GPUs are held for (each
 /// costs one more search).
 const HELD_HINTS_MAX: usize = 64;
@@ -131,18 +134,26 @@ impl<'s> Planning<'s> {
         PendingReason::Priority
     }
 
+    /// Whether `job` may reclaim: within its team's guarantee as the pass found it (what the
+    /// preemption is applied to) and with what the pass has started since.
+    fn may_reclaim(&self, job: &Job) -> bool {
+        crate::state::reclaims(&self.guarantees_now, job) && crate::state::reclaims(&self.guarantees, job)
+    }
+
     /// A job within its team's guarantee that does not fit, behind the blocked job: it may
     /// still reclaim what other teams borrowed (one preemption a pass, as for the first),
     /// away from the reservation's nodes so the top blocked job keeps its promise.
+    /// At most `RECLAIM_TRIES_MAX` such jobs are tried a pass, and none while no team borrows.
     pub(super) fn reclaim_behind(&mut self, job: &'s Job, tasks: usize) -> bool {
         let g = &self.guarantees_now;
-        if !g.active() || tasks > 1 || self.out.preemption.is_some() {
+        if !g.active() || tasks > 1 || self.out.preemption.is_some() || !g.borrowed_anywhere() {
             return false;
         }
-        if !g.within(&job.spec.account, u64::from(job.total_gpus())) {
+        if self.reclaim_tries >= RECLAIM_TRIES_MAX || !self.may_reclaim(job) {
             return false;
         }
-        let Some(p) = self.pass.preempt_for(job, g, &self.pass.reserved_nodes) else { return false };
+        self.reclaim_tries += 1;
+        let Some(p) = self.pass.preempt_for(job, g, &self.pass.reserved_nodes, true) else { return false };
         if let Some(pos) = self.pass.nodes.iter().position(|n| n.name == p.node) {
             self.pass.promise(pos, &p.gpus);
         }
@@ -161,7 +172,7 @@ impl<'s> Planning<'s> {
     ) -> PendingReason {
         self.waiting = true;
         let preempt = (tasks == 1 && !over_headroom && self.out.preemption.is_none())
-            .then(|| self.pass.preempt_for(job, &self.guarantees_now, &[]))
+            .then(|| self.pass.preempt_for(job, &self.guarantees_now, &[], self.may_reclaim(job)))
             .flatten();
         if let Some(p) = preempt {
             // The GPUs it will use are kept from the jobs behind it in this pass: the free ones

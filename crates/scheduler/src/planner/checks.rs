@@ -62,6 +62,8 @@ pub(super) struct Planning<'s> {
     /// victims and preemptor are judged on what runs now).
     pub(super) guarantees: crate::guarantee::Guarantees,
     pub(super) guarantees_now: crate::guarantee::Guarantees,
+    /// Guaranteed jobs behind the blocked one that looked for a reclaim this pass.
+    pub(super) reclaim_tries: usize,
     pub(super) headroom: usize,
     pub(super) out: PlanOutput,
     /// Some job waits for resources (then no elastic job grows back).
@@ -110,10 +112,14 @@ impl<'s> Planning<'s> {
     fn within_team_limits(&self, q: &Queued) -> Result<(), PendingReason> {
         let g = &self.guarantees;
         let total = u64::from(q.total_gpus);
-        if !g.active() || q.claimed || g.within(q.account, total) {
+        if !g.active() || q.claimed {
             return Ok(());
         }
+        // Every guarantee of its chain bounds what it may borrow (an ancestor's too).
         g.borrow_check(q.account, total)?;
+        if g.within(q.account, total) {
+            return Ok(());
+        }
         let (free, kept) = (self.pass.free_total as u64, g.kept_from(q.account));
         if kept > 0 && free >= total && free < kept + total {
             return Err(PendingReason::LendLimit);

@@ -152,6 +152,7 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
         usage: std::mem::take(&mut scan.usage),
         array_running: std::mem::take(&mut scan.array_running),
         guarantees_now: scan.guarantees.clone(),
+        reclaim_tries: 0,
         guarantees: std::mem::take(&mut scan.guarantees),
         headroom,
         out: PlanOutput::default(),

@@ -18,9 +18,16 @@ impl<'a> Pass<'a> {
     /// With team guarantees, victims of the teams furthest over their guarantee go first, and
     /// no team of another is taken below its guarantee.
     /// Nodes at `avoid` (positions) are left alone (the reservation's).
-    pub(super) fn preempt_for(&self, job: &Job, g: &Guarantees, avoid: &[usize]) -> Option<PreemptPlan> {
+    /// `may_reclaim`: the pass (with what it started) still counts `job` within its guarantee.
+    pub(super) fn preempt_for(
+        &self,
+        job: &Job,
+        g: &Guarantees,
+        avoid: &[usize],
+        may_reclaim: bool,
+    ) -> Option<PreemptPlan> {
         let state = self.state;
-        if !state.may_preempt(job, g) {
+        if !state.may_preempt(job, g, may_reclaim) {
             return None;
         }
         let ask = TaskAsk { gpus: job.gpus() as usize, cpu_mem: job.spec.cpu_mem() };
@@ -30,7 +37,7 @@ impl<'a> Pass<'a> {
             if avoid.contains(&pos) || !node.admits(state.partition_of(job), cloud_ok) {
                 continue;
             }
-            let Some((cost, plan)) = self.preempt_on(job, node, &ask, g) else { continue };
+            let Some((cost, plan)) = self.preempt_on(job, node, &ask, (g, may_reclaim)) else { continue };
             let key = (cost, plan.victims.len(), node.name);
             if best.as_ref().is_none_or(|(k, _)| key < *k) {
                 best = Some((key, plan));
@@ -46,7 +53,7 @@ impl<'a> Pass<'a> {
         job: &Job,
         node: &FreeNode,
         ask: &TaskAsk,
-        g: &Guarantees,
+        (g, may_reclaim): (&Guarantees, bool),
     ) -> Option<(u128, PreemptPlan)> {
         let state = self.state;
         let model = job.spec.gpu_model.as_deref();
@@ -59,7 +66,9 @@ impl<'a> Pass<'a> {
         let mut victims = Vec::new();
         let (mut lost, mut slowest) = (0u128, 0u64);
         let mut taken_from = BTreeMap::new();
-        for (_, _, _, _, id, free_ms, lost_gpu_ms, freed, cpu_mem) in self.victims_on(job, node, n, ask, g) {
+        for (_, _, _, _, id, free_ms, lost_gpu_ms, freed, cpu_mem) in
+            self.victims_on(job, node, n, ask, (g, may_reclaim))
+        {
             if fits(&NodeFree { gpus: gpus.len(), cpu_mem: free }, ask).is_ok() {
                 break;
             }
@@ -97,7 +106,14 @@ impl<'a> Pass<'a> {
 
     /// The running jobs on `node` that `job` may preempt and that would give it something
     /// it needs (GPUs of its model, or the CPUs and memory it lacks), cheapest first.
-    fn victims_on(&self, job: &Job, node: &FreeNode, n: &Node, ask: &TaskAsk, g: &Guarantees) -> Vec<Victim> {
+    fn victims_on(
+        &self,
+        job: &Job,
+        node: &FreeNode,
+        n: &Node,
+        ask: &TaskAsk,
+        (g, may_reclaim): (&Guarantees, bool),
+    ) -> Vec<Victim> {
         let (state, now) = (self.state, self.state.now_ms);
         let model = job.spec.gpu_model.as_deref();
         let (need, want) = (ask.gpus, ask.cpu_mem);
@@ -105,7 +121,7 @@ impl<'a> Pass<'a> {
         let mut candidates: Vec<Victim> = state
             .jobs_on(name)
             .into_iter()
-            .filter(|v| state.preemptible(job, v, now, g).is_ok())
+            .filter(|v| state.preemptible(job, v, now, g, may_reclaim).is_ok())
             .filter_map(|v| {
                 let a = v.allocation.as_ref()?;
                 // The victim's task on this node (an elastic gang gives it up whole).
@@ -173,9 +189,15 @@ pub(super) fn vacate_for(state: &ClusterState, shortfall: usize) -> Vec<JobId> {
     candidates.sort_unstable();
     let mut victims = Vec::new();
     let mut freed = 0;
+    // No team is taken below its guarantee for the headroom (apply judges it the same way).
+    let (teams, mut taken) = (state.guarantees(), BTreeMap::new());
     for (_, _, _, id, gpus) in candidates {
         if freed >= shortfall {
             break;
+        }
+        let Some(account) = state.jobs.get(&id).map(|j| j.spec.account.as_str()) else { continue };
+        if !teams.take(&mut taken, account, "", gpus as u64) {
+            continue;
         }
         victims.push(id);
         freed += gpus;

@@ -84,6 +84,8 @@ impl ClusterState {
             return reject("the headroom lacks no GPUs".into());
         }
         let (mut gpus, up_gpus) = (0usize, self.up_gpus());
+        // The headroom serves no one team: no team is taken below its guarantee for it.
+        let (teams, mut taken) = (self.guarantees(), BTreeMap::new());
         for (i, v) in victims.iter().enumerate() {
             let Some(victim) = self.jobs.get(v) else { return reject(format!("job {v} not found")) };
             if victims[..i].contains(v) {
@@ -94,6 +96,10 @@ impl ClusterState {
             }
             if gpus >= shortfall {
                 return reject(format!("more victims than the headroom's {shortfall} missing GPUs need"));
+            }
+            if !teams.take(&mut taken, &victim.spec.account, "", u64::from(victim.total_gpus())) {
+                let a = &victim.spec.account;
+                return reject(format!("job {v}: account \"{a}\" would be left below its guarantee"));
             }
             gpus += victim.total_gpus() as usize;
         }

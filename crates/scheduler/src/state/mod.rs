@@ -44,12 +44,13 @@ mod queries;
 pub mod quota;
 mod runs;
 mod submit;
+pub mod teams;
 pub mod tokens;
 pub mod usage;
 
 pub use jobs::Jobs;
 pub use ops::*;
-pub use preempt::{VictimCost, PREEMPTION_RECORDS_MAX, THRASH_PREEMPTIONS_MAX, THRASH_WINDOW_MS};
+pub use preempt::{reclaims, VictimCost, PREEMPTION_RECORDS_MAX, THRASH_PREEMPTIONS_MAX, THRASH_WINDOW_MS};
 pub(crate) use queries::{limit_ms, over_wall};
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -42,23 +42,38 @@ pub const PREEMPTION_RECORDS_MAX: usize = 1000;
 pub const THRASH_PREEMPTIONS_MAX: usize = 3;
 pub const THRASH_WINDOW_MS: i64 = 3600 * 1000;
 
+/// Whether `job` is a guaranteed job that may take back what other teams borrowed: it asks
+/// GPUs (a CPU-only job reclaims nothing) within its team's guarantee.
+pub fn reclaims(g: &Guarantees, job: &Job) -> bool {
+    job.total_gpus() > 0 && g.within(&job.spec.account, u64::from(job.total_gpus()))
+}
+
 impl ClusterState {
     /// Whether `job` could preempt anything at all: its QoS preempts some QoS, its partition
-    /// is above the lowest tier, or it is within its team's guarantee (it may reclaim what
-    /// others borrowed): a cheap filter before looking for victims.
-    pub fn may_preempt(&self, job: &Job, g: &Guarantees) -> bool {
+    /// is above the lowest tier, or (`may_reclaim`) it is within its team's guarantee (it may
+    /// reclaim what others borrowed): a cheap filter before looking for victims.
+    pub fn may_preempt(&self, job: &Job, g: &Guarantees, may_reclaim: bool) -> bool {
         let by_qos = self.policy.qos(&job.spec.qos).is_some_and(|q| !q.preempt.is_empty());
         let lowest = self.policy.partitions.values().map(|p| p.priority_tier).min().unwrap_or(0);
         by_qos
             || self.partition_of(job).is_some_and(|p| p.priority_tier > lowest)
-            || g.within(&job.spec.account, u64::from(job.total_gpus()))
+            || (may_reclaim && reclaims(g, job))
     }
 
     /// Whether running job `victim` may be preempted by `preemptor` at `now`, else why not:
     /// by QoS or partition tier, or to reclaim what the victim's team borrowed of the
     /// preemptor's guarantee; a job of another team only where its team holds more than its
     /// guarantee (`Guarantees::take` bounds how much of it, for all victims together).
-    pub fn preemptible(&self, preemptor: &Job, victim: &Job, now: i64, g: &Guarantees) -> Result<(), String> {
+    /// `may_reclaim`: the caller's own view lets the preemptor reclaim (the planner's, with
+    /// what its pass started, may be stricter than the state's).
+    pub fn preemptible(
+        &self,
+        preemptor: &Job,
+        victim: &Job,
+        now: i64,
+        g: &Guarantees,
+        may_reclaim: bool,
+    ) -> Result<(), String> {
         let (p_qos, v_qos) = (self.policy.qos(&preemptor.spec.qos), self.policy.qos(&victim.spec.qos));
         let (Some(p_qos), Some(v_qos)) = (p_qos, v_qos) else { return Err("unknown qos".into()) };
         let alloc = victim.allocation.as_ref().ok_or("not running")?;
@@ -70,7 +85,7 @@ impl ClusterState {
         let tier = |j: &Job| self.partition_of(j).map(|p| p.priority_tier).unwrap_or(0);
         let (from, to) = (victim.spec.account.as_str(), preemptor.spec.account.as_str());
         let across = g.active() && from != to && g.across(from, to);
-        let reclaim = across && g.within(to, u64::from(preemptor.total_gpus()));
+        let reclaim = may_reclaim && across && reclaims(g, preemptor);
         if !p_qos.preempt.contains(&v_qos.name) && tier(preemptor) <= tier(victim) && !reclaim {
             return Err(format!(
                 "qos \"{}\" may not preempt qos \"{}\" and its partition tier is not higher",
@@ -155,11 +170,13 @@ impl ClusterState {
         self.check_grant(p, node, gpus, Some(p.gpus()), Taking::FromVictims(victims))
             .map_err(|e| reject(e.to_string()))?;
         let mut actions = Vec::with_capacity(victims.len());
-        let g = Guarantees::of(self);
+        let g = self.guarantees();
+        // The claim it gets is a start: within every borrow limit of its team's chain.
+        g.borrow_check(&p.spec.account, u64::from(p.total_gpus())).map_err(|r| reject(r.to_string()))?;
         let mut taken_from = BTreeMap::new();
         for v in victims {
             let Some(victim) = self.jobs.get(v) else { return Err(reject(format!("job {v} not found"))) };
-            self.preemptible(p, victim, now, &g).map_err(reject)?;
+            self.preemptible(p, victim, now, &g, true).map_err(reject)?;
             // The victim's task on this node (rank 0's for a single-node job).
             let Some(held) = victim.allocation.as_ref().and_then(|a| a.tasks().find(|(_, n, _)| *n == node))
             else {
@@ -177,8 +194,8 @@ impl ClusterState {
                 return Err(reject(format!("job {v}: account \"{a}\" would be left below its guarantee")));
             }
             let (from, to) = (victim.spec.account.as_str(), p.spec.account.as_str());
-            let reclaim = (from != to && g.across(from, to) && g.within(to, u64::from(p.total_gpus())))
-                .then(|| (to.to_string(), gives));
+            let reclaim =
+                (from != to && g.across(from, to) && reclaims(&g, p)).then(|| (to.to_string(), gives));
             let action = self.victim_action(victim, taken.len() as u32);
             actions.push(VictimPlan { id: *v, action, taken, reclaim });
         }

@@ -12,7 +12,7 @@ impl ClusterState {
         let mut accepted = Vec::new();
         let mut rejected = Vec::new();
         let mut usage = self.running_usage();
-        let mut teams = Guarantees::of(self);
+        let mut teams = self.guarantees();
         // Running tasks of the limited arrays this plan places tasks of (counted when first met).
         let mut arrays: BTreeMap<JobId, u32> = BTreeMap::new();
         for (i, p) in plan.placements.iter().enumerate() {
@@ -36,14 +36,16 @@ impl ClusterState {
                     *running += 1;
                 }
                 let (account, gpus) = (job.spec.account.as_str(), u64::from(job.total_gpus()));
-                // A preemptor's claim was counted as held: it is now its run.
-                if let Some(c) = &job.claim {
-                    teams.remove(account, c.tasks().map(|(_, g)| g.len() as u64).sum());
-                }
-                let borrowing = teams.active() && !teams.within(account, gpus);
-                if borrowing {
+                // A claim (a preemptor's, a resized run's) was granted when it was made, and
+                // counted as held: it is now its run. Every other start stays within every
+                // borrow limit of its chain.
+                let claimed = job.claim.as_ref().map(|c| c.tasks().map(|(_, g)| g.len() as u64).sum());
+                if let Some(held) = claimed {
+                    teams.remove(account, held);
+                } else if teams.active() {
                     teams.borrow_check(account, gpus).map_err(|r| format!("job {}: {r}", p.job))?;
                 }
+                let borrowing = teams.active() && !teams.within(account, gpus);
                 teams.add(account, gpus);
                 usage.add(job, &self.policy);
                 Ok(borrowing)

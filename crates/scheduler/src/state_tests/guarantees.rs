@@ -161,6 +161,57 @@ fn another_teams_preemption_never_takes_a_team_below_its_guarantee() {
     assert_eq!(s.jobs[&victim].state, JobState::Running);
 }
 
+#[test]
+fn the_headroom_is_never_refilled_below_a_teams_guarantee() {
+    let mut s = ClusterState::new();
+    s.apply(&cmd(1, Op::RegisterNode { info: node_info("n1", 4) }));
+    teams(&mut s, 4, None, None);
+    let mut policy = s.policy.clone();
+    policy.qos.get_mut("inference").unwrap().headroom_gpus = 2;
+    s.apply(&cmd(2, Op::SetPolicy { policy, audit: None }));
+    // a's training took the whole node (the headroom's 2 too, before it was set): its guarantee.
+    let mut policy = s.policy.clone();
+    policy.qos.get_mut("inference").unwrap().headroom_gpus = 0;
+    s.apply(&cmd(3, Op::SetPolicy { policy: policy.clone(), audit: None }));
+    let ids: Vec<u64> = (0..2).map(|i| start(&mut s, job_of("alice", 2), 1000 + i)).collect();
+    policy.qos.get_mut("inference").unwrap().headroom_gpus = 2;
+    s.apply(&cmd(4000, Op::SetPolicy { policy, audit: None }));
+    let t = 10 * 60_000;
+    assert!(s.headroom_shortfall() > 0);
+    assert!(plan(&s).vacate.is_empty(), "a holds no more than its guarantee");
+    let out = s.apply(&cmd(t, Op::Vacate { victims: vec![ids[0]] }));
+    assert!(
+        matches!(&out, Outcome::Rejected(Rejection::FailedPrecondition(m)) if m.contains("guarantee")),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_cpu_only_job_reclaims_nothing_and_an_ancestor_s_borrow_limit_binds_its_children() {
+    let (mut s, _) = a_borrows_half();
+    let mut cpu = job_of("bob", 0);
+    cpu.cpus = 8;
+    let id = submit(&mut s, cpu, 10 * 60_000);
+    assert!(!crate::state::reclaims(&s.guarantees(), &s.jobs[&id]), "a CPU-only job takes back no GPU");
+    // A parent guaranteed 4 that may not borrow bounds its child, guaranteed 2 or not.
+    let mut s = ClusterState::new();
+    s.apply(&cmd(1, Op::RegisterNode { info: node_info("n1", 8) }));
+    let mut policy = two_accounts();
+    policy.accounts.get_mut("a").unwrap().guarantee =
+        Some(Guarantee { gpus: 4, borrow_limit: Some(0), lend_limit: None });
+    let mut child = policy.accounts["b"].clone();
+    child.name = "a1".into();
+    child.parent = Some("a".into());
+    child.guarantee = Some(Guarantee { gpus: 2, borrow_limit: None, lend_limit: None });
+    policy.accounts.insert("a1".into(), child);
+    s.apply(&cmd(1, Op::SetPolicy { policy, audit: None }));
+    start(&mut s, job_of("alice", 4), 1000);
+    let mut sp = job_of("bob", 2);
+    sp.account = "a1".into();
+    let j = submit(&mut s, sp, 2000);
+    assert_eq!(plan(&s).pending[&j], PendingReason::AccountBorrowLimit("a".into()));
+}
+
 mod world {
     use super::*;
     use crate::testing::teams::{check_caps, check_preemption, run, world, OwedWatch, World};
@@ -205,7 +256,7 @@ mod world {
             s.apply(&cmd(5000, Op::JobExited { job: *id, attempt: 0, node, exit: RunExit::Code(0) }));
         }
         let b = submit(&mut s, job_of("bob", 2), 6000);
-        assert!(check_preemption(&s, b, &[a_jobs[0]]).unwrap_err().contains("leaving a 2 of its 4"));
+        assert!(check_preemption(&s, Some(b), &[a_jobs[0]]).unwrap_err().contains("leaving a 2 of its 4"));
         // A cap: a's borrow limit set below what it holds.
         let mut policy = s.policy.clone();
         let g = policy.accounts.get_mut("a").unwrap().guarantee.as_mut().unwrap();

@@ -6,14 +6,13 @@
 //!
 //! - `check_preemption`: no preemption by another team takes a team below its guarantee;
 //! - `OwedWatch`: a team owed GPUs (a job within its guarantee waits, unclaimed) that reclaim
-//!   could serve (`guarantee::needs`) gets them within grace + 2 rounds;
+//!   could serve (`ClusterState::team_needs`) gets them within grace + 2 rounds;
 //! - `check_caps`: no team holds more than its guarantee plus its borrow limit.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 
-use crate::guarantee::needs;
 use crate::model::JobState;
 use crate::policy::{Guarantee, Policy};
 use crate::propose::propose;
@@ -65,6 +64,7 @@ fn policy(w: &World) -> Policy {
     }
     let training = p.qos.get_mut("training").expect("shipped");
     training.grace_s = u64::from(GRACE_ROUNDS) * (ROUND_MS as u64) / 1000;
+
     p
 }
 
@@ -92,22 +92,30 @@ fn guarantee<'s>(s: &'s ClusterState, team: &str) -> Option<&'s Guarantee> {
 
 /// A preemption about to be applied to `s` leaves every other team it takes from with at
 /// least its guarantee.
-pub fn check_preemption(s: &ClusterState, preemptor: u64, victims: &[u64]) -> Result<(), String> {
-    let Some(p) = s.jobs.get(&preemptor) else { return Ok(()) };
+/// `preemptor`: None for a headroom refill (`Op::Vacate`), which serves no one team.
+pub fn check_preemption(s: &ClusterState, preemptor: Option<u64>, victims: &[u64]) -> Result<(), String> {
+    let to = match preemptor {
+        Some(id) => match s.jobs.get(&id) {
+            Some(p) => p.spec.account.as_str(),
+            None => return Ok(()),
+        },
+        None => "",
+    };
     let mut after = held(s);
     for v in victims.iter().filter_map(|v| s.jobs.get(v)) {
-        if v.spec.account != p.spec.account && v.allocation.as_ref().is_some_and(|a| a.stop.is_none()) {
+        if v.spec.account != to && v.allocation.as_ref().is_some_and(|a| a.stop.is_none()) {
             *after.entry(v.spec.account.clone()).or_default() -= u64::from(v.total_gpus());
         }
     }
-    for v in victims.iter().filter_map(|v| s.jobs.get(v)).filter(|v| v.spec.account != p.spec.account) {
+    let preemptor = preemptor.map_or("the headroom".to_string(), |id| format!("job {id} of {to}"));
+    for v in victims.iter().filter_map(|v| s.jobs.get(v)).filter(|v| v.spec.account != to) {
         let team = &v.spec.account;
         if let Some(g) = guarantee(s, team) {
             let left = after[team];
             if left < u64::from(g.gpus) {
                 return Err(format!(
-                    "job {preemptor} of {} preempted job {} of {team}, leaving {team} {left} of its {} guaranteed GPUs",
-                    p.spec.account, v.id, g.gpus
+                    "{preemptor} preempted job {} of {team}, leaving {team} {left} of its {} guaranteed GPUs",
+                    v.id, g.gpus
                 ));
             }
         }
@@ -131,7 +139,7 @@ pub fn check_caps(s: &ClusterState) -> Result<(), String> {
     Ok(())
 }
 
-/// Teams owed GPUs that reclaim could serve (`guarantee::needs`), and since when (ms).
+/// Teams owed GPUs that reclaim could serve (`ClusterState::team_needs`), and since when (ms).
 pub struct OwedWatch {
     since: BTreeMap<String, i64>,
     bound_ms: i64,
@@ -146,7 +154,8 @@ impl OwedWatch {
     /// The state at `now_ms`: a team owed GPUs while reclaim could serve it, for longer than
     /// the bound, is a violation.
     pub fn observe(&mut self, s: &ClusterState, now_ms: i64) -> Result<(), String> {
-        let owed: BTreeSet<String> = needs(s).into_iter().filter(|n| n.reclaimable).map(|n| n.team).collect();
+        let owed: BTreeSet<String> =
+            s.team_needs().into_iter().filter(|n| n.reclaimable).map(|n| n.team).collect();
         self.since.retain(|team, _| owed.contains(team));
         for team in owed {
             let since = *self.since.entry(team.clone()).or_insert(now_ms);
@@ -200,7 +209,8 @@ pub fn run(w: &World) -> Result<ClusterState, String> {
             for op in ops {
                 // Judged on the state it is applied to; what apply refuses changes nothing.
                 let judged = match &op {
-                    Op::Preempt { preemptor, victims, .. } => check_preemption(&s, *preemptor, victims),
+                    Op::Preempt { preemptor, victims, .. } => check_preemption(&s, Some(*preemptor), victims),
+                    Op::Vacate { victims } => check_preemption(&s, None, victims),
                     _ => Ok(()),
                 };
                 let victims = match &op {
@@ -217,7 +227,7 @@ pub fn run(w: &World) -> Result<ClusterState, String> {
                             changed = true;
                         }
                     }
-                    Outcome::Preempted { .. } => {
+                    Outcome::Preempted { .. } | Outcome::Vacated { .. } => {
                         judged?;
                         // Victims stop within their grace: after 0 to GRACE_ROUNDS rounds.
                         for v in victims {

@@ -2,7 +2,7 @@
 //! how long it waited while owed, and what it lent and borrowed — measured from the state
 //! after each instant's events, integrated over time.
 //!
-//! Owed (`kairos_scheduler::guarantee::needs`): the team has a waiting job that fits in what
+//! Owed (`ClusterState::team_needs`): the team has a waiting job that fits in what
 //! is left of its guarantee. Its owed waits are counted twice: all of them, and those while
 //! reclaim could serve it (other teams' borrowed runs reclaim may take would make room for it
 //! on some node) — the waits reclaim is meant to end within the grace. Entitled: the smaller of its guarantee and its demand (what it holds plus what
@@ -10,7 +10,6 @@
 
 use std::collections::BTreeMap;
 
-use kairos_scheduler::guarantee::{needs, Guarantees};
 use kairos_scheduler::ClusterState;
 
 use crate::report::{percentile, TeamFigures};
@@ -51,8 +50,8 @@ impl TeamSide {
 
     /// Measures the state after the events (and the pass) at `now`.
     pub(super) fn observe(&mut self, state: &ClusterState, now: i64) {
-        let needs = needs(state);
-        for r in Guarantees::of(state).report() {
+        let needs = state.team_needs();
+        for r in state.guarantees().report() {
             let Some(need) = needs.iter().find(|n| n.team == r.account) else { continue };
             let t = self.teams.entry(r.account.clone()).or_default();
             t.guaranteed = r.guaranteed;

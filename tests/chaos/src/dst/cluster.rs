@@ -154,6 +154,17 @@ impl World {
         self.running().into_iter().find(|(id, r)| !paused.contains(id) && r.is_leader())
     }
 
+    /// The leader no replica has moved past: the unpaused replica that believes it leads at the
+    /// highest term any running replica reached (a deposed or cut-off leader still believes it
+    /// leads, at an older term, and its state falls behind).
+    pub fn current_leader(&self) -> Option<(ReplicaId, Replica)> {
+        let running = self.running();
+        let term = |r: &Replica| r.raft.metrics().borrow().current_term;
+        let newest = running.iter().map(|(_, r)| term(r)).max()?;
+        let paused = net::lock(&self.net).paused.clone();
+        running.into_iter().find(|(id, r)| !paused.contains(id) && r.is_leader() && term(r) == newest)
+    }
+
     /// The time replica `id` stamps into commands now: its wall clock through the cluster
     /// clock (`Replica::clock_ms`), as `kairosd` does.
     pub fn stamp(&self, id: ReplicaId, replica: &Replica) -> Stamp {

@@ -503,14 +503,16 @@ async fn watch_stop_orders(w: Arc<World>) {
 /// How often the harness looks at the leader's teams (`watch_guarantees`), ms.
 pub const OWED_LOOK_MS: i64 = 100;
 
-/// The harness's own look, each tick, at what the teams are owed on the leader's applied
-/// state (`kairos_scheduler::guarantee::needs`), for the `guarantees_honoured` checker.
+/// The harness's own look, each tick, at what the teams are owed on the current leader's
+/// applied state (`ClusterState::team_needs`), for the `guarantees_honoured`
+/// checker. A leader cut off from the rest (no replica past its term yet) still counts: a
+/// new leader's election is part of the bound.
 async fn watch_guarantees(w: Arc<World>) {
     loop {
         tokio::time::sleep(Duration::from_millis(OWED_LOOK_MS as u64)).await;
-        let look = w.leader().map(|(_, leader)| {
+        let look = w.current_leader().map(|(_, leader)| {
             leader.read(|a| {
-                let owed = kairos_scheduler::guarantee::needs(&a.state);
+                let owed = a.state.team_needs();
                 let owed: Vec<String> = owed.into_iter().filter(|n| n.reclaimable).map(|n| n.team).collect();
                 let reclaims =
                     a.state.preemptions.iter().filter(|r| r.reclaimed_for.is_some()).count() as u64;
