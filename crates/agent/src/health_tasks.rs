@@ -44,8 +44,17 @@ pub struct HealthCheck {
 /// What one run of the program said: None when it passed, else why not.
 async fn run_check(program: &std::path::Path, timeout: Duration) -> Option<String> {
     let mut cmd = tokio::process::Command::new(program);
-    cmd.stdin(std::process::Stdio::null()).kill_on_drop(true);
-    let output = match tokio::time::timeout(timeout, cmd.output()).await {
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    // Recorded as the agent's own: the orphan reaper must not take its exit status (it did,
+    // now and then: "could not run: No child processes").
+    let child = match kairos_agent::reaper::spawn(|| cmd.spawn(), tokio::process::Child::id) {
+        Ok(child) => child,
+        Err(e) => return Some(format!("{} could not run: {e}", program.display())),
+    };
+    let output = match tokio::time::timeout(timeout, child.wait_with_output()).await {
         Err(_) => return Some(format!("{} did not finish within {}s", program.display(), timeout.as_secs())),
         Ok(Err(e)) => return Some(format!("{} could not run: {e}", program.display())),
         Ok(Ok(o)) => o,

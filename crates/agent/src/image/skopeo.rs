@@ -31,7 +31,9 @@ impl Skopeo<'_> {
         reader: Option<&Reader>,
         deadline: Instant,
     ) -> Result<(), PullError> {
-        let mut child = match self.command(remote, pulled, reader).spawn() {
+        // Recorded as the agent's own, so the orphan reaper never takes its exit status.
+        let mut cmd = self.command(remote, pulled, reader);
+        let mut child = match crate::reaper::spawn(|| cmd.spawn(), |c| Some(c.id())) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return fail(format!(
                     "{reference}: registry images are pulled with skopeo, which this node lacks"
