@@ -1,33 +1,7 @@
 //! Team guarantees end to end: one team borrows the other's idle GPUs, the other takes them
 //! back by checkpointing exactly the borrowers, which resume from their checkpoints later.
 
-use crate::harness::{wait_for, Cluster};
-
-fn train_script() -> String {
-    format!("{}/../../examples/train.sh", env!("CARGO_MANIFEST_DIR"))
-}
-
-/// A 2-GPU training job of account `account`: `steps` steps checkpointing every 5, written to `out`.
-fn submit_training(c: &Cluster, account: &str, steps: u32, out: &std::path::Path) -> u64 {
-    let (env_steps, env_out) = (format!("STEPS={steps}"), format!("OUT={}", out.display()));
-    c.submit(&[
-        "--qos",
-        "training",
-        "--account",
-        account,
-        "--gpus",
-        "2",
-        "--env",
-        &env_steps,
-        "--env",
-        "CHECKPOINT_EVERY=5",
-        "--env",
-        &env_out,
-        "--",
-        "sh",
-        &train_script(),
-    ])
-}
+use crate::harness::{submit_training, wait_for, Cluster};
 
 #[test]
 fn a_team_takes_back_its_guarantee_from_the_borrowers_which_resume_from_their_checkpoints() {
@@ -36,7 +10,8 @@ fn a_team_takes_back_its_guarantee_from_the_borrowers_which_resume_from_their_ch
         c.ok(&["account", "create", a, "--parent", "root", "--guaranteed-gpus", "4"]);
     }
     let steps = |i: usize| c.path(&format!("a{i}.steps"));
-    let a_jobs: Vec<u64> = (0..4).map(|i| submit_training(&c, "a", 400, &steps(i))).collect();
+    let a_jobs: Vec<u64> =
+        (0..4).map(|i| submit_training(&c, &["--account", "a", "--gpus", "2"], 400, &steps(i))).collect();
     for id in &a_jobs {
         c.wait_state(*id, "RUNNING");
     }

@@ -620,3 +620,19 @@ impl Drop for Cluster {
 pub fn read_pid(path: &Path) -> Option<u32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
+
+/// examples/train.sh, the training-like job that checkpoints and resumes.
+pub fn train_script() -> String {
+    format!("{}/../../examples/train.sh", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A training job (`--qos training` and `flags`) of `steps` steps checkpointing every 5
+/// (examples/train.sh), its steps written to `out`.
+pub fn submit_training(c: &Cluster, flags: &[&str], steps: u32, out: &Path) -> u64 {
+    let (env_steps, env_out) = (format!("STEPS={steps}"), format!("OUT={}", out.display()));
+    let script = train_script();
+    let mut args = vec!["--qos", "training"];
+    args.extend_from_slice(flags);
+    args.extend(["--env", &env_steps, "--env", "CHECKPOINT_EVERY=5", "--env", &env_out, "--", "sh", &script]);
+    c.submit(&args)
+}

@@ -3,37 +3,14 @@
 
 use std::collections::BTreeMap;
 
-use crate::harness::{wait_for, Cluster};
-
-fn train_script() -> String {
-    format!("{}/../../examples/train.sh", env!("CARGO_MANIFEST_DIR"))
-}
-
-/// A training job of 40 steps checkpointing every 5 (examples/train.sh), its steps written to
-/// `out`.
-fn submit_training(c: &Cluster, out: &std::path::Path) -> u64 {
-    let env_out = format!("OUT={}", out.display());
-    c.submit(&[
-        "--qos",
-        "training",
-        "--env",
-        "STEPS=40",
-        "--env",
-        "CHECKPOINT_EVERY=5",
-        "--env",
-        &env_out,
-        "--",
-        "sh",
-        &train_script(),
-    ])
-}
+use crate::harness::{submit_training, train_script, wait_for, Cluster};
 
 #[test]
 fn urgent_job_preempts_a_training_job_which_resumes_from_its_checkpoint() {
     let c = Cluster::start_with(3, 2, &[]);
     let steps = |name: &str| c.path(&format!("{name}.steps"));
-    let first = submit_training(&c, &steps("first"));
-    let second = submit_training(&c, &steps("second"));
+    let first = submit_training(&c, &[], 40, &steps("first"));
+    let second = submit_training(&c, &[], 40, &steps("second"));
     c.wait_state(first, "RUNNING");
     c.wait_state(second, "RUNNING");
     // Both GPUs are busy with training; let them make progress, then the urgent job arrives.
@@ -467,7 +444,7 @@ fn inference_starts_in_the_headroom_and_training_is_stopped_to_refill_it_without
     let c = Cluster::start_with(3, 2, &[]);
     c.ok(&["qos", "update", "inference", "--headroom-gpus", "1", "--preempt", "training"]);
     let steps = c.path("trainer.steps");
-    let trainer = submit_training(&c, &steps);
+    let trainer = submit_training(&c, &[], 40, &steps);
     c.wait_state(trainer, "RUNNING");
     // A second training job would leave no GPU idle: it waits, saying why.
     let second = c.submit(&["--qos", "training", "--", "true"]);

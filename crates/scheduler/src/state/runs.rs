@@ -2,7 +2,6 @@
 //! gangs), time limits, and how a run ends (charged, released, requeued or finished).
 
 use super::*;
-use crate::guarantee::Guarantees;
 
 /// Why a run its idle GPU rule stopped was requeued.
 const IDLE_REQUEUE: &str = "its GPUs were idle (the idle GPU rule requeues)";
@@ -52,7 +51,9 @@ impl ClusterState {
             });
             match checked {
                 Ok(borrowing) => {
-                    self.place(p, now, borrowing.then(|| teams.clone()));
+                    let account = &self.jobs[&p.job].spec.account;
+                    let note = borrowing.then(|| teams.borrow_note(account));
+                    self.place(p, now, note);
                     accepted.push(p.job);
                 }
                 Err(why) => rejected.push((p.job, why)),
@@ -98,9 +99,9 @@ impl ClusterState {
         Ok(())
     }
 
-    /// Places one re-validated placement; `borrowing`: the teams' holdings with it, when it
-    /// starts beyond its team's guarantee (marked, and said in its event).
-    fn place(&mut self, p: &Placement, now: i64, borrowing: Option<Guarantees>) {
+    /// Places one re-validated placement; `borrowing`: when it starts beyond its team's
+    /// guarantee, what its team holds with it (marked, and said in its event).
+    fn place(&mut self, p: &Placement, now: i64, borrowing: Option<String>) {
         let domains = self.jobs.get(&p.job).and_then(|j| self.placement_domains(j, p).ok().flatten());
         if let Some(placed) = &domains {
             self.count_gang(placed, p.more.len() + 1);
@@ -157,8 +158,8 @@ impl ClusterState {
         if let Some(placed) = domains {
             msg.push_str(&format!("; {}", placed.note));
         }
-        if let Some(teams) = borrowing {
-            msg.push_str(&format!("; borrowing: {}", teams.borrow_note(&job.spec.account)));
+        if let Some(note) = borrowing {
+            msg.push_str(&format!("; borrowing: {note}"));
         }
         job.record(now, "allocated", msg);
     }
