@@ -27,6 +27,10 @@ pub fn cluster_event_to_pb(e: &ClusterEvent) -> pb::ClusterEvent {
             out.user = audit.user.clone();
             out.what_if_hash = audit.what_if.clone();
         }
+        ClusterEventKind::Reservation { name, what } => {
+            out.reservation = name.clone();
+            out.reason = what.clone();
+        }
     }
     out
 }

@@ -63,6 +63,7 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
         traceparent: None,
         container: container_from_pb(spec.container)?,
         topology: res.topology.map(crate::topology::ask_from_pb),
+        reservation: (!spec.reservation.is_empty()).then(|| spec.reservation.into()),
     };
     validate_spec(&out).map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok(out)
@@ -264,6 +265,7 @@ fn spec_to_pb(job: &Job) -> pb::JobSpec {
         time_limit_s: s.time_limit_s.unwrap_or(0),
         requeue: Some(s.requeue),
         container: s.container.as_deref().map(container_to_pb),
+        reservation: s.reservation.as_deref().unwrap_or_default().to_string(),
         ..Default::default()
     }
 }
@@ -313,6 +315,9 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
         effective_time_limit_s: 0,
         gpu_idle_since_ms: job.gpu_idle_since.unwrap_or(0),
         borrowing: job.allocation.as_ref().is_some_and(|a| a.borrowing),
+        // Set from the planner's pass where it is at hand (the job views).
+        expected_start_ms: 0,
+        start_reason: String::new(),
     }
 }
 
@@ -394,6 +399,8 @@ pub fn node_to_pb(node: &Node, last_heartbeat_ms: i64) -> pb::Node {
                 holders.iter().map(|(j, m)| pb::GpuShare { gpu: *g, job_id: *j, milli: *m })
             })
             .collect(),
+        // Set by the caller from the state's reservations (`ClusterState::maint_of`).
+        maint: String::new(),
     }
 }
 

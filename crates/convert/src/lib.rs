@@ -16,5 +16,7 @@ pub mod events;
 pub mod job;
 /// QoS, accounts, partitions, priority weights: `kairos policy apply` and `kairos sim --policy`.
 pub mod policy;
+/// Reservations.
+pub mod reservation;
 /// The topology above the nodes and a job's ask of it.
 pub mod topology;

@@ -45,7 +45,7 @@ fn simulate(
     let mut starts = BTreeMap::new();
     let mut reservations = Vec::new();
     for _ in 0..10_000 {
-        let out = plan_with(&s, PlanConfig { backfill });
+        let out = plan_with(&s, PlanConfig { backfill, ..Default::default() });
         if let Some(r) = &out.reservation {
             reservations.push((r.job, r.start_ms));
         }
@@ -169,18 +169,18 @@ fn a_job_held_back_by_the_reservation_is_told_whose_it_is_and_how_short_a_limit_
     // 3 GPUs busy for 100 s; a 4-GPU job waits for them (it holds the reservation); a 1-GPU
     // job of an hour could use the idle GPU but would delay it.
     let running = submit(&mut s, 3, 100);
-    let out = plan_with(&s, PlanConfig { backfill: true });
+    let out = plan_with(&s, PlanConfig { backfill: true, ..Default::default() });
     s.apply(&cmd(Op::ApplyPlan { plan: out.plan }));
     s.apply(&cmd(Op::JobStarted { job: running, attempt: 0, node: "n0".into() }));
     let big = submit(&mut s, 4, 600);
     let long = submit(&mut s, 1, 3600);
-    let out = plan_with(&s, PlanConfig { backfill: true });
+    let out = plan_with(&s, PlanConfig { backfill: true, ..Default::default() });
     assert_eq!(out.reservation.as_ref().map(|r| r.job), Some(big));
     let reason = out.pending.get(&long).cloned();
     assert_eq!(reason, Some(PendingReason::PriorityHeld { job: big, start_in_s: 100 }), "{:?}", out.pending);
     assert!(reason.unwrap().to_string().starts_with("Priority: the free GPUs are held for job"));
     // A job that would not fit the free GPUs at all is plain Priority.
     let wide = submit(&mut s, 2, 3600);
-    let out = plan_with(&s, PlanConfig { backfill: true });
+    let out = plan_with(&s, PlanConfig { backfill: true, ..Default::default() });
     assert_eq!(out.pending.get(&wide), Some(&PendingReason::Priority));
 }

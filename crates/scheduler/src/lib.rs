@@ -31,6 +31,7 @@ pub mod priority;
 pub mod propose;
 pub mod queue;
 pub mod reasons;
+pub mod reservation;
 pub mod seeded;
 pub mod state;
 pub mod topology;

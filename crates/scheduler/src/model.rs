@@ -267,6 +267,10 @@ pub struct JobSpec {
     /// Place the tasks inside one domain of a topology level (`crate::topology`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<Box<crate::topology::TopologyAsk>>,
+    /// The reservation it runs in (`--reservation`, `crate::reservation`): only on its
+    /// resources, only while its window is open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<Box<str>>,
 }
 
 /// A job's container: its image, host paths bound into it, and its working directory there.
@@ -393,6 +397,7 @@ impl JobSpec {
             array: None,
             container: None,
             topology: None,
+            reservation: None,
         }
     }
 

@@ -128,6 +128,10 @@ pub fn propose(state: &ClusterState, now_ms: i64, silent: &BTreeSet<String>, tim
     for (job, attempt) in state.expired_runs(now_ms) {
         ops.push(Op::EnforceTimeLimit { job, attempt });
     }
+    // Before the pass: a window opening stops what runs on it and changes what may start.
+    if state.reservations_due(now_ms) {
+        ops.push(Op::ReservationTick);
+    }
     if may_place_or_preempt(state) {
         let out = plan(state);
         if let Some(p) = out.preemption {

@@ -47,6 +47,8 @@ pub(crate) struct Queued<'a> {
     pub array: Option<(JobId, u32)>,
     /// Its fairshare account (team guarantees are counted by it).
     pub account: &'a str,
+    /// It runs in a reservation: only on its resources (`planner::windows`).
+    pub in_reservation: bool,
 }
 
 /// What one scan of the jobs gives a planning pass.
@@ -146,6 +148,7 @@ pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
                     cpu_mem: b.cpu_mem,
                     array: b.array,
                     account,
+                    in_reservation: b.in_reservation,
                 });
             }
             JobState::Running if b.elastic => elastic.extend(state.jobs.get(&id)),

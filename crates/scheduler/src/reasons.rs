@@ -48,6 +48,9 @@ pub enum PendingReason {
     AccountBorrowLimit(String),
     /// The free GPUs are other teams' idle guarantees they do not lend (`lend_limit`).
     LendLimit,
+    /// It runs in a reservation (`--reservation`) whose window is not open, or that no longer
+    /// exists (the text says which), or whose resources are busy.
+    Reservation(String),
 }
 
 impl std::fmt::Display for PendingReason {
@@ -77,6 +80,7 @@ impl std::fmt::Display for PendingReason {
             PendingReason::LendLimit => {
                 f.write_str("LendLimit: the free GPUs are other teams' guarantees, kept for them")
             }
+            PendingReason::Reservation(why) => write!(f, "Reservation: {why}"),
             PendingReason::Topology { level, tasks, largest } => {
                 write!(f, "Topology: no {level} has {tasks} nodes free for it")?;
                 match largest {

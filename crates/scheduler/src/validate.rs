@@ -76,6 +76,8 @@ pub enum ValidationError {
     TooManyRetries,
     #[error("gpu_model: 1 to 64 characters")]
     BadGpuModel,
+    #[error("reservation: 1 to 64 characters")]
+    BadReservation,
     #[error("gpu_milli: a fraction of one GPU is 1 to 999 thousandths, of one GPU (gpus 1), for a single-task job that is not elastic")]
     BadGpuFraction,
     #[error("min_gpus: {min} must be between 1 and gpus ({gpus})")]
@@ -320,6 +322,9 @@ pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
     }
     if spec.gpu_model.as_ref().is_some_and(|m| m.is_empty() || m.len() > 64 || m.contains('\0')) {
         return Err(ValidationError::BadGpuModel);
+    }
+    if spec.reservation.as_ref().is_some_and(|r| r.is_empty() || r.len() > 64 || r.contains('\0')) {
+        return Err(ValidationError::BadReservation);
     }
     if let Some(limit) = spec.time_limit_s {
         if limit == 0 || limit > TIME_LIMIT_S_MAX {

@@ -88,7 +88,12 @@ impl AdminService for AdminApi {
         self.ctx.readable()?;
         let liveness = self.ctx.liveness().clone();
         let nodes = self.ctx.replica.read(|a| {
-            a.state.nodes.values().map(|n| node_to_pb(n, liveness.last_seen_ms(&n.info.name))).collect()
+            let view = |n: &kairos_scheduler::model::Node| {
+                let mut v = node_to_pb(n, liveness.last_seen_ms(&n.info.name));
+                v.maint = a.state.maint_of(&n.info.name).unwrap_or_default().to_string();
+                v
+            };
+            a.state.nodes.values().map(view).collect()
         });
         Ok(Response::new(pb::ListNodesResponse { nodes }))
     }
@@ -286,6 +291,27 @@ impl AdminService for AdminApi {
         self.ctx.readable()?;
         let now = self.ctx.cluster_now();
         Ok(Response::new(self.ctx.replica.read(|a| burst_status(&a.state, now))))
+    }
+
+    async fn put_reservation(
+        &self,
+        request: Request<pb::PutReservationRequest>,
+    ) -> Result<Response<pb::Reservation>, Status> {
+        self.reservation_put(request).await
+    }
+
+    async fn delete_reservation(
+        &self,
+        request: Request<pb::DeleteReservationRequest>,
+    ) -> Result<Response<pb::DeleteReservationResponse>, Status> {
+        self.reservation_delete(request).await
+    }
+
+    async fn list_reservations(
+        &self,
+        request: Request<pb::ListReservationsRequest>,
+    ) -> Result<Response<pb::ListReservationsResponse>, Status> {
+        self.reservation_list(request).await
     }
 
     async fn list_cluster_events(
@@ -650,7 +676,7 @@ impl AdminApi {
 }
 
 /// What a `PutMode` asks of a put: create only (Some(false)), update only (Some(true)), or either.
-fn must_exist(mode: i32) -> Result<Option<bool>, Status> {
+pub(crate) fn must_exist(mode: i32) -> Result<Option<bool>, Status> {
     match pb::PutMode::try_from(mode) {
         Ok(pb::PutMode::Upsert) => Ok(None),
         Ok(pb::PutMode::Create) => Ok(Some(false)),

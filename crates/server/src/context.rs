@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kairos_consensus::{Replica, WriteError};
-use kairos_scheduler::{plan, Command, JobId, Op, Outcome, PendingReason};
+use kairos_scheduler::{Command, JobId, Op, Outcome, PendingReason};
 use tokio::sync::Notify;
 use tonic::Status;
 
@@ -38,8 +38,30 @@ impl Timing {
     }
 }
 
-/// Pending reasons by job, as the planner derives them.
-pub type PendingReasons = BTreeMap<JobId, PendingReason>;
+/// Pending reasons and start estimates by job, as one planning pass derives them.
+#[derive(Default)]
+pub struct PendingReasons {
+    reasons: BTreeMap<JobId, PendingReason>,
+    estimates: BTreeMap<JobId, kairos_scheduler::planner::Estimate>,
+}
+
+impl PendingReasons {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn get(&self, id: &JobId) -> Option<&PendingReason> {
+        self.reasons.get(id)
+    }
+
+    /// Sets a pending job's view's expected start and its reason (or why it has none).
+    pub fn estimate_into(&self, view: &mut kairos_proto::v1::Job) {
+        if let Some(e) = self.estimates.get(&view.id) {
+            view.expected_start_ms = e.start_ms.unwrap_or(0);
+            view.start_reason = e.why.clone();
+        }
+    }
+}
 
 /// The pending reasons of one applied state, shared by all readers of that state.
 #[derive(Default)]
@@ -105,7 +127,12 @@ impl Ctx {
             if cache.applied_index.is_some() && cache.applied_index == index {
                 (index, None)
             } else {
-                (index, Some(plan(&a.state).pending))
+                let config = kairos_scheduler::planner::PlanConfig {
+                    estimates: kairos_scheduler::planner::ESTIMATES_MAX,
+                    ..Default::default()
+                };
+                let out = kairos_scheduler::planner::plan_with(&a.state, config);
+                (index, Some(PendingReasons { reasons: out.pending, estimates: out.estimates }))
             }
         });
         if let Some(reasons) = reasons {

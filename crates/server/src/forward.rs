@@ -69,7 +69,7 @@ enum Route {
 
 /// Every method of the services a follower forwards, and its route (a test checks the table
 /// against the protos: a new method cannot go unrouted).
-const ROUTES: [(&str, Route); 40] = [
+const ROUTES: [(&str, Route); 43] = [
     ("/kairos.v1.JobService/Submit", Route::Write),
     ("/kairos.v1.JobService/GetJob", Route::Read),
     ("/kairos.v1.JobService/ListJobs", Route::Read),
@@ -112,6 +112,9 @@ const ROUTES: [(&str, Route); 40] = [
     ("/kairos.v1.AdminService/ListClusterEvents", Route::Read),
     ("/kairos.v1.AdminService/GetTopology", Route::Read),
     ("/kairos.v1.AdminService/SetTopology", Route::Write),
+    ("/kairos.v1.AdminService/PutReservation", Route::Write),
+    ("/kairos.v1.AdminService/DeleteReservation", Route::Write),
+    ("/kairos.v1.AdminService/ListReservations", Route::Read),
 ];
 
 /// The route of the call at `path` (one not in the table: a write, the longer wait).

@@ -47,6 +47,9 @@ fn job_view(state: &ClusterState, reasons: &PendingReasons, id: JobId) -> Result
     let priority = Prioritizer::for_account(state, &job.spec.account).shown(job);
     let mut view = job_to_pb(job, pending, priority);
     view.effective_time_limit_s = state.time_limit_s(job).unwrap_or(0);
+    if job.state == JobState::Pending {
+        reasons.estimate_into(&mut view);
+    }
     Ok(view)
 }
 
@@ -353,6 +356,9 @@ impl JobService for JobApi {
             while let Some(j) = matching.next_if(|_| page.len() < limit) {
                 let mut job = job_to_pb(j, reasons.get(&j.id), prioritizer.shown(j));
                 job.effective_time_limit_s = a.state.time_limit_s(j).unwrap_or(0);
+                if j.state == JobState::Pending {
+                    reasons.estimate_into(&mut job);
+                }
                 bytes += prost::Message::encoded_len(&job);
                 page.push(job);
                 if bytes >= LIST_PAGE_BYTES_MAX {

@@ -21,4 +21,5 @@ pub mod leader;
 pub mod memory;
 pub mod metrics;
 pub mod ratelimit;
+pub mod reservations;
 pub mod status;

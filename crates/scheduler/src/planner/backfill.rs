@@ -2,6 +2,7 @@
 //! it can start earliest, from the expected ends of what runs and what this pass placed); the
 //! jobs behind it start only where they do not touch it or end before it starts.
 
+use super::estimate::Cause;
 use super::*;
 
 /// Guaranteed jobs behind the blocked one that may look for a reclaim in one pass.
@@ -12,83 +13,123 @@ const RECLAIM_TRIES_MAX: usize = 8;
 const HELD_HINTS_MAX: usize = 64;
 
 impl<'a> Pass<'a> {
-    /// When each GPU of `model` that is busy on the node at `pos` is expected to be free: the
-    /// running jobs' expected ends (not before now) and the ends of this pass's placements.
-    pub(super) fn busy_until(&self, pos: usize, model: Option<&str>) -> Vec<(i64, GpuIndex)> {
+    /// When each GPU of `model` that is busy on the node at `pos` is expected to be free, and
+    /// the job that holds it till then: the running jobs' expected ends (not before now), the
+    /// ends of this pass's placements, and the GPUs earlier estimates hold (`promised`).
+    pub(super) fn busy_until(&self, pos: usize, model: Option<&str>) -> Vec<(i64, GpuIndex, Cause)> {
         let (state, n) = (self.state, self.nodes[pos].node);
         let now = state.now_ms;
         let running = n.usable_gpus().filter(|g| !n.claimed.contains_key(&g.index)).filter_map(|g| {
             let job = n.allocated.get(&g.index)?;
             let end = state.jobs.get(job).map(|j| state.expected_end_ms(j)).unwrap_or(now);
-            Some((end.max(now), g.index, g.model.as_str()))
+            Some((end.max(now), g.index, g.model.as_str(), Cause::Ends(*job)))
         });
-        let placed = self.placed_until.get(&pos).into_iter().flatten().copied();
-        let mut ends: Vec<(GpuIndex, i64)> = running
+        let placed =
+            self.placed_until.get(&pos).into_iter().flatten().map(|(e, g, m)| (*e, *g, *m, Cause::Placed));
+        let promised = self.promised.get(&pos).into_iter().flatten().filter_map(|(e, g, job)| {
+            let model_of = n.info.gpus.iter().find(|x| x.index == *g)?.model.as_str();
+            Some((*e, *g, model_of, Cause::Estimated(*job)))
+        });
+        let mut ends: Vec<(GpuIndex, i64, Cause)> = running
             .chain(placed)
-            .filter(|(_, _, m)| model_matches(model, m))
-            .map(|(e, g, _)| (g, e))
+            .chain(promised)
+            .filter(|(_, _, m, _)| model_matches(model, m))
+            .map(|(e, g, _, c)| (g, e, c))
             .collect();
-        // A victim's GPU promised to a preemptor in this pass is listed twice: the later end holds.
-        ends.sort_unstable_by(|a, b| b.cmp(a));
-        ends.dedup_by_key(|(g, _)| *g);
-        ends.into_iter().map(|(g, e)| (e, g)).collect()
+        // A GPU listed twice (a victim's promised to a preemptor; an estimate's): the later end holds.
+        ends.sort_unstable_by(|a, b| (b.0, b.1).cmp(&(a.0, a.1)));
+        ends.dedup_by_key(|(g, _, _)| *g);
+        ends.into_iter().map(|(g, e, c)| (e, g, c)).collect()
     }
 
     /// When the CPUs and memory held on the node at `pos` are expected to be free: the running
     /// tasks' expected ends (not before now) and the ends of this pass's placements.
-    pub(super) fn cpu_mem_until(&self, pos: usize) -> impl Iterator<Item = (i64, CpuMem)> + '_ {
+    pub(super) fn cpu_mem_until(&self, pos: usize) -> impl Iterator<Item = (i64, CpuMem, Cause)> + '_ {
         let (state, n) = (self.state, self.nodes[pos].node);
         let now = state.now_ms;
         let running = n.held.iter().map(move |(id, cpu_mem)| {
             let end = state.jobs.get(id).map(|j| state.expected_end_ms(j)).unwrap_or(now);
-            (end.max(now), *cpu_mem)
+            (end.max(now), *cpu_mem, Cause::Ends(*id))
         });
-        running.chain(self.placed_cpu_mem.get(&pos).into_iter().flatten().copied())
+        running
+            .chain(self.placed_cpu_mem.get(&pos).into_iter().flatten().map(|(e, c)| (*e, *c, Cause::Placed)))
+    }
+
+    /// The earliest time `count` GPUs of `model` and `want` CPUs and memory are free on the
+    /// node at `pos` for a job running `limit_ms`, which GPUs, and what frees the last of them:
+    /// before the window that closes the node if it ends by then, else once the window ends.
+    pub(super) fn earliest_on(
+        &self,
+        pos: usize,
+        count: usize,
+        want: CpuMem,
+        model: Option<&str>,
+        limit_ms: i64,
+    ) -> Option<(i64, Vec<GpuIndex>, Cause)> {
+        let node = &self.nodes[pos];
+        let now = self.state.now_ms;
+        let promised = self.promised.get(&pos);
+        let is_promised = |g: &GpuIndex| promised.is_some_and(|p| p.iter().any(|(_, x, _)| x == g));
+        let mut gpus: Vec<GpuIndex> =
+            node.usable(model, true).into_iter().map(|(i, _)| i).filter(|g| !is_promised(g)).collect();
+        let (mut free, mut at, mut cause) = (node.free_cpu_mem, now, Cause::Now);
+        let ask = TaskAsk { gpus: count, cpu_mem: want };
+        let fit = |gpus: &Vec<GpuIndex>, free| fits(&NodeFree { gpus: gpus.len(), cpu_mem: free }, &ask);
+        if fit(&gpus, free).is_err() {
+            // Each running task's end frees its GPUs and its CPUs and memory.
+            let mut ends: Vec<(i64, Option<GpuIndex>, CpuMem, Cause)> = self
+                .busy_until(pos, model)
+                .into_iter()
+                .map(|(e, g, c)| (e, Some(g), CpuMem::default(), c))
+                .collect();
+            ends.extend(self.cpu_mem_until(pos).map(|(e, s, c)| (e, None, s, c)));
+            ends.sort_by_key(|(e, g, _, _)| (*e, *g));
+            for (end, gpu, cpu_mem, why) in ends {
+                gpus.extend(gpu);
+                free = free.plus(cpu_mem);
+                (at, cause) = (end, why);
+                if fit(&gpus, free).is_ok() {
+                    break;
+                }
+            }
+        }
+        if fit(&gpus, free).is_ok() && at.saturating_add(limit_ms) <= node.closes_ms {
+            gpus.truncate(count);
+            return Some((at, gpus, cause));
+        }
+        if node.closes_ms == i64::MAX {
+            return None;
+        }
+        // After the window: the node is whole again (what runs in it is taken to end with it).
+        let all: Vec<GpuIndex> =
+            node.node.usable_gpus().filter(|g| model_matches(model, &g.model)).map(|g| g.index).collect();
+        fit(&all, node.node.capacity()).ok()?;
+        let at = node.reopens_ms.max(now);
+        Some((at, all.into_iter().take(count).collect(), Cause::Window(at)))
     }
 
     /// The earliest time at which `job` could start, and where, from expected ends: per node the
     /// time it has the job's GPUs free; a gang of `tasks` takes the nodes free soonest and
-    /// starts when the last of them is.
-    pub(super) fn reserve(&mut self, job: &'a Job, tasks: usize) -> Option<Reservation> {
-        let now = self.state.now_ms;
+    /// starts when the last of them is. With what frees the last of them.
+    pub(super) fn earliest(
+        &self,
+        job: &'a Job,
+        tasks: usize,
+    ) -> Option<(i64, Vec<(i64, usize, Vec<GpuIndex>, Cause)>)> {
         let count = job.gpus() as usize;
         let want = job.spec.cpu_mem();
         let model = job.spec.gpu_model.as_deref();
         let part = self.state.partition_of(job);
         let cloud_ok = self.state.may_burst(job);
-        let mut options: Vec<(i64, usize, Vec<GpuIndex>)> = Vec::new();
+        let limit = self.state.time_limit_ms(job);
+        let mut options: Vec<(i64, usize, Vec<GpuIndex>, Cause)> = Vec::new();
         for (pos, node) in self.nodes.iter().enumerate() {
-            if !node.admits(part, cloud_ok) || !want.fits(node.node.capacity()) {
+            if !node.admits(part, cloud_ok, i64::MIN) || !want.fits(node.node.capacity()) {
                 continue;
             }
-            let mut gpus: Vec<GpuIndex> = node.usable(model, true).into_iter().map(|(i, _)| i).collect();
-            let mut free = node.free_cpu_mem;
-            let mut at = now;
-            let ask = TaskAsk { gpus: count, cpu_mem: want };
-            let fit = |gpus: &Vec<GpuIndex>, free| fits(&NodeFree { gpus: gpus.len(), cpu_mem: free }, &ask);
-            if fit(&gpus, free).is_err() {
-                // Each running task's end frees its GPUs and its CPUs and memory.
-                let mut ends: Vec<(i64, Option<GpuIndex>, CpuMem)> = self
-                    .busy_until(pos, model)
-                    .into_iter()
-                    .map(|(e, g)| (e, Some(g), CpuMem::default()))
-                    .collect();
-                ends.extend(self.cpu_mem_until(pos).map(|(e, s)| (e, None, s)));
-                ends.sort();
-                for (end, gpu, cpu_mem) in ends {
-                    gpus.extend(gpu);
-                    free = free.plus(cpu_mem);
-                    at = end;
-                    if fit(&gpus, free).is_ok() {
-                        break;
-                    }
-                }
+            if let Some((at, gpus, cause)) = self.earliest_on(pos, count, want, model, limit) {
+                options.push((at, pos, gpus, cause));
             }
-            if fit(&gpus, free).is_err() {
-                continue;
-            }
-            gpus.truncate(count);
-            options.push((at, pos, gpus));
         }
         if let Some(want) = self.topo_want(job).filter(|w| w.required && tasks > 1) {
             options = self.reserve_in_domains(options, tasks, &want);
@@ -98,9 +139,17 @@ impl<'a> Pass<'a> {
         }
         options.sort_unstable();
         options.truncate(tasks.max(1));
-        let start_ms = options.iter().map(|(at, _, _)| *at).max()?;
+        let start_ms = options.iter().map(|o| o.0).max()?;
+        Some((start_ms, options))
+    }
+
+    /// The top blocked job's reservation (EASY backfill): where `earliest` found, held.
+    pub(super) fn reserve(&mut self, job: &'a Job, tasks: usize) -> Option<Reservation> {
+        let (start_ms, options) = self.earliest(job, tasks)?;
+        let want = job.spec.cpu_mem();
+        let why = options.iter().max_by_key(|o| o.0).map(|o| o.3).unwrap_or(Cause::Now);
         let mut held = Vec::with_capacity(options.len());
-        for (_, pos, gpus) in options {
+        for (_, pos, gpus, _) in options {
             let node = &mut self.nodes[pos];
             self.by_free.remove(&node.key(pos));
             node.reserved = gpus.clone();
@@ -110,7 +159,7 @@ impl<'a> Pass<'a> {
             held.push(TaskPlacement { node: node.name.to_string(), gpus });
         }
         let first = held.remove(0);
-        Some(Reservation { job: job.id, node: first.node, gpus: first.gpus, more: held, start_ms })
+        Some(Reservation { job: job.id, node: first.node, gpus: first.gpus, more: held, start_ms, why })
     }
 }
 
@@ -192,6 +241,7 @@ impl<'s> Planning<'s> {
             self.blocked = true;
             if self.config.backfill {
                 self.out.reservation = self.pass.reserve(job, tasks);
+                self.estimate_reserved(job);
                 // A gang nothing could be reserved for is protected by backfilling nothing.
                 self.strict = self.out.reservation.is_none() && tasks > 1;
             }

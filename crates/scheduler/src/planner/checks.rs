@@ -75,6 +75,8 @@ pub(super) struct Planning<'s> {
     pub(super) strict: bool,
     /// Jobs told which job holds the free GPUs (`held_for`), at most `HELD_HINTS_MAX` a pass.
     pub(super) held_hints: usize,
+    /// Start estimates this pass may still make (`estimate`).
+    pub(super) estimates_left: usize,
 }
 
 impl<'s> Planning<'s> {
@@ -83,6 +85,9 @@ impl<'s> Planning<'s> {
         self.admitted(q)?;
         if let Some(claim) = self.claim_of(q) {
             return self.start_claimed(q, claim);
+        }
+        if q.in_reservation {
+            return self.place_in_window(q);
         }
         self.could_ever_fit(q)?;
         self.not_held_back(q)?;

@@ -21,12 +21,20 @@ pub(super) struct FreeNode<'a> {
     pub(super) reserved_cpu_mem: CpuMem,
     /// A cloud burst node: only burstable jobs may use it.
     pub(super) cloud: bool,
+    /// A reservation's window holds the node from then (`windows`): only a job that ends by
+    /// then may start here (i64::MAX: none does; an open window: now).
+    pub(super) closes_ms: i64,
+    /// When the window that closes it ends.
+    pub(super) reopens_ms: i64,
 }
 
 impl FreeNode<'_> {
-    /// Whether a task of a job in `part` (and, unless `cloud_ok`, not bursting) may go here.
-    pub(super) fn admits(&self, part: Option<&Partition>, cloud_ok: bool) -> bool {
-        part.is_none_or(|p| p.contains(self.name, self.labels)) && (cloud_ok || !self.cloud)
+    /// Whether a task of a job in `part` (and, unless `cloud_ok`, not bursting) that ends at
+    /// `ends_ms` may go here.
+    pub(super) fn admits(&self, part: Option<&Partition>, cloud_ok: bool, ends_ms: i64) -> bool {
+        part.is_none_or(|p| p.contains(self.name, self.labels))
+            && (cloud_ok || !self.cloud)
+            && ends_ms <= self.closes_ms
     }
 
     /// What one task of `model` may take here (`fit::fits` judges it): the usable free GPUs,

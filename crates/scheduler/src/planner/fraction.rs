@@ -14,7 +14,7 @@ impl Pass<'_> {
         // (thousandths already used on the GPU, most first; position; GPU).
         let mut best: Option<(u32, usize, GpuIndex)> = None;
         for (pos, node) in self.nodes.iter().enumerate() {
-            if !node.admits(ask.part, ask.cloud_ok) {
+            if !node.admits(ask.part, ask.cloud_ok, ask.ends_ms) {
                 continue;
             }
             let may = may_use_reserved || node.reserved.is_empty();

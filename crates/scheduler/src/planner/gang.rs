@@ -31,7 +31,7 @@ impl<'a> Pass<'a> {
             .nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| n.admits(ask.part, ask.cloud_ok))
+            .filter(|(_, n)| n.admits(ask.part, ask.cloud_ok, ask.ends_ms))
             .map(|(pos, n)| (n.free_for(model, may_use_reserved || n.reserved.is_empty()), pos))
             .filter(|(free, _)| fits(free, &ask.task()).is_ok())
             .map(|(free, pos)| (free.gpus, pos))

@@ -50,7 +50,7 @@ impl<'a> Pass<'a> {
             .iter()
             .enumerate()
             .filter(|(_, n)| a.rank_on(n.name).is_none())
-            .filter(|(_, n)| n.admits(part, cloud_ok))
+            .filter(|(_, n)| n.admits(part, cloud_ok, state.expected_end_ms(job)))
             .map(|(pos, n)| (NodeFree { gpus: n.usable_count(model, false), cpu_mem: n.free_cpu_mem }, pos))
             .filter(|(free, _)| fits(free, &TaskAsk { gpus: count, cpu_mem: job.spec.cpu_mem() }).is_ok())
             .map(|(free, pos)| (free.gpus, pos))

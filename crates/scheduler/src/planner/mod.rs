@@ -37,6 +37,7 @@ use crate::state::{over_wall, ClusterState, Placement, Plan, PLAN_PLACEMENTS_MAX
 
 mod backfill;
 mod checks;
+mod estimate;
 mod feasible;
 mod fraction;
 mod gang;
@@ -47,6 +48,7 @@ mod place;
 mod preempt;
 mod rank;
 mod topo;
+mod windows;
 
 use checks::{Largest, Planning};
 use feasible::{Ask, FreeNode};
@@ -55,6 +57,7 @@ use preempt::vacate_for;
 use rank::pick_gpus;
 
 pub use crate::reasons::PendingReason;
+pub use estimate::{Estimate, ESTIMATES_MAX};
 pub use never::{never_placeable, Unplaceable};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -66,6 +69,9 @@ pub struct PlanOutput {
     pub reservation: Option<Reservation>,
     /// Running jobs to preempt so the top blocked job can start, if its QoS may.
     pub preemption: Option<PreemptPlan>,
+    /// Expected starts of waiting jobs (`PlanConfig::estimates` of them at most), and why
+    /// that late.
+    pub estimates: BTreeMap<JobId, Estimate>,
     /// Shrunk elastic jobs to grow back onto free GPUs of their node, or shrunk elastic gangs
     /// onto free nodes (only when no job waits for resources).
     pub grow: Vec<GrowPlan>,
@@ -103,6 +109,8 @@ pub struct Reservation {
     /// A gang's other tasks: the nodes and GPUs held for ranks 1.. .
     pub more: Vec<TaskPlacement>,
     pub start_ms: i64,
+    /// What frees the last of its GPUs (`Estimate::why` words it).
+    pub(crate) why: estimate::Cause,
 }
 
 /// Planner settings.
@@ -110,11 +118,14 @@ pub struct Reservation {
 pub struct PlanConfig {
     /// EASY backfill on (else the first blocked job holds back everything behind it).
     pub backfill: bool,
+    /// How many waiting jobs get a start estimate (`PlanOutput::estimates`): the pass that
+    /// answers users (`kairos queue --start`) asks for them, the leader's own pass not.
+    pub estimates: usize,
 }
 
 impl Default for PlanConfig {
     fn default() -> Self {
-        PlanConfig { backfill: true }
+        PlanConfig { backfill: true, estimates: 0 }
     }
 }
 
@@ -160,6 +171,7 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
         blocked: false,
         held_hints: 0,
         strict: false,
+        estimates_left: config.estimates,
     };
     // Reasons are kept by queue entry (entries are in id order), so the map is built in one
     // ordered sweep at the end: far cheaper than 100k inserts, and no sort.

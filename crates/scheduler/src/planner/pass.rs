@@ -35,6 +35,10 @@ pub(super) struct Pass<'a> {
     /// goes into the fullest domain and keeps whole domains free for gangs.
     pub(super) node_domain: Vec<u32>,
     pub(super) domain_free: Vec<usize>,
+    /// GPUs earlier estimates of this pass hold: node position → (until, GPU, job).
+    pub(super) promised: BTreeMap<usize, Vec<(i64, GpuIndex, JobId)>>,
+    /// Reservations' windows: what open ones keep for their jobs (`windows`).
+    pub(super) windows: Vec<super::windows::WindowPool<'a>>,
 }
 
 impl<'a> Pass<'a> {
@@ -62,8 +66,11 @@ impl<'a> Pass<'a> {
                 free_cpu_mem: n.free_cpu_mem(),
                 reserved_cpu_mem: CpuMem::default(),
                 cloud,
+                closes_ms: i64::MAX,
+                reopens_ms: i64::MIN,
             });
         }
+        let windows = super::windows::carve(state, &mut nodes);
         // Sorted first, so building the set (which sorts its input) costs one linear pass.
         let mut keys: Vec<FreeKey> = nodes.iter().enumerate().map(|(pos, n)| n.key(pos)).collect();
         keys.sort_unstable();
@@ -86,6 +93,8 @@ impl<'a> Pass<'a> {
             fractions: BTreeMap::new(),
             node_domain,
             domain_free,
+            promised: BTreeMap::new(),
+            windows,
         }
     }
 

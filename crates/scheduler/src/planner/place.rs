@@ -53,7 +53,10 @@ impl<'s> Planning<'s> {
             None => match self.topology_never(&ask) {
                 Some(never) => Err(never),
                 None if self.reclaim_behind(job, tasks) => Err(self.short_of(q)),
-                None => Err(self.held_for(q)),
+                None => {
+                    self.estimate(job, tasks);
+                    Err(self.held_for(q))
+                }
             },
         }
     }

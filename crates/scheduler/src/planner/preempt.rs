@@ -34,7 +34,13 @@ impl<'a> Pass<'a> {
         let mut best: Option<((u128, usize, &str), PreemptPlan)> = None;
         let cloud_ok = state.may_burst(job);
         for (pos, node) in self.nodes.iter().enumerate() {
-            if avoid.contains(&pos) || !node.admits(state.partition_of(job), cloud_ok) {
+            if avoid.contains(&pos)
+                || !node.admits(
+                    state.partition_of(job),
+                    cloud_ok,
+                    state.now_ms.saturating_add(state.time_limit_ms(job)),
+                )
+            {
                 continue;
             }
             let Some((cost, plan)) = self.preempt_on(job, node, &ask, (g, may_reclaim)) else { continue };

@@ -41,7 +41,7 @@ impl<'a> Pass<'a> {
         let mut best: Option<Candidate> = None;
         let consider = |pos: usize, best: &mut Option<Candidate>| {
             let node = &self.nodes[pos];
-            if !node.admits(part, cloud_ok) {
+            if !node.admits(part, cloud_ok, ask.ends_ms) {
                 return;
             }
             let may = may_use_reserved || node.reserved.is_empty();

@@ -58,7 +58,7 @@ fn blocked_job_blocks_lower_ones_but_impossible_one_does_not() {
     let second = submit(&mut s, 2, "batch");
     let third = submit(&mut s, 1, "batch");
     // Without backfill the blocked job holds back everything behind it.
-    let out = plan_with(&s, PlanConfig { backfill: false });
+    let out = plan_with(&s, PlanConfig { backfill: false, ..Default::default() });
     assert_eq!(out.plan.placements.len(), 1);
     assert_eq!(out.plan.placements[0].job, first);
     assert_eq!(out.pending.get(&second), Some(&PendingReason::Resources));

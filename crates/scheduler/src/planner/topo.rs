@@ -20,7 +20,7 @@ pub(super) struct TopoWant<'a> {
 /// Candidates (free GPUs, node position) grouped by their domain at one level; nodes without
 /// one are each their own group (never inside a required domain).
 /// A reservation's option: (when it could start, node position, the GPUs it would hold).
-type ResOption = (i64, usize, Vec<GpuIndex>);
+type ResOption = (i64, usize, Vec<GpuIndex>, super::estimate::Cause);
 
 type Groups<'a> = (BTreeMap<&'a str, Vec<(usize, usize)>>, Vec<(usize, usize)>);
 
@@ -127,7 +127,7 @@ impl<'a> Pass<'a> {
         let level = *want.levels.first()?;
         let mut sizes: BTreeMap<&str, usize> = BTreeMap::new();
         for (pos, n) in self.nodes.iter().enumerate() {
-            if !n.admits(ask.part, ask.cloud_ok) {
+            if !n.admits(ask.part, ask.cloud_ok, ask.ends_ms) {
                 continue;
             }
             if let Some(d) = self.domain_of(pos, level) {

@@ -60,6 +60,8 @@ pub(crate) struct Brief {
     pub has_deps: bool,
     /// An elastic job (single-node or gang) that may grow back.
     pub elastic: bool,
+    /// It runs in a reservation (`--reservation`).
+    pub in_reservation: bool,
     /// Interned in `Index::names`: QoS, partition as named ("" for the default), account, model.
     pub qos: u32,
     pub partition: u32,
@@ -183,6 +185,7 @@ impl Index {
             claimed: job.claim.is_some(),
             has_deps: spec.dependencies().next().is_some(),
             elastic: spec.is_elastic() || spec.is_elastic_gang(),
+            in_reservation: spec.reservation.is_some(),
             qos: names.intern(&spec.qos),
             partition: names.intern(&spec.partition),
             account: names.intern(&spec.account),

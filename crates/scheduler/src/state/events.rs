@@ -71,6 +71,11 @@ pub enum ClusterEventKind {
     PolicyApplied {
         audit: PolicyAudit,
     },
+    /// A reservation was created, changed or deleted, or its window opened or closed.
+    Reservation {
+        name: String,
+        what: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,6 +97,7 @@ impl ClusterEventKind {
             ClusterEventKind::NodeUp => "node up",
             ClusterEventKind::NodeRemoved => "node removed",
             ClusterEventKind::PolicyApplied { .. } => "policy applied",
+            ClusterEventKind::Reservation { .. } => "reservation",
         }
     }
 }

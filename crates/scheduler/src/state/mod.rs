@@ -42,6 +42,7 @@ mod policy_ops;
 mod preempt;
 mod queries;
 pub mod quota;
+pub mod reservations;
 mod runs;
 mod submit;
 pub mod teams;
@@ -127,6 +128,9 @@ pub struct ClusterState {
     /// Gangs placed against the topology, and those spread past the fewest domains.
     #[serde(default, skip_serializing_if = "placed_topology::GangSpread::is_empty")]
     pub gang_spread: placed_topology::GangSpread,
+    /// Reservations by name (`crate::reservation`, `state/reservations.rs`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reservations: BTreeMap<String, crate::reservation::Reservation>,
     /// The planner's compact view of the unfinished jobs (a cache kept by apply).
     #[serde(skip)]
     pub(crate) job_index: crate::state::brief::JobIndex,
@@ -155,6 +159,7 @@ impl ClusterState {
             events: Default::default(),
             topology: Default::default(),
             gang_spread: Default::default(),
+            reservations: BTreeMap::new(),
             unfinished: Default::default(),
             job_index: Default::default(),
         }
@@ -248,6 +253,11 @@ impl ClusterState {
             Op::RunIdle { job, attempt, node, since_ms } => {
                 self.run_idle(*job, *attempt, node, *since_ms, now)
             }
+            Op::PutReservation { reservation, must_exist } => {
+                self.put_reservation(reservation, *must_exist, now)
+            }
+            Op::DeleteReservation { name } => self.delete_reservation(name, now),
+            Op::ReservationTick => self.reservation_tick(now),
         }
     }
 }

@@ -308,6 +308,20 @@ pub enum Op {
         node: String,
         since_ms: Option<i64>,
     },
+    /// Creates (`must_exist` Some(false)), replaces (Some(true)) or puts a reservation
+    /// (`crate::reservation`); validated whole against the nodes, the policy and the other
+    /// reservations.
+    PutReservation {
+        reservation: crate::reservation::Reservation,
+        must_exist: Option<bool>,
+    },
+    DeleteReservation {
+        name: String,
+    },
+    /// Carries out what reservations' windows opening and closing at the command's time
+    /// decide (binds GPU counts, stops the runs on reserved resources, ends one-off ones);
+    /// proposed by the leader when `ClusterState::reservations_due`.
+    ReservationTick,
 }
 
 /// How a job's process ended, as its agent saw it.
@@ -419,6 +433,15 @@ pub enum Outcome {
     },
     PolicyChanged,
     TopologyChanged,
+    ReservationChanged {
+        name: String,
+    },
+    /// Windows opened and closed by `Op::ReservationTick`, and the runs it stopped.
+    ReservationsTicked {
+        opened: Vec<String>,
+        closed: Vec<String>,
+        stopped: Vec<JobId>,
+    },
     Preempted {
         preemptor: JobId,
         victims: Vec<JobId>,

@@ -21,6 +21,9 @@ impl ClusterState {
             }
             let checked = self.check_placement(p).and_then(|()| {
                 let job = &self.jobs[&p.job];
+                if let Some(why) = p.tasks().find_map(|(node, gpus)| self.window_refuses(job, node, gpus)) {
+                    return Err(format!("job {}: {why}", p.job));
+                }
                 usage.admits(job, &self.policy).map_err(|r| format!("job {}: {r}", p.job))?;
                 if let Some((array, max)) = job.spec.array.as_ref().and_then(|a| Some((a, a.max_running?))) {
                     let running =

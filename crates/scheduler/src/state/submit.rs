@@ -96,6 +96,9 @@ impl ClusterState {
         if let Err(why) = self.check_fits_a_node(&spec, asked, qos) {
             return Outcome::Rejected(why);
         }
+        if let Err(why) = self.check_reservation(&spec, &account, &qos_name) {
+            return Outcome::Rejected(why);
+        }
         spec.qos = qos_name;
         spec.account = account;
         spec.partition = partition_name;

@@ -10,6 +10,7 @@ use crate::testing::{node_info, node_info_model, spec};
 
 mod arrays;
 mod elastic;
+mod estimates;
 mod events;
 mod fits;
 mod fractions;
@@ -19,6 +20,7 @@ mod headroom;
 mod idle;
 mod preempt;
 mod props;
+mod reservations;
 mod resources;
 mod runs;
 mod submit;
