@@ -33,14 +33,11 @@ impl<'a> Pass<'a> {
         let ask = TaskAsk { gpus: job.gpus() as usize, cpu_mem: job.spec.cpu_mem() };
         let mut best: Option<((u128, usize, &str), PreemptPlan)> = None;
         let cloud_ok = state.may_burst(job);
+        let ends_ms = state.now_ms.saturating_add(state.time_limit_ms(job));
         for (pos, node) in self.nodes.iter().enumerate() {
-            if avoid.contains(&pos)
-                || !node.admits(
-                    state.partition_of(job),
-                    cloud_ok,
-                    state.now_ms.saturating_add(state.time_limit_ms(job)),
-                )
-            {
+            // An open reservation's resources are taken from no one: its members use them.
+            let in_window = self.windows.iter().any(|w| w.slots.iter().any(|slot| slot.0 == pos));
+            if in_window || avoid.contains(&pos) || !node.admits(state.partition_of(job), cloud_ok, ends_ms) {
                 continue;
             }
             let Some((cost, plan)) = self.preempt_on(job, node, &ask, (g, may_reclaim)) else { continue };

@@ -227,3 +227,28 @@ fn a_daily_window_opens_closes_and_opens_again_the_next_day() {
     assert_eq!(s.reservations["maint"].opened_ms, Some(day + 20_000));
     assert_eq!(s.maint_of("n1"), Some("maint"));
 }
+
+#[test]
+fn the_invariant_checker_catches_a_run_left_on_an_open_window_and_a_member_outside_it() {
+    let mut s = two_nodes();
+    let caught = start_job(&mut s, job(1, None, "alice"), 500);
+    assert_eq!(node_of(&s, caught).as_deref(), Some("n1"));
+    put(&mut s, maint_n1(20_000, 50_000), 1_000);
+    step(&mut s, 20_000);
+    assert!(s.check_invariants().is_ok());
+    // Had the opening not stopped it, the run would break the window.
+    let mut broken = s.clone();
+    broken.jobs.get_mut(&caught).unwrap().allocation.as_mut().unwrap().stop = None;
+    let err = broken.check_invariants().unwrap_err();
+    assert!(err.contains("runs on reservation maint's n1"), "{err}");
+    // A job of the reservation running on n2 is outside it.
+    let mut member = job(1, None, "alice");
+    member.reservation = Some("maint".into());
+    let m = submitted(submit(&mut s, member, 21_000));
+    step(&mut s, 21_000);
+    assert_eq!(node_of(&s, m).as_deref(), Some("n1"), "its member starts in the window");
+    let mut outside = s.clone();
+    outside.reservations.get_mut("maint").unwrap().nodes = vec!["n2".into()];
+    let err = outside.check_invariants().unwrap_err();
+    assert!(err.contains(&format!("job {m} of reservation maint runs outside it")), "{err}");
+}
