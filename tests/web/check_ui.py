@@ -330,6 +330,28 @@ def everyday(url, admin, alice, bob, shots):
         ui.until_text("#nodes", "rack r7 — ")
         print("the GPU grid groups nodes under their rack")
         ok(url, "PUT", "/api/v1/topology", admin, {"levels": []})
+
+        # A job that waits behind bob's (its QoS's wall clock is its time limit) has an expected
+        # start, in the jobs table and on its page, with why then.
+        behind = submit(url, admin, "behind", ["sleep", "1"], 8, "batch")
+        ui.go("/jobs")
+        cell = f'#jobs-body tr[data-job="{behind}"] td.expected-start'
+        wait("an expected start", lambda: ui.text(cell).strip() not in ("", "–") and ui.text(cell))
+        ui.go(f"/jobs/{behind}")
+        reason = ui.until_text("#expected-start", "Expected start:", "ends (time limit)")
+        print(f"a pending job shows its expected start and why ({reason.strip()})")
+        call(url, "POST", f"/api/v1/jobs/{behind}/cancel", admin, {})
+
+        # A maintenance reservation open on the node shows it as MAINT in the grid.
+        now_ms = int(time.time() * 1000)
+        maint = {"name": "ui-maint", "nodes": [node], "start_ms": now_ms + 500, "end_ms": now_ms + 120_000,
+                 "maint": True, "ignore_jobs": True}
+        ok(url, "PUT", "/api/v1/reservations/ui-maint", admin, {"reservation": maint})
+        ui.go("/nodes")
+        ui.until_text(f'section[data-node="{node}"] h2', "MAINT")
+        ui.until_text(f'section[data-node="{node}"] .gpus', "maintenance (ui-maint)")
+        print("a node held by an open maintenance reservation shows MAINT in the GPU grid")
+        ok(url, "DELETE", "/api/v1/reservations/ui-maint", admin)
     finally:
         d.quit()
         for job in (train, bobs, urgent, sweep):

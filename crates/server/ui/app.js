@@ -218,7 +218,7 @@ function jobsView() {
     status.textContent = `${jobs.length} job${jobs.length === 1 ? "" : "s"} · updated ${new Date().toLocaleTimeString()}`;
   }
   const table = h("table", { id: "jobs" },
-    h("thead", {}, h("tr", {}, ["ID", "Name", "User", "QoS", "Partition", "State", "GPUs", "Node", "Pending reason", "Submitted",
+    h("thead", {}, h("tr", {}, ["ID", "Name", "User", "QoS", "Partition", "State", "GPUs", "Node", "Pending reason", "Expected start", "Submitted",
       "Elapsed", "Time left", "Exit code"].map((c) => h("th", { scope: "col" }, c)))),
     body);
   setMain("Jobs", form, status, table, more);
@@ -251,7 +251,7 @@ function jobRows(jobs, open, again) {
     const head = h("tr", { class: "array", "data-array": r.array },
       h("td", {}, toggle), h("td", {}, first.spec?.name || ""), h("td", {}, first.user), h("td", {}, first.qos),
       h("td", {}, first.spec?.partition || ""),
-      h("td", { class: "array-states" }, words), h("td", { colspan: 7 }));
+      h("td", { class: "array-states" }, words), h("td", { colspan: 8 }));
     return [head, ...(isOpen ? tasks.map((t) => jobRow(t, `${t.array_job_id}_${t.array_task_id}`, "task")) : [])];
   });
 }
@@ -269,7 +269,10 @@ function jobRow(j, label, cls) {
     h("td", {}, j.spec?.name || ""), h("td", {}, j.user), h("td", {}, j.qos), h("td", {}, j.spec?.partition || ""),
     h("td", {}, badge(s)), h("td", {}, j.spec?.resources?.gpus ?? ""), h("td", {}, j.node || ""),
     // A run beyond its team's guarantee is marked: reclaim may take it back.
-    h("td", {}, s === "PENDING" ? j.reason : j.borrowing && running ? "borrowing" : ""), h("td", {}, when(j.submit_time_ms)),
+    h("td", {}, s === "PENDING" ? j.reason : j.borrowing && running ? "borrowing" : ""),
+    // The planner's estimate (squeue --start), with why then in the cell's title.
+    h("td", { class: "expected-start", title: j.start_reason || "" }, s === "PENDING" ? expectedStart(j) : ""),
+    h("td", {}, when(j.submit_time_ms)),
     h("td", { class: "elapsed num", ...times }),
     h("td", { class: "left num", ...(TERMINAL.includes(s) ? {} : times) }),
     h("td", { class: "exit num" }, TERMINAL.includes(s) ? exitText(j.exit_code, j.signal) : ""));
@@ -395,6 +398,12 @@ function historyView() {
 }
 
 // ---------- one job ----------
+
+/** A pending job's expected start: the time, or "none" when the planner has no estimate. */
+function expectedStart(j) {
+  if (Number(j.expected_start_ms || 0)) return when(j.expected_start_ms);
+  return j.start_reason ? "none" : "–";
+}
 
 /** "Why pending" in words, from the scheduler's reason. */
 function whyPending(j) {
@@ -599,6 +608,8 @@ function drawJob(holder, j) {
       j.array_job_id && Number(j.array_job_id) ? `, array ${j.array_job_id}_${j.array_task_id}` : ""),
     actions,
     s === "PENDING" ? h("p", { class: "why", id: "why-pending" }, whyPending(j)) : null,
+    s === "PENDING" && j.start_reason ? h("p", { class: "why", id: "expected-start" },
+      `Expected start: ${expectedStart(j)} (${j.start_reason}).`) : null,
     h("div", { class: "cols" },
       h("section", {}, h("h2", {}, "Spec"), dl([
         ["command", (spec.argv || []).join(" ")], ["image", spec.container?.image || ""], ["profile", short(spec.profile || j.profile, "PROFILE_").toLowerCase()],
@@ -664,6 +675,7 @@ function gpuCell(node, g, shares) {
   if (fault) { cls = "unhealthy"; what = `unhealthy: ${fault.reason}`; }
   else if (job) { cls = "allocated"; what = "job "; }
   else if (shared.length) { cls = "allocated"; what = "shared "; }
+  else if (node.maint) { cls = "draining"; what = `maintenance (${node.maint})`; }
   else if (state === "DRAINING") { cls = "draining"; what = "draining"; }
   else if (state === "DOWN") { cls = "unhealthy"; what = "node down"; }
   else if (cloud) { cls = "cloud"; what = "free (cloud)"; }
@@ -702,7 +714,8 @@ function nodesView() {
     redraw(holder, [nodes, topology.levels, topology.resolved], () => byDomain(nodes, topology).flatMap((g) => [
       g.title ? h("h2", { class: "domain", "data-domain": g.key }, g.title) : null,
     ].concat(g.nodes.map((n) => {
-      const state = short(n.state, "NODE_STATE_");
+      // A node an open maintenance reservation holds shows as MAINT (its drain state aside).
+      const state = n.maint ? "MAINT" : short(n.state, "NODE_STATE_");
       const info = n.info || {};
       return h("section", { class: "node", "data-node": n.name },
         h("h2", {}, n.name, badge(state), h("span", { class: "muted" },

@@ -276,6 +276,8 @@ fn the_web_ui_in_headless_chromium_against_kairos_up() {
         "bob sees no preemption of other users' jobs",
         "logout clears the session cookie",
         "the GPU grid groups nodes under their rack",
+        "a pending job shows its expected start and why",
+        "shows MAINT in the GPU grid",
     ] {
         assert!(stdout.contains(line), "missing \"{line}\" in:\n{stdout}");
     }
