@@ -134,15 +134,10 @@ impl Reservation {
             return (self.end_ms > now).then_some((self.start_ms, self.end_ms));
         };
         // The first candidate whose end is after now.
-        let mut k = if self.end_ms > now { 0 } else { (now - self.end_ms) / period + 1 };
-        for _ in 0..8 {
-            let (s, e) = self.nth(k, period);
-            if e > now && (self.repeat != Repeat::Weekdays || is_weekday(s)) {
-                return Some((s, e));
-            }
-            k += 1;
-        }
-        None
+        let first = if self.end_ms > now { 0 } else { (now - self.end_ms) / period + 1 };
+        (first..first + 8)
+            .map(|k| self.nth(k, period))
+            .find(|(s, e)| *e > now && (self.repeat != Repeat::Weekdays || is_weekday(*s)))
     }
 
     /// Whether a window is open at `now`.

@@ -37,7 +37,7 @@ impl<'a> Pass<'a> {
             .map(|(e, g, _, c)| (g, e, c))
             .collect();
         // A GPU listed twice (a victim's promised to a preemptor; an estimate's): the later end holds.
-        ends.sort_unstable_by(|a, b| (b.0, b.1).cmp(&(a.0, a.1)));
+        ends.sort_unstable_by_key(|e| std::cmp::Reverse((e.0, e.1)));
         ends.dedup_by_key(|(g, _, _)| *g);
         ends.into_iter().map(|(g, e, c)| (e, g, c)).collect()
     }
@@ -115,14 +115,14 @@ impl<'a> Pass<'a> {
         &self,
         job: &'a Job,
         tasks: usize,
-    ) -> Option<(i64, Vec<(i64, usize, Vec<GpuIndex>, Cause)>)> {
+    ) -> Option<(i64, Vec<super::topo::ResOption>)> {
         let count = job.gpus() as usize;
         let want = job.spec.cpu_mem();
         let model = job.spec.gpu_model.as_deref();
         let part = self.state.partition_of(job);
         let cloud_ok = self.state.may_burst(job);
         let limit = self.state.time_limit_ms(job);
-        let mut options: Vec<(i64, usize, Vec<GpuIndex>, Cause)> = Vec::new();
+        let mut options: Vec<super::topo::ResOption> = Vec::new();
         for (pos, node) in self.nodes.iter().enumerate() {
             if !node.admits(part, cloud_ok, i64::MIN) || !want.fits(node.node.capacity()) {
                 continue;

@@ -20,7 +20,8 @@ pub(super) struct TopoWant<'a> {
 /// Candidates (free GPUs, node position) grouped by their domain at one level; nodes without
 /// one are each their own group (never inside a required domain).
 /// A reservation's option: (when it could start, node position, the GPUs it would hold).
-type ResOption = (i64, usize, Vec<GpuIndex>, super::estimate::Cause);
+/// A place a job could start: (when, node position, GPUs, what frees the last of them).
+pub(super) type ResOption = (i64, usize, Vec<GpuIndex>, super::estimate::Cause);
 
 type Groups<'a> = (BTreeMap<&'a str, Vec<(usize, usize)>>, Vec<(usize, usize)>);
 

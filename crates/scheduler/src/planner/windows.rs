@@ -101,33 +101,11 @@ impl<'s> Planning<'s> {
             )));
         }
         let ends_ms = state.now_ms.saturating_add(q.limit_ms);
-        let mut placed = Vec::new();
-        for (_, i) in fitting.into_iter().take(q.tasks as usize) {
-            let (pos, gpus, cpu_mem, whole) = &mut self.pass.windows[w].slots[i];
-            let free: Vec<(GpuIndex, u32)> = gpus
-                .iter()
-                .filter(|g| model_matches(model, &g.model))
-                .map(|g| (g.index, g.link_group))
-                .collect();
-            let picked = rank::pick_gpus(&free, count);
-            gpus.retain(|g| !picked.contains(&g.index));
-            *cpu_mem = cpu_mem.minus(q.cpu_mem);
-            let (pos, whole) = (*pos, *whole);
-            if !whole {
-                // A bound GPU count shares the node's CPUs and memory with the rest.
-                self.pass.take_task(pos, &[], q.cpu_mem, ends_ms);
-            }
-            let busy = self.pass.placed_until.entry(pos).or_default();
-            let node = self.pass.nodes[pos].node;
-            busy.extend(
-                node.info
-                    .gpus
-                    .iter()
-                    .filter(|g| picked.contains(&g.index))
-                    .map(|g| (ends_ms, g.index, g.model.as_str())),
-            );
-            placed.push((pos, picked));
-        }
+        let placed: Vec<(usize, Vec<GpuIndex>)> = fitting
+            .into_iter()
+            .take(q.tasks as usize)
+            .map(|(_, i)| self.pass.take_from_window(w, i, (count, model, q.cpu_mem), ends_ms))
+            .collect();
         self.count_started(q);
         let nodes = &self.pass.nodes;
         let mut tasks = placed.into_iter().map(|(pos, gpus)| (nodes[pos].name.to_string(), gpus));
@@ -135,5 +113,39 @@ impl<'s> Planning<'s> {
         let more = tasks.map(|(node, gpus)| TaskPlacement { node, gpus }).collect();
         self.out.plan.placements.push(Placement { job: q.id, node, gpus, more });
         Ok(())
+    }
+}
+
+impl<'a> Pass<'a> {
+    /// Takes `count` GPUs of `model` and `cpu_mem` from slot `i` of window `w` until `ends_ms`:
+    /// the node position and the GPUs.
+    fn take_from_window(
+        &mut self,
+        w: usize,
+        i: usize,
+        (count, model, cpu_mem): (usize, Option<&str>, CpuMem),
+        ends_ms: i64,
+    ) -> (usize, Vec<GpuIndex>) {
+        let (pos, gpus, held, whole) = &mut self.windows[w].slots[i];
+        let free: Vec<(GpuIndex, u32)> =
+            gpus.iter().filter(|g| model_matches(model, &g.model)).map(|g| (g.index, g.link_group)).collect();
+        let picked = rank::pick_gpus(&free, count);
+        gpus.retain(|g| !picked.contains(&g.index));
+        *held = held.minus(cpu_mem);
+        let (pos, whole) = (*pos, *whole);
+        if !whole {
+            // A bound GPU count shares the node's CPUs and memory with the rest.
+            self.take_task(pos, &[], cpu_mem, ends_ms);
+        }
+        let node = self.nodes[pos].node;
+        let busy = self.placed_until.entry(pos).or_default();
+        busy.extend(
+            node.info
+                .gpus
+                .iter()
+                .filter(|g| picked.contains(&g.index))
+                .map(|g| (ends_ms, g.index, g.model.as_str())),
+        );
+        (pos, picked)
     }
 }

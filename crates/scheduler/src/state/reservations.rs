@@ -317,7 +317,7 @@ impl ClusterState {
             let Some(r) = self.reservations.get(name) else {
                 return Some(format!("reservation \"{name}\" does not exist"));
             };
-            if r.open_at(now).is_none() || r.opened_ms.is_none() {
+            if r.open_at(now).is_none_or(|(start, _)| r.opened_ms != Some(start)) {
                 return Some(format!("reservation \"{name}\"'s window is not open"));
             }
             let inside = match r.holds_on(node) {
