@@ -57,6 +57,50 @@ pub fn parse_time(s: &str) -> Result<u64, String> {
     Ok(secs)
 }
 
+/// A reservation's `--start`/`--end` in Unix ms: `now`, a time from now (`+20s`, `+5m`,
+/// `now+2h`, `+1d`), an RFC 3339 time (`2026-12-07T10:00:00Z`, `2026-12-07T11:00:00+01:00`), or
+/// `YYYY-MM-DDTHH:MM[:SS]` / `YYYY-MM-DD` in UTC.
+pub fn parse_at(s: &str, now: i64) -> Result<i64, String> {
+    let s = s.trim();
+    let err = || {
+        format!(
+            "cannot parse \"{s}\" as a time (use now, +20s, +5m, +2h, +1d, 2026-12-07T10:00:00Z or 2026-12-07T10:00)"
+        )
+    };
+    if s.eq_ignore_ascii_case("now") {
+        return Ok(now);
+    }
+    let relative = s.strip_prefix("now").unwrap_or(s);
+    if let Some(ahead) = relative.strip_prefix('+') {
+        let secs = parse_time(ahead).map_err(|_| err())?;
+        let ms = i64::try_from(secs).ok().and_then(|x| x.checked_mul(1000)).ok_or_else(err)?;
+        return now.checked_add(ms).ok_or_else(err);
+    }
+    // An offset (`+01:00`, `-05:00`) after the time: humantime reads UTC times only.
+    let (text, offset_ms) = match s.len().checked_sub(6).map(|i| s.split_at(i)) {
+        Some((t, off))
+            if t.len() > 10
+                && (off.starts_with('+') || off.starts_with('-'))
+                && off.as_bytes()[3] == b':' =>
+        {
+            let sign = if off.starts_with('-') { -1 } else { 1 };
+            let h: i64 = off[1..3].parse().map_err(|_| err())?;
+            let m: i64 = off[4..6].parse().map_err(|_| err())?;
+            (t, sign * (h * 3_600_000 + m * 60_000))
+        }
+        _ => (s, 0),
+    };
+    let text = text.strip_suffix('Z').or_else(|| text.strip_suffix('z')).unwrap_or(text);
+    let full = match text.len() {
+        10 => format!("{text}T00:00:00Z"),
+        16 => format!("{text}:00Z"),
+        _ => format!("{text}Z"),
+    };
+    let t = humantime::parse_rfc3339_weak(&full).map_err(|_| err())?;
+    let ms = t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).map_err(|_| err())?;
+    Ok(ms - offset_ms)
+}
+
 pub fn parse_gpus(s: &str) -> Result<u32, String> {
     match s.parse::<i64>() {
         Ok(n) if n < 0 => Err(format!("{n} is negative")),
@@ -114,6 +158,26 @@ mod tests {
         }
         for bad in ["", "-1", "1-", "a-1", "1-1:2:3:4", "1:2:3:4", "1::2", "0", "0-0", "x"] {
             assert!(parse_time(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn reservation_times_are_now_relative_rfc3339_or_utc_without_a_zone() {
+        let now = 1_796_635_200_000; // 2026-12-07T09:20:00Z
+        assert_eq!(parse_at("now", now), Ok(now));
+        assert_eq!(parse_at("+20s", now), Ok(now + 20_000));
+        assert_eq!(parse_at("now+5m", now), Ok(now + 300_000));
+        assert_eq!(parse_at("+2h", now), Ok(now + 7_200_000));
+        assert_eq!(parse_at("+1d", now), Ok(now + 86_400_000));
+        let ten = 1_796_642_400_000; // 2026-12-07T11:20:00Z
+        assert_eq!(parse_at("2026-12-07T11:20:00Z", now), Ok(ten));
+        assert_eq!(parse_at("2026-12-07T11:20:00", now), Ok(ten));
+        assert_eq!(parse_at("2026-12-07T11:20", now), Ok(ten));
+        assert_eq!(parse_at("2026-12-07T12:20:00+01:00", now), Ok(ten));
+        assert_eq!(parse_at("2026-12-07T06:20:00-05:00", now), Ok(ten));
+        assert_eq!(parse_at("2026-12-07", now), Ok(ten - 11 * 3_600_000 - 20 * 60_000));
+        for bad in ["", "soon", "+", "+0s", "2026-13-07T10:00:00Z", "tomorrow"] {
+            assert!(parse_at(bad, now).unwrap_err().starts_with("cannot parse"), "{bad} accepted");
         }
     }
 }

@@ -36,6 +36,7 @@ const OPTIONS: &[(Option<char>, &str, bool)] = &[
     (Some('q'), "qos", true),
     (Some('p'), "partition", true),
     (Some('A'), "account", true),
+    (None, "reservation", true),
     (Some('a'), "array", true),
     (Some('d'), "dependency", true),
     (None, "requeue", false),
@@ -418,6 +419,7 @@ fn submit_of(
         topology: o.get("switches").map(|s| switches(s).map_err(|e| bad("switches", e))).transpose()?,
         account: text("account"),
         partition: text("partition"),
+        reservation: text("reservation"),
         min_gpus: None,
         min_nodes: None,
         suspendable: false,
@@ -494,12 +496,12 @@ mod tests {
 #SBATCH --licenses=matlab:1
 #SBATCH -c 2 --mem 1G
 #SBATCH --exclusive
-             #SBATCH --reservation maint
+             #SBATCH --nodelist n1
 true
 ",
         );
         let e = submit_args(std::slice::from_ref(&path), &BTreeMap::new()).unwrap_err();
-        for option in ["--licenses (", "--exclusive (", "--reservation ("] {
+        for option in ["--licenses (", "--exclusive (", "--nodelist ("] {
             assert!(e.contains(option), "{option} missing from: {e}");
         }
         assert!(e.starts_with("unsupported options ") && e.ends_with("nothing was submitted"), "{e}");
@@ -532,6 +534,22 @@ true
         let s = submit_args(std::slice::from_ref(&path), &BTreeMap::new()).unwrap();
         let shape = crate::jobs::shape_of(&s).unwrap();
         assert_eq!(shape, crate::jobs::Shape { gpus: 0, cpus: 1, mem_mib: 256, nodes: None });
+    }
+
+    #[test]
+    fn a_reservation_is_named_in_either_spelling_and_the_command_line_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        for line in
+            ["#SBATCH --reservation=maint", "#SBATCH --reservation maint", "#KAIROS --reservation 'maint'"]
+        {
+            let path = script(dir.path(), &format!("#!/bin/sh\n{line}\ntrue\n"));
+            let s = submit_args(std::slice::from_ref(&path), &BTreeMap::new()).unwrap();
+            assert_eq!(s.reservation.as_deref(), Some("maint"), "{line}");
+        }
+        let path = script(dir.path(), "#!/bin/sh\n#SBATCH --reservation=maint\ntrue\n");
+        let s = submit_args(&["--reservation".into(), "other".into(), path], &BTreeMap::new()).unwrap();
+        assert_eq!(s.reservation.as_deref(), Some("other"));
+        assert!(help().contains("--reservation VALUE"));
     }
 
     #[test]

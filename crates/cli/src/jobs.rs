@@ -118,6 +118,11 @@ pub struct SubmitArgs {
     /// Partition (default: the cluster's default partition).
     #[arg(long, short = 'p')]
     pub partition: Option<String>,
+    /// Run in this reservation (`kairos reservation list`): only on its nodes or GPUs, while
+    /// its window is open (it waits until then); you, your account or QoS must be on its
+    /// access list.
+    #[arg(long, value_name = "NAME")]
+    pub reservation: Option<String>,
     /// Elastic job: the fewest GPUs it can run on. Preemption shrinks it (restart on fewer
     /// GPUs, KAIROS_GPUS says how many) instead of stopping it; it grows back later.
     #[arg(long, allow_negative_numbers = true, value_parser = parse_min_gpus)]
@@ -296,6 +301,7 @@ fn job_spec(args: SubmitArgs) -> anyhow::Result<pb::JobSpec> {
         suspendable,
         account,
         partition,
+        reservation,
         array,
         output,
         error,
@@ -338,6 +344,7 @@ fn job_spec(args: SubmitArgs) -> anyhow::Result<pb::JobSpec> {
         array_indices: array.as_ref().map(|(i, _)| i.clone()).unwrap_or_default(),
         array_max_running: array.and_then(|(_, n)| n).unwrap_or(0),
         container,
+        reservation: reservation.unwrap_or_default(),
         ..Default::default()
     })
 }
@@ -452,6 +459,11 @@ pub struct QueueArgs {
     /// Columns, comma-separated, of ID, NAME, USER, QOS, STATE, GPUS, NODE, REASON (table output).
     #[arg(long, value_delimiter = ',')]
     pub format: Vec<String>,
+    /// Pending jobs only, with when each is expected to start (START_TIME, local time; N/A
+    /// for none) and why then (START_REASON), like squeue's --start: from the scheduler's
+    /// time limits of the jobs ahead and reservations' windows, if nothing else changes.
+    #[arg(long, conflicts_with_all = ["format", "all"])]
+    pub start: bool,
 }
 
 /// The state name as the CLI prints it, to the API's value.
@@ -508,6 +520,7 @@ pub async fn queue(client: &Client, json: bool, args: QueueArgs) -> anyhow::Resu
             })
         })
         .collect::<anyhow::Result<Vec<usize>>>()?;
+    let states = if args.start && states.is_empty() { vec![pb::JobState::Pending as i32] } else { states };
     let request = pb::ListJobsRequest {
         all: args.all,
         states,
@@ -519,10 +532,15 @@ pub async fn queue(client: &Client, json: bool, args: QueueArgs) -> anyhow::Resu
         ..Default::default()
     };
     let mut jobs = list_all(client, request).await?;
+    if args.start {
+        jobs.retain(|j| j.state == pb::JobState::Pending as i32);
+    }
     if !json {
         jobs = output::fold_pending_tasks(jobs);
     }
-    if columns.is_empty() || json {
+    if args.start && !json {
+        print_list(false, &jobs, job_json, &output::START_HEADER, output::start_row);
+    } else if columns.is_empty() || json {
         print_list(json, &jobs, job_json, &JOB_HEADER, job_row);
     } else {
         let header: Vec<&str> = columns.iter().map(|i| JOB_HEADER[*i]).collect();

@@ -28,6 +28,7 @@ mod policy_file;
 mod priority;
 mod qos;
 mod redirect;
+mod reservations;
 mod sim;
 mod tokens;
 mod topology;
@@ -220,6 +221,12 @@ enum Cmd {
         #[command(subcommand)]
         command: partitions::PartitionCmd,
     },
+    /// Reservations: nodes or a GPU count held for a time window (that may repeat) for an
+    /// access list, like Slurm's (operators create, update, delete; everyone lists).
+    Reservation {
+        #[command(subcommand)]
+        command: reservations::ReservationCmd,
+    },
     /// Fairshare accounts: the tree, shares and members.
     Account {
         #[command(subcommand)]
@@ -338,6 +345,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Share => accounts::share(client, json).await,
         Cmd::Qos { command } => qos::qos_command(client, command, json).await,
         Cmd::Account { command } => accounts::account_command(client, json, command).await,
+        Cmd::Reservation { command } => reservations::reservation_command(client, json, command).await,
         Cmd::Partition { command } => partitions::partition_command(client, json, command).await,
         Cmd::Policy { command } => policy::policy_command(client, json, command).await,
         Cmd::Topology { command } => topology::command(client, json, command).await,

@@ -49,6 +49,39 @@ pub fn time_json(ms: i64) -> Value {
     Value::String(humantime::format_rfc3339_millis(t).to_string())
 }
 
+/// A time as people read it, in the local time zone (`2026-12-07T10:00:00`, as squeue
+/// prints it); "N/A" for none (0).
+pub fn local_time(ms: i64) -> String {
+    if ms <= 0 {
+        return "N/A".into();
+    }
+    let secs = ms.div_euclid(1000) as libc::time_t;
+    // SAFETY: tzset reads TZ into libc's globals; localtime_r writes only into `tm`, which
+    // outlives the call.
+    let tm = unsafe {
+        tzset();
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&secs, &mut tm).is_null() {
+            return text(&time_json(ms));
+        }
+        tm
+    };
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
+}
+
+extern "C" {
+    /// POSIX: initialises the local time zone from TZ (localtime_r need not).
+    fn tzset();
+}
+
 pub fn job_json(job: &pb::Job) -> Value {
     let spec = job.spec.clone().unwrap_or_default();
     let gpus = spec.resources.as_ref().map(|r| r.gpus).unwrap_or(0);
@@ -108,6 +141,12 @@ pub fn job_json(job: &pb::Job) -> Value {
         ("domains", json!(domains(job))),
         // Its current run borrows GPUs beyond its account's guarantee.
         ("borrowing", json!(job.borrowing)),
+        ("reservation", json!((!spec.reservation.is_empty()).then(|| spec.reservation.clone()))),
+        // Pending: when it is expected to start (Unix ms, and as a time) and why then, or why
+        // there is no estimate (`kairos queue --start`).
+        ("expected_start_ms", json!((job.expected_start_ms > 0).then_some(job.expected_start_ms))),
+        ("expected_start", time_json(job.expected_start_ms)),
+        ("start_reason", json!((!job.start_reason.is_empty()).then(|| job.start_reason.clone()))),
     ];
     for (k, value) in more {
         v[k] = value;
@@ -146,9 +185,16 @@ pub fn node_json(node: &pb::Node) -> Value {
     let info = node.info.clone().unwrap_or_default();
     let mut allocated: Vec<(u32, u64)> = node.allocated.iter().map(|(g, j)| (*g, *j)).collect();
     allocated.sort();
-    json!({
+    // An open maintenance reservation shows (as Slurm's MAINT) on an up node; a draining or
+    // down one keeps its state (the reason column names the reservation).
+    let state = if !node.maint.is_empty() && node.state == pb::NodeState::Up as i32 {
+        "MAINT"
+    } else {
+        node_state_name(node.state)
+    };
+    let mut v = json!({
         "name": node.name,
-        "state": node_state_name(node.state),
+        "state": state,
         "reason": node.reason,
         "addr": info.addr,
         "gpu_backend": info.gpu_backend,
@@ -170,7 +216,10 @@ pub fn node_json(node: &pb::Node) -> Value {
             "gpu": f.gpu, "reason": f.reason, "since": time_json(f.since_ms),
         })).collect::<Vec<_>>(),
         "last_heartbeat": time_json(node.last_heartbeat_ms),
-    })
+    });
+    // The open maintenance reservation holding it (null: none).
+    v["maint"] = json!((!node.maint.is_empty()).then(|| node.maint.clone()));
+    v
 }
 
 pub fn cluster_json(s: &pb::ClusterStatusResponse) -> Value {
@@ -340,6 +389,7 @@ pub fn print_job_details(job: &pb::Job) {
         "topology",
         "domains",
         "borrowing",
+        "reservation",
         "checkpoint_signal",
         "after_ok",
         "after_any",
@@ -361,6 +411,9 @@ pub fn print_job_details(job: &pb::Job) {
     if job.gpu_idle_since_ms > 0 {
         println!("{:>13}: GPUs idle since {}", "idle", text(&time_json(job.gpu_idle_since_ms)));
     }
+    if let Some(line) = expected_start_line(job) {
+        println!("{line}");
+    }
     if !job.events.is_empty() {
         println!("{:>13}:", "events");
         for e in &job.events {
@@ -368,6 +421,39 @@ pub fn print_job_details(job: &pb::Job) {
         }
     }
 }
+
+/// A pending job's "Expected start: TIME (WHY)", or "Expected start: none (WHY)" when the pass
+/// found no start; None for other jobs and pending ones it did not estimate.
+pub fn expected_start_line(job: &pb::Job) -> Option<String> {
+    if job.state != pb::JobState::Pending as i32 {
+        return None;
+    }
+    match (job.expected_start_ms, job.start_reason.as_str()) {
+        (0, "") => None,
+        (0, why) => Some(format!("Expected start: none ({why})")),
+        (ms, "") => Some(format!("Expected start: {}", local_time(ms))),
+        (ms, why) => Some(format!("Expected start: {} ({why})", local_time(ms))),
+    }
+}
+
+/// `kairos queue --start`'s row of a pending job: its expected start and why then.
+pub fn start_row(job: &pb::Job) -> Vec<String> {
+    let row = job_row(job);
+    let why = if job.start_reason.is_empty() { "-".to_string() } else { job.start_reason.clone() };
+    vec![
+        row[0].clone(),
+        row[1].clone(),
+        row[2].clone(),
+        row[3].clone(),
+        row[5].clone(),
+        local_time(job.expected_start_ms),
+        why,
+        row[7].clone(),
+    ]
+}
+
+pub const START_HEADER: [&str; 8] =
+    ["ID", "NAME", "USER", "QOS", "GPUS", "START_TIME", "START_REASON", "REASON"];
 
 pub fn node_row(node: &pb::Node) -> Vec<String> {
     let n = node_json(node);
@@ -383,7 +469,11 @@ pub fn node_row(node: &pb::Node) -> Vec<String> {
         text(&n["isolation"]),
         text(&n["addr"]),
         unhealthy(node),
-        text(&n["reason"]),
+        match (node.maint.is_empty(), node.reason.is_empty()) {
+            (true, _) => text(&n["reason"]),
+            (false, true) => format!("maintenance reservation {}", node.maint),
+            (false, false) => format!("maintenance reservation {}; {}", node.maint, node.reason),
+        },
     ]
 }
 
@@ -459,5 +549,52 @@ mod tests {
         assert_eq!(job_json(&job)["gpu_idle_since"], "2025-12-01T00:00:00.000Z");
         job.reason = "held by admin".into();
         assert_eq!(job_row(&job)[7], "GPUs idle; held by admin");
+    }
+
+    #[test]
+    fn a_node_under_maintenance_shows_maint_and_a_pending_job_its_expected_start() {
+        let mut node = pb::Node {
+            name: "n1".into(),
+            state: pb::NodeState::Up as i32,
+            maint: "m".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            (node_json(&node)["state"].as_str(), node_json(&node)["maint"].as_str()),
+            (Some("MAINT"), Some("m"))
+        );
+        assert_eq!(node_row(&node)[10], "maintenance reservation m");
+        node.state = pb::NodeState::Draining as i32;
+        node.reason = "disk".into();
+        assert_eq!(node_json(&node)["state"], "DRAINING", "a drain still shows");
+        assert_eq!(node_row(&node)[10], "maintenance reservation m; disk");
+        node.maint.clear();
+        assert!(node_json(&node)["maint"].is_null());
+
+        let why = "after job 3 ends (time limit) on n1";
+        let mut job = pb::Job {
+            id: 4,
+            state: pb::JobState::Pending as i32,
+            start_reason: why.into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            expected_start_line(&job).as_deref(),
+            Some("Expected start: none (after job 3 ends (time limit) on n1)")
+        );
+        assert!(job_json(&job)["expected_start_ms"].is_null());
+        job.expected_start_ms = 1_764_547_200_000;
+        let line = expected_start_line(&job).unwrap();
+        assert!(line.starts_with("Expected start: 2025-1") && line.ends_with(&format!(" ({why})")), "{line}");
+        assert_eq!(job_json(&job)["expected_start_ms"], 1_764_547_200_000i64);
+        assert_eq!(
+            (job_json(&job)["start_reason"].as_str(), job_json(&job)["expected_start"].as_str()),
+            (Some(why), Some("2025-12-01T00:00:00.000Z"))
+        );
+        assert_eq!(start_row(&job)[6], why);
+        assert_eq!(start_row(&job).len(), START_HEADER.len());
+        job.state = pb::JobState::Running as i32;
+        assert_eq!(expected_start_line(&job), None);
+        assert_eq!(local_time(0), "N/A");
     }
 }

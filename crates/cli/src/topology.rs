@@ -159,9 +159,9 @@ fn topology_json(t: &pb::Topology) -> serde_json::Value {
     })
 }
 
-/// Free whole GPUs of an Up node (none of a node that is not Up).
+/// Free whole GPUs of an Up node (none of a node that is not Up, or is under maintenance).
 fn free_gpus(n: &pb::Node) -> usize {
-    if n.state != pb::NodeState::Up as i32 {
+    if n.state != pb::NodeState::Up as i32 || !n.maint.is_empty() {
         return 0;
     }
     let gpus = n.info.as_ref().map_or(0, |i| i.gpus.len());

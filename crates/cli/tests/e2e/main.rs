@@ -31,6 +31,7 @@ mod policy;
 mod powercut;
 mod preempt;
 mod python_client;
+mod reservations;
 mod resources;
 mod restart;
 mod security;
