@@ -182,6 +182,9 @@ fn view_reason(job: &Job, pending: Option<&PendingReason>) -> String {
             Some(kairos_scheduler::StopReason::Resize { by: Some(by) }) => format!("shrinking for job {by}"),
             Some(kairos_scheduler::StopReason::Resize { by: None }) => "growing".to_string(),
             Some(kairos_scheduler::StopReason::Drained) => "node draining; will requeue".to_string(),
+            Some(kairos_scheduler::StopReason::ReservationOpened) => {
+                "a reservation's window opened on its node; will requeue".to_string()
+            }
             Some(kairos_scheduler::StopReason::GpuFailed) => {
                 match job.allocation.as_ref().and_then(|a| a.failure.as_deref()) {
                     Some(f) => format!("{f}; will requeue"),

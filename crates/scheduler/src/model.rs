@@ -508,6 +508,9 @@ pub enum StopReason {
     /// Its GPUs stayed idle and its idle GPU rule requeues (`Op::RunIdle`): checkpoint, stop,
     /// requeue.
     Idle,
+    /// A reservation's window opened on its resources (`Op::ReservationTick`): checkpoint (within
+    /// a drain's grace), stop, requeue.
+    ReservationOpened,
 }
 
 /// GPUs freed by preemption and promised to the preemptor until it starts (or kept for a

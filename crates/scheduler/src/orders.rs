@@ -79,7 +79,9 @@ pub fn stop_action(reason: &StopReason, checkpoint_signal: &str, grace_s: u32) -
         | StopReason::Vacated
         | StopReason::Idle => (checkpoint_signal, grace_s),
         StopReason::Preempted { .. } => ("SIGTERM", grace_s),
-        StopReason::Drained => (checkpoint_signal, grace_s.min(DRAIN_GRACE_S)),
+        StopReason::Drained | StopReason::ReservationOpened => {
+            (checkpoint_signal, grace_s.min(DRAIN_GRACE_S))
+        }
         // Its GPU is gone: no checkpoint can be taken from it, stop at once.
         StopReason::GpuFailed => ("SIGTERM", KILL_GRACE_S),
         StopReason::Cancelled | StopReason::TimeLimit | StopReason::TaskFailed => ("SIGTERM", KILL_GRACE_S),

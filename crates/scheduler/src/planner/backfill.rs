@@ -111,11 +111,7 @@ impl<'a> Pass<'a> {
     /// The earliest time at which `job` could start, and where, from expected ends: per node the
     /// time it has the job's GPUs free; a gang of `tasks` takes the nodes free soonest and
     /// starts when the last of them is. With what frees the last of them.
-    pub(super) fn earliest(
-        &self,
-        job: &'a Job,
-        tasks: usize,
-    ) -> Option<(i64, Vec<super::topo::ResOption>)> {
+    pub(super) fn earliest(&self, job: &'a Job, tasks: usize) -> Option<(i64, Vec<super::topo::ResOption>)> {
         let count = job.gpus() as usize;
         let want = job.spec.cpu_mem();
         let model = job.spec.gpu_model.as_deref();

@@ -101,9 +101,12 @@ impl<'s> Planning<'s> {
             Cause::Ends(j) => format!("after job {j} ends (time limit) on {node}"),
             Cause::Placed => format!("after a job starting now ends (time limit) on {node}"),
             Cause::Estimated(j) => format!("after job {j}, expected to start before it, ends on {node}"),
-            Cause::Window(_) => {
-                let name =
-                    state.reservations.values().find(|r| r.holds_on(node).is_some()).map_or("", |r| &r.name);
+            Cause::Window(at) => {
+                // The reservation whose window on this node ends then.
+                let ends_then = |r: &&crate::reservation::Reservation| {
+                    r.holds_on(node).is_some() && r.window_at(state.now_ms).is_some_and(|w| w.1 == at)
+                };
+                let name = state.reservations.values().find(ends_then).map_or("", |r| &r.name);
                 format!("after reservation {name}'s window ends on {node}")
             }
         };

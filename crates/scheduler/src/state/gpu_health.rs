@@ -55,7 +55,11 @@ impl ClusterState {
             let restartable = matches!(
                 alloc.stop,
                 None | Some(
-                    StopReason::Drained | StopReason::Vacated | StopReason::Idle | StopReason::Resize { .. }
+                    StopReason::Drained
+                        | StopReason::ReservationOpened
+                        | StopReason::Vacated
+                        | StopReason::Idle
+                        | StopReason::Resize { .. }
                 )
             );
             if !restartable {

@@ -62,7 +62,8 @@ impl ClusterState {
                 new.opened_ms = old.opened_ms;
                 new.bound = old.bound.clone();
             }
-            if old.created_by.is_empty() || new.created_by.is_empty() {
+            // The creator stays the creator (the event log says who updated it).
+            if !old.created_by.is_empty() {
                 new.created_by = old.created_by.clone();
             }
         }
@@ -169,7 +170,7 @@ impl ClusterState {
         for id in &victims {
             let Some(job) = self.jobs.get_mut(id) else { continue };
             let Some(alloc) = job.allocation.as_mut() else { continue };
-            alloc.stop = Some(StopReason::Drained);
+            alloc.stop = Some(StopReason::ReservationOpened);
             job.record(
                 now,
                 "reservation",

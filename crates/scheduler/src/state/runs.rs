@@ -313,7 +313,7 @@ impl ClusterState {
                 self.requeue_run(id, IDLE_REQUEUE, now);
                 return Outcome::RunUpdated { job: id, state: JobState::Pending };
             }
-            Some(StopReason::Drained | StopReason::Vacated) => {
+            Some(StopReason::Drained | StopReason::Vacated | StopReason::ReservationOpened) => {
                 self.requeue_run(id, "a node of the gang was drained", now);
                 return Outcome::RunUpdated { job: id, state: JobState::Pending };
             }
@@ -345,6 +345,9 @@ impl ClusterState {
             StopReason::Preempted { by, mode } => return self.preempted_run_ended(id, by, mode, now),
             StopReason::Resize { by } => return self.resized_run_ended(id, by, now),
             StopReason::Drained => self.requeue_run(id, "its node was drained", now),
+            StopReason::ReservationOpened => {
+                self.requeue_run(id, "a reservation's window opened on its resources", now)
+            }
             StopReason::Vacated => {
                 self.requeue_run(id, "stopped to keep GPUs idle for the inference headroom", now)
             }
@@ -549,6 +552,7 @@ fn stopped_by_cluster(stop: &StopReason) -> bool {
         StopReason::Preempted { .. }
             | StopReason::Resize { .. }
             | StopReason::Drained
+            | StopReason::ReservationOpened
             | StopReason::Vacated
             | StopReason::GpuFailed
             | StopReason::Idle
@@ -567,6 +571,7 @@ fn run_end(job: &Job, stop: Option<StopReason>, exit: &RunExit) -> (JobState, St
                 StopReason::Preempted { .. }
                 | StopReason::Resize { .. }
                 | StopReason::Drained
+                | StopReason::ReservationOpened
                 | StopReason::Vacated
                 | StopReason::GpuFailed
                 | StopReason::Idle,

@@ -107,7 +107,7 @@ fn a_maintenance_window_backfills_the_gap_stops_what_runs_and_frees_the_node_aft
     step(&mut s, 20_000);
     assert_eq!(s.maint_of("n1"), Some("maint"));
     let stop = s.jobs[&caught].allocation.as_ref().and_then(|a| a.stop);
-    assert_eq!(stop, Some(StopReason::Drained), "the run on the reserved node is stopped");
+    assert_eq!(stop, Some(StopReason::ReservationOpened), "the run on the reserved node is stopped");
     s.apply(&cmd(
         20_500,
         Op::JobExited { job: caught, attempt: 0, node: "n1".into(), exit: RunExit::Signal(15) },
