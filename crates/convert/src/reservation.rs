@@ -11,7 +11,7 @@ pub fn reservation_from_pb(r: pb::Reservation, created_by: &str) -> Result<Reser
     let repeat = Repeat::parse(&r.repeat).ok_or_else(|| {
         Status::invalid_argument(format!("repeat: {:?} is not once, daily, weekdays or weekly", r.repeat))
     })?;
-    Ok(Reservation {
+    let out = Reservation {
         name: r.name,
         nodes: r.nodes,
         gpus: r.gpus,
@@ -29,7 +29,10 @@ pub fn reservation_from_pb(r: pb::Reservation, created_by: &str) -> Result<Reser
         created_by: created_by.to_string(),
         opened_ms: None,
         bound: Vec::new(),
-    })
+    };
+    // Refused at the edge, before it costs a log entry (apply checks it again).
+    out.validate().map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok(out)
 }
 
 /// The wire form of a reservation at `now` (its window open now or next).
@@ -53,7 +56,7 @@ pub fn reservation_to_pb(r: &Reservation, now: i64) -> pb::Reservation {
         created_by: r.created_by.clone(),
         next_start_ms: window.map_or(0, |w| w.0),
         next_end_ms: window.map_or(0, |w| w.1),
-        open: r.opened_ms.is_some() && r.open_at(now).is_some(),
+        open: r.open_at(now).is_some_and(|(start, _)| r.opened_ms == Some(start)),
         bound: r
             .bound
             .iter()

@@ -128,9 +128,11 @@ pub fn propose(state: &ClusterState, now_ms: i64, silent: &BTreeSet<String>, tim
     for (job, attempt) in state.expired_runs(now_ms) {
         ops.push(Op::EnforceTimeLimit { job, attempt });
     }
-    // Before the pass: a window opening stops what runs on it and changes what may start.
+    // A window opening or closing changes what may start: the pass waits for the next step,
+    // on the state the tick made.
     if state.reservations_due(now_ms) {
         ops.push(Op::ReservationTick);
+        return ops;
     }
     if may_place_or_preempt(state) {
         let out = plan(state);

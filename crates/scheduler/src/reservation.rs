@@ -238,15 +238,18 @@ impl Reservation {
             return None;
         }
         let node = self.nodes.iter().find(|n| other.nodes.contains(n))?;
-        let from = now.max(self.start_ms.min(other.start_ms));
-        let until = from.saturating_add(OVERLAP_HORIZON_MS).max(self.end_ms.max(other.end_ms));
-        let theirs = other.windows_between(from, until);
-        let meets = self
-            .windows_between(from, until)
-            .into_iter()
-            .any(|(s, e)| theirs.iter().any(|(os, oe)| s < *oe && *os < e));
+        let meets = meets(self, other, now) || meets(other, self, now);
         meets.then(|| format!("its window overlaps reservation \"{}\" on node {node}", other.name))
     }
+}
+
+/// Whether a window of `a` meets the window of `b` open at (or next after) its start: checked
+/// for `a`'s windows from when both exist, over two weeks (every repeat here has a week as a
+/// multiple of its period, so later windows repeat the pattern).
+fn meets(a: &Reservation, b: &Reservation, now: i64) -> bool {
+    let from = now.max(a.start_ms).max(b.start_ms.min(a.start_ms));
+    let until = from.saturating_add(OVERLAP_HORIZON_MS);
+    a.windows_between(from, until).into_iter().any(|(s, e)| b.window_at(s).is_some_and(|(bs, _)| bs < e))
 }
 
 /// Whether the UTC day of `ms` is Monday to Friday (1970-01-01 was a Thursday).
@@ -330,6 +333,18 @@ mod tests {
             (Reservation { overlap: true, ..a.clone() }, Reservation { overlap: true, ..b.clone() });
         assert!(a2.overlaps(&b2, 0).is_none());
         assert!(a2.overlaps(&b, 0).is_some(), "both must allow it");
+        // A one-off window far ahead meets the daily one that day.
+        let far = Reservation {
+            name: "far".into(),
+            ..resv(100 * DAY_MS + 1_000_000, 100 * DAY_MS + 2_000_000, Repeat::Once)
+        };
+        assert!(a.overlaps(&far, 0).is_some());
+        assert!(far.overlaps(&a, 0).is_some());
+        let clear = Reservation {
+            name: "clear".into(),
+            ..resv(100 * DAY_MS + 4_000_000, 100 * DAY_MS + 5_000_000, Repeat::Once)
+        };
+        assert!(a.overlaps(&clear, 0).is_none());
     }
 
     #[test]

@@ -100,12 +100,16 @@ impl<'a> Pass<'a> {
         if node.closes_ms == i64::MAX {
             return None;
         }
-        // After the window: the node is whole again (what runs in it is taken to end with it).
+        // After the window: the node is whole again (what runs in it is taken to end with it),
+        // if the job ends before the reservation's next window.
+        let after = node.reopens_ms.max(now);
+        if after.saturating_add(limit_ms) > node.next_closes_ms {
+            return None;
+        }
         let all: Vec<GpuIndex> =
             node.node.usable_gpus().filter(|g| model_matches(model, &g.model)).map(|g| g.index).collect();
         fit(&all, node.node.capacity()).ok()?;
-        let at = node.reopens_ms.max(now);
-        Some((at, all.into_iter().take(count).collect(), Cause::Window(at)))
+        Some((after, all.into_iter().take(count).collect(), Cause::Window(after)))
     }
 
     /// The earliest time at which `job` could start, and where, from expected ends: per node the

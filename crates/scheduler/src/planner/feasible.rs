@@ -24,8 +24,11 @@ pub(super) struct FreeNode<'a> {
     /// A reservation's window holds the node from then (`windows`): only a job that ends by
     /// then may start here (i64::MAX: none does; an open window: now).
     pub(super) closes_ms: i64,
-    /// When the window that closes it ends.
+    /// When the window that closes it ends, and when that reservation's next window opens.
     pub(super) reopens_ms: i64,
+    pub(super) next_closes_ms: i64,
+    /// An open window holds resources here (no preemption takes them).
+    pub(super) in_window: bool,
 }
 
 impl FreeNode<'_> {

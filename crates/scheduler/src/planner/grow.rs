@@ -25,6 +25,11 @@ impl<'a> Pass<'a> {
                 continue;
             }
             let Some(pos) = self.nodes.iter().position(|n| n.name == a.node) else { continue };
+            // A resize restarts the run: it must end before a window closes its node.
+            let ends = state.now_ms.saturating_add(state.time_limit_ms(job));
+            if ends > self.nodes[pos].closes_ms {
+                continue;
+            }
             let usable = self.nodes[pos].usable(job.spec.gpu_model.as_deref(), false);
             let extra = pick_gpus(&usable, usable.len().min((job.spec.gpus - job.gpus()) as usize));
             if extra.is_empty() || !state.may_grow(job, job.gpus() + extra.len() as u32, 1) {
@@ -50,7 +55,7 @@ impl<'a> Pass<'a> {
             .iter()
             .enumerate()
             .filter(|(_, n)| a.rank_on(n.name).is_none())
-            .filter(|(_, n)| n.admits(part, cloud_ok, state.expected_end_ms(job)))
+            .filter(|(_, n)| n.admits(part, cloud_ok, state.now_ms.saturating_add(state.time_limit_ms(job))))
             .map(|(pos, n)| (NodeFree { gpus: n.usable_count(model, false), cpu_mem: n.free_cpu_mem }, pos))
             .filter(|(free, _)| fits(free, &TaskAsk { gpus: count, cpu_mem: job.spec.cpu_mem() }).is_ok())
             .map(|(free, pos)| (free.gpus, pos))

@@ -68,6 +68,8 @@ impl<'a> Pass<'a> {
                 cloud,
                 closes_ms: i64::MAX,
                 reopens_ms: i64::MIN,
+                next_closes_ms: i64::MAX,
+                in_window: false,
             });
         }
         let windows = super::windows::carve(state, &mut nodes);

@@ -36,8 +36,10 @@ impl<'a> Pass<'a> {
         let ends_ms = state.now_ms.saturating_add(state.time_limit_ms(job));
         for (pos, node) in self.nodes.iter().enumerate() {
             // An open reservation's resources are taken from no one: its members use them.
-            let in_window = self.windows.iter().any(|w| w.slots.iter().any(|slot| slot.0 == pos));
-            if in_window || avoid.contains(&pos) || !node.admits(state.partition_of(job), cloud_ok, ends_ms) {
+            if node.in_window
+                || avoid.contains(&pos)
+                || !node.admits(state.partition_of(job), cloud_ok, ends_ms)
+            {
                 continue;
             }
             let Some((cost, plan)) = self.preempt_on(job, node, &ask, (g, may_reclaim)) else { continue };

@@ -9,6 +9,7 @@ use super::*;
 pub(super) struct WindowPool<'a> {
     pub(super) name: &'a str,
     pub(super) start_ms: i64,
+    pub(super) end_ms: i64,
     /// The window is open and its opening was carried out (its GPUs bound).
     pub(super) open: bool,
     /// Per node it holds: (position, its free GPUs kept for the window, the CPUs and memory
@@ -23,12 +24,16 @@ pub(super) fn carve<'a>(state: &'a ClusterState, nodes: &mut [FreeNode<'a>]) -> 
     }
     let now = state.now_ms;
     let mut pools = Vec::new();
+    // Windows sharing a node (both allowing overlap) each keep what was free before either.
+    let before: Vec<smallvec::SmallVec<[&'a Gpu; 8]>> = nodes.iter().map(|n| n.free.clone()).collect();
     for r in state.reservations.values() {
         let Some((start, end)) = r.window_at(now) else { continue };
         let open = start <= now;
+        let next = r.window_at(end).map_or(i64::MAX, |w| w.0);
         let mut pool = WindowPool {
             name: &r.name,
             start_ms: start,
+            end_ms: end,
             open: open && r.opened_ms == Some(start),
             slots: Vec::new(),
         };
@@ -37,20 +42,21 @@ pub(super) fn carve<'a>(state: &'a ClusterState, nodes: &mut [FreeNode<'a>]) -> 
             if !open {
                 // Only listed nodes are known ahead (a GPU count is bound when it opens).
                 if node.closes_ms > start {
-                    node.closes_ms = start;
-                    node.reopens_ms = end;
+                    (node.closes_ms, node.reopens_ms, node.next_closes_ms) = (start, end, next);
                 }
                 continue;
             }
             let whole = held.is_none();
+            node.in_window = true;
             let kept: Vec<&Gpu> =
-                node.free.iter().copied().filter(|g| held.is_none_or(|h| h.contains(&g.index))).collect();
+                before[pos].iter().copied().filter(|g| held.is_none_or(|h| h.contains(&g.index))).collect();
             node.free.retain(|g| held.is_some_and(|h| !h.contains(&g.index)));
-            let cpu_mem = node.free_cpu_mem;
+            let cpu_mem = node.node.free_cpu_mem();
             if whole {
                 node.free_cpu_mem = CpuMem::default();
                 node.closes_ms = i64::MIN;
                 node.reopens_ms = node.reopens_ms.max(end);
+                node.next_closes_ms = node.next_closes_ms.min(next);
             }
             pool.slots.push((pos, kept, cpu_mem, whole));
         }
@@ -84,6 +90,14 @@ impl<'s> Planning<'s> {
         if self.out.plan.placements.len() >= PLAN_PLACEMENTS_MAX {
             return Err(PendingReason::Priority);
         }
+        let ends_ms = state.now_ms.saturating_add(q.limit_ms);
+        if ends_ms > pool.end_ms {
+            let why = format!("its time limit ends after reservation \"{name}\"'s window closes");
+            return Err(PendingReason::Reservation(why));
+        }
+        if !state.reservations.get(name).is_some_and(|r| state.member(r, job)) {
+            return Err(PendingReason::Reservation(format!("not on reservation \"{name}\"'s access list")));
+        }
         let (count, model) = (q.gpus as usize, q.model);
         let usable = |gpus: &[&Gpu]| gpus.iter().filter(|g| model_matches(model, &g.model)).count();
         // Tightest slots first, one per task.
@@ -91,7 +105,11 @@ impl<'s> Planning<'s> {
             .slots
             .iter()
             .enumerate()
-            .filter(|(_, (_, gpus, cpu_mem, _))| usable(gpus) >= count && q.cpu_mem.fits(*cpu_mem))
+            .filter(|(_, (pos, gpus, cpu_mem, _))| {
+                let node = &self.pass.nodes[*pos];
+                let in_part = q.part.is_none_or(|p| p.contains(node.name, node.labels));
+                in_part && usable(gpus) >= count && q.cpu_mem.fits(*cpu_mem)
+            })
             .map(|(i, (_, gpus, _, _))| (usable(gpus), i))
             .collect();
         fitting.sort_unstable();
@@ -100,7 +118,6 @@ impl<'s> Planning<'s> {
                 "reservation \"{name}\"'s free resources do not fit it now"
             )));
         }
-        let ends_ms = state.now_ms.saturating_add(q.limit_ms);
         let placed: Vec<(usize, Vec<GpuIndex>)> = fitting
             .into_iter()
             .take(q.tasks as usize)

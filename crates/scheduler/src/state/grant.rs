@@ -48,6 +48,9 @@ pub enum GrantError {
     Claimed { node: String, gpu: GpuIndex, claimer: JobId },
     #[error("node \"{node}\" has {free} {what} free, job {job} needs {wanted}")]
     Short { node: String, job: JobId, what: &'static str, free: u64, wanted: u64 },
+    /// A reservation's window forbids it (`ClusterState::window_refuses` says why).
+    #[error("{0}")]
+    Reserved(String),
 }
 
 impl ClusterState {
@@ -75,6 +78,9 @@ impl ClusterState {
         }
         if !self.node_admits(job, &node.info.labels) {
             return Err(GrantError::MayNotBurst { node: name.to_string(), job: job.id });
+        }
+        if let Some(why) = self.window_refuses(job, name, gpus) {
+            return Err(GrantError::Reserved(why));
         }
         let distinct: BTreeSet<GpuIndex> = gpus.iter().copied().collect();
         if distinct.len() != gpus.len() || per_task.is_some_and(|n| distinct.len() != n as usize) {

@@ -33,39 +33,22 @@ impl ClusterState {
         self.check_running()
     }
 
-    /// An open reservation's resources run only its own jobs, runs that are stopping, and
-    /// (with `ignore_jobs`) runs that started before the window; its jobs run only on them.
+    /// An open reservation's resources run only its own jobs and runs that are stopping (with
+    /// `ignore_jobs`, any run: the planner and apply keep new ones out); its jobs run only
+    /// there.
     fn check_reservations(&self) -> Result<(), String> {
         let now = self.now_ms;
         for r in self.reservations.values() {
-            let Some((start, _)) = r.open_at(now).filter(|(s, _)| r.opened_ms == Some(*s)) else { continue };
-            for job in self.jobs.values().filter(|j| j.state == JobState::Running) {
-                let Some(a) = job.allocation.as_ref().filter(|a| a.stop.is_none()) else { continue };
-                let member = job.spec.reservation.as_deref() == Some(r.name.as_str());
-                for (_, node, gpus) in a.tasks() {
-                    let inside = match r.holds_on(node) {
-                        Some(None) => Some(true),
-                        Some(Some(held)) => Some(gpus.iter().all(|g| held.contains(g)))
-                            .filter(|all| *all || gpus.iter().any(|g| held.contains(g))),
-                        None => None,
-                    };
-                    let early = r.ignore_jobs && job.start_time_ms.is_some_and(|t| t < start);
-                    match (member, inside) {
-                        (true, Some(true)) | (false, None) => {}
-                        (false, Some(_)) if early => {}
-                        (true, _) => {
-                            return Err(format!(
-                                "job {} of reservation {} runs outside it on {node}",
-                                job.id, r.name
-                            ))
-                        }
-                        (false, Some(_)) => {
-                            return Err(format!(
-                                "job {} runs on reservation {}'s {node} in its window",
-                                job.id, r.name
-                            ))
-                        }
-                    }
+            let Some(_) = r.open_at(now).filter(|(s, _)| r.opened_ms == Some(*s)) else { continue };
+            let running = self.jobs.values().filter(|j| j.state == JobState::Running);
+            for job in running.filter(|j| j.allocation.as_ref().is_some_and(|a| a.stop.is_none())) {
+                let member = self.member(r, job);
+                if (member || !r.ignore_jobs) && self.breaks_window(r, job) {
+                    return Err(if member {
+                        format!("job {} of reservation {} runs outside it", job.id, r.name)
+                    } else {
+                        format!("job {} runs on reservation {}'s resources in its window", job.id, r.name)
+                    });
                 }
             }
         }

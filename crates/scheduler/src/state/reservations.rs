@@ -55,6 +55,9 @@ impl ClusterState {
         if let Some(old) = old {
             let same = old.nodes == r.nodes
                 && old.gpus == r.gpus
+                && old.ignore_jobs == r.ignore_jobs
+                && old.overlap == r.overlap
+                && (&old.users, &old.accounts, &old.qos) == (&r.users, &r.accounts, &r.qos)
                 && old.partition == r.partition
                 && old.gpu_model == r.gpu_model
                 && old.window_at(now) == r.window_at(now);
@@ -167,6 +170,19 @@ impl ClusterState {
             r.bound = self.bind_gpus(&r);
         }
         let victims: Vec<JobId> = if r.ignore_jobs { Vec::new() } else { self.runs_on(&r) };
+        // Preemptors and resized runs waiting for GPUs it now holds plan again elsewhere.
+        let claimers: BTreeSet<JobId> = r
+            .held_nodes()
+            .filter_map(|node| Some((node, self.nodes.get(node)?)))
+            .flat_map(|(node, n)| {
+                let held = r.holds_on(node).flatten();
+                n.claimed.iter().filter(move |(g, _)| held.is_none_or(|h| h.contains(g))).map(|(_, j)| *j)
+            })
+            .filter(|j| !self.jobs.get(j).is_some_and(|j| self.member(&r, j)))
+            .collect();
+        for c in claimers {
+            self.drop_claim(c);
+        }
         for id in &victims {
             let Some(job) = self.jobs.get_mut(id) else { continue };
             let Some(alloc) = job.allocation.as_mut() else { continue };
@@ -201,31 +217,58 @@ impl ClusterState {
         victims
     }
 
-    /// The runs on `r`'s resources that do not run in it and are not already stopping.
+    /// The runs to stop when `r`'s window opens: those on its resources that do not run in it
+    /// (nor in a reservation sharing them, both allowing overlap), and its own runs outside
+    /// them (it was moved); running or suspended, not already stopping.
     fn runs_on(&self, r: &Reservation) -> Vec<JobId> {
         let mut ids = BTreeSet::new();
         for node in r.held_nodes() {
-            let Some(n) = self.nodes.get(node) else { continue };
-            match r.holds_on(node) {
-                Some(None) => ids.extend(self.jobs_on(node).iter().map(|j| j.id)),
-                Some(Some(gpus)) => {
-                    ids.extend(n.allocated.iter().filter(|(g, _)| gpus.contains(g)).map(|(_, j)| *j));
-                    for g in gpus {
-                        ids.extend(n.shared.get(g).into_iter().flat_map(|s| s.keys()));
-                    }
-                }
-                None => {}
-            }
+            ids.extend(self.jobs_on(node).iter().map(|j| j.id));
         }
+        ids.extend(self.jobs.values().filter(|j| self.member(r, j)).map(|j| j.id));
         ids.into_iter()
             .filter(|id| {
                 self.jobs.get(id).is_some_and(|j| {
-                    j.state == JobState::Running
+                    matches!(j.state, JobState::Running | JobState::Suspended)
                         && j.allocation.as_ref().is_some_and(|a| a.stop.is_none())
-                        && j.spec.reservation.as_deref() != Some(r.name.as_str())
+                        && self.breaks_window(r, j)
                 })
             })
             .collect()
+    }
+
+    /// Whether `job` is `r`'s: it names it and is on its access list.
+    pub(crate) fn member(&self, r: &Reservation, job: &Job) -> bool {
+        job.spec.reservation.as_deref() == Some(r.name.as_str())
+            && r.admits(&job.spec.user, &job.spec.account, &job.spec.qos)
+    }
+
+    /// Whether `job`'s run breaks `r`'s open window: a member with a task outside it, or a
+    /// non-member on its resources (unless a member of another reservation holding them
+    /// too, both allowing overlap).
+    pub(crate) fn breaks_window(&self, r: &Reservation, job: &Job) -> bool {
+        let Some(a) = job.allocation.as_ref() else { return false };
+        let member = self.member(r, job);
+        a.tasks().any(|(_, node, gpus)| {
+            let touches = match r.holds_on(node) {
+                Some(None) => true,
+                Some(Some(held)) => gpus.iter().any(|g| held.contains(g)),
+                None => false,
+            };
+            if member {
+                return !matches!(r.holds_on(node), Some(None))
+                    && !r.holds_on(node).flatten().is_some_and(|held| gpus.iter().all(|g| held.contains(g)));
+            }
+            touches && !self.shares(r, job, node)
+        })
+    }
+
+    /// Whether `job` runs in another reservation holding `node` too, both allowing overlap.
+    fn shares(&self, r: &Reservation, job: &Job, node: &str) -> bool {
+        let Some(o) = job.spec.reservation.as_deref().and_then(|n| self.reservations.get(n)) else {
+            return false;
+        };
+        o.name != r.name && r.overlap && o.overlap && o.holds_on(node).is_some() && self.member(o, job)
     }
 
     /// The GPUs a GPU-count reservation takes when its window opens: healthy GPUs of its
@@ -304,21 +347,29 @@ impl ClusterState {
         Ok(())
     }
 
-    /// Why a task of `job` may not start on `gpus` of `node` now (apply's re-check of the
-    /// planner): a job in a reservation starts only on its resources while its window is
-    /// open; any other job never on an open window's resources, and on an upcoming window's
-    /// nodes only if its time limit ends before the window opens.
+    /// Why a task of `job` may not be granted `gpus` of `node` now (`check_grant`: every start,
+    /// preemption and resize): a job in a reservation runs only on its resources while its
+    /// window is open, ending by its end; any other job never on an open window's resources
+    /// (unless both reservations allow overlap and it is the other's), and on an upcoming
+    /// window's nodes only if it ends before the window opens.
     pub fn window_refuses(&self, job: &Job, node: &str, gpus: &[GpuIndex]) -> Option<String> {
         if self.reservations.is_empty() {
             return None;
         }
         let now = self.now_ms;
-        let mine = job.spec.reservation.as_deref();
-        if let Some(name) = mine {
+        // A grant starts a run (a resize restarts it): it ends by its full limit from now.
+        let ends = now.saturating_add(self.time_limit_ms(job));
+        if let Some(name) = job.spec.reservation.as_deref() {
             let Some(r) = self.reservations.get(name) else {
                 return Some(format!("reservation \"{name}\" does not exist"));
             };
-            if r.open_at(now).is_none_or(|(start, _)| r.opened_ms != Some(start)) {
+            if !self.member(r, job) {
+                return Some(format!("job {} is not on reservation \"{name}\"'s access list", job.id));
+            }
+            let Some((start, end)) = r.open_at(now) else {
+                return Some(format!("reservation \"{name}\"'s window is not open"));
+            };
+            if r.opened_ms != Some(start) {
                 return Some(format!("reservation \"{name}\"'s window is not open"));
             }
             let inside = match r.holds_on(node) {
@@ -328,6 +379,9 @@ impl ClusterState {
             };
             if !inside {
                 return Some(format!("node {node} {gpus:?} is not reservation \"{name}\"'s"));
+            }
+            if ends > end {
+                return Some(format!("job {} would run past reservation \"{name}\"'s window", job.id));
             }
             return None;
         }
@@ -344,7 +398,7 @@ impl ClusterState {
             if start <= now {
                 return Some(format!("node {node} is held by reservation \"{}\"", r.name));
             }
-            if now.saturating_add(self.time_limit_ms(job)) > start {
+            if ends > start {
                 return Some(format!(
                     "job {} would still run on node {node} when reservation \"{}\" opens",
                     job.id, r.name

@@ -21,9 +21,6 @@ impl ClusterState {
             }
             let checked = self.check_placement(p).and_then(|()| {
                 let job = &self.jobs[&p.job];
-                if let Some(why) = p.tasks().find_map(|(node, gpus)| self.window_refuses(job, node, gpus)) {
-                    return Err(format!("job {}: {why}", p.job));
-                }
                 usage.admits(job, &self.policy).map_err(|r| format!("job {}: {r}", p.job))?;
                 if let Some((array, max)) = job.spec.array.as_ref().and_then(|a| Some((a, a.max_running?))) {
                     let running =
@@ -313,7 +310,11 @@ impl ClusterState {
                 self.requeue_run(id, IDLE_REQUEUE, now);
                 return Outcome::RunUpdated { job: id, state: JobState::Pending };
             }
-            Some(StopReason::Drained | StopReason::Vacated | StopReason::ReservationOpened) => {
+            Some(StopReason::ReservationOpened) => {
+                self.requeue_run(id, "a reservation's window opened on a node of the gang", now);
+                return Outcome::RunUpdated { job: id, state: JobState::Pending };
+            }
+            Some(StopReason::Drained | StopReason::Vacated) => {
                 self.requeue_run(id, "a node of the gang was drained", now);
                 return Outcome::RunUpdated { job: id, state: JobState::Pending };
             }

@@ -240,10 +240,17 @@ fn the_invariant_checker_catches_a_run_left_on_an_open_window_and_a_member_outsi
     let mut broken = s.clone();
     broken.jobs.get_mut(&caught).unwrap().allocation.as_mut().unwrap().stop = None;
     let err = broken.check_invariants().unwrap_err();
-    assert!(err.contains("runs on reservation maint's n1"), "{err}");
+    assert!(err.contains("runs on reservation maint's resources in its window"), "{err}");
     // A job of the reservation running on n2 is outside it.
+    // A member with no limit of its own (its QoS's 48 h) would outlive the window: refused.
     let mut member = job(1, None, "alice");
     member.reservation = Some("maint".into());
+    let late = submitted(submit(&mut s, member.clone(), 21_000));
+    step(&mut s, 21_000);
+    assert_eq!(node_of(&s, late), None);
+    let why = plan(&s).pending[&late].to_string();
+    assert!(why.contains("ends after reservation \"maint\"'s window closes"), "{why}");
+    member.time_limit_s = Some(20);
     let m = submitted(submit(&mut s, member, 21_000));
     step(&mut s, 21_000);
     assert_eq!(node_of(&s, m).as_deref(), Some("n1"), "its member starts in the window");
@@ -251,4 +258,54 @@ fn the_invariant_checker_catches_a_run_left_on_an_open_window_and_a_member_outsi
     outside.reservations.get_mut("maint").unwrap().nodes = vec!["n2".into()];
     let err = outside.check_invariants().unwrap_err();
     assert!(err.contains(&format!("job {m} of reservation maint runs outside it")), "{err}");
+}
+
+#[test]
+fn a_suspended_run_is_stopped_when_a_window_opens_and_an_elastic_one_never_grows_into_one() {
+    // A suspended victim on n1 is stopped by the window's opening: it never resumes inside it.
+    let mut s = cluster(4);
+    let mut policy = s.policy.clone();
+    policy.qos.get_mut("batch").unwrap().preempt_mode = crate::policy::PreemptMode::Suspend;
+    s.apply(&cmd(0, Op::SetPolicy { policy, audit: None }));
+    let mut sp = spec(4, "batch");
+    sp.suspendable = true;
+    let victim = start(&mut s, sp, 0);
+    let urgent = submitted(submit(&mut s, spec(2, "urgent"), 50_000));
+    preempt(&mut s, 50_000);
+    step(&mut s, 50_001);
+    assert_eq!(s.jobs[&victim].state, JobState::Suspended);
+    put(&mut s, maint_n1(100_000, 200_000), 60_000);
+    match s.apply(&cmd(100_000, Op::ReservationTick)) {
+        Outcome::ReservationsTicked { stopped, .. } => assert!(stopped.contains(&victim), "{stopped:?}"),
+        other => panic!("{other:?}"),
+    }
+    s.apply(&cmd(
+        101_000,
+        Op::JobExited { job: urgent, attempt: 0, node: "n1".into(), exit: RunExit::Signal(15) },
+    ));
+    assert_ne!(s.jobs[&victim].state, JobState::Running, "it does not resume in the window");
+    assert!(s.check_invariants().is_ok());
+
+    // A shrunk elastic job is not grown back on a node whose window opens before its restart
+    // (a resize restarts the run, by its full limit) would end.
+    let mut s = cluster(4);
+    let mut sp = spec(4, "training");
+    sp.min_gpus = Some(2);
+    sp.time_limit_s = Some(100);
+    let elastic = start(&mut s, sp, 0);
+    let urgent = submitted(submit(&mut s, spec(2, "urgent"), 60_000));
+    preempt(&mut s, 60_000);
+    s.apply(&cmd(
+        61_000,
+        Op::JobExited { job: elastic, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) },
+    ));
+    step(&mut s, 61_001);
+    s.apply(&cmd(
+        70_000,
+        Op::JobExited { job: urgent, attempt: 0, node: "n1".into(), exit: RunExit::Code(0) },
+    ));
+    assert_eq!(s.jobs[&elastic].gpus(), 2, "shrunk");
+    assert!(!plan(&s).grow.is_empty(), "with no window it grows back");
+    put(&mut s, maint_n1(120_000, 200_000), 70_000);
+    assert!(plan(&s).grow.is_empty(), "a restart of 100 s would run into the window at 120 s");
 }
