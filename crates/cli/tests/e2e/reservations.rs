@@ -230,15 +230,17 @@ fn a_gpu_count_reservation_binds_free_gpus_for_its_access_list_only() {
     // Alice's jobs naming it start on them at once: by `submit --reservation` and by
     // `#SBATCH --reservation=`.
     let asked = std::time::Instant::now();
-    let a1 =
-        id(as_ok("alice", &["submit", "--account", "a", "--reservation", "train", "--", "sleep", "1000"]));
+    let a1 = id(as_ok(
+        "alice",
+        &["submit", "--account", "a", "--reservation", "train", "--time", "2m", "--", "sleep", "1000"],
+    ));
     let a1_job = c.wait_state(a1, "RUNNING");
     assert!(asked.elapsed() < Duration::from_secs(10), "it took {:?} to start", asked.elapsed());
     assert_eq!(a1_job["reservation"], "train");
     let script = c.path("in-reservation.sh");
     std::fs::write(
         &script,
-        "#!/bin/sh\n#SBATCH --reservation=train\n#SBATCH --gres=gpu:1 --account=a\nsleep 1000\n",
+        "#!/bin/sh\n#SBATCH --reservation=train\n#SBATCH --gres=gpu:1 --account=a --time=2:00\nsleep 1000\n",
     )
     .unwrap();
     let a2 = id(as_ok("alice", &["batch", script.to_str().unwrap()]));
@@ -268,7 +270,10 @@ fn a_gpu_count_reservation_binds_free_gpus_for_its_access_list_only() {
         "{r}"
     );
     assert_eq!(bound_on(&r, "node-a"), bound, "{r}");
-    let b3 = id(as_ok("bob", &["submit", "--account", "b", "--reservation", "train", "--", "sleep", "1000"]));
+    let b3 = id(as_ok(
+        "bob",
+        &["submit", "--account", "b", "--reservation", "train", "--time", "2m", "--", "sleep", "1000"],
+    ));
     let waits = wait_for("Bob's job's reason", || {
         c.try_job(b3).filter(|j| j["reason"].as_str().is_some_and(|r| !r.is_empty()))
     });
@@ -350,7 +355,7 @@ fn a_leader_failover_during_a_window_changes_no_reservation() {
     wait_open(&c, "m");
     assert_eq!(bound_on(&g, "node-a").len(), 2, "{g}");
     // A job in the reservation and one beside it, on node-a.
-    let inside = c.submit(&["--reservation", "g", "--gpus", "2", "--", "sleep", "1000"]);
+    let inside = c.submit(&["--reservation", "g", "--gpus", "2", "--time", "2m", "--", "sleep", "1000"]);
     let beside = c.submit(&["--gpus", "1", "--", "sleep", "1000"]);
     for id in [inside, beside] {
         c.wait_state(id, "RUNNING");

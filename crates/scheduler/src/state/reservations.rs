@@ -57,7 +57,6 @@ impl ClusterState {
                 && old.gpus == r.gpus
                 && old.ignore_jobs == r.ignore_jobs
                 && old.overlap == r.overlap
-                && (&old.users, &old.accounts, &old.qos) == (&r.users, &r.accounts, &r.qos)
                 && old.partition == r.partition
                 && old.gpu_model == r.gpu_model
                 && old.window_at(now) == r.window_at(now);
@@ -302,7 +301,8 @@ impl ClusterState {
                 }
                 let cost = match n.allocated.get(&g.index).and_then(|j| self.jobs.get(j)) {
                     None => 0,
-                    Some(j) if r.ignore_jobs || j.spec.reservation.as_deref() == Some(r.name.as_str()) => 1,
+                    Some(j) if self.member(r, j) => 0,
+                    Some(_) if r.ignore_jobs => 1,
                     Some(j) => 2 + j.total_gpus(),
                 };
                 candidates.push((cost, std::cmp::Reverse(free), name.as_str(), g.index));
