@@ -187,11 +187,13 @@ class Client:
         request_id: Optional[str] = None,
         array: Iterable[int] = (),
         array_max_running: int = 0,
+        reservation: str = "",
     ) -> int:
         """Submits a job and returns its id. Retries are safe: every attempt of one call carries
         the same request id, so the cluster creates at most one job. With `array` (indices,
         e.g. `range(8)`), one job per index and the array's id is returned; at most
-        `array_max_running` of them run at once (0: no limit)."""
+        `array_max_running` of them run at once (0: no limit). With `reservation`, it runs only
+        in that reservation's window, on its resources."""
         spec = job_pb2.JobSpec(
             name=name,
             argv=list(argv),
@@ -206,6 +208,7 @@ class Client:
             hold=hold,
             array_indices=sorted(set(array)),
             array_max_running=array_max_running,
+            reservation=reservation,
         )
         if requeue is not None:
             spec.requeue = requeue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -41,6 +42,9 @@ class Job:
     array_job_id: Optional[int] = None
     array_task_id: Optional[int] = None
     purged: bool = False
+    # Pending: when the planner expects it to start (Unix ms; 0: no estimate) and why then.
+    expected_start_ms: int = 0
+    start_reason: str = ""
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -91,7 +95,8 @@ class Job:
     @classmethod
     def from_pb(cls, job: job_pb2.Job) -> "Job":
         spec = job.spec
-        return cls._of(job, spec.name, spec.account, spec.partition, spec.resources.gpus)
+        base = cls._of(job, spec.name, spec.account, spec.partition, spec.resources.gpus)
+        return dataclasses.replace(base, expected_start_ms=int(job.expected_start_ms), start_reason=job.start_reason)
 
     @classmethod
     def from_record(cls, r: job_pb2.JobRecord) -> "Job":
