@@ -16,7 +16,10 @@ pub struct SimArgs {
     #[arg(
         long,
         value_name = "FILE.jsonl",
-        conflicts_with_all = ["pods", "jobs", "nodes", "cluster", "inflate", "load", "offered_load", "from"]
+        conflicts_with_all = [
+            "pods", "jobs", "nodes", "cluster", "inflate", "load", "offered_load", "from", "time_limit_factor",
+            "estimate_every"
+        ]
     )]
     pub history: Option<std::path::PathBuf>,
     /// Alibaba v2023 GPU node list (openb_node_list_gpu_node.csv).
@@ -54,6 +57,18 @@ pub struct SimArgs {
     /// from day 117 on (10108800), so that gap would otherwise dominate any compression.
     #[arg(long, value_name = "SECONDS")]
     pub from: Option<u64>,
+    /// Jobs state their run time × FACTOR as their time limit (rounded up to the second, up to
+    /// their QoS's max wall): backfill and the start estimates plan by the limits, so the
+    /// estimates' error (reported against the actual starts) depends on it.
+    #[arg(long, value_name = "FACTOR", default_value_t = kairos_sim::TIME_LIMIT_FACTOR, allow_negative_numbers = true)]
+    pub time_limit_factor: f64,
+    /// When the replay records the waiting jobs' start estimates (`kairos queue --start`'s), to
+    /// report their error against the actual starts: `change` (after every pass that followed a
+    /// change), SECONDS (at most once in that time, and that long after a change at the latest:
+    /// each costs a planning pass with up to 64 estimates, slow on large clusters with long
+    /// queues), or `off`.
+    #[arg(long, value_name = "change|SECONDS|off", default_value = "change", value_parser = estimate_every)]
+    pub estimate_every: EstimateEvery,
     /// Inference pods the trace gives a fraction of a GPU (`gpu_milli` below 1000) ask for that
     /// fraction and share GPUs (where their QoS allows; the shipped inference QoS does);
     /// without it each takes a whole GPU.
@@ -94,6 +109,23 @@ pub struct SimArgs {
     /// one point per configuration).
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<std::path::PathBuf>,
+}
+
+/// `--estimate-every`: None off, else at most once in that many ms (0: after every change).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EstimateEvery(pub Option<i64>);
+
+fn estimate_every(text: &str) -> Result<EstimateEvery, String> {
+    match text {
+        "change" => Ok(EstimateEvery(Some(0))),
+        "off" => Ok(EstimateEvery(None)),
+        s => s
+            .parse::<u64>()
+            .ok()
+            .filter(|s| (1..=365 * 86_400).contains(s))
+            .map(|s| EstimateEvery(Some(s as i64 * 1000)))
+            .ok_or_else(|| format!("\"{s}\" is not change, off or a number of seconds (1 to a year)")),
+    }
 }
 
 /// The topology level of `--cluster BxNxG`'s blocks.
@@ -199,6 +231,10 @@ pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
             args.plot.as_deref(),
         );
     }
+    let factor = args.time_limit_factor;
+    if !(factor > 0.0 && factor <= 1000.0) {
+        anyhow::bail!("--time-limit-factor: {factor} is not a factor in (0, 1000]");
+    }
     let (nodes, jobs, load) = workload_of(&args)?;
     let config = SimConfig {
         load,
@@ -207,6 +243,9 @@ pub fn sim(json: bool, args: SimArgs) -> anyhow::Result<i32> {
         checkpoint_every_s: args.checkpoint_every.max(1),
         fractions: args.gpu_fractions,
         accounts: args.accounts.unwrap_or(0),
+        time_limit_factor: args.time_limit_factor,
+        estimates: args.estimate_every.0.is_some(),
+        estimate_every_ms: args.estimate_every.0.unwrap_or(0),
         ..SimConfig::default()
     };
     let policies = policies_of(&args)?;
@@ -412,6 +451,41 @@ mod tests {
             assert_eq!(r[4].contains("shares GPUs"), q.gpu_sharing, "{r:?}");
             assert_eq!(list(r[5]), q.preempt.iter().cloned().collect::<Vec<_>>(), "{r:?}");
         }
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        sim: SimArgs,
+    }
+
+    /// Time limits are the run time × 2 unless said; a factor that is not positive is refused
+    /// before the trace is read.
+    #[test]
+    fn the_time_limit_factor_defaults_to_the_replays_and_must_be_positive() {
+        use clap::Parser;
+        let args = Cli::try_parse_from(["sim"]).unwrap().sim;
+        assert_eq!(args.time_limit_factor, 2.0);
+        for bad in ["0", "-1", "NaN", "1001"] {
+            let args = Cli::try_parse_from(["sim", "--time-limit-factor", bad]).unwrap().sim;
+            let e = sim(false, args).unwrap_err().to_string();
+            assert!(e.starts_with("--time-limit-factor: ") && !e.contains('\n'), "{bad}: {e}");
+        }
+        let args = Cli::try_parse_from(["sim", "--time-limit-factor", "1.5"]).unwrap().sim;
+        assert_eq!(args.time_limit_factor, 1.5);
+        // Estimates after every change unless said.
+        let every = |a: &[&str]| {
+            Cli::try_parse_from(["sim"].iter().chain(a)).map(|c| c.sim.estimate_every.0).map_err(|_| ())
+        };
+        assert_eq!(every(&[]), Ok(Some(0)));
+        assert_eq!(every(&["--estimate-every", "60"]), Ok(Some(60_000)));
+        assert_eq!(every(&["--estimate-every", "off"]), Ok(None));
+        for bad in ["0", "-5", "1m", "never"] {
+            assert_eq!(every(&["--estimate-every", bad]), Err(()), "{bad}");
+        }
+        // A history keeps its jobs' limits.
+        assert!(Cli::try_parse_from(["sim", "--history", "h.jsonl", "--time-limit-factor", "3"]).is_err());
+        assert!(Cli::try_parse_from(["sim", "--history", "h.jsonl"]).is_ok());
     }
 
     #[test]

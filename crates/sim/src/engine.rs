@@ -21,6 +21,7 @@ use crate::report::{Class, Report, Unfinished};
 use crate::trace::{TraceJob, TraceNode};
 
 mod burst;
+mod estimates;
 mod history;
 mod teams;
 
@@ -57,7 +58,21 @@ pub struct SimConfig {
     /// the trace); accounts the policy lacks are added under its root account, open to all.
     /// 0: every job under the user's default account.
     pub accounts: u32,
+    /// Jobs of a trace state ceil(their run time × this) as their time limit (at least 1 s, up
+    /// to their QoS's max wall): users overestimate, and backfill and the start estimates plan
+    /// by the limit. A history's jobs keep the limits they had.
+    pub time_limit_factor: f64,
+    /// Record the start estimates (`kairos queue --start`'s) of the waiting jobs and measure
+    /// them against the actual starts (`Report::estimates`; `engine::estimates`): a planning
+    /// pass more after each pass that followed a change …
+    pub estimates: bool,
+    /// … or at most once in this many ms (0: after every one), and then this long after a
+    /// change at the latest: on large clusters with long queues each such pass is costly.
+    pub estimate_every_ms: i64,
 }
+
+/// The replay's default `SimConfig::time_limit_factor`.
+pub const TIME_LIMIT_FACTOR: f64 = 2.0;
 
 impl Default for SimConfig {
     fn default() -> Self {
@@ -74,6 +89,9 @@ impl Default for SimConfig {
             topology_level: None,
             gang_topology: None,
             accounts: 0,
+            time_limit_factor: TIME_LIMIT_FACTOR,
+            estimates: false,
+            estimate_every_ms: 0,
         }
     }
 }
@@ -136,6 +154,8 @@ enum Event {
         job: usize,
         held: bool,
     },
+    /// The start estimates catch up with a change (`SimConfig::estimate_every_ms`).
+    Estimate,
 }
 
 /// What the replay keeps of each job (the state forgets finished ones).
@@ -259,6 +279,8 @@ struct Sim<'a> {
     largest_domain: usize,
     /// Team guarantees measured over the replay (a policy with guarantees).
     teams: Option<teams::TeamSide>,
+    /// The start estimates recorded (`SimConfig::estimates`).
+    estimates: Option<estimates::EstimateSide>,
 }
 
 /// A modelled node's registration: `gpus` GPUs of `model`; CPUs or memory of 0 (not said by
@@ -378,6 +400,7 @@ impl<'a> Sim<'a> {
             gang_starts: Vec::new(),
             largest_domain: 0,
             teams: None,
+            estimates: config.estimates.then(|| estimates::EstimateSide::new(config.estimate_every_ms)),
         };
         sim.teams = teams::TeamSide::new(&sim.state);
         sim.largest_domain = sim.largest_domain();
@@ -416,26 +439,41 @@ impl<'a> Sim<'a> {
                 self.events.pop();
                 continue;
             }
+            if event == Event::Estimate {
+                // Nor for the estimates catching up (the state has not changed since).
+                self.events.pop();
+                self.handle(now, event);
+                self.estimate(now);
+                continue;
+            }
             self.advance(now);
             if let Some(t) = self.teams.as_mut() {
                 t.advance(now);
             }
             self.last_event_ms = now;
-            let mut changed = false;
+            // `moved`: an event other than the tick changed something.
+            let (mut changed, mut moved) = (false, false);
             while let Some(Reverse((at, _, event))) = self.events.peek().copied() {
                 if at != now {
                     break;
                 }
                 self.events.pop();
-                changed |= self.handle(now, event);
+                let change = self.handle(now, event);
+                changed |= change;
+                moved |= change && event != Event::Tick;
             }
             if changed {
-                self.pass(now);
+                let acted = self.pass(now);
                 self.wake_burst(now);
                 if let Some(t) = self.teams.as_mut() {
                     t.observe(&self.state, now);
                 }
+                // Estimates change with the state: a tick's pass that did nothing leaves them.
+                if let Some(e) = self.estimates.as_mut() {
+                    e.passed(moved || acted);
+                }
             }
+            self.estimate(now);
             if self.finished.len() >= 512 {
                 let jobs = std::mem::take(&mut self.finished);
                 let retention = kairos_scheduler::history::Retention {
@@ -483,6 +521,12 @@ impl<'a> Sim<'a> {
             Event::NodeChange(k) => self.node_change(now, k),
             Event::Cancel(i) => self.cancel(now, i),
             Event::Hold { job, held } => self.hold(now, job, held),
+            Event::Estimate => {
+                if let Some(e) = self.estimates.as_mut() {
+                    e.scheduled = None;
+                }
+                false
+            }
         }
     }
 
@@ -512,6 +556,9 @@ impl<'a> Sim<'a> {
                 );
                 if let Some(h) = self.history.as_mut() {
                     h.submitted(i, job);
+                }
+                if let Some(e) = self.estimates.as_mut() {
+                    e.submitted(job, now);
                 }
                 true
             }
@@ -568,6 +615,9 @@ impl<'a> Sim<'a> {
         }
         if state.is_some_and(|s| s.is_terminal()) {
             if let Some(t) = self.tracks.get_mut(&job).filter(|t| t.end_ms.is_none()) {
+                if let Some(e) = self.estimates.as_mut() {
+                    e.gone(job);
+                }
                 t.end_ms = Some(now);
                 self.last_end_ms = self.last_end_ms.max(now);
                 self.finished.push(job);
@@ -597,9 +647,9 @@ impl<'a> Sim<'a> {
         if self.config.accounts > 0 {
             spec.account = account_of(self.config.seed, i, self.config.accounts);
         }
-        // Jobs state their run time (plus a minute) as their limit, up to what the policy
-        // allows (past it a run is stopped as TIMEOUT, as on a cluster).
-        let limit_s = (j.duration_ms / 1000 + 60) as u64;
+        // Jobs state their run time × the factor as their limit, up to what the policy allows
+        // (past it a run is stopped as TIMEOUT, as on a cluster).
+        let limit_s = (j.duration_ms.max(0) as f64 / 1000.0 * self.config.time_limit_factor).ceil() as u64;
         let wall = if j.inference { self.max_wall_s.0 } else { self.max_wall_s.1 };
         spec.time_limit_s = Some(limit_s.min(wall).max(1));
         spec
@@ -666,8 +716,22 @@ impl<'a> Sim<'a> {
         out
     }
 
-    /// The leader's pass at `now`: what the core proposes, applied, with the agents' part.
-    fn pass(&mut self, now: i64) {
+    /// Records the start estimates when a change is due for it, or schedules when it may.
+    fn estimate(&mut self, now: i64) {
+        let Some(e) = self.estimates.as_mut() else { return };
+        match e.due_at() {
+            Some(at) if at <= now => e.observe(&self.state, now),
+            Some(at) if e.scheduled.is_none() => {
+                e.scheduled = Some(at);
+                self.push(at, Event::Estimate);
+            }
+            _ => {}
+        }
+    }
+
+    /// The leader's pass at `now`: what the core proposes, applied, with the agents' part;
+    /// whether it did anything.
+    fn pass(&mut self, now: i64) -> bool {
         let ops = propose(&self.state, now, &BTreeSet::new(), 0);
         let acted = !ops.is_empty();
         for op in ops {
@@ -680,6 +744,7 @@ impl<'a> Sim<'a> {
                 self.push(at, Event::Tick);
             }
         }
+        acted
     }
 
     /// Applies `op` with the agents' part: placed jobs start, preempted or drained ones stop
@@ -739,6 +804,11 @@ impl<'a> Sim<'a> {
             self.note_gang(&tasks, wait_s);
         }
         let Some(t) = self.tracks.get_mut(&job) else { return };
+        if t.first_start_ms.is_none() {
+            if let Some(e) = self.estimates.as_mut() {
+                e.started(job, now);
+            }
+        }
         t.first_start_ms.get_or_insert(now);
         t.run_start_ms = now;
         let remaining = (self.jobs[t.trace].duration_ms - t.saved_ms).max(1);
@@ -964,6 +1034,7 @@ impl<'a> Sim<'a> {
                 .as_deref()
                 .map(|l| crate::report::GangReport::of(l, &self.gang_starts)),
             teams: self.teams.as_ref().map(|t| t.report(self.last_event_ms)).unwrap_or_default(),
+            estimates: self.estimates.as_ref().map(|e| e.report()),
         }
         .rounded()
     }

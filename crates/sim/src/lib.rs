@@ -5,11 +5,12 @@
 //!
 //! - `trace`: the Alibaba GPU trace (v2023 CSVs) and a generic JSONL form.
 //! - `engine`: the discrete-event replay (arrivals, the leader's passes, modelled agents; with
-//!   `engine::burst`, the leader's burst rounds).
+//!   `engine::burst`, the leader's burst rounds; `engine::estimates`, the start estimates).
 //! - `history`: a cluster's own history as a trace (`kairos history --export-trace`), and
 //!   `fidelity`: how closely its replay under the policy that ran reproduces what happened.
 //! - `cloud`: the simulated cloud burst meets (boot times, spot reclaims, capacity errors).
-//! - `report`: the figures, as JSON and as a side-by-side table.
+//! - `report`: the figures, as JSON and as a side-by-side table (with the start estimates'
+//!   error against the actual starts).
 //! - `plot`: the wait CDFs and GPU allocation over time, as SVG.
 
 pub mod cloud;
@@ -21,6 +22,9 @@ pub mod report;
 pub mod trace;
 
 pub use engine::{history_jobs, simulate_history, HistoryReplay};
-pub use engine::{inflate, load_for, offered_load, replay_policy, simulate, simulate_with_series, SimConfig};
+pub use engine::{
+    inflate, load_for, offered_load, replay_policy, simulate, simulate_with_series, SimConfig,
+    TIME_LIMIT_FACTOR,
+};
 pub use report::Report;
 pub use trace::{TraceJob, TraceNode};

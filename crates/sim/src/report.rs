@@ -167,9 +167,107 @@ pub struct Report {
     /// Gangs against the topology (`kairos sim --cluster BxNxG`, `--topology`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gangs: Option<GangReport>,
+    /// The start estimates against the actual starts (a replay that records them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub estimates: Option<EstimateReport>,
     /// Team guarantees, per guaranteed account (a policy with guarantees).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub teams: Vec<TeamFigures>,
+}
+
+/// How good the start estimates were (`kairos sim`, `SimConfig::estimates`): each job that
+/// waited (still pending after the pass at its submit) and then started, its estimates
+/// (`kairos queue --start`'s) set against its actual first start. Error: |actual start −
+/// estimated start|; within 10 %: an error of at most a tenth of the job's wait (submit to
+/// start; a wait of 0: at most 1 s).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct EstimateReport {
+    /// Jobs that waited and started.
+    pub jobs_waited: usize,
+    /// Of them, those that had an estimated start while they waited …
+    pub jobs_estimated: usize,
+    /// … of which from their submit on.
+    pub estimated_at_submit: usize,
+    /// Those that never had one (beyond the 64 jobs a pass estimates, a pending reason the
+    /// pass gives no estimate for, or started before the estimates were next observed), and
+    /// their share of the jobs that waited.
+    pub not_estimated: usize,
+    pub not_estimated_share: f64,
+    /// The first estimate's error (s): p50, p90, and the share within 10 % of the wait.
+    pub error_p50_s: f64,
+    pub error_p90_s: f64,
+    pub within_10pct: f64,
+    /// The share of first estimates later than the actual start (the job started early).
+    pub started_early: f64,
+    /// The same for the last estimate made before the start.
+    pub last_error_p50_s: f64,
+    pub last_error_p90_s: f64,
+    pub last_within_10pct: f64,
+    /// How many times an estimated job's estimate changed while it waited, on average.
+    pub changes_mean: f64,
+    /// Planning passes the replay made for the estimates.
+    pub passes: u64,
+}
+
+/// One job's estimates (`EstimateReport::of`): its submit and first start (ms), whether it
+/// waited (was still pending after the pass at its submit), and (when, estimated start; None:
+/// no estimate) at its submit and at every change until it started.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EstimateSample {
+    pub submit_ms: i64,
+    pub start_ms: i64,
+    pub waited: bool,
+    pub records: Vec<(i64, Option<i64>)>,
+}
+
+impl EstimateReport {
+    /// The figures of the jobs that started (`samples`; `passes` is left 0).
+    pub fn of(samples: &[EstimateSample]) -> EstimateReport {
+        let waited: Vec<&EstimateSample> = samples.iter().filter(|s| s.waited).collect();
+        let error = |s: &EstimateSample, estimate: i64| {
+            let error_ms = (s.start_ms - estimate).abs();
+            let wait_ms = (s.start_ms - s.submit_ms).max(0);
+            let within = if wait_ms == 0 { error_ms <= 1000 } else { error_ms * 10 <= wait_ms };
+            (error_ms as f64 / 1000.0, within, estimate > s.start_ms)
+        };
+        let (mut first, mut last) = (Vec::new(), Vec::new());
+        let (mut at_submit, mut changes) = (0, 0);
+        for s in &waited {
+            let mut estimates = s.records.iter().filter_map(|(at, e)| Some((*at, (*e)?)));
+            let Some((at, estimate)) = estimates.next() else { continue };
+            at_submit += usize::from(at == s.submit_ms);
+            changes += s.records.len().saturating_sub(1);
+            first.push(error(s, estimate));
+            let (_, latest) = estimates.next_back().unwrap_or((at, estimate));
+            last.push(error(s, latest));
+        }
+        let estimated = first.len();
+        let share = |n: usize, of: usize| round3(n as f64 / of.max(1) as f64);
+        let figures = |errors: &[(f64, bool, bool)]| {
+            let mut e: Vec<f64> = errors.iter().map(|x| x.0).collect();
+            e.sort_by(f64::total_cmp);
+            let within = errors.iter().filter(|x| x.1).count();
+            (round3(percentile(&e, 0.5)), round3(percentile(&e, 0.9)), share(within, errors.len()))
+        };
+        let (error_p50_s, error_p90_s, within_10pct) = figures(&first);
+        let (last_error_p50_s, last_error_p90_s, last_within_10pct) = figures(&last);
+        EstimateReport {
+            jobs_waited: waited.len(),
+            jobs_estimated: estimated,
+            estimated_at_submit: at_submit,
+            not_estimated: waited.len() - estimated,
+            not_estimated_share: share(waited.len() - estimated, waited.len()),
+            error_p50_s,
+            error_p90_s,
+            within_10pct,
+            started_early: share(first.iter().filter(|x| x.2).count(), estimated),
+            last_error_p50_s,
+            last_error_p90_s,
+            last_within_10pct,
+            changes_mean: round3(changes as f64 / estimated.max(1) as f64),
+            passes: 0,
+        }
+    }
 }
 
 /// One team's guarantee over a replay: GPU-hours it was entitled to (the smaller of its
@@ -281,6 +379,9 @@ impl Report {
         }
         if named.iter().any(|(_, r)| r.gangs.is_some()) {
             rows.extend(gang_rows());
+        }
+        if named.iter().any(|(_, r)| r.estimates.is_some()) {
+            rows.extend(estimate_rows());
         }
         let mut rows: Vec<(String, Cell)> = rows.into_iter().map(|(l, f)| (l.to_string(), f)).collect();
         rows.extend(team_rows(named));
@@ -395,6 +496,47 @@ fn gang_rows() -> Vec<(&'static str, Cell)> {
             }),
         ),
         ("gang wait p50 / p99 (s)", gangs(|g| format!("{:.0} / {:.0}", g.wait_p50_s, g.wait_p99_s))),
+    ]
+}
+
+/// The rows of the start estimates' figures.
+fn estimate_rows() -> Vec<(&'static str, Cell)> {
+    let estimates = |f: fn(&EstimateReport) -> String| -> Cell {
+        Box::new(move |r: &Report| r.estimates.as_ref().map_or("-".into(), f))
+    };
+    // Errors only where some job was estimated.
+    let errors = |f: fn(&EstimateReport) -> String| -> Cell {
+        Box::new(move |r: &Report| {
+            r.estimates.as_ref().filter(|e| e.jobs_estimated > 0).map_or("-".into(), f)
+        })
+    };
+    vec![
+        (
+            "start estimates: jobs waited / estimated (at submit)",
+            estimates(|e| format!("{} / {} ({})", e.jobs_waited, e.jobs_estimated, e.estimated_at_submit)),
+        ),
+        (
+            "start estimates: not estimated (64 a pass)",
+            estimates(|e| format!("{} ({:.1} %)", e.not_estimated, e.not_estimated_share * 100.0)),
+        ),
+        (
+            "first estimate: error p50 / p90 (s), within 10 %",
+            errors(|e| {
+                format!("{:.0} / {:.0}, {:.1} %", e.error_p50_s, e.error_p90_s, e.within_10pct * 100.0)
+            }),
+        ),
+        ("first estimate: later than the start", errors(|e| format!("{:.1} %", e.started_early * 100.0))),
+        (
+            "last estimate: error p50 / p90 (s), within 10 %",
+            errors(|e| {
+                format!(
+                    "{:.0} / {:.0}, {:.1} %",
+                    e.last_error_p50_s,
+                    e.last_error_p90_s,
+                    e.last_within_10pct * 100.0
+                )
+            }),
+        ),
     ]
 }
 

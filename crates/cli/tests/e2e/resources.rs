@@ -178,8 +178,11 @@ fn history_keeps_requests_peak_memory_and_cpu_time_and_batch_takes_slurm_resourc
     assert!(logs(&c, batch_id).contains("cpus=2 mem=64"), "{}", logs(&c, batch_id));
     // Three unsupported options: all named at once, nothing submitted.
     let bad = c.path("bad.sbatch");
-    std::fs::write(&bad, "#!/bin/sh\n#SBATCH --exclusive\n#SBATCH --licenses=matlab:1 -c 1\n#SBATCH --nodelist=n1\ntrue\n")
-        .unwrap();
+    std::fs::write(
+        &bad,
+        "#!/bin/sh\n#SBATCH --exclusive\n#SBATCH --licenses=matlab:1 -c 1\n#SBATCH --nodelist=n1\ntrue\n",
+    )
+    .unwrap();
     let before = c.jobs().len();
     let out = c.kairos(&["batch", bad.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
