@@ -42,6 +42,15 @@ const LAUNCH_WAIT: Duration = Duration::from_secs(10);
 #[tonic::async_trait]
 impl AgentLogService for Logs {
     type ReadLogsStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
+    type SessionStream = Pin<Box<dyn Stream<Item = Result<pb::SessionOutput, Status>> + Send>>;
+
+    async fn session(
+        &self,
+        request: Request<tonic::Streaming<pb::SessionInput>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        self.check_caller(request.metadata())?;
+        Err(Status::unimplemented("sessions: not yet"))
+    }
 
     async fn read_usage(
         &self,

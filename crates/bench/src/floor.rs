@@ -73,6 +73,13 @@ impl JobService for Floor {
         unimplemented()
     }
     type StreamLogsStream = Empty<pb::LogChunk>;
+    type SessionStream = Empty<pb::SessionOutput>;
+    async fn session(
+        &self,
+        _: Request<tonic::Streaming<pb::SessionInput>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        unimplemented()
+    }
     async fn stream_logs(
         &self,
         _: Request<pb::LogsRequest>,

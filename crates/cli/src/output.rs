@@ -27,6 +27,7 @@ pub(crate) fn profile_name(p: i32) -> &'static str {
         Ok(pb::Profile::Training) => "training",
         Ok(pb::Profile::Inference) => "inference",
         Ok(pb::Profile::Batch) => "batch",
+        Ok(pb::Profile::Interactive) => "interactive",
         _ => "",
     }
 }

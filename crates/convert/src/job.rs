@@ -64,6 +64,7 @@ pub fn job_spec_from_pb(spec: Option<pb::JobSpec>, user: &str) -> Result<JobSpec
         container: container_from_pb(spec.container)?,
         topology: res.topology.map(crate::topology::ask_from_pb),
         reservation: (!spec.reservation.is_empty()).then(|| spec.reservation.into()),
+        keep_alive_s: spec.keep_alive_s,
     };
     validate_spec(&out).map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok(out)
@@ -87,6 +88,7 @@ fn profile_from_pb(profile: i32) -> Result<Profile, Status> {
         Ok(pb::Profile::Unspecified) | Ok(pb::Profile::Batch) => Ok(Profile::Batch),
         Ok(pb::Profile::Training) => Ok(Profile::Training),
         Ok(pb::Profile::Inference) => Ok(Profile::Inference),
+        Ok(pb::Profile::Interactive) => Ok(Profile::Interactive),
         Err(_) => Err(Status::invalid_argument(format!("profile: unknown value {profile}"))),
     }
 }
@@ -146,6 +148,7 @@ fn profile_to_pb(p: Profile) -> pb::Profile {
         Profile::Training => pb::Profile::Training,
         Profile::Inference => pb::Profile::Inference,
         Profile::Batch => pb::Profile::Batch,
+        Profile::Interactive => pb::Profile::Interactive,
     }
 }
 
@@ -269,6 +272,7 @@ fn spec_to_pb(job: &Job) -> pb::JobSpec {
         requeue: Some(s.requeue),
         container: s.container.as_deref().map(container_to_pb),
         reservation: s.reservation.as_deref().unwrap_or_default().to_string(),
+        keep_alive_s: s.keep_alive_s,
         ..Default::default()
     }
 }

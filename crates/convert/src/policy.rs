@@ -117,8 +117,9 @@ fn profile_from_name(name: &str) -> Result<Profile, Status> {
         "training" => Ok(Profile::Training),
         "inference" => Ok(Profile::Inference),
         "batch" => Ok(Profile::Batch),
+        "interactive" => Ok(Profile::Interactive),
         other => Err(Status::invalid_argument(format!(
-            "submit_rules: unknown profile \"{}\" (training, inference, batch)",
+            "submit_rules: unknown profile \"{}\" (training, inference, batch, interactive)",
             other.chars().take(64).collect::<String>()
         ))),
     }

@@ -6,6 +6,7 @@
 
 #![allow(missing_docs)]
 
+pub mod grant;
 pub mod units;
 pub mod wire;
 

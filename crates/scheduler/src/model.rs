@@ -27,6 +27,9 @@ pub enum Profile {
     /// (What a history record of an earlier version, which kept no profile, reads as.)
     #[default]
     Batch,
+    /// An interactive allocation (`kairos alloc`): its command runs on a terminal its user
+    /// attaches to, and it ends `Completed` with that command's exit code, whatever it is.
+    Interactive,
 }
 
 impl Profile {
@@ -35,6 +38,7 @@ impl Profile {
             Profile::Training => "training",
             Profile::Inference => "inference",
             Profile::Batch => "batch",
+            Profile::Interactive => "interactive",
         }
     }
 }
@@ -271,7 +275,16 @@ pub struct JobSpec {
     /// resources, only while its window is open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservation: Option<Box<str>>,
+    /// `Profile::Interactive`: how long (s) the job lives with no client attached to its
+    /// terminal (0: `KEEP_ALIVE_DEFAULT_S`).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub keep_alive_s: u32,
 }
+
+/// How long an interactive job lives with no client attached, unless it asks otherwise.
+pub const KEEP_ALIVE_DEFAULT_S: u32 = 60;
+/// The longest keep-alive a job may ask for.
+pub const KEEP_ALIVE_MAX_S: u32 = 24 * 3600;
 
 /// A job's container: its image, host paths bound into it, and its working directory there.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -398,6 +411,7 @@ impl JobSpec {
             container: None,
             topology: None,
             reservation: None,
+            keep_alive_s: 0,
         }
     }
 

@@ -78,6 +78,8 @@ pub enum ValidationError {
     BadGpuModel,
     #[error("reservation: 1 to 64 characters")]
     BadReservation,
+    #[error("interactive: a single-task job that is not an array, elastic or fractional; keep_alive_s at most 86400 and only for an interactive job")]
+    BadInteractive,
     #[error("gpu_milli: a fraction of one GPU is 1 to 999 thousandths, of one GPU (gpus 1), for a single-task job that is not elastic")]
     BadGpuFraction,
     #[error("min_gpus: {min} must be between 1 and gpus ({gpus})")]
@@ -299,6 +301,24 @@ fn check_array(array: &crate::model::ArraySpec) -> Result<(), ValidationError> {
     Ok(())
 }
 
+/// An interactive job is one process on one terminal: one task, no array, no elastic or
+/// fractional shape; a keep-alive is an interactive job's alone, and bounded.
+fn check_interactive(spec: &JobSpec) -> Result<(), ValidationError> {
+    let interactive = spec.profile == crate::model::Profile::Interactive;
+    let bad_shape = interactive
+        && (spec.tasks != 1
+            || spec.array.is_some()
+            || spec.min_gpus.is_some()
+            || spec.min_tasks.is_some()
+            || spec.gpu_milli != 0);
+    let bad_keep_alive =
+        spec.keep_alive_s > crate::model::KEEP_ALIVE_MAX_S || (!interactive && spec.keep_alive_s != 0);
+    match bad_shape || bad_keep_alive {
+        true => Err(ValidationError::BadInteractive),
+        false => Ok(()),
+    }
+}
+
 pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
     check_shape(spec)?;
     check_command(spec)?;
@@ -326,6 +346,7 @@ pub fn validate_spec(spec: &JobSpec) -> Result<(), ValidationError> {
     if spec.reservation.as_ref().is_some_and(|r| r.is_empty() || r.len() > 64 || r.contains('\0')) {
         return Err(ValidationError::BadReservation);
     }
+    check_interactive(spec)?;
     if let Some(limit) = spec.time_limit_s {
         if limit == 0 || limit > TIME_LIMIT_S_MAX {
             return Err(ValidationError::BadTimeLimit);

@@ -11,7 +11,7 @@ use futures::Stream;
 use kairos_proto::v1 as pb;
 use kairos_proto::v1::agent_service_server::AgentService;
 use kairos_scheduler::liveness::{self, HeartbeatError, HeartbeatRefused, RegisterRefused, Seat};
-use kairos_scheduler::model::HEALTH_CHECK_REASON;
+use kairos_scheduler::model::{Profile, HEALTH_CHECK_REASON};
 use kairos_scheduler::orders::{runs_on, RunAction, KILL_GRACE_S};
 use kairos_scheduler::{ClusterState, Op, Outcome, RunExit};
 use tokio_stream::wrappers::ReceiverStream;
@@ -64,6 +64,11 @@ pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> 
                 idle_watch: o
                     .idle_watch
                     .map(|r| pb::IdleWatch { after_s: r.after_s, below_milli: r.below_milli }),
+                interactive: o.job.spec.profile == Profile::Interactive,
+                keep_alive_s: match o.job.spec.keep_alive_s {
+                    0 => kairos_scheduler::model::KEEP_ALIVE_DEFAULT_S,
+                    s => s,
+                },
             }
         })
         .collect()

@@ -219,6 +219,16 @@ fn in_window(submit: i64, end: i64, since: i64, until: i64) -> bool {
 
 #[tonic::async_trait]
 impl JobService for JobApi {
+    type SessionStream = BoxStream<pb::SessionOutput>;
+
+    async fn session(
+        &self,
+        request: Request<tonic::Streaming<pb::SessionInput>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let _me = self.ctx.principal(&request)?;
+        Err(Status::unimplemented("sessions: not yet"))
+    }
+
     async fn who_am_i(
         &self,
         request: Request<pb::WhoAmIRequest>,

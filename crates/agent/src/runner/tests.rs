@@ -34,6 +34,8 @@ fn assignment(job: u64, argv: &[&str], started: bool, kill: bool) -> pb::Assignm
         gpu_milli: 0,
         container: None,
         idle_watch: None,
+        interactive: false,
+        keep_alive_s: 0,
     }
 }
 

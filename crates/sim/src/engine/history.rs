@@ -94,6 +94,7 @@ impl<'a> Side<'a> {
         spec.profile = match j.profile.as_str() {
             "inference" => Profile::Inference,
             "batch" => Profile::Batch,
+            "interactive" => Profile::Interactive,
             _ => Profile::Training,
         };
         spec.tasks = j.tasks.max(1);
