@@ -321,6 +321,11 @@ impl RunLimited {
         self.dirs.iter().find(|(k, _)| *k == Controller::Memory).map(|(_, d)| d.as_path())
     }
 
+    /// The run's limit directories (each with a `cgroup.procs`).
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|(_, d)| d.clone()).collect()
+    }
+
     /// Each directory's `cgroup.procs`, opened for writing: the child writes "0" to each
     /// between fork and exec.
     pub fn procs_files(&self) -> std::io::Result<Vec<OwnedFd>> {

@@ -112,6 +112,11 @@ pub struct RunSpec {
     pub container: Option<ContainerSpec>,
     /// The job's trace context (empty: none).
     pub traceparent: String,
+    /// The job's submit time (Unix ms): with the key, what a session grant names.
+    pub submit_ms: i64,
+    /// An interactive run (on a terminal the agent keeps): its keep-alive, how long it lives
+    /// with no session attached.
+    pub interactive: Option<std::time::Duration>,
 }
 
 /// An assignment that cannot become a run.
@@ -223,6 +228,8 @@ pub fn spec(a: &pb::Assignment, node: &Node, granted: &[Vec<u32>]) -> Result<Run
         checkpoint_signal: parse_signal(&a.checkpoint_signal, Signal::SIGTERM),
         container,
         traceparent: a.traceparent.clone(),
+        submit_ms: a.submit_time_ms,
+        interactive: a.interactive.then(|| std::time::Duration::from_secs(u64::from(a.keep_alive_s.max(1)))),
     })
 }
 

@@ -22,6 +22,7 @@ pub mod fence;
 pub mod gpu;
 pub mod health;
 pub mod image;
+pub mod interactive;
 pub mod isolation;
 pub mod jobfs;
 pub mod jobmap;

@@ -280,7 +280,7 @@ pub async fn submit(client: &Client, json: bool, args: SubmitArgs) -> anyhow::Re
 }
 
 /// The job `args` ask for (a command's, not a manifest's).
-fn job_spec(args: SubmitArgs) -> anyhow::Result<pb::JobSpec> {
+pub(crate) fn job_spec(args: SubmitArgs) -> anyhow::Result<pb::JobSpec> {
     let shape = shape_of(&args).map_err(|e| anyhow::anyhow!(e))?;
     let resources = resources_of(&args, &shape);
     let checkpoint = checkpoint_of(&args);

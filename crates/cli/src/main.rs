@@ -17,6 +17,7 @@ mod context;
 mod events;
 mod history;
 mod insight;
+mod interactive;
 mod jobs;
 mod kueue_import;
 mod manifest;
@@ -89,6 +90,26 @@ enum ReportCmd {
 enum Cmd {
     /// Submit a job; prints its id.
     Submit(Box<jobs::SubmitArgs>),
+    /// An interactive job (like salloc): submit it with `submit`'s resource flags, wait for it
+    /// (Ctrl-C cancels), then attach to its terminal (a login shell, or CMD after --); exits
+    /// with its status.
+    Alloc(Box<interactive::alloc::AllocArgs>),
+    /// Run one command as an interactive job (like srun), its output streamed here; exits
+    /// with its status.
+    Run(Box<interactive::alloc::RunArgs>),
+    /// Run a command inside a running job (like srun --overlap, kubectl exec): its cgroup,
+    /// GPUs and environment; -t for a terminal. Exits with its status.
+    Exec(interactive::exec::ExecArgs),
+    /// Attach to an interactive job's terminal (again, from anywhere).
+    Attach {
+        /// The job's id, or an array task as ARRAY_INDEX (e.g. 41_3).
+        #[arg(value_parser = args::parse_job_ref)]
+        id: (u64, Option<u32>),
+    },
+    /// Forward a local port to a port a running job listens on (like kubectl port-forward).
+    PortForward(interactive::forward::PortForwardArgs),
+    /// JupyterLab in an interactive job, forwarded here: prints the URL to open.
+    Notebook(Box<interactive::notebook::NotebookArgs>),
     /// Replay a job trace through the production scheduling core, in virtual time (no cluster
     /// needed): waits per class, utilisation, preemptions, redone work.
     Sim(sim::SimArgs),
@@ -318,6 +339,12 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     let (client, json) = (&client, cli.json);
     match cli.command {
         Cmd::Submit(args) => jobs::submit(client, json, *args).await,
+        Cmd::Alloc(args) => interactive::alloc::alloc(client, *args).await,
+        Cmd::Run(args) => interactive::alloc::run(client, *args).await,
+        Cmd::Exec(args) => interactive::exec::exec(client, args).await,
+        Cmd::Attach { id } => interactive::exec::attach(client, id).await,
+        Cmd::PortForward(args) => interactive::forward::port_forward(client, args).await,
+        Cmd::Notebook(args) => interactive::notebook::notebook(client, *args).await,
         Cmd::Queue(args) => jobs::queue(client, json, args).await,
         Cmd::Show { id } => jobs::show(client, json, jobs::resolve(client, id).await?).await,
         Cmd::History(args) => history::history(client, json, args).await,

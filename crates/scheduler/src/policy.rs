@@ -461,12 +461,20 @@ impl Default for Policy {
         let mut batch = Qos::named("batch", 10, 24 * HOUR_S);
         batch.preempt_mode = PreemptMode::Requeue;
         let premium = Qos::named("premium", 250, 48 * HOUR_S);
-        let qos: BTreeMap<String, Qos> =
-            [inference, training, urgent, batch, premium].into_iter().map(|q| (q.name.clone(), q)).collect();
+        // `kairos alloc`: a person waits at the terminal, so it goes before training and batch;
+        // a short wall keeps a forgotten session from holding GPUs for long, and a few sessions
+        // per user at most.
+        let mut interactive = Qos::named("interactive", 150, 4 * HOUR_S);
+        interactive.user_jobs = Some(4);
+        let qos: BTreeMap<String, Qos> = [inference, training, urgent, batch, premium, interactive]
+            .into_iter()
+            .map(|q| (q.name.clone(), q))
+            .collect();
         let profile_qos = [
             (Profile::Training, "training".to_string()),
             (Profile::Inference, "inference".to_string()),
             (Profile::Batch, "batch".to_string()),
+            (Profile::Interactive, "interactive".to_string()),
         ]
         .into();
         let accounts = default_accounts_for(&qos, &profile_qos);
@@ -564,9 +572,14 @@ impl Policy {
         self.qos.get(name)
     }
 
-    /// The QoS a job of `profile` gets when it names none.
+    /// The QoS a job of `profile` gets when it names none (an interactive job, where the
+    /// policy has no rule for it — one stored before interactive jobs —, a batch job's).
     pub fn default_qos(&self, profile: Profile) -> Option<&Qos> {
-        self.profile_qos.get(&profile).and_then(|n| self.qos.get(n))
+        let rule = match self.profile_qos.get(&profile) {
+            None if profile == Profile::Interactive => self.profile_qos.get(&Profile::Batch),
+            rule => rule,
+        };
+        rule.and_then(|n| self.qos.get(n))
     }
 
     /// Checks the whole policy.
@@ -606,8 +619,10 @@ impl Policy {
         {
             return Err(PolicyError::BadWeights);
         }
-        for profile in [Profile::Training, Profile::Inference, Profile::Batch] {
+        for profile in [Profile::Training, Profile::Inference, Profile::Batch, Profile::Interactive] {
             match self.profile_qos.get(&profile) {
+                // Interactive jobs fall back to the batch rule (`default_qos`).
+                None if profile == Profile::Interactive => {}
                 None => return Err(PolicyError::MissingProfileQos(profile.as_str())),
                 Some(q) if !self.qos.contains_key(q) => {
                     return Err(PolicyError::UnknownProfileQos { profile: profile.as_str(), qos: q.clone() })
@@ -967,7 +982,8 @@ mod tests {
         // Users get the everyday classes, inference included; urgent is the operators' to give.
         let allowed = &p.accounts[ROOT_ACCOUNT].qos.allowed;
         let names: Vec<&str> = allowed.iter().map(String::as_str).collect();
-        assert_eq!(names, ["batch", "inference", "premium", "training"]);
+        assert_eq!(names, ["batch", "inference", "interactive", "premium", "training"]);
+        assert_eq!(p.default_qos(Profile::Interactive).unwrap().name, "interactive");
         assert_eq!(p.qos["training"].priority, 100);
         assert_eq!(p.qos["training"].grp_gpus, Some(512));
         assert_eq!(p.qos["training"].preempt_mode, PreemptMode::Requeue);

@@ -78,7 +78,7 @@ pub enum ValidationError {
     BadGpuModel,
     #[error("reservation: 1 to 64 characters")]
     BadReservation,
-    #[error("interactive: a single-task job that is not an array, elastic or fractional; keep_alive_s at most 86400 and only for an interactive job")]
+    #[error("interactive: a single-task job that is not an array, elastic, fractional or retried; keep_alive_s at most 86400 and only for an interactive job")]
     BadInteractive,
     #[error("gpu_milli: a fraction of one GPU is 1 to 999 thousandths, of one GPU (gpus 1), for a single-task job that is not elastic")]
     BadGpuFraction,
@@ -310,7 +310,8 @@ fn check_interactive(spec: &JobSpec) -> Result<(), ValidationError> {
             || spec.array.is_some()
             || spec.min_gpus.is_some()
             || spec.min_tasks.is_some()
-            || spec.gpu_milli != 0);
+            || spec.gpu_milli != 0
+            || spec.retries != 0);
     let bad_keep_alive =
         spec.keep_alive_s > crate::model::KEEP_ALIVE_MAX_S || (!interactive && spec.keep_alive_s != 0);
     match bad_shape || bad_keep_alive {

@@ -69,7 +69,7 @@ enum Route {
 
 /// Every method of the services a follower forwards, and its route (a test checks the table
 /// against the protos: a new method cannot go unrouted).
-const ROUTES: [(&str, Route); 43] = [
+const ROUTES: [(&str, Route); 44] = [
     ("/kairos.v1.JobService/Submit", Route::Write),
     ("/kairos.v1.JobService/GetJob", Route::Read),
     ("/kairos.v1.JobService/ListJobs", Route::Read),
@@ -78,6 +78,7 @@ const ROUTES: [(&str, Route); 43] = [
     ("/kairos.v1.JobService/StreamLogs", Route::Local),
     // Asked of the job's agent by whichever replica is called (as logs are).
     ("/kairos.v1.JobService/JobUsage", Route::Local),
+    ("/kairos.v1.JobService/Session", Route::Local),
     ("/kairos.v1.JobService/HoldJob", Route::Write),
     ("/kairos.v1.JobService/ReleaseJob", Route::Write),
     ("/kairos.v1.JobService/ListHistory", Route::Read),

@@ -131,7 +131,7 @@ impl JobApi {
     /// A client of the agent of `node` (its log and usage service, TLS when configured) and
     /// `body` as a request to it: the agent serves only a controller, which proves itself with
     /// the node's credential.
-    async fn to_agent<T>(
+    pub(crate) async fn to_agent<T>(
         &self,
         node: &kairos_scheduler::model::NodeInfo,
         epoch: u64,
@@ -163,7 +163,7 @@ impl JobApi {
     /// Reads are served by any replica; a follower that does not know a job yet (it may have
     /// been submitted a moment ago through the leader) sends the client to the leader rather
     /// than answer "not found", so a client always reads its own writes.
-    fn redirect_unknown<T>(&self, result: Result<T, Status>) -> Result<T, Status> {
+    pub(crate) fn redirect_unknown<T>(&self, result: Result<T, Status>) -> Result<T, Status> {
         match result {
             Err(s) if s.code() == tonic::Code::NotFound && !self.ctx.replica.is_leader() => {
                 match self.ctx.replica.leader().1 {
@@ -225,8 +225,10 @@ impl JobService for JobApi {
         &self,
         request: Request<tonic::Streaming<pb::SessionInput>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
-        let _me = self.ctx.principal(&request)?;
-        Err(Status::unimplemented("sessions: not yet"))
+        let me = self.ctx.principal(&request)?;
+        let credentials = request.metadata().clone();
+        let stream = self.open_session(me, credentials, request.into_inner()).await?;
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn who_am_i(

@@ -22,4 +22,5 @@ pub mod memory;
 pub mod metrics;
 pub mod ratelimit;
 pub mod reservations;
+pub mod sessions;
 pub mod status;

@@ -54,10 +54,18 @@ pub use run::Exit;
 use run::{local_of, Run};
 use spawn::{Confined, RunUsed, Spawned};
 
+mod interactive;
 mod output;
 mod run;
 mod spawn;
 mod stop;
+
+/// A run's output, as its log copies it.
+type Output = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+
+fn boxed(o: impl tokio::io::AsyncRead + Send + Unpin + 'static) -> Output {
+    Box::new(o)
+}
 
 /// How often a running job's checkpoint marker is looked at.
 const CHECKPOINT_POLL: Duration = Duration::from_millis(500);
@@ -80,6 +88,8 @@ pub struct Runner {
     reports: mpsc::Sender<pb::StatusReport>,
     /// Every run's measured usage (`usage`).
     usage: crate::usage::Usage,
+    /// The node's interactive sessions (an interactive run's terminal is one).
+    sessions: crate::interactive::Sessions,
 }
 
 impl Runner {
@@ -94,7 +104,13 @@ impl Runner {
             last_set: Arc::default(),
             reports,
             usage: Default::default(),
+            sessions: Default::default(),
         }
+    }
+
+    /// The node's interactive sessions.
+    pub fn sessions(&self) -> &crate::interactive::Sessions {
+        &self.sessions
     }
 
     /// This node's name.
@@ -424,12 +440,19 @@ impl Runner {
     /// A run's process is spawned: its output goes to its log, it is recorded and journaled,
     /// reported started, and watched (checkpoints, exit).
     fn started(&self, spec: RunSpec, spawned: Spawned, image: Option<Arc<Image>>) {
-        let Spawned { mut child, log, confined } = spawned;
+        let Spawned { mut child, log, confined, terminal, exec } = spawned;
         let key = spec.key;
         let pgid = child.id().map(|p| p as i32);
         tracing::info!(job = key.0, attempt = key.1, ?pgid, gpus = ?spec.gpus, user = %spec.user, "run started");
-        let copiers = self.copy_outputs(key, &mut child, Arc::new(Mutex::new(log)));
-        self.spawned(&spec, pgid, confined.cgroup.clone(), image);
+        let log = Arc::new(Mutex::new(log));
+        let copiers = match terminal {
+            Some(pty) => self.open_terminal(&spec, pty, log),
+            None => {
+                let pipes = [child.stdout.take().map(boxed), child.stderr.take().map(boxed)];
+                self.copy_outputs(key, pipes.into_iter().flatten().collect(), log)
+            }
+        };
+        self.spawned(&spec, pgid, (confined.cgroup.clone(), Arc::new(exec)), image);
         let dirs = crate::usage::CgroupDirs {
             v2: confined.cgroup.as_ref().map(|c| c.dir().to_path_buf()),
             v1_memory: confined.limited.memory_dir().map(Path::to_path_buf),
@@ -450,12 +473,12 @@ impl Runner {
         &self,
         spec: &RunSpec,
         pgid: Option<i32>,
-        cgroup: Option<RunCgroup>,
+        (cgroup, exec): (Option<RunCgroup>, Arc<crate::interactive::ExecContext>),
         image: Option<Arc<Image>>,
     ) {
         let mut runs = self.lock();
         let (stopping, fenced) = runs.get(&spec.key).map(|r| (r.stopping, r.fenced)).unwrap_or_default();
-        let run = Run { pgid, cgroup, stopping, fenced, _image: image, ..Run::launching(spec) };
+        let run = Run { pgid, cgroup, stopping, fenced, _image: image, exec: Some(exec), ..Run::launching(spec) };
         if stopping || fenced {
             run.kill();
         }
@@ -493,6 +516,7 @@ impl Runner {
             }
         }
         tracing::info!(job = key.0, attempt = key.1, ?exit, "run exited");
+        self.sessions.run_ended(key, exit.code_and_signal());
         let how = match exit {
             Exit::Code(c) => format!("exit {c}"),
             Exit::Signal(s) => format!("signal {s}"),
@@ -529,12 +553,12 @@ impl Runner {
         });
     }
 
-    /// Copies the child's stdout and stderr into the run's log, up to the log's bound (the
-    /// controller is told once when it is reached).
+    /// Copies the run's output (its stdout and stderr, or its terminal) into the run's log, up
+    /// to the log's bound (the controller is told once when it is reached).
     fn copy_outputs(
         &self,
         key: RunKey,
-        child: &mut tokio::process::Child,
+        from: Vec<Output>,
         log: Arc<Mutex<std::fs::File>>,
     ) -> Vec<tokio::task::JoinHandle<()>> {
         // The log is new: nothing of it is written yet.
@@ -548,11 +572,7 @@ impl Runner {
             }
         };
         let copy = |o| tokio::spawn(output::copy_output(o, log.clone(), written.clone(), max, note.clone()));
-        let stdout =
-            child.stdout.take().map(|o| copy(Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>));
-        let stderr =
-            child.stderr.take().map(|o| copy(Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>));
-        [stdout, stderr].into_iter().flatten().collect()
+        from.into_iter().map(copy).collect()
     }
 
     /// Kills what is left of a run whose main process ended and waits until every process of it

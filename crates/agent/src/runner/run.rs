@@ -19,6 +19,17 @@ pub enum Exit {
     Lost,
 }
 
+impl Exit {
+    /// As a session's exit says it: the code (-1 for a signal or a lost run) and the signal.
+    pub fn code_and_signal(self) -> (i32, i32) {
+        match self {
+            Exit::Code(c) => (c, 0),
+            Exit::Signal(s) => (-1, s),
+            Exit::Lost => (-1, 0),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(super) struct Run {
     pub(super) pgid: Option<i32>,
@@ -40,6 +51,12 @@ pub(super) struct Run {
     pub(super) cores: Vec<u32>,
     /// Its container image, kept in the cache while the run lives.
     pub(super) _image: Option<Arc<crate::image::Image>>,
+    /// Its kairos user and its job's submit time (what a session grant names).
+    pub(super) user: String,
+    pub(super) submit_ms: i64,
+    pub(super) interactive: bool,
+    /// How a command joins it (once spawned).
+    pub(super) exec: Option<Arc<crate::interactive::ExecContext>>,
 }
 
 impl Run {
@@ -59,6 +76,10 @@ impl Run {
             checkpoint_marker: spec.files.checkpoint_marker(),
             cores: spec.limits.cores.clone(),
             _image: None,
+            user: spec.user.clone(),
+            submit_ms: spec.submit_ms,
+            interactive: spec.interactive.is_some(),
+            exec: None,
         }
     }
 
@@ -78,6 +99,10 @@ impl Run {
             checkpoint_marker: PathBuf::new(),
             cores: Vec::new(),
             _image: None,
+            user: String::new(),
+            submit_ms: 0,
+            interactive: false,
+            exec: None,
         }
     }
 

@@ -12,6 +12,8 @@ use crate::cgroup::RunCgroup;
 use crate::cgroup_limits::RunLimited;
 use crate::container::{ContainerSetup, IdMaps, Identity};
 use crate::image::Image;
+use crate::interactive::terminal::Pty;
+use crate::interactive::ExecContext;
 use crate::isolation::Isolation;
 use crate::jobfs::Dir;
 use crate::launch::{ContainerSpec, RunFiles, RunSpec};
@@ -94,11 +96,13 @@ fn prepare_job_files(files: &RunFiles, account: Option<&UnixAccount>) -> std::io
 }
 
 /// A run's spawned process, its new log (which its output is to be copied into) and its
-/// cgroup and limit directories.
+/// cgroup and limit directories; an interactive run's terminal; how a command joins it.
 pub(super) struct Spawned {
     pub child: tokio::process::Child,
     pub log: std::fs::File,
     pub confined: Confined,
+    pub terminal: Option<Pty>,
+    pub exec: ExecContext,
 }
 
 /// Spawns `spec`'s run (in `image`'s container when given) as `account`, in its own cgroup
@@ -112,7 +116,12 @@ pub(super) fn spawn(
 ) -> Result<Spawned, String> {
     let confined = Confined::create(spec, isolation)?;
     match start_child(spec, isolation, (account, image), &confined, traceparent) {
-        Ok((child, log)) => Ok(Spawned { child, log, confined }),
+        Ok((child, log, terminal, mut exec)) => {
+            exec.cgroup = confined.cgroup.as_ref().map(|c| c.dir().to_path_buf());
+            exec.limit_dirs = confined.limited.dirs();
+            exec.main_pid = child.id().map_or(0, |p| p as i32);
+            Ok(Spawned { child, log, confined, terminal, exec })
+        }
         Err(e) => {
             confined.remove();
             let who = account.map_or("the agent's user", |a| a.name.as_str());
@@ -121,14 +130,15 @@ pub(super) fn spawn(
     }
 }
 
-/// The job's files, its container, its command, confined, spawned.
+/// The job's files, its container, its command (on a new terminal when interactive),
+/// confined, spawned; how a command joins it.
 fn start_child(
     spec: &RunSpec,
     isolation: &Isolation,
     (account, image): (Option<&UnixAccount>, Option<&Image>),
     confined: &Confined,
     traceparent: Option<String>,
-) -> std::io::Result<(tokio::process::Child, std::fs::File)> {
+) -> std::io::Result<(tokio::process::Child, std::fs::File, Option<Pty>, ExecContext)> {
     // The job's directory and log belong to the job's user, readable by nobody else.
     let log = prepare_job_files(&spec.files, account)?;
     let (mut container, image_env) = match (image, &spec.container) {
@@ -138,12 +148,35 @@ fn start_child(
         }
         _ => (None, Vec::new()),
     };
-    let mut cmd = command(spec, account, &image_env, traceparent);
+    let exec = ExecContext {
+        account: account.cloned(),
+        env: run_env(spec, account, &image_env, traceparent.as_deref()),
+        workdir: spec.workdir.clone(),
+        fallback_workdir: spec.fallback_workdir.clone(),
+        container_workdir: container.as_ref().map(|c| c.workdir().to_string_lossy().into_owned()),
+        ..ExecContext::default()
+    };
+    let mut cmd = command(spec, &exec.env);
+    let terminal = match spec.interactive {
+        Some(_) => {
+            let (pty, slave) = crate::interactive::terminal::open(24, 80)?;
+            let [i, o, e] = crate::interactive::terminal::stdio_of(&slave)?;
+            cmd.stdin(i).stdout(o).stderr(e);
+            Some(pty)
+        }
+        None => {
+            cmd.process_group(0);
+            None
+        }
+    };
     let id_maps = container.as_mut().map(ContainerSetup::id_maps).transpose()?;
+    let workdirs = (spec.workdir.as_path(), spec.fallback_workdir.as_deref());
     // Held open until the child has written itself into them.
-    let _procs =
-        confine(&mut cmd, confined, account, (&spec.workdir, spec.fallback_workdir.as_deref()), container)?;
-    Ok((spawn_child(&mut cmd, id_maps)?, log))
+    let _procs = confine(&mut cmd, confined, account, workdirs, (container, terminal.is_some()))?;
+    // The slave's copies in `cmd` close with it: the terminal's output ends with the run's.
+    let child = spawn_child(&mut cmd, id_maps)?;
+    drop(cmd);
+    Ok((child, log, terminal, exec))
 }
 
 /// Spawns the confined command, recorded as the agent's own: the orphan reaper leaves its exit
@@ -205,30 +238,35 @@ fn container_setup(
     Ok((setup, env))
 }
 
-/// The job's command: its argv with the account's allowlisted environment, the container's
-/// under the spec's, output piped, its own process group.
-fn command(
+/// A run's environment, in order: the account's allowlisted base, the container's own (its
+/// PATH, say) under the job's, the launch's trace context (the job joins its own spans to it).
+/// Kept for the commands exec'd into the run.
+fn run_env(
     spec: &RunSpec,
     account: Option<&UnixAccount>,
     image_env: &[(String, String)],
-    traceparent: Option<String>,
-) -> tokio::process::Command {
+    traceparent: Option<&str>,
+) -> EnvPairs {
+    let mut env: EnvPairs = base_env(std::env::vars(), account).into_iter().collect();
+    env.extend(image_env.iter().cloned());
+    env.extend(spec.env.iter().cloned());
+    if let Some(tp) = traceparent {
+        env.push(("TRACEPARENT".into(), tp.to_string()));
+    }
+    env
+}
+
+/// The job's command: its argv with its environment, output piped (an interactive run's
+/// terminal replaces the pipes, and its process group comes with its session).
+fn command(spec: &RunSpec, env: &EnvPairs) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(&spec.program);
     cmd.args(&spec.args)
         .env_clear()
-        .envs(base_env(std::env::vars(), account))
-        // A container's own (its PATH, say), under the job's.
-        .envs(image_env.iter().cloned())
-        .envs(spec.env.iter().cloned())
+        .envs(env.iter().cloned())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .process_group(0)
         .kill_on_drop(false);
-    // The launch joins the job's trace; the job gets it to join its own spans.
-    if let Some(tp) = &traceparent {
-        cmd.env("TRACEPARENT", tp);
-    }
     cmd
 }
 
@@ -241,6 +279,8 @@ struct ChildSteps {
     /// cannot be entered.
     fallback: Option<(std::ffi::CString, String)>,
     container: Option<ContainerSetup>,
+    /// On a terminal: the child leads a new session whose controlling terminal it is.
+    terminal: bool,
 }
 
 fn cpath(p: &Path) -> std::io::Result<std::ffi::CString> {
@@ -253,7 +293,7 @@ impl ChildSteps {
         procs: &[OwnedFd],
         account: Option<&UnixAccount>,
         (workdir, fallback): (&Path, Option<&Path>),
-        container: Option<ContainerSetup>,
+        (container, terminal): (Option<ContainerSetup>, bool),
     ) -> std::io::Result<ChildSteps> {
         let ids = account.map(|a| {
             let groups: Vec<nix::unistd::Gid> =
@@ -277,7 +317,7 @@ impl ChildSteps {
             _ => None,
         };
         let procs_fds = procs.iter().map(|f| f.as_raw_fd()).collect();
-        Ok(ChildSteps { procs_fds, ids, workdir, fallback, container })
+        Ok(ChildSteps { procs_fds, ids, workdir, fallback, container, terminal })
     }
 
     /// In the child: into the run's cgroups, to the job's account (or into its container as
@@ -287,6 +327,9 @@ impl ChildSteps {
     /// Only between fork and exec: it makes system calls on values prepared before the fork;
     /// nothing allocates or locks.
     unsafe fn run(&self) -> std::io::Result<()> {
+        if self.terminal {
+            crate::interactive::terminal::become_controlling()?;
+        }
         for fd in &self.procs_fds {
             // Into the run's cgroup (and its limits) before any of the job's code runs.
             if nix::libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
@@ -332,7 +375,7 @@ fn confine(
     confined: &Confined,
     account: Option<&UnixAccount>,
     workdirs: (&Path, Option<&Path>),
-    container: Option<ContainerSetup>,
+    container: (Option<ContainerSetup>, bool),
 ) -> std::io::Result<Vec<OwnedFd>> {
     let procs = confined.procs_files()?;
     let steps = ChildSteps::new(&procs, account, workdirs, container)?;

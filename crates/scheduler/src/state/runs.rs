@@ -582,6 +582,10 @@ fn run_end(job: &Job, stop: Option<StopReason>, exit: &RunExit) -> (JobState, St
             unreachable!("handled above")
         }
         (None, RunExit::Code(0)) => (JobState::Completed, String::new()),
+        // A session ends however its user ends it: `exit 3` is the user's answer, not a failure.
+        (None, RunExit::Code(c)) if job.spec.profile == crate::model::Profile::Interactive => {
+            (JobState::Completed, format!("the session ended with exit code {c}"))
+        }
         (None, RunExit::Code(_) | RunExit::Signal(_)) if job.usage.is_some_and(|u| u.oom_in(job.attempt)) => {
             let limit = job.spec.mem_mib;
             (JobState::OutOfMemory, format!("out of memory: the kernel killed it at its {limit} MiB limit"))

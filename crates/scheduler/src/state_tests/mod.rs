@@ -18,6 +18,7 @@ mod gpu_health;
 mod guarantees;
 mod headroom;
 mod idle;
+mod interactive;
 mod preempt;
 mod props;
 mod reservations;

@@ -643,7 +643,7 @@ fn a_qos_an_account_does_not_allow_is_refused_naming_the_allowed_ones() {
     assert_eq!(
         submit(&mut s, "alice", "urgent", limits),
         Outcome::Rejected(Rejection::PermissionDenied(
-            "qos \"urgent\" is not allowed for user \"alice\" in account \"a\" (allowed: batch, inference, premium, training)"
+            "qos \"urgent\" is not allowed for user \"alice\" in account \"a\" (allowed: batch, inference, interactive, premium, training)"
                 .into()
         ))
     );

@@ -48,6 +48,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/api/v1/openapi.json", get(openapi))
         .route("/ui/logout", post(|| async { super::logout() }))
         .merge(assets::router())
+        .merge(super::ports::router())
         .fallback(not_found)
         .method_not_allowed_fallback(not_allowed)
         .layer(SetResponseHeaderLayer::overriding(

@@ -19,6 +19,7 @@
 pub mod app;
 pub mod assets;
 pub mod openapi;
+pub mod ports;
 pub mod routes;
 pub mod session;
 pub mod shares;

@@ -1,0 +1,214 @@
+//! One session as the agent keeps it between streams: its output (`Ring`), its input (applied
+//! once per sequence number, in order), its terminal or process group (resize, signals), how
+//! it ended, which stream holds it, and since when none has.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kairos_proto::v1 as pb;
+use nix::libc;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+use tonic::Status;
+
+use super::ring::Ring;
+use super::terminal::Pty;
+use crate::decide::RunKey;
+
+/// The newest output bytes a session keeps for its streams to resume from.
+pub const RING_BYTES: usize = 4 << 20;
+/// The signals a client may send a session.
+pub const SIGNALS: [i32; 6] = [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP, libc::SIGKILL, libc::SIGTSTP];
+
+/// Where a session's input goes.
+pub enum Sink {
+    Pty(Arc<Pty>),
+    /// A pipe to the command's stdin, a tunnel's socket.
+    Writer(Box<dyn AsyncWrite + Send + Unpin>),
+    /// Input ended (or there is none).
+    Closed,
+}
+
+struct Input {
+    applied: u64,
+    sink: Sink,
+}
+
+/// Which stream holds a session: each attach takes a new generation; none attached since when.
+struct Holder {
+    generation: u64,
+    detached_since: Option<Instant>,
+}
+
+/// A session: an exec'd command, a run's own terminal, or a tunnel.
+pub struct Session {
+    pub id: String,
+    pub run: RunKey,
+    pub kind: pb::SessionKind,
+    pub output: Arc<Ring>,
+    pub keep_alive: Duration,
+    input: tokio::sync::Mutex<Input>,
+    pty: Option<Arc<Pty>>,
+    /// The command's process group (exec), for signals without a terminal and the final kill.
+    pgid: Mutex<Option<i32>>,
+    exit: watch::Sender<Option<pb::SessionExit>>,
+    holder: Mutex<Holder>,
+    taken: watch::Sender<u64>,
+    /// What the keep-alive does once no stream has held the session for `keep_alive`.
+    on_idle: Box<dyn Fn(&Session) + Send + Sync>,
+}
+
+impl Session {
+    pub fn new(
+        (id, run, kind): (String, RunKey, pb::SessionKind),
+        sink: Sink,
+        pty: Option<Arc<Pty>>,
+        keep_alive: Duration,
+        on_idle: Box<dyn Fn(&Session) + Send + Sync>,
+    ) -> Session {
+        Session {
+            id,
+            run,
+            kind,
+            output: Arc::new(Ring::new(RING_BYTES)),
+            keep_alive,
+            input: tokio::sync::Mutex::new(Input { applied: 0, sink }),
+            pty,
+            pgid: Mutex::new(None),
+            exit: watch::channel(None).0,
+            holder: Mutex::new(Holder { generation: 0, detached_since: Some(Instant::now()) }),
+            taken: watch::channel(0).0,
+            on_idle,
+        }
+    }
+
+    fn holder(&self) -> std::sync::MutexGuard<'_, Holder> {
+        self.holder.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The command's process group, once it is spawned.
+    pub fn set_pgid(&self, pgid: i32) {
+        *self.pgid.lock().unwrap_or_else(|p| p.into_inner()) = Some(pgid);
+    }
+
+    fn pgid(&self) -> Option<i32> {
+        *self.pgid.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies one chunk of input unless its sequence number was applied already; the last
+    /// sequence number applied. A gap (a chunk missing before it) is refused.
+    pub async fn apply(&self, stdin: pb::SessionStdin) -> Result<u64, Status> {
+        let mut input = self.input.lock().await;
+        if stdin.seq <= input.applied {
+            return Ok(input.applied);
+        }
+        if stdin.seq != input.applied + 1 {
+            return Err(Status::invalid_argument(format!(
+                "input {} after {}: a chunk is missing",
+                stdin.seq, input.applied
+            )));
+        }
+        let written = match &mut input.sink {
+            Sink::Pty(pty) => pty.write_all(&stdin.data).await,
+            Sink::Writer(w) => match w.write_all(&stdin.data).await {
+                Ok(()) if stdin.eof => w.shutdown().await,
+                other => other,
+            },
+            Sink::Closed => Ok(()),
+        };
+        input.applied = stdin.seq;
+        if stdin.eof && !matches!(input.sink, Sink::Pty(_)) {
+            input.sink = Sink::Closed;
+        }
+        if let Err(e) = written {
+            // The command stopped reading (it ended, or closed its stdin): the input is dropped.
+            tracing::debug!(session = %self.id, error = %e, "session input dropped");
+            input.sink = Sink::Closed;
+        }
+        Ok(input.applied)
+    }
+
+    /// The last input sequence number applied.
+    pub async fn applied(&self) -> u64 {
+        self.input.lock().await.applied
+    }
+
+    /// The client's terminal size (sessions without a terminal ignore it).
+    pub fn resize(&self, size: &pb::TerminalSize) {
+        if let Some(pty) = &self.pty {
+            let clamp = |v: u32| v.min(u32::from(u16::MAX)) as u16;
+            if let Err(e) = pty.resize(clamp(size.rows), clamp(size.cols)) {
+                tracing::debug!(session = %self.id, error = %e, "resizing a session's terminal");
+            }
+        }
+    }
+
+    /// `signal` for the terminal's foreground process group (else the command's group).
+    pub fn signal(&self, signal: i32) -> Result<(), Status> {
+        if !SIGNALS.contains(&signal) {
+            return Err(Status::invalid_argument(format!(
+                "signal {signal}: only SIGINT, SIGQUIT, SIGTERM, SIGHUP, SIGKILL and SIGTSTP"
+            )));
+        }
+        let target = self.pty.as_ref().and_then(|p| p.foreground()).or_else(|| self.pgid());
+        if let Some(pgid) = target.filter(|p| *p > 1) {
+            // SAFETY: kill with a negative pid (a process group) and a listed signal.
+            unsafe { libc::kill(-pgid, signal) };
+        }
+        Ok(())
+    }
+
+    /// SIGKILL to the command's process group (exec).
+    pub fn kill(&self) {
+        if let Some(pgid) = self.pgid().filter(|p| *p > 1) {
+            // SAFETY: kill of a process group the session's command leads.
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        }
+    }
+
+    /// Records how the session ended (the first word stands).
+    pub fn finish(&self, exit: pb::SessionExit) {
+        self.exit.send_if_modified(|e| e.is_none() && e.replace(exit).is_none());
+    }
+
+    /// How the session ended, when it has.
+    pub fn exit(&self) -> watch::Receiver<Option<pb::SessionExit>> {
+        self.exit.subscribe()
+    }
+
+    /// A stream takes the session over: its generation (an earlier stream sees `taken`
+    /// change and ends).
+    pub fn attach(&self) -> u64 {
+        let generation = {
+            let mut holder = self.holder();
+            holder.generation += 1;
+            holder.detached_since = None;
+            holder.generation
+        };
+        self.taken.send_replace(generation);
+        generation
+    }
+
+    /// Which generation holds the session (changes at every takeover).
+    pub fn taken(&self) -> watch::Receiver<u64> {
+        self.taken.subscribe()
+    }
+
+    /// The stream of `generation` ends; the keep-alive counts from now unless another holds it.
+    pub fn detach(&self, generation: u64) {
+        let mut holder = self.holder();
+        if holder.generation == generation {
+            holder.detached_since = Some(Instant::now());
+        }
+    }
+
+    /// How long no stream has held the session (None: one holds it).
+    pub fn detached_for(&self) -> Option<Duration> {
+        self.holder().detached_since.map(|t| t.elapsed())
+    }
+
+    /// The keep-alive's action (once).
+    pub fn idle(&self) {
+        (self.on_idle)(self)
+    }
+}
