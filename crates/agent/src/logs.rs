@@ -1,4 +1,5 @@
-//! The agent's log service: streams a run's log file, optionally following it until the run ends.
+//! The agent's log service: streams a run's log file, optionally following it until the run
+//! ends; serves its runs' usage series and interactive sessions (`interactive::stream`).
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -49,7 +50,16 @@ impl AgentLogService for Logs {
         request: Request<tonic::Streaming<pb::SessionInput>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
         self.check_caller(request.metadata())?;
-        Err(Status::unimplemented("sessions: not yet"))
+        let credential = self.credential.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let credential = credential.ok_or_else(|| Status::unavailable("this agent has not registered yet"))?;
+        let ctx = crate::interactive::stream::Ctx {
+            sessions: self.runner.sessions().clone(),
+            runs: std::sync::Arc::new(self.runner.clone()),
+            credential,
+            node: self.runner.node().to_string(),
+        };
+        let rx = crate::interactive::stream::serve(ctx, request.into_inner()).await?;
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
     async fn read_usage(

@@ -48,11 +48,23 @@ pub async fn exec(client: &Client, args: ExecArgs) -> anyhow::Result<i32> {
         argv: args.command,
         pty: args.pty,
         size: args.pty.then(terminal::size).flatten(),
-        term: if args.pty { std::env::var("TERM").unwrap_or_default() } else { String::new() },
+        term: if args.pty { term() } else { String::new() },
         keep_alive_s: args.keep_alive.map_or(0, |s| s.min(u64::from(u32::MAX)) as u32),
         ..Default::default()
     };
     run_session(client, open, display, "exec").await
+}
+
+/// The local TERM, when the controller will take it (printable, at most 64 characters); else
+/// none (the agent's default, xterm).
+fn term() -> String {
+    let term = std::env::var("TERM").unwrap_or_default();
+    let fits = term.len() <= 64 && term.bytes().all(|b| b.is_ascii_graphic());
+    if fits {
+        term
+    } else {
+        String::new()
+    }
 }
 
 /// `kairos attach`: the interactive job's terminal, until it ends (its exit status) or the

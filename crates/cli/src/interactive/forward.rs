@@ -36,7 +36,9 @@ pub fn parse_ports(s: &str) -> Result<(u16, u16), String> {
     let port = |p: &str| -> Result<u16, String> {
         match p.parse::<u16>() {
             Ok(n) if n > 0 => Ok(n),
-            _ => Err(format!("\"{p}\" is not a port (1-65535) in \"{s}\"; use [LOCAL:]REMOTE, e.g. 8888 or 9000:8888")),
+            _ => Err(format!(
+                "\"{p}\" is not a port (1-65535) in \"{s}\"; use [LOCAL:]REMOTE, e.g. 8888 or 9000:8888"
+            )),
         }
     };
     match s.split_once(':') {
@@ -98,7 +100,12 @@ pub async fn until_ended(client: &Client, id: u64) -> anyhow::Result<()> {
 }
 
 /// Accepts connections on `listener`, each tunnelled to port `remote` of job `job_id`.
-pub async fn serve(client: Arc<Client>, job_id: u64, listener: TcpListener, remote: u16) -> anyhow::Result<()> {
+pub async fn serve(
+    client: Arc<Client>,
+    job_id: u64,
+    listener: TcpListener,
+    remote: u16,
+) -> anyhow::Result<()> {
     let here = listener.local_addr()?;
     println!("Forwarding from {here} -> {remote}");
     loop {

@@ -23,3 +23,6 @@ pub fn exit_status(exit: &pb::SessionExit) -> i32 {
         1
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -253,7 +253,9 @@ async fn output(
         Some(Output::Opened(o)) => {
             let lost = ledger.opened(&o);
             if lost > 0 {
-                eprintln!("\r\nkairos: {lost} bytes of output were lost while the session was reconnecting\r");
+                eprintln!(
+                    "\r\nkairos: {lost} bytes of output were lost while the session was reconnecting\r"
+                );
             }
         }
         Some(Output::Data(chunk)) => {

@@ -158,7 +158,7 @@ async fn exchange(State(gw): State<Arc<Gateway>>, mode: PathMode, req: Request) 
     };
     let _slot = match gw.streams.take(&user) {
         Ok(slot) => slot,
-        Err(s) => return refusal(&at, s),
+        Err(s) => return refusal(&at, s.into()),
     };
     let (parts, body) = req.into_parts();
     let body = match read_body(body, BODY_BYTES_MAX, gw.body_timeout).await {
