@@ -438,7 +438,11 @@ mod tests {
             let q = &shipped.qos[r[0].trim_matches('`')];
             assert_eq!(r[1], q.priority.to_string(), "{r:?}");
             assert_eq!(r[2], format!("{} h", q.max_wall_s / 3600), "{r:?}");
-            let limits = q.grp_gpus.map_or("—".to_string(), |g| format!("{g} GPUs in total"));
+            let limits = match (q.grp_gpus, q.user_jobs) {
+                (Some(g), _) => format!("{g} GPUs in total"),
+                (None, Some(j)) => format!("{j} jobs per user"),
+                (None, None) => "—".to_string(),
+            };
             assert_eq!(r[3], limits, "{r:?}");
             let preempted = match (q.preempt_mode, q.grace_s) {
                 (PreemptMode::Off, _) => r[4].starts_with("never"),

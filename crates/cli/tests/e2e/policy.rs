@@ -310,7 +310,7 @@ fn urgent_is_refused_to_a_user_without_it_naming_the_allowed_qos_and_works_for_a
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert!(
-        err.contains("qos \"urgent\" is not allowed for user \"alice\" in account \"root\" (allowed: batch, inference, premium, training)"),
+        err.contains("qos \"urgent\" is not allowed for user \"alice\" in account \"root\" (allowed: batch, inference, interactive, premium, training)"),
         "{err}"
     );
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
