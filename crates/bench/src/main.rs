@@ -32,6 +32,7 @@ mod load;
 mod preempt;
 mod replay;
 mod schedule;
+mod session;
 mod usage;
 
 #[derive(Parser)]
@@ -166,6 +167,16 @@ enum Bench {
         #[arg(long, default_value_t = 10)]
         interval_s: u64,
     },
+    /// An interactive session's throughput (port-forward tunnel, exec output) and keystroke
+    /// echo, through a controller and an agent on loopback.
+    Session {
+        /// Megabytes sent through the tunnel and through exec.
+        #[arg(long, default_value_t = 256)]
+        mb: u64,
+        /// Keystrokes whose echo is timed.
+        #[arg(long, default_value_t = 200)]
+        keys: usize,
+    },
     /// Leader-failover gap under a steady submit stream.
     Failover {
         #[arg(long, default_value_t = 3)]
@@ -186,6 +197,7 @@ async fn main() {
             let (clients, conns, seconds) = load.get();
             load::bench_submit(controllers, clients, conns, seconds).await
         }
+        Bench::Session { mb, keys } => session::bench_session(mb.max(1), keys.max(1)).await,
         Bench::Preempt { controllers, agents, gpus_per_agent, rounds } => {
             preempt::bench_preempt(controllers, agents, gpus_per_agent, rounds.max(1)).await
         }

@@ -21,7 +21,11 @@ async fn leader_jobs(
     Ok((JobServiceClient::new(ch.clone()), AdminServiceClient::new(ch)))
 }
 
-async fn wait_state(jobs: &mut JobServiceClient<Conn>, id: u64, state: pb::JobState) -> anyhow::Result<()> {
+pub(crate) async fn wait_state(
+    jobs: &mut JobServiceClient<Conn>,
+    id: u64,
+    state: pb::JobState,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
         let job = jobs.get_job(pb::GetJobRequest { job_id: id }).await?.into_inner();
@@ -34,7 +38,11 @@ async fn wait_state(jobs: &mut JobServiceClient<Conn>, id: u64, state: pb::JobSt
 }
 
 /// Starts `agents` fake-GPU agents of `gpus` GPUs each against the cluster.
-fn start_agents(cluster: &Cluster, agents: u32, gpus: u32) -> anyhow::Result<Vec<std::process::Child>> {
+pub(crate) fn start_agents(
+    cluster: &Cluster,
+    agents: u32,
+    gpus: u32,
+) -> anyhow::Result<Vec<std::process::Child>> {
     let agent_bin = sibling("kairos-agent")?;
     let mut children = Vec::new();
     for a in 0..agents {
@@ -64,7 +72,7 @@ fn start_agents(cluster: &Cluster, agents: u32, gpus: u32) -> anyhow::Result<Vec
 }
 
 /// Waits (at most 30 s) until `agents` nodes are up.
-async fn wait_agents_up(admin: &mut AdminServiceClient<Conn>, agents: u32) -> anyhow::Result<()> {
+pub(crate) async fn wait_agents_up(admin: &mut AdminServiceClient<Conn>, agents: u32) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let nodes = admin.list_nodes(pb::ListNodesRequest {}).await?.into_inner().nodes;
@@ -79,7 +87,7 @@ async fn wait_agents_up(admin: &mut AdminServiceClient<Conn>, agents: u32) -> an
 }
 
 /// SIGTERM to each agent (it stops its jobs' process groups before exiting), SIGKILL after 10 s.
-async fn stop_agents(children: Vec<std::process::Child>) {
+pub(crate) async fn stop_agents(children: Vec<std::process::Child>) {
     for mut c in children {
         // SAFETY: kill(2) on our own child.
         unsafe {
