@@ -4,10 +4,11 @@
 //! signals, cgroups and accounts (`Runner`, `cgroup`, `cgroup_limits`, `account`), container
 //! images and roots (`image`, `container`), fencing (`fence`), per-run log files (`Logs`), the
 //! process log (`audit`), spot interruption notices (`spot`), the session with the controllers
-//! (`session`: register, heartbeat, lease). Two pure steps: what to do with its runs (`decide`)
-//! and what one run is (`launch`: assignment → `RunSpec`). Must not: decide placement or state;
-//! it does
-//! what the controller's assignment set says and reports what happened.
+//! (`session`: register, heartbeat, lease), interactive sessions into runs (`interactive`:
+//! exec, attach, port forwards, behind grants the controllers seal). Two pure steps: what to
+//! do with its runs (`decide`) and what one run is (`launch`: assignment → `RunSpec`). Must
+//! not: decide placement or state; it does what the controller's assignment set says and
+//! reports what happened.
 
 pub mod account;
 pub mod audit;

@@ -51,7 +51,8 @@ impl AgentLogService for Logs {
     ) -> Result<Response<Self::SessionStream>, Status> {
         self.check_caller(request.metadata())?;
         let credential = self.credential.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let credential = credential.ok_or_else(|| Status::unavailable("this agent has not registered yet"))?;
+        let credential =
+            credential.ok_or_else(|| Status::unavailable("this agent has not registered yet"))?;
         let ctx = crate::interactive::stream::Ctx {
             sessions: self.runner.sessions().clone(),
             runs: std::sync::Arc::new(self.runner.clone()),

@@ -125,7 +125,8 @@ impl JobApi {
         self.ctx.readable()?;
         let id = open.job_id;
         let found = self.ctx.replica.read(|a| {
-            let job = a.state.jobs.get(&id).ok_or_else(|| Status::not_found(format!("job {id} not found")))?;
+            let job =
+                a.state.jobs.get(&id).ok_or_else(|| Status::not_found(format!("job {id} not found")))?;
             if !may_enter(&me, &job.spec.user) {
                 return Err(Status::permission_denied(format!(
                     "job {id} belongs to another user: only its owner (or an admin) may open a session on it"
@@ -164,7 +165,8 @@ impl JobApi {
         let (to_agent_tx, to_agent_rx) = tokio::sync::mpsc::channel(16);
         let first = pb::SessionInput { input: Some(pb::session_input::Input::Open(open)) };
         to_agent_tx.send(first).await.map_err(|_| Status::internal("session: the relay closed"))?;
-        let (mut agent, req) = self.to_agent(&node, epoch, ReceiverStream::new(to_agent_rx), "a session").await?;
+        let (mut agent, req) =
+            self.to_agent(&node, epoch, ReceiverStream::new(to_agent_rx), "a session").await?;
         let from_agent = agent.session(req).await?.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         tokio::spawn(relay_in(inbound, to_agent_tx, tx.clone()));

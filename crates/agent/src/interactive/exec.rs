@@ -49,7 +49,11 @@ pub struct ExecContext {
 impl ExecContext {
     /// The run as a tunnel checks it (`forward::connect`).
     pub fn forward_target(&self) -> ForwardTarget {
-        ForwardTarget { cgroup: self.cgroup.clone(), limit_dirs: self.limit_dirs.clone(), main_pid: self.main_pid }
+        ForwardTarget {
+            cgroup: self.cgroup.clone(),
+            limit_dirs: self.limit_dirs.clone(),
+            main_pid: self.main_pid,
+        }
     }
 
     fn procs_files(&self) -> std::io::Result<Vec<OwnedFd>> {
@@ -63,10 +67,18 @@ impl ExecContext {
 pub fn check_argv(argv: &[String]) -> Result<(), Status> {
     let bytes: usize = argv.iter().map(|a| a.len() + 1).sum();
     match () {
-        _ if argv.first().is_none_or(|a| a.is_empty()) => Err(Status::invalid_argument("exec: an empty command")),
-        _ if argv.len() > ARGV_MAX => Err(Status::invalid_argument(format!("exec: more than {ARGV_MAX} arguments"))),
-        _ if bytes > ARGV_BYTES_MAX => Err(Status::invalid_argument(format!("exec: the command is over {ARGV_BYTES_MAX} bytes"))),
-        _ if argv.iter().any(|a| a.contains('\0')) => Err(Status::invalid_argument("exec: an argument holds a NUL byte")),
+        _ if argv.first().is_none_or(|a| a.is_empty()) => {
+            Err(Status::invalid_argument("exec: an empty command"))
+        }
+        _ if argv.len() > ARGV_MAX => {
+            Err(Status::invalid_argument(format!("exec: more than {ARGV_MAX} arguments")))
+        }
+        _ if bytes > ARGV_BYTES_MAX => {
+            Err(Status::invalid_argument(format!("exec: the command is over {ARGV_BYTES_MAX} bytes")))
+        }
+        _ if argv.iter().any(|a| a.contains('\0')) => {
+            Err(Status::invalid_argument("exec: an argument holds a NUL byte"))
+        }
         _ => Ok(()),
     }
 }
@@ -103,7 +115,10 @@ impl Steps {
             false => {}
         }
         if let Some((groups, gid, uid)) = &self.ids {
-            if libc::setgroups(groups.len(), groups.as_ptr()) != 0 || libc::setgid(*gid) != 0 || libc::setuid(*uid) != 0 {
+            if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                || libc::setgid(*gid) != 0
+                || libc::setuid(*uid) != 0
+            {
                 return Err(err());
             }
         }
@@ -152,7 +167,16 @@ unsafe fn enter_container(pidfd: i32) -> std::io::Result<()> {
 /// The process outside the PID namespace: ignores the group's signals (the command gets
 /// them), waits for the command and ends as it did.
 unsafe fn relay(child: libc::pid_t) -> ! {
-    for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP, libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU, libc::SIGWINCH] {
+    for sig in [
+        libc::SIGINT,
+        libc::SIGQUIT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGTSTP,
+        libc::SIGTTIN,
+        libc::SIGTTOU,
+        libc::SIGWINCH,
+    ] {
         libc::signal(sig, libc::SIG_IGN);
     }
     let mut status = 0;
@@ -182,58 +206,79 @@ fn container_init(main_pid: i32) -> std::io::Result<OwnedFd> {
     };
     let main = open(main_pid)?;
     let mut text = String::new();
-    std::fs::File::open(format!("/proc/{main_pid}/task/{main_pid}/children"))?.take(4096).read_to_string(&mut text)?;
-    let init: i32 = text.split_whitespace().next().and_then(|p| p.parse().ok()).ok_or_else(|| std::io::Error::other("the run's container has no init"))?;
+    std::fs::File::open(format!("/proc/{main_pid}/task/{main_pid}/children"))?
+        .take(4096)
+        .read_to_string(&mut text)?;
+    let init: i32 = text
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| std::io::Error::other("the run's container has no init"))?;
     let init = open(init)?;
     // SAFETY: signal 0 through a pidfd this function owns: only whether it lives.
-    let alive = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, main.as_raw_fd(), 0, std::ptr::null::<u8>(), 0) };
+    let alive =
+        unsafe { libc::syscall(libc::SYS_pidfd_send_signal, main.as_raw_fd(), 0, std::ptr::null::<u8>(), 0) };
     match alive == 0 {
         true => Ok(init),
         false => Err(std::io::Error::other("the run ended")),
     }
 }
 
+/// The command's stdin, stdout and stderr: a new terminal of the client's size and TERM (the
+/// agent's end, and the slave to hold until the spawn), else pipes.
+fn stdio(
+    cmd: &mut tokio::process::Command,
+    open: &pb::SessionOpen,
+) -> std::io::Result<(Option<Arc<Pty>>, Option<OwnedFd>)> {
+    if !open.pty {
+        use std::process::Stdio;
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        return Ok((None, None));
+    }
+    let size = open.size.unwrap_or(pb::TerminalSize { rows: 24, cols: 80 });
+    let clamp = |v: u32| v.clamp(1, u32::from(u16::MAX)) as u16;
+    let (pty, slave) = terminal::open(clamp(size.rows), clamp(size.cols))?;
+    let term = if open.term.is_empty() { "xterm" } else { open.term.as_str() };
+    let [i, o, e] = terminal::stdio_of(&slave)?;
+    cmd.env("TERM", term).stdin(i).stdout(o).stderr(e);
+    Ok((Some(Arc::new(pty)), Some(slave)))
+}
+
 /// The command of `open`, spawned into `ctx`'s run (see the module); its session, held by
 /// nobody yet. Output and exit are recorded as they come.
-pub fn start(ctx: &ExecContext, open: &pb::SessionOpen, (id, run): (String, RunKey)) -> Result<Arc<Session>, Status> {
+pub fn start(
+    ctx: &ExecContext,
+    open: &pb::SessionOpen,
+    (id, run): (String, RunKey),
+) -> Result<Arc<Session>, Status> {
     check_argv(&open.argv)?;
     let keep_alive = std::time::Duration::from_secs(u64::from(match open.keep_alive_s {
         0 => 60,
         s => s.min(86_400),
     }));
     let failed = |e: std::io::Error| Status::failed_precondition(format!("exec {:?}: {e}", open.argv[0]));
-    let size = open.size.clone().unwrap_or(pb::TerminalSize { rows: 24, cols: 80 });
-    let clamp = |v: u32| v.clamp(1, u32::from(u16::MAX)) as u16;
-    let pty = match open.pty {
-        true => Some(terminal::open(clamp(size.rows), clamp(size.cols)).map_err(failed)?),
-        false => None,
-    };
     let mut cmd = tokio::process::Command::new(&open.argv[0]);
     cmd.args(&open.argv[1..]).env_clear().envs(ctx.env.iter().cloned()).kill_on_drop(false);
-    let (pty, _slave) = match pty {
-        Some((pty, slave)) => {
-            let term = if open.term.is_empty() { "xterm" } else { open.term.as_str() };
-            let [i, o, e] = terminal::stdio_of(&slave).map_err(failed)?;
-            cmd.env("TERM", term).stdin(i).stdout(o).stderr(e);
-            (Some(Arc::new(pty)), Some(slave))
-        }
-        None => {
-            use std::process::Stdio;
-            cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-            (None, None)
-        }
-    };
+    let (pty, _slave) = stdio(&mut cmd, open).map_err(failed)?;
     let procs = ctx.procs_files().map_err(failed)?;
-    let init = ctx.container_workdir.as_ref().map(|_| container_init(ctx.main_pid)).transpose().map_err(failed)?;
+    let init =
+        ctx.container_workdir.as_ref().map(|_| container_init(ctx.main_pid)).transpose().map_err(failed)?;
     let steps = Steps {
         procs: procs.iter().map(|f| f.as_raw_fd()).collect(),
         terminal: pty.is_some(),
         ids: ctx.account.as_ref().map(|a| (a.groups.clone(), a.gid, a.uid)),
         workdir: match &ctx.container_workdir {
-            Some(w) => CString::new(w.as_str()).map_err(|_| Status::internal("the container's workdir holds a NUL"))?,
+            Some(w) => CString::new(w.as_str())
+                .map_err(|_| Status::internal("the container's workdir holds a NUL"))?,
             None => cstring(&ctx.workdir).map_err(failed)?,
         },
-        fallback: ctx.fallback_workdir.as_deref().filter(|_| init.is_none()).map(cstring).transpose().map_err(failed)?,
+        fallback: ctx
+            .fallback_workdir
+            .as_deref()
+            .filter(|_| init.is_none())
+            .map(cstring)
+            .transpose()
+            .map_err(failed)?,
         container: init.as_ref().map(|f| f.as_raw_fd()),
     };
     // SAFETY: between fork and exec the child only makes system calls on prepared values.
@@ -250,7 +295,8 @@ pub fn start(ctx: &ExecContext, open: &pb::SessionOpen, (id, run): (String, RunK
         let reason = format!("no client attached for {} s (the keep-alive ran out)", s.keep_alive.as_secs());
         s.finish(pb::SessionExit { code: -1, signal: 0, reason });
     });
-    let session = Arc::new(Session::new((id, run, pb::SessionKind::Exec), sink, pty.clone(), keep_alive, on_idle));
+    let session =
+        Arc::new(Session::new((id, run, pb::SessionKind::Exec), sink, pty.clone(), keep_alive, on_idle));
     if let Some(pid) = child.id() {
         session.set_pgid(pid as i32);
     }

@@ -76,7 +76,9 @@ pub async fn connect(target: &ForwardTarget, port: u16) -> Result<TcpStream, Sta
     };
     let addr = SocketAddr::new(dial_address(addr), port);
     match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
-        Err(_) => Err(Status::unavailable(format!("connecting to port {port} took over {CONNECT_TIMEOUT:?}"))),
+        Err(_) => {
+            Err(Status::unavailable(format!("connecting to port {port} took over {CONNECT_TIMEOUT:?}")))
+        }
         Ok(Err(e)) => Err(Status::unavailable(format!("connecting to port {port}: {e}"))),
         Ok(Ok(stream)) => {
             // Interactive traffic: no coalescing delay (a failure only costs latency).

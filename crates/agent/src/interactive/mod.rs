@@ -116,7 +116,7 @@ impl Sessions {
                 s.finish(pb::SessionExit { code, signal, reason: String::new() });
             } else {
                 s.kill();
-                s.finish(pb::SessionExit { code: -1, signal: 0, reason: "the job ended".into() });
+                s.job_ended();
                 s.output.close();
             }
         }

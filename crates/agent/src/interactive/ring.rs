@@ -105,7 +105,11 @@ impl Ring {
             }
             let skip = from.saturating_sub(c.offset) as usize;
             let take = (c.data.len() - skip).min(max - taken);
-            chunks.push(Chunk { offset: c.offset + skip as u64, data: c.data[skip..skip + take].to_vec(), stderr: c.stderr });
+            chunks.push(Chunk {
+                offset: c.offset + skip as u64,
+                data: c.data[skip..skip + take].to_vec(),
+                stderr: c.stderr,
+            });
             taken += take;
         }
         Read::Chunks { chunks, lost }
@@ -139,7 +143,13 @@ mod tests {
         match ring.read(1, 3) {
             Read::Chunks { chunks, lost } => {
                 assert_eq!(lost, 3);
-                assert_eq!(chunks, vec![Chunk { offset: 4, data: b"ef".to_vec(), stderr: true }, Chunk { offset: 6, data: b"g".to_vec(), stderr: false }]);
+                assert_eq!(
+                    chunks,
+                    vec![
+                        Chunk { offset: 4, data: b"ef".to_vec(), stderr: true },
+                        Chunk { offset: 6, data: b"g".to_vec(), stderr: false }
+                    ]
+                );
             }
             other => panic!("{other:?}"),
         }

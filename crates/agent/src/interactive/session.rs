@@ -18,7 +18,8 @@ use crate::decide::RunKey;
 /// The newest output bytes a session keeps for its streams to resume from.
 pub const RING_BYTES: usize = 4 << 20;
 /// The signals a client may send a session.
-pub const SIGNALS: [i32; 6] = [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP, libc::SIGKILL, libc::SIGTSTP];
+pub const SIGNALS: [i32; 6] =
+    [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP, libc::SIGKILL, libc::SIGTSTP];
 
 /// Where a session's input goes.
 pub enum Sink {
@@ -169,6 +170,16 @@ impl Session {
     /// Records how the session ended (the first word stands).
     pub fn finish(&self, exit: pb::SessionExit) {
         self.exit.send_if_modified(|e| e.is_none() && e.replace(exit).is_none());
+    }
+
+    /// The session's run ended: so it says, even where its command was already killed with it.
+    pub fn job_ended(&self) {
+        self.exit.send_modify(|e| {
+            let exit = e.get_or_insert_with(|| pb::SessionExit { code: -1, ..Default::default() });
+            if exit.reason.is_empty() {
+                exit.reason = "the job ended".into();
+            }
+        });
     }
 
     /// How the session ended, when it has.

@@ -20,6 +20,8 @@ use crate::decide::RunKey;
 
 /// How long the first message may take.
 pub const OPEN_WAIT: Duration = Duration::from_secs(10);
+/// How long an exec'd command may take to start.
+const SPAWN_WAIT: Duration = Duration::from_secs(30);
 /// The largest stdin chunk accepted.
 pub const STDIN_MAX: usize = 64 * 1024;
 /// The most output bytes in one message.
@@ -43,7 +45,10 @@ fn kind_of(k: i32) -> pb::SessionKind {
 
 /// Serves one session stream: its output, once the open is accepted (the refusal otherwise,
 /// with nothing started).
-pub async fn serve<S>(ctx: Ctx, mut inbound: S) -> Result<mpsc::Receiver<Result<pb::SessionOutput, Status>>, Status>
+pub async fn serve<S>(
+    ctx: Ctx,
+    mut inbound: S,
+) -> Result<mpsc::Receiver<Result<pb::SessionOutput, Status>>, Status>
 where
     S: Stream<Item = Result<pb::SessionInput, Status>> + Send + Unpin + 'static,
 {
@@ -81,7 +86,8 @@ where
 }
 
 /// The grant's checks: sealed for this node and not expired, for this job and kind (and
-/// port), for a run live here of that user and submit time; ATTACH only to an interactive run.
+/// port), for a run live here (or, resuming, known here) of that user and submit time; ATTACH
+/// only to an interactive run.
 pub fn check_grant(ctx: &Ctx, open: &pb::SessionOpen, now_ms: i64) -> Result<(RunKey, RunView), Status> {
     let denied = |why: String| Status::permission_denied(format!("session refused: {why}"));
     let grant = open.grant.as_ref().ok_or_else(|| denied("no grant".into()))?;
@@ -100,22 +106,35 @@ pub fn check_grant(ctx: &Ctx, open: &pb::SessionOpen, now_ms: i64) -> Result<(Ru
     let not_here = || {
         Status::failed_precondition(format!("job {} attempt {} is not running on this node", key.0, key.1))
     };
-    let view = ctx.runs.view(key).filter(|v| v.live).ok_or_else(not_here)?;
+    // A session resumed may outlive its run a while (its stream learns how it ended).
+    let resuming = !open.resume.is_empty();
+    let view = ctx.runs.view(key).filter(|v| v.live || resuming).ok_or_else(not_here)?;
     if view.user != grant.user || view.submit_ms != grant.submit_time_ms {
         return Err(denied("the grant is for another user or job".into()));
     }
     if kind == pb::SessionKind::Attach && !view.interactive {
-        return Err(Status::failed_precondition(format!("job {} is not interactive: nothing to attach to", key.0)));
+        return Err(Status::failed_precondition(format!(
+            "job {} is not interactive: nothing to attach to",
+            key.0
+        )));
     }
     Ok((key, view))
 }
 
 /// The session `open` names (`resume`), the run's terminal (ATTACH), or a new one.
-async fn open_session(ctx: &Ctx, open: &pb::SessionOpen, key: RunKey, view: &RunView) -> Result<Arc<Session>, Status> {
+async fn open_session(
+    ctx: &Ctx,
+    open: &pb::SessionOpen,
+    key: RunKey,
+    view: &RunView,
+) -> Result<Arc<Session>, Status> {
     let kind = kind_of(open.kind);
     let caller = open.grant.as_ref().map(|g| g.caller.as_str()).unwrap_or_default();
     if !open.resume.is_empty() {
-        let s = ctx.sessions.get(&open.resume).ok_or_else(|| Status::not_found(format!("no session {:?} on this node", open.resume)))?;
+        let s = ctx
+            .sessions
+            .get(&open.resume)
+            .ok_or_else(|| Status::not_found(format!("no session {:?} on this node", open.resume)))?;
         if s.run != key || s.kind != kind {
             return Err(Status::permission_denied("the session resumed is of another job or kind"));
         }
@@ -128,17 +147,17 @@ async fn open_session(ctx: &Ctx, open: &pb::SessionOpen, key: RunKey, view: &Run
     };
     let session = match kind {
         pb::SessionKind::Attach => {
-            let s = ctx.sessions.get(&terminal_id(key)).ok_or_else(|| Status::failed_precondition("the job's terminal is gone"))?;
+            let s = ctx
+                .sessions
+                .get(&terminal_id(key))
+                .ok_or_else(|| Status::failed_precondition("the job's terminal is gone"))?;
             if let Some(size) = &open.size {
                 s.resize(size);
             }
             s
         }
         pb::SessionKind::Exec => {
-            exec::check_argv(&open.argv)?;
-            ctx.sessions.room()?;
-            let exec_ctx = view.exec.as_ref().ok_or_else(|| Status::failed_precondition("the run is not started yet"))?;
-            let s = exec::start(exec_ctx, open, (ctx.sessions.new_id(key), key))?;
+            let s = start_exec(ctx, open, key, view).await?;
             ctx.sessions.insert(s.clone());
             s
         }
@@ -154,11 +173,46 @@ async fn open_session(ctx: &Ctx, open: &pb::SessionOpen, key: RunKey, view: &Run
     Ok(session)
 }
 
+/// EXEC: the command started (`exec::start`) off the runtime, bounded: the spawn waits until
+/// the command is exec'd (its working directory entered, its namespaces joined).
+async fn start_exec(
+    ctx: &Ctx,
+    open: &pb::SessionOpen,
+    key: RunKey,
+    view: &RunView,
+) -> Result<Arc<Session>, Status> {
+    exec::check_argv(&open.argv)?;
+    ctx.sessions.room()?;
+    let exec_ctx =
+        view.exec.clone().ok_or_else(|| Status::failed_precondition("the run is not started yet"))?;
+    let (o, id) = (open.clone(), (ctx.sessions.new_id(key), key));
+    let mut started = tokio::task::spawn_blocking(move || exec::start(&exec_ctx, &o, id));
+    match tokio::time::timeout(SPAWN_WAIT, &mut started).await {
+        Ok(Ok(started)) => started,
+        Ok(Err(e)) => Err(Status::internal(format!("starting the command: {e}"))),
+        Err(_) => {
+            // Started too late for its stream: it never runs on unheld.
+            tokio::spawn(async move {
+                if let Ok(Ok(late)) = started.await {
+                    late.kill();
+                }
+            });
+            Err(Status::deadline_exceeded("the command did not start within 30 s"))
+        }
+    }
+}
+
 /// FORWARD: a connection to the run's port (`forward::connect`), as a session whose input
 /// goes to the socket and whose output is what the socket sends.
-async fn tunnel(ctx: &Ctx, open: &pb::SessionOpen, key: RunKey, view: &RunView) -> Result<Arc<Session>, Status> {
+async fn tunnel(
+    ctx: &Ctx,
+    open: &pb::SessionOpen,
+    key: RunKey,
+    view: &RunView,
+) -> Result<Arc<Session>, Status> {
     let port = u16::try_from(open.port).map_err(|_| Status::invalid_argument("ports are 1-65535"))?;
-    let exec_ctx = view.exec.as_ref().ok_or_else(|| Status::failed_precondition("the run is not started yet"))?;
+    let exec_ctx =
+        view.exec.as_ref().ok_or_else(|| Status::failed_precondition("the run is not started yet"))?;
     let socket = forward::connect(&exec_ctx.forward_target(), port).await?;
     let (mut read, write) = socket.into_split();
     let keep_alive = Duration::from_secs(u64::from(match open.keep_alive_s {
@@ -166,11 +220,21 @@ async fn tunnel(ctx: &Ctx, open: &pb::SessionOpen, key: RunKey, view: &RunView) 
         s => s.min(86_400),
     }));
     let on_idle = Box::new(|s: &Session| {
-        s.finish(pb::SessionExit { code: -1, signal: 0, reason: "no client attached (the keep-alive ran out)".into() });
+        s.finish(pb::SessionExit {
+            code: -1,
+            signal: 0,
+            reason: "no client attached (the keep-alive ran out)".into(),
+        });
         s.output.close();
     });
     let id = ctx.sessions.new_id(key);
-    let session = Arc::new(Session::new((id, key, pb::SessionKind::Forward), Sink::Writer(Box::new(write)), None, keep_alive, on_idle));
+    let session = Arc::new(Session::new(
+        (id, key, pb::SessionKind::Forward),
+        Sink::Writer(Box::new(write)),
+        None,
+        keep_alive,
+        on_idle,
+    ));
     let s = session.clone();
     tokio::spawn(async move {
         use tokio::io::AsyncReadExt;
@@ -220,10 +284,8 @@ where
         tokio::select! {
             msg = inbound.next() => {
                 let Some(Ok(input)) = msg else { return };
-                match handle(session, input).await {
-                    Ok(Some(out)) => if tx.send(Ok(out)).await.is_err() { return },
-                    Ok(None) => {}
-                    Err(e) => { let _ = tx.send(Err(e)).await; return }
+                if !batch(session, input, &mut inbound, tx).await {
+                    return;
                 }
             }
             _ = grown.changed() => {}
@@ -239,15 +301,48 @@ where
     }
 }
 
-/// One message of the client's: input applied (and acknowledged), a resize, a signal.
-async fn handle(session: &Session, input: pb::SessionInput) -> Result<Option<pb::SessionOutput>, Status> {
+/// `first` and every message already waiting behind it, handled in order; one
+/// acknowledgement for the input among them. False when the stream is to end (it failed, the
+/// client closed it, a message was refused: the refusal is sent).
+async fn batch<S>(session: &Session, first: pb::SessionInput, inbound: &mut S, tx: &Out) -> bool
+where
+    S: Stream<Item = Result<pb::SessionInput, Status>> + Unpin,
+{
+    use futures::FutureExt;
+    let mut acked = None;
+    let mut next = Some(first);
+    let mut go_on = true;
+    while let Some(input) = next.take() {
+        match handle(session, input).await {
+            Ok(Some(seq)) => acked = Some(seq),
+            Ok(None) => {}
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
+                return false;
+            }
+        }
+        match inbound.next().now_or_never() {
+            Some(Some(Ok(input))) => next = Some(input),
+            Some(_) => go_on = false,
+            None => {}
+        }
+    }
+    if let Some(seq) = acked {
+        let ack = pb::SessionOutput { output: Some(Output::InputAcked(seq)) };
+        go_on &= tx.send(Ok(ack)).await.is_ok();
+    }
+    go_on
+}
+
+/// One message of the client's: input applied (the last sequence number applied), a resize,
+/// a signal.
+async fn handle(session: &Session, input: pb::SessionInput) -> Result<Option<u64>, Status> {
     match input.input {
         Some(Input::Stdin(stdin)) => {
             if stdin.data.len() > STDIN_MAX {
                 return Err(Status::invalid_argument(format!("a stdin chunk over {STDIN_MAX} bytes")));
             }
-            let acked = session.apply(stdin).await?;
-            Ok(Some(pb::SessionOutput { output: Some(Output::InputAcked(acked)) }))
+            session.apply(stdin).await.map(Some)
         }
         Some(Input::Resize(size)) => {
             session.resize(&size);

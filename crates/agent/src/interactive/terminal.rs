@@ -32,7 +32,8 @@ fn cvt(r: libc::c_int) -> std::io::Result<libc::c_int> {
 pub fn open(rows: u16, cols: u16) -> std::io::Result<(Pty, OwnedFd)> {
     let flags = libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC;
     // SAFETY: open of a NUL-terminated path; the descriptor is owned at once.
-    let master = unsafe { OwnedFd::from_raw_fd(cvt(libc::open(c"/dev/ptmx".as_ptr(), flags | libc::O_NONBLOCK))?) };
+    let master =
+        unsafe { OwnedFd::from_raw_fd(cvt(libc::open(c"/dev/ptmx".as_ptr(), flags | libc::O_NONBLOCK))?) };
     // SAFETY: unlockpt and TIOCGPTPEER on the master this function owns; the slave is owned at
     // once (opened through the master, never by a path a job could replace).
     let slave = unsafe {
@@ -117,7 +118,11 @@ pub struct Tee {
 }
 
 impl AsyncRead for Tee {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         match ready!(self.pty.poll_read(cx, buf)) {
             Ok(0) => {

@@ -31,11 +31,17 @@ impl Runner {
         let keep_alive = spec.interactive.unwrap_or(Duration::from_secs(60));
         let runner = self.clone();
         let on_idle = Box::new(move |s: &Session| {
-            tracing::info!(job = key.0, attempt = key.1, keep_alive_s = s.keep_alive.as_secs(), "no session attached for the keep-alive: hanging up");
+            tracing::info!(
+                job = key.0,
+                attempt = key.1,
+                keep_alive_s = s.keep_alive.as_secs(),
+                "no session attached for the keep-alive: hanging up"
+            );
             runner.stop(key, Signal::SIGHUP, HANGUP_GRACE, None);
         });
         let id = (terminal_id(key), key, pb::SessionKind::Attach);
-        let session = Arc::new(Session::new(id, Sink::Pty(pty.clone()), Some(pty.clone()), keep_alive, on_idle));
+        let session =
+            Arc::new(Session::new(id, Sink::Pty(pty.clone()), Some(pty.clone()), keep_alive, on_idle));
         self.sessions.insert(session.clone());
         let tee: Output = Box::new(Tee { pty, ring: session.output.clone() });
         self.copy_outputs(key, vec![tee], log)

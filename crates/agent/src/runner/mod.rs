@@ -25,7 +25,8 @@
 //! A launch reads its assignment once, into a `RunSpec` (`launch::spec`, pure); from there on
 //! nothing sees the wire type. `spawn` turns the spec into a confined child (its cgroup and
 //! limits, job files, container, command); `run` is a run as held here, `stop` stops runs,
-//! `output` copies a run's output into its log. Nothing below the runner imports it or
+//! `output` copies a run's output into its log, `interactive` keeps an interactive run's
+//! terminal as a session (`crate::interactive`) and shows the runs to sessions. Nothing below the runner imports it or
 //! `launch`.
 
 use std::collections::BTreeMap;
@@ -478,7 +479,8 @@ impl Runner {
     ) {
         let mut runs = self.lock();
         let (stopping, fenced) = runs.get(&spec.key).map(|r| (r.stopping, r.fenced)).unwrap_or_default();
-        let run = Run { pgid, cgroup, stopping, fenced, _image: image, exec: Some(exec), ..Run::launching(spec) };
+        let run =
+            Run { pgid, cgroup, stopping, fenced, _image: image, exec: Some(exec), ..Run::launching(spec) };
         if stopping || fenced {
             run.kill();
         }
@@ -628,5 +630,7 @@ impl Runner {
     }
 }
 
+#[cfg(test)]
+mod session_tests;
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,7 @@ use crate::journal::{journal_dir, kill_orphans};
 use crate::launch::{job_dir, log_path};
 use std::os::unix::fs::PermissionsExt;
 
-fn assignment(job: u64, argv: &[&str], started: bool, kill: bool) -> pb::Assignment {
+pub(super) fn assignment(job: u64, argv: &[&str], started: bool, kill: bool) -> pb::Assignment {
     pb::Assignment {
         job_id: job,
         attempt: 0,
@@ -39,11 +39,11 @@ fn assignment(job: u64, argv: &[&str], started: bool, kill: bool) -> pb::Assignm
     }
 }
 
-async fn next(rx: &mut mpsc::Receiver<pb::StatusReport>) -> pb::StatusReport {
+pub(super) async fn next(rx: &mut mpsc::Receiver<pb::StatusReport>) -> pb::StatusReport {
     tokio::time::timeout(Duration::from_secs(20), rx.recv()).await.expect("a report in time").expect("open")
 }
 
-fn set(runs: Vec<pb::Assignment>) -> pb::AssignmentSet {
+pub(super) fn set(runs: Vec<pb::Assignment>) -> pb::AssignmentSet {
     pb::AssignmentSet { runs, applied_index: 1 }
 }
 
@@ -444,13 +444,13 @@ async fn concurrent_launch_passes_start_a_run_once() {
     runner.stop_all(Duration::from_secs(1)).await;
 }
 
-fn root() -> bool {
+pub(super) fn root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
 /// A runner whose runs execute as the Unix account `nobody` when the test runs as root (as CI
 /// does), in a state directory such an account can pass through.
-fn runner_as_nobody(dir: &Path, tx: mpsc::Sender<pb::StatusReport>) -> Runner {
+pub(super) fn runner_as_nobody(dir: &Path, tx: mpsc::Sender<pb::StatusReport>) -> Runner {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).unwrap();
     let map = dir.join("users.map");
     std::fs::write(&map, "alice = nobody\n").unwrap();

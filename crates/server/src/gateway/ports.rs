@@ -98,7 +98,7 @@ pub fn router() -> Router<Arc<Gateway>> {
         let handler = move |gw: State<Arc<Gateway>>, req: Request| exchange(gw, mode, req);
         r = r
             .route(&base, any(slash))
-            .route(&format!("{base}/"), any(handler.clone()))
+            .route(&format!("{base}/"), any(handler))
             .route(&format!("{base}/{{*rest}}"), any(handler));
     }
     r
@@ -163,7 +163,9 @@ async fn exchange(State(gw): State<Arc<Gateway>>, mode: PathMode, req: Request) 
     let (parts, body) = req.into_parts();
     let body = match read_body(body, BODY_BYTES_MAX, gw.body_timeout).await {
         Ok(b) => b,
-        Err(BodyError::Late) => return page(StatusCode::REQUEST_TIMEOUT, "408 — the request came too slowly", ""),
+        Err(BodyError::Late) => {
+            return page(StatusCode::REQUEST_TIMEOUT, "408 — the request came too slowly", "")
+        }
         Err(BodyError::Refused(s)) => return refusal(&at, s),
     };
     let upstream = match upstream_request(&parts, &at, body) {
@@ -205,7 +207,9 @@ async fn send(
     let body = Limited::new(body, BODY_BYTES_MAX).collect().await;
     conn.abort();
     let body = body
-        .map_err(|e| Status::unavailable(format!("reading the job's answer (at most {BODY_BYTES_MAX} bytes): {e}")))?
+        .map_err(|e| {
+            Status::unavailable(format!("reading the job's answer (at most {BODY_BYTES_MAX} bytes): {e}"))
+        })?
         .to_bytes();
     Ok(answer_of(parts, body, at))
 }
@@ -316,8 +320,14 @@ fn named_by_connection(headers: &HeaderMap) -> Vec<String> {
         .collect()
 }
 
+/// The `Host` the job's server is sent (the browser's goes as `X-Forwarded-Host`).
+fn upstream_host(port: u16) -> String {
+    format!("127.0.0.1:{port}")
+}
+
 /// The request the job's server gets: the method, the upstream path, the headers less
-/// hop-by-hop ones and kairos's credentials (its cookies taken out of `Cookie`), the body.
+/// hop-by-hop ones and kairos's credentials (its cookies taken out of `Cookie`), `Host` its
+/// own (`upstream_host`), the body.
 pub fn upstream_request(
     parts: &http::request::Parts,
     at: &PortPath,
@@ -332,9 +342,13 @@ pub fn upstream_request(
         }
         match n {
             "cookie" | "content-length" => continue,
+            "host" => out = out.header("x-forwarded-host", value),
             _ => out = out.header(name, value),
         }
     }
+    // The job's server is reached on its node's loopback, as a server there expects (Jupyter
+    // refuses a Host that is not local unless told to allow remote access).
+    out = out.header(header::HOST, upstream_host(at.port));
     if let Some(cookies) = foreign_cookies(&parts.headers) {
         out = out.header(header::COOKIE, cookies);
     }
@@ -384,8 +398,17 @@ pub fn answer_of(parts: http::response::Parts, body: Bytes, at: &PortPath) -> Re
         };
         r.headers_mut().append(name.clone(), value);
     }
+    // The job's pages share the UI's origin: sandboxed into an opaque origin of their own, their
+    // scripts can neither read kairos's cookies nor call its API as the person viewing them (an
+    // admin opening another user's job, say). A server that needs its own cookies (Jupyter) is
+    // for `kairos port-forward`/`kairos notebook`, on the user's own localhost.
+    r.headers_mut().append(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(JOB_PAGE_CSP));
     r
 }
+
+/// What a job's page may do in the browser: run its scripts, forms, popups and downloads, in
+/// an origin of its own.
+pub const JOB_PAGE_CSP: &str = "sandbox allow-scripts allow-forms allow-popups allow-downloads";
 
 /// Whether a `Set-Cookie` value would set one of kairos's own cookies.
 fn sets_kairos_cookie(value: &HeaderValue) -> bool {
@@ -394,18 +417,38 @@ fn sets_kairos_cookie(value: &HeaderValue) -> bool {
     name == session::SESSION_COOKIE || name == session::CSRF_COOKIE
 }
 
-/// A redirect to an absolute path (`/a/`, not `//host/…`) under the prefix, in strip mode.
+/// A redirect kept under the prefix: to the `Host` the job was sent (`upstream_host`), as its
+/// path; to an absolute path (`/a/`, not `//host/…`) in strip mode, under the prefix. Others
+/// (None) go as they are.
 fn relocated(location: &HeaderValue, at: &PortPath) -> Option<HeaderValue> {
     let to = location.to_str().ok()?;
-    if at.mode != PathMode::Strip || !to.starts_with('/') || to.starts_with("//") {
+    let upstream = format!("http://{}", upstream_host(at.port));
+    let (path, own_host) = match to.strip_prefix(upstream.as_str()) {
+        Some(p) if p.is_empty() || p.starts_with(['/', '?']) => (p, true),
+        _ => (to, false),
+    };
+    // `http://host` and `http://host?q` are its root.
+    let path = match own_host && !path.starts_with('/') {
+        true => format!("/{path}"),
+        false => path.to_string(),
+    };
+    if !path.starts_with('/') || path.starts_with("//") {
         return None;
     }
-    HeaderValue::from_str(&format!("{}{to}", at.prefix)).ok()
+    match at.mode {
+        PathMode::Strip => HeaderValue::from_str(&format!("{}{path}", at.prefix)).ok(),
+        PathMode::Keep if own_host => HeaderValue::from_str(&path).ok(),
+        PathMode::Keep => None,
+    }
 }
 
 /// No credential: 401, with the way to the login.
 fn unauthenticated() -> Response {
-    page(StatusCode::UNAUTHORIZED, "401 — log in first", "<a href=\"/#/login\">Log in</a>, then open this page again.")
+    page(
+        StatusCode::UNAUTHORIZED,
+        "401 — log in first",
+        "<a href=\"/#/login\">Log in</a>, then open this page again.",
+    )
 }
 
 /// A refused or failed exchange as a small page with the code's HTTP status (a job that does
@@ -501,12 +544,21 @@ mod tests {
         assert_eq!(r.uri(), "/api?q=1");
         assert_eq!(r.method(), http::Method::POST);
         let h = r.headers();
-        for gone in ["authorization", "x-csrf-token", "kairos-user", "connection", "x-private", "te", "content-length"] {
+        for gone in [
+            "authorization",
+            "x-csrf-token",
+            "kairos-user",
+            "connection",
+            "x-private",
+            "te",
+            "content-length",
+        ] {
             assert!(!h.contains_key(gone), "{gone} was passed on: {h:?}");
         }
         assert_eq!(h[header::COOKIE], "_xsrf=abc; theme=dark");
         assert!(!format!("{h:?}").contains("kairos_secret"), "{h:?}");
-        assert_eq!(h["host"], "kairos.example:8080");
+        assert_eq!(h["host"], "127.0.0.1:8000");
+        assert_eq!(h["x-forwarded-host"], "kairos.example:8080");
         assert_eq!(h["accept"], "text/html");
         assert_eq!(h["x-forwarded-prefix"], "/jobs/7/port/8000");
         // Only kairos's cookies: no Cookie header at all.
@@ -535,20 +587,35 @@ mod tests {
         assert_eq!(r.headers()[header::LOCATION], "/jobs/7/port/8000/dir/");
         let cookies: Vec<_> = r.headers().get_all(header::SET_COOKIE).iter().collect();
         assert_eq!(cookies, ["app=1; Path=/"]);
-        assert!(!r.headers().contains_key(header::CONNECTION) && !r.headers().contains_key("transfer-encoding"));
+        assert!(
+            !r.headers().contains_key(header::CONNECTION) && !r.headers().contains_key("transfer-encoding")
+        );
         assert_eq!(r.headers()[header::CONTENT_TYPE], "text/html");
+        // The page is sandboxed into an origin of its own, whatever policy the job sends.
+        assert_eq!(r.headers()[header::CONTENT_SECURITY_POLICY], JOB_PAGE_CSP);
         // A server that knows its base URL, and redirects elsewhere, are left alone.
         let keep = parse_path("/jobs/7/absolute/8888/", None, PathMode::Keep).unwrap();
         let r = answer_of(answer.clone(), Bytes::new(), &keep);
         assert_eq!(r.headers()[header::LOCATION], "/dir/");
-        for other in ["//evil.example/", "https://example.com/x"] {
+        for other in ["//evil.example/", "https://example.com/x", "http://127.0.0.1:80001/"] {
             assert_eq!(relocated(&HeaderValue::from_static(other), &at), None, "{other}");
         }
+        // A redirect to the Host the job was sent is the same server: kept under the prefix.
+        for (to, want) in [
+            ("http://127.0.0.1:8000/tree?a", "/jobs/7/port/8000/tree?a"),
+            ("http://127.0.0.1:8000", "/jobs/7/port/8000/"),
+        ] {
+            assert_eq!(relocated(&HeaderValue::from_static(to), &at).unwrap(), want, "{to}");
+        }
+        let keep_at = parse_path("/jobs/7/absolute/8000/", None, PathMode::Keep).unwrap();
+        let to = HeaderValue::from_static("http://127.0.0.1:8000/jobs/7/absolute/8000/lab");
+        assert_eq!(relocated(&to, &keep_at).unwrap(), "/jobs/7/absolute/8000/lab");
     }
 
     #[test]
     fn output_is_taken_in_offset_order_once() {
-        let chunk = |offset: u64, data: &[u8]| pb::SessionOutputChunk { offset, data: data.to_vec(), stderr: false };
+        let chunk =
+            |offset: u64, data: &[u8]| pb::SessionOutputChunk { offset, data: data.to_vec(), stderr: false };
         assert_eq!(fresh(&chunk(0, b"abc"), 0), Some(&b"abc"[..]));
         // Replayed bytes already passed on are skipped; a chunk after a gap is refused.
         assert_eq!(fresh(&chunk(1, b"bcd"), 3), Some(&b"d"[..]));
@@ -566,5 +633,182 @@ mod tests {
         assert_eq!(refusal(&at, Status::failed_precondition("no")).status(), StatusCode::BAD_GATEWAY);
         assert_eq!(refusal(&at, Status::unauthenticated("no")).status(), StatusCode::UNAUTHORIZED);
         assert_eq!(refusal(&at, Status::not_found("no")).status(), StatusCode::NOT_FOUND);
+    }
+}
+
+/// The whole exchange through a stand-in for the gRPC `JobService.Session` (a FORWARD to a
+/// local port, its first output chunk sent twice as a resumed stream would) to a real HTTP
+/// server.
+#[cfg(test)]
+mod tunnel_tests {
+    use std::task::{Context, Poll};
+
+    use futures::future::BoxFuture;
+    use http_body_util::BodyExt;
+    use prost::Message;
+    use tokio::net::TcpStream;
+    use tokio::sync::mpsc;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::gateway::transcode::RawCodec;
+    use crate::gateway::Options;
+
+    type Out = mpsc::Sender<Result<Bytes, Status>>;
+
+    /// `JobService.Session` as the controller answers it: "good" (alice) opens job 7's tunnel,
+    /// anyone else is refused as a stranger to the job.
+    #[derive(Clone)]
+    struct FakeJobs;
+
+    impl tonic::server::NamedService for FakeJobs {
+        const NAME: &'static str = "kairos.v1.JobService";
+    }
+
+    impl tower_service::Service<http::Request<tonic::body::Body>> for FakeJobs {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+            Box::pin(async move { Ok(tonic::server::Grpc::new(RawCodec).streaming(Sessions, req).await) })
+        }
+    }
+
+    struct Sessions;
+
+    impl tonic::server::StreamingService<Bytes> for Sessions {
+        type Response = Bytes;
+        type ResponseStream = ReceiverStream<Result<Bytes, Status>>;
+        type Future = BoxFuture<'static, Result<tonic::Response<Self::ResponseStream>, Status>>;
+
+        fn call(&mut self, req: tonic::Request<tonic::Streaming<Bytes>>) -> Self::Future {
+            Box::pin(async move {
+                let bearer = req.metadata().get("authorization").and_then(|v| v.to_str().ok());
+                if bearer != Some("Bearer good") {
+                    return Err(Status::permission_denied("job 7 is alice's"));
+                }
+                let mut inbound = req.into_inner();
+                let first = pb::SessionInput::decode(inbound.message().await?.unwrap()).unwrap();
+                let Some(pb::session_input::Input::Open(open)) = first.input else { panic!("{first:?}") };
+                assert_eq!((open.job_id, open.kind), (7, pb::SessionKind::Forward as i32));
+                let tcp = TcpStream::connect(("127.0.0.1", open.port as u16)).await.map_err(|_| {
+                    Status::failed_precondition(format!("job 7 does not listen on port {}", open.port))
+                })?;
+                let (tx, rx) = mpsc::channel(8);
+                let opened = pb::session_output::Output::Opened(pb::SessionOpened::default());
+                send(&tx, opened).await;
+                tokio::spawn(bridge(tcp, inbound, tx));
+                Ok(tonic::Response::new(ReceiverStream::new(rx)))
+            })
+        }
+    }
+
+    async fn send(tx: &Out, output: pb::session_output::Output) {
+        let _ = tx.send(Ok(pb::SessionOutput { output: Some(output) }.encode_to_vec().into())).await;
+    }
+
+    /// The agent's part: stdin to the connection, the connection's bytes as numbered output.
+    async fn bridge(tcp: TcpStream, mut inbound: tonic::Streaming<Bytes>, tx: Out) {
+        let (mut rd, mut wr) = tcp.into_split();
+        tokio::spawn(async move {
+            while let Ok(Some(m)) = inbound.message().await {
+                if let Some(pb::session_input::Input::Stdin(s)) = pb::SessionInput::decode(m).unwrap().input {
+                    wr.write_all(&s.data).await.unwrap();
+                }
+            }
+        });
+        let (mut offset, mut buf) = (0u64, vec![0u8; 4096]);
+        while let Ok(n @ 1..) = rd.read(&mut buf).await {
+            let chunk = pb::SessionOutputChunk { offset, data: buf[..n].to_vec(), stderr: false };
+            if offset == 0 {
+                // Its first bytes (into the status line), then the whole chunk again from offset
+                // 0, as a resumed stream replays: the bytes must be passed on once or the
+                // answer is torn.
+                let part = pb::SessionOutputChunk { data: buf[..n.min(10)].to_vec(), ..chunk.clone() };
+                send(&tx, pb::session_output::Output::Data(part)).await;
+            }
+            send(&tx, pb::session_output::Output::Data(chunk)).await;
+            offset += n as u64;
+        }
+        send(&tx, pb::session_output::Output::Exit(pb::SessionExit::default())).await;
+    }
+
+    /// The job's web server: answers with the path and headers it got.
+    async fn job_server() -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let app = Router::new().fallback(|req: Request| async move {
+            let (parts, body) = req.into_parts();
+            let body = body.collect().await.unwrap().to_bytes();
+            format!("{} {:?} body={}", parts.uri, parts.headers, String::from_utf8_lossy(&body))
+        });
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        port
+    }
+
+    async fn gateway() -> Router {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        tokio::spawn(tonic::transport::Server::builder().add_service(FakeJobs).serve_with_incoming(incoming));
+        let check: crate::gateway::TokenCheck = Arc::new(|token: &str| match token {
+            "good" => Ok("alice".to_string()),
+            "bob" => Ok("bob".to_string()),
+            _ => Err(Status::unauthenticated("no such token")),
+        });
+        let gateway = Gateway::new(Options {
+            grpc_url: format!("http://{addr}"),
+            tls: None,
+            key: kairos_consensus::auth::ClusterKey::new(&"s".repeat(32)),
+            body_max: 1024,
+            check,
+            request_timeout: Duration::from_secs(30),
+        })
+        .unwrap();
+        crate::gateway::app::router(Arc::new(gateway))
+    }
+
+    async fn get(app: &Router, uri: &str, cookie: &str) -> (StatusCode, HeaderMap, String) {
+        let req = http::Request::builder().method("POST").uri(uri).header("cookie", cookie);
+        let answer = app.clone().oneshot(req.body(Body::from("ping")).unwrap()).await.unwrap();
+        let (parts, body) = answer.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        (parts.status, parts.headers, String::from_utf8_lossy(&body).to_string())
+    }
+
+    #[tokio::test]
+    async fn the_owner_reaches_the_jobs_server_under_the_prefix_and_a_stranger_gets_403() {
+        let (app, port) = (gateway().await, job_server().await);
+        let uri = format!("/jobs/7/port/{port}/a/b?x=1");
+        let (status, _, body) = get(&app, &uri, "kairos_session=good; app=1").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(body.starts_with("/a/b?x=1 "), "{body}");
+        assert!(body.ends_with("body=ping") && body.contains("\"cookie\": \"app=1\""), "{body}");
+        assert!(!body.contains("kairos_session") && !body.contains("good"), "{body}");
+        let (status, _, body) =
+            get(&app, &format!("/jobs/7/absolute/{port}/lab"), "kairos_session=good").await;
+        assert!(
+            status == StatusCode::OK && body.starts_with(&format!("/jobs/7/absolute/{port}/lab ")),
+            "{body}"
+        );
+        // Another user: the services' refusal, as a page; nobody: 401.
+        let (status, headers, body) = get(&app, &uri, "kairos_session=bob").await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+        assert_eq!(headers[header::CONTENT_TYPE], "text/html; charset=utf-8");
+        assert!(body.contains("alice"), "{body}");
+        assert_eq!(get(&app, &uri, "").await.0, StatusCode::UNAUTHORIZED);
+        // A port without a server: 502; the prefix without its slash: a redirect to it.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (status, _, body) = get(&app, &format!("/jobs/7/port/{closed}/"), "kairos_session=good").await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+        assert!(body.contains(&format!("does not listen on port {closed}")), "{body}");
+        let (status, headers, _) = get(&app, &format!("/jobs/7/port/{port}?q"), "").await;
+        assert_eq!(status, StatusCode::PERMANENT_REDIRECT);
+        assert_eq!(headers[header::LOCATION], format!("/jobs/7/port/{port}/?q").as_str());
     }
 }
