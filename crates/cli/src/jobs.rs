@@ -856,7 +856,7 @@ fn ended(job: &pb::Job) -> bool {
 /// failed with one, 128 + N when signal N killed it, 124 on a time limit, 125 when cancelled,
 /// 123 when its node failed or its run was lost, 122 when it ran out of memory. (1 is also
 /// kairos's own failure.)
-fn wait_code(job: &pb::Job) -> i32 {
+pub(crate) fn wait_code(job: &pb::Job) -> i32 {
     match pb::JobState::try_from(job.state) {
         Ok(pb::JobState::Completed) => 0,
         Ok(pb::JobState::Failed) if job.signal > 0 => 128 + job.signal.min(127),

@@ -61,6 +61,9 @@ enum Route {
     /// Answered from its own state, never forwarded first: its own view of the cluster, and long
     /// streams that would tie a connection to the leader for their whole life.
     Local,
+    /// Served here as it arrives, never read whole first: a stream the client keeps writing to
+    /// (a session), which a follower's collect-then-route would hold forever.
+    Stream,
     /// Forwarded; a read (its answer comes without a commit wait).
     Read,
     /// Forwarded; a write (the leader's commit wait).
@@ -78,7 +81,7 @@ const ROUTES: [(&str, Route); 44] = [
     ("/kairos.v1.JobService/StreamLogs", Route::Local),
     // Asked of the job's agent by whichever replica is called (as logs are).
     ("/kairos.v1.JobService/JobUsage", Route::Local),
-    ("/kairos.v1.JobService/Session", Route::Local),
+    ("/kairos.v1.JobService/Session", Route::Stream),
     ("/kairos.v1.JobService/HoldJob", Route::Write),
     ("/kairos.v1.JobService/ReleaseJob", Route::Write),
     ("/kairos.v1.JobService/ListHistory", Route::Read),
@@ -296,7 +299,10 @@ where
         // The service that was polled ready serves this call; a clone takes its place.
         let ready = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, ready);
-        if self.forwarder.replica.is_leader() || request.headers().contains_key(FORWARDED_HEADER) {
+        if self.forwarder.replica.is_leader()
+            || request.headers().contains_key(FORWARDED_HEADER)
+            || route(request.uri().path()) == Route::Stream
+        {
             let served = inner.call(request);
             return Box::pin(async move { Ok(served.await?.map(Body::new)) });
         }
@@ -393,6 +399,11 @@ mod tests {
         }
         assert_eq!(route("/kairos.v1.JobService/GetJob"), Route::Read);
         assert_eq!(route("/kairos.v1.JobService/StreamLogs"), Route::Local);
+        assert_eq!(
+            route("/kairos.v1.JobService/Session"),
+            Route::Stream,
+            "a client stream is never read whole"
+        );
         assert_eq!(route("/kairos.v1.JobService/Submit"), Route::Write);
         assert_eq!(route("/kairos.v1.JobService/Unknown"), Route::Write, "unknown: the longer wait");
         assert_eq!(wait_for("/kairos.v1.AdminService/BurstStatus"), READ_WAIT);

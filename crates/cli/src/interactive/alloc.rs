@@ -20,7 +20,7 @@ pub struct AllocArgs {
     #[command(flatten)]
     pub submit: SubmitArgs,
     /// How long the job lives with no client attached to its terminal (a lost connection, a
-    /// closed laptop), e.g. 30m; then it gets SIGHUP (default: the cluster's).
+    /// closed laptop), e.g. 30m; then it gets SIGHUP (default 60s, at most 24h).
     #[arg(long, value_name = "DURATION", value_parser = crate::args::parse_time)]
     pub keep_alive: Option<u64>,
 }
@@ -84,7 +84,26 @@ async fn allocate_and_attach(client: &Client, spec: pb::JobSpec, display: Displa
         Some(job) => eprintln!("kairos: job {id} running on {}", job.node),
         None => return Ok(130),
     }
-    attach_job(client, id, display).await
+    match attach_job(client, id, display).await {
+        Err(e) if e.downcast_ref::<super::stream::NeverOpened>().is_some() => {
+            ended_first(client, id, e).await
+        }
+        other => other,
+    }
+}
+
+/// The job ended before its terminal could be attached (a command quicker than the attach):
+/// its output from the log, its exit status as `kairos wait` gives it. Else the refusal.
+async fn ended_first(client: &Client, id: u64, refused: anyhow::Error) -> anyhow::Result<i32> {
+    let req = pb::GetJobRequest { job_id: id };
+    let job = client.jobs(req, |mut c, r| async move { c.get_job(r).await }).await?.into_inner();
+    let live =
+        [pb::JobState::Pending, pb::JobState::Running, pb::JobState::Suspended, pb::JobState::Preempting];
+    if live.iter().any(|s| *s as i32 == job.state) {
+        return Err(refused);
+    }
+    crate::jobs::logs(client, id, false, None).await?;
+    Ok(crate::jobs::wait_code(&job))
 }
 
 /// Submits `spec`; its job id.

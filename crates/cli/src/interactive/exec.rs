@@ -21,7 +21,7 @@ pub struct ExecArgs {
     #[arg(long, short = 't')]
     pub pty: bool,
     /// How long the command may outlive a lost connection (the agent keeps it this long for
-    /// the client to come back), e.g. 5m (default 60s).
+    /// the client to come back), e.g. 5m (default 60s, at most 24h).
     #[arg(long, value_name = "DURATION", value_parser = crate::args::parse_time)]
     pub keep_alive: Option<u64>,
     /// The command and its arguments, after `--`.
@@ -115,7 +115,10 @@ pub async fn run_session(
         _ = term.recv(), if raw => return Ok(128 + libc::SIGTERM),
         _ = hup.recv(), if raw => return Ok(128 + libc::SIGHUP),
     };
-    let exit = ended.map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+    let exit = ended.map_err(|e| match e.downcast_ref::<stream::NeverOpened>() {
+        Some(refused) => stream::NeverOpened(format!("{what}: {refused}")).into(),
+        None => anyhow::anyhow!("{what}: {e}"),
+    })?;
     drop(raw_guard);
     if !exit.reason.is_empty() {
         eprintln!("kairos: {what}: {}", exit.reason);

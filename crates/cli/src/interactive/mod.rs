@@ -26,3 +26,6 @@ pub fn exit_status(exit: &pb::SessionExit) -> i32 {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod resume_tests;

@@ -23,6 +23,8 @@ use crate::client::Client;
 
 /// How long a broken session keeps trying to get its stream back.
 pub const RESUME_WAIT: Duration = Duration::from_secs(30);
+/// How long a session's first stream waits for a run just placed to start on its node.
+const START_WAIT: Duration = Duration::from_secs(20);
 /// How often the client says it is still there.
 const PING_EVERY: Duration = Duration::from_secs(10);
 /// Input messages queued for one stream.
@@ -167,6 +169,42 @@ pub fn status_message(status: &Status) -> String {
     }
 }
 
+/// Whether the node answered that the run is not there yet: a job the controllers have just
+/// placed (`kairos alloc` attaches at once) whose node has not started it. (The agent's words;
+/// a job that is not running at all is refused by the controller, in others.)
+fn not_started_yet(status: &Status) -> bool {
+    status.code() == Code::FailedPrecondition
+        && ["the run is not started yet", "is not running on this node"]
+            .iter()
+            .any(|m| status.message().contains(m))
+}
+
+/// Opens a session's first stream, waiting up to `START_WAIT` for a run just placed to start.
+async fn open_first(client: &Client, ledger: &Ledger, base: &pb::SessionOpen) -> anyhow::Result<Stream> {
+    let deadline = tokio::time::Instant::now() + START_WAIT;
+    loop {
+        match open_stream(client, ledger, base).await? {
+            Ok(stream) => return Ok(stream),
+            Err(s) if not_started_yet(&s) && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(250)).await
+            }
+            Err(s) => return Err(NeverOpened(status_message(&s)).into()),
+        }
+    }
+}
+
+/// A session refused at its first stream: nothing was started, nothing was written.
+#[derive(Debug)]
+pub struct NeverOpened(pub String);
+
+impl std::fmt::Display for NeverOpened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NeverOpened {}
+
 /// Opens the stream again after a break, for up to `RESUME_WAIT`.
 async fn reopen(client: &Client, ledger: &Ledger, base: &pb::SessionOpen) -> anyhow::Result<Stream> {
     let deadline = tokio::time::Instant::now() + RESUME_WAIT;
@@ -181,6 +219,17 @@ async fn reopen(client: &Client, ledger: &Ledger, base: &pb::SessionOpen) -> any
         }
     }
     anyhow::bail!("lost the session; no controller took it back within {RESUME_WAIT:?} ({last})")
+}
+
+/// A command whose stream broke before it said which session it is may have started: opening
+/// it again could run it twice, so that is an error (a terminal or a tunnel is opened again).
+fn unresumable_before_opened(ledger: &Ledger, base: &pb::SessionOpen) -> anyhow::Result<()> {
+    if ledger.session.is_none() && base.kind == pb::SessionKind::Exec as i32 {
+        anyhow::bail!(
+            "the stream broke before the session opened (the command may have started; not run again)"
+        );
+    }
+    Ok(())
 }
 
 /// Where a session's output goes.
@@ -199,10 +248,7 @@ pub async fn drive(
 ) -> anyhow::Result<pb::SessionExit> {
     let mut ledger = Ledger::default();
     let mut base = base;
-    let mut stream = match open_stream(client, &ledger, &base).await? {
-        Ok(s) => s,
-        Err(s) => anyhow::bail!("{}", status_message(&s)),
-    };
+    let mut stream = open_first(client, &ledger, &base).await?;
     let mut ping = tokio::time::interval(PING_EVERY);
     let mut local_open = true;
     loop {
@@ -215,7 +261,10 @@ pub async fn drive(
                 }
                 Some(Err(s)) if !crate::client::resumable(&s) => anyhow::bail!("{}", status_message(&s)),
                 // Broken, or ended without an exit: resume elsewhere.
-                _ => stream = reopen(client, &ledger, &base).await?,
+                _ => {
+                    unresumable_before_opened(&ledger, &base)?;
+                    stream = reopen(client, &ledger, &base).await?
+                }
             },
             event = local.recv(), if local_open => match event {
                 None => local_open = false,

@@ -15,6 +15,8 @@ use super::stream::Local;
 
 /// Local events queued for a session.
 const EVENTS: usize = 256;
+/// A signal repeated within this ends the client.
+const TWICE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The terminal's settings before raw mode, put back on drop.
 pub struct RawMode {
@@ -112,7 +114,9 @@ fn read_stdin(tx: mpsc::Sender<Local>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// SIGINT, SIGTERM and SIGHUP arrive as `Signal` events for the remote side.
+/// SIGINT, SIGTERM and SIGHUP arrive as `Signal` events for the remote side. The same signal
+/// twice within `TWICE` also ends this client (as srun's double Ctrl-C): a remote command that
+/// ignores it does not hold the CLI; the session ends after its keep-alive.
 fn forward_signals(tx: mpsc::Sender<Local>) -> anyhow::Result<()> {
     for (kind, number) in [
         (SignalKind::interrupt(), libc::SIGINT),
@@ -122,7 +126,16 @@ fn forward_signals(tx: mpsc::Sender<Local>) -> anyhow::Result<()> {
         let mut sig = signal(kind)?;
         let tx = tx.clone();
         tokio::spawn(async move {
+            let mut last: Option<std::time::Instant> = None;
             while sig.recv().await.is_some() {
+                if last.is_some_and(|t| t.elapsed() < TWICE) {
+                    eprintln!(
+                        "kairos: signal {number} twice: leaving the session (it ends after its keep-alive)"
+                    );
+                    // Pipes only: the local terminal was not changed, nothing to restore.
+                    std::process::exit(128 + number);
+                }
+                last = Some(std::time::Instant::now());
                 if tx.send(Local::Signal(number)).await.is_err() {
                     return;
                 }

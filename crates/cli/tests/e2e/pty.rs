@@ -25,11 +25,10 @@ impl Pty {
     /// Starts `cmd` on a new terminal of `rows` × `cols`.
     pub fn spawn(mut cmd: Command, rows: u16, cols: u16) -> Pty {
         let (mut master, mut slave) = (-1, -1);
-        let mut size = winsize(rows, cols);
+        let size = winsize(rows, cols);
         // SAFETY: openpty writes the two descriptors; the name and termios pointers may be null.
-        let rc = unsafe {
-            libc::openpty(&mut master, &mut slave, std::ptr::null_mut(), std::ptr::null(), &mut size)
-        };
+        let rc =
+            unsafe { libc::openpty(&mut master, &mut slave, std::ptr::null_mut(), std::ptr::null(), &size) };
         assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
         // SAFETY: both descriptors were just opened and are owned here alone.
         let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
@@ -111,7 +110,11 @@ impl Pty {
             if let Some(status) = self.child.try_wait().expect("wait for the command") {
                 return status;
             }
-            assert!(Instant::now() < deadline, "the command did not exit within {within:?}: {}", self.output());
+            assert!(
+                Instant::now() < deadline,
+                "the command did not exit within {within:?}: {}",
+                self.output()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -11,10 +11,10 @@ use serde_json::Value;
 use crate::harness::{free_addr, python, wait_for, Cluster, Options};
 
 /// An HTTP answer.
-struct Reply {
-    status: u16,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
     headers: Vec<(String, String)>,
-    body: String,
+    pub(crate) body: String,
 }
 
 impl Reply {
@@ -22,13 +22,13 @@ impl Reply {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
     }
 
-    fn header(&self, name: &str) -> Vec<&str> {
+    pub(crate) fn header(&self, name: &str) -> Vec<&str> {
         self.headers.iter().filter(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str()).collect()
     }
 }
 
 /// One request on its own connection; the whole answer (a chunked one decoded).
-fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+pub(crate) fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
     let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
@@ -73,7 +73,7 @@ fn dechunk(mut rest: &str) -> String {
     out
 }
 
-fn bearer(token: &str) -> String {
+pub(crate) fn bearer(token: &str) -> String {
     format!("Bearer {token}")
 }
 
@@ -85,7 +85,7 @@ fn submit(addr: &str, token: &str, argv: &[&str]) -> u64 {
     r.json()["job_id"].as_u64().unwrap()
 }
 
-fn create_token(addr: &str, admin: &str, user: &str) -> String {
+pub(crate) fn create_token(addr: &str, admin: &str, user: &str) -> String {
     let body = serde_json::json!({"user": user, "role": "user"}).to_string();
     let r = http(addr, "POST", "/api/v1/tokens", &[("Authorization", &bearer(admin))], &body);
     assert_eq!(r.status, 200, "{}", r.body);

@@ -12,7 +12,8 @@ fn interactive(gpus: u32) -> crate::model::JobSpec {
 }
 
 fn start(s: &mut ClusterState, sp: crate::model::JobSpec) -> u64 {
-    let id = submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })));
+    let id =
+        submitted(s.apply(&cmd(2, Op::Submit { spec: sp, request_id: None, hold: false, limits: None })));
     run_plan(s, 3);
     let node = s.jobs[&id].allocation.as_ref().expect("placed").node.clone();
     s.apply(&cmd(4, Op::JobStarted { job: id, attempt: 0, node }));

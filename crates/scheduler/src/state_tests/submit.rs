@@ -687,7 +687,9 @@ fn a_qos_an_account_does_not_allow_is_refused_naming_the_allowed_ones() {
     assert_eq!(
         s.policy.qos_access("carol", "a"),
         crate::policy::EffectiveQos {
-            allowed: Some(["batch", "inference", "interactive", "premium", "training"].map(String::from).into()),
+            allowed: Some(
+                ["batch", "inference", "interactive", "premium", "training"].map(String::from).into()
+            ),
             default: None
         },
         "another user of a inherits the root's list"
