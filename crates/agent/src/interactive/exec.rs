@@ -1,8 +1,8 @@
 //! EXEC: a new command inside a running run, without disturbing it. It runs as the run's
 //! account, in the run's cgroups (written into before exec), with the run's environment and
 //! working directory (entered as the user), in its own session and process group; inside the
-//! run's container when it has one (the user first, then the run's user, mount and PID
-//! namespaces through a pidfd of the container's init, no new privileges, no capabilities,
+//! run's container when it has one (the user's groups, no new privileges, the run's user, mount
+//! and PID namespaces through a pidfd of the container's init, then the user, no capabilities,
 //! then one more fork so the command is inside the PID namespace). On a terminal of its own
 //! (`pty`), else on pipes (stderr chunks marked).
 
@@ -114,16 +114,22 @@ impl Steps {
             false if libc::setsid() < 0 => return Err(err()),
             false => {}
         }
-        if let Some((groups, gid, uid)) = &self.ids {
-            if libc::setgroups(groups.len(), groups.as_ptr()) != 0
-                || libc::setgid(*gid) != 0
-                || libc::setuid(*uid) != 0
-            {
+        // The groups first: the container's user namespace denies setgroups.
+        if let Some((groups, gid, _)) = &self.ids {
+            if libc::setgroups(groups.len(), groups.as_ptr()) != 0 || libc::setgid(*gid) != 0 {
                 return Err(err());
             }
         }
-        if let Some(pidfd) = self.container {
-            enter_container(pidfd)?;
+        match self.container {
+            // Its namespaces are joined before the user is (see `enter_container`).
+            Some(pidfd) => enter_container(pidfd, self.ids.as_ref().map(|(_, _, uid)| *uid))?,
+            None => {
+                if let Some((_, _, uid)) = &self.ids {
+                    if libc::setuid(*uid) != 0 {
+                        return Err(err());
+                    }
+                }
+            }
         }
         if libc::chdir(self.workdir.as_ptr()) != 0 {
             match &self.fallback {
@@ -136,13 +142,23 @@ impl Steps {
     }
 }
 
-/// As the user: no new privileges, into the namespaces of the process `pidfd` names, then a
-/// fork (the PID namespace holds children only): this process waits and ends as the command
-/// did; the command's process goes on, with an empty capability bounding set.
+/// No new privileges; into the user, mount and PID namespaces of the process `pidfd` names; the
+/// bounding and ambient sets emptied; then the user (`uid`, when given: its groups are set
+/// already); the permitted and effective sets emptied; then a fork (the PID namespace holds
+/// children only): this process waits and ends as the command did; the command's process goes
+/// on.
+///
+/// The namespaces are joined with the agent's privileges, before the change of user: a setns
+/// through a pidfd asks for ptrace read access to its target, and the container's init is
+/// never dumpable (a copy of the agent that changed user and never exec'd), so the user's
+/// process, without CAP_SYS_PTRACE, is refused (EPERM). Once in the container's user
+/// namespace the process holds capabilities there only, none outside; the setuid there keeps
+/// them (the namespace maps no root), and they are dropped before anything else runs: the
+/// command's process is in the container's PID namespace as the user only.
 ///
 /// # Safety
 /// Only between fork and exec.
-unsafe fn enter_container(pidfd: i32) -> std::io::Result<()> {
+unsafe fn enter_container(pidfd: i32, uid: Option<libc::uid_t>) -> std::io::Result<()> {
     let err = std::io::Error::last_os_error;
     if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
         return Err(err());
@@ -150,6 +166,18 @@ unsafe fn enter_container(pidfd: i32) -> std::io::Result<()> {
     if libc::setns(pidfd, libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID) != 0 {
         return Err(err());
     }
+    // The bounding set while CAP_SETPCAP is surely held in the namespace (whatever the setuid
+    // keeps of it).
+    for cap in 0..64 {
+        libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+    }
+    libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    if let Some(uid) = uid {
+        if libc::setuid(uid) != 0 {
+            return Err(err());
+        }
+    }
+    drop_capabilities()?;
     let child = libc::fork();
     if child < 0 {
         return Err(err());
@@ -157,10 +185,32 @@ unsafe fn enter_container(pidfd: i32) -> std::io::Result<()> {
     if child > 0 {
         relay(child);
     }
-    for cap in 0..64 {
-        libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+    Ok(())
+}
+
+/// Empties this process's permitted, effective and inheritable capability sets.
+///
+/// # Safety
+/// Only between fork and exec (a system call on locals).
+unsafe fn drop_capabilities() -> std::io::Result<()> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
     }
-    libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    // _LINUX_CAPABILITY_VERSION_3: two data words.
+    let header = Header { version: 0x2008_0522, pid: 0 };
+    let data = [Data { effective: 0, permitted: 0, inheritable: 0 }; 2];
+    if libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
     Ok(())
 }
 

@@ -353,8 +353,11 @@ fn busybox_layout(dir: &Path) -> String {
     format!("oci:{}:t", dir.display())
 }
 
+/// As root (as CI runs), the run is `nobody`'s, as an agent with `--run-as submitter` has it:
+/// the container's init is then not dumpable, and the exec joins its namespaces all the same.
 #[tokio::test]
-async fn an_exec_into_a_container_run_sees_the_images_root_and_the_runs_pid_namespace() {
+async fn an_exec_into_a_container_run_sees_the_images_root_and_the_runs_pid_namespace_as_its_user() {
+    use crate::account::{RunAs, UnixAccounts};
     if !std::path::Path::new("/bin/busybox").exists() {
         return eprintln!("skipped: no /bin/busybox to make an image of");
     }
@@ -363,7 +366,11 @@ async fn an_exec_into_a_container_run_sees_the_images_root_and_the_runs_pid_name
     let (tx, mut rx) = mpsc::channel(16);
     let image = busybox_layout(&dir.path().join("layout"));
     let cache = crate::image::ImageCache::new(&dir.path().join("cache"), 1 << 30).unwrap();
-    let isolation = Isolation { images: Some(Arc::new(cache)), ..Default::default() };
+    let map = dir.path().join("users.map");
+    std::fs::write(&map, "alice = nobody\n").unwrap();
+    let run_as = if root() { RunAs::Submitter } else { RunAs::Agent };
+    let accounts = UnixAccounts::new(run_as).with_map_file(&map).unwrap();
+    let isolation = Isolation { images: Some(Arc::new(cache)), accounts, ..Default::default() };
     let runner = Runner::new("n1", dir.path(), tx).with_isolation(isolation);
     let a = pb::Assignment {
         container: Some(pb::ContainerSpec { image, ..Default::default() }),
@@ -379,12 +386,23 @@ async fn an_exec_into_a_container_run_sees_the_images_root_and_the_runs_pid_name
     if started.status != pb::RunStatus::Started as i32 {
         return eprintln!("skipped: containers cannot run here: {}", started.message);
     }
-    let argv = ["sh", "-c", "cat /etc/os-release; echo pid=$$; cat /proc/1/comm"];
+    let argv = ["sh", "-c", "cat /etc/os-release; echo pid=$$; cat /proc/1/comm /proc/self/status"];
     let mut c = connect(&runner, open(8, pb::SessionKind::Exec, &argv)).await.expect("exec");
     c.until(|c| c.exit.is_some()).await;
-    assert_eq!(c.exit.as_ref().map(|e| e.code), Some(0), "{:?}", c.text());
-    assert!(c.text().contains("ID=kairos-exec-test"), "not the image's root: {:?}", c.text());
-    assert!(c.text().contains("kairos-init"), "not in the run's PID namespace: {:?}", c.text());
+    let text = c.text();
+    assert_eq!(c.exit.as_ref().map(|e| e.code), Some(0), "{text:?}");
+    assert!(text.contains("ID=kairos-exec-test"), "not the image's root: {text:?}");
+    assert!(text.contains("kairos-init"), "not in the run's PID namespace: {text:?}");
+    let field = |name: &str| {
+        let line = text.lines().find(|l| l.starts_with(&format!("{name}:"))).expect(name);
+        line.split_whitespace().skip(1).collect::<Vec<_>>().join(" ")
+    };
+    let uid = if root() { 65534 } else { nix::unistd::geteuid().as_raw() };
+    assert_eq!(field("Uid"), format!("{uid} {uid} {uid} {uid}"), "not the run's user");
+    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(field(set), "0000000000000000", "{set}: a capability left");
+    }
+    assert_eq!(field("NoNewPrivs"), "1");
     runner.stop_all(Duration::from_secs(1)).await;
 }
 
