@@ -153,6 +153,12 @@ impl Ctx {
     /// The refusal that ends a long stream whose caller's credential no longer holds (revoked,
     /// expired); None while it holds, or while this replica cannot tell (it answers that only
     /// the leader can settle the token: the stream goes on).
+    /// The caller's credential judged again, as at the edge: `UNAVAILABLE` when only the leader
+    /// can settle it.
+    pub fn recheck(&self, credentials: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+        self.auth.principal(credentials, |token| self.settle_token(token)).map(|_| ())
+    }
+
     pub fn revoked(&self, credentials: &tonic::metadata::MetadataMap) -> Option<Status> {
         match self.auth.principal(credentials, |token| self.settle_token(token)) {
             Err(refused) if refused.code() != tonic::Code::Unavailable => Some(refused),

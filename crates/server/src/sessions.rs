@@ -22,6 +22,10 @@ use crate::jobs::JobApi;
 const OPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How often an open session checks its caller's token again.
 const RECHECK: std::time::Duration = std::time::Duration::from_secs(2);
+/// Rechecks in a row this replica may answer "only the leader can tell" (a follower cut off,
+/// an expired token only the leader could judge) before the session ends here; the client
+/// resumes it at a replica that can judge its token.
+const UNSETTLED_MAX: u32 = 15;
 /// Bounds checked before anything is opened.
 const ARGV_MAX: usize = 256;
 const ARGV_BYTES_MAX: usize = 64 * 1024;
@@ -169,8 +173,14 @@ impl JobApi {
             self.to_agent(&node, epoch, ReceiverStream::new(to_agent_rx), "a session").await?;
         let from_agent = agent.session(req).await?.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(16);
-        tokio::spawn(relay_in(inbound, to_agent_tx, tx.clone()));
-        tokio::spawn(relay_out(from_agent, tx, self.ctx.clone(), credentials));
+        let input = tokio::spawn(relay_in(inbound, to_agent_tx, tx.clone()));
+        let ctx = self.ctx.clone();
+        tokio::spawn(async move {
+            relay_out(from_agent, tx, ctx, credentials).await;
+            // Nothing more reaches the agent once the session ended here (a revoked token
+            // stops input as well as output).
+            input.abort();
+        });
         Ok(ReceiverStream::new(rx))
     }
 }
@@ -215,6 +225,7 @@ async fn relay_out(
     credentials: tonic::metadata::MetadataMap,
 ) {
     let mut recheck = tokio::time::interval(RECHECK);
+    let mut unsettled = 0u32;
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -223,12 +234,14 @@ async fn relay_out(
                 None => return,
             },
             _ = to_client.closed() => return,
-            _ = recheck.tick() => {
-                if let Some(refused) = ctx.revoked(&credentials) {
+            _ = recheck.tick() => match ctx.recheck(&credentials) {
+                Ok(()) => unsettled = 0,
+                Err(s) if s.code() == tonic::Code::Unavailable && unsettled < UNSETTLED_MAX => unsettled += 1,
+                Err(refused) => {
                     let _ = to_client.send(Err(refused)).await;
                     return;
                 }
-            }
+            },
         }
     }
 }
