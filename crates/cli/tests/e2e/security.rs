@@ -466,14 +466,18 @@ fn a_revoked_token_ends_the_streams_it_opened() {
     };
     let mut follow = spawn(&["logs", "--follow", &id]);
     let mut wait = spawn(&["wait", &id]);
+    // An interactive session too (`exec` into the job): input and output stop with the token.
+    let mut exec = spawn(&["exec", &id, "--", "sleep", "100"]);
     std::thread::sleep(std::time::Duration::from_secs(1));
     assert!(
-        follow.try_wait().unwrap().is_none() && wait.try_wait().unwrap().is_none(),
+        follow.try_wait().unwrap().is_none()
+            && wait.try_wait().unwrap().is_none()
+            && exec.try_wait().unwrap().is_none(),
         "a stream ended early"
     );
     c.ok(&["token", "revoke", created["id"].as_str().unwrap()]);
     let revoked = std::time::Instant::now();
-    for (name, child) in [("logs --follow", &mut follow), ("wait", &mut wait)] {
+    for (name, child) in [("logs --follow", &mut follow), ("wait", &mut wait), ("exec", &mut exec)] {
         let status = loop {
             if let Some(status) = child.try_wait().unwrap() {
                 break status;
