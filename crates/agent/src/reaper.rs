@@ -6,8 +6,10 @@
 //! The agent's own children (job main processes, the watchdog) are reaped by whoever waits on
 //! them (tokio, `std::process::Child::wait`): reaping one of those here would take its exit
 //! status away. So every own child is spawned through `spawn`, which records its pid under the
-//! same lock the reaper holds while it looks: a zombie child of the agent that is not recorded
-//! is an adopted orphan, and only those are reaped.
+//! same lock the reaper holds while it looks, and the reaper reaps nothing while a spawn is in
+//! progress: a zombie child of the agent that is not recorded, when none is being spawned, is
+//! an adopted orphan, and only those are reaped. The lock is not held across a spawn (one that
+//! waits, an exec into a frozen run say, holds up no other).
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
@@ -15,11 +17,34 @@ use std::sync::Mutex;
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 
-/// Pids of the agent's own children (recorded at spawn; forgotten once gone from /proc).
-static OWN: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
+/// The agent's own children: their pids (recorded at spawn; forgotten once gone from /proc),
+/// and how many spawns are in progress.
+struct Own {
+    pids: BTreeSet<i32>,
+    spawning: usize,
+}
 
-fn own() -> std::sync::MutexGuard<'static, BTreeSet<i32>> {
+static OWN: Mutex<Own> = Mutex::new(Own { pids: BTreeSet::new(), spawning: 0 });
+
+fn own() -> std::sync::MutexGuard<'static, Own> {
     OWN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One spawn in progress (counted until dropped, however the spawn ends).
+struct Spawning;
+
+impl Spawning {
+    fn start() -> Spawning {
+        own().spawning += 1;
+        Spawning
+    }
+}
+
+impl Drop for Spawning {
+    fn drop(&mut self) {
+        let mut own = own();
+        own.spawning = own.spawning.saturating_sub(1);
+    }
 }
 
 /// Makes this process the subreaper of its descendants (`PR_SET_CHILD_SUBREAPER`).
@@ -33,17 +58,20 @@ pub fn become_subreaper() -> std::io::Result<()> {
     }
 }
 
-/// Spawns an own child with `spawn` and records its pid, under the reaper's lock: it is never
-/// taken for an orphan, however soon it exits.
+/// Spawns an own child with `spawn` and records its pid (under the reaper's lock, before the
+/// spawn counts as ended): it is never taken for an orphan, however soon it exits.
 pub fn spawn<C>(
     spawn: impl FnOnce() -> std::io::Result<C>,
     pid: impl Fn(&C) -> Option<u32>,
 ) -> std::io::Result<C> {
-    let mut own = own();
+    let spawning = Spawning::start();
     let child = spawn()?;
+    let mut own = own();
     if let Some(p) = pid(&child) {
-        own.insert(p as i32);
+        own.pids.insert(p as i32);
     }
+    drop(own);
+    drop(spawning);
     Ok(child)
 }
 
@@ -72,13 +100,17 @@ pub fn reap_orphans() -> usize {
     reap_among(zombie_children())
 }
 
-/// Reaps those of `zombies` (exited children) that are not the agent's own.
+/// Reaps those of `zombies` (exited children) that are not the agent's own; none while a
+/// spawn is in progress (its child may not be recorded yet).
 fn reap_among(zombies: Vec<i32>) -> usize {
     let mut own = own();
-    own.retain(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
+    if own.spawning > 0 {
+        return 0;
+    }
+    own.pids.retain(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
     let mut reaped = 0;
     for pid in zombies {
-        if own.contains(&pid) {
+        if own.pids.contains(&pid) {
             continue;
         }
         if matches!(waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)), Ok(s) if s.pid().is_some()) {
@@ -136,8 +168,38 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         // Only these two: other tests' children in this process are not this test's to reap.
-        assert_eq!(reap_among(vec![orphan_pid, mine.id() as i32]), 1);
+        // (Nothing is reaped while another test spawns: tried again until none does.)
+        let mut reaped = reap_among(vec![orphan_pid, mine.id() as i32]);
+        while reaped == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            reaped = reap_among(vec![orphan_pid, mine.id() as i32]);
+        }
+        assert_eq!(reaped, 1);
         assert!(!std::path::Path::new(&format!("/proc/{orphan_pid}")).exists(), "the orphan was reaped");
         assert_eq!(mine.wait().unwrap().code(), Some(7), "the own child's status is still there");
+    }
+
+    #[test]
+    fn a_spawn_that_waits_holds_up_no_other_and_no_orphan_is_reaped_meanwhile() {
+        let (entered, wait) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+        let slow = std::thread::spawn(move || {
+            spawn(
+                || {
+                    let _ = entered.0.send(());
+                    let _ = wait.1.recv_timeout(std::time::Duration::from_secs(10));
+                    std::process::Command::new("true").spawn()
+                },
+                |c| Some(c.id()),
+            )
+        });
+        entered.1.recv().unwrap();
+        let since = std::time::Instant::now();
+        let mut quick = spawn(|| std::process::Command::new("true").spawn(), |c| Some(c.id())).unwrap();
+        assert!(since.elapsed() < std::time::Duration::from_secs(5), "held up by the other spawn");
+        assert!(own().spawning > 0);
+        assert_eq!(reap_among(vec![i32::MAX]), 0, "reaped while a spawn was in progress");
+        wait.0.send(()).unwrap();
+        let mut slow = slow.join().unwrap().unwrap();
+        assert!(quick.wait().unwrap().success() && slow.wait().unwrap().success());
     }
 }

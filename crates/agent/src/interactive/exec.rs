@@ -44,6 +44,9 @@ pub struct ExecContext {
     pub main_pid: i32,
     /// In a container: the working directory inside.
     pub container_workdir: Option<String>,
+    /// Set once the run's main process exited: no command joins the run after (held across
+    /// each spawn, so none is half-way in when the runner kills what is left).
+    pub closed: Arc<std::sync::Mutex<bool>>,
 }
 
 impl ExecContext {
@@ -54,6 +57,12 @@ impl ExecContext {
             limit_dirs: self.limit_dirs.clone(),
             main_pid: self.main_pid,
         }
+    }
+
+    /// The run's main process exited: commands spawning now finish joining first; none joins
+    /// after.
+    pub fn close(&self) {
+        *self.closed.lock().unwrap_or_else(|p| p.into_inner()) = true;
     }
 
     fn procs_files(&self) -> std::io::Result<Vec<OwnedFd>> {
@@ -214,9 +223,12 @@ unsafe fn drop_capabilities() -> std::io::Result<()> {
     Ok(())
 }
 
-/// The process outside the PID namespace: ignores the group's signals (the command gets
-/// them), waits for the command and ends as it did.
+/// The process outside the PID namespace: holds no descriptor (the spawn's error pipe among
+/// them: the spawn returns once the command is exec'd, not when it ends), ignores the group's
+/// signals (the command gets them), waits for the command and ends as it did. Its
+/// capabilities are dropped already.
 unsafe fn relay(child: libc::pid_t) -> ! {
+    libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
     for sig in [
         libc::SIGINT,
         libc::SIGQUIT,
@@ -243,34 +255,46 @@ unsafe fn relay(child: libc::pid_t) -> ! {
 }
 
 /// A pidfd of the container's init (the run's main process's one child, PID 1 inside): the
-/// main process is named by a pidfd first, and must still live once its child's is open (its
-/// pid, and so its child list, was not reused meanwhile).
+/// main process is named by a pidfd first; the child found in its child list is opened, its
+/// parent read (`PPid`) while it still lives (so the pid read was its), and the main process
+/// must still live once that is done (its pid, and so its child list, was not reused).
 fn container_init(main_pid: i32) -> std::io::Result<OwnedFd> {
-    let open = |pid: i32| -> std::io::Result<OwnedFd> {
-        // SAFETY: pidfd_open returns a new descriptor (close-on-exec), owned at once.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-    };
-    let main = open(main_pid)?;
+    let main = pidfd(main_pid)?;
     let mut text = String::new();
     std::fs::File::open(format!("/proc/{main_pid}/task/{main_pid}/children"))?
         .take(4096)
         .read_to_string(&mut text)?;
-    let init: i32 = text
+    let init_pid: i32 = text
         .split_whitespace()
         .next()
         .and_then(|p| p.parse().ok())
         .ok_or_else(|| std::io::Error::other("the run's container has no init"))?;
-    let init = open(init)?;
-    // SAFETY: signal 0 through a pidfd this function owns: only whether it lives.
-    let alive =
-        unsafe { libc::syscall(libc::SYS_pidfd_send_signal, main.as_raw_fd(), 0, std::ptr::null::<u8>(), 0) };
-    match alive == 0 {
+    let init = pidfd(init_pid)?;
+    let mut status = String::new();
+    std::fs::File::open(format!("/proc/{init_pid}/status"))?.take(16 * 1024).read_to_string(&mut status)?;
+    let parent =
+        status.lines().find_map(|l| l.strip_prefix("PPid:")).and_then(|p| p.trim().parse::<i32>().ok());
+    match parent == Some(main_pid) && alive(&init) && alive(&main) {
         true => Ok(init),
         false => Err(std::io::Error::other("the run ended")),
+    }
+}
+
+/// A pidfd of `pid` (close-on-exec).
+fn pidfd(pid: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open returns a new descriptor, owned at once.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Whether the process `pidfd` names lives (signal 0 through it).
+fn alive(pidfd: &OwnedFd) -> bool {
+    // SAFETY: signal 0 through a pidfd the caller owns: only whether it lives.
+    unsafe {
+        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), 0, std::ptr::null::<u8>(), 0) == 0
     }
 }
 
@@ -333,8 +357,12 @@ pub fn start(
     };
     // SAFETY: between fork and exec the child only makes system calls on prepared values.
     unsafe { cmd.pre_exec(move || steps.run()) };
+    let closed = ctx.closed.lock().unwrap_or_else(|p| p.into_inner());
+    if *closed {
+        return Err(Status::failed_precondition("the run's main process has exited"));
+    }
     let mut child = crate::reaper::spawn(|| cmd.spawn(), tokio::process::Child::id).map_err(failed)?;
-    drop((cmd, procs, init));
+    drop((closed, cmd, procs, init));
     let sink = match (&pty, child.stdin.take()) {
         (Some(p), _) => Sink::Pty(p.clone()),
         (None, Some(stdin)) => Sink::Writer(Box::new(stdin)),
@@ -345,8 +373,9 @@ pub fn start(
         let reason = format!("no client attached for {} s (the keep-alive ran out)", s.keep_alive.as_secs());
         s.finish(pb::SessionExit { code: -1, signal: 0, reason });
     });
-    let session =
-        Arc::new(Session::new((id, run, pb::SessionKind::Exec), sink, pty.clone(), keep_alive, on_idle));
+    let caller = open.grant.as_ref().map_or("", |g| g.caller.as_str());
+    let session = Session::new((id, run, pb::SessionKind::Exec), sink, pty.clone(), keep_alive, on_idle);
+    let session = Arc::new(session.with_caller(caller));
     if let Some(pid) = child.id() {
         session.set_pgid(pid as i32);
     }
@@ -365,9 +394,21 @@ async fn watch(session: Arc<Session>, mut child: tokio::process::Child, pty: Opt
             out.into_iter().chain(err).collect()
         }
     };
-    let status = child.wait().await;
-    // What the command's descendants still hold open ends with their process group.
-    session.kill();
+    // What the command's descendants still hold open ends with their process group, killed
+    // while its leader is not reaped yet (the group's number is not reused before).
+    let status = match exited(child.id()).await {
+        Ok(()) => {
+            session.leader_exited();
+            child.wait().await
+        }
+        Err(e) => {
+            // No pidfd (a kernel before 5.3): killed once reaped, as soon as can be.
+            tracing::debug!(session = %session.id, error = %e, "no pidfd of a session's command");
+            let status = child.wait().await;
+            session.leader_exited();
+            status
+        }
+    };
     for c in copiers {
         let _ = c.await;
     }
@@ -381,6 +422,16 @@ async fn watch(session: Arc<Session>, mut child: tokio::process::Child, pty: Opt
         Err(e) => pb::SessionExit { code: -1, signal: 0, reason: format!("waiting for the command: {e}") },
     };
     session.finish(exit);
+}
+
+/// Waits until the child `pid` has exited, leaving it to be reaped (a pidfd turns readable).
+async fn exited(pid: Option<u32>) -> std::io::Result<()> {
+    let pid = pid.ok_or_else(|| std::io::Error::other("the command was reaped already"))?;
+    let fd = pidfd(pid as i32)?;
+    // SAFETY: the descriptor is owned by the AsyncFd for its whole life.
+    let fd = unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(std::io::Error::from)?;
+    fd.readable().await.map(|_| ())
 }
 
 /// Reads a terminal to its end (the `Tee` keeps what it reads).

@@ -31,6 +31,8 @@ const SMALL_FILE_BYTES_MAX: u64 = 1 << 20;
 /// The most processes of a run looked at, and descriptors of one process.
 const PIDS_MAX: usize = 16_384;
 const FDS_PER_PID_MAX: usize = 65_536;
+/// The most `/proc` entries (stats, descriptor links) one scan reads.
+const SCAN_READS_MAX: usize = 200_000;
 /// How deep below the run's v2 cgroup its nested cgroups are looked for.
 const CGROUP_DEPTH_MAX: usize = 4;
 /// The TCP state LISTEN in `/proc/net/tcp`.
@@ -45,6 +47,29 @@ pub struct ForwardTarget {
     pub limit_dirs: Vec<PathBuf>,
     /// The run's leader (its process group and session id on a node without cgroups).
     pub main_pid: i32,
+}
+
+/// What a scan may still spend: it stops once its deadline passes or its reads run out (the
+/// thread it runs on is not cancelled with the wait for it).
+struct Budget {
+    deadline: std::time::Instant,
+    reads: std::cell::Cell<usize>,
+}
+
+impl Budget {
+    fn new(within: Duration) -> Budget {
+        Budget { deadline: std::time::Instant::now() + within, reads: std::cell::Cell::new(SCAN_READS_MAX) }
+    }
+
+    /// Takes one read; false once the budget is spent.
+    fn take(&self) -> bool {
+        let left = self.reads.get();
+        if left == 0 || std::time::Instant::now() >= self.deadline {
+            return false;
+        }
+        self.reads.set(left - 1);
+        true
+    }
 }
 
 /// One listening socket of the node.
@@ -63,7 +88,8 @@ pub async fn connect(target: &ForwardTarget, port: u16) -> Result<TcpStream, Sta
         return Err(Status::invalid_argument("port 0 cannot be forwarded (ports are 1-65535)"));
     }
     let scan_target = target.clone();
-    let scan = tokio::task::spawn_blocking(move || owned_listener(&scan_target, port));
+    let scan =
+        tokio::task::spawn_blocking(move || owned_listener(&scan_target, port, &Budget::new(SCAN_DEADLINE)));
     let found = match tokio::time::timeout(SCAN_DEADLINE, scan).await {
         Err(_) => return Err(Status::unavailable("looking up the job's listening sockets took too long")),
         Ok(Err(e)) => return Err(Status::internal(format!("looking up the job's listening sockets: {e}"))),
@@ -89,7 +115,7 @@ pub async fn connect(target: &ForwardTarget, port: u16) -> Result<TcpStream, Sta
 }
 
 /// The address of a listener on `port` that a process of `target` holds, if any (blocking).
-fn owned_listener(target: &ForwardTarget, port: u16) -> Option<IpAddr> {
+fn owned_listener(target: &ForwardTarget, port: u16, budget: &Budget) -> Option<IpAddr> {
     let listeners: Vec<Listener> = ["/proc/net/tcp", "/proc/net/tcp6"]
         .iter()
         .filter_map(|p| read_bounded(Path::new(p), NET_TABLE_BYTES_MAX))
@@ -100,7 +126,7 @@ fn owned_listener(target: &ForwardTarget, port: u16) -> Option<IpAddr> {
         return None;
     }
     let wanted: HashSet<u64> = listeners.iter().map(|l| l.inode).collect();
-    let held = run_pids(target).into_iter().find_map(|pid| held_socket(pid, &wanted))?;
+    let held = run_pids(target, budget).into_iter().find_map(|pid| held_socket(pid, &wanted, budget))?;
     listeners.into_iter().find(|l| l.inode == held).map(|l| l.addr)
 }
 
@@ -165,13 +191,13 @@ fn parse_addr(hex: &str) -> Option<IpAddr> {
 
 /// The run's processes: its cgroups' members, or without cgroups its process group and
 /// session (the leader included), at most `PIDS_MAX`.
-fn run_pids(target: &ForwardTarget) -> Vec<i32> {
+fn run_pids(target: &ForwardTarget, budget: &Budget) -> Vec<i32> {
     let mut dirs: Vec<PathBuf> = target.limit_dirs.clone();
     if let Some(v2) = &target.cgroup {
-        collect_cgroups(v2, CGROUP_DEPTH_MAX, &mut dirs);
+        collect_cgroups(v2, CGROUP_DEPTH_MAX, &mut dirs, budget);
     }
     let mut pids: Vec<i32> = match dirs.is_empty() {
-        true => group_pids(target.main_pid),
+        true => group_pids(target.main_pid, budget),
         false => dirs.iter().flat_map(|d| cgroup_pids(d)).collect(),
     };
     pids.sort_unstable();
@@ -181,15 +207,18 @@ fn run_pids(target: &ForwardTarget) -> Vec<i32> {
 }
 
 /// `dir` and its child cgroups down to `depth` levels.
-fn collect_cgroups(dir: &Path, depth: usize, into: &mut Vec<PathBuf>) {
+fn collect_cgroups(dir: &Path, depth: usize, into: &mut Vec<PathBuf>, budget: &Budget) {
     into.push(dir.to_path_buf());
     if depth == 0 || into.len() >= PIDS_MAX {
         return;
     }
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten().take(PIDS_MAX) {
+        if !budget.take() {
+            return;
+        }
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            collect_cgroups(&entry.path(), depth - 1, into);
+            collect_cgroups(&entry.path(), depth - 1, into, budget);
         }
     }
 }
@@ -202,13 +231,16 @@ fn cgroup_pids(dir: &Path) -> Vec<i32> {
 }
 
 /// The processes whose process group or session is `leader` (and the leader itself).
-fn group_pids(leader: i32) -> Vec<i32> {
+fn group_pids(leader: i32, budget: &Budget) -> Vec<i32> {
     if leader <= 0 {
         return Vec::new();
     }
     let Ok(entries) = std::fs::read_dir("/proc") else { return vec![leader] };
     let mut pids = vec![leader];
     for entry in entries.flatten() {
+        if !budget.take() {
+            break;
+        }
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
         let stat = read_bounded(&entry.path().join("stat"), SMALL_FILE_BYTES_MAX);
         if stat.as_deref().and_then(group_and_session).is_some_and(|(g, s)| g == leader || s == leader) {
@@ -230,9 +262,12 @@ fn group_and_session(stat: &str) -> Option<(i32, i32)> {
 }
 
 /// The first inode of `wanted` among `pid`'s socket descriptors.
-fn held_socket(pid: i32, wanted: &HashSet<u64>) -> Option<u64> {
+fn held_socket(pid: i32, wanted: &HashSet<u64>, budget: &Budget) -> Option<u64> {
+    if !budget.take() {
+        return None;
+    }
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
-    fds.flatten().take(FDS_PER_PID_MAX).find_map(|fd| {
+    fds.flatten().take(FDS_PER_PID_MAX).take_while(|_| budget.take()).find_map(|fd| {
         let link = std::fs::read_link(fd.path()).ok()?;
         let inode = socket_inode(link.to_str()?)?;
         wanted.contains(&inode).then_some(inode)
@@ -279,6 +314,20 @@ mod tests {
         assert_eq!(socket_inode("socket:[991]"), Some(991));
         assert_eq!(socket_inode("pipe:[991]"), None);
         assert_eq!(group_and_session("12 (a) b) S 1 34 56 0"), Some((34, 56)));
+    }
+
+    #[test]
+    fn a_scan_stops_once_its_deadline_or_its_reads_are_spent() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (_dir, ours) = cgroup_of(&[std::process::id()]);
+        assert!(owned_listener(&ours, port, &Budget::new(Duration::from_secs(3))).is_some());
+        assert_eq!(owned_listener(&ours, port, &Budget::new(Duration::ZERO)), None, "past its deadline");
+        let spent = Budget::new(Duration::from_secs(3));
+        spent.reads.set(0);
+        assert_eq!(owned_listener(&ours, port, &spent), None, "out of reads");
+        let pids = group_pids(std::process::id() as i32, &Budget::new(Duration::ZERO));
+        assert_eq!(pids, vec![std::process::id() as i32], "only the leader, nothing of /proc read");
     }
 
     #[tokio::test]

@@ -10,7 +10,8 @@
 //!    sequence number and acknowledged, resize, signals, `exit`
 //! ```
 //! A session outlives its streams: `Sessions` holds it by id until it has ended and no stream
-//! has held it for a while, or, not ended, until no stream has held it for its keep-alive
+//! has held it for a while (a closed tunnel: at once), or, not ended, until no stream has held
+//! it for its keep-alive
 //! (then its `on_idle` ends it: an exec'd command is killed, a run's terminal is hung up by the
 //! runner). The runner registers an interactive run's terminal (`terminal`) and tells the
 //! sessions when a run ends (`run_ended`); nothing here imports the runner: the runs are read
@@ -35,8 +36,9 @@ pub mod terminal;
 pub use exec::ExecContext;
 pub use session::{Session, Sink};
 
-/// Most sessions per node (a run's own terminal aside).
+/// Most sessions not ended per node (a run's own terminal aside), and per run.
 pub const SESSIONS_MAX: usize = 32;
+pub const SESSIONS_PER_RUN_MAX: usize = 16;
 /// How long an ended session waits with no stream for one to resume and read its end.
 const ENDED_LINGER: Duration = Duration::from_secs(30);
 /// How often the keep-alive looks at a session.
@@ -50,6 +52,8 @@ pub struct RunView {
     pub submit_ms: i64,
     /// Its main process lives (spawned, not exited).
     pub live: bool,
+    /// Suspended (frozen) or being stopped: no command joins it.
+    pub frozen: bool,
     pub interactive: bool,
     /// How a command joins it (None until its process is spawned).
     pub exec: Option<Arc<ExecContext>>,
@@ -65,47 +69,100 @@ pub fn terminal_id(key: RunKey) -> String {
     format!("job-{}-{}", key.0, key.1)
 }
 
+/// A new session id: 128 random bits in hex (`getrandom`), not to be guessed.
+pub fn session_id() -> Result<String, Status> {
+    let mut bytes = [0u8; 16];
+    let mut filled = 0;
+    while filled < bytes.len() {
+        let rest = &mut bytes[filled..];
+        // SAFETY: getrandom writes at most `rest.len()` bytes into `rest`.
+        let n = unsafe { nix::libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        match usize::try_from(n) {
+            Ok(n) => filled += n,
+            Err(_) if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => {
+                let e = std::io::Error::last_os_error();
+                return Err(Status::internal(format!("a session id: getrandom: {e}")));
+            }
+        }
+    }
+    Ok(bytes.iter().fold(String::from("s-"), |mut id, b| {
+        id.push_str(&format!("{b:02x}"));
+        id
+    }))
+}
+
+#[derive(Default)]
+struct Held {
+    by_id: BTreeMap<String, Arc<Session>>,
+    /// Slots taken by sessions being started, by run.
+    starting: BTreeMap<RunKey, usize>,
+}
+
 /// The node's sessions by id.
 #[derive(Clone, Default)]
 pub struct Sessions {
-    by_id: Arc<Mutex<BTreeMap<String, Arc<Session>>>>,
-    next: Arc<std::sync::atomic::AtomicU64>,
+    held: Arc<Mutex<Held>>,
+}
+
+/// A slot taken for one session of a run while it starts (given back when dropped: by then
+/// the session is held, or never will be).
+pub struct Slot {
+    sessions: Sessions,
+    run: RunKey,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut held = self.sessions.lock();
+        if let Some(n) = held.starting.get_mut(&self.run) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                held.starting.remove(&self.run);
+            }
+        }
+    }
 }
 
 impl Sessions {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Session>>> {
-        self.by_id.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A new id for a session of `key`.
-    pub fn new_id(&self, key: RunKey) -> String {
-        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let nonce = crate::usage::now_ms();
-        format!("s-{}-{}-{nonce:x}-{n}", key.0, key.1)
-    }
-
-    /// Whether one more session may start (RESOURCE_EXHAUSTED past `SESSIONS_MAX`).
-    pub fn room(&self) -> Result<(), Status> {
-        let n = self.lock().values().filter(|s| s.kind != pb::SessionKind::Attach).count();
-        match n < SESSIONS_MAX {
-            true => Ok(()),
-            false => Err(Status::resource_exhausted(format!("{SESSIONS_MAX} sessions on this node already"))),
+    /// A slot for one more session of `run` (RESOURCE_EXHAUSTED past `SESSIONS_MAX` on the
+    /// node or `SESSIONS_PER_RUN_MAX` for the run, counting sessions not ended and those
+    /// starting), taken under the lock that counts them.
+    pub fn room(&self, run: RunKey) -> Result<Slot, Status> {
+        let mut held = self.lock();
+        let open = held.by_id.values().filter(|s| s.kind != pb::SessionKind::Attach && !s.ended());
+        let (node, of_run) = open.fold((0, 0), |(n, r), s| (n + 1, r + usize::from(s.run == run)));
+        let starting = held.starting.values().sum::<usize>();
+        let run_starting = held.starting.get(&run).copied().unwrap_or(0);
+        if node + starting >= SESSIONS_MAX {
+            return Err(Status::resource_exhausted(format!("{SESSIONS_MAX} sessions on this node already")));
         }
+        if of_run + run_starting >= SESSIONS_PER_RUN_MAX {
+            return Err(Status::resource_exhausted(format!(
+                "{SESSIONS_PER_RUN_MAX} sessions of this job already"
+            )));
+        }
+        *held.starting.entry(run).or_default() += 1;
+        Ok(Slot { sessions: self.clone(), run })
     }
 
     /// Holds `session` by its id and starts its keep-alive.
     pub fn insert(&self, session: Arc<Session>) {
-        self.lock().insert(session.id.clone(), session.clone());
+        self.lock().by_id.insert(session.id.clone(), session.clone());
         tokio::spawn(self.clone().keep(session));
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Session>> {
-        self.lock().get(id).cloned()
+        self.lock().by_id.get(id).cloned()
     }
 
     /// The sessions of `key`'s run.
     pub fn of_run(&self, key: RunKey) -> Vec<Arc<Session>> {
-        self.lock().values().filter(|s| s.run == key).cloned().collect()
+        self.lock().by_id.values().filter(|s| s.run == key).cloned().collect()
     }
 
     /// The run `key` ended (`code`/`signal` as its exit): its terminal session ends as it did;
@@ -133,15 +190,19 @@ impl Sessions {
             if ended && detached.is_some_and(|d| d >= ENDED_LINGER.min(session.keep_alive)) {
                 break;
             }
+            // A closed tunnel is not resumed: its stream (if any) has what it needs.
+            if ended && session.kind == pb::SessionKind::Forward {
+                break;
+            }
             if !ended && !idled && detached.is_some_and(|d| d >= session.keep_alive) {
                 tracing::info!(session = %session.id, job = session.run.0, "no client attached for the keep-alive: the session ends");
                 session.idle();
                 idled = true;
             }
         }
-        let mut all = self.lock();
-        if all.get(&session.id).is_some_and(|s| Arc::ptr_eq(s, &session)) {
-            all.remove(&session.id);
+        let mut held = self.lock();
+        if held.by_id.get(&session.id).is_some_and(|s| Arc::ptr_eq(s, &session)) {
+            held.by_id.remove(&session.id);
         }
     }
 }

@@ -7,6 +7,9 @@ use std::sync::Mutex;
 
 use tokio::sync::watch;
 
+/// Output is appended to the last chunk while it holds fewer bytes than this.
+const CHUNK_FILL: usize = 64 * 1024;
+
 /// One chunk of output: where it starts, its bytes, whether it is the command's stderr.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Chunk {
@@ -60,7 +63,14 @@ impl Ring {
             let offset = held.end;
             held.end += data.len() as u64;
             held.bytes += data.len();
-            held.chunks.push_back(Chunk { offset, data: data.to_vec(), stderr });
+            // Small writes fill the last chunk: the bound counts payload bytes, and many tiny
+            // chunks would cost far more than they hold.
+            match held.chunks.back_mut() {
+                Some(last) if last.stderr == stderr && last.data.len() < CHUNK_FILL => {
+                    last.data.extend_from_slice(data)
+                }
+                _ => held.chunks.push_back(Chunk { offset, data: data.to_vec(), stderr }),
+            }
             while held.bytes > self.cap && held.chunks.len() > 1 {
                 if let Some(old) = held.chunks.pop_front() {
                     held.bytes -= old.data.len();
@@ -157,5 +167,21 @@ mod tests {
         ring.close();
         assert_eq!(ring.read(11, 10), Read::Nothing { ended: true });
         assert_eq!(ring.end(), 11);
+    }
+
+    #[test]
+    fn one_byte_writes_fill_few_chunks() {
+        let ring = Ring::new(256 * 1024);
+        for i in 0..1_000_000u32 {
+            ring.push(&[b'a' + (i % 26) as u8], i % 100_000 == 0);
+        }
+        let held = ring.lock();
+        // Four full chunks, one filling, a stderr byte among the last 256 KiB and its neighbours.
+        assert!(held.chunks.len() <= 8, "{} chunks", held.chunks.len());
+        assert!(held.bytes <= 256 * 1024 + CHUNK_FILL, "{} bytes held", held.bytes);
+        let data: usize = held.chunks.iter().map(|c| c.data.capacity()).sum();
+        assert!(data <= 4 * 256 * 1024, "{data} bytes allocated");
+        let last = held.chunks.back().map(|c| (c.offset + c.data.len() as u64, c.data[c.data.len() - 1]));
+        assert_eq!(last, Some((1_000_000, b'a' + (999_999 % 26) as u8)));
     }
 }

@@ -46,11 +46,16 @@ pub struct Session {
     pub id: String,
     pub run: RunKey,
     pub kind: pb::SessionKind,
+    /// Who opened it (its grant's caller): only they resume it (a run's terminal: anyone the
+    /// job's grants name).
+    pub caller: String,
     pub output: Arc<Ring>,
     pub keep_alive: Duration,
     input: tokio::sync::Mutex<Input>,
     pty: Option<Arc<Pty>>,
-    /// The command's process group (exec), for signals without a terminal and the final kill.
+    /// The command's process group (exec), for signals without a terminal and the final kill;
+    /// cleared before its leader is reaped (the number is never signalled once it may be
+    /// reused).
     pgid: Mutex<Option<i32>>,
     exit: watch::Sender<Option<pb::SessionExit>>,
     holder: Mutex<Holder>,
@@ -71,6 +76,7 @@ impl Session {
             id,
             run,
             kind,
+            caller: String::new(),
             output: Arc::new(Ring::new(RING_BYTES)),
             keep_alive,
             input: tokio::sync::Mutex::new(Input { applied: 0, sink }),
@@ -83,6 +89,17 @@ impl Session {
         }
     }
 
+    /// The session as opened by `caller`.
+    pub fn with_caller(mut self, caller: &str) -> Session {
+        self.caller = caller.to_string();
+        self
+    }
+
+    /// Whether it has ended.
+    pub fn ended(&self) -> bool {
+        self.exit.borrow().is_some()
+    }
+
     fn holder(&self) -> std::sync::MutexGuard<'_, Holder> {
         self.holder.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -92,8 +109,24 @@ impl Session {
         *self.pgid.lock().unwrap_or_else(|p| p.into_inner()) = Some(pgid);
     }
 
-    fn pgid(&self) -> Option<i32> {
-        *self.pgid.lock().unwrap_or_else(|p| p.into_inner())
+    /// `signal` to the command's process group while its leader is not reaped (under the lock
+    /// that `leader_exited` clears it under).
+    fn signal_group(&self, signal: i32) {
+        let pgid = self.pgid.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(pgid) = pgid.filter(|p| *p > 1) {
+            // SAFETY: kill of a process group whose leader is not reaped, so not reused.
+            unsafe { libc::kill(-pgid, signal) };
+        }
+    }
+
+    /// The command's leader has exited and is about to be reaped: what is left of its process
+    /// group is killed, and the group is never signalled again.
+    pub fn leader_exited(&self) {
+        let mut pgid = self.pgid.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(pgid) = pgid.take().filter(|p| *p > 1) {
+            // SAFETY: kill of a process group whose leader is not reaped, so not reused.
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        }
     }
 
     /// Applies one chunk of input unless its sequence number was applied already; the last
@@ -151,20 +184,20 @@ impl Session {
                 "signal {signal}: only SIGINT, SIGQUIT, SIGTERM, SIGHUP, SIGKILL and SIGTSTP"
             )));
         }
-        let target = self.pty.as_ref().and_then(|p| p.foreground()).or_else(|| self.pgid());
-        if let Some(pgid) = target.filter(|p| *p > 1) {
-            // SAFETY: kill with a negative pid (a process group) and a listed signal.
-            unsafe { libc::kill(-pgid, signal) };
+        match &self.pty {
+            Some(pty) => {
+                if let Err(e) = pty.signal(signal) {
+                    tracing::debug!(session = %self.id, error = %e, "signalling a session's terminal");
+                }
+            }
+            None => self.signal_group(signal),
         }
         Ok(())
     }
 
-    /// SIGKILL to the command's process group (exec).
+    /// SIGKILL to the command's process group (exec), while its leader is not reaped.
     pub fn kill(&self) {
-        if let Some(pgid) = self.pgid().filter(|p| *p > 1) {
-            // SAFETY: kill of a process group the session's command leads.
-            unsafe { libc::kill(-pgid, libc::SIGKILL) };
-        }
+        self.signal_group(libc::SIGKILL);
     }
 
     /// Records how the session ended (the first word stands).
@@ -221,5 +254,24 @@ impl Session {
     /// The keep-alive's action (once).
     pub fn idle(&self) {
         (self.on_idle)(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_whose_leader_exited_is_killed_once_and_never_signalled_after() {
+        use std::os::unix::process::{CommandExt, ExitStatusExt};
+        let mut leader = std::process::Command::new("sleep").arg("60").process_group(0).spawn().unwrap();
+        let id = ("s-test".to_string(), (1, 0), pb::SessionKind::Exec);
+        let s = Session::new(id, Sink::Closed, None, Duration::from_secs(60), Box::new(|_| {}));
+        s.set_pgid(leader.id() as i32);
+        s.leader_exited();
+        assert_eq!(leader.wait().unwrap().signal(), Some(libc::SIGKILL), "the group was killed");
+        assert_eq!(*s.pgid.lock().unwrap(), None, "the group is still signalled");
+        assert!(s.signal(libc::SIGTERM).is_ok());
+        assert!(s.signal(libc::SIGUSR1).is_err(), "a signal not listed");
     }
 }

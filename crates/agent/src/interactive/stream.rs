@@ -15,7 +15,7 @@ use tonic::Status;
 
 use super::ring::Read;
 use super::session::{Session, Sink};
-use super::{exec, forward, terminal_id, RunView, Runs, Sessions};
+use super::{exec, forward, session_id, terminal_id, RunView, Runs, Sessions};
 use crate::decide::RunKey;
 
 /// How long the first message may take.
@@ -138,6 +138,9 @@ async fn open_session(
         if s.run != key || s.kind != kind {
             return Err(Status::permission_denied("the session resumed is of another job or kind"));
         }
+        if s.kind != pb::SessionKind::Attach && s.caller != caller {
+            return Err(Status::permission_denied("the session resumed is another caller's"));
+        }
         tracing::info!(job = key.0, attempt = key.1, kind = kind.as_str_name(), caller, session = %s.id, "session resumed");
         return Ok(s);
     }
@@ -157,13 +160,14 @@ async fn open_session(
             s
         }
         pb::SessionKind::Exec => {
-            let s = start_exec(ctx, open, key, view).await?;
+            let _slot = ctx.sessions.room(key)?;
+            let s = start_exec(open, key, view).await?;
             ctx.sessions.insert(s.clone());
             s
         }
         pb::SessionKind::Forward => {
-            ctx.sessions.room()?;
-            let s = tunnel(ctx, open, key, view).await?;
+            let _slot = ctx.sessions.room(key)?;
+            let s = tunnel(open, key, view).await?;
             ctx.sessions.insert(s.clone());
             s
         }
@@ -175,17 +179,15 @@ async fn open_session(
 
 /// EXEC: the command started (`exec::start`) off the runtime, bounded: the spawn waits until
 /// the command is exec'd (its working directory entered, its namespaces joined).
-async fn start_exec(
-    ctx: &Ctx,
-    open: &pb::SessionOpen,
-    key: RunKey,
-    view: &RunView,
-) -> Result<Arc<Session>, Status> {
+async fn start_exec(open: &pb::SessionOpen, key: RunKey, view: &RunView) -> Result<Arc<Session>, Status> {
     exec::check_argv(&open.argv)?;
-    ctx.sessions.room()?;
+    if view.frozen {
+        // A command joining a frozen cgroup would stop before its exec, and hold the spawn.
+        return Err(Status::failed_precondition("the run is suspended or being stopped"));
+    }
     let exec_ctx =
         view.exec.clone().ok_or_else(|| Status::failed_precondition("the run is not started yet"))?;
-    let (o, id) = (open.clone(), (ctx.sessions.new_id(key), key));
+    let (o, id) = (open.clone(), (session_id()?, key));
     let mut started = tokio::task::spawn_blocking(move || exec::start(&exec_ctx, &o, id));
     match tokio::time::timeout(SPAWN_WAIT, &mut started).await {
         Ok(Ok(started)) => started,
@@ -204,12 +206,7 @@ async fn start_exec(
 
 /// FORWARD: a connection to the run's port (`forward::connect`), as a session whose input
 /// goes to the socket and whose output is what the socket sends.
-async fn tunnel(
-    ctx: &Ctx,
-    open: &pb::SessionOpen,
-    key: RunKey,
-    view: &RunView,
-) -> Result<Arc<Session>, Status> {
+async fn tunnel(open: &pb::SessionOpen, key: RunKey, view: &RunView) -> Result<Arc<Session>, Status> {
     let port = u16::try_from(open.port).map_err(|_| Status::invalid_argument("ports are 1-65535"))?;
     let exec_ctx =
         view.exec.as_ref().ok_or_else(|| Status::failed_precondition("the run is not started yet"))?;
@@ -227,14 +224,10 @@ async fn tunnel(
         });
         s.output.close();
     });
-    let id = ctx.sessions.new_id(key);
-    let session = Arc::new(Session::new(
-        (id, key, pb::SessionKind::Forward),
-        Sink::Writer(Box::new(write)),
-        None,
-        keep_alive,
-        on_idle,
-    ));
+    let id = (session_id()?, key, pb::SessionKind::Forward);
+    let session = Session::new(id, Sink::Writer(Box::new(write)), None, keep_alive, on_idle);
+    let caller = open.grant.as_ref().map_or("", |g| g.caller.as_str());
+    let session = Arc::new(session.with_caller(caller));
     let s = session.clone();
     tokio::spawn(async move {
         use tokio::io::AsyncReadExt;

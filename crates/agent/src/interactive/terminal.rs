@@ -55,11 +55,12 @@ impl Pty {
         cvt(unsafe { libc::ioctl(self.master.as_raw_fd(), libc::TIOCSWINSZ, &size) }).map(|_| ())
     }
 
-    /// The terminal's foreground process group (where a typed Ctrl-C would go).
-    pub fn foreground(&self) -> Option<i32> {
-        // SAFETY: tcgetpgrp on the master this value owns.
-        let pgid = unsafe { libc::tcgetpgrp(self.master.as_raw_fd()) };
-        (pgid > 0).then_some(pgid)
+    /// `signal` to the terminal's foreground process group (where a typed Ctrl-C would go),
+    /// as the kernel resolves it (`TIOCSIG`): no group number is read, so none reused is hit.
+    pub fn signal(&self, signal: i32) -> std::io::Result<()> {
+        // SAFETY: an ioctl with an integer argument on the master this value owns.
+        cvt(unsafe { libc::ioctl(self.master.as_raw_fd(), libc::TIOCSIG, signal as libc::c_ulong) })
+            .map(|_| ())
     }
 
     /// Writes all of `data` to the terminal (the command's input), waiting while it is full.

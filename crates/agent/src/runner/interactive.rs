@@ -55,7 +55,8 @@ impl Runs for Runner {
         Some(RunView {
             user: r.user.clone(),
             submit_ms: r.submit_ms,
-            live: r.exit.is_none() && r.pgid.is_some(),
+            live: r.exit.is_none() && r.pgid.is_some() && !r.main_exited,
+            frozen: r.suspended || r.stopping,
             interactive: r.interactive,
             exec: r.exec.clone(),
         })

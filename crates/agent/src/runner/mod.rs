@@ -509,8 +509,9 @@ impl Runner {
                 Exit::Lost
             }
         };
-        // The main process is gone: nothing of the run may outlive it, and the run ends only
-        // when its last process has.
+        // The main process is gone: nothing of the run may outlive it (no session opens in it
+        // from now on), and the run ends only when its last process has.
+        self.main_exited(key).await;
         self.wait_gone(key, pgid, confined.cgroup.as_ref()).await;
         for c in copiers {
             if let Err(e) = c.await {
@@ -519,6 +520,9 @@ impl Runner {
         }
         tracing::info!(job = key.0, attempt = key.1, ?exit, "run exited");
         self.sessions.run_ended(key, exit.code_and_signal());
+        if let Some(cg) = confined.cgroup.as_ref() {
+            sweep(key, cg).await;
+        }
         let how = match exit {
             Exit::Code(c) => format!("exit {c}"),
             Exit::Signal(s) => format!("signal {s}"),
@@ -577,6 +581,21 @@ impl Runner {
         from.into_iter().map(copy).collect()
     }
 
+    /// Marks `key`'s main process exited (its view is no longer live) and closes the run to
+    /// commands: one spawning now has joined once this returns; none joins after.
+    async fn main_exited(&self, key: RunKey) {
+        let exec = self.lock().get_mut(&key).and_then(|r| {
+            r.main_exited = true;
+            r.exec.clone()
+        });
+        if let Some(exec) = exec {
+            // The lock may be held by a spawn in progress: waited for off the runtime.
+            if let Err(e) = tokio::task::spawn_blocking(move || exec.close()).await {
+                tracing::warn!(job = key.0, error = %e, "closing a run to sessions");
+            }
+        }
+    }
+
     /// Kills what is left of a run whose main process ended and waits until every process of it
     /// is gone (killing again now and then: a process may fork while it is being killed).
     async fn wait_gone(&self, key: RunKey, pgid: Option<i32>, cgroup: Option<&RunCgroup>) {
@@ -627,6 +646,27 @@ impl Runner {
                 }
             }
         });
+    }
+}
+
+/// How long the last sweep of an ended run's cgroup may take.
+const SWEEP_WAIT: Duration = Duration::from_secs(5);
+
+/// Kills whatever is still in `cg` (a session's command joined late, say) until it is empty,
+/// bounded by `SWEEP_WAIT`: nothing of the run holds its GPUs once its exit is reported.
+async fn sweep(key: RunKey, cg: &RunCgroup) {
+    let deadline = tokio::time::Instant::now() + SWEEP_WAIT;
+    while cg.populated() {
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                job = key.0,
+                attempt = key.1,
+                "processes left in an ended run's cgroup do not die"
+            );
+            return;
+        }
+        cg.kill();
+        tokio::time::sleep(GONE_POLL).await;
     }
 }
 

@@ -39,6 +39,8 @@ pub(super) struct Run {
     pub(super) milli: u32,
     pub(super) checkpoint_signal: Signal,
     pub(super) exit: Option<Exit>,
+    /// Its main process was reaped (the run may not have ended: what is left is killed).
+    pub(super) main_exited: bool,
     pub(super) stopping: bool,
     /// Stopped because the agent's lease lapsed: reported lost, so the job is requeued.
     pub(super) fenced: bool,
@@ -69,6 +71,7 @@ impl Run {
             milli: spec.milli,
             checkpoint_signal: spec.checkpoint_signal,
             exit: None,
+            main_exited: false,
             stopping: false,
             fenced: false,
             suspended: false,
@@ -92,6 +95,7 @@ impl Run {
             milli: 0,
             checkpoint_signal: Signal::SIGTERM,
             exit: Some(Exit::Lost),
+            main_exited: false,
             stopping: false,
             fenced: false,
             suspended: false,
@@ -106,9 +110,15 @@ impl Run {
         }
     }
 
+    /// The run's process group while its leader (the main process) is not reaped: after, the
+    /// number may be reused, and what is left of the run is `wait_gone`'s.
+    fn group(&self) -> Option<i32> {
+        self.pgid.filter(|_| !self.main_exited)
+    }
+
     /// SIGKILL to every process of the run.
     pub(super) fn kill(&self) {
-        match (&self.cgroup, self.pgid) {
+        match (&self.cgroup, self.group()) {
             (Some(cg), pgid) => {
                 cg.kill();
                 if let Some(pgid) = pgid {
@@ -122,7 +132,7 @@ impl Run {
 
     /// `signal` to every process of the run.
     pub(super) fn signal(&self, signal: Signal) {
-        match (&self.cgroup, self.pgid) {
+        match (&self.cgroup, self.group()) {
             (Some(cg), _) => cg.signal(signal),
             (None, Some(pgid)) => signal_group(pgid, signal),
             (None, None) => {}
@@ -130,7 +140,7 @@ impl Run {
     }
 
     pub(super) fn freeze(&self, frozen: bool) {
-        match (&self.cgroup, self.pgid) {
+        match (&self.cgroup, self.group()) {
             (Some(cg), _) => cg.freeze(frozen),
             (None, Some(pgid)) => signal_group(pgid, if frozen { Signal::SIGSTOP } else { Signal::SIGCONT }),
             (None, None) => {}

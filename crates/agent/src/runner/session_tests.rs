@@ -403,6 +403,18 @@ async fn an_exec_into_a_container_run_sees_the_images_root_and_the_runs_pid_name
         assert_eq!(field(set), "0000000000000000", "{set}: a capability left");
     }
     assert_eq!(field("NoNewPrivs"), "1");
+    // A long command: its open returns once it is exec'd, not when it ends, and holds up no
+    // other spawn meanwhile.
+    let since = std::time::Instant::now();
+    let long = connect(&runner, open(8, pb::SessionKind::Exec, &["sleep", "5"])).await.expect("exec");
+    let took = since.elapsed();
+    assert!(took < Duration::from_secs(3), "the open waited {took:?} for a 5 s command");
+    let since = std::time::Instant::now();
+    let mut quick = connect(&runner, open(8, pb::SessionKind::Exec, &["cat", "/etc/os-release"])).await;
+    quick.as_mut().expect("a second exec").until(|c| c.exit.is_some()).await;
+    let took = since.elapsed();
+    assert!(took < Duration::from_secs(3), "a second exec waited {took:?} for the first's command");
+    drop(long);
     runner.stop_all(Duration::from_secs(1)).await;
 }
 
@@ -442,6 +454,12 @@ async fn a_forward_tunnels_to_the_port_the_run_listens_on_and_ends_when_the_conn
     c.send(Input::Stdin(pb::SessionStdin { seq: 2, data: Vec::new(), eof: true })).await;
     c.until(|c| c.exit.is_some()).await;
     assert_eq!(c.exit.map(|e| (e.code, e.reason)), Some((0, "the connection closed".to_string())));
+    // A closed tunnel is forgotten at once (it holds no slot, and is not resumed).
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while !runner.sessions().of_run((9, 0)).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "a closed tunnel is still held");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // A grant for another port opens nothing.
     let mut other = forward();
     other.port += 1;
@@ -462,5 +480,78 @@ async fn an_exec_runs_as_the_runs_account_in_its_working_directory() {
     let uid = if root() { 65534 } else { nix::unistd::geteuid().as_raw() };
     let job_dir = crate::launch::job_dir(dir.path(), 10, 0);
     assert_eq!(c.text(), format!("{uid}\n{}\n", job_dir.display()));
+    runner.stop_all(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn no_exec_opens_in_a_suspended_run_nor_once_its_main_process_exited() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = Runner::new("n1", dir.path(), tx);
+    let frozen = pb::Assignment { suspend: true, ..assignment(11, &["sleep", "60"], false, false) };
+    runner.reconcile(&set(vec![frozen.clone()]));
+    assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+    runner.reconcile(&set(vec![pb::Assignment { started: true, ..frozen }]));
+    let refused = connect(&runner, open(11, pb::SessionKind::Exec, &["true"])).await.err().map(|e| e.code());
+    assert_eq!(refused, Some(tonic::Code::FailedPrecondition), "an exec into a suspended run");
+    // The main process exits at once; a process it left outside its group holds its output
+    // open, so the run has not ended yet.
+    let script = "setsid sleep 3 & exit 0";
+    runner.reconcile(&set(vec![assignment(12, &["sh", "-c", script], false, false)]));
+    assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !runner.lock().get(&(12, 0)).is_some_and(|r| r.main_exited) {
+        assert!(std::time::Instant::now() < deadline, "the main process never exited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!runner.finished((12, 0)), "the run ended before the exec was tried");
+    let view = crate::interactive::Runs::view(&runner, (12, 0)).map(|v| v.live);
+    assert_eq!(view, Some(false), "a run whose main process exited is shown live");
+    let late =
+        connect(&runner, open(12, pb::SessionKind::Exec, &["sleep", "60"])).await.err().map(|e| e.code());
+    assert_eq!(late, Some(tonic::Code::FailedPrecondition), "an exec after the main process exited");
+    assert!(runner.sessions().of_run((12, 0)).is_empty());
+    runner.stop_all(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn session_ids_are_random_resumed_by_their_caller_only_and_a_run_holds_a_bounded_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = Runner::new("n1", dir.path(), tx);
+    runner.reconcile(&set(vec![assignment(13, &["sleep", "60"], false, false)]));
+    assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+    // A signal on a terminal goes to its foreground group (the kernel's, `TIOCSIG`).
+    let script = "trap 'echo int; exit 4' INT; echo ready; while :; do sleep 0.1; done";
+    let tty = pb::SessionOpen { pty: true, ..open(13, pb::SessionKind::Exec, &["sh", "-c", script]) };
+    let mut t = connect(&runner, tty).await.expect("exec on a terminal");
+    t.until(|c| c.text().contains("ready")).await;
+    t.send(Input::Signal(nix::libc::SIGINT)).await;
+    t.until(|c| c.exit.is_some()).await;
+    assert_eq!(t.exit.as_ref().map(|e| e.code), Some(4), "{:?}", t.text());
+    let id = t.opened.clone().unwrap().session;
+    let hex = id.strip_prefix("s-").unwrap_or_default();
+    assert!(hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+    assert!(!id.contains("-13-"), "the id names its job: {id}");
+    let resume = |caller: &str| {
+        let mut o = pb::SessionOpen { resume: id.clone(), ..open(13, pb::SessionKind::Exec, &[]) };
+        let g = o.grant.as_mut().unwrap();
+        g.caller = caller.into();
+        kairos_proto::grant::seal(CRED, g);
+        o
+    };
+    let refused = connect(&runner, resume("mallory")).await.err().map(|e| e.code());
+    assert_eq!(refused, Some(tonic::Code::PermissionDenied), "another caller resumed it");
+    let mut again = connect(&runner, resume("alice")).await.expect("its caller resumes it");
+    again.until(|c| c.exit.is_some()).await;
+    assert_eq!(again.exit.map(|e| e.code), Some(4));
+    // The ended session holds no slot: a run's whole share is still open to it, and no more.
+    let mut held = Vec::new();
+    for _ in 0..crate::interactive::SESSIONS_PER_RUN_MAX {
+        held.push(connect(&runner, open(13, pb::SessionKind::Exec, &["sleep", "60"])).await.expect("exec"));
+    }
+    let over = connect(&runner, open(13, pb::SessionKind::Exec, &["true"])).await.err().map(|e| e.code());
+    assert_eq!(over, Some(tonic::Code::ResourceExhausted), "a run past its share of sessions");
+    drop(held);
     runner.stop_all(Duration::from_secs(1)).await;
 }
