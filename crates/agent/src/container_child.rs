@@ -73,8 +73,10 @@ fn close_all_but(keep: c_int) {
     }
 }
 
-/// Drops every capability this process holds (in its user namespace).
-fn drop_capabilities() {
+/// Drops every capability this process holds (in its user namespace): empties its permitted,
+/// effective and inheritable sets (the one capset of the container's processes and of a
+/// session's exec, `interactive::exec`).
+pub(crate) fn drop_capabilities() -> std::io::Result<()> {
     #[repr(C)]
     struct Header {
         version: u32,
@@ -90,7 +92,10 @@ fn drop_capabilities() {
     let header = Header { version: 0x2008_0522, pid: 0 };
     let data = [Data { effective: 0, permitted: 0, inheritable: 0 }; 2];
     // SAFETY: capset with a v3 header and two data words, as the kernel expects.
-    unsafe { libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) };
+    match unsafe { libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
 }
 
 /// Becomes the user and enters the container `setup` describes: in the child, between fork and
@@ -168,7 +173,7 @@ pub(crate) fn enter(setup: &ContainerSetup) -> Result<()> {
 /// The run process: waits for init, reads the job's status from it, and ends the same way.
 fn relay(init: libc::pid_t, from: c_int) -> ! {
     close_all_but(from);
-    drop_capabilities();
+    let _ = drop_capabilities();
     // SAFETY: waitpid/read into a local, then this process's own end.
     unsafe {
         let mut init_status: c_int = 0;
@@ -199,7 +204,7 @@ fn relay(init: libc::pid_t, from: c_int) -> ! {
 /// process when the job ends, and exits (the kernel then kills what is left inside).
 fn reap(job: libc::pid_t, to: c_int) -> ! {
     close_all_but(to);
-    drop_capabilities();
+    let _ = drop_capabilities();
     // SAFETY: prctl on a static name; waitpid into a local; write of a local.
     unsafe {
         libc::prctl(libc::PR_SET_NAME, c"kairos-init".as_ptr(), 0, 0, 0);

@@ -186,39 +186,13 @@ unsafe fn enter_container(pidfd: i32, uid: Option<libc::uid_t>) -> std::io::Resu
             return Err(err());
         }
     }
-    drop_capabilities()?;
+    crate::container_child::drop_capabilities()?;
     let child = libc::fork();
     if child < 0 {
         return Err(err());
     }
     if child > 0 {
         relay(child);
-    }
-    Ok(())
-}
-
-/// Empties this process's permitted, effective and inheritable capability sets.
-///
-/// # Safety
-/// Only between fork and exec (a system call on locals).
-unsafe fn drop_capabilities() -> std::io::Result<()> {
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: libc::c_int,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    // _LINUX_CAPABILITY_VERSION_3: two data words.
-    let header = Header { version: 0x2008_0522, pid: 0 };
-    let data = [Data { effective: 0, permitted: 0, inheritable: 0 }; 2];
-    if libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) != 0 {
-        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }
