@@ -174,6 +174,12 @@ impl Lease {
         }))
     }
 
+    /// A lapsed lease kept in memory only, with no watchdog to tell (the scale harness's
+    /// agents, `kairos-bench agents`).
+    pub fn in_memory() -> Lease {
+        Lease(Arc::new(LeaseInner { until: AtomicU64::new(0), grace_ms: AtomicU64::new(0), record: None }))
+    }
+
     /// A lapsed lease whose deadline the watchdog reads from `file` (created now, at its full
     /// size).
     pub fn new(file: PathBuf) -> Lease {

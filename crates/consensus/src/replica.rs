@@ -263,6 +263,13 @@ impl Replica {
         f(&guard)
     }
 
+    /// The nodes whose runs the entries applied since the last call may have changed
+    /// (`ClusterState::take_changed_nodes`); one caller per replica: the agent service's hub.
+    pub fn take_changed_nodes(&self) -> kairos_scheduler::state::changed::ChangedNodes {
+        let mut guard = self.state.write().unwrap_or_else(|p| p.into_inner());
+        guard.state.take_changed_nodes()
+    }
+
     /// Whether this replica leads and a quorum confirmed it within the last election timeout.
     ///
     /// `is_leader` alone is this replica's belief: a leader that was paused or cut off keeps

@@ -8,6 +8,9 @@ use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
 /// Metadata key of every bearer credential (`Bearer <credential>`).
 pub const AUTH_HEADER: &str = "authorization";
+/// Metadata key of the pause (ms) a controller that sheds a call asks its caller to take before
+/// trying again (an agent's registration while the leader has too many in flight).
+pub const RETRY_AFTER_HEADER: &str = "retry-after-ms";
 /// Longest credential read from a request or a file.
 pub const CREDENTIAL_LEN_MAX: usize = 512;
 

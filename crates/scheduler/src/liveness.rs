@@ -117,6 +117,27 @@ impl Liveness {
         true
     }
 
+    /// A registration that would change nothing in the state stands at once, without a
+    /// `JoinNode` (Some: the node's epoch): the node is up (or draining) with exactly `info`,
+    /// no reason to clear, and `credential_epoch` is its current epoch. Asked only on a leader
+    /// a quorum confirmed (everything committed before is applied), after `may_register`: what
+    /// admits a heartbeat admits it, so ten thousand agents reconnecting after a leader change
+    /// cost no log entries.
+    pub fn rejoins_unchanged(
+        &mut self,
+        state: &ClusterState,
+        info: &NodeInfo,
+        credential_epoch: Option<u64>,
+        now: Instant,
+        wall_ms: i64,
+    ) -> Option<u64> {
+        let node = state.nodes.get(&info.name)?;
+        let unchanged = credential_epoch == Some(node.epoch)
+            && node.info == *info
+            && (node.state == NodeState::Draining || (node.state == NodeState::Up && node.reason.is_empty()));
+        (unchanged && self.registration_stands(state, &info.name, now, wall_ms)).then_some(node.epoch)
+    }
+
     /// The nodes to mark down now, condemned from here on: none until this leader has led for
     /// `timeout`, then every node not down whose last heartbeat here is `timeout` old or older,
     /// or unknown (a condemned node again until its NodeDown applies: a proposal may not have
@@ -197,8 +218,8 @@ pub async fn register<D: Seat>(
     info: NodeInfo,
     credential: impl FnOnce(Option<u64>) -> Result<Option<u64>, D::Error> + Send,
 ) -> Result<u64, RegisterRefused<D::Error>> {
-    // Only waits: a replica that does not lead is refused by the commit below.
-    let _confirmed = desk.leads_confirmed().await;
+    // A replica that does not lead is refused by the commit below.
+    let confirmed = desk.leads_confirmed().await;
     let name = info.name.clone();
     let epoch = desk.read(|state, _| state.nodes.get(&name).map(|n| n.epoch));
     let credential_epoch = credential(epoch).map_err(RegisterRefused::Failed)?;
@@ -206,6 +227,16 @@ pub async fn register<D: Seat>(
     // registration that a NodeDown overtook in the log.
     if !desk.read(|state, live| live.may_register(state, &name)) {
         return Err(RegisterRefused::BeingMarkedDown);
+    }
+    // An agent coming back to a new leader (or over a new connection) with nothing to change:
+    // admitted as a heartbeat is, without an entry (`rejoins_unchanged`).
+    if confirmed {
+        let (now, wall_ms) = desk.now();
+        let rejoined =
+            desk.read(|state, live| live.rejoins_unchanged(state, &info, credential_epoch, now, wall_ms));
+        if let Some(epoch) = rejoined {
+            return Ok(epoch);
+        }
     }
     match desk.commit(Op::JoinNode { info, credential_epoch }).await.map_err(RegisterRefused::Failed)? {
         Outcome::NodeRegistered { epoch, .. } => {
@@ -266,6 +297,31 @@ mod tests {
         let mut s = ClusterState::new();
         s.apply(&Command { skipped_ms: 0, now_ms: 1, op: Op::RegisterNode { info: node_info("n1", 1) } });
         s
+    }
+
+    #[test]
+    fn an_unchanged_registration_stands_without_an_entry_and_any_change_needs_one() {
+        let mut s = state();
+        let epoch = s.nodes["n1"].epoch;
+        let mut l = Liveness::default();
+        let t0 = Instant::now();
+        let same = node_info("n1", 1);
+        assert_eq!(l.rejoins_unchanged(&s, &same, Some(epoch), t0, 7), Some(epoch));
+        assert_eq!(l.last_seen_ms("n1"), 7, "seen, as a heartbeat");
+        assert_eq!(l.rejoins_unchanged(&s, &node_info("n1", 2), Some(epoch), t0, 8), None, "a GPU more");
+        assert_eq!(l.rejoins_unchanged(&s, &same, Some(epoch + 1), t0, 8), None, "another epoch");
+        assert_eq!(l.rejoins_unchanged(&s, &same, None, t0, 8), None, "the join token");
+        assert_eq!(l.rejoins_unchanged(&s, &node_info("ghost", 1), Some(epoch), t0, 8), None);
+        // Judged silent: no lease without the entry that orders it after the NodeDown.
+        let timeout = Duration::from_secs(10);
+        assert!(!l.judge_silent(&s, timeout, timeout, t0 + timeout).is_empty());
+        assert_eq!(l.rejoins_unchanged(&s, &same, Some(epoch), t0 + timeout, 9), None, "condemned");
+        s.apply(&Command {
+            skipped_ms: 0,
+            now_ms: 3,
+            op: Op::NodeDown { node: "n1".into(), reason: "silent".into() },
+        });
+        assert_eq!(l.rejoins_unchanged(&s, &same, Some(epoch), t0 + timeout, 9), None, "down");
     }
 
     #[test]

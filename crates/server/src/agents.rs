@@ -6,6 +6,8 @@
 //! simply receives the current set and reconciles.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use futures::Stream;
 use kairos_proto::v1 as pb;
@@ -14,8 +16,9 @@ use kairos_scheduler::liveness::{self, HeartbeatError, HeartbeatRefused, Registe
 use kairos_scheduler::model::{Profile, HEALTH_CHECK_REASON};
 use kairos_scheduler::orders::{runs_on, RunAction, KILL_GRACE_S};
 use kairos_scheduler::{ClusterState, Op, Outcome, RunExit};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
+
+use crate::assignments::Wakers;
 
 use kairos_consensus::WriteError;
 
@@ -24,6 +27,47 @@ use crate::convert::node_info_from_pb;
 
 pub struct AgentApi {
     pub ctx: Ctx,
+    /// Wakes the assignment streams of the nodes whose runs changed (`assignments`).
+    wakers: Arc<Wakers>,
+    /// Registrations being answered now (`REGISTERING_MAX`).
+    registering: Arc<AtomicUsize>,
+}
+
+/// Most registrations one replica answers at once; more are shed with `UNAVAILABLE` and a
+/// `retry-after-ms` the agent waits (jittered) before trying again. A registration that changes
+/// the node commits an entry: ten thousand agents registering at once (a cold start) would
+/// otherwise queue ten thousand proposals behind the log and time out together.
+pub const REGISTERING_MAX: usize = 512;
+
+impl AgentApi {
+    /// The agent service of the replica `ctx` serves, with its assignment hub running.
+    pub fn new(ctx: Ctx) -> AgentApi {
+        let wakers = Arc::new(Wakers::default());
+        crate::assignments::spawn_hub(ctx.replica.clone(), wakers.clone());
+        AgentApi { ctx, wakers, registering: Arc::new(AtomicUsize::new(0)) }
+    }
+}
+
+/// Counts a registration in flight while held.
+struct Registering(Arc<AtomicUsize>);
+
+impl Drop for Registering {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// `UNAVAILABLE` for a registration shed while `in_flight` others are answered: come back after
+/// a pause that grows with the queue (250 ms per `REGISTERING_MAX` waiting, 250 ms to 5 s).
+fn shed(in_flight: usize) -> Status {
+    let ms = (250 * (in_flight / REGISTERING_MAX).max(1)).min(5_000);
+    let mut status = Status::unavailable(format!(
+        "{in_flight} registrations in flight; register again in {ms} ms"
+    ));
+    if let Ok(v) = ms.to_string().parse() {
+        status.metadata_mut().insert(kairos_proto::wire::RETRY_AFTER_HEADER, v);
+    }
+    status
 }
 
 /// The runs `node` should have in `state`, in job id order: the core decides what each must do
@@ -111,6 +155,11 @@ impl AgentService for AgentApi {
         &self,
         request: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
+        let in_flight = self.registering.fetch_add(1, Ordering::SeqCst);
+        let _counted = Registering(self.registering.clone());
+        if in_flight >= REGISTERING_MAX {
+            return Err(shed(in_flight));
+        }
         let (metadata, _, req) = request.into_parts();
         let info = node_info_from_pb(req.node)?;
         let name = info.name.clone();
@@ -177,30 +226,8 @@ impl AgentService for AgentApi {
         self.ctx.authenticate_agent(request.metadata(), &request.get_ref().node_id)?;
         let node = request.into_inner().node_id;
         self.ctx.check_node(&node)?;
-        let replica = self.ctx.replica.clone();
-        let mut applied = replica.applied.clone();
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        tokio::spawn(async move {
-            let mut last: Option<Vec<pb::Assignment>> = None;
-            loop {
-                let (runs, index) = replica.read(|a| {
-                    (assignments_for(&a.state, &node), a.last_applied.map(|l| l.index).unwrap_or(0))
-                });
-                if last.as_ref() != Some(&runs) {
-                    let set = pb::AssignmentSet { runs: runs.clone(), applied_index: index };
-                    if tx.send(Ok(set)).await.is_err() {
-                        return;
-                    }
-                    last = Some(runs);
-                }
-                // Wake on the next apply, or end as soon as the agent goes away.
-                tokio::select! {
-                    changed = applied.changed() => if changed.is_err() { return },
-                    _ = tx.closed() => return,
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let stream = crate::assignments::stream(self.ctx.replica.clone(), &self.wakers, node);
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn drain(&self, request: Request<pb::DrainRequest>) -> Result<Response<pb::DrainResponse>, Status> {
@@ -364,4 +391,22 @@ fn idle_op(r: pb::StatusReport, idle: bool) -> Result<Op, Status> {
     }
     let since_ms = idle.then_some(r.idle_since_ms);
     Ok(Op::RunIdle { job: r.job_id, attempt: r.attempt, node: r.node_id, since_ms })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shed_registration_says_when_to_come_back_and_the_pause_grows_with_the_queue() {
+        let after = |n| -> u64 {
+            let s = shed(n);
+            assert_eq!(s.code(), tonic::Code::Unavailable);
+            let v = s.metadata().get(kairos_proto::wire::RETRY_AFTER_HEADER).expect("a retry-after");
+            v.to_str().unwrap().parse().unwrap()
+        };
+        assert_eq!(after(REGISTERING_MAX), 250);
+        assert_eq!(after(4 * REGISTERING_MAX), 1_000);
+        assert_eq!(after(1_000 * REGISTERING_MAX), 5_000, "bounded");
+    }
 }

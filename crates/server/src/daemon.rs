@@ -589,7 +589,7 @@ async fn serve(
             )),
         )
         .add_service(tonic::service::interceptor::InterceptedService::new(
-            AgentServiceServer::new(agents::AgentApi { ctx: ctx.clone() })
+            AgentServiceServer::new(agents::AgentApi::new(ctx.clone()))
                 .max_decoding_message_size(API_MESSAGE_BYTES_MAX),
             auth::agent_gate(ctx.auth.clone()),
         ))

@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod agents;
+pub mod assignments;
 pub mod auth;
 pub mod batch;
 pub mod burst;

@@ -1,6 +1,9 @@
 //! Which controller the agent talks to next: a leader's hint first, else the listed addresses
-//! in turn; and how long it waits before trying again.
+//! in turn; and how long it waits before trying again (jittered, so agents that lost the same
+//! leader at the same instant do not come back in step; at least what a shedding leader asked).
 
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
@@ -11,16 +14,31 @@ pub struct Controllers {
     addrs: Vec<String>,
     next: usize,
     hint: Option<String>,
+    tls: Option<ClientTlsConfig>,
+}
+
+/// How sessions reach a controller: the agent dials a connection of its own (`Controllers`);
+/// the scale harness (`kairos-bench agents`) hands out connections its agents share.
+pub trait Dial: Send {
+    /// A channel to the next controller to try (the leader's hint first), or None.
+    fn dial(&mut self) -> impl Future<Output = Option<(String, Channel)>> + Send;
+    /// The next session tries `leader` first (once).
+    fn follow(&mut self, leader: String);
+}
+
+impl Dial for Controllers {
+    fn dial(&mut self) -> impl Future<Output = Option<(String, Channel)>> + Send {
+        self.connect()
+    }
+
+    fn follow(&mut self, leader: String) {
+        self.hint = Some(leader);
+    }
 }
 
 impl Controllers {
-    pub fn new(addrs: Vec<String>) -> Controllers {
-        Controllers { addrs, next: 0, hint: None }
-    }
-
-    /// The next session tries `leader` first (once).
-    pub fn follow(&mut self, leader: String) {
-        self.hint = Some(leader);
+    pub fn new(addrs: Vec<String>, tls: Option<ClientTlsConfig>) -> Controllers {
+        Controllers { addrs, next: 0, hint: None, tls }
     }
 
     /// The addresses to try this time, in order: the hint (taken), then every listed address
@@ -35,9 +53,9 @@ impl Controllers {
     }
 
     /// A channel to the first controller of `order` that answers.
-    pub async fn connect(&mut self, tls: Option<&ClientTlsConfig>) -> Option<(String, Channel)> {
+    pub async fn connect(&mut self) -> Option<(String, Channel)> {
         for addr in self.order() {
-            let Some(endpoint) = endpoint(&addr, tls) else { continue };
+            let Some(endpoint) = endpoint(&addr, self.tls.as_ref()) else { continue };
             if let Ok(Ok(channel)) = tokio::time::timeout(Duration::from_secs(3), endpoint.connect()).await {
                 return Some((addr, channel));
             }
@@ -70,16 +88,34 @@ pub fn leader_hint(status: &tonic::Status) -> Option<String> {
     status.metadata().get("kairos-leader").and_then(|v| v.to_str().ok()).map(str::to_string)
 }
 
-/// The pause between sessions: 100 ms, doubling to 2 s while controllers are unreachable or
-/// unavailable; back to 100 ms once one answered anything else.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A random duration in [0, d) (spreads agents that would otherwise act in step).
+pub fn random_below(d: Duration) -> Duration {
+    let r = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    Duration::from_micros(r % (d.as_micros() as u64).max(1))
+}
+
+/// How long a shedding leader asks its caller to wait (`kairos_proto::wire::RETRY_AFTER_HEADER`).
+pub fn retry_after(status: &tonic::Status) -> Option<Duration> {
+    let v = status.metadata().get(kairos_proto::wire::RETRY_AFTER_HEADER)?;
+    let ms: u64 = v.to_str().ok()?.parse().ok()?;
+    Some(Duration::from_millis(ms.min(Backoff::SHED_MAX.as_millis() as u64)))
+}
+
+/// The pause between sessions: a step of 100 ms, doubling to 2 s while controllers are
+/// unreachable or unavailable, back to 100 ms once one answered anything else; each pause is
+/// half its step plus a random part of the other half ("equal jitter"). A leader that sheds
+/// (`Ended::Shed`) is given at least the pause it asked for, spread over up to twice that.
+#[derive(Clone, Debug)]
 pub struct Backoff {
     delay: Duration,
+    /// xorshift64 state (never 0).
+    rng: u64,
 }
 
 impl Default for Backoff {
     fn default() -> Backoff {
-        Backoff { delay: Backoff::FIRST }
+        let seed = std::collections::hash_map::RandomState::new().build_hasher().finish();
+        Backoff::seeded(seed)
     }
 }
 
@@ -90,20 +126,50 @@ pub enum Ended {
     Unreachable,
     /// The controller refused or broke off with `status`.
     Status(tonic::Code),
+    /// The leader shed the call and asked for this pause first.
+    Shed(Duration),
+}
+
+impl Ended {
+    /// How a session that ended with `status` ended.
+    pub fn of(status: &tonic::Status) -> Ended {
+        match retry_after(status) {
+            Some(after) => Ended::Shed(after),
+            None => Ended::Status(status.code()),
+        }
+    }
 }
 
 impl Backoff {
     pub const FIRST: Duration = Duration::from_millis(100);
     pub const MAX: Duration = Duration::from_secs(2);
+    /// The longest pause a shedding leader may ask for.
+    pub const SHED_MAX: Duration = Duration::from_secs(10);
+
+    /// A backoff whose jitter comes from `seed` (tests; `default` seeds it at random).
+    pub fn seeded(seed: u64) -> Backoff {
+        Backoff { delay: Backoff::FIRST, rng: seed | 1 }
+    }
 
     /// How long to wait before the next session after one `ended` so.
     pub fn pause(&mut self, ended: &Ended) -> Duration {
-        if matches!(ended, Ended::Status(code) if *code != tonic::Code::Unavailable) {
-            self.delay = Backoff::FIRST;
+        match ended {
+            Ended::Shed(after) => return *after + self.jitter(*after),
+            Ended::Status(code) if *code != tonic::Code::Unavailable => self.delay = Backoff::FIRST,
+            _ => {}
         }
-        let pause = self.delay;
+        let step = self.delay;
         self.delay = (self.delay * 2).min(Backoff::MAX);
-        pause
+        step / 2 + self.jitter(step / 2)
+    }
+
+    /// A random pause in [0, up_to].
+    fn jitter(&mut self, up_to: Duration) -> Duration {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let span = up_to.as_micros() as u64 + 1;
+        Duration::from_micros(self.rng % span)
     }
 }
 
@@ -117,13 +183,13 @@ mod tests {
 
     #[test]
     fn each_session_starts_one_controller_further_and_a_hint_goes_first_once() {
-        let mut c = Controllers::new(addrs(3));
+        let mut c = Controllers::new(addrs(3), None);
         assert_eq!(c.order(), ["c0:7001", "c1:7001", "c2:7001"]);
         assert_eq!(c.order(), ["c1:7001", "c2:7001", "c0:7001"]);
         c.follow("c2:7001".into());
         assert_eq!(c.order(), ["c2:7001", "c2:7001", "c0:7001", "c1:7001"]);
         assert_eq!(c.order(), ["c0:7001", "c1:7001", "c2:7001"], "the hint is used once");
-        let mut none = Controllers::new(Vec::new());
+        let mut none = Controllers::new(Vec::new(), None);
         assert!(none.order().is_empty());
         none.follow("c9:7001".into());
         assert_eq!(none.order(), ["c9:7001"]);
@@ -137,15 +203,50 @@ mod tests {
         assert_eq!(leader_hint(&status).as_deref(), Some("c1:7001"));
     }
 
+    /// Whether `pause` lies in [step / 2, step].
+    fn within(pause: Duration, step_ms: u64) -> bool {
+        let step = Duration::from_millis(step_ms);
+        pause >= step / 2 && pause <= step
+    }
+
     #[test]
-    fn the_pause_doubles_to_two_seconds_and_an_answer_other_than_unavailable_resets_it() {
-        let ms = Duration::from_millis;
-        let mut b = Backoff::default();
-        let pauses: Vec<Duration> = (0..7).map(|_| b.pause(&Ended::Unreachable)).collect();
-        assert_eq!(pauses, [ms(100), ms(200), ms(400), ms(800), ms(1600), ms(2000), ms(2000)]);
-        assert_eq!(b.pause(&Ended::Status(tonic::Code::Unavailable)), ms(2000), "still unavailable");
-        assert_eq!(b.pause(&Ended::Status(tonic::Code::Unauthenticated)), ms(100));
-        assert_eq!(b.pause(&Ended::Unreachable), ms(200));
+    fn the_step_doubles_to_two_seconds_and_an_answer_other_than_unavailable_resets_it() {
+        let mut b = Backoff::seeded(7);
+        for step in [100, 200, 400, 800, 1600, 2000, 2000] {
+            let p = b.pause(&Ended::Unreachable);
+            assert!(within(p, step), "{p:?} for a step of {step} ms");
+        }
+        assert!(within(b.pause(&Ended::Status(tonic::Code::Unavailable)), 2000), "still unavailable");
+        assert!(within(b.pause(&Ended::Status(tonic::Code::Unauthenticated)), 100));
+        assert!(within(b.pause(&Ended::Unreachable), 200));
+    }
+
+    #[test]
+    fn agents_that_lost_the_same_leader_at_once_come_back_spread_out() {
+        // 1,000 agents, each with its own random seed, after the same failure: their pauses
+        // cover the step's upper half rather than one instant.
+        let pauses: Vec<Duration> =
+            (0..1_000).map(|_| Backoff::default().pause(&Ended::Status(tonic::Code::Unavailable))).collect();
+        let ms: std::collections::BTreeSet<u128> = pauses.iter().map(|p| p.as_millis()).collect();
+        assert!(pauses.iter().all(|p| within(*p, 100)));
+        assert!(ms.len() >= 40, "spread over {} distinct milliseconds of 51", ms.len());
+    }
+
+    #[test]
+    fn a_shedding_leader_gets_at_least_the_pause_it_asked_for() {
+        let mut status = tonic::Status::unavailable("shed");
+        assert_eq!(Ended::of(&status), Ended::Status(tonic::Code::Unavailable));
+        status.metadata_mut().insert(kairos_proto::wire::RETRY_AFTER_HEADER, "1500".parse().unwrap());
+        assert_eq!(Ended::of(&status), Ended::Shed(Duration::from_millis(1500)));
+        let mut b = Backoff::seeded(3);
+        for _ in 0..100 {
+            let p = b.pause(&Ended::of(&status));
+            assert!(p >= Duration::from_millis(1500) && p <= Duration::from_millis(3000), "{p:?}");
+        }
+        status.metadata_mut().insert(kairos_proto::wire::RETRY_AFTER_HEADER, "999999".parse().unwrap());
+        assert_eq!(Ended::of(&status), Ended::Shed(Backoff::SHED_MAX), "bounded");
+        status.metadata_mut().insert(kairos_proto::wire::RETRY_AFTER_HEADER, "soon".parse().unwrap());
+        assert_eq!(Ended::of(&status), Ended::Status(tonic::Code::Unavailable), "unreadable: ignored");
     }
 
     #[test]

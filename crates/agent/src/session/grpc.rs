@@ -7,9 +7,9 @@ use std::time::Duration;
 use kairos_proto::v1 as pb;
 use kairos_proto::v1::agent_service_client::AgentServiceClient;
 use tokio::sync::{mpsc, watch};
-use tonic::transport::{Channel, ClientTlsConfig};
+use tonic::transport::Channel;
 
-use super::controllers::{leader_hint, Backoff, Controllers, Ended};
+use super::controllers::{leader_hint, Backoff, Dial, Ended};
 use super::credentials::Credentials;
 use super::step::{self, Controller, Registration};
 use crate::fence::{self, Lease, LeaseTerms};
@@ -25,19 +25,44 @@ pub type ClientRx = watch::Receiver<Option<Client>>;
 pub const REFUSED: [tonic::Code; 3] =
     [tonic::Code::InvalidArgument, tonic::Code::NotFound, tonic::Code::PermissionDenied];
 
+/// The runs a session carries out: the agent's `Runner`; the scale harness's fake runs
+/// (`kairos-bench agents`), which drive the same session code against a real cluster.
+pub trait Runs: Clone + Send + Sync + 'static {
+    /// Runs with a live process, for heartbeats.
+    fn running(&self) -> Vec<crate::decide::RunKey>;
+    /// Makes the local runs match the controller's assignment set.
+    fn reconcile(&self, set: &pb::AssignmentSet);
+    /// Launches what may start now (the lease was renewed).
+    fn launch_ready(&self);
+    /// A heartbeat was answered `took` after it was sent.
+    fn heartbeat_answered(&self, _took: Duration) {}
+}
+
+impl Runs for Runner {
+    fn running(&self) -> Vec<crate::decide::RunKey> {
+        Runner::running(self)
+    }
+    fn reconcile(&self, set: &pb::AssignmentSet) {
+        Runner::reconcile(self, set)
+    }
+    fn launch_ready(&self) {
+        Runner::launch_ready(self)
+    }
+}
+
 /// What a session needs besides its connection.
 #[derive(Clone)]
-pub struct Session {
+pub struct Session<R = Runner> {
     pub node: pb::NodeInfo,
-    pub runner: Runner,
+    pub runner: R,
     pub lease: Lease,
     pub creds: Credentials,
 }
 
 /// One controller over gRPC, as `step` calls it.
-struct Grpc<'a> {
+struct Grpc<'a, R> {
     client: Client,
-    session: &'a Session,
+    session: &'a Session<R>,
     /// Registered: the node id and the heartbeat interval.
     registered: Option<(String, Duration)>,
 }
@@ -56,7 +81,7 @@ fn registration_of(reg: pb::RegisterResponse) -> Result<Registration, tonic::Sta
     })
 }
 
-impl Controller for Grpc<'_> {
+impl<R: Runs> Controller for Grpc<'_, R> {
     type Time = u64;
     type Error = tonic::Status;
 
@@ -98,9 +123,9 @@ impl Controller for Grpc<'_> {
 }
 
 /// One connection to a controller: register, heartbeat, follow assignments until it breaks.
-pub async fn session(
+pub async fn session<R: Runs>(
     channel: Channel,
-    s: &Session,
+    s: &Session<R>,
     client_tx: &watch::Sender<Option<Client>>,
 ) -> tonic::Status {
     let mut grpc = Grpc { client: AgentServiceClient::new(channel), session: s, registered: None };
@@ -117,7 +142,11 @@ pub async fn session(
         Ok(stream) => stream.into_inner(),
         Err(status) => return status,
     };
-    let mut heartbeat = tokio::time::interval(interval);
+    // The first heartbeat at a random point of the interval: agents that registered together
+    // (after a leader change) do not heartbeat together ever after.
+    let first = tokio::time::Instant::now() + super::controllers::random_below(interval);
+    let mut heartbeat = tokio::time::interval_at(first, interval);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             msg = stream.message() => match msg {
@@ -125,29 +154,33 @@ pub async fn session(
                 Ok(None) => return tonic::Status::unavailable("assignment stream ended"),
                 Err(status) => return status,
             },
-            _ = heartbeat.tick() => match step::heartbeat(&mut grpc, terms).await {
-                Ok(renewal) => {
-                    s.lease.renew(renewal);
-                    // Launches deferred while the lease had lapsed may go now.
-                    s.runner.launch_ready();
+            _ = heartbeat.tick() => {
+                let sent = std::time::Instant::now();
+                match step::heartbeat(&mut grpc, terms).await {
+                    Ok(renewal) => {
+                        s.runner.heartbeat_answered(sent.elapsed());
+                        s.lease.renew(renewal);
+                        // Launches deferred while the lease had lapsed may go now.
+                        s.runner.launch_ready();
+                    }
+                    Err(status) => return status,
                 }
-                Err(status) => return status,
-            },
+            }
         }
     }
 }
 
 /// Sessions with the controllers, one after another, for the life of the agent: a leader's
-/// hint is followed at once; otherwise the next controller after a growing pause (`Backoff`).
-pub async fn follow_controllers(
-    mut controllers: Controllers,
-    tls: Option<ClientTlsConfig>,
-    s: Session,
+/// hint is followed at once; otherwise the next controller after a growing, jittered pause, or
+/// the pause a shedding leader asked for (`Backoff`).
+pub async fn follow_controllers<R: Runs>(
+    mut controllers: impl Dial,
+    s: Session<R>,
     client_tx: watch::Sender<Option<Client>>,
 ) {
     let mut backoff = Backoff::default();
     loop {
-        let ended = match controllers.connect(tls.as_ref()).await {
+        let ended = match controllers.dial().await {
             Some((addr, channel)) => {
                 let status = session(channel, &s, &client_tx).await;
                 client_tx.send_replace(None);
@@ -156,7 +189,7 @@ pub async fn follow_controllers(
                     controllers.follow(hint);
                     continue;
                 }
-                Ended::Status(status.code())
+                Ended::of(&status)
             }
             None => {
                 tracing::debug!("no controller reachable");
@@ -241,10 +274,10 @@ mod tests {
     #[test]
     fn refusals_of_the_credential_are_told_from_failures() {
         for code in [tonic::Code::Unauthenticated, tonic::Code::NotFound, tonic::Code::FailedPrecondition] {
-            assert!(Grpc::refuses_credential(&tonic::Status::new(code, "")), "{code:?}");
+            assert!(Grpc::<Runner>::refuses_credential(&tonic::Status::new(code, "")), "{code:?}");
         }
         for code in [tonic::Code::Unavailable, tonic::Code::Internal, tonic::Code::DeadlineExceeded] {
-            assert!(!Grpc::refuses_credential(&tonic::Status::new(code, "")), "{code:?}");
+            assert!(!Grpc::<Runner>::refuses_credential(&tonic::Status::new(code, "")), "{code:?}");
         }
     }
 

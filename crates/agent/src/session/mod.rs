@@ -10,7 +10,7 @@ pub mod grpc;
 pub mod node;
 pub mod step;
 
-pub use controllers::Controllers;
+pub use controllers::{Controllers, Dial};
 pub use credentials::Credentials;
-pub use grpc::{deliver_reports, follow_controllers, until_taken, Client, ClientRx, Session, REFUSED};
+pub use grpc::{deliver_reports, follow_controllers, until_taken, Client, ClientRx, Runs, Session, REFUSED};
 pub use node::{keep_up, take_over, KeptUp, Node, TakeOver};

@@ -25,6 +25,10 @@ pub struct Jobs {
     /// Ids handed out mutably since the last `take_touched`.
     #[serde(skip)]
     touched: Vec<JobId>,
+    /// The nodes the jobs handed out mutably had runs on before (their allocations' nodes),
+    /// since the last `take_nodes_before` (`crate::state::changed`); None: every job was.
+    #[serde(skip)]
+    nodes_before: Option<Vec<String>>,
 }
 
 impl PartialEq for Jobs {
@@ -67,25 +71,45 @@ impl Jobs {
 
     pub fn get_mut(&mut self, id: &JobId) -> Option<&mut Job> {
         let job = self.map.get_mut(id)?;
+        if self.touched.last() != Some(id) {
+            note_nodes(&mut self.nodes_before, job);
+        }
         self.touched.push(*id);
         Some(Arc::make_mut(job))
     }
 
     pub fn insert(&mut self, id: JobId, job: Job) -> Option<Job> {
         self.touched.push(id);
-        self.map.insert(id, Arc::new(job)).map(Arc::unwrap_or_clone)
+        let old = self.map.insert(id, Arc::new(job))?;
+        note_nodes(&mut self.nodes_before, &old);
+        Some(Arc::unwrap_or_clone(old))
     }
 
     /// Removes a job (counts as touched: its brief goes).
     pub fn remove(&mut self, id: &JobId) -> Option<Job> {
         self.touched.push(*id);
-        self.map.remove(id).map(Arc::unwrap_or_clone)
+        let old = self.map.remove(id)?;
+        note_nodes(&mut self.nodes_before, &old);
+        Some(Arc::unwrap_or_clone(old))
     }
 
     /// Every job, mutably (all count as touched).
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut Job> {
         self.touched.extend(self.map.keys().copied());
+        self.nodes_before = None;
         self.map.values_mut().map(Arc::make_mut)
+    }
+
+    /// The ids handed out mutably since the last `take_touched` (in the order handed out,
+    /// possibly repeated).
+    pub(crate) fn touched(&self) -> &[JobId] {
+        &self.touched
+    }
+
+    /// The nodes the jobs handed out mutably since the last call had runs on before (None:
+    /// every job was handed out).
+    pub(crate) fn take_nodes_before(&mut self) -> Option<Vec<String>> {
+        std::mem::replace(&mut self.nodes_before, Some(Vec::new()))
     }
 
     /// Whether some job was handed out mutably since the last `take_touched`.
@@ -102,9 +126,20 @@ impl Jobs {
     }
 }
 
+/// Records the nodes `job`'s allocation has runs on (nothing once every job counts).
+fn note_nodes(nodes: &mut Option<Vec<String>>, job: &Job) {
+    if let (Some(nodes), Some(a)) = (nodes.as_mut(), job.allocation.as_ref()) {
+        nodes.extend(a.tasks().map(|(_, n, _)| n.to_string()));
+    }
+}
+
 impl FromIterator<(JobId, Job)> for Jobs {
     fn from_iter<I: IntoIterator<Item = (JobId, Job)>>(iter: I) -> Self {
-        Jobs { map: iter.into_iter().map(|(id, job)| (id, Arc::new(job))).collect(), touched: Vec::new() }
+        Jobs {
+            map: iter.into_iter().map(|(id, job)| (id, Arc::new(job))).collect(),
+            touched: Vec::new(),
+            nodes_before: None,
+        }
     }
 }
 

@@ -23,6 +23,7 @@
 
 pub mod brief;
 pub mod burst_apply;
+pub mod changed;
 mod elastic;
 pub mod events;
 mod fits;
@@ -134,6 +135,9 @@ pub struct ClusterState {
     /// The planner's compact view of the unfinished jobs (a cache kept by apply).
     #[serde(skip)]
     pub(crate) job_index: crate::state::brief::JobIndex,
+    /// The nodes whose runs changed since the controller last asked (a cache kept by apply).
+    #[serde(skip)]
+    pub(crate) changed: changed::Changes,
 }
 
 impl ClusterState {
@@ -162,11 +166,14 @@ impl ClusterState {
             reservations: BTreeMap::new(),
             unfinished: Default::default(),
             job_index: Default::default(),
+            changed: Default::default(),
         }
     }
 
     /// Applies one committed command.
     pub fn apply(&mut self, cmd: &Command) -> Outcome {
+        #[cfg(debug_assertions)]
+        let checked = self.before_checked_command();
         // A new leader's clock may lag the old one's: time in the state never goes backwards.
         self.now_ms = self.now_ms.max(cmd.now_ms);
         self.skipped_ms = self.skipped_ms.max(cmd.skipped_ms);
@@ -183,7 +190,10 @@ impl ClusterState {
         if !self.burst.instances.is_empty() {
             self.track_burst_nodes(now);
         }
+        self.note_changed(&cmd.op);
         self.job_index.update(&mut self.jobs);
+        #[cfg(debug_assertions)]
+        self.checked_changes(checked);
         outcome
     }
 
