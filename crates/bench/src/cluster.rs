@@ -31,20 +31,27 @@ pub(crate) struct Cluster {
     pub(crate) addrs: Vec<String>,
     children: Vec<Option<Child>>,
     kairosd: PathBuf,
+    /// Flags every replica is started with besides the cluster's own.
+    extra: Vec<String>,
 }
 
 impl Cluster {
     pub(crate) fn start(replicas: u64) -> anyhow::Result<Cluster> {
+        Cluster::start_with(replicas, Vec::new())
+    }
+
+    /// A cluster whose replicas are also given `extra` flags.
+    pub(crate) fn start_with(replicas: u64, extra: Vec<String>) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("kairos-bench-").tempdir()?;
         let addrs = (0..replicas).map(|_| free_addr()).collect::<anyhow::Result<Vec<_>>>()?;
         for (file, content) in [
             ("cluster.secret", "bench-cluster-secret-0123456789abcdef0123456789"),
             ("admin.token", ADMIN_TOKEN),
-            ("join.token", "kairos-join.bench-0123456789abcdef"),
+            ("join.token", JOIN_TOKEN),
         ] {
             std::fs::write(dir.path().join(file), content)?;
         }
-        let mut c = Cluster { dir, addrs, children: Vec::new(), kairosd: sibling("kairosd")? };
+        let mut c = Cluster { dir, addrs, children: Vec::new(), kairosd: sibling("kairosd")?, extra };
         for i in 0..replicas as usize {
             let child = c.spawn(i)?;
             c.children.push(Some(child));
@@ -69,6 +76,7 @@ impl Cluster {
             // The submit benchmark leaves every job pending: its own state bounds, not the
             // defaults, keep it from refusing submits mid-run.
             .args(["--max-jobs-per-user", "4000000000", "--max-jobs", "4000000000"])
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -135,6 +143,9 @@ impl Drop for Cluster {
         }
     }
 }
+
+/// The benchmark cluster's join token.
+pub(crate) const JOIN_TOKEN: &str = "kairos-join.bench-0123456789abcdef";
 
 /// The benchmark cluster's bootstrap admin token (it acts as one user per submit client).
 const ADMIN_TOKEN: &str = "kairos-admin.bench-0123456789abcdef";

@@ -7,6 +7,9 @@
 //! - `failover`: under a steady submit stream, SIGKILLs the leader each round and measures the
 //!   gap from the kill to the first acknowledged submit.
 //! - `preempt`: an urgent job's start when it must preempt, through real agents.
+//! - `agents`: thousands of agents (the agent's session code, fake runs) against a 3-replica
+//!   cluster: all UP from cold, steady-state leader CPU and latencies, re-admission after the
+//!   leader's kill, silent agents judged DOWN (`agents`).
 //! - `replay`: a what-if's replay of a synthetic 30-day history (`kairos_sim`), time and memory.
 //! - `schedule`: planning passes of the pure core on a large synthetic cluster.
 //! - `entry-path`: a log entry's data path per submit (encode, decode, log record, apply) in one
@@ -22,6 +25,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod agents;
 mod cluster;
 mod cpu;
 mod entry;
@@ -177,6 +181,45 @@ enum Bench {
         #[arg(long, default_value_t = 200)]
         keys: usize,
     },
+    /// Thousands of agents (the agent's own session code, fake runs that end on time) against
+    /// a real 3-replica cluster: cold start, steady state, the leader's kill, silent agents.
+    Agents {
+        #[arg(long, default_value_t = 10_000)]
+        nodes: usize,
+        /// GPUs per node.
+        #[arg(long, default_value_t = 8)]
+        gpus: u32,
+        #[arg(long, default_value_t = 3)]
+        controllers: u64,
+        /// Agents sharing one connection to a controller.
+        #[arg(long, default_value_t = 100)]
+        agents_per_connection: usize,
+        /// Seconds of steady state measured.
+        #[arg(long, default_value_t = 60)]
+        steady_s: u64,
+        /// Submits per second during the steady state.
+        #[arg(long, default_value_t = 20)]
+        submit_rate: u32,
+        /// How long each job's fake run runs (s).
+        #[arg(long, default_value_t = 600)]
+        run_s: u64,
+        /// Jobs submitted (and started) before the steady state (default: one per node).
+        #[arg(long)]
+        fill: Option<usize>,
+        /// Agents killed at the end, to be judged DOWN.
+        #[arg(long, default_value_t = 100)]
+        kill_agents: usize,
+        /// Agents' heartbeat interval (kairosd --heartbeat-ms; the production default).
+        #[arg(long, default_value_t = 2000)]
+        heartbeat_ms: u64,
+        /// kairosd --node-timeout-ms (the production default).
+        #[arg(long, default_value_t = 20_000)]
+        node_timeout_ms: u64,
+        /// Fail unless no run was fenced, every agent was re-admitted and no replica's memory
+        /// grew (the test suite's run).
+        #[arg(long)]
+        check: bool,
+    },
     /// Leader-failover gap under a steady submit stream.
     Failover {
         #[arg(long, default_value_t = 3)]
@@ -219,6 +262,36 @@ async fn main() {
         Bench::Replay { jobs, days, nodes, gpus } => replay::run(jobs, days, nodes.max(1), gpus.clamp(1, 64)),
         Bench::Usage { gpus, runs, ticks, interval_s } => {
             usage::run(gpus, runs, ticks, std::time::Duration::from_secs(interval_s.max(1)))
+        }
+        Bench::Agents {
+            nodes,
+            gpus,
+            controllers,
+            agents_per_connection,
+            steady_s,
+            submit_rate,
+            run_s,
+            fill,
+            kill_agents,
+            heartbeat_ms,
+            node_timeout_ms,
+            check,
+        } => {
+            let o = agents::Options {
+                nodes: nodes.max(1),
+                gpus: gpus.clamp(1, 64),
+                controllers,
+                agents_per_connection,
+                steady_s,
+                submit_rate,
+                run_s,
+                fill: fill.unwrap_or(nodes),
+                kill_agents,
+                heartbeat_ms,
+                node_timeout_ms,
+                check,
+            };
+            agents::bench_agents(o).await
         }
         Bench::Failover { controllers, rounds, clients } => {
             if controllers < 3 {

@@ -34,6 +34,8 @@ pub trait Runs: Clone + Send + Sync + 'static {
     fn reconcile(&self, set: &pb::AssignmentSet);
     /// Launches what may start now (the lease was renewed).
     fn launch_ready(&self);
+    /// A controller took the node's registration (a session began).
+    fn registered(&self) {}
     /// A heartbeat was answered `took` after it was sent.
     fn heartbeat_answered(&self, _took: Duration) {}
 }
@@ -136,6 +138,7 @@ pub async fn session<R: Runs>(
     let Registration { node_id, interval, terms, .. } = registered.registration;
     tracing::info!(node = %node_id, "registered");
     s.lease.renew(registered.renewal);
+    s.runner.registered();
     client_tx.send_replace(Some(grpc.client.clone()));
     let request = s.creds.request(pb::AssignmentsRequest { node_id });
     let mut stream = match grpc.client.assignments(request).await {
