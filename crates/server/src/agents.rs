@@ -198,23 +198,31 @@ impl AgentService for AgentApi {
         &self,
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
-        self.ctx.authenticate_agent(request.metadata(), &request.get_ref().node_id)?;
-        let node = request.into_inner().node_id;
-        // The order of checks is the core's (`liveness::heartbeat`), as the simulation's.
-        match liveness::heartbeat(&Desk(&self.ctx), &node, || self.ctx.check_node(&node)).await {
-            Ok(()) => Ok(Response::new(pb::HeartbeatResponse {})),
-            Err(HeartbeatError::NotLeader) => Err(self.ctx.not_leader()),
-            Err(HeartbeatError::NotConfirmed) => {
-                Err(write_status(WriteError::NotLeader { leader: None, leader_addr: None }))
+        let (metadata, _, req) = request.into_parts();
+        heartbeat(&self.ctx, &metadata, &req.node_id).await.map(Response::new)
+    }
+
+    type HeartbeatsStream = Pin<Box<dyn Stream<Item = Result<pb::HeartbeatResponse, Status>> + Send>>;
+
+    async fn heartbeats(
+        &self,
+        request: Request<tonic::Streaming<pb::HeartbeatRequest>>,
+    ) -> Result<Response<Self::HeartbeatsStream>, Status> {
+        let (metadata, _, mut inbound) = request.into_parts();
+        let ctx = self.ctx.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        tokio::spawn(async move {
+            // Each heartbeat is checked as a unary one is (credential, leader, node); a refusal
+            // is the stream's last message.
+            while let Ok(Some(req)) = inbound.message().await {
+                let answer = heartbeat(&ctx, &metadata, &req.node_id).await;
+                let refused = answer.is_err();
+                if tx.send(answer).await.is_err() || refused {
+                    return;
+                }
             }
-            Err(HeartbeatError::Failed(status)) => Err(status),
-            Err(HeartbeatError::Refused(HeartbeatRefused::Down)) => {
-                Err(Status::failed_precondition(format!("node \"{node}\" is down; register again")))
-            }
-            Err(HeartbeatError::Refused(HeartbeatRefused::Condemned)) => Err(Status::failed_precondition(
-                format!("node \"{node}\" missed its heartbeats and is being marked down; register again"),
-            )),
-        }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
     type AssignmentsStream = Pin<Box<dyn Stream<Item = Result<pb::AssignmentSet, Status>> + Send>>;
@@ -362,6 +370,31 @@ impl AgentService for AgentApi {
                 Ok(Response::new(pb::StatusAck {}))
             }
         }
+    }
+}
+
+/// A heartbeat from `node`'s agent, unary or on its stream: the credential of the node's current
+/// registration, then the core's checks in the core's order (`liveness::heartbeat`, as the
+/// simulation's).
+async fn heartbeat(
+    ctx: &Ctx,
+    metadata: &tonic::metadata::MetadataMap,
+    node: &str,
+) -> Result<pb::HeartbeatResponse, Status> {
+    ctx.authenticate_agent(metadata, node)?;
+    match liveness::heartbeat(&Desk(ctx), node, || ctx.check_node(node)).await {
+        Ok(()) => Ok(pb::HeartbeatResponse {}),
+        Err(HeartbeatError::NotLeader) => Err(ctx.not_leader()),
+        Err(HeartbeatError::NotConfirmed) => {
+            Err(write_status(WriteError::NotLeader { leader: None, leader_addr: None }))
+        }
+        Err(HeartbeatError::Failed(status)) => Err(status),
+        Err(HeartbeatError::Refused(HeartbeatRefused::Down)) => {
+            Err(Status::failed_precondition(format!("node \"{node}\" is down; register again")))
+        }
+        Err(HeartbeatError::Refused(HeartbeatRefused::Condemned)) => Err(Status::failed_precondition(format!(
+            "node \"{node}\" missed its heartbeats and is being marked down; register again"
+        ))),
     }
 }
 

@@ -67,6 +67,16 @@ struct Grpc<'a, R> {
     session: &'a Session<R>,
     /// Registered: the node id and the heartbeat interval.
     registered: Option<(String, Duration)>,
+    /// The session's heartbeat stream (`Heartbeats`), once opened.
+    beats: Option<Beats>,
+    /// The controller has no heartbeat stream (an older one): unary heartbeats.
+    unary: bool,
+}
+
+/// A heartbeat stream: requests in, one answer each, in order.
+struct Beats {
+    tx: mpsc::Sender<pb::HeartbeatRequest>,
+    answers: tonic::Streaming<pb::HeartbeatResponse>,
 }
 
 /// A registration's answer as the session reads it.
@@ -116,10 +126,38 @@ impl<R: Runs> Controller for Grpc<'_, R> {
         };
         let running = self.session.runner.running();
         let running = running.into_iter().map(|(job_id, attempt)| pb::RunRef { job_id, attempt }).collect();
-        let req = self.session.creds.request(pb::HeartbeatRequest { node_id, running });
-        match tokio::time::timeout(interval * 2, self.client.heartbeat(req)).await {
-            Ok(answer) => answer.map(|_| ()),
+        let beat = pb::HeartbeatRequest { node_id, running };
+        match tokio::time::timeout(interval * 2, self.beat(beat)).await {
+            Ok(answer) => answer,
             Err(_) => Err(tonic::Status::unavailable("heartbeat: the controller did not answer")),
+        }
+    }
+}
+
+impl<R: Runs> Grpc<'_, R> {
+    /// One heartbeat on the session's stream (opened on the first), or unary where the
+    /// controller has no stream.
+    async fn beat(&mut self, beat: pb::HeartbeatRequest) -> Result<(), tonic::Status> {
+        if self.beats.is_none() && !self.unary {
+            let (tx, rx) = mpsc::channel(1);
+            let request = self.session.creds.request(tokio_stream::wrappers::ReceiverStream::new(rx));
+            match self.client.heartbeats(request).await {
+                Ok(answers) => self.beats = Some(Beats { tx, answers: answers.into_inner() }),
+                Err(status) if status.code() == tonic::Code::Unimplemented => self.unary = true,
+                Err(status) => return Err(status),
+            }
+        }
+        let Some(beats) = self.beats.as_mut() else {
+            let req = self.session.creds.request(beat);
+            return self.client.heartbeat(req).await.map(|_| ());
+        };
+        if beats.tx.send(beat).await.is_err() {
+            return Err(tonic::Status::unavailable("heartbeat stream closed"));
+        }
+        match beats.answers.message().await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(tonic::Status::unavailable("heartbeat stream ended")),
+            Err(status) => Err(status),
         }
     }
 }
@@ -130,7 +168,8 @@ pub async fn session<R: Runs>(
     s: &Session<R>,
     client_tx: &watch::Sender<Option<Client>>,
 ) -> tonic::Status {
-    let mut grpc = Grpc { client: AgentServiceClient::new(channel), session: s, registered: None };
+    let mut grpc =
+        Grpc { client: AgentServiceClient::new(channel), session: s, registered: None, beats: None, unary: false };
     let registered = match step::register(&mut grpc, &s.creds).await {
         Ok(r) => r,
         Err(status) => return status,

@@ -142,7 +142,8 @@ fn job(i: usize, run_s: u64) -> pb::SubmitRequest {
         spec: Some(pb::JobSpec {
             name: format!("scale-{i}"),
             argv: vec!["sleep".into(), run_s.to_string()],
-            qos: "training".into(),
+            // No QoS limit holds them back (training has a 512-GPU group limit).
+            qos: "batch".into(),
             resources: Some(pb::Resources { gpus: 1, ..Default::default() }),
             ..Default::default()
         }),

@@ -38,6 +38,7 @@ mod resources;
 mod restart;
 mod security;
 mod shipped_policy;
+mod scale;
 mod sim;
 mod topology;
 mod usage;
