@@ -235,6 +235,13 @@ enum Bench {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
+    // What the harness's agents log (`kairos-bench agents`), when RUST_LOG asks for it.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let result = match args.command {
         Bench::Submit { controllers, load } => {
             let (clients, conns, seconds) = load.get();

@@ -293,12 +293,34 @@ impl Replica {
             return true;
         }
         let started = tokio::time::Instant::now();
-        match tokio::time::timeout(self.lease, self.raft.ensure_linearizable()).await {
-            Ok(Ok(_)) => {
+        match tokio::time::timeout(self.lease, self.confirm(term)).await {
+            Ok(true) => {
                 *self.confirmed.lock().unwrap_or_else(|p| p.into_inner()) = Some((term, started));
                 true
             }
             _ => false,
+        }
+    }
+
+    /// One confirmation round: a quorum answers a heartbeat sent now; and the state holds every
+    /// entry of earlier terms (an entry of `term` applied; a new leader waits until it has).
+    /// Unlike a linearizable read it does not wait for the entries of its own term still being
+    /// applied: under a flood of them (ten thousand registrations) that wait held every agent's
+    /// heartbeat past its timeout. What those entries change, this leader proposed and tracks
+    /// itself (`liveness::Liveness`: its `NodeDown`s in flight).
+    async fn confirm(&self, term: u64) -> bool {
+        let Ok((read, applied)) = self.raft.get_read_log_id().await else { return false };
+        if applied.is_some_and(|a| a.leader_id.term == term) {
+            return true;
+        }
+        match read {
+            Some(read) if applied.is_none_or(|a| a.index < read.index) => self
+                .raft
+                .wait(None)
+                .applied_index_at_least(Some(read.index), "a new leader applies earlier terms")
+                .await
+                .is_ok(),
+            _ => true,
         }
     }
 

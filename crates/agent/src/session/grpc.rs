@@ -231,7 +231,12 @@ pub async fn follow_controllers<R: Runs>(
                     controllers.follow(hint);
                     continue;
                 }
-                Ended::of(&status)
+                let ended = Ended::of(&status);
+                if matches!(ended, Ended::Shed(_)) {
+                    // The leader itself asked for the pause: back to it after.
+                    controllers.follow(addr);
+                }
+                ended
             }
             None => {
                 tracing::debug!("no controller reachable");
