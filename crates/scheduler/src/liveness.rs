@@ -41,7 +41,14 @@ pub struct Liveness {
     condemned: BTreeSet<String>,
     /// Nodes judged silent and since marked down, until a registration after it stands.
     downed: BTreeSet<String>,
+    /// When the leader last swept for silent nodes and runs past their limits (`sweep_due`).
+    swept_at: Option<Instant>,
 }
+
+/// The leader sweeps for silent nodes and runs past their time limits at most this many times
+/// per node timeout (every 500 ms at the default 20 s): with ten thousand nodes and fifty
+/// thousand runs a sweep costs milliseconds, and the loop may step at every submit.
+pub const SWEEPS_PER_TIMEOUT: u32 = 40;
 
 /// Why a heartbeat renews no lease: the node must register again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,7 +85,13 @@ impl Liveness {
         if self.condemned.contains(node) || self.downed.contains(node) {
             return false;
         }
-        self.seen.insert(node.to_string(), (now, wall_ms));
+        // No allocation for a node already seen (every heartbeat but its first).
+        match self.seen.get_mut(node) {
+            Some(seen) => *seen = (now, wall_ms),
+            None => {
+                self.seen.insert(node.to_string(), (now, wall_ms));
+            }
+        }
         true
     }
 
@@ -166,6 +179,16 @@ impl Liveness {
             .collect();
         self.condemned.extend(silent.iter().cloned());
         silent
+    }
+
+    /// Whether a sweep is due at `now` (the first, or `timeout / SWEEPS_PER_TIMEOUT` after the
+    /// last); marks it done.
+    pub fn sweep_due(&mut self, now: Instant, timeout: Duration) -> bool {
+        let due = self.swept_at.is_none_or(|at| now.saturating_duration_since(at) >= timeout / SWEEPS_PER_TIMEOUT);
+        if due {
+            self.swept_at = Some(now);
+        }
+        due
     }
 
     /// When `node` was last heard of (wall-clock ms; 0: never, here).
@@ -297,6 +320,16 @@ mod tests {
         let mut s = ClusterState::new();
         s.apply(&Command { skipped_ms: 0, now_ms: 1, op: Op::RegisterNode { info: node_info("n1", 1) } });
         s
+    }
+
+    #[test]
+    fn the_leader_sweeps_on_a_cadence_not_at_every_step() {
+        let mut l = Liveness::default();
+        let (t0, timeout) = (Instant::now(), Duration::from_secs(20));
+        assert!(l.sweep_due(t0, timeout), "the first step sweeps");
+        assert!(!l.sweep_due(t0 + Duration::from_millis(499), timeout));
+        assert!(l.sweep_due(t0 + Duration::from_millis(500), timeout), "a 40th of the timeout later");
+        assert!(!l.sweep_due(t0 + Duration::from_millis(600), timeout));
     }
 
     #[test]

@@ -108,8 +108,14 @@ pub struct Step<'r> {
 /// One step of the leader, as `kairosd` and the simulation both take it: judge which nodes fell
 /// silent (`Liveness::judge_silent`, condemning them), propose, and purge what is due.
 pub fn leader_step(state: &ClusterState, liveness: &mut crate::liveness::Liveness, step: Step) -> Vec<Op> {
-    let silent = liveness.judge_silent(state, step.led_for, step.node_timeout, step.now);
-    let mut ops = propose(state, step.now_ms, &silent, step.node_timeout.as_secs());
+    // Silent nodes and time limits are swept on a cadence (`SWEEPS_PER_TIMEOUT`), not at
+    // every step: the loop steps at every submit.
+    let sweep = liveness.sweep_due(step.now, step.node_timeout);
+    let silent = match sweep {
+        true => liveness.judge_silent(state, step.led_for, step.node_timeout, step.now),
+        false => BTreeSet::new(),
+    };
+    let mut ops = propose_with(state, step.now_ms, &silent, step.node_timeout.as_secs(), sweep);
     if let Some(retention) = step.purge {
         ops.extend(crate::state::history::purge_due(state, step.now_ms, retention));
     }
@@ -119,14 +125,27 @@ pub fn leader_step(state: &ClusterState, liveness: &mut crate::liveness::Livenes
 /// The ops of one leader pass at `now_ms`. `silent` are the nodes whose heartbeats stopped
 /// `timeout_s` ago or more (empty while a new leader gives every node its grace).
 pub fn propose(state: &ClusterState, now_ms: i64, silent: &BTreeSet<String>, timeout_s: u64) -> Vec<Op> {
+    propose_with(state, now_ms, silent, timeout_s, true)
+}
+
+/// `propose`, looking for runs past their time limits only when `limits`.
+fn propose_with(
+    state: &ClusterState,
+    now_ms: i64,
+    silent: &BTreeSet<String>,
+    timeout_s: u64,
+    limits: bool,
+) -> Vec<Op> {
     let mut ops = Vec::new();
     for (name, node) in &state.nodes {
         if node.state != NodeState::Down && silent.contains(name) {
             ops.push(Op::NodeDown { node: name.clone(), reason: format!("no heartbeat for {timeout_s}s") });
         }
     }
-    for (job, attempt) in state.expired_runs(now_ms) {
-        ops.push(Op::EnforceTimeLimit { job, attempt });
+    if limits {
+        for (job, attempt) in state.expired_runs(now_ms) {
+            ops.push(Op::EnforceTimeLimit { job, attempt });
+        }
     }
     // A window opening or closing changes what may start: the pass waits for the next step,
     // on the state the tick made.

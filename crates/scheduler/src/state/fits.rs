@@ -50,8 +50,17 @@ impl ClusterState {
         let model = spec.gpu_model.as_deref();
         let gpus = if spec.gpu_milli > 0 { 1 } else { spec.gpus };
         let need = CpuMem { cpus: spec.cpus, mem_mib: spec.mem_mib };
-        let rooms = self.rooms(model, qos);
         let ask = TaskAsk { gpus: gpus as usize, cpu_mem: need };
+        // Most submits fit the first node looked at: the rooms, each named for the error, are
+        // built only when no node holds the task.
+        let node_fits = |n: &crate::model::Node| {
+            let gpus = n.info.gpus.iter().filter(|g| model_matches(model, &g.model)).count();
+            fits(&NodeFree { gpus, cpu_mem: n.capacity() }, &ask).is_ok()
+        };
+        if self.nodes.values().any(node_fits) {
+            return Ok(());
+        }
+        let rooms = self.rooms(model, qos);
         if rooms.iter().any(|r| fits(&NodeFree { gpus: r.gpus as usize, cpu_mem: r.cpu_mem }, &ask).is_ok()) {
             return Ok(());
         }
