@@ -612,7 +612,8 @@ async fn main() -> anyhow::Result<()> {
         tasks.push(m.abort_handle());
     }
     let s = Session { node: info, runner: runner.clone(), lease: node.lease.clone(), creds };
-    let sessions = session::follow_controllers(Controllers::new(args.controllers.clone(), client_tls), s, client_tx);
+    let sessions =
+        session::follow_controllers(Controllers::new(args.controllers.clone(), client_tls), s, client_tx);
     tokio::select! {
         r = shutdown_signal() => r?,
         _ = sessions => {}

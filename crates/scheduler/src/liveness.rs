@@ -184,7 +184,8 @@ impl Liveness {
     /// Whether a sweep is due at `now` (the first, or `timeout / SWEEPS_PER_TIMEOUT` after the
     /// last); marks it done.
     pub fn sweep_due(&mut self, now: Instant, timeout: Duration) -> bool {
-        let due = self.swept_at.is_none_or(|at| now.saturating_duration_since(at) >= timeout / SWEEPS_PER_TIMEOUT);
+        let due =
+            self.swept_at.is_none_or(|at| now.saturating_duration_since(at) >= timeout / SWEEPS_PER_TIMEOUT);
         if due {
             self.swept_at = Some(now);
         }

@@ -61,9 +61,8 @@ impl Drop for Registering {
 /// a pause that grows with the queue (250 ms per `REGISTERING_MAX` waiting, 250 ms to 5 s).
 fn shed(in_flight: usize) -> Status {
     let ms = (250 * (in_flight / REGISTERING_MAX).max(1)).min(5_000);
-    let mut status = Status::unavailable(format!(
-        "{in_flight} registrations in flight; register again in {ms} ms"
-    ));
+    let mut status =
+        Status::unavailable(format!("{in_flight} registrations in flight; register again in {ms} ms"));
     if let Ok(v) = ms.to_string().parse() {
         status.metadata_mut().insert(kairos_proto::wire::RETRY_AFTER_HEADER, v);
     }
@@ -392,9 +391,9 @@ async fn heartbeat(
         Err(HeartbeatError::Refused(HeartbeatRefused::Down)) => {
             Err(Status::failed_precondition(format!("node \"{node}\" is down; register again")))
         }
-        Err(HeartbeatError::Refused(HeartbeatRefused::Condemned)) => Err(Status::failed_precondition(format!(
-            "node \"{node}\" missed its heartbeats and is being marked down; register again"
-        ))),
+        Err(HeartbeatError::Refused(HeartbeatRefused::Condemned)) => Err(Status::failed_precondition(
+            format!("node \"{node}\" missed its heartbeats and is being marked down; register again"),
+        )),
     }
 }
 

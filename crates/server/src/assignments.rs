@@ -89,7 +89,10 @@ pub fn stream(
         let mut last: Option<Vec<pb::Assignment>> = None;
         loop {
             let (runs, index) = replica.read(|a| {
-                (crate::agents::assignments_for(&a.state, &node), a.last_applied.map(|l| l.index).unwrap_or(0))
+                (
+                    crate::agents::assignments_for(&a.state, &node),
+                    a.last_applied.map(|l| l.index).unwrap_or(0),
+                )
             });
             if last.as_ref() != Some(&runs) {
                 let set = pb::AssignmentSet { runs: runs.clone(), applied_index: index };

@@ -168,8 +168,13 @@ pub async fn session<R: Runs>(
     s: &Session<R>,
     client_tx: &watch::Sender<Option<Client>>,
 ) -> tonic::Status {
-    let mut grpc =
-        Grpc { client: AgentServiceClient::new(channel), session: s, registered: None, beats: None, unary: false };
+    let mut grpc = Grpc {
+        client: AgentServiceClient::new(channel),
+        session: s,
+        registered: None,
+        beats: None,
+        unary: false,
+    };
     let registered = match step::register(&mut grpc, &s.creds).await {
         Ok(r) => r,
         Err(status) => return status,

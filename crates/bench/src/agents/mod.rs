@@ -170,7 +170,12 @@ async fn fill(jobs: &JobServiceClient<Conn>, count: usize, run_s: u64) -> anyhow
 }
 
 /// Submits at `rate` per second for `secs`; each submit's latency (µs), sorted.
-async fn submit_at(jobs: &JobServiceClient<Conn>, rate: u32, secs: u64, run_s: u64) -> anyhow::Result<Vec<u32>> {
+async fn submit_at(
+    jobs: &JobServiceClient<Conn>,
+    rate: u32,
+    secs: u64,
+    run_s: u64,
+) -> anyhow::Result<Vec<u32>> {
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate.max(1))));
     let end = Instant::now() + Duration::from_secs(secs);
     let mut inflight = tokio::task::JoinSet::new();
@@ -273,10 +278,11 @@ pub async fn bench_agents(o: Options) -> anyhow::Result<serde_json::Value> {
     let killed_before = tally.killed.load(Ordering::SeqCst);
     let kill_at = epoch.elapsed();
     cluster.kill(leader);
-    let readmit = until(lease + Duration::from_secs(60), "every agent re-admitted after the leader's kill", || {
-        all_runs.iter().all(|r| r.registered_at().is_some_and(|t| t > kill_at))
-    })
-    .await;
+    let readmit =
+        until(lease + Duration::from_secs(60), "every agent re-admitted after the leader's kill", || {
+            all_runs.iter().all(|r| r.registered_at().is_some_and(|t| t > kill_at))
+        })
+        .await;
     let readmit_s = readmit.as_ref().map(|d| d.as_secs_f64()).ok();
     let fenced = tally.fenced.load(Ordering::SeqCst) - fenced_before;
     let killed = tally.killed.load(Ordering::SeqCst) - killed_before;
@@ -284,7 +290,8 @@ pub async fn bench_agents(o: Options) -> anyhow::Result<serde_json::Value> {
     // `kill_agents` agents gone: judged DOWN.
     let (new_leader, _, mut admin) = leader_clients(&cluster).await?;
     leader = new_leader;
-    let gone: Vec<String> = (o.nodes - o.kill_agents.min(o.nodes)..o.nodes).map(|i| format!("sim-{i:05}")).collect();
+    let gone: Vec<String> =
+        (o.nodes - o.kill_agents.min(o.nodes)..o.nodes).map(|i| format!("sim-{i:05}")).collect();
     for a in &agents[o.nodes - gone.len()..] {
         a.tasks.iter().for_each(tokio::task::AbortHandle::abort);
     }

@@ -19,7 +19,11 @@ fn a_thousand_agents_survive_the_leaders_kill_with_no_run_fenced() {
         .output()
         .expect("running kairos-bench agents");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "kairos-bench agents failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "kairos-bench agents failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let report: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
     assert_eq!(report["nodes"], 1000);
     assert_eq!(report["runs_fenced"], 0, "{report}");

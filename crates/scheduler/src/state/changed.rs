@@ -152,7 +152,9 @@ pub fn check(before: &ClusterState, after: &ClusterState, changed: &ChangedNodes
     let nodes: BTreeSet<&String> = before.nodes.keys().chain(after.nodes.keys()).collect();
     for node in nodes.into_iter().filter(|n| !listed.contains(n.as_str())) {
         if crate::orders::runs_on(before, node) != crate::orders::runs_on(after, node) {
-            return Err(format!("node {node}'s runs changed but it is not among the changed nodes {listed:?}"));
+            return Err(format!(
+                "node {node}'s runs changed but it is not among the changed nodes {listed:?}"
+            ));
         }
     }
     Ok(())
@@ -185,9 +187,10 @@ mod tests {
         assert_eq!(s.take_changed_nodes(), ChangedNodes::All, "the first commands: still all");
         apply(&mut s, Op::RegisterNode { info: node_info("n4", 2) });
         assert_eq!(listed(&mut s), BTreeSet::from(["n4".to_string()]));
-        let Outcome::Submitted { job } =
-            apply(&mut s, Op::Submit { spec: spec(2, "training"), request_id: None, hold: false, limits: None })
-        else {
+        let Outcome::Submitted { job } = apply(
+            &mut s,
+            Op::Submit { spec: spec(2, "training"), request_id: None, hold: false, limits: None },
+        ) else {
             panic!()
         };
         assert!(listed(&mut s).is_empty(), "a pending job runs nowhere");
