@@ -67,7 +67,7 @@ pub enum Action {
 
 /// The controller's assignments as `decide` reads them — one mapping for the runner and for
 /// the deterministic simulation's agent (which reads what the server would send,
-/// `kairos_server::agents::assignments_for`): a `kill` is a stop with its signal and grace.
+/// `kairos_server::assignments::assignments_for`): a `kill` is a stop with its signal and grace.
 pub fn assigned_of(runs: &[kairos_proto::v1::Assignment]) -> Vec<Assigned> {
     runs.iter()
         .map(|a| Assigned {

@@ -13,8 +13,7 @@ use futures::Stream;
 use kairos_proto::v1 as pb;
 use kairos_proto::v1::agent_service_server::AgentService;
 use kairos_scheduler::liveness::{self, HeartbeatError, HeartbeatRefused, RegisterRefused, Seat};
-use kairos_scheduler::model::{Profile, HEALTH_CHECK_REASON};
-use kairos_scheduler::orders::{runs_on, RunAction, KILL_GRACE_S};
+use kairos_scheduler::model::HEALTH_CHECK_REASON;
 use kairos_scheduler::{ClusterState, Op, Outcome, RunExit};
 use tonic::{Request, Response, Status};
 
@@ -67,54 +66,6 @@ fn shed(in_flight: usize) -> Status {
         status.metadata_mut().insert(kairos_proto::wire::RETRY_AFTER_HEADER, v);
     }
     status
-}
-
-/// The runs `node` should have in `state`, in job id order: the core decides what each must do
-/// (`kairos_scheduler::orders`); this converts to the wire format.
-pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> {
-    runs_on(state, node)
-        .into_iter()
-        .map(|o| {
-            let (kill, kill_signal, kill_grace_s) = match &o.action {
-                RunAction::Stop { signal, grace_s } => (true, signal.clone(), *grace_s),
-                RunAction::Run | RunAction::Suspend => (false, "SIGTERM".to_string(), KILL_GRACE_S),
-            };
-            pb::Assignment {
-                job_id: o.job.id,
-                attempt: o.attempt,
-                argv: o.job.spec.argv.clone(),
-                env: o.job.spec.env.clone().into_iter().chain(o.job.batch_env()).collect(),
-                workdir: o.job.spec.workdir.clone(),
-                workdir_is_submit_dir: o.job.spec.workdir_is_submit_dir,
-                gpu_ids: o.gpus,
-                started: o.started,
-                kill,
-                kill_grace_s,
-                kill_signal,
-                rank: o.rank,
-                world_size: o.world_size,
-                master_addr: o.master_host,
-                master_port: o.master_port,
-                suspend: o.action == RunAction::Suspend,
-                checkpoint_signal: o.checkpoint_signal.to_string(),
-                user: o.job.spec.user.clone(),
-                traceparent: o.job.spec.traceparent.as_deref().unwrap_or_default().to_string(),
-                submit_time_ms: o.job.submit_time_ms,
-                cpus: o.job.spec.cpus,
-                memory_mib: o.job.spec.mem_mib,
-                gpu_milli: o.job.spec.gpu_milli,
-                container: o.job.spec.container.as_deref().map(crate::convert::container_to_pb),
-                idle_watch: o
-                    .idle_watch
-                    .map(|r| pb::IdleWatch { after_s: r.after_s, below_milli: r.below_milli }),
-                interactive: o.job.spec.profile == Profile::Interactive,
-                keep_alive_s: match o.job.spec.keep_alive_s {
-                    0 => kairos_scheduler::model::KEEP_ALIVE_DEFAULT_S,
-                    s => s,
-                },
-            }
-        })
-        .collect()
 }
 
 /// The replica as the agent checks and the leader loop read it (`kairos_scheduler::liveness::Seat`).

@@ -12,7 +12,10 @@ use std::sync::{Arc, Mutex};
 
 use kairos_consensus::Replica;
 use kairos_proto::v1 as pb;
+use kairos_scheduler::model::Profile;
+use kairos_scheduler::orders::{runs_on, RunAction, KILL_GRACE_S};
 use kairos_scheduler::state::changed::ChangedNodes;
+use kairos_scheduler::ClusterState;
 use tokio::sync::{mpsc, watch};
 
 /// One waker per node with a stream open (several streams of one node share it).
@@ -60,6 +63,54 @@ impl Wakers {
     }
 }
 
+/// The runs `node` should have in `state`, in job id order: the core decides what each must do
+/// (`kairos_scheduler::orders`); this converts to the wire format.
+pub fn assignments_for(state: &ClusterState, node: &str) -> Vec<pb::Assignment> {
+    runs_on(state, node)
+        .into_iter()
+        .map(|o| {
+            let (kill, kill_signal, kill_grace_s) = match &o.action {
+                RunAction::Stop { signal, grace_s } => (true, signal.clone(), *grace_s),
+                RunAction::Run | RunAction::Suspend => (false, "SIGTERM".to_string(), KILL_GRACE_S),
+            };
+            pb::Assignment {
+                job_id: o.job.id,
+                attempt: o.attempt,
+                argv: o.job.spec.argv.clone(),
+                env: o.job.spec.env.clone().into_iter().chain(o.job.batch_env()).collect(),
+                workdir: o.job.spec.workdir.clone(),
+                workdir_is_submit_dir: o.job.spec.workdir_is_submit_dir,
+                gpu_ids: o.gpus,
+                started: o.started,
+                kill,
+                kill_grace_s,
+                kill_signal,
+                rank: o.rank,
+                world_size: o.world_size,
+                master_addr: o.master_host,
+                master_port: o.master_port,
+                suspend: o.action == RunAction::Suspend,
+                checkpoint_signal: o.checkpoint_signal.to_string(),
+                user: o.job.spec.user.clone(),
+                traceparent: o.job.spec.traceparent.as_deref().unwrap_or_default().to_string(),
+                submit_time_ms: o.job.submit_time_ms,
+                cpus: o.job.spec.cpus,
+                memory_mib: o.job.spec.mem_mib,
+                gpu_milli: o.job.spec.gpu_milli,
+                container: o.job.spec.container.as_deref().map(crate::convert::container_to_pb),
+                idle_watch: o
+                    .idle_watch
+                    .map(|r| pb::IdleWatch { after_s: r.after_s, below_milli: r.below_milli }),
+                interactive: o.job.spec.profile == Profile::Interactive,
+                keep_alive_s: match o.job.spec.keep_alive_s {
+                    0 => kairos_scheduler::model::KEEP_ALIVE_DEFAULT_S,
+                    s => s,
+                },
+            }
+        })
+        .collect()
+}
+
 /// The hub: for the life of the replica, after each batch of applied entries, wakes the
 /// streams of the nodes whose runs they may have changed.
 pub fn spawn_hub(replica: Replica, wakers: Arc<Wakers>) {
@@ -88,12 +139,8 @@ pub fn stream(
     tokio::spawn(async move {
         let mut last: Option<Vec<pb::Assignment>> = None;
         loop {
-            let (runs, index) = replica.read(|a| {
-                (
-                    crate::agents::assignments_for(&a.state, &node),
-                    a.last_applied.map(|l| l.index).unwrap_or(0),
-                )
-            });
+            let (runs, index) = replica
+                .read(|a| (assignments_for(&a.state, &node), a.last_applied.map(|l| l.index).unwrap_or(0)));
             if last.as_ref() != Some(&runs) {
                 let set = pb::AssignmentSet { runs: runs.clone(), applied_index: index };
                 if tx.send(Ok(set)).await.is_err() {

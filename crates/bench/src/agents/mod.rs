@@ -222,30 +222,11 @@ pub async fn bench_agents(o: Options) -> anyhow::Result<serde_json::Value> {
     let epoch = Instant::now();
     let tally = Arc::new(Tally::default());
     let per_controller = Channels::per_controller(o.nodes, o.agents_per_connection);
-    let channels = Channels::new(&cluster.addrs, per_controller)?;
-    let agents: Vec<Agent> = (0..o.nodes).map(|i| spawn_agent(i, o.gpus, &channels, &tally, epoch)).collect();
-    let all_runs: Arc<Vec<FakeRuns>> = Arc::new(agents.iter().map(|a| a.runs.clone()).collect());
-    let fencer = {
-        let runs = all_runs.clone();
-        tokio::spawn(async move {
-            loop {
-                runs.iter().for_each(FakeRuns::fence_if_lapsed);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        })
-    };
+    let (agents, all_runs, fencer) = spawn_fleet(&cluster, &o, per_controller, &tally, epoch)?;
 
-    // Cold: every agent registered, and the leader shows every node UP.
-    let all_up = until(Duration::from_secs(300), "all agents registered", || {
-        all_runs.iter().all(|r| r.registered_at().is_some())
-    })
-    .await?;
-    let up = nodes_in(&mut admin, pb::NodeState::Up).await?.len();
-    if up != o.nodes {
-        bail!("{up} of {} nodes UP after every agent registered", o.nodes);
-    }
+    let all_up = cold_start(&all_runs, &mut admin, o.nodes).await?;
 
-    // Runs on the nodes: `fill` jobs, started.
+    // Runs on the nodes: `fill` jobs, started; then the steady state.
     let (mut leader, jobs, mut admin) = leader_clients(&cluster).await?;
     fill(&jobs, o.fill, o.run_s).await?;
     until(Duration::from_secs(120), "the fill's runs started", || {
@@ -253,29 +234,12 @@ pub async fn bench_agents(o: Options) -> anyhow::Result<serde_json::Value> {
     })
     .await?;
 
-    // Steady state.
-    let pids = cluster.pids();
-    let rss_before: Vec<f64> = pids.iter().map(|p| rss_mb(*p).0).collect();
-    let cpu = crate::cpu::Window::start(&pids);
-    let entries_before = status(&mut admin).await?.last_log_index;
-    tally.heartbeats.lock().unwrap_or_else(|p| p.into_inner()).clear();
-    tally.measuring.store(true, Ordering::SeqCst);
-    let window = Instant::now();
-    let submits = submit_at(&jobs, o.submit_rate, o.steady_s, o.run_s).await?;
-    let wall = window.elapsed();
-    tally.measuring.store(false, Ordering::SeqCst);
-    let cpu_us = cpu.per_op(1);
-    let entries = status(&mut admin).await?.last_log_index.saturating_sub(entries_before);
-    let rss_after: Vec<f64> = pids.iter().map(|p| rss_mb(*p).0).collect();
-    let mut heartbeats = std::mem::take(&mut *tally.heartbeats.lock().unwrap_or_else(|p| p.into_inner()));
-    heartbeats.sort_unstable();
-    let leader_cpu_ratio = (cpu_us[leader] / 1e6 / wall.as_secs_f64() * 1000.0).round() / 1000.0;
-    let replica_cpu_s: Vec<f64> = cpu_us.iter().map(|us| (us / 1e4).round() / 100.0).collect();
-    let mut peak: Vec<f64> = pids.iter().map(|p| rss_mb(*p).1).collect();
+    let steady = steady_state(&cluster, leader, &mut admin, &jobs, &tally, &o).await?;
+    let mut peak: Vec<f64> = cluster.pids().iter().map(|p| rss_mb(*p).1).collect();
 
-    // The leader killed: every agent re-admitted by the next one, no run fenced.
-    let fenced_before = tally.fenced.load(Ordering::SeqCst);
-    let killed_before = tally.killed.load(Ordering::SeqCst);
+    // The leader killed: every agent re-admitted by the next one, no run fenced or killed.
+    let (fenced_before, killed_before) =
+        (tally.fenced.load(Ordering::SeqCst), tally.killed.load(Ordering::SeqCst));
     let kill_at = epoch.elapsed();
     cluster.kill(leader);
     let readmit =
@@ -290,21 +254,12 @@ pub async fn bench_agents(o: Options) -> anyhow::Result<serde_json::Value> {
     // `kill_agents` agents gone: judged DOWN.
     let (new_leader, _, mut admin) = leader_clients(&cluster).await?;
     leader = new_leader;
-    let gone: Vec<String> =
-        (o.nodes - o.kill_agents.min(o.nodes)..o.nodes).map(|i| format!("sim-{i:05}")).collect();
-    for a in &agents[o.nodes - gone.len()..] {
+    let first_gone = o.nodes - o.kill_agents.min(o.nodes);
+    for a in &agents[first_gone..] {
         a.tasks.iter().for_each(tokio::task::AbortHandle::abort);
     }
-    let gone_at = Instant::now();
-    let mut down_detect_s = None;
-    while gone_at.elapsed() < Duration::from_millis(o.node_timeout_ms) * 3 && !gone.is_empty() {
-        let down = nodes_in(&mut admin, pb::NodeState::Down).await?;
-        if gone.iter().all(|g| down.contains(g)) {
-            down_detect_s = Some(gone_at.elapsed().as_secs_f64());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let down_detect_s =
+        judge_down(&mut admin, first_gone..o.nodes, Duration::from_millis(o.node_timeout_ms) * 3).await?;
     for (i, p) in cluster.pids().iter().enumerate() {
         if *p != 0 {
             peak[i] = peak[i].max(rss_mb(*p).1);
@@ -314,8 +269,78 @@ pub async fn bench_agents(o: Options) -> anyhow::Result<serde_json::Value> {
     for a in &agents {
         a.tasks.iter().for_each(tokio::task::AbortHandle::abort);
     }
+    let kill = Kill { readmit_s, fenced, killed, down_detect_s, agents_killed: o.nodes - first_gone, leader };
+    let report = report_of(&o, per_controller, all_up, &steady, &kill, &tally, peak);
+    if o.check {
+        check(&report, &steady.rss_before, &steady.rss_after)?;
+    }
+    Ok(report)
+}
+
+/// The harness's agents, their runs together, and the fence task that watches their leases.
+type Fleet = (Vec<Agent>, Arc<Vec<FakeRuns>>, tokio::task::JoinHandle<()>);
+
+fn spawn_fleet(
+    cluster: &Cluster,
+    o: &Options,
+    per_controller: usize,
+    tally: &Arc<Tally>,
+    epoch: Instant,
+) -> anyhow::Result<Fleet> {
+    let channels = Channels::new(&cluster.addrs, per_controller)?;
+    let agents: Vec<Agent> = (0..o.nodes).map(|i| spawn_agent(i, o.gpus, &channels, tally, epoch)).collect();
+    let all_runs: Arc<Vec<FakeRuns>> = Arc::new(agents.iter().map(|a| a.runs.clone()).collect());
+    let runs = all_runs.clone();
+    let fencer = tokio::spawn(async move {
+        loop {
+            runs.iter().for_each(FakeRuns::fence_if_lapsed);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    Ok((agents, all_runs, fencer))
+}
+
+/// Cold: the time until every agent registered; then the leader must show every node UP.
+async fn cold_start(
+    all_runs: &[FakeRuns],
+    admin: &mut AdminServiceClient<Conn>,
+    nodes: usize,
+) -> anyhow::Result<Duration> {
+    let all_up = until(Duration::from_secs(300), "all agents registered", || {
+        all_runs.iter().all(|r| r.registered_at().is_some())
+    })
+    .await?;
+    let up = nodes_in(admin, pb::NodeState::Up).await?.len();
+    if up != nodes {
+        bail!("{up} of {nodes} nodes UP after every agent registered");
+    }
+    Ok(all_up)
+}
+
+/// What the leader's kill and the silent agents showed.
+struct Kill {
+    readmit_s: Option<f64>,
+    fenced: u64,
+    killed: u64,
+    down_detect_s: Option<f64>,
+    agents_killed: usize,
+    /// The replica leading after the kill.
+    leader: usize,
+}
+
+/// The bench's one JSON line.
+fn report_of(
+    o: &Options,
+    per_controller: usize,
+    all_up: Duration,
+    steady: &Steady,
+    kill: &Kill,
+    tally: &Tally,
+    peak: Vec<f64>,
+) -> serde_json::Value {
     let round = |s: f64| (s * 100.0).round() / 100.0;
-    let report = json!({
+    let wall = steady.wall.as_secs_f64();
+    json!({
         "bench": "agents",
         "nodes": o.nodes,
         "gpus_per_node": o.gpus,
@@ -323,35 +348,92 @@ pub async fn bench_agents(o: Options) -> anyhow::Result<serde_json::Value> {
         "connections_per_controller": per_controller,
         "heartbeat_ms": o.heartbeat_ms,
         "node_timeout_ms": o.node_timeout_ms,
-        "lease_ms": lease.as_millis() as u64,
+        "lease_ms": o.node_timeout_ms / 2,
         "all_up_s": round(all_up.as_secs_f64()),
-        "steady_s": round(wall.as_secs_f64()),
-        "leader_cpu_ratio": leader_cpu_ratio,
-        "replica_cpu_s": replica_cpu_s,
-        "heartbeats_per_s": round(heartbeats.len() as f64 / wall.as_secs_f64()),
-        "heartbeat_p50_ms": percentile_ms(&heartbeats, 0.50),
-        "heartbeat_p99_ms": percentile_ms(&heartbeats, 0.99),
-        "submits": submits.len(),
-        "submit_p50_ms": percentile_ms(&submits, 0.50),
-        "submit_p99_ms": percentile_ms(&submits, 0.99),
-        "raft_entries_per_s": round(entries as f64 / wall.as_secs_f64()),
-        "readmit_after_leader_kill_s": readmit_s.map(round),
-        "runs_fenced": fenced,
-        "runs_killed_after_leader_kill": killed,
+        "steady_s": round(wall),
+        "leader_cpu_ratio": (steady.cpu_us[steady.leader] / 1e6 / wall * 1000.0).round() / 1000.0,
+        "replica_cpu_s": steady.cpu_us.iter().map(|us| (us / 1e4).round() / 100.0).collect::<Vec<f64>>(),
+        "heartbeats_per_s": round(steady.heartbeats.len() as f64 / wall),
+        "heartbeat_p50_ms": percentile_ms(&steady.heartbeats, 0.50),
+        "heartbeat_p99_ms": percentile_ms(&steady.heartbeats, 0.99),
+        "submits": steady.submits.len(),
+        "submit_p50_ms": percentile_ms(&steady.submits, 0.50),
+        "submit_p99_ms": percentile_ms(&steady.submits, 0.99),
+        "raft_entries_per_s": round(steady.entries as f64 / wall),
+        "readmit_after_leader_kill_s": kill.readmit_s.map(round),
+        "runs_fenced": kill.fenced,
+        "runs_killed_after_leader_kill": kill.killed,
         "runs_started": tally.started.load(Ordering::SeqCst),
         "runs_completed": tally.completed.load(Ordering::SeqCst),
         "reports_lost": tally.reports_lost.load(Ordering::SeqCst),
-        "down_detect_s": down_detect_s.map(round),
-        "agents_killed": gone.len(),
+        "down_detect_s": kill.down_detect_s.map(round),
+        "agents_killed": kill.agents_killed,
         "rss_mb": peak,
-        "rss_steady_start_mb": rss_before,
-        "rss_steady_end_mb": rss_after,
-        "leader_after_kill": leader,
-    });
-    if o.check {
-        check(&report, &rss_before, &rss_after)?;
+        "rss_steady_start_mb": steady.rss_before,
+        "rss_steady_end_mb": steady.rss_after,
+        "leader_after_kill": kill.leader,
+    })
+}
+
+/// What the steady state measured.
+struct Steady {
+    /// The replica that led.
+    leader: usize,
+    wall: Duration,
+    /// Each replica's CPU over the window (µs).
+    cpu_us: Vec<f64>,
+    /// Heartbeat and submit round trips (µs), sorted.
+    heartbeats: Vec<u32>,
+    submits: Vec<u32>,
+    /// Log entries the leader appended meanwhile.
+    entries: u64,
+    rss_before: Vec<f64>,
+    rss_after: Vec<f64>,
+}
+
+/// `o.steady_s` of steady state with `o.submit_rate` submits a second.
+async fn steady_state(
+    cluster: &Cluster,
+    leader: usize,
+    admin: &mut AdminServiceClient<Conn>,
+    jobs: &JobServiceClient<Conn>,
+    tally: &Tally,
+    o: &Options,
+) -> anyhow::Result<Steady> {
+    let pids = cluster.pids();
+    let rss_before: Vec<f64> = pids.iter().map(|p| rss_mb(*p).0).collect();
+    let cpu = crate::cpu::Window::start(&pids);
+    let entries_before = status(admin).await?.last_log_index;
+    tally.heartbeats.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    tally.measuring.store(true, Ordering::SeqCst);
+    let window = Instant::now();
+    let submits = submit_at(jobs, o.submit_rate, o.steady_s, o.run_s).await?;
+    let wall = window.elapsed();
+    tally.measuring.store(false, Ordering::SeqCst);
+    let cpu_us = cpu.per_op(1);
+    let entries = status(admin).await?.last_log_index.saturating_sub(entries_before);
+    let rss_after: Vec<f64> = pids.iter().map(|p| rss_mb(*p).0).collect();
+    let mut heartbeats = std::mem::take(&mut *tally.heartbeats.lock().unwrap_or_else(|p| p.into_inner()));
+    heartbeats.sort_unstable();
+    Ok(Steady { leader, wall, cpu_us, heartbeats, submits, entries, rss_before, rss_after })
+}
+
+/// Seconds until the leader lists every agent of `gone` DOWN (None: not within `within`).
+async fn judge_down(
+    admin: &mut AdminServiceClient<Conn>,
+    gone: std::ops::Range<usize>,
+    within: Duration,
+) -> anyhow::Result<Option<f64>> {
+    let names: Vec<String> = gone.map(|i| format!("sim-{i:05}")).collect();
+    let started = Instant::now();
+    while started.elapsed() < within && !names.is_empty() {
+        let down = nodes_in(admin, pb::NodeState::Down).await?;
+        if names.iter().all(|g| down.contains(g)) {
+            return Ok(Some(started.elapsed().as_secs_f64()));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    Ok(report)
+    Ok(None)
 }
 
 /// The suite's assertions (`--check`): no run fenced or killed across the leader's kill, every

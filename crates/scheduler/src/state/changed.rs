@@ -146,18 +146,32 @@ impl ClusterState {
     }
 }
 
-/// Every node `changed` leaves out has the same runs in `after` as in `before`.
+/// Every node `changed` leaves out has the same runs in `after` as in `before`. Checked on what
+/// a node's runs are read from (`orders::runs_on`): its jobs, each whole, the address of each
+/// one's rank-0 node, and the policy (a change of it must change every node).
 pub fn check(before: &ClusterState, after: &ClusterState, changed: &ChangedNodes) -> Result<(), String> {
     let ChangedNodes::Some(listed) = changed else { return Ok(()) };
+    if before.policy != after.policy {
+        return Err(format!("the policy changed but only nodes {listed:?} are among the changed nodes"));
+    }
     let nodes: BTreeSet<&String> = before.nodes.keys().chain(after.nodes.keys()).collect();
     for node in nodes.into_iter().filter(|n| !listed.contains(n.as_str())) {
-        if crate::orders::runs_on(before, node) != crate::orders::runs_on(after, node) {
+        if view(before, node) != view(after, node) {
             return Err(format!(
                 "node {node}'s runs changed but it is not among the changed nodes {listed:?}"
             ));
         }
     }
     Ok(())
+}
+
+/// What `node`'s runs are read from in `s`: its jobs, and where each one's rank 0 runs.
+fn view<'a>(s: &'a ClusterState, node: &str) -> Vec<(&'a crate::model::Job, Option<&'a str>)> {
+    let addr = |j: &crate::model::Job| {
+        let a = j.allocation.as_ref()?;
+        s.nodes.get(&a.node).map(|n| n.info.addr.as_str())
+    };
+    s.jobs_on(node).into_iter().map(|j| (j, addr(j))).collect()
 }
 
 #[cfg(test)]

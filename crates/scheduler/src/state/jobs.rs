@@ -109,7 +109,7 @@ impl Jobs {
     /// The nodes the jobs handed out mutably since the last call had runs on before (None:
     /// every job was handed out).
     pub(crate) fn take_nodes_before(&mut self) -> Option<Vec<String>> {
-        std::mem::replace(&mut self.nodes_before, Some(Vec::new()))
+        self.nodes_before.replace(Vec::new())
     }
 
     /// Whether some job was handed out mutably since the last `take_touched`.

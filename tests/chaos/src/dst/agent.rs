@@ -7,7 +7,7 @@
 //! the replica answers with the server's own checks in the server's order
 //! (`kairos_scheduler::liveness::register` and `heartbeat`, on `SimSeat`). It reconciles its
 //! runs with the assignments on the leader's applied state, read as the runner reads what the
-//! server sends (`kairos_server::agents::assignments_for`, `kairos_agent::decide::assigned_of`:
+//! server sends (`kairos_server::assignments::assignments_for`, `kairos_agent::decide::assigned_of`:
 //! launch what has not started, stop what is told to stop or no longer listed) and reports
 //! starts and exits until they commit. When its lease lapses it stops its runs within the fence
 //! grace; its watchdog kills whatever still runs at the hard deadline even while the agent is
@@ -374,13 +374,13 @@ impl SimAgent {
 }
 
 /// The runs the state assigns `node` as the agent reads them: what the server sends
-/// (`kairos_server::agents::assignments_for`), read as the runner reads it
+/// (`kairos_server::assignments::assignments_for`), read as the runner reads it
 /// (`decide::assigned_of`); and their jobs' names (what their run times derive from).
 fn assignments(
     state: &kairos_scheduler::ClusterState,
     node: &str,
 ) -> (Vec<Assigned>, BTreeMap<RunKey, String>) {
-    let runs = kairos_server::agents::assignments_for(state, node);
+    let runs = kairos_server::assignments::assignments_for(state, node);
     let names = runs
         .iter()
         .filter_map(|a| Some(((a.job_id, a.attempt), state.jobs.get(&a.job_id)?.spec.name.clone())))
