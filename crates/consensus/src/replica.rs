@@ -293,35 +293,43 @@ impl Replica {
             return true;
         }
         let started = tokio::time::Instant::now();
-        match tokio::time::timeout(self.lease, self.confirm(term)).await {
-            Ok(true) => {
-                *self.confirmed.lock().unwrap_or_else(|p| p.into_inner()) = Some((term, started));
-                true
+        match tokio::time::timeout(self.lease, self.confirm()).await {
+            // Confirmed for the term that leads now, which must be the caller's (a round it
+            // waited behind may have confirmed a later term of this replica's).
+            Ok(Some(confirmed)) => {
+                *self.confirmed.lock().unwrap_or_else(|p| p.into_inner()) = Some((confirmed, started));
+                confirmed == term
             }
             _ => false,
         }
     }
 
-    /// One confirmation round: a quorum answers a heartbeat sent now; and the state holds every
-    /// entry of earlier terms (an entry of `term` applied; a new leader waits until it has).
-    /// Unlike a linearizable read it does not wait for the entries of its own term still being
-    /// applied: under a flood of them (ten thousand registrations) that wait held every agent's
-    /// heartbeat past its timeout. What those entries change, this leader proposed and tracks
-    /// itself (`liveness::Liveness`: its `NodeDown`s in flight).
-    async fn confirm(&self, term: u64) -> bool {
-        let Ok((read, applied)) = self.raft.get_read_log_id().await else { return false };
+    /// One confirmation round: a quorum answers a heartbeat sent now, and the state holds every
+    /// entry of earlier terms (an entry of the term the round confirmed is applied; a new leader
+    /// waits until it has). The term confirmed, read from the round's own read log id (a
+    /// leader's is of its current term). Unlike a linearizable read it does not wait for the
+    /// entries of its own term still being applied: under a flood of them (ten thousand
+    /// registrations) that wait held every agent's heartbeat past its timeout. What those
+    /// entries change, this leader proposed and tracks itself (`liveness::Liveness`: its
+    /// `NodeDown`s in flight); a registration that skips its entry asks `applied_all_committed`.
+    async fn confirm(&self) -> Option<u64> {
+        let (read, applied) = self.raft.get_read_log_id().await.ok()?;
+        let read = read?;
+        let term = read.leader_id.term;
         if applied.is_some_and(|a| a.leader_id.term == term) {
-            return true;
+            return Some(term);
         }
-        match read {
-            Some(read) if applied.is_none_or(|a| a.index < read.index) => self
-                .raft
-                .wait(None)
-                .applied_index_at_least(Some(read.index), "a new leader applies earlier terms")
-                .await
-                .is_ok(),
-            _ => true,
+        if applied.is_none_or(|a| a.index < read.index) {
+            let wait = self.raft.wait(None);
+            wait.applied_index_at_least(Some(read.index), "a new leader applies").await.ok()?;
         }
+        Some(term)
+    }
+
+    /// Whether the applied state holds every entry this replica knows committed.
+    pub fn applied_all_committed(&self) -> bool {
+        let committed = self.commit_index.load(std::sync::atomic::Ordering::SeqCst);
+        self.read(|a| a.last_applied.map_or(0, |l| l.index)) >= committed
     }
 
     /// Whether the applied state is known to hold everything the leader committed up to

@@ -132,10 +132,10 @@ impl Liveness {
 
     /// A registration that would change nothing in the state stands at once, without a
     /// `JoinNode` (Some: the node's epoch): the node is up (or draining) with exactly `info`,
-    /// no reason to clear, and `credential_epoch` is its current epoch. Asked only on a leader
-    /// a quorum confirmed (everything committed before is applied), after `may_register`: what
-    /// admits a heartbeat admits it, so ten thousand agents reconnecting after a leader change
-    /// cost no log entries.
+    /// no reason to clear, `credential_epoch` is its current epoch, and a burst node's
+    /// instance still takes it. Asked only on a leader a quorum confirmed whose state holds
+    /// everything committed, after `may_register`: what admits a heartbeat admits it, so ten
+    /// thousand agents reconnecting after a leader change cost no log entries.
     pub fn rejoins_unchanged(
         &mut self,
         state: &ClusterState,
@@ -147,7 +147,8 @@ impl Liveness {
         let node = state.nodes.get(&info.name)?;
         let unchanged = credential_epoch == Some(node.epoch)
             && node.info == *info
-            && (node.state == NodeState::Draining || (node.state == NodeState::Up && node.reason.is_empty()));
+            && (node.state == NodeState::Draining || (node.state == NodeState::Up && node.reason.is_empty()))
+            && state.check_burst_node(info).is_ok();
         (unchanged && self.registration_stands(state, &info.name, now, wall_ms)).then_some(node.epoch)
     }
 
@@ -211,6 +212,8 @@ pub trait Seat {
     /// Whether a quorum still follows this replica as leader (which also waits for its state
     /// machine to catch up with what it committed).
     fn leads_confirmed(&self) -> impl std::future::Future<Output = bool> + Send;
+    /// Whether the applied state holds every entry this replica knows committed.
+    fn applied_all_committed(&self) -> bool;
     /// `f` on the applied state and this leader's liveness.
     fn read<R>(&self, f: impl FnOnce(&ClusterState, &mut Liveness) -> R) -> R;
     /// Commits `op` (a `JoinNode`) and gives its outcome.
@@ -253,8 +256,9 @@ pub async fn register<D: Seat>(
         return Err(RegisterRefused::BeingMarkedDown);
     }
     // An agent coming back to a new leader (or over a new connection) with nothing to change:
-    // admitted as a heartbeat is, without an entry (`rejoins_unchanged`).
-    if confirmed {
+    // admitted as a heartbeat is, without an entry (`rejoins_unchanged`) — only on a state
+    // that holds everything committed (a removal committed but not applied would be skipped).
+    if confirmed && desk.applied_all_committed() {
         let (now, wall_ms) = desk.now();
         let rejoined =
             desk.read(|state, live| live.rejoins_unchanged(state, &info, credential_epoch, now, wall_ms));
@@ -472,6 +476,9 @@ pub(crate) mod desk_tests {
         }
         fn leads_confirmed(&self) -> impl std::future::Future<Output = bool> + Send {
             std::future::ready(self.leader && self.confirmed)
+        }
+        fn applied_all_committed(&self) -> bool {
+            true
         }
         fn read<R>(&self, f: impl FnOnce(&ClusterState, &mut Liveness) -> R) -> R {
             f(&self.state.lock().unwrap(), &mut self.live.lock().unwrap())

@@ -30,6 +30,39 @@ pub struct AgentApi {
     wakers: Arc<Wakers>,
     /// Registrations being answered now (`REGISTERING_MAX`).
     registering: Arc<AtomicUsize>,
+    /// Registrations shed lately (`ShedRate`).
+    sheds: ShedRate,
+}
+
+/// Registrations shed in the current second: how far behind the leader is.
+struct ShedRate {
+    start: std::time::Instant,
+    /// The second since `start` in the high 32 bits, the sheds in it in the low.
+    window: std::sync::atomic::AtomicU64,
+}
+
+impl ShedRate {
+    fn new() -> ShedRate {
+        ShedRate { start: std::time::Instant::now(), window: std::sync::atomic::AtomicU64::new(0) }
+    }
+
+    /// Counts one shed; the sheds in this second so far.
+    fn note(&self) -> usize {
+        let second = self.start.elapsed().as_secs().min(u64::from(u32::MAX));
+        let mut seen = self.window.load(Ordering::SeqCst);
+        loop {
+            let count = if seen >> 32 == second { (seen & 0xffff_ffff) + 1 } else { 1 };
+            match self.window.compare_exchange(
+                seen,
+                (second << 32) | count,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return count as usize,
+                Err(now) => seen = now,
+            }
+        }
+    }
 }
 
 /// Most registrations one replica answers at once; more are shed with `UNAVAILABLE` and a
@@ -43,7 +76,7 @@ impl AgentApi {
     pub fn new(ctx: Ctx) -> AgentApi {
         let wakers = Arc::new(Wakers::default());
         crate::assignments::spawn_hub(ctx.replica.clone(), wakers.clone());
-        AgentApi { ctx, wakers, registering: Arc::new(AtomicUsize::new(0)) }
+        AgentApi { ctx, wakers, registering: Arc::new(AtomicUsize::new(0)), sheds: ShedRate::new() }
     }
 }
 
@@ -56,12 +89,13 @@ impl Drop for Registering {
     }
 }
 
-/// `UNAVAILABLE` for a registration shed while `in_flight` others are answered: come back after
-/// a pause that grows with the queue (250 ms per `REGISTERING_MAX` waiting, 250 ms to 5 s).
-fn shed(in_flight: usize) -> Status {
-    let ms = (250 * (in_flight / REGISTERING_MAX).max(1)).min(5_000);
+/// `UNAVAILABLE` for a registration shed, the `recent`th this second: come back after a pause
+/// that grows with how many are being turned away (100 ms more per `REGISTERING_MAX` of them,
+/// 100 ms to 5 s), which the agent spreads over up to twice as long.
+fn shed(recent: usize) -> Status {
+    let ms = (100 * (recent / REGISTERING_MAX + 1)).min(5_000);
     let mut status =
-        Status::unavailable(format!("{in_flight} registrations in flight; register again in {ms} ms"));
+        Status::unavailable(format!("{REGISTERING_MAX} registrations in flight; register again in {ms} ms"));
     if let Ok(v) = ms.to_string().parse() {
         status.metadata_mut().insert(kairos_proto::wire::RETRY_AFTER_HEADER, v);
     }
@@ -86,6 +120,10 @@ impl Seat for Desk<'_> {
         self.0.replica.leads_confirmed()
     }
 
+    fn applied_all_committed(&self) -> bool {
+        self.0.replica.applied_all_committed()
+    }
+
     fn read<R>(&self, f: impl FnOnce(&ClusterState, &mut liveness::Liveness) -> R) -> R {
         self.0.replica.read(|a| f(&a.state, &mut self.0.liveness()))
     }
@@ -108,7 +146,7 @@ impl AgentService for AgentApi {
         let in_flight = self.registering.fetch_add(1, Ordering::SeqCst);
         let _counted = Registering(self.registering.clone());
         if in_flight >= REGISTERING_MAX {
-            return Err(shed(in_flight));
+            return Err(shed(self.sheds.note()));
         }
         let (metadata, _, req) = request.into_parts();
         let info = node_info_from_pb(req.node)?;
@@ -160,12 +198,29 @@ impl AgentService for AgentApi {
     ) -> Result<Response<Self::HeartbeatsStream>, Status> {
         let (metadata, _, mut inbound) = request.into_parts();
         let ctx = self.ctx.clone();
+        // A stream silent for a node timeout is ended (its agent would be judged down anyway).
+        let idle = ctx.timing.node_timeout;
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         tokio::spawn(async move {
-            // Each heartbeat is checked as a unary one is (credential, leader, node); a refusal
-            // is the stream's last message.
-            while let Ok(Some(req)) = inbound.message().await {
-                let answer = heartbeat(&ctx, &metadata, &req.node_id).await;
+            // Each heartbeat is checked as a unary one is (credential, leader, node), all for
+            // the node of the first; a refusal is the stream's last message. The task ends as
+            // soon as the agent goes away, even while a heartbeat is being checked.
+            let mut node: Option<String> = None;
+            loop {
+                let next = tokio::select! {
+                    next = tokio::time::timeout(idle, inbound.message()) => next,
+                    _ = tx.closed() => return,
+                };
+                let Ok(Ok(Some(req))) = next else { return };
+                let answer = match node.get_or_insert_with(|| req.node_id.clone()) {
+                    n if *n != req.node_id => {
+                        Err(Status::invalid_argument("a heartbeat stream is for one node"))
+                    }
+                    n => tokio::select! {
+                        answer = heartbeat(&ctx, &metadata, n) => answer,
+                        _ = tx.closed() => return,
+                    },
+                };
                 let refused = answer.is_err();
                 if tx.send(answer).await.is_err() || refused {
                     return;
@@ -381,15 +436,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_shed_registration_says_when_to_come_back_and_the_pause_grows_with_the_queue() {
+    fn a_shed_registration_says_when_to_come_back_and_the_pause_grows_with_the_sheds() {
         let after = |n| -> u64 {
             let s = shed(n);
             assert_eq!(s.code(), tonic::Code::Unavailable);
             let v = s.metadata().get(kairos_proto::wire::RETRY_AFTER_HEADER).expect("a retry-after");
             v.to_str().unwrap().parse().unwrap()
         };
-        assert_eq!(after(REGISTERING_MAX), 250);
-        assert_eq!(after(4 * REGISTERING_MAX), 1_000);
+        assert_eq!(after(1), 100);
+        assert_eq!(after(4 * REGISTERING_MAX), 500);
         assert_eq!(after(1_000 * REGISTERING_MAX), 5_000, "bounded");
+        let rate = ShedRate::new();
+        assert_eq!((rate.note(), rate.note(), rate.note()), (1, 2, 3), "counted within the second");
     }
 }

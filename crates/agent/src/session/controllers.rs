@@ -15,6 +15,9 @@ pub struct Controllers {
     next: usize,
     hint: Option<String>,
     tls: Option<ClientTlsConfig>,
+    /// The last connection made: a hint back to its controller (it shed the agent's
+    /// registration) reuses it rather than dialling again.
+    last: Option<(String, Channel)>,
 }
 
 /// How sessions reach a controller: the agent dials a connection of its own (`Controllers`);
@@ -38,7 +41,7 @@ impl Dial for Controllers {
 
 impl Controllers {
     pub fn new(addrs: Vec<String>, tls: Option<ClientTlsConfig>) -> Controllers {
-        Controllers { addrs, next: 0, hint: None, tls }
+        Controllers { addrs, next: 0, hint: None, tls, last: None }
     }
 
     /// The addresses to try this time, in order: the hint (taken), then every listed address
@@ -54,6 +57,19 @@ impl Controllers {
 
     /// A channel to the first controller of `order` that answers.
     pub async fn connect(&mut self) -> Option<(String, Channel)> {
+        if let (Some(hint), Some((last, channel))) = (&self.hint, &self.last) {
+            if hint == last {
+                let again = (last.clone(), channel.clone());
+                self.hint = None;
+                return Some(again);
+            }
+        }
+        let connected = self.dial_next().await;
+        self.last.clone_from(&connected);
+        connected
+    }
+
+    async fn dial_next(&mut self) -> Option<(String, Channel)> {
         for addr in self.order() {
             let Some(endpoint) = endpoint(&addr, self.tls.as_ref()) else { continue };
             if let Ok(Ok(channel)) = tokio::time::timeout(Duration::from_secs(3), endpoint.connect()).await {

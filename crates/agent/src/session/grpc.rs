@@ -189,9 +189,10 @@ pub async fn session<R: Runs>(
         Ok(stream) => stream.into_inner(),
         Err(status) => return status,
     };
-    // The first heartbeat at a random point of the interval: agents that registered together
-    // (after a leader change) do not heartbeat together ever after.
-    let first = tokio::time::Instant::now() + super::controllers::random_below(interval);
+    // The first heartbeat at a random point of the interval's first half: agents that
+    // registered together (after a leader change) do not heartbeat together ever after, and the
+    // registration's lease still has a renewal to spare.
+    let first = tokio::time::Instant::now() + super::controllers::random_below(interval / 2);
     let mut heartbeat = tokio::time::interval_at(first, interval);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

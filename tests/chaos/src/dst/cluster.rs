@@ -294,6 +294,10 @@ impl Seat for SimSeat<'_> {
         self.replica.leads_confirmed()
     }
 
+    fn applied_all_committed(&self) -> bool {
+        self.replica.applied_all_committed()
+    }
+
     fn read<R>(&self, f: impl FnOnce(&ClusterState, &mut Liveness) -> R) -> R {
         self.replica.read(|a| f(&a.state, &mut locked(&self.liveness)))
     }
