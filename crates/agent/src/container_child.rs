@@ -44,6 +44,14 @@ fn fd_or(r: libc::c_long) -> Result<c_int> {
 }
 
 /// Signals the agent sends a run's process group that the run process and init must outlive.
+/// Every signal's disposition back to its default, in a child before it runs a job's code: an
+/// agent started with signals ignored (under `nohup`, or by a non-interactive shell in the
+/// background, which ignores SIGINT and SIGQUIT) would otherwise hand that on, and a job's
+/// shell cannot trap a signal ignored on entry (a terminal's Ctrl-C would do nothing).
+pub fn default_signals() {
+    set_signals(libc::SIG_DFL);
+}
+
 fn set_signals(handler: libc::sighandler_t) {
     for sig in 1..=libc::SIGRTMAX() {
         let keep = [

@@ -112,6 +112,7 @@ impl Steps {
     /// # Safety
     /// Only between fork and exec: system calls on prepared values.
     unsafe fn run(&self) -> std::io::Result<()> {
+        crate::container_child::default_signals();
         let err = std::io::Error::last_os_error;
         for fd in &self.procs {
             if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {

@@ -327,6 +327,7 @@ impl ChildSteps {
     /// Only between fork and exec: it makes system calls on values prepared before the fork;
     /// nothing allocates or locks.
     unsafe fn run(&self) -> std::io::Result<()> {
+        crate::container_child::default_signals();
         if self.terminal {
             crate::interactive::terminal::become_controlling()?;
         }
