@@ -106,8 +106,13 @@ pub fn leader_hint(status: &tonic::Status) -> Option<String> {
 
 /// A random duration in [0, d) (spreads agents that would otherwise act in step).
 pub fn random_below(d: Duration) -> Duration {
-    let r = std::collections::hash_map::RandomState::new().build_hasher().finish();
-    Duration::from_micros(r % (d.as_micros() as u64).max(1))
+    Duration::from_micros(random_u64() % (d.as_micros() as u64).max(1))
+}
+
+/// 64 random bits from the standard library's per-map hashing keys (no crate, no syscall per
+/// call): enough to spread agents, not for secrets.
+fn random_u64() -> u64 {
+    std::collections::hash_map::RandomState::new().build_hasher().finish()
 }
 
 /// How long a shedding leader asks its caller to wait (`kairos_proto::wire::RETRY_AFTER_HEADER`).
@@ -130,8 +135,7 @@ pub struct Backoff {
 
 impl Default for Backoff {
     fn default() -> Backoff {
-        let seed = std::collections::hash_map::RandomState::new().build_hasher().finish();
-        Backoff::seeded(seed)
+        Backoff::seeded(random_u64())
     }
 }
 
