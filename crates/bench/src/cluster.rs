@@ -141,6 +141,11 @@ impl Drop for Cluster {
         for i in 0..self.children.len() {
             self.kill(i);
         }
+        // KAIROS_BENCH_KEEP=1 keeps the replicas' and agents' logs and data for a look after.
+        if std::env::var_os("KAIROS_BENCH_KEEP").is_some() {
+            self.dir.disable_cleanup(true);
+            eprintln!("kept {}", self.dir.path().display());
+        }
     }
 }
 

@@ -115,10 +115,15 @@ impl Usage {
 
     /// Counts one more running job of `gpus` GPUs at `key`.
     pub fn add_at(&mut self, key: UsageKey, gpus: u32) {
-        self.qos_gpus[key.qos as usize] += u64::from(gpus);
+        self.add_many_at(key, u64::from(gpus), 1);
+    }
+
+    /// Counts `jobs` more running jobs holding `gpus` GPUs together at `key`.
+    pub fn add_many_at(&mut self, key: UsageKey, gpus: u64, jobs: u64) {
+        self.qos_gpus[key.qos as usize] += gpus;
         if let Some((g, n)) = self.cells.get_mut(key.cell as usize) {
-            *g += u64::from(gpus);
-            *n += 1;
+            *g += gpus;
+            *n += jobs;
         }
     }
 

@@ -10,8 +10,6 @@
 //!   jobs (id order) ──scan──▶ Scan { queue (priority, then id), usage, elastic }
 //! ```
 
-use std::cmp::Reverse;
-
 use crate::guarantee::Guarantees;
 use crate::limits::{Usage, UsageKey};
 use crate::model::{Job, JobId, JobState};
@@ -54,9 +52,9 @@ pub(crate) struct Queued<'a> {
 /// What one scan of the jobs gives a planning pass.
 pub(crate) struct Scan<'a> {
     entries: Vec<Queued<'a>>,
-    /// (guaranteed before borrowing, higher priority first, then submit order, entry):
-    /// unique keys, so one order.
-    order: Vec<(bool, Reverse<i64>, JobId, u32)>,
+    /// (`order_key`: guaranteed before borrowing, higher priority first, then job id; entry):
+    /// unique, so one order.
+    order: Vec<(u128, u32)>,
     /// GPUs and jobs the running and suspended work holds under QoS limits; the keys of the
     /// pending jobs' pairs are in it too (at zero until one runs).
     pub usage: Usage,
@@ -71,7 +69,7 @@ pub(crate) struct Scan<'a> {
 impl<'a> Scan<'a> {
     /// Pending jobs in the order the planner considers them, with their entry numbers.
     pub fn queue(&self) -> impl Iterator<Item = (usize, &Queued<'a>)> + '_ {
-        self.order.iter().map(|(_, _, _, i)| (*i as usize, &self.entries[*i as usize]))
+        self.order.iter().map(|(_, i)| (*i as usize, &self.entries[*i as usize]))
     }
 
     /// How many pending jobs (entries) there are.
@@ -83,6 +81,16 @@ impl<'a> Scan<'a> {
     pub fn ids(&self) -> impl Iterator<Item = JobId> + '_ {
         self.entries.iter().map(|q| q.id)
     }
+}
+
+/// A pending job's place in the queue as one integer, so the pass's sort of 100k jobs compares
+/// one number: not borrowing first, then higher priority, then lower job id (submit order).
+/// Ids past 2^63 (never issued: they count up from 1) would share a key with another's, and
+/// the entry number (id order) would still order them.
+fn order_key(borrows: bool, priority: i64, id: JobId) -> u128 {
+    // Ascending keys: the priority biased to unsigned (order kept), then inverted (highest first).
+    let descending = !((priority as u64) ^ (1 << 63));
+    (u128::from(borrows) << 127) | (u128::from(descending) << 63) | u128::from(id & ((1 << 63) - 1))
 }
 
 /// Scans the unfinished jobs' briefs once: the queue by multifactor priority, then submit order
@@ -132,7 +140,7 @@ pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
                 };
                 let account = names[b.account as usize].as_str();
                 let borrows = guarantees.active() && !guarantees.within(account, u64::from(b.total_gpus()));
-                order.push((borrows, Reverse(priority), id, entries.len() as u32));
+                order.push((order_key(borrows, priority, id), entries.len() as u32));
                 entries.push(Queued {
                     id,
                     qos,
@@ -161,6 +169,8 @@ pub(crate) fn scan<'a>(state: &'a ClusterState, index: &'a Index) -> Scan<'a> {
 
 #[cfg(test)]
 mod tests {
+    use std::cmp::Reverse;
+
     use super::*;
     use crate::limits::Usage;
     use crate::state::{Command, Op, Outcome};
@@ -202,5 +212,21 @@ mod tests {
         want.sort_by_key(|(pr, id)| (Reverse(*pr), *id));
         assert_eq!(queue, want);
         assert!(!queue.is_empty(), "some jobs must still wait for the test to mean anything");
+    }
+
+    #[test]
+    fn the_order_key_sorts_as_borrowing_then_priority_descending_then_id() {
+        let priorities = [i64::MIN, -7, -1, 0, 1, 42, i64::MAX - 1, i64::MAX];
+        let mut jobs = Vec::new();
+        for (i, p) in priorities.iter().enumerate() {
+            for id in [1, 2, 1 << 40, (1 << 63) - 1] {
+                jobs.push((i % 3 == 0, *p, id));
+            }
+        }
+        let mut by_key = jobs.clone();
+        by_key.sort_by_key(|(b, p, id)| order_key(*b, *p, *id));
+        let mut want = jobs;
+        want.sort_by_key(|(b, p, id)| (*b, Reverse(*p), *id));
+        assert_eq!(by_key, want);
     }
 }

@@ -107,6 +107,9 @@ pub(crate) struct Index {
     pending_claimed: u32,
     /// Pending briefs that ask for no GPU (they may start on a node whose GPUs are all taken).
     pending_gpuless: u32,
+    /// Running and suspended briefs by (QoS, user) name numbers: (GPUs, jobs). A pass's QoS
+    /// usage is summed from these few pairs, not from every brief.
+    holding: BTreeMap<(u32, u32), (u64, u64)>,
 }
 
 impl Index {
@@ -116,11 +119,9 @@ impl Index {
         let mut usage = Usage::default();
         let mut keys = UsageKeys::new(self, policy);
         if policy.qos.values().any(is_limited) {
-            for b in
-                self.briefs.values().filter(|b| matches!(b.state, JobState::Running | JobState::Suspended))
-            {
-                if let Some(key) = keys.key(&mut usage, b) {
-                    usage.add_at(key, b.total_gpus());
+            for (&(qos, user), &(gpus, jobs)) in self.holding.iter().filter(|(_, (_, jobs))| *jobs > 0) {
+                if let Some(key) = keys.key_of(&mut usage, qos, user) {
+                    usage.add_many_at(key, gpus, jobs);
                 }
             }
         }
@@ -149,8 +150,18 @@ impl Index {
             })
     }
 
-    /// Counts `b` in (`add`) or out of the pending counters.
+    /// Counts `b` in (`add`) or out of the pending counters, or of the holding ones.
     fn count(&mut self, b: &Brief, add: bool) {
+        if matches!(b.state, JobState::Running | JobState::Suspended) {
+            let (gpus, jobs) = self.holding.entry((b.qos, b.user)).or_insert((0, 0));
+            let g = u64::from(b.total_gpus());
+            if add {
+                (*gpus, *jobs) = (*gpus + g, *jobs + 1);
+            } else {
+                (*gpus, *jobs) = (gpus.saturating_sub(g), jobs.saturating_sub(1));
+            }
+            return;
+        }
         if b.state != JobState::Pending {
             return;
         }
@@ -237,16 +248,18 @@ impl<'a> UsageKeys<'a> {
 
     /// The counters of `b`'s (QoS, user) pair; None when its QoS has no limits.
     pub fn key(&mut self, usage: &mut Usage, b: &Brief) -> Option<UsageKey> {
-        let q = self.limited[b.qos as usize]?;
-        let name = &self.index.names.names()[b.qos as usize];
+        self.key_of(usage, b.qos, b.user)
+    }
+
+    /// The counters of the (QoS, user) pair of these name numbers; None when the QoS has no limits.
+    fn key_of(&mut self, usage: &mut Usage, qos: u32, user: u32) -> Option<UsageKey> {
+        let q = self.limited[qos as usize]?;
+        let name = &self.index.names.names()[qos as usize];
         let users = self.index.users.names();
         Some(if has_user_limit(q) {
-            *self
-                .by_pair
-                .entry((b.qos, b.user))
-                .or_insert_with(|| usage.key(name, &users[b.user as usize], q))
+            *self.by_pair.entry((qos, user)).or_insert_with(|| usage.key(name, &users[user as usize], q))
         } else {
-            *self.by_qos[b.qos as usize].get_or_insert_with(|| usage.key(name, "", q))
+            *self.by_qos[qos as usize].get_or_insert_with(|| usage.key(name, "", q))
         })
     }
 }
@@ -341,6 +354,11 @@ impl JobIndex {
                 index.pending_claimed, fresh.pending, fresh.pending_claimed
             ));
         }
+        let holding: BTreeMap<(u32, u32), (u64, u64)> =
+            index.holding.iter().filter(|(_, (_, n))| *n > 0).map(|(k, v)| (*k, *v)).collect();
+        if holding != fresh.holding {
+            return Err(format!("job index's holding counts drifted: {holding:?}, want {:?}", fresh.holding));
+        }
         Ok(())
     }
 }
@@ -380,5 +398,12 @@ mod tests {
         stale.jobs = jobs.into_iter().collect();
         let err = stale.check_invariants().unwrap_err();
         assert!(err.contains("job index drifted"), "{err}");
+        // So is a running job's QoS usage counted wrong (what a pass's usage is summed from).
+        let mut miscounted = s.clone();
+        let index = miscounted.job_index.0.as_mut().expect("built");
+        assert!(index.holding.values().any(|(_, jobs)| *jobs > 0), "a job runs");
+        index.holding.values_mut().for_each(|(gpus, _)| *gpus += 1);
+        let err = miscounted.check_invariants().unwrap_err();
+        assert!(err.contains("holding counts drifted"), "{err}");
     }
 }
