@@ -88,7 +88,15 @@ impl<'a> Pass<'a> {
             }
         } else {
             for &pos in &self.model_nodes[candidates].1 {
+                // Its usable GPUs are among its free ones: fewer free than asked never fits.
+                if self.nodes[pos].free.len() < count {
+                    continue;
+                }
                 consider(pos, &mut best);
+                // No node fits tighter than exactly (and without a topology none ties better).
+                if !topo && best.is_some_and(|(n, _)| n == count) {
+                    break;
+                }
             }
         }
         best.map(|(_, pos)| {
