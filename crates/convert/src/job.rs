@@ -308,7 +308,11 @@ pub fn job_to_pb(job: &Job, pending: Option<&PendingReason>, priority: i64) -> p
         events: job
             .events
             .iter()
-            .map(|e| pb::JobEvent { time_ms: e.time_ms, kind: e.kind.clone(), message: e.message.clone() })
+            .map(|e| pb::JobEvent {
+                time_ms: e.time_ms,
+                kind: e.kind.to_string(),
+                message: e.message.clone(),
+            })
             .collect(),
         signal: job.signal.unwrap_or(0),
         tasks,

@@ -70,7 +70,7 @@ impl FinalJob {
             id: j.id,
             name: j.spec.name.clone(),
             state: j.state.as_str().to_string(),
-            events: j.events.iter().map(|e| e.kind.clone()).collect(),
+            events: j.events.iter().map(|e| e.kind.to_string()).collect(),
             time_limit_ms: j.spec.time_limit_s.map(|s| s as i64 * 1000),
         }
     }

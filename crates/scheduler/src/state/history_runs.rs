@@ -86,7 +86,7 @@ impl Replay {
         let mut holds: Vec<HoldWindow> = Vec::new();
         for e in &job.events {
             let open = runs.last().is_some_and(|r| r.end_ms == 0);
-            match e.kind.as_str() {
+            match &*e.kind {
                 "started" if open => {}
                 "started" if runs.len() < RUNS_KEPT => {
                     runs.push(RunWindow { start_ms: e.time_ms, ..RunWindow::default() })

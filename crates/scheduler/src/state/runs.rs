@@ -481,7 +481,7 @@ impl ClusterState {
         }
         job.state = state;
         job.end_time_ms = Some(now);
-        job.record(now, &state.as_str().to_ascii_lowercase(), reason.clone());
+        job.record(now, state.as_str().to_ascii_lowercase(), reason.clone());
         job.reason = reason;
     }
 }
@@ -518,7 +518,7 @@ impl ClusterState {
         match self.current_run(job, attempt, node) {
             Ok(j) => {
                 let kind: String = kind.chars().take(32).collect();
-                j.record(now, &kind, message.chars().take(256).collect());
+                j.record(now, kind, message.chars().take(256).collect());
                 Outcome::RunUpdated { job, state: j.state }
             }
             Err(why) => Outcome::Ignored(why),
