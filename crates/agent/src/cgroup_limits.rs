@@ -282,9 +282,15 @@ impl Limiter {
             }
             Controller::Devices => {
                 // Default allow, with every other GPU's device denied (its own and the control
-                // devices, 254/255, stay open).
+                // devices, 254/255, stay open). One rule per write, all through one open file:
+                // ~250 rules, and an open and close each took ~3 ms of every launch.
+                let path = dir.join("devices.deny");
+                let mut file = std::fs::OpenOptions::new().write(true).open(&path)?;
                 for minor in (0..=GPU_MINOR_MAX).filter(|m| !limits.gpus.contains(m)) {
-                    write(dir, "devices.deny", &format!("c {NVIDIA_MAJOR}:{minor} rwm"))?;
+                    let rule = format!("c {NVIDIA_MAJOR}:{minor} rwm");
+                    file.write_all(rule.as_bytes()).map_err(|e| {
+                        std::io::Error::new(e.kind(), format!("writing {rule:?} to {}: {e}", path.display()))
+                    })?;
                 }
             }
         }

@@ -432,7 +432,10 @@ fn limiter_of(
     reserved: u32,
 ) -> kairos_agent::cgroup_limits::Limiter {
     match cgroups {
-        Some(c) => kairos_agent::cgroup_limits::Limiter::detect(Some(c.base())),
+        Some(c) => {
+            kairos_agent::cgroup::warn_without_favordynmods();
+            kairos_agent::cgroup_limits::Limiter::detect(Some(c.base()))
+        }
         None => kairos_agent::cgroup_limits::Limiter::none(),
     }
     .with_reserved_cores(reserved)

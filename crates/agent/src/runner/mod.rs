@@ -373,7 +373,11 @@ impl Runner {
             Err(message) => return self.launch_failed(spec.key, &spec.files, message),
         };
         let Some(image) = spec.container.as_ref().map(|c| c.image.clone()) else {
-            return self.start(spec, account, None);
+            // The spawn waits for the child's set-up (its cgroups joined, the exec): off the
+            // agent's async tasks, so a stop or another launch is not held behind it.
+            let this = self.clone();
+            tokio::task::spawn_blocking(move || this.start(spec, account, None));
+            return;
         };
         let this = self.clone();
         tokio::spawn(async move {
@@ -478,11 +482,23 @@ impl Runner {
         image: Option<Arc<Image>>,
     ) {
         let mut runs = self.lock();
-        let (stopping, fenced) = runs.get(&spec.key).map(|r| (r.stopping, r.fenced)).unwrap_or_default();
-        let run =
-            Run { pgid, cgroup, stopping, fenced, _image: image, exec: Some(exec), ..Run::launching(spec) };
+        // What was decided while it launched (a stop, a fence, a suspension) holds for it now.
+        let (stopping, fenced, suspended) =
+            runs.get(&spec.key).map(|r| (r.stopping, r.fenced, r.suspended)).unwrap_or_default();
+        let run = Run {
+            pgid,
+            cgroup,
+            stopping,
+            fenced,
+            suspended,
+            _image: image,
+            exec: Some(exec),
+            ..Run::launching(spec)
+        };
         if stopping || fenced {
             run.kill();
+        } else if suspended {
+            run.freeze(true);
         }
         runs.insert(spec.key, run);
     }

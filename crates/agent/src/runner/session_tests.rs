@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
-use super::tests::{assignment, next, root, runner_as_nobody, set};
+use super::tests::{assignment, next, next_of, root, runner_as_nobody, set};
 use super::*;
 use crate::interactive::stream::{serve, Ctx};
 
@@ -498,7 +498,7 @@ async fn no_exec_opens_in_a_suspended_run_nor_once_its_main_process_exited() {
     // open, so the run has not ended yet.
     let script = "setsid sleep 3 & exit 0";
     runner.reconcile(&set(vec![assignment(12, &["sh", "-c", script], false, false)]));
-    assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+    assert_eq!(next_of(&mut rx, 12).await.status, pb::RunStatus::Started as i32);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while !runner.lock().get(&(12, 0)).is_some_and(|r| r.main_exited) {
         assert!(std::time::Instant::now() < deadline, "the main process never exited");

@@ -43,6 +43,17 @@ pub(super) async fn next(rx: &mut mpsc::Receiver<pb::StatusReport>) -> pb::Statu
     tokio::time::timeout(Duration::from_secs(20), rx.recv()).await.expect("a report in time").expect("open")
 }
 
+/// The next report about `job`, past any about other runs (launches run off the caller's task,
+/// so a run's start and another's end may come in either order).
+pub(super) async fn next_of(rx: &mut mpsc::Receiver<pb::StatusReport>, job: u64) -> pb::StatusReport {
+    loop {
+        let report = next(rx).await;
+        if report.job_id == job {
+            return report;
+        }
+    }
+}
+
 pub(super) fn set(runs: Vec<pb::Assignment>) -> pb::AssignmentSet {
     pb::AssignmentSet { runs, applied_index: 1 }
 }
@@ -224,6 +235,25 @@ async fn suspend_stops_the_group_resume_continues_it_and_a_kill_still_lands() {
     runner.reconcile(&set(vec![killed]));
     let r = next(&mut rx).await;
     assert_eq!((r.job_id, r.status, r.signal), (6, pb::RunStatus::Exited as i32, 15));
+}
+
+#[tokio::test]
+async fn a_run_suspended_while_it_launches_is_frozen_once_it_has_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = Runner::new("n1", dir.path(), tx);
+    let a = assignment(13, &["sh", "-c", "exec sleep 300"], false, false);
+    // The launch runs off this task: the suspension most likely finds it still launching.
+    runner.reconcile(&set(vec![a.clone()]));
+    let suspended = pb::Assignment { started: true, suspend: true, ..a };
+    runner.reconcile(&set(vec![suspended.clone()]));
+    assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+    let pid = runner.lock()[&(13, 0)].pgid.unwrap();
+    wait_for_state(pid, true).await;
+    assert!(runner.lock()[&(13, 0)].suspended, "the run is known suspended");
+    runner.reconcile(&set(vec![pb::Assignment { kill: true, ..suspended }]));
+    let r = next(&mut rx).await;
+    assert_eq!((r.job_id, r.status), (13, pb::RunStatus::Exited as i32));
 }
 
 #[tokio::test]
