@@ -87,17 +87,8 @@ impl<'a> Pass<'a> {
                 }
             }
         } else {
-            for &pos in &self.model_nodes[candidates].1 {
-                // Its usable GPUs are among its free ones: fewer free than asked never fits.
-                if self.nodes[pos].free.len() < count {
-                    continue;
-                }
-                consider(pos, &mut best);
-                // No node fits tighter than exactly (and without a topology none ties better).
-                if !topo && best.is_some_and(|(n, _)| n == count) {
-                    break;
-                }
-            }
+            let free = |pos: usize| self.nodes[pos].free.len();
+            best = best_of(&self.model_nodes[candidates].1, free, (count, topo), consider);
         }
         best.map(|(_, pos)| {
             let node = &self.nodes[pos];
@@ -105,6 +96,29 @@ impl<'a> Pass<'a> {
             (pos, pick_gpus(&node.usable(model, may), count))
         })
     }
+}
+
+/// The best candidate among `positions` (in order) for a task of `count` GPUs, `consider`
+/// keeping the best so far; `free(pos)` is a node's free GPUs, a bound on its usable ones.
+fn best_of(
+    positions: &[usize],
+    free: impl Fn(usize) -> usize,
+    (count, topo): (usize, bool),
+    consider: impl Fn(usize, &mut Option<Candidate>),
+) -> Option<Candidate> {
+    let mut best = None;
+    for &pos in positions {
+        // Fewer free GPUs than asked never fits.
+        if free(pos) < count {
+            continue;
+        }
+        consider(pos, &mut best);
+        // No node fits tighter than exactly (and without a topology none ties better).
+        if !topo && best.is_some_and(|(n, _)| n == count) {
+            break;
+        }
+    }
+    best
 }
 
 /// Chooses `count` GPUs from `free`: all from the tightest-fitting link group when one can hold
