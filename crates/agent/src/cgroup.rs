@@ -28,26 +28,46 @@ pub struct RunCgroup {
     dir: PathBuf,
 }
 
-/// Whether a cgroup2 hierarchy of `mountinfo` (/proc/self/mountinfo's text) is mounted with
-/// `favordynmods` (None: no cgroup2 mount). Without it, moving a process into a cgroup (every
-/// run's start) waits for an RCU grace period of the kernel's cgroup lock — 5 to 30 ms each on
-/// a small VM; with it, ~0.1 ms (Linux ≥ 6.0; it applies to v1 hierarchies too).
-pub fn favors_dynmods(mountinfo: &str) -> Option<bool> {
-    let supers = mountinfo.lines().filter_map(|line| {
-        let (_, right) = line.split_once(" - ")?;
+/// Whether the cgroup hierarchies of `mountinfo` (/proc/self/mountinfo's text) favour dynamic
+/// modifications, and the first cgroup2 mount point (None: no cgroup2 mount). Without the
+/// `favordynmods` option, moving a process into a cgroup (every run's start) waits for an RCU
+/// grace period of the kernel's global cgroup lock — 5 to 30 ms each on a small VM; with it
+/// (on any hierarchy, v1 too: the lock is global), ~0.1 ms. Linux ≥ 6.0.
+pub fn favors_dynmods(mountinfo: &str) -> Option<(bool, String)> {
+    let (mut favoured, mut v2) = (false, None);
+    for line in mountinfo.lines() {
+        let Some((left, right)) = line.split_once(" - ") else { continue };
         let mut fields = right.split_whitespace();
-        (fields.next()? == "cgroup2").then(|| fields.nth(1).unwrap_or("").to_string())
-    });
-    supers.map(|opts| opts.split(',').any(|o| o == "favordynmods")).reduce(|a, b| a || b)
+        let fstype = fields.next().unwrap_or("");
+        if fstype != "cgroup" && fstype != "cgroup2" {
+            continue;
+        }
+        favoured |= fields.nth(1).unwrap_or("").split(',').any(|o| o == "favordynmods");
+        if fstype == "cgroup2" && v2.is_none() {
+            v2 = left.split_whitespace().nth(4).map(str::to_string);
+        }
+    }
+    v2.map(|mount| (favoured, mount))
 }
 
-/// Says once, at start, when run starts pay the cgroup lock's grace period (`favors_dynmods`).
+/// Whether a kernel release string (`uname -r`) is at least `major.minor`.
+fn release_at_least(release: &str, (major, minor): (u32, u32)) -> bool {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(a), Some(b)) => (a, b) >= (major, minor),
+        _ => false,
+    }
+}
+
+/// Says once, at start, when run starts pay the cgroup lock's grace period (`favors_dynmods`)
+/// on a kernel that has the option.
 pub fn warn_without_favordynmods() {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    if favors_dynmods(&info) == Some(false) {
+    if let Some((false, mount)) = favors_dynmods(&info).filter(|_| release_at_least(release.trim(), (6, 0))) {
         tracing::warn!(
             "cgroup2 is mounted without favordynmods: each run's start waits 5-30 ms for the kernel's \
-             cgroup lock (mount -o remount,favordynmods /sys/fs/cgroup; see docs/operations.md)"
+             cgroup lock (mount -o remount,favordynmods {mount}; see docs/operations.md)"
         );
     }
 }
@@ -243,15 +263,22 @@ impl RunCgroup {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn favordynmods_is_read_from_the_cgroup2_mounts_super_options() {
+    fn favordynmods_is_read_from_the_cgroup_mounts_super_options_on_kernels_that_have_it() {
         let without = "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n\
                        35 31 0:30 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n";
-        assert_eq!(super::favors_dynmods(without), Some(false));
+        assert_eq!(super::favors_dynmods(without), Some((false, "/sys/fs/cgroup/unified".into())));
         let with = "41 31 0:38 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate,favordynmods\n";
-        assert_eq!(super::favors_dynmods(with), Some(true));
-        // A v1 hierarchy's own options, or no cgroup2 at all, do not count.
-        let v1_only = "35 31 0:30 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu,favordynmods\n";
+        assert_eq!(super::favors_dynmods(with), Some((true, "/sys/fs/cgroup".into())));
+        // The lock is global: a v1 hierarchy's option counts; no cgroup2 at all says nothing.
+        let v1_too =
+            format!("{without}36 31 0:31 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids,favordynmods\n");
+        assert_eq!(super::favors_dynmods(&v1_too).map(|f| f.0), Some(true));
+        let v1_only = "35 31 0:30 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n";
         assert_eq!(super::favors_dynmods(v1_only), None);
+        assert!(super::release_at_least("6.18.0-1-cloud-amd64", (6, 0)));
+        assert!(super::release_at_least("6.0", (6, 0)));
+        assert!(!super::release_at_least("5.15.0-91-generic", (6, 0)));
+        assert!(!super::release_at_least("garbage", (6, 0)));
     }
 
     use super::*;

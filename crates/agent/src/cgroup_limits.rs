@@ -285,7 +285,10 @@ impl Limiter {
                 // devices, 254/255, stay open). One rule per write, all through one open file:
                 // ~250 rules, and an open and close each took ~3 ms of every launch.
                 let path = dir.join("devices.deny");
-                let mut file = std::fs::OpenOptions::new().write(true).open(&path)?;
+                let mut file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| std::io::Error::new(e.kind(), format!("opening {}: {e}", path.display())))?;
                 for minor in (0..=GPU_MINOR_MAX).filter(|m| !limits.gpus.contains(m)) {
                     let rule = format!("c {NVIDIA_MAJOR}:{minor} rwm");
                     file.write_all(rule.as_bytes()).map_err(|e| {

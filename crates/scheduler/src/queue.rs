@@ -85,8 +85,8 @@ impl<'a> Scan<'a> {
 
 /// A pending job's place in the queue as one integer, so the pass's sort of 100k jobs compares
 /// one number: not borrowing first, then higher priority, then lower job id (submit order).
-/// Ids past 2^63 (never issued: they count up from 1) would share a key with another's, and
-/// the entry number (id order) would still order them.
+/// Ids count up from 1: one past 2^63 (never issued) would lose its top bit and sort among the
+/// smallest ids of its priority (still one order: the entry number breaks a tie).
 fn order_key(borrows: bool, priority: i64, id: JobId) -> u128 {
     // Ascending keys: the priority biased to unsigned (order kept), then inverted (highest first).
     let descending = !((priority as u64) ^ (1 << 63));

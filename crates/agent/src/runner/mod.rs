@@ -91,6 +91,9 @@ pub struct Runner {
     usage: crate::usage::Usage,
     /// The node's interactive sessions (an interactive run's terminal is one).
     sessions: crate::interactive::Sessions,
+    /// The agent is shutting down (`stop_all`): nothing more launches, and a run whose spawn
+    /// was under way is killed as soon as it exists.
+    closing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Runner {
@@ -106,6 +109,7 @@ impl Runner {
             reports,
             usage: Default::default(),
             sessions: Default::default(),
+            closing: Arc::default(),
         }
     }
 
@@ -299,6 +303,9 @@ impl Runner {
             // lock: concurrent callers (a new set, a run's end, a lease renewal) never launch a
             // run twice, nor one a newer set no longer assigns.
             let mut runs = self.lock();
+            if self.closing.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
             let Some(set) = self.last_set.lock().unwrap_or_else(|p| p.into_inner()).clone() else { return };
             let assigned = decide::assigned_of(&set.runs);
             let ready = decide::launches(&assigned, &local_of(&runs), self.lease.valid());
@@ -375,8 +382,14 @@ impl Runner {
         let Some(image) = spec.container.as_ref().map(|c| c.image.clone()) else {
             // The spawn waits for the child's set-up (its cgroups joined, the exec): off the
             // agent's async tasks, so a stop or another launch is not held behind it.
+            let (this, key, files) = (self.clone(), spec.key, spec.files.clone());
+            let spawning = tokio::task::spawn_blocking(move || this.start(spec, account, None));
             let this = self.clone();
-            tokio::task::spawn_blocking(move || this.start(spec, account, None));
+            tokio::spawn(async move {
+                if let Err(e) = spawning.await {
+                    this.launch_failed(key, &files, format!("the launch failed: {e}"));
+                }
+            });
             return;
         };
         let this = self.clone();
@@ -482,9 +495,18 @@ impl Runner {
         image: Option<Arc<Image>>,
     ) {
         let mut runs = self.lock();
-        // What was decided while it launched (a stop, a fence, a suspension) holds for it now.
+        // What was decided while it launched (a stop, a fence, a suspension, the agent's
+        // shutdown, a set that no longer assigns it) holds for it now.
         let (stopping, fenced, suspended) =
             runs.get(&spec.key).map(|r| (r.stopping, r.fenced, r.suspended)).unwrap_or_default();
+        let closing = self.closing.load(std::sync::atomic::Ordering::SeqCst);
+        let assigned = self
+            .last_set
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|set| set.runs.iter().any(|a| (a.job_id, a.attempt) == spec.key));
+        let stopping = stopping || closing || !assigned;
         let run = Run {
             pgid,
             cgroup,

@@ -88,9 +88,16 @@ impl Runner {
     /// Stops every run (agent shutdown): SIGTERM, then a kill after `grace`; waits (bounded)
     /// until they are gone.
     pub async fn stop_all(&self, grace: Duration) {
-        for run in self.lock().values().filter(|r| r.exit.is_none()) {
-            run.signal(Signal::SIGTERM);
-            run.freeze(false);
+        // Under the runs' lock: a launch either is marked before (and its spawn is killed as soon
+        // as the run exists) or does not start.
+        {
+            let mut runs = self.lock();
+            self.closing.store(true, std::sync::atomic::Ordering::SeqCst);
+            for run in runs.values_mut().filter(|r| r.exit.is_none()) {
+                run.stopping = true;
+                run.signal(Signal::SIGTERM);
+                run.freeze(false);
+            }
         }
         let deadline = tokio::time::Instant::now() + grace;
         while !self.running().is_empty() && tokio::time::Instant::now() < deadline {

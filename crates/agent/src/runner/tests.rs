@@ -257,6 +257,32 @@ async fn a_run_suspended_while_it_launches_is_frozen_once_it_has_started() {
 }
 
 #[tokio::test]
+async fn a_shutdown_during_a_launch_stops_the_run_once_it_exists_and_launches_nothing_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = Runner::new("n1", dir.path(), tx);
+    runner.reconcile(&set(vec![assignment(14, &["sleep", "300"], false, false)]));
+    runner.stop_all(Duration::from_secs(1)).await;
+    assert!(runner.running().is_empty(), "a run outlived the shutdown: {:?}", runner.running());
+    assert_eq!(next_of(&mut rx, 14).await.status, pb::RunStatus::Started as i32);
+    assert_eq!(next_of(&mut rx, 14).await.status, pb::RunStatus::Exited as i32);
+    runner.reconcile(&set(vec![assignment(15, &["sleep", "300"], false, false)]));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!runner.lock().contains_key(&(15, 0)), "a run launched after the shutdown began");
+}
+
+#[tokio::test]
+async fn a_run_the_set_drops_while_it_launches_is_killed_once_it_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let runner = Runner::new("n1", dir.path(), tx);
+    runner.reconcile(&set(vec![assignment(16, &["sleep", "300"], false, false)]));
+    runner.reconcile(&set(Vec::new()));
+    assert_eq!(next_of(&mut rx, 16).await.status, pb::RunStatus::Started as i32);
+    assert_eq!(next_of(&mut rx, 16).await.status, pb::RunStatus::Exited as i32);
+}
+
+#[tokio::test]
 async fn a_command_that_cannot_start_is_reported_lost_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let (tx, mut rx) = mpsc::channel(16);

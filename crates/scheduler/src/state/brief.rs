@@ -355,7 +355,7 @@ impl JobIndex {
             ));
         }
         let holding: BTreeMap<(u32, u32), (u64, u64)> =
-            index.holding.iter().filter(|(_, (_, n))| *n > 0).map(|(k, v)| (*k, *v)).collect();
+            index.holding.iter().filter(|(_, v)| **v != (0, 0)).map(|(k, v)| (*k, *v)).collect();
         if holding != fresh.holding {
             return Err(format!("job index's holding counts drifted: {holding:?}, want {:?}", fresh.holding));
         }
