@@ -377,17 +377,32 @@ pub fn v2_usage(dir: &Path) -> (Option<u64>, Option<u32>, Option<u64>) {
 /// Removes this agent's empty v1 directories (at exit).
 pub fn remove_empty(limiter: &Limiter) {
     for (_, base) in &limiter.v1 {
-        if let Ok(entries) = std::fs::read_dir(base) {
-            for e in entries.flatten().filter(|e| e.path().is_dir()) {
-                // A directory still in use (a live run's) stays: only empty ones go.
-                let _ = std::fs::remove_dir(e.path());
-            }
+        remove_empty_base(base);
+    }
+}
+
+/// Removes the empty v1 directories of the agent whose v2 base is `v2_base`, without detecting
+/// (creating) anything: what its watchdog does when the agent was killed before its own exit.
+pub fn remove_empty_v1_of(v2_base: &Path) {
+    let Some(last) = v2_base.file_name() else { return };
+    for (_, mount) in v1_mounts() {
+        remove_empty_base(&mount.join("kairos").join(last));
+    }
+}
+
+/// Removes a v1 base's empty run directories, then the base and, once empty, the shared
+/// `kairos` directory above it.
+fn remove_empty_base(base: &Path) {
+    if let Ok(entries) = std::fs::read_dir(base) {
+        for e in entries.flatten().filter(|e| e.path().is_dir()) {
+            // A directory still in use (a live run's) stays: only empty ones go.
+            let _ = std::fs::remove_dir(e.path());
         }
-        if std::fs::remove_dir(base).is_ok() {
-            if let Some(parent) = base.parent() {
-                // Shared by every agent of the host: removed only once empty.
-                let _ = std::fs::remove_dir(parent);
-            }
+    }
+    if std::fs::remove_dir(base).is_ok() {
+        if let Some(parent) = base.parent() {
+            // Shared by every agent of the host: removed only once empty.
+            let _ = std::fs::remove_dir(parent);
         }
     }
 }
@@ -395,6 +410,23 @@ pub fn remove_empty(limiter: &Limiter) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_agents_empty_v1_directories_are_removed_by_name_without_the_agent() {
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+        let name = format!("unit-{}-{nanos:08x}", std::process::id());
+        let v2_base = Path::new("/nonexistent-v2/kairos").join(&name);
+        let limiter = Limiter::detect(Some(&v2_base));
+        // Where this host has no writable v1 hierarchy there is nothing to leave behind.
+        let bases: Vec<PathBuf> = limiter.v1.iter().map(|(_, d)| d.clone()).collect();
+        for base in &bases {
+            std::fs::create_dir(base.join("run-1-0")).unwrap();
+        }
+        remove_empty_v1_of(&v2_base);
+        let left: Vec<&PathBuf> = bases.iter().filter(|b| b.exists()).collect();
+        assert!(left.is_empty(), "left behind: {left:?}");
+    }
 
     #[test]
     fn cpu_lists_and_keyed_files_parse() {

@@ -288,6 +288,8 @@ pub fn watchdog(w: &Watch<'_>) -> ! {
         {
             if let Some(c) = w.cgroups {
                 c.remove_empty();
+                // The v1 limit directories too: an agent killed outright never removed them.
+                crate::cgroup_limits::remove_empty_v1_of(c.base());
             }
             std::process::exit(0);
         }
