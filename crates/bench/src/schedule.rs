@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use serde_json::json;
 
 fn rss_mb() -> f64 {
@@ -160,20 +160,23 @@ fn after_one_pass(state: &kairos_scheduler::ClusterState, now: i64) -> (u32, u32
     (free, whole, apply_ms)
 }
 
-/// `passes` planning passes over `state`: each one's time (ms) and the last one's output.
+/// `passes` planning passes over `state` with `config`: each one's time (ms), sorted, and the
+/// last one's output.
 fn timed_passes(
     state: &kairos_scheduler::ClusterState,
     passes: usize,
-) -> (Vec<f64>, Option<kairos_scheduler::PlanOutput>) {
+    config: kairos_scheduler::PlanConfig,
+) -> anyhow::Result<(Vec<f64>, kairos_scheduler::PlanOutput)> {
     let mut times = Vec::new();
     let mut last = None;
     for _ in 0..passes {
         let t0 = Instant::now();
-        let out = kairos_scheduler::plan(state);
+        let out = kairos_scheduler::plan_with(state, config);
         times.push(t0.elapsed().as_secs_f64() * 1000.0);
         last = Some(out);
     }
-    (times, last)
+    times.sort_by(|a, b| a.total_cmp(b));
+    Ok((times, last.context("no pass ran")?))
 }
 
 pub(crate) fn bench_schedule(
@@ -211,9 +214,13 @@ pub(crate) fn bench_schedule(
     let jobs = state.jobs.len().max(1) as f64;
     let bytes_per_job = ((rss_state - rss_before).max(0.0) * 1024.0 * 1024.0 / jobs).round();
     let (free, whole, apply_ms) = after_one_pass(&state, now);
-    let (mut times, last) = timed_passes(&state, passes);
-    times.sort_by(|a, b| a.total_cmp(b));
-    let out = last.context("no pass ran")?;
+    // The leader's pass (`propose`: the plan only), then the read paths' (every pending job's
+    // reason too, once per applied index): the same plan, or the bench says so.
+    let (times, out) = timed_passes(&state, passes, kairos_scheduler::PlanConfig::LEADER)?;
+    let (read_times, read) = timed_passes(&state, passes, kairos_scheduler::PlanConfig::default())?;
+    if read.plan != out.plan || read.preemption != out.preemption || read.reservation != out.reservation {
+        bail!("the pass with reasons planned differently from the leader's");
+    }
     Ok(json!({
         "bench": "schedule",
         "nodes": nodes,
@@ -226,6 +233,8 @@ pub(crate) fn bench_schedule(
         "racks": racks,
         "pass_ms_p50": (times[times.len() / 2] * 10.0).round() / 10.0,
         "pass_ms_max": (times[times.len() - 1] * 10.0).round() / 10.0,
+        "pass_with_reasons_ms_p50": (read_times[read_times.len() / 2] * 10.0).round() / 10.0,
+        "reasons": read.pending.len(),
         "placed": out.plan.placements.len(),
         "reservation": out.reservation.is_some(),
         "apply_plan_ms": (apply_ms * 10.0).round() / 10.0,

@@ -813,8 +813,8 @@ impl Policy {
     /// said anywhere = every QoS, no default of its own.
     pub fn qos_access(&self, user: &str, account: &str) -> EffectiveQos {
         let mut found = EffectiveQos::default();
-        for name in self.account_chain(account) {
-            let Some(a) = self.accounts.get(&name) else { continue };
+        for name in self.ancestors(account) {
+            let Some(a) = self.accounts.get(name) else { continue };
             let said = a.user_qos.get(user).into_iter().chain(std::iter::once(&a.qos));
             for access in said {
                 if found.allowed.is_none() && !access.allowed.is_empty() {
@@ -858,16 +858,15 @@ impl Policy {
 
     /// `account` and its ancestors, nearest first.
     pub fn account_chain(&self, account: &str) -> Vec<String> {
-        let mut chain = Vec::new();
-        let mut at = Some(account.to_string());
-        while let Some(name) = at {
-            if chain.len() > self.accounts.len() {
-                break;
-            }
-            at = self.accounts.get(&name).and_then(|a| a.parent.clone());
-            chain.push(name);
-        }
-        chain
+        self.ancestors(account).map(str::to_string).collect()
+    }
+
+    /// `account_chain` without copying the names (every submit's apply walks it).
+    fn ancestors<'a>(&'a self, account: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        std::iter::successors(Some(account), |name| {
+            self.accounts.get(*name).and_then(|a| a.parent.as_deref())
+        })
+        .take(self.accounts.len() + 1)
     }
 
     /// A QoS on a cycle of the preempt graph, if there is one (deterministic: first by name).

@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 
 use crate::model::{JobState, NodeState};
-use crate::planner::plan;
+use crate::planner::{plan_with, PlanConfig};
 use crate::state::{ClusterState, Op};
 
 /// How often the leader looks for finished jobs past the retention (one scan of the jobs).
@@ -154,7 +154,7 @@ fn propose_with(
         return ops;
     }
     if may_place_or_preempt(state) {
-        let out = plan(state);
+        let out = plan_with(state, PlanConfig::LEADER);
         if let Some(p) = out.preemption {
             ops.push(Op::Preempt { preemptor: p.preemptor, node: p.node, victims: p.victims, gpus: p.gpus });
         }

@@ -279,6 +279,9 @@ impl Ctx {
 
 /// The check a user-facing service makes from the headers alone, before a body is decoded.
 pub fn user_gate(ctx: Ctx) -> impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, Status> + Clone {
+    // The router clones its service, this closure included, for every call: one `Arc`, not a
+    // `Ctx` (a score of reference counts, each taken and dropped per call).
+    let ctx = Arc::new(ctx);
     move |mut request: tonic::Request<()>| {
         // Handed on to the handler (request extensions survive decoding), so the caller is
         // authenticated once per call.

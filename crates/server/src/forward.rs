@@ -172,7 +172,7 @@ impl Forwarder {
 
     /// `service`, forwarding what only the leader can answer.
     pub fn wrap<S>(&self, service: S) -> Forwarded<S> {
-        Forwarded { inner: service, forwarder: self.clone() }
+        Forwarded { inner: service, forwarder: Arc::new(self.clone()) }
     }
 
     /// The channel to the leader at `addr` (kept while the leader stays there).
@@ -261,7 +261,8 @@ struct Head {
 #[derive(Clone)]
 pub struct Forwarded<S> {
     inner: S,
-    forwarder: Forwarder,
+    /// Shared: the router clones this service for every call.
+    forwarder: Arc<Forwarder>,
 }
 
 impl<S: NamedService> NamedService for Forwarded<S> {

@@ -62,10 +62,10 @@ impl JobApi {
         req: pb::SubmitRequest,
         trace: &opentelemetry::Context,
     ) -> Result<Response<pb::SubmitResponse>, Status> {
-        let mut spec = job_spec_from_pb(req.spec.clone(), user)?;
+        let hold = req.spec.as_ref().is_some_and(|s| s.hold);
+        let mut spec = job_spec_from_pb(req.spec, user)?;
         spec.traceparent = kairos_telemetry::traces::traceparent(trace).map(Into::into);
         let request_id = (!req.request_id.is_empty()).then_some(req.request_id);
-        let hold = req.spec.as_ref().is_some_and(|s| s.hold);
         let limits = Some(kairos_scheduler::quota::SubmitLimits { any_qos, ..self.ctx.submit_limits });
         let commit = kairos_telemetry::traces::start("commit", trace, Vec::new());
         let written = self.ctx.write(Op::Submit { spec, request_id, hold, limits }).await;

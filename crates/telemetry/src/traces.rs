@@ -10,12 +10,17 @@
 //! trace continues through a daemon that does not export.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{TraceContextExt, Tracer};
 use opentelemetry::{global, Context, KeyValue};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
+
+/// Whether this process exports spans (`init` installed a provider, not yet shut down). Without
+/// one a span is only its parent's context carried on, so none is built: a submit makes two.
+static EXPORTING: AtomicBool = AtomicBool::new(false);
 
 /// The exporting provider of this process; flushes and stops at `shutdown` (or drop).
 pub struct Traces {
@@ -45,6 +50,7 @@ pub fn init(service: &'static str) -> Traces {
     let resource = opentelemetry_sdk::Resource::builder().with_service_name(service).build();
     let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build();
     global::set_tracer_provider(provider.clone());
+    EXPORTING.store(true, Ordering::Release);
     Traces { provider: Some(provider) }
 }
 
@@ -52,6 +58,7 @@ impl Traces {
     /// Exports what is buffered and stops.
     pub fn shutdown(&mut self) {
         if let Some(p) = self.provider.take() {
+            EXPORTING.store(false, Ordering::Release);
             let _ = p.force_flush();
             let _ = p.shutdown();
         }
@@ -66,6 +73,9 @@ impl Drop for Traces {
 
 /// The W3C `traceparent` of `cx` (None when it holds no valid span).
 pub fn traceparent(cx: &Context) -> Option<String> {
+    if !cx.span().span_context().is_valid() {
+        return None;
+    }
     let mut carrier = HashMap::new();
     TraceContextPropagator::new().inject_context(cx, &mut carrier);
     carrier.remove("traceparent")
@@ -90,6 +100,10 @@ pub fn start_at(
     at: std::time::SystemTime,
     attributes: Vec<KeyValue>,
 ) -> Context {
+    if !EXPORTING.load(Ordering::Acquire) {
+        // What a no-op tracer's span would be: the parent's span context, carried on.
+        return parent.clone();
+    }
     let tracer = global::tracer("kairos");
     let span = tracer
         .span_builder(name)
@@ -101,7 +115,10 @@ pub fn start_at(
 
 /// Ends the span `cx` holds.
 pub fn end(cx: &Context) {
-    cx.span().end();
+    // Without a provider `cx` is its parent's: nothing of this process's to end.
+    if EXPORTING.load(Ordering::Acquire) {
+        cx.span().end();
+    }
 }
 
 #[cfg(test)]

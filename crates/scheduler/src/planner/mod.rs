@@ -63,7 +63,8 @@ pub use never::{never_placeable, Unplaceable};
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PlanOutput {
     pub plan: Plan,
-    /// Every pending job that is not in the plan, with its reason.
+    /// Every pending job that is not in the plan, with its reason (none when
+    /// `PlanConfig::reasons` is off).
     pub pending: BTreeMap<JobId, PendingReason>,
     /// The top blocked job's reservation (EASY backfill), if any.
     pub reservation: Option<Reservation>,
@@ -121,11 +122,20 @@ pub struct PlanConfig {
     /// How many waiting jobs get a start estimate (`PlanOutput::estimates`): the pass that
     /// answers users (`kairos queue --start`) asks for them, the leader's own pass not.
     pub estimates: usize,
+    /// Whether `PlanOutput::pending` is filled: the read paths show the reasons, the leader's
+    /// pass acts only on the plan (a map of 100k reasons is a sixth of a pass). The plan is the
+    /// same either way.
+    pub reasons: bool,
+}
+
+impl PlanConfig {
+    /// The leader's own pass (`propose`): the plan, no reasons, no estimates.
+    pub const LEADER: PlanConfig = PlanConfig { backfill: true, estimates: 0, reasons: false };
 }
 
 impl Default for PlanConfig {
     fn default() -> Self {
-        PlanConfig { backfill: true, estimates: 0 }
+        PlanConfig { backfill: true, estimates: 0, reasons: true }
     }
 }
 
@@ -175,9 +185,13 @@ pub fn plan_with(state: &ClusterState, config: PlanConfig) -> PlanOutput {
     };
     // Reasons are kept by queue entry (entries are in id order), so the map is built in one
     // ordered sweep at the end: far cheaper than 100k inserts, and no sort.
-    let mut reasons: Vec<Option<PendingReason>> = vec![None; scan.len()];
+    let mut reasons: Vec<Option<PendingReason>> =
+        if config.reasons { vec![None; scan.len()] } else { Vec::new() };
     for (entry, q) in scan.queue() {
-        reasons[entry] = p.consider(q).err();
+        let decided = p.consider(q);
+        if let Some(reason) = reasons.get_mut(entry) {
+            *reason = decided.err();
+        }
     }
     if !p.waiting {
         p.out.grow = p.pass.grow_back(&scan.elastic);

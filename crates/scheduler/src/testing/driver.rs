@@ -6,7 +6,7 @@
 use proptest::prelude::*;
 
 use crate::model::JobState;
-use crate::planner::plan;
+use crate::planner::{plan, PlanOutput};
 use crate::state::{ClusterState, Command, Op, Outcome, Placement, Plan, RunExit};
 use crate::testing::{node_info_model, spec};
 
@@ -268,6 +268,14 @@ pub fn drive(steps: &[Step]) -> (ClusterState, Vec<Command>) {
                 let mut unindexed = s.clone();
                 unindexed.job_index = Default::default();
                 assert_eq!(plan(&unindexed), out, "a plan from the kept job index differs from a fresh one");
+                // The leader's pass leaves the reasons out, and only them.
+                let leader = crate::planner::plan_with(&s, crate::planner::PlanConfig::LEADER);
+                assert!(leader.pending.is_empty(), "the leader's pass built reasons");
+                assert_eq!(
+                    leader,
+                    PlanOutput { pending: Default::default(), ..out.clone() },
+                    "the leader's pass planned differently from the full one"
+                );
                 if let Some(kept) = s.job_index.pending_may_act(&s.jobs, &s.policy) {
                     assert_eq!(
                         kept,
