@@ -151,14 +151,23 @@ fn job(i: usize, run_s: u64) -> pb::SubmitRequest {
     }
 }
 
-/// Submits `count` jobs, 32 at a time.
+/// Submits `count` jobs, 32 at a time, within the per-user write rate (past its burst a
+/// refused submit is sent again after the wait its answer names).
 async fn fill(jobs: &JobServiceClient<Conn>, count: usize, run_s: u64) -> anyhow::Result<()> {
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..32 {
         let mut jobs = jobs.clone();
         tasks.spawn(async move {
             for i in (w..count).step_by(32) {
-                jobs.submit(job(i, run_s)).await?;
+                loop {
+                    match jobs.submit(job(i, run_s)).await {
+                        Ok(_) => break,
+                        Err(s) if s.code() == tonic::Code::ResourceExhausted => {
+                            tokio::time::sleep(retry_after(s.message())).await;
+                        }
+                        Err(s) => return Err(s.into()),
+                    }
+                }
             }
             anyhow::Ok(())
         });
@@ -167,6 +176,12 @@ async fn fill(jobs: &JobServiceClient<Conn>, count: usize, run_s: u64) -> anyhow
         r??;
     }
     Ok(())
+}
+
+/// The wait a rate-limited answer names ("… retry in N ms"), 10 ms when it names none.
+fn retry_after(message: &str) -> Duration {
+    let ms = message.rsplit("retry in ").next().and_then(|t| t.trim_end_matches(" ms").parse().ok());
+    Duration::from_millis(ms.unwrap_or(10).clamp(1, 1000))
 }
 
 /// Submits at `rate` per second for `secs`; each submit's latency (µs), sorted.
