@@ -58,9 +58,10 @@ impl Traces {
     /// Exports what is buffered and stops.
     pub fn shutdown(&mut self) {
         if let Some(p) = self.provider.take() {
-            EXPORTING.store(false, Ordering::Release);
             let _ = p.force_flush();
             let _ = p.shutdown();
+            // After the flush: a span still open ends (and is exported) as before.
+            EXPORTING.store(false, Ordering::Release);
         }
     }
 }

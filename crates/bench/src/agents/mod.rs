@@ -162,10 +162,11 @@ async fn fill(jobs: &JobServiceClient<Conn>, count: usize, run_s: u64) -> anyhow
                 loop {
                     match jobs.submit(job(i, run_s)).await {
                         Ok(_) => break,
-                        Err(s) if s.code() == tonic::Code::ResourceExhausted => {
-                            tokio::time::sleep(retry_after(s.message())).await;
-                        }
-                        Err(s) => return Err(s.into()),
+                        // Only the rate limit clears with time; a job limit would not.
+                        Err(s) => match retry_after(&s) {
+                            Some(wait) => tokio::time::sleep(wait).await,
+                            None => return Err(s.into()),
+                        },
                     }
                 }
             }
@@ -178,10 +179,14 @@ async fn fill(jobs: &JobServiceClient<Conn>, count: usize, run_s: u64) -> anyhow
     Ok(())
 }
 
-/// The wait a rate-limited answer names ("… retry in N ms"), 10 ms when it names none.
-fn retry_after(message: &str) -> Duration {
-    let ms = message.rsplit("retry in ").next().and_then(|t| t.trim_end_matches(" ms").parse().ok());
-    Duration::from_millis(ms.unwrap_or(10).clamp(1, 1000))
+/// The wait a rate-limited answer names ("… retry in N ms"); None for any other refusal.
+fn retry_after(refused: &tonic::Status) -> Option<Duration> {
+    if refused.code() != tonic::Code::ResourceExhausted {
+        return None;
+    }
+    let (_, tail) = refused.message().rsplit_once("retry in ")?;
+    let ms: u64 = tail.trim_end_matches(" ms").parse().ok()?;
+    Some(Duration::from_millis(ms.clamp(1, 1000)))
 }
 
 /// Submits at `rate` per second for `secs`; each submit's latency (µs), sorted.
@@ -495,5 +500,17 @@ mod tests {
         let mut undetected = good;
         undetected["down_detect_s"] = serde_json::Value::Null;
         assert!(check(&undetected, &[100.0], &[100.0]).is_err());
+    }
+
+    #[test]
+    fn only_the_rate_limit_is_waited_out() {
+        let limited = tonic::Status::resource_exhausted(
+            "submit rate limit: at most 1000 writes/s per user (…; bursts of 5000); retry in 3 ms",
+        );
+        assert_eq!(retry_after(&limited), Some(Duration::from_millis(3)));
+        let job_limit =
+            tonic::Status::resource_exhausted("user \"alice\" has 100 unfinished jobs (at most 100)");
+        assert_eq!(retry_after(&job_limit), None);
+        assert_eq!(retry_after(&tonic::Status::unavailable("retry in 3 ms")), None);
     }
 }
