@@ -262,26 +262,26 @@ impl RunCgroup {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn favordynmods_is_read_from_the_cgroup_mounts_super_options_on_kernels_that_have_it() {
         let without = "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n\
                        35 31 0:30 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n";
-        assert_eq!(super::favors_dynmods(without), Some((false, "/sys/fs/cgroup/unified".into())));
+        assert_eq!(favors_dynmods(without), Some((false, "/sys/fs/cgroup/unified".into())));
         let with = "41 31 0:38 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate,favordynmods\n";
-        assert_eq!(super::favors_dynmods(with), Some((true, "/sys/fs/cgroup".into())));
+        assert_eq!(favors_dynmods(with), Some((true, "/sys/fs/cgroup".into())));
         // The lock is global: a v1 hierarchy's option counts; no cgroup2 at all says nothing.
         let v1_too =
             format!("{without}36 31 0:31 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids,favordynmods\n");
-        assert_eq!(super::favors_dynmods(&v1_too).map(|f| f.0), Some(true));
+        assert_eq!(favors_dynmods(&v1_too).map(|f| f.0), Some(true));
         let v1_only = "35 31 0:30 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n";
-        assert_eq!(super::favors_dynmods(v1_only), None);
-        assert!(super::release_at_least("6.18.0-1-cloud-amd64", (6, 0)));
-        assert!(super::release_at_least("6.0", (6, 0)));
-        assert!(!super::release_at_least("5.15.0-91-generic", (6, 0)));
-        assert!(!super::release_at_least("garbage", (6, 0)));
+        assert_eq!(favors_dynmods(v1_only), None);
+        assert!(release_at_least("6.18.0-1-cloud-amd64", (6, 0)));
+        assert!(release_at_least("6.0", (6, 0)));
+        assert!(!release_at_least("5.15.0-91-generic", (6, 0)));
+        assert!(!release_at_least("garbage", (6, 0)));
     }
-
-    use super::*;
 
     #[test]
     fn cgroup2_mounts_are_read_from_mountinfo() {
