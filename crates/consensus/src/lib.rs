@@ -16,7 +16,7 @@
 //! errors), `replica` (a running replica) and `status` (what it reports to operators); beneath
 //! them the storage (`store`, `wal`, `fs` for files, `executor` for where blocking work runs),
 //! the RPCs (`network`, `service`, `auth`) and the replica's helpers (`freshness`,
-//! `peerclock`, `membership`, `failover`, `failstop`, `backup`, `runtime`).
+//! `peerclock`, `membership`, `failover`, `quorumcheck`, `failstop`, `backup`, `runtime`).
 
 pub mod auth;
 pub mod backup;
@@ -28,6 +28,7 @@ pub mod fs;
 pub mod membership;
 pub mod network;
 pub mod peerclock;
+pub mod quorumcheck;
 pub mod replica;
 pub mod runtime;
 pub mod service;

@@ -12,6 +12,7 @@ use openraft::{BasicNode, Config, Raft, ServerState, SnapshotPolicy};
 use thiserror::Error;
 use tokio::sync::watch;
 
+use crate::quorumcheck;
 use crate::store::{Applied, SharedState};
 use crate::types::{ConsensusError, KairosRaft, ReplicaId, Request, TypeConfig};
 use crate::{auth, freshness, network, peerclock, store};
@@ -151,6 +152,8 @@ impl Replica {
         N: openraft::network::RaftNetworkFactory<TypeConfig>,
     {
         let Storage { log: log_store, sm, applied: applied_rx, commit_index } = storage;
+        let silence = Arc::new(quorumcheck::Silence::default());
+        let network = quorumcheck::Gated::new(network, silence.clone());
         let shared = sm.shared();
         let clock = sm.clock();
         let raft_config = Config {
@@ -180,7 +183,7 @@ impl Replica {
             };
             raft.initialize(nodes).await.map_err(|e| ConsensusError::Raft(e.to_string()))?;
         }
-        Ok(Replica {
+        let replica = Replica {
             id: config.id,
             raft,
             state: shared,
@@ -194,7 +197,10 @@ impl Replica {
             caught_up: Arc::default(),
             clock,
             peer_clocks,
-        })
+        };
+        let deaf_after = replica.lease * quorumcheck::DEAF_AFTER_LEASES;
+        tokio::spawn(quorumcheck::run(replica.clone(), silence, deaf_after));
+        Ok(replica)
     }
 
     /// The time to stamp into commands proposed now, given this machine's wall clock: the

@@ -75,3 +75,14 @@ fn replicas_stamping_their_skewed_wall_clocks_are_caught_stopping_runs_early() {
     eprintln!("caught: {found:?}");
     assert!(found.is_some(), "a replica minutes ahead fires time limits early");
 }
+
+#[test]
+fn the_schedule_whose_deaf_leader_kept_a_team_owed_passes() {
+    // Found by CI: a one-way partition left the leader sending but deaf for 3 s. Its appends kept
+    // the others from electing, nothing committed, and a team stayed owed 3.1 s (bound 3 s).
+    // With the quorum check (`kairos_consensus::quorumcheck`) another replica leads within 2 s.
+    let seed = 17_536_271_856_517_399_713;
+    let report = run_schedule(seed, &Config::for_seed(seed));
+    assert!(report.faults.iter().any(|f| f.name() == "partition"), "{:?}", report.faults);
+    assert_eq!(report.violations, Vec::<Violation>::new());
+}

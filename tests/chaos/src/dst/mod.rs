@@ -21,6 +21,8 @@ mod director;
 pub mod disk;
 pub mod faults;
 pub mod net;
+#[cfg(test)]
+mod quorum_tests;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -342,10 +344,11 @@ pub fn run_schedule(seed: u64, cfg: &Config) -> ScheduleReport {
     }
 }
 
-async fn simulate(seed: u64, cfg: Config) -> ScheduleReport {
+/// The simulated machines of schedule `seed`: each replica's disk (replicas 1..=n are the
+/// cluster; one more is the spare a membership change adds) and the network. Nothing runs yet.
+fn world(seed: u64, cfg: Config) -> Arc<World> {
     let mut rng = Rng::new(seed);
     let mut slots = BTreeMap::new();
-    // Replicas 1..=n start as the cluster; one more is the spare a membership change adds.
     for id in 1..=(cfg.replicas as ReplicaId + 1) {
         // fsync latency: a fast SSD to a slow disk.
         let sync = Duration::from_millis(1 + rng.below(20));
@@ -355,7 +358,7 @@ async fn simulate(seed: u64, cfg: Config) -> ScheduleReport {
         disk.cuts_damage = cfg.broken.log_cuts_damage;
         slots.insert(id, Slot::new(disk, id <= cfg.replicas as ReplicaId));
     }
-    let w = Arc::new(World {
+    Arc::new(World {
         net: net::new_net(rng.next_u64()),
         rng: Mutex::new(Rng::new(rng.next_u64())),
         seed,
@@ -368,15 +371,19 @@ async fn simulate(seed: u64, cfg: Config) -> ScheduleReport {
         restarts: Default::default(),
         re_adding: Default::default(),
         cfg,
-    });
-    let mut tasks = Vec::new();
-    let mut injected = Vec::new();
+    })
+}
+
+async fn simulate(seed: u64, cfg: Config) -> ScheduleReport {
+    let w = world(seed, cfg);
     let mut violations = Vec::new();
     for id in 1..=w.cfg.replicas as ReplicaId {
         if let Err(e) = w.start_replica(id, false).await {
             violations.push(Violation::Harness { what: format!("starting replica {id}: {e}") });
         }
     }
+    let mut tasks = Vec::new();
+    let mut injected = Vec::new();
     tasks.push(tokio::spawn(supervise(w.clone())));
     tasks.push(tokio::spawn(watch_stop_orders(w.clone())));
     tasks.push(tokio::spawn(watch_guarantees(w.clone())));
