@@ -26,8 +26,7 @@ use openraft::{BasicNode, ServerState, Vote};
 
 use tokio::time::Instant;
 
-use crate::replica::Replica;
-use crate::types::{NodeId, TypeConfig};
+use crate::types::{KairosRaft, NodeId, TypeConfig};
 
 /// Leases (election timeouts) without a quorum's answer after which a leader goes silent, and
 /// how long it then stays silent before it speaks again. Eight leases (1.2 s by default) is
@@ -105,24 +104,30 @@ impl Judge {
     }
 }
 
-/// Watches `replica`; holds its term silent while its `Judge` says so. Ends when its Raft
-/// shuts down.
-pub async fn run(replica: Replica, silence: Arc<Silence>, after: Duration) {
+/// Watches the replica of `raft`; holds its term silent while its `Judge` says so. Ends when
+/// the Raft shuts down.
+pub async fn run(raft: KairosRaft, silence: Arc<Silence>, after: Duration) {
     let mut judge = Judge::new(after);
     loop {
         tokio::time::sleep(PROBE).await;
-        let metrics = replica.raft.metrics();
+        let metrics = raft.metrics();
         if metrics.has_changed().is_err() {
             return;
         }
-        let (state, term, voters, since_ack) = {
+        let (state, term, leads, since_ack) = {
             let m = metrics.borrow();
-            (m.state, m.current_term, m.membership_config.voter_ids().count(), m.millis_since_quorum_ack)
+            // As `Replica::is_leader`, in a cluster of more than one voter.
+            let voters = || m.membership_config.voter_ids();
+            let leads = m.state == ServerState::Leader
+                && m.current_leader == Some(m.id)
+                && voters().any(|v| v == m.id)
+                && voters().nth(1).is_some();
+            (m.state, m.current_term, leads, m.millis_since_quorum_ack)
         };
         if state == ServerState::Shutdown {
             return;
         }
-        let leads = (voters > 1 && replica.is_leader()).then_some(term);
+        let leads = leads.then_some(term);
         let held = judge.look(Instant::now(), leads, since_ack.map(Duration::from_millis));
         let was = silence.0.swap(held, Ordering::SeqCst);
         if was == 0 && held != 0 {

@@ -199,7 +199,7 @@ impl Replica {
             peer_clocks,
         };
         let deaf_after = replica.lease * quorumcheck::DEAF_AFTER_LEASES;
-        tokio::spawn(quorumcheck::run(replica.clone(), silence, deaf_after));
+        tokio::spawn(quorumcheck::run(replica.raft.clone(), silence, deaf_after));
         Ok(replica)
     }
 
