@@ -1,23 +1,25 @@
 //! Check quorum: a leader that no quorum of the voters has answered for `DEAF_AFTER_LEASES`
-//! leases goes silent for the rest of its term, so the others elect a leader that hears them.
+//! leases goes silent for as long, so the others can elect a leader that hears them.
 //!
 //! Raft deposes a leader only when it hears of a newer term. A leader that can still send but
-//! hears no replies (a one-way partition: seen by the deterministic simulation, where the team
+//! hears no replies (a one-way partition: seen by the deterministic simulation, where a team's
 //! reclaim waited out the whole 3 s partition) keeps resetting the followers' election timers
 //! with its appends and heartbeats, yet commits nothing: the cluster stalls for as long as the
 //! partition lasts. openraft 0.9 has no check-quorum step-down, so kairos does it at the
 //! network: `run` sees `millis_since_quorum_ack` pass the limit and marks the term silent;
-//! `Gated` then fails every append and snapshot of that term as unreachable. The followers'
-//! timers run out and they elect among themselves; the silent replica follows once it hears
-//! the newer term. Sending nothing is always safe in Raft (a lost message); what it costs is
-//! one election when a leader's replies are merely slow for that long.
+//! `Gated` then lets no append or snapshot of that term out (each call waits out its deadline,
+//! as a lost message does, so openraft does not back off and speaks again on time). The
+//! followers' timers run out and they elect among themselves; the silent replica follows once
+//! it hears the newer term. Sending nothing is always safe in Raft (a lost message); what it
+//! costs is one election when a leader's replies are merely late for that long, and one when a
+//! voter that was down returns during a silence (it campaigns at a newer term).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::error::{InstallSnapshotError, RPCError, RaftError, Timeout};
+use openraft::network::{RPCOption, RPCTypes, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
@@ -29,9 +31,11 @@ use tokio::time::Instant;
 use crate::types::{KairosRaft, NodeId, TypeConfig};
 
 /// Leases (election timeouts) without a quorum's answer after which a leader goes silent, and
-/// how long it then stays silent before it speaks again. Eight leases (1.2 s by default) is
-/// well past a slow link's round trip, so a leader that is only slow keeps leading; the silence
-/// is as long, so the others' leases and election timeouts (two leases) run out within it.
+/// how long it then stays silent before it speaks again. Eight leases (1.2 s at the default
+/// `--election-timeout-ms` 150) is well past a slow link's round trip, so a leader that is only
+/// slow keeps leading; the silence is as long, and a follower calls an election once openraft's
+/// leader lease and its own election timeout have passed since it last heard the leader (3–4
+/// leases).
 pub const DEAF_AFTER_LEASES: u32 = 8;
 /// How often the leader looks at its last quorum acknowledgement.
 const PROBE: Duration = Duration::from_millis(50);
@@ -146,11 +150,26 @@ pub async fn run(raft: KairosRaft, silence: Arc<Silence>, after: Duration) {
 pub struct Gated<N> {
     inner: N,
     silence: Arc<Silence>,
+    /// This replica, and the peer a connection calls (for the timeout a held call reports).
+    from: NodeId,
+    target: NodeId,
 }
 
 impl<N> Gated<N> {
-    pub fn new(inner: N, silence: Arc<Silence>) -> Gated<N> {
-        Gated { inner, silence }
+    pub fn new(inner: N, silence: Arc<Silence>, from: NodeId) -> Gated<N> {
+        Gated { inner, silence, from, target: from }
+    }
+
+    /// A held call: nothing is sent, and the caller hears nothing until the deadline, as when
+    /// the message is lost. (An `Unreachable` would put openraft's stream to this peer into its
+    /// back-off, and the leader would speak again late.)
+    async fn held<E: std::error::Error>(
+        &self,
+        action: RPCTypes,
+        option: &RPCOption,
+    ) -> RPCError<NodeId, BasicNode, RaftError<NodeId, E>> {
+        tokio::time::sleep(option.hard_ttl()).await;
+        RPCError::Timeout(Timeout { action, id: self.from, target: self.target, timeout: option.hard_ttl() })
     }
 }
 
@@ -158,17 +177,16 @@ impl<N: RaftNetworkFactory<TypeConfig>> RaftNetworkFactory<TypeConfig> for Gated
     type Network = Gated<N::Network>;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
-        Gated { inner: self.inner.new_client(target, node).await, silence: self.silence.clone() }
+        Gated {
+            inner: self.inner.new_client(target, node).await,
+            silence: self.silence.clone(),
+            from: self.from,
+            target,
+        }
     }
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
-
-fn held<E: std::error::Error>() -> RPCError<NodeId, BasicNode, RaftError<NodeId, E>> {
-    RPCError::Unreachable(Unreachable::new(&std::io::Error::other(
-        "held back: this leader heard no quorum and is silent for its term",
-    )))
-}
 
 impl<C: RaftNetwork<TypeConfig>> RaftNetwork<TypeConfig> for Gated<C> {
     fn backoff(&self) -> openraft::network::Backoff {
@@ -181,7 +199,7 @@ impl<C: RaftNetwork<TypeConfig>> RaftNetwork<TypeConfig> for Gated<C> {
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
         if self.silence.holds(&rpc.vote) {
-            return Err(held());
+            return Err(self.held(RPCTypes::AppendEntries, &option).await);
         }
         self.inner.append_entries(rpc, option).await
     }
@@ -192,7 +210,7 @@ impl<C: RaftNetwork<TypeConfig>> RaftNetwork<TypeConfig> for Gated<C> {
         option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
         if self.silence.holds(&rpc.vote) {
-            return Err(held());
+            return Err(self.held(RPCTypes::InstallSnapshot, &option).await);
         }
         self.inner.install_snapshot(rpc, option).await
     }
@@ -293,7 +311,7 @@ mod tests {
             _rpc: InstallSnapshotRequest<TypeConfig>,
             _option: RPCOption,
         ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
-            Err(held())
+            unreachable!("no snapshot is sent in these tests")
         }
 
         async fn vote(
@@ -306,10 +324,10 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_silenced_term_sends_no_append_while_votes_and_other_terms_go_through() {
         let silence = Arc::new(Silence::default());
-        let mut conn = Gated { inner: Counting::default(), silence: silence.clone() };
+        let mut conn = Gated { inner: Counting::default(), silence: silence.clone(), from: 1, target: 2 };
         let option = RPCOption::new(ms(100));
         let append = |term| AppendEntriesRequest::<TypeConfig> {
             vote: Vote::new_committed(term, 1),
@@ -319,8 +337,10 @@ mod tests {
         };
         assert!(conn.append_entries(append(5), option.clone()).await.is_ok());
         silence.0.store(5, Ordering::SeqCst);
+        let started = tokio::time::Instant::now();
         let refused = conn.append_entries(append(5), option.clone()).await;
-        assert!(matches!(refused, Err(RPCError::Unreachable(_))), "{refused:?}");
+        assert!(matches!(refused, Err(RPCError::Timeout(_))), "{refused:?}");
+        assert!(started.elapsed() >= ms(100), "a held call waits out its deadline, as a lost one");
         assert!(conn.append_entries(append(6), option.clone()).await.is_ok());
         assert!(conn.vote(VoteRequest::new(Vote::new(6, 1), None), option).await.is_ok());
         assert_eq!((conn.inner.appends, conn.inner.votes), (2, 1), "the held append never reached the peer");

@@ -153,7 +153,7 @@ impl Replica {
     {
         let Storage { log: log_store, sm, applied: applied_rx, commit_index } = storage;
         let silence = Arc::new(quorumcheck::Silence::default());
-        let network = quorumcheck::Gated::new(network, silence.clone());
+        let network = quorumcheck::Gated::new(network, silence.clone(), config.id);
         let shared = sm.shared();
         let clock = sm.clock();
         let raft_config = Config {

@@ -40,7 +40,10 @@ pub async fn run(ctx: Ctx, options: BurstOptions) {
             .saturating_mul(1 << failing.min(5))
             .min(Duration::from_secs(30).max(options.interval));
         tokio::time::sleep(backoff).await;
-        if !ctx.replica.is_leader() {
+        // A leader a quorum no longer answers (cut off, or deaf while another leads) must not
+        // reconcile the cloud from a state that may be stale: it could take a new leader's
+        // launches for leaks.
+        if !ctx.replica.leads_confirmed().await {
             memory = Memory::default();
             continue;
         }

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use kairos_consensus::peerclock::PeerClocks;
 use kairos_consensus::{KairosRaft, ReplicaId, TypeConfig};
-use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Timeout, Unreachable};
+use openraft::network::{RPCOption, RPCTypes, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
@@ -112,6 +112,17 @@ fn unreachable<E: std::error::Error>(why: &str) -> RPCError<ReplicaId, BasicNode
     RPCError::Unreachable(Unreachable::new(&std::io::Error::other(why.to_string())))
 }
 
+/// What `kairos_consensus::network` reports for a call that ran out of its deadline (a lost
+/// message, a paused peer): a timeout, which openraft retries without backing off.
+fn timed_out<E: std::error::Error>(
+    action: RPCTypes,
+    from: ReplicaId,
+    target: ReplicaId,
+    option: &RPCOption,
+) -> RPCError<ReplicaId, BasicNode, RaftError<ReplicaId, E>> {
+    RPCError::Timeout(Timeout { action, id: from, target, timeout: option.hard_ttl() })
+}
+
 impl SimConnection {
     /// Waits while either end is paused; false when the deadline passed first.
     async fn until_running(&self, deadline: Instant) -> bool {
@@ -130,7 +141,7 @@ impl SimConnection {
         }
     }
 
-    async fn call<Resp, E, F, Fut>(&self, option: &RPCOption, f: F) -> RpcResult<Resp, E>
+    async fn call<Resp, E, F, Fut>(&self, action: RPCTypes, option: &RPCOption, f: F) -> RpcResult<Resp, E>
     where
         E: std::error::Error,
         F: FnOnce(KairosRaft) -> Fut,
@@ -140,11 +151,11 @@ impl SimConnection {
         let there = lock(&self.net).leg(self.from, self.target, false);
         let Some(delay) = there else {
             tokio::time::sleep_until(deadline).await;
-            return Err(unreachable("request lost"));
+            return Err(timed_out(action, self.from, self.target, option));
         };
         tokio::time::sleep(delay).await;
         if !self.until_running(deadline).await {
-            return Err(unreachable("peer paused"));
+            return Err(timed_out(action, self.from, self.target, option));
         }
         let raft = lock(&self.net).rafts.get(&self.target).cloned();
         let Some(raft) = raft else {
@@ -156,7 +167,7 @@ impl SimConnection {
         let back = lock(&self.net).leg(self.target, self.from, true);
         let Some(delay) = back else {
             tokio::time::sleep_until(deadline).await;
-            return Err(unreachable("reply lost"));
+            return Err(timed_out(action, self.from, self.target, option));
         };
         tokio::time::sleep(delay).await;
         self.clocks.record(self.target, wall);
@@ -174,7 +185,8 @@ impl RaftNetwork<TypeConfig> for SimConnection {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<ReplicaId>, openraft::error::Infallible> {
-        self.call(&option, |raft| async move { raft.append_entries(rpc).await }).await
+        self.call(RPCTypes::AppendEntries, &option, |raft| async move { raft.append_entries(rpc).await })
+            .await
     }
 
     async fn install_snapshot(
@@ -182,7 +194,8 @@ impl RaftNetwork<TypeConfig> for SimConnection {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<ReplicaId>, InstallSnapshotError> {
-        self.call(&option, |raft| async move { raft.install_snapshot(rpc).await }).await
+        self.call(RPCTypes::InstallSnapshot, &option, |raft| async move { raft.install_snapshot(rpc).await })
+            .await
     }
 
     async fn vote(
@@ -190,6 +203,6 @@ impl RaftNetwork<TypeConfig> for SimConnection {
         rpc: VoteRequest<ReplicaId>,
         option: RPCOption,
     ) -> RpcResult<VoteResponse<ReplicaId>, openraft::error::Infallible> {
-        self.call(&option, |raft| async move { raft.vote(rpc).await }).await
+        self.call(RPCTypes::Vote, &option, |raft| async move { raft.vote(rpc).await }).await
     }
 }
