@@ -121,7 +121,7 @@ pub fn reconcile(assigned: &[Assigned], local: &BTreeMap<RunKey, Local>) -> Vec<
 
 /// The assigned runs to launch now, in order: with a valid lease, those not started, not told
 /// to stop and not here yet, none of whose GPUs a run of this node still holds (one being
-/// killed included; a frozen run lends its GPUs) — or, for a fraction, whose GPU has its share
+/// killed included; a frozen run lends its GPUs, one still launching does not) — or, for a fraction, whose GPU has its share
 /// free beside the fractions still there. The others wait for a later call.
 pub fn launches(assigned: &[Assigned], local: &BTreeMap<RunKey, Local>, leased: bool) -> Vec<RunKey> {
     if !leased {
@@ -134,7 +134,10 @@ pub fn launches(assigned: &[Assigned], local: &BTreeMap<RunKey, Local>, leased: 
             *busy.entry(*g).or_insert(0) += if milli == 0 { WHOLE } else { milli };
         }
     };
-    for r in local.values().filter(|r| !r.ended && !r.suspended) {
+    // A suspended run lends its GPUs only once its processes exist (frozen): one suspended
+    // while it still launches would compute beside the run it lent them to.
+    let lends = |r: &Local| r.ended || (r.suspended && r.spawned);
+    for r in local.values().filter(|r| !lends(r)) {
         hold(&mut busy, &r.gpus, r.milli);
     }
     let mut out = Vec::new();
@@ -212,6 +215,9 @@ mod tests {
         assert_eq!(launches(&set, &local, true), vec![(1, 0)], "a run being killed still holds GPU 1");
         local.insert((9, 0), Local { suspended: true, ..running(&[1]) });
         assert_eq!(launches(&set, &local, true), vec![(1, 0), (3, 0)]);
+        // Suspended while it still launches: nothing to freeze yet, so it keeps GPU 1.
+        local.insert((9, 0), Local { suspended: true, spawned: false, ..running(&[1]) });
+        assert_eq!(launches(&set, &local, true), vec![(1, 0)], "a launching run lends nothing");
     }
 
     #[test]

@@ -517,12 +517,18 @@ impl Runner {
             exec: Some(exec),
             ..Run::launching(spec)
         };
+        let lends = suspended && !stopping && !fenced;
         if stopping || fenced {
             run.kill();
         } else if suspended {
             run.freeze(true);
         }
         runs.insert(spec.key, run);
+        drop(runs);
+        if lends {
+            // Frozen now: its GPUs are lent to what waited for them.
+            self.launch_ready();
+        }
     }
 
     /// Waits for the run's main process, then for every process of it to be gone and its

@@ -246,14 +246,34 @@ async fn a_run_suspended_while_it_launches_is_frozen_once_it_has_started() {
     // The launch runs off this task: the suspension most likely finds it still launching.
     runner.reconcile(&set(vec![a.clone()]));
     let suspended = pb::Assignment { started: true, suspend: true, ..a };
-    runner.reconcile(&set(vec![suspended.clone()]));
-    assert_eq!(next(&mut rx).await.status, pb::RunStatus::Started as i32);
+    // The run it is suspended for, on the same GPUs, starts only once it is frozen.
+    let urgent = assignment(14, &["sh", "-c", "exec sleep 300"], false, false);
+    runner.reconcile(&set(vec![suspended.clone(), urgent.clone()]));
+    let mut started = Vec::new();
+    for _ in 0..2 {
+        let r = next(&mut rx).await;
+        assert_eq!(r.status, pb::RunStatus::Started as i32);
+        if r.job_id == 14 {
+            // Launched from the suspended run's own spawn (nothing else calls for a launch
+            // here): that run existed, frozen, first.
+            assert!(runner.lock()[&(13, 0)].pgid.is_some(), "the preempted run exists");
+        }
+        started.push(r.job_id);
+    }
+    assert_eq!(started.iter().filter(|j| **j == 14).count(), 1, "{started:?}");
     let pid = runner.lock()[&(13, 0)].pgid.unwrap();
     wait_for_state(pid, true).await;
     assert!(runner.lock()[&(13, 0)].suspended, "the run is known suspended");
-    runner.reconcile(&set(vec![pb::Assignment { kill: true, ..suspended }]));
-    let r = next(&mut rx).await;
-    assert_eq!((r.job_id, r.status), (13, pb::RunStatus::Exited as i32));
+    let urgent = pb::Assignment { started: true, kill: true, ..urgent };
+    runner.reconcile(&set(vec![pb::Assignment { kill: true, ..suspended }, urgent]));
+    let mut exited: Vec<u64> = Vec::new();
+    for _ in 0..2 {
+        let r = next(&mut rx).await;
+        assert_eq!(r.status, pb::RunStatus::Exited as i32);
+        exited.push(r.job_id);
+    }
+    exited.sort();
+    assert_eq!(exited, vec![13, 14]);
 }
 
 #[tokio::test]
