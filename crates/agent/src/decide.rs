@@ -136,8 +136,8 @@ pub fn launches(assigned: &[Assigned], local: &BTreeMap<RunKey, Local>, leased: 
     };
     // A suspended run lends its GPUs only once its processes exist (frozen): one suspended
     // while it still launches would compute beside the run it lent them to.
-    let lends = |r: &Local| r.ended || (r.suspended && r.spawned);
-    for r in local.values().filter(|r| !lends(r)) {
+    let holds_none = |r: &Local| r.ended || (r.suspended && r.spawned);
+    for r in local.values().filter(|r| !holds_none(r)) {
         hold(&mut busy, &r.gpus, r.milli);
     }
     let mut out = Vec::new();
