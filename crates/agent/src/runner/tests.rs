@@ -514,6 +514,18 @@ async fn concurrent_launch_passes_start_a_run_once() {
     for p in passes {
         p.await.unwrap();
     }
+    // The passes only dispatch launches (they run on blocking threads): wait until none is in
+    // flight, bounded, before counting.
+    let in_flight = || {
+        let runs = runner.lock();
+        runs.is_empty() || runs.values().any(|r| r.pgid.is_none() && r.exit.is_none())
+    };
+    for _ in 0..400 {
+        if !in_flight() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let starts =
         std::fs::read_to_string(&path).unwrap().lines().filter(|l| l.contains(r#""event":"start""#)).count();
     assert_eq!(starts, 1, "one run launched {starts} times");
