@@ -120,12 +120,8 @@ pub async fn run(raft: KairosRaft, silence: Arc<Silence>, after: Duration) {
         }
         let (state, term, leads, since_ack) = {
             let m = metrics.borrow();
-            // As `Replica::is_leader`, in a cluster of more than one voter.
-            let voters = || m.membership_config.voter_ids();
-            let leads = m.state == ServerState::Leader
-                && m.current_leader == Some(m.id)
-                && voters().any(|v| v == m.id)
-                && voters().nth(1).is_some();
+            // In a cluster of more than one voter.
+            let leads = crate::types::leads(&m) && m.membership_config.voter_ids().nth(1).is_some();
             (m.state, m.current_term, leads, m.millis_since_quorum_ack)
         };
         if state == ServerState::Shutdown {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use kairos_scheduler::{Command, Outcome};
 use openraft::error::{ClientWriteError, RaftError};
-use openraft::{BasicNode, Config, Raft, ServerState, SnapshotPolicy};
+use openraft::{BasicNode, Config, Raft, SnapshotPolicy};
 use thiserror::Error;
 use tokio::sync::watch;
 
@@ -400,11 +400,7 @@ impl Replica {
     /// Whether this replica currently leads a cluster it is a voter of. (A leader that removed
     /// itself keeps openraft's leader state for a while; it must not act as leader.)
     pub fn is_leader(&self) -> bool {
-        let m = self.raft.metrics();
-        let m = m.borrow();
-        m.state == ServerState::Leader
-            && m.current_leader == Some(self.id)
-            && m.membership_config.voter_ids().any(|v| v == self.id)
+        crate::types::leads(&self.raft.metrics().borrow())
     }
 
     /// The current leader and its address, as this replica knows them (cheap: no state is

@@ -136,6 +136,14 @@ openraft::declare_raft_types!(
 
 pub type KairosRaft = Raft<TypeConfig>;
 
+/// Whether the replica these metrics are of leads a cluster it is a voter of. (A leader that
+/// removed itself keeps openraft's leader state for a while; it must not act as leader.)
+pub fn leads(m: &openraft::RaftMetrics<ReplicaId, BasicNode>) -> bool {
+    m.state == openraft::ServerState::Leader
+        && m.current_leader == Some(m.id)
+        && m.membership_config.voter_ids().any(|v| v == m.id)
+}
+
 #[derive(Debug, Error)]
 pub enum ConsensusError {
     #[error("decoding stored data: {0}")]
